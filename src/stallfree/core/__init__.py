@@ -1,0 +1,23 @@
+"""The scheduler core: requests in, step plans out. Standard library only.
+
+Imports allowed: the standard library only; nothing else from stallfree.
+"""
+
+from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerError, SchedulerStateError
+from stallfree.core.plan import ScheduledChunk, StepPlan
+from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
+from stallfree.core.scheduler import Scheduler
+
+__all__ = [
+    "FinishReason",
+    "InvalidConfig",
+    "Request",
+    "RequestRejected",
+    "RequestState",
+    "RequestStatus",
+    "ScheduledChunk",
+    "Scheduler",
+    "SchedulerError",
+    "SchedulerStateError",
+    "StepPlan",
+]

@@ -1,0 +1,160 @@
+"""The plan of one step (StepPlan) and its entries (ScheduledChunk): the only thing a scheduler emits.
+
+Imports allowed: the standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+__all__ = ["ScheduledChunk", "StepPlan"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """One entry of a step's flat batch.
+
+    Attributes:
+        rid: the request.
+        num_tokens: tokens this entry puts in the batch (1 for a plain decode; a chunk's length).
+        is_prefill: True for a prompt chunk (or a recompute chunk after preemption), False for a decode.
+        start: tokens of this request already in the KV cache before this entry, i.e. the position
+            of its first token here; the entry attends to start + num_tokens keys.
+        is_last: True when this entry samples a token: every decode, and the last chunk of a prefill.
+    """
+
+    rid: Hashable
+    num_tokens: int
+    is_prefill: bool
+    start: int
+    is_last: bool
+
+
+class StepPlan(Sequence[ScheduledChunk]):
+    """What one forward pass holds: decodes first (oldest admitted first), then prefill chunks
+    (the partial prefill, then admissions), in flat-batch order.
+
+    The decodes are kept compactly, as tuples shared with the scheduler and reused across steps while
+    the set of decodes does not change; ScheduledChunk objects for them are made only when the plan
+    is iterated or indexed, so building or pricing a plan costs no Python object per running request.
+
+    Attributes:
+        step: the step number (from 0).
+        decode_rids: the decoding requests, in batch order.
+        prefills: the prefill chunks, in batch order.
+        num_tokens: tokens in the batch (at most the step's token budget).
+        num_decodes: len(decode_rids).
+        decode_context_sum: sum over the decodes of their `start` (tokens already in KV), in tokens;
+            a decode attends to start + its tokens keys.
+        token_budget: the budget this step was planned under, in tokens.
+        admitted: rids admitted this step (their first chunk is in `prefills`).
+        preempted: rids preempted this step (paged scheduler only; they are not in the batch).
+    """
+
+    __slots__ = (
+        "step",
+        "decode_rids",
+        "prefills",
+        "num_tokens",
+        "num_decodes",
+        "decode_context_sum",
+        "token_budget",
+        "admitted",
+        "preempted",
+        "_decode_offsets",
+        "_decode_tokens",
+    )
+
+    def __init__(
+        self,
+        step: int,
+        decode_rids: tuple[Hashable, ...],
+        decode_offsets: tuple[int, ...],
+        prefills: tuple[ScheduledChunk, ...],
+        num_tokens: int,
+        decode_context_sum: int,
+        token_budget: int,
+        admitted: tuple[Hashable, ...] = (),
+        preempted: tuple[Hashable, ...] = (),
+        decode_tokens: tuple[int, ...] | None = None,
+    ) -> None:
+        """Build a plan; schedulers call this, users read plans.
+
+        Args:
+            decode_offsets: per decode, start - step (so a decode's start is offset + step); the
+                scheduler shares one tuple across steps while its decodes do not change.
+            decode_tokens: per decode, its tokens when some cost more than 1 (speculative
+                decoding); None means every decode costs 1 token.
+        """
+        self.step = step
+        self.decode_rids = decode_rids
+        self._decode_offsets = decode_offsets
+        self.prefills = prefills
+        self.num_tokens = num_tokens
+        self.num_decodes = len(decode_rids)
+        self.decode_context_sum = decode_context_sum
+        self.token_budget = token_budget
+        self.admitted = admitted
+        self.preempted = preempted
+        self._decode_tokens = decode_tokens
+
+    @property
+    def decodes(self) -> tuple[ScheduledChunk, ...]:
+        """The decode entries as ScheduledChunk objects (made now, one per decode)."""
+        step = self.step
+        tokens = self._decode_tokens or (1,) * self.num_decodes
+        return tuple(
+            ScheduledChunk(rid, n, False, off + step, True)
+            for rid, off, n in zip(self.decode_rids, self._decode_offsets, tokens, strict=True)
+        )
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Prompt (or recompute) tokens in this step."""
+        return sum(c.num_tokens for c in self.prefills)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Tokens spent on decodes (num_decodes unless speculative tokens are on)."""
+        return self.num_tokens - self.num_prefill_tokens
+
+    @property
+    def sampled_rids(self) -> tuple[Hashable, ...]:
+        """Requests that sample a token in this step: every decode, and each last prefill chunk."""
+        last = tuple(c.rid for c in self.prefills if c.is_last)
+        return self.decode_rids + last if last else self.decode_rids
+
+    def __len__(self) -> int:
+        return self.num_decodes + len(self.prefills)
+
+    def __iter__(self) -> Iterator[ScheduledChunk]:
+        yield from self.decodes
+        yield from self.prefills
+
+    @overload
+    def __getitem__(self, index: int) -> ScheduledChunk: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ScheduledChunk]: ...
+    def __getitem__(self, index: int | slice) -> ScheduledChunk | Sequence[ScheduledChunk]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"StepPlan index {index} out of range for {n} entries")
+        if index < self.num_decodes:
+            tokens = self._decode_tokens[index] if self._decode_tokens else 1
+            return ScheduledChunk(
+                self.decode_rids[index], tokens, False, self._decode_offsets[index] + self.step, True
+            )
+        return self.prefills[index - self.num_decodes]
+
+    def __bool__(self) -> bool:
+        return self.num_tokens > 0
+
+    def __repr__(self) -> str:
+        entries = ", ".join(f"({c.rid!r}, {c.num_tokens})" for c in self)
+        return f"StepPlan(step={self.step}, num_tokens={self.num_tokens}, [{entries}])"

@@ -1,0 +1,84 @@
+"""What a caller hands the scheduler (Request) and the states a request goes through.
+
+Imports allowed: the standard library only.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from stallfree.core.errors import RequestRejected, check_positive_int
+
+__all__ = ["FinishReason", "Request", "RequestState", "RequestStatus"]
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in its life. FINISHED and ABORTED are terminal."""
+
+    WAITING = enum.auto()
+    PREFILLING = enum.auto()
+    DECODING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED = enum.auto()
+    ABORTED = enum.auto()
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request ended, with OpenAI's strings: "length" (max_new reached), "stop" (EOS or a
+    stop string, through complete(stopped=...)), "abort" (abort())."""
+
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One generation request, as the scheduler sees it: lengths in tokens, never token ids.
+
+    Args:
+        rid: any hashable id, unique among live requests (it may be reused once the request finished).
+        prompt_len: prompt length in tokens, >= 1.
+        max_new: the most tokens to generate, >= 1; the reservation scheduler reserves KV for
+            prompt_len + max_new tokens at admission.
+        priority: lower is more urgent (as in vLLM); used only by the priority policy.
+        arrival: arrival time in seconds (simulated or wall clock); informational for the core.
+
+    Raises:
+        RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), or
+            priority is not an integer; the message names the field and the value.
+    """
+
+    rid: Hashable
+    prompt_len: int
+    max_new: int
+    priority: int = 0
+    arrival: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_positive_int("prompt_len", self.prompt_len, RequestRejected)
+        check_positive_int("max_new", self.max_new, RequestRejected)
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+            raise RequestRejected(f"priority must be an integer, got {self.priority!r}")
+        try:
+            hash(self.rid)
+        except TypeError:
+            raise RequestRejected(f"rid must be hashable, got {self.rid!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestState:
+    """A snapshot of one live request, from Scheduler.request_state(rid).
+
+    Units: counts are tokens; steps are scheduler step numbers (from 0), None until it happened.
+    """
+
+    rid: Hashable
+    status: RequestStatus
+    num_prefilled: int
+    num_generated: int
+    admitted_step: int | None
+    first_token_step: int | None
+    num_preemptions: int = 0
