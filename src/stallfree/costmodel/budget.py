@@ -86,16 +86,19 @@ def budget_rows(
     for b in budgets:
         if isinstance(b, bool) or not isinstance(b, int) or b <= decodes:
             raise CostModelError(
-                f"budget {b!r} leaves no room for the prompt after {decodes} decodes; budgets must exceed --decodes"
+                f"budget {b!r} leaves no room for the prompt after {decodes} decodes; "
+                "budgets must exceed --decodes"
             )
     design = full.replace(mode="design")
     rows = []
     for b in budgets:
         chunk = b - decodes
-        rows.append(BudgetRow(
-            budget=b,
-            steps_to_first_token=-(-prompt // chunk),
-            design=_figures(design, b, decodes, context, prompt),
-            full=_figures(full, b, decodes, context, prompt),
-        ))
+        rows.append(
+            BudgetRow(
+                budget=b,
+                steps_to_first_token=-(-prompt // chunk),
+                design=_figures(design, b, decodes, context, prompt),
+                full=_figures(full, b, decodes, context, prompt),
+            )
+        )
     return rows

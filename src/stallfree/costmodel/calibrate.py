@@ -102,7 +102,9 @@ class ErrorStats:
         e = sorted(errors)
         if not e:
             return ErrorStats(0, 0.0, 0.0, 0.0, 0.0)
-        return ErrorStats(len(e), sum(e) / len(e), e[len(e) // 2], e[min(len(e) - 1, int(0.9 * len(e)))], e[-1])
+        return ErrorStats(
+            len(e), sum(e) / len(e), e[len(e) // 2], e[min(len(e) - 1, int(0.9 * len(e)))], e[-1]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +133,11 @@ class Calibration:
     def kwargs(self) -> dict[str, float]:
         """Return the keywords to pass to CostModel / CostModel.from_names."""
         return {
-            "mfu": self.mfu, "mbu": self.mbu, "link_util": self.link_util,
-            "overhead_s": self.overhead_s, "allreduce_latency_s": self.allreduce_latency_s,
+            "mfu": self.mfu,
+            "mbu": self.mbu,
+            "link_util": self.link_util,
+            "overhead_s": self.overhead_s,
+            "allreduce_latency_s": self.allreduce_latency_s,
         }
 
 
@@ -153,6 +158,22 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
         raise CostModelError(f"cannot read {str(path)!r}: {exc}") from None
 
 
+def _cell(where: str, row: dict[str, str], col: str, default: float | None, integer: bool) -> Any:
+    """Return one CSV cell as an int (or a float) >= 0; seconds must be > 0."""
+    raw = row.get(col)
+    if raw is None or raw == "":
+        if default is None:
+            raise CostModelError(f"{where}: column {col!r} is empty")
+        return default
+    try:
+        value: float = int(raw) if integer else float(raw)
+    except ValueError:
+        raise CostModelError(f"{where}: column {col!r} is not a number: {raw!r}") from None
+    if value < 0 or (col == "seconds" and not value > 0):
+        raise CostModelError(f"{where}: column {col!r} out of range: {raw!r}")
+    return value
+
+
 def read_steps_csv(path: str | Path) -> list[MeasuredStep]:
     """Read measured steps from a CSV with the columns of the module docstring.
 
@@ -167,32 +188,35 @@ def read_steps_csv(path: str | Path) -> list[MeasuredStep]:
             raise CostModelError(f"{str(p)!r}: missing column {col!r} (have: {', '.join(header)})")
     out = []
     for i, row in enumerate(rows, start=2):
-        def num(col: str, default: float | None = None, integer: bool = True) -> Any:
-            raw = row.get(col)
-            if raw is None or raw == "":
-                if default is None:
-                    raise CostModelError(f"{str(p)!r} line {i}: column {col!r} is empty")
-                return default
-            try:
-                value: float = int(raw) if integer else float(raw)
-            except ValueError:
-                raise CostModelError(f"{str(p)!r} line {i}: column {col!r} is not a number: {raw!r}") from None
-            if value < 0 or (col in ("seconds",) and not value > 0):
-                raise CostModelError(f"{str(p)!r} line {i}: column {col!r} out of range: {raw!r}")
-            return value
+        where = f"{str(p)!r} line {i}"
+
+        def num(
+            col: str,
+            default: float | None = None,
+            integer: bool = True,
+            row: dict[str, str] = row,
+            at: str = where,
+        ) -> Any:
+            return _cell(at, row, col, default, integer)
 
         tokens, nd = num("num_tokens"), num("num_decodes")
         prefill = num("num_prefill_tokens", tokens - nd)
         if prefill > tokens or nd > tokens - prefill:
             raise CostModelError(
-                f"{str(p)!r} line {i}: num_decodes {nd} + num_prefill_tokens {prefill} exceed num_tokens {tokens}"
+                f"{where}: num_decodes {nd} + num_prefill_tokens {prefill} exceed num_tokens {tokens}"
             )
         sampled = row.get("num_sampled")
-        out.append(MeasuredStep(
-            num_tokens=tokens, num_decodes=nd, decode_context_sum=num("decode_context_sum"),
-            seconds=num("seconds", integer=False), num_prefill_tokens=prefill,
-            prefill_context_sum=num("prefill_context_sum", 0), num_sampled=num("num_sampled") if sampled else None,
-        ))
+        out.append(
+            MeasuredStep(
+                num_tokens=tokens,
+                num_decodes=nd,
+                decode_context_sum=num("decode_context_sum"),
+                seconds=num("seconds", integer=False),
+                num_prefill_tokens=prefill,
+                prefill_context_sum=num("prefill_context_sum", 0),
+                num_sampled=num("num_sampled") if sampled else None,
+            )
+        )
     if not out:
         raise CostModelError(f"{str(p)!r} holds no rows")
     return out
@@ -237,7 +261,9 @@ def _loss(x: dict[str, float], comps: list[_Comp], times: list[float]) -> float:
     return sum(((_predict(x, c) - t) / t) ** 2 for c, t in zip(comps, times, strict=True))
 
 
-def _fit(comps: list[_Comp], times: list[float], free: list[str], x0: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+def _fit(
+    comps: list[_Comp], times: list[float], free: list[str], x0: dict[str, float]
+) -> tuple[dict[str, float], list[str]]:
     """Alternate regime assignment and bounded linear least squares; return the best parameters found."""
     lower = {"inv_mfu": 1.0, "inv_mbu": 1.0, "inv_link": 1.0, "overhead_s": 0.0}
     x, best, best_loss, notes = dict(x0), dict(x0), _loss(x0, comps, times), []
@@ -247,16 +273,25 @@ def _fit(comps: list[_Comp], times: list[float], free: list[str], x0: dict[str, 
         if regimes in seen:
             break
         seen.add(regimes)
-        active = [f for f in free if not (f == "inv_mfu" and not any(regimes))
-                  and not (f == "inv_mbu" and all(regimes))]
+        active = [
+            f
+            for f in free
+            if not (f == "inv_mfu" and not any(regimes)) and not (f == "inv_mbu" and all(regimes))
+        ]
         fixed: dict[str, float] = {}
         for _pass in range(len(active) + 1):
             cols = [f for f in active if f not in fixed]
             rows, rhs = [], []
             for (c, m, link, lat), t, comp_bound in zip(comps, times, regimes, strict=True):
-                feats = {"inv_mfu": c if comp_bound else 0.0, "inv_mbu": 0.0 if comp_bound else m,
-                         "inv_link": link, "overhead_s": 1.0}
-                rest = lat + sum(feats[f] * (fixed[f] if f in fixed else x[f]) for f in feats if f not in cols)
+                feats = {
+                    "inv_mfu": c if comp_bound else 0.0,
+                    "inv_mbu": 0.0 if comp_bound else m,
+                    "inv_link": link,
+                    "overhead_s": 1.0,
+                }
+                rest = lat + sum(
+                    feats[f] * (fixed[f] if f in fixed else x[f]) for f in feats if f not in cols
+                )
                 rows.append([feats[f] / t for f in cols])
                 rhs.append((t - rest) / t)
             sol = _lstsq(rows, rhs) if cols else []
@@ -316,11 +351,17 @@ def fit_steps(
         raise CostModelError(f"cannot fit {', '.join(bad)}; choose from {', '.join(_PARAMS)}")
     train_idx, test_idx = _split(len(steps), holdout, seed)
     if len(train_idx) < len(fit) + 1:
-        raise CostModelError(f"need at least {len(fit) + 2} measured steps to fit {len(fit)} parameters, got {len(steps)}")
+        raise CostModelError(
+            f"need at least {len(fit) + 2} measured steps to fit {len(fit)} parameters, got {len(steps)}"
+        )
     comps = [base.components(*s.counts()) for s in steps]
     times = [s.seconds for s in steps]
-    x0 = {"inv_mfu": 1 / base.mfu, "inv_mbu": 1 / base.mbu, "inv_link": 1 / base.link_util,
-          "overhead_s": base.overhead_s}
+    x0 = {
+        "inv_mfu": 1 / base.mfu,
+        "inv_mbu": 1 / base.mbu,
+        "inv_link": 1 / base.link_util,
+        "overhead_s": base.overhead_s,
+    }
     inv = {"mfu": "inv_mfu", "mbu": "inv_mbu", "link_util": "inv_link", "overhead_s": "overhead_s"}
     x, notes = _fit([comps[i] for i in train_idx], [times[i] for i in train_idx], [inv[f] for f in fit], x0)
     floor = {"inv_mfu": 1.0, "inv_mbu": 1.0, "inv_link": 1.0, "overhead_s": 0.0}
@@ -332,9 +373,15 @@ def fit_steps(
     if held:
         notes.insert(0, "held fixed: " + ", ".join(held))
     return Calibration(
-        mfu=1 / x["inv_mfu"], mbu=1 / x["inv_mbu"], link_util=1 / x["inv_link"], overhead_s=x["overhead_s"],
-        allreduce_latency_s=base.allreduce_latency_s, train=errors(x, train_idx), test=errors(x, test_idx),
-        floor_test=errors(floor, test_idx), notes=tuple(notes),
+        mfu=1 / x["inv_mfu"],
+        mbu=1 / x["inv_mbu"],
+        link_util=1 / x["inv_link"],
+        overhead_s=x["overhead_s"],
+        allreduce_latency_s=base.allreduce_latency_s,
+        train=errors(x, train_idx),
+        test=errors(x, test_idx),
+        floor_test=errors(floor, test_idx),
+        notes=tuple(notes),
     )
 
 
@@ -368,7 +415,8 @@ def _profile_dir(profile: str | Path) -> tuple[Path | Any, tuple[str, str, int] 
     p = Path(profile)
     if not p.is_dir():
         raise CostModelError(
-            f"unknown profile {str(profile)!r}: not a folder; built-in profiles: {', '.join(BUILTIN_PROFILES)}"
+            f"unknown profile {str(profile)!r}: not a folder; "
+            f"built-in profiles: {', '.join(BUILTIN_PROFILES)}"
         )
     return p, None
 
@@ -386,16 +434,22 @@ def _ms(row: dict[str, str], op: str) -> float:
     return float(raw) * 1e-3 if raw not in ("", None) else 0.0
 
 
-def fit_allreduce(rows: list[dict[str, str]], base: CostModel, holdout: float = 0.2, seed: int = 0) -> AllReduceFit:
+def fit_allreduce(
+    rows: list[dict[str, str]], base: CostModel, holdout: float = 0.2, seed: int = 0
+) -> AllReduceFit:
     """Fit latency and bandwidth to all-reduce rows (num_workers, size in fp16 elements, median ms).
 
     Raises:
         CostModelError: fewer than 3 rows for base.tp GPUs.
     """
     n = base.tp
-    pts = [(2.0 * float(r["size"]), _ms(r, "all_reduce")) for r in rows
-           if r.get("collective", "all_reduce") == "all_reduce" and int(r["num_workers"]) == n
-           and _ms(r, "all_reduce") > 0]
+    pts = [
+        (2.0 * float(r["size"]), _ms(r, "all_reduce"))
+        for r in rows
+        if r.get("collective", "all_reduce") == "all_reduce"
+        and int(r["num_workers"]) == n
+        and _ms(r, "all_reduce") > 0
+    ]
     if len(pts) < 3:
         raise CostModelError(f"the all-reduce table has {len(pts)} rows for {n} GPUs; need at least 3")
     train, test = _split(len(pts), holdout, seed)
@@ -409,8 +463,17 @@ def fit_allreduce(rows: list[dict[str, str]], base: CostModel, holdout: float = 
     return AllReduceFit(fitted.latency_s, fitted.bw_bytes_per_s, fitted.link_util, ErrorStats.of(errs))
 
 
-_LINEAR_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
-               "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+_LINEAR_OPS = (
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
 
 
 def steps_from_profile(
@@ -446,16 +509,28 @@ def steps_from_profile(
     layers, ar_bytes = m.num_layers, m.hidden_size * 2
 
     def step_s(tokens: int, attn: float) -> float:
-        return layers * (linear[tokens] + attn) + emb[tokens] + 2 * layers * allreduce.seconds(tokens * ar_bytes, base.tp)
+        return (
+            layers * (linear[tokens] + attn)
+            + emb[tokens]
+            + 2 * layers * allreduce.seconds(tokens * ar_bytes, base.tp)
+        )
 
-    out = [MeasuredStep(b, b, b * k, step_s(b, a), 0, 0, 0) for (b, k), a in sorted(decode.items()) if b in linear]
-    out += [MeasuredStep(c, 0, 0, step_s(c, a), c, p, 0) for (c, p), a in sorted(prefill.items()) if c in linear]
-    combos = [(c, p, b, k) for (c, p) in sorted(prefill) for (b, k) in sorted(decode)
-              if b in (16, 32, 64, 128) and k in (512, 1024, 2048, 4032) and c + b in linear]
+    out = [
+        MeasuredStep(b, b, b * k, step_s(b, a), 0, 0, 0)
+        for (b, k), a in sorted(decode.items())
+        if b in linear
+    ]
+    out += [
+        MeasuredStep(c, 0, 0, step_s(c, a), c, p, 0) for (c, p), a in sorted(prefill.items()) if c in linear
+    ]
+    batches = [(b, k) for (b, k) in sorted(decode) if b in (16, 32, 64, 128) and k in (512, 1024, 2048, 4032)]
+    combos = [(c, p, b, k) for (c, p) in sorted(prefill) for (b, k) in batches if c + b in linear]
     for c, p, b, k in combos[::mixed_stride]:
         out.append(MeasuredStep(c + b, b, b * k, step_s(c + b, prefill[(c, p)] + decode[(b, k)]), c, p, 0))
     if not out:
-        raise CostModelError(f"profile {str(profile)!r}: no attention row matches a token count of the mlp table")
+        raise CostModelError(
+            f"profile {str(profile)!r}: no attention row matches a token count of the mlp table"
+        )
     return out
 
 
@@ -483,7 +558,9 @@ def calibrate_profile(
     folder, builtin = _profile_dir(profile)
     if base is None:
         if builtin is None:
-            raise CostModelError(f"profile {str(profile)!r} is a folder: give the cost model (model, gpu, tp)")
+            raise CostModelError(
+                f"profile {str(profile)!r} is a folder: give the cost model (model, gpu, tp)"
+            )
         base = CostModel.from_names(builtin[0], builtin[1], tp=builtin[2], dtype="fp16")
     ar = fit_allreduce(_table(folder, "all_reduce.csv"), base, holdout, seed)
     base = base.replace(link_util=min(1.0, ar.link_util), allreduce_latency_s=ar.latency_s)

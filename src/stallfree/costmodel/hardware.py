@@ -65,7 +65,12 @@ def canonical_dtype(field_name: str, dtype: str) -> str:
 def _positive(field_name: str, value: float | None, owner: str, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise CostModelError(f"{owner}: {field_name} must be a positive number, got {value!r}")
 
 
@@ -113,7 +118,7 @@ class GPUSpec:
             _positive(name, getattr(self, name), owner, allow_none=True)
 
     def peak_flops(self, dtype: str) -> float | None:
-        """Return the dense peak of GEMMs in `dtype` ('bf16', 'fp16', 'fp8', 'int8'), FLOP/s; None if absent."""
+        """Return the dense GEMM peak in `dtype` ('bf16', 'fp16', 'fp8', 'int8'), FLOP/s; None if absent."""
         return {
             "bf16": self.bf16_flops_per_s,
             "fp16": self.fp16_flops_per_s,
@@ -171,7 +176,9 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
 @cache
 def _presets() -> dict[str, GPUSpec]:
     text = resources.files("stallfree.costmodel").joinpath("data/gpus.json").read_text(encoding="utf-8")
-    return {normalize_name(k): gpu_from_dict(normalize_name(k), v) for k, v in json.loads(text)["gpus"].items()}
+    return {
+        normalize_name(k): gpu_from_dict(normalize_name(k), v) for k, v in json.loads(text)["gpus"].items()
+    }
 
 
 @cache
@@ -217,5 +224,7 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
         return load_gpu_file(name)
     key = _alias_index().get(normalize_name(str(name)))
     if key is None:
-        raise CostModelError(f"unknown GPU {name!r}; known GPUs: {', '.join(list_gpus())} (or a path to a .json file)")
+        raise CostModelError(
+            f"unknown GPU {name!r}; known GPUs: {', '.join(list_gpus())} (or a path to a .json file)"
+        )
     return _presets()[key]

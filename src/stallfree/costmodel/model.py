@@ -27,7 +27,14 @@ from typing import Any
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import normalize_name
 
-__all__ = ["ModelSpec", "get_model", "list_models", "load_model_file", "model_from_dict", "model_from_hf_config"]
+__all__ = [
+    "ModelSpec",
+    "get_model",
+    "list_models",
+    "load_model_file",
+    "model_from_dict",
+    "model_from_hf_config",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,20 +82,31 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         owner = f"model {self.key!r}"
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "vocab_size"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise CostModelError(f"{owner}: {name} must be an integer >= 1, got {value!r}")
         if self.norm_params_per_layer is not None and self.norm_params_per_layer < 0:
-            raise CostModelError(f"{owner}: norm_params_per_layer must be >= 0, got {self.norm_params_per_layer}")
+            raise CostModelError(
+                f"{owner}: norm_params_per_layer must be >= 0, got {self.norm_params_per_layer}"
+            )
         if self.num_heads % self.num_kv_heads:
             raise CostModelError(
                 f"{owner}: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
             )
         e, k = self.num_experts, self.experts_per_token
         if e < 0 or k < 0 or (e == 0) != (k == 0) or k > e:
-            raise CostModelError(f"{owner}: need 1 <= experts_per_token <= num_experts (or both 0), got {k} of {e}")
+            raise CostModelError(
+                f"{owner}: need 1 <= experts_per_token <= num_experts (or both 0), got {k} of {e}"
+            )
         for name, value in self.param_overrides:
             if not isinstance(value, int) or value < 0:
                 raise CostModelError(f"{owner}: params[{name!r}] must be an integer >= 0, got {value!r}")
@@ -126,7 +144,9 @@ class ModelSpec:
         got = self._override("layer")
         if got is not None:
             return got
-        return self.num_layers * (self.dense_params_per_layer + self.num_experts * self.expert_params_per_layer)
+        return self.num_layers * (
+            self.dense_params_per_layer + self.num_experts * self.expert_params_per_layer
+        )
 
     @property
     def active_layer_params(self) -> int:
@@ -136,7 +156,9 @@ class ModelSpec:
             return got
         if not self.num_experts:
             return self.layer_params
-        return self.num_layers * (self.dense_params_per_layer + self.experts_per_token * self.expert_params_per_layer)
+        return self.num_layers * (
+            self.dense_params_per_layer + self.experts_per_token * self.expert_params_per_layer
+        )
 
     @property
     def embed_params(self) -> int:
@@ -206,7 +228,9 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
     head_dim = data.get("head_dim")
     if head_dim is None:
         if heads < 1 or hidden % heads:
-            raise CostModelError(f"{owner}: head_dim missing and hidden_size {hidden} not divisible by {heads} heads")
+            raise CostModelError(
+                f"{owner}: head_dim missing and hidden_size {hidden} not divisible by {heads} heads"
+            )
         head_dim = hidden // heads
     return ModelSpec(
         key=key,
@@ -224,7 +248,9 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
         norm_params_per_layer=data.get("norm_params_per_layer"),
         num_experts=_int(data, "num_experts", owner, 0),
         experts_per_token=_int(data, "experts_per_token", owner, 0),
-        param_overrides=tuple(sorted((str(k), v) for k, v in params.items() if k in _OVERRIDABLE and v is not None)),
+        param_overrides=tuple(
+            sorted((str(k), v) for k, v in params.items() if k in _OVERRIDABLE and v is not None)
+        ),
         aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
         sources=tuple(data.get("sources", ())),
     )
@@ -257,8 +283,9 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
         "num_heads": config.get("num_attention_heads"),
         "num_kv_heads": config.get("num_key_value_heads") or config.get("num_attention_heads"),
         "head_dim": config.get("head_dim"),
-        "intermediate_size": config.get("moe_intermediate_size") if experts and config.get(
-            "moe_intermediate_size") else config.get("intermediate_size"),
+        "intermediate_size": config.get("moe_intermediate_size")
+        if experts and config.get("moe_intermediate_size")
+        else config.get("intermediate_size"),
         "vocab_size": config.get("vocab_size"),
         "tie_word_embeddings": config.get("tie_word_embeddings", False),
         "qkv_bias": bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
@@ -266,9 +293,13 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
         "experts_per_token": config.get("num_experts_per_tok", 0) if experts else 0,
         "sources": ("Hugging Face config.json",),
     }
-    for required, hf in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
-                         ("num_heads", "num_attention_heads"), ("intermediate_size", "intermediate_size"),
-                         ("vocab_size", "vocab_size")):
+    for required, hf in (
+        ("num_layers", "num_hidden_layers"),
+        ("hidden_size", "hidden_size"),
+        ("num_heads", "num_attention_heads"),
+        ("intermediate_size", "intermediate_size"),
+        ("vocab_size", "vocab_size"),
+    ):
         if data[required] is None:
             raise CostModelError(f"{owner}: missing key {hf!r}")
     return model_from_dict(key, data)
@@ -277,7 +308,10 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
 @cache
 def _presets() -> dict[str, ModelSpec]:
     text = resources.files("stallfree.costmodel").joinpath("data/models.json").read_text(encoding="utf-8")
-    return {normalize_name(k): model_from_dict(normalize_name(k), v) for k, v in json.loads(text)["models"].items()}
+    return {
+        normalize_name(k): model_from_dict(normalize_name(k), v)
+        for k, v in json.loads(text)["models"].items()
+    }
 
 
 @cache

@@ -134,11 +134,42 @@ class CostModel:
     """
 
     __slots__ = (
-        "model", "gpu", "tp", "dtype", "kv_dtype", "mode", "mfu", "mbu", "link_util", "overhead_s",
-        "allreduce_latency_s", "warnings", "weight_bytes_per_gpu", "kv_bytes_per_token_per_gpu",
-        "_c_tok", "_c_samp", "_c_pair", "_m_fixed", "_m_head", "_m_kv", "_m_expert", "_experts",
-        "_route_keep", "_x_tok", "_a_step", "_over", "_inv_mfu", "_inv_mbu", "_inv_link",
-        "_f_tok", "_f_samp", "_f_pair", "_b_fixed", "_b_head", "_b_kv", "_b_expert",
+        "model",
+        "gpu",
+        "tp",
+        "dtype",
+        "kv_dtype",
+        "mode",
+        "mfu",
+        "mbu",
+        "link_util",
+        "overhead_s",
+        "allreduce_latency_s",
+        "warnings",
+        "weight_bytes_per_gpu",
+        "kv_bytes_per_token_per_gpu",
+        "_c_tok",
+        "_c_samp",
+        "_c_pair",
+        "_m_fixed",
+        "_m_head",
+        "_m_kv",
+        "_m_expert",
+        "_experts",
+        "_route_keep",
+        "_x_tok",
+        "_a_step",
+        "_over",
+        "_inv_mfu",
+        "_inv_mbu",
+        "_inv_link",
+        "_f_tok",
+        "_f_samp",
+        "_f_pair",
+        "_b_fixed",
+        "_b_head",
+        "_b_kv",
+        "_b_expert",
     )
 
     def __init__(
@@ -189,11 +220,14 @@ class CostModel:
         self.weight_bytes_per_gpu = ((m.total_params - big) * wb + big * head_b) / n
         if self.weight_bytes_per_gpu > gpu.mem_bytes:
             raise CostModelError(
-                f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU at tp {n}, "
+                f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
+                f"at tp {n}, "
                 f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; raise tp or use 8-bit weights"
             )
         kv_heads_per_gpu = -(-m.num_kv_heads // n)  # replicated when tp > n_kv
-        self.kv_bytes_per_token_per_gpu = 2 * m.num_layers * kv_heads_per_gpu * m.head_dim * DTYPE_BYTES[self.kv_dtype]
+        self.kv_bytes_per_token_per_gpu = (
+            2 * m.num_layers * kv_heads_per_gpu * m.head_dim * DTYPE_BYTES[self.kv_dtype]
+        )
 
         # Work per GPU (FLOP and bytes) per token, per sampled token, per (query, key) pair, per step.
         design = mode == "design"
@@ -244,15 +278,24 @@ class CostModel:
         allowed = {"mfu", "mbu", "link_util", "overhead_s", "allreduce_latency_s"}
         unknown = sorted(set(efficiency) - allowed)
         if unknown:
-            raise CostModelError(f"unknown keyword(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+            raise CostModelError(
+                f"unknown keyword(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+            )
         return cls(get_model(model), get_gpu(gpu), tp, dtype, kv_dtype, mode, **efficiency)
 
     def replace(self, **changes: Any) -> CostModel:
         """Return a copy with some constructor arguments changed (e.g. mode='design', mfu=0.6)."""
         args: dict[str, Any] = {
-            "model": self.model, "gpu": self.gpu, "tp": self.tp, "dtype": self.dtype,
-            "kv_dtype": self.kv_dtype, "mode": self.mode, "mfu": self.mfu, "mbu": self.mbu,
-            "link_util": self.link_util, "overhead_s": self.overhead_s,
+            "model": self.model,
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "dtype": self.dtype,
+            "kv_dtype": self.kv_dtype,
+            "mode": self.mode,
+            "mfu": self.mfu,
+            "mbu": self.mbu,
+            "link_util": self.link_util,
+            "overhead_s": self.overhead_s,
             "allreduce_latency_s": self.allreduce_latency_s,
         }
         args.update(changes)
@@ -278,7 +321,12 @@ class CostModel:
         if self._experts:
             memory += self._m_expert * self._experts * (1.0 - self._route_keep**tokens)
         memory *= self._inv_mbu
-        return (compute if compute > memory else memory) + self._x_tok * tokens * self._inv_link + self._a_step + self._over
+        return (
+            (compute if compute > memory else memory)
+            + self._x_tok * tokens * self._inv_link
+            + self._a_step
+            + self._over
+        )
 
     def step_time(self, plan: StepPlan) -> float:
         """Return the predicted time of one step, in seconds (0.0 for an empty plan).
@@ -323,10 +371,17 @@ class CostModel:
         _check_count("context_len", context_len)
         if not num_decodes:
             return 0.0
-        return self._price(num_decodes, num_decodes * (context_len + 1.0), num_decodes * context_len, num_decodes)
+        return self._price(
+            num_decodes, num_decodes * (context_len + 1.0), num_decodes * context_len, num_decodes
+        )
 
     def prefill_step_time(
-        self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
+        self,
+        num_tokens: int,
+        start: int = 0,
+        num_decodes: int = 0,
+        context_len: int = 0,
+        is_last: bool = True,
     ) -> float:
         """Return the time of a step holding one prefill chunk plus decodes, seconds.
 
@@ -377,7 +432,9 @@ class CostModel:
         total = max(compute, memory) + comm + self._over
         return StepCost(compute, memory, comm, self._over, total, flops, nbytes)
 
-    def components(self, tokens: int, pairs: float, kv_read: float, sampled: int) -> tuple[float, float, float, float]:
+    def components(
+        self, tokens: int, pairs: float, kv_read: float, sampled: int
+    ) -> tuple[float, float, float, float]:
         """Return the step's (compute, memory, link, latency) seconds at efficiency 1.0, for calibration:
         step_s = max(compute / mfu, memory / mbu) + link / link_util + latency + overhead_s."""
         compute = self._c_tok * tokens + self._c_samp * sampled + self._c_pair * pairs
@@ -400,7 +457,8 @@ class CostModel:
         free = self.gpu.mem_bytes * util - self.weight_bytes_per_gpu
         if free < self.kv_bytes_per_token_per_gpu:
             raise CostModelError(
-                f"no room for KV: {self.model.key} weights take {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU, "
+                f"no room for KV: {self.model.key} weights take "
+                f"{self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU, "
                 f"{util} x {self.gpu.mem_bytes / 1e9:.0f} GB leaves {max(free, 0.0) / 1e9:.1f} GB; raise tp, "
                 "use 8-bit weights or a higher gpu_memory_utilization"
             )
