@@ -198,8 +198,8 @@ def _calibrate(a: argparse.Namespace) -> int:
         cal = fit_steps(base, steps, tuple(a.fit.split(",")), a.holdout, a.seed)
         ar, n = None, len(steps)
     else:
-        base = _cost_model(a) if a.model is not None else None
-        cal, ar, n = calibrate_profile(a.profile, base, a.holdout, a.seed)
+        given = _cost_model(a) if a.model is not None else None
+        cal, ar, n = calibrate_profile(a.profile, given, a.holdout, a.seed)
 
     def stats(s: Any) -> dict[str, float]:
         return {"rows": s.rows, "mean": s.mean, "median": s.median, "p90": s.p90, "max": s.max}
