@@ -230,7 +230,9 @@ class _WholePromptScheduler:
         sampled = set(plan.decode_rids) | {c.rid for c in plan.prefills} if stopped else set()
         for rid in stopped:
             if rid not in sampled or rid not in self._live:
-                raise SchedulerStateError(f"stopped names rid {rid!r}, which did not sample in step {plan.step}")
+                raise SchedulerStateError(
+                    f"stopped names rid {rid!r}, which did not sample in step {plan.step}"
+                )
         self._inflight = None
         self._step += 1
         self.last_finished = {}

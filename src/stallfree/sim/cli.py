@@ -16,7 +16,13 @@ from typing import Any, NoReturn
 
 from stallfree.core.metrics import parse_duration
 from stallfree.sim.costs import LinearCostModel, StepCostModel
-from stallfree.sim.simulator import BATCHING_MODES, SchedulerConfig, SimulationError, simulate
+from stallfree.sim.simulator import (
+    BATCHING_MODES,
+    SchedulerConfig,
+    SimulationError,
+    saturated_throughput,
+    simulate,
+)
 from stallfree.sim.workload import (
     TraceError,
     Workload,
@@ -26,11 +32,11 @@ from stallfree.sim.workload import (
     synthetic,
 )
 
-__all__ = ["DEFAULT_RATE_SCALE", "Setup", "register"]
+__all__ = ["DEFAULT_RATE_SCALE", "Setup", "default_cost_model", "register"]
 
 #: The default speed-up of the bundled trace (docs/simulator.md explains the choice): at its real
 #: rate (5.5 req/s) the default replica (Llama 3.3 70B, 4 x H100 SXM, FP8) is only lightly busy.
-DEFAULT_RATE_SCALE = 4.0
+DEFAULT_RATE_SCALE = 3.0
 
 DEFAULTS = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
 
@@ -85,7 +91,9 @@ def _modes(text: str) -> list[str]:
     modes = [t.strip() for t in text.split(",") if t.strip()]
     for m in modes:
         if m not in BATCHING_MODES:
-            raise argparse.ArgumentTypeError(f"unknown batching mode {m!r} (choose from {', '.join(BATCHING_MODES)})")
+            raise argparse.ArgumentTypeError(
+                f"unknown batching mode {m!r} (choose from {', '.join(BATCHING_MODES)})"
+            )
     return modes
 
 
@@ -101,26 +109,56 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)")
-    w.add_argument("--trace", metavar="PATH", help="a trace file: Azure 2023 CSV, BurstGPT CSV, or "
-                   "CSV/JSONL with arrival_time,prompt_len,output_len (.gz allowed)")
+    w.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="a trace file: Azure 2023 CSV, BurstGPT CSV, or "
+        "CSV/JSONL with arrival_time,prompt_len,output_len (.gz allowed)",
+    )
     w.add_argument("--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl"])
-    w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
-    w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
+    w.add_argument(
+        "--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping"
+    )
+    w.add_argument(
+        "--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace"
+    )
     w.add_argument("--rate", type=_positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
-    w.add_argument("--burstiness", type=_positive_float, default=1.0,
-                   help="synthetic gamma: shape of the gaps (1 = Poisson, < 1 burstier)")
-    w.add_argument("--prompt-len", default="trace", metavar="DIST",
-                   help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH")
+    w.add_argument(
+        "--burstiness",
+        type=_positive_float,
+        default=1.0,
+        help="synthetic gamma: shape of the gaps (1 = Poisson, < 1 burstier)",
+    )
+    w.add_argument(
+        "--prompt-len",
+        default="trace",
+        metavar="DIST",
+        help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH",
+    )
     w.add_argument("--output-len", default="trace", metavar="DIST", help="synthetic: as --prompt-len")
     w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
-    w.add_argument("--num-requests", type=_positive_int, metavar="N",
-                   help="only the first N requests (synthetic: how many to draw, default 1000)")
+    w.add_argument(
+        "--num-requests",
+        type=_positive_int,
+        metavar="N",
+        help="only the first N requests (synthetic: how many to draw, default 1000)",
+    )
     w.add_argument("--start", type=float, default=0.0, metavar="S", help="time window start, s of trace time")
-    w.add_argument("--end", type=float, default=math.inf, metavar="S", help="time window end, s of trace time")
-    w.add_argument("--rate-scale", type=_positive_float, metavar="X",
-                   help=f"replay X times faster (default {DEFAULT_RATE_SCALE:g} for the bundled trace, else 1)")
-    w.add_argument("--max-tokens", type=_positive_int, metavar="N",
-                   help="every request's max_new (KV reservation); shorter outputs stop early, longer are cut")
+    w.add_argument(
+        "--end", type=float, default=math.inf, metavar="S", help="time window end, s of trace time"
+    )
+    w.add_argument(
+        "--rate-scale",
+        type=_positive_float,
+        metavar="X",
+        help=f"replay X times faster (default {DEFAULT_RATE_SCALE:g} for the bundled trace, else 1)",
+    )
+    w.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        metavar="N",
+        help="every request's max_new (KV reservation); shorter outputs stop early, longer are cut",
+    )
     m = p.add_argument_group("model and hardware (the cost model)")
     m.add_argument("--model", default=DEFAULTS["model"])
     m.add_argument("--gpu", default=DEFAULTS["gpu"])
@@ -129,15 +167,22 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the cost model's)")
     m.add_argument("--gpu-memory-utilization", type=_positive_float, default=0.9, metavar="F")
     m.add_argument("--kv-tokens", type=_positive_int, metavar="N", help="KV capacity override, tokens")
-    m.add_argument("--linear-cost", metavar="BASE_MS,PER_TOKEN_US[,PER_CTX_NS]",
-                   help="price steps as BASE + PER_TOKEN * tokens + PER_CTX * decode context instead")
+    m.add_argument(
+        "--linear-cost",
+        metavar="BASE_MS,PER_TOKEN_US[,PER_CTX_NS]",
+        help="price steps as BASE + PER_TOKEN * tokens + PER_CTX * decode context instead",
+    )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=_positive_int, default=256, help="most running requests (default 256)")
     r = p.add_argument_group("report")
-    r.add_argument("--slo-ttft", type=_duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
+    r.add_argument(
+        "--slo-ttft", type=_duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)"
+    )
     r.add_argument("--slo-tpot", type=_duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
+    r.add_argument(
+        "--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here"
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -150,10 +195,20 @@ def register(subparsers: Any) -> None:
     )
     _add_common(sim)
     g = sim.add_argument_group("batching")
-    g.add_argument("--batching", choices=BATCHING_MODES, default="chunked",
-                   help="chunked (the contract), prefill-first or no-chunk (baselines)")
-    g.add_argument("--budget", "--token-budget", dest="budget", type=_positive_int, default=2048,
-                   help="token budget per step (default 2048)")
+    g.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        default="chunked",
+        help="chunked (the contract), prefill-first or no-chunk (baselines)",
+    )
+    g.add_argument(
+        "--budget",
+        "--token-budget",
+        dest="budget",
+        type=_positive_int,
+        default=2048,
+        help="token budget per step (default 2048)",
+    )
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
@@ -167,10 +222,19 @@ def register(subparsers: Any) -> None:
         "a table, and with --out a CSV and PNGs of p99 TPOT against p99 TTFT and of TTFT/TPOT CDFs.",
     )
     _add_common(sweep)
-    sweep.add_argument("--budgets", type=_int_list, default=[256, 512, 1024, 2048, 4096, 8192], metavar="LIST")
-    sweep.add_argument("--rate-scales", type=_float_list, metavar="LIST", help="default: the --rate-scale default")
-    sweep.add_argument("--batching", type=_modes, default=list(BATCHING_MODES), metavar="LIST",
-                       help="comma-separated modes (default all three)")
+    sweep.add_argument(
+        "--budgets", type=_int_list, default=[256, 512, 1024, 2048, 4096, 8192], metavar="LIST"
+    )
+    sweep.add_argument(
+        "--rate-scales", type=_float_list, metavar="LIST", help="default: the --rate-scale default"
+    )
+    sweep.add_argument(
+        "--batching",
+        type=_modes,
+        default=list(BATCHING_MODES),
+        metavar="LIST",
+        help="comma-separated modes (default all three)",
+    )
     sweep.add_argument("--jobs", type=_positive_int, metavar="N", help="worker processes (default: CPUs)")
     _one_line_errors(sweep)
     sweep.set_defaults(func=_guard(run_sweep))
@@ -275,7 +339,9 @@ def _parse_linear(text: str) -> LinearCostModel:
         return LinearCostModel(nums[0] * 1e-3, nums[1] * 1e-6, (nums[2] if len(nums) == 3 else 0.0) * 1e-9)
     except ValueError as exc:
         detail = f": {exc}" if str(exc) else ""
-        raise CliError(f"--linear-cost wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", 2) from None
+        raise CliError(
+            f"--linear-cost wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", 2
+        ) from None
 
 
 def build_cost_model(args: argparse.Namespace) -> tuple[StepCostModel, int, str]:
@@ -296,7 +362,12 @@ def build_cost_model(args: argparse.Namespace) -> tuple[StepCostModel, int, str]
     if CostModel is not None:
         try:
             real = CostModel.from_names(
-                model=args.model, gpu=args.gpu, tp=args.tp, dtype=args.dtype, kv_dtype=args.kv_dtype, mode="full"
+                model=args.model,
+                gpu=args.gpu,
+                tp=args.tp,
+                dtype=args.dtype,
+                kv_dtype=args.kv_dtype,
+                mode="full",
             )
             kv = args.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=args.gpu_memory_utilization)
         except CostModelError as exc:
@@ -306,7 +377,9 @@ def build_cost_model(args: argparse.Namespace) -> tuple[StepCostModel, int, str]
     else:
         chosen = (args.model, args.gpu, args.tp, args.dtype, args.kv_dtype)
         if not args.linear_cost and chosen != (*DEFAULTS.values(), None):
-            raise CliError("stallfree.costmodel is not installed: only the default model and GPU, or --linear-cost")
+            raise CliError(
+                "stallfree.costmodel is not installed: only the default model and GPU, or --linear-cost"
+            )
         if not args.linear_cost:
             cost = _FALLBACK_COST
             hw += " (linear approximation)"
@@ -328,6 +401,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise CliError("--check checks the contract's scheduler: use it with --batching chunked", 2)
     setup = Setup(args)
     modes = list(BATCHING_MODES) if args.compare else [args.batching]
+    header_rate = setup.workload.mean_rate
     results, summaries = [], []
     for mode in modes:
         res = simulate(
@@ -338,7 +412,12 @@ def run_simulate(args: argparse.Namespace) -> int:
             check=args.check and mode == "chunked",
         )
         results.append(res)
-        summaries.append(summarize_result(res, args.slo_ttft, args.slo_tpot))
+        summary = summarize_result(res, args.slo_ttft, args.slo_tpot)
+        summary["capacity_req_s"] = saturated_throughput(
+            setup.workload, setup.config(mode, args.budget), setup.cost_model, args.max_tokens
+        )
+        summary["load"] = header_rate / summary["capacity_req_s"]
+        summaries.append(summary)
     header = setup.header()
     header["token_budget"] = args.budget
     if args.json:
@@ -366,17 +445,24 @@ def _print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> No
     wl = f"{header['workload']}: {header['requests']:,} requests"
     scale = f"rate scale {header['rate_scale']:g} ({header['offered_rate']:.2f} req/s offered)"
     print(f"{wl}, {scale}")
-    print(f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
-          f"budget {header['token_budget']:,}" + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else ""))
+    print(
+        f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
+        f"budget {header['token_budget']:,}"
+        + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
+    )
     for s in summaries:
-        print(f"{s['label']}: utilization {s.get('budget_utilization') or 0:.0%} of the token budget, "
-              f"requests waiting after {s.get('queued_fraction') or 0:.0%} of steps, "
-              f"mean KV reserved {s.get('mean_kv_utilization') or 0:.0%}")
+        print(
+            f"{s['label']}: utilization {s['load']:.0%} of capacity (~{s['capacity_req_s']:.1f} req/s "
+            f"when saturated); requests waiting after {s.get('queued_fraction') or 0:.0%} of steps; "
+            f"{s.get('budget_utilization') or 0:.0%} of the token budget used"
+        )
     for note in header["notes"]:
         print(f"note: {note}")
 
 
-def _write_out(out: Path, header: dict[str, Any], results: list[Any], summaries: list[dict[str, Any]]) -> None:
+def _write_out(
+    out: Path, header: dict[str, Any], results: list[Any], summaries: list[dict[str, Any]]
+) -> None:
     from stallfree.sim import plots
     from stallfree.sim.report import write_records, write_steps_csv
 
@@ -397,3 +483,12 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     setup = Setup(args)
     return run_grid(args, setup, args.rate_scales or [setup.rate_scale])
+
+
+def default_cost_model() -> tuple[StepCostModel, int]:
+    """The default replica's cost model and KV capacity (tokens): Llama 3.3 70B, 4 x H100 SXM, FP8."""
+    args = argparse.Namespace(
+        **DEFAULTS, kv_dtype=None, gpu_memory_utilization=0.9, kv_tokens=None, linear_cost=None
+    )
+    cost, kv, _ = build_cost_model(args)
+    return cost, kv

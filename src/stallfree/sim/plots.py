@@ -148,8 +148,14 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
             continue
         label = mode if len(scales) == 1 else f"{mode}, rate x{scale:g}"
         color = f"C{modes.index(mode)}"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[scales.index(scale) % 4],
-                marker="o", color=color, label=label)
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            styles[scales.index(scale) % 4],
+            marker="o",
+            color=color,
+            label=label,
+        )
         for x, y, b in pts:
             ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
     ax.set_xscale("log")

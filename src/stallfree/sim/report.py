@@ -169,7 +169,13 @@ def summarize_result(
             good &= tpot_ok
         out["request_goodput"] = rate(int(good.sum()))
         out["slo_attainment"] = float(good.mean())
-    for name, key in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2el", "e2e"), ("queue", "queue")):
+    for name, key in (
+        ("ttft", "ttft"),
+        ("tpot", "tpot"),
+        ("itl", "itl"),
+        ("e2el", "e2e"),
+        ("queue", "queue"),
+    ):
         out.update(_stats(name, lat[key], pcts))
     dur = end - start
     busy = float(dur.sum())
@@ -267,8 +273,15 @@ def write_steps_csv(res: SimResult, path: Path) -> None:
         writer = csv.DictWriter(
             fh,
             fieldnames=[
-                "step", "start_s", "end_s", "num_tokens", "num_decodes", "prefill_tokens",
-                "kv_used_tokens", "kv_utilization", "num_waiting",
+                "step",
+                "start_s",
+                "end_s",
+                "num_tokens",
+                "num_decodes",
+                "prefill_tokens",
+                "kv_used_tokens",
+                "kv_utilization",
+                "num_waiting",
             ],
         )
         writer.writeheader()

@@ -40,6 +40,7 @@ __all__ = [
     "SchedulerLike",
     "SimResult",
     "SimulationError",
+    "saturated_throughput",
     "simulate",
 ]
 
@@ -480,3 +481,30 @@ class _Loop:
         start = self.seg_open.pop(r, res.first_step[r])
         segs.append((start, last))
         return res.num_tokens(r)
+
+
+def saturated_throughput(
+    workload: Workload,
+    scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    cost_model: StepCostModel,
+    max_tokens: int | None = None,
+    sample: int = 5000,
+) -> float:
+    """Estimate a replica's capacity, requests/s: the first `sample` requests all arriving at 0 s,
+    completed requests over the time to finish them all.
+
+    The drain at the end (fewer requests left than max_seqs) makes this a slight underestimate;
+    with 5,000 requests and max_seqs 256 it is a few percent.
+
+    Raises:
+        ValueError: the workload is empty or sample < 1.
+    """
+    if len(workload) == 0 or sample < 1:
+        raise ValueError(
+            f"saturated_throughput needs requests and sample >= 1, got {len(workload)}, {sample}"
+        )
+    head = workload.head(sample)
+    burst = Workload((0.0,) * len(head), head.prompt_lens, head.output_lens, head.name)
+    res = simulate(burst, scheduler, cost_model, max_tokens)
+    done = sum(1 for f in res.finish_step if f >= 0)
+    return done / res.step_end[-1] if res.num_steps and res.step_end[-1] > 0 else float("inf")

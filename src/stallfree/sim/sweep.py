@@ -22,10 +22,27 @@ from stallfree.sim.workload import Workload
 __all__ = ["SweepPoint", "run_grid", "run_points"]
 
 _ROW_KEYS = (
-    "batching", "rate_scale", "token_budget", "completed", "rejected", "request_throughput",
-    "output_throughput", "request_goodput", "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms",
-    "median_tpot_ms", "p90_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "p99_e2el_ms", "p99_queue_ms",
-    "budget_utilization", "mean_kv_utilization", "num_steps", "sim_wall_s",
+    "batching",
+    "rate_scale",
+    "token_budget",
+    "completed",
+    "rejected",
+    "request_throughput",
+    "output_throughput",
+    "request_goodput",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "p99_itl_ms",
+    "p99_e2el_ms",
+    "p99_queue_ms",
+    "budget_utilization",
+    "mean_kv_utilization",
+    "num_steps",
+    "sim_wall_s",
 )
 
 
@@ -56,7 +73,9 @@ def _run_point(point: SweepPoint) -> dict[str, Any]:
     """Worker: simulate one point; return its summary plus TTFT and TPOT samples (ms, numpy)."""
     from stallfree.sim.report import latency_arrays, summarize_result
 
-    res = simulate(point.workload.scale_rate(point.rate_scale), point.config, point.cost_model, point.max_tokens)
+    res = simulate(
+        point.workload.scale_rate(point.rate_scale), point.config, point.cost_model, point.max_tokens
+    )
     summary = summarize_result(res, point.slo_ttft, point.slo_tpot)
     summary["rate_scale"] = point.rate_scale
     lat = latency_arrays(res)
@@ -101,16 +120,29 @@ def run_grid(args: Any, setup: Any, scales: Sequence[float]) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     points = [
-        SweepPoint(setup.base_workload, scale, setup.config(mode, budget), setup.cost_model,
-                   args.max_tokens, args.slo_ttft, args.slo_tpot)
+        SweepPoint(
+            setup.base_workload,
+            scale,
+            setup.config(mode, budget),
+            setup.cost_model,
+            args.max_tokens,
+            args.slo_ttft,
+            args.slo_tpot,
+        )
         for scale in scales
         for mode in args.batching
         for budget in args.budgets
     ]
     jobs = args.jobs or os.cpu_count() or 1
     console = Console(stderr=True)
-    with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = bar.add_task("sweep", total=len(points))
         rows = run_points(points, jobs, lambda k: bar.update(task, completed=k))
     table_rows = [{k: r.get(k) for k in _ROW_KEYS} for r in rows]
@@ -118,8 +150,10 @@ def run_grid(args: Any, setup: Any, scales: Sequence[float]) -> int:
     if args.json:
         print(json.dumps({"header": header, "rows": table_rows}, indent=1))
     else:
-        print(f"{header['workload']}: {header['requests']:,} requests; {header['hardware']}; "
-              f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}")
+        print(
+            f"{header['workload']}: {header['requests']:,} requests; {header['hardware']}; "
+            f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}"
+        )
         _print_rows(table_rows)
     if args.out:
         _write(args.out, header, rows, table_rows)
@@ -131,11 +165,17 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
     from rich.table import Table
 
     cols = (
-        ("batching", "batching", "{}"), ("rate_scale", "rate x", "{:g}"), ("token_budget", "budget", "{:,}"),
-        ("request_throughput", "req/s", "{:.2f}"), ("request_goodput", "goodput", "{:.2f}"),
-        ("median_ttft_ms", "TTFT p50", "{:,.0f}"), ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:.1f}"), ("p99_tpot_ms", "TPOT p99", "{:.1f}"),
-        ("p99_itl_ms", "ITL p99", "{:.1f}"), ("budget_utilization", "budget use", "{:.0%}"),
+        ("batching", "batching", "{}"),
+        ("rate_scale", "rate x", "{:g}"),
+        ("token_budget", "budget", "{:,}"),
+        ("request_throughput", "req/s", "{:.2f}"),
+        ("request_goodput", "goodput", "{:.2f}"),
+        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
+        ("median_tpot_ms", "TPOT p50", "{:.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:.1f}"),
+        ("p99_itl_ms", "ITL p99", "{:.1f}"),
+        ("budget_utilization", "budget use", "{:.0%}"),
         ("rejected", "rejected", "{:,}"),
     )
     table = Table(title="sweep (latencies in ms)", title_justify="left")
@@ -146,7 +186,9 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
     Console().print(table)
 
 
-def _write(out: Path, header: dict[str, Any], rows: list[dict[str, Any]], table_rows: list[dict[str, Any]]) -> None:
+def _write(
+    out: Path, header: dict[str, Any], rows: list[dict[str, Any]], table_rows: list[dict[str, Any]]
+) -> None:
     from stallfree.sim.plots import plot_sweep_cdfs, plot_tradeoff
 
     out.mkdir(parents=True, exist_ok=True)
