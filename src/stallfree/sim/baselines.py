@@ -13,10 +13,11 @@ in how a step is filled:
   and Sarathi-Serve, OSDI'24, section 2, describe the resulting generation stalls).
 - NoChunkScheduler: decodes first, then only whole prompts that fit what is left of the budget.
 
-Without chunking, a prompt longer than the budget is scheduled whole, alone among the prefills of
-its step, as engines without chunked prefill must (their budget is at least the longest prompt); and
-decodes are bounded by max_seqs, not by the budget. A step may therefore hold more tokens than
-token_budget; the cost model prices what is scheduled.
+Without chunking, the first prompt admitted in a step goes whole even when it exceeds what is left
+of the budget (a prompt longer than the budget included), as in engines without chunked prefill,
+whose budget must be at least the longest prompt; further prompts join the step only while they fit
+what is left. Decodes are bounded by max_seqs, not by the budget. A step may therefore hold more
+tokens than token_budget; the cost model prices what is scheduled.
 """
 
 from __future__ import annotations
@@ -199,13 +200,13 @@ class _WholePromptScheduler:
         return plan
 
     def _admit(self, left: int, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
-        """Whole prompts, strict FCFS; a prompt longer than the budget goes alone and whole."""
+        """Whole prompts, strict FCFS; the step's first prompt goes whole even if it exceeds `left`."""
         waiting = self._waiting
         admitted: list[Hashable] = []
         while waiting:
             obj = waiting[0]
             n = obj.prompt_len
-            fits = n <= left or (n > self.token_budget and not out)
+            fits = n <= left or not out
             if not fits or self._num_running >= self.max_seqs or obj.kv > self._kv_free:
                 break
             waiting.popleft()

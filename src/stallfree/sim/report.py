@@ -325,9 +325,16 @@ def _fmt(value: Any, spec: str) -> str:
     return spec.format(value)
 
 
+def console() -> Any:
+    """A rich Console for stdout; wide when stdout is not a terminal, so piped tables are not cut."""
+    from rich.console import Console
+
+    out = Console()
+    return out if out.is_terminal else Console(width=200)
+
+
 def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -> None:
     """Print summaries side by side on the terminal (rich), one column per run."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -338,4 +345,4 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         if all(s.get(key) is None for s in summaries) and key in ("request_goodput", "slo_attainment"):
             continue
         table.add_row(name, *(_fmt(s.get(key), spec) for s in summaries))
-    Console().print(table)
+    console().print(table)

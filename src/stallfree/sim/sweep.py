@@ -161,8 +161,9 @@ def run_grid(args: Any, setup: Any, scales: Sequence[float]) -> int:
 
 
 def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from stallfree.sim.report import console
 
     cols = (
         ("batching", "batching", "{}"),
@@ -180,10 +181,10 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
     )
     table = Table(title="sweep (latencies in ms)", title_justify="left")
     for _, name, _ in cols:
-        table.add_column(name, justify="left" if name == "batching" else "right")
+        table.add_column(name, justify="left" if name == "batching" else "right", no_wrap=True)
     for row in rows:
         table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols))
-    Console().print(table)
+    console().print(table)
 
 
 def _write(
