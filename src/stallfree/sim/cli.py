@@ -352,7 +352,7 @@ def build_cost_model(args: argparse.Namespace) -> tuple[StepCostModel, int, str]
     """
     hw = f"{args.model}, {args.tp} x {args.gpu}, {args.dtype}"
     try:
-        from stallfree.costmodel import CostModel, CostModelError  # type: ignore[attr-defined]
+        from stallfree.costmodel import CostModel, CostModelError  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         CostModel = None  # noqa: N806
     if args.linear_cost:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stallfree.sim.simulator import SimResult
+from stallfree.sim.simulator import BATCHING_MODES, SimResult
 
 __all__ = ["plot_cdfs", "plot_sweep_cdfs", "plot_timeline", "plot_tradeoff"]
 
@@ -134,11 +134,14 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
         OSError: the file cannot be written.
     """
     plt = _pyplot()
+    from matplotlib.ticker import FuncFormatter
+
     fig, ax = plt.subplots(figsize=(8, 5.5))
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["batching"], row["rate_scale"]), []).append(row)
-    modes = sorted({m for m, _ in groups})
+    modes = [m for m in BATCHING_MODES if any(g == m for g, _ in groups)]
+    modes += sorted({m for m, _ in groups} - set(modes))
     scales = sorted({s for _, s in groups})
     styles = ["-", "--", ":", "-."]
     for (mode, scale), grp in sorted(groups.items()):
@@ -159,6 +162,10 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
         for x, y, b in pts:
             ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
     ax.set_xscale("log")
+    ms = FuncFormatter(lambda v, _: f"{v:,.0f}")
+    ax.xaxis.set_major_formatter(ms)
+    ax.xaxis.set_minor_formatter(ms)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("p99 TTFT (ms, log scale)")
     ax.set_ylabel("p99 TPOT (ms)")
     ax.set_title("Token budget trade-off (labels: token budget)")

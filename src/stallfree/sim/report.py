@@ -99,7 +99,11 @@ def _stats(name: str, values: Any, percentiles: Sequence[float]) -> dict[str, fl
     if len(values) == 0:
         return dict.fromkeys(keys, None)
     ms = values * 1e3
-    out = {keys[0]: float(np.mean(ms)), keys[1]: float(np.median(ms)), keys[2]: float(np.std(ms))}
+    out: dict[str, float | None] = {
+        keys[0]: float(np.mean(ms)),
+        keys[1]: float(np.median(ms)),
+        keys[2]: float(np.std(ms)),
+    }
     for q in percentiles:
         out[f"p{q:g}_{name}_ms"] = float(np.percentile(ms, q))
     return out

@@ -24,7 +24,7 @@ import time
 from array import array
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from stallfree.core.errors import RequestRejected
 from stallfree.core.plan import StepPlan
@@ -97,9 +97,12 @@ class SchedulerConfig:
         Raises:
             InvalidConfig: a number is out of range.
         """
-        cls = {"chunked": Scheduler, "prefill-first": PrefillFirstScheduler, "no-chunk": NoChunkScheduler}
-        sched: SchedulerLike = cls[self.batching](self.token_budget, self.max_seqs, self.kv_tokens)
-        return sched
+        classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
+            "chunked": Scheduler,
+            "prefill-first": PrefillFirstScheduler,
+            "no-chunk": NoChunkScheduler,
+        }
+        return classes[self.batching](self.token_budget, self.max_seqs, self.kv_tokens)
 
     @property
     def label(self) -> str:
@@ -366,9 +369,9 @@ class _Loop:
             if nd != len(decoding):
                 self._skips(plan, step)
             stopped = self._stops(plan) if (nd or plan.prefills) else ()
-            for r in plan.admitted:
-                if admit_step[r] < 0:
-                    admit_step[r] = step
+            for rid in plan.admitted:
+                if admit_step[rid] < 0:  # type: ignore[call-overload]
+                    admit_step[rid] = step  # type: ignore[call-overload]
             start = now
             now += step_time(plan)
             complete(plan, stopped)
@@ -406,7 +409,7 @@ class _Loop:
                         stopped.append(r)
         target, stop_early = self.res.target, self.stop_early
         for c in plan.prefills:
-            r = c.rid
+            r = cast(int, c.rid)
             if c.is_last and stop_early[r] and self.emitted_before.get(r, 0) + 1 == target[r]:
                 stopped.append(r)
         return stopped
@@ -417,7 +420,7 @@ class _Loop:
         for c in plan.prefills:
             if not c.is_last:
                 continue
-            r = c.rid
+            r = cast(int, c.rid)
             if res.first_step[r] < 0:
                 res.first_step[r] = step
             else:
@@ -434,7 +437,7 @@ class _Loop:
     def _finished(self, finished: dict[Hashable, FinishReason], step: int) -> None:
         res = self.res
         for r, why in finished.items():
-            ri = int(r)  # type: ignore[call-overload]
+            ri = cast(int, r)
             res.finish_step[ri] = step
             res.finish_reason[ri] = str(why)
             if self.state[ri] == _DECODING:
@@ -465,7 +468,7 @@ class _Loop:
     def _preempt(self, rids: Iterable[Hashable], step: int) -> None:
         """Preempted requests (paged schedulers) stop decoding until their recompute prefill ends."""
         for rid in rids:
-            r = int(rid)  # type: ignore[call-overload]
+            r = cast(int, rid)
             if self.state[r] != _DECODING:
                 continue
             emitted = self._close_segment(r, step - 1)
