@@ -54,15 +54,30 @@ def plot_cdfs(results: Sequence[SimResult], path: Path) -> None:
 
 
 def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]], path: Path) -> None:
+    """Columns of (title, [(label, ttft_ms, tpot_ms)]); one legend for the figure, on the right.
+
+    A label "A | B" gets a colour by A and a line style by B, so that budgets and rate scales
+    stay apart.
+    """
     plt = _pyplot()
     ncol = len(columns)
-    fig, axes = plt.subplots(2, ncol, figsize=(5.2 * ncol, 7.5), squeeze=False)
+    fig, axes = plt.subplots(2, ncol, figsize=(4.8 * ncol + 2.2, 7.5), squeeze=False)
+    colours = sorted({label.split(" | ")[0] for _, series in columns for label, _, _ in series}, key=_natural)
+    dashes = sorted(
+        {label.partition(" | ")[2] for _, series in columns for label, _, _ in series}, key=_natural
+    )
+    cmap = plt.get_cmap("viridis", max(len(colours), 2))
+    handles: dict[str, Any] = {}
     for j, (title, series) in enumerate(columns):
-        cmap = plt.get_cmap("viridis", max(len(series), 2))
-        for k, (label, ttft_ms, tpot_ms) in enumerate(series):
-            color = cmap(k) if len(series) > 3 else f"C{k}"
-            _cdf(axes[0][j], ttft_ms, label, color=color)
-            _cdf(axes[1][j], tpot_ms, label, color=color)
+        for label, ttft_ms, tpot_ms in series:
+            head, _, tail = label.partition(" | ")
+            k = colours.index(head)
+            style = {
+                "color": cmap(k) if len(colours) > 3 else f"C{k}",
+                "linestyle": ["-", "--", ":", "-."][dashes.index(tail) % 4],
+            }
+            _cdf(axes[0][j], ttft_ms, label, **style)
+            _cdf(axes[1][j], tpot_ms, label, **style)
         axes[0][j].set_xscale("log")
         axes[0][j].set_xlabel("TTFT (ms, log scale)")
         axes[1][j].set_xlabel("TPOT (ms)")
@@ -70,12 +85,24 @@ def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]
             ax.set_ylabel("fraction of requests")
             ax.set_ylim(0, 1.01)
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8, loc="lower right")
+            for line in ax.get_lines():
+                handles.setdefault(str(line.get_label()), line)
         if title:
             axes[0][j].set_title(title)
-    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1 - 2.0 / (4.8 * ncol + 2.2), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _natural(text: str) -> tuple[float, str]:
+    """Sort "budget 512" before "budget 1024": by the first number in the text, then the text."""
+    for word in text.replace("x", " ").split():
+        try:
+            return float(word.replace(",", "")), text
+        except ValueError:
+            continue
+    return float("inf"), text
 
 
 def plot_timeline(results: Sequence[SimResult], path: Path) -> None:
@@ -134,7 +161,7 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
         OSError: the file cannot be written.
     """
     plt = _pyplot()
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
@@ -162,10 +189,9 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
         for x, y, b in pts:
             ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
     ax.set_xscale("log")
-    ms = FuncFormatter(lambda v, _: f"{v:,.0f}")
-    ax.xaxis.set_major_formatter(ms)
-    ax.xaxis.set_minor_formatter(ms)
-    ax.tick_params(axis="x", which="minor", labelsize=7)
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("p99 TTFT (ms, log scale)")
     ax.set_ylabel("p99 TPOT (ms)")
     ax.set_title("Token budget trade-off (labels: token budget)")
@@ -188,6 +214,6 @@ def plot_sweep_cdfs(curves: Sequence[dict[str, Any]], path: Path) -> None:
     modes: dict[str, list[tuple[str, Any, Any]]] = {}
     multi_scale = len({c["rate_scale"] for c in curves}) > 1
     for c in sorted(curves, key=lambda c: (c["rate_scale"], c["token_budget"])):
-        label = f"budget {c['token_budget']}" + (f", x{c['rate_scale']:g}" if multi_scale else "")
+        label = f"budget {c['token_budget']}" + (f" | rate x{c['rate_scale']:g}" if multi_scale else "")
         modes.setdefault(c["batching"], []).append((label, c["ttft_ms"], c["tpot_ms"]))
     _plot_cdf_panels(list(modes.items()), path)
