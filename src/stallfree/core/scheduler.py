@@ -227,7 +227,7 @@ class Scheduler:
             self._waiting.remove(obj)
             self._forget(obj, _ABORTED)
         else:
-            self._finish(obj, _ABORTED)
+            self._finish(obj, FinishReason.ABORT, report=False)
 
     # ------------------------------------------------------------------ the step
 
@@ -359,9 +359,9 @@ class Scheduler:
         emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
         if aborts:
             for rid in aborts:
-                obj = self._live.get(rid)
-                if obj is not None:
-                    self._finish(obj, FinishReason.ABORT)
+                aborted = self._live.get(rid)
+                if aborted is not None:
+                    self._finish(aborted, FinishReason.ABORT)
                 else:
                     self.last_finished[rid] = FinishReason.ABORT
             emitted = tuple(r for r in emitted if r not in aborts)
@@ -409,8 +409,8 @@ class Scheduler:
         self._dec_offset_sum += off
         self._dec_dirty = True
 
-    def _finish(self, obj: _Live, reason: FinishReason) -> None:
-        """Release a running request's KV and slot and forget it."""
+    def _finish(self, obj: _Live, reason: FinishReason, report: bool = True) -> None:
+        """Release a running request's KV and slot and forget it; `report` lists it in last_finished."""
         if obj.status is _DECODING and obj.max_new > 1:
             i = self._dec.index(obj)
             del self._dec[i], self._dec_rids[i]
@@ -421,7 +421,8 @@ class Scheduler:
         self._num_running -= 1
         self._kv_free += obj.kv
         self._forget(obj, _ABORTED if reason is FinishReason.ABORT else _FINISHED)
-        self.last_finished[obj.rid] = reason
+        if report:
+            self.last_finished[obj.rid] = reason
 
     def _forget(self, obj: _Live, status: RequestStatus) -> None:
         obj.status = status

@@ -1,0 +1,93 @@
+"""Microseconds per step of schedule() + complete() with many running decodes.
+
+Usage: python benchmarks/bench_scheduler.py [--steps 3000] [--running 64,256,1024,4096]
+
+Workload per row: N long decodes kept running, and every 4 steps a new 256-token prompt with max_new 8
+arrives (so admissions, chunks and finishes happen all the time); budget N + 512, max_seqs N + 16.
+Each row times the same workload on stallfree's Scheduler and on benchmarks/baseline_scheduler.py's
+ScanScheduler, side by side in one run; medians and p99 in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from baseline_scheduler import ScanScheduler  # noqa: E402
+
+from stallfree import Request, Scheduler  # noqa: E402
+
+ARRIVAL_EVERY = 4
+PROMPT = 256
+SHORT_MAX_NEW = 8
+
+
+def make(kind: str, n: int, **kw):
+    budget, seqs, kv = n + 512, n + 16, 10**15
+    if kind == "scan":
+        return ScanScheduler(budget, seqs, kv)
+    return Scheduler(token_budget=budget, max_seqs=seqs, kv_tokens=kv, **kw)
+
+
+def add(s, rid, prompt, max_new) -> None:
+    if isinstance(s, ScanScheduler):
+        s.add(rid, prompt, max_new)
+    else:
+        s.add(Request(rid, prompt, max_new))
+
+
+def run(kind: str, n: int, steps: int, **kw) -> list[float]:
+    """Return per-step seconds of schedule() + complete() after warming up N decodes."""
+    s = make(kind, n, **kw)
+    for i in range(n):
+        add(s, i, 16, 10**8)
+    while True:  # warm up: prefill all N long requests
+        plan = s.schedule()
+        s.complete(plan)
+        if (s.num_running if hasattr(s, "num_running") else len(s.running)) >= n and not (
+            s.num_waiting if hasattr(s, "num_waiting") else len(s.waiting)
+        ):
+            break
+    for _ in range(4):
+        s.complete(s.schedule())
+    times = []
+    clock = time.perf_counter
+    rid = n
+    for k in range(steps):
+        if k % ARRIVAL_EVERY == 0:
+            add(s, rid, PROMPT, SHORT_MAX_NEW)
+            rid += 1
+        t0 = clock()
+        plan = s.schedule()
+        s.complete(plan)
+        times.append(clock() - t0)
+    return times
+
+
+def summarize(times: list[float]) -> tuple[float, float]:
+    ts = sorted(times)
+    return statistics.median(ts) * 1e6, ts[int(0.99 * (len(ts) - 1))] * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--running", default="64,256,1024,4096")
+    args = ap.parse_args(argv)
+    print(f"{'running':>8} {'impl':>10} {'median_us':>10} {'p99_us':>10} {'speedup':>8}")
+    for n in [int(x) for x in args.running.split(",")]:
+        rows = {kind: summarize(run(kind, n, args.steps)) for kind in ("stallfree", "scan")}
+        for kind, (med, p99) in rows.items():
+            speed = rows["scan"][0] / med
+            print(f"{n:>8} {kind:>10} {med:>10.1f} {p99:>10.1f} {speed:>7.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+"""The cost model: a step's time in seconds from its tokens, per model, GPU, dtype and tensor parallelism.
+
+Imports allowed: the standard library and stallfree.core; nothing else from stallfree.
+
+Public names: CostModel (step_time, decode_step_time, prefill_step_time, kv_capacity_tokens,
+max_tokens_within), the specs GPUSpec and ModelSpec with their presets (get_gpu, get_model, list_gpus,
+list_models), the errors CostModelError and CostModelWarning, and calibration (calibrate.py).
+"""
+
+from stallfree.costmodel.errors import CostModelError, CostModelWarning
+from stallfree.costmodel.hardware import GPUSpec, get_gpu, list_gpus, load_gpu_file
+from stallfree.costmodel.model import ModelSpec, get_model, list_models, load_model_file, model_from_hf_config
+from stallfree.costmodel.roofline import CostModel, StepCost
+
+__all__ = [
+    "CostModel",
+    "CostModelError",
+    "CostModelWarning",
+    "GPUSpec",
+    "ModelSpec",
+    "StepCost",
+    "get_gpu",
+    "get_model",
+    "list_gpus",
+    "list_models",
+    "load_gpu_file",
+    "load_model_file",
+    "model_from_hf_config",
+]

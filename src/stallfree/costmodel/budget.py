@@ -1,0 +1,104 @@
+"""The token budget priced in milliseconds: per budget, the step time, the decode-only step time and the
+steps (and time) to a long prompt's first token, in design and full mode side by side.
+
+Imports allowed: the standard library and stallfree.costmodel.
+
+A step at budget B with D running decodes holds the D decodes and a chunk of B - D prompt tokens
+(contract step 1 then 2/3 of DESIGN.md section 1), so a prompt of P tokens needs ceil(P / (B - D))
+steps to its first token; TTFT is the sum of those steps' times, each chunk at its own offset, the
+decodes held at their given context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.roofline import CostModel, StepCost
+
+__all__ = ["BudgetRow", "ModeFigures", "budget_rows"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModeFigures:
+    """One mode's figures for one budget (seconds).
+
+    Attributes:
+        step_s: a full step: the decodes plus a (budget - decodes)-token chunk at offset 0.
+        decode_step_s: a step of the decodes alone.
+        ttft_s: sum of the step times until the prompt's last chunk has run.
+        parts: the full step's compute, memory and communication parts.
+    """
+
+    step_s: float
+    decode_step_s: float
+    ttft_s: float
+    parts: StepCost
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRow:
+    """Figures for one token budget (tokens), in each mode."""
+
+    budget: int
+    steps_to_first_token: int
+    design: ModeFigures
+    full: ModeFigures
+
+
+def _figures(cm: CostModel, budget: int, decodes: int, context: int, prompt: int) -> ModeFigures:
+    chunk = budget - decodes
+    ttft = 0.0
+    for start in range(0, prompt, chunk):
+        size = min(chunk, prompt - start)
+        ttft += cm.prefill_step_time(size, start, decodes, context, is_last=start + size == prompt)
+    pairs = chunk * (chunk + 1) / 2 + decodes * (context + 1.0)
+    parts = cm.breakdown_counts(budget, pairs, decodes * context, decodes)
+    return ModeFigures(
+        step_s=cm.prefill_step_time(chunk, 0, decodes, context, is_last=False),
+        decode_step_s=cm.decode_step_time(decodes, context),
+        ttft_s=ttft,
+        parts=parts,
+    )
+
+
+def budget_rows(
+    full: CostModel, budgets: list[int], decodes: int, context: int, prompt: int
+) -> list[BudgetRow]:
+    """Return one BudgetRow per budget, pricing each in design mode and with `full` (its efficiencies).
+
+    Args:
+        full: the full-mode cost model; design mode is full.replace(mode='design').
+        budgets: token budgets (tokens per step), each > decodes.
+        decodes: decodes running in every step.
+        context: tokens each decode has in its KV cache.
+        prompt: the arriving prompt's length, tokens (>= 1).
+
+    Raises:
+        CostModelError: an empty budget list, a budget <= decodes (no room for the prompt), a
+            negative decode count or context, or a prompt < 1.
+    """
+    if not budgets:
+        raise CostModelError("budgets: give at least one token budget")
+    for name, value, low in (("decodes", decodes, 0), ("context", context, 0), ("prompt", prompt, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise CostModelError(f"{name} must be an integer >= {low}, got {value!r}")
+    for b in budgets:
+        if isinstance(b, bool) or not isinstance(b, int) or b <= decodes:
+            raise CostModelError(
+                f"budget {b!r} leaves no room for the prompt after {decodes} decodes; "
+                "budgets must exceed --decodes"
+            )
+    design = full.replace(mode="design")
+    rows = []
+    for b in budgets:
+        chunk = b - decodes
+        rows.append(
+            BudgetRow(
+                budget=b,
+                steps_to_first_token=-(-prompt // chunk),
+                design=_figures(design, b, decodes, context, prompt),
+                full=_figures(full, b, decodes, context, prompt),
+            )
+        )
+    return rows

@@ -1,0 +1,335 @@
+"""The cost model's commands: `stallfree budget`, `stallfree calibrate` and `stallfree specs`.
+
+Imports allowed: the standard library and stallfree.costmodel.
+
+Errors print one line on stderr: exit code 2 for bad arguments (unknown names, sizes, impossible
+configurations), 1 for unreadable files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from stallfree.costmodel.budget import budget_rows
+from stallfree.costmodel.calibrate import BUILTIN_PROFILES, calibrate_profile, fit_steps, read_steps_csv
+from stallfree.costmodel.errors import CostModelError, CostModelWarning
+from stallfree.costmodel.hardware import get_gpu, list_gpus
+from stallfree.costmodel.model import get_model, list_models
+from stallfree.costmodel.roofline import CostModel
+
+__all__ = ["register"]
+
+
+def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, tp: int | None) -> None:
+    p.add_argument(
+        "--model",
+        default=model,
+        help="model name (see `stallfree specs`) or a .json file (a Hugging Face config.json or our format)",
+    )
+    p.add_argument("--gpu", default=gpu, help="GPU name (see `stallfree specs`) or a .json file")
+    p.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (GPUs)")
+    p.add_argument(
+        "--dtype", default="bf16", help="weight dtype: bf16, fp16, fp8 (W8A8), int8 (default bf16)"
+    )
+    p.add_argument(
+        "--kv-dtype",
+        default=None,
+        help="KV cache dtype (default: bf16 under 8-bit weights, else the weight dtype)",
+    )
+    p.add_argument("--mfu", type=float, default=1.0, help="fraction of peak FLOP/s reached (default 1.0)")
+    p.add_argument("--mbu", type=float, default=1.0, help="fraction of peak memory bandwidth (default 1.0)")
+    p.add_argument("--link-util", type=float, default=1.0, help="fraction of link bandwidth (default 1.0)")
+    p.add_argument("--overhead-ms", type=float, default=0.0, help="fixed time per step, ms (default 0)")
+    p.add_argument(
+        "--allreduce-latency-us",
+        type=float,
+        default=0.0,
+        help="fixed time per all-reduce call, microseconds (default 0)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
+    if a.model is None or a.gpu is None or a.tp is None:
+        missing = [f"--{n}" for n in ("model", "gpu", "tp") if getattr(a, n) is None]
+        raise CostModelError(f"{', '.join(missing)} required")
+    return CostModel.from_names(
+        a.model,
+        a.gpu,
+        tp=a.tp,
+        dtype=a.dtype,
+        kv_dtype=a.kv_dtype,
+        mode=mode,
+        mfu=a.mfu,
+        mbu=a.mbu,
+        link_util=a.link_util,
+        overhead_s=a.overhead_ms * 1e-3,
+        allreduce_latency_s=a.allreduce_latency_us * 1e-6,
+    )
+
+
+def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command: warnings become 'warning:' lines, errors one 'error:' line and an exit code."""
+
+    def wrapped(a: argparse.Namespace) -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CostModelWarning)
+            try:
+                code = func(a)
+            except CostModelError as exc:
+                code = 1 if "cannot read" in str(exc) else 2
+                print(f"error: {exc}", file=sys.stderr)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+        return code
+
+    return wrapped
+
+
+def _parse_budgets(text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        try:
+            out.append(int(part.strip()))
+        except ValueError:
+            raise CostModelError(
+                f"--budgets: {part.strip()!r} is not an integer (give e.g. 512,2048,8192)"
+            ) from None
+    for b in out:
+        if b < 1:
+            raise CostModelError(f"--budgets: {b} is not a positive number of tokens")
+    return out
+
+
+def _budget(a: argparse.Namespace) -> int:
+    budgets = _parse_budgets(a.budgets)
+    full = _cost_model(a)
+    rows = budget_rows(full, budgets, a.decodes, a.context, a.prompt)
+    capacity = full.kv_capacity_tokens(a.gpu_memory_utilization)
+    if a.json:
+
+        def mode(f: Any) -> dict[str, float]:
+            return {
+                "step_ms": f.step_s * 1e3,
+                "decode_step_ms": f.decode_step_s * 1e3,
+                "ttft_ms": f.ttft_s * 1e3,
+                "compute_ms": f.parts.compute_s * 1e3,
+                "memory_ms": f.parts.memory_s * 1e3,
+                "comm_ms": f.parts.comm_s * 1e3,
+            }
+
+        print(
+            json.dumps(
+                {
+                    "model": full.model.key,
+                    "gpu": full.gpu.key,
+                    "tp": full.tp,
+                    "dtype": full.dtype,
+                    "kv_dtype": full.kv_dtype,
+                    "decodes": a.decodes,
+                    "context": a.context,
+                    "prompt": a.prompt,
+                    "kv_capacity_tokens": capacity,
+                    "gpu_memory_utilization": a.gpu_memory_utilization,
+                    "efficiency": {
+                        "mfu": full.mfu,
+                        "mbu": full.mbu,
+                        "link_util": full.link_util,
+                        "overhead_ms": full.overhead_s * 1e3,
+                    },
+                    "rows": [
+                        {
+                            "budget": r.budget,
+                            "steps_to_first_token": r.steps_to_first_token,
+                            "design": mode(r.design),
+                            "full": mode(r.full),
+                        }
+                        for r in rows
+                    ],
+                    "warnings": list(full.warnings),
+                },
+                indent=1,
+            )
+        )
+        return 0
+    print(
+        f"{full.model.key} on {full.tp} x {full.gpu.key}, weights {full.dtype}, KV cache {full.kv_dtype}; "
+        f"{a.decodes} decodes at {a.context} tokens of context; prompt {a.prompt} tokens"
+    )
+    print(
+        f"KV capacity {capacity:,} tokens at gpu_memory_utilization {a.gpu_memory_utilization}; "
+        f"full mode at mfu {full.mfu}, mbu {full.mbu}, link_util {full.link_util}, "
+        f"overhead {full.overhead_s * 1e3:g} ms"
+    )
+    print()
+    head = (
+        f"{'budget':>7} {'steps':>6} | {'step ms':>8} {'decode ms':>9} {'TTFT ms':>9} | "
+        f"{'step ms':>8} {'decode ms':>9} {'TTFT ms':>9} | {'compute':>8} {'memory':>8} {'comm':>8}"
+    )
+    print(f"{'':>14} | {'design (DESIGN.md 2)':^28} | {'full model':^28} | {'full step parts, ms':^26}")
+    print(head)
+    for r in rows:
+        d, f = r.design, r.full
+        print(
+            f"{r.budget:>7} {r.steps_to_first_token:>6} | "
+            f"{d.step_s * 1e3:>8.1f} {d.decode_step_s * 1e3:>9.1f} {d.ttft_s * 1e3:>9.1f} | "
+            f"{f.step_s * 1e3:>8.1f} {f.decode_step_s * 1e3:>9.1f} {f.ttft_s * 1e3:>9.1f} | "
+            f"{f.parts.compute_s * 1e3:>8.1f} {f.parts.memory_s * 1e3:>8.1f} {f.parts.comm_s * 1e3:>8.1f}"
+        )
+    print()
+    print(
+        "steps = steps to the prompt's first token; step = the decodes plus a (budget - decodes)-token "
+        "chunk; defaults are floors (efficiency 1.0)"
+    )
+    return 0
+
+
+def _calibrate(a: argparse.Namespace) -> int:
+    if (a.csv is None) == (a.profile is None):
+        raise CostModelError("give exactly one of --csv FILE or --profile NAME|FOLDER")
+    if a.csv is not None:
+        base = _cost_model(a)
+        steps = read_steps_csv(a.csv)
+        cal = fit_steps(base, steps, tuple(a.fit.split(",")), a.holdout, a.seed)
+        ar, n = None, len(steps)
+    else:
+        given = _cost_model(a) if a.model is not None else None
+        cal, ar, n = calibrate_profile(a.profile, given, a.holdout, a.seed)
+
+    def stats(s: Any) -> dict[str, float]:
+        return {"rows": s.rows, "mean": s.mean, "median": s.median, "p90": s.p90, "max": s.max}
+
+    out: dict[str, Any] = {
+        "steps": n,
+        "mfu": cal.mfu,
+        "mbu": cal.mbu,
+        "link_util": cal.link_util,
+        "overhead_ms": cal.overhead_s * 1e3,
+        "allreduce_latency_us": cal.allreduce_latency_s * 1e6,
+        "train_error": stats(cal.train),
+        "test_error": stats(cal.test),
+        "uncalibrated_test_error": stats(cal.floor_test),
+        "notes": list(cal.notes),
+    }
+    if ar is not None:
+        out["allreduce"] = {
+            "latency_us": ar.latency_s * 1e6,
+            "bandwidth_GBps": ar.bw_bytes_per_s / 1e9,
+            "link_util": ar.link_util,
+            "test_error": stats(ar.test),
+        }
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"fitted on {cal.train.rows} of {n} steps, tested on {cal.test.rows} held-out steps")
+    print(
+        f"mfu {cal.mfu:.3f}  mbu {cal.mbu:.3f}  link_util {cal.link_util:.3f}  "
+        f"overhead {cal.overhead_s * 1e3:.3f} ms"
+        f"  all-reduce latency {cal.allreduce_latency_s * 1e6:.1f} us"
+    )
+    for label, s in (
+        ("train", cal.train),
+        ("held-out", cal.test),
+        ("held-out, uncalibrated", cal.floor_test),
+    ):
+        print(
+            f"{label:>23}: |error| mean {s.mean:.1%}  median {s.median:.1%}  p90 {s.p90:.1%}  max {s.max:.1%}"
+        )
+    if ar is not None:
+        print(
+            f"all-reduce: latency {ar.latency_s * 1e6:.1f} us, bandwidth {ar.bw_bytes_per_s / 1e9:.0f} GB/s "
+            f"(link_util {ar.link_util:.2f}); held-out |error| mean {ar.test.mean:.1%}, p90 {ar.test.p90:.1%}"
+        )
+    for note in cal.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _specs(a: argparse.Namespace) -> int:
+    models = {
+        k: {
+            "layers": m.num_layers,
+            "hidden": m.hidden_size,
+            "heads": m.num_heads,
+            "kv_heads": m.num_kv_heads,
+            "total_params": m.total_params,
+            "active_params": m.active_params,
+        }
+        for k in list_models()
+        for m in [get_model(k)]
+    }
+    gpus = {
+        k: {
+            "bf16_tflops": g.bf16_flops_per_s / 1e12,
+            "fp8_tflops": None if g.fp8_flops_per_s is None else g.fp8_flops_per_s / 1e12,
+            "mem_bw_GBps": g.mem_bw_bytes_per_s / 1e9,
+            "mem_GB": g.mem_bytes / 1e9,
+            "link_GBps": g.link_bw_bytes_per_s / 1e9,
+        }
+        for k in list_gpus()
+        for g in [get_gpu(k)]
+    }
+    if a.json:
+        print(json.dumps({"models": models, "gpus": gpus}, indent=1))
+        return 0
+    print(f"{'model':<16} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'total B':>8} {'active B':>8}")
+    for k, m in models.items():
+        print(
+            f"{k:<16} {m['layers']:>6} {m['hidden']:>6} {m['heads']:>5} {m['kv_heads']:>3} "
+            f"{m['total_params'] / 1e9:>8.2f} {m['active_params'] / 1e9:>8.2f}"
+        )
+    print()
+    print(f"{'gpu':<14} {'bf16 TF/s':>9} {'fp8 TF/s':>9} {'HBM GB/s':>9} {'GB':>5} {'link GB/s':>9}")
+    for k, g in gpus.items():
+        fp8 = "-" if g["fp8_tflops"] is None else f"{g['fp8_tflops']:.1f}"
+        print(
+            f"{k:<14} {g['bf16_tflops']:>9.1f} {fp8:>9} {g['mem_bw_GBps']:>9.0f} {g['mem_GB']:>5.0f} "
+            f"{g['link_GBps']:>9.0f}"
+        )
+    print("\nsources: src/stallfree/costmodel/data/SOURCES.md")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `budget`, `calibrate` and `specs` subcommands."""
+    p = sub.add_parser("budget", help="price token budgets in milliseconds (design vs full cost model)")
+    _add_target(p, None, None, 1)
+    p.add_argument(
+        "--budgets", default="512,2048,8192", help="comma-separated token budgets (default 512,2048,8192)"
+    )
+    p.add_argument("--decodes", type=int, default=64, help="decodes running in each step (default 64)")
+    p.add_argument(
+        "--context", type=int, default=4096, help="tokens in each decode's KV cache (default 4096)"
+    )
+    p.add_argument("--prompt", type=int, default=32768, help="the arriving prompt, tokens (default 32768)")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of GPU memory for weights and KV (default 0.9)",
+    )
+    p.set_defaults(func=_run(_budget))
+
+    c = sub.add_parser(
+        "calibrate", help="fit efficiency factors and overhead to measured steps or kernel tables"
+    )
+    _add_target(c, None, None, 1)
+    c.add_argument("--csv", default=None, help="a CSV of measured steps (see docs/costmodel.md)")
+    c.add_argument(
+        "--profile", default=None, help=f"kernel tables: a folder, or built in: {', '.join(BUILTIN_PROFILES)}"
+    )
+    c.add_argument(
+        "--fit", default="mfu,mbu,overhead_s", help="parameters to fit (default mfu,mbu,overhead_s)"
+    )
+    c.add_argument("--holdout", type=float, default=0.2, help="fraction of rows held out (default 0.2)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
+    c.set_defaults(func=_run(_calibrate))
+
+    s = sub.add_parser("specs", help="list the known models and GPUs")
+    s.add_argument("--json", action="store_true", help="print JSON for machines")
+    s.set_defaults(func=_run(_specs))

@@ -1,0 +1,230 @@
+"""GPU specifications (GPUSpec), the dtypes the cost model knows, and the named presets in data/gpus.json.
+
+Imports allowed: the standard library and stallfree.costmodel.errors.
+
+Every number of a preset carries its source in data/gpus.json (and, gathered, in data/SOURCES.md).
+Names treat '-' and '_' alike and ignore case: `h100-sxm` = `H100_SXM`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from stallfree.costmodel.errors import CostModelError
+
+__all__ = [
+    "DTYPE_BYTES",
+    "GPUSpec",
+    "canonical_dtype",
+    "get_gpu",
+    "gpu_from_dict",
+    "list_gpus",
+    "load_gpu_file",
+    "normalize_name",
+]
+
+#: Bytes per element of each dtype the cost model prices.
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8-e4m3": "fp8",
+    "fp8-e5m2": "fp8",
+    "float8": "fp8",
+    "auto": "auto",
+}
+
+
+def normalize_name(name: str) -> str:
+    """Return the lookup key of a model or GPU name: lower case, '_' and spaces read as '-'."""
+    return "-".join(name.strip().lower().replace("_", "-").split())
+
+
+def canonical_dtype(field_name: str, dtype: str) -> str:
+    """Return the canonical dtype name ('bf16', 'fp16', 'fp8' or 'int8') of `dtype`.
+
+    Raises:
+        CostModelError: `dtype` is not one of the known dtypes or their aliases; the message lists them.
+    """
+    key = normalize_name(str(dtype))
+    key = _DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        known = ", ".join(sorted(DTYPE_BYTES))
+        raise CostModelError(f"{field_name} {dtype!r} is not a known dtype; known: {known}")
+    return key
+
+
+def _positive(field_name: str, value: float | None, owner: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise CostModelError(f"{owner}: {field_name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """One GPU's peak rates and memory, as the roofline needs them. All values are per GPU.
+
+    Attributes:
+        key: the lookup name (e.g. 'h100-sxm').
+        name: the product name.
+        bf16_flops_per_s, fp16_flops_per_s: dense Tensor-core peak, FLOP/s.
+        fp8_flops_per_s: dense FP8 peak, FLOP/s; None when the GPU has no FP8 units (A100).
+        int8_ops_per_s: dense INT8 peak, OP/s; None when unknown.
+        mem_bw_bytes_per_s: memory bandwidth, B/s.
+        mem_bytes: memory capacity, bytes (marketed GB read as 10^9 B).
+        link_bw_bytes_per_s: effective all-reduce bandwidth per GPU, per direction, B/s: the B of the
+            ring formula t = 2(n-1)/n x S / B (NVIDIA nccl-tests doc/PERFORMANCE.md).
+        link_bw_per_peer_bytes_per_s: for a switchless full mesh (MI300X), the per-direction bandwidth to
+            one peer; a group of n GPUs then gets min(link_bw, (n-1) x this). None for switched fabrics.
+        aliases: other names this preset answers to.
+        sources: where the numbers come from.
+        link_source: how link_bw_bytes_per_s was derived.
+    """
+
+    key: str
+    name: str
+    bf16_flops_per_s: float
+    fp16_flops_per_s: float
+    fp8_flops_per_s: float | None
+    int8_ops_per_s: float | None
+    mem_bw_bytes_per_s: float
+    mem_bytes: float
+    link_bw_bytes_per_s: float
+    link_bw_per_peer_bytes_per_s: float | None = None
+    aliases: tuple[str, ...] = ()
+    sources: tuple[str, ...] = field(default=(), compare=False)
+    link_source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        owner = f"GPU {self.key!r}"
+        for name in ("bf16_flops_per_s", "fp16_flops_per_s", "mem_bw_bytes_per_s", "mem_bytes"):
+            _positive(name, getattr(self, name), owner)
+        _positive("link_bw_bytes_per_s", self.link_bw_bytes_per_s, owner)
+        for name in ("fp8_flops_per_s", "int8_ops_per_s", "link_bw_per_peer_bytes_per_s"):
+            _positive(name, getattr(self, name), owner, allow_none=True)
+
+    def peak_flops(self, dtype: str) -> float | None:
+        """Return the dense GEMM peak in `dtype` ('bf16', 'fp16', 'fp8', 'int8'), FLOP/s; None if absent."""
+        return {
+            "bf16": self.bf16_flops_per_s,
+            "fp16": self.fp16_flops_per_s,
+            "fp8": self.fp8_flops_per_s,
+            "int8": self.int8_ops_per_s,
+        }[dtype]
+
+    def allreduce_bw(self, tp: int) -> float:
+        """Return the effective per-direction all-reduce bandwidth of a group of `tp` GPUs, B/s."""
+        if self.link_bw_per_peer_bytes_per_s is None or tp < 2:
+            return self.link_bw_bytes_per_s
+        return min(self.link_bw_bytes_per_s, (tp - 1) * self.link_bw_per_peer_bytes_per_s)
+
+
+def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
+    """Build a GPUSpec from one entry of the gpus.json format (units as in that file).
+
+    Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8 and int8 may be null or absent),
+    mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, aliases, sources, link_source.
+
+    Raises:
+        CostModelError: a key is missing, or a value is not a positive number.
+    """
+    try:
+        peaks = data["peak_tflops"]
+        bf16 = peaks["bf16"]
+
+        def opt(value: Any) -> float | None:
+            return None if value is None else float(value) * 1e12
+
+        peer = data.get("link_per_peer_GBps")
+        return GPUSpec(
+            key=key,
+            name=str(data.get("name", key)),
+            bf16_flops_per_s=float(bf16) * 1e12,
+            fp16_flops_per_s=float(peaks.get("fp16", bf16)) * 1e12,
+            fp8_flops_per_s=opt(peaks.get("fp8")),
+            int8_ops_per_s=opt(peaks.get("int8")),
+            mem_bw_bytes_per_s=float(data["mem_bw_GBps"]) * 1e9,
+            mem_bytes=float(data["mem_GB"]) * 1e9,
+            link_bw_bytes_per_s=float(data["link_GBps"]) * 1e9,
+            link_bw_per_peer_bytes_per_s=None if peer is None else float(peer) * 1e9,
+            aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
+            sources=tuple(data.get("sources", ())),
+            link_source=str(data.get("link_source", "")),
+        )
+    except KeyError as exc:
+        raise CostModelError(f"GPU {key!r}: missing key {exc.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, CostModelError):
+            raise
+        raise CostModelError(f"GPU {key!r}: bad value ({exc})") from None
+
+
+@cache
+def _presets() -> dict[str, GPUSpec]:
+    text = resources.files("stallfree.costmodel").joinpath("data/gpus.json").read_text(encoding="utf-8")
+    return {
+        normalize_name(k): gpu_from_dict(normalize_name(k), v) for k, v in json.loads(text)["gpus"].items()
+    }
+
+
+@cache
+def _alias_index() -> dict[str, str]:
+    index = {}
+    for key, spec in _presets().items():
+        index[key] = key
+        for alias in spec.aliases:
+            index[alias] = key
+    return index
+
+
+def list_gpus() -> list[str]:
+    """Return the preset GPU names, sorted."""
+    return sorted(_presets())
+
+
+def load_gpu_file(path: str | Path) -> GPUSpec:
+    """Load a user GPU from a JSON file holding one entry of the gpus.json format.
+
+    Raises:
+        CostModelError: the file cannot be read or parsed, or an entry is bad (see gpu_from_dict).
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CostModelError(f"cannot read GPU file {str(p)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise CostModelError(f"GPU file {str(p)!r} must hold a JSON object")
+    return gpu_from_dict(normalize_name(str(data.get("key", p.stem))), data)
+
+
+def get_gpu(name: str | GPUSpec) -> GPUSpec:
+    """Return the GPU preset called `name`, or load it from `name` when that is a path to a .json file.
+
+    Raises:
+        CostModelError: the name is unknown (the message lists the known names) or the file is bad.
+    """
+    if isinstance(name, GPUSpec):
+        return name
+    if str(name).endswith(".json"):
+        return load_gpu_file(name)
+    key = _alias_index().get(normalize_name(str(name)))
+    if key is None:
+        raise CostModelError(
+            f"unknown GPU {name!r}; known GPUs: {', '.join(list_gpus())} (or a path to a .json file)"
+        )
+    return _presets()[key]

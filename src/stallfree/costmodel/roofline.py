@@ -1,0 +1,508 @@
+"""The roofline cost model (CostModel): a step's time in seconds from its tokens, for a model, GPU,
+dtypes and tensor-parallel degree.
+
+Imports allowed: the standard library, stallfree.core (StepPlan) and stallfree.costmodel.
+
+Full mode, per GPU of a TP group of n (constants written out; L layers, h hidden, n_q heads, d head
+dim, V vocab, T tokens in the step, S tokens that sample, N_act active decoder-layer parameters):
+    FLOPs      = 2 x N_act x T                                (linear layers; Kaplan et al. 2020)
+               + 2 x V x h x S                                (lm_head, sampled positions only)
+               + 4 x L x n_q x d x pairs                      (QK^T and AV; a chunk of c tokens at
+                 offset p has c x p + c(c+1)/2 (query, key) pairs, a decode at context p has p + 1)
+    compute_s  = FLOPs_linear / (n x peak(dtype) x mfu) + FLOPs_head_and_attention / (n x peak(bf16) x mfu)
+    bytes      = weights x w_bytes / n   (lm_head and embedding in 16 bits when the weights are 8-bit;
+                                          MoE: dense weights + E(1 - (1 - k/E)^T) experts per layer)
+               + (KV read + T written) x 2 x L x ceil(n_kv / n) x d x kv_bytes
+    memory_s   = bytes / (HBM bandwidth x mbu)
+    comm_s     = 2 x L x [2(n-1)/n x T x h x 2 B / (link bandwidth x link_util) + latency]   (n > 1)
+    step_s     = max(compute_s, memory_s) + comm_s + overhead_s
+Sources: roofline (Williams et al., CACM 2009; LLM-Viewer, Yuan et al. 2024); attention FLOPs (PaLM,
+arXiv 2204.02311, App. B); two all-reduces per layer (Megatron-LM, arXiv 1909.08053, section 3); ring
+all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv x d x bytes.
+
+Design mode is DESIGN.md section 2's arithmetic: FLOPs = 2 x total parameters x T at the dtype's peak,
+bytes = total parameters x w_bytes, no attention, no KV, no communication, no overhead.
+
+Efficiency factors default to 1.0 and overhead to 0, so the defaults are floors (the fastest the
+hardware allows), never predictions of a real engine; calibrate.py fits them to measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.core.plan import StepPlan
+from stallfree.costmodel.errors import CostModelError, CostModelWarning
+from stallfree.costmodel.hardware import DTYPE_BYTES, GPUSpec, canonical_dtype, get_gpu
+from stallfree.costmodel.model import ModelSpec, get_model
+
+__all__ = ["MODES", "CostModel", "StepCost"]
+
+MODES = ("full", "design")
+
+# Activations cross the all-reduce in 16 bits (bf16/fp16) even when weights are 8-bit.
+_ACT_BYTES = 2
+# The largest step max_tokens_within will return, in tokens: far above any real token budget.
+_MAX_TOKENS = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The parts of one step's predicted time, in seconds, with the work behind them.
+
+    Attributes:
+        compute_s: FLOPs / (n x peak x mfu).
+        memory_s: bytes per GPU / (bandwidth x mbu).
+        comm_s: all-reduce time (bandwidth part plus per-call latency).
+        overhead_s: the fixed per-step overhead.
+        total_s: max(compute_s, memory_s) + comm_s + overhead_s.
+        flops: FLOPs per GPU (linear + lm_head + attention).
+        bytes: bytes read and written per GPU (weights + KV).
+    """
+
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+    total_s: float
+    flops: float
+    bytes: float
+
+
+def _check_fraction(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise CostModelError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)
+
+
+def _check_nonneg(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise CostModelError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _check_count(name: str, value: int, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CostModelError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_tp(model: ModelSpec, tp: int) -> None:
+    _check_count("tp", tp, 1)
+    if model.num_heads % tp:
+        raise CostModelError(
+            f"tp {tp} does not divide the {model.num_heads} attention heads of {model.key}; "
+            f"use a divisor of {model.num_heads}"
+        )
+    kv = model.num_kv_heads
+    # Engines shard KV heads when there are at least tp of them and replicate them otherwise; both
+    # need one count to divide the other (vLLM's QKVParallelLinear asserts the same).
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        raise CostModelError(
+            f"tp {tp} and the {kv} KV heads of {model.key}: one must divide the other, so that KV heads "
+            "are either split evenly or replicated evenly"
+        )
+
+
+class CostModel:
+    """Predicts the time of one step (one forward pass over a StepPlan) on a TP group of GPUs.
+
+    It owns the coefficients worked out once from the specs, so that pricing a plan costs a handful
+    of float operations and never loops over its decodes (it reads num_decodes and
+    decode_context_sum). It is immutable after construction; it never touches a scheduler.
+
+    Args:
+        model: a ModelSpec (get_model gives the presets).
+        gpu: a GPUSpec (get_gpu gives the presets).
+        tp: tensor-parallel degree (GPUs in the group).
+        dtype: weight dtype, 'bf16', 'fp16', 'fp8' or 'int8'. 8-bit means W8A8 GEMMs at the 8-bit
+            peak; on a GPU without FP8 units (A100) FP8 runs at the BF16 peak, with a CostModelWarning.
+        kv_dtype: KV cache dtype; None means the activation dtype (bf16 under 8-bit weights, as
+            vLLM's kv_cache_dtype 'auto').
+        mode: 'full' or 'design' (see the module docstring).
+        mfu, mbu, link_util: fractions of the peak FLOP/s, memory bandwidth and link bandwidth reached,
+            in (0, 1]; 1.0 makes the model a floor.
+        overhead_s: fixed time added to every non-empty step, seconds (full mode only).
+        allreduce_latency_s: fixed time per all-reduce call, seconds (full mode, tp > 1).
+
+    Raises:
+        CostModelError: a bad mode or dtype; tp that does not divide the heads; an efficiency out of
+            (0, 1]; a negative overhead; weights that do not fit in the GPUs' memory.
+    """
+
+    __slots__ = (
+        "model",
+        "gpu",
+        "tp",
+        "dtype",
+        "kv_dtype",
+        "mode",
+        "mfu",
+        "mbu",
+        "link_util",
+        "overhead_s",
+        "allreduce_latency_s",
+        "warnings",
+        "weight_bytes_per_gpu",
+        "kv_bytes_per_token_per_gpu",
+        "_c_tok",
+        "_c_samp",
+        "_c_pair",
+        "_m_fixed",
+        "_m_head",
+        "_m_kv",
+        "_m_expert",
+        "_experts",
+        "_route_keep",
+        "_x_tok",
+        "_a_step",
+        "_over",
+        "_inv_mfu",
+        "_inv_mbu",
+        "_inv_link",
+        "_f_tok",
+        "_f_samp",
+        "_f_pair",
+        "_b_fixed",
+        "_b_head",
+        "_b_kv",
+        "_b_expert",
+    )
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int = 1,
+        dtype: str = "bf16",
+        kv_dtype: str | None = None,
+        mode: str = "full",
+        mfu: float = 1.0,
+        mbu: float = 1.0,
+        link_util: float = 1.0,
+        overhead_s: float = 0.0,
+        allreduce_latency_s: float = 0.0,
+    ) -> None:
+        if mode not in MODES:
+            raise CostModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        _check_tp(model, tp)
+        self.model, self.gpu, self.tp, self.mode = model, gpu, tp, mode
+        self.dtype = canonical_dtype("dtype", dtype)
+        wb = DTYPE_BYTES[self.dtype]
+        # The activation (and attention) dtype: 16-bit under 8-bit weights.
+        act = self.dtype if wb == 2 else "bf16"
+        self.kv_dtype = act if kv_dtype is None else canonical_dtype("kv_dtype", kv_dtype)
+        self.mfu, self.mbu = _check_fraction("mfu", mfu), _check_fraction("mbu", mbu)
+        self.link_util = _check_fraction("link_util", link_util)
+        self.overhead_s = _check_nonneg("overhead_s", overhead_s)
+        self.allreduce_latency_s = _check_nonneg("allreduce_latency_s", allreduce_latency_s)
+        notes: list[str] = []
+        peak_lin = gpu.peak_flops(self.dtype)
+        if peak_lin is None:
+            notes.append(
+                f"{gpu.key} has no {self.dtype} units: {self.dtype} weights are priced at the {act} peak "
+                "(dequantized to 16 bits before the GEMM)"
+            )
+            peak_lin = gpu.peak_flops(act)
+        peak_16 = gpu.peak_flops(act)
+        assert peak_lin is not None and peak_16 is not None
+        self.warnings = tuple(notes)
+        for note in notes:
+            warnings.warn(note, CostModelWarning, stacklevel=3)
+
+        m, n = model, tp
+        head_b = 2 if wb == 1 else wb
+        head_untied = 0 if m.tie_word_embeddings else m.lm_head_params
+        big = m.embed_params + head_untied
+        self.weight_bytes_per_gpu = ((m.total_params - big) * wb + big * head_b) / n
+        if self.weight_bytes_per_gpu > gpu.mem_bytes:
+            raise CostModelError(
+                f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
+                f"at tp {n}, "
+                f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; raise tp or use 8-bit weights"
+            )
+        kv_heads_per_gpu = -(-m.num_kv_heads // n)  # replicated when tp > n_kv
+        self.kv_bytes_per_token_per_gpu = (
+            2 * m.num_layers * kv_heads_per_gpu * m.head_dim * DTYPE_BYTES[self.kv_dtype]
+        )
+
+        # Work per GPU (FLOP and bytes) per token, per sampled token, per (query, key) pair, per step.
+        design = mode == "design"
+        self._f_tok = 2.0 * (m.total_params if design else m.active_layer_params) / n
+        self._f_samp = 0.0 if design else 2.0 * m.vocab_size * m.hidden_size / n
+        self._f_pair = 0.0 if design else 4.0 * m.num_layers * m.num_heads * m.head_dim / n
+        self._experts = 0 if design else m.num_experts
+        expert_w = m.num_layers * m.num_experts * m.expert_params_per_layer
+        if design:
+            self._b_fixed, self._b_head, self._b_kv, self._b_expert = m.total_params * wb / n, 0.0, 0.0, 0.0
+        else:
+            self._b_fixed = (m.layer_params - expert_w) * wb / n
+            self._b_head = m.lm_head_params * head_b / n
+            self._b_kv = float(self.kv_bytes_per_token_per_gpu)
+            self._b_expert = m.num_layers * m.expert_params_per_layer * wb / n
+        self._route_keep = 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0
+        # Seconds at efficiency 1.0; the step formula scales them by the inverse efficiencies.
+        bw = gpu.mem_bw_bytes_per_s
+        self._c_tok = self._f_tok / peak_lin
+        self._c_samp = self._f_samp / peak_16
+        self._c_pair = self._f_pair / peak_16
+        self._m_fixed, self._m_head = self._b_fixed / bw, self._b_head / bw
+        self._m_kv, self._m_expert = self._b_kv / bw, self._b_expert / bw
+        calls = 2 * m.num_layers if (n > 1 and not design) else 0
+        self._x_tok = calls * 2.0 * (n - 1) / n * m.hidden_size * _ACT_BYTES / gpu.allreduce_bw(n)
+        self._a_step = calls * self.allreduce_latency_s
+        self._over = 0.0 if design else self.overhead_s
+        self._inv_mfu, self._inv_mbu, self._inv_link = 1.0 / self.mfu, 1.0 / self.mbu, 1.0 / self.link_util
+
+    @classmethod
+    def from_names(
+        cls,
+        model: str | ModelSpec,
+        gpu: str | GPUSpec,
+        tp: int = 1,
+        dtype: str = "bf16",
+        kv_dtype: str | None = None,
+        mode: str = "full",
+        **efficiency: float,
+    ) -> CostModel:
+        """Build a CostModel from preset names (or .json paths); `efficiency` takes mfu, mbu,
+        link_util, overhead_s and allreduce_latency_s.
+
+        Raises:
+            CostModelError: an unknown name (the message lists the known ones), an unknown keyword,
+                or any error of the constructor.
+        """
+        allowed = {"mfu", "mbu", "link_util", "overhead_s", "allreduce_latency_s"}
+        unknown = sorted(set(efficiency) - allowed)
+        if unknown:
+            raise CostModelError(
+                f"unknown keyword(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
+            )
+        return cls(get_model(model), get_gpu(gpu), tp, dtype, kv_dtype, mode, **efficiency)
+
+    def replace(self, **changes: Any) -> CostModel:
+        """Return a copy with some constructor arguments changed (e.g. mode='design', mfu=0.6)."""
+        args: dict[str, Any] = {
+            "model": self.model,
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "dtype": self.dtype,
+            "kv_dtype": self.kv_dtype,
+            "mode": self.mode,
+            "mfu": self.mfu,
+            "mbu": self.mbu,
+            "link_util": self.link_util,
+            "overhead_s": self.overhead_s,
+            "allreduce_latency_s": self.allreduce_latency_s,
+        }
+        args.update(changes)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CostModelWarning)  # already warned for this configuration
+            return CostModel(**args)
+
+    def __repr__(self) -> str:
+        return (
+            f"CostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, dtype={self.dtype}, "
+            f"kv_dtype={self.kv_dtype}, mode={self.mode}, mfu={self.mfu}, mbu={self.mbu}, "
+            f"link_util={self.link_util}, overhead_s={self.overhead_s})"
+        )
+
+    # ---- pricing -------------------------------------------------------------------------------
+    def _price(self, tokens: int, pairs: float, kv_read: float, sampled: int) -> float:
+        """Seconds for a step of `tokens` tokens, `pairs` attention pairs, `kv_read` cached tokens
+        read and `sampled` sampled tokens (the step formula of the module docstring)."""
+        compute = (self._c_tok * tokens + self._c_samp * sampled + self._c_pair * pairs) * self._inv_mfu
+        memory = self._m_fixed + self._m_kv * (kv_read + tokens)
+        if sampled:
+            memory += self._m_head
+        if self._experts:
+            memory += self._m_expert * self._experts * (1.0 - self._route_keep**tokens)
+        memory *= self._inv_mbu
+        return (
+            (compute if compute > memory else memory)
+            + self._x_tok * tokens * self._inv_link
+            + self._a_step
+            + self._over
+        )
+
+    def step_time(self, plan: StepPlan) -> float:
+        """Return the predicted time of one step, in seconds (0.0 for an empty plan).
+
+        Reads plan.num_tokens, num_decodes and decode_context_sum, and each prefill chunk's
+        num_tokens, start and is_last; never iterates the decodes. Decodes with more than one token
+        (speculative) are priced as if each had the mean token count.
+        """
+        tokens = plan.num_tokens
+        if tokens <= 0:
+            return 0.0
+        nd = plan.num_decodes
+        dcs = plan.decode_context_sum
+        decode_tokens = tokens
+        pairs = 0.0
+        kv_read = dcs
+        sampled = nd
+        for c in plan.prefills:
+            n = c.num_tokens
+            p = c.start
+            decode_tokens -= n
+            pairs += n * p + n * (n + 1) * 0.5
+            kv_read += p
+            if c.is_last:
+                sampled += 1
+        if nd:
+            if decode_tokens == nd:
+                pairs += dcs + nd
+            else:
+                k = decode_tokens / nd
+                pairs += k * dcs + decode_tokens * (k + 1) * 0.5
+        return self._price(tokens, pairs, kv_read, sampled)
+
+    def decode_step_time(self, num_decodes: int, context_len: int) -> float:
+        """Return the time of a decode-only step, seconds: `num_decodes` decodes, each with
+        `context_len` tokens already in the KV cache (0.0 when num_decodes is 0).
+
+        Raises:
+            CostModelError: a negative count or context.
+        """
+        _check_count("num_decodes", num_decodes)
+        _check_count("context_len", context_len)
+        if not num_decodes:
+            return 0.0
+        return self._price(
+            num_decodes, num_decodes * (context_len + 1.0), num_decodes * context_len, num_decodes
+        )
+
+    def prefill_step_time(
+        self,
+        num_tokens: int,
+        start: int = 0,
+        num_decodes: int = 0,
+        context_len: int = 0,
+        is_last: bool = True,
+    ) -> float:
+        """Return the time of a step holding one prefill chunk plus decodes, seconds.
+
+        Args:
+            num_tokens: tokens in the chunk (>= 1).
+            start: tokens of that prompt already in the KV cache (the chunk's offset).
+            num_decodes: decodes in the same step, each with `context_len` tokens in the KV cache.
+            is_last: the chunk ends its prompt and samples a token (adds one lm_head position).
+
+        Raises:
+            CostModelError: num_tokens < 1, or a negative start, count or context.
+        """
+        _check_count("num_tokens", num_tokens, 1)
+        _check_count("start", start)
+        _check_count("num_decodes", num_decodes)
+        _check_count("context_len", context_len)
+        pairs = num_tokens * start + num_tokens * (num_tokens + 1) * 0.5 + num_decodes * (context_len + 1.0)
+        return self._price(
+            num_tokens + num_decodes, pairs, start + num_decodes * context_len, num_decodes + bool(is_last)
+        )
+
+    def breakdown(self, plan: StepPlan) -> StepCost:
+        """Return the parts of step_time(plan): compute, memory, communication, overhead, and the work."""
+        tokens = plan.num_tokens
+        if tokens <= 0:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        pairs = float(plan.decode_context_sum + plan.num_decodes)
+        kv_read = plan.decode_context_sum
+        sampled = plan.num_decodes
+        for c in plan.prefills:
+            pairs += c.num_tokens * c.start + c.num_tokens * (c.num_tokens + 1) * 0.5
+            kv_read += c.start
+            sampled += c.is_last
+        return self.breakdown_counts(tokens, pairs, kv_read, sampled)
+
+    def breakdown_counts(self, tokens: int, pairs: float, kv_read: float, sampled: int) -> StepCost:
+        """Return the parts of a step given its counts: tokens, attention (query, key) pairs, cached
+        tokens read from the KV cache, and tokens that sample."""
+        if tokens <= 0:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        c, m, x, a = self.components(tokens, pairs, kv_read, sampled)
+        compute, memory = c * self._inv_mfu, m * self._inv_mbu
+        comm = x * self._inv_link + a
+        flops = self._f_tok * tokens + self._f_samp * sampled + self._f_pair * pairs
+        nbytes = self._b_fixed + self._b_kv * (kv_read + tokens) + (self._b_head if sampled else 0.0)
+        if self._experts:
+            nbytes += self._b_expert * self._experts * (1.0 - self._route_keep**tokens)
+        total = max(compute, memory) + comm + self._over
+        return StepCost(compute, memory, comm, self._over, total, flops, nbytes)
+
+    def components(
+        self, tokens: int, pairs: float, kv_read: float, sampled: int
+    ) -> tuple[float, float, float, float]:
+        """Return the step's (compute, memory, link, latency) seconds at efficiency 1.0, for calibration:
+        step_s = max(compute / mfu, memory / mbu) + link / link_util + latency + overhead_s."""
+        compute = self._c_tok * tokens + self._c_samp * sampled + self._c_pair * pairs
+        memory = self._m_fixed + self._m_kv * (kv_read + tokens) + (self._m_head if sampled else 0.0)
+        if self._experts:
+            memory += self._m_expert * self._experts * (1.0 - self._route_keep**tokens)
+        return compute, memory, self._x_tok * tokens, self._a_step
+
+    # ---- capacity and budgets ------------------------------------------------------------------
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """Return the tokens of KV cache that fit beside the weights on the TP group.
+
+        Per GPU: (memory x gpu_memory_utilization - weights / tp) // (2 x L x ceil(n_kv / tp) x d x
+        kv_bytes). Activations and workspaces are not subtracted, so this is an upper bound.
+
+        Raises:
+            CostModelError: gpu_memory_utilization outside (0, 1], or no room for one token of KV.
+        """
+        util = _check_fraction("gpu_memory_utilization", gpu_memory_utilization)
+        free = self.gpu.mem_bytes * util - self.weight_bytes_per_gpu
+        if free < self.kv_bytes_per_token_per_gpu:
+            raise CostModelError(
+                f"no room for KV: {self.model.key} weights take "
+                f"{self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU, "
+                f"{util} x {self.gpu.mem_bytes / 1e9:.0f} GB leaves {max(free, 0.0) / 1e9:.1f} GB; raise tp, "
+                "use 8-bit weights or a higher gpu_memory_utilization"
+            )
+        return int(free // self.kv_bytes_per_token_per_gpu)
+
+    def max_tokens_within(
+        self, target_s: float, num_decodes: int, decode_context_sum: int, chunk_start: int = 0
+    ) -> int:
+        """Return the most tokens a step may hold (the decodes plus one prefill chunk at offset
+        `chunk_start`) with a predicted time <= target_s; 0 when the decodes alone exceed it.
+
+        The chunk is assumed to sample (a conservative lm_head position). Step time grows with the
+        chunk, so this is a binary search of at most ~31 pricings; the result is capped at 2^30.
+
+        Raises:
+            CostModelError: target_s <= 0, or a negative count, context sum or offset.
+        """
+        if isinstance(target_s, bool) or not isinstance(target_s, int | float) or not target_s > 0:
+            raise CostModelError(f"target_s must be > 0 seconds, got {target_s!r}")
+        _check_count("num_decodes", num_decodes)
+        _check_count("decode_context_sum", decode_context_sum)
+        _check_count("chunk_start", chunk_start)
+        nd, base_pairs = num_decodes, float(decode_context_sum + num_decodes)
+
+        def fits(total: int) -> bool:
+            c = total - nd
+            if c <= 0:
+                return self._price(total, base_pairs, decode_context_sum, nd) <= target_s
+            pairs = base_pairs + c * chunk_start + c * (c + 1) * 0.5
+            return self._price(total, pairs, decode_context_sum + chunk_start, nd + 1) <= target_s
+
+        if not fits(max(nd, 1)):
+            return 0
+        lo, hi = max(nd, 1), max(nd, 1) * 2
+        while hi < _MAX_TOKENS and fits(hi):
+            lo, hi = hi, hi * 2
+        if hi >= _MAX_TOKENS:
+            if fits(_MAX_TOKENS):
+                return _MAX_TOKENS
+            hi = _MAX_TOKENS
+        while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
+            mid = (lo + hi) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo

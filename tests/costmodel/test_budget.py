@@ -1,0 +1,140 @@
+"""Tests of the budget report and the `stallfree budget`, `calibrate` and `specs` commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.costmodel import CostModel, CostModelError
+from stallfree.costmodel.budget import budget_rows
+
+ARGS = [
+    "budget",
+    "--model",
+    "llama-3.3-70b",
+    "--gpu",
+    "h100-sxm",
+    "--tp",
+    "4",
+    "--dtype",
+    "fp8",
+    "--budgets",
+    "512,2048,8192",
+    "--decodes",
+    "64",
+    "--context",
+    "4096",
+    "--prompt",
+    "32768",
+]
+
+
+def test_budget_json_design_numbers(capsys):
+    """The design numbers of DESIGN.md section 2: 9.1 / 36.5 / 146.0 ms, 5.3 ms decode, 17 and 5 steps."""
+    assert main(ARGS + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["budget"]: r for r in out["rows"]}
+    assert [round(rows[b]["design"]["step_ms"], 1) for b in (512, 2048, 8192)] == [9.1, 36.5, 146.0]
+    assert {round(r["design"]["decode_step_ms"], 1) for r in out["rows"]} == {5.3}
+    assert rows[2048]["steps_to_first_token"] == 17 and rows[8192]["steps_to_first_token"] == 5
+    assert rows[512]["steps_to_first_token"] == 74
+    assert out["kv_capacity_tokens"] == 657_180
+
+
+def test_budget_json_full_beside_design(capsys):
+    """Full mode prices the same steps higher, with an all-reduce part design mode does not have."""
+    main(ARGS + ["--json"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    for r in rows:
+        assert r["full"]["step_ms"] > r["design"]["step_ms"]
+        assert r["full"]["comm_ms"] > 0 and r["design"]["comm_ms"] == 0
+    assert round(rows[1]["full"]["step_ms"], 1) == 54.8
+
+
+def test_budget_text_table(capsys):
+    """The text output has one line per budget with the design and full figures side by side."""
+    assert main(ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(line for line in lines if line.split()[:2] == ["2048", "17"])
+    assert row.split()[3:5] == ["36.5", "5.3"]
+
+
+def test_budget_ttft_design_by_hand():
+    """Design TTFT at budget 8,192 is 4 full steps plus a last step of 8,384 - 8,192 tokens less."""
+    full = CostModel.from_names("llama-3.3-70b", "h100-sxm", tp=4, dtype="fp8")
+    row = budget_rows(full, [8192], 64, 4096, 32768)[0]
+    per_token = 2 * 70_553_706_496 / (4 * 1978.9e12)
+    last = 32768 - 4 * 8128 + 64
+    assert row.design.ttft_s == pytest.approx(4 * 8192 * per_token + last * per_token)
+
+
+@pytest.mark.parametrize(
+    "extra,match,code",
+    [
+        (["--model", "gpt-9"], "unknown model 'gpt-9'; known models:", 2),
+        (["--gpu", "tpu"], "unknown GPU 'tpu'; known GPUs:", 2),
+        (["--tp", "3"], "does not divide the 64 attention heads", 2),
+        (["--budgets", "64"], "budget 64 leaves no room", 2),
+        (["--budgets", "512,x"], "'x' is not an integer", 2),
+        (["--budgets", "0"], "0 is not a positive number", 2),
+        (["--prompt", "0"], "prompt must be an integer >= 1", 2),
+        (["--decodes", "-1"], "decodes must be an integer >= 0", 2),
+    ],
+    ids=["model", "gpu", "tp", "budget-small", "budget-text", "budget-zero", "prompt", "decodes"],
+)
+def test_budget_errors_one_line(capsys, extra, match, code):
+    """Bad arguments print one 'error:' line on stderr and exit 2, never a traceback."""
+    assert main(ARGS + extra) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and match in err[0]
+
+
+def test_budget_fp8_a100_warns(capsys):
+    """FP8 on A100 prints a warning line and still prices at the BF16 peak."""
+    assert (
+        main(["budget", "--model", "llama-3.1-8b", "--gpu", "a100", "--dtype", "fp8", "--budgets", "512"])
+        == 0
+    )
+    assert "warning: a100-sxm-80gb has no fp8 units" in capsys.readouterr().err
+
+
+def test_budget_rows_validation():
+    """budget_rows refuses an empty budget list."""
+    full = CostModel.from_names("llama-3.1-8b", "h100-sxm")
+    with pytest.raises(CostModelError, match="at least one token budget"):
+        budget_rows(full, [], 1, 1, 1)
+
+
+def test_calibrate_csv_command(tmp_path, capsys):
+    """`stallfree calibrate --csv` fits a step CSV and reports JSON with held-out error."""
+    truth = CostModel.from_names("llama-3.1-8b", "h100-sxm", mfu=0.5, mbu=0.7, overhead_s=0.0005)
+    lines = ["step,num_prefill_tokens,num_decodes,decode_context_sum,prefill_context_sum,num_tokens,seconds"]
+    for i in range(40):
+        nd, chunk = 1 + i * 3, (i % 4) * 700
+        t = truth.prefill_step_time(chunk, 0, nd, 1000) if chunk else truth.decode_step_time(nd, 1000)
+        lines.append(f"{i},{chunk},{nd},{nd * 1000},0,{nd + chunk},{t!r}")
+    path = tmp_path / "steps.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert (
+        main(["calibrate", "--csv", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--json"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 40
+    assert out["test_error"]["max"] < 1e-3
+    assert (round(out["mfu"], 3), round(out["mbu"], 3)) == (0.5, 0.7)
+
+
+def test_calibrate_needs_one_source(capsys):
+    """calibrate without --csv or --profile is a usage error."""
+    assert main(["calibrate"]) == 2
+    assert "exactly one of --csv" in capsys.readouterr().err
+
+
+def test_specs_json(capsys):
+    """`stallfree specs --json` lists the presets with their key numbers."""
+    assert main(["specs", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["gpus"]["h100-sxm"]["fp8_tflops"] == pytest.approx(1978.9)
+    assert out["models"]["mixtral-8x7b"]["active_params"] == 12_879_925_248

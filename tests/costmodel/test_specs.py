@@ -1,0 +1,220 @@
+"""Tests of the GPU and model specs: presets, names, user files and Hugging Face configs."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from stallfree.costmodel import (
+    CostModelError,
+    get_gpu,
+    get_model,
+    list_gpus,
+    list_models,
+    load_gpu_file,
+    load_model_file,
+    model_from_hf_config,
+)
+
+REQUIRED_GPUS = ["h100-sxm", "h100-pcie", "h200", "a100-sxm-80gb", "l40s", "b200", "mi300x"]
+REQUIRED_MODELS = [
+    "llama-3.1-8b",
+    "llama-3.3-70b",
+    "llama-3.1-405b",
+    "llama-2-7b",
+    "llama-2-70b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "qwen2.5-72b",
+    "mixtral-8x7b",
+    "yi-34b",
+]
+
+
+def _model_data() -> dict:
+    text = resources.files("stallfree.costmodel").joinpath("data/models.json").read_text()
+    return json.loads(text)["models"]
+
+
+def test_required_presets_present():
+    """Every GPU and model the cost model promises is a preset."""
+    assert set(REQUIRED_GPUS) <= set(list_gpus())
+    assert set(REQUIRED_MODELS) <= set(list_models())
+
+
+@pytest.mark.parametrize("key", sorted(_model_data()), ids=str)
+def test_parameter_counts_match_published(key):
+    """The counts worked out from the dimensions equal the published counts stored beside them."""
+    m, want = get_model(key), _model_data()[key]["check_params"]
+    got = {
+        "total": m.total_params,
+        "active": m.active_params,
+        "layer": m.layer_params,
+        "active_layer": m.active_layer_params,
+        "embed": m.embed_params,
+        "lm_head": m.lm_head_params,
+    }
+    assert got == want
+
+
+def test_mixtral_active_parameters():
+    """Mixtral 8x7B runs 12.88B of its 46.70B parameters per token (2 of 8 experts)."""
+    m = get_model("mixtral-8x7b")
+    assert (m.total_params, m.active_params) == (46_702_792_704, 12_879_925_248)
+
+
+def test_llama_70b_layer_params_by_hand():
+    """Llama 70B layer: 2*8192*8192 + 2*8192*1024 + 3*8192*28672 + 2*8192 = 855,654,400 weights."""
+    assert get_model("llama-3.3-70b").layer_params == 80 * 855_654_400
+
+
+def test_every_preset_has_sources():
+    """Each preset carries at least one source, and each GPU says where its link figure comes from."""
+    for k in list_gpus():
+        g = get_gpu(k)
+        assert g.sources and g.link_source
+    for k in list_models():
+        assert get_model(k).sources
+
+
+def test_h100_sxm_dense_peaks():
+    """H100 SXM: 989.4 / 1,978.9 dense TFLOP/s (bf16 / fp8), 3,350 GB/s, 450 GB/s per direction on NVLink4."""
+    g = get_gpu("h100-sxm")
+    assert g.peak_flops("bf16") == pytest.approx(989.4e12)
+    assert g.peak_flops("fp8") == pytest.approx(1978.9e12)
+    assert g.mem_bw_bytes_per_s == pytest.approx(3.35e12)
+    assert g.link_bw_bytes_per_s == pytest.approx(450e9)
+    assert get_gpu("a100").peak_flops("fp8") is None
+
+
+@pytest.mark.parametrize("name", ["H100_SXM", "h100-sxm", " h100_sxm ", "H100 SXM"], ids=str)
+def test_names_treat_dash_and_underscore_alike(name):
+    """GPU names ignore case and read '_' and spaces as '-'."""
+    assert get_gpu(name).key == "h100-sxm"
+
+
+def test_model_alias_and_underscore():
+    """Model names read '_' as '-' and aliases resolve to the preset."""
+    assert get_model("LLAMA_3.3_70B").key == "llama-3.3-70b"
+    assert get_model("llama-3-8b").key == "llama-3.1-8b"
+
+
+def test_mi300x_mesh_bandwidth_grows_with_group():
+    """MI300X's mesh gives (n-1) x 64 GB/s per direction, capped at 448 GB/s."""
+    g = get_gpu("mi300x")
+    assert g.allreduce_bw(2) == pytest.approx(64e9)
+    assert g.allreduce_bw(4) == pytest.approx(192e9)
+    assert g.allreduce_bw(8) == pytest.approx(448e9)
+
+
+@pytest.mark.parametrize(
+    "getter,name,kind", [(get_gpu, "tpu-v9", "GPU"), (get_model, "gpt-9", "model")], ids=str
+)
+def test_unknown_name_lists_known(getter, name, kind):
+    """An unknown name raises CostModelError (a ValueError) that lists the known names."""
+    with pytest.raises(ValueError, match=f"unknown {kind} '{name}'.*known") as info:
+        getter(name)
+    assert isinstance(info.value, CostModelError)
+    known = "h100-sxm" if kind == "GPU" else "llama-3.3-70b"
+    assert known in str(info.value)
+
+
+def test_hf_config_matches_preset():
+    """A Llama 3.1 8B Hugging Face config.json gives the preset's parameter counts."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    }
+    m = model_from_hf_config("mine", config)
+    assert m.total_params == get_model("llama-3.1-8b").total_params == 8_030_261_248
+
+
+def test_hf_config_qwen2_bias_and_mixtral_experts():
+    """Qwen2 configs get q/k/v biases (7.616B) and Mixtral configs their experts (12.88B active)."""
+    qwen = model_from_hf_config(
+        "q",
+        {
+            "model_type": "qwen2",
+            "hidden_size": 3584,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "intermediate_size": 18944,
+            "vocab_size": 152064,
+        },
+    )
+    assert qwen.total_params == 7_615_616_512
+    mix = model_from_hf_config(
+        "m",
+        {
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 32000,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+        },
+    )
+    assert mix.active_params == 12_879_925_248
+
+
+def test_model_file_and_gpu_file(tmp_path):
+    """User JSON files load: a config.json by its folder's name, a GPU in the gpus.json entry format."""
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 8,
+                "intermediate_size": 4096,
+                "vocab_size": 1000,
+            }
+        )
+    )
+    m = get_model(str(folder / "config.json"))
+    assert m.key == "my-model" and m.num_kv_heads == 8 and m.head_dim == 128
+    assert m.layer_params == 2 * (4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024)
+    gpu_file = tmp_path / "mygpu.json"
+    gpu_file.write_text(
+        json.dumps({"peak_tflops": {"bf16": 100}, "mem_bw_GBps": 1000, "mem_GB": 24, "link_GBps": 25})
+    )
+    g = load_gpu_file(gpu_file)
+    assert (g.key, g.bf16_flops_per_s, g.fp8_flops_per_s, g.mem_bytes) == ("mygpu", 100e12, None, 24e9)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"num_layers": 0}, {"hidden_size": -4}, {"num_kv_heads": 3}, {"num_experts": 2, "experts_per_token": 3}],
+    ids=["zero-layers", "negative-hidden", "kv-not-dividing", "k-above-e"],
+)
+def test_bad_model_file_is_explained(tmp_path, bad):
+    """A model file with a zero, negative or inconsistent size raises CostModelError naming the field."""
+    data = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 10}
+    data.update(bad)
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostModelError, match="model 'm'"):
+        load_model_file(path)
+
+
+def test_bad_gpu_file_is_explained(tmp_path):
+    """A GPU file with a missing key or a zero bandwidth raises CostModelError naming it."""
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps({"peak_tflops": {"bf16": 1}, "mem_GB": 1, "link_GBps": 1}))
+    with pytest.raises(CostModelError, match="missing key 'mem_bw_GBps'"):
+        load_gpu_file(path)
+    path.write_text(json.dumps({"peak_tflops": {"bf16": 1}, "mem_bw_GBps": 0, "mem_GB": 1, "link_GBps": 1}))
+    with pytest.raises(CostModelError, match="mem_bw_bytes_per_s must be a positive number"):
+        load_gpu_file(path)

@@ -1,0 +1,85 @@
+"""Factories for schedulers and request mixes used across the tests."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from stallfree import Request, Scheduler
+from stallfree.core.invariants import InvariantChecker
+
+
+def make_scheduler(
+    token_budget: int = 8, max_seqs: int = 4, kv_tokens: int = 1000, **kw: object
+) -> Scheduler:
+    """A Scheduler with small defaults (budget 8, 4 slots, 1,000 KV tokens)."""
+    return Scheduler(token_budget=token_budget, max_seqs=max_seqs, kv_tokens=kv_tokens, **kw)
+
+
+def make_requests(n: int, prompt_len: int = 4, max_new: int = 3, start: int = 0) -> list[Request]:
+    """`n` identical requests with rids start, start+1, ..."""
+    return [Request(rid=start + i, prompt_len=prompt_len, max_new=max_new) for i in range(n)]
+
+
+def run_to_end(sched: Scheduler, arrivals: dict[int, list[Request]] | None = None, max_steps: int = 10_000):
+    """Step `sched` until nothing is unfinished; return {step: [(rid, tokens), ...]} and finish steps."""
+    arrivals = arrivals or {}
+    plans: dict[int, list[tuple[Hashable, int]]] = {}
+    finish: dict[Hashable, int] = {}
+    first: dict[Hashable, int] = {}
+    while sched.has_unfinished() or sched.step <= max(arrivals, default=-1):
+        for req in arrivals.get(sched.step, []):
+            sched.add(req)
+        plan = sched.schedule()
+        plans[plan.step] = [(c.rid, c.num_tokens) for c in plan]
+        for c in plan.prefills:
+            if c.is_last:
+                first[c.rid] = plan.step
+        sched.complete(plan)
+        for rid in sched.last_finished:
+            finish[rid] = plan.step
+        if sched.step > max_steps:
+            raise AssertionError("did not terminate")
+    return plans, first, finish
+
+
+@dataclass
+class RandomWorkload:
+    """A seeded random simulation: config, staggered arrivals, aborts and early stops."""
+
+    seed: int
+    num_requests: int = 40
+
+    def run(self, make: Callable[[int, int, int], Scheduler] = make_scheduler) -> InvariantChecker:
+        """Drive a checked scheduler to the end; return the checker (it counts steps and requests)."""
+        rng = random.Random(self.seed)
+        budget = rng.choice([1, 2, 3, rng.randint(1, 16), rng.randint(1, 256)])
+        max_seqs = rng.randint(1, 11)
+        reqs = [
+            Request(rid=i, prompt_len=rng.randint(1, 299), max_new=rng.randint(1, 64))
+            for i in range(self.num_requests)
+        ]
+        largest = max(r.prompt_len + r.max_new for r in reqs)
+        kv = rng.choice([largest, largest + rng.randint(0, largest), largest * 20])
+        chk = InvariantChecker(make(budget, max_seqs, kv))
+        arrive = sorted(rng.randint(0, 200) for _ in reqs)
+        p_abort, p_stop = rng.choice([0.0, 0.02]), rng.choice([0.0, 0.05])
+        i = 0
+        while i < len(reqs) or chk.scheduler.has_unfinished():
+            while i < len(reqs) and arrive[i] <= chk.scheduler.step:
+                chk.add(reqs[i])
+                i += 1
+            live = [r.rid for r in reqs[:i]]
+            if p_abort and live and rng.random() < p_abort * 5:
+                rid = rng.choice(live)
+                chk.abort(rid)  # finished rids are no-ops
+            plan = chk.schedule()
+            if p_abort and plan and rng.random() < p_abort * 5:
+                chk.abort(rng.choice([c.rid for c in plan]))  # in flight: deferred to complete()
+            stopped = [r for r in plan.sampled_rids if rng.random() < p_stop]
+            chk.complete(plan, stopped)
+            if chk.scheduler.step > 100_000:
+                raise AssertionError("did not terminate")
+        chk.check_final()
+        return chk
