@@ -91,9 +91,7 @@ def _modes(text: str) -> list[str]:
     modes = [t.strip() for t in text.split(",") if t.strip()]
     for m in modes:
         if m not in BATCHING_MODES:
-            raise argparse.ArgumentTypeError(
-                f"unknown batching mode {m!r} (choose from {', '.join(BATCHING_MODES)})"
-            )
+            raise argparse.ArgumentTypeError(f"unknown batching mode {m!r} (choose from {', '.join(BATCHING_MODES)})")
     return modes
 
 
@@ -116,12 +114,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "CSV/JSONL with arrival_time,prompt_len,output_len (.gz allowed)",
     )
     w.add_argument("--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl"])
-    w.add_argument(
-        "--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping"
-    )
-    w.add_argument(
-        "--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace"
-    )
+    w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
+    w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
     w.add_argument("--rate", type=_positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
     w.add_argument(
         "--burstiness",
@@ -144,9 +138,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="only the first N requests (synthetic: how many to draw, default 1000)",
     )
     w.add_argument("--start", type=float, default=0.0, metavar="S", help="time window start, s of trace time")
-    w.add_argument(
-        "--end", type=float, default=math.inf, metavar="S", help="time window end, s of trace time"
-    )
+    w.add_argument("--end", type=float, default=math.inf, metavar="S", help="time window end, s of trace time")
     w.add_argument(
         "--rate-scale",
         type=_positive_float,
@@ -175,14 +167,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=_positive_int, default=256, help="most running requests (default 256)")
     r = p.add_argument_group("report")
-    r.add_argument(
-        "--slo-ttft", type=_duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)"
-    )
+    r.add_argument("--slo-ttft", type=_duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=_duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    r.add_argument(
-        "--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here"
-    )
+    r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
 
 
 def register(subparsers: Any) -> None:
@@ -222,12 +210,8 @@ def register(subparsers: Any) -> None:
         "a table, and with --out a CSV and PNGs of p99 TPOT against p99 TTFT and of TTFT/TPOT CDFs.",
     )
     _add_common(sweep)
-    sweep.add_argument(
-        "--budgets", type=_int_list, default=[256, 512, 1024, 2048, 4096, 8192], metavar="LIST"
-    )
-    sweep.add_argument(
-        "--rate-scales", type=_float_list, metavar="LIST", help="default: the --rate-scale default"
-    )
+    sweep.add_argument("--budgets", type=_int_list, default=[256, 512, 1024, 2048, 4096, 8192], metavar="LIST")
+    sweep.add_argument("--rate-scales", type=_float_list, metavar="LIST", help="default: the --rate-scale default")
     sweep.add_argument(
         "--batching",
         type=_modes,
@@ -320,17 +304,6 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, float]:
     return wl, scale
 
 
-# Fallback when stallfree.costmodel is not installed: the design's numbers for the default replica
-# (DESIGN.md section 2; COSTMODEL_FACTS): weights read once per step, 70.55e9 B / 4 / 3.35e12 B/s =
-# 5.3 ms; 2 x 70.55e9 FLOP per token at 4 x 1,979e12 FLOP/s = 17.8 us; BF16 KV of 327,680 B per token
-# read at 4 x 3.35e12 B/s = 24.5 ns per context token; KV capacity (4 x 80e9 x 0.9 - 70.55e9) B /
-# 327,680 B per token.
-_FALLBACK_COST = LinearCostModel(5.3e-3, 17.8e-6, 24.5e-9)
-_FALLBACK_KV_BYTES = 327_680
-_FALLBACK_WEIGHT_BYTES = 70.55e9
-_FALLBACK_GPU_BYTES = 80e9
-
-
 def _parse_linear(text: str) -> LinearCostModel:
     try:
         nums = [float(x) for x in text.split(",")]
@@ -339,55 +312,36 @@ def _parse_linear(text: str) -> LinearCostModel:
         return LinearCostModel(nums[0] * 1e-3, nums[1] * 1e-6, (nums[2] if len(nums) == 3 else 0.0) * 1e-9)
     except ValueError as exc:
         detail = f": {exc}" if str(exc) else ""
-        raise CliError(
-            f"--linear-cost wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", 2
-        ) from None
+        raise CliError(f"--linear-cost wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", 2) from None
 
 
 def build_cost_model(args: argparse.Namespace) -> tuple[StepCostModel, int, str]:
     """The cost model, the KV capacity (tokens) and a one-line description of the hardware.
 
+    The KV capacity comes from stallfree.costmodel (model, GPU, TP, dtypes and
+    --gpu-memory-utilization) unless --kv-tokens overrides it; --linear-cost replaces the step
+    pricing only.
+
     Raises:
-        CliError: an unknown model or GPU, or no cost model available for the options.
+        CliError: an unknown model, GPU or dtype, or a bad --linear-cost.
     """
-    hw = f"{args.model}, {args.tp} x {args.gpu}, {args.dtype}"
+    from stallfree.costmodel import CostModel, CostModelError
+
     try:
-        from stallfree.costmodel import CostModel, CostModelError  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        CostModel = None  # noqa: N806
+        real = CostModel.from_names(
+            model=args.model, gpu=args.gpu, tp=args.tp, dtype=args.dtype, kv_dtype=args.kv_dtype, mode="full"
+        )
+        kv = args.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=args.gpu_memory_utilization)
+    except (CostModelError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    hw = f"{args.model}, {args.tp} x {args.gpu}, {args.dtype}" + (f", KV {args.kv_dtype}" if args.kv_dtype else "")
     if args.linear_cost:
-        cost: StepCostModel = _parse_linear(args.linear_cost)
-        if args.kv_tokens is None and CostModel is None:
-            raise CliError("--linear-cost needs --kv-tokens when the cost model is not installed", 2)
-    if CostModel is not None:
-        try:
-            real = CostModel.from_names(
-                model=args.model,
-                gpu=args.gpu,
-                tp=args.tp,
-                dtype=args.dtype,
-                kv_dtype=args.kv_dtype,
-                mode="full",
-            )
-            kv = args.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=args.gpu_memory_utilization)
-        except CostModelError as exc:
-            raise CliError(str(exc)) from None
-        if not args.linear_cost:
-            cost = real
-    else:
-        chosen = (args.model, args.gpu, args.tp, args.dtype, args.kv_dtype)
-        if not args.linear_cost and chosen != (*DEFAULTS.values(), None):
-            raise CliError(
-                "stallfree.costmodel is not installed: only the default model and GPU, or --linear-cost"
-            )
-        if not args.linear_cost:
-            cost = _FALLBACK_COST
-            hw += " (linear approximation)"
-        free = args.tp * _FALLBACK_GPU_BYTES * args.gpu_memory_utilization - _FALLBACK_WEIGHT_BYTES
-        kv = args.kv_tokens or int(free // _FALLBACK_KV_BYTES)
-    if args.linear_cost:
-        hw = f"linear cost {args.linear_cost} (ms, us/token, ns/context token)"
-    return cost, int(kv), hw
+        return (
+            _parse_linear(args.linear_cost),
+            int(kv),
+            f"linear cost {args.linear_cost} (ms, us/token, ns/context token)",
+        )
+    return real, int(kv), hw
 
 
 # ----------------------------------------------------------------------------------- commands
@@ -447,8 +401,7 @@ def _print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> No
     print(f"{wl}, {scale}")
     print(
         f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
-        f"budget {header['token_budget']:,}"
-        + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
+        f"budget {header['token_budget']:,}" + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
     )
     for s in summaries:
         print(
@@ -460,9 +413,7 @@ def _print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> No
         print(f"note: {note}")
 
 
-def _write_out(
-    out: Path, header: dict[str, Any], results: list[Any], summaries: list[dict[str, Any]]
-) -> None:
+def _write_out(out: Path, header: dict[str, Any], results: list[Any], summaries: list[dict[str, Any]]) -> None:
     from stallfree.sim import plots
     from stallfree.sim.report import write_records, write_steps_csv
 
@@ -487,8 +438,6 @@ def run_sweep(args: argparse.Namespace) -> int:
 
 def default_cost_model() -> tuple[StepCostModel, int]:
     """The default replica's cost model and KV capacity (tokens): Llama 3.3 70B, 4 x H100 SXM, FP8."""
-    args = argparse.Namespace(
-        **DEFAULTS, kv_dtype=None, gpu_memory_utilization=0.9, kv_tokens=None, linear_cost=None
-    )
+    args = argparse.Namespace(**DEFAULTS, kv_dtype=None, gpu_memory_utilization=0.9, kv_tokens=None, linear_cost=None)
     cost, kv, _ = build_cost_model(args)
     return cost, kv

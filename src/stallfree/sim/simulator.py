@@ -218,13 +218,12 @@ def _make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) ->
 
 def _wrap_checker(sched: SchedulerLike) -> SchedulerLike:
     try:
-        from stallfree.core.invariants import InvariantChecker  # type: ignore[import-not-found]
+        from stallfree.core.invariants import InvariantChecker
     except ImportError:
         raise SimulationError(
             "--check needs stallfree.core.invariants.InvariantChecker, which this installation lacks"
         ) from None
-    checked: SchedulerLike = InvariantChecker(sched)
-    return checked
+    return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
 
 
 def simulate(
@@ -295,6 +294,9 @@ def simulate(
     t0 = time.perf_counter()
     _Loop(res, sched, inner, workload, cost_model).run()
     res.wall_s = time.perf_counter() - t0
+    if check:
+        # End-of-run invariants: every request finished and all KV returned.
+        sched.check_final()  # type: ignore[attr-defined]
     _verify_tokens(res)
     return res
 
