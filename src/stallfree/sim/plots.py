@@ -56,16 +56,16 @@ def plot_cdfs(results: Sequence[SimResult], path: Path) -> None:
 def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]], path: Path) -> None:
     """Columns of (title, [(label, ttft_ms, tpot_ms)]); one legend for the figure, on the right.
 
-    A label "A | B" gets a colour by A and a line style by B, so that budgets and rate scales
-    stay apart.
+    A label "A | B" gets a colour by A and a line style by B (in order of first appearance), so
+    that budgets and rate scales stay apart.
     """
     plt = _pyplot()
     ncol = len(columns)
-    fig, axes = plt.subplots(2, ncol, figsize=(4.8 * ncol + 2.2, 7.5), squeeze=False)
-    colours = sorted({label.split(" | ")[0] for _, series in columns for label, _, _ in series}, key=_natural)
-    dashes = sorted(
-        {label.partition(" | ")[2] for _, series in columns for label, _, _ in series}, key=_natural
-    )
+    width = 6.0 if ncol == 1 else 4.8 * ncol + 2.2
+    fig, axes = plt.subplots(2, ncol, figsize=(width, 7.5), squeeze=False)
+    labels = [label for _, series in columns for label, _, _ in series]
+    colours = list(dict.fromkeys(label.partition(" | ")[0] for label in labels))  # first-seen order
+    dashes = list(dict.fromkeys(label.partition(" | ")[2] for label in labels))
     cmap = plt.get_cmap("viridis", max(len(colours), 2))
     handles: dict[str, Any] = {}
     for j, (title, series) in enumerate(columns):
@@ -89,20 +89,14 @@ def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]
                 handles.setdefault(str(line.get_label()), line)
         if title:
             axes[0][j].set_title(title)
-    fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1 - 2.0 / (4.8 * ncol + 2.2), 1))
+    if ncol == 1:
+        axes[1][0].legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+    else:
+        fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
+        fig.tight_layout(rect=(0, 0, 1 - 2.0 / (4.8 * ncol + 2.2), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _natural(text: str) -> tuple[float, str]:
-    """Sort "budget 512" before "budget 1024": by the first number in the text, then the text."""
-    for word in text.replace("x", " ").split():
-        try:
-            return float(word.replace(",", "")), text
-        except ValueError:
-            continue
-    return float("inf"), text
 
 
 def plot_timeline(results: Sequence[SimResult], path: Path) -> None:
