@@ -9,6 +9,7 @@ import time
 
 import httpx
 import openai
+
 from server.fake_engine import FakeEngine
 from server.helpers import WAIT_S, LiveServer, sse_events
 
