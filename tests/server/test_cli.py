@@ -61,7 +61,8 @@ def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys):
 
     monkeypatch.setattr(serve_cli, "build_engine", boom)
     assert cli.main(["serve", "--model", "/nope.gguf"]) == 1
-    assert capsys.readouterr().err.strip() == "stallfree serve: cannot load the model: no such model: /nope.gguf"
+    err = capsys.readouterr().err.strip()
+    assert err == "stallfree serve: cannot load the model: no such model: /nope.gguf"
 
 
 def test_serve_builds_app_and_runs_uvicorn(monkeypatch):

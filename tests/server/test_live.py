@@ -34,7 +34,8 @@ def test_openai_client_stream_matches_whole():
         msgs = [{"role": "user", "content": "hi"}]
         whole = client.chat.completions.create(model="fake-model", messages=msgs, max_tokens=6)
         stream = client.chat.completions.create(
-            model="fake-model", messages=msgs, max_tokens=6, stream=True, stream_options={"include_usage": True}
+            model="fake-model", messages=msgs, max_tokens=6, stream=True,
+            stream_options={"include_usage": True},
         )
         text, usage = "", None
         for chunk in stream:
@@ -107,7 +108,8 @@ def test_burst_past_max_waiting_gets_429():
     with LiveServer(eng, max_waiting=2) as srv:
 
         def one(i: int) -> tuple[int, dict]:
-            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 20}, timeout=WAIT_S)
+            body = {"prompt": "hi", "max_tokens": 20}
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=WAIT_S)
             return r.status_code, r.json()
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:

@@ -47,7 +47,7 @@ def test_b25_ttft_itl_tpot_by_hand():
 
 
 def test_gauges_and_stats_line():
-    """After one admitted request of 10 + 6 tokens out of 64: running 1, KV usage 0.25, in the log line too."""
+    """After one admitted request of 10 + 6 tokens of 64: running 1, KV usage 0.25, also in the log line."""
     eng = FakeEngine(kv_tokens=64)
     eng.scheduler.add(Request("a", 10, 6))
     eng.scheduler.add(Request("b", 60, 4))  # waits: 16 + 64 > 64
