@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ _SPEC = importlib.util.spec_from_file_location(
     "load_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "load.py"
 )
 load = importlib.util.module_from_spec(_SPEC)
+sys.modules["load_bench"] = load  # dataclasses look their module up there
 _SPEC.loader.exec_module(load)
 
 
