@@ -41,7 +41,11 @@ class FakeContextLengthExceeded(FakeEngineError):
 
 
 class FakeStepError(RuntimeError):
-    """An injected failure inside step(); `rids` names the requests of the failed step."""
+    """An injected failure inside step(); `rids` names the requests of the failed step.
+
+    As with the engine's StepFailed, the plan stays in flight and no request advanced: the next
+    step() retries it without the requests aborted in between.
+    """
 
     def __init__(self, rids: Sequence[Hashable]) -> None:
         self.rids = tuple(rids)
@@ -143,6 +147,7 @@ class FakeEngine:
         self.aborted: list[Hashable] = []
         self.num_steps = 0
         self._seqs: dict[Hashable, _Seq] = {}
+        self._pending: StepPlan | None = None  # a failed step's plan, retried by the next step()
         self._lock = threading.Lock()  # detects calls that overlap step(), which the server must never make
 
     # ------------------------------------------------------------------ requests
@@ -171,8 +176,8 @@ class FakeEngine:
                 self.aborted.append(rid)
 
     def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
-        return self.scheduler.has_unfinished()
+        """True while any request is waiting or running (or a failed plan awaits its retry)."""
+        return self.scheduler.has_unfinished() or self._pending is not None
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
         """Render messages as `<role>content` lines and open the assistant's turn."""
@@ -183,7 +188,8 @@ class FakeEngine:
     def step(self) -> list[FakeRequestOutput]:
         """Run one scheduler step and sample one fake token for each request that samples."""
         with self._guard():
-            plan = self.scheduler.schedule()
+            plan = self._pending if self._pending is not None else self.scheduler.schedule()
+            self._pending = plan
             self.last_plan = plan
             self.num_steps += 1
             delay = self.step_time_s(plan) if callable(self.step_time_s) else self.step_time_s
@@ -191,15 +197,10 @@ class FakeEngine:
                 time.sleep(delay)
             if self.fail_next_steps > 0:
                 self.fail_next_steps -= 1
-                rids = [c.rid for c in plan]
-                # Leave the scheduler consistent, as the real engine must: the failed step's
-                # requests are aborted and the plan completed, so their KV comes back.
-                for rid in rids:
-                    self.scheduler.abort(rid)
-                    self._seqs.pop(rid, None)
-                self.scheduler.complete(plan)
-                raise FakeStepError(rids)
-            sampled = {rid: self._next_token(self._seqs[rid]) for rid in plan.sampled_rids}
+                raise FakeStepError([c.rid for c in plan])
+            self._pending = None
+            # Requests aborted while the plan was in flight are still in it; they sample nothing.
+            sampled = {r: self._next_token(self._seqs[r]) for r in plan.sampled_rids if r in self._seqs}
             stopped = [rid for rid, tok in sampled.items() if self._is_stop_token(self._seqs[rid], tok)]
             for rid, tok in sampled.items():
                 self._seqs[rid].generated.append(tok)

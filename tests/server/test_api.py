@@ -335,7 +335,9 @@ def test_engine_dead_after_repeated_failures():
                 (await _post(c, "/v1/completions", {"prompt": "hi", "max_tokens": 4})).status_code
                 for _ in range(3)
             ]
-            assert codes == [500, 500, 500]
+            # The first request fails; the engine retries the failed plan (without it) twice more,
+            # failing each time, and is declared dead: later requests are refused.
+            assert codes == [500, 503, 503]
             assert (await c.get("/health")).status_code == 503
             assert (await _post(c, "/v1/completions", {"prompt": "hi", "max_tokens": 4})).status_code == 503
 
