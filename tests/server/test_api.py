@@ -325,11 +325,14 @@ def test_step_failure_is_500_then_server_serves():
 
 
 def test_engine_dead_after_repeated_failures():
-    """Three consecutive failed steps mark the engine dead: /health and new requests answer 503."""
+    """Three consecutive failed steps mark the engine dead: /health and new requests answer 503.
+
+    The dead engine keeps its failed plan in flight, so its KV is not checked; the request was aborted.
+    """
 
     async def go():
         eng = FakeEngine()
-        async with asgi_client(eng) as c:
+        async with asgi_client(eng, check_free=False) as c:
             eng.fail_next_steps = 3
             codes = [
                 (await _post(c, "/v1/completions", {"prompt": "hi", "max_tokens": 4})).status_code
@@ -340,6 +343,7 @@ def test_engine_dead_after_repeated_failures():
             assert codes == [500, 503, 503]
             assert (await c.get("/health")).status_code == 503
             assert (await _post(c, "/v1/completions", {"prompt": "hi", "max_tokens": 4})).status_code == 503
+            assert set(eng.aborted) == set(eng.added)  # none left running
 
     run(go())
 

@@ -214,13 +214,7 @@ class AsyncEngine:
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         self._fail_all(EngineDead("the server is shutting down"))
-        # No step is in flight now: return the KV of whatever the engine still holds for us.
-        for rid in list(self._added):
-            try:
-                self.engine.abort(rid)
-            except KeyError:
-                pass
-        self._added.clear()
+        self._abort_all_added()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -409,6 +403,16 @@ class AsyncEngine:
             self.dead_reason = f"{self.num_failed_steps} consecutive engine steps failed; last: {exc!r}"
             self._stopping = True
             self._fail_all(EngineDead(self.dead_reason))
+            self._abort_all_added()
+
+    def _abort_all_added(self) -> None:
+        """Abort in the engine every request we added (no step may be in flight)."""
+        for rid in list(self._added):
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001 - unknown or already gone; nothing more to return
+                pass
+        self._added.clear()
 
     def _fail_all(self, err: BaseException) -> None:
         for p in self._pending.values():
