@@ -103,13 +103,31 @@ def test_disconnect_mid_stream_aborts_and_frees_kv():
         assert eng.num_steps < 3000  # it did not run to max_tokens
 
 
+def test_disconnect_before_whole_response_aborts():
+    """A non-streaming client that gives up (timeout) has its request aborted and its KV freed."""
+    eng = FakeEngine(step_time_s=0.005, kv_tokens=4096, max_model_len=4096)
+    with LiveServer(eng) as srv:
+        body = {"prompt": "hi", "max_tokens": 3000}
+        try:
+            httpx.post(srv.url + "/v1/completions", json=body, timeout=0.3)
+        except httpx.TimeoutException:
+            pass
+        else:
+            raise AssertionError("a 3000-step request answered within 0.3 s")
+        deadline = time.monotonic() + WAIT_S
+        while not eng.aborted or eng.has_unfinished():
+            assert time.monotonic() < deadline, "request not aborted after the client left"
+            time.sleep(0.01)
+        assert eng.aborted == eng.added
+
+
 def test_burst_past_max_waiting_gets_429():
     """A burst of 8 with max_seqs 1 and max_waiting 2: some are 429 (rate_limit_error), the rest finish.
 
-    Each request takes 50 steps of 10 ms, so the 8, released together, arrive while the first 3 hold
+    Each request takes 50 steps of 5 ms, so the 8, released together, arrive while the first 3 hold
     the one running slot and the 2 waiting places.
     """
-    eng = FakeEngine(max_seqs=1, step_time_s=0.01)
+    eng = FakeEngine(max_seqs=1, step_time_s=0.005)
     barrier = threading.Barrier(8, timeout=WAIT_S)
     with LiveServer(eng, max_waiting=2) as srv:
 
