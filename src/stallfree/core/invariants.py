@@ -84,9 +84,9 @@ class InvariantChecker:
         self._end(rid, early=True)
         self._check_kv()
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, token_budget: int | None = None) -> StepPlan:
         """Forward schedule() and check the plan against the contract."""
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(token_budget)
         self._plan = plan
         self._check_plan(plan)
         return plan
@@ -142,7 +142,8 @@ class InvariantChecker:
             got = chunks[0].num_tokens if chunks and chunks[0].rid == self._partial else 0
             if got != want:
                 self._fail("partial prefill first", f"{self._partial!r} got {got} tokens, expected {want}")
-            left -= got
+            # An unfinished prompt keeps the rest of the budget: nothing is admitted behind it.
+            left = left - got if got == sh.req.prompt_len - sh.prefilled else 0
         admitted = [c.rid for c in chunks if c.rid != self._partial]
         if tuple(admitted) != plan.admitted:
             self._fail("admitted view", f"{plan.admitted} vs chunks {admitted}")
@@ -157,7 +158,7 @@ class InvariantChecker:
             if c.rid != self._partial:
                 if c.num_tokens != self._chunk(rest, left):
                     self._fail("first chunk size", f"{c} with {left} budget left")
-                left -= c.num_tokens
+                left = left - c.num_tokens if c.is_last else 0
             b = s.block_size
             if b and not c.is_last and (c.start + c.num_tokens) % b:
                 self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")

@@ -251,9 +251,11 @@ class Scheduler:
             raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
         need = self.kv_needed(req)
         if need > self.kv_total:
+            blocks = f" in whole blocks of {self.block_size}" if self.block_size else ""
             raise RequestRejected(
                 f"request {req.rid!r} can never fit: prompt_len + max_new = {req.prompt_len} + "
-                f"{req.max_new} = {need} tokens of KV > kv_tokens = {self.kv_total}"
+                f"{req.max_new} = {req.prompt_len + req.max_new}, {need} tokens of KV{blocks} "
+                f"> kv_tokens = {self.kv_total}"
             )
         obj = _Live(req, need, self._seq, self._step)
         self._seq += 1
@@ -387,10 +389,13 @@ class Scheduler:
         if obj is None or left <= 0:
             return left
         done = obj.num_prefilled
-        n = self._chunking.chunk(obj.prompt_len - done, left)
+        rest = obj.prompt_len - done
+        n = self._chunking.chunk(rest, left)
         if n:
-            out.append(ScheduledChunk(obj.rid, n, True, done, done + n == obj.prompt_len))
-        return left - n
+            out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
+        # A prompt that does not finish this step keeps what is left (less than a block when chunks are
+        # block-aligned): admitting behind it would let a newer prompt reach its first token first.
+        return left - n if n == rest else 0
 
     def _admit(self, left: int, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
         """Contract step 3: admission in queue order; the first head that does not fit stops it."""
@@ -411,7 +416,7 @@ class Scheduler:
             obj.admitted_step = step
             out.append(ScheduledChunk(obj.rid, n, True, 0, n == obj.prompt_len))
             admitted.append(obj.rid)
-            left -= n
+            left = left - n if n == obj.prompt_len else 0  # as for the partial prefill above
         return tuple(admitted)
 
     def complete(
