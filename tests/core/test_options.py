@@ -152,7 +152,7 @@ def test_block_aligned_hand_trace():
     s.complete(s.schedule())
     s.add(Request("p", 20, 2))
     chunks = []
-    while "p" not in (emitted := s.complete(plan := s.schedule())):
+    while "p" not in s.complete(plan := s.schedule()):
         chunks.append(plan.prefills[0].num_tokens)
     chunks.append(plan.prefills[0].num_tokens)
     assert chunks == [4, 4, 4, 4, 4] and plan.step == 5
@@ -244,7 +244,7 @@ def _b23_admit_steps(aging_interval):
 
 
 def test_b23_aging_admits_low_priority_request():
-    """Scenario B23 with aging every step: rid k at step 2k-1 (k<=10), rid 0 at 21 (tie broken by arrival), rid 11 at 23."""
+    """Scenario B23, aging every step: rid k at step 2k-1 (k<=10), rid 0 at 21 (tie broken by arrival), rid 11 at 23."""
     admit = _b23_admit_steps(1)
     assert {str(k): admit[k] for k in (0, 1, 2, 10, 11)} == CASES["B23"]["expected"]["admit_step"]
     assert all(admit[k] == 2 * k - 1 for k in range(1, 11))
@@ -322,6 +322,6 @@ COMBOS = [
 
 @pytest.mark.parametrize("options", COMBOS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items() if v) or "default")
 def test_randomized_simulations_for_every_option_combination(options):
-    """25 seeded simulations per combination, with random per-step budgets, keep every invariant and each option's rule."""
+    """25 seeded simulations per combination, with random per-step budgets, keep every invariant and option rule."""
     for seed in range(25):
         RandomWorkload(seed, options=options, vary_budget=True).run()
