@@ -43,7 +43,7 @@ def test_csv_has_the_calibration_columns(tmp_path):
     """The CSV's header is the calibration's column list and each row round-trips."""
     path = tmp_path / "s.csv"
     write_csv(_records(), path)
-    rows = list(csv.reader(path.open()))
+    rows = list(csv.reader(path.read_text().splitlines()))
     assert tuple(rows[0]) == CSV_COLUMNS == ("step", "num_prefill_tokens", "num_decodes",
                                              "decode_context_sum", "prefill_context_sum",
                                              "num_tokens", "seconds")

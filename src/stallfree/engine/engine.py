@@ -19,6 +19,7 @@ import torch
 
 from stallfree.core import FinishReason, Request, Scheduler, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
+from stallfree.core.errors import check_positive_int
 from stallfree.engine.batch import BatchEntry, build_flat_batch
 from stallfree.engine.errors import (
     ContextLengthExceeded,
@@ -219,6 +220,12 @@ class LLMEngine:
             EngineError: an unknown device or dtype, or cuda without a GPU.
             InvalidConfig: a scheduler argument out of range.
         """
+        # Check the scheduler's numbers before the (slow) checkpoint load.
+        check_positive_int("token_budget", token_budget)
+        check_positive_int("max_seqs", max_seqs)
+        if kv_tokens is not None:
+            check_positive_int("kv_tokens", kv_tokens)
+        check_positive_int("block_size", block_size)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype)
         ckpt = load_checkpoint(path)
