@@ -28,11 +28,24 @@ PROMPT = 256
 SHORT_MAX_NEW = 8
 
 
+# Option rows: the same workload under each scheduler option (budgets are above the decode count, so
+# overflow rules are priced on the path every step takes, not on the rare overflow itself).
+OPTIONS: dict[str, dict[str, object]] = {
+    "stallfree": {},
+    "block16": {"block_size": 16},
+    "priority": {"policy": "priority", "aging_interval": 100},
+    "rotate": {"decode_overflow": "rotate"},
+    "spec2": {"num_spec_tokens": 2},
+}
+
+
 def make(kind: str, n: int, **kw):
     budget, seqs, kv = n + 512, n + 16, 10**15
     if kind == "scan":
         return ScanScheduler(budget, seqs, kv)
-    return Scheduler(token_budget=budget, max_seqs=seqs, kv_tokens=kv, **kw)
+    if kind == "spec2":
+        budget = 3 * n + 512
+    return Scheduler(token_budget=budget, max_seqs=seqs, kv_tokens=kv, **OPTIONS[kind], **kw)
 
 
 def add(s, rid, prompt, max_new) -> None:
@@ -79,13 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--running", default="64,256,1024,4096")
+    ap.add_argument("--options", action="store_true", help="add a row per scheduler option")
     args = ap.parse_args(argv)
-    print(f"{'running':>8} {'impl':>10} {'median_us':>10} {'p99_us':>10} {'speedup':>8}")
+    kinds = ["stallfree", "scan"] + ([k for k in OPTIONS if k != "stallfree"] if args.options else [])
+    print(f"{'running':>8} {'impl':>10} {'median_us':>10} {'p99_us':>10} {'vs scan':>8} {'vs default':>10}")
     for n in [int(x) for x in args.running.split(",")]:
-        rows = {kind: summarize(run(kind, n, args.steps)) for kind in ("stallfree", "scan")}
+        rows = {kind: summarize(run(kind, n, args.steps)) for kind in kinds}
         for kind, (med, p99) in rows.items():
             speed = rows["scan"][0] / med
-            print(f"{n:>8} {kind:>10} {med:>10.1f} {p99:>10.1f} {speed:>7.1f}x")
+            rel = med / rows["stallfree"][0]
+            print(f"{n:>8} {kind:>10} {med:>10.1f} {p99:>10.1f} {speed:>7.1f}x {rel:>9.2f}x")
     return 0
 
 
