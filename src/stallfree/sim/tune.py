@@ -23,7 +23,8 @@ The search (`tune`):
 
 The best candidate has the highest goodput (DistServe's: requests per second meeting both SLOs);
 candidates within `tie_tolerance` (relative) of the highest are tied, and among them the lower
-p99 TPOT wins, then the larger budget, then the larger max_seqs (more room for bursts).
+p99 TPOT wins, then the larger budget, then the base max_seqs (nothing changes that does not
+help), then the larger max_seqs.
 """
 
 from __future__ import annotations
@@ -239,22 +240,22 @@ def _refined(best: int, tried: Sequence[int]) -> list[int]:
     return out
 
 
-def _sort_key(row: dict[str, Any]) -> tuple[float, int, int]:
-    tpot = row.get("p99_tpot_ms")
-    return (math.inf if tpot is None else tpot, -row["token_budget"], -row["max_seqs"])
-
-
-def rank(rows: Sequence[dict[str, Any]], tie_tolerance: float = DEFAULT_TIE_TOLERANCE) -> list[dict[str, Any]]:
+def rank(
+    rows: Sequence[dict[str, Any]],
+    tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
+    base_max_seqs: int | None = None,
+) -> list[dict[str, Any]]:
     """Order candidates best first.
 
     The rows whose goodput is within `tie_tolerance` (relative) of the highest are tied and come
-    first, by lower p99 TPOT, then larger token budget, then larger max_seqs; the others follow by
-    goodput (highest first), with the same tie-breaks. A missing goodput counts as 0, a missing
-    p99 TPOT as infinite.
+    first, by lower p99 TPOT, then larger token budget, then `base_max_seqs` before other max_seqs,
+    then larger max_seqs; the others follow by goodput (highest first), with the same tie-breaks.
+    A missing goodput counts as 0, a missing p99 TPOT as infinite.
 
     Args:
         rows: dicts with token_budget, max_seqs, request_goodput and p99_tpot_ms.
         tie_tolerance: in [0, 1).
+        base_max_seqs: the max_seqs kept when others do no better (the user's own), or None.
 
     Raises:
         ValueError: tie_tolerance outside [0, 1).
@@ -267,10 +268,15 @@ def rank(rows: Sequence[dict[str, Any]], tie_tolerance: float = DEFAULT_TIE_TOLE
     def goodput(row: dict[str, Any]) -> float:
         return float(row.get("request_goodput") or 0.0)
 
+    def key(row: dict[str, Any]) -> tuple[float, int, bool, int]:
+        tpot = row.get("p99_tpot_ms")
+        m = row["max_seqs"]
+        return (math.inf if tpot is None else tpot, -row["token_budget"], m != base_max_seqs, -m)
+
     top = max(goodput(r) for r in rows)
     tied = [r for r in rows if goodput(r) >= top * (1 - tie_tolerance)]
     rest = [r for r in rows if goodput(r) < top * (1 - tie_tolerance)]
-    return sorted(tied, key=_sort_key) + sorted(rest, key=lambda r: (-goodput(r), *_sort_key(r)))
+    return sorted(tied, key=key) + sorted(rest, key=lambda r: (-goodput(r), *key(r)))
 
 
 @dataclass(slots=True)
@@ -357,14 +363,14 @@ def tune(
         ladder = candidate_budgets(bound.token_budget)
         runner.planned = len(ladder) + 2 + len([m for m in seqs_all if m != max_seqs])
         runner.run([(b, max_seqs) for b in ladder])
-        best = rank(runner.rows, tie_tolerance)[0]["token_budget"]
+        best = rank(runner.rows, tie_tolerance, max_seqs)[0]["token_budget"]
         stage2 = [(b, max_seqs) for b in _refined(best, ladder)]
         stage2 += [(best, m) for m in seqs_all if m != max_seqs]
         runner.planned = runner.done + len(stage2)
         runner.run(stage2)
     return TuneResult(
         bound=bound,
-        rows=rank(runner.rows, tie_tolerance),
+        rows=rank(runner.rows, tie_tolerance, max_seqs),
         slo_ttft=slo_ttft,
         slo_tpot=slo_tpot,
         wall_s=time.perf_counter() - t0,
