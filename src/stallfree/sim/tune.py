@@ -50,8 +50,11 @@ __all__ = [
     "budget_bound",
     "candidate_budgets",
     "expected_load",
+    "plot_tune",
     "rank",
     "register_tune",
+    "run_tune",
+    "serve_command",
     "tune",
 ]
 
@@ -290,6 +293,8 @@ class TuneResult:
         slo_ttft: the TTFT objective, s.
         slo_tpot: the TPOT objective, s.
         wall_s: time spent simulating, s.
+        stages: simulations per stage, in order (the ladder, then the refinement; one stage for
+            explicit budgets).
     """
 
     bound: BudgetBound | None
