@@ -86,7 +86,7 @@ class InvariantChecker:
 
     def schedule(self, token_budget: int | None = None) -> StepPlan:
         """Forward schedule() and check the plan against the contract."""
-        plan = self.scheduler.schedule(token_budget)
+        plan = self.scheduler.schedule() if token_budget is None else self.scheduler.schedule(token_budget)
         self._plan = plan
         self._check_plan(plan)
         return plan

@@ -201,6 +201,22 @@ class Scheduler:
         """The number of the next step to be scheduled (steps count from 0)."""
         return self._step
 
+    @property
+    def decode_load(self) -> tuple[int, int]:
+        """(ready decodes, sum of their context lengths in tokens) for the step schedule() plans next.
+
+        Ready decodes are the running requests whose prompt is fully prefilled; a decode's context
+        is the tokens already in its KV cache (its entry's `start`). Without decode overflow, the
+        next plan's num_decodes and decode_context_sum equal these. O(1): the scheduler keeps the
+        sum of the decodes' offsets, and a decode's context at step k is its offset + k. After a
+        step that skipped some decodes or gave some several tokens, the offsets are refreshed first
+        (O(decodes), the work the next schedule() would otherwise do).
+        """
+        if self._offsets_stale:
+            self._refresh_offsets()
+        n = len(self._dec)
+        return n, self._dec_offset_sum + n * self._step
+
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
         return bool(self._live)
@@ -344,10 +360,7 @@ class Scheduler:
         Returns (rids, offsets, per-decode tokens or None when all cost 1, tokens used).
         """
         if self._offsets_stale:
-            self._dec_offsets = [o.prompt_len - o.base - 2 for o in self._dec]
-            self._dec_offset_sum = sum(self._dec_offsets)
-            self._offsets_stale = False
-            self._dec_dirty = True
+            self._refresh_offsets()
         if self._dec_dirty:
             self._dec_rids_t = tuple(self._dec_rids)
             self._dec_offsets_t = tuple(self._dec_offsets)
@@ -386,6 +399,14 @@ class Scheduler:
         for obj, d in short.values():
             costs[self._dec.index(obj)] = 1 + d
         return tuple(costs), sum(costs)
+
+    def _refresh_offsets(self) -> None:
+        """Recompute the decodes' offsets after a step that moved some decodes' progress (skips,
+        speculative tokens); O(decodes), once per such step."""
+        self._dec_offsets = [o.prompt_len - o.base - 2 for o in self._dec]
+        self._dec_offset_sum = sum(self._dec_offsets)
+        self._offsets_stale = False
+        self._dec_dirty = True
 
     def _overflow(
         self, costs: tuple[int, ...], budget: int

@@ -40,6 +40,10 @@ DEFAULT_RATE_SCALE = 3.0
 
 DEFAULTS = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
 
+#: The default cap of a step's budget in time budget mode, tokens: far above what a step within a
+#: TPOT-sized target holds, so that the target is what limits it.
+TIME_BUDGET_CAP = 65536
+
 
 class CliError(Exception):
     """A user error to print as one line; `code` is the exit status (1, or 2 for usage)."""
@@ -194,8 +198,16 @@ def register(subparsers: Any) -> None:
         "--token-budget",
         dest="budget",
         type=_positive_int,
-        default=2048,
-        help="token budget per step (default 2048)",
+        default=None,
+        help="token budget per step (default 2048; with --step-time-target, the cap of each step's "
+        f"budget, default {TIME_BUDGET_CAP:,})",
+    )
+    g.add_argument(
+        "--step-time-target",
+        type=_duration,
+        metavar="T",
+        help="time budget mode: each step takes the most tokens whose predicted time stays under T "
+        "(50ms; bare = ms), given the running decodes' context lengths",
     )
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
@@ -222,6 +234,10 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("--jobs", type=_positive_int, metavar="N", help="worker processes (default: CPUs)")
     _one_line_errors(sweep)
     sweep.set_defaults(func=_guard(run_sweep))
+
+    from stallfree.sim.tune import register_tune
+
+    register_tune(subparsers)
 
 
 def _guard(func: Any) -> Any:
@@ -353,27 +369,34 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     if args.check and args.batching != "chunked" and not args.compare:
         raise CliError("--check checks the contract's scheduler: use it with --batching chunked", 2)
+    if args.step_time_target is not None and (args.compare or args.batching != "chunked"):
+        raise CliError("--step-time-target drives the chunked scheduler: drop --compare and --batching", 2)
+    if args.budget is None:
+        args.budget = 2048 if args.step_time_target is None else TIME_BUDGET_CAP
     setup = Setup(args)
     modes = list(BATCHING_MODES) if args.compare else [args.batching]
     header_rate = setup.workload.mean_rate
     results, summaries = [], []
     for mode in modes:
+        sched = _scheduler_for(args, setup, mode)
         res = simulate(
             setup.workload,
-            setup.config(mode, args.budget),
+            sched,
             setup.cost_model,
             max_tokens=args.max_tokens,
             check=args.check and mode == "chunked",
+            label=getattr(sched, "label", None),
         )
+        if args.step_time_target is not None:
+            res.config.update(batching=mode, max_seqs=args.max_seqs, step_time_target_s=args.step_time_target)
         results.append(res)
         summary = summarize_result(res, args.slo_ttft, args.slo_tpot)
-        summary["capacity_req_s"] = saturated_throughput(
-            setup.workload, setup.config(mode, args.budget), setup.cost_model, args.max_tokens
-        )
+        summary["capacity_req_s"] = saturated_throughput(setup.workload, sched, setup.cost_model, args.max_tokens)
         summary["load"] = header_rate / summary["capacity_req_s"]
         summaries.append(summary)
     header = setup.header()
     header["token_budget"] = args.budget
+    header["step_time_target_s"] = args.step_time_target
     if args.json:
         print(json.dumps({"header": header, "runs": summaries}, indent=1))
     else:
@@ -391,8 +414,25 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scheduler_for(args: argparse.Namespace, setup: Setup, mode: str) -> Any:
+    """The scheduler of one run: a SchedulerConfig, or a TimeBudgetConfig with --step-time-target."""
+    if args.step_time_target is None:
+        return setup.config(mode, args.budget)
+    from stallfree.sim.time_budget import TimeBudgetConfig
+
+    return TimeBudgetConfig(
+        setup.kv_tokens, args.step_time_target, setup.cost_model, args.budget, args.max_seqs
+    )
+
+
 def _suffixed(path: Path, tag: str) -> Path:
     return path.with_name(f"{path.stem}-{tag}{path.suffix}")
+
+
+def _budget_text(header: dict[str, Any]) -> str:
+    if header.get("step_time_target_s") is None:
+        return f"budget {header['token_budget']:,}"
+    return f"step time target {header['step_time_target_s'] * 1e3:g} ms (budget cap {header['token_budget']:,})"
 
 
 def _print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> None:
@@ -401,13 +441,13 @@ def _print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> No
     print(f"{wl}, {scale}")
     print(
         f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
-        f"budget {header['token_budget']:,}" + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
+        + _budget_text(header) + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
     )
     for s in summaries:
         print(
             f"{s['label']}: utilization {s['load']:.0%} of capacity (~{s['capacity_req_s']:.1f} req/s "
-            f"when saturated); requests waiting after {s.get('queued_fraction') or 0:.0%} of steps; "
-            f"{s.get('budget_utilization') or 0:.0%} of the token budget used"
+            f"when saturated); requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
+            + (f"; {s['budget_utilization']:.0%} of the token budget used" if s.get("budget_utilization") else "")
         )
     for note in header["notes"]:
         print(f"note: {note}")

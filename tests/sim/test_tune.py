@@ -1,0 +1,231 @@
+"""SLO-driven tuning (stallfree.sim.tune): the cost-model bound, the ladder, the ranking and the search.
+
+The end-to-end scenario ("pairs"), worked out by hand. Linear cost: a step takes 10 ms + 0.05 ms per
+token. Every second, D arrives (prompt 10, output 11) and 5 ms later Q (prompt 2,000, output 1).
+Step 0 prefills D alone (10.5 ms); D then decodes in steps 1-10 while Q's chunks of B - 1 tokens
+share them; Q's rest R = 2000 - 10(B - 1) runs alone in chunks of B afterwards.
+
+- D's TPOT is the mean of its 10 decode steps: 10.05 + 0.005 x min(2000, 10(B - 1)) ms.
+  Under 16.52 ms exactly when B <= 130 (B = 130: 16.50 ms; 131: 16.55 ms).
+- Q's TTFT (for B < 201) is 5.5 (wait) + 10 x (10 + 0.05 B) + 10 x ceil(R / B) + 0.05 R ms.
+  B = 84: R = 1170, 14 more steps: 346 ms; B = 83: R = 1180, 15 steps: 356 ms. Under 350 ms
+  exactly when B >= 84 (it only falls as B grows).
+
+So with SLOs TTFT <= 350 ms and TPOT <= 16.52 ms, both requests of a pair are good for 84 <= B <= 130,
+and one of the two otherwise. Among the good budgets, goodput = 10 / (4.005 s + Q's last TTFT) (the
+last request to finish is the last Q), which grows with B: the answer is B = 130. The cost model's
+bound is the same 130: one expected decode, (16.52 - 10) / 0.05 = 130.4 tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.sim import LinearCostModel, Workload
+from stallfree.sim.tune import (
+    BudgetBound,
+    TargetBelowFloor,
+    _mean_chunk_start,
+    budget_bound,
+    candidate_budgets,
+    expected_load,
+    rank,
+    tune,
+)
+
+COST = LinearCostModel(base_s=0.010, per_token_s=0.00005)
+SLO_TTFT, SLO_TPOT = 0.350, 0.01652
+KV = 100_000
+
+
+def pairs(periods: int = 5) -> Workload:
+    """The module docstring's workload: D (10 -> 11 tokens) at k s, Q (2,000 -> 1) at k + 0.005 s."""
+    arr, prompts, outs = [], [], []
+    for k in range(periods):
+        arr += [float(k), k + 0.005]
+        prompts += [10, 2000]
+        outs += [11, 1]
+    return Workload(tuple(arr), tuple(prompts), tuple(outs), "pairs")
+
+
+def test_expected_load_little_law():
+    """10 req/s, 20 decode steps each, 50 ms TPOT: 10 decodes, each at 100 + 19/2 = 109.5 -> 110 tokens."""
+    wl = Workload(tuple(i / 10 for i in range(10)), (100,) * 10, (21,) * 10)
+    assert expected_load(wl, 0.050, max_seqs=256, kv_tokens=10**6) == (10, 110)
+
+
+def test_expected_load_caps():
+    """The decodes are capped by max_seqs and by the reservations that fit in KV (1000 / 121 -> 8)."""
+    wl = Workload(tuple(i / 10 for i in range(10)), (100,) * 10, (21,) * 10)
+    assert expected_load(wl, 0.050, max_seqs=4, kv_tokens=10**6)[0] == 4
+    assert expected_load(wl, 0.050, max_seqs=256, kv_tokens=1000)[0] == 8
+
+
+def test_expected_load_max_tokens_cuts_outputs():
+    """With max_tokens 11 the requests decode 10 steps: 5 decodes at 100 + 9/2 = 104.5 -> 104 (half to even)."""
+    wl = Workload(tuple(i / 10 for i in range(10)), (100,) * 10, (21,) * 10)
+    assert expected_load(wl, 0.050, max_seqs=256, kv_tokens=10**6, max_tokens=11) == (5, 104)
+
+
+def test_mean_chunk_start_by_hand():
+    """A 10-token prompt in chunks of 4 starts them at 0, 4, 8 for 4, 4, 2 tokens: 32 / 10 -> 3."""
+    assert _mean_chunk_start([10], 4) == 3
+    assert _mean_chunk_start([3], 4) == 0
+
+
+def test_budget_bound_pairs():
+    """The pairs workload: one expected decode at 14 tokens, bound 130 tokens, a 16.5 ms full step."""
+    b = budget_bound(COST, pairs(), SLO_TPOT, max_seqs=8, kv_tokens=KV)
+    assert isinstance(b, BudgetBound)
+    assert (b.token_budget, b.num_decodes, b.decode_context) == (130, 1, 14)
+    assert b.step_s == pytest.approx(0.0165)
+    assert b.decode_floor_s == pytest.approx(0.01005)
+    # Q's 2,000 tokens in chunks of 129: 15 full chunks and 65 tokens at 1,935;
+    # (129^2 x 15 x 14 / 2 + 65 x 15 x 129) x 5 / (2,010 x 5) = 931.9.
+    assert b.chunk_start == 932
+
+
+def test_target_below_floor_is_refused():
+    """A 9 ms TPOT target is under the 10.05 ms decode-only step: refused with the floor named."""
+    with pytest.raises(TargetBelowFloor, match=r"below the decode-only step time, 10\.\d ms") as info:
+        budget_bound(COST, pairs(), 0.009, max_seqs=8, kv_tokens=KV)
+    assert info.value.floor_s == pytest.approx(0.01005)
+
+
+def test_candidate_ladder_by_hand():
+    """The ladder of 1000: 1000 x 2^(k/2), k = -6..2, rounded to 16 tokens from 128 up."""
+    assert candidate_budgets(1000) == [125, 176, 256, 352, 496, 704, 1000, 1408, 2000]
+    assert candidate_budgets(130) == [16, 23, 32, 46, 65, 92, 130, 176, 256]
+
+
+def _row(budget, goodput, tpot, max_seqs=256):
+    return {"token_budget": budget, "max_seqs": max_seqs, "request_goodput": goodput, "p99_tpot_ms": tpot}
+
+
+def test_rank_goodput_then_tpot_then_larger_budget():
+    """Highest goodput wins; ties go to the lower p99 TPOT, then the larger budget, then the base max_seqs."""
+    rows = [_row(512, 10.0, 20.0), _row(1024, 12.0, 40.0), _row(2048, 11.0, 60.0)]
+    assert [r["token_budget"] for r in rank(rows, 0.0)] == [1024, 2048, 512]
+    tied = [_row(512, 10.0, 20.0), _row(1024, 10.0, 30.0), _row(768, 10.0, 20.0)]
+    assert [r["token_budget"] for r in rank(tied, 0.0)] == [768, 512, 1024]
+    seqs = [_row(512, 10.0, 20.0, 128), _row(512, 10.0, 20.0, 512), _row(512, 10.0, 20.0, 256)]
+    assert [r["max_seqs"] for r in rank(seqs, 0.0, base_max_seqs=256)] == [256, 512, 128]
+
+
+def test_rank_tolerance():
+    """Goodputs within the tolerance of the best are ties, decided by p99 TPOT."""
+    rows = [_row(2048, 10.0, 45.0), _row(1024, 9.95, 25.0), _row(512, 9.0, 10.0)]
+    assert rank(rows, 0.0)[0]["token_budget"] == 2048
+    assert rank(rows, 0.01)[0]["token_budget"] == 1024
+    with pytest.raises(ValueError, match="tie_tolerance"):
+        rank(rows, 1.5)
+
+
+def _by_budget(result, max_seqs=8):
+    return {r["token_budget"]: r for r in result.rows if r["max_seqs"] == max_seqs}
+
+
+def test_tune_finds_the_hand_optimum():
+    """From the bound (130) the search simulates the ladder, refines, and picks B = 130 (module docstring)."""
+    result = tune(pairs(), KV, COST, SLO_TTFT, SLO_TPOT, max_seqs=8, max_seqs_candidates=[1])
+    assert result.bound is not None and result.bound.token_budget == 130
+    best = result.best
+    assert (best["token_budget"], best["max_seqs"]) == (130, 8)
+    assert best["slo_attainment"] == 1.0
+    rows = _by_budget(result)
+    # ladder [16, 23, 32, 46, 65, 92, 130, 176, 256], then midpoints 109 and 144, then max_seqs 1
+    assert sorted(rows) == [16, 23, 32, 46, 65, 92, 109, 130, 144, 176, 256]
+    assert result.stages == [9, 3]
+    for b, row in rows.items():
+        good = 84 <= b <= 130
+        if b >= 23:  # at 16 tokens Q's prefills pile up across periods
+            assert row["slo_attainment"] == (1.0 if good else 0.5), b
+    # max_seqs 1 keeps Q waiting behind D: its TTFT misses, half the requests are good.
+    assert _by_budget(result, 1)[130]["slo_attainment"] == 0.5
+    assert [r["request_goodput"] for r in result.rows] == sorted(
+        (r["request_goodput"] for r in result.rows), reverse=True
+    )
+
+
+def test_tune_explicit_budgets_in_parallel():
+    """Given budgets, every (budget, max_seqs) pair runs (here in 2 processes); the good ones are 84-130."""
+    budgets = [64, 83, 84, 100, 130, 131, 200]
+    result = tune(pairs(), KV, COST, SLO_TTFT, SLO_TPOT, max_seqs=8, max_seqs_candidates=[2], budgets=budgets, jobs=2)
+    assert result.bound is None
+    assert len(result.rows) == 14
+    rows = _by_budget(result)
+    assert {b for b, r in rows.items() if r["slo_attainment"] == 1.0} == {84, 100, 130}
+    # max_seqs 2 holds a whole pair: identical results, so the base max_seqs is kept.
+    assert (result.best["token_budget"], result.best["max_seqs"]) == (130, 8)
+    assert _by_budget(result, 2)[130]["request_goodput"] == result.best["request_goodput"]
+
+
+def test_goodput_is_not_the_arrival_rate():
+    """Outside 84-130 goodput is about half of what the best budget reaches."""
+    result = tune(pairs(), KV, COST, SLO_TTFT, SLO_TPOT, max_seqs=8, max_seqs_candidates=[], budgets=[65, 130, 176])
+    rows = _by_budget(result)
+    assert rows[65]["request_goodput"] < 0.55 * rows[130]["request_goodput"]
+    assert rows[176]["request_goodput"] < 0.55 * rows[130]["request_goodput"]
+    assert rows[130]["request_goodput"] == pytest.approx(10 / (4.005 + 0.266), rel=1e-9)
+
+
+def test_tune_rejects_bad_slos():
+    """An SLO <= 0 is refused with its name."""
+    with pytest.raises(ValueError, match="slo_ttft"):
+        tune(pairs(), KV, COST, 0.0, SLO_TPOT)
+
+
+def _write_pairs(path):
+    wl = pairs()
+    lines = ["arrival_time,prompt_len,output_len"]
+    lines += [f"{a},{p},{o}" for a, p, o in zip(wl.arrivals, wl.prompt_lens, wl.output_lens, strict=True)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_tune_cli_prints_choice_and_serve_line(tmp_path, capsys):
+    """`stallfree tune` prints the bound, the chosen budget and the serve flags; --out writes a plot."""
+    trace = _write_pairs(tmp_path / "pairs.csv")
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-seqs", "8"]
+    args += ["--slo-ttft", "350ms", "--slo-tpot", "16.52ms", "--jobs", "1", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "cost-model bound: token budget 130" in out
+    assert "chosen: token budget 130, max_seqs 8" in out
+    assert "stallfree serve --token-budget 130 --max-seqs 8" in out
+    report = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert report["chosen"]["token_budget"] == 130 and report["bound"]["token_budget"] == 130
+    assert (tmp_path / "out" / "tune.png").stat().st_size > 10_000
+
+
+def test_tune_cli_target_below_floor(capsys):
+    """A TPOT target under the decode-only step time is one line naming the floor, exit status 2."""
+    code = main(["tune", "--num-requests", "200", "--slo-ttft", "2s", "--slo-tpot", "5ms"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "below the decode-only step time" in err[0] and "ms" in err[0]
+
+
+def test_tune_cli_needs_both_slos(capsys):
+    """tune without --slo-ttft is a usage error (exit 2, one line)."""
+    assert main(["tune", "--slo-tpot", "50ms"]) == 2
+    assert "--slo-ttft" in capsys.readouterr().err
+
+
+def test_bound_matches_cost_model_inverse():
+    """The bound is the largest budget whose full step at the expected load is within the target."""
+    from stallfree.costmodel import CostModel
+    from stallfree.sim import load_bundled
+
+    cm = CostModel.from_names(model="llama-3.3-70b", gpu="h100-sxm", tp=4, dtype="fp8")
+    wl = load_bundled().head(3000).scale_rate(3.0)
+    b = budget_bound(cm, wl, 0.050, max_seqs=256, kv_tokens=cm.kv_capacity_tokens())
+    assert b.step_s <= 0.050
+    over = cm.prefill_step_time(b.token_budget + 1 - b.num_decodes, b.chunk_start, b.num_decodes, b.decode_context)
+    assert over > 0.050
+    assert not math.isnan(b.decode_floor_s) and b.decode_floor_s < 0.050
