@@ -108,7 +108,7 @@ class PagedInvariantChecker:
             self._aborted_in_flight.add(rid)
             return
         self._end(rid)
-        self._check_state()
+        self._check_state(scheduled=self._plan)
 
     def schedule(self) -> StepPlan:
         """Forward schedule() and compare the plan with the shadow's own."""
