@@ -50,19 +50,28 @@ class RandomWorkload:
 
     seed: int
     num_requests: int = 40
+    options: dict[str, object] | None = None
+    vary_budget: bool = False
 
-    def run(self, make: Callable[[int, int, int], Scheduler] = make_scheduler) -> InvariantChecker:
+    def run(self, make: Callable[..., Scheduler] = make_scheduler) -> InvariantChecker:
         """Drive a checked scheduler to the end; return the checker (it counts steps and requests)."""
         rng = random.Random(self.seed)
-        budget = rng.choice([1, 2, 3, rng.randint(1, 16), rng.randint(1, 256)])
+        options = dict(self.options or {})
+        floor = int(options.get("block_size") or 1)  # type: ignore[call-overload]
+        budget = max(floor, rng.choice([1, 2, 3, rng.randint(1, 16), rng.randint(1, 256)]))
         max_seqs = rng.randint(1, 11)
         reqs = [
             Request(rid=i, prompt_len=rng.randint(1, 299), max_new=rng.randint(1, 64))
             for i in range(self.num_requests)
         ]
-        largest = max(r.prompt_len + r.max_new for r in reqs)
+        largest = max(-(-(r.prompt_len + r.max_new) // floor) * floor for r in reqs)
         kv = rng.choice([largest, largest + rng.randint(0, largest), largest * 20])
-        chk = InvariantChecker(make(budget, max_seqs, kv))
+        spec = bool(options.get("num_spec_tokens"))
+        reqs = [
+            Request(r.rid, r.prompt_len, r.max_new, priority=rng.randint(0, 3)) if options.get("policy") else r
+            for r in reqs
+        ]
+        chk = InvariantChecker(make(budget, max_seqs, kv, **options))
         arrive = sorted(rng.randint(0, 200) for _ in reqs)
         p_abort, p_stop = rng.choice([0.0, 0.02]), rng.choice([0.0, 0.05])
         i = 0
@@ -74,11 +83,13 @@ class RandomWorkload:
             if p_abort and live and rng.random() < p_abort * 5:
                 rid = rng.choice(live)
                 chk.abort(rid)  # finished rids are no-ops
-            plan = chk.schedule()
+            step_budget = rng.randint(1, budget) if self.vary_budget and rng.random() < 0.5 else None
+            plan = chk.schedule(step_budget)
             if p_abort and plan and rng.random() < p_abort * 5:
                 chk.abort(rng.choice([c.rid for c in plan]))  # in flight: deferred to complete()
             stopped = [r for r in plan.sampled_rids if rng.random() < p_stop]
-            chk.complete(plan, stopped)
+            accepted = {c.rid: rng.randint(1, c.num_tokens) for c in plan.decodes} if spec else None
+            chk.complete(plan, stopped, accepted)
             if chk.scheduler.step > 100_000:
                 raise AssertionError("did not terminate")
         chk.check_final()

@@ -29,8 +29,9 @@ class _SkipsAdmission(Scheduler):
     """A deliberately broken scheduler: it lets a small request jump a blocked head."""
 
     def _admit(self, left, out):
-        if self._waiting and self._waiting[0].kv > self._kv_free and len(self._waiting) > 1:
-            self._waiting.rotate(-1)
+        q = self._waiting._q
+        if len(q) > 1 and q[0].kv > self._kv_free:
+            q.rotate(-1)
         return super()._admit(left, out)
 
 

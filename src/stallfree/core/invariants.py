@@ -10,7 +10,8 @@ itself. It is meant for tests and for the simulator's --check mode; it costs O(r
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import math
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from stallfree.core.plan import StepPlan
@@ -27,6 +28,7 @@ class InvariantViolation(AssertionError):
 @dataclass(slots=True)
 class _Shadow:
     req: Request
+    add_step: int = 0
     admitted: bool = False
     prefilled: int = 0
     generated: int = 0
@@ -53,6 +55,7 @@ class InvariantChecker:
     _waiting: list[Hashable] = field(default_factory=list)
     _ready: list[Hashable] = field(default_factory=list)
     _partial: Hashable | None = None
+    _order: dict[Hashable, int] = field(default_factory=dict)
     _plan: StepPlan | None = None
     _aborted_in_flight: set[Hashable] = field(default_factory=set)
 
@@ -64,8 +67,9 @@ class InvariantChecker:
     def add(self, req: Request) -> None:
         """Forward add(); on success, append the request to the shadow queue."""
         self.scheduler.add(req)
-        self._reqs[req.rid] = _Shadow(req)
+        self._reqs[req.rid] = _Shadow(req, add_step=self.scheduler.step)
         self._waiting.append(req.rid)
+        self._order[req.rid] = self.num_requests
         self.num_requests += 1
 
     def abort(self, rid: Hashable) -> None:
@@ -80,19 +84,24 @@ class InvariantChecker:
         self._end(rid, early=True)
         self._check_kv()
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, token_budget: int | None = None) -> StepPlan:
         """Forward schedule() and check the plan against the contract."""
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(token_budget)
         self._plan = plan
         self._check_plan(plan)
         return plan
 
-    def complete(self, plan: StepPlan, stopped: Iterable[Hashable] = ()) -> tuple[Hashable, ...]:
+    def complete(
+        self,
+        plan: StepPlan,
+        stopped: Iterable[Hashable] = (),
+        num_accepted: Mapping[Hashable, int] | None = None,
+    ) -> tuple[Hashable, ...]:
         """Forward complete() and check what was emitted and finished."""
         stopped = tuple(stopped)
-        emitted = self.scheduler.complete(plan, stopped)
+        emitted = self.scheduler.complete(plan, stopped, num_accepted)
         self._plan = None
-        self._apply(plan, set(stopped), emitted)
+        self._apply(plan, set(stopped), emitted, num_accepted or {})
         self.num_steps += 1
         return emitted
 
@@ -122,49 +131,122 @@ class InvariantChecker:
             self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.token_budget} configured")
         if any(c.num_tokens < 1 for c in entries):
             self._fail("no empty entry", f"{entries}")
-        # Decodes: exactly the oldest ready ones, up to the budget, each at its own position.
-        expected = tuple(self._ready[: plan.token_budget])
-        if plan.decode_rids != expected:
-            self._fail("oldest ready decodes", f"got {plan.decode_rids}, expected {expected}")
-        for c in plan.decodes:
-            sh = self._reqs[c.rid]
-            if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != 1 or c.is_prefill:
-                self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
-        if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
-            self._fail("decode context sum", f"{plan.decode_context_sum}")
-        left = plan.token_budget - plan.num_decodes
+        budget = plan.token_budget
+        self._check_decodes(plan)
+        left = budget - plan.num_decode_tokens
         chunks = list(plan.prefills)
-        # The partial prefill comes before any admission and takes what it can.
-        if self._partial is not None and left > 0:
-            if not chunks or chunks[0].rid != self._partial:
-                self._fail("partial prefill first", f"{self._partial!r} missing from {chunks}")
+        # The partial prefill comes before any admission and takes what the chunk rule allows.
+        if self._partial is not None:
+            sh = self._reqs[self._partial]
+            want = self._chunk(sh.req.prompt_len - sh.prefilled, left)
+            got = chunks[0].num_tokens if chunks and chunks[0].rid == self._partial else 0
+            if got != want:
+                self._fail("partial prefill first", f"{self._partial!r} got {got} tokens, expected {want}")
+            # An unfinished prompt keeps the rest of the budget: nothing is admitted behind it.
+            left = left - got if got == sh.req.prompt_len - sh.prefilled else 0
         admitted = [c.rid for c in chunks if c.rid != self._partial]
         if tuple(admitted) != plan.admitted:
             self._fail("admitted view", f"{plan.admitted} vs chunks {admitted}")
-        if admitted != self._waiting[: len(admitted)]:
-            self._fail("FCFS admission", f"admitted {admitted}, queue head {self._waiting[: len(admitted)]}")
+        queue = self._queue_order()
+        if admitted != queue[: len(admitted)]:
+            self._fail("admission order", f"admitted {admitted}, queue order {queue[: len(admitted)]}")
         for c in chunks:
             sh = self._reqs[c.rid]
             rest = sh.req.prompt_len - sh.prefilled
             if c.start != sh.prefilled or c.num_tokens > rest or c.is_last != (c.num_tokens == rest):
                 self._fail("prefill chunk", f"{c} with {sh.prefilled}/{sh.req.prompt_len} prefilled")
+            if c.rid != self._partial:
+                if c.num_tokens != self._chunk(rest, left):
+                    self._fail("first chunk size", f"{c} with {left} budget left")
+                left = left - c.num_tokens if c.is_last else 0
+            b = s.block_size
+            if b and not c.is_last and (c.start + c.num_tokens) % b:
+                self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")
         partials = [c for c in chunks if not c.is_last]
         if len(partials) > 1 or (partials and partials[-1] is not chunks[-1]):
             self._fail("one partial prefill", f"{chunks}")
-        if partials and plan.num_tokens != plan.token_budget:
-            self._fail("partial only when the budget is spent", f"{plan.num_tokens}/{plan.token_budget}")
         for rid in admitted:
             self._reqs[rid].admitted = True
-        del self._waiting[: len(admitted)]
+            self._waiting.remove(rid)
         # Admission stops only at a spent budget or a blocked head.
-        if self._waiting and plan.num_tokens < plan.token_budget:
-            head = self._reqs[self._waiting[0]].req
-            blocked = s.num_running >= s.max_seqs or s.kv_needed(head) > s.kv_free
+        queue = self._queue_order()
+        if queue and left > 0:
+            head = self._reqs[queue[0]].req
+            blocked = (
+                s.num_running >= s.max_seqs
+                or s.kv_needed(head) > s.kv_free
+                or self._chunk(head.prompt_len, left) == 0
+            )
             if not blocked:
-                self._fail("admission stopped early", f"head {head.rid!r} fits with budget left")
+                self._fail("admission stopped early", f"head {head.rid!r} fits with {left} budget left")
         if s.num_running > s.max_seqs:
             self._fail("slots", f"{s.num_running} running > max_seqs {s.max_seqs}")
         self._check_kv()
+
+    def _chunk(self, rest: int, left: int) -> int:
+        if rest <= left:
+            return rest
+        b = self.scheduler.block_size
+        return max(left - left % b, 0) if b else max(left, 0)
+
+    def _key(self, rid: Hashable) -> tuple[float, int]:
+        s = self.scheduler
+        sh = self._reqs[rid]
+        seq = self._order[rid]
+        if s.policy != "priority" or s.aging_interval is None:
+            return (sh.req.priority if s.policy == "priority" else 0, seq)
+        waited = s.clock() - sh.req.arrival if s.clock is not None else s.step - sh.add_step
+        return (sh.req.priority - math.floor(waited / s.aging_interval), seq)
+
+    def _queue_order(self) -> list[Hashable]:
+        return sorted(self._waiting, key=self._key)
+
+    def _decode_cost(self, rid: Hashable, budget: int) -> int:
+        k = self.scheduler.num_spec_tokens
+        sh = self._reqs[rid]
+        return 1 + min(k, budget - 1, sh.req.max_new - sh.generated - 1)
+
+    def _check_decodes(self, plan: StepPlan) -> None:
+        """The decodes of a step: every ready one when they fit, else the overflow rule's choice."""
+        s = self.scheduler
+        budget = plan.token_budget
+        ready = self._ready
+        costs = {rid: self._decode_cost(rid, budget) for rid in ready}
+        chosen = plan.decode_rids
+        entries = plan.decodes
+        for c in entries:
+            sh = self._reqs[c.rid]
+            if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != costs.get(c.rid) or c.is_prefill:
+                self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
+        if sum(c.start for c in entries) != plan.decode_context_sum:
+            self._fail("decode context sum", f"{plan.decode_context_sum}")
+        if sum(costs.values()) <= budget:
+            if chosen != tuple(ready):
+                self._fail("every ready decode, oldest first", f"got {chosen}, expected {tuple(ready)}")
+            return
+        if s.policy == "priority":
+            order = sorted(ready, key=self._key)
+        elif s.decode_overflow == "rotate":
+            if not chosen:
+                self._fail("rotate serves someone", "no decode chosen")
+            # The served ones are a cyclic run of the ready list (listed in admission order): it starts
+            # at the chosen decode whose predecessor in the cycle was not chosen.
+            picked = set(chosen)
+            starts = [r for r in chosen if r in costs and ready[ready.index(r) - 1] not in picked]
+            i = ready.index(starts[0] if starts else chosen[0]) if chosen[0] in costs else 0
+            order = ready[i:] + ready[:i]
+            chosen = tuple(sorted(chosen, key=order.index)) if picked <= set(order) else chosen
+        else:
+            order = list(ready)
+        expected: list[Hashable] = []
+        used = 0
+        for rid in order:
+            if used + costs[rid] > budget:
+                break
+            expected.append(rid)
+            used += costs[rid]
+        if list(chosen) != expected:
+            self._fail("decode overflow choice", f"got {plan.decode_rids}, expected {tuple(expected)}")
 
     def _check_kv(self) -> None:
         s = self.scheduler
@@ -177,12 +259,14 @@ class InvariantChecker:
         if running != s.num_running:
             self._fail("running count", f"scheduler says {s.num_running}, shadow {running}")
 
-    def _apply(self, plan: StepPlan, stopped: set[Hashable], emitted: tuple[Hashable, ...]) -> None:
+    def _apply(
+        self, plan: StepPlan, stopped: set[Hashable], emitted: tuple[Hashable, ...], accepted: Mapping[Hashable, int]
+    ) -> None:
         aborted = self._aborted_in_flight
         sampled: list[Hashable] = list(plan.decode_rids)
         for rid in plan.decode_rids:
             sh = self._reqs[rid]
-            sh.generated += 1
+            sh.generated += accepted.get(rid, 1)
             sh.decodes += 1
         for c in plan.prefills:
             sh = self._reqs[c.rid]
@@ -203,8 +287,13 @@ class InvariantChecker:
             sh = self._reqs[rid]
             if rid in aborted or rid in stopped:
                 self._end(rid, early=True)
-            elif sh.generated == sh.req.max_new:
-                if sh.prefilled != sh.req.prompt_len or sh.decodes != sh.req.max_new - 1:
+            elif sh.generated >= sh.req.max_new:
+                spec = self.scheduler.num_spec_tokens
+                if (
+                    sh.generated != sh.req.max_new
+                    or sh.prefilled != sh.req.prompt_len
+                    or (not spec and sh.decodes != sh.req.max_new - 1)
+                ):
                     self._fail("exact tokens", f"rid {rid!r}: {sh.prefilled} prefilled, {sh.decodes} decodes")
                 self._end(rid, early=False)
             if sh.finished != (rid in finished):
@@ -223,6 +312,7 @@ class InvariantChecker:
             self._ready.remove(rid)
         if rid in self._waiting:
             self._waiting.remove(rid)
+        self._order.pop(rid, None)
         if self._partial == rid:
             self._partial = None
         # The rid may be reused once finished; the shadow keeps one record per live rid.

@@ -9,15 +9,17 @@ iteration-level scheduling (Orca, Yu et al., OSDI'22).
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Hashable, Iterable
+import math
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from stallfree.core.errors import (
+    InvalidConfig,
     RequestRejected,
     SchedulerStateError,
     check_positive_int,
 )
 from stallfree.core.plan import ScheduledChunk, StepPlan
+from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
 __all__ = ["Scheduler"]
@@ -44,6 +46,8 @@ class _Live:
     __slots__ = (
         "req",
         "rid",
+        "seq",
+        "arrival_step",
         "prompt_len",
         "max_new",
         "kv",
@@ -55,9 +59,11 @@ class _Live:
         "finish_step",
     )
 
-    def __init__(self, req: Request, kv: int) -> None:
+    def __init__(self, req: Request, kv: int, seq: int, arrival_step: int) -> None:
         self.req = req
         self.rid = req.rid
+        self.seq = seq
+        self.arrival_step = arrival_step
         self.prompt_len = req.prompt_len
         self.max_new = req.max_new
         self.kv = kv
@@ -97,22 +103,64 @@ class Scheduler:
         step 0: decode + chunk of 7     step 1: decode + chunk of 7
         step 2: decode + chunk of 6 -> the prompt's first token comes out of this (third) step
 
+    Options (each off by default; docs/scheduling.md says what each trades):
+
+    - block_size=B: every non-final chunk is a multiple of B tokens, and KV is reserved in whole blocks;
+      token_budget must be >= B and a per-step budget is never taken below B.
+    - policy="priority" (aging_interval=, clock=): admission and overflowing decodes are ordered by
+      (effective priority, arrival), effective = priority - floor(waited / aging_interval), waited in
+      steps, or in seconds when `clock` (a callable returning seconds) is given. Admission still never
+      skips the head of that order; there is no preemption.
+    - decode_overflow="oldest" | "rotate": when ready decodes do not fit the budget (a smaller per-step
+      budget, or speculative tokens), the oldest run, or the start index rotates each step.
+    - num_spec_tokens=k: a decode costs 1 + min(k, max_new - generated - 1, budget - 1) tokens (the
+      verification pass never goes past max_new) and complete(num_accepted=) says how many it emitted.
+
     Args:
         token_budget: the most tokens in one step (vLLM's max_num_batched_tokens), >= 1.
         max_seqs: the most running (admitted, unfinished) requests, >= 1.
         kv_tokens: KV cache capacity in tokens, >= 1.
 
     Raises:
-        InvalidConfig: an argument is not an integer >= 1 (bools excluded); the message names it.
+        InvalidConfig: an argument is not an integer >= 1 (bools excluded), or an option is out of range
+            (see stallfree.core.policies.build_policies); the message names it and its value.
     """
 
-    def __init__(self, token_budget: int, max_seqs: int, kv_tokens: int) -> None:
+    def __init__(
+        self,
+        token_budget: int,
+        max_seqs: int,
+        kv_tokens: int,
+        *,
+        block_size: int | None = None,
+        policy: str = "fcfs",
+        aging_interval: float | None = None,
+        clock: Callable[[], float] | None = None,
+        decode_overflow: str = "oldest",
+        num_spec_tokens: int = 0,
+    ) -> None:
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
-        self.kv_total = check_positive_int("kv_tokens", kv_tokens)
+        check_positive_int("kv_tokens", kv_tokens)
+        self._chunking, self.policy, self._selection = build_policies(
+            block_size, policy, aging_interval, clock, decode_overflow, num_spec_tokens
+        )
+        self.block_size = block_size
+        if block_size is not None and (token_budget < block_size or kv_tokens < block_size):
+            raise InvalidConfig(
+                f"token_budget ({token_budget}) and kv_tokens ({kv_tokens}) must be >= block_size ({block_size})"
+            )
+        self.aging_interval = aging_interval
+        self.clock = clock
+        self.decode_overflow = decode_overflow
+        self.num_spec_tokens = num_spec_tokens
+        self.kv_total = self._chunking.capacity(kv_tokens)
         self._kv_free = self.kv_total
         self._live: dict[Hashable, _Live] = {}
-        self._waiting: deque[_Live] = deque()
+        self._waiting: WaitingQueue = FCFSQueue() if policy == "fcfs" else PriorityQueue(self.priority_key)
+        self._seq = 0
+        self._skipped: list[_Live] = []
+        self._offsets_stale = False
         self._num_running = 0
         self._prefilling: _Live | None = None
         # Decodes in batch order (admission order), as three aligned lists plus cached tuples that
@@ -179,8 +227,16 @@ class Scheduler:
     # ------------------------------------------------------------------ add / abort
 
     def kv_needed(self, req: Request) -> int:
-        """KV reserved for `req` at admission, in tokens: prompt_len + max_new."""
-        return req.prompt_len + req.max_new
+        """KV reserved for `req` at admission, in tokens: prompt_len + max_new (in whole blocks with block_size)."""
+        return self._chunking.kv_needed(req.prompt_len, req.max_new)
+
+    def priority_key(self, obj: _Live) -> tuple[float, int]:
+        """(effective priority, add order) of a live request; lower runs first under policy="priority"."""
+        prio = obj.req.priority
+        if self.aging_interval is None:
+            return (prio, obj.seq)
+        waited = self.clock() - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
+        return (prio - math.floor(waited / self.aging_interval), obj.seq)
 
     def add(self, req: Request) -> None:
         """Queue a request at the back of the waiting queue.
@@ -195,11 +251,14 @@ class Scheduler:
             raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
         need = self.kv_needed(req)
         if need > self.kv_total:
+            blocks = f" in whole blocks of {self.block_size}" if self.block_size else ""
             raise RequestRejected(
                 f"request {req.rid!r} can never fit: prompt_len + max_new = {req.prompt_len} + "
-                f"{req.max_new} = {need} tokens of KV > kv_tokens = {self.kv_total}"
+                f"{req.max_new} = {req.prompt_len + req.max_new}, {need} tokens of KV{blocks} "
+                f"> kv_tokens = {self.kv_total}"
             )
-        obj = _Live(req, need)
+        obj = _Live(req, need, self._seq, self._step)
+        self._seq += 1
         self._recent_finished.pop(req.rid, None)
         self._live[req.rid] = obj
         self._waiting.append(obj)
@@ -231,53 +290,98 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the step
 
-    def schedule(self) -> StepPlan:
-        """Plan the next step: decodes, then the partial prefill, then FCFS admissions.
+    def schedule(self, token_budget: int | None = None) -> StepPlan:
+        """Plan the next step: decodes, then the partial prefill, then admissions.
+
+        Args:
+            token_budget: spend at most this many tokens in this step only (1 to the configured
+                budget; raised to block_size when that is set); None uses the configured budget.
 
         Returns:
             The StepPlan of step `self.step`; empty when nothing can run.
 
         Raises:
             SchedulerStateError: the previous plan has not been completed.
+            InvalidConfig: token_budget is not an integer from 1 to the configured budget.
         """
         if self._inflight is not None:
-            raise SchedulerStateError(
-                f"schedule() called twice: step {self._inflight.step} was not completed"
-            )
-        budget = self.token_budget
+            raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
+        budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
         step = self._step
-        decode_rids, decode_offsets, used = self._schedule_decodes(budget)
+        decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step)
         prefills: list[ScheduledChunk] = []
         left = self._schedule_partial_prefill(budget - used, prefills)
         admitted = self._admit(left, prefills)
         n_dec = len(decode_rids)
-        num_tokens = n_dec + sum(c.num_tokens for c in prefills)
+        ctx = self._dec_offset_sum if decode_offsets is self._dec_offsets_t else sum(decode_offsets)
         plan = StepPlan(
             step=step,
             decode_rids=decode_rids,
             decode_offsets=decode_offsets,
             prefills=tuple(prefills),
-            num_tokens=num_tokens,
-            decode_context_sum=self._dec_offset_sum + n_dec * step,
+            num_tokens=used + sum(c.num_tokens for c in prefills),
+            decode_context_sum=ctx + n_dec * step,
             token_budget=budget,
             admitted=admitted,
+            decode_tokens=decode_tokens,
         )
         self._inflight = plan
         return plan
 
-    def _schedule_decodes(self, budget: int) -> tuple[tuple[Hashable, ...], tuple[int, ...], int]:
-        """Contract step 1: one token per ready decode, oldest admitted first."""
+    def _step_budget(self, token_budget: int) -> int:
+        check_positive_int("token_budget", token_budget)
+        if token_budget > self.token_budget:
+            raise InvalidConfig(
+                f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self.token_budget})"
+            )
+        return max(token_budget, self.block_size or 1)
+
+    def _schedule_decodes(
+        self, budget: int, step: int
+    ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
+        """Contract step 1: one entry per ready decode, oldest admitted first, up to the budget.
+
+        Returns (rids, offsets, per-decode tokens or None when all cost 1, tokens used).
+        """
+        if self._offsets_stale:
+            self._dec_offsets = [o.prompt_len - o.base - 2 for o in self._dec]
+            self._dec_offset_sum = sum(self._dec_offsets)
+            self._offsets_stale = False
+            self._dec_dirty = True
         if self._dec_dirty:
             self._dec_rids_t = tuple(self._dec_rids)
             self._dec_offsets_t = tuple(self._dec_offsets)
             self._dec_dirty = False
+        self._skipped = []
         n = len(self._dec_rids_t)
-        if n > budget:
-            # Unreachable with a fixed budget (ready decodes each had an entry last step, and a
-            # step never holds more entries than the budget); kept so that the invariant holds
-            # if it ever happens: the oldest are served.
-            raise SchedulerStateError(f"{n} ready decodes exceed token_budget {budget}")
-        return self._dec_rids_t, self._dec_offsets_t, n
+        k = self.num_spec_tokens
+        if k:
+            # The verification pass never goes past max_new (finish_step - step tokens are still due
+            # after this one), and a decode never costs more than the whole step's budget.
+            spec = min(k, budget - 1)
+            costs = tuple(1 + min(spec, o.finish_step - step) for o in self._dec)
+            total = sum(costs)
+            if total <= budget:
+                return self._dec_rids_t, self._dec_offsets_t, costs, total
+            return self._overflow(costs, budget)
+        if n <= budget:
+            return self._dec_rids_t, self._dec_offsets_t, None, n
+        return self._overflow((1,) * n, budget)
+
+    def _overflow(
+        self, costs: tuple[int, ...], budget: int
+    ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
+        """Ready decodes exceed the budget: the selection hook picks who runs; the rest skip a step."""
+        order = None
+        if self.policy == "priority":
+            order = sorted(range(len(costs)), key=lambda i: self.priority_key(self._dec[i]))
+        chosen = self._selection.select(costs, budget, order)
+        picked = set(chosen)
+        self._skipped = [o for i, o in enumerate(self._dec) if i not in picked]
+        rids = tuple(self._dec_rids[i] for i in chosen)
+        offsets = tuple(self._dec_offsets[i] for i in chosen)
+        tokens = tuple(costs[i] for i in chosen)
+        return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
 
     def _schedule_partial_prefill(self, left: int, out: list[ScheduledChunk]) -> int:
         """Contract step 2: the rest of the prompt started in an earlier step, up to `left` tokens."""
@@ -285,37 +389,50 @@ class Scheduler:
         if obj is None or left <= 0:
             return left
         done = obj.num_prefilled
-        n = min(obj.prompt_len - done, left)
-        out.append(ScheduledChunk(obj.rid, n, True, done, done + n == obj.prompt_len))
-        return left - n
+        rest = obj.prompt_len - done
+        n = self._chunking.chunk(rest, left)
+        if n:
+            out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
+        # A prompt that does not finish this step keeps what is left (less than a block when chunks are
+        # block-aligned): admitting behind it would let a newer prompt reach its first token first.
+        return left - n if n == rest else 0
 
     def _admit(self, left: int, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
-        """Contract step 3: strict FCFS admission; the first head that does not fit stops it."""
+        """Contract step 3: admission in queue order; the first head that does not fit stops it."""
         waiting = self._waiting
         admitted: list[Hashable] = []
         step = self._step
-        while left > 0 and waiting:
-            obj = waiting[0]
-            if self._num_running >= self.max_seqs or obj.kv > self._kv_free:
+        while left > 0 and len(waiting):
+            obj: _Live | None = waiting.head()
+            if obj is None or self._num_running >= self.max_seqs or obj.kv > self._kv_free:
                 break
-            waiting.popleft()
+            n = self._chunking.chunk(obj.prompt_len, left)
+            if n == 0:  # never admit with a 0-token first chunk
+                break
+            waiting.pop_head()
             self._num_running += 1
             self._kv_free -= obj.kv
             obj.status = _PREFILLING
             obj.admitted_step = step
-            n = min(obj.prompt_len, left)
             out.append(ScheduledChunk(obj.rid, n, True, 0, n == obj.prompt_len))
             admitted.append(obj.rid)
-            left -= n
+            left = left - n if n == obj.prompt_len else 0  # as for the partial prefill above
         return tuple(admitted)
 
-    def complete(self, plan: StepPlan, stopped: Iterable[Hashable] = ()) -> tuple[Hashable, ...]:
+    def complete(
+        self,
+        plan: StepPlan,
+        stopped: Iterable[Hashable] = (),
+        num_accepted: Mapping[Hashable, int] | None = None,
+    ) -> tuple[Hashable, ...]:
         """Apply an executed step: advance prefills, emit tokens, finish and release requests.
 
         Args:
             plan: the plan returned by the last schedule().
             stopped: rids that sampled a token in `plan` and whose token ended them (EOS, a stop
                 string); they finish now with reason "stop" and their KV is released.
+            num_accepted: with num_spec_tokens, tokens each decode emitted (1 to its entry's tokens);
+                a decode not named emitted 1.
 
         Returns:
             The rids that emitted a token this step, in batch order (requests aborted while the
@@ -324,7 +441,8 @@ class Scheduler:
 
         Raises:
             SchedulerStateError: `plan` is not the plan in flight (stale, foreign or completed
-                twice), or a rid in `stopped` did not sample a token in `plan`; nothing changes.
+                twice), a rid in `stopped` did not sample a token in `plan`, or num_accepted names a
+                rid that did not decode in `plan` or a count outside 1..its tokens; nothing changes.
         """
         if plan is not self._inflight:
             raise SchedulerStateError(
@@ -332,11 +450,13 @@ class Scheduler:
                 f"{'none' if self._inflight is None else self._inflight.step}"
             )
         stopped_objs = self._validate_stopped(plan, stopped)
+        accepted = self._validate_accepted(plan, num_accepted) if num_accepted else ()
         step = plan.step
         self._inflight = None
         self._step = step + 1
         self.last_finished = {}
-        aborts = self._inflight_aborts
+        if self._skipped or accepted:
+            self._shift_progress(accepted)
         last_rids: list[Hashable] = []
         for chunk in plan.prefills:
             obj = self._live[chunk.rid]
@@ -357,6 +477,7 @@ class Scheduler:
                 if obj.status is _DECODING and obj.finish_step == step:
                     self._finish(obj, FinishReason.LENGTH)
         emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
+        aborts = self._inflight_aborts
         if aborts:
             for rid in aborts:
                 aborted = self._live.get(rid)
@@ -367,6 +488,15 @@ class Scheduler:
             emitted = tuple(r for r in emitted if r not in aborts)
             self._inflight_aborts = set()
         return emitted
+
+    def _shift_progress(self, accepted: Iterable[tuple[_Live, int]]) -> None:
+        """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
+        for obj, shift in [(o, 1) for o in self._skipped] + [(o, 1 - n) for o, n in accepted]:
+            obj.base += shift
+            obj.finish_step += shift
+            self._due.setdefault(obj.finish_step, []).append(obj)
+        self._skipped = []
+        self._offsets_stale = True
 
     # ------------------------------------------------------------------ internals
 
@@ -383,15 +513,32 @@ class Scheduler:
             objs.append(obj)
         return objs
 
+    def _validate_accepted(self, plan: StepPlan, num_accepted: Mapping[Hashable, int]) -> list[tuple[_Live, int]]:
+        tokens = dict(zip(plan.decode_rids, plan._decode_tokens or (1,) * plan.num_decodes, strict=True))
+        out = []
+        for rid, n in num_accepted.items():
+            cost = tokens.get(rid)
+            if cost is None:
+                raise SchedulerStateError(f"num_accepted names rid {rid!r}, which did not decode in step {plan.step}")
+            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cost:
+                raise SchedulerStateError(f"num_accepted[{rid!r}] = {n!r}, must be an integer from 1 to {cost}")
+            if n > 1:
+                out.append((self._live[rid], n))
+        return out
+
+    def _decoded_in(self, obj: _Live, plan: StepPlan) -> bool:
+        return (
+            obj.status is _DECODING
+            and obj.first_token_step is not None
+            and obj.first_token_step < plan.step
+            and obj not in self._skipped
+        )
+
     def _sampled_in(self, obj: _Live, plan: StepPlan) -> bool:
-        if obj.status is _DECODING and obj.first_token_step is not None:
-            return obj.first_token_step < plan.step
-        return any(c.rid == obj.rid and c.is_last for c in plan.prefills)
+        return self._decoded_in(obj, plan) or any(c.rid == obj.rid and c.is_last for c in plan.prefills)
 
     def _in_plan(self, obj: _Live, plan: StepPlan) -> bool:
-        if obj.status is _DECODING:
-            return obj.first_token_step is not None and obj.first_token_step < plan.step
-        return any(c.rid == obj.rid for c in plan.prefills)
+        return self._decoded_in(obj, plan) or any(c.rid == obj.rid for c in plan.prefills)
 
     def _first_token(self, obj: _Live, step: int) -> None:
         obj.first_token_step = step

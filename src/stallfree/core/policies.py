@@ -1,0 +1,237 @@
+"""The scheduler's options as small hook objects, each replacing one decision of the contract.
+
+Imports allowed: the standard library only.
+
+- chunking (block_size=): how many prompt tokens a chunk may take, and how much KV a request reserves;
+- waiting queue (policy=, aging_interval=, clock=): which waiting request is the head;
+- decode selection (decode_overflow=, policy=): which ready decodes run when they do not all fit.
+
+Scheduler(...) builds one of each from its keywords (see `build_policies`); schedule() calls them and
+holds no per-option flags.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from stallfree.core.errors import InvalidConfig, check_positive_int
+
+__all__ = [
+    "BlockAlignedChunks",
+    "ExactChunks",
+    "FCFSQueue",
+    "OldestFirst",
+    "PriorityQueue",
+    "Rotate",
+    "build_policies",
+]
+
+
+class Chunking(Protocol):
+    """How prompt chunks are cut and KV is counted."""
+
+    def kv_needed(self, prompt_len: int, max_new: int) -> int: ...
+    def capacity(self, kv_tokens: int) -> int: ...
+    def chunk(self, rest: int, left: int) -> int: ...
+
+
+class ExactChunks:
+    """The base contract: a chunk takes min(rest of the prompt, budget left); KV is counted in tokens."""
+
+    block_size: int | None = None
+
+    def kv_needed(self, prompt_len: int, max_new: int) -> int:
+        """Tokens reserved at admission: prompt_len + max_new."""
+        return prompt_len + max_new
+
+    def capacity(self, kv_tokens: int) -> int:
+        """Usable KV, in tokens: all of it."""
+        return kv_tokens
+
+    def chunk(self, rest: int, left: int) -> int:
+        """Tokens of a prompt with `rest` tokens left that fit in `left` tokens of budget."""
+        return rest if rest <= left else left
+
+
+class BlockAlignedChunks:
+    """Block-aligned chunks: every non-final chunk is a multiple of block_size; the final one is exact.
+
+    Since every earlier chunk was a whole number of blocks, each non-final chunk also ends on a block
+    boundary, so a chunk's KV never shares a block with the next chunk's. KV is reserved in whole blocks:
+    ceil((prompt_len + max_new) / B) blocks out of floor(kv_tokens / B).
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = check_positive_int("block_size", block_size)
+
+    def kv_needed(self, prompt_len: int, max_new: int) -> int:
+        """Tokens reserved at admission, rounded up to whole blocks."""
+        b = self.block_size
+        return -(-(prompt_len + max_new) // b) * b
+
+    def capacity(self, kv_tokens: int) -> int:
+        """Usable KV, in tokens: floor(kv_tokens / B) whole blocks."""
+        return kv_tokens // self.block_size * self.block_size
+
+    def chunk(self, rest: int, left: int) -> int:
+        """The whole rest if it fits, else `left` rounded down to blocks (0 means: not this step)."""
+        if rest <= left:
+            return rest
+        return left - left % self.block_size
+
+
+class WaitingQueue(Protocol):
+    """The waiting requests; `head()` is the only one that may be admitted next."""
+
+    def append(self, obj: Any) -> None: ...
+    def head(self) -> Any | None: ...
+    def pop_head(self) -> Any: ...
+    def remove(self, obj: Any) -> None: ...
+    def __len__(self) -> int: ...
+
+
+class FCFSQueue:
+    """Strict first come, first served: the head is the oldest add()."""
+
+    def __init__(self) -> None:
+        self._q: deque[Any] = deque()
+
+    def append(self, obj: Any) -> None:
+        self._q.append(obj)
+
+    def head(self) -> Any | None:
+        return self._q[0] if self._q else None
+
+    def pop_head(self) -> Any:
+        return self._q.popleft()
+
+    def remove(self, obj: Any) -> None:
+        self._q.remove(obj)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+
+class PriorityQueue:
+    """Priority with aging: the head is the least (effective priority, add order).
+
+    effective priority = priority - floor(waited / aging_interval), lower is more urgent (as in vLLM);
+    waited is counted from arrival, in steps (from the step of add()), or in seconds (clock() minus the
+    request's `arrival`) when a clock is given. Without aging_interval priorities are static.
+
+    Bound on a low-priority request's wait (aging on, steps): a request j that arrived after request r can
+    be admitted before r only if floor((a_j - a_r) / I) < p_r - p_j <= p_r - p_min, i.e. if it arrived
+    within (p_r - p_min) x I steps after r. So at most the requests waiting ahead of r plus those arriving
+    in that window go first, whatever keeps arriving later (tests/core/test_options.py asserts it).
+    """
+
+    def __init__(self, key: Callable[[Any], tuple[float, int]]) -> None:
+        self._items: list[Any] = []
+        self.key = key
+
+    def append(self, obj: Any) -> None:
+        self._items.append(obj)
+
+    def head(self) -> Any | None:
+        return min(self._items, key=self.key) if self._items else None
+
+    def pop_head(self) -> Any:
+        obj = self.head()
+        self._items.remove(obj)
+        return obj
+
+    def remove(self, obj: Any) -> None:
+        self._items.remove(obj)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class DecodeSelection(Protocol):
+    """Which ready decodes run when their tokens exceed the step's budget; returns indices in batch order."""
+
+    def select(self, costs: Sequence[int], budget: int, order: Sequence[int] | None) -> list[int]: ...
+
+
+def _take(indices: Sequence[int], costs: Sequence[int], budget: int) -> list[int]:
+    out, used = [], 0
+    for i in indices:
+        if used + costs[i] > budget:
+            break
+        out.append(i)
+        used += costs[i]
+    return out
+
+
+class OldestFirst:
+    """The oldest admitted decodes (or, under the priority policy, the most urgent) run; the rest skip."""
+
+    def select(self, costs: Sequence[int], budget: int, order: Sequence[int] | None) -> list[int]:
+        return _take(order if order is not None else range(len(costs)), costs, budget)
+
+
+class Rotate:
+    """The start index advances by the number served each step, so the skipped decodes differ.
+
+    Fairness: over k consecutive steps with the same R ready decodes of which S fit each step, each is
+    served at least floor(k * S / R) - 1 times (the window covers k*S consecutive positions of the cycle).
+    """
+
+    def __init__(self) -> None:
+        self.start = 0
+
+    def select(self, costs: Sequence[int], budget: int, order: Sequence[int] | None) -> list[int]:
+        n = len(costs)
+        first = self.start % n
+        chosen = _take([(first + j) % n for j in range(n)], costs, budget)
+        self.start = first + len(chosen)
+        return sorted(chosen)
+
+
+def build_policies(
+    block_size: int | None,
+    policy: str,
+    aging_interval: float | None,
+    clock: Callable[[], float] | None,
+    decode_overflow: str,
+    num_spec_tokens: int,
+) -> tuple[Chunking, str, DecodeSelection]:
+    """Validate the option keywords of Scheduler(...) and build the chunking and selection hooks.
+
+    Returns:
+        (chunking, policy, decode selection); the waiting queue is built by the scheduler, which owns
+        the key its entries are ordered by.
+
+    Raises:
+        InvalidConfig: an unknown policy or decode_overflow, a block_size or aging_interval that is not
+            positive, a negative or non-integer num_spec_tokens, a clock that is not callable, or
+            decode_overflow="rotate" with policy="priority" (under priorities the most urgent run).
+    """
+    chunking: Chunking = ExactChunks() if block_size is None else BlockAlignedChunks(block_size)
+    if policy not in ("fcfs", "priority"):
+        raise InvalidConfig(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+    if aging_interval is not None and (
+        isinstance(aging_interval, bool)
+        or not isinstance(aging_interval, int | float)
+        or not math.isfinite(aging_interval)
+        or aging_interval <= 0
+    ):
+        raise InvalidConfig(f"aging_interval must be a number > 0, got {aging_interval!r}")
+    if clock is not None and not callable(clock):
+        raise InvalidConfig(f"clock must be callable, got {clock!r}")
+    if isinstance(num_spec_tokens, bool) or not isinstance(num_spec_tokens, int) or num_spec_tokens < 0:
+        raise InvalidConfig(f"num_spec_tokens must be an integer >= 0, got {num_spec_tokens!r}")
+    if decode_overflow == "oldest":
+        selection: DecodeSelection = OldestFirst()
+    elif decode_overflow == "rotate":
+        if policy == "priority":
+            raise InvalidConfig(
+                "decode_overflow='rotate' applies to policy='fcfs'; under 'priority' the most urgent run"
+            )
+        selection = Rotate()
+    else:
+        raise InvalidConfig(f"decode_overflow must be 'oldest' or 'rotate', got {decode_overflow!r}")
+    return chunking, policy, selection

@@ -1,0 +1,188 @@
+"""The engine's commands: `stallfree generate` (stream text from a real model) and
+`stallfree bench engine` (measure steps, ITL under a long prompt, and throughput).
+
+Imports allowed: the standard library and stallfree.engine; torch is imported only when a command
+runs, so `stallfree --help` stays fast and works without the engine extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add `generate` and `bench engine` to the top-level subparsers."""
+    g = subparsers.add_parser("generate", help="generate text with a real model, streaming it",
+                              description="Generate text with the bundled SmolLM2-135M-Instruct "
+                              "(or --model), scheduled step by step with chunked prefill.")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="one prompt")
+    src.add_argument("--prompts", type=Path, metavar="FILE", help="a file with one prompt per line")
+    _model_args(g)
+    g.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt (64)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    g.add_argument("--raw", action="store_true",
+                   help="send the prompt as is (default: wrap it in the model's chat template)")
+    g.set_defaults(func=_generate)
+
+    bench = _bench_subparsers(subparsers)
+    b = bench.add_parser("engine", help="measure the engine on real execution",
+                         description="Per-step wall time vs features (CSV + least-squares fit), "
+                         "p99 ITL while a long prompt arrives (budget 128 vs no chunking), and "
+                         "continuous batching vs one request at a time.")
+    _model_args(b)
+    b.add_argument("--out", type=Path, default=Path("stallfree-bench-engine"),
+                   help="directory for engine_steps.csv and results.json")
+    b.add_argument("--long-prompt", type=int, default=2048, help="tokens of the arriving prompt")
+    b.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    b.set_defaults(func=_bench)
+
+
+def _bench_subparsers(subparsers: Any) -> Any:
+    """Return the `bench` command's subparsers, creating `bench` unless another package did."""
+    parser = subparsers.choices.get("bench")
+    if parser is None:
+        parser = subparsers.add_parser("bench", help="benchmarks")
+        parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+    for action in parser._actions:  # argparse keeps no public handle on a parser's subparsers
+        if isinstance(action, argparse._SubParsersAction):
+            return action
+    return parser.add_subparsers(dest="bench_command", metavar="BENCH")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="a .gguf file or Hugging Face directory (default: bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--token-budget", type=int, default=512, help="tokens per step (512)")
+    p.add_argument("--max-seqs", type=int, default=64, help="running requests at most (64)")
+    p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens (auto)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bf16 or fp16")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"stallfree: error: {message}", file=sys.stderr)
+    return code
+
+
+def _load(args: argparse.Namespace) -> Any:
+    import torch
+
+    from stallfree.engine import LLMEngine
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    return LLMEngine.from_pretrained(args.model, token_budget=args.token_budget,
+                                     max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
+                                     device=args.device, dtype=args.dtype)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError:
+        return _fail("`generate` needs the engine extra: pip install 'stallfree[engine]'")
+    from stallfree.engine import EngineError, SamplingParams
+
+    if args.prompt is not None:
+        prompts = [args.prompt]
+    else:
+        try:
+            prompts = [ln for ln in args.prompts.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except OSError as exc:
+            return _fail(f"--prompts {str(args.prompts)!r}: {exc.strerror}", 2)
+        if not prompts:
+            return _fail(f"--prompts {str(args.prompts)!r} holds no prompt", 2)
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop)
+        eng = _load(args)
+        for i, p in enumerate(prompts):
+            text = p if args.raw else eng.apply_chat_template([{"role": "user", "content": p}])
+            eng.add_request(i, text, params)
+    except ValueError as exc:  # EngineError, InvalidConfig, InvalidSamplingParams
+        return _fail(str(exc), 2 if not isinstance(exc, EngineError) or "must be" in str(exc) else 1)
+    _stream(eng, len(prompts))
+    return 0
+
+
+def _stream(eng: Any, n: int) -> None:
+    """Print request 0's text as it comes, then each next request's (all run concurrently)."""
+    buffers = [""] * n
+    done = [False] * n
+    current = 0
+    out = sys.stdout
+    if n > 1:
+        out.write("[0] ")
+    while eng.has_unfinished() or current < n:
+        if eng.has_unfinished():
+            for o in eng.step():
+                buffers[o.rid] += o.text
+                done[o.rid] |= o.finished
+        while current < n:
+            out.write(buffers[current])
+            buffers[current] = ""
+            if not done[current]:
+                break
+            out.write("\n")
+            current += 1
+            if current < n:
+                out.write(f"[{current}] ")
+        out.flush()
+
+
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError:
+        return _fail("`bench engine` needs the engine extra: pip install 'stallfree[engine]'")
+    from stallfree.engine import LLMEngine
+    from stallfree.engine.bench import run_engine_bench
+
+    try:
+        base = _load(args)
+    except ValueError as exc:
+        return _fail(str(exc))
+
+    def make(token_budget: int, max_seqs: int, kv_tokens: int) -> LLMEngine:
+        return LLMEngine(base.model, base.tokenizer, base.model_name, token_budget, max_seqs,
+                         kv_tokens)
+
+    res = run_engine_bench(make, args.out, long_len=args.long_prompt, quick=args.quick)
+    res["model"] = base.model_name
+    res["device"] = str(base.model.device)
+    res["dtype"] = str(base.model.dtype)
+    res["threads"] = torch.get_num_threads()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(res, indent=2))
+    print(_report(res))
+    return 0
+
+
+def _report(res: dict[str, Any]) -> str:
+    fit = res["fit"]
+    lines = [f"model {res['model']} on {res['device']} ({res['dtype']}, {res['threads']} threads); "
+             f"{res['steps']} steps -> {res['csv']}",
+             "step time fit: seconds = " + " + ".join(f"{v:.3e}*{k[:-2]}" for k, v in fit["coef"].items())
+             + f"  (MAPE {100 * fit['mape']:.1f}%, R^2 {fit['r2']:.3f}, n={fit['n']})"]
+    for r in res["itl"]:
+        lines.append(f"ITL while a long prompt arrives, budget {r['token_budget']}: p50 "
+                     f"{r['p50_itl_ms']:.0f} ms, p99 {r['p99_itl_ms']:.0f} ms, max {r['max_itl_ms']:.0f} ms;"
+                     f" long prompt TTFT {r['long_prompt_ttft_s']:.2f} s over {r['long_prompt_steps']} steps")
+    for r in res["throughput"]:
+        lines.append(f"throughput {r['mode']}: {r['output_throughput']:.1f} output tokens/s "
+                     f"({r['output_tokens']} tokens, {r['seconds']:.1f} s)")
+    return "\n".join(lines)

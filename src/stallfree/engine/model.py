@@ -1,0 +1,170 @@
+"""A Llama-architecture decoder whose forward pass runs one flat batch against the paged KV cache.
+
+Imports allowed: the standard library, torch, stallfree.engine.
+
+Source: Llama (Touvron et al., 2023): pre-norm RMSNorm (Zhang & Sennrich, 2019), rotary position
+embeddings (Su et al., 2021), grouped-query attention (Ainslie et al., 2023), SwiGLU feed-forward
+(Shazeer, 2020). Shapes use the dims named in stallfree.engine.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from stallfree.engine.batch import FlatBatch
+from stallfree.engine.config import ModelConfig, rope_tables
+from stallfree.engine.errors import ModelLoadError
+from stallfree.engine.kv_cache import KVCache
+
+__all__ = ["LlamaModel"]
+
+
+class _Layer:
+    """One decoder layer's weights, with Q/K/V and gate/up fused for one matmul each."""
+
+    __slots__ = ("attn_norm", "qkv", "qkv_bias", "o", "mlp_norm", "gate_up", "down")
+
+    def __init__(self, t: dict[str, torch.Tensor], i: int, dtype: torch.dtype, device: torch.device):
+        p = f"model.layers.{i}."
+
+        def get(name: str) -> torch.Tensor:
+            try:
+                return t[p + name]
+            except KeyError:
+                raise ModelLoadError(f"checkpoint lacks tensor {p + name!r}") from None
+
+        def put(x: torch.Tensor) -> torch.Tensor:
+            return x.to(device=device, dtype=dtype).contiguous()
+
+        self.attn_norm = put(get("input_layernorm.weight"))
+        self.qkv = put(torch.cat([get(f"self_attn.{n}_proj.weight") for n in "qkv"]))
+        biases = [t.get(f"{p}self_attn.{n}_proj.bias") for n in "qkv"]
+        self.qkv_bias = put(torch.cat(biases)) if all(b is not None for b in biases) else None
+        self.o = put(get("self_attn.o_proj.weight"))
+        self.mlp_norm = put(get("post_attention_layernorm.weight"))
+        self.gate_up = put(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
+        self.down = put(get("mlp.down_proj.weight"))
+
+
+class LlamaModel:
+    """The decoder's weights and its forward pass over a FlatBatch.
+
+    It owns the weights and the RoPE tables; it reads and writes the KVCache handed to forward()
+    but never allocates blocks (the engine does).
+
+    Args:
+        config: the model's shape.
+        tensors: float32 tensors with Hugging Face Llama names (see stallfree.engine.weights).
+        dtype: compute and weight dtype (torch.float32 or torch.bfloat16).
+        device: where weights and activations live.
+
+    Raises:
+        ModelLoadError: a tensor is missing or has the wrong shape.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: dict[str, torch.Tensor],
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        c = config
+        embed = tensors.get("model.embed_tokens.weight")
+        if embed is None or tuple(embed.shape) != (c.vocab_size, c.hidden_size):
+            got = None if embed is None else tuple(embed.shape)
+            raise ModelLoadError(f"token embedding must be [{c.vocab_size}, {c.hidden_size}], got {got}")
+        self.embed = embed.to(device=self.device, dtype=dtype)
+        head = tensors.get("lm_head.weight")
+        if head is None and not c.tie_embeddings:
+            raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
+        self.lm_head = self.embed if head is None else head.to(device=self.device, dtype=dtype)
+        self.norm = tensors["model.norm.weight"].to(device=self.device, dtype=dtype)
+        self.layers = [_Layer(tensors, i, dtype, self.device) for i in range(c.num_layers)]
+        q_rows = c.num_heads * c.head_dim
+        if self.layers[0].qkv.shape != (q_rows + 2 * c.num_kv_heads * c.head_dim, c.hidden_size):
+            raise ModelLoadError(f"q/k/v projections do not match H={c.num_heads}, "
+                                 f"Hkv={c.num_kv_heads}, D={c.head_dim}, d={c.hidden_size}")
+        cos, sin = rope_tables(c, tensors.get("rope_freqs"))
+        self.cos = cos.to(self.device)
+        self.sin = sin.to(self.device)
+        self.scale = c.head_dim ** -0.5
+
+    def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """RMSNorm in float32 whatever the dtype. Shapes: x [T, d] -> [T, d]."""
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
+        return w * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate each head's two halves. Shapes: x [T, heads, D]; cos, sin [T, 1, D]."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return (x * cos + rotated * sin).to(x.dtype)
+
+    def _attention(
+        self, q: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, batch: FlatBatch
+    ) -> torch.Tensor:
+        """Attend every query row to its request's cached keys (this step's already written).
+
+        Shapes: q [T, H, D]; layer_k, layer_v [N, Hkv, D]; returns [T, H*D].
+        """
+        c = self.config
+        out = torch.empty(q.shape[0], c.num_heads * c.head_dim, dtype=q.dtype, device=q.device)
+        if batch.dec_rows is not None:
+            assert batch.dec_slots is not None and batch.dec_mask is not None
+            qd = q.index_select(0, batch.dec_rows).unsqueeze(2)  # [B, H, 1, D]
+            kd = layer_k[batch.dec_slots].transpose(1, 2)  # [B, Hkv, C, D]
+            vd = layer_v[batch.dec_slots].transpose(1, 2)
+            od = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=batch.dec_mask[:, None, None, :], scale=self.scale, enable_gqa=True
+            )
+            out.index_copy_(0, batch.dec_rows, od.reshape(od.shape[0], -1))
+        for ch in batch.chunks:
+            n = ch.q_end - ch.q_start
+            qc = q[ch.q_start:ch.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+            kc = layer_k[ch.ctx_slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, start + n, D]
+            vc = layer_v[ch.ctx_slots].transpose(0, 1).unsqueeze(0)
+            if ch.start == 0:
+                oc = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=self.scale,
+                                                    enable_gqa=True)
+            else:
+                # Query i sits at position start + i and sees keys 0 .. start + i.
+                keys = torch.arange(ch.start + n, device=q.device)
+                mask = keys[None, :] <= (ch.start + torch.arange(n, device=q.device))[:, None]
+                oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, scale=self.scale,
+                                                    enable_gqa=True)
+            out[ch.q_start:ch.q_end] = oc[0].transpose(0, 1).reshape(n, -1)
+        return out
+
+    @torch.inference_mode()
+    def forward(self, batch: FlatBatch, kv: KVCache) -> torch.Tensor:
+        """Run one step: write this step's K and V into `kv` and return logits of the asked rows.
+
+        Shapes: returns [S, V] float32, S = len(batch.logits_rows). Activations are [T, d];
+        q [T, H*D], k and v [T, Hkv*D]; the MLP's inner activations [T, F].
+        """
+        c = self.config
+        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        x = self.embed[batch.token_ids]
+        cos = self.cos[batch.positions].to(self.dtype).unsqueeze(1)
+        sin = self.sin[batch.positions].to(self.dtype).unsqueeze(1)
+        n_q, n_kv = hq * d, hkv * d
+        for li, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = self._rope(qkv[:, :n_q].view(-1, hq, d), cos, sin)
+            k = self._rope(qkv[:, n_q:n_q + n_kv].view(-1, hkv, d), cos, sin)
+            v = qkv[:, n_q + n_kv:].view(-1, hkv, d)
+            kv.k[li].index_copy_(0, batch.slot_mapping, k)
+            kv.v[li].index_copy_(0, batch.slot_mapping, v)
+            x = x + F.linear(self._attention(q, kv.k[li], kv.v[li], batch), layer.o)
+            h = self._rms_norm(x, layer.mlp_norm)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        h = self._rms_norm(x.index_select(0, batch.logits_rows), self.norm)
+        return F.linear(h, self.lm_head).float()

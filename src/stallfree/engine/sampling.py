@@ -1,0 +1,129 @@
+"""Sampling parameters of a request (SamplingParams) and turning logits into tokens.
+
+Imports allowed: the standard library, torch, stallfree.engine.errors.
+
+Source: temperature, top-k (Fan et al., 2018), nucleus / top-p (Holtzman et al., ICLR 2020) and
+min-p (Nguyen et al., 2024) sampling; the parameter names and ranges are OpenAI's and vLLM's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from stallfree.engine.errors import InvalidSamplingParams
+
+__all__ = ["SamplingParams", "greedy_tokens", "sample_one"]
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request generates.
+
+    Args:
+        max_tokens: the most tokens to generate, >= 1.
+        temperature: 0 for greedy (argmax); otherwise logits are divided by it, 0 <= t <= 2.
+        top_p: keep the smallest set of tokens whose probability sums to >= top_p, 0 < p <= 1.
+        top_k: keep the k most likely tokens; -1 (or 0) keeps all.
+        min_p: drop tokens less likely than min_p times the most likely one, 0 <= m <= 1.
+        seed: a seed for this request's sampler (reproducible sampling), or None.
+        stop: strings that end generation; the text returned stops before them.
+        stop_token_ids: token ids that end generation (the token is emitted, its text is not).
+        ignore_eos: keep generating past the model's EOS tokens.
+        priority: passed through for the server; the engine's scheduler ignores it.
+
+    Raises:
+        InvalidSamplingParams (a ValueError): a field is out of range or of the wrong type; the
+            message names the field and the value.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default=())
+    stop_token_ids: tuple[int, ...] = field(default=())
+    ignore_eos: bool = False
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, rule: str) -> InvalidSamplingParams:
+            return InvalidSamplingParams(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", "an integer >= 1")
+        if not _is_num(self.temperature) or not 0 <= self.temperature <= 2:
+            raise bad("temperature", "a number in [0, 2]")
+        if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad("top_p", "a number in (0, 1]")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise bad("top_k", "-1, 0 (both: no limit) or an integer >= 1")
+        if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            raise bad("min_p", "a number in [0, 1]")
+        if self.seed is not None and not _is_int(self.seed):
+            raise bad("seed", "an integer or None")
+        if not _is_int(self.priority):
+            raise bad("priority", "an integer")
+        if not isinstance(self.ignore_eos, bool):
+            raise bad("ignore_eos", "a bool")
+        # Accept a single string or any sequence; store tuples so the object stays hashable.
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if stop is None or not all(isinstance(s, str) and s for s in stop):
+            raise bad("stop", "a non-empty string or a list of non-empty strings")
+        object.__setattr__(self, "stop", tuple(stop))
+        ids = self.stop_token_ids
+        if ids is None or not all(_is_int(i) and i >= 0 for i in ids):
+            raise bad("stop_token_ids", "a list of integers >= 0")
+        object.__setattr__(self, "stop_token_ids", tuple(ids))
+
+    @property
+    def greedy(self) -> bool:
+        """True when sampling is argmax (temperature 0)."""
+        return self.temperature == 0
+
+
+def sample_one(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> int:
+    """Sample one token from one row of logits.
+
+    Shapes: logits [V] float32.
+
+    Args:
+        generator: the request's random generator (seeded if params.seed is set).
+
+    Returns:
+        The token id; argmax (lowest id on a tie) when params.temperature == 0.
+    """
+    if params.greedy:
+        return int(torch.argmax(logits))
+    x = logits.float() / params.temperature
+    if params.top_k > 0 and params.top_k < x.shape[0]:
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+    if params.top_p < 1:
+        sorted_p, order = torch.sort(probs, descending=True)
+        # Keep a token if the mass before it is below top_p, so the most likely is always kept.
+        drop = (torch.cumsum(sorted_p, dim=0) - sorted_p) >= params.top_p
+        probs = probs.scatter(0, order[drop], 0.0)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def greedy_tokens(logits: torch.Tensor) -> Sequence[int]:
+    """Return the argmax of each row. Shapes: logits [S, V] -> S ints."""
+    return torch.argmax(logits, dim=-1).tolist()

@@ -1,0 +1,373 @@
+"""The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions (streaming or not),
+/v1/models, /health and /metrics, over an AsyncEngine.
+
+Imports allowed: the standard library, fastapi/starlette, prometheus_client (through
+stallfree.server.prometheus) and stallfree.server; the engine is duck-typed (LLMEngine interface) and
+stallfree.engine is imported only to find SamplingParams when none is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
+from stallfree.server.prometheus import ServerMetrics
+from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
+from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
+
+__all__ = ["ServerConfig", "create_app"]
+
+logger = logging.getLogger("stallfree.server")
+
+# SamplingParams fields we may pass, for naming the parameter in a ValueError the engine raises.
+_PARAM_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids", "stop",
+                 "ignore_eos")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Server options.
+
+    Args:
+        served_model_names: names the API answers to (the first is reported); default: the
+            engine's model_name.
+        default_max_tokens: max_tokens of a request that sets none, in tokens; it is further
+            bounded by the context length and the KV capacity left after the prompt. The reservation
+            scheduler reserves KV for prompt + max_tokens, so this is what such a request reserves.
+        max_waiting: the most requests waiting for admission; more are answered 429. None: unbounded.
+        log_interval_s: seconds between stats log lines (0 disables).
+        sampling_params_cls: the engine's SamplingParams class (default stallfree.engine.SamplingParams).
+    """
+
+    served_model_names: tuple[str, ...] = ()
+    default_max_tokens: int = 256
+    max_waiting: int | None = 1024
+    log_interval_s: float = 10.0
+    sampling_params_cls: Any = None
+
+
+def _sampling_params_cls(config: ServerConfig) -> Any:
+    if config.sampling_params_cls is not None:
+        return config.sampling_params_cls
+    from stallfree.engine import SamplingParams  # the real engine; optional until it is installed
+
+    return SamplingParams
+
+
+def _priority_mode(engine: Any, params_cls: Any) -> str:
+    """Where a request's priority goes: "params" (a SamplingParams field), "kwarg" (an add_request
+    keyword) or "none" (the engine has no priorities: only priority 0 is accepted)."""
+    with contextlib.suppress(TypeError, ValueError):
+        if "priority" in inspect.signature(params_cls).parameters:
+            return "params"
+    with contextlib.suppress(TypeError, ValueError):
+        params = inspect.signature(engine.add_request).parameters
+        if "priority" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return "kwarg"
+    return "none"
+
+
+class _State:
+    """What the routes share: the loop, metrics, names and limits."""
+
+    def __init__(self, engine: Any, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.names = config.served_model_names or (str(getattr(engine, "model_name", "stallfree")),)
+        self.metrics = ServerMetrics(self.names[0])
+        self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics)
+        self.params_cls = _sampling_params_cls(config)
+        self.priority_mode = _priority_mode(engine, self.params_cls)
+        self.created = int(time.time())
+
+
+def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
+    """Build the FastAPI app serving `engine` (an object with the LLMEngine interface).
+
+    The engine loop starts with the app's lifespan (or on the first request when no lifespan runs,
+    as under httpx's ASGITransport); app.state.server.async_engine.stop() ends it.
+    """
+    state = _State(engine, config or ServerConfig())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.async_engine.start()
+        log_task = asyncio.create_task(_log_stats(state)) if state.config.log_interval_s > 0 else None
+        try:
+            yield
+        finally:
+            if log_task is not None:
+                log_task.cancel()
+                await asyncio.gather(log_task, return_exceptions=True)
+            await state.async_engine.stop()
+
+    app = FastAPI(title="stallfree", lifespan=lifespan)
+    app.state.server = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        aeng = state.async_engine
+        if aeng.dead_reason is not None:
+            raise ApiError(503, f"the engine is not running: {aeng.dead_reason}")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        data = [
+            {"id": name, "object": "model", "created": state.created, "owned_by": "stallfree",
+             "root": str(getattr(engine, "model_name", name)), "max_model_len": engine.max_model_len}
+            for name in state.names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        req = parse_request(await request.body(), CompletionRequest)
+        _check_model(state, req.model)
+        ids = _completion_prompt_ids(engine, req.prompt)
+        return await _serve(state, request, req, ids, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        req = parse_request(await request.body(), ChatCompletionRequest)
+        _check_model(state, req.model)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = engine.apply_chat_template(messages)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
+        ids = engine.tokenizer.encode(text)
+        return await _serve(state, request, req, ids, chat=True)
+
+    return app
+
+
+async def _log_stats(state: _State) -> None:
+    """Log one stats line every log_interval_s while there is or was work since the last line."""
+    quiet = True
+    while True:
+        await asyncio.sleep(state.config.log_interval_s)
+        m = state.metrics
+        busy = m.num_running > 0 or state.async_engine.num_waiting > 0
+        if busy or not quiet:
+            logger.info(state.metrics.stats_line(state.async_engine.num_waiting - m.num_waiting))
+        quiet = not busy
+
+
+def _check_model(state: _State, model: str | None) -> None:
+    if model is not None and model not in state.names:
+        raise ApiError(404, f"The model `{model}` does not exist; this server serves {list(state.names)}.",
+                       "model", code="model_not_found")
+
+
+def _completion_prompt_ids(engine: Any, prompt: Any) -> list[int]:
+    """Token ids of a completion prompt: a string, token ids, or a batch of exactly one of them."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise ApiError(400, f"prompt: a batch of {len(prompt)} prompts is not supported; send one "
+                           "request per prompt", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = list(engine.tokenizer.encode(prompt))
+    else:
+        ids = list(prompt)
+        vocab = getattr(engine, "vocab_size", None)
+        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
+        if bad:
+            raise ApiError(400, f"prompt: token id {bad[0]} is out of range", "prompt")
+    if not ids:
+        raise ApiError(400, "prompt: the prompt is empty (0 tokens); send at least one token", "prompt")
+    return ids
+
+
+def _resolve_max_tokens(state: _State, requested: int | None, num_prompt: int, chat: bool) -> int:
+    """max_tokens of a request: the one asked for, checked against the context length and the KV
+    capacity; or default_max_tokens, bounded by both."""
+    limit = int(state.engine.max_model_len)
+    kv_total = getattr(getattr(state.engine, "scheduler", None), "kv_total", None)
+    where = "messages" if chat else "prompt"
+    if requested is None:
+        room = limit - num_prompt
+        if kv_total is not None:
+            room = min(room, int(kv_total) - num_prompt)
+        max_tokens = min(state.config.default_max_tokens, room)
+        if max_tokens >= 1:
+            return max_tokens
+        requested = 1
+    if num_prompt + requested > limit:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{num_prompt + requested} tokens ({num_prompt} in the {where}, {requested} in the completion). "
+            f"Please reduce the length of the {where} or completion.",
+            where if num_prompt >= limit else "max_tokens",
+            code="context_length_exceeded",
+        )
+    if kv_total is not None and num_prompt + requested > kv_total:
+        raise ApiError(
+            400,
+            f"The request can never fit in the KV cache: {num_prompt} tokens in the {where} + max_tokens "
+            f"{requested} = {num_prompt + requested} tokens > KV capacity {kv_total} tokens.",
+            where if num_prompt >= kv_total else "max_tokens",
+        )
+    return requested
+
+
+def _build_params(state: _State, req: Any, max_tokens: int) -> Any:
+    """The engine's SamplingParams for a request: only the fields the client set (engine defaults
+    otherwise); top_k of 0 or -1 means "off", as in vLLM, and is left to the default."""
+    kw: dict[str, Any] = {"max_tokens": max_tokens}
+    for name in ("temperature", "top_p", "min_p", "seed"):
+        value = getattr(req, name)
+        if value is not None:
+            kw[name] = value
+    if req.top_k is not None and req.top_k > 0:
+        kw["top_k"] = req.top_k
+    if req.stop:
+        kw["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+    if req.stop_token_ids:
+        kw["stop_token_ids"] = list(req.stop_token_ids)
+    if req.ignore_eos:
+        kw["ignore_eos"] = True
+    if state.priority_mode == "params" and req.priority:
+        kw["priority"] = req.priority
+    try:
+        return state.params_cls(**kw)
+    except ValueError as exc:
+        msg = str(exc)
+        param = next((f for f in _PARAM_FIELDS if f in msg), None)
+        raise ApiError(400, msg, param) from None
+
+
+async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat: bool) -> Response:
+    """Validate limits, add the request to the loop, and answer it (streamed or whole)."""
+    requested = req.effective_max_tokens() if chat else req.max_tokens
+    max_tokens = _resolve_max_tokens(state, requested, len(ids), chat)
+    params = _build_params(state, req, max_tokens)
+    kwargs: dict[str, Any] = {}
+    if req.priority:
+        if state.priority_mode == "none":
+            raise ApiError(400, f"priority={req.priority}: this engine has no request priorities (only 0)",
+                           "priority")
+        if state.priority_mode == "kwarg":
+            kwargs["priority"] = req.priority
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    try:
+        stream = await state.async_engine.add_request(rid, ids, params, num_prompt_tokens=len(ids), **kwargs)
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), code="queue_full") from None
+    except EngineDead as exc:
+        raise ApiError(503, str(exc)) from None
+    except ValueError as exc:  # the engine's EngineError / ContextLengthExceeded / RequestRejected
+        code = "context_length_exceeded" if hasattr(exc, "max_model_len") else None
+        raise ApiError(400, str(exc), "messages" if chat else "prompt", code=code) from None
+    model = state.names[0]
+    created = int(time.time())
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        body = _stream_body(stream, rid, created, model, chat, include_usage)
+        return SSEResponse(body, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _whole_response(request, stream, rid, created, model, chat)
+
+
+async def _stream_body(
+    stream: RequestStream, rid: str, created: int, model: str, chat: bool, include_usage: bool
+) -> AsyncIterator[str]:
+    """The SSE body: chunks as tokens come (the finish_reason on the chunk with the last text), an
+    optional usage chunk, then [DONE]; a failure after the headers went out is an error event."""
+    prompt_tokens = completion_tokens = 0
+    try:
+        if chat:
+            yield sse(completion_chunk(rid, created, model, True, "", None, role=True,
+                                       with_usage_field=include_usage))
+        async for out in stream:
+            prompt_tokens, completion_tokens = out.num_prompt_tokens, out.num_generated
+            if out.text or out.finished:
+                text = out.text if (out.text or not chat) else None
+                reason = out.finish_reason if out.finished else None
+                yield sse(completion_chunk(rid, created, model, chat, text, reason,
+                                           with_usage_field=include_usage))
+        if include_usage:
+            yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                       "created": created, "model": model, "choices": [],
+                       "usage": usage_dict(prompt_tokens, completion_tokens)})
+    except (StepFailed, EngineDead) as exc:
+        status = 503 if isinstance(exc, EngineDead) else 500
+        yield sse(ApiError(status, str(exc)).body())
+    finally:
+        stream.abort()  # a no-op once finished; otherwise the client left mid-stream
+    yield DONE
+
+
+async def _whole_response(
+    request: Request, stream: RequestStream, rid: str, created: int, model: str, chat: bool
+) -> Response:
+    """Collect a request's text; abort it if the client disconnects before it finishes."""
+    parts: list[str] = []
+    last: Any = None
+
+    async def collect() -> None:
+        nonlocal last
+        async for out in stream:
+            parts.append(out.text)
+            last = out
+
+    task = asyncio.ensure_future(collect())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            stream.abort()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+    if task.cancelled():
+        return Response(status_code=499)  # nobody is listening
+    exc = task.exception()
+    if isinstance(exc, EngineDead):
+        raise ApiError(503, str(exc))
+    if exc is not None:
+        raise ApiError(500, str(exc))
+    text = "".join(parts)
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return JSONResponse({
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_dict(last.num_prompt_tokens, last.num_generated),
+    })
+
+
+async def _wait_disconnect(request: Request) -> None:
+    """Return when the client has disconnected (the body was read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

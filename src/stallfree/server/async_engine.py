@@ -1,0 +1,424 @@
+"""The background engine loop: one task that steps the engine while there is work, in a worker thread,
+and hands each request's outputs to an async iterator.
+
+Requests join and leave only between steps: add_request() and abort() queue their change and the loop
+applies it before the next step, so the engine is never called from two threads at once and the event
+loop never waits on a forward pass. A client that goes away has its request aborted; its KV is freed
+at the next step boundary.
+
+Imports allowed: the standard library. The engine is duck-typed (anything with the LLMEngine interface:
+add_request, step, abort, has_unfinished, scheduler), so tests can plug in a fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "AsyncEngine",
+    "EngineDead",
+    "QueueFull",
+    "RequestRecord",
+    "RequestStream",
+    "StepFailed",
+    "StepObserver",
+]
+
+logger = logging.getLogger("stallfree.server")
+
+# After this many consecutive failed steps the engine is declared dead: every request fails and new
+# ones are refused, rather than spinning on an engine whose state is broken.
+_MAX_CONSECUTIVE_FAILURES = 3
+
+
+class QueueFull(Exception):
+    """The waiting queue holds max_waiting requests already; the request was not queued (HTTP 429)."""
+
+
+class StepFailed(RuntimeError):
+    """An exception inside engine.step() failed this request; the original is the __cause__."""
+
+
+class EngineDead(RuntimeError):
+    """The engine loop has stopped (shut down, or too many consecutive failed steps)."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Timestamps and counts of one request, for latency metrics.
+
+    Units: times are seconds from time.perf_counter(); counts are tokens.
+    """
+
+    rid: Hashable
+    arrival: float
+    num_prompt_tokens: int = 0
+    num_generated: int = 0
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+
+
+class StepObserver(Protocol):
+    """What the loop reports to (the Prometheus metrics implement it)."""
+
+    def on_tokens(self, record: RequestRecord, num_new: int, now: float) -> None:
+        """A request emitted `num_new` tokens at `now` (record not yet updated)."""
+
+    def on_finish(self, record: RequestRecord) -> None:
+        """A request finished (record complete, finish_reason set)."""
+
+    def on_step(self, engine: Any, duration_s: float) -> None:
+        """A step ended after `duration_s` seconds; engine state may be read (no step in flight)."""
+
+    def on_queue_change(self, engine: Any) -> None:
+        """Requests were added or aborted between steps; engine state may be read."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    rid: Hashable
+    prompt: Any
+    params: Any
+    kwargs: dict[str, Any]
+    future: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class _Live:
+    record: RequestRecord
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+
+class RequestStream:
+    """An async iterator over one request's RequestOutput objects; it ends after the finished one.
+
+    Raises (from iteration):
+        StepFailed: a step that held this request raised.
+        EngineDead: the engine loop stopped before the request finished.
+
+    Leaving the iteration early (break, cancellation, a client disconnect) aborts the request.
+    """
+
+    def __init__(self, owner: AsyncEngine, rid: Hashable, live: _Live) -> None:
+        self.rid = rid
+        self.record = live.record
+        self._owner = owner
+        self._queue = live.queue
+        self._done = False
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Any]:
+        try:
+            while not self._done:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self._done = True
+                    raise item
+                if item.finished:
+                    self._done = True
+                yield item
+        finally:
+            if not self._done:
+                self._done = True
+                self._owner.abort(self.rid)
+
+    def abort(self) -> None:
+        """Abort the request (a no-op once it finished)."""
+        if not self._done:
+            self._done = True
+            self._owner.abort(self.rid)
+
+
+class AsyncEngine:
+    """Own the engine and the one task that steps it; serve requests as async iterators.
+
+    The engine is touched only by the loop: add_request and abort calls are queued and applied
+    between steps on the event loop thread, and step() runs in a single dedicated worker thread.
+
+    Args:
+        engine: an object with the LLMEngine interface.
+        max_waiting: the most requests waiting for admission (queued here or in the scheduler);
+            add_request beyond it raises QueueFull. None means unbounded.
+        observer: receives per-token, per-request and per-step events (metrics).
+        clock: the time source in seconds (time.perf_counter).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        max_waiting: int | None = None,
+        observer: StepObserver | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting
+        self.observer = observer
+        self.clock = clock
+        self.num_steps = 0
+        self.num_failed_steps = 0
+        self.dead_reason: str | None = None
+        self._pending: dict[Hashable, _Pending] = {}
+        self._aborts: set[Hashable] = set()
+        self._live: dict[Hashable, _Live] = {}
+        self._added: set[Hashable] = set()
+        self._num_waiting_engine = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet admitted: queued here for the next step boundary plus waiting in the scheduler."""
+        return len(self._pending) + self._num_waiting_engine
+
+    @property
+    def num_live(self) -> int:
+        """Requests this loop is serving (pending, waiting or running)."""
+        return len(self._pending) + len(self._live)
+
+    @property
+    def is_running(self) -> bool:
+        """True while the loop task is alive and the engine is not dead."""
+        return self._task is not None and not self._task.done() and self.dead_reason is None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the loop task in the running event loop (idempotent)."""
+        if self._task is not None and not self._task.done():
+            return
+        if self._stopping or self.dead_reason is not None:
+            raise EngineDead(self.dead_reason or "the engine loop was stopped")
+        self._wake = asyncio.Event()
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stallfree-step")
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="stallfree-engine-loop")
+
+    async def stop(self) -> None:
+        """Finish the step in flight, fail every live request with EngineDead, and stop the loop."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_all(EngineDead("the server is shutting down"))
+        self._abort_all_added()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    # ------------------------------------------------------------------ requests
+
+    async def add_request(
+        self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, **kwargs: Any
+    ) -> RequestStream:
+        """Queue a request for the next step boundary; return its stream once the engine accepted it.
+
+        Args:
+            rid: a unique request id.
+            prompt: a string or a list of token ids, passed to engine.add_request.
+            params: the engine's SamplingParams.
+            num_prompt_tokens: prompt length in tokens, for metrics until the engine reports it.
+            **kwargs: passed to engine.add_request (e.g. priority).
+
+        Raises:
+            QueueFull: max_waiting requests are waiting already; nothing was queued.
+            EngineDead: the loop has stopped.
+            Exception: whatever engine.add_request raised (ValueError for a bad request).
+        """
+        if self.dead_reason is not None or self._stopping:
+            raise EngineDead(self.dead_reason or "the server is shutting down")
+        if rid in self._pending or rid in self._live:
+            raise ValueError(f"request id {rid!r} is already in use")
+        if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
+            raise QueueFull(
+                f"the server is overloaded: {self.num_waiting} requests are waiting "
+                f"(--max-waiting {self.max_waiting}); retry later"
+            )
+        self.start()
+        assert self._wake is not None
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens)
+        self._pending[rid] = _Pending(rid, prompt, params, kwargs, future)
+        live = _Live(record)
+        self._live[rid] = live
+        self._wake.set()
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.abort(rid)
+            raise
+        except BaseException:
+            self._live.pop(rid, None)
+            raise
+        return RequestStream(self, rid, live)
+
+    def abort(self, rid: Hashable) -> None:
+        """Abort a request at the next step boundary (its KV is freed then); no-op if unknown."""
+        if rid in self._live or rid in self._pending:
+            self._live.pop(rid, None)
+            self._aborts.add(rid)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def generate(self, rid: Hashable, prompt: Any, params: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Add a request and yield its RequestOutput objects; leaving early aborts it."""
+        stream = await self.add_request(rid, prompt, params, **kwargs)
+        async for out in stream:
+            yield out
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                changed = self._apply_aborts() | self._apply_adds()
+                if changed and self.observer is not None:
+                    self.observer.on_queue_change(self.engine)
+                if not self.engine.has_unfinished():
+                    if not self._pending and not self._aborts:
+                        await self._wake.wait()
+                    continue
+                start = self.clock()
+                try:
+                    outputs = await loop.run_in_executor(self._executor, self.engine.step)
+                except Exception as exc:  # noqa: BLE001 - any step failure must not kill the server
+                    self._on_step_failure(exc)
+                    continue
+                self.num_failed_steps = 0
+                self.num_steps += 1
+                self._dispatch(outputs, self.clock())
+                self._num_waiting_engine = self._engine_waiting()
+                if self.observer is not None:
+                    self.observer.on_step(self.engine, self.clock() - start)
+                if not outputs and not getattr(getattr(self.engine, "last_plan", None), "num_tokens", 1):
+                    await asyncio.sleep(0.001)  # an empty step: let the event loop breathe
+        except Exception as exc:  # noqa: BLE001 - a bug here must fail requests, not hang them
+            logger.exception("engine loop crashed")
+            self.dead_reason = f"the engine loop crashed: {exc!r}"
+            self._fail_all(EngineDead(self.dead_reason))
+
+    def _apply_aborts(self) -> bool:
+        if not self._aborts:
+            return False
+        for rid in self._aborts:
+            pending = self._pending.pop(rid, None)
+            if pending is not None:
+                if not pending.future.done():
+                    pending.future.cancel()
+                continue
+            if rid in self._added:
+                self._added.discard(rid)
+                try:
+                    self.engine.abort(rid)
+                except KeyError:
+                    pass  # it finished in the step that just ended
+        self._aborts.clear()
+        self._num_waiting_engine = self._engine_waiting()
+        return True
+
+    def _apply_adds(self) -> bool:
+        if not self._pending:
+            return False
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            try:
+                self.engine.add_request(p.rid, p.prompt, p.params, **p.kwargs)
+            except Exception as exc:  # noqa: BLE001 - the handler turns it into an HTTP error
+                self._live.pop(p.rid, None)
+                if not p.future.done():
+                    p.future.set_exception(exc)
+                continue
+            self._added.add(p.rid)
+            if not p.future.done():
+                p.future.set_result(None)
+        self._num_waiting_engine = self._engine_waiting()
+        return True
+
+    def _engine_waiting(self) -> int:
+        return int(getattr(getattr(self.engine, "scheduler", None), "num_waiting", 0))
+
+    def _dispatch(self, outputs: list[Any], now: float) -> None:
+        obs = self.observer
+        for out in outputs:
+            live = self._live.get(out.rid)
+            if live is None:
+                if out.finished:
+                    self._added.discard(out.rid)
+                continue  # aborted by us; the engine's last word is not needed
+            rec = live.record
+            n_new = len(out.new_token_ids)
+            if out.num_prompt_tokens:
+                rec.num_prompt_tokens = out.num_prompt_tokens
+            if n_new:
+                if obs is not None:
+                    obs.on_tokens(rec, n_new, now)
+                if rec.first_token_time is None:
+                    rec.first_token_time = now
+                rec.last_token_time = now
+            rec.num_generated = out.num_generated
+            live.queue.put_nowait(out)
+            if out.finished:
+                rec.finish_time = now
+                rec.finish_reason = out.finish_reason
+                del self._live[out.rid]
+                self._added.discard(out.rid)
+                if obs is not None:
+                    obs.on_finish(rec)
+
+    def _on_step_failure(self, exc: Exception) -> None:
+        """Fail the requests of the failed step (all added ones when the engine does not say which)."""
+        self.num_failed_steps += 1
+        logger.error("engine step failed: %r", exc, exc_info=exc)
+        rids = getattr(exc, "rids", None)
+        affected = set(rids) & self._added if rids is not None else set(self._added)
+        err = StepFailed(f"the engine failed while running this request: {exc}")
+        err.__cause__ = exc
+        for rid in affected:
+            self._added.discard(rid)
+            live = self._live.pop(rid, None)
+            if live is not None:
+                live.queue.put_nowait(err)
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001 - already gone is fine; the KV check is the engine's
+                pass
+        self._num_waiting_engine = self._engine_waiting()
+        if self.num_failed_steps >= _MAX_CONSECUTIVE_FAILURES:
+            self.dead_reason = f"{self.num_failed_steps} consecutive engine steps failed; last: {exc!r}"
+            self._stopping = True
+            self._fail_all(EngineDead(self.dead_reason))
+            self._abort_all_added()
+
+    def _abort_all_added(self) -> None:
+        """Abort in the engine every request we added (no step may be in flight)."""
+        for rid in list(self._added):
+            try:
+                self.engine.abort(rid)
+            except Exception:  # noqa: BLE001 - unknown or already gone; nothing more to return
+                pass
+        self._added.clear()
+
+    def _fail_all(self, err: BaseException) -> None:
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(err)
+        self._pending.clear()
+        for live in self._live.values():
+            live.queue.put_nowait(err)
+        self._live.clear()

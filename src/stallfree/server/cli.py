@@ -1,0 +1,124 @@
+"""`stallfree serve`: load an engine and serve it over the OpenAI-compatible HTTP API with uvicorn.
+
+Imports allowed: the standard library, stallfree.server, and (lazily) uvicorn and stallfree.engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+__all__ = ["build_engine", "register", "run_serve"]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `serve` subcommand (vLLM's option names are accepted as aliases)."""
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API: /v1/completions, "
+        "/v1/chat/completions (streaming), /v1/models, /health, /metrics.",
+    )
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="model to load (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget", type=_positive_int,
+                   default=512, help="most tokens in one step (default 512)")
+    p.add_argument("--max-seqs", "--max-num-seqs", dest="max_seqs", type=_positive_int, default=64,
+                   help="most running requests (default 64)")
+    p.add_argument("--kv-tokens", type=_positive_int, default=None,
+                   help="KV cache capacity in tokens (default: the engine's choice)")
+    p.add_argument("--default-max-tokens", type=_positive_int, default=256,
+                   help="max_tokens of a request that sets none (default 256; bounded by the context "
+                   "length); the scheduler reserves KV for prompt + max_tokens")
+    p.add_argument("--max-waiting", type=_positive_int, default=1024,
+                   help="most requests waiting for admission; more are answered 429 (default 1024)")
+    p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
+                   metavar="NAME", help="model name(s) in the API (default: the model's name)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--dtype", default="float32", help="torch dtype (default float32)")
+    p.add_argument("--log-interval", type=_non_negative_float, default=10.0,
+                   help="seconds between stats log lines (default 10; 0 disables)")
+    p.set_defaults(func=run_serve)
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    """Load the LLMEngine named by the parsed options.
+
+    Raises:
+        ImportError: stallfree.engine (or torch) is not installed.
+        Exception: whatever loading the model raised (missing file, bad format).
+    """
+    from stallfree.engine import LLMEngine
+
+    return LLMEngine.from_pretrained(
+        path=args.model,
+        token_budget=args.token_budget,
+        max_seqs=args.max_seqs,
+        kv_tokens=args.kv_tokens,
+        device=args.device,
+        dtype=args.dtype,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run `stallfree serve`; returns the exit code (1 when the model or a dependency fails to load)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvicorn
+
+        from stallfree.server.app import ServerConfig, create_app
+    except ImportError as exc:
+        print(f"stallfree serve: missing dependency ({exc}); install stallfree[server]", file=sys.stderr)
+        return 1
+    try:
+        engine = build_engine(args)
+    except ImportError as exc:
+        print(f"stallfree serve: the engine is not available ({exc}); install stallfree[engine]",
+              file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"stallfree serve: cannot load the model: {exc}", file=sys.stderr)
+        return 1
+    config = ServerConfig(
+        served_model_names=tuple(args.served_model_name or ()),
+        default_max_tokens=args.default_max_tokens,
+        max_waiting=args.max_waiting,
+        log_interval_s=args.log_interval,
+    )
+    app = create_app(engine, config)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0

@@ -1,0 +1,150 @@
+"""Prometheus metrics of the server: latency histograms fed from request timestamps, and engine gauges
+and counters sampled after each step; plus the periodic stats log line.
+
+Definitions (DESIGN.md): TTFT = first token time - arrival; ITL = each gap between consecutive tokens
+of a request; TPOT = (finish - first token) / (num_generated - 1), only when num_generated > 1;
+E2E = finish - arrival. Times are server-side: arrival is when the request reached the HTTP handler,
+a token's time is when the step that produced it returned.
+
+Imports allowed: the standard library, prometheus_client and stallfree.server.async_engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from stallfree.server.async_engine import RequestRecord
+
+__all__ = ["ServerMetrics"]
+
+logger = logging.getLogger("stallfree.server")
+
+# Bucket edges in seconds (upper bounds): from a fast decode step to a long queueing delay.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_TOKENS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class ServerMetrics:
+    """Own a private CollectorRegistry with the stallfree_* metrics; implements StepObserver.
+
+    Args:
+        model_name: the value of the model_name label.
+        registry: the registry to register in (a new one by default, so that several apps in one
+            process, as in tests, do not collide).
+    """
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r, lab = self.registry, ["model_name"]
+        self.ttft = Histogram("stallfree_time_to_first_token_seconds", "Time to first token (TTFT), seconds.",
+                              lab, registry=r, buckets=_TTFT_BUCKETS).labels(model_name)
+        self.itl = Histogram("stallfree_inter_token_latency_seconds",
+                             "Gap between consecutive tokens of a request (ITL), seconds.",
+                             lab, registry=r, buckets=_ITL_BUCKETS).labels(model_name)
+        self.tpot = Histogram("stallfree_time_per_output_token_seconds",
+                              "Per-request mean time per output token after the first (TPOT), seconds.",
+                              lab, registry=r, buckets=_ITL_BUCKETS).labels(model_name)
+        self.e2e = Histogram("stallfree_e2e_request_latency_seconds", "End-to-end request latency, seconds.",
+                             lab, registry=r, buckets=_E2E_BUCKETS).labels(model_name)
+        self.step_time = Histogram("stallfree_step_duration_seconds", "Wall time of one step, seconds.",
+                                   lab, registry=r, buckets=_ITL_BUCKETS).labels(model_name)
+        self.tokens_per_step = Histogram("stallfree_tokens_per_step", "Tokens in one step (all kinds).",
+                                         lab, registry=r, buckets=_TOKENS_BUCKETS).labels(model_name)
+        self.running = Gauge("stallfree_num_requests_running", "Requests admitted and not finished.",
+                             lab, registry=r).labels(model_name)
+        self.waiting = Gauge("stallfree_num_requests_waiting", "Requests waiting for admission.",
+                             lab, registry=r).labels(model_name)
+        self.kv_usage = Gauge("stallfree_kv_cache_usage_ratio", "Fraction of the KV cache in use (0..1).",
+                              lab, registry=r).labels(model_name)
+        self.preemptions = Counter("stallfree_preemptions", "Running requests preempted (recompute).",
+                                   lab, registry=r).labels(model_name)
+        self.prompt_tokens = Counter("stallfree_prompt_tokens", "Prompt tokens prefilled.",
+                                     lab, registry=r).labels(model_name)
+        self.generation_tokens = Counter("stallfree_generation_tokens", "Tokens generated.",
+                                         lab, registry=r).labels(model_name)
+        self._success = Counter("stallfree_request_success", "Finished requests, by finish reason.",
+                                ["model_name", "finished_reason"], registry=r)
+        self._model_name = model_name
+        self._last_preemptions = 0
+        # Plain totals for the stats log line (read without touching prometheus internals).
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.num_running = 0
+        self.num_waiting = 0
+        self.kv_usage_ratio = 0.0
+        self._log_last = (time.perf_counter(), 0, 0)
+
+    def request_success(self, reason: str) -> Any:
+        """The stallfree_request_success_total child for one finish reason."""
+        return self._success.labels(self._model_name, reason)
+
+    # ------------------------------------------------------------------ StepObserver
+
+    def on_tokens(self, record: RequestRecord, num_new: int, now: float) -> None:
+        """Observe TTFT on a request's first token, ITL otherwise; count tokens."""
+        if record.first_token_time is None:
+            self.ttft.observe(now - record.arrival)
+            self.prompt_tokens.inc(record.num_prompt_tokens)
+            self.num_prompt_tokens += record.num_prompt_tokens
+        else:
+            assert record.last_token_time is not None
+            self.itl.observe(now - record.last_token_time)
+        self.generation_tokens.inc(num_new)
+        self.num_generation_tokens += num_new
+
+    def on_finish(self, record: RequestRecord) -> None:
+        """Observe E2E and TPOT (when more than one token) and count the finish reason."""
+        assert record.finish_time is not None
+        self.e2e.observe(record.finish_time - record.arrival)
+        if record.num_generated > 1 and record.first_token_time is not None:
+            self.tpot.observe((record.finish_time - record.first_token_time) / (record.num_generated - 1))
+        self.request_success(record.finish_reason or "unknown").inc()
+
+    def on_step(self, engine: Any, duration_s: float) -> None:
+        """Sample the engine's gauges and counters after a step."""
+        self.step_time.observe(duration_s)
+        plan = getattr(engine, "last_plan", None)
+        if plan is not None:
+            self.tokens_per_step.observe(plan.num_tokens)
+        self.on_queue_change(engine)
+        total = getattr(engine.scheduler, "num_preemptions", None)
+        if total is not None and total > self._last_preemptions:
+            self.preemptions.inc(total - self._last_preemptions)
+            self._last_preemptions = total
+
+    def on_queue_change(self, engine: Any) -> None:
+        """Sample running, waiting and KV usage (no step is in flight when called)."""
+        s = engine.scheduler
+        self.num_running, self.num_waiting = s.num_running, s.num_waiting
+        self.kv_usage_ratio = 1.0 - s.kv_free / s.kv_total if s.kv_total else 0.0
+        self.running.set(self.num_running)
+        self.waiting.set(self.num_waiting)
+        self.kv_usage.set(self.kv_usage_ratio)
+
+    # ------------------------------------------------------------------ export and log
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)
+
+    def stats_line(self, num_pending: int = 0, now: float | None = None) -> str:
+        """One log line: running, waiting, KV usage and prompt/generation throughput (tokens/s)
+        since the previous call."""
+        now = time.perf_counter() if now is None else now
+        t0, p0, g0 = self._log_last
+        dt = max(now - t0, 1e-9)
+        p, g = self.num_prompt_tokens, self.num_generation_tokens
+        self._log_last = (now, p, g)
+        return (
+            f"running {self.num_running} | waiting {self.num_waiting + num_pending} "
+            f"| KV usage {100 * self.kv_usage_ratio:.1f}% | prompt {(p - p0) / dt:.1f} tokens/s "
+            f"| generation {(g - g0) / dt:.1f} tokens/s"
+        )

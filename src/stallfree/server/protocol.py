@@ -1,0 +1,225 @@
+"""The OpenAI request schemas we accept (with the extras vLLM users send) and the error object we answer.
+
+Validation is strict: a wrong type is an error (no "5" for 5), an unknown field is an error, and an
+OpenAI field we do not implement (n > 1, best_of, logprobs, penalties, ...) is accepted only at its
+neutral value, so nothing a client asks for is silently ignored.
+
+Imports allowed: the standard library and pydantic.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "ApiError",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "StreamOptions",
+    "error_body",
+    "parse_request",
+]
+
+
+class ApiError(Exception):
+    """An error answered to the client as an OpenAI error object.
+
+    Args:
+        status: the HTTP status (400, 404, 429, 500, 503).
+        message: what went wrong, naming the field and the value.
+        param: the request field at fault, or None.
+        err_type: OpenAI's error type ("invalid_request_error", ...).
+        code: OpenAI's error code (e.g. "context_length_exceeded"), or None.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        err_type: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.err_type = err_type or _default_type(status)
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: {"error": {"message", "type", "param", "code"}}."""
+        return error_body(self.message, self.err_type, self.param, self.code)
+
+
+def _default_type(status: int) -> str:
+    if status == 429:
+        return "rate_limit_error"
+    if status == 404:
+        return "not_found_error"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def error_body(
+    message: str, err_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """Return OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Strict):
+    """stream_options: include_usage adds a final chunk with usage (and empty choices)."""
+
+    include_usage: bool = False
+    continuous_usage_stats: Literal[False] = False
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    priority: int = 0
+    # OpenAI/vLLM fields we do not implement: accepted only at their neutral values (see _UNSUPPORTED).
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions: one prompt (a string, or token ids; a batch of one is accepted)."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+
+class _TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    """One chat message; content is a string or a list of text parts."""
+
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[_TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions: messages rendered by the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def effective_max_tokens(self) -> int | None:
+        """max_completion_tokens (OpenAI's newer name) wins over max_tokens."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# field -> (neutral value test, what we say). Anything else is a 400 naming the field.
+_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "n": (lambda v: v == 1, "not supported (only n=1)"),
+    "best_of": (lambda v: v in (None, 1), "not supported (only best_of=1)"),
+    "logprobs": (lambda v: v in (None, False), "logprobs are not supported"),
+    "top_logprobs": (lambda v: v in (None, 0), "logprobs are not supported"),
+    "echo": (lambda v: v is False, "echo is not supported"),
+    "suffix": (lambda v: v is None, "suffix is not supported"),
+    "presence_penalty": (lambda v: v == 0.0, "presence_penalty is not supported (only 0)"),
+    "frequency_penalty": (lambda v: v == 0.0, "frequency_penalty is not supported (only 0)"),
+    "repetition_penalty": (lambda v: v == 1.0, "repetition_penalty is not supported (only 1.0)"),
+    "logit_bias": (lambda v: not v, "logit_bias is not supported"),
+    "min_tokens": (lambda v: v == 0, "min_tokens is not supported (only 0)"),
+    "skip_special_tokens": (lambda v: v is True, "skip_special_tokens=false is not supported"),
+    "tools": (lambda v: not v, "tools are not supported"),
+    "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported"),
+    "response_format": (lambda v: v in (None, {"type": "text"}), "only response_format 'text' is supported"),
+}
+
+
+def parse_request(raw: bytes, model_cls: type[_SamplingFields]) -> Any:
+    """Parse and validate a JSON body into `model_cls`.
+
+    Returns:
+        The validated request object.
+
+    Raises:
+        ApiError(400): malformed JSON, a body that is not an object, a wrong type, a value out of
+            range, an unknown field, or an unsupported feature at a non-neutral value; `param`
+            names the field.
+    """
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON in the request body: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        req = model_cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = _param_of(err["loc"])
+        got = err.get("input")
+        if err["type"] == "extra_forbidden":
+            raise ApiError(400, f"{param}: unknown or unsupported field", param) from None
+        raise ApiError(400, f"{param}: {err['msg']} (got {got!r})", param) from None
+    for name, (ok, why) in _UNSUPPORTED.items():
+        if name in req.model_fields_set and not ok(getattr(req, name)):
+            raise ApiError(400, f"{name}={getattr(req, name)!r}: {why}", name)
+    if req.stream_options is not None and not req.stream:
+        raise ApiError(400, "stream_options may only be set when stream is true", "stream_options")
+    if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
+        raise ApiError(400, f"stop_token_ids must be >= 0, got {req.stop_token_ids}", "stop_token_ids")
+    return req
+
+
+def _param_of(loc: tuple[int | str, ...]) -> str:
+    """Name the field of a pydantic error location: the top-level field, plus list indices and
+    nested field names, skipping the union-branch tags pydantic inserts (e.g. 'list[int]')."""
+    out = str(loc[0]) if loc else "body"
+    for part in loc[1:]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier() and part not in ("str", "int", "float", "bool"):
+            out += f".{part}"
+    return out

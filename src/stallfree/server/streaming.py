@@ -1,0 +1,85 @@
+"""Server-sent events: the OpenAI chunk objects, their `data:` framing, and a response that aborts the
+request when the client goes away.
+
+Imports allowed: the standard library and starlette.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["DONE", "SSEResponse", "completion_chunk", "sse", "usage_dict"]
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(obj: dict[str, Any]) -> str:
+    """Frame one JSON object as a server-sent event (`data: {...}` and a blank line)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's usage object (token counts)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    chat: bool,
+    text: str | None,
+    finish_reason: str | None,
+    role: bool = False,
+    with_usage_field: bool = False,
+) -> dict[str, Any]:
+    """One streamed chunk with one choice.
+
+    Args:
+        chat: a chat.completion.chunk (delta) rather than a text_completion (text).
+        text: the new text; for chat, None leaves `content` out of the delta.
+        role: put role "assistant" in the delta (the first chat chunk).
+        with_usage_field: include "usage": null (when the client asked for a final usage chunk).
+    """
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None}
+    choice["finish_reason"] = finish_reason
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if with_usage_field:
+        chunk["usage"] = None
+    return chunk
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response whose body iterator is always closed, so that a client that
+    disconnects mid-stream (cancelled body, or a send that fails) has its request aborted at once
+    by the iterator's cleanup rather than whenever the generator is garbage collected."""
+
+    media_type = "text/event-stream"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()

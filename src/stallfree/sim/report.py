@@ -1,0 +1,352 @@
+"""Reports of simulations: the summary (vLLM's serving-benchmark keys plus scheduler figures),
+per-request and per-step records, terminal tables and JSON/CSV files.
+
+Imports allowed: the standard library, stallfree.core and stallfree.sim; numpy and rich only inside
+functions (lazily), so that the event loop never loads them.
+
+The summary follows the definitions of stallfree.core.metrics exactly (the test suite checks it
+against stallfree.core.metrics.summarize); it is computed with numpy because a whole trace has
+millions of inter-token gaps.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stallfree.core.metrics import DEFAULT_PERCENTILES
+from stallfree.sim.simulator import SimResult
+
+__all__ = [
+    "latency_arrays",
+    "print_table",
+    "request_records",
+    "step_records",
+    "summarize_result",
+    "write_records",
+    "write_steps_csv",
+]
+
+
+def latency_arrays(res: SimResult) -> dict[str, Any]:
+    """Per-request TTFT, TPOT, E2E, queueing delay (s) and all inter-token gaps, as numpy arrays.
+
+    Returns:
+        dict with "rids" [n_done], "ttft" [n_done], "tpot" [n_multi] (requests with >= 2 tokens),
+        "tpot_rids" [n_multi], "e2e" [n_done], "queue" [n_done], "itl" [total tokens - n_done],
+        "tokens" [n_done] (tokens emitted), all in seconds except the counts.
+    """
+    import numpy as np
+
+    end = np.frombuffer(res.step_end, dtype=np.float64)
+    start = np.frombuffer(res.step_start, dtype=np.float64)
+    dec = np.frombuffer(res.step_decodes, dtype=np.int64)
+    ticks = np.frombuffer(res.step_ticks, dtype=np.int64)
+    first = np.asarray(res.first_step, dtype=np.int64)
+    fin = np.asarray(res.finish_step, dtype=np.int64)
+    adm = np.asarray(res.admit_step, dtype=np.int64)
+    arrival = np.asarray(res.arrival, dtype=np.float64)
+    done = np.flatnonzero((fin >= 0) & (first >= 0))
+    irregular = set(res.skips) | set(res.segments)
+    tokens = np.asarray([res.target[r] for r in done.tolist()], dtype=np.int64)
+    out: dict[str, Any] = {"rids": done, "tokens": tokens}
+    a, b = first[done], fin[done]
+    out["ttft"] = end[a] - arrival[done]
+    out["e2e"] = end[b] - arrival[done]
+    out["queue"] = start[adm[done]] - arrival[done]
+    multi = tokens > 1
+    out["tpot"] = (end[b][multi] - end[a][multi]) / (tokens[multi] - 1)
+    out["tpot_rids"] = done[multi]
+    # Inter-token gaps of the regular requests, vectorised: the token steps of a request are its
+    # first-token step a, then every step in (a, b] that had decodes.
+    reg = np.ones(len(done), dtype=bool)
+    if irregular:
+        reg = np.asarray([r not in irregular for r in done.tolist()], dtype=bool)
+    ra, rb = a[reg], b[reg]
+    lengths = rb - ra
+    total = int(lengths.sum())
+    gaps = [np.empty(0)]
+    if total:
+        owner = np.repeat(np.arange(len(ra)), lengths)
+        offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        steps = ra[owner] + offsets + 1
+        keep = dec[steps] > 0
+        steps, owner = steps[keep], owner[keep]
+        prev = np.empty_like(steps)
+        prev[1:] = steps[:-1]
+        new_owner = np.ones(len(steps), dtype=bool)
+        new_owner[1:] = owner[1:] != owner[:-1]
+        prev[new_owner] = ra[owner[new_owner]]
+        gaps.append(end[steps] - end[prev])
+        assert int(ticks[rb].sum() - ticks[ra].sum()) == len(steps)
+    for r in sorted(irregular):
+        if res.finish_step[r] >= 0:
+            gaps.append(np.diff(np.asarray(res.token_times(r))))
+    out["itl"] = np.concatenate(gaps)
+    return out
+
+
+def _stats(name: str, values: Any, percentiles: Sequence[float]) -> dict[str, float | None]:
+    import numpy as np
+
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms"] + [
+        f"p{q:g}_{name}_ms" for q in percentiles
+    ]
+    if len(values) == 0:
+        return dict.fromkeys(keys, None)
+    ms = values * 1e3
+    out: dict[str, float | None] = {
+        keys[0]: float(np.mean(ms)),
+        keys[1]: float(np.median(ms)),
+        keys[2]: float(np.std(ms)),
+    }
+    for q in percentiles:
+        out[f"p{q:g}_{name}_ms"] = float(np.percentile(ms, q))
+    return out
+
+
+def summarize_result(
+    res: SimResult,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+    percentiles: Iterable[float] = DEFAULT_PERCENTILES,
+) -> dict[str, Any]:
+    """Summarize a simulation: the keys of stallfree.core.metrics.summarize plus the scheduler's.
+
+    Args:
+        res: the simulation.
+        slo_ttft: TTFT objective for goodput, s (None: none).
+        slo_tpot: TPOT objective for goodput, s (None: none).
+        percentiles: which percentiles to report (default 50, 90, 99).
+
+    Returns:
+        A flat dict: label, workload, num_requests, rejected, completed, total_input_tokens,
+        total_output_tokens, duration_s, request_throughput, output_throughput,
+        total_token_throughput, request_goodput, slo_attainment, {mean,median,std,pXX}_{ttft,
+        tpot,itl,e2el,queue}_ms, num_steps, mean_tokens_per_step, budget_utilization (mean tokens
+        per step / token budget), queued_fraction (share of steps after which requests waited),
+        mean_kv_utilization and max_kv_utilization (reserved / total KV, time-weighted mean and
+        maximum), mean_running_decodes, sim_wall_s; plus the scheduler config.
+    """
+    import numpy as np
+
+    pcts = tuple(percentiles)
+    lat = latency_arrays(res)
+    done = lat["rids"]
+    n_done = len(done)
+    out: dict[str, Any] = {"label": res.label, "workload": res.workload, **res.config}
+    out["num_requests"] = res.num_requests
+    out["rejected"] = len(res.rejected)
+    if n_done == 0:
+        out["completed"] = 0
+        return out
+    end = np.frombuffer(res.step_end, dtype=np.float64)
+    start = np.frombuffer(res.step_start, dtype=np.float64)
+    arrival = np.asarray(res.arrival, dtype=np.float64)
+    fin = np.asarray(res.finish_step, dtype=np.int64)[done]
+    duration = float(end[fin].max() - arrival.min())
+    n_out = int(lat["tokens"].sum())
+    n_in = int(sum(res.prompt_len[r] for r in done.tolist()))
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
+    out.update(
+        completed=n_done,
+        total_input_tokens=n_in,
+        total_output_tokens=n_out,
+        duration_s=duration,
+        request_throughput=rate(n_done),
+        output_throughput=rate(n_out),
+        total_token_throughput=rate(n_in + n_out),
+        request_goodput=None,
+        slo_attainment=None,
+    )
+    if slo_ttft is not None or slo_tpot is not None:
+        good = np.ones(n_done, dtype=bool)
+        if slo_ttft is not None:
+            good &= lat["ttft"] <= slo_ttft
+        if slo_tpot is not None:
+            tpot_ok = np.ones(n_done, dtype=bool)
+            tpot_ok[np.searchsorted(done, lat["tpot_rids"])] = lat["tpot"] <= slo_tpot
+            good &= tpot_ok
+        out["request_goodput"] = rate(int(good.sum()))
+        out["slo_attainment"] = float(good.mean())
+    for name, key in (
+        ("ttft", "ttft"),
+        ("tpot", "tpot"),
+        ("itl", "itl"),
+        ("e2el", "e2e"),
+        ("queue", "queue"),
+    ):
+        out.update(_stats(name, lat[key], pcts))
+    dur = end - start
+    busy = float(dur.sum())
+    tokens = np.frombuffer(res.step_tokens, dtype=np.int64)
+    budget = res.config.get("token_budget")
+    kv = np.frombuffer(res.step_kv_used, dtype=np.int64)
+    waiting = np.frombuffer(res.step_waiting, dtype=np.int64)
+    decodes = np.frombuffer(res.step_decodes, dtype=np.int64)
+    out.update(
+        num_steps=res.num_steps,
+        mean_tokens_per_step=float(tokens.mean()),
+        budget_utilization=float(tokens.mean() / budget) if budget else None,
+        queued_fraction=float((waiting > 0).mean()),
+        mean_kv_utilization=float((kv * dur).sum() / busy / res.kv_total) if res.kv_total and busy else None,
+        max_kv_utilization=float(kv.max() / res.kv_total) if res.kv_total else None,
+        mean_running_decodes=float((decodes * dur).sum() / busy) if busy else 0.0,
+        sim_wall_s=res.wall_s,
+    )
+    return out
+
+
+def request_records(res: SimResult) -> list[dict[str, Any]]:
+    """One dict per request: rid, arrival_s, prompt_len, max_new, output_tokens, admitted_s,
+    first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms, queue_ms, finish_reason, rejected.
+    Times are None for rejected requests; tpot_ms is None below 2 tokens."""
+    start, end = res.step_start, res.step_end
+    rejected = dict(res.rejected)
+    rows = []
+    for r in range(res.num_requests):
+        a, f, adm = res.first_step[r], res.finish_step[r], res.admit_step[r]
+        arr = res.arrival[r]
+        row: dict[str, Any] = {
+            "rid": r,
+            "arrival_s": arr,
+            "prompt_len": res.prompt_len[r],
+            "max_new": res.max_new[r],
+            "output_tokens": res.target[r] if f >= 0 else 0,
+            "admitted_s": start[adm] if adm >= 0 else None,
+            "first_token_s": end[a] if a >= 0 else None,
+            "finish_s": end[f] if f >= 0 else None,
+            "finish_reason": res.finish_reason[r] or None,
+            "rejected": rejected.get(r),
+        }
+        row["ttft_ms"] = (end[a] - arr) * 1e3 if a >= 0 else None
+        row["e2el_ms"] = (end[f] - arr) * 1e3 if f >= 0 else None
+        row["queue_ms"] = (start[adm] - arr) * 1e3 if adm >= 0 else None
+        n = row["output_tokens"]
+        row["tpot_ms"] = (end[f] - end[a]) / (n - 1) * 1e3 if f >= 0 and n > 1 else None
+        rows.append(row)
+    return rows
+
+
+def step_records(res: SimResult) -> Iterable[dict[str, Any]]:
+    """One dict per step: step, start_s, end_s, num_tokens, num_decodes, prefill_tokens,
+    kv_used_tokens, kv_utilization, num_waiting."""
+    kv_total = res.kv_total or 1
+    for s in range(res.num_steps):
+        tok, dec, kv = res.step_tokens[s], res.step_decodes[s], res.step_kv_used[s]
+        yield {
+            "step": s,
+            "start_s": res.step_start[s],
+            "end_s": res.step_end[s],
+            "num_tokens": tok,
+            "num_decodes": dec,
+            "prefill_tokens": tok - dec,
+            "kv_used_tokens": kv,
+            "kv_utilization": kv / kv_total,
+            "num_waiting": res.step_waiting[s],
+        }
+
+
+def write_records(res: SimResult, path: Path) -> None:
+    """Write the per-request records to `path`: JSON if it ends in .json, else CSV.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    rows = request_records(res)
+    if path.suffix == ".json":
+        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        return
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["rid"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_steps_csv(res: SimResult, path: Path) -> None:
+    """Write the per-step records (KV utilisation over time, tokens per step) as CSV.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(
+            fh,
+            fieldnames=[
+                "step",
+                "start_s",
+                "end_s",
+                "num_tokens",
+                "num_decodes",
+                "prefill_tokens",
+                "kv_used_tokens",
+                "kv_utilization",
+                "num_waiting",
+            ],
+        )
+        writer.writeheader()
+        writer.writerows(step_records(res))
+
+
+_TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("completed", "completed requests", "{:,}"),
+    ("rejected", "rejected (never fit)", "{:,}"),
+    ("request_throughput", "requests/s", "{:.2f}"),
+    ("output_throughput", "output tokens/s", "{:,.0f}"),
+    ("request_goodput", "goodput (req/s)", "{:.2f}"),
+    ("slo_attainment", "SLO attainment", "{:.1%}"),
+    ("mean_ttft_ms", "TTFT mean (ms)", "{:,.1f}"),
+    ("median_ttft_ms", "TTFT median (ms)", "{:,.1f}"),
+    ("p90_ttft_ms", "TTFT p90 (ms)", "{:,.1f}"),
+    ("p99_ttft_ms", "TTFT p99 (ms)", "{:,.1f}"),
+    ("mean_tpot_ms", "TPOT mean (ms)", "{:,.2f}"),
+    ("median_tpot_ms", "TPOT median (ms)", "{:,.2f}"),
+    ("p90_tpot_ms", "TPOT p90 (ms)", "{:,.2f}"),
+    ("p99_tpot_ms", "TPOT p99 (ms)", "{:,.2f}"),
+    ("mean_itl_ms", "ITL mean (ms)", "{:,.2f}"),
+    ("p99_itl_ms", "ITL p99 (ms)", "{:,.2f}"),
+    ("mean_e2el_ms", "E2E mean (ms)", "{:,.0f}"),
+    ("p99_e2el_ms", "E2E p99 (ms)", "{:,.0f}"),
+    ("mean_queue_ms", "queueing mean (ms)", "{:,.1f}"),
+    ("p99_queue_ms", "queueing p99 (ms)", "{:,.1f}"),
+    ("mean_tokens_per_step", "tokens/step", "{:,.1f}"),
+    ("budget_utilization", "budget utilization", "{:.1%}"),
+    ("mean_running_decodes", "running decodes (mean)", "{:,.1f}"),
+    ("mean_kv_utilization", "KV utilization mean", "{:.1%}"),
+    ("max_kv_utilization", "KV utilization max", "{:.1%}"),
+    ("num_steps", "steps", "{:,}"),
+    ("sim_wall_s", "simulation wall time (s)", "{:.2f}"),
+)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None:
+        return "-"
+    return spec.format(value)
+
+
+def console() -> Any:
+    """A rich Console for stdout; wide when stdout is not a terminal, so piped tables are not cut."""
+    from rich.console import Console
+
+    out = Console()
+    return out if out.is_terminal else Console(width=200)
+
+
+def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -> None:
+    """Print summaries side by side on the terminal (rich), one column per run."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("metric")
+    for s in summaries:
+        table.add_column(str(s.get("label", "")), justify="right")
+    for key, name, spec in _TABLE_ROWS:
+        if all(s.get(key) is None for s in summaries) and key in ("request_goodput", "slo_attainment"):
+            continue
+        table.add_row(name, *(_fmt(s.get(key), spec) for s in summaries))
+    console().print(table)

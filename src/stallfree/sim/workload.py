@@ -1,0 +1,467 @@
+"""Workloads for the simulator: real request traces (Azure LLM 2023, BurstGPT, generic CSV/JSONL),
+synthetic arrivals (Poisson, Gamma) with length distributions, and rate/window/head transforms.
+
+Imports allowed: the standard library only.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import gzip
+import io
+import json
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import IO
+
+__all__ = [
+    "BUNDLED_TRACE",
+    "LengthSpec",
+    "TraceError",
+    "Workload",
+    "load_bundled",
+    "load_trace",
+    "parse_length_spec",
+    "synthetic",
+]
+
+#: The trace shipped in the package (Azure LLM inference trace 2023, conversation; see data/README.md).
+BUNDLED_TRACE = "azure_conv_2023.csv.gz"
+
+# How many bad-row messages a skipping load keeps for its report.
+_KEPT_MESSAGES = 5
+
+
+class TraceError(ValueError):
+    """A trace could not be read: a missing file, an unknown format, or a malformed row (the message
+    starts with `path:line:` and names the field and the value)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Requests to replay: per request an arrival time and its prompt and output lengths.
+
+    Requests are in file order (stable-sorted by arrival); equal arrivals keep that order, which is
+    the order the simulator adds them in.
+
+    Attributes:
+        arrivals: arrival time of each request, s, non-decreasing (traces start at 0).
+        prompt_lens: prompt length of each request, tokens (>= 1).
+        output_lens: tokens each request really generates (>= 1) before it stops by itself.
+        name: a label for reports.
+        skipped_rows: malformed rows skipped while loading (with skip_bad_rows).
+        notes: lines for the report (what was skipped or excluded, and why).
+
+    Raises:
+        ValueError: the three sequences differ in length, or a length is < 1.
+    """
+
+    arrivals: tuple[float, ...]
+    prompt_lens: tuple[int, ...]
+    output_lens: tuple[int, ...]
+    name: str = "workload"
+    skipped_rows: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        n = len(self.arrivals)
+        if len(self.prompt_lens) != n or len(self.output_lens) != n:
+            raise ValueError(
+                f"workload {self.name!r}: {n} arrivals, {len(self.prompt_lens)} prompt_lens, "
+                f"{len(self.output_lens)} output_lens"
+            )
+        if n and (min(self.prompt_lens) < 1 or min(self.output_lens) < 1):
+            raise ValueError(f"workload {self.name!r}: every prompt_len and output_len must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.arrivals)
+
+    @property
+    def duration(self) -> float:
+        """Time from the first to the last arrival, s (0 for fewer than 2 requests)."""
+        return self.arrivals[-1] - self.arrivals[0] if len(self.arrivals) > 1 else 0.0
+
+    @property
+    def mean_rate(self) -> float:
+        """Arrivals per second over the workload's span (inf when all arrive at once)."""
+        d = self.duration
+        return (len(self) - 1) / d if d > 0 else math.inf
+
+    def scale_rate(self, factor: float) -> Workload:
+        """Replay `factor` times faster: every arrival time divided by factor (> 0).
+
+        Raises:
+            ValueError: factor is not a finite number > 0.
+        """
+        if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"rate scale must be a finite number > 0, got {factor!r}")
+        if factor == 1:
+            return self
+        return replace(self, arrivals=tuple(t / factor for t in self.arrivals))
+
+    def window(self, start: float = 0.0, end: float = math.inf) -> Workload:
+        """The requests arriving in [start, end) s, with times shifted so that `start` is 0.
+
+        Raises:
+            ValueError: end <= start or start < 0.
+        """
+        if start < 0 or end <= start:
+            raise ValueError(f"time window needs 0 <= start < end, got start={start!r}, end={end!r}")
+        idx = [i for i, t in enumerate(self.arrivals) if start <= t < end]
+        return self._select(idx, shift=start)
+
+    def head(self, n: int) -> Workload:
+        """The first n requests (all of them when n >= len).
+
+        Raises:
+            ValueError: n < 1.
+        """
+        if n < 1:
+            raise ValueError(f"number of requests must be >= 1, got {n!r}")
+        return self._select(range(min(n, len(self))), shift=0.0)
+
+    def _select(self, idx: range | list[int], shift: float) -> Workload:
+        return replace(
+            self,
+            arrivals=tuple(self.arrivals[i] - shift for i in idx),
+            prompt_lens=tuple(self.prompt_lens[i] for i in idx),
+            output_lens=tuple(self.output_lens[i] for i in idx),
+        )
+
+
+# ---------------------------------------------------------------------------------- traces
+
+
+def load_bundled() -> Workload:
+    """Load the bundled Azure LLM 2023 conversation trace (19,366 requests, about an hour)."""
+    ref = resources.files("stallfree.sim").joinpath("data", BUNDLED_TRACE)
+    with ref.open("rb") as raw:
+        text = io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8", newline="")
+        return _load_csv(text, "<bundled>/" + BUNDLED_TRACE, "azure", False, "azure-conv-2023")
+
+
+def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False) -> Workload:
+    """Load a request trace; `.gz` files are decompressed.
+
+    Formats (fmt="auto" picks by extension, then by the CSV header):
+        azure: Azure LLM inference trace 2023 CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens.
+        burstgpt: BurstGPT CSV: Timestamp (s), Request tokens, Response tokens (other columns ignored;
+            rows with 0 response tokens are failed requests in the trace: excluded and counted).
+        csv: arrival_time (s), prompt_len, output_len.
+        jsonl: one object per line with arrival_time, prompt_len, output_len.
+
+    Args:
+        path: the file.
+        fmt: "auto", "azure", "burstgpt", "csv" or "jsonl".
+        skip_bad_rows: skip and count malformed rows instead of raising at the first one.
+
+    Raises:
+        TraceError: the file is missing or unreadable, the format is unknown, or (without
+            skip_bad_rows) a row is malformed: "path:line: field value: reason"; also when no
+            request is left.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"trace file not found: {path}")
+    if fmt not in ("auto", "azure", "burstgpt", "csv", "jsonl"):
+        raise TraceError(f"unknown trace format {fmt!r} (expected auto, azure, burstgpt, csv or jsonl)")
+    name = p.name.removesuffix(".gz")
+    if fmt == "auto" and name.endswith((".jsonl", ".json")):
+        fmt = "jsonl"
+    try:
+        with _open_text(p) as fh:
+            if fmt == "jsonl":
+                return _load_jsonl(fh, str(path), skip_bad_rows, name)
+            return _load_csv(fh, str(path), fmt, skip_bad_rows, name)
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise TraceError(f"cannot read trace {path}: {exc}") from None
+
+
+def _open_text(p: Path) -> IO[str]:
+    if p.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8", newline="")
+    return open(p, encoding="utf-8", newline="")
+
+
+_HEADERS = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+    "csv": ("arrival_time", "prompt_len", "output_len"),
+}
+
+
+class _Rows:
+    """Collects parsed rows, counting or raising on bad ones."""
+
+    def __init__(self, path: str, skip: bool) -> None:
+        self.path, self.skip = path, skip
+        self.rows: list[tuple[float, int, int]] = []
+        self.bad = 0
+        self.messages: list[str] = []
+        self.excluded = 0
+
+    def error(self, line: int, message: str) -> None:
+        text = f"{self.path}:{line}: {message}"
+        if not self.skip:
+            raise TraceError(text)
+        self.bad += 1
+        if len(self.messages) < _KEPT_MESSAGES:
+            self.messages.append(text)
+
+    def finish(self, name: str) -> Workload:
+        if not self.rows:
+            raise TraceError(f"{self.path}: no requests in the trace")
+        rows = sorted(self.rows, key=lambda r: r[0])  # stable: equal arrivals keep file order
+        t0 = rows[0][0]
+        notes = []
+        if self.bad:
+            notes.append(f"skipped {self.bad} malformed rows; first: {self.messages[0]}")
+        if self.excluded:
+            notes.append(f"excluded {self.excluded} rows with 0 output tokens (failed in the trace)")
+        return Workload(
+            arrivals=tuple(r[0] - t0 for r in rows),
+            prompt_lens=tuple(r[1] for r in rows),
+            output_lens=tuple(r[2] for r in rows),
+            name=name,
+            skipped_rows=self.bad,
+            notes=tuple(notes),
+        )
+
+
+def _int_field(field_name: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{field_name} {text!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{field_name} {text!r} must be >= {minimum}")
+    return value
+
+
+def _float_field(field_name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{field_name} {text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{field_name} {text!r} must be a finite number >= 0")
+    return value
+
+
+_DAYS: dict[str, int] = {}
+
+
+def _wall_clock(text: str) -> float:
+    """Seconds since 0001-01-01 of 'YYYY-MM-DD HH:MM:SS[.fffffff]' (7 fractional digits in Azure's)."""
+    try:
+        day = _DAYS.get(text[:10])
+        if day is None:
+            day = _DAYS.setdefault(text[:10], datetime.date.fromisoformat(text[:10]).toordinal())
+        if text[10] not in " T" or text[13] != ":" or text[16] != ":":
+            raise ValueError
+        secs = int(text[11:13]) * 3600 + int(text[14:16]) * 60 + float(text[17:])
+    except (ValueError, IndexError):
+        raise ValueError(f"TIMESTAMP {text!r} is not a 'YYYY-MM-DD HH:MM:SS.fff' time") from None
+    return day * 86400.0 + secs
+
+
+def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Workload:
+    reader = csv.reader(fh)
+    header = next(reader, None)
+    if header is None:
+        raise TraceError(f"{path}: empty file")
+    header = [h.strip() for h in header]
+    if fmt == "auto":
+        fmt = next((f for f, cols in _HEADERS.items() if set(cols) <= set(header)), "")
+        if not fmt:
+            raise TraceError(
+                f"{path}:1: unrecognised header {header}; expected the columns of one of: "
+                + "; ".join(f"{f} ({', '.join(c)})" for f, c in _HEADERS.items())
+            )
+    cols = _HEADERS[fmt]
+    missing = [c for c in cols if c not in header]
+    if missing:
+        raise TraceError(f"{path}:1: {fmt} trace lacks column(s) {missing}; header is {header}")
+    ia, ip, io_ = (header.index(c) for c in cols)
+    width = len(header)
+    rows = _Rows(path, skip)
+    min_out = 0 if fmt == "burstgpt" else 1
+    for row in reader:
+        line = reader.line_num
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        try:
+            if len(row) != width:
+                raise ValueError(f"expected {width} fields, got {len(row)}")
+            t = _wall_clock(row[ia].strip()) if fmt == "azure" else _float_field(cols[0], row[ia])
+            plen = _int_field(cols[1], row[ip].strip(), 1)
+            olen = _int_field(cols[2], row[io_].strip(), min_out)
+        except ValueError as exc:
+            rows.error(line, str(exc))
+            continue
+        if olen == 0:
+            rows.excluded += 1
+            continue
+        rows.rows.append((t, plen, olen))
+    return rows.finish(name)
+
+
+def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
+    rows = _Rows(path, skip)
+    for line, text in enumerate(fh, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+            if not isinstance(obj, dict):
+                raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+            for key in ("arrival_time", "prompt_len", "output_len"):
+                if key not in obj:
+                    raise ValueError(f"missing field {key!r}")
+            t = _float_field("arrival_time", str(obj["arrival_time"]))
+            plen = _int_field("prompt_len", str(obj["prompt_len"]), 1)
+            olen = _int_field("output_len", str(obj["output_len"]), 1)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            rows.error(line, str(exc))
+            continue
+        rows.rows.append((t, plen, olen))
+    return rows.finish(name)
+
+
+# ------------------------------------------------------------------------------- synthetic
+
+
+@dataclass(frozen=True, slots=True)
+class LengthSpec:
+    """A token-length distribution: fixed, uniform (inclusive), lognormal (by median and sigma,
+    capped at `hi`), or resampled from a trace (`path` None means the bundled one).
+
+    Build one with parse_length_spec().
+    """
+
+    kind: str
+    lo: float = 0.0
+    hi: float = 0.0
+    path: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return f"fixed:{self.lo:g}"
+        if self.kind == "trace":
+            return "trace" + (f":{self.path}" if self.path else "")
+        return f"{self.kind}:{self.lo:g},{self.hi:g}"
+
+
+def parse_length_spec(text: str) -> LengthSpec:
+    """Parse "fixed:N", "uniform:LO,HI", "lognormal:MEDIAN,SIGMA", "trace" or "trace:PATH".
+
+    Raises:
+        ValueError: an unknown kind or a bad number; the message quotes the text.
+    """
+    kind, _, rest = text.strip().partition(":")
+    try:
+        nums = [float(x) for x in rest.split(",")] if rest and kind != "trace" else []
+    except ValueError:
+        raise ValueError(f"bad length distribution {text!r}: {rest!r} is not a list of numbers") from None
+    if kind == "fixed" and len(nums) == 1 and nums[0] >= 1:
+        return LengthSpec("fixed", nums[0], nums[0])
+    if kind == "uniform" and len(nums) == 2 and 1 <= nums[0] <= nums[1]:
+        return LengthSpec("uniform", nums[0], nums[1])
+    if kind == "lognormal" and len(nums) == 2 and nums[0] >= 1 and nums[1] >= 0:
+        return LengthSpec("lognormal", nums[0], nums[1])
+    if kind == "trace":
+        return LengthSpec("trace", path=rest or None)
+    raise ValueError(
+        f"bad length distribution {text!r}; expected fixed:N, uniform:LO,HI (1 <= LO <= HI), "
+        "lognormal:MEDIAN,SIGMA (MEDIAN >= 1, SIGMA >= 0), trace or trace:PATH"
+    )
+
+
+def _trace_pairs(spec: LengthSpec) -> list[tuple[int, int]]:
+    wl = load_trace(spec.path) if spec.path else load_bundled()
+    return list(zip(wl.prompt_lens, wl.output_lens, strict=True))
+
+
+def _sample_lengths(spec: LengthSpec, rng: random.Random, n: int, which: int) -> list[int]:
+    if spec.kind == "fixed":
+        return [int(spec.lo)] * n
+    if spec.kind == "uniform":
+        return [rng.randint(int(spec.lo), int(spec.hi)) for _ in range(n)]
+    if spec.kind == "lognormal":
+        mu = math.log(spec.lo)
+        return [max(1, round(rng.lognormvariate(mu, spec.hi))) for _ in range(n)]
+    pairs = _trace_pairs(spec)
+    return [rng.choice(pairs)[which] for _ in range(n)]
+
+
+def _gaps(rng: random.Random, n: int, rate: float, arrival: str, burstiness: float) -> Iterator[float]:
+    if arrival == "poisson":
+        for _ in range(n):
+            yield rng.expovariate(rate)
+    else:
+        # Gamma gaps with shape k = burstiness and mean 1/rate: CV^2 = 1/k, so k = 1 is Poisson
+        # and k < 1 is burstier (the burstiness factor of vLLM's serving benchmark).
+        scale = 1.0 / (rate * burstiness)
+        for _ in range(n):
+            yield rng.gammavariate(burstiness, scale)
+
+
+def synthetic(
+    num_requests: int,
+    rate: float,
+    prompt_len: LengthSpec,
+    output_len: LengthSpec,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> Workload:
+    """Draw a synthetic workload: the first request at 0 s, then random gaps.
+
+    When both lengths are `trace` specs of the same trace, (prompt, output) pairs are resampled
+    together, keeping their correlation; otherwise each is drawn on its own.
+
+    Args:
+        num_requests: requests to draw, >= 1.
+        rate: mean arrivals per second, > 0.
+        prompt_len: prompt length distribution, tokens.
+        output_len: output length distribution, tokens.
+        arrival: "poisson" (exponential gaps) or "gamma" (Gamma gaps of shape `burstiness`).
+        burstiness: Gamma shape, > 0 (1 = Poisson, < 1 burstier); ignored for poisson.
+        seed: seed of the random.Random that draws everything (same seed, same workload).
+
+    Raises:
+        ValueError: a count, rate or burstiness out of range, or an unknown arrival process.
+        TraceError: a `trace:PATH` length spec names an unreadable trace.
+    """
+    if num_requests < 1:
+        raise ValueError(f"num_requests must be >= 1, got {num_requests!r}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a finite number > 0 (requests/s), got {rate!r}")
+    if arrival not in ("poisson", "gamma"):
+        raise ValueError(f"arrival must be 'poisson' or 'gamma', got {arrival!r}")
+    if not (math.isfinite(burstiness) and burstiness > 0):
+        raise ValueError(f"burstiness must be a finite number > 0, got {burstiness!r}")
+    rng = random.Random(seed)
+    gaps = list(_gaps(rng, num_requests - 1, rate, arrival, burstiness))
+    arrivals = [0.0]
+    for g in gaps:
+        arrivals.append(arrivals[-1] + g)
+    if prompt_len.kind == "trace" and output_len.kind == "trace" and prompt_len.path == output_len.path:
+        pairs = _trace_pairs(prompt_len)
+        drawn = [rng.choice(pairs) for _ in range(num_requests)]
+        prompts, outputs = [p for p, _ in drawn], [o for _, o in drawn]
+    else:
+        prompts = _sample_lengths(prompt_len, rng, num_requests, 0)
+        outputs = _sample_lengths(output_len, rng, num_requests, 1)
+    label = f"{arrival}(rate={rate:g}" + (f", burstiness={burstiness:g}" if arrival == "gamma" else "")
+    return Workload(
+        arrivals=tuple(arrivals),
+        prompt_lens=tuple(prompts),
+        output_lens=tuple(outputs),
+        name=f"{label}; prompt {prompt_len}; output {output_len}; seed {seed})",
+    )

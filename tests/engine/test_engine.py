@@ -1,0 +1,302 @@
+"""LLMEngine behaviour: stops, limits, errors, abort, failed steps and seeded sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stallfree.core import RequestRejected as CoreRequestRejected
+from stallfree.engine import (
+    ContextLengthExceeded,
+    EngineError,
+    InvalidPrompt,
+    RequestRejected,
+    SamplingParams,
+    StepFailed,
+)
+
+GREEDY = dict(temperature=0)
+PARIS = "The capital of France is"  # greedy: " Paris.\n\nThe answer is: 2"
+
+
+def test_text_streams_and_finishes_with_length(make_engine, run_to_end):
+    """A greedy request streams " Paris." token by token and finishes with reason "length"."""
+    eng = make_engine()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=2, **GREEDY))
+    outs = run_to_end(eng)["a"]
+    assert [o.new_token_ids for o in outs] == [[7042], [30]]
+    assert [o.text for o in outs] == [" Paris", "."]
+    assert [o.finished for o in outs] == [False, True]
+    assert outs[-1].finish_reason == "length"
+    assert (outs[-1].num_prompt_tokens, outs[-1].num_generated) == (5, 2)
+
+
+def test_max_tokens_one_finishes_on_prefill_step(make_engine):
+    """max_tokens=1: the first token comes out of the prefill step, which also finishes it."""
+    eng = make_engine()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=1, **GREEDY))
+    (out,) = eng.step()
+    assert (out.new_token_ids, out.text, out.finished) == ([7042], " Paris", True)
+    assert out.finish_reason == "length"
+    assert not eng.has_unfinished()
+
+
+def test_stop_string_cuts_text_and_stops(make_engine, run_to_end):
+    """A stop string ends the request with "stop"; the text returned ends before it."""
+    eng = make_engine()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=10, stop=["\n\nThe"], **GREEDY))
+    outs = run_to_end(eng)["a"]
+    assert "".join(o.text for o in outs) == " Paris."
+    assert outs[-1].finish_reason == "stop"
+    # " Paris", ".", "\n", "\n", "The": the fifth token completes the stop string.
+    assert [t for o in outs for t in o.new_token_ids] == [7042, 30, 198, 198, 504]
+
+
+def test_stop_token_id_excluded_from_text(make_engine, run_to_end):
+    """A stop token id ends the request; the token is returned but its text is not."""
+    eng = make_engine()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=10, stop_token_ids=[30], **GREEDY))
+    outs = run_to_end(eng)["a"]
+    assert [t for o in outs for t in o.new_token_ids] == [7042, 30]
+    assert "".join(o.text for o in outs) == " Paris"
+    assert outs[-1].finish_reason == "stop"
+
+
+def test_eos_stops_chat_unless_ignored(make_engine, run_to_end):
+    """The chat answer ends at <|im_end|> (EOS id 2) with "stop"; with ignore_eos it runs to length."""
+    eng = make_engine()
+    prompt = eng.apply_chat_template([{"role": "user", "content": "What is 2+2?"}])
+    eng.add_request("a", prompt, SamplingParams(max_tokens=20, **GREEDY))
+    eng.add_request("b", prompt, SamplingParams(max_tokens=14, ignore_eos=True, **GREEDY))
+    outs = run_to_end(eng)
+    a = outs["a"]
+    assert a[-1].new_token_ids == [2] and a[-1].finish_reason == "stop"
+    assert "".join(o.text for o in a) == "The answer to this classic math problem is 4."
+    assert len(outs["b"]) == 14 and outs["b"][-1].finish_reason == "length"
+    assert 2 in [t for o in outs["b"] for t in o.new_token_ids]
+
+
+def test_chat_template_renders_default_system_prompt(make_engine):
+    """SmolLM2's template adds its default system turn and the assistant opening."""
+    eng = make_engine()
+    text = eng.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                    "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert eng.tokenizer.encode("<|im_start|>user")[0] == 1
+
+
+def test_context_length_exceeded_names_both_numbers(make_engine):
+    """A prompt plus max_tokens beyond 8192 is refused with the model's limit and both counts."""
+    eng = make_engine()
+    with pytest.raises(ContextLengthExceeded) as err:
+        eng.add_request("a", [100] * 8000, SamplingParams(max_tokens=500))
+    assert str(err.value).startswith(
+        "This model's maximum context length is 8192 tokens. However, you requested 8500 tokens "
+        "(8000 in the messages, 500 in the completion)."
+    )
+    assert (err.value.prompt_tokens, err.value.max_tokens, err.value.max_model_len) == (8000, 500, 8192)
+    assert isinstance(err.value, ValueError) and not eng.has_unfinished()
+
+
+def test_never_fits_kv_is_rejected(make_engine):
+    """A request larger than the KV cache is rejected at add, as both engine and core errors."""
+    eng = make_engine(kv_tokens=64)
+    with pytest.raises(RequestRejected, match="kv_tokens = 64") as err:
+        eng.add_request("a", [100] * 60, SamplingParams(max_tokens=10))
+    assert isinstance(err.value, CoreRequestRejected) and isinstance(err.value, EngineError)
+    assert not eng.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "match"),
+    [("", "empty"), ([], "empty"), ([1, 49152], "49152 is outside"), ([1, -1], "-1 is outside"),
+     (3.5, "string or a list"), ([1, True], "string or a list")],
+    ids=["empty_text", "empty_ids", "id_too_big", "id_negative", "float", "bool_id"],
+)
+def test_bad_prompts_are_refused(make_engine, prompt, match):
+    """Empty prompts, out-of-vocabulary ids and wrong types raise InvalidPrompt; nothing is queued."""
+    eng = make_engine()
+    with pytest.raises(InvalidPrompt, match=match):
+        eng.add_request("a", prompt, SamplingParams())
+    assert not eng.has_unfinished() and eng.scheduler.num_waiting == 0
+
+
+def test_duplicate_live_rid_is_refused(make_engine):
+    """Adding a rid that is still live raises InvalidPrompt and leaves the first request alone."""
+    eng = make_engine()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=3))
+    with pytest.raises(InvalidPrompt, match="already live"):
+        eng.add_request("a", PARIS, SamplingParams(max_tokens=3))
+    assert eng.scheduler.num_waiting == 1
+
+
+@pytest.mark.parametrize("when", ["waiting", "mid_prefill", "decoding"])
+def test_abort_releases_kv_and_keeps_others(make_engine, run_to_end, when):
+    """Aborting a waiting, mid-prefill or decoding request frees its KV blocks; the other request
+    still gets its exact greedy output."""
+    eng = make_engine(token_budget=4, max_seqs=1 if when == "waiting" else 2)
+    eng.add_request("keep", PARIS, SamplingParams(max_tokens=3, **GREEDY))
+    eng.add_request("x", "Write a haiku about the sea.", SamplingParams(max_tokens=5, **GREEDY))
+    steps = {"waiting": 1, "mid_prefill": 2, "decoding": 5}[when]
+    outs: dict = {}
+    for _ in range(steps):
+        for o in eng.step():
+            outs.setdefault(o.rid, []).append(o)
+    eng.abort("x")
+    for rid, more in run_to_end(eng).items():
+        outs.setdefault(rid, []).extend(more)
+    assert [t for o in outs["keep"] for t in o.new_token_ids] == [7042, 30, 198]
+    assert all(not o.finished for o in outs.get("x", []))
+    assert eng.scheduler.kv_free == eng.scheduler.kv_total
+    assert eng._alloc.num_free_blocks == eng._alloc.num_blocks
+    eng.abort("x")  # already gone: a no-op
+    with pytest.raises(KeyError):
+        eng.abort("never-added")
+
+
+def test_failed_step_is_retried_and_abort_recovers(make_engine, run_to_end, monkeypatch):
+    """A step whose forward pass raises leaves no request advanced; aborting the culprit and
+    stepping again finishes the others with their exact outputs."""
+    eng = make_engine(token_budget=64)
+    eng.add_request("good", PARIS, SamplingParams(max_tokens=3, **GREEDY))
+    eng.add_request("bad", "Write a haiku about the sea.", SamplingParams(max_tokens=3, **GREEDY))
+    real = eng.model.forward
+    calls = {"n": 0}
+
+    def broken(batch, kv):
+        calls["n"] += 1
+        if batch.num_tokens > 5:  # the step holding "bad"'s prompt
+            raise RuntimeError("boom")
+        return real(batch, kv)
+
+    monkeypatch.setattr(eng.model, "forward", broken)
+    with pytest.raises(StepFailed) as err:
+        eng.step()
+    assert set(err.value.rids) == {"good", "bad"} and isinstance(err.value.__cause__, RuntimeError)
+    with pytest.raises(StepFailed):  # the same plan again
+        eng.step()
+    eng.abort("bad")
+    outs = run_to_end(eng)
+    assert [t for o in outs["good"] for t in o.new_token_ids] == [7042, 30, 198]
+    assert "bad" not in outs
+    assert eng.scheduler.kv_free == eng.scheduler.kv_total
+    assert eng._alloc.num_free_blocks == eng._alloc.num_blocks
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(make_engine, run_to_end):
+    """The same seed gives the same sampled tokens alone and batched with other requests."""
+    params = SamplingParams(max_tokens=6, temperature=1.0, top_p=0.9, top_k=50, seed=1234)
+    first = make_engine(max_seqs=1)
+    first.add_request("s", PARIS, params)
+    alone = [t for o in run_to_end(first)["s"] for t in o.new_token_ids]
+    second = make_engine(token_budget=3, max_seqs=3)
+    second.add_request("other", "1, 2, 3,", SamplingParams(max_tokens=4, temperature=0.7))
+    second.add_request("s", PARIS, params)
+    batched = [t for o in run_to_end(second)["s"] for t in o.new_token_ids]
+    assert len(alone) == 6 and batched == alone
+
+
+def test_multibyte_text_is_never_cut(make_engine, run_to_end):
+    """Generated text that has characters spanning several byte tokens never shows U+FFFD and
+    concatenates to the decode of all tokens."""
+    eng = make_engine()
+    prompt = eng.apply_chat_template([{"role": "user", "content": "Write three emoji: 🎉🚀🌟"}])
+    eng.add_request("e", prompt, SamplingParams(max_tokens=24, ignore_eos=True, **GREEDY))
+    outs = run_to_end(eng)["e"]
+    ids = [t for o in outs for t in o.new_token_ids]
+    text = "".join(o.text for o in outs)
+    assert "\ufffd" not in text
+    assert text == eng.tokenizer.decode(ids)
+    assert any(ord(ch) > 0xFFFF for ch in text)  # the model did answer with emoji
+
+
+def test_engine_reports_model_facts(make_engine):
+    """The engine exposes the model's name, context length and EOS ids, and the scheduler's state."""
+    eng = make_engine(token_budget=32, max_seqs=3, kv_tokens=1000)
+    assert (eng.model_name, eng.max_model_len, eng.eos_token_ids) == ("SmolLM2-135M-Instruct", 8192, (2,))
+    assert (eng.scheduler.kv_total, eng.scheduler.num_running, eng.scheduler.num_waiting) == (1000, 0, 0)
+    assert eng._alloc.num_blocks == 63 + 3  # ceil(1000 / 16) + max_seqs
+    assert eng.step() == [] and eng.last_plan.num_tokens == 0
+
+
+def test_default_kv_tokens_fit_two_gib(model, checkpoint):
+    """kv_tokens=None on CPU gives 2 GiB of float32 KV: 2**31 // 46,080 B/token = 46,603 tokens."""
+    from stallfree.engine import LLMEngine
+
+    eng = LLMEngine(model, checkpoint.tokenizer, token_budget=16, max_seqs=64)
+    assert eng.scheduler.kv_total == min(8192 * 64, 2**31 // (2 * 30 * 3 * 64 * 4)) == 46603
+
+
+def test_device_and_dtype_names_are_checked():
+    """Unknown dtypes, and cuda without a GPU, are refused with the value named."""
+    from stallfree.engine.engine import resolve_device, resolve_dtype
+
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype("float32") is torch.float32
+    with pytest.raises(EngineError, match="'int3'"):
+        resolve_dtype("int3")
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert resolve_device(None).type == "cpu"
+        with pytest.raises(EngineError, match="CUDA is not available"):
+            resolve_device("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_bf16_greedy_matches_cpu_prefix(run_to_end):
+    """On a GPU in bf16 the bundled model still answers " Paris" to the France prompt."""
+    from stallfree.engine import LLMEngine
+
+    eng = LLMEngine.from_pretrained(token_budget=64, max_seqs=4, kv_tokens=4096, device="cuda",
+                                    dtype="bf16")
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=2, **GREEDY))
+    assert run_to_end(eng)["a"][0].text == " Paris"
+
+
+class _TableScheduler:
+    """A stand-in for the paged scheduler: the reservation Scheduler plus block tables it owns,
+    handed out from the top of the pool so that they differ from the engine's own allocator."""
+
+    def __init__(self, token_budget, max_seqs, num_blocks, block_size):
+        from stallfree.core import Scheduler
+
+        self._s = Scheduler(token_budget, max_seqs, num_blocks * block_size)
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self._free = list(range(num_blocks))
+        self._tables = {}
+
+    def __getattr__(self, name):
+        return getattr(self._s, name)
+
+    def schedule(self):
+        plan = self._s.schedule()
+        for c in plan:
+            table = self._tables.setdefault(c.rid, [])
+            while len(table) * self.block_size < c.start + c.num_tokens:
+                table.append(self._free.pop())
+        return plan
+
+    def complete(self, plan, stopped=()):
+        emitted = self._s.complete(plan, stopped)
+        for rid in self._s.last_finished:
+            self._free.extend(self._tables.pop(rid, []))
+        return emitted
+
+    def block_table(self, rid):
+        return self._tables[rid]
+
+
+def test_engine_follows_scheduler_block_tables(model, checkpoint, run_to_end):
+    """With a scheduler that owns block tables, the engine writes and reads KV where they say and
+    still gets the exact greedy outputs."""
+    from stallfree.engine import LLMEngine
+
+    sched = _TableScheduler(token_budget=3, max_seqs=2, num_blocks=8, block_size=4)
+    eng = LLMEngine(model, checkpoint.tokenizer, scheduler=sched)
+    assert eng._alloc is None and eng.kv.num_slots == 32 and eng.block_size == 4
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=3, **GREEDY))
+    eng.add_request("b", "1, 2, 3, 4,", SamplingParams(max_tokens=3, **GREEDY))
+    outs = run_to_end(eng)
+    assert [t for o in outs["a"] for t in o.new_token_ids] == [7042, 30, 198]
+    assert [t for o in outs["b"] for t in o.new_token_ids] == [216, 37, 28]
+    assert sorted(sched._free) == list(range(8))

@@ -1,0 +1,96 @@
+"""The decoder on a Hugging Face directory: a tiny random Llama with grouped-query attention, an
+untied LM head and Llama 3 RoPE scaling gives transformers' logits and greedy tokens."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from stallfree.engine import LLMEngine, ModelLoadError, SamplingParams
+from stallfree.engine.batch import BatchEntry, build_flat_batch
+from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.weights import load_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(
+    vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False, eos_token_id=2,
+    bos_token_id=1,
+    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, checkpoint):
+    """A Hugging Face directory with a seeded random tiny Llama and SmolLM2's tokenizer."""
+    path = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).eval()
+        m.save_pretrained(path, safe_serialization=True)
+    checkpoint.tokenizer._tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "chat_template": checkpoint.tokenizer.chat_template}))
+    return path, m
+
+
+def test_hf_directory_config_is_read(tiny_dir):
+    """config.json's shape, untied head and RoPE scaling come through."""
+    path, _ = tiny_dir
+    ck = load_checkpoint(path)
+    c = ck.config
+    assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size) == (2, 4, 2, 16, 64)
+    assert not c.tie_embeddings and c.rope_scaling["rope_type"] == "llama3"
+    assert ck.name == path.name and ck.tokenizer.eos_token_ids == (2,)
+
+
+def test_tiny_logits_match_transformers(tiny_dir):
+    """Full-pass logits of 40 tokens (beyond the 32-token original context) match within 1e-4."""
+    path, ref = tiny_dir
+    ck = load_checkpoint(path)
+    from stallfree.engine.model import LlamaModel
+
+    model = LlamaModel(ck.config, ck.tensors)
+    ids = list(range(100, 140))
+    kv = KVCache(2, 2, 16, 4, 16, torch.float32, torch.device("cpu"))
+    batch = build_flat_batch([BatchEntry(ids, 0, [0, 1, 2], "all")], 16, torch.device("cpu"))
+    ours = model.forward(batch, kv)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    assert (ours - want).abs().max().item() < 1e-4
+
+
+def test_tiny_engine_greedy_matches_transformers_generate(tiny_dir):
+    """The engine, chunking at budget 5, generates what transformers' greedy generate does."""
+    path, ref = tiny_dir
+    eng = LLMEngine.from_pretrained(path, token_budget=5, max_seqs=2, kv_tokens=256, device="cpu")
+    ids = list(range(200, 223))
+    eng.add_request(0, ids, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    got = []
+    while eng.has_unfinished():
+        for o in eng.step():
+            got += o.new_token_ids
+    x = torch.tensor([ids])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = ref.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert got == out[0, len(ids):].tolist()
+
+
+def test_missing_and_foreign_paths_are_refused(tmp_path):
+    """A missing path, an empty directory and an unsupported model_type raise ModelLoadError."""
+    with pytest.raises(ModelLoadError, match="is not a .gguf file or a directory"):
+        load_checkpoint(tmp_path / "nope")
+    with pytest.raises(ModelLoadError, match="neither config.json nor a .gguf"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(ModelLoadError, match="'gpt2' is not supported"):
+        load_checkpoint(tmp_path)

@@ -1,0 +1,48 @@
+"""SamplingParams validation and the samplers' filtering."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stallfree.engine import InvalidSamplingParams, SamplingParams
+from stallfree.engine.sampling import sample_one
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", 0), ("max_tokens", 1.5), ("max_tokens", True), ("temperature", -0.1),
+     ("temperature", 2.5), ("top_p", 0), ("top_p", 1.1), ("top_k", -2), ("top_k", 2.0),
+     ("min_p", 1.5), ("seed", "x"), ("stop", [""]), ("stop", [3]), ("stop_token_ids", [-1]),
+     ("ignore_eos", 1), ("priority", 0.5)],
+    ids=lambda v: repr(v),
+)
+def test_bad_fields_name_field_and_value(field, value):
+    """Each out-of-range field raises InvalidSamplingParams (a ValueError) naming it and its value."""
+    with pytest.raises(InvalidSamplingParams) as err:
+        SamplingParams(**{field: value})
+    assert field in str(err.value) and repr(value) in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_defaults_and_normalisation():
+    """A single stop string becomes a tuple; lists become tuples; temperature 0 is greedy."""
+    p = SamplingParams(stop="END", stop_token_ids=[5], temperature=0, min_p=0.1)
+    assert p.stop == ("END",) and p.stop_token_ids == (5,) and p.greedy
+    assert SamplingParams().max_tokens == 16 and not SamplingParams().greedy
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    """top_k=1, or a top_p below the top token's probability, always picks the argmax."""
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
+    g = torch.Generator().manual_seed(0)
+    for params in (SamplingParams(temperature=1.5, top_k=1), SamplingParams(temperature=1.0, top_p=0.01)):
+        assert {sample_one(logits, params, g) for _ in range(50)} == {1}
+
+
+def test_min_p_drops_unlikely_tokens():
+    """min_p=0.5 keeps only tokens at least half as likely as the best: here ids 1 and 2."""
+    logits = torch.log(torch.tensor([0.05, 0.5, 0.4, 0.05]))
+    g = torch.Generator().manual_seed(0)
+    seen = {sample_one(logits, SamplingParams(min_p=0.5), g) for _ in range(200)}
+    assert seen == {1, 2}

@@ -1,0 +1,286 @@
+"""A fake LLMEngine for server tests: the real stallfree Scheduler with deterministic fake tokens.
+
+It has the interface of stallfree.engine.LLMEngine (add_request, step, abort, has_unfinished,
+tokenizer, apply_chat_template, max_model_len, model_name, eos_token_ids, scheduler, last_plan), so
+the server is tested against the scheduler contract without a model. Tokens are characters: the
+tokenizer maps each character to its code point, and the "model" writes the characters of
+`FakeEngine.TEXT` in a cycle, starting at an offset derived from the prompt, so outputs are
+deterministic and easy to check by hand.
+
+Imports allowed: the standard library and stallfree.core.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+
+from stallfree.core import Request, Scheduler, StepPlan
+
+EOS_ID = 3  # a control code point, decoded as "" like a special token
+
+
+class FakeEngineError(ValueError):
+    """Base of the fake's add_request errors (the real engine's EngineError is a ValueError)."""
+
+
+class FakeContextLengthExceeded(FakeEngineError):
+    """The prompt plus max_tokens exceeds max_model_len; same attributes as the engine's error."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len
+        super().__init__(
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the "
+            "completion). Please reduce the length of the prompt or completion."
+        )
+
+
+class FakeStepError(RuntimeError):
+    """An injected failure inside step(); `rids` names the requests of the failed step.
+
+    As with the engine's StepFailed, the plan stays in flight and no request advanced: the next
+    step() retries it without the requests aborted in between.
+    """
+
+    def __init__(self, rids: Sequence[Hashable]) -> None:
+        self.rids = tuple(rids)
+        super().__init__(f"injected step failure for {list(self.rids)}")
+
+
+@dataclass(frozen=True, slots=True)
+class FakeSamplingParams:
+    """The fields of stallfree.engine.SamplingParams, validated the same way (ValueError naming the field)."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class FakeRequestOutput:
+    """What one step produced for one request (the fields of stallfree.engine.RequestOutput)."""
+
+    rid: Hashable
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_generated: int
+
+
+class FakeTokenizer:
+    """One token per character (its code point); EOS decodes to nothing."""
+
+    def encode(self, text: str) -> list[int]:
+        """Return the code points of `text`."""
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Return the characters of `ids`, dropping EOS."""
+        return "".join(chr(i) for i in ids if i != EOS_ID)
+
+
+@dataclass(slots=True)
+class _Seq:
+    rid: Hashable
+    prompt: list[int]
+    params: FakeSamplingParams
+    generated: list[int] = field(default_factory=list)
+    emitted_chars: int = 0  # characters of the generated text already sent (stop-string holdback)
+
+
+class FakeEngine:
+    """A deterministic stand-in for LLMEngine that drives the real Scheduler.
+
+    Args:
+        token_budget, max_seqs, kv_tokens: passed to Scheduler (tokens, sequences, tokens).
+        max_model_len: the context length in tokens.
+        step_time_s: a sleep inside step() (seconds), or a function of the plan giving one; lets
+            tests keep requests in flight and benchmarks model a step's cost.
+        eos_after: when set, every request samples EOS as its eos_after-th generated token
+            (unless ignore_eos).
+    """
+
+    TEXT = "the quick brown fox jumps over the lazy dog. "
+
+    def __init__(
+        self,
+        token_budget: int = 64,
+        max_seqs: int = 8,
+        kv_tokens: int = 4096,
+        max_model_len: int = 512,
+        step_time_s: float | Callable[[StepPlan], float] = 0.0,
+        eos_after: int | None = None,
+    ) -> None:
+        self.scheduler = Scheduler(token_budget=token_budget, max_seqs=max_seqs, kv_tokens=kv_tokens)
+        self.tokenizer = FakeTokenizer()
+        self.max_model_len = max_model_len
+        self.model_name = "fake-model"
+        self.eos_token_ids = (EOS_ID,)
+        self.last_plan: StepPlan | None = None
+        self.step_time_s = step_time_s
+        self.eos_after = eos_after
+        self.fail_next_steps = 0  # set by tests: the next N steps raise FakeStepError
+        self.added: list[Hashable] = []
+        self.priorities: dict[Hashable, int] = {}
+        self.params: dict[Hashable, FakeSamplingParams] = {}
+        self.aborted: list[Hashable] = []
+        self.num_steps = 0
+        self._seqs: dict[Hashable, _Seq] = {}
+        self._pending: StepPlan | None = None  # a failed step's plan, retried by the next step()
+        self._lock = threading.Lock()  # detects calls that overlap step(), which the server must never make
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(
+        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, priority: int = 0
+    ) -> None:
+        """Queue a request; raises FakeContextLengthExceeded, or RequestRejected if it can never fit."""
+        with self._guard():
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            if not ids:
+                raise FakeEngineError("prompt must not be empty")
+            if len(ids) + params.max_tokens > self.max_model_len:
+                raise FakeContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
+            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority))
+            self._seqs[rid] = _Seq(rid, ids, params)
+            self.added.append(rid)
+            self.priorities[rid] = priority
+            self.params[rid] = params
+
+    def abort(self, rid: Hashable) -> None:
+        """Abort a request; its KV is released now, or at the end of the step in flight."""
+        with self._guard():
+            self.scheduler.abort(rid)
+            if self._seqs.pop(rid, None) is not None:
+                self.aborted.append(rid)
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running (or a failed plan awaits its retry)."""
+        return self.scheduler.has_unfinished() or self._pending is not None
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
+        """Render messages as `<role>content` lines and open the assistant's turn."""
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[FakeRequestOutput]:
+        """Run one scheduler step and sample one fake token for each request that samples."""
+        with self._guard():
+            plan = self._pending if self._pending is not None else self.scheduler.schedule()
+            self._pending = plan
+            self.last_plan = plan
+            self.num_steps += 1
+            delay = self.step_time_s(plan) if callable(self.step_time_s) else self.step_time_s
+            if delay > 0:
+                time.sleep(delay)
+            if self.fail_next_steps > 0:
+                self.fail_next_steps -= 1
+                raise FakeStepError([c.rid for c in plan])
+            self._pending = None
+            # Requests aborted while the plan was in flight are still in it; they sample nothing.
+            sampled = {r: self._next_token(self._seqs[r]) for r in plan.sampled_rids if r in self._seqs}
+            stopped = [rid for rid, tok in sampled.items() if self._is_stop_token(self._seqs[rid], tok)]
+            for rid, tok in sampled.items():
+                self._seqs[rid].generated.append(tok)
+            stopped += [r for r in sampled if r not in stopped and self._hit_stop_string(self._seqs[r])]
+            emitted = self.scheduler.complete(plan, stopped)
+            return self._outputs(emitted)
+
+    def _outputs(self, emitted: Sequence[Hashable]) -> list[FakeRequestOutput]:
+        finished = self.scheduler.last_finished
+        outs = []
+        for rid in emitted:
+            seq = self._seqs[rid]
+            reason = finished.get(rid)
+            text = self._new_text(seq, reason is not None)
+            outs.append(
+                FakeRequestOutput(
+                    rid, [seq.generated[-1]], text, reason is not None,
+                    None if reason is None else str(reason), len(seq.prompt), len(seq.generated),
+                )
+            )
+            if reason is not None:
+                del self._seqs[rid]
+        return outs
+
+    def _next_token(self, seq: _Seq) -> int:
+        n = len(seq.generated)
+        if self.eos_after is not None and n + 1 == self.eos_after:
+            return EOS_ID
+        return ord(self.TEXT[(sum(seq.prompt) + n) % len(self.TEXT)])
+
+    def _is_stop_token(self, seq: _Seq, tok: int) -> bool:
+        if tok in seq.params.stop_token_ids:
+            return True
+        return tok == EOS_ID and not seq.params.ignore_eos
+
+    def _text(self, seq: _Seq) -> str:
+        return self.tokenizer.decode(seq.generated)
+
+    def _hit_stop_string(self, seq: _Seq) -> bool:
+        text = self._text(seq)
+        return any(s in text for s in seq.params.stop)
+
+    def _new_text(self, seq: _Seq, finished: bool) -> str:
+        """The text not yet sent; held back while it could be the start of a stop string."""
+        text = self._text(seq)
+        cut = len(text)
+        for s in seq.params.stop:
+            pos = text.find(s)
+            if pos >= 0:
+                cut = min(cut, pos)
+            elif not finished:
+                for k in range(min(len(s) - 1, len(text)), 0, -1):
+                    if text.endswith(s[:k]):
+                        cut = min(cut, len(text) - k)
+                        break
+        new = text[seq.emitted_chars : cut] if cut > seq.emitted_chars else ""
+        seq.emitted_chars = max(seq.emitted_chars, cut)
+        return new
+
+    def _guard(self) -> _Guard:
+        return _Guard(self._lock)
+
+
+class _Guard:
+    """Fails loudly if two engine calls overlap (the server must serialize them)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise AssertionError("engine called concurrently with another engine call")
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+class FakeEngineNoPriority(FakeEngine):
+    """A FakeEngine whose add_request has no priority keyword (an engine without priorities)."""
+
+    def add_request(self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams) -> None:  # type: ignore[override]
+        """Queue a request at priority 0."""
+        super().add_request(rid, prompt, params)

@@ -1,0 +1,136 @@
+"""The `stallfree simulate` and `stallfree sweep` commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallfree.cli import main
+
+
+def test_simulate_json_header_and_runs(capsys):
+    """simulate --json reports the rate scale, the utilisation and vLLM-named metrics."""
+    assert main(["simulate", "--num-requests", "300", "--json", "--slo-ttft", "1s", "--slo-tpot", "50"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["header"]["rate_scale"] == 3.0
+    assert out["header"]["requests"] == 300
+    run = out["runs"][0]
+    assert run["batching"] == "chunked"
+    assert run["completed"] == 300
+    assert 0 < run["load"] < 1
+    for key in (
+        "mean_ttft_ms",
+        "median_tpot_ms",
+        "p99_itl_ms",
+        "p99_e2el_ms",
+        "request_goodput",
+        "output_throughput",
+    ):
+        assert run[key] is not None, key
+
+
+def test_simulate_compare_table_and_out_dir(tmp_path, capsys):
+    """--compare prints the three modes side by side; --out writes records, steps and plots."""
+    code = main(
+        ["simulate", "--compare", "--num-requests", "200", "--max-tokens", "256", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "rate scale 3" in text and "of capacity" in text
+    assert "chunked/2048" in text and "prefill-first/2048" in text and "no-chunk/2048" in text
+    for name in ("summary.json", "requests-chunked.csv", "steps-no-chunk.csv", "cdf.png", "timeline.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    header = (tmp_path / "requests-chunked.csv").read_text().splitlines()[0]
+    assert header.startswith("rid,arrival_s,prompt_len,max_new,output_tokens,admitted_s,first_token_s")
+
+
+def test_records_json(tmp_path):
+    """--records FILE.json writes one record per request."""
+    path = tmp_path / "r.json"
+    assert main(["simulate", "--num-requests", "50", "--records", str(path), "--json"]) == 0
+    rows = json.loads(path.read_text())
+    assert len(rows) == 50
+    assert rows[0]["ttft_ms"] > 0
+
+
+def test_missing_trace_is_one_line(capsys):
+    """A missing trace file is one line on stderr and exit status 1."""
+    assert main(["simulate", "--trace", "/nonexistent/t.csv"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "trace file not found: /nonexistent/t.csv" in err
+
+
+def test_bad_value_is_one_line(capsys):
+    """A bad option value is one line on stderr and exit status 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--budget", "lots"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--budget" in err and "lots" in err
+
+
+def test_malformed_trace_stops_before_simulating(tmp_path, capsys):
+    """A malformed row stops the run with file and line; --skip-bad-rows skips and reports it."""
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_time,prompt_len,output_len\n0,10,5\n1,ten,5\n2,10,5\n")
+    assert main(["simulate", "--trace", str(p)]) == 1
+    err = capsys.readouterr().err
+    assert f"{p}:3: prompt_len 'ten' is not an integer" in err
+    assert main(["simulate", "--trace", str(p), "--skip-bad-rows"]) == 0
+    assert "skipped 1 malformed rows" in capsys.readouterr().out
+
+
+def test_synthetic_workload(capsys):
+    """A synthetic Gamma workload runs and is labelled with its parameters."""
+    argv = [
+        "simulate",
+        "--synthetic",
+        "gamma",
+        "--rate",
+        "4",
+        "--burstiness",
+        "0.5",
+        "--num-requests",
+        "100",
+        "--prompt-len",
+        "uniform:10,500",
+        "--output-len",
+        "fixed:20",
+        "--json",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["header"]["workload"].startswith("gamma(rate=4, burstiness=0.5")
+    assert out["runs"][0]["total_output_tokens"] == 2000
+
+
+def test_check_with_a_baseline_is_a_usage_error(capsys):
+    """--check applies to the contract's scheduler only."""
+    assert main(["simulate", "--check", "--batching", "prefill-first", "--num-requests", "10"]) == 2
+    assert "--check" in capsys.readouterr().err
+
+
+def test_sweep_writes_rows_and_plots(tmp_path, capsys):
+    """sweep runs one configuration per (mode, budget) and writes the CSV and both plots."""
+    argv = [
+        "sweep",
+        "--budgets",
+        "256,2048",
+        "--batching",
+        "chunked,prefill-first",
+        "--num-requests",
+        "150",
+        "--jobs",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    rows = (tmp_path / "sweep.csv").read_text().splitlines()
+    assert len(rows) == 5
+    assert rows[0].startswith("batching,rate_scale,token_budget")
+    assert (tmp_path / "tradeoff.png").stat().st_size > 0
+    assert (tmp_path / "cdf.png").stat().st_size > 0
