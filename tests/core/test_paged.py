@@ -225,30 +225,41 @@ def test_victims_are_the_newest_and_requeue_in_arrival_order():
     assert {rid: emitted.count(rid) for rid in "abcde"} == {"a": 3, "b": 3, "c": 3, "d": 3, "e": 1}
 
 
-def test_decode_that_is_the_newest_preempts_itself_and_nothing_is_admitted_that_step():
+def test_decode_that_is_the_newest_preempts_itself_and_returns_when_its_whole_recompute_fits():
     """Budget 4, 6 blocks of 2: at step 3 a (older) takes the last block and c, whose decode at position 6
-    needs one, is the newest, so it preempts itself (1 token generated, no blocks left); its 3 blocks are
-    free again and its 3-token first chunk would fit, but a step that preempted admits nothing."""
+    needs one, is the newest, so it preempts itself (1 token generated, no blocks left). Its first
+    recompute chunk (3 tokens, 2 blocks) would fit the 3 free blocks, but its whole recompute (prompt 6
+    + 1 = 7 tokens, 4 blocks) does not, so it waits until a finishes (step 10); then chunks 4 + 3, and the
+    last samples its 2nd token."""
     s = make_paged(token_budget=4, max_seqs=4, num_blocks=6, block_size=2)
-    s.add(Request("a", 2, 11))
-    s.add(Request("c", 6, 7))
+    chk = PagedInvariantChecker(s)
+    chk.add(Request("a", 2, 11))
+    chk.add(Request("c", 6, 7))
     prefills = []
     for _ in range(3):  # c's prompt in chunks 2, 3, 1 beside a; c's first token at step 2
-        plan = s.schedule()
+        plan = chk.schedule()
         prefills.append([(c.rid, c.num_tokens) for c in plan.prefills])
-        s.complete(plan)
+        chk.complete(plan)
     assert prefills == [[("a", 2), ("c", 2)], [("c", 3)], [("c", 1)]] and s.num_free_blocks == 1
-    plan = s.schedule()
+    plan = chk.schedule()
     assert plan.decode_rids == ("a",) and plan.preempted == ("c",) and plan.admitted == ()
     st = s.request_state("c")
     assert (st.status, st.num_generated, st.num_prefilled, st.num_preemptions) == (
         RequestStatus.PREEMPTED, 1, 0, 1)
     assert s.block_table("c") == () and s.num_free_blocks == 3
-    s.complete(plan)
-    plan = s.schedule()
-    assert plan.admitted == ("c",)
-    assert [(c.num_tokens, c.start, c.is_last) for c in plan.prefills] == [(3, 0, False)]
-    assert s.num_recomputed_tokens == 3
+    chk.complete(plan)
+    rows = {}
+    while s.has_unfinished():
+        plan = chk.schedule()
+        rows[plan.step] = ([(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills], plan.admitted,
+                           chk.complete(plan), dict(s.last_finished))
+    assert all(row[1] == () for step, row in rows.items() if step < 11)
+    assert rows[10][3] == {"a": FinishReason.LENGTH}
+    assert rows[11] == ([("c", 4, 0, False)], ("c",), (), {})
+    assert rows[12] == ([("c", 3, 4, True)], (), ("c",), {})
+    assert rows[17][3] == {"c": FinishReason.LENGTH}
+    assert s.num_recomputed_tokens == 7
+    chk.check_final()
 
 
 def test_partial_prefill_that_cannot_get_its_blocks_preempts_itself():

@@ -93,8 +93,10 @@ class PagedScheduler:
     2. the partial prefill, up to what is left; its chunk takes the blocks its tokens need;
     3. admission, strictly first come first served: the head needs a free slot, budget left, and the
        blocks of its first chunk while keeping watermark_blocks = floor(watermark * num_blocks) blocks
-       free (waived when nothing is running: there is then nobody to push into preemption, and this
-       guarantees that any request that passes add() runs). No admission in a step that preempted.
+       free; a preempted head needs the blocks of its whole recompute (prompt_len + generated), so that
+       it is not readmitted only to be preempted again. The watermark is waived when nothing is running
+       (nobody to push into preemption; so any request that passes add() runs). A step that preempted
+       admits nothing (its victims head the queue).
 
     Preemption by recompute: a scheduled request (a decode or the partial prefill) that cannot get its
     block preempts running requests from the most recently admitted backwards, never one admitted
@@ -432,7 +434,11 @@ class PagedScheduler:
                 break
             n = min(obj.target, left)
             need = -(-n // bs)
-            if need > free or (self._num_running and free - need < self.watermark_blocks):
+            # A preempted request comes back only when its whole recompute fits: it was preempted for
+            # want of blocks, and readmitting it on its first chunk's blocks alone would recompute
+            # that chunk and preempt it again, step after step (B21's thrashing).
+            want = -(-obj.target // bs) if obj.num_preemptions else need
+            if want > free or (self._num_running and free - want < self.watermark_blocks):
                 break
             waiting.popleft()
             pool.allocate(obj.table, need)

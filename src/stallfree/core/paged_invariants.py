@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from stallfree.core.paged import PagedScheduler
 from stallfree.core.plan import StepPlan
-from stallfree.core.request import Request, RequestStatus
+from stallfree.core.request import FinishReason, Request, RequestStatus
 
 __all__ = ["PagedInvariantChecker", "PagedInvariantViolation"]
 
@@ -89,6 +89,37 @@ class PagedInvariantChecker:
 
     def _fail(self, rule: str, detail: str) -> None:
         raise PagedInvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
+
+    # ------------------------------------------------------------------ read-only views (drop-in use)
+
+    @property
+    def last_finished(self) -> dict[Hashable, FinishReason]:
+        """The scheduler's last_finished."""
+        return self.scheduler.last_finished
+
+    @property
+    def kv_free(self) -> int:
+        """The scheduler's free KV, tokens."""
+        return self.scheduler.kv_free
+
+    @property
+    def kv_total(self) -> int:
+        """The scheduler's KV capacity, tokens."""
+        return self.scheduler.kv_total
+
+    @property
+    def num_waiting(self) -> int:
+        """The scheduler's waiting requests."""
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """The scheduler's running requests."""
+        return self.scheduler.num_running
+
+    def has_unfinished(self) -> bool:
+        """The scheduler's has_unfinished()."""
+        return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ forwarded calls
 
@@ -211,7 +242,8 @@ class PagedInvariantChecker:
                 sh = reqs[rid]
                 n = min(sh.target, left)
                 need = self._blocks(n)
-                if need > free or (self._running and free - need < s.watermark_blocks):
+                want = self._blocks(sh.target) if sh.preemptions else need
+                if want > free or (self._running and free - want < s.watermark_blocks):
                     break
                 self._waiting.pop(0)
                 self._running.append(rid)
