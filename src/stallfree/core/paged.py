@@ -157,7 +157,7 @@ class PagedScheduler:
         # in bucket k % block_size (rid -> request, admission order) each need a new block. The
         # blocks are promised in one count and given ids when the table is materialized, so a step
         # costs O(1) for block accounting however many decodes cross a boundary.
-        self._buckets: list[dict[Hashable, _Live]] = [{} for _ in range(block_size)]
+        self._buckets: dict[int, dict[Hashable, _Live]] = {}
         self._due: dict[int, list[_Live]] = {}
         self._step = 0
         self._inflight: StepPlan | None = None
@@ -336,7 +336,7 @@ class PagedScheduler:
         victims: list[_Live] = []
         # Contract step 1, KV part: the decodes whose token starts a block take one each; usually one
         # O(1) promise, else blocks one by one, oldest first, preempting as needed.
-        bucket = self._buckets[step % self.block_size]
+        bucket = self._buckets.get(step % self.block_size)
         if bucket and not self._pool.try_promise(len(bucket)):
             self._grow_decodes(bucket, step, victims)
         decode_rids, decode_offsets, used = self._decode_tuples(budget)
@@ -557,7 +557,7 @@ class PagedScheduler:
         self._dec_offset_sum += off
         self._dec_dirty = True
         obj.bucket = -off % self.block_size
-        self._buckets[obj.bucket][obj.rid] = obj
+        self._buckets.setdefault(obj.bucket, {})[obj.rid] = obj
 
     def _materialize(self, obj: _Live) -> None:
         """Give a decode's table the ids of the blocks promised to it.
