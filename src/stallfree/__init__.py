@@ -7,6 +7,7 @@ their own subpackages (stallfree.costmodel, stallfree.sim, stallfree.engine, sta
 from stallfree.core import (
     FinishReason,
     InvalidConfig,
+    PagedScheduler,
     Request,
     RequestRejected,
     RequestState,
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "FinishReason",
     "InvalidConfig",
+    "PagedScheduler",
     "Request",
     "RequestRejected",
     "RequestState",

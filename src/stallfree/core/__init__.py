@@ -4,6 +4,7 @@ Imports allowed: the standard library only; nothing else from stallfree.
 """
 
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerError, SchedulerStateError
+from stallfree.core.paged import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 from stallfree.core.scheduler import Scheduler
@@ -11,6 +12,7 @@ from stallfree.core.scheduler import Scheduler
 __all__ = [
     "FinishReason",
     "InvalidConfig",
+    "PagedScheduler",
     "Request",
     "RequestRejected",
     "RequestState",
