@@ -209,6 +209,20 @@ def register(subparsers: Any) -> None:
         help="time budget mode: each step takes the most tokens whose predicted time stays under T "
         "(50ms; bare = ms), given the running decodes' context lengths",
     )
+    g.add_argument(
+        "--scheduler",
+        choices=["reserve", "paged"],
+        default="reserve",
+        help="reserve: KV for prompt + max_new reserved at admission (the contract); paged: KV blocks "
+        "taken as tokens are computed, preemption by recompute",
+    )
+    g.add_argument("--block-size", type=_positive_int, default=16, help="paged: tokens per KV block (default 16)")
+    g.add_argument(
+        "--watermark",
+        type=float,
+        default=0.01,
+        help="paged: fraction of KV blocks kept free at admission (default 0.01)",
+    )
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
@@ -270,8 +284,11 @@ class Setup:
         self.cost_model, self.kv_tokens, self.hardware = build_cost_model(args)
 
     def config(self, batching: str, budget: int) -> SchedulerConfig:
-        """The scheduler config for one run."""
-        return SchedulerConfig(self.kv_tokens, budget, self.args.max_seqs, batching)
+        """The scheduler config for one run (paged KV applies to chunked batching; baselines reserve)."""
+        a = self.args
+        kv = getattr(a, "scheduler", "reserve") if batching == "chunked" else "reserve"
+        block_size, watermark = getattr(a, "block_size", 16), getattr(a, "watermark", 0.01)
+        return SchedulerConfig(self.kv_tokens, budget, a.max_seqs, batching, kv, block_size, watermark)
 
     def header(self) -> dict[str, Any]:
         """Facts for the report's header."""
@@ -369,6 +386,12 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     if args.check and args.batching != "chunked" and not args.compare:
         raise CliError("--check checks the contract's scheduler: use it with --batching chunked", 2)
+    if not 0 <= args.watermark < 1:
+        raise CliError(f"--watermark must be in [0, 1), got {args.watermark}", 2)
+    if args.scheduler == "paged" and args.batching != "chunked" and not args.compare:
+        raise CliError("--scheduler paged runs chunked batching: drop --batching", 2)
+    if args.step_time_target is not None and args.scheduler == "paged":
+        raise CliError("--step-time-target drives the reservation scheduler: drop --scheduler paged", 2)
     if args.step_time_target is not None and (args.compare or args.batching != "chunked"):
         raise CliError("--step-time-target drives the chunked scheduler: drop --compare and --batching", 2)
     if args.budget is None:

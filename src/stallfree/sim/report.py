@@ -196,6 +196,8 @@ def summarize_result(
         mean_kv_utilization=float((kv * dur).sum() / busy / res.kv_total) if res.kv_total and busy else None,
         max_kv_utilization=float(kv.max() / res.kv_total) if res.kv_total else None,
         mean_running_decodes=float((decodes * dur).sum() / busy) if busy else 0.0,
+        num_preemptions=res.num_preemptions,
+        num_recomputed_tokens=res.num_recomputed_tokens,
         sim_wall_s=res.wall_s,
     )
     return out
@@ -318,6 +320,8 @@ _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("mean_running_decodes", "running decodes (mean)", "{:,.1f}"),
     ("mean_kv_utilization", "KV utilization mean", "{:.1%}"),
     ("max_kv_utilization", "KV utilization max", "{:.1%}"),
+    ("num_preemptions", "preemptions", "{:,}"),
+    ("num_recomputed_tokens", "recomputed tokens", "{:,}"),
     ("num_steps", "steps", "{:,}"),
     ("sim_wall_s", "simulation wall time (s)", "{:.2f}"),
 )

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from stallfree.core.errors import RequestRejected
+from stallfree.core.invariants import InvariantChecker
+from stallfree.core.paged import PagedScheduler
+from stallfree.core.paged_invariants import PagedInvariantChecker
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
@@ -77,19 +80,32 @@ class SchedulerConfig:
         token_budget: tokens per step, >= 1.
         max_seqs: the most running requests, >= 1.
         batching: "chunked" (stallfree.Scheduler, the contract), "prefill-first" or "no-chunk".
+        kv: "reserve" (prompt_len + max_new reserved at admission) or "paged" (stallfree.PagedScheduler:
+            blocks of `block_size` tokens taken as tokens are computed, `watermark` of the blocks kept
+            free at admission, preemption by recompute); "paged" applies to chunked batching only.
+        block_size: tokens per KV block (paged).
+        watermark: fraction of blocks kept free at admission (paged), in [0, 1).
 
     Raises:
-        ValueError: an unknown batching mode (the numbers are checked by the scheduler at build()).
+        ValueError: an unknown batching or kv mode, or kv="paged" with a baseline (the numbers are
+            checked by the scheduler at build()).
     """
 
     kv_tokens: int
     token_budget: int = 2048
     max_seqs: int = 256
     batching: str = "chunked"
+    kv: str = "reserve"
+    block_size: int = 16
+    watermark: float = 0.01
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {', '.join(BATCHING_MODES)}; got {self.batching!r}")
+        if self.kv not in ("reserve", "paged"):
+            raise ValueError(f"kv must be 'reserve' or 'paged'; got {self.kv!r}")
+        if self.kv == "paged" and self.batching != "chunked":
+            raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
 
     def build(self) -> SchedulerLike:
         """Make a fresh scheduler.
@@ -97,6 +113,9 @@ class SchedulerConfig:
         Raises:
             InvalidConfig: a number is out of range.
         """
+        if self.kv == "paged":
+            blocks = self.kv_tokens // self.block_size
+            return PagedScheduler(self.token_budget, self.max_seqs, blocks, self.block_size, self.watermark)
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
             "chunked": Scheduler,
             "prefill-first": PrefillFirstScheduler,
@@ -106,8 +125,8 @@ class SchedulerConfig:
 
     @property
     def label(self) -> str:
-        """A short name for tables: "chunked/2048"."""
-        return f"{self.batching}/{self.token_budget}"
+        """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
+        return f"{'paged' if self.kv == 'paged' else self.batching}/{self.token_budget}"
 
 
 @dataclass(slots=True)
@@ -146,6 +165,8 @@ class SimResult:
     skips: dict[int, list[int]] = field(default_factory=dict)
     segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     wall_s: float = 0.0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
 
     @property
     def num_requests(self) -> int:
@@ -217,12 +238,8 @@ def _make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) ->
 
 
 def _wrap_checker(sched: SchedulerLike) -> SchedulerLike:
-    try:
-        from stallfree.core.invariants import InvariantChecker
-    except ImportError:
-        raise SimulationError(
-            "--check needs stallfree.core.invariants.InvariantChecker, which this installation lacks"
-        ) from None
+    if isinstance(sched, PagedScheduler):
+        return cast(SchedulerLike, PagedInvariantChecker(sched))
     return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
 
 
@@ -274,6 +291,7 @@ def simulate(
             token_budget=scheduler.token_budget,
             max_seqs=scheduler.max_seqs,
             kv_tokens=scheduler.kv_tokens,
+            kv=scheduler.kv,
         )
         label = label or scheduler.label
     res = SimResult(
@@ -294,6 +312,8 @@ def simulate(
     t0 = time.perf_counter()
     _Loop(res, sched, inner, workload, cost_model).run()
     res.wall_s = time.perf_counter() - t0
+    res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
+    res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
     if check:
         # End-of-run invariants: every request finished and all KV returned.
         sched.check_final()  # type: ignore[attr-defined]
@@ -381,9 +401,6 @@ class _Loop:
                 self.tick += 1
             if plan.prefills:
                 self._emitted_from_prefill(plan, step)
-            finished = inner.last_finished
-            if finished:
-                self._finished(finished, step)
             s_start(start)
             s_end(now)
             s_tok(plan.num_tokens)
@@ -391,6 +408,10 @@ class _Loop:
             s_kv(kv_total - inner.kv_free)
             s_wait(inner.num_waiting)
             s_tick(self.tick)
+            # After this step's row is recorded: closing a preempted request's segments reads it.
+            finished = inner.last_finished
+            if finished:
+                self._finished(finished, step)
             step += 1
             if not plan.num_tokens and not plan.preempted:
                 if i >= n:
