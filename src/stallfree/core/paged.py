@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import BlockPool, blocks_for_tokens
+from stallfree.core.lifecycle import RequestLifecycle
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
@@ -28,8 +29,6 @@ _PREEMPTED = RequestStatus.PREEMPTED
 _FINISHED = RequestStatus.FINISHED
 _ABORTED = RequestStatus.ABORTED
 
-# As in the reservation scheduler: finished rids remembered so that a late abort() is a no-op.
-_RECENT_FINISHED = 4096
 
 
 class _Live:
@@ -80,7 +79,7 @@ def check_watermark(value: object) -> float:
     return float(value)
 
 
-class PagedScheduler:
+class PagedScheduler(RequestLifecycle):
     """A continuous batching scheduler whose KV cache is a pool of fixed-size blocks (DESIGN.md section 1,
     paged variant). Same interface, step order and StepPlan as Scheduler; KV is taken as tokens are
     scheduled rather than reserved for prompt_len + max_new at admission.
@@ -128,6 +127,10 @@ class PagedScheduler:
         InvalidConfig: an argument is out of range or of the wrong type; the message names it.
     """
 
+    _live: dict[Hashable, _Live]
+    _prefilling: _Live | None
+    _due: dict[int, list[_Live]]
+
     def __init__(
         self, token_budget: int, max_seqs: int, num_blocks: int, block_size: int, watermark: float = 0.01
     ) -> None:
@@ -140,10 +143,8 @@ class PagedScheduler:
         self.block_size = block_size
         self.watermark_blocks = math.floor(self.watermark * num_blocks)
         self._pool = BlockPool(num_blocks, block_size)
-        self._live: dict[Hashable, _Live] = {}
+        self._init_lifecycle()
         self._waiting: deque[_Live] = deque()
-        self._num_running = 0
-        self._prefilling: _Live | None = None
         # Decodes in admission order, as three aligned lists plus cached tuples that plans share while
         # the set does not change (as in the reservation scheduler).
         self._dec: list[_Live] = []
@@ -158,14 +159,8 @@ class PagedScheduler:
         # blocks are promised in one count and given ids when the table is materialized, so a step
         # costs O(1) for block accounting however many decodes cross a boundary.
         self._buckets: dict[int, dict[Hashable, _Live]] = {}
-        self._due: dict[int, list[_Live]] = {}
-        self._step = 0
-        self._inflight: StepPlan | None = None
-        self._inflight_aborts: set[Hashable] = set()
-        self._recent_finished: dict[Hashable, None] = {}
         self._num_preemptions = 0
         self._num_recomputed_tokens = 0
-        self.last_finished: dict[Hashable, FinishReason] = {}
 
     # ------------------------------------------------------------------ public state
 
@@ -198,25 +193,6 @@ class PagedScheduler:
     def num_recomputed_tokens(self) -> int:
         """Prefill tokens scheduled in episodes after a preemption (prompt + generated, recomputed)."""
         return self._num_recomputed_tokens
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests not running: never admitted, or preempted and waiting to be readmitted."""
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        """Admitted requests that have not finished nor been preempted."""
-        return self._num_running
-
-    @property
-    def step(self) -> int:
-        """The number of the next step to be scheduled (steps count from 0)."""
-        return self._step
-
-    def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self._live)
 
     def block_table(self, rid: Hashable) -> tuple[int, ...]:
         """Return the block ids of a live request, in token order (empty while it waits).
@@ -266,19 +242,9 @@ class PagedScheduler:
         """
         return blocks_for_tokens(req.prompt_len + req.max_new - 1, self.block_size)
 
-    # ------------------------------------------------------------------ add / abort
+    # ------------------------------------------------------------------ lifecycle hooks
 
-    def add(self, req: Request) -> None:
-        """Queue a request at the back of the waiting queue.
-
-        Raises:
-            RequestRejected: `req` is not a Request, its rid is already live, or it can never fit
-                (blocks_needed(req) > num_blocks); nothing is queued.
-        """
-        if not isinstance(req, Request):
-            raise RequestRejected(f"add() takes a Request, got {type(req).__name__}: {req!r}")
-        if req.rid in self._live:
-            raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
+    def _check_fits(self, req: Request) -> int:
         need = self.blocks_needed(req)
         if need > self.num_blocks:
             raise RequestRejected(
@@ -286,34 +252,13 @@ class PagedScheduler:
                 f"ceil(({req.prompt_len} + {req.max_new} - 1) / {self.block_size}) = {need} blocks "
                 f"> num_blocks = {self.num_blocks}"
             )
-        obj = _Live(req)
-        self._recent_finished.pop(req.rid, None)
-        self._live[req.rid] = obj
-        self._waiting.append(obj)
+        return need
 
-    def abort(self, rid: Hashable) -> None:
-        """Remove a waiting, preempted or running request and release its blocks.
+    def _new_live(self, req: Request, need: int) -> _Live:
+        return _Live(req)
 
-        A request in the plan in flight is removed at that complete() (the engine may still be writing
-        its KV) and emits nothing more. A request that already finished is a no-op.
-
-        Raises:
-            KeyError: `rid` was never added (or finished too long ago to be remembered).
-        """
-        obj = self._live.get(rid)
-        if obj is None:
-            if rid in self._recent_finished:
-                return
-            raise KeyError(f"abort(): unknown rid {rid!r}")
-        plan = self._inflight
-        if plan is not None and self._in_plan(obj, plan):
-            self._inflight_aborts.add(rid)
-            return
-        if obj.status is _WAITING or obj.status is _PREEMPTED:
-            self._waiting.remove(obj)
-            self._forget(obj, _ABORTED)
-        else:
-            self._finish(obj, FinishReason.ABORT, report=False)
+    def _decoded_in(self, obj: _Live, plan: StepPlan) -> bool:
+        return obj.status is _DECODING and obj.decode_step < plan.step
 
     # ------------------------------------------------------------------ the step
 
@@ -454,89 +399,7 @@ class PagedScheduler:
             left -= n
         return tuple(admitted)
 
-    def complete(self, plan: StepPlan, stopped: Iterable[Hashable] = ()) -> tuple[Hashable, ...]:
-        """Apply an executed step: advance prefills, emit tokens, finish requests and free their blocks.
-
-        Args:
-            plan: the plan returned by the last schedule().
-            stopped: rids that sampled a token in `plan` and whose token ended them (EOS, a stop
-                string); they finish now with reason "stop" and their blocks are freed.
-
-        Returns:
-            The rids that emitted a token this step, in batch order (a request aborted while the plan
-            was in flight emits nothing; a recompute chunk that is not the last emits nothing). Which
-            finished, and why, is in `self.last_finished` until the next complete().
-
-        Raises:
-            SchedulerStateError: `plan` is not the plan in flight (stale, foreign or completed twice),
-                or a rid in `stopped` did not sample a token in `plan`; nothing changes.
-        """
-        if plan is not self._inflight:
-            raise SchedulerStateError(
-                f"complete() of step {plan.step}, but the plan in flight is "
-                f"{'none' if self._inflight is None else self._inflight.step}"
-            )
-        stopped_objs = self._validate_stopped(plan, stopped)
-        step = plan.step
-        self._inflight = None
-        self._step = step + 1
-        self.last_finished = {}
-        last_rids: list[Hashable] = []
-        for chunk in plan.prefills:
-            obj = self._live[chunk.rid]
-            obj.num_prefilled += chunk.num_tokens
-            if not chunk.is_last:
-                self._prefilling = obj
-                continue
-            if self._prefilling is obj:
-                self._prefilling = None
-            last_rids.append(chunk.rid)
-            self._first_token(obj, step)
-        for obj in stopped_objs:
-            if obj.status is not _FINISHED:
-                self._finish(obj, FinishReason.STOP)
-        due = self._due.pop(step, None)
-        if due:
-            for obj in due:
-                if obj.status is _DECODING and obj.finish_step == step:
-                    self._finish(obj, FinishReason.LENGTH)
-        emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
-        aborts = self._inflight_aborts
-        if aborts:
-            for rid in aborts:
-                aborted = self._live.get(rid)
-                if aborted is not None:
-                    self._finish(aborted, FinishReason.ABORT)
-                else:
-                    self.last_finished[rid] = FinishReason.ABORT
-            emitted = tuple(r for r in emitted if r not in aborts)
-            self._inflight_aborts = set()
-        return emitted
-
     # ------------------------------------------------------------------ internals
-
-    def _validate_stopped(self, plan: StepPlan, stopped: Iterable[Hashable]) -> list[_Live]:
-        if not stopped:
-            return []
-        objs = []
-        for rid in stopped:
-            obj = self._live.get(rid)
-            if obj is None or not self._sampled_in(obj, plan):
-                raise SchedulerStateError(
-                    f"stopped names rid {rid!r}, which did not sample a token in step {plan.step}"
-                )
-            objs.append(obj)
-        return objs
-
-    def _sampled_in(self, obj: _Live, plan: StepPlan) -> bool:
-        if obj.status is _DECODING and obj.decode_step < plan.step:
-            return True
-        return any(c.rid == obj.rid and c.is_last for c in plan.prefills)
-
-    def _in_plan(self, obj: _Live, plan: StepPlan) -> bool:
-        if obj.status is _DECODING:
-            return obj.decode_step < plan.step
-        return any(c.rid == obj.rid for c in plan.prefills)
 
     def _first_token(self, obj: _Live, step: int) -> None:
         """The last chunk of an episode sampled token gen0 + 1: finish, or start decoding."""
@@ -605,18 +468,3 @@ class PagedScheduler:
         obj.num_preemptions += 1
         self._num_preemptions += 1
         victims.append(obj)
-
-    def _finish(self, obj: _Live, reason: FinishReason, report: bool = True) -> None:
-        """Free a running request's blocks and slot and forget it; `report` lists it in last_finished."""
-        self._leave_running(obj)
-        self._forget(obj, _ABORTED if reason is FinishReason.ABORT else _FINISHED)
-        if report:
-            self.last_finished[obj.rid] = reason
-
-    def _forget(self, obj: _Live, status: RequestStatus) -> None:
-        obj.status = status
-        del self._live[obj.rid]
-        recent = self._recent_finished
-        recent[obj.rid] = None
-        if len(recent) > _RECENT_FINISHED:
-            del recent[next(iter(recent))]

@@ -10,7 +10,7 @@ iteration-level scheduling (Orca, Yu et al., OSDI'22).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 
 from stallfree.core.errors import (
     InvalidConfig,
@@ -18,6 +18,7 @@ from stallfree.core.errors import (
     SchedulerStateError,
     check_positive_int,
 )
+from stallfree.core.lifecycle import RequestLifecycle
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
@@ -27,12 +28,6 @@ __all__ = ["Scheduler"]
 _WAITING = RequestStatus.WAITING
 _PREFILLING = RequestStatus.PREFILLING
 _DECODING = RequestStatus.DECODING
-_FINISHED = RequestStatus.FINISHED
-_ABORTED = RequestStatus.ABORTED
-
-# How many finished rids are remembered so that abort() of a request that just finished is a no-op
-# rather than a KeyError; bounded so that a long-running server does not grow.
-_RECENT_FINISHED = 4096
 
 
 class _Live:
@@ -79,7 +74,7 @@ class _Live:
         return self.prompt_len - self.base - 2
 
 
-class Scheduler:
+class Scheduler(RequestLifecycle):
     """A continuous batching scheduler with a token budget and chunked prefill (DESIGN.md section 1).
 
     It owns the waiting queue, the running set and the KV reservation counter; it never sees token
@@ -126,6 +121,10 @@ class Scheduler:
             (see stallfree.core.policies.build_policies); the message names it and its value.
     """
 
+    _live: dict[Hashable, _Live]
+    _prefilling: _Live | None
+    _due: dict[int, list[_Live]]
+
     def __init__(
         self,
         token_budget: int,
@@ -156,13 +155,11 @@ class Scheduler:
         self.num_spec_tokens = num_spec_tokens
         self.kv_total = self._chunking.capacity(kv_tokens)
         self._kv_free = self.kv_total
-        self._live: dict[Hashable, _Live] = {}
+        self._init_lifecycle()
         self._waiting: WaitingQueue = FCFSQueue() if policy == "fcfs" else PriorityQueue(self.priority_key)
         self._seq = 0
         self._skipped: list[_Live] = []
         self._offsets_stale = False
-        self._num_running = 0
-        self._prefilling: _Live | None = None
         # Decodes in batch order (admission order), as three aligned lists plus cached tuples that
         # plans share while the set does not change.
         self._dec: list[_Live] = []
@@ -172,12 +169,6 @@ class Scheduler:
         self._dec_offsets_t: tuple[int, ...] = ()
         self._dec_dirty = False
         self._dec_offset_sum = 0
-        self._due: dict[int, list[_Live]] = {}
-        self._step = 0
-        self._inflight: StepPlan | None = None
-        self._inflight_aborts: set[Hashable] = set()
-        self._recent_finished: dict[Hashable, None] = {}
-        self.last_finished: dict[Hashable, FinishReason] = {}
 
     # ------------------------------------------------------------------ public state
 
@@ -185,21 +176,6 @@ class Scheduler:
     def kv_free(self) -> int:
         """Unreserved KV capacity, in tokens."""
         return self._kv_free
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests added and not yet admitted."""
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        """Admitted requests that have not finished (prefilling or decoding)."""
-        return self._num_running
-
-    @property
-    def step(self) -> int:
-        """The number of the next step to be scheduled (steps count from 0)."""
-        return self._step
 
     @property
     def decode_load(self) -> tuple[int, int]:
@@ -216,10 +192,6 @@ class Scheduler:
             self._refresh_offsets()
         n = len(self._dec)
         return n, self._dec_offset_sum + n * self._step
-
-    def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self._live)
 
     def request_state(self, rid: Hashable) -> RequestState:
         """Return a snapshot of a live (waiting or running) request.
@@ -253,56 +225,6 @@ class Scheduler:
             return (prio, obj.seq)
         waited = self.clock() - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
         return (prio - math.floor(waited / self.aging_interval), obj.seq)
-
-    def add(self, req: Request) -> None:
-        """Queue a request at the back of the waiting queue.
-
-        Raises:
-            RequestRejected: `req` is not a Request, its rid is already live, or it can never fit
-                (its KV need exceeds kv_tokens); nothing is queued.
-        """
-        if not isinstance(req, Request):
-            raise RequestRejected(f"add() takes a Request, got {type(req).__name__}: {req!r}")
-        if req.rid in self._live:
-            raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
-        need = self.kv_needed(req)
-        if need > self.kv_total:
-            blocks = f" in whole blocks of {self.block_size}" if self.block_size else ""
-            raise RequestRejected(
-                f"request {req.rid!r} can never fit: prompt_len + max_new = {req.prompt_len} + "
-                f"{req.max_new} = {req.prompt_len + req.max_new}, {need} tokens of KV{blocks} "
-                f"> kv_tokens = {self.kv_total}"
-            )
-        obj = _Live(req, need, self._seq, self._step)
-        self._seq += 1
-        self._recent_finished.pop(req.rid, None)
-        self._live[req.rid] = obj
-        self._waiting.append(obj)
-
-    def abort(self, rid: Hashable) -> None:
-        """Remove a waiting or running request and release its KV.
-
-        A request in the plan handed out and not yet completed is removed at that complete() (the
-        engine may still be writing its KV) and emits nothing more. A request that already
-        finished is a no-op.
-
-        Raises:
-            KeyError: `rid` was never added (or finished too long ago to be remembered).
-        """
-        obj = self._live.get(rid)
-        if obj is None:
-            if rid in self._recent_finished:
-                return
-            raise KeyError(f"abort(): unknown rid {rid!r}")
-        plan = self._inflight
-        if plan is not None and self._in_plan(obj, plan):
-            self._inflight_aborts.add(rid)
-            return
-        if obj.status is _WAITING:
-            self._waiting.remove(obj)
-            self._forget(obj, _ABORTED)
-        else:
-            self._finish(obj, FinishReason.ABORT, report=False)
 
     # ------------------------------------------------------------------ the step
 
@@ -459,78 +381,10 @@ class Scheduler:
             left = left - n if n == obj.prompt_len else 0  # as for the partial prefill above
         return tuple(admitted)
 
-    def complete(
-        self,
-        plan: StepPlan,
-        stopped: Iterable[Hashable] = (),
-        num_accepted: Mapping[Hashable, int] | None = None,
-    ) -> tuple[Hashable, ...]:
-        """Apply an executed step: advance prefills, emit tokens, finish and release requests.
-
-        Args:
-            plan: the plan returned by the last schedule().
-            stopped: rids that sampled a token in `plan` and whose token ended them (EOS, a stop
-                string); they finish now with reason "stop" and their KV is released.
-            num_accepted: with num_spec_tokens, tokens each decode emitted (1 to its entry's tokens);
-                a decode not named emitted 1.
-
-        Returns:
-            The rids that emitted a token this step, in batch order (requests aborted while the
-            plan was in flight emit nothing). Which of them finished, and why, is in
-            `self.last_finished` until the next complete().
-
-        Raises:
-            SchedulerStateError: `plan` is not the plan in flight (stale, foreign or completed
-                twice), a rid in `stopped` did not sample a token in `plan`, or num_accepted names a
-                rid that did not decode in `plan` or a count outside 1..its tokens; nothing changes.
-        """
-        if plan is not self._inflight:
-            raise SchedulerStateError(
-                f"complete() of step {plan.step}, but the plan in flight is "
-                f"{'none' if self._inflight is None else self._inflight.step}"
-            )
-        stopped_objs = self._validate_stopped(plan, stopped)
-        accepted = self._validate_accepted(plan, num_accepted) if num_accepted else ()
-        step = plan.step
-        self._inflight = None
-        self._step = step + 1
-        self.last_finished = {}
-        if self._skipped or accepted:
-            self._shift_progress(accepted)
-        last_rids: list[Hashable] = []
-        for chunk in plan.prefills:
-            obj = self._live[chunk.rid]
-            obj.num_prefilled += chunk.num_tokens
-            if not chunk.is_last:
-                self._prefilling = obj
-                continue
-            if self._prefilling is obj:
-                self._prefilling = None
-            last_rids.append(chunk.rid)
-            self._first_token(obj, step)
-        for obj in stopped_objs:
-            if obj.status is not _FINISHED:
-                self._finish(obj, FinishReason.STOP)
-        due = self._due.pop(step, None)
-        if due:
-            for obj in due:
-                if obj.status is _DECODING and obj.finish_step == step:
-                    self._finish(obj, FinishReason.LENGTH)
-        emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
-        aborts = self._inflight_aborts
-        if aborts:
-            for rid in aborts:
-                aborted = self._live.get(rid)
-                if aborted is not None:
-                    self._finish(aborted, FinishReason.ABORT)
-                else:
-                    self.last_finished[rid] = FinishReason.ABORT
-            emitted = tuple(r for r in emitted if r not in aborts)
-            self._inflight_aborts = set()
-        return emitted
-
-    def _shift_progress(self, accepted: Iterable[tuple[_Live, int]]) -> None:
+    def _shift_progress(self, accepted: list[tuple[_Live, int]]) -> None:
         """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
+        if not (self._skipped or accepted):
+            return
         for obj, shift in [(o, 1) for o in self._skipped] + [(o, 1 - n) for o, n in accepted]:
             obj.base += shift
             obj.finish_step += shift
@@ -538,20 +392,35 @@ class Scheduler:
         self._skipped = []
         self._offsets_stale = True
 
-    # ------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------ lifecycle hooks
 
-    def _validate_stopped(self, plan: StepPlan, stopped: Iterable[Hashable]) -> list[_Live]:
-        if not stopped:
-            return []
-        objs = []
-        for rid in stopped:
-            obj = self._live.get(rid)
-            if obj is None or not self._sampled_in(obj, plan):
-                raise SchedulerStateError(
-                    f"stopped names rid {rid!r}, which did not sample a token in step {plan.step}"
-                )
-            objs.append(obj)
-        return objs
+    def _check_fits(self, req: Request) -> int:
+        need = self.kv_needed(req)
+        if need > self.kv_total:
+            blocks = f" in whole blocks of {self.block_size}" if self.block_size else ""
+            raise RequestRejected(
+                f"request {req.rid!r} can never fit: prompt_len + max_new = {req.prompt_len} + "
+                f"{req.max_new} = {req.prompt_len + req.max_new}, {need} tokens of KV{blocks} "
+                f"> kv_tokens = {self.kv_total}"
+            )
+        return need
+
+    def _new_live(self, req: Request, need: int) -> _Live:
+        obj = _Live(req, need, self._seq, self._step)
+        self._seq += 1
+        return obj
+
+    def _leave_running(self, obj: _Live) -> None:
+        """Drop a running request from the decodes (or the partial prefill) and return its reservation."""
+        if obj.status is _DECODING and obj.max_new > 1:
+            i = self._dec.index(obj)
+            del self._dec[i], self._dec_rids[i]
+            self._dec_offset_sum -= self._dec_offsets.pop(i)
+            self._dec_dirty = True
+        elif self._prefilling is obj:
+            self._prefilling = None
+        self._num_running -= 1
+        self._kv_free += obj.kv
 
     def _validate_accepted(self, plan: StepPlan, num_accepted: Mapping[Hashable, int]) -> list[tuple[_Live, int]]:
         tokens = dict(zip(plan.decode_rids, plan._decode_tokens or (1,) * plan.num_decodes, strict=True))
@@ -574,12 +443,6 @@ class Scheduler:
             and obj not in self._skipped
         )
 
-    def _sampled_in(self, obj: _Live, plan: StepPlan) -> bool:
-        return self._decoded_in(obj, plan) or any(c.rid == obj.rid and c.is_last for c in plan.prefills)
-
-    def _in_plan(self, obj: _Live, plan: StepPlan) -> bool:
-        return self._decoded_in(obj, plan) or any(c.rid == obj.rid for c in plan.prefills)
-
     def _first_token(self, obj: _Live, step: int) -> None:
         obj.first_token_step = step
         obj.status = _DECODING
@@ -595,26 +458,3 @@ class Scheduler:
         self._dec_offsets.append(off)
         self._dec_offset_sum += off
         self._dec_dirty = True
-
-    def _finish(self, obj: _Live, reason: FinishReason, report: bool = True) -> None:
-        """Release a running request's KV and slot and forget it; `report` lists it in last_finished."""
-        if obj.status is _DECODING and obj.max_new > 1:
-            i = self._dec.index(obj)
-            del self._dec[i], self._dec_rids[i]
-            self._dec_offset_sum -= self._dec_offsets.pop(i)
-            self._dec_dirty = True
-        elif self._prefilling is obj:
-            self._prefilling = None
-        self._num_running -= 1
-        self._kv_free += obj.kv
-        self._forget(obj, _ABORTED if reason is FinishReason.ABORT else _FINISHED)
-        if report:
-            self.last_finished[obj.rid] = reason
-
-    def _forget(self, obj: _Live, status: RequestStatus) -> None:
-        obj.status = status
-        del self._live[obj.rid]
-        recent = self._recent_finished
-        recent[obj.rid] = None
-        if len(recent) > _RECENT_FINISHED:
-            del recent[next(iter(recent))]

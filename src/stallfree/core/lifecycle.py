@@ -1,0 +1,257 @@
+"""What every scheduler of the core shares: a request's life from add() to its report as finished.
+
+Imports allowed: the standard library and stallfree.core only.
+
+Both Scheduler (KV reserved at admission) and PagedScheduler (KV blocks as tokens arrive) keep live
+requests by rid, hand out one plan at a time, defer an abort of a request in the plan in flight to
+complete(), remember recently finished rids so that abort() of one is a no-op, and apply an executed
+step in the same order: prefill progress and first tokens, early stops, finishes due at the step, then
+deferred aborts. RequestLifecycle holds that order once; subclasses plan steps and supply the hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from stallfree.core.errors import RequestRejected, SchedulerStateError
+from stallfree.core.plan import StepPlan
+from stallfree.core.request import FinishReason, Request, RequestStatus
+
+__all__ = ["RequestLifecycle"]
+
+_WAITING = RequestStatus.WAITING
+_PREEMPTED = RequestStatus.PREEMPTED
+_DECODING = RequestStatus.DECODING
+_FINISHED = RequestStatus.FINISHED
+_ABORTED = RequestStatus.ABORTED
+
+# How many finished rids are remembered so that abort() of a request that just finished is a no-op
+# rather than a KeyError; bounded so that a long-running server does not grow.
+RECENT_FINISHED = 4096
+
+
+class RequestLifecycle:
+    """Base of the core's schedulers: add, abort and complete, around the hooks a subclass supplies.
+
+    A subclass calls `_init_lifecycle()` in its constructor, keeps its waiting requests in
+    `self._waiting` (append/remove/len), and implements:
+
+    - `_check_fits(req) -> Any`: raise RequestRejected if `req` can never fit; return what admission
+      will need (tokens or blocks), handed to `_new_live`;
+    - `_new_live(req, need) -> record`: the scheduler's own record, with at least `rid`, `status`,
+      `num_prefilled` and `finish_step`;
+    - `_decoded_in(record, plan) -> bool`: the record ran a decode in `plan`;
+    - `_first_token(record, step)`: its last prefill chunk sampled a token;
+    - `_leave_running(record)`: it stops running (finish, stop or abort): free its KV and slot.
+
+    Records are mutated by their scheduler only and compared by identity.
+    """
+
+    _waiting: Any
+
+    def _init_lifecycle(self) -> None:
+        self._live: dict[Hashable, Any] = {}
+        self._num_running = 0
+        self._prefilling: Any = None
+        self._due: dict[int, list[Any]] = {}
+        self._step = 0
+        self._inflight: StepPlan | None = None
+        self._inflight_aborts: set[Hashable] = set()
+        self._recent_finished: dict[Hashable, None] = {}
+        self.last_finished: dict[Hashable, FinishReason] = {}
+
+    # ------------------------------------------------------------------ public state
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests added and not running (never admitted, or preempted)."""
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Admitted requests that have not finished (prefilling or decoding)."""
+        return self._num_running
+
+    @property
+    def step(self) -> int:
+        """The number of the next step to be scheduled (steps count from 0)."""
+        return self._step
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._live)
+
+    # ------------------------------------------------------------------ add / abort
+
+    def add(self, req: Request) -> None:
+        """Queue a request at the back of the waiting queue.
+
+        Raises:
+            RequestRejected: `req` is not a Request, its rid is already live, or it can never fit
+                in the KV cache (the message gives the numbers); nothing is queued.
+        """
+        if not isinstance(req, Request):
+            raise RequestRejected(f"add() takes a Request, got {type(req).__name__}: {req!r}")
+        if req.rid in self._live:
+            raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
+        obj = self._new_live(req, self._check_fits(req))
+        self._recent_finished.pop(req.rid, None)
+        self._live[req.rid] = obj
+        self._waiting.append(obj)
+
+    def abort(self, rid: Hashable) -> None:
+        """Remove a waiting or running request and release its KV.
+
+        A request in the plan handed out and not yet completed is removed at that complete() (the
+        engine may still be writing its KV) and emits nothing more. A request that already
+        finished is a no-op.
+
+        Raises:
+            KeyError: `rid` was never added (or finished too long ago to be remembered).
+        """
+        obj = self._live.get(rid)
+        if obj is None:
+            if rid in self._recent_finished:
+                return
+            raise KeyError(f"abort(): unknown rid {rid!r}")
+        plan = self._inflight
+        if plan is not None and self._in_plan(obj, plan):
+            self._inflight_aborts.add(rid)
+            return
+        if obj.status is _WAITING or obj.status is _PREEMPTED:
+            self._waiting.remove(obj)
+            self._forget(obj, _ABORTED)
+        else:
+            self._finish(obj, FinishReason.ABORT, report=False)
+
+    # ------------------------------------------------------------------ complete
+
+    def complete(
+        self,
+        plan: StepPlan,
+        stopped: Iterable[Hashable] = (),
+        num_accepted: Mapping[Hashable, int] | None = None,
+    ) -> tuple[Hashable, ...]:
+        """Apply an executed step: advance prefills, emit tokens, finish and release requests.
+
+        Args:
+            plan: the plan returned by the last schedule().
+            stopped: rids that sampled a token in `plan` and whose token ended them (EOS, a stop
+                string); they finish now with reason "stop" and their KV is released.
+            num_accepted: with speculative decode tokens, tokens each decode emitted (1 to its
+                entry's tokens); a decode not named emitted 1.
+
+        Returns:
+            The rids that emitted a token this step, in batch order (requests aborted while the
+            plan was in flight emit nothing). Which of them finished, and why, is in
+            `self.last_finished` until the next complete().
+
+        Raises:
+            SchedulerStateError: `plan` is not the plan in flight (stale, foreign or completed
+                twice), a rid in `stopped` did not sample a token in `plan`, or num_accepted is
+                not valid for `plan`; nothing changes.
+        """
+        if plan is not self._inflight:
+            raise SchedulerStateError(
+                f"complete() of step {plan.step}, but the plan in flight is "
+                f"{'none' if self._inflight is None else self._inflight.step}"
+            )
+        stopped_objs = self._validate_stopped(plan, stopped)
+        accepted = self._validate_accepted(plan, num_accepted) if num_accepted else []
+        step = plan.step
+        self._inflight = None
+        self._step = step + 1
+        self.last_finished = {}
+        self._shift_progress(accepted)
+        last_rids: list[Hashable] = []
+        for chunk in plan.prefills:
+            obj = self._live[chunk.rid]
+            obj.num_prefilled += chunk.num_tokens
+            if not chunk.is_last:
+                self._prefilling = obj
+                continue
+            if self._prefilling is obj:
+                self._prefilling = None
+            last_rids.append(chunk.rid)
+            self._first_token(obj, step)
+        for obj in stopped_objs:
+            if obj.status is not _FINISHED:
+                self._finish(obj, FinishReason.STOP)
+        due = self._due.pop(step, None)
+        if due:
+            for obj in due:
+                if obj.status is _DECODING and obj.finish_step == step:
+                    self._finish(obj, FinishReason.LENGTH)
+        emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
+        aborts = self._inflight_aborts
+        if aborts:
+            for rid in aborts:
+                aborted = self._live.get(rid)
+                if aborted is not None:
+                    self._finish(aborted, FinishReason.ABORT)
+                else:
+                    self.last_finished[rid] = FinishReason.ABORT
+            emitted = tuple(r for r in emitted if r not in aborts)
+            self._inflight_aborts = set()
+        return emitted
+
+    # ------------------------------------------------------------------ shared internals
+
+    def _validate_stopped(self, plan: StepPlan, stopped: Iterable[Hashable]) -> list[Any]:
+        if not stopped:
+            return []
+        objs = []
+        for rid in stopped:
+            obj = self._live.get(rid)
+            if obj is None or not self._sampled_in(obj, plan):
+                raise SchedulerStateError(
+                    f"stopped names rid {rid!r}, which did not sample a token in step {plan.step}"
+                )
+            objs.append(obj)
+        return objs
+
+    def _validate_accepted(self, plan: StepPlan, num_accepted: Mapping[Hashable, int]) -> list[tuple[Any, int]]:
+        """Check num_accepted against `plan`; only schedulers with speculative tokens accept it."""
+        raise SchedulerStateError(f"num_accepted given, but {type(self).__name__} has no speculative tokens")
+
+    def _shift_progress(self, accepted: list[tuple[Any, int]]) -> None:
+        """Move derived decode progress after a step (skipped or multi-token decodes); none by default."""
+
+    def _sampled_in(self, obj: Any, plan: StepPlan) -> bool:
+        return self._decoded_in(obj, plan) or any(c.rid == obj.rid and c.is_last for c in plan.prefills)
+
+    def _in_plan(self, obj: Any, plan: StepPlan) -> bool:
+        return self._decoded_in(obj, plan) or any(c.rid == obj.rid for c in plan.prefills)
+
+    def _finish(self, obj: Any, reason: FinishReason, report: bool = True) -> None:
+        """Release a running request and forget it; `report` lists it in last_finished."""
+        self._leave_running(obj)
+        self._forget(obj, _ABORTED if reason is FinishReason.ABORT else _FINISHED)
+        if report:
+            self.last_finished[obj.rid] = reason
+
+    def _forget(self, obj: Any, status: RequestStatus) -> None:
+        obj.status = status
+        del self._live[obj.rid]
+        recent = self._recent_finished
+        recent[obj.rid] = None
+        if len(recent) > RECENT_FINISHED:
+            del recent[next(iter(recent))]
+
+    # ------------------------------------------------------------------ hooks
+
+    def _check_fits(self, req: Request) -> Any:
+        raise NotImplementedError
+
+    def _new_live(self, req: Request, need: Any) -> Any:
+        raise NotImplementedError
+
+    def _decoded_in(self, obj: Any, plan: StepPlan) -> bool:
+        raise NotImplementedError
+
+    def _first_token(self, obj: Any, step: int) -> None:
+        raise NotImplementedError
+
+    def _leave_running(self, obj: Any) -> None:
+        raise NotImplementedError
