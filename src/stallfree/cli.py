@@ -10,20 +10,31 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import typing
 from collections.abc import Sequence
 
 __all__ = ["main"]
 
-# Modules that register subcommands, in the order their commands are listed in --help.
-_COMMAND_MODULES = (
-    "stallfree.costmodel.cli",
-    "stallfree.sim.cli",
-    "stallfree.engine.cli",
-    "stallfree.server.cli",
-    "stallfree.demo",
+# Modules that register subcommands, in the order their commands are listed in --help, with the
+# optional extra each needs and its commands (so that a missing extra is named, not a traceback).
+_COMMAND_MODULES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
+    ("stallfree.costmodel.cli", None, ("budget", "calibrate", "specs")),
+    ("stallfree.sim.cli", "sim", ("simulate", "sweep", "tune")),
+    ("stallfree.engine.cli", "engine", ("generate", "bench")),
+    ("stallfree.server.cli", "server", ("serve",)),
+    ("stallfree.demo", None, ("demo",)),
 )
+_EXTRA_OF = {cmd: extra for _, extra, cmds in _COMMAND_MODULES for cmd in cmds}
+
+
+def _missing_extra(command: str | None, missing: str | None) -> str:
+    extra = _EXTRA_OF.get(command or "") or "all"
+    return (
+        f"stallfree {command}: needs the '{extra}' extra ({missing} is not installed): "
+        f"pip install 'stallfree[{extra}]'"
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,16 +52,29 @@ def build_parser() -> argparse.ArgumentParser:
         "cost model, simulator, engine and server.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in _COMMAND_MODULES:
+    for name, _extra, commands in _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            # A subpackage not yet present, or one whose optional extra is not installed.
-            if exc.name and (name.startswith(exc.name) or not exc.name.startswith("stallfree")):
-                continue
-            raise
+            if not exc.name or exc.name.startswith("stallfree"):
+                raise
+            # Its optional extra is not installed: keep the commands, which explain what to install.
+            for command in commands:
+                # No option prefix: whatever options follow are taken as they are, then explained.
+                p = sub.add_parser(command, help=f"(needs the missing {exc.name})", add_help=False, prefix_chars="\0")
+                p.add_argument("rest", nargs="*")
+                p.set_defaults(func=_explain_missing(command, exc.name))
+            continue
         module.register(sub)
     return parser
+
+
+def _explain_missing(command: str, missing: str) -> typing.Callable[[argparse.Namespace], int]:
+    def run(_: argparse.Namespace) -> int:
+        print(_missing_extra(command, missing), file=sys.stderr)
+        return 1
+
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,6 +90,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`stallfree demo | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.startswith("stallfree"):
+            raise
+        print(_missing_extra(args.command, exc.name), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

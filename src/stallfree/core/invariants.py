@@ -1,4 +1,4 @@
-"""An independent checker of the scheduler contract (DESIGN.md section 1), step by step.
+"""An independent checker of the scheduler contract (docs/DESIGN.md section 1), step by step.
 
 Imports allowed: the standard library and stallfree.core only.
 

@@ -2,7 +2,7 @@
 
 Imports allowed: the standard library only; nothing else from stallfree.
 
-Definitions (DESIGN.md section 4; the usual serving-benchmark ones, with vLLM's result names):
+Definitions (docs/DESIGN.md section 4; the usual serving-benchmark ones, with vLLM's result names):
 
 - TTFT = first token time - arrival.
 - TPOT = (E2E - TTFT) / (output tokens - 1): a per-request mean, defined only for >= 2 tokens.

@@ -80,7 +80,7 @@ def check_watermark(value: object) -> float:
 
 
 class PagedScheduler(RequestLifecycle):
-    """A continuous batching scheduler whose KV cache is a pool of fixed-size blocks (DESIGN.md section 1,
+    """A continuous batching scheduler whose KV cache is a pool of fixed-size blocks (docs/DESIGN.md section 1,
     paged variant). Same interface, step order and StepPlan as Scheduler; KV is taken as tokens are
     scheduled rather than reserved for prompt_len + max_new at admission.
 

@@ -75,7 +75,7 @@ class _Live:
 
 
 class Scheduler(RequestLifecycle):
-    """A continuous batching scheduler with a token budget and chunked prefill (DESIGN.md section 1).
+    """A continuous batching scheduler with a token budget and chunked prefill (docs/DESIGN.md section 1).
 
     It owns the waiting queue, the running set and the KV reservation counter; it never sees token
     ids or tensors. Each step is one `schedule()` (which returns a StepPlan) followed by one

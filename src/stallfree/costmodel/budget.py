@@ -4,7 +4,7 @@ steps (and time) to a long prompt's first token, in design and full mode side by
 Imports allowed: the standard library and stallfree.costmodel.
 
 A step at budget B with D running decodes holds the D decodes and a chunk of B - D prompt tokens
-(contract step 1 then 2/3 of DESIGN.md section 1), so a prompt of P tokens needs ceil(P / (B - D))
+(contract step 1 then 2/3 of docs/DESIGN.md section 1), so a prompt of P tokens needs ceil(P / (B - D))
 steps to its first token; TTFT is the sum of those steps' times, each chunk at its own offset, the
 decodes held at their given context.
 """

@@ -171,7 +171,7 @@ def _budget(a: argparse.Namespace) -> int:
         f"{'budget':>7} {'steps':>6} | {'step ms':>8} {'decode ms':>9} {'TTFT ms':>9} | "
         f"{'step ms':>8} {'decode ms':>9} {'TTFT ms':>9} | {'compute':>8} {'memory':>8} {'comm':>8}"
     )
-    print(f"{'':>14} | {'design (DESIGN.md 2)':^28} | {'full model':^28} | {'full step parts, ms':^26}")
+    print(f"{'':>14} | {'design (docs/DESIGN.md §2)':^28} | {'full model':^28} | {'full step parts, ms':^26}")
     print(head)
     for r in rows:
         d, f = r.design, r.full

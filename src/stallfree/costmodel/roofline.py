@@ -20,7 +20,7 @@ Sources: roofline (Williams et al., CACM 2009; LLM-Viewer, Yuan et al. 2024); at
 arXiv 2204.02311, App. B); two all-reduces per layer (Megatron-LM, arXiv 1909.08053, section 3); ring
 all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv x d x bytes.
 
-Design mode is DESIGN.md section 2's arithmetic: FLOPs = 2 x total parameters x T at the dtype's peak,
+Design mode is docs/DESIGN.md section 2's arithmetic: FLOPs = 2 x total parameters x T at the dtype's peak,
 bytes = total parameters x w_bytes, no attention, no KV, no communication, no overhead.
 
 Efficiency factors default to 1.0 and overhead to 0, so the defaults are floors (the fastest the

@@ -1,7 +1,7 @@
 """Prometheus metrics of the server: latency histograms fed from request timestamps, and engine gauges
 and counters sampled after each step; plus the periodic stats log line.
 
-Definitions (DESIGN.md): TTFT = first token time - arrival; ITL = each gap between consecutive tokens
+Definitions (docs/DESIGN.md): TTFT = first token time - arrival; ITL = each gap between consecutive tokens
 of a request; TPOT = (finish - first token) / (num_generated - 1), only when num_generated > 1;
 E2E = finish - arrival. Times are server-side: arrival is when the request reached the HTTP handler,
 a token's time is when the step that produced it returned.
