@@ -54,15 +54,16 @@ def plot_cdfs(results: Sequence[SimResult], path: Path) -> None:
 
 
 def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]], path: Path) -> None:
-    """Columns of (title, [(label, ttft_ms, tpot_ms)]); one legend for the figure, on the right.
+    """Columns of (title, [(label, ttft_ms, tpot_ms)]); one legend, in the last TPOT panel.
 
     A label "A | B" gets a colour by A and a line style by B (in order of first appearance), so
     that budgets and rate scales stay apart.
     """
     plt = _pyplot()
     ncol = len(columns)
-    width = 6.0 if ncol == 1 else 4.8 * ncol + 2.2
-    fig, axes = plt.subplots(2, ncol, figsize=(width, 7.5), squeeze=False)
+    width = 6.0 if ncol == 1 else 4.8 * ncol
+    # Rows share their x axis so that modes compare at a glance.
+    fig, axes = plt.subplots(2, ncol, figsize=(width, 7.5), squeeze=False, sharex="row")
     labels = [label for _, series in columns for label, _, _ in series]
     colours = list(dict.fromkeys(label.partition(" | ")[0] for label in labels))  # first-seen order
     dashes = list(dict.fromkeys(label.partition(" | ")[2] for label in labels))
@@ -89,12 +90,16 @@ def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]
                 handles.setdefault(str(line.get_label()), line)
         if title:
             axes[0][j].set_title(title)
-    if ncol == 1:
-        axes[1][0].legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-    else:
-        fig.legend(list(handles.values()), list(handles), loc="center right", fontsize=8)
-        fig.tight_layout(rect=(0, 0, 1 - 2.0 / (4.8 * ncol + 2.2), 1))
+    # TPOT tails run far out (a few requests stalled behind whole prompts): show up to the largest
+    # p99.5 so that the bulk of every curve stays readable on the shared axis.
+    import numpy as np
+
+    tails = [float(np.quantile(t, 0.995)) for _, series in columns for _, _, t in series if len(t)]
+    if tails:
+        axes[1][0].set_xlim(0, 1.1 * max(tails))
+        axes[1][0].set_xlabel("TPOT (ms; axis cut at the largest p99.5)")
+    axes[1][-1].legend(list(handles.values()), list(handles), fontsize=8, loc="lower right")
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -180,8 +185,20 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
             color=color,
             label=label,
         )
+        # Budgets whose points coincide (within 3%) share one label, and each mode's labels sit at their
+        # own vertical offset, so that points of different modes in one place stay readable.
+        merged: list[tuple[float, float, list[int]]] = []
         for x, y, b in pts:
-            ax.annotate(f"{b}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+            for mx, my, budgets in merged:
+                if abs(x - mx) <= 0.03 * mx and abs(y - my) <= 0.03 * max(my, 1e-9):
+                    budgets.append(b)
+                    break
+            else:
+                merged.append((x, y, [b]))
+        dy = 4 - 11 * modes.index(mode)
+        for x, y, budgets in merged:
+            text = "/".join(str(b) for b in budgets)
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, dy), fontsize=7, color=color)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
