@@ -428,6 +428,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         for res in results:
             if res.rejected:
                 print(f"{res.label}: rejected {len(res.rejected)} requests; first: {res.rejected[0][1]}")
+            if args.check and res.config.get("batching", "chunked") == "chunked":
+                print(f"{res.label}: every scheduler invariant held after each of {res.num_steps:,} steps")
     if args.records:
         for res in results:
             path = args.records if len(results) == 1 else _suffixed(args.records, res.config["batching"])
