@@ -300,3 +300,25 @@ def test_engine_follows_scheduler_block_tables(model, checkpoint, run_to_end):
     assert [t for o in outs["a"] for t in o.new_token_ids] == [7042, 30, 198]
     assert [t for o in outs["b"] for t in o.new_token_ids] == [216, 37, 28]
     assert sorted(sched._free) == list(range(8))
+
+
+@pytest.mark.parametrize("seed", [2**64, -1], ids=["too-big", "negative"])
+def test_out_of_range_seed_is_refused_and_the_engine_keeps_working(make_engine, seed):
+    """A seed outside [0, 2**64) is a ValueError naming seed; nothing is queued and later requests run."""
+    eng = make_engine()
+    with pytest.raises(ValueError, match="seed"):
+        eng.add_request("bad", "Hello", SamplingParams(max_tokens=2, temperature=0.7, seed=seed))
+    assert not eng.has_unfinished() and eng.scheduler.num_waiting == 0
+    eng.add_request("ok", "Hello", SamplingParams(max_tokens=2, temperature=0))
+    outs = []
+    while eng.has_unfinished():
+        outs += eng.step()
+    assert sum(len(o.new_token_ids) for o in outs) == 2
+
+
+def test_untokenizable_prompt_is_an_invalid_prompt(make_engine):
+    """A prompt with a lone surrogate is refused as InvalidPrompt (a ValueError), with nothing queued."""
+    eng = make_engine()
+    with pytest.raises(ValueError, match="prompt"):
+        eng.add_request("x", "\udc00", SamplingParams(max_tokens=2))
+    assert not eng.has_unfinished()

@@ -269,11 +269,8 @@ class LLMEngine:
         ids = self._prompt_ids(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
-        try:
-            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=params.priority,
-                                       arrival=time.monotonic()))
-        except CoreRequestRejected as exc:
-            raise RequestRejected(str(exc)) from None
+        # Everything that can fail happens before the scheduler holds the request: a request the
+        # scheduler knows and the engine does not would break every later step.
         gen = None
         if not params.greedy:
             gen = torch.Generator(device=self.model.device)
@@ -281,11 +278,20 @@ class LLMEngine:
                 gen.manual_seed(params.seed)
             else:
                 gen.seed()
-        self._seqs[rid] = _Seq(rid, ids, params, self.tokenizer, gen)
+        seq = _Seq(rid, ids, params, self.tokenizer, gen)
+        try:
+            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=params.priority,
+                                       arrival=time.monotonic()))
+        except CoreRequestRejected as exc:
+            raise RequestRejected(str(exc)) from None
+        self._seqs[rid] = seq
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+            try:
+                ids = self.tokenizer.encode(prompt)
+            except (TypeError, ValueError, UnicodeError) as exc:  # e.g. a lone surrogate
+                raise InvalidPrompt(f"prompt cannot be tokenized ({exc}): {prompt!r:.80}") from None
         elif isinstance(prompt, Sequence) and all(
             isinstance(i, int) and not isinstance(i, bool) for i in prompt
         ):

@@ -72,8 +72,8 @@ class SamplingParams:
             raise bad("top_k", "-1, 0 (both: no limit) or an integer >= 1")
         if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
             raise bad("min_p", "a number in [0, 1]")
-        if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "an integer or None")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
+            raise bad("seed", "an integer in [0, 2**64) or None")
         if not _is_int(self.priority):
             raise bad("priority", "an integer")
         if not isinstance(self.ignore_eos, bool):

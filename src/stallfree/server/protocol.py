@@ -94,7 +94,7 @@ class _SamplingFields(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
     user: str | None = None
     # vLLM's extras
     top_k: int | None = Field(default=None, ge=-1)
