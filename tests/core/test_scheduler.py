@@ -30,8 +30,16 @@ def snapshot(s: Scheduler):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("token_budget", 0), ("token_budget", -3), ("max_seqs", 0), ("kv_tokens", 0),
-     ("token_budget", True), ("max_seqs", 2.0), ("kv_tokens", "100"), ("token_budget", None)],
+    [
+        ("token_budget", 0),
+        ("token_budget", -3),
+        ("max_seqs", 0),
+        ("kv_tokens", 0),
+        ("token_budget", True),
+        ("max_seqs", 2.0),
+        ("kv_tokens", "100"),
+        ("token_budget", None),
+    ],
     ids=["budget-0", "budget-neg", "seqs-0", "kv-0", "budget-bool", "seqs-float", "kv-str", "budget-none"],
 )
 def test_bad_config_names_field_and_value(field, value):
@@ -44,8 +52,15 @@ def test_bad_config_names_field_and_value(field, value):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("prompt_len", 0), ("prompt_len", -1), ("max_new", 0), ("prompt_len", True), ("max_new", 1.5),
-     ("prompt_len", "4"), ("priority", 1.0)],
+    [
+        ("prompt_len", 0),
+        ("prompt_len", -1),
+        ("max_new", 0),
+        ("prompt_len", True),
+        ("max_new", 1.5),
+        ("prompt_len", "4"),
+        ("priority", 1.0),
+    ],
     ids=["prompt-0", "prompt-neg", "max_new-0", "prompt-bool", "max_new-float", "prompt-str", "prio-float"],
 )
 def test_bad_request_field_rejected_before_queueing(field, value):
@@ -98,7 +113,11 @@ def test_decodes_come_first_oldest_admitted_first():
     s.add(Request("long", 40, 2))
     plan = s.schedule()
     assert [(c.rid, c.num_tokens, c.is_prefill) for c in plan] == [
-        ("a", 1, False), ("b", 1, False), ("c", 1, False), ("long", 13, True)]
+        ("a", 1, False),
+        ("b", 1, False),
+        ("c", 1, False),
+        ("long", 13, True),
+    ]
     assert [c.start for c in plan.decodes] == [2, 2, 2]
     assert plan.decode_context_sum == 6
 
@@ -111,7 +130,9 @@ def test_partial_prefill_before_new_admissions():
     s.add(Request("second", 6, 2))
     plan = s.schedule()
     assert [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills] == [
-        ("first", 4, 8, True), ("second", 4, 0, False)]
+        ("first", 4, 8, True),
+        ("second", 4, 0, False),
+    ]
     assert plan.admitted == ("second",)
 
 
@@ -312,10 +333,60 @@ def test_request_state_tracks_progress():
     s.add(Request(1, 10, 5))
     s.complete(s.schedule())
     st = s.request_state(1)
-    assert (st.status, st.num_prefilled, st.num_generated, st.admitted_step) == (
-        RequestStatus.PREFILLING, 8, 0, 0)
+    assert (st.status, st.num_prefilled, st.num_generated, st.admitted_step) == (RequestStatus.PREFILLING, 8, 0, 0)
     s.complete(s.schedule())
     s.complete(s.schedule())
     st = s.request_state(1)
-    assert (st.status, st.num_prefilled, st.num_generated, st.first_token_step) == (
-        RequestStatus.DECODING, 10, 2, 1)
+    assert (st.status, st.num_prefilled, st.num_generated, st.first_token_step) == (RequestStatus.DECODING, 10, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"rid": float("nan")}, "rid"),
+        ({"arrival": float("nan")}, "arrival"),
+        ({"arrival": float("-inf")}, "arrival"),
+        ({"arrival": "x"}, "arrival"),
+        ({"arrival": True}, "arrival"),
+    ],
+    ids=["nan-rid", "nan-arrival", "inf-arrival", "str-arrival", "bool-arrival"],
+)
+def test_request_rid_and_arrival_validated(kw, field):
+    """A NaN rid (never equal to itself) or a non-finite arrival is rejected when the Request is made."""
+    with pytest.raises(RequestRejected, match=field):
+        Request(**{"rid": 1, "prompt_len": 3, "max_new": 2, **kw})
+
+
+@pytest.mark.parametrize("bad", [None, "plan", 3], ids=["none", "str", "int"])
+def test_complete_of_something_that_is_not_a_plan(bad):
+    """complete() of a non-plan raises SchedulerStateError, with or without a plan in flight, and changes nothing."""
+    s = make_scheduler()
+    s.add(Request(1, 4, 3))
+    with pytest.raises(SchedulerStateError, match="plan in flight"):
+        s.complete(bad)
+    plan = s.schedule()
+    with pytest.raises(SchedulerStateError, match="plan in flight"):
+        s.complete(bad)
+    assert s.complete(plan) == (1,)  # the 4-token prompt fits the budget: its first token comes out
+
+
+def test_stopped_as_a_string_is_refused():
+    """stopped="ab" is not read as the rids 'a' and 'b'."""
+    s = make_scheduler()
+    s.add(Request("a", 2, 3))
+    plan = s.schedule()
+    with pytest.raises(SchedulerStateError, match="string"):
+        s.complete(plan, stopped="a")
+    assert s.complete(plan) == ("a",)
+
+
+def test_clock_returning_nan_is_refused_before_anything_changes():
+    """A clock that returns NaN makes schedule() raise with nothing in flight; a good reading then works."""
+    now = [float("nan")]
+    s = Scheduler(8, 2, 100, policy="priority", aging_interval=1.0, clock=lambda: now[0])
+    s.add(Request("a", 2, 2, arrival=0.0))
+    with pytest.raises(SchedulerStateError, match="clock"):
+        s.schedule()
+    assert s.num_waiting == 1
+    now[0] = 1.0
+    assert s.schedule().admitted == ("a",)

@@ -195,7 +195,7 @@ class InvariantChecker:
         seq = self._order[rid]
         if s.policy != "priority" or s.aging_interval is None:
             return (sh.req.priority if s.policy == "priority" else 0, seq)
-        waited = s.clock() - sh.req.arrival if s.clock is not None else s.step - sh.add_step
+        waited = s._now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
         return (sh.req.priority - math.floor(waited / s.aging_interval), seq)
 
     def _queue_order(self) -> list[Hashable]:

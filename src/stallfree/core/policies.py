@@ -220,6 +220,10 @@ def build_policies(
         or aging_interval <= 0
     ):
         raise InvalidConfig(f"aging_interval must be a number > 0, got {aging_interval!r}")
+    if policy == "fcfs" and (aging_interval is not None or clock is not None):
+        raise InvalidConfig(
+            f"aging_interval ({aging_interval!r}) and clock apply to policy='priority' only; got policy='fcfs'"
+        )
     if clock is not None and not callable(clock):
         raise InvalidConfig(f"clock must be callable, got {clock!r}")
     if isinstance(num_spec_tokens, bool) or not isinstance(num_spec_tokens, int) or num_spec_tokens < 0:

@@ -6,6 +6,7 @@ Imports allowed: the standard library only.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -47,8 +48,9 @@ class Request:
         arrival: arrival time in seconds (simulated or wall clock); informational for the core.
 
     Raises:
-        RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), or
-            priority is not an integer; the message names the field and the value.
+        RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), priority
+            is not an integer, rid is unhashable or not equal to itself (NaN), or arrival is not a
+            finite number; the message names the field and the value.
     """
 
     rid: Hashable
@@ -66,6 +68,11 @@ class Request:
             hash(self.rid)
         except TypeError:
             raise RequestRejected(f"rid must be hashable, got {self.rid!r}") from None
+        if self.rid != self.rid:  # NaN: it could never be found again by its rid
+            raise RequestRejected(f"rid must equal itself, got {self.rid!r}")
+        arrival = self.arrival
+        if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival):
+            raise RequestRejected(f"arrival must be a finite number of seconds, got {arrival!r}")
 
 
 @dataclass(frozen=True, slots=True)

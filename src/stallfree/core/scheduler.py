@@ -151,6 +151,7 @@ class Scheduler(RequestLifecycle):
             )
         self.aging_interval = aging_interval
         self.clock = clock
+        self._now = 0.0  # the clock's reading for the step being planned, seconds
         self.decode_overflow = decode_overflow
         self.num_spec_tokens = num_spec_tokens
         self.kv_total = self._chunking.capacity(kv_tokens)
@@ -223,7 +224,7 @@ class Scheduler(RequestLifecycle):
         prio = obj.req.priority
         if self.aging_interval is None:
             return (prio, obj.seq)
-        waited = self.clock() - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
+        waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
         return (prio - math.floor(waited / self.aging_interval), obj.seq)
 
     # ------------------------------------------------------------------ the step
@@ -239,12 +240,20 @@ class Scheduler(RequestLifecycle):
             The StepPlan of step `self.step`; empty when nothing can run.
 
         Raises:
-            SchedulerStateError: the previous plan has not been completed.
+            SchedulerStateError: the previous plan has not been completed, or `clock` returned
+                something other than a finite number (nothing changes).
             InvalidConfig: token_budget is not an integer from 1 to the configured budget.
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
         budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
+        if self.clock is not None:
+            # One reading per step, checked before anything changes: every priority of the step is
+            # computed against the same time.
+            now = self.clock()
+            if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+                raise SchedulerStateError(f"clock() must return a finite number of seconds, got {now!r}")
+            self._now = float(now)
         step = self._step
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step)
         prefills: list[ScheduledChunk] = []
