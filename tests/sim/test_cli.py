@@ -134,3 +134,26 @@ def test_sweep_writes_rows_and_plots(tmp_path, capsys):
     assert rows[0].startswith("batching,rate_scale,token_budget")
     assert (tmp_path / "tradeoff.png").stat().st_size > 0
     assert (tmp_path / "cdf.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["sweep", "--budgets", ","], "--budgets"),
+        (["sweep", "--batching", ","], "--batching"),
+        (["simulate", "--synthetic", "poisson", "--num-requests", "10", "--linear-cost", "nan,1"], "finite"),
+        (["simulate", "--synthetic", "poisson", "--num-requests", "1000000000000"], "at most"),
+        (["simulate", "--synthetic", "poisson", "--prompt-len", "lognormal:1e308,100"], "finite"),
+        (["demo", "--token-budget", "0"], "--token-budget"),
+    ],
+    ids=["empty-budgets", "empty-modes", "nan-cost", "too-many", "overflowing-length", "demo-budget-0"],
+)
+def test_bad_values_are_one_line_errors(argv, needle, capsys):
+    """Edge values found by fuzzing are refused with one line naming the problem, not a traceback or a hang."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert code in (1, 2)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]

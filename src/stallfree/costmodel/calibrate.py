@@ -169,7 +169,8 @@ def _cell(where: str, row: dict[str, str], col: str, default: float | None, inte
         value: float = int(raw) if integer else float(raw)
     except ValueError:
         raise CostModelError(f"{where}: column {col!r} is not a number: {raw!r}") from None
-    if value < 0 or (col == "seconds" and not value > 0):
+    # Finite, and below 1e12 (tokens or seconds): a measured step never comes near it.
+    if not 0 <= value < 1e12 or (col == "seconds" and not value > 0):
         raise CostModelError(f"{where}: column {col!r} out of range: {raw!r}")
     return value
 
@@ -201,7 +202,7 @@ def read_steps_csv(path: str | Path) -> list[MeasuredStep]:
 
         tokens, nd = num("num_tokens"), num("num_decodes")
         prefill = num("num_prefill_tokens", tokens - nd)
-        if prefill > tokens or nd > tokens - prefill:
+        if prefill < 0 or prefill > tokens or nd > tokens - prefill:
             raise CostModelError(
                 f"{where}: num_decodes {nd} + num_prefill_tokens {prefill} exceed num_tokens {tokens}"
             )

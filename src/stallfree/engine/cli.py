@@ -104,6 +104,8 @@ def _generate(args: argparse.Namespace) -> int:
             prompts = [ln for ln in args.prompts.read_text(encoding="utf-8").splitlines() if ln.strip()]
         except OSError as exc:
             return _fail(f"--prompts {str(args.prompts)!r}: {exc.strerror}", 2)
+        except UnicodeDecodeError as exc:
+            return _fail(f"--prompts {str(args.prompts)!r} is not UTF-8 text (byte {exc.start})", 2)
         if not prompts:
             return _fail(f"--prompts {str(args.prompts)!r} holds no prompt", 2)
     try:

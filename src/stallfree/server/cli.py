@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from typing import Any
 
@@ -103,6 +104,15 @@ def run_serve(args: argparse.Namespace) -> int:
         from stallfree.server.app import ServerConfig, create_app
     except ImportError as exc:
         print(f"stallfree serve: missing dependency ({exc}); install stallfree[server]", file=sys.stderr)
+        return 1
+    # Fail on a bad address in one line, before the (slow) model load rather than after it.
+    try:
+        family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"stallfree serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     try:
         engine = build_engine(args)

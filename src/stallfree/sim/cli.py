@@ -84,15 +84,23 @@ def _duration(text: str) -> float:
 
 
 def _int_list(text: str) -> list[int]:
-    return [_positive_int(t) for t in text.split(",") if t.strip()]
+    out = [_positive_int(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers >= 1, got {text!r}")
+    return out
 
 
 def _float_list(text: str) -> list[float]:
-    return [_positive_float(t) for t in text.split(",") if t.strip()]
+    out = [_positive_float(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers > 0, got {text!r}")
+    return out
 
 
 def _modes(text: str) -> list[str]:
     modes = [t.strip() for t in text.split(",") if t.strip()]
+    if not modes:
+        raise argparse.ArgumentTypeError(f"expected batching modes ({', '.join(BATCHING_MODES)}), got {text!r}")
     for m in modes:
         if m not in BATCHING_MODES:
             raise argparse.ArgumentTypeError(f"unknown batching mode {m!r} (choose from {', '.join(BATCHING_MODES)})")
@@ -306,6 +314,11 @@ class Setup:
         }
 
 
+# The most requests a synthetic workload draws: each costs a few hundred bytes here and a step or more
+# of simulation, so more would take minutes and GiBs without telling anything new.
+MAX_SYNTHETIC_REQUESTS = 5_000_000
+
+
 def build_workload(args: argparse.Namespace) -> tuple[Workload, float]:
     """The workload the options describe (at its own rate), and the rate scale to apply.
 
@@ -315,6 +328,12 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, float]:
     if args.synthetic and args.trace:
         raise CliError("--trace and --synthetic are exclusive", 2)
     if args.synthetic:
+        if (args.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
+            raise CliError(
+                f"--num-requests {args.num_requests:,} is more than a synthetic run draws "
+                f"(at most {MAX_SYNTHETIC_REQUESTS:,}, about a GiB of memory)",
+                2,
+            )
         wl = synthetic(
             args.num_requests or 1000,
             args.rate,
@@ -340,8 +359,8 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, float]:
 def _parse_linear(text: str) -> LinearCostModel:
     try:
         nums = [float(x) for x in text.split(",")]
-        if len(nums) not in (2, 3):
-            raise ValueError
+        if len(nums) not in (2, 3) or not all(math.isfinite(x) for x in nums):
+            raise ValueError("each must be a finite number" if len(nums) in (2, 3) else "")
         return LinearCostModel(nums[0] * 1e-3, nums[1] * 1e-6, (nums[2] if len(nums) == 3 else 0.0) * 1e-9)
     except ValueError as exc:
         detail = f": {exc}" if str(exc) else ""

@@ -357,6 +357,10 @@ class LengthSpec:
         return f"{self.kind}:{self.lo:g},{self.hi:g}"
 
 
+# The longest length a distribution may name, tokens: beyond any model context, far below float overflow.
+MAX_LENGTH = 10_000_000
+
+
 def parse_length_spec(text: str) -> LengthSpec:
     """Parse "fixed:N", "uniform:LO,HI", "lognormal:MEDIAN,SIGMA", "trace" or "trace:PATH".
 
@@ -368,6 +372,10 @@ def parse_length_spec(text: str) -> LengthSpec:
         nums = [float(x) for x in rest.split(",")] if rest and kind != "trace" else []
     except ValueError:
         raise ValueError(f"bad length distribution {text!r}: {rest!r} is not a list of numbers") from None
+    if any(not math.isfinite(x) or x > MAX_LENGTH for x in nums):
+        raise ValueError(f"bad length distribution {text!r}: numbers must be finite and at most {MAX_LENGTH:,}")
+    if kind == "lognormal" and len(nums) == 2 and nums[1] > 10:
+        raise ValueError(f"bad length distribution {text!r}: a lognormal sigma above 10 overflows")
     if kind == "fixed" and len(nums) == 1 and nums[0] >= 1:
         return LengthSpec("fixed", nums[0], nums[0])
     if kind == "uniform" and len(nums) == 2 and 1 <= nums[0] <= nums[1]:
