@@ -407,6 +407,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise CliError("--check checks the contract's scheduler: use it with --batching chunked", 2)
     if not 0 <= args.watermark < 1:
         raise CliError(f"--watermark must be in [0, 1), got {args.watermark}", 2)
+    if args.scheduler != "paged" and (args.block_size != 16 or args.watermark != 0.01):
+        raise CliError("--block-size and --watermark apply to --scheduler paged", 2)
+    if args.compare and args.batching != "chunked":
+        raise CliError("--compare runs every batching mode: drop --batching", 2)
     if args.scheduler == "paged" and args.batching != "chunked" and not args.compare:
         raise CliError("--scheduler paged runs chunked batching: drop --batching", 2)
     if args.step_time_target is not None and args.scheduler == "paged":

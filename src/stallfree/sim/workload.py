@@ -184,8 +184,8 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
 
 def _open_text(p: Path) -> IO[str]:
     if p.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8", newline="")
-    return open(p, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8-sig", newline="")
+    return open(p, encoding="utf-8-sig", newline="")
 
 
 _HEADERS = {
