@@ -13,6 +13,7 @@ p99 in microseconds. The paged row's last column is its median over the reservat
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -60,14 +61,30 @@ def add(s, rid, prompt, max_new) -> None:
         s.add(Request(rid, prompt, max_new))
 
 
-def run(kind: str, n: int, steps: int, **kw) -> list[float]:
-    """Return per-step seconds of schedule() + complete() after warming up N decodes."""
+def _live(s) -> int:
+    if isinstance(s, ScanScheduler):
+        return len(s.running) + len(s.waiting)
+    return s.num_running + s.num_waiting
+
+
+def run(kind: str, n: int, steps: int, mixed: bool = False, **kw) -> list[float]:
+    """Return per-step seconds of schedule() + complete() after warming up N decodes.
+
+    With `mixed`, the long requests finish too, at random (max_new uniform in [steps/4, 2 steps],
+    seeded), and are replaced as they go, so finishes happen anywhere in the decode list rather than
+    only among the newest requests.
+    """
     s = make(kind, n, **kw)
+    rng = random.Random(0)
     # Paged admission rejects what its pool can never hold, so there the long requests ask for just
     # more tokens than the run gives them; they still never finish while timed.
     long_new = steps + 64 if kind == "paged" else 10**8
+
+    def long_max_new() -> int:
+        return rng.randint(steps // 4, 2 * steps) if mixed else long_new
+
     for i in range(n):
-        add(s, i, 16, long_new)
+        add(s, i, 16, long_max_new())
     while True:  # warm up: prefill all N long requests
         plan = s.schedule()
         s.complete(plan)
@@ -83,6 +100,9 @@ def run(kind: str, n: int, steps: int, **kw) -> list[float]:
     for k in range(steps):
         if k % ARRIVAL_EVERY == 0:
             add(s, rid, PROMPT, SHORT_MAX_NEW)
+            rid += 1
+        while mixed and _live(s) < n:
+            add(s, rid, 16, long_max_new())
             rid += 1
         t0 = clock()
         plan = s.schedule()
@@ -101,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--running", default="64,256,1024,4096")
     ap.add_argument("--options", action="store_true", help="add a row per scheduler option")
+    ap.add_argument("--mixed", action="store_true", help="long requests finish at random too (see run())")
     args = ap.parse_args(argv)
     kinds = ["stallfree", "paged", "scan"] + ([k for k in OPTIONS if k != "stallfree"] if args.options else [])
     print(f"{'running':>8} {'impl':>10} {'median_us':>10} {'p99_us':>10} {'vs scan':>8} {'vs default':>10}")
@@ -109,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         # and one token per step, plus a few short requests in flight.
         blocks = n * ((16 + 64 + args.steps) // BLOCK_SIZE + 1) + 64 * (PROMPT + SHORT_MAX_NEW) // BLOCK_SIZE
         rows = {
-            kind: summarize(run(kind, n, args.steps, **({"num_blocks": blocks} if kind == "paged" else {})))
+            kind: summarize(
+                run(kind, n, args.steps, args.mixed, **({"num_blocks": blocks} if kind == "paged" else {}))
+            )
             for kind in kinds
         }
         for kind, (med, p99) in rows.items():

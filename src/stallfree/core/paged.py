@@ -16,7 +16,7 @@ from collections.abc import Hashable
 
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import BlockPool, blocks_for_tokens
-from stallfree.core.lifecycle import RequestLifecycle
+from stallfree.core.lifecycle import RequestLifecycle, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
@@ -444,7 +444,7 @@ class PagedScheduler(RequestLifecycle):
         if obj.bucket >= 0:
             unclaimed = self._unclaimed(obj)
             dec = self._dec
-            i = len(dec) - 1 if dec[-1] is obj else dec.index(obj)
+            i = position_of(dec, obj)
             del dec[i], self._dec_rids[i]
             self._dec_offset_sum -= self._dec_offsets.pop(i)
             self._dec_dirty = True

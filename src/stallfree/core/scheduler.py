@@ -18,7 +18,7 @@ from stallfree.core.errors import (
     SchedulerStateError,
     check_positive_int,
 )
-from stallfree.core.lifecycle import RequestLifecycle
+from stallfree.core.lifecycle import RequestLifecycle, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
@@ -327,9 +327,11 @@ class Scheduler(RequestLifecycle):
         if not short:
             return full, n * (1 + spec)
         costs = list(full)
+        total = n * (1 + spec)
         for obj, d in short.values():
-            costs[self._dec.index(obj)] = 1 + d
-        return tuple(costs), sum(costs)
+            costs[position_of(self._dec, obj)] = 1 + d
+            total -= spec - d
+        return tuple(costs), total
 
     def _refresh_offsets(self) -> None:
         """Recompute the decodes' offsets after a step that moved some decodes' progress (skips,
@@ -422,7 +424,7 @@ class Scheduler(RequestLifecycle):
     def _leave_running(self, obj: _Live) -> None:
         """Drop a running request from the decodes (or the partial prefill) and return its reservation."""
         if obj.status is _DECODING and obj.max_new > 1:
-            i = self._dec.index(obj)
+            i = position_of(self._dec, obj)
             del self._dec[i], self._dec_rids[i]
             self._dec_offset_sum -= self._dec_offsets.pop(i)
             self._dec_dirty = True
