@@ -53,6 +53,8 @@ class RequestLifecycle:
     A subclass calls `_init_lifecycle()` in its constructor, keeps its waiting requests in
     `self._waiting` (append/remove/len), and implements:
 
+    - optionally `_before_apply(plan, accepted) -> due key`, for progress that is not one token per
+      step (skipped or speculative decodes, or decode steps counted apart from steps);
     - `_check_fits(req) -> Any`: raise RequestRejected if `req` can never fit; return what admission
       will need (tokens or blocks), handed to `_new_live`;
     - `_new_live(req, need) -> record`: the scheduler's own record, with at least `rid`, `status`,
@@ -183,7 +185,7 @@ class RequestLifecycle:
         self._inflight = None
         self._step = step + 1
         self.last_finished = {}
-        self._shift_progress(accepted)
+        due_key = self._before_apply(plan, accepted)
         last_rids: list[Hashable] = []
         for chunk in plan.prefills:
             obj = self._live[chunk.rid]
@@ -198,10 +200,10 @@ class RequestLifecycle:
         for obj in stopped_objs:
             if obj.status is not _FINISHED:
                 self._finish(obj, FinishReason.STOP)
-        due = self._due.pop(step, None)
+        due = self._due.pop(due_key, None) if due_key is not None else None
         if due:
             for obj in due:
-                if obj.status is _DECODING and obj.finish_step == step:
+                if obj.status is _DECODING and obj.finish_step == due_key:
                     self._finish(obj, FinishReason.LENGTH)
         emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
         aborts = self._inflight_aborts
@@ -235,8 +237,15 @@ class RequestLifecycle:
         """Check num_accepted against `plan`; only schedulers with speculative tokens accept it."""
         raise SchedulerStateError(f"num_accepted given, but {type(self).__name__} has no speculative tokens")
 
-    def _shift_progress(self, accepted: list[tuple[Any, int]]) -> None:
-        """Move derived decode progress after a step (skipped or multi-token decodes); none by default."""
+    def _before_apply(self, plan: StepPlan, accepted: list[tuple[Any, int]]) -> int | None:
+        """Update derived decode progress for an executed step, before its effects are applied.
+
+        Returns:
+            The key under which the decodes whose last token came out of this step were filed in
+            `self._due` (and which their `finish_step` equals): the step number by default; None
+            when no decode ran.
+        """
+        return plan.step
 
     def _sampled_in(self, obj: Any, plan: StepPlan) -> bool:
         return self._decoded_in(obj, plan) or any(c.rid == obj.rid and c.is_last for c in plan.prefills)

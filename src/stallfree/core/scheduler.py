@@ -392,10 +392,13 @@ class Scheduler(RequestLifecycle):
             left = left - n if n == obj.prompt_len else 0  # as for the partial prefill above
         return tuple(admitted)
 
-    def _shift_progress(self, accepted: list[tuple[_Live, int]]) -> None:
+    def _before_apply(self, plan: StepPlan, accepted: list[tuple[_Live, int]]) -> int:
         """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
-        if not (self._skipped or accepted):
-            return
+        if self._skipped or accepted:
+            self._shift_progress(accepted)
+        return plan.step
+
+    def _shift_progress(self, accepted: list[tuple[_Live, int]]) -> None:
         for obj, shift in [(o, 1) for o in self._skipped] + [(o, 1 - n) for o, n in accepted]:
             obj.base += shift
             obj.finish_step += shift

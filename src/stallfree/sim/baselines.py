@@ -23,9 +23,11 @@ tokens than token_budget; the cost model prices what is scheduled.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
+from typing import Any
 
 from stallfree.core.errors import RequestRejected, SchedulerStateError, check_positive_int
+from stallfree.core.lifecycle import RequestLifecycle
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
@@ -36,17 +38,18 @@ class _Req:
     """A live request; `base` = prompt_len - (decode steps completed before its first decode), so
     its KV length before the decode of decode step T is base + T."""
 
-    __slots__ = ("req", "rid", "prompt_len", "max_new", "kv", "status", "base", "last_tick")
+    __slots__ = ("req", "rid", "prompt_len", "max_new", "kv", "status", "base", "finish_step", "num_prefilled")
 
     def __init__(self, req: Request, kv: int) -> None:
         self.req, self.rid, self.kv = req, req.rid, kv
         self.prompt_len, self.max_new = req.prompt_len, req.max_new
         self.status = RequestStatus.WAITING
         self.base = 0
-        self.last_tick = -1
+        self.finish_step = -1  # the decode step (tick, not step) of its last token; -1 while not decoding
+        self.num_prefilled = 0
 
 
-class _WholePromptScheduler:
+class _WholePromptScheduler(RequestLifecycle):
     """Shared machinery of the baselines: whole-prompt admission and decode bookkeeping.
 
     Args:
@@ -65,45 +68,20 @@ class _WholePromptScheduler:
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
         self.kv_total = check_positive_int("kv_tokens", kv_tokens)
         self._kv_free = self.kv_total
-        self._live: dict[Hashable, _Req] = {}
+        self._init_lifecycle()
         self._waiting: deque[_Req] = deque()
-        self._num_running = 0
         self._dec: list[_Req] = []
         self._dec_rids: tuple[Hashable, ...] = ()
         self._dec_offsets: tuple[int, ...] = ()
         self._offsets_shift: int | None = None
         self._dec_dirty = False
         self._base_sum = 0
-        self._due: dict[int, list[_Req]] = {}
-        self._tick = 0  # decode steps completed
-        self._step = 0
-        self._inflight: StepPlan | None = None
-        self._inflight_aborts: set[Hashable] = set()
-        self.last_finished: dict[Hashable, FinishReason] = {}
+        self._tick = 0  # decode steps completed; `_due` is keyed by decode step here, not by step
 
     @property
     def kv_free(self) -> int:
         """Unreserved KV capacity, tokens."""
         return self._kv_free
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests added and not yet admitted."""
-        return len(self._waiting)
-
-    @property
-    def num_running(self) -> int:
-        """Admitted requests that have not finished."""
-        return self._num_running
-
-    @property
-    def step(self) -> int:
-        """The number of the next step to be scheduled."""
-        return self._step
-
-    def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self._live)
 
     def request_state(self, rid: Hashable) -> RequestState:
         """A snapshot of a live request.
@@ -115,47 +93,6 @@ class _WholePromptScheduler:
         decoding = obj.status is RequestStatus.DECODING
         generated = 1 + self._tick - (obj.prompt_len - obj.base) if decoding else 0
         return RequestState(rid, obj.status, obj.prompt_len if decoding else 0, generated, None, None)
-
-    def add(self, req: Request) -> None:
-        """Queue a request at the back of the waiting queue.
-
-        Raises:
-            RequestRejected: not a Request, a live rid, or prompt_len + max_new > kv_tokens.
-        """
-        if not isinstance(req, Request):
-            raise RequestRejected(f"add() takes a Request, got {type(req).__name__}: {req!r}")
-        if req.rid in self._live:
-            raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
-        need = req.prompt_len + req.max_new
-        if need > self.kv_total:
-            raise RequestRejected(
-                f"request {req.rid!r} can never fit: prompt_len + max_new = {need} tokens of KV > "
-                f"kv_tokens = {self.kv_total}"
-            )
-        obj = _Req(req, need)
-        self._live[req.rid] = obj
-        self._waiting.append(obj)
-
-    def abort(self, rid: Hashable) -> None:
-        """Remove a waiting or running request (deferred to complete() if it is in the plan in flight).
-
-        Raises:
-            KeyError: `rid` is not live.
-        """
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"abort(): unknown rid {rid!r}")
-        plan = self._inflight
-        if plan is not None and (
-            (obj.status is RequestStatus.DECODING and plan.num_decodes)
-            or any(c.rid == rid for c in plan.prefills)
-        ):
-            self._inflight_aborts.add(rid)
-        elif obj.status is RequestStatus.WAITING:
-            self._waiting.remove(obj)
-            del self._live[rid]
-        else:
-            self._finish(obj, FinishReason.ABORT)
 
     def schedule(self) -> StepPlan:
         """Plan the next step (decodes and/or whole prompts, by the baseline's policy).
@@ -218,72 +155,52 @@ class _WholePromptScheduler:
             left -= n
         return tuple(admitted)
 
-    def complete(self, plan: StepPlan, stopped: Iterable[Hashable] = ()) -> tuple[Hashable, ...]:
-        """Apply an executed step; returns the rids that emitted a token, in batch order.
+    # ------------------------------------------------------------------ lifecycle hooks
 
-        Raises:
-            SchedulerStateError: `plan` is not the plan in flight, or a `stopped` rid did not
-                sample a token in it; nothing changes.
-        """
-        if plan is not self._inflight:
-            raise SchedulerStateError(f"complete() of step {plan.step}, which is not the plan in flight")
-        stopped = tuple(stopped)
-        sampled = set(plan.decode_rids) | {c.rid for c in plan.prefills} if stopped else set()
-        for rid in stopped:
-            if rid not in sampled or rid not in self._live:
-                raise SchedulerStateError(
-                    f"stopped names rid {rid!r}, which did not sample in step {plan.step}"
-                )
-        self._inflight = None
-        self._step += 1
-        self.last_finished = {}
-        tick = self._tick
-        if plan.num_decodes:
-            self._tick += 1
-        for chunk in plan.prefills:
-            self._first_token(self._live[chunk.rid])
-        for rid in stopped:
-            obj = self._live.get(rid)
-            if obj is not None:
-                self._finish(obj, FinishReason.STOP)
-        if plan.num_decodes:
-            for obj in self._due.pop(tick, ()):
-                if obj.status is RequestStatus.DECODING and obj.last_tick == tick:
-                    self._finish(obj, FinishReason.LENGTH)
-        emitted = plan.decode_rids + tuple(c.rid for c in plan.prefills)
-        if self._inflight_aborts:
-            aborts, self._inflight_aborts = self._inflight_aborts, set()
-            for rid in aborts:
-                obj = self._live.get(rid)
-                if obj is not None:
-                    self._finish(obj, FinishReason.ABORT)
-            emitted = tuple(r for r in emitted if r not in aborts)
-        return emitted
+    def _check_fits(self, req: Request) -> int:
+        need = req.prompt_len + req.max_new
+        if need > self.kv_total:
+            raise RequestRejected(
+                f"request {req.rid!r} can never fit: prompt_len + max_new = {need} tokens of KV > "
+                f"kv_tokens = {self.kv_total}"
+            )
+        return need
 
-    def _first_token(self, obj: _Req) -> None:
+    def _new_live(self, req: Request, need: int) -> _Req:
+        return _Req(req, need)
+
+    def _decoded_in(self, obj: _Req, plan: StepPlan) -> bool:
+        # Every decoding request runs in a step that has decodes (they are bounded by max_seqs only).
+        return obj.status is RequestStatus.DECODING and plan.num_decodes > 0
+
+    def _before_apply(self, plan: StepPlan, accepted: list[tuple[Any, int]]) -> int | None:
+        """Count decode steps apart from steps: decodes finish by the decode step they are due."""
+        if not plan.num_decodes:
+            return None
+        self._tick += 1
+        return self._tick - 1
+
+    def _first_token(self, obj: _Req, step: int) -> None:
         obj.status = RequestStatus.DECODING
         if obj.max_new == 1:
             self._finish(obj, FinishReason.LENGTH)
             return
         join = self._tick  # its first decode is the next decode step
         obj.base = obj.prompt_len - join
-        obj.last_tick = join + obj.max_new - 2
-        self._due.setdefault(obj.last_tick, []).append(obj)
+        obj.finish_step = join + obj.max_new - 2
+        self._due.setdefault(obj.finish_step, []).append(obj)
         self._dec.append(obj)
         self._base_sum += obj.base
         self._decodes_changed()
 
-    def _finish(self, obj: _Req, reason: FinishReason) -> None:
-        if obj.status is RequestStatus.DECODING and obj.last_tick >= 0:
+    def _leave_running(self, obj: _Req) -> None:
+        if obj.status is RequestStatus.DECODING and obj.finish_step >= 0:
             self._dec.remove(obj)
             self._base_sum -= obj.base
-            obj.last_tick = -1
+            obj.finish_step = -1
             self._decodes_changed()
-        obj.status = RequestStatus.ABORTED if reason is FinishReason.ABORT else RequestStatus.FINISHED
         self._num_running -= 1
         self._kv_free += obj.kv
-        del self._live[obj.rid]
-        self.last_finished[obj.rid] = reason
 
     def _decodes_changed(self) -> None:
         # Rebuilt lazily at the next schedule(), once however many joined or left.
