@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,30 @@ MODES = ("full", "design")
 _ACT_BYTES = 2
 # The largest step max_tokens_within will return, in tokens: far above any real token budget.
 _MAX_TOKENS = 1 << 30
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, cap: int = _MAX_TOKENS) -> int:
+    """The largest token count n in [start, cap] with fits(n), for a `fits` that is true up to some
+    n and false beyond (step time grows with tokens); 0 when fits(start) is false.
+
+    Doubles from `start` until it fails, then bisects: O(log n) calls to `fits`.
+    """
+    if not fits(start):
+        return 0
+    lo, hi = start, start * 2
+    while hi < cap and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi >= cap:
+        if fits(cap):
+            return cap
+        hi = cap
+    while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,19 +515,4 @@ class CostModel:
             pairs = base_pairs + c * chunk_start + c * (c + 1) * 0.5
             return self._price(total, pairs, decode_context_sum + chunk_start, nd + 1) <= target_s
 
-        if not fits(max(nd, 1)):
-            return 0
-        lo, hi = max(nd, 1), max(nd, 1) * 2
-        while hi < _MAX_TOKENS and fits(hi):
-            lo, hi = hi, hi * 2
-        if hi >= _MAX_TOKENS:
-            if fits(_MAX_TOKENS):
-                return _MAX_TOKENS
-            hi = _MAX_TOKENS
-        while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_fitting(fits, max(nd, 1))

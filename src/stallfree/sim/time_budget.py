@@ -35,6 +35,7 @@ from stallfree.core.errors import check_positive_int
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
+from stallfree.costmodel.roofline import largest_fitting
 from stallfree.sim.costs import StepCostModel
 
 __all__ = [
@@ -45,8 +46,6 @@ __all__ = [
     "time_model",
 ]
 
-# The largest step PlanPricer.max_tokens_within returns, tokens (as CostModel's cap).
-_MAX_TOKENS = 1 << 30
 
 
 @runtime_checkable
@@ -133,23 +132,7 @@ class PlanPricer:
         def fits(total: int) -> bool:
             return self._price(nd, decode_context_sum, total - nd, chunk_start) <= target_s
 
-        lo = max(nd, 1)
-        if not fits(lo):
-            return 0
-        hi = lo * 2
-        while hi < _MAX_TOKENS and fits(hi):
-            lo, hi = hi, hi * 2
-        if hi >= _MAX_TOKENS:
-            if fits(_MAX_TOKENS):
-                return _MAX_TOKENS
-            hi = _MAX_TOKENS
-        while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_fitting(fits, max(nd, 1))
 
 
 def time_model(cost_model: StepCostModel) -> TimeBudgetModel:
