@@ -88,7 +88,7 @@ def test_budget_errors_one_line(capsys, extra, match, code):
     """Bad arguments print one 'error:' line on stderr and exit 2, never a traceback."""
     assert main(ARGS + extra) == code
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and match in err[0]
+    assert len(err) == 1 and err[0].startswith("stallfree budget: error: ") and match in err[0]
 
 
 def test_budget_fp8_a100_warns(capsys):

@@ -96,7 +96,7 @@ def test_queue_full_when_max_waiting_reached():
         aeng = AsyncEngine(eng, max_waiting=1)
         first = asyncio.create_task(_drain(aeng, "a", "hi", 2))
         await asyncio.sleep(0)  # "a" is pending now
-        with pytest.raises(QueueFull, match="1 requests are waiting"):
+        with pytest.raises(QueueFull, match=r"1 request\(s\) waiting"):
             await aeng.add_request("b", "hi", FakeSamplingParams(max_tokens=2))
         assert len(await first) == 2
         await aeng.stop()

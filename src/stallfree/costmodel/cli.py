@@ -83,9 +83,9 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
                 code = func(a)
             except CostModelError as exc:
                 code = 1 if "cannot read" in str(exc) else 2
-                print(f"error: {exc}", file=sys.stderr)
+                print(f"stallfree {a.command}: error: {exc}", file=sys.stderr)
         for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
+            print(f"stallfree {a.command}: warning: {w.message}", file=sys.stderr)
         return code
 
     return wrapped

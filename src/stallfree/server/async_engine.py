@@ -244,7 +244,7 @@ class AsyncEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise QueueFull(
-                f"the server is overloaded: {self.num_waiting} requests are waiting "
+                f"the server is overloaded: {self.num_waiting} request(s) waiting "
                 f"(--max-waiting {self.max_waiting}); retry later"
             )
         self.start()

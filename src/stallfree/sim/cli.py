@@ -485,7 +485,9 @@ def _budget_text(header: dict[str, Any]) -> str:
 
 def _print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> None:
     wl = f"{header['workload']}: {header['requests']:,} requests"
-    scale = f"rate scale {header['rate_scale']:g} ({header['offered_rate']:.2f} req/s offered)"
+    rate = header["offered_rate"]
+    offered = f"{rate:.2f} req/s offered" if math.isfinite(rate) else "all at one instant"
+    scale = f"rate scale {header['rate_scale']:g} ({offered})"
     print(f"{wl}, {scale}")
     print(
         f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
