@@ -16,7 +16,7 @@ from typing import Any
 
 from stallfree.core.errors import RequestRejected, SchedulerStateError
 from stallfree.core.plan import StepPlan
-from stallfree.core.request import FinishReason, Request, RequestStatus
+from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
 __all__ = ["RequestLifecycle", "position_of"]
 
@@ -61,7 +61,8 @@ class RequestLifecycle:
       `num_prefilled` and `finish_step`;
     - `_decoded_in(record, plan) -> bool`: the record ran a decode in `plan`;
     - `_first_token(record, step)`: its last prefill chunk sampled a token;
-    - `_leave_running(record)`: it stops running (finish, stop or abort): free its KV and slot.
+    - `_leave_running(record)`: it stops running (finish, stop or abort): free its KV and slot;
+    - `_num_generated(record)`: tokens it has emitted so far (for request_state).
 
     Records are mutated by their scheduler only and compared by identity.
     """
@@ -99,6 +100,25 @@ class RequestLifecycle:
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
         return bool(self._live)
+
+    def request_state(self, rid: Hashable) -> RequestState:
+        """Return a snapshot of a live (waiting or running) request.
+
+        Raises:
+            KeyError: `rid` is not live (never added, or already reported finished).
+        """
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"no live request with rid {rid!r}")
+        return RequestState(
+            rid=rid,
+            status=obj.status,
+            num_prefilled=obj.num_prefilled,
+            num_generated=self._num_generated(obj),
+            admitted_step=obj.admitted_step,
+            first_token_step=obj.first_token_step,
+            num_preemptions=getattr(obj, "num_preemptions", 0),
+        )
 
     # ------------------------------------------------------------------ add / abort
 
@@ -283,4 +303,7 @@ class RequestLifecycle:
         raise NotImplementedError
 
     def _leave_running(self, obj: Any) -> None:
+        raise NotImplementedError
+
+    def _num_generated(self, obj: Any) -> int:
         raise NotImplementedError

@@ -18,7 +18,7 @@ from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerState
 from stallfree.core.kv import BlockPool, blocks_for_tokens
 from stallfree.core.lifecycle import RequestLifecycle, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
-from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
+from stallfree.core.request import FinishReason, Request, RequestStatus
 
 __all__ = ["PagedScheduler"]
 
@@ -215,26 +215,6 @@ class PagedScheduler(RequestLifecycle):
             self._materialize(obj)
         return self._pool.free_ids()
 
-    def request_state(self, rid: Hashable) -> RequestState:
-        """Return a snapshot of a live request; num_prefilled counts the current episode's prefill.
-
-        Raises:
-            KeyError: `rid` is not live (never added, or already reported finished).
-        """
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"no live request with rid {rid!r}")
-        generated = self._step - 1 - obj.base if obj.status is _DECODING else obj.gen0
-        return RequestState(
-            rid=rid,
-            status=obj.status,
-            num_prefilled=obj.num_prefilled,
-            num_generated=generated,
-            admitted_step=obj.admitted_step,
-            first_token_step=obj.first_token_step,
-            num_preemptions=obj.num_preemptions,
-        )
-
     def blocks_needed(self, req: Request) -> int:
         """The most blocks `req` ever holds: ceil((prompt_len + max_new - 1) / block_size).
 
@@ -259,6 +239,10 @@ class PagedScheduler(RequestLifecycle):
 
     def _decoded_in(self, obj: _Live, plan: StepPlan) -> bool:
         return obj.status is _DECODING and obj.decode_step < plan.step
+
+    def _num_generated(self, obj: _Live) -> int:
+        # num_prefilled counts the current episode's prefill (prompt + recomputed tokens).
+        return self._step - 1 - obj.base if obj.status is _DECODING else obj.gen0
 
     # ------------------------------------------------------------------ the step
 

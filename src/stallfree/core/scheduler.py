@@ -21,7 +21,7 @@ from stallfree.core.errors import (
 from stallfree.core.lifecycle import RequestLifecycle, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
-from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
+from stallfree.core.request import FinishReason, Request, RequestStatus
 
 __all__ = ["Scheduler"]
 
@@ -193,25 +193,6 @@ class Scheduler(RequestLifecycle):
             self._refresh_offsets()
         n = len(self._dec)
         return n, self._dec_offset_sum + n * self._step
-
-    def request_state(self, rid: Hashable) -> RequestState:
-        """Return a snapshot of a live (waiting or running) request.
-
-        Raises:
-            KeyError: `rid` is not live (never added, or already reported finished).
-        """
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"no live request with rid {rid!r}")
-        generated = self._step - 1 - obj.base if obj.status is _DECODING else 0
-        return RequestState(
-            rid=rid,
-            status=obj.status,
-            num_prefilled=obj.num_prefilled,
-            num_generated=generated,
-            admitted_step=obj.admitted_step,
-            first_token_step=obj.first_token_step,
-        )
 
     # ------------------------------------------------------------------ add / abort
 
@@ -423,6 +404,9 @@ class Scheduler(RequestLifecycle):
         obj = _Live(req, need, self._seq, self._step)
         self._seq += 1
         return obj
+
+    def _num_generated(self, obj: _Live) -> int:
+        return self._step - 1 - obj.base if obj.status is _DECODING else 0
 
     def _leave_running(self, obj: _Live) -> None:
         """Drop a running request from the decodes (or the partial prefill) and return its reservation."""

@@ -270,14 +270,7 @@ class TimeBudgetScheduler:
         def fits(k: int) -> bool:
             return cm.decode_step_time(k, mean_context) <= target
 
-        lo, hi = 0, num_decodes  # invariant: fits(lo) or lo == 0; not fits(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_fitting(fits, 1, cap=num_decodes - 1) if num_decodes > 1 else 0
 
 
 @dataclass(frozen=True, slots=True)
