@@ -89,18 +89,21 @@ def test_add_error_raises_to_the_caller():
 
 
 def test_queue_full_when_max_waiting_reached():
-    """With max_waiting 1 a second pending request is refused with QueueFull before it is queued."""
+    """max_seqs 1, max_waiting 1: of three requests arriving before any step, the first takes the free slot,
+    the second waits, and the third is refused with QueueFull before it is queued."""
 
     async def go():
-        eng = FakeEngine()
+        eng = FakeEngine(max_seqs=1)
         aeng = AsyncEngine(eng, max_waiting=1)
         first = asyncio.create_task(_drain(aeng, "a", "hi", 2))
-        await asyncio.sleep(0)  # "a" is pending now
-        with pytest.raises(QueueFull, match=r"1 request\(s\) waiting"):
-            await aeng.add_request("b", "hi", FakeSamplingParams(max_tokens=2))
-        assert len(await first) == 2
+        second = asyncio.create_task(_drain(aeng, "b", "hi", 2))
+        await asyncio.sleep(0)  # "a" and "b" are pending now
+        with pytest.raises(QueueFull, match=r"2 request\(s\) waiting"):
+            await aeng.add_request("c", "hi", FakeSamplingParams(max_tokens=2))
+        assert len(await first) == 2 and len(await second) == 2
         await aeng.stop()
-        assert eng.added == ["a"]
+        assert eng.added == ["a", "b"]
+        assert_all_free(eng)
 
     run(go())
 

@@ -242,7 +242,7 @@ class AsyncEngine:
             raise EngineDead(self.dead_reason or "the server is shutting down")
         if rid in self._pending or rid in self._live:
             raise ValueError(f"request id {rid!r} is already in use")
-        if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
+        if self.max_waiting is not None and self.num_waiting - self._free_slots() >= self.max_waiting:
             raise QueueFull(
                 f"the server is overloaded: {self.num_waiting} request(s) waiting "
                 f"(--max-waiting {self.max_waiting}); retry later"
@@ -349,6 +349,16 @@ class AsyncEngine:
                 p.future.set_result(None)
         self._num_waiting_engine = self._engine_waiting()
         return True
+
+    def _free_slots(self) -> int:
+        """Sequence slots the scheduler has free (max_seqs - running, per its last reading): requests
+        queued here that will take one at the next step are not waiting for long, so a burst that
+        arrives before the loop admits anyone is not refused for them."""
+        sched = getattr(self.engine, "scheduler", None)
+        max_seqs, running = getattr(sched, "max_seqs", None), getattr(sched, "num_running", None)
+        if not isinstance(max_seqs, int) or not isinstance(running, int):
+            return 0
+        return max(0, max_seqs - running)
 
     def _engine_waiting(self) -> int:
         return int(getattr(getattr(self.engine, "scheduler", None), "num_waiting", 0))
