@@ -54,3 +54,17 @@ def test_percentile_interpolates():
     """p50 of 1..4 is 2.5; p99 of 1..101 is 100."""
     assert _percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
     assert _percentile([float(x) for x in range(1, 102)], 99) == 100.0
+
+
+def test_cost_model_calibration_reads_the_engine_csv(tmp_path):
+    """The engine's step CSV is what stallfree.costmodel's calibration reads: every row comes back with
+    its counts and its time."""
+    from stallfree.costmodel.calibrate import read_steps_csv
+
+    path = tmp_path / "engine_steps.csv"
+    write_csv(_records(), path)
+    steps = read_steps_csv(path)
+    assert [(s.num_prefill_tokens, s.num_decodes, s.decode_context_sum, s.prefill_context_sum) for s in steps] == [
+        (r.num_prefill_tokens, r.num_decodes, r.decode_context_sum, r.prefill_context_sum) for r in _records()
+    ]
+    assert [s.seconds for s in steps] == pytest.approx([r.seconds for r in _records()], abs=1e-6)
