@@ -43,7 +43,8 @@ def test_import_direction(package):
     """Every module of a subpackage imports only the subpackages it sits on."""
     bad = {}
     for path in sorted((SRC / package).rglob("*.py")):
-        extra = _stallfree_imports(path) - ALLOWED[package] - {package}
+        # _argtypes is a stdlib-only leaf (argparse value types) that every subcommand may share.
+        extra = _stallfree_imports(path) - ALLOWED[package] - {package, "_argtypes"}
         if extra:
             bad[str(path.relative_to(SRC))] = sorted(extra)
     assert bad == {}

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from stallfree._argtypes import positive_int
 from stallfree.core import Request, Scheduler
-from stallfree.core.errors import check_positive_int
 
 __all__ = ["register", "run_demo"]
 
@@ -39,19 +39,10 @@ def run_demo(token_budget: int = 8) -> list[str]:
     return lines
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    try:
-        return check_positive_int("--token-budget", value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `demo` subcommand."""
     p = sub.add_parser("demo", help="print each step's plan for a small scripted workload")
-    p.add_argument("--token-budget", type=_positive_int, default=8, help="tokens per step (default 8)")
+    p.add_argument("--token-budget", type=positive_int, default=8, help="tokens per step (default 8)")
     p.set_defaults(func=lambda a: print("\n".join(run_demo(a.token_budget))) or 0)

@@ -299,20 +299,6 @@ def test_stop_frees_blocks_and_bad_stopped_changes_nothing():
     assert s.last_finished == {"a": FinishReason.STOP} and s.num_free_blocks == 9
 
 
-def test_schedule_twice_and_stale_complete_are_errors():
-    """schedule() twice and complete() of a stale plan raise and change nothing."""
-    s = make_paged()
-    s.add(Request(1, 4, 3))
-    plan = s.schedule()
-    with pytest.raises(SchedulerStateError, match="twice"):
-        s.schedule()
-    s.complete(plan)
-    before = snapshot(s)
-    with pytest.raises(SchedulerStateError):
-        s.complete(plan)
-    assert snapshot(s) == before
-
-
 def test_abort_running_waiting_and_in_flight():
     """abort() frees a decode's blocks at once, removes a waiting request, and defers an in-flight one to
     complete(), which keeps its blocks until then and emits nothing for it; a finished rid is a no-op."""

@@ -8,12 +8,18 @@ from factories import make_scheduler, run_to_end
 from stallfree import (
     FinishReason,
     InvalidConfig,
+    PagedScheduler,
     Request,
     RequestRejected,
     RequestStatus,
     Scheduler,
     SchedulerStateError,
 )
+
+
+def make_paged():
+    """A PagedScheduler with small defaults (budget 8, 4 slots, 64 blocks of 4 tokens, no watermark)."""
+    return PagedScheduler(8, 4, 64, 4, 0.0)
 
 
 def snapshot(s: Scheduler):
@@ -242,9 +248,11 @@ def test_stopped_rid_that_did_not_sample_is_an_error_and_changes_nothing(bad):
     assert s.complete(plan) == ("d",)  # the plan is still in flight and completes normally
 
 
-def test_schedule_twice_and_stale_or_double_complete_are_errors():
-    """schedule() twice, completing a stale plan and completing twice all raise and change nothing."""
-    s = make_scheduler()
+@pytest.mark.parametrize("make", [make_scheduler, make_paged], ids=["reserve", "paged"])
+def test_schedule_twice_and_stale_or_double_complete_are_errors(make):
+    """schedule() twice, completing a stale plan, twice, or another scheduler's plan raise and change nothing
+    (both schedulers share this lifecycle)."""
+    s = make()
     s.add(Request(1, 4, 3))
     plan = s.schedule()
     with pytest.raises(SchedulerStateError, match="twice"):
@@ -254,7 +262,7 @@ def test_schedule_twice_and_stale_or_double_complete_are_errors():
     with pytest.raises(SchedulerStateError):
         s.complete(plan)
     assert snapshot(s) == before
-    other = make_scheduler()
+    other = make()
     with pytest.raises(SchedulerStateError):
         s.complete(other.schedule())
 

@@ -7,7 +7,7 @@ tokenizer maps each character to its code point, and the "model" writes the char
 `FakeEngine.TEXT` in a cycle, starting at an offset derived from the prompt, so outputs are
 deterministic and easy to check by hand.
 
-Imports allowed: the standard library and stallfree.core.
+Imports allowed: the standard library, stallfree.core and the torch-free stallfree.engine.errors and .outputs.
 """
 
 from __future__ import annotations
@@ -18,26 +18,10 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from stallfree.core import Request, Scheduler, StepPlan
+from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt
+from stallfree.engine.outputs import RequestOutput
 
 EOS_ID = 3  # a control code point, decoded as "" like a special token
-
-
-class FakeEngineError(ValueError):
-    """Base of the fake's add_request errors (the real engine's EngineError is a ValueError)."""
-
-
-class FakeContextLengthExceeded(FakeEngineError):
-    """The prompt plus max_tokens exceeds max_model_len; same attributes as the engine's error."""
-
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.max_model_len = max_model_len
-        super().__init__(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the "
-            "completion). Please reduce the length of the prompt or completion."
-        )
 
 
 class FakeStepError(RuntimeError):
@@ -73,19 +57,6 @@ class FakeSamplingParams:
             raise ValueError(f"temperature must be in [0, 2], got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class FakeRequestOutput:
-    """What one step produced for one request (the fields of stallfree.engine.RequestOutput)."""
-
-    rid: Hashable
-    new_token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_generated: int
 
 
 class FakeTokenizer:
@@ -155,13 +126,13 @@ class FakeEngine:
     def add_request(
         self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, priority: int = 0
     ) -> None:
-        """Queue a request; raises FakeContextLengthExceeded, or RequestRejected if it can never fit."""
+        """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit."""
         with self._guard():
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             if not ids:
-                raise FakeEngineError("prompt must not be empty")
+                raise InvalidPrompt("prompt must not be empty")
             if len(ids) + params.max_tokens > self.max_model_len:
-                raise FakeContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
+                raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority))
             self._seqs[rid] = _Seq(rid, ids, params)
             self.added.append(rid)
@@ -185,7 +156,7 @@ class FakeEngine:
 
     # ------------------------------------------------------------------ the step
 
-    def step(self) -> list[FakeRequestOutput]:
+    def step(self) -> list[RequestOutput]:
         """Run one scheduler step and sample one fake token for each request that samples."""
         with self._guard():
             plan = self._pending if self._pending is not None else self.scheduler.schedule()
@@ -208,7 +179,7 @@ class FakeEngine:
             emitted = self.scheduler.complete(plan, stopped)
             return self._outputs(emitted)
 
-    def _outputs(self, emitted: Sequence[Hashable]) -> list[FakeRequestOutput]:
+    def _outputs(self, emitted: Sequence[Hashable]) -> list[RequestOutput]:
         finished = self.scheduler.last_finished
         outs = []
         for rid in emitted:
@@ -216,7 +187,7 @@ class FakeEngine:
             reason = finished.get(rid)
             text = self._new_text(seq, reason is not None)
             outs.append(
-                FakeRequestOutput(
+                RequestOutput(
                     rid, [seq.generated[-1]], text, reason is not None,
                     None if reason is None else str(reason), len(seq.prompt), len(seq.generated),
                 )

@@ -36,7 +36,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stallfree.engine.engine import LLMEngine, RequestOutput
+    from stallfree.engine.engine import LLMEngine
     from stallfree.engine.errors import (
         ContextLengthExceeded,
         EngineError,
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         RequestRejected,
         StepFailed,
     )
+    from stallfree.engine.outputs import RequestOutput
     from stallfree.engine.sampling import SamplingParams
 
 __all__ = [
@@ -63,7 +64,7 @@ __all__ = [
 
 _WHERE = {
     "LLMEngine": "engine",
-    "RequestOutput": "engine",
+    "RequestOutput": "outputs",
     "SamplingParams": "sampling",
     "ContextLengthExceeded": "errors",
     "EngineError": "errors",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from stallfree.engine.errors import (
 )
 from stallfree.engine.kv_cache import BlockAllocator, KVCache
 from stallfree.engine.model import LlamaModel
+from stallfree.engine.outputs import RequestOutput
 from stallfree.engine.sampling import SamplingParams, greedy_tokens, sample_one
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
@@ -41,30 +41,6 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 # KV memory when kv_tokens is not given: 2 GiB on CPU; half the free memory on a GPU.
 _CPU_KV_BYTES = 2 * 1024**3
 _GPU_KV_FRACTION = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class RequestOutput:
-    """What one request emitted in one step.
-
-    Attributes:
-        rid: the request.
-        new_token_ids: the tokens sampled this step (one per step; EOS and stop tokens included).
-        text: the new text of this step; never ends inside a multi-byte character, excludes stop
-            strings and the text of EOS / stop tokens, and may be "" while text is held back.
-        finished: the request ended this step.
-        finish_reason: "stop" (EOS, a stop token or string), "length" (max_tokens) or None.
-        num_prompt_tokens: the prompt's length, in tokens.
-        num_generated: tokens generated so far, this step's included.
-    """
-
-    rid: Hashable
-    new_token_ids: list[int]
-    text: str
-    finished: bool
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_generated: int
 
 
 class _Seq:

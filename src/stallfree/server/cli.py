@@ -11,37 +11,15 @@ import socket
 import sys
 from typing import Any
 
+from stallfree._argtypes import non_negative_float, port, positive_int
+
 __all__ = ["build_engine", "register", "run_serve"]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
-    return value
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,23 +33,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model", default=None, metavar="PATH",
                    help="model to load (default: the bundled SmolLM2-135M-Instruct)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=_port, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget", type=_positive_int,
+    p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget", type=positive_int,
                    default=512, help="most tokens in one step (default 512)")
-    p.add_argument("--max-seqs", "--max-num-seqs", dest="max_seqs", type=_positive_int, default=64,
+    p.add_argument("--max-seqs", "--max-num-seqs", dest="max_seqs", type=positive_int, default=64,
                    help="most running requests (default 64)")
-    p.add_argument("--kv-tokens", type=_positive_int, default=None,
+    p.add_argument("--kv-tokens", type=positive_int, default=None,
                    help="KV cache capacity in tokens (default: the engine's choice)")
-    p.add_argument("--default-max-tokens", type=_positive_int, default=256,
+    p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
                    "length); the scheduler reserves KV for prompt + max_tokens")
-    p.add_argument("--max-waiting", type=_positive_int, default=1024,
+    p.add_argument("--max-waiting", type=positive_int, default=1024,
                    help="most requests waiting for admission; more are answered 429 (default 1024)")
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--dtype", default="float32", help="torch dtype (default float32)")
-    p.add_argument("--log-interval", type=_non_negative_float, default=10.0,
+    p.add_argument("--log-interval", type=non_negative_float, default=10.0,
                    help="seconds between stats log lines (default 10; 0 disables)")
     p.set_defaults(func=run_serve)
 

@@ -12,8 +12,9 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from stallfree._argtypes import int_list, positive_float, positive_float_list, positive_int
 from stallfree.core.metrics import parse_duration
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.simulator import (
@@ -56,24 +57,8 @@ class CliError(Exception):
 # ----------------------------------------------------------------------------------- parsing
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
-    return value
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
 
 
 def _duration(text: str) -> float:
@@ -83,18 +68,8 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _int_list(text: str) -> list[int]:
-    out = [_positive_int(t) for t in text.split(",") if t.strip()]
-    if not out:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers >= 1, got {text!r}")
-    return out
 
 
-def _float_list(text: str) -> list[float]:
-    out = [_positive_float(t) for t in text.split(",") if t.strip()]
-    if not out:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers > 0, got {text!r}")
-    return out
 
 
 def _modes(text: str) -> list[str]:
@@ -107,14 +82,6 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-def _one_line_errors(parser: argparse.ArgumentParser) -> None:
-    """Make argparse report a bad value as one line on stderr (exit 2), not usage plus error."""
-
-    def error(message: str) -> NoReturn:
-        print(f"{parser.prog}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-    parser.error = error  # type: ignore[method-assign]
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -128,10 +95,10 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument("--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl"])
     w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
     w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
-    w.add_argument("--rate", type=_positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
+    w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
     w.add_argument(
         "--burstiness",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="synthetic gamma: shape of the gaps (1 = Poisson, < 1 burstier)",
     )
@@ -145,7 +112,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
     w.add_argument(
         "--num-requests",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="only the first N requests (synthetic: how many to draw, default 1000)",
     )
@@ -153,31 +120,31 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument("--end", type=float, default=math.inf, metavar="S", help="time window end, s of trace time")
     w.add_argument(
         "--rate-scale",
-        type=_positive_float,
+        type=positive_float,
         metavar="X",
         help=f"replay X times faster (default {DEFAULT_RATE_SCALE:g} for the bundled trace, else 1)",
     )
     w.add_argument(
         "--max-tokens",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="every request's max_new (KV reservation); shorter outputs stop early, longer are cut",
     )
     m = p.add_argument_group("model and hardware (the cost model)")
     m.add_argument("--model", default=DEFAULTS["model"])
     m.add_argument("--gpu", default=DEFAULTS["gpu"])
-    m.add_argument("--tp", type=_positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
+    m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
     m.add_argument("--dtype", default=DEFAULTS["dtype"], help="weight dtype")
     m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the cost model's)")
-    m.add_argument("--gpu-memory-utilization", type=_positive_float, default=0.9, metavar="F")
-    m.add_argument("--kv-tokens", type=_positive_int, metavar="N", help="KV capacity override, tokens")
+    m.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9, metavar="F")
+    m.add_argument("--kv-tokens", type=positive_int, metavar="N", help="KV capacity override, tokens")
     m.add_argument(
         "--linear-cost",
         metavar="BASE_MS,PER_TOKEN_US[,PER_CTX_NS]",
         help="price steps as BASE + PER_TOKEN * tokens + PER_CTX * decode context instead",
     )
     s = p.add_argument_group("scheduler")
-    s.add_argument("--max-seqs", type=_positive_int, default=256, help="most running requests (default 256)")
+    s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=_duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=_duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
@@ -205,7 +172,7 @@ def register(subparsers: Any) -> None:
         "--budget",
         "--token-budget",
         dest="budget",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="token budget per step (default 2048; with --step-time-target, the cap of each step's "
         f"budget, default {TIME_BUDGET_CAP:,})",
@@ -224,7 +191,7 @@ def register(subparsers: Any) -> None:
         help="reserve: KV for prompt + max_new reserved at admission (the contract); paged: KV blocks "
         "taken as tokens are computed, preemption by recompute",
     )
-    g.add_argument("--block-size", type=_positive_int, default=16, help="paged: tokens per KV block (default 16)")
+    g.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
     g.add_argument(
         "--watermark",
         type=float,
@@ -234,7 +201,6 @@ def register(subparsers: Any) -> None:
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
-    _one_line_errors(sim)
     sim.set_defaults(func=_guard(run_simulate))
 
     sweep = subparsers.add_parser(
@@ -244,8 +210,16 @@ def register(subparsers: Any) -> None:
         "a table, and with --out a CSV and PNGs of p99 TPOT against p99 TTFT and of TTFT/TPOT CDFs.",
     )
     _add_common(sweep)
-    sweep.add_argument("--budgets", type=_int_list, default=[256, 512, 1024, 2048, 4096, 8192], metavar="LIST")
-    sweep.add_argument("--rate-scales", type=_float_list, metavar="LIST", help="default: the --rate-scale default")
+    sweep.add_argument(
+        "--budgets",
+        type=int_list,
+        default=[256, 512, 1024, 2048, 4096, 8192],
+        metavar="LIST",
+        help="token budgets to simulate (default 256,512,1024,2048,4096,8192)",
+    )
+    sweep.add_argument(
+        "--rate-scales", type=positive_float_list, metavar="LIST", help="default: the --rate-scale default"
+    )
     sweep.add_argument(
         "--batching",
         type=_modes,
@@ -253,8 +227,7 @@ def register(subparsers: Any) -> None:
         metavar="LIST",
         help="comma-separated modes (default all three)",
     )
-    sweep.add_argument("--jobs", type=_positive_int, metavar="N", help="worker processes (default: CPUs)")
-    _one_line_errors(sweep)
+    sweep.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     sweep.set_defaults(func=_guard(run_sweep))
 
     from stallfree.sim.tune import register_tune

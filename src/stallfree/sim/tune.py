@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stallfree._argtypes import int_list, positive_int
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.sweep import SweepPoint, run_points
@@ -449,14 +450,14 @@ def register_tune(subparsers: Any) -> None:
     )
     cli._add_common(p)
     t = p.add_argument_group("search")
-    t.add_argument("--budgets", type=cli._int_list, metavar="LIST", help="simulate these budgets only (no bound)")
+    t.add_argument("--budgets", type=int_list, metavar="LIST", help="simulate these budgets only (no bound)")
     t.add_argument(
         "--max-seqs-candidates",
-        type=cli._int_list,
+        type=int_list,
         metavar="LIST",
         help="max_seqs values tried at the best budget (default: half and double --max-seqs)",
     )
-    t.add_argument("--jobs", type=cli._positive_int, metavar="N", help="worker processes (default: CPUs)")
+    t.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     t.add_argument(
         "--tie-tolerance",
         type=float,
@@ -465,8 +466,7 @@ def register_tune(subparsers: Any) -> None:
         help=f"goodputs within this fraction of the best are tied, and the lower p99 TPOT wins "
         f"(default {DEFAULT_TIE_TOLERANCE:g}; 0.01 trades up to 1%% of goodput for TPOT headroom)",
     )
-    t.add_argument("--top", type=cli._positive_int, default=6, metavar="N", help="rows to print (default 6)")
-    cli._one_line_errors(p)
+    t.add_argument("--top", type=positive_int, default=6, metavar="N", help="rows to print (default 6)")
     p.set_defaults(func=cli._guard(run_tune))
 
 

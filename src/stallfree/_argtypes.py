@@ -1,0 +1,100 @@
+"""argparse value types shared by every subcommand: each turns one command-line word into a value or
+raises argparse.ArgumentTypeError with a message naming what was expected and what was given.
+
+Imports allowed: the standard library only (any subpackage's CLI may import this leaf module).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+__all__ = ["int_list", "non_negative_float", "port", "positive_float", "positive_float_list", "positive_int"]
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a count of tokens, sequences, requests...).
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is not an integer, or is < 1.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0.
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is not a finite number, or is <= 0.
+    """
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (seconds, for example).
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is not a finite number, or is < 0.
+    """
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: the system picks one).
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is not an integer in 0..65535.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """A comma-separated, non-empty list of integers >= 1 ("256,512,1024").
+
+    Raises:
+        argparse.ArgumentTypeError: an item is not an integer >= 1, or the list is empty.
+    """
+    out = [positive_int(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers >= 1, got {text!r}")
+    return out
+
+
+def positive_float_list(text: str) -> list[float]:
+    """A comma-separated, non-empty list of finite numbers > 0 ("1,2.5,4").
+
+    Raises:
+        argparse.ArgumentTypeError: an item is not a finite number > 0, or the list is empty.
+    """
+    out = [positive_float(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers > 0, got {text!r}")
+    return out
