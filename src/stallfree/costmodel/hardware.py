@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -21,12 +22,14 @@ from stallfree.costmodel.errors import CostModelError
 __all__ = [
     "DTYPE_BYTES",
     "GPUSpec",
+    "alias_index",
     "canonical_dtype",
     "get_gpu",
     "gpu_from_dict",
     "list_gpus",
     "load_gpu_file",
     "normalize_name",
+    "read_json_object",
 ]
 
 #: Bytes per element of each dtype the cost model prices.
@@ -181,14 +184,36 @@ def _presets() -> dict[str, GPUSpec]:
     }
 
 
-@cache
-def _alias_index() -> dict[str, str]:
+def alias_index(presets: Mapping[str, GPUSpec | Any]) -> dict[str, str]:
+    """Map each preset's key and each of its (normalized) aliases to the key; for GPUs and models alike."""
     index = {}
-    for key, spec in _presets().items():
+    for key, spec in presets.items():
         index[key] = key
         for alias in spec.aliases:
             index[alias] = key
     return index
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """Read a JSON file that must hold one object (a user's GPU or model spec).
+
+    Raises:
+        CostModelError: the file cannot be read or parsed, or does not hold a JSON object; the message
+            names `what` and the path.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CostModelError(f"cannot read {what} file {str(p)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise CostModelError(f"{what} file {str(p)!r} must hold a JSON object")
+    return data
+
+
+@cache
+def _alias_index() -> dict[str, str]:
+    return alias_index(_presets())
 
 
 def list_gpus() -> list[str]:
@@ -203,12 +228,7 @@ def load_gpu_file(path: str | Path) -> GPUSpec:
         CostModelError: the file cannot be read or parsed, or an entry is bad (see gpu_from_dict).
     """
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CostModelError(f"cannot read GPU file {str(p)!r}: {exc}") from None
-    if not isinstance(data, dict):
-        raise CostModelError(f"GPU file {str(p)!r} must hold a JSON object")
+    data = read_json_object(p, "GPU")
     return gpu_from_dict(normalize_name(str(data.get("key", p.stem))), data)
 
 

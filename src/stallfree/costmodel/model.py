@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
-from stallfree.costmodel.hardware import normalize_name
+from stallfree.costmodel.hardware import alias_index, normalize_name, read_json_object
 
 __all__ = [
     "ModelSpec",
@@ -316,12 +316,7 @@ def _presets() -> dict[str, ModelSpec]:
 
 @cache
 def _alias_index() -> dict[str, str]:
-    index = {}
-    for key, spec in _presets().items():
-        index[key] = key
-        for alias in spec.aliases:
-            index[alias] = key
-    return index
+    return alias_index(_presets())
 
 
 def list_models() -> list[str]:
@@ -338,12 +333,7 @@ def load_model_file(path: str | Path) -> ModelSpec:
         CostModelError: the file cannot be read or parsed, or a key is missing or out of range.
     """
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CostModelError(f"cannot read model file {str(p)!r}: {exc}") from None
-    if not isinstance(data, dict):
-        raise CostModelError(f"model file {str(p)!r} must hold a JSON object")
+    data = read_json_object(p, "model")
     key = normalize_name(p.parent.name if p.stem == "config" else p.stem)
     if "num_hidden_layers" in data or "text_config" in data:
         return model_from_hf_config(key, data)
