@@ -109,13 +109,13 @@ def test_read_steps_csv_missing_file(tmp_path):
 
 
 def test_fit_allreduce_recovers_line():
-    """All-reduce rows made with 10 us latency and 200 GB/s fit back to those values (A100 link 300 GB/s)."""
+    """All-reduce rows (size in bytes) made with 10 us latency and 200 GB/s fit back to those values."""
     base = CostModel.from_names("codellama-34b", "a100", tp=2)
     rows = [
         {
             "num_workers": "2",
             "size": str(s),
-            "time_stats.all_reduce.median": str((10e-6 + s * 2 / 200e9) * 1e3),
+            "time_stats.all_reduce.median": str((10e-6 + s / 200e9) * 1e3),
         }
         for s in range(2048, 8_000_000, 65536)
     ]
@@ -132,7 +132,26 @@ def test_builtin_profile_calibration():
     assert n > 1000
     assert 0.5 < cal.mfu < 0.8
     assert cal.test.mean < 0.1 < cal.floor_test.mean
-    assert 200e9 < ar.bw_bytes_per_s < 400e9 and 0 < ar.latency_s < 50e-6
+    assert 100e9 < ar.bw_bytes_per_s < 300e9 and 0 < ar.latency_s < 50e-6
+
+
+def test_builtin_allreduce_sizes_are_bytes():
+    """Read as bytes, the shipped A100 all-reduce table gives about 158 GB/s, under NVLink3's 300 GB/s."""
+    cal, ar, _ = calibrate_profile("a100-codellama34b-tp2", stride=50)
+    assert ar.bw_bytes_per_s == pytest.approx(158e9, rel=0.05)
+    assert ar.link_util == pytest.approx(ar.bw_bytes_per_s / 300e9) and ar.link_util < 1
+    assert cal.link_util == pytest.approx(ar.link_util)
+
+
+def test_fit_allreduce_refuses_bandwidth_above_link_peak():
+    """A table that implies more than the link's peak (here 400 GB/s over a 300 GB/s link) is refused."""
+    base = CostModel.from_names("codellama-34b", "a100", tp=2)
+    rows = [
+        {"num_workers": "2", "size": str(s), "time_stats.all_reduce.median": str((5e-6 + s / 400e9) * 1e3)}
+        for s in range(2048, 8_000_000, 65536)
+    ]
+    with pytest.raises(CostModelError, match=r"implies 400 GB/s .* above the link's peak of 300 GB/s"):
+        fit_allreduce(rows, base)
 
 
 def test_unknown_profile_is_explained():

@@ -394,7 +394,7 @@ class AllReduceFit:
     Attributes:
         latency_s: per-call latency, seconds.
         bw_bytes_per_s: effective per-direction bandwidth, B/s.
-        link_util: bw_bytes_per_s / the GPU's link bandwidth (may exceed 1 if the preset is low).
+        link_util: bw_bytes_per_s / the GPU's link bandwidth (<= 1: fit_allreduce refuses more).
         test: errors on held-out rows.
     """
 
@@ -438,14 +438,20 @@ def _ms(row: dict[str, str], op: str) -> float:
 def fit_allreduce(
     rows: list[dict[str, str]], base: CostModel, holdout: float = 0.2, seed: int = 0
 ) -> AllReduceFit:
-    """Fit latency and bandwidth to all-reduce rows (num_workers, size in fp16 elements, median ms).
+    """Fit latency and bandwidth to all-reduce rows (num_workers, size in BYTES, median ms).
+
+    The `size` column is the message size in bytes (Vidur's all_reduce.csv; read as fp16 elements it
+    would make 2 x A100 move 316 GB/s over NVLink3's 300 GB/s per direction). A fit that implies a
+    bandwidth above the group's link peak (GPUSpec.allreduce_bw) is physically impossible and is refused:
+    it means the sizes are in the wrong unit or the table is not for this GPU.
 
     Raises:
-        CostModelError: fewer than 3 rows for base.tp GPUs.
+        CostModelError: fewer than 3 rows for base.tp GPUs; no positive bandwidth; or a fitted bandwidth
+            above the link's peak (the message gives both, in GB/s).
     """
     n = base.tp
     pts = [
-        (2.0 * float(r["size"]), _ms(r, "all_reduce"))
+        (float(r["size"]), _ms(r, "all_reduce"))
         for r in rows
         if r.get("collective", "all_reduce") == "all_reduce"
         and int(r["num_workers"]) == n
@@ -459,7 +465,14 @@ def fit_allreduce(
     if sol is None or sol[1] <= 0:
         raise CostModelError("the all-reduce table does not determine a bandwidth")
     lat, inv_bw = max(sol[0], 0.0), sol[1]
-    fitted = AllReduceFit(lat, 1 / inv_bw, (1 / inv_bw) / base.gpu.allreduce_bw(n), ErrorStats(0, 0, 0, 0, 0))
+    peak = base.gpu.allreduce_bw(n)
+    if 1 / inv_bw > peak * (1 + 1e-9):
+        raise CostModelError(
+            f"the all-reduce fit implies {1 / inv_bw / 1e9:.0f} GB/s per direction over {n} x {base.gpu.key}, "
+            f"above the link's peak of {peak / 1e9:.0f} GB/s, which is physically impossible; is the size "
+            "column in bytes, and is the table for this GPU?"
+        )
+    fitted = AllReduceFit(lat, 1 / inv_bw, (1 / inv_bw) / peak, ErrorStats(0, 0, 0, 0, 0))
     errs = [abs(fitted.seconds(pts[i][0], n) - pts[i][1]) / pts[i][1] for i in test]
     return AllReduceFit(fitted.latency_s, fitted.bw_bytes_per_s, fitted.link_util, ErrorStats.of(errs))
 
@@ -564,6 +577,6 @@ def calibrate_profile(
             )
         base = CostModel.from_names(builtin[0], builtin[1], tp=builtin[2], dtype="fp16")
     ar = fit_allreduce(_table(folder, "all_reduce.csv"), base, holdout, seed)
-    base = base.replace(link_util=min(1.0, ar.link_util), allreduce_latency_s=ar.latency_s)
+    base = base.replace(link_util=ar.link_util, allreduce_latency_s=ar.latency_s)
     steps = steps_from_profile(profile, base, ar)[:: max(1, stride)]
     return fit_steps(base, steps, ("mfu", "mbu", "overhead_s"), holdout, seed), ar, len(steps)
