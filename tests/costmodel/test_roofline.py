@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from stallfree import Request, ScheduledChunk, Scheduler, StepPlan
-from stallfree.costmodel import CostModel, CostModelError, CostModelWarning
+from stallfree.costmodel import CostModel, CostModelError, CostModelWarning, ModelSpec, get_gpu
 
 
 def _plan(decode_starts=(), chunks=(), decode_tokens=None):
@@ -273,3 +273,19 @@ def test_construction_warning_is_not_repeated_by_replace():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cm.replace(mode="design")
+
+
+def test_overhead_terms_by_hand():
+    """Overhead terms add per kernel launch (10 per layer + 1), per token and per sequence, in full mode only."""
+    one = ModelSpec("one", "one layer", 1, 4096, 32, 8, 128, 14336, 32000)
+    floor = CostModel(one, get_gpu("h100-sxm"))
+    cm = floor.replace(kernel_launch_s=5e-6, per_token_s=1e-6, per_seq_s=20e-6, overhead_s=1e-4)
+    assert cm.kernel_launches == 11
+    extra = 1e-4 + 11 * 5e-6 + 24 * 1e-6 + 9 * 20e-6  # 8 decodes + one 16-token chunk: 24 tokens, 9 sequences
+    got = cm.prefill_step_time(16, 0, 8, 100) - floor.prefill_step_time(16, 0, 8, 100)
+    assert got == pytest.approx(extra, rel=1e-9)
+    assert cm.replace(mode="design").step_time(_plan([100] * 8)) == cm.replace(
+        mode="design", kernel_launch_s=0, per_token_s=0, per_seq_s=0, overhead_s=0
+    ).step_time(_plan([100] * 8))
+    with pytest.raises(CostModelError, match="per_seq_s must be a finite number >= 0"):
+        floor.replace(per_seq_s=-1.0)

@@ -16,7 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from stallfree.costmodel.budget import budget_rows
-from stallfree.costmodel.calibrate import BUILTIN_PROFILES, calibrate_profile, fit_steps, read_steps_csv
+from stallfree.costmodel.calibrate import (
+    BUILTIN_PROFILES,
+    FIT_PARAMS,
+    calibrate_profile,
+    describe,
+    fit_steps,
+    read_steps_csv,
+)
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import get_gpu, list_gpus
 from stallfree.costmodel.model import get_model, list_models
@@ -51,6 +58,13 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
         default=0.0,
         help="fixed time per all-reduce call, microseconds (default 0)",
     )
+    p.add_argument(
+        "--kernel-launch-us", type=float, default=0.0, help="fixed time per kernel launch, us (default 0)"
+    )
+    p.add_argument("--per-token-us", type=float, default=0.0, help="time per token in a step, us (default 0)")
+    p.add_argument(
+        "--per-seq-us", type=float, default=0.0, help="time per sequence in a step, us (default 0)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
@@ -70,6 +84,9 @@ def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
         link_util=a.link_util,
         overhead_s=a.overhead_ms * 1e-3,
         allreduce_latency_s=a.allreduce_latency_us * 1e-6,
+        kernel_launch_s=a.kernel_launch_us * 1e-6,
+        per_token_s=a.per_token_us * 1e-6,
+        per_seq_s=a.per_seq_us * 1e-6,
     )
 
 
@@ -195,33 +212,22 @@ def _calibrate(a: argparse.Namespace) -> int:
     if a.csv is not None:
         base = _cost_model(a)
         steps = read_steps_csv(a.csv)
-        cal = fit_steps(base, steps, tuple(a.fit.split(",")), a.holdout, a.seed)
+        fit = tuple((a.fit or "mfu,mbu,overhead_s").split(","))
+        cal = fit_steps(base, steps, fit, a.holdout, a.seed)
         ar, n = None, len(steps)
     else:
+        if a.fit is not None:
+            raise CostModelError("--fit applies to --csv; --profile fits its own set")
         given = _cost_model(a) if a.model is not None else None
         cal, ar, n = calibrate_profile(a.profile, given, a.holdout, a.seed)
 
-    def stats(s: Any) -> dict[str, float]:
-        return {"rows": s.rows, "mean": s.mean, "median": s.median, "p90": s.p90, "max": s.max}
-
-    out: dict[str, Any] = {
-        "steps": n,
-        "mfu": cal.mfu,
-        "mbu": cal.mbu,
-        "link_util": cal.link_util,
-        "overhead_ms": cal.overhead_s * 1e3,
-        "allreduce_latency_us": cal.allreduce_latency_s * 1e6,
-        "train_error": stats(cal.train),
-        "test_error": stats(cal.test),
-        "uncalibrated_test_error": stats(cal.floor_test),
-        "notes": list(cal.notes),
-    }
+    out: dict[str, Any] = {"steps": n, **describe(cal)}
     if ar is not None:
         out["allreduce"] = {
             "latency_us": ar.latency_s * 1e6,
             "bandwidth_GBps": ar.bw_bytes_per_s / 1e9,
             "link_util": ar.link_util,
-            "test_error": stats(ar.test),
+            "test_error": ar.test.as_dict(),
         }
     if a.json:
         print(json.dumps(out, indent=1))
@@ -232,6 +238,10 @@ def _calibrate(a: argparse.Namespace) -> int:
         f"overhead {cal.overhead_s * 1e3:.3f} ms"
         f"  all-reduce latency {cal.allreduce_latency_s * 1e6:.1f} us"
     )
+    print(
+        f"kernel launch {cal.kernel_launch_s * 1e6:.2f} us  per token {cal.per_token_s * 1e6:.2f} us  "
+        f"per sequence {cal.per_seq_s * 1e6:.2f} us"
+    )
     for label, s in (
         ("train", cal.train),
         ("held-out", cal.test),
@@ -240,6 +250,12 @@ def _calibrate(a: argparse.Namespace) -> int:
         print(
             f"{label:>23}: |error| mean {s.mean:.1%}  median {s.median:.1%}  p90 {s.p90:.1%}  max {s.max:.1%}"
         )
+    for title, groups in (("tokens", cal.test_by_bucket), ("kind", cal.test_by_kind)):
+        for label, s in groups:
+            print(
+                f"{'held-out ' + title + ' ' + label:>23}: |error| median {s.median:.1%}  p90 {s.p90:.1%}  "
+                f"max {s.max:.1%}  ({s.rows} steps)"
+            )
     if ar is not None:
         print(
             f"all-reduce: latency {ar.latency_s * 1e6:.1f} us, bandwidth {ar.bw_bytes_per_s / 1e9:.0f} GB/s "
@@ -324,7 +340,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--profile", default=None, help=f"kernel tables: a folder, or built in: {', '.join(BUILTIN_PROFILES)}"
     )
     c.add_argument(
-        "--fit", default="mfu,mbu,overhead_s", help="parameters to fit (default mfu,mbu,overhead_s)"
+        "--fit",
+        default=None,
+        help=f"parameters to fit, from {','.join(FIT_PARAMS)} (default: mfu,mbu,overhead_s for --csv; "
+        "mfu,mbu,kernel_launch_s,per_token_s,per_seq_s plus the CPU line for --profile)",
     )
     c.add_argument("--holdout", type=float, default=0.2, help="fraction of rows held out (default 0.2)")
     c.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")

@@ -1,6 +1,11 @@
 """The roofline cost model (CostModel): a step's time in seconds from its tokens, for a model, GPU,
 dtypes and tensor-parallel degree.
 
+Size: this module is over 400 lines because it is one class whose pricing methods (step_time,
+breakdown, max_tokens_within, the capacity) share private coefficients worked out once at
+construction; splitting them apart would expose those coefficients. The pieces that stand alone
+(StepCost, argument checks, largest_fitting) live in parts.py.
+
 Imports allowed: the standard library, stallfree.core (StepPlan) and stallfree.costmodel.
 
 Full mode, per GPU of a TP group of n (constants written out; L layers, h hidden, n_q heads, d head
@@ -15,7 +20,9 @@ dim, V vocab, T tokens in the step, S tokens that sample, N_act active decoder-l
                + (KV read + T written) x 2 x L x ceil(n_kv / n) x d x kv_bytes
     memory_s   = bytes / (HBM bandwidth x mbu)
     comm_s     = 2 x L x [2(n-1)/n x T x h x 2 B / (link bandwidth x link_util) + latency]   (n > 1)
-    step_s     = max(compute_s, memory_s) + comm_s + overhead_s
+    fixed_s    = overhead_s + kernel_launch_s x (KERNELS_PER_LAYER x L + 1)
+                 + per_token_s x T + per_seq_s x B                (B sequences in the step)
+    step_s     = max(compute_s, memory_s) + comm_s + fixed_s
 Sources: roofline (Williams et al., CACM 2009; LLM-Viewer, Yuan et al. 2024); attention FLOPs (PaLM,
 arXiv 2204.02311, App. B); two all-reduces per layer (Megatron-LM, arXiv 1909.08053, section 3); ring
 all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv x d x bytes.
@@ -23,115 +30,56 @@ all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv 
 Design mode is docs/DESIGN.md section 2's arithmetic: FLOPs = 2 x total parameters x T at the dtype's peak,
 bytes = total parameters x w_bytes, no attention, no KV, no communication, no overhead.
 
-Efficiency factors default to 1.0 and overhead to 0, so the defaults are floors (the fastest the
-hardware allows), never predictions of a real engine; calibrate.py fits them to measurements.
+Efficiency factors default to 1.0 and every overhead term to 0, so the defaults are floors (the
+fastest the hardware allows), never predictions of a real engine; calibrate.py fits them to
+measurements. The overhead terms have the shape of the costs they stand for: a fixed cost per kernel
+launch (so an 80-layer 70B model pays 2.5 x what a 32-layer 7B model pays), a cost per token
+(element-wise kernels between the GEMMs, whose work grows with the tokens), a cost per sequence
+(sampling, input preparation and output processing on the CPU; per-sequence attention set-up), and
+one per step (scheduling).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import DTYPE_BYTES, GPUSpec, canonical_dtype, get_gpu
 from stallfree.costmodel.model import ModelSpec, get_model
+from stallfree.costmodel.parts import (
+    StepCost,
+    _check_count,
+    _check_fraction,
+    _check_nonneg,
+    _check_tp,
+    largest_fitting,
+)
 
-__all__ = ["MODES", "CostModel", "StepCost"]
+__all__ = ["EFFICIENCY_KEYWORDS", "KERNELS_PER_LAYER", "MODES", "CostModel", "StepCost", "largest_fitting"]
 
 MODES = ("full", "design")
 
+#: Kernel launches per decoder layer in a Llama-style layer as profiled by Vidur (MLSys 2024): input
+#: norm, QKV GEMM, rotary, attention, output GEMM, post-attention norm, gate/up GEMM, activation,
+#: down GEMM, residual add. The embedding adds one launch per step.
+KERNELS_PER_LAYER = 10
+
+#: The keyword arguments that scale or add to the floor (CostModel.from_names accepts these).
+EFFICIENCY_KEYWORDS = (
+    "mfu",
+    "mbu",
+    "link_util",
+    "overhead_s",
+    "allreduce_latency_s",
+    "kernel_launch_s",
+    "per_token_s",
+    "per_seq_s",
+)
+
 # Activations cross the all-reduce in 16 bits (bf16/fp16) even when weights are 8-bit.
 _ACT_BYTES = 2
-# The largest step max_tokens_within will return, in tokens: far above any real token budget.
-_MAX_TOKENS = 1 << 30
-
-
-def largest_fitting(fits: Callable[[int], bool], start: int, cap: int = _MAX_TOKENS) -> int:
-    """The largest token count n in [start, cap] with fits(n), for a `fits` that is true up to some
-    n and false beyond (step time grows with tokens); 0 when fits(start) is false.
-
-    Doubles from `start` until it fails, then bisects: O(log n) calls to `fits`.
-    """
-    if not fits(start):
-        return 0
-    lo, hi = start, start * 2
-    while hi < cap and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi >= cap:
-        if fits(cap):
-            return cap
-        hi = cap
-    while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-@dataclass(frozen=True, slots=True)
-class StepCost:
-    """The parts of one step's predicted time, in seconds, with the work behind them.
-
-    Attributes:
-        compute_s: FLOPs / (n x peak x mfu).
-        memory_s: bytes per GPU / (bandwidth x mbu).
-        comm_s: all-reduce time (bandwidth part plus per-call latency).
-        overhead_s: the fixed per-step overhead.
-        total_s: max(compute_s, memory_s) + comm_s + overhead_s.
-        flops: FLOPs per GPU (linear + lm_head + attention).
-        bytes: bytes read and written per GPU (weights + KV).
-    """
-
-    compute_s: float
-    memory_s: float
-    comm_s: float
-    overhead_s: float
-    total_s: float
-    flops: float
-    bytes: float
-
-
-def _check_fraction(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-        raise CostModelError(f"{name} must be in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _check_nonneg(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise CostModelError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _check_count(name: str, value: int, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise CostModelError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_tp(model: ModelSpec, tp: int) -> None:
-    _check_count("tp", tp, 1)
-    if model.num_heads % tp:
-        raise CostModelError(
-            f"tp {tp} does not divide the {model.num_heads} attention heads of {model.key}; "
-            f"use a divisor of {model.num_heads}"
-        )
-    kv = model.num_kv_heads
-    # Engines shard KV heads when there are at least tp of them and replicate them otherwise; both
-    # need one count to divide the other (vLLM's QKVParallelLinear asserts the same).
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        raise CostModelError(
-            f"tp {tp} and the {kv} KV heads of {model.key}: one must divide the other, so that KV heads "
-            "are either split evenly or replicated evenly"
-        )
-
-
 class CostModel:
     """Predicts the time of one step (one forward pass over a StepPlan) on a TP group of GPUs.
 
@@ -152,10 +100,15 @@ class CostModel:
             in (0, 1]; 1.0 makes the model a floor.
         overhead_s: fixed time added to every non-empty step, seconds (full mode only).
         allreduce_latency_s: fixed time per all-reduce call, seconds (full mode, tp > 1).
+        kernel_launch_s: fixed time per kernel launch, seconds; a step launches
+            KERNELS_PER_LAYER x L + 1 kernels (full mode only).
+        per_token_s: time per token in the step, seconds, beyond the roofline (full mode only).
+        per_seq_s: time per sequence in the step (each decode and each prefill chunk), seconds
+            (full mode only).
 
     Raises:
         CostModelError: a bad mode or dtype; tp that does not divide the heads; an efficiency out of
-            (0, 1]; a negative overhead; weights that do not fit in the GPUs' memory.
+            (0, 1]; a negative (or non-finite) overhead term; weights that do not fit in the GPUs' memory.
     """
 
     __slots__ = (
@@ -170,6 +123,10 @@ class CostModel:
         "link_util",
         "overhead_s",
         "allreduce_latency_s",
+        "kernel_launch_s",
+        "per_token_s",
+        "per_seq_s",
+        "kernel_launches",
         "warnings",
         "weight_bytes_per_gpu",
         "kv_bytes_per_token_per_gpu",
@@ -185,6 +142,8 @@ class CostModel:
         "_x_tok",
         "_a_step",
         "_over",
+        "_o_tok",
+        "_o_seq",
         "_inv_mfu",
         "_inv_mbu",
         "_inv_link",
@@ -210,6 +169,9 @@ class CostModel:
         link_util: float = 1.0,
         overhead_s: float = 0.0,
         allreduce_latency_s: float = 0.0,
+        kernel_launch_s: float = 0.0,
+        per_token_s: float = 0.0,
+        per_seq_s: float = 0.0,
     ) -> None:
         if mode not in MODES:
             raise CostModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -224,6 +186,10 @@ class CostModel:
         self.link_util = _check_fraction("link_util", link_util)
         self.overhead_s = _check_nonneg("overhead_s", overhead_s)
         self.allreduce_latency_s = _check_nonneg("allreduce_latency_s", allreduce_latency_s)
+        self.kernel_launch_s = _check_nonneg("kernel_launch_s", kernel_launch_s)
+        self.per_token_s = _check_nonneg("per_token_s", per_token_s)
+        self.per_seq_s = _check_nonneg("per_seq_s", per_seq_s)
+        self.kernel_launches = KERNELS_PER_LAYER * model.num_layers + 1
         notes: list[str] = []
         peak_lin = gpu.peak_flops(self.dtype)
         if peak_lin is None:
@@ -279,7 +245,9 @@ class CostModel:
         calls = 2 * m.num_layers if (n > 1 and not design) else 0
         self._x_tok = calls * 2.0 * (n - 1) / n * m.hidden_size * _ACT_BYTES / gpu.allreduce_bw(n)
         self._a_step = calls * self.allreduce_latency_s
-        self._over = 0.0 if design else self.overhead_s
+        self._over = 0.0 if design else self.overhead_s + self.kernel_launch_s * self.kernel_launches
+        self._o_tok = 0.0 if design else self.per_token_s
+        self._o_seq = 0.0 if design else self.per_seq_s
         self._inv_mfu, self._inv_mbu, self._inv_link = 1.0 / self.mfu, 1.0 / self.mbu, 1.0 / self.link_util
 
     @classmethod
@@ -293,14 +261,15 @@ class CostModel:
         mode: str = "full",
         **efficiency: float,
     ) -> CostModel:
-        """Build a CostModel from preset names (or .json paths); `efficiency` takes mfu, mbu,
-        link_util, overhead_s and allreduce_latency_s.
+        """Build a CostModel from preset names (or .json paths); `efficiency` takes the
+        EFFICIENCY_KEYWORDS (mfu, mbu, link_util, overhead_s, allreduce_latency_s, kernel_launch_s,
+        per_token_s, per_seq_s).
 
         Raises:
             CostModelError: an unknown name (the message lists the known ones), an unknown keyword,
                 or any error of the constructor.
         """
-        allowed = {"mfu", "mbu", "link_util", "overhead_s", "allreduce_latency_s"}
+        allowed = set(EFFICIENCY_KEYWORDS)
         unknown = sorted(set(efficiency) - allowed)
         if unknown:
             raise CostModelError(
@@ -322,6 +291,9 @@ class CostModel:
             "link_util": self.link_util,
             "overhead_s": self.overhead_s,
             "allreduce_latency_s": self.allreduce_latency_s,
+            "kernel_launch_s": self.kernel_launch_s,
+            "per_token_s": self.per_token_s,
+            "per_seq_s": self.per_seq_s,
         }
         args.update(changes)
         with warnings.catch_warnings():
@@ -332,13 +304,15 @@ class CostModel:
         return (
             f"CostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, dtype={self.dtype}, "
             f"kv_dtype={self.kv_dtype}, mode={self.mode}, mfu={self.mfu}, mbu={self.mbu}, "
-            f"link_util={self.link_util}, overhead_s={self.overhead_s})"
+            f"link_util={self.link_util}, overhead_s={self.overhead_s}, "
+            f"kernel_launch_s={self.kernel_launch_s}, per_token_s={self.per_token_s}, "
+            f"per_seq_s={self.per_seq_s})"
         )
 
     # ---- pricing -------------------------------------------------------------------------------
-    def _price(self, tokens: int, pairs: float, kv_read: float, sampled: int) -> float:
+    def _price(self, tokens: int, pairs: float, kv_read: float, sampled: int, seqs: int) -> float:
         """Seconds for a step of `tokens` tokens, `pairs` attention pairs, `kv_read` cached tokens
-        read and `sampled` sampled tokens (the step formula of the module docstring)."""
+        read, `sampled` sampled tokens and `seqs` sequences (the step formula of the module docstring)."""
         compute = (self._c_tok * tokens + self._c_samp * sampled + self._c_pair * pairs) * self._inv_mfu
         memory = self._m_fixed + self._m_kv * (kv_read + tokens)
         if sampled:
@@ -351,6 +325,8 @@ class CostModel:
             + self._x_tok * tokens * self._inv_link
             + self._a_step
             + self._over
+            + self._o_tok * tokens
+            + self._o_seq * seqs
         )
 
     def step_time(self, plan: StepPlan) -> float:
@@ -369,7 +345,9 @@ class CostModel:
         pairs = 0.0
         kv_read = dcs
         sampled = nd
+        seqs = nd
         for c in plan.prefills:
+            seqs += 1
             n = c.num_tokens
             p = c.start
             decode_tokens -= n
@@ -383,7 +361,7 @@ class CostModel:
             else:
                 k = decode_tokens / nd
                 pairs += k * dcs + decode_tokens * (k + 1) * 0.5
-        return self._price(tokens, pairs, kv_read, sampled)
+        return self._price(tokens, pairs, kv_read, sampled, seqs)
 
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
         """Return the time of a decode-only step, seconds: `num_decodes` decodes, each with
@@ -397,7 +375,11 @@ class CostModel:
         if not num_decodes:
             return 0.0
         return self._price(
-            num_decodes, num_decodes * (context_len + 1.0), num_decodes * context_len, num_decodes
+            num_decodes,
+            num_decodes * (context_len + 1.0),
+            num_decodes * context_len,
+            num_decodes,
+            num_decodes,
         )
 
     def prefill_step_time(
@@ -425,7 +407,11 @@ class CostModel:
         _check_count("context_len", context_len)
         pairs = num_tokens * start + num_tokens * (num_tokens + 1) * 0.5 + num_decodes * (context_len + 1.0)
         return self._price(
-            num_tokens + num_decodes, pairs, start + num_decodes * context_len, num_decodes + bool(is_last)
+            num_tokens + num_decodes,
+            pairs,
+            start + num_decodes * context_len,
+            num_decodes + bool(is_last),
+            num_decodes + 1,
         )
 
     def breakdown(self, plan: StepPlan) -> StepCost:
@@ -436,15 +422,19 @@ class CostModel:
         pairs = float(plan.decode_context_sum + plan.num_decodes)
         kv_read = plan.decode_context_sum
         sampled = plan.num_decodes
+        seqs = plan.num_decodes
         for c in plan.prefills:
             pairs += c.num_tokens * c.start + c.num_tokens * (c.num_tokens + 1) * 0.5
             kv_read += c.start
             sampled += c.is_last
-        return self.breakdown_counts(tokens, pairs, kv_read, sampled)
+            seqs += 1
+        return self.breakdown_counts(tokens, pairs, kv_read, sampled, seqs)
 
-    def breakdown_counts(self, tokens: int, pairs: float, kv_read: float, sampled: int) -> StepCost:
+    def breakdown_counts(
+        self, tokens: int, pairs: float, kv_read: float, sampled: int, seqs: int | None = None
+    ) -> StepCost:
         """Return the parts of a step given its counts: tokens, attention (query, key) pairs, cached
-        tokens read from the KV cache, and tokens that sample."""
+        tokens read from the KV cache, tokens that sample, and sequences (None: as many as sample)."""
         if tokens <= 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         c, m, x, a = self.components(tokens, pairs, kv_read, sampled)
@@ -454,14 +444,15 @@ class CostModel:
         nbytes = self._b_fixed + self._b_kv * (kv_read + tokens) + (self._b_head if sampled else 0.0)
         if self._experts:
             nbytes += self._b_expert * self._experts * (1.0 - self._route_keep**tokens)
-        total = max(compute, memory) + comm + self._over
-        return StepCost(compute, memory, comm, self._over, total, flops, nbytes)
+        over = self._over + self._o_tok * tokens + self._o_seq * (sampled if seqs is None else seqs)
+        total = max(compute, memory) + comm + over
+        return StepCost(compute, memory, comm, over, total, flops, nbytes)
 
     def components(
         self, tokens: int, pairs: float, kv_read: float, sampled: int
     ) -> tuple[float, float, float, float]:
         """Return the step's (compute, memory, link, latency) seconds at efficiency 1.0, for calibration:
-        step_s = max(compute / mfu, memory / mbu) + link / link_util + latency + overhead_s."""
+        step_s = max(compute / mfu, memory / mbu) + link / link_util + latency + the overhead terms."""
         compute = self._c_tok * tokens + self._c_samp * sampled + self._c_pair * pairs
         memory = self._m_fixed + self._m_kv * (kv_read + tokens) + (self._m_head if sampled else 0.0)
         if self._experts:
@@ -511,8 +502,8 @@ class CostModel:
         def fits(total: int) -> bool:
             c = total - nd
             if c <= 0:
-                return self._price(total, base_pairs, decode_context_sum, nd) <= target_s
+                return self._price(total, base_pairs, decode_context_sum, nd, nd) <= target_s
             pairs = base_pairs + c * chunk_start + c * (c + 1) * 0.5
-            return self._price(total, pairs, decode_context_sum + chunk_start, nd + 1) <= target_s
+            return self._price(total, pairs, decode_context_sum + chunk_start, nd + 1, nd + 1) <= target_s
 
         return largest_fitting(fits, max(nd, 1))
