@@ -289,3 +289,24 @@ def test_overhead_terms_by_hand():
     ).step_time(_plan([100] * 8))
     with pytest.raises(CostModelError, match="per_seq_s must be a finite number >= 0"):
         floor.replace(per_seq_s=-1.0)
+
+
+def test_multi_node_tensor_parallel_by_hand():
+    """Llama 3.1 70B at tp 16 on H100 (two nodes): 160 all-reduces of T x 8,192 x 2 B at 2 x 15/16 / 50 GB/s."""
+    cm = CostModel.from_names("llama-3.1-70b", "h100-sxm", tp=16)
+    comm = cm.breakdown_counts(1000, 1000.0, 0, 0).comm_s
+    assert comm == pytest.approx(160 * 2 * 15 / 16 * 1000 * 8192 * 2 / 50e9, rel=1e-12)
+
+
+def test_pipeline_parallel_by_hand():
+    """pp 2 x tp 8 on H100: one cross-node send of T x h x 2 B per step, weights and KV halved per GPU."""
+    one = CostModel.from_names("llama-3.1-70b", "h100-sxm", tp=8)
+    two = CostModel.from_names("llama-3.1-70b", "h100-sxm", tp=8, pp=2)
+    t = 512
+    extra = two.breakdown_counts(t, 512.0, 0, 0).comm_s - one.breakdown_counts(t, 512.0, 0, 0).comm_s
+    assert extra == pytest.approx(t * 8192 * 2 / 50e9, rel=1e-12)
+    assert two.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu // 2
+    assert two.weight_bytes_per_gpu < 0.52 * one.weight_bytes_per_gpu
+    assert two.kv_capacity_tokens() > 2 * one.kv_capacity_tokens()
+    with pytest.raises(CostModelError, match="pp 100 is more than the 80 layers"):
+        CostModel.from_names("llama-3.1-70b", "h100-sxm", tp=8, pp=100)

@@ -155,6 +155,7 @@ def test_hf_config_qwen2_bias_and_mixtral_experts():
     mix = model_from_hf_config(
         "m",
         {
+            "model_type": "mixtral",
             "hidden_size": 4096,
             "num_hidden_layers": 32,
             "num_attention_heads": 32,
@@ -175,6 +176,7 @@ def test_model_file_and_gpu_file(tmp_path):
     (folder / "config.json").write_text(
         json.dumps(
             {
+                "hidden_act": "silu",
                 "hidden_size": 1024,
                 "num_hidden_layers": 2,
                 "num_attention_heads": 8,
@@ -218,3 +220,74 @@ def test_bad_gpu_file_is_explained(tmp_path):
     path.write_text(json.dumps({"peak_tflops": {"bf16": 1}, "mem_bw_GBps": 0, "mem_GB": 1, "link_GBps": 1}))
     with pytest.raises(CostModelError, match="mem_bw_bytes_per_s must be a positive number"):
         load_gpu_file(path)
+
+
+PHI2 = {
+    "model_type": "phi",
+    "architectures": ["PhiForCausalLM"],
+    "hidden_act": "gelu_new",
+    "hidden_size": 2560,
+    "intermediate_size": 10240,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "vocab_size": 51200,
+    "tie_word_embeddings": False,
+}
+
+
+def test_hf_config_plain_mlp_has_no_gate():
+    """phi-2's MLP has two matrices: 2 x h x f per layer, not 3 x h x f (which would add 0.84B weights)."""
+    m = model_from_hf_config("phi-2", PHI2)
+    assert not m.gated_mlp
+    assert m.expert_params_per_layer == 2 * 2560 * 10240
+    gated = model_from_hf_config("phi-2", dict(PHI2, model_type="llama"))
+    assert gated.total_params - m.total_params == 32 * 2560 * 10240
+    neox = model_from_hf_config("neox", dict(PHI2, model_type="gpt_neox", hidden_act="gelu"))
+    assert not neox.gated_mlp
+
+
+def test_hf_config_unknown_kind_uses_activation_or_refuses():
+    """An unknown model_type is gated when its activation is SiLU and refused otherwise, naming the fields."""
+    assert model_from_hf_config("x", dict(PHI2, model_type="newarch", hidden_act="silu")).gated_mlp
+    with pytest.raises(CostModelError, match="model_type 'newarch' .* hidden_act 'gelu'"):
+        model_from_hf_config("x", dict(PHI2, model_type="newarch", hidden_act="gelu"))
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("kv_lora_rank", 512), ("n_shared_experts", 1), ("shared_expert_intermediate_size", 5632)],
+    ids=["mla", "shared-experts", "qwen2-moe"],
+)
+def test_hf_config_refuses_what_it_cannot_price(field, value):
+    """MoE and attention variants the formulas do not cover are refused, naming the field."""
+    config = dict(PHI2, model_type="deepseek_v3", hidden_act="silu", num_experts=64, num_experts_per_tok=6)
+    config[field] = value
+    with pytest.raises(CostModelError, match=f"field '{field}' = {value}"):
+        model_from_hf_config("moe", config)
+
+
+@pytest.mark.parametrize(
+    "key,bf16,fp8,bw,gb",
+    [
+        ("a40", 149.7, None, 696, 48),
+        ("l4", 121.0, 242.5, 300, 24),
+        ("a10g", 70.0, None, 600, 24),
+        ("l40", 181.05, 362.0, 864, 48),
+        ("rtx-4090", 165.2, 330.3, 1008, 24),
+    ],
+    ids=str,
+)
+def test_new_gpu_presets(key, bf16, fp8, bw, gb):
+    """The A40, L4, A10G, L40 and RTX 4090 presets carry their datasheet figures (dense) and sources."""
+    g = get_gpu(key)
+    assert g.peak_flops("bf16") == pytest.approx(bf16 * 1e12)
+    assert g.peak_flops("fp8") == (None if fp8 is None else pytest.approx(fp8 * 1e12))
+    assert (g.mem_bw_bytes_per_s, g.mem_bytes) == (bw * 1e9, gb * 1e9)
+    assert g.link_bw_bytes_per_s == 32e9 and g.sources and g.link_source
+
+
+def test_group_spanning_nodes_uses_the_network():
+    """A TP group larger than a node all-reduces at the 50 GB/s network (400 Gb/s per GPU), not NVLink."""
+    g = get_gpu("h100-sxm")
+    assert g.allreduce_bw(8) == 450e9 and g.allreduce_bw(16) == 50e9
+    assert g.p2p_bw(True) == 50e9 and g.p2p_bw(False) == 450e9

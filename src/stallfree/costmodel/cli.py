@@ -41,6 +41,9 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
     p.add_argument("--gpu", default=gpu, help="GPU name (see `stallfree specs`) or a .json file")
     p.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (GPUs)")
     p.add_argument(
+        "--pp", type=int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
+    )
+    p.add_argument(
         "--dtype", default="bf16", help="weight dtype: bf16, fp16, fp8 (W8A8), int8 (default bf16)"
     )
     p.add_argument(
@@ -79,6 +82,7 @@ def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
         dtype=a.dtype,
         kv_dtype=a.kv_dtype,
         mode=mode,
+        pp=a.pp,
         mfu=a.mfu,
         mbu=a.mbu,
         link_util=a.link_util,

@@ -93,6 +93,9 @@ class GPUSpec:
             ring formula t = 2(n-1)/n x S / B (NVIDIA nccl-tests doc/PERFORMANCE.md).
         link_bw_per_peer_bytes_per_s: for a switchless full mesh (MI300X), the per-direction bandwidth to
             one peer; a group of n GPUs then gets min(link_bw, (n-1) x this). None for switched fabrics.
+        gpus_per_node: GPUs in one node; a parallel group of more GPUs spans nodes (default 8).
+        internode_bw_bytes_per_s: per-GPU network bandwidth between nodes, per direction, B/s (default
+            50e9: 400 Gb/s InfiniBand NDR or RoCE with one NIC per GPU, as in NVIDIA's DGX H100).
         aliases: other names this preset answers to.
         sources: where the numbers come from.
         link_source: how link_bw_bytes_per_s was derived.
@@ -108,6 +111,8 @@ class GPUSpec:
     mem_bytes: float
     link_bw_bytes_per_s: float
     link_bw_per_peer_bytes_per_s: float | None = None
+    gpus_per_node: int = 8
+    internode_bw_bytes_per_s: float = 50e9
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = field(default=(), compare=False)
     link_source: str = field(default="", compare=False)
@@ -119,6 +124,10 @@ class GPUSpec:
         _positive("link_bw_bytes_per_s", self.link_bw_bytes_per_s, owner)
         for name in ("fp8_flops_per_s", "int8_ops_per_s", "link_bw_per_peer_bytes_per_s"):
             _positive(name, getattr(self, name), owner, allow_none=True)
+        _positive("internode_bw_bytes_per_s", self.internode_bw_bytes_per_s, owner)
+        g = self.gpus_per_node
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise CostModelError(f"{owner}: gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}")
 
     def peak_flops(self, dtype: str) -> float | None:
         """Return the dense GEMM peak in `dtype` ('bf16', 'fp16', 'fp8', 'int8'), FLOP/s; None if absent."""
@@ -130,17 +139,33 @@ class GPUSpec:
         }[dtype]
 
     def allreduce_bw(self, tp: int) -> float:
-        """Return the effective per-direction all-reduce bandwidth of a group of `tp` GPUs, B/s."""
-        if self.link_bw_per_peer_bytes_per_s is None or tp < 2:
-            return self.link_bw_bytes_per_s
-        return min(self.link_bw_bytes_per_s, (tp - 1) * self.link_bw_per_peer_bytes_per_s)
+        """Return the effective per-direction all-reduce bandwidth of a group of `tp` GPUs, B/s.
+
+        Within a node it is the GPU link's; a group larger than gpus_per_node spans nodes, and every
+        ring (or the inter-node stage of a hierarchical all-reduce) then crosses the network, so the
+        bandwidth is the smaller of the link's and internode_bw_bytes_per_s.
+        """
+        local = min(tp, self.gpus_per_node)
+        if self.link_bw_per_peer_bytes_per_s is None or local < 2:
+            bw = self.link_bw_bytes_per_s
+        else:
+            bw = min(self.link_bw_bytes_per_s, (local - 1) * self.link_bw_per_peer_bytes_per_s)
+        return bw if tp <= self.gpus_per_node else min(bw, self.internode_bw_bytes_per_s)
+
+    def p2p_bw(self, crosses_nodes: bool) -> float:
+        """Return the per-direction bandwidth of one GPU-to-GPU send (a pipeline stage's activations), B/s:
+        the network's when the two GPUs are in different nodes, else the GPU link's."""
+        if crosses_nodes:
+            return min(self.link_bw_bytes_per_s, self.internode_bw_bytes_per_s)
+        return self.link_bw_bytes_per_s
 
 
 def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
     """Build a GPUSpec from one entry of the gpus.json format (units as in that file).
 
     Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8 and int8 may be null or absent),
-    mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, aliases, sources, link_source.
+    mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, gpus_per_node (default 8),
+    internode_GBps (default 50), aliases, sources, link_source.
 
     Raises:
         CostModelError: a key is missing, or a value is not a positive number.
@@ -164,6 +189,8 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
             mem_bytes=float(data["mem_GB"]) * 1e9,
             link_bw_bytes_per_s=float(data["link_GBps"]) * 1e9,
             link_bw_per_peer_bytes_per_s=None if peer is None else float(peer) * 1e9,
+            gpus_per_node=data.get("gpus_per_node", 8),
+            internode_bw_bytes_per_s=float(data.get("internode_GBps", 50)) * 1e9,
             aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
             sources=tuple(data.get("sources", ())),
             link_source=str(data.get("link_source", "")),

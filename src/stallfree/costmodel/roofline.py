@@ -105,6 +105,11 @@ class CostModel:
         per_token_s: time per token in the step, seconds, beyond the roofline (full mode only).
         per_seq_s: time per sequence in the step (each decode and each prefill chunk), seconds
             (full mode only).
+        pp: pipeline-parallel degree (stages of tp GPUs each). One batch passes through the stages in
+            turn, so a step's compute and memory time are those of tp GPUs over all layers, plus pp - 1
+            activation sends (T x h x 2 B each) over the GPU link, or the network where a send crosses
+            nodes (GPUSpec.gpus_per_node, internode_bw_bytes_per_s); weights and KV per GPU are the
+            largest stage's. A tp group larger than a node all-reduces at the network's bandwidth.
 
     Raises:
         CostModelError: a bad mode or dtype; tp that does not divide the heads; an efficiency out of
@@ -127,6 +132,7 @@ class CostModel:
         "per_token_s",
         "per_seq_s",
         "kernel_launches",
+        "pp",
         "warnings",
         "weight_bytes_per_gpu",
         "kv_bytes_per_token_per_gpu",
@@ -172,6 +178,7 @@ class CostModel:
         kernel_launch_s: float = 0.0,
         per_token_s: float = 0.0,
         per_seq_s: float = 0.0,
+        pp: int = 1,
     ) -> None:
         if mode not in MODES:
             raise CostModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -205,20 +212,27 @@ class CostModel:
             warnings.warn(note, CostModelWarning, stacklevel=3)
 
         m, n = model, tp
+        self.pp = _check_count("pp", pp, 1)
+        if pp > m.num_layers:
+            raise CostModelError(f"pp {pp} is more than the {m.num_layers} layers of {m.key}")
+        stage_layers = -(-m.num_layers // pp)  # the largest stage holds ceil(L / pp) layers
         head_b = 2 if wb == 1 else wb
         head_untied = 0 if m.tie_word_embeddings else m.lm_head_params
         big = m.embed_params + head_untied
-        self.weight_bytes_per_gpu = ((m.total_params - big) * wb + big * head_b) / n
+        # With pp > 1 the embedding sits on the first stage and the lm_head on the last.
+        big_stage = big if pp == 1 else max(m.embed_params, head_untied)
+        self.weight_bytes_per_gpu = (
+            (m.total_params - big) * wb * stage_layers / m.num_layers + big_stage * head_b
+        ) / n
         if self.weight_bytes_per_gpu > gpu.mem_bytes:
             raise CostModelError(
                 f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
-                f"at tp {n}, "
+                f"at tp {n}" + (f", pp {pp}" if pp > 1 else "") + ", "
                 f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; raise tp or use 8-bit weights"
             )
         kv_heads_per_gpu = -(-m.num_kv_heads // n)  # replicated when tp > n_kv
-        self.kv_bytes_per_token_per_gpu = (
-            2 * m.num_layers * kv_heads_per_gpu * m.head_dim * DTYPE_BYTES[self.kv_dtype]
-        )
+        kv_all_layers = 2 * m.num_layers * kv_heads_per_gpu * m.head_dim * DTYPE_BYTES[self.kv_dtype]
+        self.kv_bytes_per_token_per_gpu = kv_all_layers * stage_layers // m.num_layers
 
         # Work per GPU (FLOP and bytes) per token, per sampled token, per (query, key) pair, per step.
         design = mode == "design"
@@ -232,7 +246,7 @@ class CostModel:
         else:
             self._b_fixed = (m.layer_params - expert_w) * wb / n
             self._b_head = m.lm_head_params * head_b / n
-            self._b_kv = float(self.kv_bytes_per_token_per_gpu)
+            self._b_kv = float(kv_all_layers)  # a step passes through every stage in turn
             self._b_expert = m.num_layers * m.expert_params_per_layer * wb / n
         self._route_keep = 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0
         # Seconds at efficiency 1.0; the step formula scales them by the inverse efficiencies.
@@ -245,6 +259,12 @@ class CostModel:
         calls = 2 * m.num_layers if (n > 1 and not design) else 0
         self._x_tok = calls * 2.0 * (n - 1) / n * m.hidden_size * _ACT_BYTES / gpu.allreduce_bw(n)
         self._a_step = calls * self.allreduce_latency_s
+        if pp > 1 and not design:
+            # pp - 1 sends of each token's activations between stages, in turn (one batch in flight);
+            # stages are placed node by node, so ceil(tp x pp / gpus_per_node) - 1 of them cross nodes.
+            remote = min(pp - 1, -(-(n * pp) // gpu.gpus_per_node) - 1)
+            per_tok = m.hidden_size * _ACT_BYTES
+            self._x_tok += remote * per_tok / gpu.p2p_bw(True) + (pp - 1 - remote) * per_tok / gpu.p2p_bw(False)
         self._over = 0.0 if design else self.overhead_s + self.kernel_launch_s * self.kernel_launches
         self._o_tok = 0.0 if design else self.per_token_s
         self._o_seq = 0.0 if design else self.per_seq_s
@@ -259,6 +279,7 @@ class CostModel:
         dtype: str = "bf16",
         kv_dtype: str | None = None,
         mode: str = "full",
+        pp: int = 1,
         **efficiency: float,
     ) -> CostModel:
         """Build a CostModel from preset names (or .json paths); `efficiency` takes the
@@ -275,7 +296,7 @@ class CostModel:
             raise CostModelError(
                 f"unknown keyword(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
             )
-        return cls(get_model(model), get_gpu(gpu), tp, dtype, kv_dtype, mode, **efficiency)
+        return cls(get_model(model), get_gpu(gpu), tp, dtype, kv_dtype, mode, pp=pp, **efficiency)
 
     def replace(self, **changes: Any) -> CostModel:
         """Return a copy with some constructor arguments changed (e.g. mode='design', mfu=0.6)."""
@@ -294,6 +315,7 @@ class CostModel:
             "kernel_launch_s": self.kernel_launch_s,
             "per_token_s": self.per_token_s,
             "per_seq_s": self.per_seq_s,
+            "pp": self.pp,
         }
         args.update(changes)
         with warnings.catch_warnings():
@@ -302,7 +324,7 @@ class CostModel:
 
     def __repr__(self) -> str:
         return (
-            f"CostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, dtype={self.dtype}, "
+            f"CostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, pp={self.pp}, dtype={self.dtype}, "
             f"kv_dtype={self.kv_dtype}, mode={self.mode}, mfu={self.mfu}, mbu={self.mbu}, "
             f"link_util={self.link_util}, overhead_s={self.overhead_s}, "
             f"kernel_launch_s={self.kernel_launch_s}, per_token_s={self.per_token_s}, "
