@@ -3,10 +3,12 @@
 Imports allowed: the standard library and stallfree.core; nothing else from stallfree.
 
 Public names: CostModel (step_time, decode_step_time, prefill_step_time, kv_capacity_tokens,
-max_tokens_within), the specs GPUSpec and ModelSpec with their presets (get_gpu, get_model, list_gpus,
+max_tokens_within), default_cost_model (calibrated where the GPU has a calibration, else the floor,
+with its provenance), the specs GPUSpec and ModelSpec with their presets (get_gpu, get_model, list_gpus,
 list_models), the errors CostModelError and CostModelWarning, and calibration (calibrate.py).
 """
 
+from stallfree.costmodel.defaults import DefaultCostModel, default_cost_model
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import GPUSpec, get_gpu, list_gpus, load_gpu_file
 from stallfree.costmodel.model import ModelSpec, get_model, list_models, load_model_file, model_from_hf_config
@@ -16,9 +18,11 @@ __all__ = [
     "CostModel",
     "CostModelError",
     "CostModelWarning",
+    "DefaultCostModel",
     "GPUSpec",
     "ModelSpec",
     "StepCost",
+    "default_cost_model",
     "get_gpu",
     "get_model",
     "list_gpus",

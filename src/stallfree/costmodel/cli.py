@@ -13,6 +13,8 @@ import json
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel.budget import budget_rows
@@ -25,7 +27,7 @@ from stallfree.costmodel.calibrate import (
     read_steps_csv,
 )
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
-from stallfree.costmodel.hardware import get_gpu, list_gpus
+from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
 from stallfree.costmodel.model import get_model, list_models
 from stallfree.costmodel.roofline import CostModel
 
@@ -214,7 +216,8 @@ def _calibrate(a: argparse.Namespace) -> int:
     if (a.csv is None) == (a.profile is None):
         raise CostModelError("give exactly one of --csv FILE or --profile NAME|FOLDER")
     if a.csv is not None:
-        base = _cost_model(a)
+        base: CostModel | None = _cost_model(a)
+        assert base is not None
         steps = read_steps_csv(a.csv)
         fit = tuple((a.fit or "mfu,mbu,overhead_s").split(","))
         cal = fit_steps(base, steps, fit, a.holdout, a.seed)
@@ -222,8 +225,13 @@ def _calibrate(a: argparse.Namespace) -> int:
     else:
         if a.fit is not None:
             raise CostModelError("--fit applies to --csv; --profile fits its own set")
-        given = _cost_model(a) if a.model is not None else None
-        cal, ar, n = calibrate_profile(a.profile, given, a.holdout, a.seed)
+        base = _cost_model(a) if a.model is not None else None
+        cal, ar, n = calibrate_profile(a.profile, base, a.holdout, a.seed)
+        if base is None:
+            model, gpu, tp = BUILTIN_PROFILES[normalize_name(a.profile)]
+            base = CostModel.from_names(model, gpu, tp=tp, dtype="fp16")
+    if a.save_gpu is not None:
+        _save_gpu(a, base, cal, n)
 
     out: dict[str, Any] = {"steps": n, **describe(cal)}
     if ar is not None:
@@ -268,6 +276,28 @@ def _calibrate(a: argparse.Namespace) -> int:
     for note in cal.notes:
         print(f"note: {note}")
     return 0
+
+
+def _save_gpu(a: argparse.Namespace, base: CostModel, cal: Any, n: int) -> None:
+    """Write base's GPU with the calibration, so `--gpu FILE` in simulate, sweep and tune reuses it."""
+    data = f"--csv {a.csv}" if a.csv is not None else f"--profile {a.profile}"
+    block = GPUCalibration(
+        kwargs=tuple(cal.kwargs().items()),
+        source=(
+            f"`stallfree calibrate {data}` on {base.model.key} at tp {base.tp}, {n} steps, "
+            f"held-out median error {cal.test.median:.1%}"
+        ),
+        model=base.model.key,
+        tp=base.tp,
+        linear_flops_per_token_per_gpu=2.0 * base.model.active_layer_params / base.tp,
+    )
+    entry = gpu_to_dict(replace(base.gpu, calibration=block))
+    path = Path(a.save_gpu)
+    try:
+        path.write_text(json.dumps(entry, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise CostModelError(f"cannot write --save-gpu file {str(path)!r}: {exc}") from None
+    print(f"wrote {path}: use --gpu {path} to price steps with this calibration", file=sys.stderr)
 
 
 def _specs(a: argparse.Namespace) -> int:
@@ -351,6 +381,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     c.add_argument("--holdout", type=float, default=0.2, help="fraction of rows held out (default 0.2)")
     c.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
+    c.add_argument(
+        "--save-gpu",
+        default=None,
+        metavar="FILE",
+        help="write the GPU with this calibration to FILE (.json); `--gpu FILE` then uses it by default",
+    )
     c.set_defaults(func=_run(_calibrate))
 
     s = sub.add_parser("specs", help="list the known models and GPUs")

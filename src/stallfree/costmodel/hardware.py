@@ -20,12 +20,15 @@ from typing import Any
 from stallfree.costmodel.errors import CostModelError
 
 __all__ = [
+    "CALIBRATION_KEYWORDS",
     "DTYPE_BYTES",
+    "GPUCalibration",
     "GPUSpec",
     "alias_index",
     "canonical_dtype",
     "get_gpu",
     "gpu_from_dict",
+    "gpu_to_dict",
     "list_gpus",
     "load_gpu_file",
     "normalize_name",
@@ -77,6 +80,70 @@ def _positive(field_name: str, value: float | None, owner: str, allow_none: bool
         raise CostModelError(f"{owner}: {field_name} must be a positive number, got {value!r}")
 
 
+#: The keys of a calibration block (a GPU entry's "calibration"): CostModel keywords, in their units.
+CALIBRATION_KEYWORDS = (
+    "mfu",
+    "mbu",
+    "link_util",
+    "overhead_s",
+    "allreduce_latency_s",
+    "kernel_launch_s",
+    "per_token_s",
+    "per_seq_s",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GPUCalibration:
+    """A calibration that travels with a GPU: the fitted CostModel keywords and what they were fitted on.
+
+    Attributes:
+        kwargs: (keyword, value) pairs of CALIBRATION_KEYWORDS (fractions; seconds for the *_s ones).
+        source: what data the fit used, in words (printed in reports as the cost model's provenance).
+        model: the model the data was measured on (a name, or a file's name).
+        tp: its tensor-parallel degree.
+        linear_flops_per_token_per_gpu: 2 x active layer parameters / tp of that model, FLOP: per_token_s
+            is moved to another model in proportion to this.
+    """
+
+    kwargs: tuple[tuple[str, float], ...]
+    source: str
+    model: str
+    tp: int
+    linear_flops_per_token_per_gpu: float
+
+    @staticmethod
+    def from_dict(owner: str, data: dict[str, Any]) -> GPUCalibration:
+        """Read a calibration block.
+
+        Raises:
+            CostModelError: a missing key or a value of the wrong type; the message names it.
+        """
+        try:
+            kwargs = tuple((k, float(data[k])) for k in CALIBRATION_KEYWORDS if k in data)
+            return GPUCalibration(
+                kwargs=kwargs,
+                source=str(data["source"]),
+                model=str(data["model"]),
+                tp=int(data["tp"]),
+                linear_flops_per_token_per_gpu=float(data["linear_flops_per_token_per_gpu"]),
+            )
+        except KeyError as exc:
+            raise CostModelError(f"{owner}: calibration: missing key {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise CostModelError(f"{owner}: calibration: bad value ({exc})") from None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the calibration block as written in a GPU file."""
+        return {
+            "source": self.source,
+            "model": self.model,
+            "tp": self.tp,
+            "linear_flops_per_token_per_gpu": self.linear_flops_per_token_per_gpu,
+            **dict(self.kwargs),
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
     """One GPU's peak rates and memory, as the roofline needs them. All values are per GPU.
@@ -97,6 +164,8 @@ class GPUSpec:
         internode_bw_bytes_per_s: per-GPU network bandwidth between nodes, per direction, B/s (default
             50e9: 400 Gb/s InfiniBand NDR or RoCE with one NIC per GPU, as in NVIDIA's DGX H100).
         aliases: other names this preset answers to.
+        calibration: fitted efficiency and overhead terms for this GPU with their provenance, or None
+            (costmodel.defaults.default_cost_model uses it).
         sources: where the numbers come from.
         link_source: how link_bw_bytes_per_s was derived.
     """
@@ -114,6 +183,7 @@ class GPUSpec:
     gpus_per_node: int = 8
     internode_bw_bytes_per_s: float = 50e9
     aliases: tuple[str, ...] = ()
+    calibration: GPUCalibration | None = field(default=None, compare=False)
     sources: tuple[str, ...] = field(default=(), compare=False)
     link_source: str = field(default="", compare=False)
 
@@ -165,7 +235,7 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
 
     Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8 and int8 may be null or absent),
     mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, gpus_per_node (default 8),
-    internode_GBps (default 50), aliases, sources, link_source.
+    internode_GBps (default 50), aliases, sources, link_source, calibration (GPUCalibration.from_dict).
 
     Raises:
         CostModelError: a key is missing, or a value is not a positive number.
@@ -194,6 +264,9 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
             aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
             sources=tuple(data.get("sources", ())),
             link_source=str(data.get("link_source", "")),
+            calibration=None if not data.get("calibration") else GPUCalibration.from_dict(
+                f"GPU {key!r}", data["calibration"]
+            ),
         )
     except KeyError as exc:
         raise CostModelError(f"GPU {key!r}: missing key {exc.args[0]!r}") from None
@@ -209,6 +282,37 @@ def _presets() -> dict[str, GPUSpec]:
     return {
         normalize_name(k): gpu_from_dict(normalize_name(k), v) for k, v in json.loads(text)["gpus"].items()
     }
+
+
+def gpu_to_dict(gpu: GPUSpec) -> dict[str, Any]:
+    """Return a GPU as one entry of the gpus.json format (gpu_from_dict reads it back)."""
+
+    def tf(value: float | None) -> float | None:
+        return None if value is None else value / 1e12
+
+    out: dict[str, Any] = {
+        "key": gpu.key,
+        "name": gpu.name,
+        "aliases": list(gpu.aliases),
+        "peak_tflops": {
+            "bf16": tf(gpu.bf16_flops_per_s),
+            "fp16": tf(gpu.fp16_flops_per_s),
+            "fp8": tf(gpu.fp8_flops_per_s),
+            "int8": tf(gpu.int8_ops_per_s),
+        },
+        "mem_bw_GBps": gpu.mem_bw_bytes_per_s / 1e9,
+        "mem_GB": gpu.mem_bytes / 1e9,
+        "link_GBps": gpu.link_bw_bytes_per_s / 1e9,
+        "gpus_per_node": gpu.gpus_per_node,
+        "internode_GBps": gpu.internode_bw_bytes_per_s / 1e9,
+        "link_source": gpu.link_source,
+        "sources": list(gpu.sources),
+    }
+    if gpu.link_bw_per_peer_bytes_per_s is not None:
+        out["link_per_peer_GBps"] = gpu.link_bw_per_peer_bytes_per_s / 1e9
+    if gpu.calibration is not None:
+        out["calibration"] = gpu.calibration.as_dict()
+    return out
 
 
 def alias_index(presets: Mapping[str, GPUSpec | Any]) -> dict[str, str]:

@@ -350,16 +350,16 @@ def build_cost_model(args: argparse.Namespace) -> tuple[StepCostModel, int, str]
     Raises:
         CliError: an unknown model, GPU or dtype, or a bad --linear-cost.
     """
-    from stallfree.costmodel import CostModel, CostModelError
+    from stallfree.costmodel import CostModelError, default_cost_model
 
     try:
-        real = CostModel.from_names(
-            model=args.model, gpu=args.gpu, tp=args.tp, dtype=args.dtype, kv_dtype=args.kv_dtype, mode="full"
-        )
+        chosen = default_cost_model(args.model, args.gpu, tp=args.tp, dtype=args.dtype, kv_dtype=args.kv_dtype)
+        real = chosen.cost_model
         kv = args.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=args.gpu_memory_utilization)
     except (CostModelError, ValueError) as exc:
         raise CliError(str(exc)) from None
     hw = f"{args.model}, {args.tp} x {args.gpu}, {args.dtype}" + (f", KV {args.kv_dtype}" if args.kv_dtype else "")
+    hw += f"; steps priced by the {chosen.provenance}"
     if args.linear_cost:
         return (
             _parse_linear(args.linear_cost),
