@@ -19,6 +19,7 @@ ALLOWED = {
     "sim": {"core", "costmodel"},
     "engine": {"core"},
     "server": {"core", "engine"},
+    "validate": {"core", "costmodel", "sim", "engine"},
 }
 
 

@@ -24,6 +24,7 @@ _COMMAND_MODULES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("stallfree.sim.cli", "sim", ("simulate", "sweep", "tune")),
     ("stallfree.engine.cli", "engine", ("generate", "bench")),
     ("stallfree.server.cli", "server", ("serve",)),
+    ("stallfree.validate.cli", None, ("validate",)),
     ("stallfree.demo", None, ("demo",)),
 )
 _EXTRA_OF = {cmd: extra for _, extra, cmds in _COMMAND_MODULES for cmd in cmds}

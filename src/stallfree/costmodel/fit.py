@@ -191,6 +191,7 @@ def _fit(
     """Alternate regime assignment and bounded linear least squares; return the best parameters found."""
     x, best, best_loss = dict(x0), dict(x0), _loss(x0, rows, times)
     seen: set[tuple[bool, ...]] = set()
+    solved = False
     for _ in range(60):
         regimes = tuple(r[0] * x["inv_mfu"] >= r[1] * x["inv_mbu"] for r in rows)
         if regimes in seen:
@@ -204,11 +205,15 @@ def _fit(
         trial = _solve_regime(x, rows, times, regimes, active)
         if trial is None:
             break
+        solved = True
         x = trial
         loss = _loss(x, rows, times)
         if loss < best_loss:
             best, best_loss = dict(x), loss
     names = {v: k for k, v in _INV.items()}
+    if not solved:
+        return best, ["the least-squares system is singular for these rows (too few, or the fitted terms are "
+                      "the same column): nothing was fitted"]
     notes = [
         f"{names.get(f, f)} reached its bound ({'1.0' if f in _LOWER else '0'})"
         for f in free

@@ -1,0 +1,111 @@
+"""The `stallfree validate` command: engine (or a vLLM result) against the simulator.
+
+Imports allowed: the standard library and stallfree (the heavy parts are imported when the command runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    return "-" if v is None else f"{v:,.1f}{unit}"
+
+
+def _print(res: dict[str, Any], title: str) -> None:
+    eng, sim, err = res["engine"], res["simulator"], res["error"]
+    print(title)
+    for note in res.get("notes", []):
+        print(f"note: {note}")
+    print(f"{'metric':<10} {'measured ms':>11} {'simulator ms':>13} {'error':>9}")
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        for q in ("p50", "p90", "p99"):
+            print(f"{m.upper() + ' ' + q:<10} {_fmt(eng[f'{q}_{m}_ms']):>11} {_fmt(sim[f'{q}_{m}_ms']):>13} "
+                  f"{_fmt(err[f'{m}_{q}_err_pct'], '%'):>9}")
+    print("per-request absolute percentage error (median / p90):")
+    for m in ("ttft", "tpot", "itl", "e2e"):
+        print(f"  {m.upper():<5} {_fmt(err[f'{m}_median_ape_pct'], '%')} / {_fmt(err[f'{m}_p90_ape_pct'], '%')}")
+
+
+def _run(a: argparse.Namespace) -> int:
+    try:
+        if a.vllm_result is not None:
+            from stallfree.validate.vllm import validate_vllm
+
+            res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.max_num_batched_tokens,
+                                a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
+                                seed=a.seed)
+            title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
+                     f"{a.model} on {a.tp} x {a.gpu}")
+        else:
+            try:
+                import torch  # noqa: F401
+            except ModuleNotFoundError:
+                print("stallfree validate: error: the engine needs the 'engine' extra: "
+                      "pip install 'stallfree[engine]' (or give --vllm-result FILE)", file=sys.stderr)
+                return 1
+            from stallfree.validate.run import ValidateConfig, run_validate
+
+            cfg = ValidateConfig(num_requests=a.num_requests, load=a.load, token_budget=a.token_budget,
+                                 max_seqs=a.max_seqs, kv_tokens=a.kv_tokens, threads=a.threads, seed=a.seed,
+                                 engine_model=a.engine_model, device=a.device, dtype=a.engine_dtype,
+                                 prompt_scale=a.prompt_scale, output_scale=a.output_scale,
+                                 max_prompt=a.max_prompt, max_output=a.max_output)
+            res = run_validate(cfg, a.out, a.save_gpu)
+            c = res["config"]
+            title = (f"engine ({c['model']}, {c['device']} {c['dtype']}, {c['threads']} thread(s)) "
+                     "against the simulator: "
+                     f"{c['requests']} requests, budget {c['token_budget']}, max_seqs {c['max_seqs']}; "
+                     f"compared on the second half ({res['error']['requests']:.0f} requests); "
+                     f"{c['total_wall_s']:.0f} s")
+    except ValueError as exc:
+        print(f"stallfree validate: error: {exc}", file=sys.stderr)
+        return 2
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        _print(res, title)
+        if a.out is not None and a.vllm_result is None:
+            print(f"wrote {a.out}/requests.csv, engine_steps.csv, local_gpu.json, validate.png")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `validate` subcommand."""
+    p = sub.add_parser("validate", help="measure the simulator against the real engine (or a vLLM result)")
+    p.add_argument("--json", action="store_true", help='print {"engine", "simulator", "error", ...} as JSON')
+    p.add_argument("--out", type=Path, default=None, help="write CSVs, the local GPU file and a plot here")
+    p.add_argument("--seed", type=int, default=0, help="prompt ids and arrival draws (default 0)")
+    e = p.add_argument_group("engine run (default)")
+    e.add_argument("--engine-model", default=None, help="engine checkpoint (default: bundled SmolLM2-135M)")
+    e.add_argument("--num-requests", type=int, default=24, help="requests from the bundled trace (default 24)")
+    e.add_argument("--load", type=float, default=0.7, help="offered work over the engine's speed (default 0.7)")
+    e.add_argument("--token-budget", type=int, default=128, help="tokens per step (default 128)")
+    e.add_argument("--max-seqs", type=int, default=16, help="running requests at most (default 16)")
+    e.add_argument("--kv-tokens", type=int, default=16384, help="KV capacity, tokens (default 16384)")
+    e.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    e.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    e.add_argument("--engine-dtype", default="float32", help="engine weights: float32 (default), bf16, fp16")
+    e.add_argument("--prompt-scale", type=float, default=1 / 16, help="trace prompt lengths x this (1/16)")
+    e.add_argument("--output-scale", type=float, default=1 / 8, help="trace output lengths x this (1/8)")
+    e.add_argument("--max-prompt", type=int, default=192, help="prompt length cap, tokens (192)")
+    e.add_argument("--max-output", type=int, default=40, help="output length cap, tokens (40)")
+    e.add_argument("--save-gpu", type=Path, default=None, help="write this machine's calibrated spec here")
+    v = p.add_argument_group("a vLLM result instead of the engine")
+    v.add_argument("--vllm-result", type=Path, default=None,
+                   help="a `vllm bench serve --save-result --save-detailed` JSON file")
+    v.add_argument("--model", default="llama-3.1-8b", help="cost-model name or .json (default llama-3.1-8b)")
+    v.add_argument("--gpu", default="h100-sxm", help="GPU name or .json (default h100-sxm)")
+    v.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    v.add_argument("--dtype", default="bf16", help="weight dtype (default bf16)")
+    v.add_argument("--max-num-batched-tokens", type=int, default=2048, help="vLLM's token budget (2048)")
+    v.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's max running requests (256)")
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the KV capacity (0.9)")
+    v.add_argument("--scheduler", choices=("paged", "reserve"), default="paged", help="KV policy (paged)")
+    p.set_defaults(func=_run)
