@@ -26,6 +26,13 @@ from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import alias_index, normalize_name, read_json_object
+from stallfree.costmodel.hf_kinds import (
+    GATED_MLP_TYPES,
+    PLAIN_MLP_TYPES,
+    UNPRICEABLE_FIELDS,
+    gated_mlp,
+    refuse_unpriceable,
+)
 
 __all__ = [
     "GATED_MLP_TYPES",
@@ -262,67 +269,6 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
 _OVERRIDABLE = ("total", "active", "layer", "active_layer", "embed", "lm_head")
 
 
-#: model_type values whose MLP is gated (three matrices: gate, up, down; SwiGLU or GeGLU).
-GATED_MLP_TYPES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
-     "olmo2", "granite", "cohere", "stablelm", "internlm2", "exaone", "smollm3"}
-)
-#: model_type values whose MLP has two matrices (up, down) with a plain activation (GELU).
-PLAIN_MLP_TYPES = frozenset(
-    {"phi", "gpt_neox", "gpt2", "gptj", "gpt_bigcode", "falcon", "opt", "bloom", "starcoder2", "mpt"}
-)
-#: Config fields of architectures the parameter formulas do not cover, with what each one means.
-UNPRICEABLE_FIELDS = {
-    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3)",
-    "n_routed_experts": "routed plus shared experts (DeepSeek MoE)",
-    "n_shared_experts": "shared experts beside the routed ones",
-    "shared_expert_intermediate_size": "a shared expert beside the routed ones (Qwen2-MoE)",
-    "first_k_dense_replace": "dense layers mixed with MoE layers",
-    "decoder_sparse_step": "MoE layers only every few layers",
-    "moe_layer_freq": "MoE layers only every few layers",
-}
-
-
-def _gated_mlp(owner: str, config: dict[str, Any]) -> bool:
-    """Return whether the config's MLP is gated, from its model_type (architecture) and hidden_act.
-
-    Known architectures decide (GATED_MLP_TYPES, PLAIN_MLP_TYPES). For another model_type, a SiLU
-    activation means a gated (SwiGLU) MLP, as in every SiLU decoder of Hugging Face transformers; any
-    other activation is refused rather than guessed, since a gate adds half again the MLP's weights.
-
-    Raises:
-        CostModelError: an unknown model_type whose hidden_act is not SiLU; names both fields.
-    """
-    kind = str(config.get("model_type", "")).lower()
-    if kind in GATED_MLP_TYPES:
-        return True
-    if kind in PLAIN_MLP_TYPES:
-        return False
-    act = str(config.get("hidden_act", config.get("hidden_activation", ""))).lower()
-    if act in ("silu", "swish", "swiglu"):
-        return True
-    raise CostModelError(
-        f"{owner}: cannot tell whether the MLP is gated: model_type {config.get('model_type')!r} is not "
-        f"one the cost model knows and hidden_act {config.get('hidden_act')!r} is not SiLU; give a model "
-        "file in our format with gated_mlp true or false"
-    )
-
-
-def _refuse_unpriceable(owner: str, config: dict[str, Any]) -> None:
-    """Refuse a config whose architecture the formulas of this module do not cover, naming the field.
-
-    Raises:
-        CostModelError: a field of UNPRICEABLE_FIELDS is set (non-null, non-zero).
-    """
-    for name, meaning in UNPRICEABLE_FIELDS.items():
-        if config.get(name):
-            raise CostModelError(
-                f"{owner}: field {name!r} = {config[name]!r} means {meaning}, which the cost model cannot "
-                "price (it knows dense and Mixtral-style MoE decoders); give a model file in our format "
-                "with explicit \"params\" counts instead"
-            )
-
-
 def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2 and alike).
 
@@ -330,7 +276,7 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
     attention heads), head_dim (default hidden / heads), intermediate_size, vocab_size,
     tie_word_embeddings, num_local_experts (or num_experts) and num_experts_per_tok; Qwen2 models
     (model_type 'qwen2') get q/k/v biases, as do configs with attention_bias true. The MLP's kind
-    (gated or not) comes from model_type and hidden_act (_gated_mlp): a phi-2 or GPT-NeoX MLP has no
+    (gated or not) comes from model_type and hidden_act (hf_kinds.gated_mlp): a phi-2 or GPT-NeoX MLP has no
     gate. Parameter counts are worked out from these dimensions (see the module docstring).
 
     Raises:
@@ -342,7 +288,7 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
     text = config.get("text_config")
     if isinstance(text, dict) and "hidden_size" not in config:
         config = text
-    _refuse_unpriceable(owner, config)
+    refuse_unpriceable(owner, config)
     experts = config.get("num_local_experts", config.get("num_experts")) or 0
     data = {
         "name": config.get("_name_or_path") or key,
@@ -357,7 +303,7 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
         "vocab_size": config.get("vocab_size"),
         "tie_word_embeddings": config.get("tie_word_embeddings", False),
         "qkv_bias": bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
-        "gated_mlp": _gated_mlp(owner, config),
+        "gated_mlp": gated_mlp(owner, config),
         "num_experts": experts,
         "experts_per_token": config.get("num_experts_per_tok", 0) if experts else 0,
         "sources": ("Hugging Face config.json",),
