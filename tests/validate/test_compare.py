@@ -98,3 +98,15 @@ def test_cli_bad_result_is_one_line(tmp_path, capsys):
 
     assert main(["validate", "--vllm-result", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_speed_drift_by_hand():
+    """Decode-only steps at 0.2 s per token before the split and 0.1 s after: the machine sped up 50%."""
+    from stallfree.costmodel.calibrate import MeasuredStep
+    from stallfree.validate.run import EngineRun, _speed_drift
+
+    steps = [(t, t + 0.4, MeasuredStep(2, 2, 20, 0.4)) for t in (0.0, 1.0)]
+    steps += [(t, t + 0.2, MeasuredStep(2, 2, 20, 0.2)) for t in (5.0, 6.0)]
+    steps.append((7.0, 7.5, MeasuredStep(10, 0, 0, 0.5, 10)))  # a prefill step does not count
+    assert _speed_drift(EngineRun(steps=steps), split_t=3.0) == pytest.approx(-50.0)
+    assert _speed_drift(EngineRun(steps=steps[:2]), split_t=3.0) is None

@@ -271,6 +271,21 @@ def _best_fit(base: CostModel, steps: list[MeasuredStep], seed: int) -> Any:
     return best
 
 
+def _speed_drift(run: EngineRun, split_t: float) -> float | None:
+    """Percent change of the median seconds per token of decode-only steps, second half over first
+    (None when a half has none): how much the machine itself sped up or slowed down."""
+    import statistics
+
+    halves: tuple[list[float], list[float]] = ([], [])
+    for _start, end, s in run.steps:
+        if not s.num_prefill_tokens:
+            halves[end > split_t].append(s.seconds / s.num_tokens)
+    if not halves[0] or not halves[1]:
+        return None
+    first, second = statistics.median(halves[0]), statistics.median(halves[1])
+    return (second - first) / first * 100.0
+
+
 def _warm_up(make: Any) -> float:
     """Run a few steps (the first ones are slow), return seconds per prefill token."""
     from stallfree.engine import SamplingParams
@@ -323,6 +338,10 @@ def run_validate(cfg: ValidateConfig, out: Path | None = None, save_gpu: Path | 
         first = [s for (_, _, s) in run.steps]
         notes = [f"too few steps in the first half: calibrated on all {len(first)} steps, so the errors "
                  "below are NOT on held-out data"]
+    drift = _speed_drift(run, split_t)
+    if drift is not None and abs(drift) > 20:
+        notes.append(f"the engine's decode steps took {drift:+.0f}% per token in the second half against the "
+                     "first: the machine's speed changed (other jobs), and the errors below include that drift")
     gpu = local_gpu(cfg.threads, cfg.device, cfg.dtype)
     spec = model_spec(base)
     cm0 = CostModel(spec, gpu, 1, "bf16")
@@ -344,7 +363,8 @@ def run_validate(cfg: ValidateConfig, out: Path | None = None, save_gpu: Path | 
                    "kv_tokens": cfg.kv_tokens, "scheduler": "reserve (chunked prefill)", "threads": cfg.threads,
                    "device": cfg.device, "dtype": cfg.dtype,
                    "model": str(base.model_name), "offered_rate": workload.mean_rate, "load": cfg.load,
-                   "engine_steps": len(run.steps), "engine_wall_s": run.wall_s},
+                   "engine_steps": len(run.steps), "engine_wall_s": run.wall_s,
+                   "engine_speed_drift_pct": drift},
         "notes": notes,
     }
     gpu_cal = replace(gpu, calibration=GPUCalibration(
