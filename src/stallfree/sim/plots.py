@@ -1,5 +1,5 @@
 """PNG plots of simulations: TTFT/TPOT CDFs, KV utilisation and load over time, and the sweep's
-p99 TPOT against p99 TTFT trade-off.
+p99 TPOT against p99 TTFT trade-off, and the tune's goodput and p99 TPOT against the budget.
 
 Imports allowed: the standard library, stallfree.sim, numpy and matplotlib (imported inside the
 functions, with the non-interactive Agg backend).
@@ -7,13 +7,17 @@ functions, with the non-interactive Agg backend).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.sim.simulator import BATCHING_MODES, SimResult
 
-__all__ = ["plot_cdfs", "plot_sweep_cdfs", "plot_timeline", "plot_tradeoff"]
+if TYPE_CHECKING:
+    from stallfree.sim.tune import TuneResult
+
+__all__ = ["plot_cdfs", "plot_sweep_cdfs", "plot_timeline", "plot_tradeoff", "plot_tune"]
 
 # Time bins of the timeline plot: enough to show bursts, few enough to stay readable.
 _TIMELINE_BINS = 600
@@ -228,3 +232,52 @@ def plot_sweep_cdfs(curves: Sequence[dict[str, Any]], path: Path) -> None:
         label = f"budget {c['token_budget']}" + (f" | rate x{c['rate_scale']:g}" if multi_scale else "")
         modes.setdefault(c["batching"], []).append((label, c["ttft_ms"], c["tpot_ms"]))
     _plot_cdf_panels(list(modes.items()), path)
+
+
+def plot_tune(result: TuneResult, path: Path) -> None:
+    """Write goodput and p99 TPOT against the token budget (a line per max_seqs) to `path` (PNG).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig, (ax_g, ax_t) = plt.subplots(2, 1, figsize=(7.5, 6.5), sharex=True)
+    for m in sorted({r["max_seqs"] for r in result.rows}):
+        rows = sorted((r for r in result.rows if r["max_seqs"] == m), key=lambda r: r["token_budget"])
+        xs = [r["token_budget"] for r in rows]
+        style = "o-" if len(rows) > 1 else "s"
+        ax_g.plot(xs, [r.get("request_goodput") or 0 for r in rows], style, label=f"max_seqs {m}")
+        ax_t.plot(xs, [r.get("p99_tpot_ms") or math.nan for r in rows], style, label=f"max_seqs {m}")
+    best = result.best
+    ax_g.plot(
+        [best["token_budget"]],
+        [best.get("request_goodput") or 0],
+        "*",
+        ms=16,
+        color="black",
+        label=f"chosen: {best['token_budget']:,} / {best['max_seqs']}",
+    )
+    ax_t.axhline(result.slo_tpot * 1e3, ls="--", color="gray", label="TPOT SLO")
+    if result.bound is not None:
+        for ax in (ax_g, ax_t):
+            ax.axvline(result.bound.token_budget, ls=":", color="tab:red")
+        ax_g.plot([], [], ls=":", color="tab:red", label=f"cost-model bound {result.bound.token_budget:,}")
+    ax_g.set_ylabel("goodput (req/s within both SLOs)")
+    ax_t.set_ylabel("p99 TPOT (ms)")
+    ax_t.set_xlabel("token budget (tokens per step)")
+    ax_t.set_xscale("log")
+    ax_t.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax_t.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax_t.xaxis.set_minor_formatter(NullFormatter())
+    ax_g.set_title(f"tune: TTFT <= {result.slo_ttft * 1e3:g} ms, TPOT <= {result.slo_tpot * 1e3:g} ms")
+    for ax in (ax_g, ax_t):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -2,6 +2,10 @@
 synthetic arrivals (Poisson, Gamma) with length distributions, and rate/window/head transforms.
 
 Imports allowed: the standard library only.
+
+Why one module of over 400 lines: the trace readers and the synthetic generator share the row
+checks (_int_field, _float_field) and build the same Workload value, and synthetic lengths may be
+drawn from a trace ("trace:PATH"); split apart, each half would import the other's internals.
 """
 
 from __future__ import annotations
