@@ -110,6 +110,8 @@ def run_experiment(
             max_tokens=max_tokens,
             check=check and mode == "chunked",
             label=getattr(sched, "label", None),
+            max_model_len=setup.context_length,
+            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
         )
         if step_time_target is not None:
             res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)

@@ -33,6 +33,7 @@ __all__ = [
     "WorkloadOptions",
     "build_cost_model",
     "build_workload",
+    "context_length",
     "default_cost_model",
     "parse_linear_cost",
 ]
@@ -87,6 +88,9 @@ class WorkloadOptions:
         rate_scale: replay speed-up, or None for DEFAULT_RATE_SCALE on the bundled trace and 1
             otherwise.
         max_tokens: every request's max_new (its KV reservation), or None for its output length.
+        cut_output_to_fit: a request whose prompt plus max_new exceeds the context length gets its
+            max_new cut to fit (vLLM's behaviour when a client sets no max_tokens) instead of being
+            refused (the default: vLLM's answer, a 400, when the client's max_tokens does not fit).
     """
 
     trace: str | None = None
@@ -103,6 +107,7 @@ class WorkloadOptions:
     end: float = math.inf
     rate_scale: float | None = None
     max_tokens: int | None = None
+    cut_output_to_fit: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,8 @@ class HardwareOptions:
         gpu_memory_utilization: fraction of GPU memory for weights plus KV, in (0, 1].
         kv_tokens: KV capacity override, tokens, or None to derive it.
         linear_cost: "BASE_MS,PER_TOKEN_US[,PER_CTX_NS]" to price steps linearly instead.
-        max_model_len: the context length override, tokens, or None for the model's own.
+        max_model_len: the context length override, tokens (vLLM's --max-model-len), or None for
+            the model's own.
     """
 
     model: str = DEFAULTS["model"]
@@ -215,6 +221,29 @@ def build_cost_model(opts: HardwareOptions) -> tuple[StepCostModel, int, str]:
     return real, int(kv), hw
 
 
+def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
+    """Return the context length that requests are checked against, tokens, and where it comes from.
+
+    max_model_len when given (as vLLM's --max-model-len), else the model's own (its preset's or its
+    config.json's max_position_embeddings); None when the model does not say.
+
+    Raises:
+        SetupError: max_model_len < 1, or an unknown model.
+    """
+    if opts.max_model_len is not None:
+        if isinstance(opts.max_model_len, bool) or opts.max_model_len < 1:
+            raise SetupError(f"--max-model-len must be >= 1 token, got {opts.max_model_len!r}", usage=True)
+        return opts.max_model_len, "--max-model-len"
+    from stallfree.costmodel import CostModelError
+    from stallfree.costmodel.model import get_model
+
+    try:
+        spec = get_model(opts.model)
+    except CostModelError as exc:
+        raise SetupError(str(exc)) from None
+    return spec.context_length, spec.context_length_source
+
+
 def default_cost_model() -> tuple[StepCostModel, int]:
     """Return the default replica's cost model and KV capacity (tokens): Llama 3.3 70B, 4 x H100 SXM, FP8."""
     cost, kv, _ = build_cost_model(HardwareOptions())
@@ -249,11 +278,14 @@ class Setup:
     cost_model: StepCostModel = field(init=False)
     kv_tokens: int = field(init=False)
     hardware: str = field(init=False)
+    context_length: int | None = field(init=False)
+    context_length_source: str = field(init=False)
 
     def __post_init__(self) -> None:
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
         self.cost_model, self.kv_tokens, self.hardware = build_cost_model(self.hardware_options)
+        self.context_length, self.context_length_source = context_length(self.hardware_options)
 
     def config(self, batching: str, budget: int) -> SchedulerConfig:
         """Return the scheduler config of one run (paged KV applies to chunked batching; baselines reserve)."""
@@ -272,5 +304,19 @@ class Setup:
             "kv_tokens": self.kv_tokens,
             "max_seqs": self.max_seqs,
             "max_tokens": self.workload_options.max_tokens,
-            "notes": list(wl.notes),
+            "max_model_len": self.context_length,
+            "max_model_len_source": self.context_length_source,
+            "notes": list(wl.notes) + self._context_notes(),
         }
+
+    def _context_notes(self) -> list[str]:
+        opts = self.hardware_options
+        if opts.max_model_len is None:
+            return []
+        own, _ = context_length(HardwareOptions(model=opts.model))
+        if own is not None and opts.max_model_len > own:
+            return [
+                f"--max-model-len {opts.max_model_len:,} is above {opts.model}'s context length {own:,} "
+                "(a vLLM server refuses that unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set)"
+            ]
+        return []

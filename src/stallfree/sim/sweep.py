@@ -37,6 +37,7 @@ ROW_KEYS = (
     "token_budget",
     "completed",
     "rejected",
+    "rejected_by_reason",
     "request_throughput",
     "output_throughput",
     "request_goodput",
@@ -68,6 +69,8 @@ class SweepPoint:
         max_tokens: every request's max_new, or None for its output length.
         slo_ttft: TTFT objective, s, or None.
         slo_tpot: TPOT objective, s, or None.
+        max_model_len: the context length requests are checked against, tokens, or None.
+        cut_output_to_fit: cut max_new to fit the context length instead of refusing the request.
     """
 
     workload: Workload
@@ -77,6 +80,8 @@ class SweepPoint:
     max_tokens: int | None = None
     slo_ttft: float | None = None
     slo_tpot: float | None = None
+    max_model_len: int | None = None
+    cut_output_to_fit: bool = False
 
 
 def _run_point(point: SweepPoint) -> dict[str, Any]:
@@ -84,7 +89,12 @@ def _run_point(point: SweepPoint) -> dict[str, Any]:
     from stallfree.sim.report import latency_arrays, summarize_result
 
     res = simulate(
-        point.workload.scale_rate(point.rate_scale), point.config, point.cost_model, point.max_tokens
+        point.workload.scale_rate(point.rate_scale),
+        point.config,
+        point.cost_model,
+        point.max_tokens,
+        max_model_len=point.max_model_len,
+        cut_output_to_fit=point.cut_output_to_fit,
     )
     summary = summarize_result(res, point.slo_ttft, point.slo_tpot)
     summary["rate_scale"] = point.rate_scale
@@ -187,6 +197,8 @@ def sweep(
             setup.workload_options.max_tokens,
             slo_ttft,
             slo_tpot,
+            setup.context_length,
+            setup.workload_options.cut_output_to_fit,
         )
         for scale in scales
         for mode in batching
@@ -210,7 +222,9 @@ def write_sweep(out: Path, result: SweepResult) -> list[str]:
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(ROW_KEYS))
+        # The CSV keeps flat columns: rejections by reason go to sweep.json only.
+        flat = [k for k in ROW_KEYS if k != "rejected_by_reason"]
+        writer = csv.DictWriter(fh, fieldnames=flat, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(table_rows)
     (out / "sweep.json").write_text(json.dumps({"header": header, "rows": table_rows}, indent=1) + "\n")

@@ -94,6 +94,7 @@ ROW_KEYS = (
     "p99_itl_ms",
     "completed",
     "rejected",
+    "rejected_by_reason",
 )
 
 
@@ -196,6 +197,8 @@ def tune(
     jobs: int = 1,
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     progress: Callable[[int, int], None] | None = None,
+    max_model_len: int | None = None,
+    cut_output_to_fit: bool = False,
 ) -> TuneResult:
     """Find the token budget and max_seqs with the highest goodput under the SLOs (module docstring).
 
@@ -214,6 +217,9 @@ def tune(
         jobs: worker processes.
         tie_tolerance: relative goodput difference counted as a tie (see rank).
         progress: called with (finished, planned) simulations after each one.
+        max_model_len: the context length requests are checked against, tokens (over it: refused at
+            arrival, kind "context_length"), or None for no limit.
+        cut_output_to_fit: cut max_new to fit the context length instead of refusing.
 
     Returns:
         A TuneResult; its rows are ranked, the chosen one first.
@@ -230,6 +236,7 @@ def tune(
     others = list(max_seqs_candidates) if max_seqs_candidates is not None else [max(1, max_seqs // 2), max_seqs * 2]
     seqs_all = sorted({max_seqs, *others})
     runner = _Runner(workload, kv_tokens, cost_model, slo_ttft, slo_tpot, max_tokens, jobs, progress)
+    runner.context = (max_model_len, cut_output_to_fit)
     t0 = time.perf_counter()
     bound = None
     if budgets is not None:
@@ -276,6 +283,7 @@ class _Runner:
         self.done = 0
         self.planned = 0
         self.stages: list[int] = []
+        self.context: tuple[int | None, bool] = (None, False)
 
     def run(self, pairs: Sequence[tuple[int, int]]) -> None:
         points = [
@@ -287,6 +295,7 @@ class _Runner:
                 self.max_tokens,
                 self.slo_ttft,
                 self.slo_tpot,
+                *self.context,
             )
             for b, m in pairs
         ]

@@ -33,6 +33,8 @@ __all__ = [
     "guard",
     "hardware_options",
     "modes",
+    "rejection_warning",
+    "warn_rejections",
     "setup_from_args",
     "workload_options",
 ]
@@ -121,6 +123,19 @@ def add_common(p: argparse.ArgumentParser) -> None:
     m.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9, metavar="F")
     m.add_argument("--kv-tokens", type=positive_int, metavar="N", help="KV capacity override, tokens")
     m.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        metavar="N",
+        help="context length, tokens (default: the model's): a request whose prompt + max_new exceeds it "
+        "is refused at arrival, as vLLM's server refuses it",
+    )
+    m.add_argument(
+        "--cut-output-to-fit",
+        action="store_true",
+        help="cut max_new to fit the context length instead (vLLM's behaviour without max_tokens); "
+        "only a prompt that leaves no room for output is refused",
+    )
+    m.add_argument(
         "--linear-cost",
         metavar="BASE_MS,PER_TOKEN_US[,PER_CTX_NS]",
         help="price steps as BASE + PER_TOKEN * tokens + PER_CTX * decode context instead",
@@ -151,6 +166,7 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         end=args.end,
         rate_scale=args.rate_scale,
         max_tokens=args.max_tokens,
+        cut_output_to_fit=args.cut_output_to_fit,
     )
 
 
@@ -165,6 +181,7 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_tokens=args.kv_tokens,
         linear_cost=args.linear_cost,
+        max_model_len=args.max_model_len,
     )
 
 
@@ -178,6 +195,30 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         block_size=getattr(args, "block_size", 16),
         watermark=getattr(args, "watermark", 0.01),
     )
+
+
+def rejection_warning(label: str, num_requests: int, by_reason: dict[str, int], first: str | None) -> str:
+    """The one-line warning for rejected requests: how many, of how many, by reason, and the first reason."""
+    total = sum(by_reason.values())
+    reasons = ", ".join(f"{n:,} {_REASON_TEXT.get(k, k)}" for k, n in sorted(by_reason.items()))
+    text = f"warning: {label}: rejected {total:,} of {num_requests:,} requests ({reasons})"
+    return text + (f"; first: {first}" if first else "")
+
+
+def warn_rejections(rows: list[dict[str, Any]], num_requests: int) -> None:
+    """Print one warning line on stderr when any run of a sweep or a tune rejected requests."""
+    hit = [r for r in rows if r.get("rejected")]
+    if not hit:
+        return
+    first = hit[0]
+    label = f"{len(hit)} of {len(rows)} runs rejected requests; the first, budget {first.get('token_budget'):,}"
+    print(rejection_warning(label, num_requests, first.get("rejected_by_reason") or {}, None), file=sys.stderr)
+
+
+_REASON_TEXT = {
+    "context_length": "over the context length (context_length)",
+    "kv_capacity": "never fit the KV cache (kv_capacity)",
+}
 
 
 def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -9,11 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import positive_int
-from stallfree.sim.commands.common import CliError, add_common, duration, guard, setup_from_args
+from stallfree.sim.commands.common import (
+    CliError,
+    add_common,
+    duration,
+    guard,
+    rejection_warning,
+    setup_from_args,
+)
 from stallfree.sim.experiment import Experiment, run_experiment, write_experiment
 from stallfree.sim.setup import TIME_BUDGET_CAP
 from stallfree.sim.simulator import BATCHING_MODES
@@ -94,9 +102,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_header(study.header, study.summaries)
         print_table(study.summaries)
+    # Rejections are not an error, but never silent: one line per run on stderr, in every mode.
+    for res in study.results:
+        if res.rejected:
+            line = rejection_warning(res.label, res.num_requests, res.rejected_by_reason, res.rejected[0][1])
+            print(line, file=sys.stderr)
+    if not args.json:
         for res in study.results:
-            if res.rejected:
-                print(f"{res.label}: rejected {len(res.rejected)} requests; first: {res.rejected[0][1]}")
             if args.check and res.config.get("batching", "chunked") == "chunked":
                 print(f"{res.label}: every scheduler invariant held after each of {res.num_steps:,} steps")
     if args.records:
@@ -128,6 +140,7 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     print(
         f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
         + _budget_text(header) + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
+        + (f"; context {header['max_model_len']:,} tokens" if header.get("max_model_len") else "")
     )
     for s in summaries:
         print(

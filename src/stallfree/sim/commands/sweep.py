@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_float_list, positive_int
-from stallfree.sim.commands.common import add_common, guard, modes, progress_bar, setup_from_args
+from stallfree.sim.commands.common import add_common, guard, modes, progress_bar, setup_from_args, warn_rejections
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.sweep import sweep, write_sweep
 
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}"
         )
         print_rows(result.table_rows)
+    warn_rejections(result.table_rows, header["requests"])
     if args.out:
         names = write_sweep(args.out, result)
         print(f"wrote {args.out}/" + ", ".join(names))
@@ -88,13 +89,13 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
         ("batching", "batching", "{}"),
         ("rate_scale", "rate x", "{:g}"),
         ("token_budget", "budget", "{:,}"),
-        ("request_throughput", "req/s", "{:.2f}"),
-        ("request_goodput", "goodput", "{:.2f}"),
+        ("request_throughput", "req/s", "{:,.2f}"),
+        ("request_goodput", "goodput", "{:,.2f}"),
         ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
         ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:.1f}"),
-        ("p99_itl_ms", "ITL p99", "{:.1f}"),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+        ("p99_itl_ms", "ITL p99", "{:,.1f}"),
         ("budget_utilization", "budget use", "{:.0%}"),
         ("rejected", "rejected", "{:,}"),
     )

@@ -13,7 +13,14 @@ import sys
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_int
-from stallfree.sim.commands.common import CliError, add_common, guard, progress_bar, setup_from_args
+from stallfree.sim.commands.common import (
+    CliError,
+    add_common,
+    guard,
+    progress_bar,
+    setup_from_args,
+    warn_rejections,
+)
 from stallfree.sim.tune import DEFAULT_TIE_TOLERANCE, TargetBelowFloor, TuneResult, serve_command, tune, tune_report
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
@@ -78,10 +85,13 @@ def run(args: argparse.Namespace) -> int:
                 jobs=args.jobs or os.cpu_count() or 1,
                 tie_tolerance=args.tie_tolerance,
                 progress=lambda k, n: bar.update(task, completed=k, total=n),
+                max_model_len=setup.context_length,
+                cut_output_to_fit=setup.workload_options.cut_output_to_fit,
             )
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
     header = setup.header()
+    warn_rejections(result.rows, header["requests"])
     if args.json:
         print(json.dumps(tune_report(result, header), indent=1))
         if not result.slo_met:
@@ -128,12 +138,12 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
     cols = (
         ("token_budget", "budget", "{:,}"),
         ("max_seqs", "max_seqs", "{:,}"),
-        ("request_goodput", "goodput", "{:.2f}"),
+        ("request_goodput", "goodput", "{:,.2f}"),
         ("slo_attainment", "in SLO", "{:.1%}"),
         ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
         ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:.1f}"),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
     )
     table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
     table.add_column("")
