@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ class Experiment:
         header: the report's header (Setup.header plus token_budget and step_time_target_s).
         results: one SimResult per batching mode, in the order run.
         summaries: per run, report.summarize_result plus capacity_req_s (requests/s when
-            saturated) and load (offered rate / capacity).
+            saturated; None when no step ran) and load (offered rate / capacity; None when every
+            request arrives at one instant or the capacity is unknown).
     """
 
     header: dict[str, Any]
@@ -117,10 +119,23 @@ def run_experiment(
             res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
         results.append(res)
         summary = summarize_result(res, slo_ttft, slo_tpot)
-        summary["capacity_req_s"] = saturated_throughput(setup.workload, sched, setup.cost_model, max_tokens)
-        summary["load"] = setup.workload.mean_rate / summary["capacity_req_s"]
+        capacity = saturated_throughput(
+            setup.workload,
+            sched,
+            setup.cost_model,
+            max_tokens,
+            max_model_len=setup.context_length,
+            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+        )
+        load = setup.workload.mean_rate / capacity if capacity > 0 else math.inf
+        # JSON has no infinity: a capacity with no step run (everything refused) or a load with every
+        # request arriving at one instant is None.
+        summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
+        summary["load"] = load if math.isfinite(load) else None
         summaries.append(summary)
     header = setup.header()
+    if not math.isfinite(header["offered_rate"]):
+        header["offered_rate"] = None
     header["token_budget"] = budget
     header["step_time_target_s"] = step_time_target
     return Experiment(header, results, summaries)

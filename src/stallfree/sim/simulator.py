@@ -583,12 +583,15 @@ def saturated_throughput(
     cost_model: StepCostModel,
     max_tokens: int | None = None,
     sample: int = 5000,
+    max_model_len: int | None = None,
+    cut_output_to_fit: bool = False,
 ) -> float:
     """Estimate a replica's capacity, requests/s: the first `sample` requests all arriving at 0 s,
     completed requests over the time to finish them all.
 
     The drain at the end (fewer requests left than max_seqs) makes this a slight underestimate;
-    with 5,000 requests and max_seqs 256 it is a few percent.
+    with 5,000 requests and max_seqs 256 it is a few percent. Requests refused for the context
+    length (max_model_len, cut_output_to_fit: as simulate) do not count. Infinite when no step ran.
 
     Raises:
         ValueError: the workload is empty or sample < 1.
@@ -599,6 +602,8 @@ def saturated_throughput(
         )
     head = workload.head(sample)
     burst = Workload((0.0,) * len(head), head.prompt_lens, head.output_lens, head.name)
-    res = simulate(burst, scheduler, cost_model, max_tokens)
+    res = simulate(
+        burst, scheduler, cost_model, max_tokens, max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit
+    )
     done = sum(1 for f in res.finish_step if f >= 0)
     return done / res.step_end[-1] if res.num_steps and res.step_end[-1] > 0 else float("inf")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +31,8 @@ __all__ = [
     "CliError",
     "add_common",
     "duration",
+    "ensure_writable_dir",
+    "ensure_writable_file",
     "guard",
     "hardware_options",
     "modes",
@@ -219,6 +222,38 @@ _REASON_TEXT = {
     "context_length": "over the context length (context_length)",
     "kv_capacity": "never fit the KV cache (kv_capacity)",
 }
+
+
+def ensure_writable_dir(path: Path, flag: str) -> None:
+    """Create `path` (with parents) and check that a file can be written in it.
+
+    Raises:
+        CliError: it is a file, or cannot be created or written (exit 1), naming the flag and the reason.
+    """
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{flag} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".stallfree-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
+def ensure_writable_file(path: Path, flag: str) -> None:
+    """Check that `path` can be written: its directory exists and is writable, and it is not a directory.
+
+    Raises:
+        CliError: otherwise, naming the flag and the reason.
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CliError(f"{flag} {path}: is a directory; give a file name (.csv or .json)")
+    if not parent.is_dir():
+        raise CliError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CliError(f"{flag} {path}: not writable")
 
 
 def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

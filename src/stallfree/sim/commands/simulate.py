@@ -18,6 +18,8 @@ from stallfree.sim.commands.common import (
     CliError,
     add_common,
     duration,
+    ensure_writable_dir,
+    ensure_writable_file,
     guard,
     rejection_warning,
     setup_from_args,
@@ -87,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compare and args.batching != "chunked":
         raise CliError("--compare runs every batching mode: drop --batching", 2)
+    # Before the simulation, not after it: a bad output path fails at once.
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
+    if args.records:
+        ensure_writable_file(args.records, "--records")
     setup = setup_from_args(args)
     study = run_experiment(
         setup,
@@ -130,11 +137,22 @@ def _budget_text(header: dict[str, Any]) -> str:
     return f"step time target {header['step_time_target_s'] * 1e3:g} ms (budget cap {header['token_budget']:,})"
 
 
+def _load_text(summary: dict[str, Any]) -> str:
+    """The utilisation clause of the header, never 'nan%' nor 'inf req/s'."""
+    capacity, load = summary.get("capacity_req_s"), summary.get("load")
+    if capacity is None:
+        return "capacity unknown (no request was served)"
+    if load is None:
+        return f"every request arrives at once (capacity ~{capacity:,.1f} req/s when saturated)"
+    return f"utilization {load:.0%} of capacity (~{capacity:,.1f} req/s when saturated)"
+
+
 def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> None:
     """Print the workload, the replica, each run's utilisation and the workload's notes."""
-    wl = f"{header['workload']}: {header['requests']:,} requests"
+    n = header["requests"]
+    wl = f"{header['workload']}: {n:,} request{'s' if n != 1 else ''}"
     rate = header["offered_rate"]
-    offered = f"{rate:.2f} req/s offered" if math.isfinite(rate) else "all at one instant"
+    offered = f"{rate:,.2f} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
     scale = f"rate scale {header['rate_scale']:g} ({offered})"
     print(f"{wl}, {scale}")
     print(
@@ -144,8 +162,7 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     )
     for s in summaries:
         print(
-            f"{s['label']}: utilization {s['load']:.0%} of capacity (~{s['capacity_req_s']:.1f} req/s "
-            f"when saturated); requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
+            f"{s['label']}: {_load_text(s)}; requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
             + (f"; {s['budget_utilization']:.0%} of the token budget used" if s.get("budget_utilization") else "")
         )
     for note in header["notes"]:

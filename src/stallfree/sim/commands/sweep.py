@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_float_list, positive_int
-from stallfree.sim.commands.common import add_common, guard, modes, progress_bar, setup_from_args, warn_rejections
+from stallfree.sim.commands.common import (
+    add_common,
+    ensure_writable_dir,
+    guard,
+    modes,
+    progress_bar,
+    setup_from_args,
+    warn_rejections,
+)
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.sweep import sweep, write_sweep
 
@@ -50,6 +58,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree sweep` on parsed arguments; returns the exit status."""
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
     setup = setup_from_args(args)
     with progress_bar() as bar:
         task = bar.add_task("sweep", total=None)

@@ -16,6 +16,7 @@ from stallfree._argtypes import int_list, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
+    ensure_writable_dir,
     guard,
     progress_bar,
     setup_from_args,
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
     if not 0 <= args.tie_tolerance < 1:
         raise CliError(f"--tie-tolerance must be in [0, 1), got {args.tie_tolerance!r}", 2)
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
     setup = setup_from_args(args)
     with progress_bar() as bar:
         task = bar.add_task("tune", total=None)
