@@ -24,7 +24,7 @@ from typing import Any
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
 
-__all__ = ["Experiment", "run_experiment", "write_experiment"]
+__all__ = ["Experiment", "run_experiment", "run_tag", "write_experiment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +153,16 @@ def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float
     return sched
 
 
+def run_tag(res: SimResult) -> str:
+    """The name of a run in file names: its batching mode and KV policy ("chunked-reserve",
+    "chunked-paged", "no-chunk-reserve"), with "-time" in time budget mode."""
+    tag = f"{res.config.get('batching', res.label)}-{res.config.get('kv', 'reserve')}"
+    return tag + ("-time" if res.config.get("step_time_target_s") is not None else "")
+
+
 def write_experiment(out: Path, study: Experiment) -> list[str]:
-    """Write summary.json, requests-<tag>.csv, steps-<tag>.csv, cdf.png and timeline.png under `out`.
+    """Write summary.json, requests-<tag>.csv, steps-<tag>.csv, cdf.png and timeline.png under `out`
+    (tag: run_tag, the batching mode and KV policy actually run).
 
     Returns:
         The names written, in order.
@@ -169,10 +177,11 @@ def write_experiment(out: Path, study: Experiment) -> list[str]:
     (out / "summary.json").write_text(json.dumps({"header": study.header, "runs": study.summaries}, indent=1) + "\n")
     names = ["summary.json"]
     for res in study.results:
-        tag = res.config.get("batching", res.label)
+        tag = run_tag(res)
         write_records(res, out / f"requests-{tag}.csv")
         write_steps_csv(res, out / f"steps-{tag}.csv")
         names += [f"requests-{tag}.csv", f"steps-{tag}.csv"]
-    plots.plot_cdfs(study.results, out / "cdf.png")
-    plots.plot_timeline(study.results, out / "timeline.png")
+    context = plots.plot_context(study.header)
+    plots.plot_cdfs(study.results, out / "cdf.png", context)
+    plots.plot_timeline(study.results, out / "timeline.png", context)
     return [*names, "cdf.png", "timeline.png"]

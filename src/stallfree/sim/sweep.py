@@ -216,7 +216,7 @@ def write_sweep(out: Path, result: SweepResult) -> list[str]:
     Raises:
         OSError: `out` cannot be created or written.
     """
-    from stallfree.sim.plots import plot_sweep_cdfs, plot_tradeoff
+    from stallfree.sim.plots import plot_context, plot_sweep_cdfs, plot_tradeoff
 
     header, rows, table_rows = result.header, result.rows, result.table_rows
 
@@ -228,6 +228,8 @@ def write_sweep(out: Path, result: SweepResult) -> list[str]:
         writer.writeheader()
         writer.writerows(table_rows)
     (out / "sweep.json").write_text(json.dumps({"header": header, "rows": table_rows}, indent=1) + "\n")
-    plot_tradeoff(table_rows, out / "tradeoff.png")
-    plot_sweep_cdfs(rows, out / "cdf.png")
+    budgets = sorted({r["token_budget"] for r in table_rows})
+    context = plot_context(header, "budgets " + ", ".join(f"{b:,}" for b in budgets))
+    plot_tradeoff(table_rows, out / "tradeoff.png", context)
+    plot_sweep_cdfs(rows, out / "cdf.png", context)
     return ["sweep.csv", "sweep.json", "tradeoff.png", "cdf.png"]

@@ -24,7 +24,7 @@ from stallfree.sim.commands.common import (
     rejection_warning,
     setup_from_args,
 )
-from stallfree.sim.experiment import Experiment, run_experiment, write_experiment
+from stallfree.sim.experiment import Experiment, run_experiment, run_tag, write_experiment
 from stallfree.sim.setup import TIME_BUDGET_CAP
 from stallfree.sim.simulator import BATCHING_MODES
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{res.label}: every scheduler invariant held after each of {res.num_steps:,} steps")
     if args.records:
         for res in study.results:
-            path = args.records if len(study.results) == 1 else _suffixed(args.records, res.config["batching"])
+            path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
             write_records(res, path)
     if args.out:
         _write_out(args.out, study)

@@ -107,11 +107,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_result(result, header, args.top, args.tie_tolerance)
     if args.out:
-        from stallfree.sim.plots import plot_tune
+        from stallfree.sim.plots import plot_context, plot_tune
 
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
-        plot_tune(result, args.out / "tune.png")
+        budgets = sorted({r["token_budget"] for r in result.rows})
+        plot_tune(result, args.out / "tune.png", plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
         print(f"wrote {args.out}/tune.json, tune.png")
     return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
 
