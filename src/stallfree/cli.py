@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import typing
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ __all__ = ["main"]
 # optional extra each needs and its commands (so that a missing extra is named, not a traceback).
 _COMMAND_MODULES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("stallfree.costmodel.cli", None, ("budget", "calibrate", "specs")),
-    ("stallfree.sim.cli", "sim", ("simulate", "sweep", "tune")),
+    ("stallfree.sim.commands", "sim", ("simulate", "sweep", "tune")),
     ("stallfree.engine.cli", "engine", ("generate", "bench")),
     ("stallfree.server.cli", "server", ("serve",)),
     ("stallfree.validate.cli", None, ("validate",)),
@@ -39,14 +40,40 @@ def _missing_extra(command: str | None, missing: str | None) -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), with no usage dump."""
+    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), with no usage dump.
+
+    A word that starts with '-' and a digit ("-1s", "-5ms", "-3") is a value, never an option (no
+    option of ours starts with a digit), so that `--slo-ttft -1s` reaches the option's own check and
+    is refused as a negative time rather than read as a missing argument.
+    """
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the top-level parser with every available subcommand registered."""
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named first in argv (its first word not starting with '-'), or None."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+        if word == "--":
+            return None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Return the top-level parser with the subcommands registered.
+
+    Args:
+        command: a subcommand's name: register only the module that owns it (so that `stallfree
+            simulate --help` imports the simulator's commands and nothing else); None, or a name no
+            module owns, registers every available subcommand.
+    """
+    owner = next((name for name, _e, cmds in _COMMAND_MODULES if command in cmds), None)
     parser = _Parser(
         prog="stallfree",
         description="Continuous batching with a token budget and chunked prefill: "
@@ -54,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, _extra, commands in _COMMAND_MODULES:
+        if owner is not None and name != owner:
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -80,8 +109,9 @@ def _explain_missing(command: str, missing: str) -> typing.Callable[[argparse.Na
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code (0 ok, 1 failure, 2 usage error)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_of(words))
+    args = parser.parse_args(words)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -39,9 +39,10 @@ def test_simulate_compare_table_and_out_dir(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "rate scale 3" in text and "of capacity" in text
     assert "chunked/2048" in text and "prefill-first/2048" in text and "no-chunk/2048" in text
-    for name in ("summary.json", "requests-chunked.csv", "steps-no-chunk.csv", "cdf.png", "timeline.png"):
+    names = ("summary.json", "requests-chunked-reserve.csv", "steps-no-chunk-reserve.csv", "cdf.png", "timeline.png")
+    for name in names:
         assert (tmp_path / name).stat().st_size > 0, name
-    header = (tmp_path / "requests-chunked.csv").read_text().splitlines()[0]
+    header = (tmp_path / "requests-chunked-reserve.csv").read_text().splitlines()[0]
     assert header.startswith("rid,arrival_s,prompt_len,max_new,output_tokens,admitted_s,first_token_s")
 
 

@@ -65,6 +65,9 @@ class ModelSpec:
             'active_layer', 'embed', 'lm_head'); they replace the computed ones, for architectures the
             formulas above do not cover.
         sources: where the dimensions come from.
+        context_length: the most tokens (prompt plus output) one request may hold, or None when
+            unknown: the config's max_position_embeddings, or the model card's documented limit.
+        context_length_source: where context_length comes from.
 
     Raises:
         CostModelError (at construction): a dimension is not a positive integer, the experts are
@@ -89,9 +92,14 @@ class ModelSpec:
     param_overrides: tuple[tuple[str, int], ...] = ()
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = field(default=(), compare=False)
+    context_length: int | None = None
+    context_length_source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         owner = f"model {self.key!r}"
+        cl = self.context_length
+        if cl is not None and (isinstance(cl, bool) or not isinstance(cl, int) or cl < 1):
+            raise CostModelError(f"{owner}: context_length must be an integer >= 1, got {cl!r}")
         for name in (
             "num_layers",
             "hidden_size",
@@ -224,7 +232,7 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
     Required keys: num_layers, hidden_size, num_heads, intermediate_size, vocab_size. Optional:
     num_kv_heads (default num_heads), head_dim (default hidden_size / num_heads), tie_word_embeddings,
     qkv_bias, gated_mlp, norm_params_per_layer, num_experts, experts_per_token, params (explicit counts),
-    name, aliases, sources.
+    name, aliases, sources, context_length (tokens) and context_length_source.
 
     Raises:
         CostModelError: a key is missing or a value is out of range; the message names it.
@@ -263,6 +271,8 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
         ),
         aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
         sources=tuple(data.get("sources", ())),
+        context_length=data.get("context_length"),
+        context_length_source=str(data.get("context_length_source", "")),
     )
 
 
@@ -277,7 +287,8 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
     tie_word_embeddings, num_local_experts (or num_experts) and num_experts_per_tok; Qwen2 models
     (model_type 'qwen2') get q/k/v biases, as do configs with attention_bias true. The MLP's kind
     (gated or not) comes from model_type and hidden_act (hf_kinds.gated_mlp): a phi-2 or GPT-NeoX MLP has no
-    gate. Parameter counts are worked out from these dimensions (see the module docstring).
+    gate. Parameter counts are worked out from these dimensions (see the module docstring). The context
+    length is max_position_embeddings (None when the config has none).
 
     Raises:
         CostModelError: a required key is missing or out of range; the MLP's kind cannot be told; or the
@@ -307,6 +318,8 @@ def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
         "num_experts": experts,
         "experts_per_token": config.get("num_experts_per_tok", 0) if experts else 0,
         "sources": ("Hugging Face config.json",),
+        "context_length": config.get("max_position_embeddings"),
+        "context_length_source": "config.json max_position_embeddings",
     }
     for required, hf in (
         ("num_layers", "num_hidden_layers"),

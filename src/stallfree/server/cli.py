@@ -81,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         from stallfree.server.app import ServerConfig, create_app
     except ImportError as exc:
-        print(f"stallfree serve: missing dependency ({exc}); install stallfree[server]", file=sys.stderr)
+        print(f"stallfree serve: missing dependency ({exc}): pip install 'stallfree[server]'", file=sys.stderr)
         return 1
     # Fail on a bad address in one line, before the (slow) model load rather than after it.
     try:

@@ -1,5 +1,5 @@
 """PNG plots of simulations: TTFT/TPOT CDFs, KV utilisation and load over time, and the sweep's
-p99 TPOT against p99 TTFT trade-off.
+p99 TPOT against p99 TTFT trade-off, and the tune's goodput and p99 TPOT against the budget.
 
 Imports allowed: the standard library, stallfree.sim, numpy and matplotlib (imported inside the
 functions, with the non-interactive Agg backend).
@@ -7,16 +7,71 @@ functions, with the non-interactive Agg backend).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.sim.simulator import BATCHING_MODES, SimResult
 
-__all__ = ["plot_cdfs", "plot_sweep_cdfs", "plot_timeline", "plot_tradeoff"]
+if TYPE_CHECKING:
+    from stallfree.sim.tune import TuneResult
+
+__all__ = ["plot_cdfs", "plot_context", "plot_sweep_cdfs", "plot_timeline", "plot_tradeoff", "plot_tune"]
 
 # Time bins of the timeline plot: enough to show bursts, few enough to stay readable.
 _TIMELINE_BINS = 600
+
+
+def plot_context(header: dict[str, Any], budgets: str | None = None) -> str:
+    """The line that names a figure's workload and replica, from a report header.
+
+    "azure-conv-2023, 19,366 requests at rate x3 (16.59 req/s); llama-3.3-70b, 4 x h100-sxm, fp8;
+    KV 657,180 tokens; budget 2,048". `budgets` replaces the header's own budget text (a sweep's list).
+    """
+    rate = header.get("offered_rate")
+    offered = f"{rate:,.2f} req/s" if isinstance(rate, int | float) and math.isfinite(rate) else "all at once"
+    parts = [
+        f"{header['workload']}, {header['requests']:,} requests at rate x{header['rate_scale']:g} ({offered})",
+        str(header["hardware"]),
+        f"KV {header['kv_tokens']:,} tokens",
+    ]
+    if budgets is not None:
+        parts.append(budgets)
+    elif header.get("step_time_target_s") is not None:
+        parts.append(f"step time target {header['step_time_target_s'] * 1e3:g} ms")
+    elif header.get("token_budget") is not None:
+        parts.append(f"budget {header['token_budget']:,}")
+    return "; ".join(parts)
+
+
+def _title(fig: Any, what: str, context: str | None) -> int:
+    """Set the figure title: what is plotted, then the workload and replica, wrapped to the figure's
+    width; return its number of lines."""
+    import textwrap
+
+    width = max(60, int(fig.get_figwidth() * 13))  # about 13 characters per inch at 10 pt
+    lines = textwrap.wrap(what, width) + (textwrap.wrap(context, width) if context else [])
+    fig.suptitle("\n".join(lines), fontsize=10)
+    return len(lines)
+
+
+def _top(lines: int, legend_rows: int, height_in: float) -> float:
+    """The top of the axes area (figure fraction) below a title of `lines` lines and a legend of
+    `legend_rows` rows, at about 0.2 inch a line."""
+    return 1 - (0.2 * lines + 0.2 * legend_rows + 0.15) / height_in
+
+
+def _layout(fig: Any, top: float, axes_titles: bool = False) -> None:
+    """tight_layout below `top`, then pin the axes' top there (tight_layout also makes room for the
+    suptitle, which `top` already counts)."""
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.subplots_adjust(top=top - (0.3 if axes_titles else 0.05) / fig.get_figheight())
+
+
+def _legend_y(lines: int, height_in: float) -> float:
+    """Where a figure legend under the title starts (figure fraction)."""
+    return 1 - (0.2 * lines + 0.08) / height_in
 
 
 def _pyplot() -> Any:
@@ -38,8 +93,13 @@ def _cdf(ax: Any, values_ms: Any, label: str, **style: Any) -> None:
     ax.plot(xs, ys, label=label, **style)
 
 
-def plot_cdfs(results: Sequence[SimResult], path: Path) -> None:
+def plot_cdfs(results: Sequence[SimResult], path: Path, context: str | None = None) -> None:
     """Write CDFs of TTFT (log scale) and TPOT, one line per run, to `path` (PNG).
+
+    Args:
+        results: the runs (a line each).
+        path: the PNG to write.
+        context: the workload and replica line of the title (plot_context), or None.
 
     Raises:
         OSError: the file cannot be written.
@@ -50,20 +110,31 @@ def plot_cdfs(results: Sequence[SimResult], path: Path) -> None:
     for res in results:
         lat = latency_arrays(res)
         series.append((res.label, lat["ttft"] * 1e3, lat["tpot"] * 1e3))
-    _plot_cdf_panels([(None, series)], path)
+    what = "TTFT and TPOT per request, CDF over every completed request of each run"
+    _plot_cdf_panels([(None, series)], path, what, context)
 
 
-def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]], path: Path) -> None:
-    """Columns of (title, [(label, ttft_ms, tpot_ms)]); one legend, in the last TPOT panel.
+def _plot_cdf_panels(
+    columns: list[tuple[str | None, list[tuple[str, Any, Any]]]],
+    path: Path,
+    what: str = "",
+    context: str | None = None,
+) -> None:
+    """Columns of (title, [(label, ttft_ms, tpot_ms)]); one legend for the figure, under the title.
 
     A label "A | B" gets a colour by A and a line style by B (in order of first appearance), so
-    that budgets and rate scales stay apart.
+    that budgets and rate scales stay apart. The TTFT row shares its (log) axis; each TPOT panel is
+    cut at its own curves' largest p99.5, so that a baseline's long tail does not squeeze the
+    chunked curves against zero.
     """
+    import numpy as np
+
     plt = _pyplot()
     ncol = len(columns)
-    width = 6.0 if ncol == 1 else 4.8 * ncol
-    # Rows share their x axis so that modes compare at a glance.
-    fig, axes = plt.subplots(2, ncol, figsize=(width, 7.5), squeeze=False, sharex="row")
+    width = 7.0 if ncol == 1 else 4.8 * ncol
+    fig, axes = plt.subplots(2, ncol, figsize=(width, 8.3), squeeze=False)
+    for j in range(1, ncol):
+        axes[0][j].sharex(axes[0][0])
     labels = [label for _, series in columns for label, _, _ in series]
     colours = list(dict.fromkeys(label.partition(" | ")[0] for label in labels))  # first-seen order
     dashes = list(dict.fromkeys(label.partition(" | ")[2] for label in labels))
@@ -90,24 +161,34 @@ def _plot_cdf_panels(columns: list[tuple[str | None, list[tuple[str, Any, Any]]]
                 handles.setdefault(str(line.get_label()), line)
         if title:
             axes[0][j].set_title(title)
-    # TPOT tails run far out (a few requests stalled behind whole prompts): show up to the largest
-    # p99.5 so that the bulk of every curve stays readable on the shared axis.
-    import numpy as np
-
-    tails = [float(np.quantile(t, 0.995)) for _, series in columns for _, _, t in series if len(t)]
-    if tails:
-        axes[1][0].set_xlim(0, 1.1 * max(tails))
-        axes[1][0].set_xlabel("TPOT (ms; axis cut at the largest p99.5)")
-    axes[1][-1].legend(list(handles.values()), list(handles), fontsize=8, loc="lower right")
-    fig.tight_layout()
+        # TPOT tails run far out (a few requests stalled behind whole prompts): show up to this
+        # column's largest p99.5 so that the bulk of its curves stays readable.
+        tails = [float(np.quantile(t, 0.995)) for _, _, t in series if len(t)]
+        if tails:
+            axes[1][j].set_xlim(0, 1.1 * max(tails))
+            axes[1][j].set_xlabel("TPOT (ms; axis cut at the largest p99.5)")
+    lines = _title(fig, what, context)
+    ncols = max(min(len(handles), 6), 1)
+    height = fig.get_figheight()
+    fig.legend(list(handles.values()), list(handles), fontsize=8, loc="upper center", ncol=ncols,
+               bbox_to_anchor=(0.5, _legend_y(lines, height)), frameon=False)
+    rows = -(-len(handles) // ncols)
+    _layout(fig, _top(lines, rows, height), axes_titles=any(t for t, _ in columns))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_timeline(results: Sequence[SimResult], path: Path) -> None:
+def plot_timeline(results: Sequence[SimResult], path: Path, context: str | None = None) -> None:
     """Write KV utilisation, tokens per step and waiting requests over simulated time to `path`.
 
-    Each series is averaged over time bins (step-duration weighted), one line per run.
+    Each series is averaged over time bins (step-duration weighted), one line per run. The KV panel
+    says "reserved" (the reservation scheduler holds prompt + max_new from admission) or "used"
+    (the paged scheduler holds blocks as tokens are computed), after the runs' KV policy.
+
+    Args:
+        results: the runs (a line each).
+        path: the PNG to write.
+        context: the workload and replica line of the title (plot_context), or None.
 
     Raises:
         OSError: the file cannot be written.
@@ -115,7 +196,8 @@ def plot_timeline(results: Sequence[SimResult], path: Path) -> None:
     import numpy as np
 
     plt = _pyplot()
-    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8.6), sharex=True)
+    bin_s = 0.0
     for k, res in enumerate(results):
         start = np.frombuffer(res.step_start, dtype=np.float64)
         end = np.frombuffer(res.step_end, dtype=np.float64)
@@ -123,6 +205,7 @@ def plot_timeline(results: Sequence[SimResult], path: Path) -> None:
             continue
         t0 = res.arrival[0] if res.arrival else 0.0
         edges = np.linspace(t0, end[-1], _TIMELINE_BINS + 1)
+        bin_s = max(bin_s, float(edges[1] - edges[0]))
         mid = (edges[:-1] + edges[1:]) / 2 - t0
         which = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, _TIMELINE_BINS - 1)
         dur = end - start
@@ -137,24 +220,35 @@ def plot_timeline(results: Sequence[SimResult], path: Path) -> None:
             sums = np.bincount(which, weights=values * dur, minlength=_TIMELINE_BINS)
             mean = np.where(busy, sums / np.where(busy, weight, 1), 0.0)
             ax.plot(mid, mean, label=res.label, color=f"C{k}", lw=1)
-    axes[0].set_ylabel("KV reserved (% of capacity)")
+    policies = {res.config.get("kv", "reserve") for res in results}
+    kv_word = "used" if policies == {"paged"} else "reserved" if "paged" not in policies else "reserved or used"
+    axes[0].set_ylabel(f"KV {kv_word} (% of capacity)")
     axes[1].set_ylabel("tokens per step")
     axes[2].set_ylabel("waiting requests")
-    axes[2].set_xlabel("simulated time (s)")
+    axes[2].set_xlabel(f"simulated time (s); each point: the step-time-weighted mean over a {bin_s:,.2g} s bin")
     for ax in axes:
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    lines = _title(fig, "KV, tokens per step and queue over time", context)
+    height = fig.get_figheight()
+    fig.legend(handles, labels, fontsize=8, loc="upper center", ncol=max(len(labels), 1),
+               bbox_to_anchor=(0.5, _legend_y(lines, height)), frameon=False)
+    _layout(fig, _top(lines, 1, height))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
+def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path, context: str | None = None) -> None:
     """Write p99 TPOT against p99 TTFT: a point per token budget, a line per batching mode (and
     rate scale), each point labelled with its budget.
 
+    Labels are placed one by one at the first of a few offsets around their point where they
+    overlap no other label and no marker; budgets whose points coincide (within 3%) share a label.
+
     Args:
         rows: sweep summaries with batching, rate_scale, token_budget, p99_ttft_ms, p99_tpot_ms.
+        path: the PNG to write.
+        context: the workload and replica line of the title (plot_context), or None.
 
     Raises:
         OSError: the file cannot be written.
@@ -162,7 +256,7 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
     plt = _pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(9, 6.2))
     groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["batching"], row["rate_scale"]), []).append(row)
@@ -170,6 +264,7 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
     modes += sorted({m for m, _ in groups} - set(modes))
     scales = sorted({s for _, s in groups})
     styles = ["-", "--", ":", "-."]
+    labels: list[tuple[float, float, str, str]] = []
     for (mode, scale), grp in sorted(groups.items()):
         grp = sorted(grp, key=lambda r: r["token_budget"])
         pts = [(r["p99_ttft_ms"], r["p99_tpot_ms"], r["token_budget"]) for r in grp if r.get("p99_tpot_ms")]
@@ -185,8 +280,6 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
             color=color,
             label=label,
         )
-        # Budgets whose points coincide (within 3%) share one label, and each mode's labels sit at their
-        # own vertical offset, so that points of different modes in one place stay readable.
         merged: list[tuple[float, float, list[int]]] = []
         for x, y, b in pts:
             for mx, my, budgets in merged:
@@ -195,29 +288,70 @@ def plot_tradeoff(rows: Sequence[dict[str, Any]], path: Path) -> None:
                     break
             else:
                 merged.append((x, y, [b]))
-        dy = 4 - 11 * modes.index(mode)
         for x, y, budgets in merged:
-            text = "/".join(str(b) for b in budgets)
-            ax.annotate(text, (x, y), textcoords="offset points", xytext=(5, dy), fontsize=7, color=color)
+            text = "every budget" if len(budgets) == len(pts) > 2 else "/".join(f"{b:,}" for b in budgets)
+            labels.append((x, y, text, color))
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("p99 TTFT (ms, log scale)")
     ax.set_ylabel("p99 TPOT (ms)")
-    ax.set_title("Token budget trade-off (labels: token budget)")
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    ax.legend(fontsize=8, loc="best")
+    lines = _title(
+        fig,
+        "Token budget trade-off: each point is one simulation, its p99 over every completed request "
+        "(labels: token budget)",
+        context,
+    )
+    _layout(fig, _top(lines, 0, fig.get_figheight()))
+    _place_labels(fig, ax, labels)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_sweep_cdfs(curves: Sequence[dict[str, Any]], path: Path) -> None:
+# Offsets (points) tried in turn for a label, right of the point first.
+_LABEL_OFFSETS = ((6, 4), (6, -11), (-8, 6), (-8, -13), (6, 15), (6, -22), (-8, 17), (-8, -24))
+
+
+def _place_labels(fig: Any, ax: Any, labels: list[tuple[float, float, str, str]]) -> None:
+    """Annotate each (x, y, text, colour) at the first offset whose box overlaps nothing placed yet."""
+    renderer = fig.canvas.get_renderer()
+    taken = []
+    for x, y in ((x, y) for x, y, _, _ in labels):
+        px, py = ax.transData.transform((x, y))
+        taken.append((px - 4, py - 4, px + 4, py + 4))  # the marker itself
+    for x, y, text, color in labels:
+        first = None
+        for dx, dy in _LABEL_OFFSETS:
+            ha = "left" if dx > 0 else "right"
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7,
+                              color=color, ha=ha)
+            box = ann.get_window_extent(renderer)
+            rect = (box.x0, box.y0, box.x1, box.y1)
+            if not any(r[0] < rect[2] and rect[0] < r[2] and r[1] < rect[3] and rect[1] < r[3] for r in taken):
+                taken.append(rect)
+                if first is not None:
+                    first.remove()
+                break
+            if first is None:
+                first = ann
+            else:
+                ann.remove()
+        else:
+            if first is not None:  # nowhere free: keep the first place
+                box = first.get_window_extent(renderer)
+                taken.append((box.x0, box.y0, box.x1, box.y1))
+
+
+def plot_sweep_cdfs(curves: Sequence[dict[str, Any]], path: Path, context: str | None = None) -> None:
     """Write TTFT and TPOT CDFs of a sweep: a column per batching mode, a line per budget (and scale).
 
     Args:
         curves: dicts with batching, rate_scale, token_budget, ttft_ms and tpot_ms (arrays).
+        path: the PNG to write.
+        context: the workload and replica line of the title (plot_context), or None.
 
     Raises:
         OSError: the file cannot be written.
@@ -225,6 +359,71 @@ def plot_sweep_cdfs(curves: Sequence[dict[str, Any]], path: Path) -> None:
     modes: dict[str, list[tuple[str, Any, Any]]] = {}
     multi_scale = len({c["rate_scale"] for c in curves}) > 1
     for c in sorted(curves, key=lambda c: (c["rate_scale"], c["token_budget"])):
-        label = f"budget {c['token_budget']}" + (f" | rate x{c['rate_scale']:g}" if multi_scale else "")
+        label = f"budget {c['token_budget']:,}" + (f" | rate x{c['rate_scale']:g}" if multi_scale else "")
         modes.setdefault(c["batching"], []).append((label, c["ttft_ms"], c["tpot_ms"]))
-    _plot_cdf_panels(list(modes.items()), path)
+    what = "TTFT and TPOT per request by batching mode, CDF over every completed request of each run"
+    _plot_cdf_panels(list(modes.items()), path, what, context)
+
+
+def plot_tune(result: TuneResult, path: Path, context: str | None = None) -> None:
+    """Write goodput and p99 TPOT against the token budget (a line per max_seqs) to `path` (PNG).
+
+    Args:
+        result: what tune found.
+        path: the PNG to write.
+        context: the workload and replica line of the title (plot_context), or None.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig, (ax_g, ax_t) = plt.subplots(2, 1, figsize=(8.5, 7.5), sharex=True)
+    for m in sorted({r["max_seqs"] for r in result.rows}):
+        rows = sorted((r for r in result.rows if r["max_seqs"] == m), key=lambda r: r["token_budget"])
+        xs = [r["token_budget"] for r in rows]
+        style = "o-" if len(rows) > 1 else "s"
+        ax_g.plot(xs, [r.get("request_goodput") or 0 for r in rows], style, label=f"max_seqs {m}")
+        ax_t.plot(xs, [r.get("p99_tpot_ms") or math.nan for r in rows], style, label=f"max_seqs {m}")
+    best = result.best
+    ax_g.plot(
+        [best["token_budget"]],
+        [best.get("request_goodput") or 0],
+        "*",
+        ms=16,
+        color="black",
+        label=f"chosen: {best['token_budget']:,} / {best['max_seqs']}",
+    )
+    ax_t.axhline(result.slo_tpot * 1e3, ls="--", color="gray", label="TPOT SLO")
+    if result.bound is not None:
+        for ax in (ax_g, ax_t):
+            ax.axvline(result.bound.token_budget, ls=":", color="tab:red")
+        ax_g.plot([], [], ls=":", color="tab:red", label=f"cost-model bound {result.bound.token_budget:,}")
+    ax_g.set_ylabel("goodput (req/s within both SLOs)")
+    ax_t.set_ylabel("p99 TPOT (ms)")
+    ax_t.set_xlabel("token budget (tokens per step)")
+    ax_t.set_xscale("log")
+    ax_t.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax_t.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax_t.xaxis.set_minor_formatter(NullFormatter())
+    what = (
+        f"tune: TTFT <= {result.slo_ttft * 1e3:g} ms, TPOT <= {result.slo_tpot * 1e3:g} ms; each point is one "
+        "simulation (goodput over the run, p99 over its completed requests)"
+    )
+    lines = _title(fig, what, context)
+    handles: dict[str, Any] = {}
+    for ax in (ax_g, ax_t):
+        ax.grid(True, alpha=0.3)
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    ncols = min(len(handles), 4)
+    height = fig.get_figheight()
+    fig.legend(list(handles.values()), list(handles), fontsize=8, loc="upper center",
+               ncol=ncols, bbox_to_anchor=(0.5, _legend_y(lines, height)), frameon=False)
+    _layout(fig, _top(lines, -(-len(handles) // ncols), height))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

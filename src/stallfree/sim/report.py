@@ -124,7 +124,8 @@ def summarize_result(
         percentiles: which percentiles to report (default 50, 90, 99).
 
     Returns:
-        A flat dict: label, workload, num_requests, rejected, completed, total_input_tokens,
+        A flat dict: label, workload, num_requests, rejected, rejected_by_reason (a dict: kind ->
+        count, kinds "context_length" and "kv_capacity"), completed, total_input_tokens,
         total_output_tokens, duration_s, request_throughput, output_throughput,
         total_token_throughput, request_goodput, slo_attainment, {mean,median,std,pXX}_{ttft,
         tpot,itl,e2el,queue}_ms, num_steps, mean_tokens_per_step, budget_utilization (mean tokens
@@ -141,6 +142,7 @@ def summarize_result(
     out: dict[str, Any] = {"label": res.label, "workload": res.workload, **res.config}
     out["num_requests"] = res.num_requests
     out["rejected"] = len(res.rejected)
+    out["rejected_by_reason"] = res.rejected_by_reason
     if n_done == 0:
         out["completed"] = 0
         return out
@@ -205,7 +207,8 @@ def summarize_result(
 
 def request_records(res: SimResult) -> list[dict[str, Any]]:
     """One dict per request: rid, arrival_s, prompt_len, max_new, output_tokens, admitted_s,
-    first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms, queue_ms, finish_reason, rejected.
+    first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms, queue_ms, finish_reason, rejected (the
+    message), rejected_reason ("context_length", "kv_capacity" or None).
     Times are None for rejected requests; tpot_ms is None below 2 tokens."""
     start, end = res.step_start, res.step_end
     rejected = dict(res.rejected)
@@ -224,6 +227,7 @@ def request_records(res: SimResult) -> list[dict[str, Any]]:
             "finish_s": end[f] if f >= 0 else None,
             "finish_reason": res.finish_reason[r] or None,
             "rejected": rejected.get(r),
+            "rejected_reason": res.rejected_kind.get(r) if r in rejected else None,
         }
         row["ttft_ms"] = (end[a] - arr) * 1e3 if a >= 0 else None
         row["e2el_ms"] = (end[f] - arr) * 1e3 if f >= 0 else None
@@ -296,10 +300,11 @@ def write_steps_csv(res: SimResult, path: Path) -> None:
 
 _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("completed", "completed requests", "{:,}"),
-    ("rejected", "rejected (never fit)", "{:,}"),
-    ("request_throughput", "requests/s", "{:.2f}"),
+    ("rejected_by_reason.context_length", "rejected: over context length", "{:,}"),
+    ("rejected_by_reason.kv_capacity", "rejected: never fits the KV", "{:,}"),
+    ("request_throughput", "requests/s", "{:,.2f}"),
     ("output_throughput", "output tokens/s", "{:,.0f}"),
-    ("request_goodput", "goodput (req/s)", "{:.2f}"),
+    ("request_goodput", "goodput (req/s)", "{:,.2f}"),
     ("slo_attainment", "SLO attainment", "{:.1%}"),
     ("mean_ttft_ms", "TTFT mean (ms)", "{:,.1f}"),
     ("median_ttft_ms", "TTFT median (ms)", "{:,.1f}"),
@@ -323,8 +328,17 @@ _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("num_preemptions", "preemptions", "{:,}"),
     ("num_recomputed_tokens", "recomputed tokens", "{:,}"),
     ("num_steps", "steps", "{:,}"),
-    ("sim_wall_s", "simulation wall time (s)", "{:.2f}"),
+    ("sim_wall_s", "simulation wall time (s)", "{:,.2f}"),
 )
+
+
+def _value(summary: dict[str, Any], key: str) -> Any:
+    """A summary's value; "a.b" reads key b of the dict at a (0 when the dict lacks it)."""
+    if "." not in key:
+        return summary.get(key)
+    outer, inner = key.split(".", 1)
+    d = summary.get(outer)
+    return None if d is None else d.get(inner, 0)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -352,5 +366,5 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
     for key, name, spec in _TABLE_ROWS:
         if all(s.get(key) is None for s in summaries) and key in ("request_goodput", "slo_attainment"):
             continue
-        table.add_row(name, *(_fmt(s.get(key), spec) for s in summaries))
+        table.add_row(name, *(_fmt(_value(s, key), spec) for s in summaries))
     console().print(table)

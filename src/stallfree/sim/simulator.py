@@ -16,6 +16,10 @@ happened so far; per request only the step of its first token and of its finish,
 exceptions: steps in which a decoding request was left out while others decoded (decode overflow)
 and preemptions (paged schedulers). Steps with no decodes at all (prefill-only steps) are seen
 from the step arrays. So the loop costs O(prefill chunks + finishes) per step, never O(decodes).
+
+Why one module of over 400 lines: the event loop and the per-step bookkeeping it writes into
+SimResult are one hot loop whose state (step arrays, exception lists) is read by SimResult's
+derived views; kept together so that the cost of a step stays visible in one place.
 """
 
 from __future__ import annotations
@@ -139,7 +143,9 @@ class SimResult:
     "stop", "" if rejected). Per step (arrays): start and end (s), num_tokens, num_decodes,
     kv_used (reserved KV after the step, tokens), num_waiting (after the step), ticks (decode steps
     so far, including this one). `skips` and `segments` hold the rare irregular histories (see the
-    module docstring). `rejected` lists (rid, reason).
+    module docstring). `rejected` lists (rid, reason); `rejected_kind` maps each rejected rid to
+    its kind: "context_length" (prompt plus reserved output over the model's context length,
+    refused at arrival) or "kv_capacity" (its reservation can never fit the KV cache).
     """
 
     label: str
@@ -167,6 +173,16 @@ class SimResult:
     wall_s: float = 0.0
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
+    rejected_kind: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def rejected_by_reason(self) -> dict[str, int]:
+        """Rejected requests counted by kind ("context_length", "kv_capacity"), kinds with none left out."""
+        counts: dict[str, int] = {}
+        for rid, _ in self.rejected:
+            kind = self.rejected_kind.get(rid, KV_CAPACITY)
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
 
     @property
     def num_requests(self) -> int:
@@ -250,6 +266,8 @@ def simulate(
     max_tokens: int | None = None,
     check: bool = False,
     label: str | None = None,
+    max_model_len: int | None = None,
+    cut_output_to_fit: bool = False,
 ) -> SimResult:
     """Replay `workload` through a fresh scheduler, pricing steps with `cost_model`.
 
@@ -265,12 +283,17 @@ def simulate(
         check: wrap the scheduler in stallfree.core.invariants.InvariantChecker (raises on the
             first violated invariant).
         label: a name for reports (default: the config's label).
+        max_model_len: the model's context length, tokens, or None for no limit. A request whose
+            prompt_len + max_new exceeds it is refused at arrival (kind "context_length"), as vLLM's
+            server answers a request whose prompt plus max_tokens exceeds max_model_len with a 400.
+        cut_output_to_fit: instead, cut max_new to max_model_len - prompt_len (what vLLM does when
+            the client sets no max_tokens), refusing only a prompt that leaves no room for one token.
 
     Returns:
         A SimResult; every request not rejected has received exactly min(output_len, max_new) tokens.
 
     Raises:
-        ValueError: max_tokens < 1.
+        ValueError: max_tokens < 1 or max_model_len < 1.
         SimulationError: the scheduler stalled with work left, emitted inconsistently with its
             plans, or check=True without an invariant checker available.
         InvariantViolation (from the checker): with check=True, a violated invariant.
@@ -282,9 +305,12 @@ def simulate(
     n = len(workload)
     outs = workload.output_lens
     max_new = list(outs) if max_tokens is None else [max_tokens] * n
+    too_long = _context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
     target = [min(o, m) for o, m in zip(outs, max_new, strict=True)]
     kv_total = int(getattr(inner, "kv_total", 0))
     config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
+    if max_model_len is not None:
+        config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
     if isinstance(scheduler, SchedulerConfig):
         config.update(
             batching=scheduler.batching,
@@ -310,7 +336,7 @@ def simulate(
         kv_total=kv_total,
     )
     t0 = time.perf_counter()
-    _Loop(res, sched, inner, workload, cost_model).run()
+    _Loop(res, sched, inner, workload, cost_model, too_long).run()
     res.wall_s = time.perf_counter() - t0
     res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
     res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
@@ -319,6 +345,37 @@ def simulate(
         sched.check_final()  # type: ignore[attr-defined]
     _verify_tokens(res)
     return res
+
+
+#: Kinds of rejection (SimResult.rejected_kind).
+CONTEXT_LENGTH = "context_length"
+KV_CAPACITY = "kv_capacity"
+
+
+def _context_overflows(
+    workload: Workload, max_new: list[int], max_model_len: int | None, cut: bool
+) -> dict[int, str]:
+    """The requests refused for the context length, rid -> reason; with `cut`, shortens max_new in place."""
+    if max_model_len is None:
+        return {}
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
+        raise ValueError(f"max_model_len must be an integer >= 1 token, got {max_model_len!r}")
+    out: dict[int, str] = {}
+    for i, p in enumerate(workload.prompt_lens):
+        m = max_new[i]
+        if p + m <= max_model_len:
+            continue
+        if cut and p < max_model_len:
+            max_new[i] = max_model_len - p
+            continue
+        out[i] = (
+            f"request {i}: prompt_len {p} + max_new {m} = {p + m} tokens exceeds the model's context "
+            f"length {max_model_len}"
+            if not cut
+            else f"request {i}: prompt_len {p} leaves no room for output in the model's context length "
+            f"{max_model_len}"
+        )
+    return out
 
 
 def _verify_tokens(res: SimResult) -> None:
@@ -346,8 +403,10 @@ class _Loop:
         inner: SchedulerLike,
         workload: Workload,
         cost_model: StepCostModel,
+        too_long: dict[int, str] | None = None,
     ) -> None:
         self.res, self.sched, self.inner, self.wl, self.cost = res, sched, inner, workload, cost_model
+        self.too_long = too_long or {}
         n = len(workload)
         self.state = bytearray(n)  # 0 waiting or prefilling, 2 decoding, 3 done or rejected
         self.stop_early = [o < m for o, m in zip(workload.output_lens, res.max_new, strict=True)]
@@ -371,12 +430,21 @@ class _Loop:
         admit_step, state, decoding = res.admit_step, self.state, self.decoding
         i, step = 0, 0
         now = arr[0] if n else 0.0
+        too_long, kinds = self.too_long, res.rejected_kind
         while True:
             while i < n and arr[i] <= now:
+                if too_long and i in too_long:
+                    # Refused at arrival, before the scheduler sees it (a server's 400).
+                    res.rejected.append((i, too_long[i]))
+                    kinds[i] = CONTEXT_LENGTH
+                    state[i] = _DONE
+                    i += 1
+                    continue
                 try:
                     add(Request(i, plens[i], max_new[i], 0, arr[i]))
                 except RequestRejected as exc:
                     res.rejected.append((i, str(exc)))
+                    kinds[i] = KV_CAPACITY
                     state[i] = _DONE
                 i += 1
             if not inner.has_unfinished():
@@ -515,12 +583,15 @@ def saturated_throughput(
     cost_model: StepCostModel,
     max_tokens: int | None = None,
     sample: int = 5000,
+    max_model_len: int | None = None,
+    cut_output_to_fit: bool = False,
 ) -> float:
     """Estimate a replica's capacity, requests/s: the first `sample` requests all arriving at 0 s,
     completed requests over the time to finish them all.
 
     The drain at the end (fewer requests left than max_seqs) makes this a slight underestimate;
-    with 5,000 requests and max_seqs 256 it is a few percent.
+    with 5,000 requests and max_seqs 256 it is a few percent. Requests refused for the context
+    length (max_model_len, cut_output_to_fit: as simulate) do not count. Infinite when no step ran.
 
     Raises:
         ValueError: the workload is empty or sample < 1.
@@ -531,6 +602,8 @@ def saturated_throughput(
         )
     head = workload.head(sample)
     burst = Workload((0.0,) * len(head), head.prompt_lens, head.output_lens, head.name)
-    res = simulate(burst, scheduler, cost_model, max_tokens)
+    res = simulate(
+        burst, scheduler, cost_model, max_tokens, max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit
+    )
     done = sum(1 for f in res.finish_step if f >= 0)
     return done / res.step_end[-1] if res.num_steps and res.step_end[-1] > 0 else float("inf")

@@ -1,32 +1,43 @@
 """Sweeps: one simulation per (batching mode, rate scale, token budget), run in worker processes,
-reported as a table, CSV/JSON rows and plots.
+written as CSV/JSON rows and plots (the command, stallfree.sim.commands.sweep, prints the table).
 
-Imports allowed: the standard library, stallfree.core and stallfree.sim; rich and numpy lazily.
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim; numpy
+and matplotlib lazily.
+
+Example (two budgets, chunked batching only, on the first 500 requests of the bundled trace)::
+
+    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+    from stallfree.sim.sweep import sweep
+
+    setup = Setup(WorkloadOptions(num_requests=500), HardwareOptions())
+    result = sweep(setup, [512, 2048], batching=["chunked"], slo_ttft=1.0, slo_tpot=0.05)
+    for row in result.table_rows:
+        print(row["token_budget"], row["p99_tpot_ms"], row["request_goodput"])
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.setup import Setup
+from stallfree.sim.simulator import BATCHING_MODES, SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 
-__all__ = ["SweepPoint", "run_grid", "run_points"]
+__all__ = ["ROW_KEYS", "SweepPoint", "SweepResult", "run_points", "sweep", "write_sweep"]
 
-_ROW_KEYS = (
+ROW_KEYS = (
     "batching",
     "rate_scale",
     "token_budget",
     "completed",
     "rejected",
+    "rejected_by_reason",
     "request_throughput",
     "output_throughput",
     "request_goodput",
@@ -58,6 +69,8 @@ class SweepPoint:
         max_tokens: every request's max_new, or None for its output length.
         slo_ttft: TTFT objective, s, or None.
         slo_tpot: TPOT objective, s, or None.
+        max_model_len: the context length requests are checked against, tokens, or None.
+        cut_output_to_fit: cut max_new to fit the context length instead of refusing the request.
     """
 
     workload: Workload
@@ -67,6 +80,8 @@ class SweepPoint:
     max_tokens: int | None = None
     slo_ttft: float | None = None
     slo_tpot: float | None = None
+    max_model_len: int | None = None
+    cut_output_to_fit: bool = False
 
 
 def _run_point(point: SweepPoint) -> dict[str, Any]:
@@ -74,7 +89,12 @@ def _run_point(point: SweepPoint) -> dict[str, Any]:
     from stallfree.sim.report import latency_arrays, summarize_result
 
     res = simulate(
-        point.workload.scale_rate(point.rate_scale), point.config, point.cost_model, point.max_tokens
+        point.workload.scale_rate(point.rate_scale),
+        point.config,
+        point.cost_model,
+        point.max_tokens,
+        max_model_len=point.max_model_len,
+        cut_output_to_fit=point.cut_output_to_fit,
     )
     summary = summarize_result(res, point.slo_ttft, point.slo_tpot)
     summary["rate_scale"] = point.rate_scale
@@ -105,6 +125,9 @@ def run_points(
             if progress:
                 progress(k + 1)
     else:
+        # Imported here: multiprocessing costs tens of ms that a one-process run never needs.
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
         with ProcessPoolExecutor(max_workers=min(jobs, len(points))) as pool:
             futures = {pool.submit(_run_point, p): k for k, p in enumerate(points)}
             for done, fut in enumerate(as_completed(futures), start=1):
@@ -114,90 +137,99 @@ def run_points(
     return [o for o in out if o is not None]
 
 
-def run_grid(args: Any, setup: Any, scales: Sequence[float]) -> int:
-    """`stallfree sweep`: the grid of the command line, with a progress bar; prints and writes reports."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What a sweep found.
 
+    Attributes:
+        header: the report's header (Setup.header).
+        rows: per point, in grid order (rate scale, then batching mode, then budget), the summary
+            of report.summarize_result plus rate_scale, ttft_ms and tpot_ms (numpy arrays of the
+            per-request samples, ms).
+        table_rows: the same points reduced to ROW_KEYS (JSON-ready, no arrays).
+    """
+
+    header: dict[str, Any]
+    rows: list[dict[str, Any]]
+    table_rows: list[dict[str, Any]]
+
+
+def sweep(
+    setup: Setup,
+    budgets: Sequence[int],
+    *,
+    batching: Sequence[str] = BATCHING_MODES,
+    rate_scales: Sequence[float] | None = None,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+    jobs: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> SweepResult:
+    """Simulate every (rate scale, batching mode, token budget) of the grid on the setup's workload.
+
+    Args:
+        setup: the workload (its base rate is scaled by each rate scale), cost model and options.
+        budgets: token budgets, tokens (each >= 1).
+        batching: modes of BATCHING_MODES.
+        rate_scales: replay speed-ups, or None for the setup's own.
+        slo_ttft: TTFT objective for goodput, s, or None.
+        slo_tpot: TPOT objective for goodput, s, or None.
+        jobs: worker processes (1 runs in this process).
+        progress: called with (finished, total) points after each one.
+
+    Returns:
+        A SweepResult, its rows in grid order.
+
+    Raises:
+        ValueError: an empty grid, a budget < 1 or an unknown batching mode.
+    """
+    if not budgets or not batching:
+        raise ValueError(
+            f"a sweep needs at least one budget and one batching mode, got {list(budgets)}, {list(batching)}"
+        )
+    scales = list(rate_scales) if rate_scales else [setup.rate_scale]
     points = [
         SweepPoint(
             setup.base_workload,
             scale,
             setup.config(mode, budget),
             setup.cost_model,
-            args.max_tokens,
-            args.slo_ttft,
-            args.slo_tpot,
+            setup.workload_options.max_tokens,
+            slo_ttft,
+            slo_tpot,
+            setup.context_length,
+            setup.workload_options.cut_output_to_fit,
         )
         for scale in scales
-        for mode in args.batching
-        for budget in args.budgets
+        for mode in batching
+        for budget in budgets
     ]
-    jobs = args.jobs or os.cpu_count() or 1
-    console = Console(stderr=True)
-    with Progress(
-        TextColumn("simulating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("sweep", total=len(points))
-        rows = run_points(points, jobs, lambda k: bar.update(task, completed=k))
-    table_rows = [{k: r.get(k) for k in _ROW_KEYS} for r in rows]
-    header = setup.header()
-    if args.json:
-        print(json.dumps({"header": header, "rows": table_rows}, indent=1))
-    else:
-        print(
-            f"{header['workload']}: {header['requests']:,} requests; {header['hardware']}; "
-            f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}"
-        )
-        _print_rows(table_rows)
-    if args.out:
-        _write(args.out, header, rows, table_rows)
-    return 0
+    total = len(points)
+    rows = run_points(points, jobs, (lambda k: progress(k, total)) if progress else None)
+    table_rows = [{k: r.get(k) for k in ROW_KEYS} for r in rows]
+    return SweepResult(setup.header(), rows, table_rows)
 
 
-def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
-    from rich.table import Table
+def write_sweep(out: Path, result: SweepResult) -> list[str]:
+    """Write sweep.csv, sweep.json, tradeoff.png and cdf.png under `out`; return the names written.
 
-    from stallfree.sim.report import console
+    Raises:
+        OSError: `out` cannot be created or written.
+    """
+    from stallfree.sim.plots import plot_context, plot_sweep_cdfs, plot_tradeoff
 
-    cols = (
-        ("batching", "batching", "{}"),
-        ("rate_scale", "rate x", "{:g}"),
-        ("token_budget", "budget", "{:,}"),
-        ("request_throughput", "req/s", "{:.2f}"),
-        ("request_goodput", "goodput", "{:.2f}"),
-        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:.1f}"),
-        ("p99_itl_ms", "ITL p99", "{:.1f}"),
-        ("budget_utilization", "budget use", "{:.0%}"),
-        ("rejected", "rejected", "{:,}"),
-    )
-    table = Table(title="sweep (latencies in ms)", title_justify="left")
-    for _, name, _ in cols:
-        table.add_column(name, justify="left" if name == "batching" else "right", no_wrap=True)
-    for row in rows:
-        table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols))
-    console().print(table)
-
-
-def _write(
-    out: Path, header: dict[str, Any], rows: list[dict[str, Any]], table_rows: list[dict[str, Any]]
-) -> None:
-    from stallfree.sim.plots import plot_sweep_cdfs, plot_tradeoff
+    header, rows, table_rows = result.header, result.rows, result.table_rows
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(_ROW_KEYS))
+        # The CSV keeps flat columns: rejections by reason go to sweep.json only.
+        flat = [k for k in ROW_KEYS if k != "rejected_by_reason"]
+        writer = csv.DictWriter(fh, fieldnames=flat, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(table_rows)
     (out / "sweep.json").write_text(json.dumps({"header": header, "rows": table_rows}, indent=1) + "\n")
-    plot_tradeoff(table_rows, out / "tradeoff.png")
-    plot_sweep_cdfs(rows, out / "cdf.png")
-    print(f"wrote {out}/sweep.csv, sweep.json, tradeoff.png, cdf.png")
+    budgets = sorted({r["token_budget"] for r in table_rows})
+    context = plot_context(header, "budgets " + ", ".join(f"{b:,}" for b in budgets))
+    plot_tradeoff(table_rows, out / "tradeoff.png", context)
+    plot_sweep_cdfs(rows, out / "cdf.png", context)
+    return ["sweep.csv", "sweep.json", "tradeoff.png", "cdf.png"]

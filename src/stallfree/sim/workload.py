@@ -2,6 +2,10 @@
 synthetic arrivals (Poisson, Gamma) with length distributions, and rate/window/head transforms.
 
 Imports allowed: the standard library only.
+
+Why one module of over 400 lines: the trace readers and the synthetic generator share the row
+checks (_int_field, _float_field) and build the same Workload value, and synthetic lengths may be
+drawn from a trace ("trace:PATH"); split apart, each half would import the other's internals.
 """
 
 from __future__ import annotations
@@ -166,6 +170,8 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
             request is left.
     """
     p = Path(path)
+    if p.is_dir():
+        raise TraceError(f"trace {path} is a directory: give one trace file (CSV or JSONL, .gz allowed)")
     if not p.is_file():
         raise TraceError(f"trace file not found: {path}")
     if fmt not in ("auto", "azure", "burstgpt", "csv", "jsonl"):
@@ -286,7 +292,11 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
     cols = _HEADERS[fmt]
     missing = [c for c in cols if c not in header]
     if missing:
-        raise TraceError(f"{path}:1: {fmt} trace lacks column(s) {missing}; header is {header}")
+        hint = "; the file looks like JSON lines: use --trace-format jsonl" if header[0].startswith("{") else ""
+        raise TraceError(
+            f"{path}:1: a {fmt} trace needs the column(s) {', '.join(cols)}; {missing} missing from "
+            f"the header {header}{hint}"
+        )
     ia, ip, io_ = (header.index(c) for c in cols)
     width = len(header)
     rows = _Rows(path, skip)
@@ -317,7 +327,17 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                if not rows.rows and line == 1:
+                    # The very first line is not JSON: the wrong format, not a bad row.
+                    raise TraceError(
+                        f"{path}:1: not a jsonl trace (one JSON object per line with arrival_time, "
+                        f"prompt_len, output_len); the first line is {text.strip()[:80]!r}"
+                        + ("; for a CSV use --trace-format csv or auto" if "," in text else "")
+                    ) from None
+                raise
             if not isinstance(obj, dict):
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
             for key in ("arrival_time", "prompt_len", "output_len"):
@@ -326,6 +346,8 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
             t = _float_field("arrival_time", str(obj["arrival_time"]))
             plen = _int_field("prompt_len", str(obj["prompt_len"]), 1)
             olen = _int_field("output_len", str(obj["output_len"]), 1)
+        except TraceError:
+            raise
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             rows.error(line, str(exc))
             continue

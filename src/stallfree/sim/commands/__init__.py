@@ -1,0 +1,21 @@
+"""The `stallfree simulate`, `sweep` and `tune` commands: argparse, the error guard and printing over
+the simulator's library modules (setup, experiment, sweep, tune, plots), which never see argparse.
+
+Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; numpy, matplotlib and
+rich lazily, when a command runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the `simulate`, `sweep` and `tune` subcommands to the top-level CLI."""
+    from stallfree.sim.commands import simulate, sweep, tune
+
+    simulate.register(subparsers)
+    sweep.register(subparsers)
+    tune.register(subparsers)

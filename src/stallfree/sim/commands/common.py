@@ -1,0 +1,291 @@
+"""What the simulator's commands share: the workload and hardware options, the error guard that
+turns expected errors into one line and an exit status, and the value types of their options.
+
+Imports allowed: the standard library, stallfree._argtypes, stallfree.core and stallfree.sim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stallfree._argtypes import positive_float, positive_int
+from stallfree.core.metrics import parse_duration
+from stallfree.sim.setup import (
+    DEFAULT_RATE_SCALE,
+    DEFAULTS,
+    HardwareOptions,
+    Setup,
+    SetupError,
+    WorkloadOptions,
+)
+from stallfree.sim.simulator import BATCHING_MODES, SimulationError
+from stallfree.sim.workload import TraceError
+
+__all__ = [
+    "CliError",
+    "add_common",
+    "duration",
+    "ensure_writable_dir",
+    "ensure_writable_file",
+    "guard",
+    "hardware_options",
+    "modes",
+    "rejection_warning",
+    "warn_rejections",
+    "setup_from_args",
+    "workload_options",
+]
+
+
+class CliError(Exception):
+    """A user error to print as one line; `code` is the exit status (1, or 2 for usage)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def duration(text: str) -> float:
+    """An argparse type: a non-negative duration ("200ms", "1s", bare = ms), in seconds."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def modes(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of batching modes."""
+    found = [t.strip() for t in text.split(",") if t.strip()]
+    if not found:
+        raise argparse.ArgumentTypeError(f"expected batching modes ({', '.join(BATCHING_MODES)}), got {text!r}")
+    for m in found:
+        if m not in BATCHING_MODES:
+            raise argparse.ArgumentTypeError(f"unknown batching mode {m!r} (choose from {', '.join(BATCHING_MODES)})")
+    return found
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """Add the workload, model-and-hardware, scheduler and report options every command shares."""
+    w = p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)")
+    w.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="a trace file: Azure 2023 CSV, BurstGPT CSV, or "
+        "CSV/JSONL with arrival_time,prompt_len,output_len (.gz allowed)",
+    )
+    w.add_argument("--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl"])
+    w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
+    w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
+    w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
+    w.add_argument(
+        "--burstiness",
+        type=positive_float,
+        default=1.0,
+        help="synthetic gamma: shape of the gaps (1 = Poisson, < 1 burstier)",
+    )
+    w.add_argument(
+        "--prompt-len",
+        default="trace",
+        metavar="DIST",
+        help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH",
+    )
+    w.add_argument("--output-len", default="trace", metavar="DIST", help="synthetic: as --prompt-len")
+    w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
+    w.add_argument(
+        "--num-requests",
+        type=positive_int,
+        metavar="N",
+        help="only the first N requests (synthetic: how many to draw, default 1000)",
+    )
+    w.add_argument("--start", type=float, default=0.0, metavar="S", help="time window start, s of trace time")
+    w.add_argument("--end", type=float, default=math.inf, metavar="S", help="time window end, s of trace time")
+    w.add_argument(
+        "--rate-scale",
+        type=positive_float,
+        metavar="X",
+        help=f"replay X times faster (default {DEFAULT_RATE_SCALE:g} for the bundled trace, else 1)",
+    )
+    w.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        metavar="N",
+        help="every request's max_new (KV reservation); shorter outputs stop early, longer are cut",
+    )
+    m = p.add_argument_group("model and hardware (the cost model)")
+    m.add_argument("--model", default=DEFAULTS["model"])
+    m.add_argument("--gpu", default=DEFAULTS["gpu"])
+    m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
+    m.add_argument("--dtype", default=DEFAULTS["dtype"], help="weight dtype")
+    m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the cost model's)")
+    m.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9, metavar="F")
+    m.add_argument("--kv-tokens", type=positive_int, metavar="N", help="KV capacity override, tokens")
+    m.add_argument(
+        "--max-model-len",
+        type=positive_int,
+        metavar="N",
+        help="context length, tokens (default: the model's): a request whose prompt + max_new exceeds it "
+        "is refused at arrival, as vLLM's server refuses it",
+    )
+    m.add_argument(
+        "--cut-output-to-fit",
+        action="store_true",
+        help="cut max_new to fit the context length instead (vLLM's behaviour without max_tokens); "
+        "only a prompt that leaves no room for output is refused",
+    )
+    m.add_argument(
+        "--linear-cost",
+        metavar="BASE_MS,PER_TOKEN_US[,PER_CTX_NS]",
+        help="price steps as BASE + PER_TOKEN * tokens + PER_CTX * decode context instead",
+    )
+    s = p.add_argument_group("scheduler")
+    s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
+    r = p.add_argument_group("report")
+    r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
+    r.add_argument("--slo-tpot", type=duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
+
+
+def workload_options(args: argparse.Namespace) -> WorkloadOptions:
+    """The workload options of a parsed command line."""
+    return WorkloadOptions(
+        trace=args.trace,
+        trace_format=args.trace_format,
+        skip_bad_rows=args.skip_bad_rows,
+        synthetic=args.synthetic,
+        rate=args.rate,
+        burstiness=args.burstiness,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        seed=args.seed,
+        num_requests=args.num_requests,
+        start=args.start,
+        end=args.end,
+        rate_scale=args.rate_scale,
+        max_tokens=args.max_tokens,
+        cut_output_to_fit=args.cut_output_to_fit,
+    )
+
+
+def hardware_options(args: argparse.Namespace) -> HardwareOptions:
+    """The hardware options of a parsed command line."""
+    return HardwareOptions(
+        model=args.model,
+        gpu=args.gpu,
+        tp=args.tp,
+        dtype=args.dtype,
+        kv_dtype=args.kv_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        kv_tokens=args.kv_tokens,
+        linear_cost=args.linear_cost,
+        max_model_len=args.max_model_len,
+    )
+
+
+def setup_from_args(args: argparse.Namespace) -> Setup:
+    """The Setup of a parsed command line (scheduler options default where a command has none)."""
+    return Setup(
+        workload_options(args),
+        hardware_options(args),
+        max_seqs=args.max_seqs,
+        scheduler=getattr(args, "scheduler", "reserve"),
+        block_size=getattr(args, "block_size", 16),
+        watermark=getattr(args, "watermark", 0.01),
+    )
+
+
+def rejection_warning(label: str, num_requests: int, by_reason: dict[str, int], first: str | None) -> str:
+    """The one-line warning for rejected requests: how many, of how many, by reason, and the first reason."""
+    total = sum(by_reason.values())
+    reasons = ", ".join(f"{n:,} {_REASON_TEXT.get(k, k)}" for k, n in sorted(by_reason.items()))
+    text = f"warning: {label}: rejected {total:,} of {num_requests:,} requests ({reasons})"
+    return text + (f"; first: {first}" if first else "")
+
+
+def warn_rejections(rows: list[dict[str, Any]], num_requests: int) -> None:
+    """Print one warning line on stderr when any run of a sweep or a tune rejected requests."""
+    hit = [r for r in rows if r.get("rejected")]
+    if not hit:
+        return
+    first = hit[0]
+    label = f"{len(hit)} of {len(rows)} runs rejected requests; the first, budget {first.get('token_budget'):,}"
+    print(rejection_warning(label, num_requests, first.get("rejected_by_reason") or {}, None), file=sys.stderr)
+
+
+_REASON_TEXT = {
+    "context_length": "over the context length (context_length)",
+    "kv_capacity": "never fit the KV cache (kv_capacity)",
+}
+
+
+def ensure_writable_dir(path: Path, flag: str) -> None:
+    """Create `path` (with parents) and check that a file can be written in it.
+
+    Raises:
+        CliError: it is a file, or cannot be created or written (exit 1), naming the flag and the reason.
+    """
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{flag} {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".stallfree-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+
+
+def ensure_writable_file(path: Path, flag: str) -> None:
+    """Check that `path` can be written: its directory exists and is writable, and it is not a directory.
+
+    Raises:
+        CliError: otherwise, naming the flag and the reason.
+    """
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise CliError(f"{flag} {path}: is a directory; give a file name (.csv or .json)")
+    if not parent.is_dir():
+        raise CliError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CliError(f"{flag} {path}: not writable")
+
+
+def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command so that expected errors become one line on stderr and an exit status."""
+
+    def run(args: argparse.Namespace) -> int:
+        prog = f"stallfree {args.command}"
+        try:
+            return int(func(args))
+        except CliError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return exc.code
+        except SetupError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2 if exc.usage else 1
+        except (TraceError, SimulationError, ValueError, OSError) as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def progress_bar() -> Any:
+    """A transient rich progress bar on stderr ("simulating", bar, done/total, elapsed)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )

@@ -1,0 +1,174 @@
+"""`stallfree simulate`: one run (or every batching mode with --compare) of a workload through the
+scheduler; prints the header, the table and any warnings, and writes the files asked for.
+
+Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; rich lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from stallfree._argtypes import positive_int
+from stallfree.sim.commands.common import (
+    CliError,
+    add_common,
+    duration,
+    ensure_writable_dir,
+    ensure_writable_file,
+    guard,
+    rejection_warning,
+    setup_from_args,
+)
+from stallfree.sim.experiment import Experiment, run_experiment, run_tag, write_experiment
+from stallfree.sim.setup import TIME_BUDGET_CAP
+from stallfree.sim.simulator import BATCHING_MODES
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the `simulate` subcommand."""
+    sim = subparsers.add_parser(
+        "simulate",
+        help="replay a trace through the scheduler and report TTFT, TPOT, ITL, goodput",
+        description="Replay a workload through the scheduler, timing each step with the cost model. "
+        "With no arguments: the bundled Azure conversation trace on Llama 3.3 70B, 4 x H100 SXM, FP8.",
+    )
+    add_common(sim)
+    g = sim.add_argument_group("batching")
+    g.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        default="chunked",
+        help="chunked (the contract), prefill-first or no-chunk (baselines)",
+    )
+    g.add_argument(
+        "--budget",
+        "--token-budget",
+        dest="budget",
+        type=positive_int,
+        default=None,
+        help="token budget per step (default 2048; with --step-time-target, the cap of each step's "
+        f"budget, default {TIME_BUDGET_CAP:,})",
+    )
+    g.add_argument(
+        "--step-time-target",
+        type=duration,
+        metavar="T",
+        help="time budget mode: each step takes the most tokens whose predicted time stays under T "
+        "(50ms; bare = ms), given the running decodes' context lengths",
+    )
+    g.add_argument(
+        "--scheduler",
+        choices=["reserve", "paged"],
+        default="reserve",
+        help="reserve: KV for prompt + max_new reserved at admission (the contract); paged: KV blocks "
+        "taken as tokens are computed, preemption by recompute",
+    )
+    g.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
+    g.add_argument(
+        "--watermark",
+        type=float,
+        default=0.01,
+        help="paged: fraction of KV blocks kept free at admission (default 0.01)",
+    )
+    g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
+    g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
+    g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
+    sim.set_defaults(func=guard(run))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `stallfree simulate` on parsed arguments; returns the exit status."""
+    from stallfree.sim.report import print_table, write_records
+
+    if args.compare and args.batching != "chunked":
+        raise CliError("--compare runs every batching mode: drop --batching", 2)
+    # Before the simulation, not after it: a bad output path fails at once.
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
+    if args.records:
+        ensure_writable_file(args.records, "--records")
+    setup = setup_from_args(args)
+    study = run_experiment(
+        setup,
+        batching=list(BATCHING_MODES) if args.compare else args.batching,
+        budget=args.budget,
+        step_time_target=args.step_time_target,
+        check=args.check,
+        slo_ttft=args.slo_ttft,
+        slo_tpot=args.slo_tpot,
+    )
+    if args.json:
+        print(json.dumps({"header": study.header, "runs": study.summaries}, indent=1))
+    else:
+        print_header(study.header, study.summaries)
+        print_table(study.summaries)
+    # Rejections are not an error, but never silent: one line per run on stderr, in every mode.
+    for res in study.results:
+        if res.rejected:
+            line = rejection_warning(res.label, res.num_requests, res.rejected_by_reason, res.rejected[0][1])
+            print(line, file=sys.stderr)
+    if not args.json:
+        for res in study.results:
+            if args.check and res.config.get("batching", "chunked") == "chunked":
+                print(f"{res.label}: every scheduler invariant held after each of {res.num_steps:,} steps")
+    if args.records:
+        for res in study.results:
+            path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
+            write_records(res, path)
+    if args.out:
+        _write_out(args.out, study)
+    return 0
+
+
+def _suffixed(path: Path, tag: str) -> Path:
+    return path.with_name(f"{path.stem}-{tag}{path.suffix}")
+
+
+def _budget_text(header: dict[str, Any]) -> str:
+    if header.get("step_time_target_s") is None:
+        return f"budget {header['token_budget']:,}"
+    return f"step time target {header['step_time_target_s'] * 1e3:g} ms (budget cap {header['token_budget']:,})"
+
+
+def _load_text(summary: dict[str, Any]) -> str:
+    """The utilisation clause of the header, never 'nan%' nor 'inf req/s'."""
+    capacity, load = summary.get("capacity_req_s"), summary.get("load")
+    if capacity is None:
+        return "capacity unknown (no request was served)"
+    if load is None:
+        return f"every request arrives at once (capacity ~{capacity:,.1f} req/s when saturated)"
+    return f"utilization {load:.0%} of capacity (~{capacity:,.1f} req/s when saturated)"
+
+
+def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> None:
+    """Print the workload, the replica, each run's utilisation and the workload's notes."""
+    n = header["requests"]
+    wl = f"{header['workload']}: {n:,} request{'s' if n != 1 else ''}"
+    rate = header["offered_rate"]
+    offered = f"{rate:,.2f} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
+    scale = f"rate scale {header['rate_scale']:g} ({offered})"
+    print(f"{wl}, {scale}")
+    print(
+        f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
+        + _budget_text(header) + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
+        + (f"; context {header['max_model_len']:,} tokens" if header.get("max_model_len") else "")
+    )
+    for s in summaries:
+        print(
+            f"{s['label']}: {_load_text(s)}; requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
+            + (f"; {s['budget_utilization']:.0%} of the token budget used" if s.get("budget_utilization") else "")
+        )
+    for note in header["notes"]:
+        print(f"note: {note}")
+
+
+def _write_out(out: Path, study: Experiment) -> None:
+    write_experiment(out, study)
+    print(f"wrote {out}/summary.json, requests-*.csv, steps-*.csv, cdf.png, timeline.png")

@@ -1,0 +1,117 @@
+"""`stallfree sweep`: a grid of token budgets (and rate scales, batching modes) simulated in worker
+processes; prints the table, and with --out writes the CSV, JSON and plots.
+
+Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; rich lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from stallfree._argtypes import int_list, positive_float_list, positive_int
+from stallfree.sim.commands.common import (
+    add_common,
+    ensure_writable_dir,
+    guard,
+    modes,
+    progress_bar,
+    setup_from_args,
+    warn_rejections,
+)
+from stallfree.sim.simulator import BATCHING_MODES
+from stallfree.sim.sweep import sweep, write_sweep
+
+__all__ = ["register", "run"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the `sweep` subcommand."""
+    p = subparsers.add_parser(
+        "sweep",
+        help="simulate a grid of token budgets (and rate scales, batching modes) in parallel",
+        description="One simulation per (batching mode, rate scale, budget), in parallel processes; "
+        "a table, and with --out a CSV and PNGs of p99 TPOT against p99 TTFT and of TTFT/TPOT CDFs.",
+    )
+    add_common(p)
+    p.add_argument(
+        "--budgets",
+        type=int_list,
+        default=[256, 512, 1024, 2048, 4096, 8192],
+        metavar="LIST",
+        help="token budgets to simulate (default 256,512,1024,2048,4096,8192)",
+    )
+    p.add_argument("--rate-scales", type=positive_float_list, metavar="LIST", help="default: the --rate-scale default")
+    p.add_argument(
+        "--batching",
+        type=modes,
+        default=list(BATCHING_MODES),
+        metavar="LIST",
+        help="comma-separated modes (default all three)",
+    )
+    p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    p.set_defaults(func=guard(run))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `stallfree sweep` on parsed arguments; returns the exit status."""
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
+    setup = setup_from_args(args)
+    with progress_bar() as bar:
+        task = bar.add_task("sweep", total=None)
+        result = sweep(
+            setup,
+            args.budgets,
+            batching=args.batching,
+            rate_scales=args.rate_scales,
+            slo_ttft=args.slo_ttft,
+            slo_tpot=args.slo_tpot,
+            jobs=args.jobs or os.cpu_count() or 1,
+            progress=lambda k, n: bar.update(task, completed=k, total=n),
+        )
+    header = result.header
+    if args.json:
+        print(json.dumps({"header": header, "rows": result.table_rows}, indent=1))
+    else:
+        print(
+            f"{header['workload']}: {header['requests']:,} requests; {header['hardware']}; "
+            f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}"
+        )
+        print_rows(result.table_rows)
+    warn_rejections(result.table_rows, header["requests"])
+    if args.out:
+        names = write_sweep(args.out, result)
+        print(f"wrote {args.out}/" + ", ".join(names))
+    return 0
+
+
+def print_rows(rows: Sequence[dict[str, Any]]) -> None:
+    """Print the sweep's table (latencies in ms)."""
+    from rich.table import Table
+
+    from stallfree.sim.report import console
+
+    cols = (
+        ("batching", "batching", "{}"),
+        ("rate_scale", "rate x", "{:g}"),
+        ("token_budget", "budget", "{:,}"),
+        ("request_throughput", "req/s", "{:,.2f}"),
+        ("request_goodput", "goodput", "{:,.2f}"),
+        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+        ("p99_itl_ms", "ITL p99", "{:,.1f}"),
+        ("budget_utilization", "budget use", "{:.0%}"),
+        ("rejected", "rejected", "{:,}"),
+    )
+    table = Table(title="sweep (latencies in ms)", title_justify="left")
+    for _, name, _ in cols:
+        table.add_column(name, justify="left" if name == "batching" else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols))
+    console().print(table)

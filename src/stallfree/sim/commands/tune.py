@@ -1,0 +1,183 @@
+"""`stallfree tune`: bound the token budget with the cost model, search around it by simulation, and
+print the choice with its serve flags; exits 3 when no candidate serves any request within the SLOs.
+
+Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; rich lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from stallfree._argtypes import int_list, positive_int
+from stallfree.sim.commands.common import (
+    CliError,
+    add_common,
+    ensure_writable_dir,
+    guard,
+    progress_bar,
+    setup_from_args,
+    warn_rejections,
+)
+from stallfree.sim.tune import DEFAULT_TIE_TOLERANCE, TargetBelowFloor, TuneResult, serve_command, tune, tune_report
+
+__all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
+
+#: The exit status of `tune` when no candidate serves any request within both SLOs (1 is an error,
+#: 2 a usage error): the best found is still printed, with its attainment.
+EXIT_NO_CANDIDATE_MEETS_SLO = 3
+
+
+def register(subparsers: Any) -> None:
+    """Add the `tune` subcommand."""
+    p = subparsers.add_parser(
+        "tune",
+        help="pick the token budget and max_seqs that maximise goodput under TTFT and TPOT SLOs",
+        description="Bound the token budget with the cost model (the largest whose step stays under the "
+        "TPOT target at the workload's expected load), then simulate candidates around it in parallel "
+        "and pick the highest goodput (ties: lower p99 TPOT, then larger budget). Prints the serve flags. "
+        f"Exits {EXIT_NO_CANDIDATE_MEETS_SLO} when no candidate serves any request within the SLOs.",
+    )
+    add_common(p)
+    t = p.add_argument_group("search")
+    t.add_argument("--budgets", type=int_list, metavar="LIST", help="simulate these budgets only (no bound)")
+    t.add_argument(
+        "--max-seqs-candidates",
+        type=int_list,
+        metavar="LIST",
+        help="max_seqs values tried at the best budget (default: half and double --max-seqs)",
+    )
+    t.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    t.add_argument(
+        "--tie-tolerance",
+        type=float,
+        default=DEFAULT_TIE_TOLERANCE,
+        metavar="F",
+        help=f"goodputs within this fraction of the best are tied, and the lower p99 TPOT wins "
+        f"(default {DEFAULT_TIE_TOLERANCE:g}; 0.01 trades up to 1%% of goodput for TPOT headroom)",
+    )
+    t.add_argument("--top", type=positive_int, default=6, metavar="N", help="rows to print (default 6)")
+    p.set_defaults(func=guard(run))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `stallfree tune` on parsed arguments; returns the exit status (3: no candidate meets the SLOs)."""
+    if args.slo_ttft is None or args.slo_tpot is None:
+        raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
+    if not 0 <= args.tie_tolerance < 1:
+        raise CliError(f"--tie-tolerance must be in [0, 1), got {args.tie_tolerance!r}", 2)
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
+    setup = setup_from_args(args)
+    with progress_bar() as bar:
+        task = bar.add_task("tune", total=None)
+        try:
+            result = tune(
+                setup.workload,
+                setup.kv_tokens,
+                setup.cost_model,
+                args.slo_ttft,
+                args.slo_tpot,
+                max_seqs=args.max_seqs,
+                max_seqs_candidates=args.max_seqs_candidates,
+                budgets=args.budgets,
+                max_tokens=args.max_tokens,
+                jobs=args.jobs or os.cpu_count() or 1,
+                tie_tolerance=args.tie_tolerance,
+                progress=lambda k, n: bar.update(task, completed=k, total=n),
+                max_model_len=setup.context_length,
+                cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+            )
+        except TargetBelowFloor as exc:
+            raise CliError(str(exc), 2) from None
+    header = setup.header()
+    warn_rejections(result.rows, header["requests"])
+    if args.json:
+        print(json.dumps(tune_report(result, header), indent=1))
+        if not result.slo_met:
+            best = result.best
+            print(
+                f"stallfree tune: no candidate meets the SLOs; best found: token budget {best['token_budget']:,}, "
+                f"max_seqs {best['max_seqs']}, {best.get('slo_attainment') or 0:.1%} within the SLOs",
+                file=sys.stderr,
+            )
+    else:
+        print_result(result, header, args.top, args.tie_tolerance)
+    if args.out:
+        from stallfree.sim.plots import plot_context, plot_tune
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
+        budgets = sorted({r["token_budget"] for r in result.rows})
+        plot_tune(result, args.out / "tune.png", plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
+        print(f"wrote {args.out}/tune.json, tune.png")
+    return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
+
+
+def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_tolerance: float) -> None:
+    """Print the SLOs, the bound, the candidates' table (best first), the choice and its serve line.
+
+    When no candidate meets the SLOs, say so instead of recommending a serve line.
+    """
+    from rich.table import Table
+
+    from stallfree.sim.report import console
+
+    print(
+        f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
+        f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens"
+    )
+    print(f"SLOs: TTFT <= {result.slo_ttft * 1e3:g} ms, TPOT <= {result.slo_tpot * 1e3:g} ms")
+    if result.bound is not None:
+        b = result.bound
+        print(
+            f"cost-model bound: token budget {b.token_budget:,} (a full step {b.step_s * 1e3:.1f} ms at "
+            f"{b.num_decodes} decodes x {b.decode_context:,} tokens of context, chunks at offset "
+            f"{b.chunk_start:,}; decode-only {b.decode_floor_s * 1e3:.1f} ms)"
+        )
+    print(f"simulated {len(result.rows)} candidates in {result.wall_s:.1f} s")
+    cols = (
+        ("token_budget", "budget", "{:,}"),
+        ("max_seqs", "max_seqs", "{:,}"),
+        ("request_goodput", "goodput", "{:,.2f}"),
+        ("slo_attainment", "in SLO", "{:.1%}"),
+        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+    )
+    table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
+    table.add_column("")
+    for _, name, _ in cols:
+        table.add_column(name, justify="right", no_wrap=True)
+    for i, row in enumerate(result.rows[:top]):
+        cells = ("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols)
+        table.add_row("chosen" if i == 0 else f"#{i + 1}", *cells)
+    console().print(table)
+    print(
+        f"ranking: goodputs within {tie_tolerance:.1%} of the highest are tied (--tie-tolerance); among "
+        "them the lower TPOT p99 ranks first, then the larger budget"
+    )
+    best = result.best
+    if not result.slo_met:
+        print(
+            f"no candidate meets the SLOs: none of the {len(result.rows)} serves any request within "
+            f"TTFT <= {result.slo_ttft * 1e3:g} ms and TPOT <= {result.slo_tpot * 1e3:g} ms. Best found: "
+            f"token budget {best['token_budget']:,}, max_seqs {best['max_seqs']}, "
+            f"{best.get('slo_attainment') or 0:.1%} within the SLOs; p99 TTFT "
+            f"{_ms(best.get('p99_ttft_ms'))}, p99 TPOT {_ms(best.get('p99_tpot_ms'))} "
+            f"(loosen the SLOs, lower the rate or add replicas)"
+        )
+        return
+    print(
+        f"chosen: token budget {best['token_budget']:,}, max_seqs {best['max_seqs']}: goodput "
+        f"{best.get('request_goodput') or 0:.2f} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
+    )
+    print(serve_command(best))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f} ms"

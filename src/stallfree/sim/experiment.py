@@ -1,0 +1,187 @@
+"""One simulation study, as `stallfree simulate` runs it: one batching mode (or all of them side by
+side) on a Setup, each run summarized with its capacity and load, and the files it can write.
+
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim;
+numpy and matplotlib lazily (summaries and plots).
+
+Example::
+
+    from stallfree.sim.experiment import run_experiment
+    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+
+    study = run_experiment(Setup(WorkloadOptions(num_requests=500), HardwareOptions()), budget=2048)
+    print(study.summaries[0]["p99_tpot_ms"])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
+from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
+
+__all__ = ["Experiment", "run_experiment", "run_tag", "write_experiment"]
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    """The runs of one study.
+
+    Attributes:
+        header: the report's header (Setup.header plus token_budget and step_time_target_s).
+        results: one SimResult per batching mode, in the order run.
+        summaries: per run, report.summarize_result plus capacity_req_s (requests/s when
+            saturated; None when no step ran) and load (offered rate / capacity; None when every
+            request arrives at one instant or the capacity is unknown).
+    """
+
+    header: dict[str, Any]
+    results: list[SimResult]
+    summaries: list[dict[str, Any]]
+
+
+def _check_options(
+    setup: Setup, modes: list[str], step_time_target: float | None, check: bool
+) -> None:
+    compare = len(modes) > 1
+    for mode in modes:
+        if mode not in BATCHING_MODES:
+            raise SetupError(f"unknown batching mode {mode!r} (choose from {', '.join(BATCHING_MODES)})", usage=True)
+    if check and modes != ["chunked"] and not compare:
+        raise SetupError("--check checks the contract's scheduler: use it with --batching chunked", usage=True)
+    if not 0 <= setup.watermark < 1:
+        raise SetupError(f"--watermark must be in [0, 1), got {setup.watermark}", usage=True)
+    if setup.scheduler != "paged" and (setup.block_size != 16 or setup.watermark != 0.01):
+        raise SetupError("--block-size and --watermark apply to --scheduler paged", usage=True)
+    if setup.scheduler == "paged" and modes != ["chunked"] and not compare:
+        raise SetupError("--scheduler paged runs chunked batching: drop --batching", usage=True)
+    if step_time_target is not None and setup.scheduler == "paged":
+        raise SetupError("--step-time-target drives the reservation scheduler: drop --scheduler paged", usage=True)
+    if step_time_target is not None and modes != ["chunked"]:
+        raise SetupError("--step-time-target drives the chunked scheduler: drop --compare and --batching", usage=True)
+
+
+def run_experiment(
+    setup: Setup,
+    *,
+    batching: str | list[str] = "chunked",
+    budget: int | None = None,
+    step_time_target: float | None = None,
+    check: bool = False,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+) -> Experiment:
+    """Simulate the setup's workload under each batching mode asked for.
+
+    Args:
+        setup: the workload, cost model and scheduler options.
+        batching: a mode of BATCHING_MODES, or a list of them (["chunked", "prefill-first",
+            "no-chunk"] compares all three).
+        budget: token budget per step, tokens; with step_time_target, the cap of each step's
+            budget. Default 2048, or TIME_BUDGET_CAP with a step time target.
+        step_time_target: time budget mode: each step's predicted time stays under this, s.
+        check: check the scheduler's invariants after every step (chunked only).
+        slo_ttft: TTFT objective for goodput, s, or None.
+        slo_tpot: TPOT objective for goodput, s, or None.
+
+    Returns:
+        An Experiment with one result and summary per mode.
+
+    Raises:
+        SetupError: options that contradict each other (usage).
+        SimulationError: a scheduler that cannot finish the workload.
+    """
+    modes = [batching] if isinstance(batching, str) else list(batching)
+    _check_options(setup, modes, step_time_target, check)
+    if budget is None:
+        budget = 2048 if step_time_target is None else TIME_BUDGET_CAP
+    from stallfree.sim.report import summarize_result
+
+    max_tokens = setup.workload_options.max_tokens
+    results, summaries = [], []
+    for mode in modes:
+        sched = _scheduler_for(setup, mode, budget, step_time_target)
+        res = simulate(
+            setup.workload,
+            sched,
+            setup.cost_model,
+            max_tokens=max_tokens,
+            check=check and mode == "chunked",
+            label=getattr(sched, "label", None),
+            max_model_len=setup.context_length,
+            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+        )
+        if step_time_target is not None:
+            res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
+        results.append(res)
+        summary = summarize_result(res, slo_ttft, slo_tpot)
+        capacity = saturated_throughput(
+            setup.workload,
+            sched,
+            setup.cost_model,
+            max_tokens,
+            max_model_len=setup.context_length,
+            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+        )
+        load = setup.workload.mean_rate / capacity if capacity > 0 else math.inf
+        # JSON has no infinity: a capacity with no step run (everything refused) or a load with every
+        # request arriving at one instant is None.
+        summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
+        summary["load"] = load if math.isfinite(load) else None
+        summaries.append(summary)
+    header = setup.header()
+    if not math.isfinite(header["offered_rate"]):
+        header["offered_rate"] = None
+    header["token_budget"] = budget
+    header["step_time_target_s"] = step_time_target
+    return Experiment(header, results, summaries)
+
+
+def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float | None) -> Any:
+    """The scheduler of one run: a SchedulerConfig, or a TimeBudgetConfig with a step time target."""
+    if step_time_target is None:
+        return setup.config(mode, budget)
+    from stallfree.sim.time_budget import TimeBudgetConfig
+
+    sched: SchedulerLike | Any = TimeBudgetConfig(
+        setup.kv_tokens, step_time_target, setup.cost_model, budget, setup.max_seqs
+    )
+    return sched
+
+
+def run_tag(res: SimResult) -> str:
+    """The name of a run in file names: its batching mode and KV policy ("chunked-reserve",
+    "chunked-paged", "no-chunk-reserve"), with "-time" in time budget mode."""
+    tag = f"{res.config.get('batching', res.label)}-{res.config.get('kv', 'reserve')}"
+    return tag + ("-time" if res.config.get("step_time_target_s") is not None else "")
+
+
+def write_experiment(out: Path, study: Experiment) -> list[str]:
+    """Write summary.json, requests-<tag>.csv, steps-<tag>.csv, cdf.png and timeline.png under `out`
+    (tag: run_tag, the batching mode and KV policy actually run).
+
+    Returns:
+        The names written, in order.
+
+    Raises:
+        OSError: `out` cannot be created or written.
+    """
+    from stallfree.sim import plots
+    from stallfree.sim.report import write_records, write_steps_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"header": study.header, "runs": study.summaries}, indent=1) + "\n")
+    names = ["summary.json"]
+    for res in study.results:
+        tag = run_tag(res)
+        write_records(res, out / f"requests-{tag}.csv")
+        write_steps_csv(res, out / f"steps-{tag}.csv")
+        names += [f"requests-{tag}.csv", f"steps-{tag}.csv"]
+    context = plots.plot_context(study.header)
+    plots.plot_cdfs(study.results, out / "cdf.png", context)
+    plots.plot_timeline(study.results, out / "timeline.png", context)
+    return [*names, "cdf.png", "timeline.png"]

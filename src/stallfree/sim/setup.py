@@ -1,0 +1,323 @@
+"""What a simulation is run on, built from typed options: the workload, the cost model, the KV
+capacity and the scheduler configs. The commands (stallfree.sim.commands) fill these options from
+the command line; a Python caller fills them directly.
+
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim.
+
+Example (the default replica on the first 500 requests of the bundled trace)::
+
+    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+
+    setup = Setup(WorkloadOptions(num_requests=500), HardwareOptions())
+    config = setup.config("chunked", 2048)       # a SchedulerConfig for simulate()
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from stallfree.sim.costs import LinearCostModel, StepCostModel
+from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.workload import Workload, load_bundled, load_trace, parse_length_spec, synthetic
+
+__all__ = [
+    "DEFAULTS",
+    "DEFAULT_RATE_SCALE",
+    "MAX_SYNTHETIC_REQUESTS",
+    "TIME_BUDGET_CAP",
+    "HardwareOptions",
+    "SetupError",
+    "Setup",
+    "WorkloadOptions",
+    "build_cost_model",
+    "build_workload",
+    "context_length",
+    "default_cost_model",
+    "parse_linear_cost",
+]
+
+#: The default speed-up of the bundled trace (docs/simulator.md explains the choice): at its real
+#: rate (5.5 req/s) the default replica (Llama 3.3 70B, 4 x H100 SXM, FP8) is only lightly busy.
+DEFAULT_RATE_SCALE = 3.0
+
+#: The default replica: model, GPU, tensor-parallel GPUs and weight dtype.
+DEFAULTS: dict[str, Any] = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
+
+#: The default cap of a step's budget in time budget mode, tokens: far above what a step within a
+#: TPOT-sized target holds, so that the target is what limits it.
+TIME_BUDGET_CAP = 65536
+
+#: The most requests a synthetic workload draws: each costs a few hundred bytes here and a step or
+#: more of simulation, so more would take minutes and GiBs without telling anything new.
+MAX_SYNTHETIC_REQUESTS = 5_000_000
+
+
+class SetupError(ValueError):
+    """Options that cannot describe a run (conflicting, out of range, or naming nothing known).
+
+    Attributes:
+        usage: True when the options contradict each other or are malformed (a command exits 2),
+            False when they are well-formed but name something that does not work (exit 1).
+    """
+
+    def __init__(self, message: str, usage: bool = False) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadOptions:
+    """Which requests to replay, and how fast.
+
+    Attributes:
+        trace: a trace file (Azure 2023 CSV, BurstGPT CSV, or CSV/JSONL with arrival_time,
+            prompt_len, output_len), or None for the bundled Azure conversation trace.
+        trace_format: "auto", "azure", "burstgpt", "csv" or "jsonl".
+        skip_bad_rows: skip and count malformed rows instead of stopping.
+        synthetic: "poisson" or "gamma" to draw synthetic arrivals instead of a trace.
+        rate: synthetic mean arrival rate, requests/s.
+        burstiness: synthetic gamma shape of the gaps (1 = Poisson).
+        prompt_len: synthetic prompt length spec (see workload.parse_length_spec).
+        output_len: synthetic output length spec.
+        seed: synthetic random seed.
+        num_requests: only the first N requests (synthetic: how many to draw, default 1000).
+        start: time window start, s of trace time.
+        end: time window end, s of trace time.
+        rate_scale: replay speed-up, or None for DEFAULT_RATE_SCALE on the bundled trace and 1
+            otherwise.
+        max_tokens: every request's max_new (its KV reservation), or None for its output length.
+        cut_output_to_fit: a request whose prompt plus max_new exceeds the context length gets its
+            max_new cut to fit (vLLM's behaviour when a client sets no max_tokens) instead of being
+            refused (the default: vLLM's answer, a 400, when the client's max_tokens does not fit).
+    """
+
+    trace: str | None = None
+    trace_format: str = "auto"
+    skip_bad_rows: bool = False
+    synthetic: str | None = None
+    rate: float = 5.0
+    burstiness: float = 1.0
+    prompt_len: str = "trace"
+    output_len: str = "trace"
+    seed: int = 0
+    num_requests: int | None = None
+    start: float = 0.0
+    end: float = math.inf
+    rate_scale: float | None = None
+    max_tokens: int | None = None
+    cut_output_to_fit: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareOptions:
+    """The replica a run is priced on: the cost model and its KV capacity.
+
+    Attributes:
+        model: a model preset name or a Hugging Face config.json path.
+        gpu: a GPU preset name.
+        tp: tensor-parallel GPUs.
+        dtype: weight dtype.
+        kv_dtype: KV cache dtype, or None for the cost model's.
+        gpu_memory_utilization: fraction of GPU memory for weights plus KV, in (0, 1].
+        kv_tokens: KV capacity override, tokens, or None to derive it.
+        linear_cost: "BASE_MS,PER_TOKEN_US[,PER_CTX_NS]" to price steps linearly instead.
+        max_model_len: the context length override, tokens (vLLM's --max-model-len), or None for
+            the model's own.
+    """
+
+    model: str = DEFAULTS["model"]
+    gpu: str = DEFAULTS["gpu"]
+    tp: int = DEFAULTS["tp"]
+    dtype: str = DEFAULTS["dtype"]
+    kv_dtype: str | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_tokens: int | None = None
+    linear_cost: str | None = None
+    max_model_len: int | None = None
+
+
+def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
+    """Return the workload the options describe (at its own rate) and the rate scale to apply.
+
+    Raises:
+        SetupError: conflicting options, too many synthetic requests, or an empty time window.
+        TraceError: an unreadable trace.
+        ValueError: a bad length spec or rate.
+    """
+    if opts.synthetic and opts.trace:
+        raise SetupError("--trace and --synthetic are exclusive", usage=True)
+    if opts.synthetic:
+        if (opts.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
+            raise SetupError(
+                f"--num-requests {opts.num_requests:,} is more than a synthetic run draws "
+                f"(at most {MAX_SYNTHETIC_REQUESTS:,}, about a GiB of memory)",
+                usage=True,
+            )
+        wl = synthetic(
+            opts.num_requests or 1000,
+            opts.rate,
+            parse_length_spec(opts.prompt_len),
+            parse_length_spec(opts.output_len),
+            opts.synthetic,
+            opts.burstiness,
+            opts.seed,
+        )
+        return wl, opts.rate_scale or 1.0
+    wl = load_trace(opts.trace, opts.trace_format, opts.skip_bad_rows) if opts.trace else load_bundled()
+    if opts.start or opts.end != math.inf:
+        wl = wl.window(opts.start, opts.end)
+        if not len(wl):
+            raise SetupError(f"no request arrives in the window [{opts.start:g}, {opts.end:g}) s")
+    if opts.num_requests:
+        wl = wl.head(opts.num_requests)
+    return wl, opts.rate_scale or (1.0 if opts.trace else DEFAULT_RATE_SCALE)
+
+
+def parse_linear_cost(text: str) -> LinearCostModel:
+    """Return the linear cost model of "BASE_MS,PER_TOKEN_US[,PER_CTX_NS]".
+
+    Raises:
+        SetupError: not two or three finite numbers (usage).
+    """
+    try:
+        nums = [float(x) for x in text.split(",")]
+        if len(nums) not in (2, 3) or not all(math.isfinite(x) for x in nums):
+            raise ValueError("each must be a finite number" if len(nums) in (2, 3) else "")
+        return LinearCostModel(nums[0] * 1e-3, nums[1] * 1e-6, (nums[2] if len(nums) == 3 else 0.0) * 1e-9)
+    except ValueError as exc:
+        detail = f": {exc}" if str(exc) else ""
+        raise SetupError(
+            f"--linear-cost wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", usage=True
+        ) from None
+
+
+def build_cost_model(opts: HardwareOptions) -> tuple[StepCostModel, int, str]:
+    """Return the cost model, the KV capacity (tokens) and a one-line description of the hardware.
+
+    The KV capacity comes from stallfree.costmodel (model, GPU, TP, dtypes and
+    gpu_memory_utilization) unless kv_tokens overrides it; linear_cost replaces the step pricing only.
+
+    Raises:
+        SetupError: an unknown model, GPU or dtype, or a bad linear_cost.
+    """
+    from stallfree.costmodel import CostModelError
+    from stallfree.costmodel import default_cost_model as priced_default
+
+    try:
+        chosen = priced_default(opts.model, opts.gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype)
+        real = chosen.cost_model
+        kv = opts.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=opts.gpu_memory_utilization)
+    except (CostModelError, ValueError) as exc:
+        raise SetupError(str(exc)) from None
+    hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
+    hw += f"; steps priced by the {chosen.provenance}"
+    if opts.linear_cost:
+        return (
+            parse_linear_cost(opts.linear_cost),
+            int(kv),
+            f"linear cost {opts.linear_cost} (ms, us/token, ns/context token)",
+        )
+    return real, int(kv), hw
+
+
+def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
+    """Return the context length that requests are checked against, tokens, and where it comes from.
+
+    max_model_len when given (as vLLM's --max-model-len), else the model's own (its preset's or its
+    config.json's max_position_embeddings); None when the model does not say.
+
+    Raises:
+        SetupError: max_model_len < 1, or an unknown model.
+    """
+    if opts.max_model_len is not None:
+        if isinstance(opts.max_model_len, bool) or opts.max_model_len < 1:
+            raise SetupError(f"--max-model-len must be >= 1 token, got {opts.max_model_len!r}", usage=True)
+        return opts.max_model_len, "--max-model-len"
+    from stallfree.costmodel import CostModelError
+    from stallfree.costmodel.model import get_model
+
+    try:
+        spec = get_model(opts.model)
+    except CostModelError as exc:
+        raise SetupError(str(exc)) from None
+    return spec.context_length, spec.context_length_source
+
+
+def default_cost_model() -> tuple[StepCostModel, int]:
+    """Return the default replica's cost model and KV capacity (tokens): Llama 3.3 70B, 4 x H100 SXM, FP8."""
+    cost, kv, _ = build_cost_model(HardwareOptions())
+    return cost, kv
+
+
+@dataclass(slots=True)
+class Setup:
+    """The workload, the cost model and the KV capacity of a run, and the scheduler configs on them.
+
+    Args:
+        workload_options: which requests, how fast.
+        hardware_options: the replica.
+        max_seqs: most running requests.
+        scheduler: "reserve" (KV reserved at admission, the contract) or "paged".
+        block_size: paged: tokens per KV block.
+        watermark: paged: fraction of KV blocks kept free at admission, in [0, 1).
+
+    Raises:
+        SetupError, TraceError, ValueError: as build_workload and build_cost_model.
+    """
+
+    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
+    hardware_options: HardwareOptions = field(default_factory=HardwareOptions)
+    max_seqs: int = 256
+    scheduler: str = "reserve"
+    block_size: int = 16
+    watermark: float = 0.01
+    base_workload: Workload = field(init=False)
+    rate_scale: float = field(init=False)
+    workload: Workload = field(init=False)
+    cost_model: StepCostModel = field(init=False)
+    kv_tokens: int = field(init=False)
+    hardware: str = field(init=False)
+    context_length: int | None = field(init=False)
+    context_length_source: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.base_workload, self.rate_scale = build_workload(self.workload_options)
+        self.workload = self.base_workload.scale_rate(self.rate_scale)
+        self.cost_model, self.kv_tokens, self.hardware = build_cost_model(self.hardware_options)
+        self.context_length, self.context_length_source = context_length(self.hardware_options)
+
+    def config(self, batching: str, budget: int) -> SchedulerConfig:
+        """Return the scheduler config of one run (paged KV applies to chunked batching; baselines reserve)."""
+        kv = self.scheduler if batching == "chunked" else "reserve"
+        return SchedulerConfig(self.kv_tokens, budget, self.max_seqs, batching, kv, self.block_size, self.watermark)
+
+    def header(self) -> dict[str, Any]:
+        """Return the facts of the report's header (workload, rate, hardware, capacities, notes)."""
+        wl = self.workload
+        return {
+            "workload": wl.name,
+            "requests": len(wl),
+            "rate_scale": self.rate_scale,
+            "offered_rate": wl.mean_rate,
+            "hardware": self.hardware,
+            "kv_tokens": self.kv_tokens,
+            "max_seqs": self.max_seqs,
+            "max_tokens": self.workload_options.max_tokens,
+            "max_model_len": self.context_length,
+            "max_model_len_source": self.context_length_source,
+            "notes": list(wl.notes) + self._context_notes(),
+        }
+
+    def _context_notes(self) -> list[str]:
+        opts = self.hardware_options
+        if opts.max_model_len is None:
+            return []
+        own, _ = context_length(HardwareOptions(model=opts.model))
+        if own is not None and opts.max_model_len > own:
+            return [
+                f"--max-model-len {opts.max_model_len:,} is above {opts.model}'s context length {own:,} "
+                "(a vLLM server refuses that unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set)"
+            ]
+        return []

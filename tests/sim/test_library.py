@@ -1,0 +1,126 @@
+"""The simulator as a library: Setup from typed options, run_experiment, sweep and tune called from
+Python give the figures the commands print; `tune` says when no candidate meets the SLOs (exit 3);
+metric units stay consistent (a public report's case, worked by hand)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.sim.commands.tune import EXIT_NO_CANDIDATE_MEETS_SLO
+from stallfree.sim.experiment import run_experiment
+from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
+from stallfree.sim.sweep import sweep
+from stallfree.sim.tune import tune
+
+# A transparent replica: every step costs 10 ms plus 50 us per token.
+LINEAR = HardwareOptions(linear_cost="10,50", kv_tokens=200_000)
+
+
+def _synthetic(n: int = 120) -> WorkloadOptions:
+    return WorkloadOptions(
+        synthetic="poisson", rate=8.0, prompt_len="uniform:100,900", output_len="uniform:5,60", num_requests=n
+    )
+
+
+def test_setup_from_options_matches_the_command_line(capsys):
+    """run_experiment on a Setup gives the figures of `stallfree simulate --json` with the same options."""
+    setup = Setup(_synthetic(), LINEAR, max_seqs=32)
+    study = run_experiment(setup, budget=512, slo_ttft=0.5, slo_tpot=0.05)
+    argv = ["simulate", "--synthetic", "poisson", "--rate", "8", "--prompt-len", "uniform:100,900",
+            "--output-len", "uniform:5,60", "--num-requests", "120", "--linear-cost", "10,50",
+            "--kv-tokens", "200000", "--max-seqs", "32", "--budget", "512", "--slo-ttft", "500ms",
+            "--slo-tpot", "50ms", "--json"]
+    assert main(argv) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    mine = study.summaries[0]
+    for key in ("completed", "p99_ttft_ms", "p99_tpot_ms", "request_goodput", "num_steps", "load"):
+        assert mine[key] == run[key], key
+
+
+def test_sweep_api_rows_in_grid_order():
+    """sweep() runs one point per (mode, budget), in grid order, with the budgets asked for."""
+    setup = Setup(_synthetic(), LINEAR, max_seqs=32)
+    grid = sweep(setup, [256, 1024], batching=["chunked", "no-chunk"], slo_ttft=0.5, slo_tpot=0.05)
+    assert [(r["batching"], r["token_budget"]) for r in grid.table_rows] == [
+        ("chunked", 256), ("chunked", 1024), ("no-chunk", 256), ("no-chunk", 1024)
+    ]
+    assert all(r["completed"] == 120 for r in grid.table_rows)
+    assert grid.header["requests"] == 120
+
+
+def test_setup_errors_name_the_option():
+    """Contradicting options raise SetupError naming them, marked as a usage error."""
+    with pytest.raises(SetupError, match="--trace and --synthetic") as exc:
+        Setup(WorkloadOptions(trace="x.csv", synthetic="poisson"), LINEAR)
+    assert exc.value.usage
+    with pytest.raises(SetupError, match="nonexistent-gpu"):
+        Setup(_synthetic(), HardwareOptions(gpu="nonexistent-gpu"))
+
+
+def test_tune_api_reports_whether_the_slos_are_met():
+    """tune() with a reachable SLO has slo_met True; with a TTFT objective below any prefill, False."""
+    setup = Setup(_synthetic(), LINEAR, max_seqs=32)
+    ok = tune(setup.workload, setup.kv_tokens, setup.cost_model, 2.0, 0.1, max_seqs=32, budgets=[512])
+    assert ok.slo_met and ok.best["request_goodput"] > 0
+    # Every first token needs at least one 10 ms step: a 1 ms TTFT objective can never be met.
+    none = tune(setup.workload, setup.kv_tokens, setup.cost_model, 0.001, 0.1, max_seqs=32, budgets=[512])
+    assert not none.slo_met and none.best["slo_attainment"] == 0
+
+
+def test_tune_command_exits_3_when_no_candidate_meets_the_slos(capsys):
+    """`stallfree tune` with unreachable SLOs says so plainly, prints the best found with its
+    attainment and no serve line, and exits 3; --json carries slo_met false and serve null."""
+    argv = ["tune", "--synthetic", "poisson", "--rate", "8", "--prompt-len", "uniform:100,900",
+            "--output-len", "uniform:5,60", "--num-requests", "120", "--linear-cost", "10,50",
+            "--kv-tokens", "200000", "--budgets", "256,512", "--max-seqs-candidates", "32",
+            "--slo-ttft", "1ms", "--slo-tpot", "100ms", "--jobs", "1"]
+    assert main(argv) == EXIT_NO_CANDIDATE_MEETS_SLO == 3
+    out = capsys.readouterr().out
+    assert "no candidate meets the SLOs" in out and "0.0% within the SLOs" in out
+    assert "stallfree serve" not in out
+    assert main([*argv, "--json"]) == 3
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["slo_met"] is False and report["serve"] is None
+    assert report["chosen"]["slo_attainment"] == 0
+    assert "no candidate meets the SLOs" in captured.err
+
+
+def test_tune_table_explains_the_tie_tolerance(capsys):
+    """The candidates' table says which goodputs count as tied and what breaks the tie."""
+    argv = ["tune", "--synthetic", "poisson", "--rate", "8", "--prompt-len", "uniform:100,900",
+            "--output-len", "uniform:5,60", "--num-requests", "120", "--linear-cost", "10,50",
+            "--kv-tokens", "200000", "--budgets", "512", "--max-seqs-candidates", "32",
+            "--slo-ttft", "2s", "--slo-tpot", "100ms", "--jobs", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "within 0.1% of the highest are tied" in out
+    assert "stallfree serve --token-budget 512" in out
+
+
+def test_metric_units_and_goodput_by_hand(tmp_path, capsys):
+    """Every latency is in ms and TPOT is each request's own (a serving simulator once reported mean E2E in s
+    while the rest was in ms; a benchmark once averaged TPOT across requests before goodput).
+
+    Hand-worked: steps cost 10 ms; two 4-token prompts arrive at 0 with outputs 3 and 1. Step 1 prefills
+    both (both first tokens at 10 ms; the 1-token request ends), steps 2 and 3 decode the other (20, 30 ms).
+    TTFT 10 and 10 ms; TPOT of the 3-token request (30 - 10) / 2 = 10 ms; E2E 30 and 10 ms (mean 20).
+    SLOs TTFT 20 ms, TPOT 5 ms: the 3-token request misses TPOT, the 1-token one is judged on TTFT alone
+    and meets it: 1 good request over 30 ms = 33.3 req/s, attainment 50%.
+    """
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0.0,4,3\n0.0,4,1\n")
+    argv = ["simulate", "--trace", str(trace), "--linear-cost", "10,0", "--kv-tokens", "100", "--budget", "16",
+            "--max-seqs", "4", "--slo-ttft", "20ms", "--slo-tpot", "5ms", "--json"]
+    assert main(argv) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["mean_ttft_ms"] == pytest.approx(10.0)
+    assert run["mean_tpot_ms"] == pytest.approx(10.0)
+    assert run["median_tpot_ms"] == pytest.approx(10.0)
+    assert run["mean_e2el_ms"] == pytest.approx(20.0)
+    assert run["p99_e2el_ms"] == pytest.approx(29.8)
+    assert run["request_goodput"] == pytest.approx(1 / 0.030)
+    assert run["slo_attainment"] == pytest.approx(0.5)
