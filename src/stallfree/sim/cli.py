@@ -386,8 +386,6 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise CliError("--compare runs every batching mode: drop --batching", 2)
     if args.scheduler == "paged" and args.batching != "chunked" and not args.compare:
         raise CliError("--scheduler paged runs chunked batching: drop --batching", 2)
-    if args.step_time_target is not None and args.scheduler == "paged":
-        raise CliError("--step-time-target drives the reservation scheduler: drop --scheduler paged", 2)
     if args.step_time_target is not None and (args.compare or args.batching != "chunked"):
         raise CliError("--step-time-target drives the chunked scheduler: drop --compare and --batching", 2)
     if args.budget is None:
@@ -442,7 +440,8 @@ def _scheduler_for(args: argparse.Namespace, setup: Setup, mode: str) -> Any:
     from stallfree.sim.time_budget import TimeBudgetConfig
 
     return TimeBudgetConfig(
-        setup.kv_tokens, args.step_time_target, setup.cost_model, args.budget, args.max_seqs
+        setup.kv_tokens, args.step_time_target, setup.cost_model, args.budget, args.max_seqs,
+        kv_policy=args.scheduler, block_size=args.block_size, watermark=args.watermark,
     )
 
 
