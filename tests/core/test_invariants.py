@@ -30,7 +30,7 @@ class _SkipsAdmission(Scheduler):
 
     def _admit(self, left, out):
         q = self._waiting._q
-        if len(q) > 1 and q[0].kv > self._kv_free:
+        if len(q) > 1 and q[0].kv > self.kv_free:
             q.rotate(-1)
         return super()._admit(left, out)
 
@@ -41,7 +41,7 @@ class _LeaksKV(Scheduler):
     def _first_token(self, obj, step):
         super()._first_token(obj, step)
         if obj.status.name == "DECODING":
-            self._kv_free += obj.kv
+            self._kv.pool.release([], obj.kv)  # token units: no block_size
             obj.kv = 0
 
 

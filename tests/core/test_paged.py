@@ -472,8 +472,9 @@ def test_randomized_paged_simulations_hold_every_invariant(capsys):
 class _PreemptsOldest(PagedScheduler):
     """Broken: it takes blocks from the oldest decode instead of the newest running request."""
 
-    def _newest_running(self):
-        return self._dec[0] if self._dec else super()._newest_running()
+    def _victim_for(self, obj):
+        recs = self._decodes.recs
+        return recs[0] if recs else super()._victim_for(obj)
 
 
 class _ForgetsGenerated(PagedScheduler):
@@ -481,7 +482,7 @@ class _ForgetsGenerated(PagedScheduler):
 
     def _preempt(self, obj, step, victims):
         super()._preempt(obj, step, victims)
-        obj.gen0, obj.target = 0, obj.prompt_len
+        obj.gen0, obj.target = 0, obj.num_prompt_tokens
 
 
 class _ReleasesAtPromptEnd(PagedScheduler):
@@ -490,7 +491,7 @@ class _ReleasesAtPromptEnd(PagedScheduler):
     def _first_token(self, obj, step):
         super()._first_token(obj, step)
         if obj.status is RequestStatus.DECODING:
-            self._pool.release(obj.table)
+            self._kv.pool.release(obj.block_table)
 
 
 @pytest.mark.parametrize("broken", [_PreemptsOldest, _ForgetsGenerated, _ReleasesAtPromptEnd],

@@ -1,11 +1,16 @@
-"""An independent checker of the scheduler contract (docs/DESIGN.md section 1), step by step.
+"""An independent checker of the scheduler contract (docs/DESIGN.md section 1), step by step, under
+either KV policy and every option.
 
 Imports allowed: the standard library and stallfree.core only.
 
 InvariantChecker wraps a Scheduler, forwards add / schedule / complete / abort to it and, after each
-call, compares what the scheduler did with a shadow model of its own (plain dicts and lists, no
-shortcuts shared with the scheduler), so that a fault in the scheduler's bookkeeping cannot hide
-itself. It is meant for tests and for the simulator's --check mode; it costs O(running) per step.
+call, compares what it did with a shadow model of its own: plain lists scanned in full, token and
+block counts, no step arithmetic shared with the scheduler. Before each plan is checked the shadow
+works out on its own which decodes run (and, under paged KV, which need a block, who is preempted),
+the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. The
+rules of each KV policy are a part of it: `_ReserveRules` (reservations add up) and `_PagedRules`
+(blocks cover the tokens, no block in two tables, victims by the written rule). It is meant for
+tests and the simulator's --check mode; it costs O(running) per step.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from stallfree.core.plan import StepPlan
-from stallfree.core.request import Request
+from stallfree.core.request import FinishReason, Request, RequestStatus
 from stallfree.core.scheduler import Scheduler
 
-__all__ = ["InvariantChecker", "InvariantViolation"]
+__all__ = ["InvariantChecker", "InvariantViolation", "PagedInvariantChecker", "PagedInvariantViolation"]
 
 
 class InvariantViolation(AssertionError):
@@ -28,67 +33,132 @@ class InvariantViolation(AssertionError):
 @dataclass(slots=True)
 class _Shadow:
     req: Request
-    add_step: int = 0
-    admitted: bool = False
-    prefilled: int = 0
-    generated: int = 0
-    decodes: int = 0
-    finished: bool = False
-    ended_early: bool = False
+    order: int  # position in add() order
+    add_step: int
+    running: bool = False
+    prefilled: int = 0  # in the current episode
+    target: int = 0  # tokens the current episode prefills: prompt_len + tokens generated before it
+    generated: int = 0  # over all episodes
+    episode_decodes: int = 0
+    blocks: int = 0  # paged
+    preemptions: int = 0
+    emitted: int = 0  # times the rid appeared in complete()'s return value
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose KV is in the cache."""
+        if self.prefilled < self.target:
+            return self.prefilled
+        return self.req.prompt_len + self.generated - 1
 
 
 @dataclass(slots=True)
 class InvariantChecker:
-    """Wrap `scheduler` and assert every invariant of the contract after each step and at the end.
+    """Wrap `scheduler` and assert every invariant of the contract after each call and at the end.
 
-    Use it exactly like the scheduler (add, schedule, complete, abort); call `check_final()` once
-    nothing is unfinished. Counters `num_steps` and `num_requests` say what was covered.
+    Rules: the plan equals the shadow's (decodes with their starts and tokens, chunks, admissions,
+    preemptions); tokens <= the step's budget; running <= max_seqs; one partial prefill, block-aligned
+    chunks when on; admission in queue order, stopping only at a head that does not fit; each request
+    emits each token once and exactly max_new unless stopped or aborted; each episode prefills prompt_len
+    + the tokens generated before it. Reserve: free KV == total - the reservations of the running.
+    Paged: free + used blocks == num_blocks, each running request holds ceil(tokens in KV /
+    block_size) blocks, no block in two tables, victims by the rule of Scheduler's docstring,
+    recomputed tokens and preemptions add up. At the end: nothing left, all KV returned.
+
+    Block ids (which materializes every table) are checked after every `table_every`-th call, so that
+    a table lagging several promised blocks behind is exercised too.
+
+    Attributes:
+        scheduler: the Scheduler under test (either KV policy).
+        table_every: paged: check block ids after every n-th call (1: always).
+        num_steps, num_requests, num_preemptions, max_preemptions_of_one, num_recomputed_tokens:
+            what the run covered, as the shadow counted it.
 
     Raises:
         InvariantViolation: from any call, when the scheduler broke a rule; the message names it.
     """
 
     scheduler: Scheduler
+    table_every: int = 1
     num_steps: int = 0
     num_requests: int = 0
+    num_preemptions: int = 0
+    max_preemptions_of_one: int = 0
+    num_recomputed_tokens: int = 0
     _reqs: dict[Hashable, _Shadow] = field(default_factory=dict)
     _waiting: list[Hashable] = field(default_factory=list)
-    _ready: list[Hashable] = field(default_factory=list)
+    _running: list[Hashable] = field(default_factory=list)  # admission order of the current episodes
+    _ready: list[Hashable] = field(default_factory=list)  # decodes in batch order
     _partial: Hashable | None = None
-    _order: dict[Hashable, int] = field(default_factory=dict)
     _plan: StepPlan | None = None
     _aborted_in_flight: set[Hashable] = field(default_factory=set)
+    _calls: int = 0
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
+
+    @property
+    def _paged(self) -> bool:
+        return getattr(self.scheduler, "kv_policy", "reserve") == "paged"
+
+    # ------------------------------------------------------------------ read-only views (drop-in use)
+
+    @property
+    def last_finished(self) -> dict[Hashable, FinishReason]:
+        """The scheduler's last_finished."""
+        return self.scheduler.last_finished
+
+    @property
+    def kv_free(self) -> int:
+        """The scheduler's free KV, tokens."""
+        return self.scheduler.kv_free
+
+    @property
+    def kv_total(self) -> int:
+        """The scheduler's KV capacity, tokens."""
+        return self.scheduler.kv_total
+
+    @property
+    def num_waiting(self) -> int:
+        """The scheduler's waiting requests."""
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        """The scheduler's running requests."""
+        return self.scheduler.num_running
+
+    def has_unfinished(self) -> bool:
+        """The scheduler's has_unfinished()."""
+        return self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ forwarded calls
 
     def add(self, req: Request) -> None:
         """Forward add(); on success, append the request to the shadow queue."""
         self.scheduler.add(req)
-        self._reqs[req.rid] = _Shadow(req, add_step=self.scheduler.step)
+        self._reqs[req.rid] = _Shadow(req, self.num_requests, self.scheduler.step, target=req.prompt_len)
         self._waiting.append(req.rid)
-        self._order[req.rid] = self.num_requests
         self.num_requests += 1
 
     def abort(self, rid: Hashable) -> None:
-        """Forward abort(); mirror its effect (deferred if the rid is in the plan in flight)."""
+        """Forward abort(); mirror it (deferred when the rid is in the plan in flight)."""
         self.scheduler.abort(rid)
-        sh = self._reqs.get(rid)
-        if sh is None or sh.finished:
+        if rid not in self._reqs:
             return
         if self._plan is not None and self._in_plan(rid, self._plan):
             self._aborted_in_flight.add(rid)
             return
-        self._end(rid, early=True)
-        self._check_kv()
+        self._end(rid)
+        self._check_state(scheduled=self._plan)
 
     def schedule(self, token_budget: int | None = None) -> StepPlan:
-        """Forward schedule() and check the plan against the contract."""
-        plan = self.scheduler.schedule() if token_budget is None else self.scheduler.schedule(token_budget)
+        """Forward schedule() and compare the plan with the shadow's own."""
+        s = self.scheduler
+        plan = s.schedule() if token_budget is None else s.schedule(token_budget)
         self._plan = plan
         self._check_plan(plan)
+        self._check_state(scheduled=plan)
         return plan
 
     def complete(
@@ -103,139 +173,118 @@ class InvariantChecker:
         self._plan = None
         self._apply(plan, set(stopped), emitted, num_accepted or {})
         self.num_steps += 1
+        self._check_state()
         return emitted
 
     def check_final(self) -> None:
-        """Assert that nothing is left and every request got exactly its tokens."""
+        """Assert that nothing is left and all KV is returned."""
         s = self.scheduler
-        if s.has_unfinished() or s.num_running or s.num_waiting:
-            self._fail("final", f"{s.num_running} running, {s.num_waiting} waiting left")
+        if s.has_unfinished() or s.num_running or s.num_waiting or self._reqs:
+            self._fail("final", f"{s.num_running} running, {s.num_waiting} waiting, {len(self._reqs)} in shadow")
         if s.kv_free != s.kv_total:
             self._fail("final KV returned", f"kv_free {s.kv_free} != kv_total {s.kv_total}")
-        for rid, sh in self._reqs.items():
-            if not sh.finished:
-                self._fail("final", f"rid {rid!r} never finished")
+        if self._paged and s.num_free_blocks != s.num_blocks:
+            self._fail("final blocks returned", f"{s.num_free_blocks} of {s.num_blocks} free")
 
-    # ------------------------------------------------------------------ checks
+    # ------------------------------------------------------------------ the shadow's plan
 
     def _in_plan(self, rid: Hashable, plan: StepPlan) -> bool:
         return rid in plan.decode_rids or any(c.rid == rid for c in plan.prefills)
 
-    def _check_plan(self, plan: StepPlan) -> None:
-        s = self.scheduler
-        entries = list(plan)
-        total = sum(c.num_tokens for c in entries)
-        if total != plan.num_tokens:
-            self._fail("plan total", f"entries sum to {total}, plan says {plan.num_tokens}")
-        if total > plan.token_budget or plan.token_budget > s.token_budget:
-            self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.token_budget} configured")
-        if any(c.num_tokens < 1 for c in entries):
-            self._fail("no empty entry", f"{entries}")
-        budget = plan.token_budget
-        self._check_decodes(plan)
-        left = budget - plan.num_decode_tokens
-        chunks = list(plan.prefills)
-        # The partial prefill comes before any admission and takes what the chunk rule allows.
-        if self._partial is not None:
-            sh = self._reqs[self._partial]
-            want = self._chunk(sh.req.prompt_len - sh.prefilled, left)
-            got = chunks[0].num_tokens if chunks and chunks[0].rid == self._partial else 0
-            if got != want:
-                self._fail("partial prefill first", f"{self._partial!r} got {got} tokens, expected {want}")
-            # An unfinished prompt keeps the rest of the budget: nothing is admitted behind it.
-            left = left - got if got == sh.req.prompt_len - sh.prefilled else 0
-        admitted = [c.rid for c in chunks if c.rid != self._partial]
-        if tuple(admitted) != plan.admitted:
-            self._fail("admitted view", f"{plan.admitted} vs chunks {admitted}")
-        queue = self._queue_order()
-        if admitted != queue[: len(admitted)]:
-            self._fail("admission order", f"admitted {admitted}, queue order {queue[: len(admitted)]}")
-        for c in chunks:
-            sh = self._reqs[c.rid]
-            rest = sh.req.prompt_len - sh.prefilled
-            if c.start != sh.prefilled or c.num_tokens > rest or c.is_last != (c.num_tokens == rest):
-                self._fail("prefill chunk", f"{c} with {sh.prefilled}/{sh.req.prompt_len} prefilled")
-            if c.rid != self._partial:
-                if c.num_tokens != self._chunk(rest, left):
-                    self._fail("first chunk size", f"{c} with {left} budget left")
-                left = left - c.num_tokens if c.is_last else 0
-            b = s.block_size
-            if b and not c.is_last and (c.start + c.num_tokens) % b:
-                self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")
-        partials = [c for c in chunks if not c.is_last]
-        if len(partials) > 1 or (partials and partials[-1] is not chunks[-1]):
-            self._fail("one partial prefill", f"{chunks}")
-        for rid in admitted:
-            self._reqs[rid].admitted = True
-            self._waiting.remove(rid)
-        # Admission stops only at a spent budget or a blocked head.
-        queue = self._queue_order()
-        if queue and left > 0:
-            head = self._reqs[queue[0]].req
-            blocked = (
-                s.num_running >= s.max_seqs
-                or s.kv_needed(head) > s.kv_free
-                or self._chunk(head.prompt_len, left) == 0
-            )
-            if not blocked:
-                self._fail("admission stopped early", f"head {head.rid!r} fits with {left} budget left")
-        if s.num_running > s.max_seqs:
-            self._fail("slots", f"{s.num_running} running > max_seqs {s.max_seqs}")
-        self._check_kv()
+    def _blocks(self, tokens: int) -> int:
+        bs = self.scheduler.block_size or 1
+        return (tokens + bs - 1) // bs
 
     def _chunk(self, rest: int, left: int) -> int:
         if rest <= left:
             return rest
-        b = self.scheduler.block_size
+        s = self.scheduler
+        b = s.block_size if s.align_chunks else None
         return max(left - left % b, 0) if b else max(left, 0)
 
     def _key(self, rid: Hashable) -> tuple[float, int]:
         s = self.scheduler
         sh = self._reqs[rid]
-        seq = self._order[rid]
         if s.policy != "priority" or s.aging_interval is None:
-            return (sh.req.priority if s.policy == "priority" else 0, seq)
+            return (sh.req.priority if s.policy == "priority" else 0, sh.order)
         waited = s._now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
-        return (sh.req.priority - math.floor(waited / s.aging_interval), seq)
+        return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
 
     def _queue_order(self) -> list[Hashable]:
         return sorted(self._waiting, key=self._key)
 
     def _decode_cost(self, rid: Hashable, budget: int) -> int:
-        k = self.scheduler.num_spec_tokens
         sh = self._reqs[rid]
-        return 1 + min(k, budget - 1, sh.req.max_new - sh.generated - 1)
+        return 1 + min(self.scheduler.num_spec_tokens, budget - 1, sh.req.max_new - sh.generated - 1)
 
-    def _check_decodes(self, plan: StepPlan) -> None:
-        """The decodes of a step: every ready one when they fit, else the overflow rule's choice."""
+    def _check_plan(self, plan: StepPlan) -> None:
+        """Work out the step from the rules, compare, and move the shadow to the scheduled state."""
+        s = self.scheduler
+        entries = list(plan)
+        total = sum(c.num_tokens for c in entries)
+        if total != plan.num_tokens or any(c.num_tokens < 1 for c in entries):
+            self._fail("plan total", f"entries {entries} sum to {total}, plan says {plan.num_tokens}")
+        if total > plan.token_budget or plan.token_budget > s.token_budget:
+            self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.token_budget} configured")
+        oldest = self._running[0] if self._running else None
+        budget = plan.token_budget
+        costs = {rid: self._decode_cost(rid, budget) for rid in self._ready}
+        chosen = self._chosen_decodes(plan, costs)
+        victims: list[Hashable] = []
+        free = s.num_blocks - sum(self._reqs[r].blocks for r in self._running) if self._paged else 0
+        if self._paged:
+            free = _PagedRules.grow_decodes(self, chosen, costs, free, victims)
+        decodes = tuple(r for r in chosen if self._reqs[r].running)
+        if plan.decode_rids != decodes:
+            self._fail("decodes", f"got {plan.decode_rids}, expected {decodes}")
+        for c in plan.decodes:
+            sh = self._reqs[c.rid]
+            if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != costs[c.rid] or c.is_prefill:
+                self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
+        if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
+            self._fail("decode context sum", f"{plan.decode_context_sum}")
+        left = budget - sum(costs[r] for r in decodes)
+        chunks, left, free = self._partial_chunk(left, free, victims)
+        admitted = self._admissions(left, free, chunks) if not victims else []
+        if victims:
+            self._waiting.extend(victims)
+        got = [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills]
+        if got != chunks:
+            self._fail("prefill chunks (rid, tokens, start, is_last)", f"got {got}, expected {chunks}")
+        expected_victims = tuple(sorted(victims, key=lambda r: self._reqs[r].order))
+        if plan.admitted != tuple(admitted) or plan.preempted != expected_victims:
+            self._fail("admitted / preempted", f"got {plan.admitted} / {plan.preempted}, expected "
+                       f"{tuple(admitted)} / {expected_victims}")
+        b = s.block_size if s.align_chunks else None
+        for c in plan.prefills:
+            if b and not c.is_last and (c.start + c.num_tokens) % b:
+                self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")
+        partials = [c for c in plan.prefills if not c.is_last]
+        if len(partials) > 1 or (partials and partials[-1] is not plan.prefills[-1]):
+            self._fail("one partial prefill", f"{plan.prefills}")
+        if oldest is not None and self._reqs[oldest].running and not self._in_plan(oldest, plan) and (
+                self._paged and len(self._ready) <= budget and not s.num_spec_tokens and not s.align_chunks):
+            self._fail("the oldest running request progresses", f"{oldest!r} not in {entries}")
+
+    def _chosen_decodes(self, plan: StepPlan, costs: dict[Hashable, int]) -> list[Hashable]:
+        """The decodes that run: every ready one when they fit, else the overflow rule's choice."""
         s = self.scheduler
         budget = plan.token_budget
         ready = self._ready
-        costs = {rid: self._decode_cost(rid, budget) for rid in ready}
-        chosen = plan.decode_rids
-        entries = plan.decodes
-        for c in entries:
-            sh = self._reqs[c.rid]
-            if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != costs.get(c.rid) or c.is_prefill:
-                self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
-        if sum(c.start for c in entries) != plan.decode_context_sum:
-            self._fail("decode context sum", f"{plan.decode_context_sum}")
         if sum(costs.values()) <= budget:
-            if chosen != tuple(ready):
-                self._fail("every ready decode, oldest first", f"got {chosen}, expected {tuple(ready)}")
-            return
+            return list(ready)
         if s.policy == "priority":
             order = sorted(ready, key=self._key)
         elif s.decode_overflow == "rotate":
+            chosen = plan.decode_rids
             if not chosen:
                 self._fail("rotate serves someone", "no decode chosen")
-            # The served ones are a cyclic run of the ready list (listed in admission order): it starts
-            # at the chosen decode whose predecessor in the cycle was not chosen.
+            # The served ones are a cyclic run of the ready list (in admission order): it starts at the
+            # chosen decode whose predecessor in the cycle was not chosen.
             picked = set(chosen)
             starts = [r for r in chosen if r in costs and ready[ready.index(r) - 1] not in picked]
             i = ready.index(starts[0] if starts else chosen[0]) if chosen[0] in costs else 0
             order = ready[i:] + ready[:i]
-            chosen = tuple(sorted(chosen, key=order.index)) if picked <= set(order) else chosen
         else:
             order = list(ready)
         expected: list[Hashable] = []
@@ -245,34 +294,149 @@ class InvariantChecker:
                 break
             expected.append(rid)
             used += costs[rid]
-        if list(chosen) != expected:
-            self._fail("decode overflow choice", f"got {plan.decode_rids}, expected {tuple(expected)}")
+        if s.policy == "priority":
+            return expected  # in priority order, as the selection hands them out
+        picked = set(expected)
+        return [r for r in ready if r in picked]
 
-    def _check_kv(self) -> None:
+    def _victim_for(self, rid: Hashable) -> Hashable:
+        """Paged: the victim when `rid` needs a block and none is free."""
+        later = self._running[self._running.index(rid) + 1:]
+        if not later:
+            return rid
+        if self.scheduler.policy != "priority":
+            return later[-1]
+        return max(later, key=lambda r: (self._key(r)[0], self._running.index(r)))
+
+    def _preempt(self, rid: Hashable, victims: list[Hashable]) -> None:
+        sh = self._reqs[rid]
+        victims.append(rid)
+        self._running.remove(rid)
+        if rid in self._ready:
+            self._ready.remove(rid)
+        if self._partial == rid:
+            self._partial = None
+        sh.running = False
+        sh.blocks = 0
+        sh.prefilled = 0
+        sh.target = sh.req.prompt_len + sh.generated
+        sh.preemptions += 1
+        sh.episode_decodes = 0
+        self.num_preemptions += 1
+        self.max_preemptions_of_one = max(self.max_preemptions_of_one, sh.preemptions)
+
+    def _partial_chunk(
+        self, left: int, free: int, victims: list[Hashable]
+    ) -> tuple[list[tuple[Hashable, int, int, bool]], int, int]:
+        """Contract step 2 in the shadow: the partial prefill's chunk (paged: with its blocks)."""
+        chunks: list[tuple[Hashable, int, int, bool]] = []
+        rid = self._partial
+        if rid is None or left <= 0:
+            return chunks, left, free
+        sh = self._reqs[rid]
+        rest = sh.target - sh.prefilled
+        n = self._chunk(rest, left)
+        if n and self._paged:
+            need = self._blocks(sh.prefilled + n) - sh.blocks
+            if need > free:
+                if self._victim_for(rid) != rid:
+                    self._fail("the partial prefill is the newest running", f"{rid!r} in {self._running}")
+                self._preempt(rid, victims)
+                return chunks, left, free
+            free -= need
+            sh.blocks += need
+        if n:
+            chunks.append((rid, n, sh.prefilled, n == rest))
+        return chunks, (left - n if n == rest else 0), free
+
+    def _admissions(self, left: int, free: int, chunks: list[tuple[Hashable, int, int, bool]]) -> list[Hashable]:
+        """Contract step 3 in the shadow: the queue's head while it fits."""
         s = self.scheduler
-        reserved = sum(
-            s.kv_needed(sh.req) for sh in self._reqs.values() if sh.admitted and not sh.finished
-        )
-        if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
-            self._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.kv_total} - {reserved}")
-        running = sum(1 for sh in self._reqs.values() if sh.admitted and not sh.finished)
-        if running != s.num_running:
-            self._fail("running count", f"scheduler says {s.num_running}, shadow {running}")
+        admitted: list[Hashable] = []
+        reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
+        for rid in self._queue_order():
+            sh = self._reqs[rid]
+            n = self._chunk(sh.target, left)
+            if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
+                break
+            if self._paged:
+                want = self._blocks(sh.target) if sh.preemptions else self._blocks(n)
+                if want > free or (self._running and free - want < s.watermark_blocks):
+                    break
+                free -= self._blocks(n)
+                sh.blocks = self._blocks(n)
+            else:
+                if reserved + s.kv_needed(sh.req) > s.kv_total:
+                    break
+                reserved += s.kv_needed(sh.req)
+            self._waiting.remove(rid)
+            self._running.append(rid)
+            sh.running = True
+            chunks.append((rid, n, 0, n == sh.target))
+            admitted.append(rid)
+            left = left - n if n == sh.target else 0
+        return admitted
+
+    # ------------------------------------------------------------------ state checks
+
+    def _check_state(self, scheduled: StepPlan | None = None) -> None:
+        """Counts, KV and per-request state; `scheduled`: the KV also covers that plan's tokens."""
+        s = self.scheduler
+        reqs = self._reqs
+        self._calls += 1
+        if len(self._running) != s.num_running or len(self._waiting) != s.num_waiting:
+            self._fail("counts", f"scheduler {s.num_running} running / {s.num_waiting} waiting, shadow "
+                       f"{len(self._running)} / {len(self._waiting)}")
+        if len(self._running) > s.max_seqs:
+            self._fail("slots", f"{len(self._running)} running > max_seqs {s.max_seqs}")
+        if self._paged:
+            _PagedRules.check(self, scheduled)
+        else:
+            _ReserveRules.check(self)
+        for rid in self._running:
+            sh = reqs[rid]
+            st = s.request_state(rid)
+            decoding = sh.prefilled == sh.target
+            if st.num_preemptions != sh.preemptions or st.num_generated != sh.generated or (
+                    st.status is not (RequestStatus.DECODING if decoding else RequestStatus.PREFILLING)):
+                self._fail("running state", f"{st}, shadow {sh}")
+        if s.num_preemptions != self.num_preemptions:
+            self._fail("preemption count", f"scheduler {s.num_preemptions}, shadow {self.num_preemptions}")
+        in_flight = sum(c.num_tokens for c in scheduled.prefills if reqs[c.rid].preemptions) if scheduled else 0
+        if s.num_recomputed_tokens != self.num_recomputed_tokens + in_flight:
+            self._fail("recomputed tokens", f"scheduler {s.num_recomputed_tokens}, shadow {self.num_recomputed_tokens}")
+        # The head of the queue and every preempted request (few); checking all waiting would be O(queue).
+        queue = self._waiting
+        for rid in queue:
+            sh = reqs[rid]
+            if sh.preemptions or rid == queue[0]:
+                st = s.request_state(rid)
+                want = RequestStatus.PREEMPTED if sh.preemptions else RequestStatus.WAITING
+                if (st.status is not want or st.num_preemptions != sh.preemptions or st.num_prefilled
+                        or st.num_generated != sh.generated or (self._paged and s._block_table(rid))):
+                    self._fail("waiting state", f"{st}")
 
     def _apply(
         self, plan: StepPlan, stopped: set[Hashable], emitted: tuple[Hashable, ...], accepted: Mapping[Hashable, int]
     ) -> None:
+        reqs = self._reqs
         aborted = self._aborted_in_flight
         sampled: list[Hashable] = list(plan.decode_rids)
         for rid in plan.decode_rids:
-            sh = self._reqs[rid]
+            sh = reqs[rid]
             sh.generated += accepted.get(rid, 1)
-            sh.decodes += 1
+            sh.episode_decodes += 1
+            if self._paged:
+                sh.blocks = min(sh.blocks, self._blocks(sh.computed))  # rejected speculative tokens
         for c in plan.prefills:
-            sh = self._reqs[c.rid]
+            sh = reqs[c.rid]
             sh.prefilled += c.num_tokens
+            if sh.preemptions:
+                self.num_recomputed_tokens += c.num_tokens
             if c.is_last:
-                sh.generated = 1
+                if sh.generated != sh.target - sh.req.prompt_len:
+                    self._fail("recompute covers prompt + generated", f"rid {c.rid!r}: {sh}")
+                sh.generated += 1
                 sampled.append(c.rid)
                 self._ready.append(c.rid)
                 if self._partial == c.rid:
@@ -282,38 +446,117 @@ class InvariantChecker:
         expected = tuple(r for r in sampled if r not in aborted)
         if emitted != expected:
             self._fail("emitted", f"got {emitted}, expected {expected}")
+        for rid in emitted:
+            reqs[rid].emitted += 1
         finished = self.scheduler.last_finished
+        spec = self.scheduler.num_spec_tokens
         for rid in sampled:
-            sh = self._reqs[rid]
-            if rid in aborted or rid in stopped:
-                self._end(rid, early=True)
-            elif sh.generated >= sh.req.max_new:
-                spec = self.scheduler.num_spec_tokens
-                if (
-                    sh.generated != sh.req.max_new
-                    or sh.prefilled != sh.req.prompt_len
-                    or (not spec and sh.decodes != sh.req.max_new - 1)
-                ):
-                    self._fail("exact tokens", f"rid {rid!r}: {sh.prefilled} prefilled, {sh.decodes} decodes")
-                self._end(rid, early=False)
-            if sh.finished != (rid in finished):
-                self._fail("finish", f"rid {rid!r} finished={sh.finished}, scheduler {finished.get(rid)}")
+            sh = reqs[rid]
+            if not spec and sh.emitted != sh.generated - (rid in aborted):
+                self._fail("each token emitted once", f"rid {rid!r}: {sh.emitted} emitted, {sh.generated} generated")
+            early = rid in aborted or rid in stopped
+            if sh.generated >= sh.req.max_new and not early:
+                gen0 = sh.target - sh.req.prompt_len
+                if sh.generated != sh.req.max_new or sh.prefilled != sh.target or (
+                        not spec and gen0 + 1 + sh.episode_decodes != sh.req.max_new):
+                    self._fail("exact tokens", f"rid {rid!r}: {sh}")
+            done = early or sh.generated >= sh.req.max_new
+            if done != (rid in finished):
+                self._fail("finish", f"rid {rid!r} done={done}, scheduler {finished.get(rid)}")
+            if done:
+                self._end(rid)
         for rid in aborted:
-            if rid in self._reqs:
-                self._end(rid, early=True)
+            if rid in reqs:
+                self._end(rid)
         self._aborted_in_flight = set()
-        self._check_kv()
 
-    def _end(self, rid: Hashable, early: bool) -> None:
-        sh = self._reqs[rid]
-        sh.finished = True
-        sh.ended_early = early
+    def _end(self, rid: Hashable) -> None:
+        sh = self._reqs.pop(rid)
+        if sh.running:
+            self._running.remove(rid)
+        else:
+            self._waiting.remove(rid)
         if rid in self._ready:
             self._ready.remove(rid)
-        if rid in self._waiting:
-            self._waiting.remove(rid)
-        self._order.pop(rid, None)
         if self._partial == rid:
             self._partial = None
-        # The rid may be reused once finished; the shadow keeps one record per live rid.
-        del self._reqs[rid]
+
+
+class _ReserveRules:
+    """The reservation policy's part of the checker."""
+
+    @staticmethod
+    def check(chk: InvariantChecker) -> None:
+        s = chk.scheduler
+        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running)
+        if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
+            chk._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.kv_total} - {reserved}")
+
+
+class _PagedRules:
+    """The paged policy's part of the checker: blocks of decodes and victims, block accounting and ids."""
+
+    @staticmethod
+    def grow_decodes(
+        chk: InvariantChecker, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable]
+    ) -> int:
+        """Each chosen decode, oldest first, takes the blocks of its tokens, preempting by the victim
+        rule (itself when none may be preempted for it) while none are free; returns the free blocks."""
+        for rid in chosen:
+            sh = chk._reqs[rid]
+            if not sh.running:
+                continue  # a victim of an older decode
+            need = chk._blocks(sh.computed + costs[rid]) - sh.blocks
+            while need > free:
+                victim = chk._victim_for(rid)
+                free += chk._reqs[victim].blocks
+                chk._preempt(victim, victims)
+                if victim == rid:
+                    break
+            else:
+                free -= max(need, 0)
+                sh.blocks += max(need, 0)
+        return free
+
+    @staticmethod
+    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
+        s = chk.scheduler
+        reqs = chk._reqs
+        used = sum(reqs[r].blocks for r in chk._running)
+        if used + s.num_free_blocks != s.num_blocks or s.num_used_blocks != used:
+            chk._fail("free + used == num_blocks", f"{s.num_free_blocks} + {used} != {s.num_blocks}")
+        bs = s.block_size or 1
+        if s.kv_free != s.num_free_blocks * bs or s.kv_total != s.num_blocks * bs:
+            chk._fail("kv_free in tokens", f"{s.kv_free} for {s.num_free_blocks} blocks of {s.block_size}")
+        if scheduled is None:
+            for rid in chk._running:
+                sh = reqs[rid]
+                if sh.blocks != chk._blocks(sh.computed):
+                    chk._fail("blocks cover the computed tokens", f"rid {rid!r}: {sh.blocks} for {sh.computed}")
+        if chk._calls % chk.table_every == 0:
+            _PagedRules.check_block_ids(chk)
+
+    @staticmethod
+    def check_block_ids(chk: InvariantChecker) -> None:
+        """Materialize every block table and check the ids: each block in exactly one place."""
+        s = chk.scheduler
+        free = s.free_block_ids()
+        seen = set(free)
+        if len(seen) != len(free) or len(free) != s.num_free_blocks:
+            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}")
+        for rid in chk._running:
+            table = s._block_table(rid)
+            if len(table) != chk._reqs[rid].blocks:
+                chk._fail("block table", f"rid {rid!r}: {table}, expected {chk._reqs[rid].blocks} blocks")
+            if seen.intersection(table) or len(set(table)) != len(table):
+                chk._fail("block in two places", f"rid {rid!r}: {table}")
+            if table and (min(table) < 0 or max(table) >= s.num_blocks):
+                chk._fail("block id range", f"rid {rid!r}: {table}")
+            seen.update(table)
+        if len(seen) != s.num_blocks:
+            chk._fail("every block accounted for", f"{len(seen)} of {s.num_blocks}")
+
+
+#: The paged checker's former names: the one checker checks both KV policies.
+PagedInvariantChecker = InvariantChecker
+PagedInvariantViolation = InvariantViolation

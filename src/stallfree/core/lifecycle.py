@@ -15,6 +15,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from stallfree.core.errors import RequestRejected, SchedulerStateError
+from stallfree.core.live import position_of
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
@@ -29,22 +30,6 @@ _ABORTED = RequestStatus.ABORTED
 # How many finished rids are remembered so that abort() of a request that just finished is a no-op
 # rather than a KeyError; bounded so that a long-running server does not grow.
 RECENT_FINISHED = 4096
-
-
-def position_of(items: list[Any], obj: Any) -> int:
-    """Index of `obj` (by identity) in a scheduler's decode list, looking at the newest few first.
-
-    Short requests, the ones that most often finish (or run out of speculative room), were admitted
-    last and sit at the end of the list, where list.index() would look last.
-
-    Raises:
-        ValueError: `obj` is not in `items`.
-    """
-    n = len(items)
-    for i in range(n - 1, max(n - 9, -1), -1):
-        if items[i] is obj:
-            return i
-    return items.index(obj)
 
 
 class RequestLifecycle:

@@ -108,6 +108,10 @@ class FCFSQueue:
     def pop_head(self) -> Any:
         return self._q.popleft()
 
+    def push_front(self, objs: list[Any]) -> None:
+        """Put `objs` in front of the queue, in the order given (preempted requests)."""
+        self._q.extendleft(reversed(objs))
+
     def remove(self, obj: Any) -> None:
         self._q.remove(obj)
 

@@ -1,10 +1,15 @@
 """The continuous batching scheduler: a token budget spent on decodes, then the partial prefill,
-then strict first-come-first-served admission with KV reserved for prompt_len + max_new.
+then strict admission in queue order; its KV policy (reservation or paged blocks) is a collaborator.
 
 Imports allowed: the standard library and stallfree.core only.
 
+Longer than the ~400-line guide because the three contract phases, the one preemption method and the
+complete() hooks of both KV policies belong together; the policies' own accounting is in core/kv.py,
+the decode bookkeeping in core/live.py and the option hooks in core/policies.py.
+
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
-iteration-level scheduling (Orca, Yu et al., OSDI'22).
+iteration-level scheduling (Orca, Yu et al., OSDI'22); paged KV and preemption by recompute
+(PagedAttention / vLLM, Kwon et al., SOSP'23).
 """
 
 from __future__ import annotations
@@ -12,118 +17,91 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping
 
-from stallfree.core.errors import (
-    InvalidConfig,
-    RequestRejected,
-    SchedulerStateError,
-    check_positive_int,
-)
-from stallfree.core.lifecycle import RequestLifecycle, position_of
+from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
+from stallfree.core.kv import PagedKV, ReservationKV, check_watermark
+from stallfree.core.lifecycle import RequestLifecycle
+from stallfree.core.live import DecodeSet, LiveRequest, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.request import FinishReason, Request, RequestStatus
 
-__all__ = ["Scheduler"]
+__all__ = ["KV_POLICIES", "PagedScheduler", "Scheduler"]
 
-_WAITING = RequestStatus.WAITING
+#: The KV policies of Scheduler(kv_policy=...).
+KV_POLICIES = ("reserve", "paged")
+
 _PREFILLING = RequestStatus.PREFILLING
 _DECODING = RequestStatus.DECODING
+_PREEMPTED = RequestStatus.PREEMPTED
 
-
-class _Live:
-    """The scheduler's own record of one live request. Mutated by the Scheduler only.
-
-    Progress of a decoding request is derived from step numbers rather than counted every step:
-    after step k completes it has generated k - base tokens, so its last token is due at step
-    base + max_new, and the decode it runs at step k starts at offset + k = prompt_len + k - base - 2.
-    """
-
-    __slots__ = (
-        "req",
-        "rid",
-        "seq",
-        "arrival_step",
-        "prompt_len",
-        "max_new",
-        "kv",
-        "status",
-        "num_prefilled",
-        "admitted_step",
-        "first_token_step",
-        "base",
-        "finish_step",
-    )
-
-    def __init__(self, req: Request, kv: int, seq: int, arrival_step: int) -> None:
-        self.req = req
-        self.rid = req.rid
-        self.seq = seq
-        self.arrival_step = arrival_step
-        self.prompt_len = req.prompt_len
-        self.max_new = req.max_new
-        self.kv = kv
-        self.status = _WAITING
-        self.num_prefilled = 0
-        self.admitted_step: int | None = None
-        self.first_token_step: int | None = None
-        self.base = 0
-        self.finish_step = -1
-
-    @property
-    def offset(self) -> int:
-        return self.prompt_len - self.base - 2
+_Decodes = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]
 
 
 class Scheduler(RequestLifecycle):
     """A continuous batching scheduler with a token budget and chunked prefill (docs/DESIGN.md section 1).
 
-    It owns the waiting queue, the running set and the KV reservation counter; it never sees token
-    ids or tensors. Each step is one `schedule()` (which returns a StepPlan) followed by one
-    `complete(plan)` (which applies the executed step). The budget is spent in a fixed order:
+    It owns the waiting queue, the running set (through a DecodeSet and the partial prefill) and its
+    KV policy; it never sees token ids or tensors. Each step is one `schedule()` (a StepPlan) and one
+    `complete(plan)`. The budget is spent in a fixed order:
 
-    1. decodes: one token for every running request whose prompt is fully prefilled, oldest
-       admitted first;
+    1. decodes: one token for every running request whose prefill is done, oldest admitted first;
     2. the partial prefill: the rest of a prompt started in an earlier step, up to what is left;
-    3. admission: waiting requests strictly first come, first served (add() order); the head needs a
-       free slot (running < max_seqs), KV for prompt_len + max_new tokens (reserved now, returned
-       when it finishes) and budget left; the first head that does not fit stops admission.
+    3. admission: waiting requests strictly in queue order (add() order, or priority order); the head
+       needs a free slot (running < max_seqs), budget left and its KV (below); the first head that
+       does not fit stops admission.
+
+    KV policies (kv_policy=):
+
+    - "reserve" (the contract): prompt_len + max_new tokens reserved at admission, returned when it
+      finishes; nothing is ever preempted.
+    - "paged": kv_tokens // block_size blocks (rounded down); a request takes blocks as its tokens
+      are scheduled; admission needs the blocks of the first chunk while floor(watermark x blocks)
+      stay free (waived when nothing runs; a preempted head needs its whole recompute). A decode or
+      the partial prefill that cannot get its block preempts by recompute (`_preempt`): under
+      policy="fcfs" the most recently admitted running request; under "priority" the least urgent
+      among those admitted after it (newest first among equals); itself when there is none. So the
+      oldest running request is never a victim and every run ends. A victim frees its blocks,
+      returns to the queue (FCFS: at its front, in arrival order; priority: by its unchanged
+      priority and aging clock) and, readmitted, prefills prompt + generated tokens; a step that
+      preempted admits nothing.
 
     Invariants (checked by stallfree.core.invariants.InvariantChecker): scheduled tokens <=
-    token_budget; running <= max_seqs; free KV >= 0; every prompt gets exactly prompt_len prefill
-    tokens; every request gets exactly max_new - 1 decodes unless stopped or aborted; admission
-    order equals add() order; the decodes of a step are the oldest ready ones; all KV is returned.
+    budget; running <= max_seqs; KV accounting exact; every prompt (episode) gets exactly its
+    prefill tokens; every request gets exactly max_new tokens unless stopped or aborted; admission
+    in queue order; the decodes of a step are the oldest ready ones; all KV returned at the end.
 
     Example (the hand trace): budget 8, one decode running, a 20-token prompt arrives::
 
         step 0: decode + chunk of 7     step 1: decode + chunk of 7
         step 2: decode + chunk of 6 -> the prompt's first token comes out of this (third) step
 
-    Options (each off by default; docs/scheduling.md says what each trades):
+    Options (each off by default, each under both KV policies; docs/scheduling.md):
 
-    - block_size=B: every non-final chunk is a multiple of B tokens, and KV is reserved in whole blocks;
-      token_budget must be >= B and a per-step budget is never taken below B.
-    - policy="priority" (aging_interval=, clock=): admission and overflowing decodes are ordered by
-      (effective priority, arrival), effective = priority - floor(waited / aging_interval), waited in
-      steps, or in seconds when `clock` (a callable returning seconds) is given. Admission still never
-      skips the head of that order; there is no preemption.
-    - decode_overflow="oldest" | "rotate": when ready decodes do not fit the budget (a smaller per-step
-      budget, or speculative tokens), the oldest run, or the start index rotates each step.
-    - num_spec_tokens=k: a decode costs 1 + min(k, max_new - generated - 1, budget - 1) tokens (the
-      verification pass never goes past max_new) and complete(num_accepted=) says how many it emitted.
+    - align_chunks: every non-final chunk is a multiple of block_size. None: on for "reserve" with a
+      block_size (which also reserves whole blocks), off for "paged".
+    - policy="priority" (aging_interval=, clock=): admission, overflowing decodes and victims are
+      ordered by (effective priority, arrival), effective = priority - floor(waited /
+      aging_interval), waited in steps, or seconds when `clock` is given.
+    - decode_overflow="oldest" | "rotate": when ready decodes do not fit the budget.
+    - num_spec_tokens=k: a decode costs 1 + min(k, max_new - generated - 1, budget - 1) tokens;
+      complete(num_accepted=) says how many it emitted.
 
     Args:
         token_budget: the most tokens in one step (vLLM's max_num_batched_tokens), >= 1.
-        max_seqs: the most running (admitted, unfinished) requests, >= 1.
+        max_seqs: the most running requests, >= 1.
         kv_tokens: KV cache capacity in tokens, >= 1.
+        kv_policy: "reserve" or "paged".
+        block_size: tokens per KV block; required under "paged".
+        watermark: fraction of blocks kept free at admission ("paged"), 0 <= watermark < 1.
 
     Raises:
-        InvalidConfig: an argument is not an integer >= 1 (bools excluded), or an option is out of range
-            (see stallfree.core.policies.build_policies); the message names it and its value.
+        InvalidConfig: an unknown kv_policy, "paged" without block_size, a watermark out of range, an
+            argument that is not an integer >= 1, or an option out of range; the message names it.
     """
 
-    _live: dict[Hashable, _Live]
-    _prefilling: _Live | None
-    _due: dict[int, list[_Live]]
+    _live: dict[Hashable, LiveRequest]
+    _prefilling: LiveRequest | None
+    _pkv: PagedKV
 
     def __init__(
         self,
@@ -131,7 +109,10 @@ class Scheduler(RequestLifecycle):
         max_seqs: int,
         kv_tokens: int,
         *,
+        kv_policy: str = "reserve",
         block_size: int | None = None,
+        watermark: float = 0.01,
+        align_chunks: bool | None = None,
         policy: str = "fcfs",
         aging_interval: float | None = None,
         clock: Callable[[], float] | None = None,
@@ -141,11 +122,28 @@ class Scheduler(RequestLifecycle):
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
         check_positive_int("kv_tokens", kv_tokens)
+        if kv_policy not in KV_POLICIES:
+            raise InvalidConfig(f"kv_policy must be 'reserve' or 'paged', got {kv_policy!r}")
+        if kv_policy == "paged" and block_size is None:
+            raise InvalidConfig("kv_policy='paged' needs a block_size (tokens per KV block), got None")
+        if align_chunks not in (None, True, False):
+            raise InvalidConfig(f"align_chunks must be None, True or False, got {align_chunks!r}")
+        if align_chunks and block_size is None:
+            raise InvalidConfig("align_chunks=True needs a block_size, got None")
+        self.watermark = check_watermark(watermark)
+        if block_size is not None:
+            check_positive_int("block_size", block_size)
+        self.kv_policy = kv_policy
+        if align_chunks is None:
+            align_chunks = kv_policy == "reserve" and block_size is not None
+        self.align_chunks = align_chunks
         self._chunking, self.policy, self._selection = build_policies(
-            block_size, policy, aging_interval, clock, decode_overflow, num_spec_tokens
+            block_size if self.align_chunks else None, policy, aging_interval, clock, decode_overflow, num_spec_tokens
         )
         self.block_size = block_size
-        if block_size is not None and (token_budget < block_size or kv_tokens < block_size):
+        if block_size is not None and (
+            kv_tokens < block_size or (self.align_chunks and token_budget < block_size)
+        ):
             raise InvalidConfig(
                 f"token_budget ({token_budget}) and kv_tokens ({kv_tokens}) must be >= block_size ({block_size})"
             )
@@ -154,53 +152,92 @@ class Scheduler(RequestLifecycle):
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self.decode_overflow = decode_overflow
         self.num_spec_tokens = num_spec_tokens
-        self.kv_total = self._chunking.capacity(kv_tokens)
-        self._kv_free = self.kv_total
+        self._paged = kv_policy == "paged"
+        self._kv: ReservationKV | PagedKV
+        if self._paged:
+            assert block_size is not None
+            self._kv = self._pkv = PagedKV(kv_tokens // block_size, block_size, watermark)
+            self.num_blocks = self._pkv.num_blocks
+            self.watermark_blocks = self._pkv.watermark_blocks
+        else:
+            self._kv = ReservationKV(kv_tokens, block_size)
+        self.kv_total = self._kv.kv_total
         self._init_lifecycle()
+        self._decodes = DecodeSet()
+        self._due = self._decodes.due
         self._waiting: WaitingQueue = FCFSQueue() if policy == "fcfs" else PriorityQueue(self.priority_key)
         self._seq = 0
-        self._skipped: list[_Live] = []
-        self._offsets_stale = False
-        # Decodes in batch order (admission order), as three aligned lists plus cached tuples that
-        # plans share while the set does not change.
-        self._dec: list[_Live] = []
-        self._dec_rids: list[Hashable] = []
-        self._dec_offsets: list[int] = []
-        self._dec_rids_t: tuple[Hashable, ...] = ()
-        self._dec_offsets_t: tuple[int, ...] = ()
-        self._dec_dirty = False
-        self._dec_offset_sum = 0
+        self._admit_seq = 0
+        self._skipped: list[LiveRequest] = []
+        #: Preemptions so far, over all requests (always 0 under "reserve").
+        self.num_preemptions = 0
+        #: Prefill tokens scheduled in episodes after a preemption (prompt + generated, recomputed).
+        self.num_recomputed_tokens = 0
 
     # ------------------------------------------------------------------ public state
 
     @property
     def kv_free(self) -> int:
-        """Unreserved KV capacity, in tokens."""
-        return self._kv_free
+        """Free (unreserved, or in free blocks) KV capacity, in tokens."""
+        return self._kv.kv_free
 
     @property
     def decode_load(self) -> tuple[int, int]:
         """(ready decodes, sum of their context lengths in tokens) for the step schedule() plans next.
 
-        Ready decodes are the running requests whose prompt is fully prefilled; a decode's context
-        is the tokens already in its KV cache (its entry's `start`). Without decode overflow, the
-        next plan's num_decodes and decode_context_sum equal these. O(1): the scheduler keeps the
-        sum of the decodes' offsets, and a decode's context at step k is its offset + k. After a
-        step that skipped some decodes or gave some several tokens, the offsets are refreshed first
-        (O(decodes), the work the next schedule() would otherwise do).
+        A decode's context is the tokens already in its KV cache (its entry's `start`). Without
+        decode overflow or preemption, the next plan's num_decodes and decode_context_sum equal
+        these. O(1) unless some decodes moved irregularly in the last step (then O(decodes), the
+        work the next schedule() would do anyway).
         """
-        if self._offsets_stale:
-            self._refresh_offsets()
-        n = len(self._dec)
-        return n, self._dec_offset_sum + n * self._step
+        dec = self._decodes
+        return len(dec), dec.context_sum(self._step)
 
-    # ------------------------------------------------------------------ add / abort
+    @property
+    def num_free_blocks(self) -> int:
+        """KV blocks free (paged), or free reservation units (reserve: tokens, or blocks of block_size)."""
+        return self._kv.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        """KV blocks held (paged), or reserved units (reserve)."""
+        return self._kv.pool.num_used
+
+    @property
+    def block_table(self) -> Callable[[Hashable], tuple[int, ...]] | None:
+        """Under "paged", a function rid -> the block ids of a live request, in token order (empty
+        while it waits; KeyError if `rid` is not live). None under "reserve", which hands out no ids."""
+        return self._block_table if self._paged else None
+
+    def _block_table(self, rid: Hashable) -> tuple[int, ...]:
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"no live request with rid {rid!r}")
+        self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
+        return tuple(obj.block_table)
+
+    def _runs_in_flight(self, obj: LiveRequest) -> bool:
+        """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
+        return self._inflight is not None and obj not in self._skipped
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        """Paged: the ids of the free blocks, after giving every table its promised blocks.
+        O(num_blocks + running); meant for checkers and tests."""
+        for obj in self._decodes.recs:
+            self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
+        return self._kv.pool.free_ids()
+
+    def blocks_needed(self, req: Request) -> int:
+        """Paged: the most blocks `req` ever holds, ceil((prompt_len + max_new - 1) / block_size)."""
+        return self._pkv.blocks_needed(req)
 
     def kv_needed(self, req: Request) -> int:
-        """KV reserved for `req` at admission, in tokens: prompt_len + max_new (in whole blocks with block_size)."""
-        return self._chunking.kv_needed(req.prompt_len, req.max_new)
+        """Reserve: KV reserved for `req` at admission, in tokens (whole blocks with block_size)."""
+        if self._paged:
+            return self._pkv.blocks_needed(req) * self._pkv.block_size
+        return self._kv.kv_needed(req.prompt_len, req.max_new)  # type: ignore[union-attr]
 
-    def priority_key(self, obj: _Live) -> tuple[float, int]:
+    def priority_key(self, obj: LiveRequest) -> tuple[float, int]:
         """(effective priority, add order) of a live request; lower runs first under policy="priority"."""
         prio = obj.req.priority
         if self.aging_interval is None:
@@ -215,10 +252,11 @@ class Scheduler(RequestLifecycle):
 
         Args:
             token_budget: spend at most this many tokens in this step only (1 to the configured
-                budget; raised to block_size when that is set); None uses the configured budget.
+                budget; raised to block_size when chunks are aligned); None: the configured budget.
 
         Returns:
-            The StepPlan of step `self.step`; empty when nothing can run.
+            The StepPlan of step `self.step`; `plan.preempted` lists the requests preempted in it
+            (in arrival order). Empty when nothing can run.
 
         Raises:
             SchedulerStateError: the previous plan has not been completed, or `clock` returned
@@ -229,28 +267,33 @@ class Scheduler(RequestLifecycle):
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
         budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
         if self.clock is not None:
-            # One reading per step, checked before anything changes: every priority of the step is
-            # computed against the same time.
+            # One reading per step, checked before anything changes.
             now = self.clock()
             if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
                 raise SchedulerStateError(f"clock() must return a finite number of seconds, got {now!r}")
             self._now = float(now)
         step = self._step
-        decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step)
+        victims: list[LiveRequest] = []
+        decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step, victims)
         prefills: list[ScheduledChunk] = []
-        left = self._schedule_partial_prefill(budget - used, prefills)
-        admitted = self._admit(left, prefills)
-        n_dec = len(decode_rids)
-        ctx = self._dec_offset_sum if decode_offsets is self._dec_offsets_t else sum(decode_offsets)
+        left = self._schedule_partial_prefill(budget - used, prefills, victims)
+        if victims:
+            admitted: tuple[Hashable, ...] = ()
+            self._requeue(victims)
+        else:
+            admitted = self._admit(left, prefills)
+        dec = self._decodes
+        ctx = dec.offset_sum if decode_offsets is dec.tuples()[1] else sum(decode_offsets)
         plan = StepPlan(
             step=step,
             decode_rids=decode_rids,
             decode_offsets=decode_offsets,
             prefills=tuple(prefills),
             num_tokens=used + sum(c.num_tokens for c in prefills),
-            decode_context_sum=ctx + n_dec * step,
+            decode_context_sum=ctx + len(decode_rids) * step,
             token_budget=budget,
             admitted=admitted,
+            preempted=tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
             decode_tokens=decode_tokens,
         )
         self._inflight = plan
@@ -262,44 +305,89 @@ class Scheduler(RequestLifecycle):
             raise InvalidConfig(
                 f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self.token_budget})"
             )
-        return max(token_budget, self.block_size or 1)
+        return max(token_budget, self.block_size or 1) if self.align_chunks else token_budget
 
-    def _schedule_decodes(
-        self, budget: int, step: int
-    ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
-        """Contract step 1: one entry per ready decode, oldest admitted first, up to the budget.
-
-        Returns (rids, offsets, per-decode tokens or None when all cost 1, tokens used).
-        """
-        if self._offsets_stale:
-            self._refresh_offsets()
-        if self._dec_dirty:
-            self._dec_rids_t = tuple(self._dec_rids)
-            self._dec_offsets_t = tuple(self._dec_offsets)
-            self._dec_dirty = False
+    def _schedule_decodes(self, budget: int, step: int, victims: list[LiveRequest]) -> _Decodes:
+        """Contract step 1: one entry per ready decode, oldest admitted first, up to the budget;
+        under "paged", each with the blocks of its tokens (preempting when there are none)."""
+        dec = self._decodes
         self._skipped = []
-        n = len(self._dec_rids_t)
+        if self._paged and not self.num_spec_tokens:
+            bucket = self._pkv.buckets.get(step % self._pkv.block_size)
+            if bucket and len(dec) <= budget and not self._pkv.pool.try_promise(len(bucket)):
+                for obj in sorted(bucket.values(), key=_by_admission):
+                    if obj.status is _DECODING:  # not a victim of an older decode in this loop
+                        self._pkv.materialize(obj, step, False)
+                        self._grow(obj, obj.offset + step + 1, step, victims)
+        rids, offsets = dec.tuples()
+        n = len(rids)
         k = self.num_spec_tokens
         if k:
-            # The verification pass never goes past max_new (finish_step - step tokens are still due
-            # after this one), and a decode never costs more than the whole step's budget.
+            # The verification pass never goes past max_new, and a decode never costs more than the budget.
             costs, total = self._spec_costs(min(k, budget - 1), step)
-            if total <= budget:
-                return self._dec_rids_t, self._dec_offsets_t, costs, total
-            return self._overflow(costs, budget)
+            if total > budget:
+                return self._with_blocks(*self._overflow(costs, budget), step, victims)
+            return self._with_blocks(rids, offsets, costs, total, step, victims) if self._paged else (
+                rids, offsets, costs, total)
         if n <= budget:
-            return self._dec_rids_t, self._dec_offsets_t, None, n
-        return self._overflow((1,) * n, budget)
+            return rids, offsets, None, n
+        return self._with_blocks(*self._overflow((1,) * n, budget), step, victims)
+
+    def _with_blocks(
+        self, rids: tuple[Hashable, ...], offsets: tuple[int, ...], costs: tuple[int, ...] | None, total: int,
+        step: int, victims: list[LiveRequest],
+    ) -> _Decodes:
+        """Paged, when decodes did not all get one token: each chosen decode, oldest first, gets the
+        blocks of its tokens, preempting as needed; victims leave the plan."""
+        if not self._paged:
+            return rids, offsets, costs, total
+        live = self._live
+        tokens = costs or (1,) * len(rids)
+        for rid, off, c in zip(rids, offsets, tokens, strict=True):
+            obj = live[rid]
+            if obj.status is _DECODING:
+                self._pkv.materialize(obj, step, False)
+                self._grow(obj, off + step + c, step, victims)
+        if not victims:
+            return rids, offsets, costs, total
+        keep = [i for i, rid in enumerate(rids) if live[rid].status is _DECODING]
+        rids = tuple(rids[i] for i in keep)
+        offsets = tuple(offsets[i] for i in keep)
+        kept = tuple(tokens[i] for i in keep)
+        return rids, offsets, kept if costs else None, sum(kept)
+
+    def _grow(self, obj: LiveRequest, tokens: int, step: int, victims: list[LiveRequest]) -> bool:
+        """Give a running request the blocks for `tokens` tokens, preempting others (or, when none
+        may be preempted for it, itself) while the pool has too few; True if it got them."""
+        kv = self._pkv
+        while not kv.grow(obj, tokens):
+            victim = self._victim_for(obj)
+            self._preempt(victim, step, victims)
+            if victim is obj:
+                return False
+        return True
+
+    def _victim_for(self, obj: LiveRequest) -> LiveRequest:
+        """The running request preempted so that `obj` gets a block: among those admitted after it,
+        the newest (fcfs), or the least urgent, newest first among equals (priority); else itself."""
+        recs = self._decodes.recs
+        if self.policy != "priority":
+            # Decodes join in admission order and nothing is admitted behind a partial prefill, so
+            # the newest running request is the partial prefill, else the last decode.
+            newest = self._prefilling if self._prefilling is not None else recs[-1]
+            return newest if newest.admit_seq > obj.admit_seq else obj
+        running = recs + ([self._prefilling] if self._prefilling is not None else [])
+        later = [o for o in running if o.admit_seq > obj.admit_seq]
+        if not later:
+            return obj
+        return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
 
     def _spec_costs(self, spec: int, step: int) -> tuple[tuple[int, ...], int]:
-        """Per-decode tokens with speculation: 1 + min(spec, finish_step - step).
-
-        Only decodes due to finish within `spec` steps cost less than 1 + spec; they are found through
-        the finish-step index, so this is a C-speed copy plus a lookup per such decode, not a Python
-        loop over every decode.
-        """
-        n = len(self._dec)
-        short: dict[int, tuple[_Live, int]] = {}
+        """Per-decode tokens with speculation: 1 + min(spec, finish_step - step), found through the
+        finish-step index (a copy plus a lookup per decode due within `spec` steps)."""
+        dec = self._decodes
+        n = len(dec)
+        short: dict[int, tuple[LiveRequest, int]] = {}
         for d in range(spec):
             for obj in self._due.get(step + d, ()):
                 if obj.status is _DECODING and obj.finish_step == step + d:
@@ -310,42 +398,38 @@ class Scheduler(RequestLifecycle):
         costs = list(full)
         total = n * (1 + spec)
         for obj, d in short.values():
-            costs[position_of(self._dec, obj)] = 1 + d
+            costs[position_of(dec.recs, obj)] = 1 + d
             total -= spec - d
         return tuple(costs), total
-
-    def _refresh_offsets(self) -> None:
-        """Recompute the decodes' offsets after a step that moved some decodes' progress (skips,
-        speculative tokens); O(decodes), once per such step."""
-        self._dec_offsets = [o.prompt_len - o.base - 2 for o in self._dec]
-        self._dec_offset_sum = sum(self._dec_offsets)
-        self._offsets_stale = False
-        self._dec_dirty = True
 
     def _overflow(
         self, costs: tuple[int, ...], budget: int
     ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
         """Ready decodes exceed the budget: the selection hook picks who runs; the rest skip a step."""
+        recs = self._decodes.recs
         order = None
         if self.policy == "priority":
-            order = sorted(range(len(costs)), key=lambda i: self.priority_key(self._dec[i]))
+            order = sorted(range(len(costs)), key=lambda i: self.priority_key(recs[i]))
         chosen = self._selection.select(costs, budget, order)
         picked = set(chosen)
-        self._skipped = [o for i, o in enumerate(self._dec) if i not in picked]
-        rids = tuple(self._dec_rids[i] for i in chosen)
-        offsets = tuple(self._dec_offsets[i] for i in chosen)
+        self._skipped = [o for i, o in enumerate(recs) if i not in picked]
+        rids, offsets = self._decodes.offsets_at(chosen)
         tokens = tuple(costs[i] for i in chosen)
         return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
 
-    def _schedule_partial_prefill(self, left: int, out: list[ScheduledChunk]) -> int:
+    def _schedule_partial_prefill(self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest]) -> int:
         """Contract step 2: the rest of the prompt started in an earlier step, up to `left` tokens."""
         obj = self._prefilling
         if obj is None or left <= 0:
             return left
         done = obj.num_prefilled
-        rest = obj.prompt_len - done
+        rest = obj.target - done
         n = self._chunking.chunk(rest, left)
+        if n and self._paged and not self._grow(obj, done + n, self._step, victims):
+            return left  # it was its own victim: nothing was admitted after it
         if n:
+            if obj.num_preemptions:
+                self.num_recomputed_tokens += n
             out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
         # A prompt that does not finish this step keeps what is left (less than a block when chunks are
         # block-aligned): admitting behind it would let a newer prompt reach its first token first.
@@ -356,71 +440,100 @@ class Scheduler(RequestLifecycle):
         waiting = self._waiting
         admitted: list[Hashable] = []
         step = self._step
+        kv = self._kv
         while left > 0 and len(waiting):
-            obj: _Live | None = waiting.head()
-            if obj is None or self._num_running >= self.max_seqs or obj.kv > self._kv_free:
+            obj: LiveRequest | None = waiting.head()
+            if obj is None or self._num_running >= self.max_seqs:
                 break
-            n = self._chunking.chunk(obj.prompt_len, left)
-            if n == 0:  # never admit with a 0-token first chunk
+            n = self._chunking.chunk(obj.target, left)
+            if n == 0 or not kv.can_admit(obj, n, self._num_running):  # never a 0-token first chunk
                 break
             waiting.pop_head()
+            kv.admit(obj, n)
             self._num_running += 1
-            self._kv_free -= obj.kv
             obj.status = _PREFILLING
-            obj.admitted_step = step
-            out.append(ScheduledChunk(obj.rid, n, True, 0, n == obj.prompt_len))
+            obj.admit_seq = self._admit_seq
+            self._admit_seq += 1
+            if obj.admitted_step is None:
+                obj.admitted_step = step
+            if obj.num_preemptions:
+                self.num_recomputed_tokens += n
+            out.append(ScheduledChunk(obj.rid, n, True, 0, n == obj.target))
             admitted.append(obj.rid)
-            left = left - n if n == obj.prompt_len else 0  # as for the partial prefill above
+            left = left - n if n == obj.target else 0  # as for the partial prefill above
         return tuple(admitted)
 
-    def _before_apply(self, plan: StepPlan, accepted: list[tuple[_Live, int]]) -> int:
-        """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
-        if self._skipped or accepted:
-            self._shift_progress(accepted)
-        return plan.step
+    def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None:
+        """Preempt a running request by recompute: free its KV, queue it to prefill prompt + generated."""
+        gen = obj.num_output_tokens
+        self._leave_running(obj)
+        obj.status = _PREEMPTED
+        obj.gen0 = gen
+        obj.target = obj.num_prompt_tokens + gen
+        obj.num_prefilled = 0
+        obj.decode_step = -1
+        obj.admit_seq = -1
+        obj.num_preemptions += 1
+        self.num_preemptions += 1
+        victims.append(obj)
+        if obj in self._skipped:
+            self._skipped.remove(obj)
 
-    def _shift_progress(self, accepted: list[tuple[_Live, int]]) -> None:
-        for obj, shift in [(o, 1) for o in self._skipped] + [(o, 1 - n) for o, n in accepted]:
-            obj.base += shift
-            obj.finish_step += shift
-            self._due.setdefault(obj.finish_step, []).append(obj)
-        self._skipped = []
-        self._offsets_stale = True
+    def _requeue(self, victims: list[LiveRequest]) -> None:
+        """Victims go back to the queue: FCFS, in front of every never-started request, oldest first."""
+        if isinstance(self._waiting, FCFSQueue):
+            self._waiting.push_front(sorted(victims, key=_by_seq))
+        else:
+            for obj in victims:
+                self._waiting.append(obj)
+
+    def _before_apply(self, plan: StepPlan, accepted: list[tuple[LiveRequest, int]]) -> int:
+        """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
+        self._decodes.clock = self._step
+        if self._skipped or accepted:
+            shifts = [(o, -1) for o in self._skipped] + [(o, n - 1) for o, n in accepted]
+            for obj, delta in shifts:
+                self._decodes.shift(obj, delta)
+                if self._paged:
+                    # These ran through the exact path (or skipped): a promise of an earlier step
+                    # covers at most the tokens now in their KV.
+                    self._pkv.materialize(obj, self._step, False)
+                    self._pkv.refile(obj)
+            self._skipped = []
+        if self._paged and plan._decode_tokens:
+            # Rejected speculative tokens: their blocks go back.
+            live = self._live
+            for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
+                if c > 1:
+                    obj = live[rid]
+                    self._pkv.trim(obj, obj.offset + self._step)
+        return plan.step
 
     # ------------------------------------------------------------------ lifecycle hooks
 
     def _check_fits(self, req: Request) -> int:
-        need = self.kv_needed(req)
-        if need > self.kv_total:
-            blocks = f" in whole blocks of {self.block_size}" if self.block_size else ""
-            raise RequestRejected(
-                f"request {req.rid!r} can never fit: prompt_len + max_new = {req.prompt_len} + "
-                f"{req.max_new} = {req.prompt_len + req.max_new}, {need} tokens of KV{blocks} "
-                f"> kv_tokens = {self.kv_total}"
-            )
-        return need
+        return self._kv.check_fits(req)
 
-    def _new_live(self, req: Request, need: int) -> _Live:
-        obj = _Live(req, need, self._seq, self._step)
+    def _new_live(self, req: Request, need: int) -> LiveRequest:
+        obj = LiveRequest(req, need, self._seq, self._step, self._decodes)
         self._seq += 1
         return obj
 
-    def _num_generated(self, obj: _Live) -> int:
-        return self._step - 1 - obj.base if obj.status is _DECODING else 0
+    def _num_generated(self, obj: LiveRequest) -> int:
+        return obj.num_output_tokens
 
-    def _leave_running(self, obj: _Live) -> None:
-        """Drop a running request from the decodes (or the partial prefill) and return its reservation."""
-        if obj.status is _DECODING and obj.max_new > 1:
-            i = position_of(self._dec, obj)
-            del self._dec[i], self._dec_rids[i]
-            self._dec_offset_sum -= self._dec_offsets.pop(i)
-            self._dec_dirty = True
+    def _leave_running(self, obj: LiveRequest) -> None:
+        """Drop a running request from the decodes (or the partial prefill) and free its KV."""
+        self._kv.free(obj, self._step, self._runs_in_flight(obj))
+        if obj.finish_step >= 0:
+            self._decodes.leave(obj)
         elif self._prefilling is obj:
             self._prefilling = None
         self._num_running -= 1
-        self._kv_free += obj.kv
 
-    def _validate_accepted(self, plan: StepPlan, num_accepted: Mapping[Hashable, int]) -> list[tuple[_Live, int]]:
+    def _validate_accepted(
+        self, plan: StepPlan, num_accepted: Mapping[Hashable, int]
+    ) -> list[tuple[LiveRequest, int]]:
         tokens = dict(zip(plan.decode_rids, plan._decode_tokens or (1,) * plan.num_decodes, strict=True))
         out = []
         for rid, n in num_accepted.items():
@@ -433,26 +546,63 @@ class Scheduler(RequestLifecycle):
                 out.append((self._live[rid], n))
         return out
 
-    def _decoded_in(self, obj: _Live, plan: StepPlan) -> bool:
+    def _decoded_in(self, obj: LiveRequest, plan: StepPlan) -> bool:
         return (
             obj.status is _DECODING
-            and obj.first_token_step is not None
-            and obj.first_token_step < plan.step
+            and 0 <= obj.decode_step < plan.step
             and obj not in self._skipped
         )
 
-    def _first_token(self, obj: _Live, step: int) -> None:
-        obj.first_token_step = step
+    def _first_token(self, obj: LiveRequest, step: int) -> None:
+        """The last chunk of an episode sampled token gen0 + 1: finish, or start decoding."""
+        if obj.first_token_step is None:
+            obj.first_token_step = step
         obj.status = _DECODING
-        if obj.max_new == 1:
+        obj.decode_step = step
+        if obj.gen0 + 1 == obj.max_new:
             self._finish(obj, FinishReason.LENGTH)
             return
-        obj.base = step - 1
-        obj.finish_step = step - 1 + obj.max_new
-        self._due.setdefault(obj.finish_step, []).append(obj)
-        self._dec.append(obj)
-        self._dec_rids.append(obj.rid)
-        off = obj.offset
-        self._dec_offsets.append(off)
-        self._dec_offset_sum += off
-        self._dec_dirty = True
+        self._decodes.join(obj, obj.num_prompt_tokens + obj.gen0 - step - 1, step - 1 - obj.gen0 + obj.max_new)
+        if self._paged:
+            self._pkv.file_decode(obj)
+
+
+def _by_seq(obj: LiveRequest) -> int:
+    return obj.seq
+
+
+def _by_admission(obj: LiveRequest) -> int:
+    return obj.admit_seq
+
+
+class PagedScheduler(Scheduler):
+    """Scheduler(kv_policy="paged") built from a block count: the constructor kept from before the
+    KV policy became an option of Scheduler; same class, same behaviour.
+
+    Args:
+        token_budget: the most tokens in one step, >= 1.
+        max_seqs: the most running requests, >= 1.
+        num_blocks: KV blocks in the cache, >= 1 (kv_tokens = num_blocks x block_size).
+        block_size: tokens per KV block, >= 1.
+        watermark: the fraction of num_blocks kept free at admission, 0 <= watermark < 1.
+        **options: any option keyword of Scheduler (policy=, num_spec_tokens=, align_chunks=, ...).
+
+    Raises:
+        InvalidConfig: an argument is out of range or of the wrong type; the message names it.
+    """
+
+    def __init__(
+        self,
+        token_budget: int,
+        max_seqs: int,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.01,
+        **options: object,
+    ) -> None:
+        check_positive_int("num_blocks", num_blocks)
+        check_positive_int("block_size", block_size)
+        super().__init__(
+            token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
+            watermark=watermark, **options,  # type: ignore[arg-type]
+        )

@@ -28,25 +28,11 @@ from typing import Any
 
 from stallfree.core.errors import RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.lifecycle import RequestLifecycle
+from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
 __all__ = ["NoChunkScheduler", "PrefillFirstScheduler"]
-
-
-class _Req:
-    """A live request; `base` = prompt_len - (decode steps completed before its first decode), so
-    its KV length before the decode of decode step T is base + T."""
-
-    __slots__ = ("req", "rid", "prompt_len", "max_new", "kv", "status", "base", "finish_step", "num_prefilled")
-
-    def __init__(self, req: Request, kv: int) -> None:
-        self.req, self.rid, self.kv = req, req.rid, kv
-        self.prompt_len, self.max_new = req.prompt_len, req.max_new
-        self.status = RequestStatus.WAITING
-        self.base = 0
-        self.finish_step = -1  # the decode step (tick, not step) of its last token; -1 while not decoding
-        self.num_prefilled = 0
 
 
 class _WholePromptScheduler(RequestLifecycle):
@@ -69,14 +55,11 @@ class _WholePromptScheduler(RequestLifecycle):
         self.kv_total = check_positive_int("kv_tokens", kv_tokens)
         self._kv_free = self.kv_total
         self._init_lifecycle()
-        self._waiting: deque[_Req] = deque()
-        self._dec: list[_Req] = []
-        self._dec_rids: tuple[Hashable, ...] = ()
-        self._dec_offsets: tuple[int, ...] = ()
-        self._offsets_shift: int | None = None
-        self._dec_dirty = False
-        self._base_sum = 0
-        self._tick = 0  # decode steps completed; `_due` is keyed by decode step here, not by step
+        self._waiting: deque[LiveRequest] = deque()
+        # The decode set's clock is the count of decode steps completed (`_due` is keyed by decode
+        # step here, not by step): a decode's KV length before decode step T is its offset + T.
+        self._decodes = DecodeSet()
+        self._due = self._decodes.due
 
     @property
     def kv_free(self) -> int:
@@ -91,8 +74,8 @@ class _WholePromptScheduler(RequestLifecycle):
         """
         obj = self._live[rid]
         decoding = obj.status is RequestStatus.DECODING
-        generated = 1 + self._tick - (obj.prompt_len - obj.base) if decoding else 0
-        return RequestState(rid, obj.status, obj.prompt_len if decoding else 0, generated, None, None)
+        generated = obj.num_output_tokens if decoding else 0
+        return RequestState(rid, obj.status, obj.num_prompt_tokens if decoding else 0, generated, None, None)
 
     def schedule(self) -> StepPlan:
         """Plan the next step (decodes and/or whole prompts, by the baseline's policy).
@@ -102,9 +85,10 @@ class _WholePromptScheduler(RequestLifecycle):
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} not completed")
-        step, tick = self._step, self._tick
+        dec = self._decodes
+        step, tick = self._step, dec.clock
         prefills: list[ScheduledChunk] = []
-        n_dec = len(self._dec)
+        n_dec = len(dec)
         if self._prefill_only_steps:
             admitted = self._admit(self.token_budget, prefills)
             if prefills:
@@ -112,15 +96,8 @@ class _WholePromptScheduler(RequestLifecycle):
         else:
             admitted = self._admit(self.token_budget - n_dec, prefills)
         if n_dec:
-            if self._dec_dirty:
-                self._dec_rids = tuple(o.rid for o in self._dec)
-                self._dec_dirty = False
-                self._offsets_shift = None
-            if self._offsets_shift != tick - step:
-                shift = tick - step
-                self._dec_offsets = tuple(o.base + shift for o in self._dec)
-                self._offsets_shift = shift
-            rids, offsets, ctx = self._dec_rids, self._dec_offsets, self._base_sum + n_dec * tick
+            rids = dec.tuples()[0]
+            offsets, ctx = dec.shifted_offsets(tick - step), dec.context_sum(tick)
         else:
             rids, offsets, ctx = (), (), 0
         plan = StepPlan(
@@ -142,7 +119,7 @@ class _WholePromptScheduler(RequestLifecycle):
         admitted: list[Hashable] = []
         while waiting:
             obj = waiting[0]
-            n = obj.prompt_len
+            n = obj.num_prompt_tokens
             fits = n <= left or not out
             if not fits or self._num_running >= self.max_seqs or obj.kv > self._kv_free:
                 break
@@ -166,10 +143,10 @@ class _WholePromptScheduler(RequestLifecycle):
             )
         return need
 
-    def _new_live(self, req: Request, need: int) -> _Req:
-        return _Req(req, need)
+    def _new_live(self, req: Request, need: int) -> LiveRequest:
+        return LiveRequest(req, need, 0, self._step, self._decodes)
 
-    def _decoded_in(self, obj: _Req, plan: StepPlan) -> bool:
+    def _decoded_in(self, obj: LiveRequest, plan: StepPlan) -> bool:
         # Every decoding request runs in a step that has decodes (they are bounded by max_seqs only).
         return obj.status is RequestStatus.DECODING and plan.num_decodes > 0
 
@@ -177,34 +154,22 @@ class _WholePromptScheduler(RequestLifecycle):
         """Count decode steps apart from steps: decodes finish by the decode step they are due."""
         if not plan.num_decodes:
             return None
-        self._tick += 1
-        return self._tick - 1
+        self._decodes.clock += 1
+        return self._decodes.clock - 1
 
-    def _first_token(self, obj: _Req, step: int) -> None:
+    def _first_token(self, obj: LiveRequest, step: int) -> None:
         obj.status = RequestStatus.DECODING
         if obj.max_new == 1:
             self._finish(obj, FinishReason.LENGTH)
             return
-        join = self._tick  # its first decode is the next decode step
-        obj.base = obj.prompt_len - join
-        obj.finish_step = join + obj.max_new - 2
-        self._due.setdefault(obj.finish_step, []).append(obj)
-        self._dec.append(obj)
-        self._base_sum += obj.base
-        self._decodes_changed()
+        join = self._decodes.clock  # its first decode is the next decode step
+        self._decodes.join(obj, obj.num_prompt_tokens - join, join + obj.max_new - 2)
 
-    def _leave_running(self, obj: _Req) -> None:
+    def _leave_running(self, obj: LiveRequest) -> None:
         if obj.status is RequestStatus.DECODING and obj.finish_step >= 0:
-            self._dec.remove(obj)
-            self._base_sum -= obj.base
-            obj.finish_step = -1
-            self._decodes_changed()
+            self._decodes.leave(obj)
         self._num_running -= 1
         self._kv_free += obj.kv
-
-    def _decodes_changed(self) -> None:
-        # Rebuilt lazily at the next schedule(), once however many joined or left.
-        self._dec_dirty = True
 
 
 class PrefillFirstScheduler(_WholePromptScheduler):

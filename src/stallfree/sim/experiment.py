@@ -59,8 +59,6 @@ def _check_options(
         raise SetupError("--block-size and --watermark apply to --scheduler paged", usage=True)
     if setup.scheduler == "paged" and modes != ["chunked"] and not compare:
         raise SetupError("--scheduler paged runs chunked batching: drop --batching", usage=True)
-    if step_time_target is not None and setup.scheduler == "paged":
-        raise SetupError("--step-time-target drives the reservation scheduler: drop --scheduler paged", usage=True)
     if step_time_target is not None and modes != ["chunked"]:
         raise SetupError("--step-time-target drives the chunked scheduler: drop --compare and --batching", usage=True)
 
@@ -148,7 +146,14 @@ def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float
     from stallfree.sim.time_budget import TimeBudgetConfig
 
     sched: SchedulerLike | Any = TimeBudgetConfig(
-        setup.kv_tokens, step_time_target, setup.cost_model, budget, setup.max_seqs
+        setup.kv_tokens,
+        step_time_target,
+        setup.cost_model,
+        budget,
+        setup.max_seqs,
+        kv_policy=setup.scheduler,
+        block_size=setup.block_size,
+        watermark=setup.watermark,
     )
     return sched
 

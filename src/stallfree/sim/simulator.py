@@ -32,8 +32,6 @@ from typing import Any, Protocol, cast
 
 from stallfree.core.errors import RequestRejected
 from stallfree.core.invariants import InvariantChecker
-from stallfree.core.paged import PagedScheduler
-from stallfree.core.paged_invariants import PagedInvariantChecker
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
@@ -118,8 +116,10 @@ class SchedulerConfig:
             InvalidConfig: a number is out of range.
         """
         if self.kv == "paged":
-            blocks = self.kv_tokens // self.block_size
-            return PagedScheduler(self.token_budget, self.max_seqs, blocks, self.block_size, self.watermark)
+            return Scheduler(
+                self.token_budget, self.max_seqs, self.kv_tokens, kv_policy="paged",
+                block_size=self.block_size, watermark=self.watermark,
+            )
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
             "chunked": Scheduler,
             "prefill-first": PrefillFirstScheduler,
@@ -254,8 +254,7 @@ def _make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) ->
 
 
 def _wrap_checker(sched: SchedulerLike) -> SchedulerLike:
-    if isinstance(sched, PagedScheduler):
-        return cast(SchedulerLike, PagedInvariantChecker(sched))
+    # One checker for both KV policies (and for a time-budget wrapper, which reads as a Scheduler).
     return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
 
 

@@ -241,8 +241,8 @@ class TimeBudgetScheduler:
                 self._partial, self._partial_start = c.rid, c.start + c.num_tokens
             elif c.rid == self._partial:
                 self._partial, self._partial_start = None, 0
-        if self._partial is not None and self._partial in self.last_finished:  # aborted in flight
-            self._partial, self._partial_start = None, 0
+        if self._partial is not None and (self._partial in self.last_finished or self._partial in plan.preempted):
+            self._partial, self._partial_start = None, 0  # aborted in flight, or preempted (paged)
         return emitted
 
     # ------------------------------------------------------------------ the budget
@@ -284,6 +284,8 @@ class TimeBudgetConfig:
         token_budget: the cap of every step's budget, tokens.
         max_seqs: the most running requests.
         decode_overflow: "oldest" or "rotate" (Scheduler's option).
+        kv_policy, block_size, watermark: Scheduler's KV policy ("reserve": block_size unused here;
+            "paged": blocks of block_size tokens, kv_tokens // block_size of them).
 
     Raises:
         ValueError: target_s is not a finite number > 0 (numbers of the scheduler are checked when
@@ -296,6 +298,9 @@ class TimeBudgetConfig:
     token_budget: int = 65536
     max_seqs: int = 256
     decode_overflow: str = "oldest"
+    kv_policy: str = "reserve"
+    block_size: int = 16
+    watermark: float = 0.01
 
     def __post_init__(self) -> None:
         _check_target(self.target_s)
@@ -303,7 +308,11 @@ class TimeBudgetConfig:
 
     def __call__(self) -> TimeBudgetScheduler:
         """Build a fresh wrapped scheduler."""
-        inner = Scheduler(self.token_budget, self.max_seqs, self.kv_tokens, decode_overflow=self.decode_overflow)
+        paged = self.kv_policy == "paged"
+        inner = Scheduler(
+            self.token_budget, self.max_seqs, self.kv_tokens, decode_overflow=self.decode_overflow,
+            kv_policy=self.kv_policy, block_size=self.block_size if paged else None, watermark=self.watermark,
+        )
         return TimeBudgetScheduler(inner, self.cost_model, self.target_s)
 
     @property

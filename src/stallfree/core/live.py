@@ -1,0 +1,218 @@
+"""The one record of a live request that the core's schedulers keep, and the one owner of the decode
+set (LiveRequest, DecodeSet), in vLLM's words: num_prompt_tokens, num_computed_tokens,
+num_output_tokens, status, block table.
+
+Imports allowed: the standard library and stallfree.core only.
+
+Progress of a decoding request is derived, not counted every step: a decode's record holds an
+`offset` such that its entry at clock value c starts at offset + c (the tokens already in its KV),
+where the clock is the owner's step number (Scheduler) or its count of decode steps (the baselines of
+stallfree.sim.baselines, which have steps without decodes). So a step that serves every decode one
+token changes no record; only the rare irregular ones (a skipped decode, speculative tokens, a
+preemption) touch the records they concern. The DecodeSet keeps the decodes in batch order as
+aligned lists, tuples that plans share while the set does not change, the sum of the offsets, and
+the index of decodes by the clock value of their last token (`due`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from stallfree.core.request import Request, RequestStatus
+
+__all__ = ["DecodeSet", "LiveRequest", "position_of"]
+
+_DECODING = RequestStatus.DECODING
+
+
+def position_of(items: list[Any], obj: Any) -> int:
+    """Index of `obj` (by identity) in a decode list, looking at the newest few first.
+
+    Short requests, the ones that most often finish (or run out of speculative room), were admitted
+    last and sit at the end of the list, where list.index() would look last.
+
+    Raises:
+        ValueError: `obj` is not in `items`.
+    """
+    n = len(items)
+    for i in range(n - 1, max(n - 9, -1), -1):
+        if items[i] is obj:
+            return i
+    return items.index(obj)
+
+
+class LiveRequest:
+    """A scheduler's record of one live request; mutated by that scheduler only.
+
+    An admission starts an *episode*: the request prefills `target` = num_prompt_tokens + gen0
+    tokens (gen0 = tokens generated before it was last preempted; 0 on the first admission) and its
+    last chunk samples token gen0 + 1. Under the reservation policy there is one episode.
+
+    Attributes (tokens unless said otherwise):
+        req: the Request as added.
+        rid: its id.
+        seq: add() order among the scheduler's requests (ties of priority are broken by it).
+        admit_seq: admission order of the current episode (-1 while waiting).
+        arrival_step: the step of add().
+        num_prompt_tokens, max_new: from the request.
+        status: a RequestStatus.
+        num_prefilled: tokens of the current episode's prefill scheduled and completed.
+        target: tokens the current episode prefills.
+        gen0: tokens generated before the last preemption.
+        kv: tokens reserved at admission (reservation policy; 0 under paged).
+        block_table: its KV block ids, in token order (paged; empty while waiting).
+        bucket: the paged policy's filing key while decoding, -1 otherwise.
+        offset: while decoding, its entry at clock c starts at offset + c.
+        finish_step: while decoding, the clock value whose step samples its last token; else -1.
+        admitted_step, first_token_step, decode_step: step numbers (None / -1 until they happen).
+        num_preemptions: times it was preempted.
+    """
+
+    __slots__ = (
+        "req", "rid", "seq", "admit_seq", "arrival_step", "num_prompt_tokens", "max_new", "status",
+        "num_prefilled", "target", "gen0", "kv", "block_table", "bucket", "offset", "finish_step",
+        "admitted_step", "first_token_step", "decode_step", "num_preemptions", "_decodes",
+    )
+
+    def __init__(self, req: Request, kv: int, seq: int, arrival_step: int, decodes: DecodeSet) -> None:
+        self.req = req
+        self.rid = req.rid
+        self.seq = seq
+        self.admit_seq = -1
+        self.arrival_step = arrival_step
+        self.num_prompt_tokens = req.prompt_len
+        self.max_new = req.max_new
+        self.status = RequestStatus.WAITING
+        self.num_prefilled = 0
+        self.target = req.prompt_len
+        self.gen0 = 0
+        self.kv = kv
+        self.block_table: list[int] = []
+        self.bucket = -1
+        self.offset = 0
+        self.finish_step = -1
+        self.admitted_step: int | None = None
+        self.first_token_step: int | None = None
+        self.decode_step = -1
+        self.num_preemptions = 0
+        self._decodes = decodes
+
+    @property
+    def prompt_len(self) -> int:
+        """The contract's name of num_prompt_tokens."""
+        return self.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Tokens generated so far (emitted, or recomputed after a preemption)."""
+        if self.finish_step >= 0:
+            return self.offset + self._decodes.clock + 1 - self.num_prompt_tokens
+        if self.status is _DECODING:  # finished on its first token of this episode
+            return self.gen0 + 1
+        return self.gen0
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is computed: the episode's prefill so far, or prompt + generated - 1."""
+        if self.finish_step >= 0:
+            return self.offset + self._decodes.clock
+        return self.num_prefilled
+
+
+class DecodeSet:
+    """The running decodes of one scheduler, in batch order, with their derived progress.
+
+    The one owner of the decode bookkeeping (the Scheduler and the baselines use it; the simulator
+    reads plans and finishes only). `clock` is the owner's next step number or decode-step count;
+    a decode's entry at that clock starts at record.offset + clock.
+    """
+
+    __slots__ = ("recs", "_rids", "_offsets", "_rids_t", "_offsets_t", "_dirty", "_stale", "_offset_sum",
+                 "due", "clock", "_shift", "_shifted_t")
+
+    def __init__(self) -> None:
+        self.recs: list[LiveRequest] = []
+        self._rids: list[Hashable] = []
+        self._offsets: list[int] = []
+        self._rids_t: tuple[Hashable, ...] = ()
+        self._offsets_t: tuple[int, ...] = ()
+        self._dirty = False
+        self._stale = False
+        self._offset_sum = 0
+        self.due: dict[int, list[LiveRequest]] = {}
+        self.clock = 0
+        self._shift: int | None = None
+        self._shifted_t: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.recs)
+
+    def join(self, rec: LiveRequest, offset: int, finish: int) -> None:
+        """Append a new decode at the end of the batch order; its last token is due at clock `finish`."""
+        rec.offset = offset
+        rec.finish_step = finish
+        self.due.setdefault(finish, []).append(rec)
+        self.recs.append(rec)
+        self._rids.append(rec.rid)
+        self._offsets.append(offset)
+        self._offset_sum += offset
+        self._dirty = True
+
+    def leave(self, rec: LiveRequest) -> None:
+        """Remove a decode (finish, abort, preemption)."""
+        i = position_of(self.recs, rec)
+        del self.recs[i], self._rids[i]
+        self._offset_sum -= self._offsets.pop(i)
+        rec.finish_step = -1
+        self._dirty = True
+
+    def shift(self, rec: LiveRequest, delta: int) -> None:
+        """Move a decode's progress by `delta` tokens (-1 for a skipped step, n - 1 for n accepted)."""
+        rec.offset += delta
+        rec.finish_step -= delta
+        self.due.setdefault(rec.finish_step, []).append(rec)
+        self._stale = True
+
+    def tuples(self) -> tuple[tuple[Hashable, ...], tuple[int, ...]]:
+        """(rids, offsets) in batch order, shared with plans until the set or an offset changes."""
+        if self._stale:
+            self._refresh()
+        if self._dirty:
+            self._rids_t = tuple(self._rids)
+            self._offsets_t = tuple(self._offsets)
+            self._dirty = False
+            self._shift = None
+        return self._rids_t, self._offsets_t
+
+    def shifted_offsets(self, shift: int) -> tuple[int, ...]:
+        """The offsets plus `shift` (for an owner whose clock is not its step number), cached."""
+        offsets = self.tuples()[1]
+        if shift == 0:
+            return offsets
+        if self._shift != shift:
+            self._shifted_t = tuple(o + shift for o in offsets)
+            self._shift = shift
+        return self._shifted_t
+
+    def offsets_at(self, indices: list[int]) -> tuple[tuple[Hashable, ...], tuple[int, ...]]:
+        """(rids, offsets) of the decodes at `indices` (batch positions)."""
+        rids, offsets = self.tuples()
+        return tuple(rids[i] for i in indices), tuple(offsets[i] for i in indices)
+
+    @property
+    def offset_sum(self) -> int:
+        """Sum of the decodes' offsets (refreshed first if some moved)."""
+        if self._stale:
+            self._refresh()
+        return self._offset_sum
+
+    def context_sum(self, clock: int) -> int:
+        """Sum over the decodes of their start at `clock`, tokens."""
+        return self.offset_sum + len(self.recs) * clock
+
+    def _refresh(self) -> None:
+        self._offsets = [r.offset for r in self.recs]
+        self._offset_sum = sum(self._offsets)
+        self._stale = False
+        self._dirty = True
