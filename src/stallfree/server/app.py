@@ -243,11 +243,13 @@ def _build_params(state: _State, req: Any, max_tokens: int) -> Any:
             kw[name] = value
     if req.top_k is not None and req.top_k > 0:
         kw["top_k"] = req.top_k
-    if req.stop:
+    # `is not None`, never truthiness: "", 0 and False are values a client may mean (parse_request
+    # refuses an empty stop string; an empty list is "no stop" and passes through as such).
+    if req.stop is not None:
         kw["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-    if req.stop_token_ids:
+    if req.stop_token_ids is not None:
         kw["stop_token_ids"] = list(req.stop_token_ids)
-    if req.ignore_eos:
+    if req.ignore_eos is True:
         kw["ignore_eos"] = True
     if state.priority_mode == "params" and req.priority:
         kw["priority"] = req.priority

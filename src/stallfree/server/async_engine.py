@@ -73,7 +73,9 @@ class StepObserver(Protocol):
         """A request emitted `num_new` tokens at `now` (record not yet updated)."""
 
     def on_finish(self, record: RequestRecord) -> None:
-        """A request finished (record complete, finish_reason set)."""
+        """A request ended (record complete, finish_reason set): "stop" or "length" from the engine,
+        "abort" (the client left, or aborted it) or "error" (a failed step, a dead engine). Every
+        request the engine accepted ends here exactly once."""
 
     def on_step(self, engine: Any, duration_s: float) -> None:
         """A step ended after `duration_s` seconds; engine state may be read (no step in flight)."""
@@ -266,9 +268,12 @@ class AsyncEngine:
         return RequestStream(self, rid, live)
 
     def abort(self, rid: Hashable) -> None:
-        """Abort a request at the next step boundary (its KV is freed then); no-op if unknown."""
+        """Abort a request at the next step boundary (its KV is freed then); no-op if unknown.
+
+        It ends with finish_reason "abort" (observer.on_finish), unless it already ended.
+        """
         if rid in self._live or rid in self._pending:
-            self._live.pop(rid, None)
+            self._end(rid, "abort")
             self._aborts.add(rid)
             if self._wake is not None:
                 self._wake.set()
@@ -384,12 +389,8 @@ class AsyncEngine:
             rec.num_generated = out.num_generated
             live.queue.put_nowait(out)
             if out.finished:
-                rec.finish_time = now
-                rec.finish_reason = out.finish_reason
-                del self._live[out.rid]
                 self._added.discard(out.rid)
-                if obs is not None:
-                    obs.on_finish(rec)
+                self._end(out.rid, out.finish_reason or "stop", now)
 
     def _on_step_failure(self, exc: Exception) -> None:
         """Fail the requests of the failed step (all added ones when the engine does not say which)."""
@@ -401,7 +402,7 @@ class AsyncEngine:
         err.__cause__ = exc
         for rid in affected:
             self._added.discard(rid)
-            live = self._live.pop(rid, None)
+            live = self._end(rid, "error")
             if live is not None:
                 live.queue.put_nowait(err)
             try:
@@ -429,6 +430,18 @@ class AsyncEngine:
             if not p.future.done():
                 p.future.set_exception(err)
         self._pending.clear()
-        for live in self._live.values():
+        for rid in list(self._live):
+            live = self._end(rid, "error")
+            assert live is not None
             live.queue.put_nowait(err)
-        self._live.clear()
+
+    def _end(self, rid: Hashable, reason: str, now: float | None = None) -> _Live | None:
+        """Take a request out of the live set and report its outcome once; None if it was not live."""
+        live = self._live.pop(rid, None)
+        if live is not None:
+            rec = live.record
+            rec.finish_time = self.clock() if now is None else now
+            rec.finish_reason = reason
+            if self.observer is not None:
+                self.observer.on_finish(rec)
+        return live

@@ -70,7 +70,9 @@ class ServerMetrics:
                                      lab, registry=r).labels(model_name)
         self.generation_tokens = Counter("stallfree_generation_tokens", "Tokens generated.",
                                          lab, registry=r).labels(model_name)
-        self._success = Counter("stallfree_request_success", "Finished requests, by finish reason.",
+        self._success = Counter("stallfree_request_success",
+                                "Requests that ended, by outcome: stop, length, abort (the client left) or "
+                                "error (a failed step or a dead engine); each request is counted once.",
                                 ["model_name", "finished_reason"], registry=r)
         self._model_name = model_name
         self._last_preemptions = 0
@@ -101,12 +103,15 @@ class ServerMetrics:
         self.num_generation_tokens += num_new
 
     def on_finish(self, record: RequestRecord) -> None:
-        """Observe E2E and TPOT (when more than one token) and count the finish reason."""
+        """Count the request's outcome (finished_reason stop, length, abort or error); for a request
+        that finished (stop, length), also observe E2E and TPOT (when more than one token)."""
         assert record.finish_time is not None
-        self.e2e.observe(record.finish_time - record.arrival)
-        if record.num_generated > 1 and record.first_token_time is not None:
-            self.tpot.observe((record.finish_time - record.first_token_time) / (record.num_generated - 1))
-        self.request_success(record.finish_reason or "unknown").inc()
+        reason = record.finish_reason or "stop"
+        if reason in ("stop", "length"):
+            self.e2e.observe(record.finish_time - record.arrival)
+            if record.num_generated > 1 and record.first_token_time is not None:
+                self.tpot.observe((record.finish_time - record.first_token_time) / (record.num_generated - 1))
+        self.request_success(reason).inc()
 
     def on_step(self, engine: Any, duration_s: float) -> None:
         """Sample the engine's gauges and counters after a step."""

@@ -1,0 +1,186 @@
+"""Faults found by trying public bug reports on the server (issue 19), each with the tests of its kind:
+falsy values taken as "not set" (B31), aborted requests missing from the outcome counters (B36), input
+that reaches a library call that raises (a lone surrogate), and oversized bodies."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.fake_engine import FakeEngine
+from server.helpers import WAIT_S, LiveServer, asgi_client, run
+
+LAB = (("model_name", "fake-model"),)
+
+
+def _samples(text: str) -> dict:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _outcomes(samples: dict) -> dict[str, float]:
+    """finished_reason -> count of stallfree_request_success_total."""
+    return {dict(k[1])["finished_reason"]: v for k, v in samples.items()
+            if k[0] == "stallfree_request_success_total"}
+
+
+# ---------------------------------------------------------------- B31: falsy values are values
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("logprobs", 0), ("logprobs", 1), ("stop", ""), ("stop", [""]), ("stop", ["x", ""]), ("n", 0),
+     ("best_of", 0), ("echo", True), ("suffix", ""), ("min_tokens", 1), ("skip_special_tokens", False)],
+    ids=["logprobs-0", "logprobs-1", "stop-empty", "stop-list-empty", "stop-list-mixed", "n-0", "best_of-0",
+         "echo-true", "suffix-empty", "min_tokens-1", "skip_special_tokens-false"],
+)
+def test_b31_falsy_value_is_refused_naming_the_field(field, value):
+    """Case B31 and its kind: 0, "" or false where they mean something (logprobs 0 asks for the chosen
+    tokens' log-probabilities; an empty stop string) are a 400 naming the field, not taken as unset."""
+
+    async def go():
+        async with asgi_client(FakeEngine()) as c:
+            r = await c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, field: value})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == field
+
+    run(go())
+
+
+def test_b31_with_the_engine_sampling_params():
+    """B31's setup: the app given the engine's real SamplingParams refuses logprobs 0 and stop "" alike."""
+    pytest.importorskip("stallfree.engine.sampling")
+
+    async def go():
+        async with asgi_client(FakeEngine(), sampling_params_cls=None) as c:
+            for extra, param in (({"logprobs": 0}, "logprobs"), ({"stop": ""}, "stop"), ({"stop": [""]}, "stop")):
+                r = await c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, **extra})
+                assert (r.status_code, r.json()["error"]["param"]) == (400, param)
+
+    run(go())
+
+
+def test_neutral_values_are_accepted_and_take_effect():
+    """The neutral values (logprobs null, stop [], top_logprobs 0, seed 0, temperature 0) are accepted."""
+
+    async def go():
+        eng = FakeEngine()
+        async with asgi_client(eng) as c:
+            body = {"prompt": "hi", "max_tokens": 2, "logprobs": None, "stop": [], "seed": 0, "temperature": 0}
+            r = await c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            params = eng.params[eng.added[-1]]
+            assert (params.seed, params.temperature, tuple(params.stop)) == (0, 0, ())
+
+    run(go())
+
+
+# ---------------------------------------------------------------- B36: every request has one outcome
+
+
+def test_b36_client_abort_is_counted_once():
+    """Case B36: one completion to the end, then a stream the client closes after 3 events: /metrics
+    counts length 1 and abort 1 (two requests, two outcomes) and the running gauge is back to 0."""
+    eng = FakeEngine(step_time_s=0.02)
+    with LiveServer(eng) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=WAIT_S)
+        assert r.status_code == 200
+        port = int(srv.url.rsplit(":", 1)[1])
+        payload = b'{"prompt": "hi", "max_tokens": 60, "stream": true}'
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", port), timeout=WAIT_S) as sock:
+            sock.sendall(head + payload)
+            got = b""
+            while got.count(b"data: ") < 3:
+                chunk = sock.recv(4096)
+                assert chunk, "server closed early"
+                got += chunk
+        deadline = time.monotonic() + WAIT_S
+        while eng.has_unfinished() or not eng.aborted:
+            assert time.monotonic() < deadline, "request not aborted"
+            time.sleep(0.01)
+        samples = _samples(httpx.get(srv.url + "/metrics", timeout=WAIT_S).text)
+        assert _outcomes(samples) == {"length": 1.0, "abort": 1.0}
+        assert samples[("stallfree_num_requests_running", LAB)] == 0
+
+
+def test_step_failure_and_dead_engine_count_as_error():
+    """A failed step ends its request as "error"; the requests failed by the dead engine too: the outcome
+    counters add up to the requests the engine accepted."""
+
+    async def go():
+        eng = FakeEngine()
+        async with asgi_client(eng, check_free=False) as c:
+            assert (await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})).status_code == 200
+            eng.fail_next_steps = 1
+            assert (await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})).status_code == 500
+            eng.fail_next_steps = 3
+            codes = [(await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})).status_code
+                     for _ in range(2)]
+            assert codes == [500, 503]
+            samples = _samples((await c.get("/metrics")).text)
+        assert _outcomes(samples) == {"length": 1.0, "error": 2.0}
+        assert sum(_outcomes(samples).values()) == len(eng.added)
+
+    run(go())
+
+
+def test_whole_response_client_gone_counts_abort():
+    """A non-streaming client that times out is counted as one abort, nothing else."""
+    eng = FakeEngine(step_time_s=0.005, kv_tokens=4096, max_model_len=4096)
+    with LiveServer(eng) as srv:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3000}, timeout=0.3)
+        deadline = time.monotonic() + WAIT_S
+        while not eng.aborted or eng.has_unfinished():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        samples = _samples(httpx.get(srv.url + "/metrics", timeout=WAIT_S).text)
+        assert _outcomes(samples) == {"abort": 1.0}
+        assert ("stallfree_e2e_request_latency_seconds_count", LAB) in samples
+        assert samples[("stallfree_e2e_request_latency_seconds_count", LAB)] == 0  # latency: finished only
+
+
+# ---------------------------------------------------------------- item 7: no input reaches a raising call
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [("/v1/completions", {"prompt": "abc \ud800"}, "prompt"),
+     ("/v1/completions", {"prompt": ["abc \udfff"]}, "prompt"),
+     ("/v1/completions", {"prompt": "ok", "stop": ["\ud800"]}, "stop"),
+     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc \ud800"}]}, "messages"),
+     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+      "messages")],
+    ids=["completion", "batch-of-one", "stop", "chat", "chat-part"],
+)
+def test_lone_surrogate_is_400(path, body, param):
+    """A lone UTF-16 surrogate (JSON "\\ud800") anywhere in a request is a 400 naming the field, not a 500."""
+
+    async def go():
+        async with asgi_client(FakeEngine()) as c:
+            r = await c.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == param
+
+    run(go())
+
+
+def test_deeply_nested_json_is_400():
+    """A body nested 100,000 deep is a 400 (malformed), not a RecursionError 500."""
+
+    async def go():
+        async with asgi_client(FakeEngine()) as c:
+            r = await c.post("/v1/completions", content=b"[" * 100_000)
+            assert r.status_code == 400
+
+    run(go())
