@@ -184,3 +184,98 @@ def test_deeply_nested_json_is_400():
             assert r.status_code == 400
 
     run(go())
+
+
+# ---------------------------------------------------------------- item 8: one huge request stalls no one
+
+
+def test_body_over_the_limit_is_413_before_parsing():
+    """A body over max_request_bytes is a 413 naming the limit, whether declared by Content-Length or sent
+    in chunks without one; the engine never sees it and the next request is served."""
+
+    async def go():
+        eng = FakeEngine()
+        async with asgi_client(eng, max_request_bytes=1000) as c:
+            big = json.dumps({"prompt": "a" * 2000, "max_tokens": 2}).encode()
+            r = await c.post("/v1/completions", content=big, headers={"content-type": "application/json"})
+            assert r.status_code == 413 and "1000 bytes" in r.json()["error"]["message"]
+
+            async def chunks():
+                for i in range(0, len(big), 100):
+                    yield big[i:i + 100]
+
+            r = await c.post("/v1/chat/completions", content=chunks())
+            assert r.status_code == 413
+            assert eng.added == []
+            ok = json.dumps({"prompt": "a" * 400, "max_tokens": 2, "user": "u" * 500}).encode()
+            assert len(ok) <= 1000
+            assert (await c.post("/v1/completions", content=ok)).status_code == 200
+
+    run(go())
+
+
+def test_huge_body_on_a_live_server_is_refused_quickly():
+    """A 5 MB body against the default 2 MiB limit is answered 413 (the client is not cut off mid-send)."""
+    eng = FakeEngine()
+    with LiveServer(eng, max_request_bytes=2 * 1024 * 1024) as srv:
+        raw = b'{"prompt": "' + b"a " * 2_500_000 + b'", "max_tokens": 4}'
+        r = httpx.post(srv.url + "/v1/completions", content=raw, timeout=WAIT_S)
+        assert r.status_code == 413
+        assert eng.added == []
+
+
+def test_tokenizing_runs_off_the_event_loop():
+    """The prompt is tokenized in a worker thread, not on the event loop's thread."""
+    import threading
+
+    seen = []
+
+    class SpyTokenizer(type(FakeEngine().tokenizer)):
+        def encode(self, text):
+            seen.append(threading.current_thread() is threading.main_thread())
+            return super().encode(text)
+
+    async def go():
+        eng = FakeEngine()
+        eng.tokenizer = SpyTokenizer()
+        async with asgi_client(eng) as c:
+            assert (await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})).status_code == 200
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            assert (await c.post("/v1/chat/completions", json=chat)).status_code == 200
+        assert seen == [False, False]
+
+    run(go())
+
+
+def test_tokenizer_error_is_400():
+    """Whatever the tokenizer library raises on client text is a 400 naming the field, never a 500."""
+
+    class BrokenTokenizer(type(FakeEngine().tokenizer)):
+        def encode(self, text):
+            raise RuntimeError("the library refused this text")
+
+    async def go():
+        eng = FakeEngine()
+        eng.tokenizer = BrokenTokenizer()
+        async with asgi_client(eng) as c:
+            r = await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "prompt")
+            r = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+            assert (r.status_code, r.json()["error"]["param"]) == (400, "messages")
+
+    run(go())
+
+
+def test_unknown_route_gets_an_openai_error_body():
+    """An unknown route is a 404 and a wrong method a 405, each with OpenAI's error object."""
+
+    async def go():
+        async with asgi_client(FakeEngine()) as c:
+            r = await c.post("/v1/nothing", json={})
+            assert r.status_code == 404
+            err = r.json()["error"]
+            assert err["type"] == "not_found_error" and "/v1/nothing" in err["message"]
+            r = await c.get("/v1/completions")
+            assert r.status_code == 405 and "error" in r.json()
+
+    run(go())

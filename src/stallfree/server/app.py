@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
 from stallfree.server.prometheus import ServerMetrics
@@ -49,6 +50,9 @@ class ServerConfig:
         max_waiting: the most requests waiting for admission; more are answered 429. None: unbounded.
         log_interval_s: seconds between stats log lines (0 disables).
         sampling_params_cls: the engine's SamplingParams class (default stallfree.engine.SamplingParams).
+        max_request_bytes: the largest request body, in bytes; a larger one is answered 413 before it is
+            parsed. Default 2 MiB: a 128k-token prompt of English text is about 0.5 MB as text, or about
+            0.9 MB as a JSON list of token ids (about 7 bytes per id), so this leaves twice that room.
     """
 
     served_model_names: tuple[str, ...] = ()
@@ -56,6 +60,7 @@ class ServerConfig:
     max_waiting: int | None = 1024
     log_interval_s: float = 10.0
     sampling_params_cls: Any = None
+    max_request_bytes: int = 2 * 1024 * 1024
 
 
 def _sampling_params_cls(config: ServerConfig) -> Any:
@@ -120,6 +125,16 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # An unknown route (404) or method (405) gets OpenAI's error object too, not {"detail": ...}.
+        if exc.status_code == 404:
+            msg = f"unknown route {request.method} {request.url.path}; this server serves " + ", ".join(_ROUTES)
+        else:
+            msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(ApiError(exc.status_code, msg).body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
     @app.get("/health")
     async def health() -> JSONResponse:
         aeng = state.async_engine
@@ -140,26 +155,101 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    # Parsing, the chat template and tokenizing take time in proportion to the body: they run in a
+    # worker thread, so that one large request never stalls the event loop (every stream's next token).
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_request(await request.body(), CompletionRequest)
-        _check_model(state, req.model)
-        ids = _completion_prompt_ids(engine, req.prompt)
+        raw = await _read_body(request, state.config.max_request_bytes)
+        req, ids = await asyncio.to_thread(_prepare_completion, state, raw)
         return await _serve(state, request, req, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse_request(await request.body(), ChatCompletionRequest)
-        _check_model(state, req.model)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            text = engine.apply_chat_template(messages)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
-        ids = engine.tokenizer.encode(text)
+        raw = await _read_body(request, state.config.max_request_bytes)
+        req, ids = await asyncio.to_thread(_prepare_chat, state, raw)
         return await _serve(state, request, req, ids, chat=True)
 
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Put the request schemas of the two POST routes into /openapi.json (they read the raw body, so that
+    errors are OpenAI's objects, and FastAPI cannot see the schemas): clients and schema-driven tests
+    learn from it what a request may hold."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, cls in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+            body = cls.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[cls.__name__] = body
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{cls.__name__}"}}},
+            }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+_ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /metrics")
+# A body declared larger than this many times the limit is refused without reading it (the connection
+# then closes); a smaller one is read and discarded first, so that the client gets its 413 cleanly.
+_DRAIN_FACTOR = 16
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, or ApiError(413) as soon as it is known to exceed `limit` bytes (from the
+    Content-Length header before reading anything, or while reading a body sent without one)."""
+    declared = request.headers.get("content-length")
+    too_big = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes "
+                       "(--max-request-bytes)", code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= _DRAIN_FACTOR * limit:
+            async for _ in request.stream():
+                pass
+        raise too_big
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _prepare_completion(state: _State, raw: bytes) -> tuple[Any, list[int]]:
+    """Parse a completion body and tokenize its prompt (in a worker thread)."""
+    req = parse_request(raw, CompletionRequest)
+    _check_model(state, req.model)
+    return req, _completion_prompt_ids(state.engine, req.prompt)
+
+
+def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
+    """Parse a chat body, render its messages with the chat template and tokenize (in a worker thread)."""
+    req = parse_request(raw, ChatCompletionRequest)
+    _check_model(state, req.model)
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = state.engine.apply_chat_template(messages)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
+    return req, _encode(state.engine, text, "messages")
+
+
+def _encode(engine: Any, text: str, where: str) -> list[int]:
+    """Tokenize `text`; any error of the tokenizer library is the client's 400, naming `where`."""
+    try:
+        return list(engine.tokenizer.encode(text))
+    except Exception as exc:  # noqa: BLE001 - a library error on client input is a 400, never a 500
+        raise ApiError(400, f"{where}: the text cannot be tokenized ({type(exc).__name__}: {exc})", where) from None
 
 
 async def _log_stats(state: _State) -> None:
@@ -188,7 +278,7 @@ def _completion_prompt_ids(engine: Any, prompt: Any) -> list[int]:
                            "request per prompt", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = list(engine.tokenizer.encode(prompt))
+        ids = _encode(engine, prompt, "prompt")
     else:
         ids = list(prompt)
         vocab = getattr(engine, "vocab_size", None)

@@ -45,6 +45,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "length); the scheduler reserves KV for prompt + max_tokens")
     p.add_argument("--max-waiting", type=positive_int, default=1024,
                    help="most requests waiting for admission; more are answered 429 (default 1024)")
+    p.add_argument("--max-request-bytes", type=positive_int, default=2 * 1024 * 1024,
+                   help="largest request body in bytes; larger ones are answered 413 before parsing "
+                   "(default 2 MiB, room for a 128k-token prompt)")
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -106,6 +109,7 @@ def run_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         max_waiting=args.max_waiting,
         log_interval_s=args.log_interval,
+        max_request_bytes=args.max_request_bytes,
     )
     app = create_app(engine, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

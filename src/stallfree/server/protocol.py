@@ -30,7 +30,7 @@ class ApiError(Exception):
     """An error answered to the client as an OpenAI error object.
 
     Args:
-        status: the HTTP status (400, 404, 429, 500, 503).
+        status: the HTTP status (400, 404, 405, 413, 429, 500, 503).
         message: what went wrong, naming the field and the value.
         param: the request field at fault, or None.
         err_type: OpenAI's error type ("invalid_request_error", ...).
