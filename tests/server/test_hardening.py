@@ -123,13 +123,19 @@ def test_step_failure_and_dead_engine_count_as_error():
             assert (await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})).status_code == 200
             eng.fail_next_steps = 1
             assert (await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})).status_code == 500
+            samples = _samples((await c.get("/metrics")).text)
+            assert _outcomes(samples) == {"length": 1.0, "error": 1.0}
+            # The failed plan is retried (empty) by the next steps: 3 failures in a row kill the engine,
+            # whether or not the next request reached it first; each accepted request ends as "error".
             eng.fail_next_steps = 3
             codes = [(await c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4})).status_code
                      for _ in range(2)]
-            assert codes == [500, 503]
+            assert set(codes) <= {500, 503} and codes[-1] == 503
             samples = _samples((await c.get("/metrics")).text)
-        assert _outcomes(samples) == {"length": 1.0, "error": 2.0}
-        assert sum(_outcomes(samples).values()) == len(eng.added)
+        outcomes = _outcomes(samples)
+        assert outcomes["length"] == 1.0 and set(outcomes) <= {"length", "error"}
+        # A 503 is either refused at the door (not counted) or failed while queued for the engine ("error").
+        assert len(eng.added) <= sum(outcomes.values()) <= len(eng.added) + codes.count(503)
 
     run(go())
 
