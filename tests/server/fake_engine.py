@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from stallfree.core import Request, Scheduler, StepPlan
+from stallfree.core import FinishReason, Request, Scheduler, StepPlan
 from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt
 from stallfree.engine.outputs import RequestOutput
 
@@ -177,14 +177,16 @@ class FakeEngine:
                 self._seqs[rid].generated.append(tok)
             stopped += [r for r in sampled if r not in stopped and self._hit_stop_string(self._seqs[r])]
             emitted = self.scheduler.complete(plan, stopped)
-            return self._outputs(emitted)
+            return self._outputs(emitted, set(stopped))
 
-    def _outputs(self, emitted: Sequence[Hashable]) -> list[RequestOutput]:
+    def _outputs(self, emitted: Sequence[Hashable], stopped: set[Hashable]) -> list[RequestOutput]:
         finished = self.scheduler.last_finished
         outs = []
         for rid in emitted:
             seq = self._seqs[rid]
             reason = finished.get(rid)
+            if reason is not None and rid in stopped:
+                reason = FinishReason.STOP  # as LLMEngine: a stop on the last allowed token is "stop"
             text = self._new_text(seq, reason is not None)
             outs.append(
                 RequestOutput(

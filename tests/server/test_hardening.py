@@ -285,3 +285,16 @@ def test_unknown_route_gets_an_openai_error_body():
             assert r.status_code == 405 and "error" in r.json()
 
     run(go())
+
+
+def test_stop_on_the_last_allowed_token_is_stop_through_the_api():
+    """Item 10 through the API: "hi" writes "r" first; stop_token_ids [114] ("r") with max_tokens 1 (the
+    token of the prefill step) and stop " " with max_tokens 2 (a decode) both finish with "stop"."""
+
+    async def go():
+        async with asgi_client(FakeEngine()) as c:
+            for extra in ({"max_tokens": 1, "stop_token_ids": [114]}, {"max_tokens": 2, "stop": " "}):
+                r = await c.post("/v1/completions", json={"prompt": "hi", **extra})
+                assert r.json()["choices"][0]["finish_reason"] == "stop", extra
+
+    run(go())

@@ -343,10 +343,16 @@ class LLMEngine:
         self.scheduler.complete(plan, stopped)
         finished = self.scheduler.last_finished
         outputs = []
+        stop_set = set(stopped)
         for seq, tok in zip(samplers, tokens, strict=True):
             reason = finished.get(seq.rid)
             if reason is FinishReason.ABORT:
                 continue
+            if reason is not None and seq.rid in stop_set:
+                # One rule wherever the token came from (a decode or a last prefill chunk, so also after
+                # a preemption): EOS, a stop token or a stop string on the last allowed token is "stop",
+                # as OpenAI and vLLM report it, not "length".
+                reason = FinishReason.STOP
             outputs.append(self._output(seq, tok, reason))
         for rid in finished:
             self._release(rid)
