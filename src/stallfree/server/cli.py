@@ -40,6 +40,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="most running requests (default 64)")
     p.add_argument("--kv-tokens", type=positive_int, default=None,
                    help="KV cache capacity in tokens (default: the engine's choice)")
+    p.add_argument("--kv-policy", choices=("reserve", "paged"), default="paged",
+                   help="KV cache policy: paged (default, as in vLLM: blocks taken as tokens are computed, "
+                   "preemption by recompute) or reserve (prompt + max_tokens reserved at admission)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
+                   "with aging; needs --kv-policy reserve in this version)")
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
                    "length); the scheduler reserves KV for prompt + max_tokens")
@@ -73,6 +80,9 @@ def build_engine(args: argparse.Namespace) -> Any:
         kv_tokens=args.kv_tokens,
         device=args.device,
         dtype=args.dtype,
+        block_size=args.block_size,
+        kv_policy=args.kv_policy,
+        scheduling_policy=args.scheduling_policy,
     )
 
 
