@@ -298,3 +298,21 @@ def test_stop_on_the_last_allowed_token_is_stop_through_the_api():
                 assert r.json()["choices"][0]["finish_reason"] == "stop", extra
 
     run(go())
+
+
+def test_preemptions_reach_metrics_under_paged_kv():
+    """Paged KV of 8 blocks of 4 tokens: two requests of 4 + 24 tokens outgrow it, the newer is preempted
+    (recompute) and both still finish with 24 tokens; /metrics counts the preemptions."""
+
+    async def go():
+        import asyncio
+
+        eng = FakeEngine(kv_policy="paged", block_size=4, kv_tokens=32, token_budget=16, max_seqs=2)
+        async with asgi_client(eng) as c:
+            body = {"prompt": "abcd", "max_tokens": 24, "ignore_eos": True}
+            rs = await asyncio.gather(*(c.post("/v1/completions", json=body) for _ in range(2)))
+            assert [r.json()["usage"]["completion_tokens"] for r in rs] == [24, 24]
+            samples = _samples((await c.get("/metrics")).text)
+        assert samples[("stallfree_preemptions_total", LAB)] == eng.scheduler.num_preemptions >= 1
+
+    run(go())
