@@ -157,13 +157,25 @@ def test_will_wait_for_want_of_slots(make):
 
 
 def test_will_wait_for_want_of_kv(make):
-    """KV 64 under reserve: a reserves 10 + 40; b (10 + 40) does not fit the 14 left and will wait, with
+    """KV 24 under reserve: a reserves 10 + 6; b (10 + 6) does not fit the 8 left and will wait, with
     slots and budget to spare."""
-    eng, params = make(kv_tokens=64)
-    _add(eng, params, "a", 10, 40)
-    _add(eng, params, "b", 10, 40)
+    eng, params = make(kv_tokens=24)
+    _add(eng, params, "a", 10, 6)
+    _add(eng, params, "b", 10, 6)
     h = eng.headroom()
-    assert (h.will_wait, h.slots, h.kv_tokens) == (1, 3, 14)
+    assert (h.will_wait, h.slots, h.kv_tokens) == (1, 3, 8)
+    _drain(eng)
+
+
+def test_will_wait_for_want_of_blocks_under_paged_kv(make):
+    """Paged KV of 2 blocks of 16: a's 20-token prompt takes both for its first chunk, so b (4 tokens, one
+    block) will wait; under paged KV only the first chunk's blocks count, not prompt + max_tokens."""
+    eng, params = make(kv_policy="paged", block_size=16, kv_tokens=32)
+    _add(eng, params, "a", 20, 8)
+    _add(eng, params, "b", 4, 2)
+    h = eng.headroom()
+    assert (h.will_wait, h.kv_tokens, h.reserve) == (1, 0, False)
+    assert h.kv_needed(4, 100, 4) == 16  # one block, whatever max_tokens
     _drain(eng)
 
 

@@ -316,3 +316,17 @@ def test_preemptions_reach_metrics_under_paged_kv():
         assert samples[("stallfree_preemptions_total", LAB)] == eng.scheduler.num_preemptions >= 1
 
     run(go())
+
+
+def test_every_server_and_engine_error_is_a_stallfree_error():
+    """One base class: the server's, the engine's and the core's errors all derive from StallfreeError,
+    and the server hands out the engine's own StepFailed."""
+    from stallfree.core.errors import SchedulerError, StallfreeError
+    from stallfree.engine.errors import EngineError, StepFailed
+    from stallfree.server import EngineDead, QueueFull
+    from stallfree.server import StepFailed as ServerStepFailed
+    from stallfree.server.protocol import ApiError
+
+    assert ServerStepFailed is StepFailed
+    for cls in (SchedulerError, EngineError, StepFailed, EngineDead, QueueFull, ApiError):
+        assert issubclass(cls, StallfreeError), cls

@@ -4,7 +4,7 @@ Validation is strict: a wrong type is an error (no "5" for 5), an unknown field 
 OpenAI field we do not implement (n > 1, best_of, logprobs, penalties, ...) is accepted only at its
 neutral value, so nothing a client asks for is silently ignored.
 
-Imports allowed: the standard library and pydantic.
+Imports allowed: the standard library, pydantic and stallfree.core.errors (stdlib only).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stallfree.core.errors import StallfreeError
 
 __all__ = [
     "ApiError",
@@ -26,7 +28,7 @@ __all__ = [
 ]
 
 
-class ApiError(Exception):
+class ApiError(StallfreeError):
     """An error answered to the client as an OpenAI error object.
 
     Args:
