@@ -169,11 +169,18 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def launched(kind: str, budget: int, args: argparse.Namespace):
     """Start a server subprocess on a free loopback port; yield its URL; stop it after."""
+    with launched_process(kind, budget, args) as (url, _proc):
+        yield url
+
+
+@contextlib.contextmanager
+def launched_process(kind: str, budget: int, args: argparse.Namespace, extra: tuple[str, ...] = ()):
+    """Start a server subprocess on a free loopback port with `extra` options; yield (URL, process)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     if kind == "fake":
         cmd = [sys.executable, __file__, "_fake_server", "--port", str(port), "--token-budget", str(budget),
-               "--max-seqs", str(args.max_seqs)]
+               "--max-seqs", str(args.max_seqs), *extra]
     else:
         cmd = [sys.executable, "-m", "stallfree", "serve", "--port", str(port), "--token-budget", str(budget),
                "--max-seqs", str(args.max_seqs), "--log-interval", "0"]
@@ -181,6 +188,7 @@ def launched(kind: str, budget: int, args: argparse.Namespace):
             cmd += ["--model", args.model]
         if args.kv_tokens:
             cmd += ["--kv-tokens", str(args.kv_tokens)]
+        cmd += list(extra)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -194,7 +202,7 @@ def launched(kind: str, budget: int, args: argparse.Namespace):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not healthy after {args.startup_timeout} s")
             time.sleep(0.2)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -210,6 +218,8 @@ def fake_server_main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--token-budget", type=int, required=True)
     p.add_argument("--max-seqs", type=int, default=64)
+    p.add_argument("--max-waiting", type=int, default=1024)
+    p.add_argument("--max-model-len", type=int, default=1_000_000)
     a = p.parse_args(argv)
     import uvicorn
 
@@ -220,8 +230,9 @@ def fake_server_main(argv: list[str]) -> int:
         return max(DECODE_FLOOR_S, plan.num_tokens * PER_TOKEN_S)
 
     eng = FakeEngine(token_budget=a.token_budget, max_seqs=a.max_seqs, kv_tokens=10_000_000,
-                     max_model_len=1_000_000, step_time_s=step_time)
-    app = create_app(eng, ServerConfig(sampling_params_cls=FakeSamplingParams, log_interval_s=0))
+                     max_model_len=a.max_model_len, step_time_s=step_time)
+    app = create_app(eng, ServerConfig(sampling_params_cls=FakeSamplingParams, log_interval_s=0,
+                                       max_waiting=a.max_waiting))
     uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning")
     return 0
 

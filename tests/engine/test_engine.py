@@ -322,3 +322,39 @@ def test_untokenizable_prompt_is_an_invalid_prompt(make_engine):
     with pytest.raises(ValueError, match="prompt"):
         eng.add_request("x", "\udc00", SamplingParams(max_tokens=2))
     assert not eng.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "stop"),
+    [(1, dict(stop_token_ids=[7042])), (2, dict(stop_token_ids=[30])), (1, dict(stop=["Par"])),
+     (2, dict(stop=["."]))],
+    ids=["token-on-prefill", "token-on-decode", "string-on-prefill", "string-on-decode"],
+)
+def test_stop_on_the_last_allowed_token_is_stop(make_engine, run_to_end, max_tokens, stop):
+    """Issue 19 item 10: a stop token or string on the max_tokens-th token finishes with "stop", whether
+    that token came from the last prefill chunk (max_tokens 1: " Paris") or from a decode (max_tokens 2:
+    "."), as OpenAI and vLLM report it."""
+    eng = make_engine()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=max_tokens, **stop, **GREEDY))
+    outs = run_to_end(eng)["a"]
+    assert len(outs) == max_tokens
+    assert outs[-1].finished and outs[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stop", ["he an", "is:", " Paris.\n"], ids=["b37-split", "end", "first"])
+def test_b37_no_part_of_a_stop_string_is_ever_streamed(make_engine, run_to_end, stop):
+    """Case B37: a stop string split across tokens ("he an" spans "The" | " answer") is never partly
+    streamed: every prefix of the deltas is a prefix of the final text, which ends before the stop string."""
+    eng = make_engine()
+    eng.add_request("ref", PARIS, SamplingParams(max_tokens=8, **GREEDY))
+    full = "".join(o.text for o in run_to_end(eng)["ref"])
+    assert full == " Paris.\n\nThe answer is:"
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=8, stop=[stop], **GREEDY))
+    outs = run_to_end(eng)["a"]
+    text = "".join(o.text for o in outs)
+    assert text == full[: full.index(stop)]
+    assert outs[-1].finish_reason == "stop"
+    sent = ""
+    for o in outs:
+        sent += o.text
+        assert text.startswith(sent) and stop not in sent

@@ -1,9 +1,9 @@
 """A fake LLMEngine for server tests: the real stallfree Scheduler with deterministic fake tokens.
 
-It has the interface of stallfree.engine.LLMEngine (add_request, step, abort, has_unfinished,
-tokenizer, apply_chat_template, max_model_len, model_name, eos_token_ids, scheduler, last_plan), so
-the server is tested against the scheduler contract without a model. Tokens are characters: the
-tokenizer maps each character to its code point, and the "model" writes the characters of
+It implements the engine's typed view (stallfree.engine.outputs.EngineClient: info, stats, headroom,
+encode, apply_chat_template, add_request, abort, has_unfinished, step), as LLMEngine does, so the server
+is tested against the scheduler contract without a model; the server reads nothing else of it.
+Tokens are characters: the tokenizer maps each character to its code point, and the "model" writes the characters of
 `FakeEngine.TEXT` in a cycle, starting at an offset derived from the prompt, so outputs are
 deterministic and easy to check by hand.
 
@@ -17,23 +17,22 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from stallfree.core import Request, Scheduler, StepPlan
-from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt
-from stallfree.engine.outputs import RequestOutput
+from stallfree.core import FinishReason, PagedScheduler, Request, RequestStatus, Scheduler, StepPlan
+from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt, StepFailed
+from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
 
 EOS_ID = 3  # a control code point, decoded as "" like a special token
 
 
-class FakeStepError(RuntimeError):
-    """An injected failure inside step(); `rids` names the requests of the failed step.
+class FakeStepError(StepFailed):
+    """An injected failure inside step(), a StepFailed as the engine raises; `rids` names its requests.
 
     As with the engine's StepFailed, the plan stays in flight and no request advanced: the next
     step() retries it without the requests aborted in between.
     """
 
     def __init__(self, rids: Sequence[Hashable]) -> None:
-        self.rids = tuple(rids)
-        super().__init__(f"injected step failure for {list(self.rids)}")
+        super().__init__(f"injected step failure for {list(rids)}", tuple(rids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +89,9 @@ class FakeEngine:
             tests keep requests in flight and benchmarks model a step's cost.
         eos_after: when set, every request samples EOS as its eos_after-th generated token
             (unless ignore_eos).
+        kv_policy: "reserve" (Scheduler) or "paged" (PagedScheduler, kv_tokens // block_size blocks).
+        scheduling_policy: "fcfs" or "priority" (reserve only), as LLMEngine.
+        block_size: tokens per KV block under "paged".
     """
 
     TEXT = "the quick brown fox jumps over the lazy dog. "
@@ -102,8 +104,19 @@ class FakeEngine:
         max_model_len: int = 512,
         step_time_s: float | Callable[[StepPlan], float] = 0.0,
         eos_after: int | None = None,
+        kv_policy: str = "reserve",
+        scheduling_policy: str = "fcfs",
+        block_size: int = 16,
     ) -> None:
-        self.scheduler = Scheduler(token_budget=token_budget, max_seqs=max_seqs, kv_tokens=kv_tokens)
+        self.scheduler: Scheduler | PagedScheduler
+        if kv_policy == "paged":
+            self.scheduler = PagedScheduler(token_budget, max_seqs, kv_tokens // block_size, block_size, 0.01)
+        else:
+            self.scheduler = Scheduler(token_budget=token_budget, max_seqs=max_seqs, kv_tokens=kv_tokens,
+                                       policy=scheduling_policy)
+            block_size = 1
+        self.kv_policy = kv_policy
+        self.block_size = block_size
         self.tokenizer = FakeTokenizer()
         self.max_model_len = max_model_len
         self.model_name = "fake-model"
@@ -120,11 +133,67 @@ class FakeEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None  # a failed step's plan, retried by the next step()
         self._lock = threading.Lock()  # detects calls that overlap step(), which the server must never make
+        self._info = EngineInfo(
+            model_name="fake-model", vocab_size=0x110000, max_model_len=max_model_len, max_token_chars=4,
+            token_budget=token_budget, max_seqs=max_seqs, kv_total_tokens=self.scheduler.kv_total,
+            num_blocks=self.scheduler.kv_total // block_size, block_size=block_size, kv_policy=kv_policy,
+            scheduling_policy=scheduling_policy,
+        )
+
+    # ------------------------------------------------------------------ the typed view (EngineClient)
+
+    @property
+    def info(self) -> EngineInfo:
+        """Fixed facts: the vocabulary is every code point (one character per token; max_token_chars 4
+        is a loose bound, so that the exact token count decides most length errors)."""
+        return self._info
+
+    def stats(self) -> EngineStats:
+        """The scheduler's public state as an EngineStats."""
+        with self._guard():
+            s = self.scheduler
+            return EngineStats(
+                num_running=s.num_running, num_waiting=s.num_waiting,
+                num_will_wait=self._headroom().will_wait, kv_free_tokens=s.kv_free, kv_total_tokens=s.kv_total,
+                num_preemptions=getattr(s, "num_preemptions", 0),
+                last_step_tokens=0 if self.last_plan is None else self.last_plan.num_tokens,
+            )
+
+    def headroom(self) -> Headroom:
+        """What the next step leaves, by the same public walk as LLMEngine.headroom."""
+        with self._guard():
+            return self._headroom()
+
+    def _headroom(self) -> Headroom:
+        s = self.scheduler
+        plan = self.last_plan if self._pending is None else None
+        partial = [] if plan is None else [
+            len(self._seqs[c.rid].prompt) + len(self._seqs[c.rid].generated) - c.start - c.num_tokens
+            for c in plan.prefills if not c.is_last and c.rid in self._seqs]
+        waiting, preempted = [], []
+        for rid, seq in self._seqs.items():
+            status = s.request_state(rid).status
+            if status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                item = (len(seq.prompt) + len(seq.generated), len(seq.prompt) + seq.params.max_tokens,
+                        status is RequestStatus.WAITING)
+                (waiting if item[2] else preempted).append(item)
+        if isinstance(s, PagedScheduler):
+            kv = (s.num_free_blocks - s.watermark_blocks) * s.block_size
+        else:
+            kv = s.kv_free
+        return estimate_headroom(
+            max_seqs=self._info.max_seqs, token_budget=self._info.token_budget, num_running=s.num_running,
+            partial_rest=partial, kv_free_tokens=kv, reserve=self.kv_policy != "paged",
+            block_size=self.block_size, waiting=preempted + waiting)
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize with the fake tokenizer (thread-safe: no engine state)."""
+        return list(self.tokenizer.encode(text))
 
     # ------------------------------------------------------------------ requests
 
     def add_request(
-        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, priority: int = 0
+        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0
     ) -> None:
         """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit."""
         with self._guard():
@@ -177,14 +246,16 @@ class FakeEngine:
                 self._seqs[rid].generated.append(tok)
             stopped += [r for r in sampled if r not in stopped and self._hit_stop_string(self._seqs[r])]
             emitted = self.scheduler.complete(plan, stopped)
-            return self._outputs(emitted)
+            return self._outputs(emitted, set(stopped))
 
-    def _outputs(self, emitted: Sequence[Hashable]) -> list[RequestOutput]:
+    def _outputs(self, emitted: Sequence[Hashable], stopped: set[Hashable]) -> list[RequestOutput]:
         finished = self.scheduler.last_finished
         outs = []
         for rid in emitted:
             seq = self._seqs[rid]
             reason = finished.get(rid)
+            if reason is not None and rid in stopped:
+                reason = FinishReason.STOP  # as LLMEngine: a stop on the last allowed token is "stop"
             text = self._new_text(seq, reason is not None)
             outs.append(
                 RequestOutput(
@@ -247,11 +318,3 @@ class _Guard:
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
-
-
-class FakeEngineNoPriority(FakeEngine):
-    """A FakeEngine whose add_request has no priority keyword (an engine without priorities)."""
-
-    def add_request(self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams) -> None:  # type: ignore[override]
-        """Queue a request at priority 0."""
-        super().add_request(rid, prompt, params)

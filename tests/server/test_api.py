@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.fake_engine import FakeEngine, FakeEngineNoPriority
+from server.fake_engine import FakeEngine
 from server.helpers import asgi_client, run, sse_events
 
 
@@ -287,16 +287,17 @@ def test_unknown_model_is_404_and_models_route():
 
 
 def test_priority_passed_or_refused():
-    """priority goes to add_request when the engine takes it; otherwise only priority 0 is accepted."""
+    """priority reaches the engine under --scheduling-policy priority; under fcfs only priority 0 is accepted
+    (any other value would be silently ignored, so it is a 400 naming the field)."""
 
     async def go():
-        eng = FakeEngine()
+        eng = FakeEngine(scheduling_policy="priority")
         async with asgi_client(eng) as c:
             assert (
                 await _post(c, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "priority": 3})
             ).status_code == 200
             assert eng.priorities[eng.added[-1]] == 3
-        eng = FakeEngineNoPriority()
+        eng = FakeEngine(scheduling_policy="fcfs")
         async with asgi_client(eng) as c:
             r = await _post(c, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "priority": 3})
             assert r.status_code == 400 and r.json()["error"]["param"] == "priority"

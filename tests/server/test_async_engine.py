@@ -90,7 +90,8 @@ def test_add_error_raises_to_the_caller():
 
 def test_queue_full_when_max_waiting_reached():
     """max_seqs 1, max_waiting 1: of three requests arriving before any step, the first takes the free slot,
-    the second waits, and the third is refused with QueueFull before it is queued."""
+    the second will wait (no slot), and the third, which would wait behind it, is refused with QueueFull
+    before it is queued."""
 
     async def go():
         eng = FakeEngine(max_seqs=1)
@@ -98,7 +99,7 @@ def test_queue_full_when_max_waiting_reached():
         first = asyncio.create_task(_drain(aeng, "a", "hi", 2))
         second = asyncio.create_task(_drain(aeng, "b", "hi", 2))
         await asyncio.sleep(0)  # "a" and "b" are pending now
-        with pytest.raises(QueueFull, match=r"2 request\(s\) waiting"):
+        with pytest.raises(QueueFull, match=r"1 request\(s\) will wait"):
             await aeng.add_request("c", "hi", FakeSamplingParams(max_tokens=2))
         assert len(await first) == 2 and len(await second) == 2
         await aeng.stop()

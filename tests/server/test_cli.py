@@ -48,21 +48,56 @@ def test_missing_engine_is_one_line_exit_1(monkeypatch, capsys):
         raise ImportError("No module named 'stallfree.engine'")
 
     monkeypatch.setattr(serve_cli, "build_engine", boom)
-    assert cli.main(["serve"]) == 1
+    assert cli.main(["serve", "--port", "0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "engine is not available" in err[0]
+    assert len(err) == 2 and err[0].startswith("stallfree serve: loading ") and "engine is not available" in err[1]
 
 
-def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys):
-    """A model that fails to load (missing file) is one line on stderr and exit code 1."""
+def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
+    """A model that fails to load (a malformed file) is one line on stderr after the loading line, exit 1."""
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file")
 
     def boom(args):
-        raise FileNotFoundError(f"no such model: {args.model}")
+        raise ValueError(f"malformed model: {args.model}")
 
     monkeypatch.setattr(serve_cli, "build_engine", boom)
-    assert cli.main(["serve", "--model", "/nope.gguf"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err == "stallfree serve: cannot load the model: no such model: /nope.gguf"
+    assert cli.main(["serve", "--port", "0", "--model", str(bad)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stallfree serve: loading {bad} on cpu as float32",
+                   f"stallfree serve: cannot load the model: malformed model: {bad}"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [(["--model", "/nope.gguf"], "--model '/nope.gguf': no such file or directory"),
+     (["--dtype", "fp64"], "--dtype must be one of"),
+     (["--device", "gpu0"], "--device must be cpu, cuda, cuda:N or mps, got 'gpu0'")],
+    ids=["model", "dtype", "device"],
+)
+def test_bad_flags_refused_before_loading(monkeypatch, capsys, argv, needle):
+    """Options that argparse cannot check are checked before anything is imported or loaded: exit 2, one
+    line prefixed with the command."""
+    monkeypatch.setattr(serve_cli, "build_engine", lambda args: pytest.fail("the model was loaded"))
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("stallfree serve: error: ") and needle in err and err.count("\n") == 1
+
+
+def test_policies_and_block_size_reach_the_engine(monkeypatch):
+    """--kv-policy (default paged), --block-size (16) and --scheduling-policy reach build_engine's call."""
+    a = _parse([])
+    assert (a.kv_policy, a.block_size, a.scheduling_policy, a.max_request_bytes) == ("paged", 16, "fcfs", 2**21)
+    a = _parse(["--kv-policy", "reserve", "--block-size", "32", "--scheduling-policy", "priority"])
+    assert (a.kv_policy, a.block_size, a.scheduling_policy) == ("reserve", 32, "priority")
+
+
+def test_banner_names_what_is_served():
+    """The banner gives model, device, dtype, KV tokens and blocks, budget, max_seqs, policies and address."""
+    text = serve_cli.banner(FakeEngine(kv_policy="paged", block_size=16, kv_tokens=4096).info, "127.0.0.1", 8000)
+    for needle in ("fake-model", "cpu", "float32", "4,096 tokens = 256 blocks of 16", "--kv-policy paged",
+                   "token budget 64", "max_seqs 8", "--scheduling-policy fcfs", "http://127.0.0.1:8000"):
+        assert needle in text
 
 
 def test_serve_builds_app_and_runs_uvicorn(monkeypatch):
@@ -75,8 +110,22 @@ def test_serve_builds_app_and_runs_uvicorn(monkeypatch):
     monkeypatch.setattr(uvicorn, "run",
                         lambda app, host, port, log_level: seen.update(app=app, host=host, port=port))
     assert cli.main(["serve", "--port", "0", "--max-waiting", "3", "--served-model-name", "tiny",
-                     "--default-max-tokens", "7"]) == 0
+                     "--default-max-tokens", "7", "--max-request-bytes", "5000"]) == 0
     state = seen["app"].state.server
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 0)
     assert state.names == ("tiny",) and state.async_engine.max_waiting == 3
-    assert state.config.default_max_tokens == 7
+    assert state.config.default_max_tokens == 7 and state.config.max_request_bytes == 5000
+
+
+def test_serve_checks_flags_before_importing_torch():
+    """A bad flag is refused in a fresh interpreter without importing torch: exit 2, the command's name first."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom stallfree.cli import main\nrc = main(['serve', '--device', 'gpu0'])\n"
+            "print('torch' in sys.modules, rc)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.stdout.split() == ["False", "2"], r.stderr
+    assert r.stderr.startswith("stallfree serve: error: --device")

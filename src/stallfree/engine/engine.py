@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from stallfree.core import FinishReason, Request, Scheduler, StepPlan
+from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
 from stallfree.engine.batch import BatchEntry, build_flat_batch
@@ -29,12 +29,21 @@ from stallfree.engine.errors import (
 )
 from stallfree.engine.kv_cache import BlockAllocator, KVCache
 from stallfree.engine.model import LlamaModel
-from stallfree.engine.outputs import RequestOutput
+from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
 from stallfree.engine.sampling import SamplingParams, greedy_tokens, sample_one
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
 
-__all__ = ["LLMEngine", "RequestOutput", "resolve_device", "resolve_dtype"]
+__all__ = ["KV_POLICIES", "SCHEDULING_POLICIES", "LLMEngine", "RequestOutput", "resolve_device", "resolve_dtype"]
+
+#: The KV policies (docs/engine.md): "reserve" keeps prompt + max_tokens of KV per request from admission;
+#: "paged" takes blocks as tokens are computed and preempts by recompute when they run out (vLLM).
+KV_POLICIES = ("reserve", "paged")
+#: The scheduling policies: "fcfs" (arrival order) and "priority" (lower priority values first, with aging).
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# The fraction of KV blocks kept free at admission under "paged" (vLLM's default watermark).
+_WATERMARK = 0.01
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -97,6 +106,40 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise EngineError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}") from None
 
 
+def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
+    """Raise InvalidConfig naming the field when a policy is unknown or the pair is not available."""
+    if kv_policy not in KV_POLICIES:
+        raise InvalidConfig(f"kv_policy must be one of {list(KV_POLICIES)}, got {kv_policy!r}")
+    if scheduling_policy not in SCHEDULING_POLICIES:
+        raise InvalidConfig(f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, got {scheduling_policy!r}")
+
+
+def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
+                     scheduling_policy: str) -> Scheduler:
+    """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
+
+    Under "paged" the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never rounded
+    below what the cache was sized for.
+
+    Raises:
+        InvalidConfig: a value the scheduler refuses (it names the field).
+    """
+    if kv_policy == "reserve":
+        return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy)
+    num_blocks = -(-kv_tokens // block_size)
+    return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
+                     watermark=_WATERMARK, policy=scheduling_policy)
+
+
+def _max_token_chars(tokenizer: Tokenizer) -> int:
+    """The most characters any token of `tokenizer` decodes to (at least 1), from its vocabulary strings:
+    a byte-level token's string has one character per byte, so this bounds the decoded characters too."""
+    longest = 1
+    for i in range(tokenizer.vocab_size):
+        longest = max(longest, len(tokenizer.token_str(i)))
+    return longest
+
+
 class LLMEngine:
     """Runs requests through a scheduler and a Llama-family model, one forward pass per step.
 
@@ -115,10 +158,16 @@ class LLMEngine:
         kv_tokens: KV capacity in tokens; None = min(max_model_len * max_seqs, 2 GiB of KV on
             CPU or half the free GPU memory), at least max_model_len.
         block_size: tokens per KV block.
-        scheduler: a scheduler to use instead of Scheduler(token_budget, max_seqs, kv_tokens).
+        scheduler: a scheduler to use instead of building one from the arguments (its own
+            policies then apply; kv_policy and scheduling_policy only describe it).
+        kv_policy: "reserve" (default) or "paged" (Scheduler(kv_policy="paged") with
+            ceil(kv_tokens / block_size) blocks and a 1% watermark).
+        scheduling_policy: "fcfs" (default; a request's priority has no effect, so a server refuses
+            any but 0) or "priority" (Scheduler(policy="priority"), under either KV policy).
 
     Raises:
-        InvalidConfig (a ValueError): token_budget, max_seqs or kv_tokens is not an integer >= 1.
+        InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
+            integer >= 1, or a policy is unknown or not available with the other.
     """
 
     def __init__(
@@ -131,7 +180,10 @@ class LLMEngine:
         kv_tokens: int | None = None,
         block_size: int = 16,
         scheduler: Any = None,
+        kv_policy: str = "reserve",
+        scheduling_policy: str = "fcfs",
     ) -> None:
+        _check_policies(kv_policy, scheduling_policy)
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -143,8 +195,13 @@ class LLMEngine:
         if scheduler is None:
             if kv_tokens is None:
                 kv_tokens = self._default_kv_tokens(per_token, max_seqs)
-            scheduler = Scheduler(token_budget, max_seqs, kv_tokens)
+            scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
+                                         scheduling_policy)
+        else:
+            kv_policy = "paged" if hasattr(scheduler, "block_table") else "reserve"
         self.scheduler = scheduler
+        self.kv_policy = kv_policy
+        self.scheduling_policy = scheduling_policy
         self._paged_table = getattr(scheduler, "block_table", None)
         if self._paged_table is not None:
             block_size = int(scheduler.block_size)
@@ -159,6 +216,93 @@ class LLMEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
+        self._info = EngineInfo(
+            model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
+            max_token_chars=_max_token_chars(tokenizer), token_budget=int(scheduler.token_budget),
+            max_seqs=int(scheduler.max_seqs), kv_total_tokens=int(scheduler.kv_total),
+            num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
+            scheduling_policy=scheduling_policy, device=str(model.device),
+            dtype=str(model.dtype).removeprefix("torch."),
+        )
+
+    # ------------------------------------------------------------------ the typed view (EngineClient)
+
+    @property
+    def info(self) -> EngineInfo:
+        """The engine's fixed facts (model, vocabulary, context, KV capacity, policies)."""
+        return self._info
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the queues and the KV cache, from the scheduler's public state.
+
+        Call it between steps (not while step() runs in another thread).
+        """
+        s = self.scheduler
+        free = int(s.kv_free)
+        if self.kv_policy == "paged":
+            free = int(s.num_free_blocks) * self.block_size
+        return EngineStats(
+            num_running=int(s.num_running), num_waiting=int(s.num_waiting),
+            num_will_wait=self.headroom().will_wait if s.num_waiting else 0,
+            kv_free_tokens=free, kv_total_tokens=int(s.kv_total),
+            num_preemptions=int(getattr(s, "num_preemptions", 0)),
+            last_step_tokens=0 if self.last_plan is None else int(self.last_plan.num_tokens),
+        )
+
+    def headroom(self) -> Headroom:
+        """Estimate what the next step admits, from the scheduler's public state; see Headroom.
+
+        The next step's budget first goes to the running requests (one token per decode) and to the
+        rest of a prompt whose prefill the last step left unfinished; admission then takes waiting
+        requests in order (preempted ones first, then add() order), each needing a free slot, budget
+        left, and KV: prompt + max_tokens under "reserve"; under "paged" the blocks of its first chunk
+        (of its whole recompute when preempted) above the watermark. The first that does not fit and
+        all behind it will wait (contract step 3: admission never skips). An estimate under the
+        priority policy, whose order this walk does not follow. Call it between steps.
+
+        Cost: O(requests held by the engine) when some are waiting, else O(1).
+        """
+        s = self.scheduler
+        partial = [(c.rid, c.start + c.num_tokens) for c in self.last_plan.prefills
+                   if not c.is_last and c.rid in self._seqs] if self.last_plan is not None and \
+            self._pending is None else []
+        reserve = self.kv_policy != "paged"
+        if reserve:
+            kv = int(s.kv_free)
+        else:
+            kv = (int(s.num_free_blocks) - int(getattr(s, "watermark_blocks", 0))) * self.block_size
+        waiting: list[tuple[int, int, bool]] = []
+        if s.num_waiting:
+            preempted = []
+            for rid, seq in self._seqs.items():
+                status = s.request_state(rid).status
+                if status in _WAITING:
+                    # len(token_ids): the prompt, or prompt + generated for a recompute
+                    item = (len(seq.token_ids), seq.num_prompt + seq.params.max_tokens,
+                            status is not RequestStatus.PREEMPTED)
+                    (waiting if item[2] else preempted).append(item)
+            waiting = preempted + waiting  # preempted requests head the queue
+        return estimate_headroom(
+            max_seqs=self._info.max_seqs, token_budget=self._info.token_budget, num_running=int(s.num_running),
+            partial_rest=[len(self._seqs[rid].token_ids) - done for rid, done in partial],
+            kv_free_tokens=kv, reserve=reserve, block_size=self.block_size, waiting=waiting,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize a prompt (no chat template); safe to call from another thread during step().
+
+        Raises:
+            InvalidPrompt: the text cannot be tokenized (e.g. a lone surrogate).
+        """
+        try:
+            return list(self.tokenizer.encode(text))
+        except (TypeError, ValueError, UnicodeError) as exc:
+            raise InvalidPrompt(f"prompt cannot be tokenized ({exc}): {text!r:.80}") from None
+
+    @property
+    def num_preemptions(self) -> int:
+        """Running requests preempted so far (0 under the reservation scheduler)."""
+        return int(getattr(self.scheduler, "num_preemptions", 0))
 
     def _default_kv_tokens(self, per_token_bytes: int, max_seqs: int) -> int:
         dev = self.model.device
@@ -181,6 +325,8 @@ class LLMEngine:
         dtype: str | torch.dtype = "float32",
         block_size: int = 16,
         scheduler: Any = None,
+        kv_policy: str = "reserve",
+        scheduling_policy: str = "fcfs",
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -202,12 +348,13 @@ class LLMEngine:
         if kv_tokens is not None:
             check_positive_int("kv_tokens", kv_tokens)
         check_positive_int("block_size", block_size)
+        _check_policies(kv_policy, scheduling_policy)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype)
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
-                   block_size, scheduler)
+                   block_size, scheduler, kv_policy, scheduling_policy)
 
     # ------------------------------------------------------------------ requests
 
@@ -221,7 +368,8 @@ class LLMEngine:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     def add_request(
-        self, rid: Hashable, prompt: str | Sequence[int], params: SamplingParams | None = None
+        self, rid: Hashable, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+        priority: int | None = None,
     ) -> None:
         """Queue a request.
 
@@ -229,10 +377,12 @@ class LLMEngine:
             rid: a hashable id, unique among live requests.
             prompt: text (tokenized here; no chat template is applied) or token ids.
             params: sampling parameters (default SamplingParams()).
+            priority: the request's priority (lower is more urgent); None takes params.priority. It
+                has an effect only under scheduling_policy "priority".
 
         Raises:
             InvalidPrompt: the prompt is empty, not text or ids, holds an id outside the
-                vocabulary, or rid is live.
+                vocabulary, or rid is live; or priority is not an integer.
             ContextLengthExceeded: prompt tokens + max_tokens > max_model_len.
             RequestRejected: the KV cache can never hold prompt + max_tokens tokens.
             Nothing is queued when any of these is raised.
@@ -242,6 +392,10 @@ class LLMEngine:
             raise InvalidPrompt(f"params must be a SamplingParams, got {type(params).__name__}")
         if rid in self._seqs:
             raise InvalidPrompt(f"rid {rid!r} is already live")
+        if priority is None:
+            priority = params.priority
+        elif isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidPrompt(f"priority must be an integer, got {priority!r}")
         ids = self._prompt_ids(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
@@ -256,7 +410,7 @@ class LLMEngine:
                 gen.seed()
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         try:
-            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=params.priority,
+            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
                                        arrival=time.monotonic()))
         except CoreRequestRejected as exc:
             raise RequestRejected(str(exc)) from None
@@ -343,10 +497,16 @@ class LLMEngine:
         self.scheduler.complete(plan, stopped)
         finished = self.scheduler.last_finished
         outputs = []
+        stop_set = set(stopped)
         for seq, tok in zip(samplers, tokens, strict=True):
             reason = finished.get(seq.rid)
             if reason is FinishReason.ABORT:
                 continue
+            if reason is not None and seq.rid in stop_set:
+                # One rule wherever the token came from (a decode or a last prefill chunk, so also after
+                # a preemption): EOS, a stop token or a stop string on the last allowed token is "stop",
+                # as OpenAI and vLLM report it, not "length".
+                reason = FinishReason.STOP
             outputs.append(self._output(seq, tok, reason))
         for rid in finished:
             self._release(rid)

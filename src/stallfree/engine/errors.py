@@ -2,16 +2,18 @@
 
 Imports allowed: the standard library and stallfree.core.
 
-Hierarchy::
+Hierarchy (StallfreeError, from stallfree.core.errors, is the base of every project error)::
 
-    EngineError (ValueError)            base of what the engine refuses on purpose
-    ├── ContextLengthExceeded           prompt + max_tokens is longer than the model's context
-    ├── InvalidSamplingParams           a SamplingParams field is out of range (names field and value)
-    ├── InvalidPrompt                   an empty prompt, a token id outside the vocabulary, a duplicate rid
-    ├── RequestRejected (also core's RequestRejected)
-    │                                   the scheduler can never fit it in the KV cache
-    └── ModelLoadError                  a checkpoint is missing, malformed or of an unsupported kind
-    StepFailed (RuntimeError)           a forward pass or sampling raised; see LLMEngine.step
+    StallfreeError
+    ├── EngineError (ValueError)        base of what the engine refuses on purpose
+    │   ├── ContextLengthExceeded       prompt + max_tokens is longer than the model's context
+    │   ├── InvalidSamplingParams       a SamplingParams field is out of range (names field and value)
+    │   ├── InvalidPrompt               an empty prompt, a token id outside the vocabulary, a duplicate rid
+    │   ├── RequestRejected (also core's RequestRejected)
+    │   │                               the scheduler can never fit it in the KV cache
+    │   └── ModelLoadError              a checkpoint is missing, malformed or of an unsupported kind
+    └── StepFailed (RuntimeError)       a forward pass or sampling raised; see LLMEngine.step (the
+                                        server raises the same class to the requests of that step)
 
 Every EngineError is raised before any state changes, so the caller may catch it and carry on.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 from stallfree.core import RequestRejected as _CoreRequestRejected
+from stallfree.core.errors import StallfreeError
 
 __all__ = [
     "ContextLengthExceeded",
@@ -33,7 +36,7 @@ __all__ = [
 ]
 
 
-class EngineError(ValueError):
+class EngineError(StallfreeError, ValueError):
     """Base class of the engine's refusals; the message names the offending field and value."""
 
 
@@ -73,16 +76,17 @@ class ModelLoadError(EngineError):
     """A checkpoint could not be loaded: missing file, unsupported architecture or tokenizer."""
 
 
-class StepFailed(RuntimeError):
+class StepFailed(StallfreeError, RuntimeError):
     """A step's forward pass or sampling raised; the original exception is the __cause__.
 
     The plan stays in flight and no request has advanced: the next step() retries the same plan,
-    without the requests aborted in between (LLMEngine.abort works on them).
+    without the requests aborted in between (LLMEngine.abort works on them). The server's engine loop
+    hands the requests of a failed step this same class.
 
     Attributes:
-        rids: the requests in the failed step's batch.
+        rids: the requests in the failed step's batch (empty when not known).
     """
 
-    def __init__(self, message: str, rids: tuple[Hashable, ...]) -> None:
+    def __init__(self, message: str, rids: tuple[Hashable, ...] = ()) -> None:
         super().__init__(message)
         self.rids = rids

@@ -1,15 +1,17 @@
-"""What the engine hands back per request and step (RequestOutput); no torch, so that servers and
-their tests can use it without the model stack.
+"""What the engine hands back per request and step (RequestOutput), and the typed view a server has of
+an engine (EngineClient: EngineInfo, EngineStats, Headroom); no torch, so that servers and their tests
+can use them without the model stack.
 
 Imports allowed: the standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["RequestOutput"]
+__all__ = ["EngineClient", "EngineInfo", "EngineStats", "Headroom", "RequestOutput", "estimate_headroom"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +36,183 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_generated: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What does not change while an engine runs: the facts a server checks requests against.
+
+    Attributes:
+        model_name: the name reported to clients.
+        vocab_size: token ids are in [0, vocab_size).
+        max_model_len: the context length, in tokens (prompt + completion).
+        max_token_chars: the most characters one token decodes to; a text longer than
+            max_model_len * max_token_chars characters cannot fit the context (a bound checked
+            without tokenizing).
+        token_budget: the most tokens in one step.
+        max_seqs: the most running requests.
+        kv_total_tokens: KV cache capacity, in tokens (num_blocks * block_size under "paged").
+        num_blocks: KV blocks in the cache.
+        block_size: tokens per KV block.
+        kv_policy: "reserve" (KV for prompt + max_tokens reserved at admission) or "paged" (blocks
+            taken as tokens are computed; preemption by recompute when they run out).
+        scheduling_policy: "fcfs" (a request's priority has no effect) or "priority".
+        device: the torch device the model runs on, e.g. "cpu" or "cuda:0".
+        dtype: the model's dtype, e.g. "float32".
+    """
+
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    max_token_chars: int
+    token_budget: int
+    max_seqs: int
+    kv_total_tokens: int
+    num_blocks: int
+    block_size: int
+    kv_policy: str
+    scheduling_policy: str
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of an engine between steps (read with no step in flight).
+
+    Attributes:
+        num_running: requests admitted and not finished.
+        num_waiting: requests not admitted yet (preempted ones included).
+        num_will_wait: of those, how many the next step will not admit, whatever holds them back
+            (no free slot, too little KV, or no budget left); the rest start at the next step.
+        kv_free_tokens: KV not in use (unreserved under "reserve"; free blocks x block_size under
+            "paged"), in tokens.
+        kv_total_tokens: KV capacity, in tokens.
+        num_preemptions: running requests preempted so far (always 0 under "reserve").
+        last_step_tokens: tokens in the last step's batch (0 before the first step).
+    """
+
+    num_running: int
+    num_waiting: int
+    num_will_wait: int
+    kv_free_tokens: int
+    kv_total_tokens: int
+    num_preemptions: int
+    last_step_tokens: int
+
+    @property
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache in use, 0..1."""
+        return 1.0 - self.kv_free_tokens / self.kv_total_tokens if self.kv_total_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What the next step leaves for requests not yet added, after admitting the waiting ones it can.
+
+    A new request (prompt_tokens, max_tokens) would start at the next step only if none of the waiting
+    requests will wait (strict first come, first served) and it fits all three; see LLMEngine.headroom.
+
+    Attributes:
+        will_wait: waiting requests the next step will not admit.
+        slots: free sequence slots left.
+        kv_tokens: KV left, in tokens (what a request needs: prompt + max_tokens under "reserve", its
+            first chunk's blocks above the watermark under "paged").
+        budget_tokens: step budget left for prompt tokens.
+        reserve: True when a request needs KV for prompt + max_tokens at admission ("reserve");
+            False when it needs the blocks of its first chunk ("paged").
+        block_size: tokens per KV block (what a chunk's KV is rounded up to under "paged").
+    """
+
+    will_wait: int
+    slots: int
+    kv_tokens: int
+    budget_tokens: int
+    reserve: bool = True
+    block_size: int = 1
+
+    def kv_needed(self, prompt_tokens: int, max_tokens: int, chunk_tokens: int) -> int:
+        """KV a new request needs to be admitted, in tokens, when its first chunk is `chunk_tokens`."""
+        if self.reserve:
+            return prompt_tokens + max_tokens
+        return -(-chunk_tokens // self.block_size) * self.block_size
+
+
+def estimate_headroom(
+    *,
+    max_seqs: int,
+    token_budget: int,
+    num_running: int,
+    partial_rest: Sequence[int],
+    kv_free_tokens: int,
+    reserve: bool,
+    block_size: int,
+    waiting: Iterable[tuple[int, int, bool]],
+) -> Headroom:
+    """Walk the next step's admission over public numbers (contract step 3), as a Headroom.
+
+    The budget first goes to one token per running request that decodes (those not in `partial_rest`)
+    and to the rest of each unfinished prompt; admission then takes `waiting` in order, each needing a
+    free slot, budget left, and KV: its reservation under "reserve"; under "paged" the blocks of its
+    first chunk (its whole recompute when preempted). The first that does not fit and all behind it wait.
+
+    Args:
+        partial_rest: per prompt left unfinished by the last step, its tokens still to prefill.
+        kv_free_tokens: KV free for admission, in tokens (under "paged": above the watermark).
+        waiting: per waiting request in queue order, (tokens to prefill, KV it reserves under
+            "reserve", True if it was never preempted).
+    """
+    slots = max_seqs - num_running
+    budget = max(0, token_budget - (num_running - len(partial_rest)) - sum(partial_rest))
+    kv = kv_free_tokens
+    will_wait = 0
+    for target, reserved, fresh in waiting:
+        if will_wait:
+            will_wait += 1
+            continue
+        chunk = min(target, budget)
+        need = reserved if reserve else -(-(chunk if fresh else target) // block_size) * block_size
+        if slots < 1 or chunk < 1 or need > kv:
+            will_wait = 1
+            continue
+        slots -= 1
+        kv -= need
+        budget = budget - chunk if chunk == target else 0
+    return Headroom(will_wait, slots, kv, budget, reserve, block_size)
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """The engine as a server sees it (LLMEngine implements it; so do test fakes).
+
+    A server uses nothing else: no attribute of the engine's scheduler, no inspection of signatures.
+    Only one thread may call it at a time, and never during step().
+    """
+
+    @property
+    def info(self) -> EngineInfo:
+        """The engine's fixed facts."""
+
+    def stats(self) -> EngineStats:
+        """A snapshot of its queues and KV cache."""
+
+    def headroom(self) -> Headroom:
+        """What the next step leaves after admitting the waiting requests it can."""
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize a prompt (thread-safe: a server may call it from another thread, even during step())."""
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> str:
+        """Render chat messages as a prompt (thread-safe like encode)."""
+
+    def add_request(self, rid: Hashable, prompt: str | Sequence[int], params: Any, *, priority: int = 0) -> None:
+        """Queue a request; raises an EngineError (a ValueError) that names the field when it is refused."""
+
+    def abort(self, rid: Hashable) -> None:
+        """Abort a request; KeyError when unknown."""
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; raises StepFailed (with the step's rids) when it fails."""

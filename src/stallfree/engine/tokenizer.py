@@ -6,7 +6,9 @@ Imports allowed: the standard library, tokenizers, jinja2, stallfree.engine.erro
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,32 @@ class Tokenizer:
         self.add_bos = add_bos
         self.chat_template = chat_template
         self.vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
+        # Byte-level BPE (GPT-2, Llama 3, SmolLM2) writes every byte as one printable character.
+        self._byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        added = backend.get_added_tokens_decoder() if hasattr(backend, "get_added_tokens_decoder") else {}
+        self._special_ids = frozenset(i for i, t in added.items() if getattr(t, "special", False))
+
+    def token_bytes(self, token_id: int) -> bytes | None:
+        """Return the UTF-8 bytes `token_id` adds to decoded text, or None when they are not known.
+
+        Special tokens give b"" (decode skips them). Byte-level BPE vocabularies map each byte to one
+        printable character (the GPT-2 scheme); SentencePiece vocabularies spell a raw byte as
+        "<0xAB>" and a space as U+2581. Any other piece is taken as its own UTF-8 text.
+        """
+        if token_id in self._special_ids:
+            return b""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return None
+        if self._byte_level:
+            table = _byte_level_decoder()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+            return piece.encode("utf-8")
+        m = _BYTE_PIECE.fullmatch(piece)
+        if m is not None:
+            return bytes([int(m.group(1), 16)])
+        return piece.replace("\u2581", " ").encode("utf-8")
 
     def token_str(self, token_id: int | None) -> str:
         """Return the vocabulary string of `token_id` ("" for None or an unknown id)."""
@@ -186,6 +214,28 @@ class Tokenizer:
                    add_bos=bool(tcfg.get("add_bos_token", False)), chat_template=template)
 
 
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+_BYTE_TABLE: dict[str, int] = {}
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """Printable character -> byte, the inverse of byte-level BPE's byte -> character map.
+
+    Source: the GPT-2 encoder (Radford et al., 2019), also used by the `tokenizers` ByteLevel
+    decoder: the bytes 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF stand for themselves; the other 68 bytes,
+    in increasing order, are written as U+0100, U+0101, ...
+    """
+    if not _BYTE_TABLE:
+        shift = 0
+        for b in range(256):
+            if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF:
+                _BYTE_TABLE[chr(b)] = b
+            else:
+                _BYTE_TABLE[chr(0x100 + shift)] = b
+                shift += 1
+    return _BYTE_TABLE
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
@@ -210,10 +260,20 @@ class IncrementalDetokenizer:
     """Turn one request's generated ids into text deltas, holding back an incomplete character.
 
     It decodes a short window of ids twice: up to the ids already turned into text, and up to
-    the newest id; the difference is the new text. A window that ends in U+FFFD (an incomplete
-    UTF-8 sequence) yields nothing until the next id completes it; `flush()` gives the rest.
+    the newest id; the difference is the new text. Text that ends in a UTF-8 sequence still
+    incomplete (a lead byte whose continuation bytes may come with the next ids) yields nothing
+    until it is complete or can no longer be; bytes that can never become a character whatever
+    follows (a stray continuation byte) come out at once as U+FFFD, as the tokenizer's own decode
+    writes them, so invalid output never stalls a stream nor grows the window. `flush()` gives the
+    rest. The concatenation of every push() and the flush() equals decoding all ids at once.
     Decoding a window rather than one id at a time keeps tokenizers whose pieces depend on their
     neighbours (a leading-space marker) right.
+
+    Whether a trailing U+FFFD is incomplete is decided from the bytes of the ids since the window
+    was last emitted (Tokenizer.token_bytes) with Python's incremental UTF-8 decoder, which holds
+    back exactly the bytes that a continuation could still complete; so at most the ids of those
+    (at most 3) bytes are held. When a token's bytes are not known, at most 3 ids are held (a UTF-8
+    character has at most 4 bytes, and each id gives at least one).
     """
 
     __slots__ = ("_tok", "ids", "_prefix", "_read")
@@ -225,14 +285,42 @@ class IncrementalDetokenizer:
         self._read = 0
 
     def push(self, token_id: int) -> str:
-        """Add one generated id; return the text it completes ("" if the character is incomplete)."""
+        """Add one generated id; return the text it completes ("" while a character is incomplete)."""
         self.ids.append(token_id)
-        before = self._tok.decode(self.ids[self._prefix:self._read])
+        end = len(self.ids)
         after = self._tok.decode(self.ids[self._prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self._prefix, self._read = self._read, len(self.ids)
+        if after.endswith("\ufffd"):
+            end = self._decided_end()
+            if end <= self._read:
+                return ""
+            if end < len(self.ids):
+                after = self._tok.decode(self.ids[self._prefix:end])
+        before = self._tok.decode(self.ids[self._prefix:self._read])
+        if len(after) > len(before):
+            self._prefix, self._read = self._read, end
             return after[len(before):]
         return ""
+
+    def _decided_end(self) -> int:
+        """The end (an index into ids) of the ids whose bytes are decided: complete characters or bytes
+        that can never become one. Only a trailing UTF-8 sequence that later bytes may still complete is
+        undecided; the ids from the one where it starts are held."""
+        tail = self.ids[self._read:]
+        parts = [self._tok.token_bytes(i) for i in tail]
+        if any(p is None for p in parts):
+            return len(self.ids) if len(tail) > 3 else self._read
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        data = b"".join(p for p in parts if p is not None)
+        decoder.decode(data, final=False)
+        start = len(data) - len(decoder.getstate()[0])  # where the undecided bytes begin
+        end, seen = self._read, 0
+        for part in parts:
+            assert part is not None
+            if seen + len(part) > start:
+                break
+            seen += len(part)
+            end += 1
+        return end
 
     def flush(self) -> str:
         """Return text held back (a trailing incomplete character comes out as U+FFFD)."""

@@ -2,15 +2,15 @@
 /v1/models, /health and /metrics, over an AsyncEngine.
 
 Imports allowed: the standard library, fastapi/starlette, prometheus_client (through
-stallfree.server.prometheus) and stallfree.server; the engine is duck-typed (LLMEngine interface) and
-stallfree.engine is imported only to find SamplingParams when none is given.
+stallfree.server.prometheus), stallfree.server and the torch-free stallfree.engine.outputs; the engine
+is an EngineClient (its typed view: info, stats, headroom, encode, ...), and stallfree.engine.sampling
+is imported only to find SamplingParams when none is given.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 import uuid
@@ -21,7 +21,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
@@ -49,6 +51,9 @@ class ServerConfig:
         max_waiting: the most requests waiting for admission; more are answered 429. None: unbounded.
         log_interval_s: seconds between stats log lines (0 disables).
         sampling_params_cls: the engine's SamplingParams class (default stallfree.engine.SamplingParams).
+        max_request_bytes: the largest request body, in bytes; a larger one is answered 413 before it is
+            parsed. Default 2 MiB: a 128k-token prompt of English text is about 0.5 MB as text, or about
+            0.9 MB as a JSON list of token ids (about 7 bytes per id), so this leaves twice that room.
     """
 
     served_model_names: tuple[str, ...] = ()
@@ -56,6 +61,7 @@ class ServerConfig:
     max_waiting: int | None = 1024
     log_interval_s: float = 10.0
     sampling_params_cls: Any = None
+    max_request_bytes: int = 2 * 1024 * 1024
 
 
 def _sampling_params_cls(config: ServerConfig) -> Any:
@@ -66,35 +72,22 @@ def _sampling_params_cls(config: ServerConfig) -> Any:
     return SamplingParams
 
 
-def _priority_mode(engine: Any, params_cls: Any) -> str:
-    """Where a request's priority goes: "params" (a SamplingParams field), "kwarg" (an add_request
-    keyword) or "none" (the engine has no priorities: only priority 0 is accepted)."""
-    with contextlib.suppress(TypeError, ValueError):
-        if "priority" in inspect.signature(params_cls).parameters:
-            return "params"
-    with contextlib.suppress(TypeError, ValueError):
-        params = inspect.signature(engine.add_request).parameters
-        if "priority" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return "kwarg"
-    return "none"
-
-
 class _State:
     """What the routes share: the loop, metrics, names and limits."""
 
-    def __init__(self, engine: Any, config: ServerConfig) -> None:
+    def __init__(self, engine: EngineClient, config: ServerConfig) -> None:
         self.engine = engine
+        self.info = engine.info
         self.config = config
-        self.names = config.served_model_names or (str(getattr(engine, "model_name", "stallfree")),)
+        self.names = config.served_model_names or (self.info.model_name,)
         self.metrics = ServerMetrics(self.names[0])
         self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics)
         self.params_cls = _sampling_params_cls(config)
-        self.priority_mode = _priority_mode(engine, self.params_cls)
         self.created = int(time.time())
 
 
-def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
-    """Build the FastAPI app serving `engine` (an object with the LLMEngine interface).
+def create_app(engine: EngineClient, config: ServerConfig | None = None) -> FastAPI:
+    """Build the FastAPI app serving `engine` (LLMEngine, or anything implementing EngineClient).
 
     The engine loop starts with the app's lifespan (or on the first request when no lifespan runs,
     as under httpx's ASGITransport); app.state.server.async_engine.stop() ends it.
@@ -120,6 +113,16 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # An unknown route (404) or method (405) gets OpenAI's error object too, not {"detail": ...}.
+        if exc.status_code == 404:
+            msg = f"unknown route {request.method} {request.url.path}; this server serves " + ", ".join(_ROUTES)
+        else:
+            msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return JSONResponse(ApiError(exc.status_code, msg).body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
     @app.get("/health")
     async def health() -> JSONResponse:
         aeng = state.async_engine
@@ -135,31 +138,121 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     async def models() -> JSONResponse:
         data = [
             {"id": name, "object": "model", "created": state.created, "owned_by": "stallfree",
-             "root": str(getattr(engine, "model_name", name)), "max_model_len": engine.max_model_len}
+             "root": state.info.model_name, "max_model_len": state.info.max_model_len}
             for name in state.names
         ]
         return JSONResponse({"object": "list", "data": data})
 
+    # Parsing, the chat template and tokenizing take time in proportion to the body: they run in a
+    # worker thread, so that one large request never stalls the event loop (every stream's next token).
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_request(await request.body(), CompletionRequest)
-        _check_model(state, req.model)
-        ids = _completion_prompt_ids(engine, req.prompt)
+        raw = await _read_body(request, state.config.max_request_bytes)
+        req, ids = await asyncio.to_thread(_prepare_completion, state, raw)
         return await _serve(state, request, req, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse_request(await request.body(), ChatCompletionRequest)
-        _check_model(state, req.model)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            text = engine.apply_chat_template(messages)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
-        ids = engine.tokenizer.encode(text)
+        raw = await _read_body(request, state.config.max_request_bytes)
+        req, ids = await asyncio.to_thread(_prepare_chat, state, raw)
         return await _serve(state, request, req, ids, chat=True)
 
+    _document_bodies(app)
     return app
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """Put the request schemas of the two POST routes into /openapi.json (they read the raw body, so that
+    errors are OpenAI's objects, and FastAPI cannot see the schemas): clients and schema-driven tests
+    learn from it what a request may hold."""
+    from fastapi.openapi.utils import get_openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, cls in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+            body = cls.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[cls.__name__] = body
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{cls.__name__}"}}},
+            }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+_ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /metrics")
+# A body declared larger than this many times the limit is refused without reading it (the connection
+# then closes); a smaller one is read and discarded first, so that the client gets its 413 cleanly.
+_DRAIN_FACTOR = 16
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, or ApiError(413) as soon as it is known to exceed `limit` bytes (from the
+    Content-Length header before reading anything, or while reading a body sent without one)."""
+    declared = request.headers.get("content-length")
+    too_big = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes "
+                       "(--max-request-bytes)", code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        if int(declared) <= _DRAIN_FACTOR * limit:
+            async for _ in request.stream():
+                pass
+        raise too_big
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _prepare_completion(state: _State, raw: bytes) -> tuple[Any, list[int]]:
+    """Parse a completion body and tokenize its prompt (in a worker thread)."""
+    req = parse_request(raw, CompletionRequest)
+    _check_model(state, req.model)
+    return req, _completion_prompt_ids(state, req.prompt)
+
+
+def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
+    """Parse a chat body, render its messages with the chat template and tokenize (in a worker thread)."""
+    req = parse_request(raw, ChatCompletionRequest)
+    _check_model(state, req.model)
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        text = state.engine.apply_chat_template(messages)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
+    _check_text_length(state, len(text), "messages")
+    return req, _encode(state.engine, text, "messages")
+
+
+def _check_text_length(state: _State, num_chars: int, where: str) -> None:
+    """Refuse, without tokenizing, a text too long to fit the context whatever its tokens: each token
+    decodes to at most info.max_token_chars characters."""
+    info = state.info
+    if num_chars > info.max_model_len * info.max_token_chars:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {info.max_model_len} tokens. However, the {where} "
+            f"holds {num_chars} characters, more than {info.max_model_len} tokens can spell (at most "
+            f"{info.max_token_chars} characters per token). Please reduce the length of the {where}.",
+            where, code="context_length_exceeded",
+        )
+
+
+def _encode(engine: EngineClient, text: str, where: str) -> list[int]:
+    """Tokenize `text`; any error of the tokenizer library is the client's 400, naming `where`."""
+    try:
+        return engine.encode(text)
+    except Exception as exc:  # noqa: BLE001 - a library error on client input is a 400, never a 500
+        raise ApiError(400, f"{where}: the text cannot be tokenized ({type(exc).__name__}: {exc})", where) from None
 
 
 async def _log_stats(state: _State) -> None:
@@ -180,7 +273,7 @@ def _check_model(state: _State, model: str | None) -> None:
                        "model", code="model_not_found")
 
 
-def _completion_prompt_ids(engine: Any, prompt: Any) -> list[int]:
+def _completion_prompt_ids(state: _State, prompt: Any) -> list[int]:
     """Token ids of a completion prompt: a string, token ids, or a batch of exactly one of them."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         if len(prompt) != 1:
@@ -188,13 +281,14 @@ def _completion_prompt_ids(engine: Any, prompt: Any) -> list[int]:
                            "request per prompt", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        ids = list(engine.tokenizer.encode(prompt))
+        _check_text_length(state, len(prompt), "prompt")
+        ids = _encode(state.engine, prompt, "prompt")
     else:
         ids = list(prompt)
-        vocab = getattr(engine, "vocab_size", None)
-        bad = [t for t in ids if t < 0 or (vocab is not None and t >= vocab)]
-        if bad:
-            raise ApiError(400, f"prompt: token id {bad[0]} is out of range", "prompt")
+        vocab = state.info.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
     if not ids:
         raise ApiError(400, "prompt: the prompt is empty (0 tokens); send at least one token", "prompt")
     return ids
@@ -203,13 +297,11 @@ def _completion_prompt_ids(engine: Any, prompt: Any) -> list[int]:
 def _resolve_max_tokens(state: _State, requested: int | None, num_prompt: int, chat: bool) -> int:
     """max_tokens of a request: the one asked for, checked against the context length and the KV
     capacity; or default_max_tokens, bounded by both."""
-    limit = int(state.engine.max_model_len)
-    kv_total = getattr(getattr(state.engine, "scheduler", None), "kv_total", None)
+    limit = state.info.max_model_len
+    kv_total = state.info.kv_total_tokens
     where = "messages" if chat else "prompt"
     if requested is None:
-        room = limit - num_prompt
-        if kv_total is not None:
-            room = min(room, int(kv_total) - num_prompt)
+        room = min(limit, kv_total) - num_prompt
         max_tokens = min(state.config.default_max_tokens, room)
         if max_tokens >= 1:
             return max_tokens
@@ -223,7 +315,7 @@ def _resolve_max_tokens(state: _State, requested: int | None, num_prompt: int, c
             where if num_prompt >= limit else "max_tokens",
             code="context_length_exceeded",
         )
-    if kv_total is not None and num_prompt + requested > kv_total:
+    if num_prompt + requested > kv_total:
         raise ApiError(
             400,
             f"The request can never fit in the KV cache: {num_prompt} tokens in the {where} + max_tokens "
@@ -243,14 +335,14 @@ def _build_params(state: _State, req: Any, max_tokens: int) -> Any:
             kw[name] = value
     if req.top_k is not None and req.top_k > 0:
         kw["top_k"] = req.top_k
-    if req.stop:
+    # `is not None`, never truthiness: "", 0 and False are values a client may mean (parse_request
+    # refuses an empty stop string; an empty list is "no stop" and passes through as such).
+    if req.stop is not None:
         kw["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-    if req.stop_token_ids:
+    if req.stop_token_ids is not None:
         kw["stop_token_ids"] = list(req.stop_token_ids)
-    if req.ignore_eos:
+    if req.ignore_eos is True:
         kw["ignore_eos"] = True
-    if state.priority_mode == "params" and req.priority:
-        kw["priority"] = req.priority
     try:
         return state.params_cls(**kw)
     except ValueError as exc:
@@ -264,16 +356,15 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
     requested = req.effective_max_tokens() if chat else req.max_tokens
     max_tokens = _resolve_max_tokens(state, requested, len(ids), chat)
     params = _build_params(state, req, max_tokens)
-    kwargs: dict[str, Any] = {}
-    if req.priority:
-        if state.priority_mode == "none":
-            raise ApiError(400, f"priority={req.priority}: this engine has no request priorities (only 0)",
-                           "priority")
-        if state.priority_mode == "kwarg":
-            kwargs["priority"] = req.priority
+    if req.priority != 0 and state.info.scheduling_policy != "priority":
+        # Accepted fields take effect or are refused: under FCFS a priority would be silently ignored.
+        raise ApiError(400, f"priority={req.priority}: this server schedules first come, first served "
+                       f"(--scheduling-policy {state.info.scheduling_policy}); only priority 0 is accepted; "
+                       "start it with --scheduling-policy priority to use priorities", "priority")
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     try:
-        stream = await state.async_engine.add_request(rid, ids, params, num_prompt_tokens=len(ids), **kwargs)
+        stream = await state.async_engine.add_request(rid, ids, params, num_prompt_tokens=len(ids),
+                                                      max_tokens=max_tokens, priority=req.priority)
     except QueueFull as exc:
         raise ApiError(429, str(exc), code="queue_full") from None
     except EngineDead as exc:

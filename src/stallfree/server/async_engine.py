@@ -6,8 +6,9 @@ applies it before the next step, so the engine is never called from two threads 
 loop never waits on a forward pass. A client that goes away has its request aborted; its KV is freed
 at the next step boundary.
 
-Imports allowed: the standard library. The engine is duck-typed (anything with the LLMEngine interface:
-add_request, step, abort, has_unfinished, scheduler), so tests can plug in a fake.
+Imports allowed: the standard library and the torch-free stallfree.core.errors, stallfree.engine.errors
+and stallfree.engine.outputs. The engine is an EngineClient (stallfree.engine.outputs): LLMEngine, or a
+test fake implementing the same protocol; the loop reads nothing else of it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from stallfree.core.errors import StallfreeError
+from stallfree.engine.errors import StepFailed
+from stallfree.engine.outputs import EngineClient, EngineStats, Headroom
 
 __all__ = [
     "AsyncEngine",
@@ -37,15 +42,11 @@ logger = logging.getLogger("stallfree.server")
 _MAX_CONSECUTIVE_FAILURES = 3
 
 
-class QueueFull(Exception):
-    """The waiting queue holds max_waiting requests already; the request was not queued (HTTP 429)."""
+class QueueFull(StallfreeError):
+    """max_waiting requests will wait already and this one would too; it was not queued (HTTP 429)."""
 
 
-class StepFailed(RuntimeError):
-    """An exception inside engine.step() failed this request; the original is the __cause__."""
-
-
-class EngineDead(RuntimeError):
+class EngineDead(StallfreeError, RuntimeError):
     """The engine loop has stopped (shut down, or too many consecutive failed steps)."""
 
 
@@ -73,13 +74,15 @@ class StepObserver(Protocol):
         """A request emitted `num_new` tokens at `now` (record not yet updated)."""
 
     def on_finish(self, record: RequestRecord) -> None:
-        """A request finished (record complete, finish_reason set)."""
+        """A request ended (record complete, finish_reason set): "stop" or "length" from the engine,
+        "abort" (the client left, or aborted it) or "error" (a failed step, a dead engine). Every
+        request the engine accepted ends here exactly once."""
 
-    def on_step(self, engine: Any, duration_s: float) -> None:
-        """A step ended after `duration_s` seconds; engine state may be read (no step in flight)."""
+    def on_step(self, stats: EngineStats, duration_s: float) -> None:
+        """A step ended after `duration_s` seconds; `stats` is the engine's snapshot after it."""
 
-    def on_queue_change(self, engine: Any) -> None:
-        """Requests were added or aborted between steps; engine state may be read."""
+    def on_queue_change(self, stats: EngineStats) -> None:
+        """Requests were added or aborted between steps; `stats` is the engine's snapshot after that."""
 
 
 @dataclass(slots=True)
@@ -87,7 +90,9 @@ class _Pending:
     rid: Hashable
     prompt: Any
     params: Any
-    kwargs: dict[str, Any]
+    priority: int
+    num_prompt_tokens: int
+    max_tokens: int
     future: asyncio.Future[None]
 
 
@@ -146,16 +151,18 @@ class AsyncEngine:
     between steps on the event loop thread, and step() runs in a single dedicated worker thread.
 
     Args:
-        engine: an object with the LLMEngine interface.
-        max_waiting: the most requests waiting for admission (queued here or in the scheduler);
-            add_request beyond it raises QueueFull. None means unbounded.
+        engine: the engine (an EngineClient).
+        max_waiting: the most requests that may wait for admission. A request that would wait (the
+            next step will not admit it, for want of a slot, KV or budget, or because others wait
+            ahead of it) is refused with QueueFull when this many will wait already; one that the
+            next step will admit is never refused. None means unbounded.
         observer: receives per-token, per-request and per-step events (metrics).
         clock: the time source in seconds (time.perf_counter).
     """
 
     def __init__(
         self,
-        engine: Any,
+        engine: EngineClient,
         max_waiting: int | None = None,
         observer: StepObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -171,7 +178,9 @@ class AsyncEngine:
         self._aborts: set[Hashable] = set()
         self._live: dict[Hashable, _Live] = {}
         self._added: set[Hashable] = set()
-        self._num_waiting_engine = 0
+        # The engine's state as read after the last step or queue change (never during a step).
+        self._stats: EngineStats = engine.stats()
+        self._headroom: Headroom = engine.headroom()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -181,8 +190,19 @@ class AsyncEngine:
 
     @property
     def num_waiting(self) -> int:
-        """Requests not yet admitted: queued here for the next step boundary plus waiting in the scheduler."""
-        return len(self._pending) + self._num_waiting_engine
+        """Requests not yet admitted: queued here for the next step boundary plus waiting in the engine."""
+        return len(self._pending) + self._stats.num_waiting
+
+    @property
+    def num_will_wait(self) -> int:
+        """Requests that will still wait after the next step: those the engine will not admit, plus the
+        ones queued here that will not fit what it leaves (in order; once one waits, all behind it do)."""
+        return self._headroom.will_wait + self._pending_waiting(None)[0]
+
+    @property
+    def stats(self) -> EngineStats:
+        """The engine's snapshot after the last step or queue change."""
+        return self._stats
 
     @property
     def num_live(self) -> int:
@@ -222,7 +242,8 @@ class AsyncEngine:
     # ------------------------------------------------------------------ requests
 
     async def add_request(
-        self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, **kwargs: Any
+        self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, max_tokens: int = 0,
+        priority: int = 0,
     ) -> RequestStream:
         """Queue a request for the next step boundary; return its stream once the engine accepted it.
 
@@ -230,11 +251,12 @@ class AsyncEngine:
             rid: a unique request id.
             prompt: a string or a list of token ids, passed to engine.add_request.
             params: the engine's SamplingParams.
-            num_prompt_tokens: prompt length in tokens, for metrics until the engine reports it.
-            **kwargs: passed to engine.add_request (e.g. priority).
+            num_prompt_tokens: prompt length in tokens (for metrics, and whether it will wait).
+            max_tokens: its max_tokens (whether it will wait: the KV it needs).
+            priority: passed to engine.add_request.
 
         Raises:
-            QueueFull: max_waiting requests are waiting already; nothing was queued.
+            QueueFull: max_waiting requests will wait already and this one would too; nothing was queued.
             EngineDead: the loop has stopped.
             Exception: whatever engine.add_request raised (ValueError for a bad request).
         """
@@ -242,16 +264,19 @@ class AsyncEngine:
             raise EngineDead(self.dead_reason or "the server is shutting down")
         if rid in self._pending or rid in self._live:
             raise ValueError(f"request id {rid!r} is already in use")
-        if self.max_waiting is not None and self.num_waiting - self._free_slots() >= self.max_waiting:
-            raise QueueFull(
-                f"the server is overloaded: {self.num_waiting} request(s) waiting "
-                f"(--max-waiting {self.max_waiting}); retry later"
-            )
+        if self.max_waiting is not None:
+            ahead, waits = self._pending_waiting((num_prompt_tokens, max_tokens))
+            ahead += self._headroom.will_wait
+            if waits and ahead >= self.max_waiting:
+                raise QueueFull(
+                    f"the server is overloaded: {ahead} request(s) will wait for admission "
+                    f"(--max-waiting {self.max_waiting}); retry later"
+                )
         self.start()
         assert self._wake is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens)
-        self._pending[rid] = _Pending(rid, prompt, params, kwargs, future)
+        self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future)
         live = _Live(record)
         self._live[rid] = live
         self._wake.set()
@@ -266,15 +291,18 @@ class AsyncEngine:
         return RequestStream(self, rid, live)
 
     def abort(self, rid: Hashable) -> None:
-        """Abort a request at the next step boundary (its KV is freed then); no-op if unknown."""
+        """Abort a request at the next step boundary (its KV is freed then); no-op if unknown.
+
+        It ends with finish_reason "abort" (observer.on_finish), unless it already ended.
+        """
         if rid in self._live or rid in self._pending:
-            self._live.pop(rid, None)
+            self._end(rid, "abort")
             self._aborts.add(rid)
             if self._wake is not None:
                 self._wake.set()
 
     async def generate(self, rid: Hashable, prompt: Any, params: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        """Add a request and yield its RequestOutput objects; leaving early aborts it."""
+        """Add a request (keywords as add_request) and yield its RequestOutput objects; leaving early aborts it."""
         stream = await self.add_request(rid, prompt, params, **kwargs)
         async for out in stream:
             yield out
@@ -288,8 +316,10 @@ class AsyncEngine:
             while not self._stopping:
                 self._wake.clear()
                 changed = self._apply_aborts() | self._apply_adds()
-                if changed and self.observer is not None:
-                    self.observer.on_queue_change(self.engine)
+                if changed:
+                    self._read_engine()
+                    if self.observer is not None:
+                        self.observer.on_queue_change(self._stats)
                 if not self.engine.has_unfinished():
                     if not self._pending and not self._aborts:
                         await self._wake.wait()
@@ -303,10 +333,10 @@ class AsyncEngine:
                 self.num_failed_steps = 0
                 self.num_steps += 1
                 self._dispatch(outputs, self.clock())
-                self._num_waiting_engine = self._engine_waiting()
+                self._read_engine()
                 if self.observer is not None:
-                    self.observer.on_step(self.engine, self.clock() - start)
-                if not outputs and not getattr(getattr(self.engine, "last_plan", None), "num_tokens", 1):
+                    self.observer.on_step(self._stats, self.clock() - start)
+                if not outputs and not self._stats.last_step_tokens:
                     await asyncio.sleep(0.001)  # an empty step: let the event loop breathe
         except Exception as exc:  # noqa: BLE001 - a bug here must fail requests, not hang them
             logger.exception("engine loop crashed")
@@ -329,7 +359,6 @@ class AsyncEngine:
                 except KeyError:
                     pass  # it finished in the step that just ended
         self._aborts.clear()
-        self._num_waiting_engine = self._engine_waiting()
         return True
 
     def _apply_adds(self) -> bool:
@@ -338,7 +367,7 @@ class AsyncEngine:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             try:
-                self.engine.add_request(p.rid, p.prompt, p.params, **p.kwargs)
+                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority)
             except Exception as exc:  # noqa: BLE001 - the handler turns it into an HTTP error
                 self._live.pop(p.rid, None)
                 if not p.future.done():
@@ -347,22 +376,40 @@ class AsyncEngine:
             self._added.add(p.rid)
             if not p.future.done():
                 p.future.set_result(None)
-        self._num_waiting_engine = self._engine_waiting()
         return True
 
-    def _free_slots(self) -> int:
-        """Sequence slots the scheduler has free (max_seqs - running, per its last reading): requests
-        queued here that will take one at the next step are not waiting for long, so a burst that
-        arrives before the loop admits anyone is not refused for them."""
-        sched = getattr(self.engine, "scheduler", None)
-        max_seqs, running = getattr(sched, "max_seqs", None), getattr(sched, "num_running", None)
-        if not isinstance(max_seqs, int) or not isinstance(running, int):
-            return 0
-        return max(0, max_seqs - running)
+    def _read_engine(self) -> None:
+        """Read the engine's snapshot and headroom (on the loop, between steps)."""
+        self._stats = self.engine.stats()
+        self._headroom = self.engine.headroom()
 
-    def _engine_waiting(self) -> int:
-        return int(getattr(getattr(self.engine, "scheduler", None), "num_waiting", 0))
+    def _pending_waiting(self, new: tuple[int, int] | None) -> tuple[int, bool]:
+        """(how many requests queued here will wait, whether `new` (prompt tokens, max_tokens) queued
+        behind them would): they are admitted in order into what the engine's next step leaves (slots,
+        KV for prompt + max_tokens, budget), and once one does not fit, all behind it wait.
 
+        The KV test counts prompt + max_tokens, the reservation's need; under paged KV a request needs
+        less at admission, so this may count a request as waiting that would start (never the reverse
+        for slots and budget)."""
+        h = self._headroom
+        slots, kv, budget = h.slots, h.kv_tokens, h.budget_tokens
+        blocked = h.will_wait > 0
+        count = 0
+        sizes = [(p.num_prompt_tokens, p.max_tokens) for p in self._pending.values()]
+        for i, (prompt, max_tokens) in enumerate([*sizes, new] if new is not None else sizes):
+            prompt = max(prompt, 1)  # a length not given: every prompt has at least one token
+            chunk = min(prompt, budget)
+            need = h.kv_needed(prompt, max_tokens, chunk)
+            if not blocked and (slots < 1 or chunk < 1 or need > kv):
+                blocked = True
+            if blocked:
+                if i < len(sizes):
+                    count += 1
+                continue
+            slots -= 1
+            kv -= need
+            budget = budget - chunk if chunk == prompt else 0
+        return count, blocked
     def _dispatch(self, outputs: list[Any], now: float) -> None:
         obs = self.observer
         for out in outputs:
@@ -384,31 +431,27 @@ class AsyncEngine:
             rec.num_generated = out.num_generated
             live.queue.put_nowait(out)
             if out.finished:
-                rec.finish_time = now
-                rec.finish_reason = out.finish_reason
-                del self._live[out.rid]
                 self._added.discard(out.rid)
-                if obs is not None:
-                    obs.on_finish(rec)
+                self._end(out.rid, out.finish_reason or "stop", now)
 
     def _on_step_failure(self, exc: Exception) -> None:
         """Fail the requests of the failed step (all added ones when the engine does not say which)."""
         self.num_failed_steps += 1
         logger.error("engine step failed: %r", exc, exc_info=exc)
-        rids = getattr(exc, "rids", None)
+        rids = exc.rids if isinstance(exc, StepFailed) and exc.rids else None
         affected = set(rids) & self._added if rids is not None else set(self._added)
-        err = StepFailed(f"the engine failed while running this request: {exc}")
+        err = StepFailed(f"the engine failed while running this request: {exc}", tuple(affected))
         err.__cause__ = exc
         for rid in affected:
             self._added.discard(rid)
-            live = self._live.pop(rid, None)
+            live = self._end(rid, "error")
             if live is not None:
                 live.queue.put_nowait(err)
             try:
                 self.engine.abort(rid)
             except Exception:  # noqa: BLE001 - already gone is fine; the KV check is the engine's
                 pass
-        self._num_waiting_engine = self._engine_waiting()
+        self._read_engine()
         if self.num_failed_steps >= _MAX_CONSECUTIVE_FAILURES:
             self.dead_reason = f"{self.num_failed_steps} consecutive engine steps failed; last: {exc!r}"
             self._stopping = True
@@ -429,6 +472,18 @@ class AsyncEngine:
             if not p.future.done():
                 p.future.set_exception(err)
         self._pending.clear()
-        for live in self._live.values():
+        for rid in list(self._live):
+            live = self._end(rid, "error")
+            assert live is not None
             live.queue.put_nowait(err)
-        self._live.clear()
+
+    def _end(self, rid: Hashable, reason: str, now: float | None = None) -> _Live | None:
+        """Take a request out of the live set and report its outcome once; None if it was not live."""
+        live = self._live.pop(rid, None)
+        if live is not None:
+            rec = live.record
+            rec.finish_time = self.clock() if now is None else now
+            rec.finish_reason = reason
+            if self.observer is not None:
+                self.observer.on_finish(rec)
+        return live

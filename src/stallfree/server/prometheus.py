@@ -6,7 +6,8 @@ of a request; TPOT = (finish - first token) / (num_generated - 1), only when num
 E2E = finish - arrival. Times are server-side: arrival is when the request reached the HTTP handler,
 a token's time is when the step that produced it returned.
 
-Imports allowed: the standard library, prometheus_client and stallfree.server.async_engine.
+Imports allowed: the standard library, prometheus_client, stallfree.engine.outputs (torch-free) and
+stallfree.server.async_engine.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from stallfree.engine.outputs import EngineStats
 from stallfree.server.async_engine import RequestRecord
 
 __all__ = ["ServerMetrics"]
@@ -64,13 +66,16 @@ class ServerMetrics:
                              lab, registry=r).labels(model_name)
         self.kv_usage = Gauge("stallfree_kv_cache_usage_ratio", "Fraction of the KV cache in use (0..1).",
                               lab, registry=r).labels(model_name)
-        self.preemptions = Counter("stallfree_preemptions", "Running requests preempted (recompute).",
+        self.preemptions = Counter("stallfree_preemptions",
+                                   "Running requests preempted (recompute; paged KV only, else 0).",
                                    lab, registry=r).labels(model_name)
         self.prompt_tokens = Counter("stallfree_prompt_tokens", "Prompt tokens prefilled.",
                                      lab, registry=r).labels(model_name)
         self.generation_tokens = Counter("stallfree_generation_tokens", "Tokens generated.",
                                          lab, registry=r).labels(model_name)
-        self._success = Counter("stallfree_request_success", "Finished requests, by finish reason.",
+        self._success = Counter("stallfree_request_success",
+                                "Requests that ended, by outcome: stop, length, abort (the client left) or "
+                                "error (a failed step or a dead engine); each request is counted once.",
                                 ["model_name", "finished_reason"], registry=r)
         self._model_name = model_name
         self._last_preemptions = 0
@@ -101,33 +106,32 @@ class ServerMetrics:
         self.num_generation_tokens += num_new
 
     def on_finish(self, record: RequestRecord) -> None:
-        """Observe E2E and TPOT (when more than one token) and count the finish reason."""
+        """Count the request's outcome (finished_reason stop, length, abort or error); for a request
+        that finished (stop, length), also observe E2E and TPOT (when more than one token)."""
         assert record.finish_time is not None
-        self.e2e.observe(record.finish_time - record.arrival)
-        if record.num_generated > 1 and record.first_token_time is not None:
-            self.tpot.observe((record.finish_time - record.first_token_time) / (record.num_generated - 1))
-        self.request_success(record.finish_reason or "unknown").inc()
+        reason = record.finish_reason or "stop"
+        if reason in ("stop", "length"):
+            self.e2e.observe(record.finish_time - record.arrival)
+            if record.num_generated > 1 and record.first_token_time is not None:
+                self.tpot.observe((record.finish_time - record.first_token_time) / (record.num_generated - 1))
+        self.request_success(reason).inc()
 
-    def on_step(self, engine: Any, duration_s: float) -> None:
-        """Sample the engine's gauges and counters after a step."""
+    def on_step(self, stats: EngineStats, duration_s: float) -> None:
+        """Observe the step's duration and tokens; sample the gauges and the preemption counter."""
         self.step_time.observe(duration_s)
-        plan = getattr(engine, "last_plan", None)
-        if plan is not None:
-            self.tokens_per_step.observe(plan.num_tokens)
-        self.on_queue_change(engine)
-        total = getattr(engine.scheduler, "num_preemptions", None)
-        if total is not None and total > self._last_preemptions:
-            self.preemptions.inc(total - self._last_preemptions)
-            self._last_preemptions = total
+        self.tokens_per_step.observe(stats.last_step_tokens)
+        self.on_queue_change(stats)
 
-    def on_queue_change(self, engine: Any) -> None:
-        """Sample running, waiting and KV usage (no step is in flight when called)."""
-        s = engine.scheduler
-        self.num_running, self.num_waiting = s.num_running, s.num_waiting
-        self.kv_usage_ratio = 1.0 - s.kv_free / s.kv_total if s.kv_total else 0.0
+    def on_queue_change(self, stats: EngineStats) -> None:
+        """Sample running, waiting, KV usage and preemptions (no step is in flight when called)."""
+        self.num_running, self.num_waiting = stats.num_running, stats.num_waiting
+        self.kv_usage_ratio = stats.kv_usage
         self.running.set(self.num_running)
         self.waiting.set(self.num_waiting)
         self.kv_usage.set(self.kv_usage_ratio)
+        if stats.num_preemptions > self._last_preemptions:
+            self.preemptions.inc(stats.num_preemptions - self._last_preemptions)
+            self._last_preemptions = stats.num_preemptions
 
     # ------------------------------------------------------------------ export and log
 

@@ -4,15 +4,18 @@ Validation is strict: a wrong type is an error (no "5" for 5), an unknown field 
 OpenAI field we do not implement (n > 1, best_of, logprobs, penalties, ...) is accepted only at its
 neutral value, so nothing a client asks for is silently ignored.
 
-Imports allowed: the standard library and pydantic.
+Imports allowed: the standard library, pydantic and stallfree.core.errors (stdlib only).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stallfree.core.errors import StallfreeError
 
 __all__ = [
     "ApiError",
@@ -25,11 +28,11 @@ __all__ = [
 ]
 
 
-class ApiError(Exception):
+class ApiError(StallfreeError):
     """An error answered to the client as an OpenAI error object.
 
     Args:
-        status: the HTTP status (400, 404, 429, 500, 503).
+        status: the HTTP status (400, 404, 405, 413, 429, 500, 503).
         message: what went wrong, naming the field and the value.
         param: the request field at fault, or None.
         err_type: OpenAI's error type ("invalid_request_error", ...).
@@ -157,12 +160,14 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-# field -> (neutral value test, what we say). Anything else is a 400 naming the field.
+# field -> (neutral value test, what we say). Anything else is a 400 naming the field. The tests compare
+# by identity or exact type where 0, "" or False mean something of their own: `0 in (None, False)` is True
+# in Python, and `logprobs: 0` asks for the chosen tokens' log-probabilities (it is not "off").
 _UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "n": (lambda v: v == 1, "not supported (only n=1)"),
-    "best_of": (lambda v: v in (None, 1), "not supported (only best_of=1)"),
-    "logprobs": (lambda v: v in (None, False), "logprobs are not supported"),
-    "top_logprobs": (lambda v: v in (None, 0), "logprobs are not supported"),
+    "best_of": (lambda v: v is None or v == 1, "not supported (only best_of=1)"),
+    "logprobs": (lambda v: v is None or v is False, "logprobs are not supported (only null)"),
+    "top_logprobs": (lambda v: v is None or v == 0, "logprobs are not supported"),
     "echo": (lambda v: v is False, "echo is not supported"),
     "suffix": (lambda v: v is None, "suffix is not supported"),
     "presence_penalty": (lambda v: v == 0.0, "presence_penalty is not supported (only 0)"),
@@ -190,10 +195,18 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields]) -> Any:
     """
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise ApiError(400, "malformed JSON in the request body: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer with too many digits
         raise ApiError(400, f"malformed JSON in the request body: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+    # Lone surrogates can only come from \uD800-\uDFFF escapes (raw bytes are decoded strictly).
+    bad = _first_unencodable(data, "") if _SURROGATE_ESCAPE.search(raw) else None
+    if bad is not None:
+        # JSON's \ud800 escapes give Python strings that no UTF-8 library (the tokenizer) accepts.
+        param = bad.split(".")[0].split("[")[0] or "body"
+        raise ApiError(400, f"{bad}: the string holds a lone UTF-16 surrogate (not valid Unicode text)", param)
     try:
         req = model_cls.model_validate(data)
     except ValidationError as exc:
@@ -210,7 +223,35 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields]) -> Any:
         raise ApiError(400, "stream_options may only be set when stream is true", "stream_options")
     if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
         raise ApiError(400, f"stop_token_ids must be >= 0, got {req.stop_token_ids}", "stop_token_ids")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if any(s == "" for s in stops):
+        # An empty stop string would match at once: refused, whether alone ("") or in a list ([""]).
+        raise ApiError(400, f"stop must hold non-empty strings, got {req.stop!r}", "stop")
     return req
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _first_unencodable(value: Any, path: str) -> str | None:
+    """The path (e.g. "messages[0].content") of the first string in `value` that is not valid UTF-8
+    text (it holds a lone surrogate), or None. Keys are checked as well as values."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(item, dict):
+            for k, v in reversed(list(item.items())):
+                sub = f"{where}.{k}" if where else str(k)
+                stack.append((v, sub))
+                stack.append((k, sub))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return None
 
 
 def _param_of(loc: tuple[int | str, ...]) -> str:
