@@ -147,3 +147,17 @@ def test_simulate_help_loads_no_heavy_library():
 def test_full_parser_loads_no_web_framework():
     """Registering every command (`stallfree --help`) does not import FastAPI or torch."""
     assert _loaded("import sys\nfrom stallfree.cli import build_parser\nbuild_parser()") & {"torch", "fastapi"} == set()
+
+
+def test_top_level_help_lists_every_command(capsys):
+    """Registering only the named command's module never hides the others from `stallfree --help`."""
+    import pytest
+
+    from stallfree.cli import main
+
+    for argv in (["--help"], ["--help", "simulate"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        for command in ("budget", "simulate", "sweep", "tune", "generate", "serve", "demo"):
+            assert command in out, (argv, command)

@@ -56,13 +56,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
-    """The subcommand named first in argv (its first word not starting with '-'), or None."""
-    for word in argv:
-        if not word.startswith("-"):
-            return word
-        if word == "--":
-            return None
-    return None
+    """The subcommand named first in argv (its first word not starting with '-'), or None (also when
+    a top-level option such as --help comes first: the top-level help lists every command)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -30,6 +30,7 @@ def test_simulate_json_header_and_runs(capsys):
         assert run[key] is not None, key
 
 
+@pytest.mark.slow
 def test_simulate_compare_table_and_out_dir(tmp_path, capsys):
     """--compare prints the three modes side by side; --out writes records, steps and plots."""
     code = main(
@@ -114,6 +115,7 @@ def test_check_with_a_baseline_is_a_usage_error(capsys):
     assert "--check" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sweep_writes_rows_and_plots(tmp_path, capsys):
     """sweep runs one configuration per (mode, budget) and writes the CSV and both plots."""
     argv = [

@@ -3,6 +3,10 @@ p99 TPOT against p99 TTFT trade-off, and the tune's goodput and p99 TPOT against
 
 Imports allowed: the standard library, stallfree.sim, numpy and matplotlib (imported inside the
 functions, with the non-interactive Agg backend).
+
+Why one module of a little over 400 lines: every figure shares the same title, legend and layout
+helpers (plot_context, _title, _layout), which keep the figures alike; the functions themselves
+stay short.
 """
 
 from __future__ import annotations
