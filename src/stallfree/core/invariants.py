@@ -11,6 +11,10 @@ the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot 
 rules of each KV policy are a part of it: `_ReserveRules` (reservations add up) and `_PagedRules`
 (blocks cover the tokens, no block in two tables, victims by the written rule). It is meant for
 tests and the simulator's --check mode; it costs O(running) per step.
+
+Longer than the ~400-line guide: it is the merge of the reservation and paged checkers, and its shadow
+must work out every plan on its own (decodes and overflow, blocks and victims, chunks, admissions); split
+across modules, the rules of one step would have to share the shadow's internals.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@ then strict admission in queue order; its KV policy (reservation or paged blocks
 
 Imports allowed: the standard library and stallfree.core only.
 
-Longer than the ~400-line guide because the three contract phases, the one preemption method and the
-complete() hooks of both KV policies belong together; the policies' own accounting is in core/kv.py,
-the decode bookkeeping in core/live.py and the option hooks in core/policies.py.
+Longer than the ~400-line guide (about 600 lines, a third of them docstrings): the three contract
+phases, the one preemption method and the complete() hooks of both KV policies read best together; the
+policies' own accounting is in core/kv.py, the decode bookkeeping in core/live.py, the option hooks in
+core/policies.py and the shared add/abort/complete in core/lifecycle.py.
 
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
 iteration-level scheduling (Orca, Yu et al., OSDI'22); paged KV and preemption by recompute
