@@ -11,6 +11,10 @@ the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot 
 rules of each KV policy are a part of it: `_ReserveRules` (reservations add up) and `_PagedRules`
 (blocks cover the tokens, no block in two tables, victims by the written rule). It is meant for
 tests and the simulator's --check mode; it costs O(running) per step.
+
+Longer than the ~400-line guide: it is the merge of the reservation and paged checkers, and its shadow
+must work out every plan on its own (decodes and overflow, blocks and victims, chunks, admissions); split
+across modules, the rules of one step would have to share the shadow's internals.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class _Shadow:
     blocks: int = 0  # paged
     preemptions: int = 0
     emitted: int = 0  # times the rid appeared in complete()'s return value
+    limit: int = 0  # tokens after which it ends: max_new, or what stop_after() said
 
     @property
     def computed(self) -> int:
@@ -137,9 +142,16 @@ class InvariantChecker:
     def add(self, req: Request) -> None:
         """Forward add(); on success, append the request to the shadow queue."""
         self.scheduler.add(req)
-        self._reqs[req.rid] = _Shadow(req, self.num_requests, self.scheduler.step, target=req.prompt_len)
+        self._reqs[req.rid] = _Shadow(
+            req, self.num_requests, self.scheduler.step, target=req.prompt_len, limit=req.max_new
+        )
         self._waiting.append(req.rid)
         self.num_requests += 1
+
+    def stop_after(self, rid: Hashable, num_tokens: int) -> None:
+        """Forward stop_after(); on success, the request must end with reason "stop" at that token."""
+        self.scheduler.stop_after(rid, num_tokens)
+        self._reqs[rid].limit = num_tokens
 
     def abort(self, rid: Hashable) -> None:
         """Forward abort(); mirror it (deferred when the rid is in the plan in flight)."""
@@ -215,7 +227,7 @@ class InvariantChecker:
 
     def _decode_cost(self, rid: Hashable, budget: int) -> int:
         sh = self._reqs[rid]
-        return 1 + min(self.scheduler.num_spec_tokens, budget - 1, sh.req.max_new - sh.generated - 1)
+        return 1 + min(self.scheduler.num_spec_tokens, budget - 1, sh.limit - sh.generated - 1)
 
     def _check_plan(self, plan: StepPlan) -> None:
         """Work out the step from the rules, compare, and move the shadow to the scheduled state."""
@@ -455,12 +467,15 @@ class InvariantChecker:
             if not spec and sh.emitted != sh.generated - (rid in aborted):
                 self._fail("each token emitted once", f"rid {rid!r}: {sh.emitted} emitted, {sh.generated} generated")
             early = rid in aborted or rid in stopped
-            if sh.generated >= sh.req.max_new and not early:
+            if sh.generated >= sh.limit and not early:
                 gen0 = sh.target - sh.req.prompt_len
-                if sh.generated != sh.req.max_new or sh.prefilled != sh.target or (
-                        not spec and gen0 + 1 + sh.episode_decodes != sh.req.max_new):
+                if sh.generated != sh.limit or sh.prefilled != sh.target or (
+                        not spec and gen0 + 1 + sh.episode_decodes != sh.limit):
                     self._fail("exact tokens", f"rid {rid!r}: {sh}")
-            done = early or sh.generated >= sh.req.max_new
+                why = FinishReason.LENGTH if sh.limit == sh.req.max_new else FinishReason.STOP
+                if rid not in aborted and finished.get(rid) is not why:
+                    self._fail("finish reason", f"rid {rid!r}: {finished.get(rid)}, expected {why}")
+            done = early or sh.generated >= sh.limit
             if done != (rid in finished):
                 self._fail("finish", f"rid {rid!r} done={done}, scheduler {finished.get(rid)}")
             if done:

@@ -128,7 +128,7 @@ class BlockPool:
 
     def try_promise(self, n: int) -> bool:
         """Promise `n` blocks if that many are free and return True; else change nothing, return False."""
-        if n > self.num_free:
+        if n > len(self._free) + self.num_blocks - self._fresh - self._promised:
             return False
         self._promised += n
         return True
@@ -149,6 +149,10 @@ class BlockPool:
         self._free.extend(reversed(table))
         table.clear()
         self._promised -= unclaimed
+
+    def unpromise(self, n: int) -> None:
+        """Return `n` promised blocks that will never be claimed (a reservation that ended)."""
+        self._promised -= n
 
     def release_tail(self, table: list[int], keep: int) -> None:
         """Return the blocks of `table` after its first `keep` to the pool."""
@@ -241,7 +245,7 @@ class ReservationKV:
 
     def free(self, rec: LiveRequest, step: int, in_flight: bool) -> None:
         """Return `rec`'s reservation."""
-        self.pool.release([], rec.kv // self.unit)
+        self.pool.unpromise(rec.kv // self.unit)
 
 
 class PagedKV:
@@ -309,8 +313,8 @@ class PagedKV:
         return want <= free and not (num_running and free - want < self.watermark_blocks)
 
     def admit(self, rec: LiveRequest, first_chunk: int) -> None:
-        """Give `rec` the blocks of its first chunk."""
-        self.pool.allocate(rec.block_table, -(-first_chunk // self.block_size))
+        """Give `rec` the blocks of its first chunk (can_admit must have said yes)."""
+        self.pool._take(rec.block_table, -(-first_chunk // self.block_size))
 
     def grow(self, rec: LiveRequest, tokens: int) -> bool:
         """Give `rec` the blocks to hold `tokens` tokens; False (nothing changes) when too few are free."""
@@ -353,7 +357,10 @@ class PagedKV:
         """Return every block of `rec` (and its unclaimed promises); drop it from its bucket."""
         unclaimed = 0
         if rec.bucket >= 0:
-            unclaimed = self.unclaimed(rec, step, in_flight)
+            table = rec.block_table
+            unclaimed = -(-(rec.offset + step + in_flight) // self.block_size) - len(table)
+            if unclaimed < 0:
+                unclaimed = 0
             del self.buckets[rec.bucket][rec.rid]
             rec.bucket = -1
         self.pool.release(rec.block_table, unclaimed)

@@ -19,7 +19,7 @@ from stallfree.core.live import position_of
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
-__all__ = ["RequestLifecycle", "position_of"]
+__all__ = ["RequestLifecycle", "end_reason", "position_of"]
 
 _WAITING = RequestStatus.WAITING
 _PREEMPTED = RequestStatus.PREEMPTED
@@ -30,6 +30,11 @@ _ABORTED = RequestStatus.ABORTED
 # How many finished rids are remembered so that abort() of a request that just finished is a no-op
 # rather than a KeyError; bounded so that a long-running server does not grow.
 RECENT_FINISHED = 4096
+
+
+def end_reason(obj: Any) -> FinishReason:
+    """Why a request that generated all its tokens ended: "length" at max_new, "stop" at a stop_after()."""
+    return FinishReason.LENGTH if obj.limit == obj.max_new else FinishReason.STOP
 
 
 class RequestLifecycle:
@@ -123,6 +128,34 @@ class RequestLifecycle:
         self._live[req.rid] = obj
         self._waiting.append(obj)
 
+    def stop_after(self, rid: Hashable, num_tokens: int) -> None:
+        """End a waiting request with reason "stop" once it has generated `num_tokens` tokens.
+
+        For a caller that knows a request's output length in advance (the simulator replaying a trace
+        whose outputs are shorter than max_new): the request then ends exactly as if complete() had
+        been told of its stop on that token, without the caller tracking its progress. KV is still
+        counted for max_new (the reservation, or the most blocks it may hold).
+
+        Args:
+            rid: a live request that has not been admitted yet.
+            num_tokens: tokens it generates, 1 to its max_new.
+
+        Raises:
+            KeyError: `rid` is not live.
+            SchedulerStateError: it was admitted already, or num_tokens is not an integer from 1 to
+                max_new; nothing changes.
+        """
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"stop_after(): unknown rid {rid!r}")
+        if obj.status is not _WAITING:
+            raise SchedulerStateError(f"stop_after(): rid {rid!r} was admitted already ({obj.status.name})")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or not 1 <= num_tokens <= obj.max_new:
+            raise SchedulerStateError(
+                f"stop_after(): num_tokens must be an integer from 1 to max_new = {obj.max_new}, got {num_tokens!r}"
+            )
+        obj.limit = num_tokens
+
     def abort(self, rid: Hashable) -> None:
         """Remove a waiting or running request and release its KV.
 
@@ -209,7 +242,7 @@ class RequestLifecycle:
         if due:
             for obj in due:
                 if obj.status is _DECODING and obj.finish_step == due_key:
-                    self._finish(obj, FinishReason.LENGTH)
+                    self._finish(obj, end_reason(obj))
         emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
         aborts = self._inflight_aborts
         if aborts:

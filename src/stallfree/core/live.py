@@ -67,12 +67,14 @@ class LiveRequest:
         finish_step: while decoding, the clock value whose step samples its last token; else -1.
         admitted_step, first_token_step, decode_step: step numbers (None / -1 until they happen).
         num_preemptions: times it was preempted.
+        limit: the tokens after which it ends: max_new (reason "length"), or fewer when the caller said
+            so through stop_after() (reason "stop").
     """
 
     __slots__ = (
         "req", "rid", "seq", "admit_seq", "arrival_step", "num_prompt_tokens", "max_new", "status",
         "num_prefilled", "target", "gen0", "kv", "block_table", "bucket", "offset", "finish_step",
-        "admitted_step", "first_token_step", "decode_step", "num_preemptions", "_decodes",
+        "admitted_step", "first_token_step", "decode_step", "num_preemptions", "limit", "_decodes",
     )
 
     def __init__(self, req: Request, kv: int, seq: int, arrival_step: int, decodes: DecodeSet) -> None:
@@ -96,6 +98,7 @@ class LiveRequest:
         self.first_token_step: int | None = None
         self.decode_step = -1
         self.num_preemptions = 0
+        self.limit = req.max_new
         self._decodes = decodes
 
     @property

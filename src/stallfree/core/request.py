@@ -89,3 +89,8 @@ class RequestState:
     admitted_step: int | None
     first_token_step: int | None
     num_preemptions: int = 0
+
+    @property
+    def num_output_tokens(self) -> int:
+        """vLLM's name of num_generated: tokens generated so far."""
+        return self.num_generated

@@ -3,9 +3,10 @@ then strict admission in queue order; its KV policy (reservation or paged blocks
 
 Imports allowed: the standard library and stallfree.core only.
 
-Longer than the ~400-line guide because the three contract phases, the one preemption method and the
-complete() hooks of both KV policies belong together; the policies' own accounting is in core/kv.py,
-the decode bookkeeping in core/live.py and the option hooks in core/policies.py.
+Longer than the ~400-line guide (about 600 lines, a third of them docstrings): the three contract
+phases, the one preemption method and the complete() hooks of both KV policies read best together; the
+policies' own accounting is in core/kv.py, the decode bookkeeping in core/live.py, the option hooks in
+core/policies.py and the shared add/abort/complete in core/lifecycle.py.
 
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
 iteration-level scheduling (Orca, Yu et al., OSDI'22); paged KV and preemption by recompute
@@ -19,11 +20,11 @@ from collections.abc import Callable, Hashable, Mapping
 
 from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
 from stallfree.core.kv import PagedKV, ReservationKV, check_watermark
-from stallfree.core.lifecycle import RequestLifecycle
+from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
-from stallfree.core.request import FinishReason, Request, RequestStatus
+from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["KV_POLICIES", "PagedScheduler", "Scheduler"]
 
@@ -283,18 +284,19 @@ class Scheduler(RequestLifecycle):
         else:
             admitted = self._admit(left, prefills)
         dec = self._decodes
-        ctx = dec.offset_sum if decode_offsets is dec.tuples()[1] else sum(decode_offsets)
+        # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
+        ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
         plan = StepPlan(
-            step=step,
-            decode_rids=decode_rids,
-            decode_offsets=decode_offsets,
-            prefills=tuple(prefills),
-            num_tokens=used + sum(c.num_tokens for c in prefills),
-            decode_context_sum=ctx + len(decode_rids) * step,
-            token_budget=budget,
-            admitted=admitted,
-            preempted=tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
-            decode_tokens=decode_tokens,
+            step,
+            decode_rids,
+            decode_offsets,
+            tuple(prefills),
+            used + sum(c.num_tokens for c in prefills) if prefills else used,
+            ctx + len(decode_rids) * step,
+            budget,
+            admitted,
+            tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
+            decode_tokens,
         )
         self._inflight = plan
         return plan
@@ -311,17 +313,22 @@ class Scheduler(RequestLifecycle):
         """Contract step 1: one entry per ready decode, oldest admitted first, up to the budget;
         under "paged", each with the blocks of its tokens (preempting when there are none)."""
         dec = self._decodes
-        self._skipped = []
-        if self._paged and not self.num_spec_tokens:
-            bucket = self._pkv.buckets.get(step % self._pkv.block_size)
-            if bucket and len(dec) <= budget and not self._pkv.pool.try_promise(len(bucket)):
+        if self._skipped:
+            self._skipped = []
+        k = self.num_spec_tokens
+        if self._paged and not k:
+            pkv = self._pkv
+            bucket = pkv.buckets.get(step % pkv.block_size)
+            if bucket and len(dec.recs) <= budget and not pkv.pool.try_promise(len(bucket)):
                 for obj in sorted(bucket.values(), key=_by_admission):
                     if obj.status is _DECODING:  # not a victim of an older decode in this loop
-                        self._pkv.materialize(obj, step, False)
+                        pkv.materialize(obj, step, False)
                         self._grow(obj, obj.offset + step + 1, step, victims)
-        rids, offsets = dec.tuples()
+        if dec._stale or dec._dirty:
+            rids, offsets = dec.tuples()
+        else:
+            rids, offsets = dec._rids_t, dec._offsets_t
         n = len(rids)
-        k = self.num_spec_tokens
         if k:
             # The verification pass never goes past max_new, and a decode never costs more than the budget.
             costs, total = self._spec_costs(min(k, budget - 1), step)
@@ -438,6 +445,8 @@ class Scheduler(RequestLifecycle):
     def _admit(self, left: int, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
         """Contract step 3: admission in queue order; the first head that does not fit stops it."""
         waiting = self._waiting
+        if not len(waiting):
+            return ()
         admitted: list[Hashable] = []
         step = self._step
         kv = self._kv
@@ -524,7 +533,10 @@ class Scheduler(RequestLifecycle):
 
     def _leave_running(self, obj: LiveRequest) -> None:
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""
-        self._kv.free(obj, self._step, self._runs_in_flight(obj))
+        if self._paged:
+            self._pkv.free(obj, self._step, self._runs_in_flight(obj))
+        else:
+            self._kv.free(obj, 0, False)
         if obj.finish_step >= 0:
             self._decodes.leave(obj)
         elif self._prefilling is obj:
@@ -559,10 +571,10 @@ class Scheduler(RequestLifecycle):
             obj.first_token_step = step
         obj.status = _DECODING
         obj.decode_step = step
-        if obj.gen0 + 1 == obj.max_new:
-            self._finish(obj, FinishReason.LENGTH)
+        if obj.gen0 + 1 == obj.limit:
+            self._finish(obj, end_reason(obj))
             return
-        self._decodes.join(obj, obj.num_prompt_tokens + obj.gen0 - step - 1, step - 1 - obj.gen0 + obj.max_new)
+        self._decodes.join(obj, obj.num_prompt_tokens + obj.gen0 - step - 1, step - 1 - obj.gen0 + obj.limit)
         if self._paged:
             self._pkv.file_decode(obj)
 

@@ -27,10 +27,10 @@ from collections.abc import Hashable
 from typing import Any
 
 from stallfree.core.errors import RequestRejected, SchedulerStateError, check_positive_int
-from stallfree.core.lifecycle import RequestLifecycle
+from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
-from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
+from stallfree.core.request import Request, RequestState, RequestStatus
 
 __all__ = ["NoChunkScheduler", "PrefillFirstScheduler"]
 
@@ -159,11 +159,11 @@ class _WholePromptScheduler(RequestLifecycle):
 
     def _first_token(self, obj: LiveRequest, step: int) -> None:
         obj.status = RequestStatus.DECODING
-        if obj.max_new == 1:
-            self._finish(obj, FinishReason.LENGTH)
+        if obj.limit == 1:
+            self._finish(obj, end_reason(obj))
             return
         join = self._decodes.clock  # its first decode is the next decode step
-        self._decodes.join(obj, obj.num_prompt_tokens - join, join + obj.max_new - 2)
+        self._decodes.join(obj, obj.num_prompt_tokens - join, join + obj.limit - 2)
 
     def _leave_running(self, obj: LiveRequest) -> None:
         if obj.status is RequestStatus.DECODING and obj.finish_step >= 0:

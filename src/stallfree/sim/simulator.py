@@ -64,6 +64,7 @@ class SchedulerLike(Protocol):
     last_finished: dict[Hashable, FinishReason]
 
     def add(self, req: Request) -> None: ...
+    def stop_after(self, rid: Hashable, num_tokens: int) -> None: ...
     def schedule(self) -> StepPlan: ...
     def complete(self, plan: StepPlan, stopped: Iterable[Hashable] = ()) -> tuple[Hashable, ...]: ...
     def has_unfinished(self) -> bool: ...
@@ -277,7 +278,7 @@ def simulate(
             has_unfinished(). (Picklable when it is a SchedulerConfig, for worker processes.)
         cost_model: anything with step_time(plan) -> seconds.
         max_tokens: each request's max_new (its KV reservation); a request whose real output is
-            shorter stops early (complete(stopped=...), finish reason "stop"), a longer one is cut
+            shorter stops early (the scheduler's stop_after(), finish reason "stop"), a longer one is cut
             at max_tokens ("length"). None: max_new = the output length.
         check: wrap the scheduler in stallfree.core.invariants.InvariantChecker (raises on the
             first violated invariant).
@@ -407,13 +408,11 @@ class _Loop:
         self.res, self.sched, self.inner, self.wl, self.cost = res, sched, inner, workload, cost_model
         self.too_long = too_long or {}
         n = len(workload)
+        # What the loop records, not what the scheduler tracks: a request whose output is shorter than its
+        # max_new is handed to the scheduler's stop_after(), which ends it on its last wanted token.
         self.state = bytearray(n)  # 0 waiting or prefilling, 2 decoding, 3 done or rejected
-        self.stop_early = [o < m for o, m in zip(workload.output_lens, res.max_new, strict=True)]
-        self.decoding: set[int] = set()
-        self.tick = 0
-        self.due: dict[int, list[int]] = {}  # tick -> rids whose last wanted token comes at it
-        self.due_of: dict[int, int] = {}
-        self.emitted_before: dict[int, int] = {}  # tokens emitted before a preemption
+        self.decoding: set[int] = set()  # to see skipped decodes (for the token times)
+        self.tick = 0  # steps with decodes so far (res.step_ticks)
         self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
 
     def run(self) -> None:
@@ -421,6 +420,12 @@ class _Loop:
         arr, plens, max_new = wl.arrivals, wl.prompt_lens, res.max_new
         n = len(arr)
         add, schedule, complete = sched.add, sched.schedule, sched.complete
+        stop_after = getattr(sched, "stop_after", None)
+        target = res.target
+        if stop_after is None and any(t < m for t, m in zip(target, max_new, strict=True)):
+            raise SimulationError(
+                f"{type(inner).__name__} has no stop_after(), needed for outputs shorter than max_new"
+            )
         step_time = self.cost.step_time
         kv_total = res.kv_total
         s_start, s_end, s_tok = res.step_start.append, res.step_end.append, res.step_tokens.append
@@ -445,6 +450,9 @@ class _Loop:
                     res.rejected.append((i, str(exc)))
                     kinds[i] = KV_CAPACITY
                     state[i] = _DONE
+                else:
+                    if target[i] < max_new[i]:
+                        stop_after(i, target[i])  # type: ignore[misc]
                 i += 1
             if not inner.has_unfinished():
                 if i >= n:
@@ -457,13 +465,12 @@ class _Loop:
                 self._preempt(plan.preempted, step)
             if nd != len(decoding):
                 self._skips(plan, step)
-            stopped = self._stops(plan) if (nd or plan.prefills) else ()
             for rid in plan.admitted:
                 if admit_step[rid] < 0:  # type: ignore[call-overload]
                     admit_step[rid] = step  # type: ignore[call-overload]
             start = now
             now += step_time(plan)
-            complete(plan, stopped)
+            complete(plan)
             if nd:
                 self.tick += 1
             if plan.prefills:
@@ -485,28 +492,9 @@ class _Loop:
                     raise SimulationError(f"the scheduler made no progress at step {step - 1} with work left")
                 now = max(now, arr[i])
 
-    def _stops(self, plan: StepPlan) -> list[int]:
-        """Requests whose last wanted token is sampled in this step (they stop as on EOS)."""
-        stopped: list[int] = []
-        if plan.num_decodes:
-            t = self.tick + 1
-            due = self.due.pop(t, None)
-            if due:
-                due_of, state = self.due_of, self.state
-                for r in due:
-                    if due_of.get(r) == t and state[r] == _DECODING:
-                        del due_of[r]
-                        stopped.append(r)
-        target, stop_early = self.res.target, self.stop_early
-        for c in plan.prefills:
-            r = cast(int, c.rid)
-            if c.is_last and stop_early[r] and self.emitted_before.get(r, 0) + 1 == target[r]:
-                stopped.append(r)
-        return stopped
-
     def _emitted_from_prefill(self, plan: StepPlan, step: int) -> None:
         """A last prefill chunk emitted a token: the first, or the next after a preemption."""
-        res, tick = self.res, self.tick
+        res = self.res
         for c in plan.prefills:
             if not c.is_last:
                 continue
@@ -517,12 +505,6 @@ class _Loop:
                 self.seg_open[r] = step
             self.state[r] = _DECODING
             self.decoding.add(r)
-            if self.stop_early[r]:
-                left = res.target[r] - self.emitted_before.get(r, 0) - 1
-                if left > 0:
-                    due = tick + left
-                    self.due_of[r] = due
-                    self.due.setdefault(due, []).append(r)
 
     def _finished(self, finished: dict[Hashable, FinishReason], step: int) -> None:
         res = self.res
@@ -532,7 +514,6 @@ class _Loop:
             res.finish_reason[ri] = str(why)
             if self.state[ri] == _DECODING:
                 self.decoding.discard(ri)
-                self.due_of.pop(ri, None)
             self.state[ri] = _DONE
             if ri in self.seg_open or ri in res.segments:
                 self._close_segment(ri, step)
@@ -550,10 +531,6 @@ class _Loop:
         present = set(plan.decode_rids)
         for r in self.decoding - present:
             self.res.skips.setdefault(r, []).append(step)
-            due = self.due_of.get(r)
-            if due is not None:
-                self.due_of[r] = due + 1
-                self.due.setdefault(due + 1, []).append(r)
 
     def _preempt(self, rids: Iterable[Hashable], step: int) -> None:
         """Preempted requests (paged schedulers) stop decoding until their recompute prefill ends."""
@@ -561,11 +538,9 @@ class _Loop:
             r = cast(int, rid)
             if self.state[r] != _DECODING:
                 continue
-            emitted = self._close_segment(r, step - 1)
-            self.emitted_before[r] = emitted
+            self._close_segment(r, step - 1)
             self.state[r] = 0
             self.decoding.discard(r)
-            self.due_of.pop(r, None)
 
     def _close_segment(self, r: int, last: int) -> int:
         """End request r's current stretch at step `last`; return its tokens so far."""
