@@ -16,6 +16,7 @@ from stallfree.core import (
     Scheduler,
     SchedulerError,
     SchedulerStateError,
+    StallfreeError,
     StepPlan,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "Scheduler",
     "SchedulerError",
     "SchedulerStateError",
+    "StallfreeError",
     "StepPlan",
     "__version__",
 ]

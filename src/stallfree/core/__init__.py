@@ -3,7 +3,13 @@
 Imports allowed: the standard library only; nothing else from stallfree.
 """
 
-from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerError, SchedulerStateError
+from stallfree.core.errors import (
+    InvalidConfig,
+    RequestRejected,
+    SchedulerError,
+    SchedulerStateError,
+    StallfreeError,
+)
 from stallfree.core.paged import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
@@ -21,5 +27,6 @@ __all__ = [
     "Scheduler",
     "SchedulerError",
     "SchedulerStateError",
+    "StallfreeError",
     "StepPlan",
 ]

@@ -23,6 +23,7 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from stallfree.core.errors import StallfreeError
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request, RequestStatus
 from stallfree.core.scheduler import Scheduler
@@ -30,7 +31,7 @@ from stallfree.core.scheduler import Scheduler
 __all__ = ["InvariantChecker", "InvariantViolation", "PagedInvariantChecker", "PagedInvariantViolation"]
 
 
-class InvariantViolation(AssertionError):
+class InvariantViolation(StallfreeError, AssertionError):
     """The scheduler broke a contract invariant; the message names the step, rule and values."""
 
 

@@ -13,10 +13,12 @@ Hierarchy::
 
 from __future__ import annotations
 
+from stallfree.core.errors import StallfreeError
+
 __all__ = ["CostModelError", "CostModelWarning"]
 
 
-class CostModelError(ValueError):
+class CostModelError(StallfreeError, ValueError):
     """A bad name, size or configuration; the message names the field and the value."""
 
 

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.workload import Workload, load_bundled, load_trace, parse_length_spec, synthetic
@@ -54,7 +55,7 @@ TIME_BUDGET_CAP = 65536
 MAX_SYNTHETIC_REQUESTS = 5_000_000
 
 
-class SetupError(ValueError):
+class SetupError(StallfreeError, ValueError):
     """Options that cannot describe a run (conflicting, out of range, or naming nothing known).
 
     Attributes:

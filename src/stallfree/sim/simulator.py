@@ -30,7 +30,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from stallfree.core.errors import RequestRejected
+from stallfree.core.errors import RequestRejected, StallfreeError
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
@@ -53,7 +53,7 @@ __all__ = [
 BATCHING_MODES = ("chunked", "prefill-first", "no-chunk")
 
 
-class SimulationError(RuntimeError):
+class SimulationError(StallfreeError, RuntimeError):
     """The simulation cannot go on: a scheduler made no progress, emitted inconsistently, or the
     invariant checker is unavailable."""
 

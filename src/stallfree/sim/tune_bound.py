@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.time_budget import TimeBudgetModel, time_model
 from stallfree.sim.workload import Workload
@@ -44,7 +45,7 @@ MAX_CANDIDATE_BUDGET = 1 << 20
 #: Rounds of the chunk-offset fixed point of the bound.
 _OFFSET_ROUNDS = 3
 
-class TargetBelowFloor(ValueError):
+class TargetBelowFloor(StallfreeError, ValueError):
     """The TPOT target is below the decode-only step time at the expected load: no budget meets it.
 
     Attributes:

@@ -23,6 +23,8 @@ from importlib import resources
 from pathlib import Path
 from typing import IO
 
+from stallfree.core.errors import StallfreeError
+
 __all__ = [
     "BUNDLED_TRACE",
     "LengthSpec",
@@ -41,7 +43,7 @@ BUNDLED_TRACE = "azure_conv_2023.csv.gz"
 _KEPT_MESSAGES = 5
 
 
-class TraceError(ValueError):
+class TraceError(StallfreeError, ValueError):
     """A trace could not be read: a missing file, an unknown format, or a malformed row (the message
     starts with `path:line:` and names the field and the value)."""
 

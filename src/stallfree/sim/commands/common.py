@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import positive_float, positive_int
+from stallfree.core.errors import StallfreeError
 from stallfree.core.metrics import parse_duration
 from stallfree.sim.setup import (
     DEFAULT_RATE_SCALE,
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-class CliError(Exception):
+class CliError(StallfreeError):
     """A user error to print as one line; `code` is the exit status (1, or 2 for usage)."""
 
     def __init__(self, message: str, code: int = 1) -> None:
