@@ -67,7 +67,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seqs", type=int, default=64, help="running requests at most (64)")
     p.add_argument("--kv-tokens", type=int, default=None, help="KV capacity in tokens (auto)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bf16 or fp16")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "bf16", "fp16"],
+                   help="compute dtype (default: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
 
 

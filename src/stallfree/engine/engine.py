@@ -83,6 +83,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The dtype used when none is given: bfloat16 on a GPU, float32 elsewhere (see from_pretrained)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """Map "float32"/"bf16"/"bfloat16"/"fp16"/"float16" (or a torch.dtype) to a torch.dtype.
 
@@ -181,7 +186,7 @@ class LLMEngine:
         max_seqs: int = 64,
         kv_tokens: int | None = None,
         device: str | torch.device | None = None,
-        dtype: str | torch.dtype = "float32",
+        dtype: str | torch.dtype | None = None,
         block_size: int = 16,
         scheduler: Any = None,
     ) -> LLMEngine:
@@ -191,7 +196,12 @@ class LLMEngine:
             path: None for the bundled SmolLM2-135M-Instruct; a .gguf file; or a Hugging Face
                 directory (config.json, *.safetensors, tokenizer.json).
             device: "cpu", "cuda", "cuda:N", or None (cuda when present, else cpu).
-            dtype: "float32" (default), "bf16" or "fp16"; weights are dequantized to float32 first.
+            dtype: "float32", "bfloat16" ("bf16") or "float16" ("fp16"); None (the default) picks
+                float32 on a CPU (CPUs without bf16 matrix units run 16-bit matmuls several times
+                slower than float32, and greedy outputs then equal transformers' in float32) and
+                bfloat16 on a GPU (tensor cores, half the bytes per weight and KV token, and
+                float32's exponent range, so no fp16 overflow). Weights are dequantized to
+                float32 first.
             Others: as in LLMEngine.
 
         Raises:
@@ -206,7 +216,7 @@ class LLMEngine:
             check_positive_int("kv_tokens", kv_tokens)
         check_positive_int("block_size", block_size)
         dev = resolve_device(device)
-        dt = resolve_dtype(dtype)
+        dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
