@@ -154,21 +154,23 @@ def sample_tokens(
     dev = logits.device
     ps = [params[i] for i in idx]
     vocab = logits.shape[-1]
-    x = logits[idx].float() / torch.tensor([p.temperature for p in ps], device=dev)[:, None]
+    # One host-to-device copy for all rows' parameters: temperature, top-k, min-p, top-p, row.
+    knobs = torch.tensor([[p.temperature, p.top_k if p.top_k > 0 else vocab, p.min_p, p.top_p, i]
+                          for p, i in zip(ps, idx, strict=True)], dtype=torch.float64).to(dev)
+    temp, k, min_p, top_p = (knobs[:, j : j + 1] for j in range(4))
+    rows = knobs[:, 4].long()
+    x = logits[rows].float() / temp.float()
     x, order = torch.sort(x, dim=-1, descending=True)
     rank = torch.arange(vocab, device=dev)[None, :]
-    k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in ps], device=dev)[:, None]
     probs = torch.softmax(x.masked_fill(rank >= k, float("-inf")), dim=-1)
-    min_p = torch.tensor([p.min_p for p in ps], device=dev)[:, None]
-    probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
-    top_p = torch.tensor([p.top_p for p in ps], device=dev)[:, None]
+    probs = probs.masked_fill(probs < min_p.float() * probs[:, :1], 0.0)
     # Keep a token if the mass before it is below top_p, so the most likely is always kept.
-    probs = probs.masked_fill((torch.cumsum(probs, dim=-1) - probs >= top_p) & (rank > 0), 0.0)
+    probs = probs.masked_fill((torch.cumsum(probs, dim=-1) - probs >= top_p.float()) & (rank > 0), 0.0)
     cdf = torch.cumsum(probs, dim=-1)
     u = torch.stack([torch.rand((), generator=generators[i], device=dev) for i in idx])
     pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
     # A pick past the last kept token (rounding at u close to 1) falls back to the last kept one.
     kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
     pick = torch.minimum(pick, kept)
-    out[idx] = order.gather(1, pick).squeeze(1)
+    out[rows] = order.gather(1, pick).squeeze(1)
     return out
