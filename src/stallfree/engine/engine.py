@@ -19,7 +19,7 @@ import torch
 from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
-from stallfree.engine.batch import BatchEntry, build_flat_batch
+from stallfree.engine.batch import BatchBuilder
 from stallfree.engine.errors import (
     ContextLengthExceeded,
     EngineError,
@@ -30,7 +30,7 @@ from stallfree.engine.errors import (
 from stallfree.engine.kv_cache import BlockAllocator, KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
-from stallfree.engine.sampling import SamplingParams, greedy_tokens, sample_one
+from stallfree.engine.sampling import SamplingParams, sample_tokens
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
 
@@ -90,6 +90,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise EngineError(f"device {device!r} asked for, but CUDA is not available")
     return dev
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The dtype used when none is given: bfloat16 on a GPU, float32 elsewhere (see from_pretrained)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -213,6 +218,9 @@ class LLMEngine:
         self.block_size = block_size
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
                           model.dtype, model.device)
+        self._builder = BatchBuilder(block_size, self.max_model_len, self.kv.pad_block,
+                                     self._table_for, model.device)
+        self._aborted: set[Hashable] = set()  # aborted while in the plan in flight
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
@@ -322,7 +330,7 @@ class LLMEngine:
         max_seqs: int = 64,
         kv_tokens: int | None = None,
         device: str | torch.device | None = None,
-        dtype: str | torch.dtype = "float32",
+        dtype: str | torch.dtype | None = None,
         block_size: int = 16,
         scheduler: Any = None,
         kv_policy: str = "reserve",
@@ -334,7 +342,12 @@ class LLMEngine:
             path: None for the bundled SmolLM2-135M-Instruct; a .gguf file; or a Hugging Face
                 directory (config.json, *.safetensors, tokenizer.json).
             device: "cpu", "cuda", "cuda:N", or None (cuda when present, else cpu).
-            dtype: "float32" (default), "bf16" or "fp16"; weights are dequantized to float32 first.
+            dtype: "float32", "bfloat16" ("bf16") or "float16" ("fp16"); None (the default) picks
+                float32 on a CPU (CPUs without bf16 matrix units run 16-bit matmuls several times
+                slower than float32, and greedy outputs then equal transformers' in float32) and
+                bfloat16 on a GPU (tensor cores, half the bytes per weight and KV token, and
+                float32's exponent range, so no fp16 overflow). Weights are dequantized to
+                float32 first.
             Others: as in LLMEngine.
 
         Raises:
@@ -350,7 +363,7 @@ class LLMEngine:
         check_positive_int("block_size", block_size)
         _check_policies(kv_policy, scheduling_policy)
         dev = resolve_device(device)
-        dt = resolve_dtype(dtype)
+        dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
@@ -455,6 +468,7 @@ class LLMEngine:
             self._release(rid)
             return
         seq.aborted = True  # deferred by the scheduler: the plan in flight still holds it
+        self._aborted.add(rid)
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting or running."""
@@ -462,8 +476,18 @@ class LLMEngine:
 
     def _release(self, rid: Hashable) -> None:
         self._seqs.pop(rid, None)
+        self._aborted.discard(rid)
+        self._builder.release(rid)
         if self._alloc is not None:
             self._alloc.free(rid)
+
+    def _table_for(self, rid: Hashable, num_tokens: int) -> Sequence[int]:
+        """The block table of `rid` covering `num_tokens` tokens (grown by the engine's allocator
+        under the reservation scheduler; the scheduler's own table under the paged one)."""
+        if self._alloc is not None:
+            return self._alloc.ensure(rid, num_tokens)
+        assert self._paged_table is not None
+        return self._paged_table(rid)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ the step
 
@@ -513,29 +537,19 @@ class LLMEngine:
         return outputs
 
     def _execute(self, plan: StepPlan, samplers: list[_Seq]) -> list[int]:
-        """Build the flat batch of `plan`, run the model and sample; changes no request state."""
-        entries: list[BatchEntry] = []
-        for chunk in plan:
-            seq = self._seqs[chunk.rid]
-            if seq.aborted:
-                continue
-            end = chunk.start + chunk.num_tokens
-            if self._alloc is not None:
-                table: Sequence[int] = self._alloc.ensure(chunk.rid, end)
-            else:
-                assert self._paged_table is not None
-                table = self._paged_table(chunk.rid)
-            ids = seq.token_ids[chunk.start:end]
-            entries.append(BatchEntry(ids, chunk.start, table, "last" if chunk.is_last else "none"))
-            if chunk.is_last:
-                samplers.append(seq)
-        if not entries:
+        """Build the flat batch of `plan`, run the model and sample; changes no request state
+        (the builder's copy of each sampler's last token aside)."""
+        built = self._builder.build(plan, lambda rid: self._seqs[rid].token_ids,
+                                    frozenset(self._aborted))
+        if built is None:
             return []
-        batch = build_flat_batch(entries, self.block_size, self.model.device)
+        batch, rids, rows = built
+        samplers.extend(self._seqs[rid] for rid in rids)
         logits = self.model.forward(batch, self.kv)
-        if all(s.params.greedy for s in samplers):
-            return list(greedy_tokens(logits))
-        return [sample_one(logits[i], s.params, s.generator) for i, s in enumerate(samplers)]
+        tokens = sample_tokens(logits, [s.params for s in samplers],
+                               [s.generator for s in samplers]).cpu()  # the step's one copy back
+        self._builder.record(rows, tokens)
+        return tokens.tolist()  # type: ignore[no-any-return]
 
     def _append(self, seq: _Seq, tok: int) -> bool:
         """Record a sampled token and its text; return True when it ends the request (stop)."""

@@ -20,10 +20,21 @@ __all__ = ["BlockAllocator", "KVCache"]
 
 
 class KVCache:
-    """K and V for every layer, in fixed-size blocks.
+    """K and V for every layer, in fixed-size blocks, plus one zero block that pads block tables.
 
-    Shapes: k, v: [L, N, Hkv, D] in the engine's dtype, N = num_blocks * block_size slots.
-    The tensors are allocated with torch.empty: a slot is read only after it was written.
+    Shapes: k, v: [L, N + block_size, Hkv, D] in the engine's dtype, N = num_blocks * block_size
+    usable slots; blocks 0 .. num_blocks - 1 are handed out, block `pad_block` (= num_blocks) is
+    all zeros and never written.
+
+    Memory the engine never wrote never reaches an output (issue: masked memory). The tensors are
+    allocated with torch.empty, so an unwritten slot may hold anything (NaN, inf); attention masks
+    out the slots past a request's context, but a masked score still multiplies the value stored
+    there (0 x NaN = NaN). So every slot attention gathers holds a value the engine wrote:
+
+    - block tables are padded with `pad_block`, whose K and V are zeros;
+    - the first time a step writes a block (it writes the block's first slot, position
+      p % block_size == 0), the whole block is zeroed before the write (FlatBatch.zero_blocks),
+      so the slots of a request's last block past its context are zeros, not stale memory.
 
     Args:
         num_layers, num_kv_heads, head_dim: L, Hkv, D of the model.
@@ -43,18 +54,29 @@ class KVCache:
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        self.pad_block = num_blocks
+        shape = (num_layers, (num_blocks + 1) * block_size, num_kv_heads, head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        pad = slice(num_blocks * block_size, None)
+        self.k[:, pad] = 0
+        self.v[:, pad] = 0
+
+    def zero_blocks(self, blocks: torch.Tensor) -> None:
+        """Set K and V of `blocks` (int64 [Z] block ids) to zero in every layer."""
+        if blocks.numel():
+            shape = (self.k.shape[0], self.num_blocks + 1, -1)
+            self.k.view(shape).index_fill_(1, blocks, 0)
+            self.v.view(shape).index_fill_(1, blocks, 0)
 
     @property
     def num_slots(self) -> int:
-        """N: token slots in the cache."""
+        """N: token slots that blocks can be handed out from (the pad block not counted)."""
         return self.num_blocks * self.block_size
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by K and V together."""
+        """Bytes held by K and V together (the pad block included)."""
         return 2 * self.k.numel() * self.k.element_size()
 
 

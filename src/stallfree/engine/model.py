@@ -107,38 +107,38 @@ class LlamaModel:
         return (x * cos + rotated * sin).to(x.dtype)
 
     def _attention(
-        self, q: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, batch: FlatBatch
+        self, q: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, batch: FlatBatch,
+        masks: list[torch.Tensor], block_size: int,
     ) -> torch.Tensor:
         """Attend every query row to its request's cached keys (this step's already written).
 
-        Shapes: q [T, H, D]; layer_k, layer_v [N, Hkv, D]; returns [T, H*D].
+        One SDPA call per attention group (at most two per layer: the one-token entries, then the
+        multi-token entries), over keys gathered block by block through the padded block tables.
+        A masked key contributes nothing: its score is -inf and the value stored there is one the
+        engine wrote (a zero pad block, or a zeroed tail of a request's last block; see KVCache).
+
+        Shapes: q [T, H, D]; layer_k, layer_v [N + block_size, Hkv, D]; masks[g] [E, Q, C] bool;
+        returns [T, H*D].
         """
         c = self.config
-        out = torch.empty(q.shape[0], c.num_heads * c.head_dim, dtype=q.dtype, device=q.device)
-        if batch.dec_rows is not None:
-            assert batch.dec_slots is not None and batch.dec_mask is not None
-            qd = q.index_select(0, batch.dec_rows).unsqueeze(2)  # [B, H, 1, D]
-            kd = layer_k[batch.dec_slots].transpose(1, 2)  # [B, Hkv, C, D]
-            vd = layer_v[batch.dec_slots].transpose(1, 2)
-            od = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=batch.dec_mask[:, None, None, :], scale=self.scale, enable_gqa=True
-            )
-            out.index_copy_(0, batch.dec_rows, od.reshape(od.shape[0], -1))
-        for ch in batch.chunks:
-            n = ch.q_end - ch.q_start
-            qc = q[ch.q_start:ch.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            kc = layer_k[ch.ctx_slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, start + n, D]
-            vc = layer_v[ch.ctx_slots].transpose(0, 1).unsqueeze(0)
-            if ch.start == 0:
-                oc = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=self.scale,
-                                                    enable_gqa=True)
+        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        out = q.new_empty(q.shape[0], hq * d)
+        kb = layer_k.view(-1, block_size * hkv * d)
+        vb = layer_v.view(-1, block_size * hkv * d)
+        for g, mask in zip(batch.groups, masks, strict=True):
+            e, nb = g.tables.shape
+            nq = g.num_queries
+            flat = g.tables.reshape(-1)
+            k = kb.index_select(0, flat).view(e, nb * block_size, hkv, d).transpose(1, 2)
+            v = vb.index_select(0, flat).view(e, nb * block_size, hkv, d).transpose(1, 2)
+            qg = q.index_select(0, g.q_rows).view(e, nq, hq, d).transpose(1, 2)  # [E, H, Q, D]
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask[:, None], scale=self.scale,
+                                               enable_gqa=True)
+            o = o.transpose(1, 2).reshape(e * nq, hq * d)
+            if g.out_index is None:
+                out.index_copy_(0, g.q_rows, o)
             else:
-                # Query i sits at position start + i and sees keys 0 .. start + i.
-                keys = torch.arange(ch.start + n, device=q.device)
-                mask = keys[None, :] <= (ch.start + torch.arange(n, device=q.device))[:, None]
-                oc = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, scale=self.scale,
-                                                    enable_gqa=True)
-            out[ch.q_start:ch.q_end] = oc[0].transpose(0, 1).reshape(n, -1)
+                out.index_copy_(0, g.out_rows, o.index_select(0, g.out_index))
         return out
 
     @torch.inference_mode()
@@ -150,6 +150,12 @@ class LlamaModel:
         """
         c = self.config
         hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        bs = kv.block_size
+        kv.zero_blocks(batch.zero_blocks)
+        masks = []
+        for g in batch.groups:
+            keys = torch.arange(g.tables.shape[1] * bs, device=self.device)
+            masks.append(keys[None, None, :] <= g.q_pos[:, :, None])
         x = self.embed[batch.token_ids]
         cos = self.cos[batch.positions].to(self.dtype).unsqueeze(1)
         sin = self.sin[batch.positions].to(self.dtype).unsqueeze(1)
@@ -162,7 +168,7 @@ class LlamaModel:
             v = qkv[:, n_q + n_kv:].view(-1, hkv, d)
             kv.k[li].index_copy_(0, batch.slot_mapping, k)
             kv.v[li].index_copy_(0, batch.slot_mapping, v)
-            x = x + F.linear(self._attention(q, kv.k[li], kv.v[li], batch), layer.o)
+            x = x + F.linear(self._attention(q, kv.k[li], kv.v[li], batch, masks, bs), layer.o)
             h = self._rms_norm(x, layer.mlp_norm)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, layer.down)

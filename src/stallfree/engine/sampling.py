@@ -15,7 +15,7 @@ import torch
 
 from stallfree.engine.errors import InvalidSamplingParams
 
-__all__ = ["SamplingParams", "greedy_tokens", "sample_one"]
+__all__ = ["SamplingParams", "greedy_tokens", "sample_one", "sample_tokens"]
 
 
 def _is_int(v: object) -> bool:
@@ -127,3 +127,50 @@ def sample_one(
 def greedy_tokens(logits: torch.Tensor) -> Sequence[int]:
     """Return the argmax of each row. Shapes: logits [S, V] -> S ints."""
     return torch.argmax(logits, dim=-1).tolist()
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """Sample one token per row, all rows at once.
+
+    Greedy rows take the argmax (lowest id on a tie). The other rows are filtered together
+    (temperature, then top-k, min-p and top-p on the probabilities sorted once) and each draws
+    one uniform number from its own generator, so a seeded request samples the same tokens alone
+    or batched (its row's arithmetic does not depend on the other rows).
+
+    Shapes: logits [S, V] float32; returns [S] int64 on logits' device.
+
+    Args:
+        params: each row's sampling parameters.
+        generators: each row's generator (None: torch's default one).
+    """
+    out = torch.argmax(logits, dim=-1)
+    idx = [i for i, p in enumerate(params) if not p.greedy]
+    if not idx:
+        return out
+    dev = logits.device
+    ps = [params[i] for i in idx]
+    vocab = logits.shape[-1]
+    # One host-to-device copy for all rows' parameters: temperature, top-k, min-p, top-p, row.
+    knobs = torch.tensor([[p.temperature, p.top_k if p.top_k > 0 else vocab, p.min_p, p.top_p, i]
+                          for p, i in zip(ps, idx, strict=True)], dtype=torch.float64).to(dev)
+    temp, k, min_p, top_p = (knobs[:, j : j + 1] for j in range(4))
+    rows = knobs[:, 4].long()
+    x = logits[rows].float() / temp.float()
+    x, order = torch.sort(x, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=dev)[None, :]
+    probs = torch.softmax(x.masked_fill(rank >= k, float("-inf")), dim=-1)
+    probs = probs.masked_fill(probs < min_p.float() * probs[:, :1], 0.0)
+    # Keep a token if the mass before it is below top_p, so the most likely is always kept.
+    probs = probs.masked_fill((torch.cumsum(probs, dim=-1) - probs >= top_p.float()) & (rank > 0), 0.0)
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.stack([torch.rand((), generator=generators[i], device=dev) for i in idx])
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=vocab - 1)
+    # A pick past the last kept token (rounding at u close to 1) falls back to the last kept one.
+    kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
+    pick = torch.minimum(pick, kept)
+    out[rows] = order.gather(1, pick).squeeze(1)
+    return out

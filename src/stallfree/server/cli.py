@@ -73,7 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N or mps")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bf16 or fp16")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 (bf16) or float16 (fp16); default: float32 "
+                   "on a CPU, bfloat16 on a GPU")
     p.add_argument("--log-interval", type=non_negative_float, default=10.0,
                    help="seconds between stats log lines (default 10; 0 disables)")
     p.set_defaults(func=run_serve)
@@ -104,7 +105,7 @@ def build_engine(args: argparse.Namespace) -> Any:
 def run_serve(args: argparse.Namespace) -> int:
     """Run `stallfree serve`; returns the exit code: 2 for a bad option (found before anything is
     imported or loaded, within a second), 1 when the model or a dependency fails to load."""
-    from stallfree.engine.cli import check_model_flags, describe_model  # torch-free
+    from stallfree.engine.cli import check_model_flags, describe_model, dtype_label  # torch-free
 
     problem = check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
     if problem is not None:
@@ -128,7 +129,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"stallfree serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    print(f"stallfree serve: loading {describe_model(args.model)} on {args.device} as {args.dtype}",
+    print(f"stallfree serve: loading {describe_model(args.model)} on {args.device} as "
+          f"{dtype_label(args.dtype, args.device)}",
           file=sys.stderr, flush=True)
     try:
         engine = build_engine(args)
