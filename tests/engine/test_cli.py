@@ -7,6 +7,7 @@ import pytest
 from stallfree.cli import build_parser, main
 
 
+@pytest.mark.slow  # loads and runs the real model in-process
 def test_generate_prints_real_text(capsys):
     """The bundled model answers the chat prompt about France's capital with Paris."""
     rc = main(["generate", "--prompt", "What is the capital of France?", "--max-tokens", "8",
@@ -17,6 +18,7 @@ def test_generate_prints_real_text(capsys):
     assert out.out == "The capital of France is Paris.\n"
 
 
+@pytest.mark.slow  # loads and runs the real model in-process
 def test_generate_prompts_file_prints_in_order(tmp_path, capsys):
     """Prompts from a file run together and print in file order, each prefixed by its index."""
     f = tmp_path / "p.txt"

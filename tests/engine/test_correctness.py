@@ -12,6 +12,9 @@ from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.batch import BatchEntry, build_flat_batch
 from stallfree.engine.kv_cache import KVCache
 
+# Real-model runs compared with transformers and with each request alone: minutes on 2 cores.
+pytestmark = pytest.mark.slow
+
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "1, 2, 3, 4,", "def fib(n):"]
 MAX_NEW = 6
 # Where greedy paths differ, the reference's two best logits must be this close at the first

@@ -12,6 +12,9 @@ from stallfree.engine import LLMEngine, SamplingParams
 from stallfree.engine.batch import BatchEntry, build_flat_batch
 from stallfree.engine.kv_cache import KVCache
 
+# Real-model runs over caches filled with NaN and huge values, several budgets each.
+pytestmark = pytest.mark.slow
+
 FILLS = {"zero": 0.0, "nan": float("nan"), "huge": 3e38}
 PROMPTS = ["The capital of France is", "one, two, three,", "Write a haiku about the sea.", "def fib(n):"]
 GREEDY = dict(temperature=0, ignore_eos=True)

@@ -17,6 +17,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow  # loads transformers' tokenizer
 @pytest.mark.parametrize("text", TEXTS, ids=range(len(TEXTS)))
 def test_encode_matches_transformers(checkpoint, hf_tokenizer, text):
     """Token ids equal transformers' for prose, digits, whitespace, Unicode, special tokens and code."""
