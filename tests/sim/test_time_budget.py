@@ -213,7 +213,8 @@ def _step_times(res):
     [
         ("uniform:1,40", "uniform:2,30", 3000.0, 0.015),  # many short prompts admitted per step
         pytest.param("lognormal:300,1.5", "lognormal:100,1", 100.0, 0.030, marks=pytest.mark.slow),
-        pytest.param("lognormal:20000,0.2", "lognormal:100,0.5", 1.0, 0.050, marks=pytest.mark.slow),  # long context: chunks at large offsets
+        # long context: chunks at large offsets
+        pytest.param("lognormal:20000,0.2", "lognormal:100,0.5", 1.0, 0.050, marks=pytest.mark.slow),
     ],
     ids=["short-prompts", "mixed", "long-context"],
 )
