@@ -22,7 +22,7 @@ from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.measured import BUCKETS, ErrorStats, MeasuredStep, split_rows
-from stallfree.costmodel.roofline import CostModel
+from stallfree.costmodel.roofline import EFFICIENCY_KEYWORDS, CostModel
 
 __all__ = ["FIT_PARAMS", "Calibration", "CpuFit", "fit_steps"]
 
@@ -90,16 +90,7 @@ class Calibration:
 
     def kwargs(self) -> dict[str, float]:
         """Return the keywords to pass to CostModel / CostModel.from_names."""
-        return {
-            "mfu": self.mfu,
-            "mbu": self.mbu,
-            "link_util": self.link_util,
-            "overhead_s": self.overhead_s,
-            "allreduce_latency_s": self.allreduce_latency_s,
-            "kernel_launch_s": self.kernel_launch_s,
-            "per_token_s": self.per_token_s,
-            "per_seq_s": self.per_seq_s,
-        }
+        return {key: getattr(self, key) for key in EFFICIENCY_KEYWORDS}
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -46,7 +46,7 @@ from typing import Any
 
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
-from stallfree.costmodel.hardware import DTYPE_BYTES, GPUSpec, canonical_dtype, get_gpu
+from stallfree.costmodel.hardware import CALIBRATION_KEYWORDS, DTYPE_BYTES, GPUSpec, canonical_dtype, get_gpu
 from stallfree.costmodel.model import ModelSpec, get_model
 from stallfree.costmodel.parts import (
     StepCost,
@@ -66,17 +66,9 @@ MODES = ("full", "design")
 #: down GEMM, residual add. The embedding adds one launch per step.
 KERNELS_PER_LAYER = 10
 
-#: The keyword arguments that scale or add to the floor (CostModel.from_names accepts these).
-EFFICIENCY_KEYWORDS = (
-    "mfu",
-    "mbu",
-    "link_util",
-    "overhead_s",
-    "allreduce_latency_s",
-    "kernel_launch_s",
-    "per_token_s",
-    "per_seq_s",
-)
+#: The keyword arguments that scale or add to the floor (CostModel.from_names accepts these): the keys of a
+#: GPU's calibration block.
+EFFICIENCY_KEYWORDS = CALIBRATION_KEYWORDS
 
 # Activations cross the all-reduce in 16 bits (bf16/fp16) even when weights are 8-bit.
 _ACT_BYTES = 2
