@@ -34,23 +34,14 @@ from typing import Any
 import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
-from stallfree.engine.weights import bundled_model_path
 
 
 def load_hf(device: str, dtype: torch.dtype) -> Any:
     """transformers' LlamaForCausalLM from the bundled GGUF file, by transformers' own reader."""
-    import transformers
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from stallfree.engine.reference import transformers_reference
 
-    path = str(bundled_model_path())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.LlamaConfig(**load_gguf_checkpoint(path)["config"])
-        m = transformers.LlamaForCausalLM(config).eval()
-        tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=m)["tensors"]
-        m.load_state_dict(tensors, strict=False)
-        m.lm_head.weight = m.model.embed_tokens.weight
-    return m.to(device=device, dtype=dtype)
+    model, _ = transformers_reference()
+    return model.to(device=device, dtype=dtype)
 
 
 def hf_generate(m: Any, prompts: list[list[int]], max_new: int) -> list[list[int]]:

@@ -61,20 +61,10 @@ def make_engine(model, checkpoint):
 @pytest.fixture(scope="session")
 def hf_model():
     """transformers' LlamaForCausalLM loaded from the same GGUF file by transformers' GGUF reader."""
-    transformers = pytest.importorskip("transformers")
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    pytest.importorskip("transformers")
+    from stallfree.engine.reference import transformers_reference
 
-    from stallfree.engine.weights import bundled_model_path
-
-    path = str(bundled_model_path())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = transformers.LlamaConfig(**load_gguf_checkpoint(path)["config"])
-        m = transformers.LlamaForCausalLM(config).eval()
-        tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=m)["tensors"]
-        m.load_state_dict(tensors, strict=False)
-        m.lm_head.weight = m.model.embed_tokens.weight
-    return m, tensors
+    return transformers_reference()
 
 
 @pytest.fixture(scope="session")
