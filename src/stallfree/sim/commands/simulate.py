@@ -80,6 +80,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
+    _add_cluster_flags(sim)
     sim.set_defaults(func=guard(run))
 
 
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.records:
         ensure_writable_file(args.records, "--records")
     setup = setup_from_args(args)
-    study = run_experiment(
+    study = _run_cluster(args, setup) if _is_cluster(args) else run_experiment(
         setup,
         batching=list(BATCHING_MODES) if args.compare else args.batching,
         budget=args.budget,
@@ -125,6 +126,49 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         _write_out(args.out, study)
     return 0
+
+
+def _add_cluster_flags(sim: Any) -> None:
+    from stallfree.sim.cluster import DEFAULT_PREFIX_THRESHOLD, DEFAULT_ROUTER_SEED, ROUTERS
+
+    c = sim.add_argument_group("cluster (docs/cluster.md)")
+    c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
+    c.add_argument(
+        "--router", default=None, metavar="NAME",
+        help=f"{' | '.join(ROUTERS)} (default least-outstanding when --replicas > 1)",
+    )
+    c.add_argument("--router-seed", type=int, default=DEFAULT_ROUTER_SEED,
+                   help=f"random router: its seed (default {DEFAULT_ROUTER_SEED})")
+    c.add_argument(
+        "--prefix-affinity-threshold", type=int, default=DEFAULT_PREFIX_THRESHOLD, metavar="TOKENS",
+        help="prefix-affinity: cached-prefix tokens a replica needs to win a request "
+        f"(default {DEFAULT_PREFIX_THRESHOLD})",
+    )
+
+
+def _is_cluster(args: argparse.Namespace) -> bool:
+    return args.replicas > 1 or args.router is not None
+
+
+def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
+    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_experiment
+
+    if args.compare:
+        raise CliError("--compare runs one replica: drop --replicas and --router", 2)
+    name = args.router or "least-outstanding"
+    try:
+        router = make_router(name, args.router_seed, args.prefix_affinity_threshold)
+    except ClusterError as exc:
+        raise CliError(f"--router: {exc}", 2) from None
+    study: Experiment = run_cluster_experiment(
+        setup, replicas=args.replicas, router=router, budget=args.budget, step_time_target=args.step_time_target,
+        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+    )
+    study.header["router"] = name
+    study.summaries[0]["label"] = study.results[0].label = f"{study.results[0].label} {name}"
+    study.summaries[0]["router"] = name
+    study.results[0].config["router"] = name
+    return study
 
 
 def _suffixed(path: Path, tag: str) -> Path:
