@@ -248,7 +248,8 @@ class ClusterResult:
         routed: per request, the replica it was routed to (-1: refused at arrival for its length).
         step_base: per replica, its first row in merged's step arrays; length N + 1.
         imbalance_mean: mean over arrivals of max / mean outstanding requests per replica (1.0 is
-            perfect balance; arrivals with an empty cluster are left out); None when there were none.
+            perfect balance; arrivals that find fewer requests in the cluster than replicas are left
+            out, since then some replica must be empty); None when there were none.
         imbalance_max: the largest of those ratios, or None.
         wall_s: wall time of the loop, s.
     """
@@ -385,7 +386,7 @@ def _run(
                 continue
             req = Request(i, plens[i], reps[0].loop.res.max_new[i], 0, arr[i])
             total = sum(r.num_outstanding for r in reps)
-            if total:
+            if total >= nrep:
                 ratios.append(max(r.num_outstanding for r in reps) * nrep / total)
             k = router.route(req, reps)
             if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < nrep:

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     if args.records:
         ensure_writable_file(args.records, "--records")
     setup = setup_from_args(args)
+    if args.disaggregate is not None:
+        return _run_disagg(args, setup)
     study = _run_cluster(args, setup) if _is_cluster(args) else run_experiment(
         setup,
         batching=list(BATCHING_MODES) if args.compare else args.batching,
@@ -144,6 +146,59 @@ def _add_cluster_flags(sim: Any) -> None:
         help="prefix-affinity: cached-prefix tokens a replica needs to win a request "
         f"(default {DEFAULT_PREFIX_THRESHOLD})",
     )
+    from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
+
+    c.add_argument("--disaggregate", metavar="P:D", help="P prefill replicas and D decode replicas (KV moved between)")
+    c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
+    c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
+    c.add_argument(
+        "--interconnect", choices=sorted(INTERCONNECTS), default=DEFAULT_INTERCONNECT,
+        help=f"the link KV crosses (default {DEFAULT_INTERCONNECT}: "
+        f"{INTERCONNECTS[DEFAULT_INTERCONNECT].bandwidth_bytes_per_s / 1e9:g} GB/s, "
+        f"{INTERCONNECTS[DEFAULT_INTERCONNECT].latency_s * 1e6:g} us per transfer)",
+    )
+    c.add_argument("--link-bandwidth", type=float, metavar="GB_PER_S", help="overrides the interconnect's GB/s")
+    c.add_argument("--link-latency", type=float, metavar="US", help="overrides the interconnect's latency, us")
+
+
+def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
+    from stallfree.sim.disagg import INTERCONNECTS, Interconnect, parse_disaggregate, run_disagg_experiment
+    from stallfree.sim.report import print_table
+
+    if args.compare or args.replicas > 1 or args.step_time_target is not None or args.batching != "chunked":
+        raise CliError("--disaggregate sets the replicas and runs chunked batching: drop --compare, --replicas, "
+                       "--batching and --step-time-target", 2)
+    if args.records or args.out:
+        raise CliError("--records and --out do not yet write a disaggregated run; use --json", 2)
+    from stallfree.sim.cluster import ClusterError
+
+    try:
+        p, d = parse_disaggregate(args.disaggregate)
+    except ClusterError as exc:
+        raise CliError(str(exc), 2) from None
+    base = INTERCONNECTS[args.interconnect]
+    link = Interconnect(
+        base.name if args.link_bandwidth is None and args.link_latency is None else "custom",
+        base.bandwidth_bytes_per_s if args.link_bandwidth is None else args.link_bandwidth * 1e9,
+        base.latency_s if args.link_latency is None else args.link_latency * 1e-6,
+    )
+    header, summary, res = run_disagg_experiment(
+        setup, prefill=p, decode=d, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, link=link,
+        router=args.router or "least-outstanding", budget=args.budget, check=args.check,
+        slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+    )
+    if args.json:
+        print(json.dumps({"header": header, "runs": [summary]}, indent=1))
+    else:
+        print(f"{header['workload']}: {header['requests']:,} requests; disaggregated {p} prefill x "
+              f"{summary['prefill_tp']} GPUs, {d} decode x {summary['decode_tp']} GPUs ({summary['num_gpus']} GPUs)")
+        print(f"KV moved over {link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us "
+              f"per transfer, {header['kv_bytes_per_token']:,} bytes per token")
+        print_table([summary])
+    if res.rejected:
+        print(rejection_warning(summary["label"], len(setup.workload), summary["rejected_by_reason"],
+                                res.rejected[0][1]), file=sys.stderr)
+    return 0
 
 
 def _is_cluster(args: argparse.Namespace) -> bool:
