@@ -552,3 +552,51 @@ def run_disagg_experiment(
         kv_bytes_per_token=kvb,
     )
     return header, summary, res
+
+
+def search_ratio(
+    setup: Any,
+    replicas: int,
+    *,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    link: Interconnect | None = None,
+    router: str = "least-outstanding",
+    budget: int | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """At equal GPU count, the aggregated cluster against every P:D split of the same replicas.
+
+    Runs `replicas` aggregated replicas (cluster.run_cluster_experiment) and each P:D with
+    P + D = replicas (same tp on both sides), all on the setup's workload.
+
+    Args:
+        setup: a stallfree.sim.setup.Setup.
+        replicas: N >= 2 (each replica has the setup's tp GPUs).
+        slo_ttft, slo_tpot: the SLOs goodput counts, s (at least one).
+        link, router, budget: as run_disagg_experiment.
+
+    Returns:
+        (aggregated summary, disaggregated summaries best first), each with goodput_per_gpu and
+        num_gpus; "best" is the highest goodput per GPU (then the lower p99 TTFT).
+
+    Raises:
+        ClusterError: replicas < 2 or no SLO given.
+    """
+    from stallfree.sim.cluster import run_cluster_experiment
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
+    if slo_ttft is None and slo_tpot is None:
+        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
+    study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=budget,
+                                   slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    agg = study.summaries[0]
+    gpus = replicas * setup.hardware_options.tp
+    agg.update(label=f"aggregated x{replicas}", num_gpus=gpus, goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
+    rows = []
+    for p in range(1, replicas):
+        _, s, _ = run_disagg_experiment(setup, prefill=p, decode=replicas - p, link=link, router=router,
+                                        budget=budget, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        rows.append(s)
+    rows.sort(key=lambda s: (-(s.get("goodput_per_gpu") or 0.0), s.get("p99_ttft_ms") or math.inf))
+    return agg, rows

@@ -148,7 +148,11 @@ def _add_cluster_flags(sim: Any) -> None:
     )
     from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
 
-    c.add_argument("--disaggregate", metavar="P:D", help="P prefill replicas and D decode replicas (KV moved between)")
+    c.add_argument(
+        "--disaggregate", metavar="P:D",
+        help="P prefill replicas and D decode replicas (KV moved between); 'search' with --replicas N and an SLO: "
+        "every P:D with P + D = N against N aggregated replicas, in goodput per GPU",
+    )
     c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
     c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
     c.add_argument(
@@ -162,26 +166,29 @@ def _add_cluster_flags(sim: Any) -> None:
 
 
 def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
+    from stallfree.sim.cluster import ClusterError
     from stallfree.sim.disagg import INTERCONNECTS, Interconnect, parse_disaggregate, run_disagg_experiment
     from stallfree.sim.report import print_table
 
-    if args.compare or args.replicas > 1 or args.step_time_target is not None or args.batching != "chunked":
-        raise CliError("--disaggregate sets the replicas and runs chunked batching: drop --compare, --replicas, "
-                       "--batching and --step-time-target", 2)
+    search = args.disaggregate == "search"
+    if args.compare or (args.replicas > 1 and not search) or args.step_time_target is not None \
+            or args.batching != "chunked":
+        raise CliError("--disaggregate P:D sets the replicas and runs chunked batching: drop --compare, --replicas, "
+                       "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
     if args.records or args.out:
         raise CliError("--records and --out do not yet write a disaggregated run; use --json", 2)
-    from stallfree.sim.cluster import ClusterError
-
-    try:
-        p, d = parse_disaggregate(args.disaggregate)
-    except ClusterError as exc:
-        raise CliError(str(exc), 2) from None
     base = INTERCONNECTS[args.interconnect]
     link = Interconnect(
         base.name if args.link_bandwidth is None and args.link_latency is None else "custom",
         base.bandwidth_bytes_per_s if args.link_bandwidth is None else args.link_bandwidth * 1e9,
         base.latency_s if args.link_latency is None else args.link_latency * 1e-6,
     )
+    if search:
+        return _search(args, setup, link)
+    try:
+        p, d = parse_disaggregate(args.disaggregate)
+    except ClusterError as exc:
+        raise CliError(str(exc), 2) from None
     header, summary, res = run_disagg_experiment(
         setup, prefill=p, decode=d, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, link=link,
         router=args.router or "least-outstanding", budget=args.budget, check=args.check,
@@ -198,6 +205,27 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     if res.rejected:
         print(rejection_warning(summary["label"], len(setup.workload), summary["rejected_by_reason"],
                                 res.rejected[0][1]), file=sys.stderr)
+    return 0
+
+
+def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
+    from stallfree.sim.cluster import ClusterError
+    from stallfree.sim.disagg import search_ratio
+    from stallfree.sim.report import print_table
+
+    try:
+        agg, rows = search_ratio(setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
+                                 router=args.router or "least-outstanding", budget=args.budget)
+    except ClusterError as exc:
+        raise CliError(str(exc), 2) from None
+    if args.json:
+        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [agg, *rows]}, indent=1))
+        return 0
+    print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU:")
+    for s in [agg, *rows]:
+        print(f"  {s['label']:>16}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
+              f"req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT {s.get('p99_tpot_ms') or 0:.1f} ms)")
+    print_table([agg, rows[0]], title="best aggregated and best disaggregated")
     return 0
 
 
