@@ -50,7 +50,8 @@ def test_serial_and_process_sweeps_are_identical():
     """The same sweep in this process and in two worker processes: identical rows, same order."""
     serial = _rows(SerialExecutor())
     assert serial == _rows(ProcessExecutor(2))
-    assert [(r["rate_scale"], r["token_budget"]) for r in serial] == [(4.0, 256), (4.0, 2048), (16.0, 256), (16.0, 2048)]
+    grid = [(r["rate_scale"], r["token_budget"]) for r in serial]
+    assert grid == [(4.0, 256), (4.0, 2048), (16.0, 256), (16.0, 2048)]
 
 
 @pytest.mark.slow
@@ -88,6 +89,21 @@ def test_cli_unreachable_ray_address(capsys):
                  "--budgets", "256"])
     assert code == 2
     assert f"--ray-address 127.0.0.1:{port}: no Ray cluster answers" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_port_that_is_not_ray_gives_up_after_the_join_timeout(monkeypatch):
+    """A port that accepts connections but is no Ray head: an error after RAY_JOIN_TIMEOUT_S (needs Ray)."""
+    pytest.importorskip("ray")
+    import stallfree.sim.executors as ex
+
+    monkeypatch.setattr(ex, "RAY_JOIN_TIMEOUT_S", 2.0)
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        address = f"127.0.0.1:{srv.getsockname()[1]}"
+        with pytest.raises(ExecutorError, match=f"--ray-address {address}: "):
+            ex.RayExecutor(address).map(abs, [1, 2])
 
 
 def test_bad_executor_options():

@@ -32,6 +32,8 @@ EXECUTORS = ("process", "ray", "serial")
 
 #: Seconds to wait for a Ray head named by --ray-address / RAY_ADDRESS to answer on its port.
 RAY_CONNECT_TIMEOUT_S = 3.0
+#: Seconds to wait for ray.init to join that head (Ray itself retries for about a minute).
+RAY_JOIN_TIMEOUT_S = 5.0
 
 
 class ExecutorError(RuntimeError):
@@ -162,11 +164,13 @@ class RayExecutor:
         if not ray.is_initialized():
             try:
                 if self.address:
-                    ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+                    _join(ray, self.address, RAY_JOIN_TIMEOUT_S)
                 else:
                     # A local instance of our own: never join a cluster that RAY_ADDRESS does not name.
                     ray.init(address="local", num_cpus=self.num_cpus, include_dashboard=False,
                              log_to_driver=False, logging_level="ERROR")
+            except ExecutorError:
+                raise
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = self.address or "a local instance"
                 raise ExecutorError(f"cannot start or join Ray at {where}: {exc}") from None
@@ -188,6 +192,29 @@ class RayExecutor:
         finally:
             if started:
                 ray.shutdown()
+
+
+def _join(ray: Any, address: str, timeout: float) -> None:
+    """ray.init(address) in a helper thread, given up after `timeout` s: something may answer on the
+    port (a proxy, another service) without being a Ray head, and Ray would retry for a minute."""
+    import threading
+
+    box: dict[str, BaseException] = {}
+
+    def target() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["exc"] = exc
+
+    th = threading.Thread(target=target, name="stallfree-ray-join", daemon=True)
+    th.start()
+    th.join(timeout)
+    if th.is_alive():
+        raise ExecutorError(f"--ray-address {address}: something answers there but no Ray cluster joined within "
+                            f"{timeout:g} s")
+    if "exc" in box:
+        raise ExecutorError(f"--ray-address {address}: cannot join the Ray cluster: {box['exc']}")
 
 
 def make_executor(name: str, jobs: int | None = None, ray_address: str | None = None) -> Executor:
