@@ -199,3 +199,16 @@ def test_cli_json_runs0_is_the_cluster(capsys):
     assert run["num_requests"] == 40 and run["completed"] == 40 and run["rejected"] == 0
     assert "p99_ttft_ms" in run and run["router"] == "round-robin"
     assert [r["num_requests"] for r in run["replicas"]] == [20, 20]
+
+
+def test_docs_example_runs(capsys):
+    """The ```python example of docs/cluster.md runs as written and prints."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "cluster.md:example", "exec"), {"__name__": "__docs__"})
+    assert capsys.readouterr().out.strip()

@@ -102,6 +102,11 @@ class Replica:
         return int(self.inner.kv_free)
 
     @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission: in the scheduler's queue or routed here since its last step."""
+        return int(self.inner.num_waiting) + len(self.pending)
+
+    @property
     def kv_total(self) -> int:
         """KV capacity, tokens (0 when the scheduler does not say)."""
         return int(getattr(self.inner, "kv_total", 0))
