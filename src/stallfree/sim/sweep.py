@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.executors import Executor
 from stallfree.sim.setup import Setup
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
@@ -105,19 +106,22 @@ def _run_point(point: SweepPoint) -> dict[str, Any]:
 
 
 def run_points(
-    points: Sequence[SweepPoint], jobs: int = 1, progress: Callable[[int], None] | None = None
+    points: Sequence[SweepPoint], jobs: int | Executor = 1, progress: Callable[[int], None] | None = None
 ) -> list[dict[str, Any]]:
     """Simulate every point (in `jobs` processes when jobs > 1), in the order given.
 
     Args:
         points: the configurations.
-        jobs: worker processes; 1 runs in this process.
+        jobs: worker processes (1 runs in this process), or a stallfree.sim.executors executor
+            (serial, process pool or Ray tasks).
         progress: called with the number of points finished so far, after each one.
 
     Returns:
         Per point, the summary of report.summarize_result plus rate_scale, ttft_ms and tpot_ms
         (numpy arrays of the per-request samples).
     """
+    if not isinstance(jobs, int):
+        return jobs.map(_run_point, points, progress)
     out: list[dict[str, Any] | None] = [None] * len(points)
     if jobs <= 1 or len(points) <= 1:
         for k, point in enumerate(points):
@@ -162,7 +166,7 @@ def sweep(
     rate_scales: Sequence[float] | None = None,
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
-    jobs: int = 1,
+    jobs: int | Executor = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> SweepResult:
     """Simulate every (rate scale, batching mode, token budget) of the grid on the setup's workload.
@@ -174,7 +178,7 @@ def sweep(
         rate_scales: replay speed-ups, or None for the setup's own.
         slo_ttft: TTFT objective for goodput, s, or None.
         slo_tpot: TPOT objective for goodput, s, or None.
-        jobs: worker processes (1 runs in this process).
+        jobs: worker processes (1 runs in this process), or an executor (run_points).
         progress: called with (finished, total) points after each one.
 
     Returns:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.executors import Executor
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.sweep import SweepPoint, run_points
 from stallfree.sim.tune_bound import (
@@ -194,7 +195,7 @@ def tune(
     max_seqs_candidates: Sequence[int] | None = None,
     budgets: Sequence[int] | None = None,
     max_tokens: int | None = None,
-    jobs: int = 1,
+    jobs: int | Executor = 1,
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     progress: Callable[[int, int], None] | None = None,
     max_model_len: int | None = None,
@@ -214,7 +215,7 @@ def tune(
         budgets: explicit budgets, tokens: then every (budget, max_seqs) pair is simulated, with no
             bound and no refinement.
         max_tokens: every request's max_new, or None for its output length.
-        jobs: worker processes.
+        jobs: worker processes, or a stallfree.sim.executors executor.
         tie_tolerance: relative goodput difference counted as a tie (see rank).
         progress: called with (finished, planned) simulations after each one.
         max_model_len: the context length requests are checked against, tokens (over it: refused at
@@ -273,7 +274,7 @@ class _Runner:
         slo_ttft: float,
         slo_tpot: float,
         max_tokens: int | None,
-        jobs: int,
+        jobs: int | Executor,
         progress: Callable[[int, int], None] | None,
     ) -> None:
         self.workload, self.kv_tokens, self.cost_model = workload, kv_tokens, cost_model

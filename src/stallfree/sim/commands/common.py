@@ -17,6 +17,7 @@ from typing import Any
 from stallfree._argtypes import positive_float, positive_int
 from stallfree.core.errors import StallfreeError
 from stallfree.core.metrics import parse_duration
+from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
 from stallfree.sim.setup import (
     DEFAULT_RATE_SCALE,
     DEFAULTS,
@@ -31,9 +32,11 @@ from stallfree.sim.workload import TraceError
 __all__ = [
     "CliError",
     "add_common",
+    "add_executor_flags",
     "duration",
     "ensure_writable_dir",
     "ensure_writable_file",
+    "executor_from_args",
     "guard",
     "hardware_options",
     "modes",
@@ -257,6 +260,32 @@ def ensure_writable_file(path: Path, flag: str) -> None:
         raise CliError(f"{flag} {path}: not writable")
 
 
+def add_executor_flags(p: argparse.ArgumentParser) -> None:
+    """Add --executor and --ray-address (sweep, tune)."""
+    p.add_argument(
+        "--executor", choices=EXECUTORS, default="process",
+        help="where the simulations run: process (a pool of --jobs workers, the default), ray (one Ray task "
+        "each) or serial (this process)",
+    )
+    p.add_argument(
+        "--ray-address", metavar="ADDR",
+        help="--executor ray: the cluster (HOST:PORT, ray://HOST:PORT or auto; default RAY_ADDRESS, else a "
+        "local Ray instance)",
+    )
+
+
+def executor_from_args(args: argparse.Namespace) -> Executor:
+    """The executor of --executor, --jobs and --ray-address.
+
+    Raises:
+        CliError: Ray missing, an address with another executor, or a Ray head that does not answer (exit 2).
+    """
+    try:
+        return make_executor(args.executor, args.jobs or os.cpu_count() or 1, args.ray_address)
+    except ExecutorError as exc:
+        raise CliError(str(exc), 2) from None
+
+
 def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Wrap a command so that expected errors become one line on stderr and an exit status."""
 
@@ -270,7 +299,7 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except SetupError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 2 if exc.usage else 1
-        except (TraceError, SimulationError, ValueError, OSError) as exc:
+        except (TraceError, SimulationError, ValueError, OSError, ExecutorError) as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return 1
 

@@ -80,6 +80,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
+    _add_cluster_flags(sim)
     sim.set_defaults(func=guard(run))
 
 
@@ -95,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if args.records:
         ensure_writable_file(args.records, "--records")
     setup = setup_from_args(args)
-    study = run_experiment(
+    if args.disaggregate is not None:
+        return _run_disagg(args, setup)
+    study = _run_cluster(args, setup) if _is_cluster(args) else run_experiment(
         setup,
         batching=list(BATCHING_MODES) if args.compare else args.batching,
         budget=args.budget,
@@ -125,6 +128,130 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         _write_out(args.out, study)
     return 0
+
+
+def _add_cluster_flags(sim: Any) -> None:
+    from stallfree.sim.cluster import DEFAULT_PREFIX_THRESHOLD, DEFAULT_ROUTER_SEED, ROUTERS
+
+    c = sim.add_argument_group("cluster (docs/cluster.md)")
+    c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
+    c.add_argument(
+        "--router", default=None, metavar="NAME",
+        help=f"{' | '.join(ROUTERS)} (default least-outstanding when --replicas > 1)",
+    )
+    c.add_argument("--router-seed", type=int, default=DEFAULT_ROUTER_SEED,
+                   help=f"random router: its seed (default {DEFAULT_ROUTER_SEED})")
+    c.add_argument(
+        "--prefix-affinity-threshold", type=int, default=DEFAULT_PREFIX_THRESHOLD, metavar="TOKENS",
+        help="prefix-affinity: cached-prefix tokens a replica needs to win a request "
+        f"(default {DEFAULT_PREFIX_THRESHOLD})",
+    )
+    from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
+
+    c.add_argument(
+        "--disaggregate", metavar="P:D",
+        help="P prefill replicas and D decode replicas (KV moved between); 'search' with --replicas N and an SLO: "
+        "every P:D with P + D = N against N aggregated replicas, in goodput per GPU",
+    )
+    c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
+    c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
+    c.add_argument(
+        "--interconnect", choices=sorted(INTERCONNECTS), default=DEFAULT_INTERCONNECT,
+        help=f"the link KV crosses (default {DEFAULT_INTERCONNECT}: "
+        f"{INTERCONNECTS[DEFAULT_INTERCONNECT].bandwidth_bytes_per_s / 1e9:g} GB/s, "
+        f"{INTERCONNECTS[DEFAULT_INTERCONNECT].latency_s * 1e6:g} us per transfer)",
+    )
+    c.add_argument("--link-bandwidth", type=float, metavar="GB_PER_S", help="overrides the interconnect's GB/s")
+    c.add_argument("--link-latency", type=float, metavar="US", help="overrides the interconnect's latency, us")
+
+
+def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
+    from stallfree.sim.cluster import ClusterError
+    from stallfree.sim.disagg import INTERCONNECTS, Interconnect, parse_disaggregate, run_disagg_experiment
+    from stallfree.sim.report import print_table
+
+    search = args.disaggregate == "search"
+    if args.compare or (args.replicas > 1 and not search) or args.step_time_target is not None \
+            or args.batching != "chunked":
+        raise CliError("--disaggregate P:D sets the replicas and runs chunked batching: drop --compare, --replicas, "
+                       "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
+    if args.records or args.out:
+        raise CliError("--records and --out do not yet write a disaggregated run; use --json", 2)
+    base = INTERCONNECTS[args.interconnect]
+    link = Interconnect(
+        base.name if args.link_bandwidth is None and args.link_latency is None else "custom",
+        base.bandwidth_bytes_per_s if args.link_bandwidth is None else args.link_bandwidth * 1e9,
+        base.latency_s if args.link_latency is None else args.link_latency * 1e-6,
+    )
+    if search:
+        return _search(args, setup, link)
+    try:
+        p, d = parse_disaggregate(args.disaggregate)
+    except ClusterError as exc:
+        raise CliError(str(exc), 2) from None
+    header, summary, res = run_disagg_experiment(
+        setup, prefill=p, decode=d, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, link=link,
+        router=args.router or "least-outstanding", budget=args.budget, check=args.check,
+        slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+    )
+    if args.json:
+        print(json.dumps({"header": header, "runs": [summary]}, indent=1))
+    else:
+        print(f"{header['workload']}: {header['requests']:,} requests; disaggregated {p} prefill x "
+              f"{summary['prefill_tp']} GPUs, {d} decode x {summary['decode_tp']} GPUs ({summary['num_gpus']} GPUs)")
+        print(f"KV moved over {link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us "
+              f"per transfer, {header['kv_bytes_per_token']:,} bytes per token")
+        print_table([summary])
+    if res.rejected:
+        print(rejection_warning(summary["label"], len(setup.workload), summary["rejected_by_reason"],
+                                res.rejected[0][1]), file=sys.stderr)
+    return 0
+
+
+def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
+    from stallfree.sim.cluster import ClusterError
+    from stallfree.sim.disagg import search_ratio
+    from stallfree.sim.report import print_table
+
+    try:
+        agg, rows = search_ratio(setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
+                                 router=args.router or "least-outstanding", budget=args.budget)
+    except ClusterError as exc:
+        raise CliError(str(exc), 2) from None
+    if args.json:
+        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [agg, *rows]}, indent=1))
+        return 0
+    print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU:")
+    for s in [agg, *rows]:
+        print(f"  {s['label']:>16}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
+              f"req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT {s.get('p99_tpot_ms') or 0:.1f} ms)")
+    print_table([agg, rows[0]], title="best aggregated and best disaggregated")
+    return 0
+
+
+def _is_cluster(args: argparse.Namespace) -> bool:
+    return args.replicas > 1 or args.router is not None
+
+
+def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
+    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_experiment
+
+    if args.compare:
+        raise CliError("--compare runs one replica: drop --replicas and --router", 2)
+    name = args.router or "least-outstanding"
+    try:
+        router = make_router(name, args.router_seed, args.prefix_affinity_threshold)
+    except ClusterError as exc:
+        raise CliError(f"--router: {exc}", 2) from None
+    study: Experiment = run_cluster_experiment(
+        setup, replicas=args.replicas, router=router, budget=args.budget, step_time_target=args.step_time_target,
+        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+    )
+    study.header["router"] = name
+    study.summaries[0]["label"] = study.results[0].label = f"{study.results[0].label} {name}"
+    study.summaries[0]["router"] = name
+    study.results[0].config["router"] = name
+    return study
 
 
 def _suffixed(path: Path, tag: str) -> Path:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_float_list, positive_int
 from stallfree.sim.commands.common import (
     add_common,
+    add_executor_flags,
     ensure_writable_dir,
+    executor_from_args,
     guard,
     modes,
     progress_bar,
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> None:
         help="comma-separated modes (default all three)",
     )
     p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    add_executor_flags(p)
     p.set_defaults(func=guard(run))
 
 
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             rate_scales=args.rate_scales,
             slo_ttft=args.slo_ttft,
             slo_tpot=args.slo_tpot,
-            jobs=args.jobs or os.cpu_count() or 1,
+            jobs=executor_from_args(args),
             progress=lambda k, n: bar.update(task, completed=k, total=n),
         )
     header = result.header

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -16,7 +15,9 @@ from stallfree._argtypes import int_list, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
+    add_executor_flags,
     ensure_writable_dir,
+    executor_from_args,
     guard,
     progress_bar,
     setup_from_args,
@@ -60,6 +61,7 @@ def register(subparsers: Any) -> None:
         f"(default {DEFAULT_TIE_TOLERANCE:g}; 0.01 trades up to 1%% of goodput for TPOT headroom)",
     )
     t.add_argument("--top", type=positive_int, default=6, metavar="N", help="rows to print (default 6)")
+    add_executor_flags(p)
     p.set_defaults(func=guard(run))
 
 
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                 max_seqs_candidates=args.max_seqs_candidates,
                 budgets=args.budgets,
                 max_tokens=args.max_tokens,
-                jobs=args.jobs or os.cpu_count() or 1,
+                jobs=executor_from_args(args),
                 tie_tolerance=args.tie_tolerance,
                 progress=lambda k, n: bar.update(task, completed=k, total=n),
                 max_model_len=setup.context_length,

@@ -1,0 +1,602 @@
+"""Disaggregated prefill and decode: P prefill replicas and D decode replicas in one event loop.
+
+Imports allowed: the standard library, stallfree.core and stallfree.sim (its stdlib modules only).
+
+A request's life (times on the one simulated clock):
+  1. It arrives and is routed to a prefill replica. There it is a request of prompt_len tokens and
+     one output token: its prefill (in chunks, batched with other prefills) emits the first token.
+     TTFT = that step's end - arrival (the prefill queue and compute).
+  2. Its prompt's KV (prompt_len x kv_bytes_per_token bytes) crosses the link to a decode replica:
+     transfer time = link.latency_s + bytes / link.bandwidth_bytes_per_s. The prefill replica keeps
+     the KV until the transfer ends: its admission counts those tokens as taken.
+  3. At the transfer's end it is routed to a decode replica, where it generates its remaining
+     target - 1 tokens. The decode scheduler sees it as a 1-token "prompt" (feeding the first
+     token, which costs a decode's work) plus target - 1 tokens to generate; the cluster's
+     admission there counts prompt_len + target tokens of KV, and the decode side's cost model is
+     shown each decode's true context (prompt_len more than the scheduler's count). TPOT and ITL
+     come from the decode side (the gap between the first token and the second includes the
+     transfer and the decode queue).
+A request with a single output token finishes at step 1 and transfers nothing.
+
+Admission gate. Each replica admits requests from its queue in arrival order while the KV they
+need (prefill: prompt_len + 1; decode: prompt_len + target), plus the KV held for transfers, fits
+its kv_total; a request that can never fit is rejected ("kv_capacity").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.core.errors import RequestRejected
+from stallfree.core.plan import StepPlan
+from stallfree.core.request import Request
+from stallfree.sim.cluster import (
+    ClusterError,
+    LeastOutstandingRouter,
+    Replica,
+    Router,
+    _empty_result,
+    _finish_step,
+    _start_step,
+)
+from stallfree.sim.costs import StepCostModel
+from stallfree.sim.simulator import (
+    CONTEXT_LENGTH,
+    KV_CAPACITY,
+    SchedulerConfig,
+    SchedulerLike,
+    SimResult,
+    SimulationError,
+    _context_overflows,
+    _Loop,
+    _make_scheduler,
+    _verify_tokens,
+    _wrap_checker,
+)
+from stallfree.sim.workload import Workload
+
+__all__ = [
+    "DEFAULT_INTERCONNECT",
+    "INTERCONNECTS",
+    "DisaggResult",
+    "Interconnect",
+    "disagg_summary",
+    "parse_disaggregate",
+    "simulate_disaggregated",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    """The link a request's KV crosses from a prefill replica to a decode replica.
+
+    Args:
+        name: a label for reports.
+        bandwidth_bytes_per_s: bytes per second one transfer gets, > 0.
+        latency_s: the fixed cost of one transfer (setup and first byte), s, >= 0.
+
+    Raises:
+        ClusterError: bandwidth <= 0 or latency < 0 (or not finite).
+    """
+
+    name: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
+            raise ClusterError(f"link bandwidth must be > 0 bytes/s, got {self.bandwidth_bytes_per_s!r}")
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ClusterError(f"link latency must be >= 0 s, got {self.latency_s!r}")
+
+    def transfer_time(self, num_bytes: float) -> float:
+        """Seconds to move `num_bytes`: latency_s + num_bytes / bandwidth_bytes_per_s."""
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+#: Named links. Bandwidths are nominal per-direction line rates (NVLink 4 on H100: 900 GB/s both
+#: directions; InfiniBand NDR: 400 Gb/s; RoCE at 200 Gb/s; PCIe 5.0 x16: ~64 GB/s). Latencies are
+#: this project's assumptions for one KV transfer's fixed cost (connection, registration, first
+#: byte), not measurements: 10 us within a node, 50 us over the network.
+INTERCONNECTS: dict[str, Interconnect] = {
+    "nvlink": Interconnect("nvlink", 450e9, 10e-6),
+    "pcie5": Interconnect("pcie5", 64e9, 10e-6),
+    "ib-ndr": Interconnect("ib-ndr", 50e9, 50e-6),
+    "roce-200": Interconnect("roce-200", 25e9, 50e-6),
+}
+#: The default: a prefill and a decode replica on different nodes, linked by InfiniBand NDR.
+DEFAULT_INTERCONNECT = "ib-ndr"
+
+
+def parse_disaggregate(text: str) -> tuple[int, int]:
+    """Parse "P:D" (prefill replicas, decode replicas), each an integer >= 1.
+
+    Raises:
+        ClusterError: not two integers >= 1 separated by ':'; the message names the value.
+    """
+    parts = text.split(":")
+    try:
+        p, d = (int(x) for x in parts) if len(parts) == 2 else (0, 0)
+    except ValueError:
+        p, d = 0, 0
+    if p < 1 or d < 1:
+        raise ClusterError(f"--disaggregate wants P:D with P, D >= 1 replicas, got {text!r}")
+    return p, d
+
+
+class _ShiftedCost:
+    """Prices a decode replica's plans with each request's true context: its scheduler counts a
+    request from its first output token, so every chunk's start is `offset[rid]` tokens short."""
+
+    def __init__(self, inner: StepCostModel, offset: dict[Hashable, int]) -> None:
+        self.inner, self.offset = inner, offset
+        self._key: tuple[Hashable, ...] | None = None
+        self._sum = 0
+
+    def step_time(self, plan: StepPlan) -> float:
+        """The inner model's time for the plan with every start shifted by its request's prompt."""
+        if plan.decode_rids is not self._key:
+            self._key = plan.decode_rids
+            self._sum = sum(self.offset[r] for r in plan.decode_rids)
+        prefills = tuple(
+            type(c)(c.rid, c.num_tokens, c.is_prefill, c.start + self.offset[c.rid], c.is_last) for c in plan.prefills
+        )
+        shifted = StepPlan(
+            plan.step, plan.decode_rids, (0,) * plan.num_decodes, prefills, plan.num_tokens,
+            plan.decode_context_sum + self._sum, plan.token_budget, plan.admitted, plan.preempted,
+        )
+        return self.inner.step_time(shifted)
+
+
+@dataclass(slots=True)
+class DisaggResult:
+    """One disaggregated simulation.
+
+    Attributes:
+        prefill: one SimResult per prefill replica (rid = workload position; each request has one
+            output token there).
+        decode: one SimResult per decode replica (prompt_len 1: the first token; target - 1 tokens).
+        prefill_of / decode_of: per request, its replica on each side (-1: none).
+        transfer_start / transfer_end: per request, s (nan: no transfer).
+        timelines: one stallfree.core.metrics.RequestTimeline per finished request, across both sides.
+        rejected: (rid, reason) of the requests refused; rejected_kind: rid -> kind.
+        link: the interconnect; kv_bytes_per_token: bytes moved per prompt token.
+        wall_s: wall time of the loop, s.
+    """
+
+    prefill: list[SimResult]
+    decode: list[SimResult]
+    prefill_of: list[int]
+    decode_of: list[int]
+    transfer_start: list[float]
+    transfer_end: list[float]
+    timelines: list[Any]
+    rejected: list[tuple[int, str]]
+    rejected_kind: dict[int, str]
+    link: Interconnect
+    kv_bytes_per_token: int
+    wall_s: float
+
+
+class _Side:
+    """One replica of a disaggregated cluster and its admission gate."""
+
+    def __init__(self, rep: Replica, need: list[int]) -> None:
+        self.rep, self.need = rep, need
+        self.committed = 0  # KV tokens of requests added to the scheduler, plus transfers held
+
+
+def simulate_disaggregated(
+    workload: Workload,
+    prefill_scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    decode_scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    prefill_cost: StepCostModel,
+    decode_cost: StepCostModel,
+    num_prefill: int,
+    num_decode: int,
+    kv_bytes_per_token: int,
+    link: Interconnect | None = None,
+    prefill_router: Router | None = None,
+    decode_router: Router | None = None,
+    max_tokens: int | None = None,
+    check: bool = False,
+    max_model_len: int | None = None,
+) -> DisaggResult:
+    """Replay `workload` on `num_prefill` prefill and `num_decode` decode replicas (module docstring).
+
+    Args:
+        workload: the requests.
+        prefill_scheduler, decode_scheduler: each side's scheduler (config or factory), with its KV
+            capacity (kv_total, tokens) for the admission gate.
+        prefill_cost, decode_cost: each side's step pricing, s.
+        num_prefill, num_decode: replicas on each side, >= 1.
+        kv_bytes_per_token: KV bytes per prompt token moved by a transfer, >= 0.
+        link: the interconnect (default INTERCONNECTS[DEFAULT_INTERCONNECT]).
+        prefill_router, decode_router: default LeastOutstandingRouter() each.
+        max_tokens, check, max_model_len: as simulate.
+
+    Returns:
+        A DisaggResult.
+
+    Raises:
+        ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
+        SimulationError, InvariantViolation: as simulate.
+    """
+    for name, v in (("prefill replicas", num_prefill), ("decode replicas", num_decode)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ClusterError(f"{name} must be an integer >= 1, got {v!r}")
+    if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, int) or kv_bytes_per_token < 0:
+        raise ClusterError(f"kv_bytes_per_token must be an integer >= 0, got {kv_bytes_per_token!r}")
+    link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
+    prefill_router = prefill_router or LeastOutstandingRouter()
+    decode_router = decode_router or LeastOutstandingRouter()
+    n = len(workload)
+    arr, plens = workload.arrivals, workload.prompt_lens
+    max_new = list(workload.output_lens) if max_tokens is None else [max_tokens] * n
+    too_long = _context_overflows(workload, max_new, max_model_len, False)
+    target = [min(o, m) for o, m in zip(workload.output_lens, max_new, strict=True)]
+    # Each side's view of the requests: prefill emits 1 token; decode has a 1-token prompt.
+    pre_wl = Workload(arr, plens, (1,) * n, workload.name)
+    dec_wl = Workload(arr, (1,) * n, tuple(max(t - 1, 1) for t in target), workload.name)
+    config: dict[str, Any] = {"max_tokens": max_tokens}
+    offset: dict[Hashable, int] = {}
+    sides: list[list[_Side]] = [[], []]
+    for role, (wl, sched, cost, count, need) in enumerate(
+        (
+            (pre_wl, prefill_scheduler, prefill_cost, num_prefill, [p + 1 for p in plens]),
+            (dec_wl, decode_scheduler, _ShiftedCost(decode_cost, offset), num_decode,
+             [p + t for p, t in zip(plens, target, strict=True)]),
+        )
+    ):
+        for k in range(count):
+            inner = _make_scheduler(sched)
+            s = _wrap_checker(inner) if check else inner
+            role_name = "prefill" if role == 0 else "decode"
+            res = _empty_result(
+                f"{role_name}#{k}", wl, dict(config, role=role_name), list(wl.output_lens), list(wl.output_lens), inner
+            )
+            sides[role].append(_Side(Replica(k, s, inner, _Loop(res, s, inner, wl, cost)), need))
+    costs = (prefill_cost, _ShiftedCost(decode_cost, offset))
+    prefill_of, decode_of = [-1] * n, [-1] * n
+    t_start, t_end = [math.nan] * n, [math.nan] * n
+    rejected: list[tuple[int, str]] = []
+    kinds: dict[int, str] = {}
+    events: list[tuple[float, int, int, Any]] = []  # (time, kind 0 step end / 1 transfer end, seq, payload)
+    seq = 0
+    i = 0
+    now = arr[0] if n else 0.0
+    t0 = time.perf_counter()
+    while True:
+        while events and events[0][0] <= now:
+            _, kind, _, payload = heapq.heappop(events)
+            if kind == 0:
+                role, k, inflight = payload
+                side = sides[role][k]
+                _finish_step(side.rep, inflight, [])
+                done = list(side.rep.inner.last_finished)
+                for rid in done:
+                    r = int(rid)
+                    if role == 1:
+                        side.committed -= side.need[r]
+                        continue
+                    if target[r] <= 1:
+                        side.committed -= side.need[r]  # finished at its first token: nothing to move
+                        continue
+                    # KV stays on the prefill side until the transfer ends.
+                    t_start[r] = inflight[0]
+                    t_end[r] = inflight[0] + link.transfer_time(plens[r] * kv_bytes_per_token)
+                    heapq.heappush(events, (t_end[r], 1, seq, (k, r)))
+                    seq += 1
+            else:
+                k, r = payload
+                sides[0][k].committed -= sides[0][k].need[r]
+                reps = [s.rep for s in sides[1]]
+                d = decode_router.route(Request(r, 1, target[r] - 1, 0, now), reps)
+                _check_index(decode_router, d, len(reps))
+                decode_of[r] = d
+                offset[r] = plens[r]
+                rep = reps[d]
+                rep.num_routed += 1
+                rep.num_outstanding += 1
+                rep.pending.append(Request(r, 1, target[r] - 1, 0, now))
+                rep.stalled = False
+        while i < n and arr[i] <= now:
+            if i in too_long:
+                rejected.append((i, too_long[i]))
+                kinds[i] = CONTEXT_LENGTH
+            else:
+                reps = [s.rep for s in sides[0]]
+                k = prefill_router.route(Request(i, plens[i], 1, 0, arr[i]), reps)
+                _check_index(prefill_router, k, len(reps))
+                prefill_of[i] = k
+                reps[k].num_routed += 1
+                reps[k].num_outstanding += 1
+                reps[k].pending.append(Request(i, plens[i], 1, 0, arr[i]))
+                reps[k].stalled = False
+            i += 1
+        for role in (0, 1):
+            for side in sides[role]:
+                rep = side.rep
+                if rep.busy or rep.stalled:
+                    continue
+                if rep.pending:
+                    _admit(side, rejected, kinds)
+                if not rep.inner.has_unfinished():
+                    continue
+                inflight = _start_step(rep, now, costs[role])
+                if inflight is None:
+                    rep.stalled = True
+                    continue
+                rep.busy = True
+                heapq.heappush(events, (inflight[0], 0, seq, (role, rep.index, inflight)))
+                seq += 1
+        nxt = min(events[0][0] if events else math.inf, arr[i] if i < n else math.inf)
+        if nxt == math.inf:
+            if any(x.rep.inner.has_unfinished() or x.rep.pending for group in sides for x in group):
+                raise SimulationError("a disaggregated replica made no progress with work left")
+            break
+        now = max(now, nxt)
+    wall = time.perf_counter() - t0
+    for group in sides:
+        for x in group:
+            if check:
+                x.rep.sched.check_final()  # type: ignore[attr-defined]
+            _verify_tokens(x.rep.loop.res)
+    pre = [x.rep.loop.res for x in sides[0]]
+    dec = [x.rep.loop.res for x in sides[1]]
+    timelines = _timelines(workload, target, pre, dec, prefill_of, decode_of)
+    rejected.sort()
+    return DisaggResult(pre, dec, prefill_of, decode_of, t_start, t_end, timelines, rejected, kinds, link,
+                        kv_bytes_per_token, wall)
+
+
+def _check_index(router: Router, k: Any, count: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < count:
+        raise ClusterError(f"router {type(router).__name__} returned replica {k!r}; expected 0..{count - 1}")
+
+
+def _admit(side: _Side, rejected: list[tuple[int, str]], kinds: dict[int, str]) -> None:
+    """Hand queued requests to the scheduler in arrival order while their KV fits (module docstring)."""
+    rep = side.rep
+    total = rep.kv_total
+    keep = 0
+    for req in rep.pending:
+        r = int(req.rid)  # type: ignore[call-overload]
+        need = side.need[r]
+        if need > total:
+            rejected.append((r, f"request {r} needs {need} KV tokens; the replica has {total}"))
+            kinds[r] = KV_CAPACITY
+            rep.loop.state[r] = 3
+            rep.num_outstanding -= 1
+            keep += 1
+            continue
+        if side.committed + need > total:
+            break
+        try:
+            rep.sched.add(req)
+        except RequestRejected as exc:
+            rejected.append((r, str(exc)))
+            kinds[r] = KV_CAPACITY
+            rep.loop.state[r] = 3
+            rep.num_outstanding -= 1
+        else:
+            side.committed += need
+        keep += 1
+    del rep.pending[:keep]
+
+
+def _timelines(
+    wl: Workload, target: list[int], pre: list[SimResult], dec: list[SimResult], p_of: list[int], d_of: list[int]
+) -> list[Any]:
+    """Join each request's first token (prefill side) with its later tokens (decode side)."""
+    from stallfree.core.metrics import RequestTimeline
+
+    out = []
+    for r in range(len(wl)):
+        k = p_of[r]
+        if k < 0:
+            continue
+        p = pre[k]
+        if p.finish_step[r] < 0:
+            continue
+        first = p.step_end[p.first_step[r]]
+        times = [first]
+        if target[r] > 1:
+            d = dec[d_of[r]] if d_of[r] >= 0 else None
+            if d is None or d.finish_step[r] < 0:
+                continue
+            times += d.token_times(r)
+        adm = p.admit_step[r]
+        out.append(
+            RequestTimeline(r, wl.arrivals[r], tuple(times), wl.prompt_lens[r],
+                            p.step_start[adm] if adm >= 0 else None, times[-1])
+        )
+    return out
+
+
+def disagg_summary(
+    result: DisaggResult, num_requests: int, slo_ttft: float | None = None, slo_tpot: float | None = None
+) -> dict[str, Any]:
+    """The cluster-wide summary with the single-run keys (stallfree.core.metrics.summarize over the
+    joined timelines, plus num_requests, rejected, rejected_by_reason), transfer figures
+    (mean and p99 transfer ms, link name, bandwidth, latency, KV bytes per token), and `replicas`:
+    one report.summarize_result per replica with its `role` ("prefill" or "decode") and index.
+    """
+    from stallfree.core.metrics import summarize
+    from stallfree.sim.report import summarize_result
+
+    out: dict[str, Any] = {"num_requests": num_requests, "rejected": len(result.rejected)}
+    by: dict[str, int] = {}
+    for kind in result.rejected_kind.values():
+        by[kind] = by.get(kind, 0) + 1
+    out["rejected_by_reason"] = by
+    if result.timelines:
+        out.update(summarize(result.timelines, slo_ttft, slo_tpot))
+    else:
+        out["completed"] = 0
+    moves = sorted(e - s for s, e in zip(result.transfer_start, result.transfer_end, strict=True) if e == e)
+    out.update(
+        interconnect=result.link.name,
+        link_bandwidth_bytes_per_s=result.link.bandwidth_bytes_per_s,
+        link_latency_s=result.link.latency_s,
+        kv_bytes_per_token=result.kv_bytes_per_token,
+        num_transfers=len(moves),
+        mean_transfer_ms=sum(moves) / len(moves) * 1e3 if moves else None,
+        p99_transfer_ms=moves[min(len(moves) - 1, math.ceil(0.99 * len(moves)) - 1)] * 1e3 if moves else None,
+        prefill_replicas=len(result.prefill),
+        decode_replicas=len(result.decode),
+        sim_wall_s=result.wall_s,
+    )
+    reps = []
+    sides = (("prefill", result.prefill, result.prefill_of), ("decode", result.decode, result.decode_of))
+    for role, results, of in sides:
+        for k, res in enumerate(results):
+            s = summarize_result(res)
+            s.update(role=role, replica=k, num_requests=sum(1 for x in of if x == k))
+            reps.append(s)
+    out["replicas"] = reps
+    return out
+
+
+def kv_bytes_per_token_of(hardware: Any) -> int:
+    """KV bytes per token of the model that `hardware` (a setup.HardwareOptions) names, in its KV
+    dtype: 2 x layers x kv_heads x head_dim x bytes per element (the whole model, every TP shard).
+
+    Raises:
+        SetupError: an unknown model, GPU or dtype.
+    """
+    from stallfree.costmodel import CostModelError
+    from stallfree.costmodel import default_cost_model as priced_default
+    from stallfree.costmodel.hardware import DTYPE_BYTES
+    from stallfree.sim.setup import SetupError
+
+    try:
+        cm = priced_default(hardware.model, hardware.gpu, tp=hardware.tp, dtype=hardware.dtype,
+                            kv_dtype=hardware.kv_dtype).cost_model
+    except (CostModelError, ValueError) as exc:
+        raise SetupError(str(exc)) from None
+    return int(cm.model.kv_bytes_per_token(DTYPE_BYTES[cm.kv_dtype]))
+
+
+def run_disagg_experiment(
+    setup: Any,
+    *,
+    prefill: int,
+    decode: int,
+    prefill_tp: int | None = None,
+    decode_tp: int | None = None,
+    link: Interconnect | None = None,
+    router: str = "least-outstanding",
+    budget: int | None = None,
+    check: bool = False,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+) -> tuple[dict[str, Any], dict[str, Any], DisaggResult]:
+    """`stallfree simulate --disaggregate P:D` on a Setup: each side is the setup's replica with its
+    own tensor parallelism (KV capacity and step pricing rebuilt for it).
+
+    Args:
+        setup: a stallfree.sim.setup.Setup.
+        prefill, decode: replicas on each side, >= 1.
+        prefill_tp, decode_tp: GPUs per replica on each side (default: the setup's tp).
+        link: the interconnect (default INTERCONNECTS[DEFAULT_INTERCONNECT]).
+        router: the router on each side (a name of cluster.ROUTERS).
+        budget: token budget per step (default 2048); check, slo_ttft, slo_tpot: as run_experiment.
+
+    Returns:
+        (header, summary, result): the header (setup.header() plus the disaggregation), the
+        disagg_summary (runs[0] of --json) and the DisaggResult.
+
+    Raises:
+        ClusterError, SetupError, SimulationError.
+    """
+    from dataclasses import replace
+
+    from stallfree.sim.cluster import make_router
+    from stallfree.sim.setup import build_cost_model
+
+    budget = budget or 2048
+    hw = setup.hardware_options
+    sides = []
+    for tp in (prefill_tp or hw.tp, decode_tp or hw.tp):
+        opts = replace(hw, tp=tp)
+        cost, kv, desc = build_cost_model(opts)
+        cfg = SchedulerConfig(kv, budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
+                              setup.watermark)
+        sides.append((cost, cfg, desc, tp, kv))
+    link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
+    kvb = kv_bytes_per_token_of(hw)
+    res = simulate_disaggregated(
+        setup.workload, sides[0][1], sides[1][1], sides[0][0], sides[1][0], prefill, decode, kvb, link,
+        make_router(router), make_router(router), setup.workload_options.max_tokens, check, setup.context_length,
+    )
+    summary = disagg_summary(res, len(setup.workload), slo_ttft, slo_tpot)
+    gpus = prefill * sides[0][3] + decode * sides[1][3]
+    summary.update(
+        label=f"disagg {prefill}P:{decode}D", router=router, num_gpus=gpus, prefill_tp=sides[0][3],
+        decode_tp=sides[1][3], prefill_kv_tokens=sides[0][4], decode_kv_tokens=sides[1][4],
+        goodput_per_gpu=summary["request_goodput"] / gpus if summary.get("request_goodput") is not None else None,
+    )
+    header = setup.header()
+    if not math.isfinite(header["offered_rate"]):
+        header["offered_rate"] = None
+    header.update(
+        token_budget=budget, step_time_target_s=None, disaggregate=f"{prefill}:{decode}", router=router,
+        prefill_hardware=sides[0][2], decode_hardware=sides[1][2], interconnect=link.name,
+        link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, link_latency_s=link.latency_s,
+        kv_bytes_per_token=kvb,
+    )
+    return header, summary, res
+
+
+def search_ratio(
+    setup: Any,
+    replicas: int,
+    *,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    link: Interconnect | None = None,
+    router: str = "least-outstanding",
+    budget: int | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """At equal GPU count, the aggregated cluster against every P:D split of the same replicas.
+
+    Runs `replicas` aggregated replicas (cluster.run_cluster_experiment) and each P:D with
+    P + D = replicas (same tp on both sides), all on the setup's workload.
+
+    Args:
+        setup: a stallfree.sim.setup.Setup.
+        replicas: N >= 2 (each replica has the setup's tp GPUs).
+        slo_ttft, slo_tpot: the SLOs goodput counts, s (at least one).
+        link, router, budget: as run_disagg_experiment.
+
+    Returns:
+        (aggregated summary, disaggregated summaries best first), each with goodput_per_gpu and
+        num_gpus; "best" is the highest goodput per GPU (then the lower p99 TTFT).
+
+    Raises:
+        ClusterError: replicas < 2 or no SLO given.
+    """
+    from stallfree.sim.cluster import run_cluster_experiment
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
+    if slo_ttft is None and slo_tpot is None:
+        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
+    study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=budget,
+                                   slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    agg = study.summaries[0]
+    gpus = replicas * setup.hardware_options.tp
+    agg.update(label=f"aggregated x{replicas}", num_gpus=gpus, goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
+    rows = []
+    for p in range(1, replicas):
+        _, s, _ = run_disagg_experiment(setup, prefill=p, decode=replicas - p, link=link, router=router,
+                                        budget=budget, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        rows.append(s)
+    rows.sort(key=lambda s: (-(s.get("goodput_per_gpu") or 0.0), s.get("p99_ttft_ms") or math.inf))
+    return agg, rows

@@ -1,0 +1,214 @@
+"""Tests of stallfree.sim.cluster: routers worked by hand, the one-replica cluster against the
+single-replica simulator, a seeded randomized every-request-finishes-once test, and bad input."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.core.request import Request
+from stallfree.sim.cluster import (
+    ClusterError,
+    LeastKVRouter,
+    LeastOutstandingRouter,
+    PrefixAffinityRouter,
+    RandomRouter,
+    RoundRobinRouter,
+    cluster_summary,
+    make_router,
+    simulate_cluster,
+)
+from stallfree.sim.costs import LinearCostModel
+from stallfree.sim.report import summarize_result
+from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.workload import Workload
+
+ONE_SECOND = LinearCostModel(base_s=1.0, per_token_s=0.0)
+
+
+def wl(*rows: tuple[float, int, int]) -> Workload:
+    """A workload from (arrival, prompt_len, output_len) rows."""
+    return Workload(
+        tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows), name="hand"
+    )
+
+
+def cfg(budget: int = 8, kv: int = 100, kv_policy: str = "reserve") -> SchedulerConfig:
+    """A small scheduler config."""
+    return SchedulerConfig(kv_tokens=kv, token_budget=budget, max_seqs=16, kv=kv_policy, block_size=4)
+
+
+# Two replicas, every step 1 s, budget 8, KV 100 tokens each (reserve: prompt + output at admission).
+#   r0 (0.0 s, prompt 4, 1 token)   r1 (0.0 s, prompt 2, 5 tokens)   r2 (0.5 s, prompt 8, 1 token)
+#   r3 (1.5 s, prompt 4, 1 token)   r4 (1.6 s, prompt 4, 1 token)
+HAND = wl((0.0, 4, 1), (0.0, 2, 5), (0.5, 8, 1), (1.5, 4, 1), (1.6, 4, 1))
+
+
+def ttfts(res) -> list[float]:  # type: ignore[no-untyped-def]
+    """First-token time minus arrival of every request, s."""
+    return [res.step_end[res.first_step[r]] - res.arrival[r] for r in range(res.num_requests)]
+
+
+def test_round_robin_by_hand():
+    """Round robin: r0, r2, r4 to replica 0; r1, r3 to replica 1.
+
+    Replica 0: [0,1] r0 prefill (done); [1,2] r2's 8-token prefill (r2 waited from 0.5 s: TTFT 1.5);
+    r4 arrives at 1.6 during it and prefills in [2,3] (TTFT 1.4).
+    Replica 1: [0,1] r1 prefill (token 1 at 1); [1,2] decode; r3 (1.5 s) joins at 2: [2,3] decode
+    + r3 prefill (TTFT 1.5); r1's tokens 4, 5 at 4 and 5 s (TPOT (5 - 1) / 4 = 1 s).
+    """
+    c = simulate_cluster(HAND, cfg(), ONE_SECOND, 2, RoundRobinRouter())
+    assert c.routed == [0, 1, 0, 1, 0]
+    assert ttfts(c.merged) == pytest.approx([1.0, 1.0, 1.5, 1.5, 1.4])
+    assert c.merged.token_times(1) == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0])
+    s = cluster_summary(c)
+    assert s["completed"] == 5 and s["num_requests"] == 5
+    assert [r["num_requests"] for r in s["replicas"]] == [3, 2]
+    assert s["mean_tpot_ms"] == pytest.approx(1000.0)
+
+
+def test_least_outstanding_by_hand():
+    """Least outstanding: at 1.5 s replica 0 holds r2 (in flight) and replica 1 holds r1: a tie, so
+    r3 goes to replica 0; at 1.6 s replica 0 holds r2 and r3, replica 1 holds r1: r4 to replica 1.
+    r3 prefills on replica 0 in [2,3] (TTFT 1.5); r4 joins r1's decodes on replica 1 in [2,3] (TTFT 1.4)."""
+    c = simulate_cluster(HAND, cfg(), ONE_SECOND, 2, LeastOutstandingRouter())
+    assert c.routed == [0, 1, 0, 0, 1]
+    assert ttfts(c.merged) == pytest.approx([1.0, 1.0, 1.5, 1.5, 1.4])
+
+
+def test_least_kv_by_hand():
+    """Most free KV (reserve: prompt + output reserved). r1: replica 0 has r0 pending (5 tokens):
+    95 against 100, so replica 1. r2: 95 (r0) against 93 (r1): replica 0. r3 at 1.5 s: replica 0
+    reserves r2's 9, replica 1 r1's 7: 91 against 93, replica 1. r4 at 1.6 s: 91 against 93 - 5
+    (r3 pending) = 88: replica 0."""
+    c = simulate_cluster(HAND, cfg(), ONE_SECOND, 2, LeastKVRouter())
+    assert c.routed == [0, 1, 0, 1, 0]
+
+
+def test_random_router_follows_its_seed():
+    """The random router draws replica indices from random.Random(seed), one per arrival."""
+    rng = random.Random(7)
+    expected = [rng.randrange(3) for _ in range(5)]
+    c = simulate_cluster(HAND, cfg(), ONE_SECOND, 3, RandomRouter(7))
+    assert c.routed == expected
+    assert c.merged.finish_step.count(-1) == 0
+
+
+@dataclass
+class FakeReplica:
+    """What a router reads of a replica: load and cached prefix."""
+
+    num_outstanding: int
+    cached: int
+
+    def cached_prefix_len(self, request: Request) -> int:
+        """The cached prefix, tokens."""
+        return self.cached
+
+
+def test_prefix_affinity_by_hand():
+    """Prefix affinity: the replica with the longest cached prefix over the threshold (256) wins,
+    even when busier; at or under the threshold, the least loaded wins."""
+    req = Request(0, 1000, 10)
+    router = PrefixAffinityRouter()
+    assert router.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 2
+    assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 256), FakeReplica(1, 100)]) == 2
+    assert PrefixAffinityRouter(threshold=50).route(req, [FakeReplica(3, 0), FakeReplica(5, 100)]) == 1
+
+
+def test_prefix_affinity_without_caching_routes_as_least_outstanding():
+    """Schedulers without a prefix cache report 0 cached tokens, so prefix-affinity falls back."""
+    a = simulate_cluster(HAND, cfg(), ONE_SECOND, 2, PrefixAffinityRouter())
+    assert a.routed == [0, 1, 0, 0, 1]
+
+
+def test_one_replica_cluster_is_the_simulator():
+    """With one replica the cluster reproduces simulate step for step and summary for summary."""
+    rng = random.Random(3)
+    rows = [(round(rng.uniform(0, 20), 3), rng.randint(1, 40), rng.randint(1, 12)) for _ in range(60)]
+    w = wl(*sorted(rows))
+    cost = LinearCostModel(base_s=0.01, per_token_s=0.001)
+    single = simulate(w, cfg(budget=16, kv=300), cost)
+    cl = simulate_cluster(w, cfg(budget=16, kv=300), cost, 1)
+    assert list(cl.merged.step_end) == list(single.step_end)
+    assert cl.merged.first_step == single.first_step and cl.merged.finish_step == single.finish_step
+    a, b = summarize_result(single), cluster_summary(cl)
+    for key in ("completed", "p99_ttft_ms", "p99_tpot_ms", "p99_itl_ms", "mean_kv_utilization"):
+        assert a[key] == pytest.approx(b[key])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_request_finishes_exactly_once(seed):
+    """Seeded random workloads, routers, replica counts and KV policies (invariants checked each
+    step): every request not rejected finishes on exactly one replica, with nothing left anywhere."""
+    rng = random.Random(seed)
+    rows = [(round(rng.uniform(0, 5), 3), rng.randint(1, 60), rng.randint(1, 20)) for _ in range(80)]
+    w = wl(*sorted(rows))
+    name = ["round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random"][seed % 5]
+    policy = "paged" if seed % 2 else "reserve"
+    n = 1 + seed % 4
+    c = simulate_cluster(
+        w, cfg(budget=24, kv=120, kv_policy=policy), LinearCostModel(0.01, 0.001), n,
+        make_router(name, seed=seed), check=True,
+    )
+    rejected = {rid for rid, _ in c.merged.rejected}
+    for rid in range(len(w)):
+        finished_on = [k for k, r in enumerate(c.replicas) if r.finish_step[rid] >= 0]
+        assert finished_on == ([] if rid in rejected else [c.routed[rid]])
+        if rid not in rejected:
+            assert c.merged.num_tokens(rid) == w.output_lens[rid]
+    # check=True ran each replica's end-of-run check: no request left, all KV returned.
+
+
+def test_bad_input():
+    """Zero replicas, an unknown router, a negative threshold and a router out of range are refused."""
+    with pytest.raises(ClusterError, match="replicas must be an integer >= 1, got 0"):
+        simulate_cluster(HAND, cfg(), ONE_SECOND, 0)
+    with pytest.raises(ClusterError, match="unknown router 'fastest'"):
+        make_router("fastest")
+    with pytest.raises(ClusterError, match="threshold must be an integer >= 0 tokens, got -1"):
+        PrefixAffinityRouter(-1)
+
+    class Broken:
+        def route(self, request, replicas):  # type: ignore[no-untyped-def]
+            return 5
+
+    with pytest.raises(ClusterError, match="returned replica 5"):
+        simulate_cluster(HAND, cfg(), ONE_SECOND, 2, Broken())
+
+
+def test_cli_bad_replicas_and_router(capsys):
+    """`--replicas 0` and an unknown router exit 2 with a message naming the flag and the value."""
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--replicas", "0"])
+    assert exc.value.code == 2
+    assert "--replicas: expected an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["simulate", "--replicas", "2", "--router", "fastest", "--num-requests", "10"]) == 2
+    assert "--router: unknown router 'fastest'" in capsys.readouterr().err
+
+
+def test_cli_json_runs0_is_the_cluster(capsys):
+    """`simulate --replicas 2 --json`: runs[0] has the single-run keys plus a replicas list."""
+    import json
+
+    assert main(["simulate", "--replicas", "2", "--router", "round-robin", "--num-requests", "40", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["num_requests"] == 40 and run["completed"] == 40 and run["rejected"] == 0
+    assert "p99_ttft_ms" in run and run["router"] == "round-robin"
+    assert [r["num_requests"] for r in run["replicas"]] == [20, 20]
+
+
+def test_docs_example_runs(capsys):
+    """The ```python example of docs/cluster.md runs as written and prints."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "cluster.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "cluster.md:example", "exec"), {"__name__": "__docs__"})
+    assert capsys.readouterr().out.strip()

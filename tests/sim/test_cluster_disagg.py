@@ -1,0 +1,107 @@
+"""Tests of stallfree.sim.disagg: one request worked by hand under a linear cost model, KV held on
+the prefill side until its transfer ends, a seeded every-request-finishes-once test, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.sim.cluster import ClusterError
+from stallfree.sim.costs import LinearCostModel
+from stallfree.sim.disagg import Interconnect, disagg_summary, parse_disaggregate, simulate_disaggregated
+from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.workload import Workload
+
+PREFILL = LinearCostModel(base_s=0.010, per_token_s=0.001)
+DECODE = LinearCostModel(base_s=0.010, per_token_s=0.001, per_context_token_s=1e-5)
+LINK = Interconnect("test", bandwidth_bytes_per_s=1e6, latency_s=0.005)
+
+
+def cfg(kv: int = 1000) -> SchedulerConfig:
+    """A scheduler with budget 256."""
+    return SchedulerConfig(kv_tokens=kv, token_budget=256, max_seqs=8)
+
+
+def test_one_request_by_hand():
+    """Prompt 100, 4 tokens, 1,000 KV bytes per token, link 1 MB/s + 5 ms.
+
+    Prefill: one step of 100 tokens, 10 + 100 x 1 = 110 ms: TTFT 110 ms.
+    Transfer: 5 ms + 100 x 1,000 B / 1e6 B/s = 105 ms, from 110 to 215 ms.
+    Decode: the first token fed (1 token, 10 + 1 = 11 ms): token 2 at 226 ms; then decodes with
+    context 101 and 102: 10 + 1 + 1.01 = 12.01 ms and 12.02 ms: tokens 3 and 4 at 238.01, 250.03 ms.
+    TPOT = (250.03 - 110) / 3 = 46.6767 ms.
+    """
+    w = Workload((0.0,), (100,), (4,), "hand")
+    r = simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 1, 1000, LINK)
+    (tl,) = r.timelines
+    assert tl.token_times == pytest.approx((0.110, 0.226, 0.23801, 0.25003))
+    assert r.transfer_end[0] - r.transfer_start[0] == pytest.approx(0.105)
+    s = disagg_summary(r, 1)
+    assert s["mean_ttft_ms"] == pytest.approx(110.0)
+    assert s["mean_transfer_ms"] == pytest.approx(105.0)
+    assert s["mean_tpot_ms"] == pytest.approx((250.03 - 110.0) / 3)
+    assert [x["role"] for x in s["replicas"]] == ["prefill", "decode"]
+
+
+def test_prefill_holds_kv_until_the_transfer_ends():
+    """Prefill KV of 150 tokens holds one 101-token request: the second waits for the first's
+    transfer to end (215 ms), then prefills in 110 ms: TTFT 325 ms."""
+    w = Workload((0.0, 0.0), (100, 100), (4, 4), "hand")
+    r = simulate_disaggregated(w, cfg(150), cfg(), PREFILL, DECODE, 1, 1, 1000, LINK)
+    first = {tl.rid: tl.token_times[0] for tl in r.timelines}
+    assert first[0] == pytest.approx(0.110)
+    assert first[1] == pytest.approx(0.325)
+
+
+def test_single_token_request_moves_nothing():
+    """A request with one output token finishes on the prefill side with no transfer."""
+    w = Workload((0.0,), (10,), (1,), "hand")
+    r = simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 1, 1000, LINK)
+    assert r.timelines[0].token_times == pytest.approx((0.020,))
+    assert r.decode_of == [-1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_request_finishes_exactly_once(seed):
+    """Seeded random workloads on P:D in {1..3}:{1..3} with invariants checked: every request not
+    rejected has exactly its tokens, its first on one prefill replica, the rest on one decode replica."""
+    rng = random.Random(seed)
+    rows = sorted((round(rng.uniform(0, 3), 3), rng.randint(1, 60), rng.randint(1, 15)) for _ in range(60))
+    w = Workload(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows), "rand")
+    p, d = 1 + seed % 3, 1 + (seed * 2) % 3
+    r = simulate_disaggregated(w, cfg(200), cfg(200), PREFILL, DECODE, p, d, 100, LINK, check=True)
+    rejected = {rid for rid, _ in r.rejected}
+    done = {tl.rid: tl for tl in r.timelines}
+    assert set(done) | rejected == set(range(len(w))) and not set(done) & rejected
+    for rid, tl in done.items():
+        assert len(tl.token_times) == w.output_lens[rid]
+        assert sum(res.finish_step[rid] >= 0 for res in r.prefill) == 1
+        assert sum(res.finish_step[rid] >= 0 for res in r.decode) == (1 if w.output_lens[rid] > 1 else 0)
+
+
+def test_bad_input():
+    """P:D must be two integers >= 1; a link needs a positive bandwidth."""
+    assert parse_disaggregate("3:5") == (3, 5)
+    for text in ("0:2", "2", "a:b", "1:2:3", "2:-1"):
+        with pytest.raises(ClusterError, match="--disaggregate wants P:D"):
+            parse_disaggregate(text)
+    with pytest.raises(ClusterError, match="link bandwidth must be > 0"):
+        Interconnect("x", 0.0, 0.0)
+    w = Workload((0.0,), (10,), (2,), "hand")
+    with pytest.raises(ClusterError, match="decode replicas must be an integer >= 1, got 0"):
+        simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 0, 10, LINK)
+
+
+def test_cli_disaggregate(capsys):
+    """`--disaggregate 0:2` exits 2 naming the value; `1:1 --json` gives runs[0] with a replicas list."""
+    assert main(["simulate", "--disaggregate", "0:2"]) == 2
+    assert "--disaggregate wants P:D with P, D >= 1 replicas, got '0:2'" in capsys.readouterr().err
+    assert main(["simulate", "--disaggregate", "1:1", "--num-requests", "30", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    run = out["runs"][0]
+    assert run["num_requests"] == 30 and run["completed"] == 30
+    assert [x["role"] for x in run["replicas"]] == ["prefill", "decode"]
+    assert out["header"]["interconnect"] == "ib-ndr" and run["num_gpus"] == 8
