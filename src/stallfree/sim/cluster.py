@@ -435,14 +435,18 @@ def _run(
 def _add_pending(rep: Replica) -> None:
     res, loop = rep.loop.res, rep.loop
     for req in rep.pending:
+        rid = int(req.rid)  # type: ignore[call-overload]
         try:
             rep.sched.add(req)
         except RequestRejected as exc:
-            rid = int(req.rid)  # type: ignore[call-overload]
             res.rejected.append((rid, str(exc)))
             res.rejected_kind[rid] = KV_CAPACITY
             loop.state[rid] = 3
             rep.num_outstanding -= 1
+        else:
+            # As in the single-replica loop: an output shorter than max_new ends on its last wanted token.
+            if res.target[rid] < req.max_new:
+                rep.sched.stop_after(rid, res.target[rid])
     rep.pending.clear()
 
 
@@ -451,7 +455,8 @@ def _start_step(rep: Replica, now: float, cost: StepCostModel) -> tuple[float, f
     loop, res = rep.loop, rep.loop.res
     plan = rep.sched.schedule()
     if not plan.num_tokens and not plan.preempted:
-        # Same as the single-replica loop: the empty step is recorded, the replica waits.
+        # Same as the single-replica loop: the empty step is completed and recorded, the replica waits.
+        rep.sched.complete(plan)
         _record(rep, plan, now, now)
         return None
     step = rep.step
@@ -460,18 +465,17 @@ def _start_step(rep: Replica, now: float, cost: StepCostModel) -> tuple[float, f
         loop._preempt(plan.preempted, step)
     if nd != len(loop.decoding):
         loop._skips(plan, step)
-    stopped = loop._stops(plan) if (nd or plan.prefills) else []
     for rid in plan.admitted:
         if res.admit_step[rid] < 0:  # type: ignore[call-overload]
             res.admit_step[rid] = step  # type: ignore[call-overload]
-    return (now + cost.step_time(plan), now, plan, stopped)
+    return (now + cost.step_time(plan), now, plan, [])
 
 
 def _finish_step(rep: Replica, inflight: tuple[float, float, Any, list[int]], routed: list[int]) -> None:
     """The simulator loop's second half: complete the plan at its end time and record the step."""
-    end, start, plan, stopped = inflight
+    end, start, plan, _ = inflight
     loop = rep.loop
-    rep.sched.complete(plan, stopped)
+    rep.sched.complete(plan)
     if plan.num_decodes:
         loop.tick += 1
     if plan.prefills:
