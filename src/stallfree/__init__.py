@@ -17,6 +17,7 @@ from stallfree.core import (
     SchedulerError,
     SchedulerStateError,
     StepPlan,
+    hash_blocks,
 )
 
 __version__ = "0.1.0"
@@ -35,4 +36,5 @@ __all__ = [
     "SchedulerStateError",
     "StepPlan",
     "__version__",
+    "hash_blocks",
 ]

@@ -6,6 +6,7 @@ Imports allowed: the standard library only; nothing else from stallfree.
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerError, SchedulerStateError
 from stallfree.core.paged import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
+from stallfree.core.prefix_cache import hash_blocks
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 from stallfree.core.scheduler import Scheduler
 
@@ -22,4 +23,5 @@ __all__ = [
     "SchedulerError",
     "SchedulerStateError",
     "StepPlan",
+    "hash_blocks",
 ]
