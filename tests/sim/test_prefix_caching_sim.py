@@ -143,3 +143,21 @@ def test_cli_prefix_caching_needs_paged_and_compare_caching_runs_both(tmp_path, 
     assert [r["prefix_cache_hit_rate"] is None for r in runs] == [True, False]
     assert runs[1]["prefix_cache_hit_rate"] == pytest.approx(5 * 512 / 3600)
     assert runs[1]["prefix_cache_hit_rate_bound"] == pytest.approx(5 * 512 / 3600)
+
+
+def test_sweep_over_kv_capacity_writes_rows_and_plot(tmp_path, capsys):
+    """sweep --kv-tokens LIST --prefix-caching: one run per size, smallest first; the large cache reaches
+    the bound (nothing evicted), and kv_sweep.json / kv_sweep.png are written."""
+    from stallfree.cli import main
+
+    rows = [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
+            for i in range(6)]
+    p = write(tmp_path, rows)
+    out = tmp_path / "out"
+    assert main(["sweep", "--trace", str(p), "--prefix-caching", "--kv-tokens", "100000,1000",
+                 "--budgets", "2048", "--linear-cost", "10,100", "--out", str(out), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["kv_tokens"] for r in got] == [1000, 100000]
+    assert got[1]["prefix_cache_hit_rate"] == pytest.approx(5 * 512 / 3600)
+    assert got[1]["prefix_cache_evictions"] == 0
+    assert (out / "kv_sweep.png").stat().st_size > 0 and (out / "kv_sweep.json").exists()
