@@ -161,3 +161,19 @@ def test_sweep_over_kv_capacity_writes_rows_and_plot(tmp_path, capsys):
     assert got[1]["prefix_cache_hit_rate"] == pytest.approx(5 * 512 / 3600)
     assert got[1]["prefix_cache_evictions"] == 0
     assert (out / "kv_sweep.png").stat().st_size > 0 and (out / "kv_sweep.json").exists()
+
+
+def test_cost_model_still_pays_attention_over_the_cached_prefix():
+    """A hit chunk of 512 tokens starting at token 4096 costs more than the same 512 tokens from 0: the
+    roofline prices its attention over the 4096 cached tokens (the chunk's start)."""
+    from stallfree.core.plan import ScheduledChunk, StepPlan
+    from stallfree.sim.setup import default_cost_model
+
+    model, _ = default_cost_model()
+
+    def plan(start):
+        return StepPlan(step=0, decode_rids=(), decode_offsets=(),
+                        prefills=(ScheduledChunk(1, 512, True, start, True),), num_tokens=512,
+                        decode_context_sum=0, token_budget=2048)
+
+    assert model.step_time(plan(4096)) > model.step_time(plan(0))
