@@ -19,6 +19,7 @@ import torch
 from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
+from stallfree.core.prefix_cache import hash_blocks
 from stallfree.engine.batch import BatchEntry, build_flat_batch
 from stallfree.engine.errors import (
     ContextLengthExceeded,
@@ -115,7 +116,7 @@ def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
 
 
 def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
-                     scheduling_policy: str) -> Scheduler:
+                     scheduling_policy: str, enable_prefix_caching: bool = False) -> Scheduler:
     """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
 
     Under "paged" the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never rounded
@@ -128,7 +129,7 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
         return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy)
     num_blocks = -(-kv_tokens // block_size)
     return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
-                     watermark=_WATERMARK, policy=scheduling_policy)
+                     watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching)
 
 
 def _max_token_chars(tokenizer: Tokenizer) -> int:
@@ -164,6 +165,9 @@ class LLMEngine:
             ceil(kv_tokens / block_size) blocks and a 1% watermark).
         scheduling_policy: "fcfs" (default; a request's priority has no effect, so a server refuses
             any but 0) or "priority" (Scheduler(policy="priority"), under either KV policy).
+        enable_prefix_caching: "paged" only: each prompt's full blocks are hashed from its token ids
+            (hash_blocks) and the scheduler reuses cached KV blocks, so a prefill starts after the
+            longest cached prefix (docs/prefix_caching.md).
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
@@ -182,8 +186,11 @@ class LLMEngine:
         scheduler: Any = None,
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
+        enable_prefix_caching: bool = False,
     ) -> None:
         _check_policies(kv_policy, scheduling_policy)
+        if enable_prefix_caching and kv_policy != "paged" and scheduler is None:
+            raise InvalidConfig(f"enable_prefix_caching=True needs kv_policy='paged', got kv_policy={kv_policy!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -196,10 +203,12 @@ class LLMEngine:
             if kv_tokens is None:
                 kv_tokens = self._default_kv_tokens(per_token, max_seqs)
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
-                                         scheduling_policy)
+                                         scheduling_policy, enable_prefix_caching)
         else:
             kv_policy = "paged" if hasattr(scheduler, "block_table") else "reserve"
         self.scheduler = scheduler
+        #: Prefix caching: prompts are hashed (hash_blocks) and cached KV blocks reused.
+        self.enable_prefix_caching = bool(getattr(scheduler, "enable_prefix_caching", False))
         self.kv_policy = kv_policy
         self.scheduling_policy = scheduling_policy
         self._paged_table = getattr(scheduler, "block_table", None)
@@ -327,6 +336,7 @@ class LLMEngine:
         scheduler: Any = None,
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
+        enable_prefix_caching: bool = False,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -354,7 +364,7 @@ class LLMEngine:
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
-                   block_size, scheduler, kv_policy, scheduling_policy)
+                   block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching)
 
     # ------------------------------------------------------------------ requests
 
@@ -410,8 +420,9 @@ class LLMEngine:
                 gen.seed()
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         try:
+            hashes = hash_blocks(ids, self.block_size) if self.enable_prefix_caching else None
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
-                                       arrival=time.monotonic()))
+                                       arrival=time.monotonic(), block_hashes=hashes))
         except CoreRequestRejected as exc:
             raise RequestRejected(str(exc)) from None
         self._seqs[rid] = seq
