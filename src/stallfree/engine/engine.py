@@ -57,7 +57,7 @@ class _Seq:
     """The engine's record of one live request: its tokens, text and sampler. Engine-owned."""
 
     __slots__ = ("rid", "params", "token_ids", "num_prompt", "num_generated", "detok", "text",
-                 "emitted", "hold", "cut", "generator", "aborted")
+                 "emitted", "hold", "cut", "generator", "aborted", "cached")
 
     def __init__(self, rid: Hashable, ids: list[int], params: SamplingParams, tok: Tokenizer,
                  generator: torch.Generator | None) -> None:
@@ -74,6 +74,7 @@ class _Seq:
         self.cut = False  # a stop string was found and the text cut before it
         self.generator = generator
         self.aborted = False
+        self.cached: int | None = None  # prefix caching: prompt tokens hit at the first admission
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -256,6 +257,8 @@ class LLMEngine:
             kv_free_tokens=free, kv_total_tokens=int(s.kv_total),
             num_preemptions=int(getattr(s, "num_preemptions", 0)),
             last_step_tokens=0 if self.last_plan is None else int(self.last_plan.num_tokens),
+            prefix_cache_queries=int(getattr(s, "prefix_cache_queries", 0)),
+            prefix_cache_hits=int(getattr(s, "prefix_cache_hits", 0)),
         )
 
     def headroom(self) -> Headroom:
@@ -536,6 +539,8 @@ class LLMEngine:
             else:
                 assert self._paged_table is not None
                 table = self._paged_table(chunk.rid)
+            if self.enable_prefix_caching and seq.cached is None and chunk.is_prefill:
+                seq.cached = int(self.scheduler.num_cached_tokens(chunk.rid))  # live until complete()
             ids = seq.token_ids[chunk.start:end]
             entries.append(BatchEntry(ids, chunk.start, table, "last" if chunk.is_last else "none"))
             if chunk.is_last:
@@ -577,4 +582,4 @@ class LLMEngine:
         seq.emitted = end
         return RequestOutput(seq.rid, [tok], text, reason is not None,
                              None if reason is None else str(reason), seq.num_prompt,
-                             seq.num_generated)
+                             seq.num_generated, seq.cached)
