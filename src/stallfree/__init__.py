@@ -18,6 +18,7 @@ from stallfree.core import (
     SchedulerStateError,
     StallfreeError,
     StepPlan,
+    hash_blocks,
 )
 
 __version__ = "0.1.0"
@@ -37,4 +38,5 @@ __all__ = [
     "StallfreeError",
     "StepPlan",
     "__version__",
+    "hash_blocks",
 ]

@@ -12,6 +12,7 @@ from stallfree.core.errors import (
 )
 from stallfree.core.paged import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
+from stallfree.core.prefix_cache import hash_blocks
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 from stallfree.core.scheduler import Scheduler
 
@@ -29,4 +30,5 @@ __all__ = [
     "SchedulerStateError",
     "StallfreeError",
     "StepPlan",
+    "hash_blocks",
 ]

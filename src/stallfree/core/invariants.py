@@ -8,8 +8,11 @@ call, compares what it did with a shadow model of its own: plain lists scanned i
 block counts, no step arithmetic shared with the scheduler. Before each plan is checked the shadow
 works out on its own which decodes run (and, under paged KV, which need a block, who is preempted),
 the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. The
-rules of each KV policy are a part of it: `_ReserveRules` (reservations add up) and `_PagedRules`
-(blocks cover the tokens, no block in two tables, victims by the written rule). It is meant for
+rules of each KV policy are a part of it: `_ReserveRules` (reservations add up), `_PagedRules`
+(blocks cover the tokens, no block in two tables, victims by the written rule) and, with prefix
+caching, `_CacheRules` (each block free-and-empty, evictable-cached, or held with a reference count
+equal to the tables holding it; hits are the longest cached prefix and leave the last token to
+compute; no held block is evicted). It is meant for
 tests and the simulator's --check mode; it costs O(running) per step.
 
 Longer than the ~400-line guide: it is the merge of the reservation and paged checkers, and its shadow
@@ -46,6 +49,7 @@ class _Shadow:
     generated: int = 0  # over all episodes
     episode_decodes: int = 0
     blocks: int = 0  # paged
+    hit: int = 0  # prefix caching: blocks of the current episode found cached at admission
     preemptions: int = 0
     emitted: int = 0  # times the rid appeared in complete()'s return value
     limit: int = 0  # tokens after which it ends: max_new, or what stop_after() said
@@ -99,6 +103,10 @@ class InvariantChecker:
     _plan: StepPlan | None = None
     _aborted_in_flight: set[Hashable] = field(default_factory=set)
     _calls: int = 0
+    # Prefix caching: the state before the step being planned (free blocks, evictable ids, tables).
+    _pre_free: int = 0
+    _pre_evictable: set[int] = field(default_factory=set)
+    _pre_tables: dict[Hashable, tuple[int, ...]] = field(default_factory=dict)
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
@@ -106,6 +114,10 @@ class InvariantChecker:
     @property
     def _paged(self) -> bool:
         return getattr(self.scheduler, "kv_policy", "reserve") == "paged"
+
+    @property
+    def _caching(self) -> bool:
+        return bool(getattr(self.scheduler, "enable_prefix_caching", False))
 
     # ------------------------------------------------------------------ read-only views (drop-in use)
 
@@ -168,6 +180,8 @@ class InvariantChecker:
     def schedule(self, token_budget: int | None = None) -> StepPlan:
         """Forward schedule() and compare the plan with the shadow's own."""
         s = self.scheduler
+        if self._caching:
+            _CacheRules.snapshot(self)
         plan = s.schedule() if token_budget is None else s.schedule(token_budget)
         self._plan = plan
         self._check_plan(plan)
@@ -245,6 +259,8 @@ class InvariantChecker:
         chosen = self._chosen_decodes(plan, costs)
         victims: list[Hashable] = []
         free = s.num_blocks - sum(self._reqs[r].blocks for r in self._running) if self._paged else 0
+        if self._caching:
+            free = self._pre_free  # shared blocks: counted from the tables, checked after each call
         if self._paged:
             free = _PagedRules.grow_decodes(self, chosen, costs, free, victims)
         decodes = tuple(r for r in chosen if self._reqs[r].running)
@@ -331,6 +347,7 @@ class InvariantChecker:
             self._partial = None
         sh.running = False
         sh.blocks = 0
+        sh.hit = 0
         sh.prefilled = 0
         sh.target = sh.req.prompt_len + sh.generated
         sh.preemptions += 1
@@ -367,17 +384,25 @@ class InvariantChecker:
         s = self.scheduler
         admitted: list[Hashable] = []
         reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
+        pinned: set[int] = set()
         for rid in self._queue_order():
             sh = self._reqs[rid]
-            n = self._chunk(sh.target, left)
+            hits = _CacheRules.hits(self, sh) if self._caching else []
+            h = len(hits)
+            start = h * (s.block_size or 1)
+            n = self._chunk(sh.target - start, left)
             if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
                 break
             if self._paged:
-                want = self._blocks(sh.target) if sh.preemptions else self._blocks(n)
+                pin = sum(1 for b in hits if b in self._pre_evictable and b not in pinned)
+                want = (self._blocks(sh.target) if sh.preemptions else self._blocks(start + n)) - h + pin
                 if want > free or (self._running and free - want < s.watermark_blocks):
                     break
-                free -= self._blocks(n)
-                sh.blocks = self._blocks(n)
+                free -= self._blocks(start + n) - h + pin
+                sh.blocks = self._blocks(start + n)
+                sh.hit = h
+                sh.prefilled = start
+                pinned.update(hits)
             else:
                 if reserved + s.kv_needed(sh.req) > s.kv_total:
                     break
@@ -385,9 +410,9 @@ class InvariantChecker:
             self._waiting.remove(rid)
             self._running.append(rid)
             sh.running = True
-            chunks.append((rid, n, 0, n == sh.target))
+            chunks.append((rid, n, start, n == sh.target - start))
             admitted.append(rid)
-            left = left - n if n == sh.target else 0
+            left = left - n if n == sh.target - start else 0
         return admitted
 
     # ------------------------------------------------------------------ state checks
@@ -525,7 +550,7 @@ class _PagedRules:
             need = chk._blocks(sh.computed + costs[rid]) - sh.blocks
             while need > free:
                 victim = chk._victim_for(rid)
-                free += chk._reqs[victim].blocks
+                free += _CacheRules.freed_by(chk, victim) if chk._caching else chk._reqs[victim].blocks
                 chk._preempt(victim, victims)
                 if victim == rid:
                     break
@@ -539,6 +564,8 @@ class _PagedRules:
         s = chk.scheduler
         reqs = chk._reqs
         used = sum(reqs[r].blocks for r in chk._running)
+        if chk._caching:
+            used = _CacheRules.check(chk)  # distinct held blocks
         if used + s.num_free_blocks != s.num_blocks or s.num_used_blocks != used:
             chk._fail("free + used == num_blocks", f"{s.num_free_blocks} + {used} != {s.num_blocks}")
         bs = s.block_size or 1
@@ -549,7 +576,7 @@ class _PagedRules:
                 sh = reqs[rid]
                 if sh.blocks != chk._blocks(sh.computed):
                     chk._fail("blocks cover the computed tokens", f"rid {rid!r}: {sh.blocks} for {sh.computed}")
-        if chk._calls % chk.table_every == 0:
+        if chk._calls % chk.table_every == 0 and not chk._caching:
             _PagedRules.check_block_ids(chk)
 
     @staticmethod
@@ -571,6 +598,99 @@ class _PagedRules:
             seen.update(table)
         if len(seen) != s.num_blocks:
             chk._fail("every block accounted for", f"{len(seen)} of {s.num_blocks}")
+
+
+
+class _CacheRules:
+    """Prefix caching's part of the checker (paged KV with enable_prefix_caching=True)."""
+
+    @staticmethod
+    def snapshot(chk: InvariantChecker) -> None:
+        """Before a schedule(): free blocks, evictable ids and every running table."""
+        s = chk.scheduler
+        cache = s._pkv.cache
+        assert cache is not None
+        chk._pre_tables = {rid: s._block_table(rid) for rid in chk._running}
+        chk._pre_free = s.num_free_blocks
+        chk._pre_evictable = set(cache.evictable_ids())
+
+    @staticmethod
+    def hits(chk: InvariantChecker, sh: _Shadow) -> list[int]:
+        """The longest cached prefix of a waiting request's prompt blocks, leaving its last token to
+        compute. Read from the cache after schedule(): nothing is cached during one, and a block
+        evicted during it was evicted after every lookup that could have hit it stopped short of it."""
+        cache = chk.scheduler._pkv.cache
+        assert cache is not None
+        hashes = sh.req.block_hashes or ()
+        bs = chk.scheduler.block_size or 1
+        out: list[int] = []
+        for i in range(min(len(hashes), (sh.req.prompt_len - 1) // bs)):
+            b = cache.cached_block(hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    @staticmethod
+    def freed_by(chk: InvariantChecker, victim: Hashable) -> int:
+        """Blocks a victim's release makes free: those no other running request holds (its
+        blocks taken in this step are its own)."""
+        table = chk._pre_tables.get(victim, ())
+        others: set[int] = set()
+        for rid in chk._running:
+            if rid != victim:
+                others.update(chk._pre_tables.get(rid, ()))
+        grown = chk._reqs[victim].blocks - len(table)
+        return sum(1 for b in table if b not in others) + max(grown, 0)
+
+    @staticmethod
+    def check(chk: InvariantChecker) -> int:
+        """Every block in one state; reference counts; hits still cached. Returns the held blocks."""
+        s = chk.scheduler
+        cache = s._pkv.cache
+        assert cache is not None
+        free = s.free_block_ids()  # materializes every table
+        evictable = set(cache.evictable_ids())
+        held: dict[int, int] = {}
+        bs = s.block_size or 1
+        for rid in chk._running:
+            sh = chk._reqs[rid]
+            table = s._block_table(rid)
+            if len(table) != sh.blocks:
+                chk._fail("block table", f"rid {rid!r}: {table}, expected {sh.blocks} blocks")
+            if len(set(table)) != len(table):
+                chk._fail("block twice in one table", f"rid {rid!r}: {table}")
+            hashes = sh.req.block_hashes or ()
+            if sh.hit * bs > sh.req.prompt_len - 1:
+                chk._fail("hit tokens <= prompt - 1",
+                          f"rid {rid!r}: {sh.hit} blocks of {bs}, prompt {sh.req.prompt_len}")
+            for i in range(sh.hit):
+                if cache.hash_of(table[i]) != hashes[i]:
+                    chk._fail("no held block evicted", f"rid {rid!r}: block {table[i]} lost hash {i}")
+            for b in table:
+                held[b] = held.get(b, 0) + 1
+        if len(set(free)) != len(free) or len(free) != s.num_free_blocks or set(free).intersection(held):
+            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}, held {sorted(held)}")
+        if len(free) + len(held) != s.num_blocks:
+            chk._fail("every block accounted for", f"{len(free)} free + {len(held)} held != {s.num_blocks}")
+        for b in free:
+            if b in evictable:
+                if cache.ref_count(b) != 0 or cache.hash_of(b) is None:
+                    chk._fail("evictable is cached with no holder", f"block {b}: refs {cache.ref_count(b)}")
+            elif cache.hash_of(b) is not None:
+                chk._fail("a free block is empty", f"block {b} has hash {cache.hash_of(b)!r}")
+        for b, n in held.items():
+            refs = cache.ref_count(b)
+            if refs != (n if refs >= 0 else -1) or (refs < 0 and n != 1):
+                chk._fail("reference count == tables holding the block", f"block {b}: refs {refs}, {n} tables")
+            if not 0 <= b < s.num_blocks:
+                chk._fail("block id range", f"block {b}")
+        for h, b in cache._cached.items():
+            if cache.hash_of(b) != h:
+                chk._fail("cache map", f"hash {h!r} -> block {b}, whose hash is {cache.hash_of(b)!r}")
+        if cache.num_cached != len(cache._cached) or s.num_evictable_blocks != len(evictable):
+            chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache._cached)} hashes")
+        return len(held)
 
 
 #: The paged checker's former names: the one checker checks both KV policies.

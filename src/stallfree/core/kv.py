@@ -21,7 +21,8 @@ managers); reservation of prompt_len + max_new at admission (the contract, docs/
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
@@ -30,7 +31,9 @@ from stallfree.core.request import Request
 if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
 
-__all__ = ["BlockPool", "KVManager", "PagedKV", "ReservationKV", "blocks_for_tokens", "check_watermark"]
+__all__ = [
+    "BlockPool", "CachingBlockPool", "KVManager", "PagedKV", "ReservationKV", "blocks_for_tokens", "check_watermark",
+]
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
@@ -175,6 +178,177 @@ class BlockPool:
             self._fresh += n - k
 
 
+class CachingBlockPool(BlockPool):
+    """A BlockPool that keeps computed prompt blocks for reuse across requests (prefix caching).
+
+    Every block is in exactly one of three states:
+
+    - free and empty: in the free stack or never handed out;
+    - evictable: cached (it has a hash) and in no block table; it counts as free (`num_free`) and
+      is handed out, evicted, only when no free-and-empty block is left: the least recently
+      released first and, among blocks released together, the one farthest from the start of its
+      prefix first (a table is released tail first), as vLLM's free-block queue does;
+    - held: in one or more block tables. A cached held block has a reference count equal to the
+      number of tables that hold it; an uncached one is in exactly one table.
+
+    A block becomes cached by `register` (the scheduler calls it when the chunk that fills it
+    completes). When a hash is already cached under another block (two requests filled the same
+    prefix block in the same step, or a request computed a block that another one completed first),
+    the block registered first stays the cached copy and the later one stays private to its table,
+    going back to the free stack, empty, when that table is released.
+
+    Costs: lookup is O(hit blocks + 1) dict reads, whatever the cache size; pin, release and
+    register are O(blocks touched); nothing is allocated per free block, so a pool of a million
+    blocks costs what an empty one does.
+
+    Args:
+        num_blocks: KV blocks in the cache, >= 1.
+        block_size: tokens per block, >= 1.
+
+    Raises:
+        InvalidConfig: num_blocks or block_size is not an integer >= 1; the message names it.
+    """
+
+    __slots__ = ("_cached", "_hash_of", "_refs", "_evictable", "num_evictions")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
+        self._cached: dict[Hashable, int] = {}  # hash -> the cached block holding it
+        self._hash_of: dict[int, Hashable] = {}  # cached block -> its hash
+        self._refs: dict[int, int] = {}  # cached block -> number of tables holding it (0: evictable)
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # refcount-0 cached blocks, LRU first
+        #: Cached blocks handed out again (their content dropped) so far.
+        self.num_evictions = 0
+
+    @property
+    def num_free(self) -> int:
+        """Blocks free and empty, plus evictable cached blocks, minus promised ones."""
+        return len(self._free) + self.num_blocks - self._fresh - self._promised + len(self._evictable)
+
+    @property
+    def num_evictable(self) -> int:
+        """Cached blocks held by no table (counted in num_free)."""
+        return len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks with a hash, held or evictable."""
+        return len(self._hash_of)
+
+    def free_ids(self) -> tuple[int, ...]:
+        """The ids in no block table: free-and-empty ones, then evictable ones; O(num_blocks)."""
+        return super().free_ids() + tuple(self._evictable)
+
+    def evictable_ids(self) -> tuple[int, ...]:
+        """The evictable blocks, the next to be evicted first."""
+        return tuple(self._evictable)
+
+    def cached_block(self, block_hash: Hashable) -> int | None:
+        """The block cached under `block_hash`, or None."""
+        return self._cached.get(block_hash)
+
+    def hash_of(self, block: int) -> Hashable | None:
+        """The hash of a cached block, or None for an uncached one."""
+        return self._hash_of.get(block)
+
+    def ref_count(self, block: int) -> int:
+        """Tables holding a cached block (0: evictable); -1 for an uncached block."""
+        return self._refs.get(block, -1)
+
+    def lookup(self, hashes: Sequence[Hashable], max_blocks: int) -> list[int]:
+        """The cached blocks of the longest cached prefix of `hashes`, at most `max_blocks` of them."""
+        cached = self._cached
+        out: list[int] = []
+        for i in range(min(max_blocks, len(hashes))):
+            b = cached.get(hashes[i])
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    def num_evictable_among(self, blocks: Sequence[int]) -> int:
+        """How many of `blocks` (cached) are evictable: pinning them takes that many from num_free."""
+        refs = self._refs
+        return sum(1 for b in blocks if refs[b] == 0)
+
+    def pin(self, table: list[int], blocks: Sequence[int]) -> None:
+        """Append cached `blocks` to `table`, raising their reference counts (evictable ones leave the
+        evictable set).
+
+        Raises:
+            SchedulerStateError: a block is not cached, or pinning would take more than num_free;
+                nothing changes.
+        """
+        refs = self._refs
+        if any(b not in refs for b in blocks):
+            raise SchedulerStateError(f"pin blocks {list(blocks)}: not all are cached")
+        if self.num_evictable_among(blocks) > self.num_free:
+            raise SchedulerStateError(f"pin {len(blocks)} cached blocks with only {self.num_free} free")
+        ev = self._evictable
+        for b in blocks:
+            r = refs[b]
+            if r == 0:
+                del ev[b]
+            refs[b] = r + 1
+        table.extend(blocks)
+
+    def register(self, table: Sequence[int], hashes: Sequence[Hashable], first: int, last: int) -> None:
+        """Cache blocks table[first:last] under hashes[first:last] (their content is now computed).
+
+        A block already cached is left as it is; a hash already cached under another block leaves
+        this block uncached (the first registered copy is the one kept).
+        """
+        cached = self._cached
+        hash_of = self._hash_of
+        for i in range(first, last):
+            b = table[i]
+            h = hashes[i]
+            if b in hash_of or h in cached:
+                continue
+            cached[h] = b
+            hash_of[b] = h
+            self._refs[b] = 1
+
+    def release(self, table: list[int], unclaimed: int = 0) -> None:
+        """Return `table`'s blocks, and `unclaimed` promised ones: cached blocks lose a reference
+        (evictable at 0, tail first), others go back free; empty `table`."""
+        self._drop(table, 0)
+        self._promised -= unclaimed
+
+    def release_tail(self, table: list[int], keep: int) -> None:
+        """Return the blocks of `table` after its first `keep`, as release() does."""
+        if len(table) > keep:
+            self._drop(table, keep)
+
+    def _drop(self, table: list[int], keep: int) -> None:
+        refs = self._refs
+        free = self._free
+        ev = self._evictable
+        for i in range(len(table) - 1, keep - 1, -1):
+            b = table[i]
+            r = refs.get(b)
+            if r is None:
+                free.append(b)
+            elif r == 1:
+                refs[b] = 0
+                ev[b] = None
+            else:
+                refs[b] = r - 1
+        del table[keep:]
+
+    def _take(self, table: list[int], n: int) -> None:
+        raw = len(self._free) + self.num_blocks - self._fresh
+        k = min(n, raw)
+        super()._take(table, k)
+        ev = self._evictable
+        for _ in range(n - k):
+            b, _unused = ev.popitem(last=False)
+            del self._cached[self._hash_of.pop(b)]
+            del self._refs[b]
+            self.num_evictions += 1
+            table.append(b)
+
+
 class KVManager(Protocol):
     """What the scheduler asks of its KV policy. Counts are tokens unless they say blocks.
 
@@ -262,13 +436,21 @@ class PagedKV:
         num_blocks: KV blocks, >= 1.
         block_size: tokens per block, >= 1.
         watermark: the fraction of num_blocks kept free at admission, 0 <= watermark < 1.
+        enable_prefix_caching: keep computed prompt blocks for reuse (a CachingBlockPool); a
+            request's longest cached prefix is then pinned at admission (`lookup`, `admit`).
 
     Raises:
         InvalidConfig: an argument is out of range; the message names it.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float) -> None:
-        self.pool = BlockPool(num_blocks, block_size)
+    pool: BlockPool
+
+    def __init__(self, num_blocks: int, block_size: int, watermark: float, enable_prefix_caching: bool = False) -> None:
+        self.cache: CachingBlockPool | None = None
+        if enable_prefix_caching:
+            self.pool = self.cache = CachingBlockPool(num_blocks, block_size)
+        else:
+            self.pool = BlockPool(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark = check_watermark(watermark)
@@ -303,18 +485,51 @@ class PagedKV:
             )
         return 0
 
-    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int) -> bool:
+    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int, hits: Sequence[int] = ()) -> bool:
         """The blocks of the first chunk are free and the watermark stays free (waived when nothing
         runs). A preempted request needs the blocks of its whole recompute (prompt + generated), so
-        that it is not readmitted only to be preempted again (B21's thrashing)."""
+        that it is not readmitted only to be preempted again (B21's thrashing).
+
+        With prefix caching, `hits` are the cached blocks of its prefix (from `lookup`); the first
+        chunk then starts after them, only the blocks to allocate count, plus the hit blocks that
+        are evictable now (pinning them takes them out of the free count)."""
         bs = self.block_size
-        want = -(-rec.target // bs) if rec.num_preemptions else -(-first_chunk // bs)
+        h = len(hits)
+        want = -(-rec.target // bs) if rec.num_preemptions else -(-(h * bs + first_chunk) // bs)
+        want -= h
+        if h:
+            assert self.cache is not None
+            want += self.cache.num_evictable_among(hits)
         free = self.pool.num_free
         return want <= free and not (num_running and free - want < self.watermark_blocks)
 
-    def admit(self, rec: LiveRequest, first_chunk: int) -> None:
-        """Give `rec` the blocks of its first chunk (can_admit must have said yes)."""
-        self.pool._take(rec.block_table, -(-first_chunk // self.block_size))
+    def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int] = ()) -> None:
+        """Give `rec` its hit blocks (pinned) and the blocks of its first chunk after them."""
+        h = len(hits)
+        if h:
+            assert self.cache is not None
+            self.cache.pin(rec.block_table, hits)
+        self.pool._take(rec.block_table, -(-(h * self.block_size + first_chunk) // self.block_size) - h)
+
+    def lookup(self, rec: LiveRequest) -> list[int]:
+        """Prefix caching: the cached blocks of `rec`'s longest cached prompt prefix, capped at
+        prompt_len - 1 tokens, so that at least the prompt's last token (and so the episode's last
+        token, which samples) is computed."""
+        hashes = rec.req.block_hashes
+        if not hashes or self.cache is None:
+            return []
+        return self.cache.lookup(hashes, (rec.num_prompt_tokens - 1) // self.block_size)
+
+    def register(self, rec: LiveRequest, start: int, end: int) -> None:
+        """Prefix caching: a chunk of `rec` computed its tokens [start, end); cache the full prompt
+        blocks it completed."""
+        hashes = rec.req.block_hashes
+        if hashes and self.cache is not None:
+            bs = self.block_size
+            last = min(len(hashes), end // bs)
+            first = start // bs
+            if last > first:
+                self.cache.register(rec.block_table, hashes, first, last)
 
     def grow(self, rec: LiveRequest, tokens: int) -> bool:
         """Give `rec` the blocks to hold `tokens` tokens; False (nothing changes) when too few are free."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from stallfree.core.errors import RequestRejected, check_positive_int
@@ -46,11 +46,17 @@ class Request:
             prompt_len + max_new tokens at admission.
         priority: lower is more urgent (as in vLLM); used only by the priority policy.
         arrival: arrival time in seconds (simulated or wall clock); informational for the core.
+        block_hashes: None, or the prompt's identity for prefix caching: one hashable per full
+            block of block_size prompt tokens (prompt_len // block_size of them), chained so that a
+            block's hash depends on every token before it (stallfree.core.prefix_cache.hash_blocks).
+            Stored as a tuple. Only a Scheduler with enable_prefix_caching=True accepts them; it
+            checks the length against its block_size at add().
 
     Raises:
         RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), priority
             is not an integer, rid is unhashable or not equal to itself (NaN), or arrival is not a
-            finite number; the message names the field and the value.
+            finite number, or block_hashes is not None nor a sequence of hashables (a str or bytes
+            is refused); the message names the field and the value.
     """
 
     rid: Hashable
@@ -58,6 +64,7 @@ class Request:
     max_new: int
     priority: int = 0
     arrival: float = 0.0
+    block_hashes: tuple[Hashable, ...] | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("prompt_len", self.prompt_len, RequestRejected)
@@ -73,6 +80,19 @@ class Request:
         arrival = self.arrival
         if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival):
             raise RequestRejected(f"arrival must be a finite number of seconds, got {arrival!r}")
+        hashes = self.block_hashes
+        if hashes is not None:
+            if isinstance(hashes, str | bytes) or not isinstance(hashes, Sequence):
+                raise RequestRejected(
+                    f"block_hashes must be None or a sequence of block hashes, got {type(hashes).__name__}"
+                )
+            try:
+                for h in hashes:
+                    hash(h)
+            except TypeError:
+                raise RequestRejected(f"block_hashes must hold hashable values, got {h!r}") from None
+            if not isinstance(hashes, tuple):
+                object.__setattr__(self, "block_hashes", tuple(hashes))
 
 
 @dataclass(frozen=True, slots=True)

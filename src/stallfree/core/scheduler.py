@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Hashable, Mapping
 
-from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
+from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import PagedKV, ReservationKV, check_watermark
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest, position_of
@@ -94,6 +94,10 @@ class Scheduler(RequestLifecycle):
         kv_policy: "reserve" or "paged".
         block_size: tokens per KV block; required under "paged".
         watermark: fraction of blocks kept free at admission ("paged"), 0 <= watermark < 1.
+        enable_prefix_caching: "paged" only: keep computed prompt blocks for reuse; requests carry
+            Request(block_hashes=...) and admission starts each prefill after its longest cached
+            prefix (docs/prefix_caching.md). Counters: prefix_cache_queries and prefix_cache_hits
+            (tokens, vLLM's meanings), num_evictions, num_evictable_blocks.
 
     Raises:
         InvalidConfig: an unknown kv_policy, "paged" without block_size, a watermark out of range, an
@@ -119,6 +123,7 @@ class Scheduler(RequestLifecycle):
         clock: Callable[[], float] | None = None,
         decode_overflow: str = "oldest",
         num_spec_tokens: int = 0,
+        enable_prefix_caching: bool = False,
     ) -> None:
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
@@ -132,6 +137,14 @@ class Scheduler(RequestLifecycle):
         if align_chunks and block_size is None:
             raise InvalidConfig("align_chunks=True needs a block_size, got None")
         self.watermark = check_watermark(watermark)
+        if not isinstance(enable_prefix_caching, bool):
+            raise InvalidConfig(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+        if enable_prefix_caching and kv_policy != "paged":
+            raise InvalidConfig(
+                f"enable_prefix_caching=True needs kv_policy='paged' (cached blocks are shared block-table "
+                f"entries), got kv_policy={kv_policy!r}"
+            )
+        self.enable_prefix_caching = enable_prefix_caching
         if block_size is not None:
             check_positive_int("block_size", block_size)
         self.kv_policy = kv_policy
@@ -157,7 +170,7 @@ class Scheduler(RequestLifecycle):
         self._kv: ReservationKV | PagedKV
         if self._paged:
             assert block_size is not None
-            self._kv = self._pkv = PagedKV(kv_tokens // block_size, block_size, watermark)
+            self._kv = self._pkv = PagedKV(kv_tokens // block_size, block_size, watermark, enable_prefix_caching)
             self.num_blocks = self._pkv.num_blocks
             self.watermark_blocks = self._pkv.watermark_blocks
         else:
@@ -174,6 +187,11 @@ class Scheduler(RequestLifecycle):
         self.num_preemptions = 0
         #: Prefill tokens scheduled in episodes after a preemption (prompt + generated, recomputed).
         self.num_recomputed_tokens = 0
+        #: Prefix caching: tokens looked up at admissions (each episode's prefill) and tokens found
+        #: cached, as vLLM counts its prefix cache queries and hits; 0 without caching.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self._cached_tokens: dict[Hashable, int] = {}
 
     # ------------------------------------------------------------------ public state
 
@@ -201,8 +219,31 @@ class Scheduler(RequestLifecycle):
 
     @property
     def num_used_blocks(self) -> int:
-        """KV blocks held (paged), or reserved units (reserve)."""
+        """KV blocks held (paged), or reserved units (reserve); evictable cached blocks are not held."""
         return self._kv.pool.num_used
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Prefix caching: cached blocks held by no request (counted in num_free_blocks); else 0."""
+        cache = self._pkv.cache if self._paged else None
+        return cache.num_evictable if cache is not None else 0
+
+    @property
+    def num_evictions(self) -> int:
+        """Prefix caching: cached blocks evicted (handed out again) so far; else 0."""
+        cache = self._pkv.cache if self._paged else None
+        return cache.num_evictions if cache is not None else 0
+
+    def num_cached_tokens(self, rid: Hashable) -> int:
+        """Prefix caching: prompt tokens of live request `rid` found cached at its first admission
+        (0 before it, or without caching); what the OpenAI API reports as cached_tokens.
+
+        Raises:
+            KeyError: `rid` is not live.
+        """
+        if rid not in self._live:
+            raise KeyError(f"no live request with rid {rid!r}")
+        return self._cached_tokens.get(rid, 0)
 
     @property
     def block_table(self) -> Callable[[Hashable], tuple[int, ...]] | None:
@@ -450,15 +491,34 @@ class Scheduler(RequestLifecycle):
         admitted: list[Hashable] = []
         step = self._step
         kv = self._kv
+        caching = self.enable_prefix_caching
+        hits: list[int] = []
+        start = 0
         while left > 0 and len(waiting):
             obj: LiveRequest | None = waiting.head()
             if obj is None or self._num_running >= self.max_seqs:
                 break
-            n = self._chunking.chunk(obj.target, left)
-            if n == 0 or not kv.can_admit(obj, n, self._num_running):  # never a 0-token first chunk
+            if caching:
+                # The longest cached prefix is pinned; the prefill starts after it.
+                hits = self._pkv.lookup(obj)
+                start = len(hits) * self._pkv.block_size
+            n = self._chunking.chunk(obj.target - start, left)
+            if n == 0 or not (  # never a 0-token first chunk
+                self._pkv.can_admit(obj, n, self._num_running, hits) if hits
+                else kv.can_admit(obj, n, self._num_running)
+            ):
                 break
             waiting.pop_head()
-            kv.admit(obj, n)
+            if hits:
+                self._pkv.admit(obj, n, hits)
+                obj.num_prefilled = start
+            else:
+                kv.admit(obj, n)
+            if caching:
+                self.prefix_cache_queries += obj.target
+                self.prefix_cache_hits += start
+                if obj.admitted_step is None:
+                    self._cached_tokens[obj.rid] = start
             self._num_running += 1
             obj.status = _PREFILLING
             obj.admit_seq = self._admit_seq
@@ -467,9 +527,9 @@ class Scheduler(RequestLifecycle):
                 obj.admitted_step = step
             if obj.num_preemptions:
                 self.num_recomputed_tokens += n
-            out.append(ScheduledChunk(obj.rid, n, True, 0, n == obj.target))
+            out.append(ScheduledChunk(obj.rid, n, True, start, n == obj.target - start))
             admitted.append(obj.rid)
-            left = left - n if n == obj.target else 0  # as for the partial prefill above
+            left = left - n if n == obj.target - start else 0  # as for the partial prefill above
         return tuple(admitted)
 
     def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None:
@@ -499,6 +559,10 @@ class Scheduler(RequestLifecycle):
     def _before_apply(self, plan: StepPlan, accepted: list[tuple[LiveRequest, int]]) -> int:
         """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
         self._decodes.clock = self._step
+        if self.enable_prefix_caching:
+            # A block is reusable as soon as the chunk that fills it completes.
+            for chunk in plan.prefills:
+                self._pkv.register(self._live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
         if self._skipped or accepted:
             shifts = [(o, -1) for o in self._skipped] + [(o, n - 1) for o, n in accepted]
             for obj, delta in shifts:
@@ -521,6 +585,21 @@ class Scheduler(RequestLifecycle):
     # ------------------------------------------------------------------ lifecycle hooks
 
     def _check_fits(self, req: Request) -> int:
+        hashes = req.block_hashes
+        if hashes is not None:
+            if not self.enable_prefix_caching:
+                raise RequestRejected(
+                    f"request {req.rid!r} has block_hashes, which only a scheduler with "
+                    f"enable_prefix_caching=True (and kv_policy='paged') uses; this one has "
+                    f"kv_policy={self.kv_policy!r}, enable_prefix_caching=False"
+                )
+            want = req.prompt_len // self._pkv.block_size
+            if len(hashes) != want:
+                raise RequestRejected(
+                    f"request {req.rid!r}: block_hashes has {len(hashes)} hashes, expected one per full "
+                    f"block of the prompt: prompt_len // block_size = {req.prompt_len} // "
+                    f"{self._pkv.block_size} = {want}"
+                )
         return self._kv.check_fits(req)
 
     def _new_live(self, req: Request, need: int) -> LiveRequest:
@@ -530,6 +609,10 @@ class Scheduler(RequestLifecycle):
 
     def _num_generated(self, obj: LiveRequest) -> int:
         return obj.num_output_tokens
+
+    def _forget(self, obj: LiveRequest, status: RequestStatus) -> None:
+        self._cached_tokens.pop(obj.rid, None)
+        super()._forget(obj, status)
 
     def _leave_running(self, obj: LiveRequest) -> None:
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""

@@ -19,6 +19,7 @@ import torch
 from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
+from stallfree.core.prefix_cache import hash_blocks
 from stallfree.engine.batch import BatchBuilder
 from stallfree.engine.errors import (
     ContextLengthExceeded,
@@ -56,7 +57,7 @@ class _Seq:
     """The engine's record of one live request: its tokens, text and sampler. Engine-owned."""
 
     __slots__ = ("rid", "params", "token_ids", "num_prompt", "num_generated", "detok", "text",
-                 "emitted", "hold", "cut", "generator", "aborted")
+                 "emitted", "hold", "cut", "generator", "aborted", "cached")
 
     def __init__(self, rid: Hashable, ids: list[int], params: SamplingParams, tok: Tokenizer,
                  generator: torch.Generator | None) -> None:
@@ -73,6 +74,7 @@ class _Seq:
         self.cut = False  # a stop string was found and the text cut before it
         self.generator = generator
         self.aborted = False
+        self.cached: int | None = None  # prefix caching: prompt tokens hit at the first admission
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -120,7 +122,7 @@ def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
 
 
 def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
-                     scheduling_policy: str) -> Scheduler:
+                     scheduling_policy: str, enable_prefix_caching: bool = False) -> Scheduler:
     """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
 
     Under "paged" the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never rounded
@@ -133,7 +135,7 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
         return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy)
     num_blocks = -(-kv_tokens // block_size)
     return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
-                     watermark=_WATERMARK, policy=scheduling_policy)
+                     watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching)
 
 
 def _max_token_chars(tokenizer: Tokenizer) -> int:
@@ -169,6 +171,9 @@ class LLMEngine:
             ceil(kv_tokens / block_size) blocks and a 1% watermark).
         scheduling_policy: "fcfs" (default; a request's priority has no effect, so a server refuses
             any but 0) or "priority" (Scheduler(policy="priority"), under either KV policy).
+        enable_prefix_caching: "paged" only: each prompt's full blocks are hashed from its token ids
+            (hash_blocks) and the scheduler reuses cached KV blocks, so a prefill starts after the
+            longest cached prefix (docs/prefix_caching.md).
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
@@ -187,8 +192,11 @@ class LLMEngine:
         scheduler: Any = None,
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
+        enable_prefix_caching: bool = False,
     ) -> None:
         _check_policies(kv_policy, scheduling_policy)
+        if enable_prefix_caching and kv_policy != "paged" and scheduler is None:
+            raise InvalidConfig(f"enable_prefix_caching=True needs kv_policy='paged', got kv_policy={kv_policy!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -201,10 +209,12 @@ class LLMEngine:
             if kv_tokens is None:
                 kv_tokens = self._default_kv_tokens(per_token, max_seqs)
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
-                                         scheduling_policy)
+                                         scheduling_policy, enable_prefix_caching)
         else:
             kv_policy = "paged" if hasattr(scheduler, "block_table") else "reserve"
         self.scheduler = scheduler
+        #: Prefix caching: prompts are hashed (hash_blocks) and cached KV blocks reused.
+        self.enable_prefix_caching = bool(getattr(scheduler, "enable_prefix_caching", False))
         self.kv_policy = kv_policy
         self.scheduling_policy = scheduling_policy
         self._paged_table = getattr(scheduler, "block_table", None)
@@ -255,6 +265,8 @@ class LLMEngine:
             kv_free_tokens=free, kv_total_tokens=int(s.kv_total),
             num_preemptions=int(getattr(s, "num_preemptions", 0)),
             last_step_tokens=0 if self.last_plan is None else int(self.last_plan.num_tokens),
+            prefix_cache_queries=int(getattr(s, "prefix_cache_queries", 0)),
+            prefix_cache_hits=int(getattr(s, "prefix_cache_hits", 0)),
         )
 
     def headroom(self) -> Headroom:
@@ -335,6 +347,7 @@ class LLMEngine:
         scheduler: Any = None,
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
+        enable_prefix_caching: bool = False,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -367,7 +380,7 @@ class LLMEngine:
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
-                   block_size, scheduler, kv_policy, scheduling_policy)
+                   block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching)
 
     # ------------------------------------------------------------------ requests
 
@@ -423,8 +436,9 @@ class LLMEngine:
                 gen.seed()
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         try:
+            hashes = hash_blocks(ids, self.block_size) if self.enable_prefix_caching else None
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
-                                       arrival=time.monotonic()))
+                                       arrival=time.monotonic(), block_hashes=hashes))
         except CoreRequestRejected as exc:
             raise RequestRejected(str(exc)) from None
         self._seqs[rid] = seq
@@ -539,6 +553,11 @@ class LLMEngine:
     def _execute(self, plan: StepPlan, samplers: list[_Seq]) -> list[int]:
         """Build the flat batch of `plan`, run the model and sample; changes no request state
         (the builder's copy of each sampler's last token aside)."""
+        if self.enable_prefix_caching:
+            for chunk in plan.prefills:  # a few per step
+                seq = self._seqs[chunk.rid]
+                if seq.cached is None and not seq.aborted:
+                    seq.cached = int(self.scheduler.num_cached_tokens(chunk.rid))  # live until complete()
         built = self._builder.build(plan, lambda rid: self._seqs[rid].token_ids,
                                     frozenset(self._aborted))
         if built is None:
@@ -580,4 +599,4 @@ class LLMEngine:
         seq.emitted = end
         return RequestOutput(seq.rid, [tok], text, reason is not None,
                              None if reason is None else str(reason), seq.num_prompt,
-                             seq.num_generated)
+                             seq.num_generated, seq.cached)

@@ -27,6 +27,8 @@ class RequestOutput:
         finish_reason: "stop" (EOS, a stop token or string), "length" (max_tokens) or None.
         num_prompt_tokens: the prompt's length, in tokens.
         num_generated: tokens generated so far, this step's included.
+        num_cached_tokens: with prefix caching, the prompt tokens found cached at the request's first
+            admission (OpenAI's usage.prompt_tokens_details.cached_tokens); None without caching.
     """
 
     rid: Hashable
@@ -36,6 +38,7 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_generated: int
+    num_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class EngineStats:
         kv_total_tokens: KV capacity, in tokens.
         num_preemptions: running requests preempted so far (always 0 under "reserve").
         last_step_tokens: tokens in the last step's batch (0 before the first step).
+        prefix_cache_queries, prefix_cache_hits: prefix caching: prompt tokens looked up at admissions
+            and found cached, so far (vLLM's counters; 0 without caching).
     """
 
     num_running: int
@@ -99,6 +104,8 @@ class EngineStats:
     kv_total_tokens: int
     num_preemptions: int
     last_step_tokens: int
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def kv_usage(self) -> float:

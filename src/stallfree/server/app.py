@@ -387,12 +387,14 @@ async def _stream_body(
     """The SSE body: chunks as tokens come (the finish_reason on the chunk with the last text), an
     optional usage chunk, then [DONE]; a failure after the headers went out is an error event."""
     prompt_tokens = completion_tokens = 0
+    cached: int | None = None
     try:
         if chat:
             yield sse(completion_chunk(rid, created, model, True, "", None, role=True,
                                        with_usage_field=include_usage))
         async for out in stream:
             prompt_tokens, completion_tokens = out.num_prompt_tokens, out.num_generated
+            cached = getattr(out, "num_cached_tokens", None)
             if out.text or out.finished:
                 text = out.text if (out.text or not chat) else None
                 reason = out.finish_reason if out.finished else None
@@ -401,7 +403,7 @@ async def _stream_body(
         if include_usage:
             yield sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                        "created": created, "model": model, "choices": [],
-                       "usage": usage_dict(prompt_tokens, completion_tokens)})
+                       "usage": usage_dict(prompt_tokens, completion_tokens, cached)})
     except (StepFailed, EngineDead) as exc:
         status = 503 if isinstance(exc, EngineDead) else 500
         yield sse(ApiError(status, str(exc)).body())
@@ -452,7 +454,7 @@ async def _whole_response(
         "created": created,
         "model": model,
         "choices": [choice],
-        "usage": usage_dict(last.num_prompt_tokens, last.num_generated),
+        "usage": usage_dict(last.num_prompt_tokens, last.num_generated, getattr(last, "num_cached_tokens", None)),
     })
 
 

@@ -59,6 +59,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="KV cache policy: paged (default, as in vLLM: blocks taken as tokens are computed, "
                    "preemption by recompute) or reserve (prompt + max_tokens reserved at admission)")
     p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV blocks of cached prompt prefixes (default: on under --kv-policy paged; "
+                   "needs it)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
                    "with aging; needs --kv-policy reserve in this version)")
@@ -99,7 +102,14 @@ def build_engine(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         kv_policy=args.kv_policy,
         scheduling_policy=args.scheduling_policy,
+        enable_prefix_caching=prefix_caching(args),
     )
+
+
+def prefix_caching(args: argparse.Namespace) -> bool:
+    """--enable-prefix-caching, defaulting to on under --kv-policy paged (as vLLM's default)."""
+    flag = getattr(args, "enable_prefix_caching", None)
+    return args.kv_policy == "paged" if flag is None else bool(flag)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -108,6 +118,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from stallfree.engine.cli import check_model_flags, describe_model, dtype_label  # torch-free
 
     problem = check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
+    if problem is None and getattr(args, "enable_prefix_caching", None) and args.kv_policy != "paged":
+        problem = "--enable-prefix-caching needs --kv-policy paged"
     if problem is not None:
         _error(problem)
         return 2

@@ -77,6 +77,13 @@ class ServerMetrics:
                                 "Requests that ended, by outcome: stop, length, abort (the client left) or "
                                 "error (a failed step or a dead engine); each request is counted once.",
                                 ["model_name", "finished_reason"], registry=r)
+        self.prefix_cache_queries = Counter(
+            "stallfree_prefix_cache_queries", "Prefix caching: prompt tokens looked up at admissions (tokens).",
+            lab, registry=r).labels(model_name)
+        self.prefix_cache_hits = Counter(
+            "stallfree_prefix_cache_hits", "Prefix caching: prompt tokens found cached at admissions (tokens).",
+            lab, registry=r).labels(model_name)
+        self._last_prefix = (0, 0)
         self._model_name = model_name
         self._last_preemptions = 0
         # Plain totals for the stats log line (read without touching prometheus internals).
@@ -132,6 +139,11 @@ class ServerMetrics:
         if stats.num_preemptions > self._last_preemptions:
             self.preemptions.inc(stats.num_preemptions - self._last_preemptions)
             self._last_preemptions = stats.num_preemptions
+        queries, hits = getattr(stats, "prefix_cache_queries", 0), getattr(stats, "prefix_cache_hits", 0)
+        if queries > self._last_prefix[0]:
+            self.prefix_cache_queries.inc(queries - self._last_prefix[0])
+            self.prefix_cache_hits.inc(hits - self._last_prefix[1])
+            self._last_prefix = (queries, hits)
 
     # ------------------------------------------------------------------ export and log
 

@@ -22,13 +22,16 @@ def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI's usage object (token counts)."""
-    return {
+def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object (token counts); with prefix caching, prompt_tokens_details.cached_tokens."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def completion_chunk(

@@ -200,6 +200,9 @@ def summarize_result(
         mean_running_decodes=float((decodes * dur).sum() / busy) if busy else 0.0,
         num_preemptions=res.num_preemptions,
         num_recomputed_tokens=res.num_recomputed_tokens,
+        prefix_cache_hit_rate=res.prefix_cache_hit_rate,
+        prefix_cache_hit_rate_bound=res.prefix_cache_hit_rate_bound,
+        prefix_cache_evictions=res.prefix_cache_evictions,
         sim_wall_s=res.wall_s,
     )
     return out

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.simulator import SchedulerConfig
-from stallfree.sim.workload import Workload, load_bundled, load_trace, parse_length_spec, synthetic
+from stallfree.sim.workload import Workload, load_bundled, load_mooncake, load_trace, parse_length_spec, synthetic
 
 __all__ = [
     "DEFAULTS",
@@ -166,7 +167,10 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             opts.seed,
         )
         return wl, opts.rate_scale or 1.0
-    wl = load_trace(opts.trace, opts.trace_format, opts.skip_bad_rows) if opts.trace else load_bundled()
+    if opts.trace == "mooncake" and not Path("mooncake").exists():
+        wl = load_mooncake()
+    else:
+        wl = load_trace(opts.trace, opts.trace_format, opts.skip_bad_rows) if opts.trace else load_bundled()
     if opts.start or opts.end != math.inf:
         wl = wl.window(opts.start, opts.end)
         if not len(wl):
@@ -263,9 +267,12 @@ class Setup:
         scheduler: "reserve" (KV reserved at admission, the contract) or "paged".
         block_size: paged: tokens per KV block.
         watermark: paged: fraction of KV blocks kept free at admission, in [0, 1).
+        prefix_caching: paged: reuse cached prompt blocks (the workload's prefix ids; a workload
+            without them simply never hits).
 
     Raises:
-        SetupError, TraceError, ValueError: as build_workload and build_cost_model.
+        SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
+            prefix_caching without the paged scheduler.
     """
 
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
@@ -274,6 +281,7 @@ class Setup:
     scheduler: str = "reserve"
     block_size: int = 16
     watermark: float = 0.01
+    prefix_caching: bool = False
     base_workload: Workload = field(init=False)
     rate_scale: float = field(init=False)
     workload: Workload = field(init=False)
@@ -284,6 +292,8 @@ class Setup:
     context_length_source: str = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.prefix_caching and self.scheduler != "paged":
+            raise SetupError("--prefix-caching needs --scheduler paged (cached blocks are paged KV blocks)", usage=True)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
         self.cost_model, self.kv_tokens, self.hardware = build_cost_model(self.hardware_options)
@@ -292,7 +302,10 @@ class Setup:
     def config(self, batching: str, budget: int) -> SchedulerConfig:
         """Return the scheduler config of one run (paged KV applies to chunked batching; baselines reserve)."""
         kv = self.scheduler if batching == "chunked" else "reserve"
-        return SchedulerConfig(self.kv_tokens, budget, self.max_seqs, batching, kv, self.block_size, self.watermark)
+        return SchedulerConfig(
+            self.kv_tokens, budget, self.max_seqs, batching, kv, self.block_size, self.watermark,
+            self.prefix_caching and kv == "paged",
+        )
 
     def header(self) -> dict[str, Any]:
         """Return the facts of the report's header (workload, rate, hardware, capacities, notes)."""

@@ -88,10 +88,12 @@ class SchedulerConfig:
             free at admission, preemption by recompute); "paged" applies to chunked batching only.
         block_size: tokens per KV block (paged).
         watermark: fraction of blocks kept free at admission (paged), in [0, 1).
+        prefix_caching: paged only: enable_prefix_caching=True; requests carry the workload's
+            prefix blocks as block hashes (Workload.block_hashes).
 
     Raises:
-        ValueError: an unknown batching or kv mode, or kv="paged" with a baseline (the numbers are
-            checked by the scheduler at build()).
+        ValueError: an unknown batching or kv mode, kv="paged" with a baseline, or prefix_caching
+            without kv="paged" (the numbers are checked by the scheduler at build()).
     """
 
     kv_tokens: int
@@ -101,6 +103,7 @@ class SchedulerConfig:
     kv: str = "reserve"
     block_size: int = 16
     watermark: float = 0.01
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -109,6 +112,8 @@ class SchedulerConfig:
             raise ValueError(f"kv must be 'reserve' or 'paged'; got {self.kv!r}")
         if self.kv == "paged" and self.batching != "chunked":
             raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
+        if self.prefix_caching and self.kv != "paged":
+            raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={self.kv!r}")
 
     def build(self) -> SchedulerLike:
         """Make a fresh scheduler.
@@ -119,7 +124,7 @@ class SchedulerConfig:
         if self.kv == "paged":
             return Scheduler(
                 self.token_budget, self.max_seqs, self.kv_tokens, kv_policy="paged",
-                block_size=self.block_size, watermark=self.watermark,
+                block_size=self.block_size, watermark=self.watermark, enable_prefix_caching=self.prefix_caching,
             )
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
             "chunked": Scheduler,
@@ -131,7 +136,8 @@ class SchedulerConfig:
     @property
     def label(self) -> str:
         """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
-        return f"{'paged' if self.kv == 'paged' else self.batching}/{self.token_budget}"
+        kind = ("paged+cache" if self.prefix_caching else "paged") if self.kv == "paged" else self.batching
+        return f"{kind}/{self.token_budget}"
 
 
 @dataclass(slots=True)
@@ -174,6 +180,12 @@ class SimResult:
     wall_s: float = 0.0
     num_preemptions: int = 0
     num_recomputed_tokens: int = 0
+    #: Prefix caching (None when off): hit prompt tokens / prompt tokens looked up at admissions
+    #: (readmissions after preemption included), the infinite-cache bound from the trace alone, and
+    #: cached blocks evicted.
+    prefix_cache_hit_rate: float | None = None
+    prefix_cache_hit_rate_bound: float | None = None
+    prefix_cache_evictions: int = 0
     rejected_kind: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -340,6 +352,11 @@ def simulate(
     res.wall_s = time.perf_counter() - t0
     res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
     res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
+    if getattr(inner, "enable_prefix_caching", False):
+        queries = int(getattr(inner, "prefix_cache_queries", 0))
+        res.prefix_cache_hit_rate = int(getattr(inner, "prefix_cache_hits", 0)) / queries if queries else 0.0
+        res.prefix_cache_evictions = int(getattr(inner, "num_evictions", 0))
+        res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(int(getattr(inner, "block_size", 16)))
     if check:
         # End-of-run invariants: every request finished and all KV returned.
         sched.check_final()  # type: ignore[attr-defined]
@@ -434,6 +451,8 @@ class _Loop:
         admit_step, state, decoding = res.admit_step, self.state, self.decoding
         i, step = 0, 0
         now = arr[0] if n else 0.0
+        caching = bool(getattr(inner, "enable_prefix_caching", False)) and wl.prefix_ids is not None
+        hashes, bs = wl.block_hashes, int(getattr(inner, "block_size", 0) or 1)
         too_long, kinds = self.too_long, res.rejected_kind
         while True:
             while i < n and arr[i] <= now:
@@ -445,7 +464,7 @@ class _Loop:
                     i += 1
                     continue
                 try:
-                    add(Request(i, plens[i], max_new[i], 0, arr[i]))
+                    add(Request(i, plens[i], max_new[i], 0, arr[i], hashes(i, bs) if caching else None))
                 except RequestRejected as exc:
                     res.rejected.append((i, str(exc)))
                     kinds[i] = KV_CAPACITY

@@ -31,6 +31,7 @@ __all__ = [
     "TraceError",
     "Workload",
     "load_bundled",
+    "load_mooncake",
     "load_trace",
     "parse_length_spec",
     "synthetic",
@@ -38,6 +39,10 @@ __all__ = [
 
 #: The trace shipped in the package (Azure LLM inference trace 2023, conversation; see data/README.md).
 BUNDLED_TRACE = "azure_conv_2023.csv.gz"
+#: The Mooncake FAST'25 conversation trace shipped in the package, with prefix block ids (data/README.md).
+MOONCAKE_TRACE = "mooncake_fast25_conversation.jsonl.gz"
+#: Tokens per block of a Mooncake trace's hash_ids.
+MOONCAKE_BLOCK = 512
 
 # How many bad-row messages a skipping load keeps for its report.
 _KEPT_MESSAGES = 5
@@ -62,6 +67,10 @@ class Workload:
         name: a label for reports.
         skipped_rows: malformed rows skipped while loading (with skip_bad_rows).
         notes: lines for the report (what was skipped or excluded, and why).
+        prefix_ids: None, or per request the ids of its prompt's blocks of `prefix_block` tokens
+            (ceil(prompt_len / prefix_block) of them, the last one covering a partial block), equal
+            ids meaning equal prefixes up to and including that block (Mooncake's hash_ids).
+        prefix_block: tokens per block of prefix_ids.
 
     Raises:
         ValueError: the three sequences differ in length, or a length is < 1.
@@ -73,6 +82,8 @@ class Workload:
     name: str = "workload"
     skipped_rows: int = 0
     notes: tuple[str, ...] = field(default=())
+    prefix_ids: tuple[tuple[int, ...], ...] | None = None
+    prefix_block: int = MOONCAKE_BLOCK
 
     def __post_init__(self) -> None:
         n = len(self.arrivals)
@@ -132,12 +143,72 @@ class Workload:
         return self._select(range(min(n, len(self))), shift=0.0)
 
     def _select(self, idx: range | list[int], shift: float) -> Workload:
+        ids = self.prefix_ids
         return replace(
             self,
             arrivals=tuple(self.arrivals[i] - shift for i in idx),
             prompt_lens=tuple(self.prompt_lens[i] for i in idx),
             output_lens=tuple(self.output_lens[i] for i in idx),
+            prefix_ids=tuple(ids[i] for i in idx) if ids is not None else None,
         )
+
+    def block_hashes(self, i: int, block_size: int) -> tuple[tuple[int, int], ...] | None:
+        """Request i's prompt as a scheduler's block hashes (prompt_len // block_size of them), or None
+        when the workload has no prefix ids.
+
+        Scheduler block j covers tokens [j*B, (j+1)*B), inside trace block j*B // prefix_block; its hash
+        is (that trace block's id, j's position inside it), so two requests share scheduler block j
+        exactly when they share the trace block that holds it. A prompt's last, partial trace block
+        keeps its id: the full scheduler blocks inside it are shared only with requests that have the
+        same id there; its tokens past the last full scheduler block are never cached.
+
+        Raises:
+            ValueError: block_size does not divide prefix_block.
+        """
+        ids = self.prefix_ids
+        if ids is None:
+            return None
+        per = check_block_size(block_size, self.prefix_block)
+        row = ids[i]
+        return tuple((row[j // per], j % per) for j in range(self.prompt_lens[i] // block_size))
+
+    def prefix_hit_bound(self, block_size: int) -> float | None:
+        """The prefix cache hit rate an infinite cache would reach on this workload: hit prompt tokens /
+        prompt tokens, each request hitting the longest prefix of its blocks seen in any earlier
+        request (capped at prompt_len - 1 tokens, as the scheduler computes the last token), computed
+        from the trace alone. None without prefix ids.
+
+        Raises:
+            ValueError: block_size does not divide prefix_block.
+        """
+        if self.prefix_ids is None:
+            return None
+        seen: set[tuple[int, int]] = set()
+        hits = total = 0
+        for i, plen in enumerate(self.prompt_lens):
+            hashes = self.block_hashes(i, block_size) or ()
+            h = 0
+            cap = min(len(hashes), (plen - 1) // block_size)
+            while h < cap and hashes[h] in seen:
+                h += 1
+            hits += h * block_size
+            total += plen
+            seen.update(hashes)
+        return hits / total if total else 0.0
+
+
+def check_block_size(block_size: int, prefix_block: int = MOONCAKE_BLOCK) -> int:
+    """Return prefix_block // block_size when block_size (an integer >= 1) divides prefix_block.
+
+    Raises:
+        ValueError: otherwise; the message names both numbers.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1 or prefix_block % block_size:
+        raise ValueError(
+            f"block_size {block_size!r} must divide the trace's prefix block of {prefix_block} tokens "
+            f"(1, 2, 4, ..., {prefix_block} for a power of two)"
+        )
+    return prefix_block // block_size
 
 
 # ---------------------------------------------------------------------------------- traces
@@ -151,6 +222,14 @@ def load_bundled() -> Workload:
         return _load_csv(text, "<bundled>/" + BUNDLED_TRACE, "azure", False, "azure-conv-2023")
 
 
+def load_mooncake() -> Workload:
+    """Load the bundled Mooncake FAST'25 conversation trace (12,031 requests, about an hour, with
+    prefix block ids; data/README.md)."""
+    ref = resources.files("stallfree.sim") / "data" / MOONCAKE_TRACE
+    with ref.open("rb") as raw, io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8") as text:
+        return _load_mooncake(text, "<bundled>/" + MOONCAKE_TRACE, False, "mooncake-fast25-conversation")
+
+
 def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False) -> Workload:
     """Load a request trace; `.gz` files are decompressed.
 
@@ -160,10 +239,13 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
             rows with 0 response tokens are failed requests in the trace: excluded and counted).
         csv: arrival_time (s), prompt_len, output_len.
         jsonl: one object per line with arrival_time, prompt_len, output_len.
+        mooncake: Mooncake's JSONL: timestamp (ms), input_length, output_length, hash_ids (one id
+            per 512-token prompt block; equal ids, equal prefixes); auto picks it for a .jsonl whose
+            first object has hash_ids and input_length.
 
     Args:
         path: the file.
-        fmt: "auto", "azure", "burstgpt", "csv" or "jsonl".
+        fmt: "auto", "azure", "burstgpt", "csv", "jsonl" or "mooncake".
         skip_bad_rows: skip and count malformed rows instead of raising at the first one.
 
     Raises:
@@ -176,18 +258,69 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
         raise TraceError(f"trace {path} is a directory: give one trace file (CSV or JSONL, .gz allowed)")
     if not p.is_file():
         raise TraceError(f"trace file not found: {path}")
-    if fmt not in ("auto", "azure", "burstgpt", "csv", "jsonl"):
-        raise TraceError(f"unknown trace format {fmt!r} (expected auto, azure, burstgpt, csv or jsonl)")
+    if fmt not in TRACE_FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r} (expected auto, azure, burstgpt, csv, jsonl or mooncake)")
     name = p.name.removesuffix(".gz")
     if fmt == "auto" and name.endswith((".jsonl", ".json")):
         fmt = "jsonl"
+        try:
+            with _open_text(p) as fh:
+                first = next((ln for ln in fh if ln.strip()), "")
+            obj = json.loads(first)
+            if isinstance(obj, dict) and "hash_ids" in obj and "input_length" in obj:
+                fmt = "mooncake"
+        except (OSError, UnicodeDecodeError, EOFError, ValueError):
+            pass  # the jsonl reader reports it
     try:
         with _open_text(p) as fh:
+            if fmt == "mooncake":
+                return _load_mooncake(fh, str(path), skip_bad_rows, name)
             if fmt == "jsonl":
                 return _load_jsonl(fh, str(path), skip_bad_rows, name)
             return _load_csv(fh, str(path), fmt, skip_bad_rows, name)
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from None
+
+
+#: The values of load_trace(fmt=...).
+TRACE_FORMATS = ("auto", "azure", "burstgpt", "csv", "jsonl", "mooncake")
+
+
+def _load_mooncake(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
+    """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (ceil(input / 512))."""
+    rows = _Rows(path, skip)
+    ids: list[tuple[int, ...]] = []
+    for line, text in enumerate(fh, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+            if not isinstance(obj, dict):
+                raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+                if key not in obj:
+                    raise ValueError(f"missing field {key!r}")
+            t = _float_field("timestamp", str(obj["timestamp"])) / 1000.0
+            plen = _int_field("input_length", str(obj["input_length"]), 1)
+            olen = _int_field("output_length", str(obj["output_length"]), 1)
+            hid = obj["hash_ids"]
+            if not isinstance(hid, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in hid):
+                raise ValueError(f"hash_ids must be a list of integers, got {str(hid)[:60]}")
+            want = -(-plen // MOONCAKE_BLOCK)
+            if len(hid) != want:
+                raise ValueError(
+                    f"hash_ids has {len(hid)} ids, expected ceil(input_length / {MOONCAKE_BLOCK}) = "
+                    f"ceil({plen} / {MOONCAKE_BLOCK}) = {want}"
+                )
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            rows.error(line, str(exc))
+            continue
+        rows.rows.append((t, plen, olen))
+        ids.append(tuple(hid))
+    order = sorted(range(len(ids)), key=lambda k: rows.rows[k][0])
+    wl = rows.finish(name)
+    # finish() stable-sorts by arrival and shifts to 0; carry the ids in the same order.
+    return replace(wl, prefix_ids=tuple(ids[k] for k in order))
 
 
 def _open_text(p: Path) -> IO[str]:

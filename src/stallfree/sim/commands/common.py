@@ -80,10 +80,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--trace",
         metavar="PATH",
-        help="a trace file: Azure 2023 CSV, BurstGPT CSV, or "
-        "CSV/JSONL with arrival_time,prompt_len,output_len (.gz allowed)",
+        help="a trace file: Azure 2023 CSV, BurstGPT CSV, Mooncake JSONL (with hash_ids), or "
+        "CSV/JSONL with arrival_time,prompt_len,output_len (.gz allowed); 'mooncake': the bundled "
+        "Mooncake FAST'25 conversation trace",
     )
-    w.add_argument("--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl"])
+    w.add_argument(
+        "--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl", "mooncake"]
+    )
     w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
     w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
     w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
@@ -201,6 +204,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         scheduler=getattr(args, "scheduler", "reserve"),
         block_size=getattr(args, "block_size", 16),
         watermark=getattr(args, "watermark", 0.01),
+        prefix_caching=getattr(args, "prefix_caching", False),
     )
 
 

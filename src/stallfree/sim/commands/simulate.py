@@ -77,6 +77,17 @@ def register(subparsers: Any) -> None:
         default=0.01,
         help="paged: fraction of KV blocks kept free at admission (default 0.01)",
     )
+    g.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="paged: reuse computed prompt blocks across requests (needs a trace with prefix ids: "
+        "--trace mooncake or a Mooncake JSONL)",
+    )
+    g.add_argument(
+        "--compare-caching",
+        action="store_true",
+        help="paged: run with prefix caching off and on, side by side",
+    )
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
@@ -90,11 +101,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.compare and args.batching != "chunked":
         raise CliError("--compare runs every batching mode: drop --batching", 2)
+    if (args.prefix_caching or args.compare_caching) and args.scheduler != "paged":
+        flag = "--prefix-caching" if args.prefix_caching else "--compare-caching"
+        raise CliError(f"{flag} needs --scheduler paged (cached blocks are paged KV blocks)", 2)
+    if args.compare_caching and args.compare:
+        raise CliError("--compare-caching and --compare are exclusive", 2)
     # Before the simulation, not after it: a bad output path fails at once.
     if args.out:
         ensure_writable_dir(args.out, "--out")
     if args.records:
         ensure_writable_file(args.records, "--records")
+    if args.compare_caching:
+        args.prefix_caching = False
     setup = setup_from_args(args)
     if args.disaggregate is not None:
         return _run_disagg(args, setup)
@@ -107,6 +125,14 @@ def run(args: argparse.Namespace) -> int:
         slo_ttft=args.slo_ttft,
         slo_tpot=args.slo_tpot,
     )
+    if args.compare_caching:
+        setup.prefix_caching = True
+        on = run_experiment(
+            setup, batching=args.batching, budget=args.budget, step_time_target=args.step_time_target,
+            check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+        )
+        study.results.extend(on.results)
+        study.summaries.extend(on.summaries)
     if args.json:
         print(json.dumps({"header": study.header, "runs": study.summaries}, indent=1))
     else:

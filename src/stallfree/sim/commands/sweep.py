@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,16 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     add_executor_flags(p)
+    for action in p._actions:
+        if action.dest == "kv_tokens":
+            # Here a list: with more than one size, sweep KV capacity instead of budgets.
+            action.type = int_list
+            action.metavar = "LIST"
+            action.help = ("KV capacity, tokens; a comma-separated list sweeps capacity (one run per size at "
+                           "the first --budgets value, chunked batching) and plots hit rate and TTFT against it")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="paged KV with prefix caching (needs a trace with prefix ids: --trace mooncake)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
     p.set_defaults(func=guard(run))
 
 
@@ -62,6 +73,12 @@ def run(args: argparse.Namespace) -> int:
     """Run `stallfree sweep` on parsed arguments; returns the exit status."""
     if args.out:
         ensure_writable_dir(args.out, "--out")
+    kv_list = args.kv_tokens
+    if isinstance(kv_list, list) and len(kv_list) > 1:
+        return _run_kv_sweep(args, kv_list)
+    args.kv_tokens = kv_list[0] if isinstance(kv_list, list) else kv_list
+    if args.prefix_caching:
+        args.scheduler = "paged"
     setup = setup_from_args(args)
     with progress_bar() as bar:
         task = bar.add_task("sweep", total=None)
@@ -117,3 +134,40 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     for row in rows:
         table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols))
     console().print(table)
+
+
+def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
+    """`sweep --kv-tokens LIST`: one chunked run per KV capacity; the table, and with --out
+    kv_sweep.json and kv_sweep.png."""
+    from stallfree.sim.kv_sweep import kv_sweep, plot_kv_sweep
+
+    if args.prefix_caching:
+        args.scheduler = "paged"
+
+    def make(kv: int) -> Any:
+        args.kv_tokens = kv
+        return setup_from_args(args)
+
+    budget = args.budgets[0]
+    with progress_bar() as bar:
+        task = bar.add_task("kv sweep", total=len(sizes))
+        rows = kv_sweep(make, sizes, budget, progress=lambda k, n: bar.update(task, completed=k, total=n))
+    if args.json:
+        print(json.dumps({"token_budget": budget, "rows": rows}, indent=1))
+    else:
+        for r in rows:
+            hit, bound = r["prefix_cache_hit_rate"], r["prefix_cache_hit_rate_bound"]
+            hit_text = "-" if hit is None else f"{hit:.1%}"
+            bound_text = "-" if bound is None else f"{bound:.1%}"
+            print(
+                f"KV {r['kv_tokens']:>13,} tokens: hit rate {hit_text} (bound {bound_text}),"
+                f" TTFT p50 {r['median_ttft_ms']:,.0f} ms, p99 {r['p99_ttft_ms']:,.0f} ms,"
+                f" {r['request_throughput']:.3f} req/s, {r['prefix_cache_evictions']:,} evictions"
+            )
+    if args.out:
+        (args.out / "kv_sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        name = getattr(args, "trace", None) or "workload"
+        plot_kv_sweep(rows, args.out / "kv_sweep.png", f"{name}: budget {budget:,}"
+                      + (", prefix caching" if args.prefix_caching else ""))
+        print(f"wrote {args.out}/kv_sweep.json, kv_sweep.png", file=sys.stderr if args.json else sys.stdout)
+    return 0

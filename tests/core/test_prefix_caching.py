@@ -1,0 +1,304 @@
+"""Prefix caching in the paged KV policy: hashes, hits at admission, reference counts and eviction,
+bad input, and seeded randomized runs under the invariant checker with caching on."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from stallfree import Request, Scheduler
+from stallfree.core.errors import InvalidConfig, RequestRejected
+from stallfree.core.invariants import InvariantChecker
+from stallfree.core.kv import CachingBlockPool
+from stallfree.core.prefix_cache import hash_blocks
+
+
+def cached(budget=64, max_seqs=8, kv_tokens=1024, block_size=16, watermark=0.0, **kw):
+    """A paged scheduler with prefix caching on."""
+    return Scheduler(budget, max_seqs, kv_tokens, kv_policy="paged", block_size=block_size,
+                     watermark=watermark, enable_prefix_caching=True, **kw)
+
+
+def hashed(rid, tokens, max_new, bs=16, **kw):
+    """A Request whose block_hashes come from `tokens`."""
+    return Request(rid, len(tokens), max_new, block_hashes=hash_blocks(tokens, bs), **kw)
+
+
+def run_to_end(s):
+    while s.has_unfinished():
+        s.complete(s.schedule())
+
+
+# ---------------------------------------------------------------- hash_blocks
+
+
+def test_hash_blocks_matches_an_independent_sha256_chain():
+    """Two full blocks of 4 tokens (the partial third has no hash), each the first 16 bytes of SHA-256 over
+    the parent's 16 bytes and the block's tokens as 8-byte little-endian signed integers."""
+    toks = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    parent = bytes(16)
+    want = []
+    for blk in ([1, 2, 3, 4], [5, 6, 7, 8]):
+        parent = hashlib.sha256(parent + b"".join(t.to_bytes(8, "little", signed=True) for t in blk)).digest()[:16]
+        want.append(int.from_bytes(parent, "little"))
+    assert hash_blocks(toks, 4) == tuple(want)
+    assert hash_blocks(toks[:3], 4) == ()
+
+
+def test_hash_blocks_chains_the_prefix():
+    """Equal blocks after different prefixes hash differently; equal prefixes hash equally."""
+    a = hash_blocks([1, 1, 2, 2], 2)
+    b = hash_blocks([3, 3, 2, 2], 2)
+    assert a[1] != b[1]
+    assert hash_blocks([1, 1, 2, 2, 9, 9], 2)[:2] == a
+
+
+@pytest.mark.parametrize("tokens", [[1, 2.0], [1, True], [1, 2**63]])
+def test_hash_blocks_rejects_bad_token_ids(tokens):
+    """A token id that is not a 64-bit integer is named by position."""
+    with pytest.raises(ValueError, match=r"token_ids\[1\]"):
+        hash_blocks(tokens, 2)
+
+
+# ---------------------------------------------------------------- hits at admission
+
+
+def test_second_request_hits_the_first_ones_full_blocks():
+    """40-token prompt, blocks of 16: two full blocks cached; the same prompt again computes 40 - 32 = 8."""
+    s = cached()
+    toks = list(range(40))
+    s.add(hashed(1, toks, 3))
+    s.complete(s.schedule())
+    s.add(hashed(2, toks, 3))
+    plan = s.schedule()
+    assert [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills] == [(2, 8, 32, True)]
+    assert s.block_table(2)[:2] == s.block_table(1)[:2]
+    assert s.block_table(2)[2] != s.block_table(1)[2]
+    s.complete(plan)
+    assert (s.prefix_cache_queries, s.prefix_cache_hits, s.num_cached_tokens(2)) == (80, 32, 32)
+    assert s.request_state(2).num_prefilled == 40
+
+
+def test_fully_cached_prompt_still_computes_its_last_token_block():
+    """32 tokens = 2 full blocks, both cached: the hit stops at 1 block so the last 16 are computed
+    (the last token must be computed to sample; the hit is whole blocks)."""
+    s = cached()
+    toks = list(range(32))
+    s.add(hashed(1, toks, 2))
+    run_to_end(s)
+    s.add(hashed(2, toks, 2))
+    plan = s.schedule()
+    assert [(c.num_tokens, c.start) for c in plan.prefills] == [(16, 16)]
+
+
+def test_hit_ending_exactly_on_a_block_boundary():
+    """A 48-token prompt sharing exactly the first 32 tokens of a 40-token one hits 2 blocks, computes 16."""
+    s = cached()
+    s.add(hashed(1, list(range(40)), 2))
+    run_to_end(s)
+    s.add(hashed(2, list(range(32)) + [99] * 16, 2))
+    plan = s.schedule()
+    assert [(c.num_tokens, c.start) for c in plan.prefills] == [(16, 32)]
+
+
+def test_blocks_of_a_prompt_still_prefilling_are_reusable_after_their_chunk():
+    """Budget 16: request 1 (64 tokens) prefills a block per step; request 2 with the same prompt, added
+    after two chunks, hits those 2 blocks (admission waits behind the partial prefill, so it is admitted
+    when request 1's last chunk has run)."""
+    s = cached(budget=16)
+    toks = list(range(64))
+    s.add(hashed(1, toks, 2))
+    s.complete(s.schedule())
+    s.complete(s.schedule())
+    assert s.prefix_cache_hits == 0
+    s.add(hashed(2, toks, 2))
+    s.complete(s.schedule())  # chunk 3 of request 1
+    plan = s.schedule()  # chunk 4 of request 1 uses the budget
+    s.complete(plan)
+    plan = s.schedule()
+    admitted = [(c.rid, c.start) for c in plan.prefills]
+    assert admitted == [(2, 48)]
+
+
+def test_evictable_blocks_count_as_free_and_lru_tail_goes_first():
+    """4 blocks of 4: request 1 (8 tokens) caches 2 blocks and finishes: both evictable, all 4 free.
+    A request of 12 other tokens takes the 2 empty blocks and then evicts request 1's tail block (its
+    second) first, so request 1's first block is still cached."""
+    s = cached(budget=16, kv_tokens=16, block_size=4)
+    s.add(hashed(1, list(range(8)), 1, bs=4))
+    run_to_end(s)
+    assert (s.num_free_blocks, s.num_evictable_blocks, s.num_used_blocks) == (4, 2, 0)
+    s.add(hashed(2, list(range(100, 112)), 1, bs=4))
+    s.complete(s.schedule())
+    assert s.num_evictions == 1
+    cache = s._pkv.cache
+    h1 = hash_blocks(list(range(8)), 4)
+    assert cache.cached_block(h1[0]) is not None and cache.cached_block(h1[1]) is None
+
+
+def test_same_block_filled_twice_in_one_step_keeps_the_first_in_plan_order():
+    """Two requests with the same prompt admitted in one step both compute block 0; the copy of the one
+    earlier in the plan (request 1) stays cached, request 2's is private and goes back free at its end."""
+    s = cached(budget=64)
+    toks = list(range(20))
+    s.add(hashed(1, toks, 1))
+    s.add(hashed(2, toks, 1))
+    s.schedule()
+    plan = s._inflight
+    b1, b2 = s.block_table(1)[0], s.block_table(2)[0]
+    s.complete(plan)
+    cache = s._pkv.cache
+    assert cache.cached_block(hash_blocks(toks, 16)[0]) == b1
+    assert cache.hash_of(b2) is None
+    assert (s.num_evictable_blocks, s.num_free_blocks) == (1, 64)
+
+
+def test_preempted_request_hits_its_own_blocks_on_readmission():
+    """6 blocks of 4, budget 32. Step 0: request 1 (prompt 8) takes 2 blocks, request 2 (prompt 9) 3, and
+    each caches its full prompt blocks. Step 4: request 1 needs its 6th... block while none is free, so
+    request 2 (the newest) is preempted: its 2 cached blocks become evictable, its third goes free.
+    Step 9: request 1 takes one more and evicts request 2's tail block (block 1 of its prefix) first.
+    Step 12, request 1 done: request 2 is readmitted, hits its own first block (4 tokens) and
+    recomputes 9 + 4 generated - 4 = 9 tokens from token 4."""
+    s = cached(budget=32, max_seqs=4, kv_tokens=24, block_size=4)
+    chk = InvariantChecker(s)
+    chk.add(hashed(1, list(range(8)), 12, bs=4))
+    chk.add(hashed(2, list(range(50, 59)), 8, bs=4))
+    seen = {}
+    while s.has_unfinished():
+        plan = chk.schedule()
+        seen[plan.step] = ([(c.rid, c.num_tokens, c.start) for c in plan.prefills], plan.preempted,
+                           s.num_evictable_blocks)
+        chk.complete(plan)
+    chk.check_final()
+    assert seen[4][1] == (2,) and seen[4][2] == 2
+    assert seen[9][2] == 1 and s.num_evictions >= 1
+    assert seen[12][0] == [(2, 9, 4)]
+    assert (s.prefix_cache_hits, s.prefix_cache_queries) == (4, 8 + 9 + 13)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_hashes_to_a_scheduler_without_caching_name_the_option_and_change_nothing():
+    """Reserve and paged-without-caching refuse a request with block_hashes; nothing is queued."""
+    for s in (Scheduler(16, 4, 256), Scheduler(16, 4, 256, kv_policy="paged", block_size=4)):
+        with pytest.raises(RequestRejected, match="enable_prefix_caching=True"):
+            s.add(Request(1, 8, 2, block_hashes=(1, 2)))
+        assert s.num_waiting == 0 and not s.has_unfinished()
+        s.add(Request(1, 8, 2))  # the rid is still free
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_wrong_number_of_hashes_is_named_and_changes_nothing(n):
+    """A 40-token prompt with blocks of 16 needs exactly 2 hashes."""
+    s = cached()
+    with pytest.raises(RequestRejected, match=rf"block_hashes has {n} hashes.*40 // 16 = 2"):
+        s.add(Request(1, 40, 2, block_hashes=tuple(range(n))))
+    assert s.num_waiting == 0
+
+
+@pytest.mark.parametrize("bad", ["ab", b"ab", 5, ([1],)])
+def test_request_rejects_bad_block_hashes(bad):
+    """A string, bytes, a non-sequence or an unhashable element is named."""
+    with pytest.raises(RequestRejected, match="block_hashes"):
+        Request(1, 8, 2, block_hashes=bad)
+
+
+def test_caching_needs_the_paged_policy_and_a_bool():
+    """enable_prefix_caching under "reserve", or not a bool, is an InvalidConfig naming it."""
+    with pytest.raises(InvalidConfig, match="kv_policy='paged'"):
+        Scheduler(16, 4, 256, enable_prefix_caching=True)
+    with pytest.raises(InvalidConfig, match="enable_prefix_caching"):
+        Scheduler(16, 4, 256, kv_policy="paged", block_size=4, enable_prefix_caching=1)  # type: ignore[arg-type]
+
+
+def test_request_keeps_block_hashes_as_a_tuple():
+    """A list is stored as a tuple (the Request is frozen and hashable)."""
+    assert Request(1, 8, 2, block_hashes=[1, 2]).block_hashes == (1, 2)
+
+
+def test_million_block_pool_allocates_no_object_per_block():
+    """A caching pool of 10**6 blocks holds empty maps until used."""
+    pool = CachingBlockPool(10**6, 16)
+    assert pool.num_free == 10**6 and pool.num_cached == 0 and len(pool._free) == 0
+
+
+# ---------------------------------------------------------------- randomized
+
+
+def random_cached_run(seed: int, num_requests: int = 30) -> InvariantChecker:
+    """One seeded run on a tight cache: prompts are a prefix drawn from a pool of 3 plus a random tail,
+    so that hits, evictions and preemptions all happen; aborts and early stops too."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 8])
+    budget = rng.choice([bs, rng.randint(bs, 32), rng.randint(bs, 256)])
+    prefixes = [[rng.randint(0, 5) for _ in range(rng.randint(0, 60))] for _ in range(3)]
+    reqs = []
+    for i in range(num_requests):
+        toks = rng.choice(prefixes) + [rng.randint(0, 5) for _ in range(rng.randint(1, 30))]
+        reqs.append(Request(i, len(toks), rng.randint(1, 24), block_hashes=hash_blocks(toks, bs)))
+    largest = max(-(-(r.prompt_len + r.max_new - 1) // bs) for r in reqs)
+    num_blocks = rng.choice([largest, largest + rng.randint(0, largest // 2 + 1), largest * 3])
+    s = Scheduler(budget, rng.randint(1, 8), num_blocks * bs, kv_policy="paged", block_size=bs,
+                  watermark=rng.choice([0.0, 0.01, 0.1]), enable_prefix_caching=True,
+                  policy=rng.choice(["fcfs", "fcfs", "priority"]))
+    chk = InvariantChecker(s)
+    arrive = sorted(rng.randint(0, 60) for _ in reqs)
+    p_abort, p_stop = rng.choice([0.0, 0.05]), rng.choice([0.0, 0.05])
+    i = 0
+    while i < len(reqs) or s.has_unfinished():
+        while i < len(reqs) and arrive[i] <= s.step:
+            chk.add(reqs[i])
+            i += 1
+        if p_abort and i and rng.random() < p_abort:
+            chk.abort(rng.choice(reqs[:i]).rid)
+        plan = chk.schedule()
+        chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
+    chk.check_final()
+    return chk
+
+
+def test_randomized_runs_with_caching_hold_every_invariant(capsys):
+    """40 seeded runs keep every invariant (cache rules included); across them hits, evictions and
+    preemptions all happen."""
+    hits = evictions = preemptions = 0
+    for seed in range(40):
+        chk = random_cached_run(seed)
+        s = chk.scheduler
+        hits += s.prefix_cache_hits
+        evictions += s.num_evictions
+        preemptions += chk.num_preemptions
+    with capsys.disabled():
+        print(f"\n[prefix caching invariants] 40 runs: {hits} hit tokens, {evictions} evictions, "
+              f"{preemptions} preemptions")
+    assert hits > 0 and evictions > 0 and preemptions > 0
+
+
+@pytest.mark.parametrize("fault", ["no_hits", "no_unpin"])
+def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
+    """A lookup that never hits (chunks start at 0, the shadow says after the hit), or a release that
+    forgets to drop a reference (reference count != tables holding the block), is an InvariantViolation."""
+    from stallfree.core.invariants import InvariantViolation
+    from stallfree.core.kv import PagedKV
+
+    if fault == "no_hits":
+        monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: [])
+    else:
+        def drop(self, table, keep):
+            self._free.extend(b for b in reversed(table[keep:]) if b not in self._refs)
+            del table[keep:]
+        monkeypatch.setattr(CachingBlockPool, "_drop", drop)
+    s = cached()
+    chk = InvariantChecker(s)
+    toks = list(range(40))
+    with pytest.raises(InvariantViolation):
+        chk.add(hashed(1, toks, 2))
+        while s.has_unfinished():
+            chk.complete(chk.schedule())
+        chk.add(hashed(2, toks, 2))
+        while s.has_unfinished():
+            chk.complete(chk.schedule())
+        chk.check_final()
