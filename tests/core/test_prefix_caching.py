@@ -302,3 +302,20 @@ def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
         while s.has_unfinished():
             chk.complete(chk.schedule())
         chk.check_final()
+
+
+def test_cached_prefix_len_is_a_pure_query_capped_like_admission():
+    """After a 40-token prompt (blocks of 16) completes, a request sharing its first 36 tokens finds 2 blocks =
+    32 tokens; a 32-token prompt equal to the first two blocks finds only 1 block (16 tokens), since its last
+    token must be computed. The query pins nothing: the free count is unchanged."""
+    s = cached()
+    toks = list(range(40))
+    s.add(hashed(1, toks, 1))
+    run_to_end(s)
+    free = s.kv_free
+    assert s.cached_prefix_len(hashed(2, toks[:36] + [99, 98, 97, 96], 3)) == 32
+    assert s.cached_prefix_len(hashed(3, toks[:32], 3)) == 16
+    assert s.cached_prefix_len(Request(4, 40, 3)) == 0  # no block hashes
+    assert s.kv_free == free and not s.has_unfinished()
+    plain = Scheduler(64, 8, 1024, kv_policy="paged", block_size=16)
+    assert plain.cached_prefix_len(hashed(5, toks, 3)) == 0

@@ -234,6 +234,20 @@ class Scheduler(RequestLifecycle):
         cache = self._pkv.cache if self._paged else None
         return cache.num_evictions if cache is not None else 0
 
+    def cached_prefix_len(self, request: Request) -> int:
+        """Prefix caching: tokens of `request`'s prompt whose KV blocks are cached now, capped as admission
+        caps a hit (at most prompt_len - 1 tokens, in whole blocks); 0 without caching or block_hashes.
+
+        A pure query, O(blocks of the prompt): nothing is pinned and no block's recency changes, so a
+        router may ask every replica (stallfree.sim.cluster's prefix-affinity router does).
+        """
+        cache = self._pkv.cache if self._paged else None
+        hashes = request.block_hashes
+        if cache is None or not hashes:
+            return 0
+        bs = self._pkv.block_size
+        return len(cache.lookup(hashes, (request.prompt_len - 1) // bs)) * bs
+
     def num_cached_tokens(self, rid: Hashable) -> int:
         """Prefix caching: prompt tokens of live request `rid` found cached at its first admission
         (0 before it, or without caching); what the OpenAI API reports as cached_tokens.

@@ -379,6 +379,10 @@ def _run(
     ends: list[tuple[float, int, Any]] = []  # (end time, replica, in-flight step)
     i = 0
     now = arr[0] if n else 0.0
+    # Prefix caching, as in the single-replica loop: requests carry their prompt's block hashes.
+    inner0 = reps[0].inner
+    caching = bool(getattr(inner0, "enable_prefix_caching", False)) and wl.prefix_ids is not None
+    hashes, bs = wl.block_hashes, int(getattr(inner0, "block_size", 0) or 1)
     while True:
         # 1. Steps ending now complete.
         while ends and ends[0][0] <= now:
@@ -389,7 +393,7 @@ def _run(
             if i in too_long:
                 i += 1  # refused at arrival, before any router sees it (_merge records it)
                 continue
-            req = Request(i, plens[i], reps[0].loop.res.max_new[i], 0, arr[i])
+            req = Request(i, plens[i], reps[0].loop.res.max_new[i], 0, arr[i], hashes(i, bs) if caching else None)
             total = sum(r.num_outstanding for r in reps)
             if total >= nrep:
                 ratios.append(max(r.num_outstanding for r in reps) * nrep / total)
