@@ -88,6 +88,8 @@ class SchedulerConfig:
             free at admission, preemption by recompute); "paged" applies to chunked batching only.
         block_size: tokens per KV block (paged).
         watermark: fraction of blocks kept free at admission (paged), in [0, 1).
+        partial_prefills: None (the contract), or (K, L, T): Scheduler's max_num_partial_prefills,
+            max_long_partial_prefills and long_prefill_token_threshold (chunked batching only).
 
     Raises:
         ValueError: an unknown batching or kv mode, or kv="paged" with a baseline (the numbers are
@@ -101,6 +103,7 @@ class SchedulerConfig:
     kv: str = "reserve"
     block_size: int = 16
     watermark: float = 0.01
+    partial_prefills: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -116,6 +119,14 @@ class SchedulerConfig:
         Raises:
             InvalidConfig: a number is out of range.
         """
+        if self.partial_prefills is not None and self.batching == "chunked":
+            k, lng, thr = self.partial_prefills
+            paged = {"kv_policy": "paged", "block_size": self.block_size, "watermark": self.watermark}
+            return Scheduler(
+                self.token_budget, self.max_seqs, self.kv_tokens, max_num_partial_prefills=k,
+                max_long_partial_prefills=lng, long_prefill_token_threshold=thr,
+                **(paged if self.kv == "paged" else {}),  # type: ignore[arg-type]
+            )
         if self.kv == "paged":
             return Scheduler(
                 self.token_budget, self.max_seqs, self.kv_tokens, kv_policy="paged",
@@ -131,7 +142,10 @@ class SchedulerConfig:
     @property
     def label(self) -> str:
         """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
-        return f"{'paged' if self.kv == 'paged' else self.batching}/{self.token_budget}"
+        base = f"{'paged' if self.kv == 'paged' else self.batching}/{self.token_budget}"
+        if self.partial_prefills is not None:
+            base += "/K{}L{}T{}".format(*self.partial_prefills)
+        return base
 
 
 @dataclass(slots=True)
