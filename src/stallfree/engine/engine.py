@@ -115,20 +115,26 @@ def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
 
 
 def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
-                     scheduling_policy: str) -> Scheduler:
+                     scheduling_policy: str, partial: dict[str, Any] | None = None,
+                     max_model_len: int = 0) -> Scheduler:
     """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
 
     Under "paged" the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never rounded
-    below what the cache was sized for.
+    below what the cache was sized for. `partial`: the partial-prefill keywords of Scheduler; with
+    max_num_partial_prefills > 1 and no long_prefill_token_threshold, the threshold is 4% of
+    `max_model_len` (vLLM's default), at least 1 token.
 
     Raises:
         InvalidConfig: a value the scheduler refuses (it names the field).
     """
+    opts = dict(partial or {})
+    if opts.get("max_num_partial_prefills", 1) > 1 and opts.get("long_prefill_token_threshold") is None:
+        opts["long_prefill_token_threshold"] = max(1, max_model_len * 4 // 100)
     if kv_policy == "reserve":
-        return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy)
+        return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy, **opts)
     num_blocks = -(-kv_tokens // block_size)
     return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
-                     watermark=_WATERMARK, policy=scheduling_policy)
+                     watermark=_WATERMARK, policy=scheduling_policy, **opts)
 
 
 def _max_token_chars(tokenizer: Tokenizer) -> int:
@@ -164,6 +170,9 @@ class LLMEngine:
             ceil(kv_tokens / block_size) blocks and a 1% watermark).
         scheduling_policy: "fcfs" (default; a request's priority has no effect, so a server refuses
             any but 0) or "priority" (Scheduler(policy="priority"), under either KV policy).
+        max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
+            Scheduler options of the same names (default 1, None, None: the contract); with more
+            than one partial prefill the threshold defaults to 4% of the model's max_model_len.
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
@@ -182,6 +191,9 @@ class LLMEngine:
         scheduler: Any = None,
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
+        max_num_partial_prefills: int = 1,
+        max_long_partial_prefills: int | None = None,
+        long_prefill_token_threshold: int | None = None,
     ) -> None:
         _check_policies(kv_policy, scheduling_policy)
         self.model = model
@@ -195,8 +207,11 @@ class LLMEngine:
         if scheduler is None:
             if kv_tokens is None:
                 kv_tokens = self._default_kv_tokens(per_token, max_seqs)
+            partial = {"max_num_partial_prefills": max_num_partial_prefills,
+                       "max_long_partial_prefills": max_long_partial_prefills,
+                       "long_prefill_token_threshold": long_prefill_token_threshold}
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
-                                         scheduling_policy)
+                                         scheduling_policy, partial, cfg.max_model_len)
         else:
             kv_policy = "paged" if hasattr(scheduler, "block_table") else "reserve"
         self.scheduler = scheduler
@@ -327,6 +342,9 @@ class LLMEngine:
         scheduler: Any = None,
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
+        max_num_partial_prefills: int = 1,
+        max_long_partial_prefills: int | None = None,
+        long_prefill_token_threshold: int | None = None,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -354,7 +372,8 @@ class LLMEngine:
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
-                   block_size, scheduler, kv_policy, scheduling_policy)
+                   block_size, scheduler, kv_policy, scheduling_policy, max_num_partial_prefills,
+                   max_long_partial_prefills, long_prefill_token_threshold)
 
     # ------------------------------------------------------------------ requests
 
