@@ -320,8 +320,18 @@ COMBOS = [
 ]
 
 
-@pytest.mark.parametrize("options", COMBOS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items() if v) or "default")
+_COMBO_IDS = [",".join(f"{k}={v}" for k, v in o.items() if v) or "default" for o in COMBOS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", COMBOS, ids=_COMBO_IDS)
 def test_randomized_simulations_for_every_option_combination(options):
     """25 seeded simulations per combination, with random per-step budgets, keep every invariant and option rule."""
     for seed in range(25):
         RandomWorkload(seed, options=options, vary_budget=True).run()
+
+
+@pytest.mark.parametrize("options", COMBOS, ids=_COMBO_IDS)
+def test_randomized_simulations_for_every_option_combination_quick(options):
+    """One seeded simulation of 15 requests per combination keeps every invariant and option rule."""
+    RandomWorkload(0, num_requests=15, options=options, vary_budget=True).run()

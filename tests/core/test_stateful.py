@@ -119,5 +119,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.chk.check_final()
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60)
-TestSchedulerMachine = SchedulerMachine.TestCase
+class TestSchedulerMachine(SchedulerMachine.TestCase):
+    """150 examples of up to 60 steps."""
+
+    settings = settings(max_examples=150, stateful_step_count=60)
+    pytestmark = pytest.mark.slow
+
+
+class TestSchedulerMachineQuick(SchedulerMachine.TestCase):
+    """The same state machine, 10 examples of up to 30 steps (the quick set's share)."""
+
+    settings = settings(max_examples=10, stateful_step_count=30)

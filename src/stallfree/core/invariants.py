@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from stallfree.core.errors import StallfreeError
 from stallfree.core.plan import StepPlan
@@ -273,8 +274,11 @@ class InvariantChecker:
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
-        chunks, left, free = self._partial_chunk(left, free, victims)
-        admitted = self._admissions(left, free, chunks) if not victims else []
+        if s.max_num_partial_prefills > 1:
+            chunks, admitted = _MultiRules.prefills(self, left, free, victims)
+        else:
+            chunks, left, free = self._partial_chunk(left, free, victims)
+            admitted = self._admissions(left, free, chunks) if not victims else []
         if victims:
             self._waiting.extend(victims)
         got = [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills]
@@ -289,10 +293,13 @@ class InvariantChecker:
             if b and not c.is_last and (c.start + c.num_tokens) % b:
                 self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")
         partials = [c for c in plan.prefills if not c.is_last]
-        if len(partials) > 1 or (partials and partials[-1] is not plan.prefills[-1]):
+        if s.max_num_partial_prefills > 1:
+            _MultiRules.check_counts(self, plan)
+        elif len(partials) > 1 or (partials and partials[-1] is not plan.prefills[-1]):
             self._fail("one partial prefill", f"{plan.prefills}")
         if oldest is not None and self._reqs[oldest].running and not self._in_plan(oldest, plan) and (
-                self._paged and len(self._ready) <= budget and not s.num_spec_tokens and not s.align_chunks):
+                s.max_num_partial_prefills == 1 and self._paged and len(self._ready) <= budget
+                and not s.num_spec_tokens and not s.align_chunks):
             self._fail("the oldest running request progresses", f"{oldest!r} not in {entries}")
 
     def _chosen_decodes(self, plan: StepPlan, costs: dict[Hashable, int]) -> list[Hashable]:
@@ -696,3 +703,138 @@ class _CacheRules:
 #: The paged checker's former names: the one checker checks both KV policies.
 PagedInvariantChecker = InvariantChecker
 PagedInvariantViolation = InvariantViolation
+
+
+class _MultiRules:
+    """The partial-prefill options' part of the checker (max_num_partial_prefills = K > 1): the step's
+    prefill chunks and admissions worked out from the rule in docs/scheduling.md, and the counts."""
+
+    @staticmethod
+    def prefills(
+        chk: InvariantChecker, left: int, free: int, victims: list[Hashable]
+    ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable]]:
+        """The chunks (rid, tokens, start, is_last) and admissions of a step with `left` tokens after decodes."""
+        s = chk.scheduler
+        reqs = chk._reqs
+        thr = s.long_prefill_token_threshold
+        assert thr is not None
+        running = chk._running
+        partials = [r for r in running if reqs[r].prefilled < reqs[r].target]
+        if s.policy == "priority":
+            partials.sort(key=chk._key)
+        rows: list[list[Any]] = []
+        num_partial = num_long = 0
+        for rid in partials:
+            sh = reqs[rid]
+            if not sh.running:
+                continue
+            rest = sh.target - sh.prefilled
+            n = chk._chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
+            if n and chk._paged:
+                need = chk._blocks(sh.prefilled + n) - sh.blocks
+                while need > free:
+                    later = [r for r in partials if reqs[r].running and running.index(r) > running.index(rid)]
+                    if not later:
+                        n = 0
+                        break
+                    if s.policy == "priority":
+                        victim = max(later, key=lambda r: (chk._key(r)[0], running.index(r)))
+                    else:
+                        victim = max(later, key=running.index)
+                    free += reqs[victim].blocks
+                    chk._preempt(victim, victims)
+                if n:
+                    free -= max(need, 0)
+                    sh.blocks += max(need, 0)
+            if n:
+                rows.append([rid, n, sh.prefilled, n == rest])
+                left -= n
+            if n != rest:
+                num_partial += 1
+                num_long += rest > thr
+        if victims:
+            return [tuple(r) for r in rows if reqs[r[0]].running], []
+        admitted, left, free = _MultiRules.admissions(chk, left, free, rows, num_partial, num_long)
+        for row in rows:  # the budget left goes back to the unfinished chunks, in order
+            if left <= 0:
+                break
+            if row[3]:
+                continue
+            sh = reqs[row[0]]
+            end = row[2] + row[1]
+            rest = sh.target - end
+            n = chk._chunk(rest, left)
+            if n == 0:
+                break
+            if chk._paged:
+                need = chk._blocks(end + n) - sh.blocks
+                if need > free:
+                    break
+                free -= max(need, 0)
+                sh.blocks += max(need, 0)
+            row[1] += n
+            row[3] = n == rest
+            left -= n
+            if n != rest:
+                break
+        return [tuple(r) for r in rows], admitted
+
+    @staticmethod
+    def admissions(
+        chk: InvariantChecker, left: int, free: int, rows: list[list[Any]], num_partial: int, num_long: int
+    ) -> tuple[list[Hashable], int, int]:
+        """Admission in queue order; a long head is passed only while L long prompts are partial."""
+        s = chk.scheduler
+        thr = s.long_prefill_token_threshold
+        assert thr is not None
+        admitted: list[Hashable] = []
+        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running) if not chk._paged else 0
+        for rid in _MultiRules.queue_order(chk):
+            sh = chk._reqs[rid]
+            if left <= 0 or len(chk._running) >= s.max_seqs:
+                break
+            is_long = sh.target > thr
+            if is_long and num_long >= s.max_long_partial_prefills:
+                continue
+            n = chk._chunk(sh.target, min(left, thr) if is_long else left)
+            last = n == sh.target
+            if n == 0 or (not last and num_partial >= s.max_num_partial_prefills):
+                break
+            if chk._paged:
+                want = chk._blocks(sh.target) if sh.preemptions else chk._blocks(n)
+                if want > free or (chk._running and free - want < s.watermark_blocks):
+                    break
+                free -= chk._blocks(n)
+                sh.blocks = chk._blocks(n)
+            else:
+                if reserved + s.kv_needed(sh.req) > s.kv_total:
+                    break
+                reserved += s.kv_needed(sh.req)
+            chk._waiting.remove(rid)
+            chk._running.append(rid)
+            sh.running = True
+            rows.append([rid, n, 0, last])
+            admitted.append(rid)
+            if not last:
+                num_partial += 1
+                num_long += is_long
+            left = left - n if last or is_long else 0
+        return admitted, left, free
+
+    @staticmethod
+    def queue_order(chk: InvariantChecker) -> list[Hashable]:
+        """Priority: by key; FCFS: preempted requests first (they return to the front), then add order."""
+        if chk.scheduler.policy == "priority":
+            return chk._queue_order()
+        return sorted(chk._waiting, key=lambda r: (not chk._reqs[r].preemptions, chk._reqs[r].order))
+
+    @staticmethod
+    def check_counts(chk: InvariantChecker, plan: StepPlan) -> None:
+        """After the step: at most K prompts partially prefilled; a long chunk in the partial phase <= T."""
+        s = chk.scheduler
+        reqs = chk._reqs
+        partial = [r for r in chk._running if reqs[r].prefilled < reqs[r].target]
+        done = {c.rid for c in plan.prefills if c.is_last}
+        still = [r for r in partial if r not in done]
+        if len(still) > s.max_num_partial_prefills:
+            chk._fail("at most K partial prefills", f"{still} > {s.max_num_partial_prefills}")

@@ -235,6 +235,9 @@ class RequestLifecycle:
                 self._prefilling = None
             last_rids.append(chunk.rid)
             self._first_token(obj, step)
+            if stopped_objs and obj.status is _FINISHED and any(o is obj for o in stopped_objs):
+                # A stop on the last allowed token is "stop", from a prefill chunk as from a decode.
+                self.last_finished[obj.rid] = FinishReason.STOP
         for obj in stopped_objs:
             if obj.status is not _FINISHED:
                 self._finish(obj, FinishReason.STOP)

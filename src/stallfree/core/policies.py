@@ -27,6 +27,7 @@ __all__ = [
     "PriorityQueue",
     "Rotate",
     "build_policies",
+    "check_partial_prefills",
 ]
 
 
@@ -90,6 +91,7 @@ class WaitingQueue(Protocol):
     def head(self) -> Any | None: ...
     def pop_head(self) -> Any: ...
     def remove(self, obj: Any) -> None: ...
+    def in_order(self) -> list[Any]: ...
     def __len__(self) -> int: ...
 
 
@@ -114,6 +116,10 @@ class FCFSQueue:
 
     def remove(self, obj: Any) -> None:
         self._q.remove(obj)
+
+    def in_order(self) -> list[Any]:
+        """The waiting requests in queue order (head first); O(queue)."""
+        return list(self._q)
 
     def __len__(self) -> int:
         return len(self._q)
@@ -149,6 +155,10 @@ class PriorityQueue:
 
     def remove(self, obj: Any) -> None:
         self._items.remove(obj)
+
+    def in_order(self) -> list[Any]:
+        """The waiting requests in queue order (most urgent first); O(queue log queue)."""
+        return sorted(self._items, key=self.key)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -243,3 +253,59 @@ def build_policies(
     else:
         raise InvalidConfig(f"decode_overflow must be 'oldest' or 'rotate', got {decode_overflow!r}")
     return chunking, policy, selection
+
+
+def check_partial_prefills(
+    max_num_partial_prefills: int,
+    max_long_partial_prefills: int | None,
+    long_prefill_token_threshold: int | None,
+    block_size: int | None,
+) -> tuple[int, int, int | None]:
+    """Validate the partial-prefill options of Scheduler(...) and fill in their defaults.
+
+    K = max_num_partial_prefills prompts may be partially prefilled at once, at most L =
+    max_long_partial_prefills of them long, where a prompt is long when its tokens still to compute
+    exceed T = long_prefill_token_threshold. K = 1 is the contract (one partial prefill); then L and
+    T must be left unset. With K > 1, L defaults to 1 (vLLM's default) and T is required: the core
+    has no context length, so the simulator and the engine pass 4% of the model's context length
+    (vLLM's default).
+
+    Args:
+        max_num_partial_prefills: K, an integer >= 1.
+        max_long_partial_prefills: L, None or an integer from 1 to K.
+        long_prefill_token_threshold: T in tokens, None or an integer >= 1 (>= block_size when
+            chunks are block-aligned, so that a long prompt's chunk is never 0 tokens).
+        block_size: the chunk alignment in tokens, or None.
+
+    Returns:
+        (K, L, T), with L = K = 1 and T = None for the contract.
+
+    Raises:
+        InvalidConfig: a value out of range, T missing with K > 1, or L or T given with K = 1.
+    """
+    k = check_positive_int("max_num_partial_prefills", max_num_partial_prefills)
+    if k == 1:
+        if max_long_partial_prefills not in (None, 1) or long_prefill_token_threshold is not None:
+            raise InvalidConfig(
+                "max_long_partial_prefills and long_prefill_token_threshold apply when "
+                f"max_num_partial_prefills > 1; got {max_long_partial_prefills!r} and "
+                f"{long_prefill_token_threshold!r} with max_num_partial_prefills=1"
+            )
+        return 1, 1, None
+    lng = 1 if max_long_partial_prefills is None else check_positive_int(
+        "max_long_partial_prefills", max_long_partial_prefills)
+    if lng > k:
+        raise InvalidConfig(
+            f"max_long_partial_prefills ({lng}) must be <= max_num_partial_prefills ({k})"
+        )
+    if long_prefill_token_threshold is None:
+        raise InvalidConfig(
+            f"max_num_partial_prefills={k} needs long_prefill_token_threshold (tokens; the simulator "
+            "and the engine default it to 4% of the context length), got None"
+        )
+    t = check_positive_int("long_prefill_token_threshold", long_prefill_token_threshold)
+    if block_size is not None and t < block_size:
+        raise InvalidConfig(
+            f"long_prefill_token_threshold ({t}) must be >= block_size ({block_size}) when chunks are block-aligned"
+        )
+    return k, lng, t

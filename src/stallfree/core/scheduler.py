@@ -23,7 +23,13 @@ from stallfree.core.kv import PagedKV, ReservationKV, check_watermark
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
-from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
+from stallfree.core.policies import (
+    FCFSQueue,
+    PriorityQueue,
+    WaitingQueue,
+    build_policies,
+    check_partial_prefills,
+)
 from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["KV_POLICIES", "PagedScheduler", "Scheduler"]
@@ -86,6 +92,15 @@ class Scheduler(RequestLifecycle):
     - decode_overflow="oldest" | "rotate": when ready decodes do not fit the budget.
     - num_spec_tokens=k: a decode costs 1 + min(k, max_new - generated - 1, budget - 1) tokens;
       complete(num_accepted=) says how many it emitted.
+    - max_num_partial_prefills=K > 1, max_long_partial_prefills=L, long_prefill_token_threshold=T:
+      up to K prompts partially prefilled at once, at most L of them long (tokens still to compute
+      > T). The step: decodes; the partial prefills in admission (or priority) order, a long one
+      taking at most T tokens; admissions in queue order, a long head taking at most T and passed
+      by shorter ones only while L long prompts are partially prefilled; then the budget left goes
+      back to the partial prefills in order. The first partial prefill in order gains at least
+      min(T, rest, budget left after decodes) tokens a step (rounded down to block_size when
+      chunks are aligned). Under "paged" a partial prefill that lacks blocks preempts only newer
+      partial prefills, else waits a step.
 
     Args:
         token_budget: the most tokens in one step (vLLM's max_num_batched_tokens), >= 1.
@@ -124,6 +139,9 @@ class Scheduler(RequestLifecycle):
         decode_overflow: str = "oldest",
         num_spec_tokens: int = 0,
         enable_prefix_caching: bool = False,
+        max_num_partial_prefills: int = 1,
+        max_long_partial_prefills: int | None = None,
+        long_prefill_token_threshold: int | None = None,
     ) -> None:
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
@@ -155,6 +173,21 @@ class Scheduler(RequestLifecycle):
             block_size if self.align_chunks else None, policy, aging_interval, clock, decode_overflow, num_spec_tokens
         )
         self.block_size = block_size
+        self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold = (
+            check_partial_prefills(
+                max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold,
+                block_size if self.align_chunks else None,
+            )
+        )
+        self._multi = self.max_num_partial_prefills > 1
+        if self._multi and enable_prefix_caching:
+            # The K > 1 admission path does not look up cached prefixes yet; refusing is better than a
+            # cache that silently never hits.
+            raise InvalidConfig(
+                f"max_num_partial_prefills={self.max_num_partial_prefills} cannot be combined with "
+                "enable_prefix_caching=True yet: use one partial prefill (the default) with prefix caching"
+            )
+        self._partials: list[LiveRequest] = []  # K > 1: the prompts in prefill, admission order
         if block_size is not None and (
             kv_tokens < block_size or (self.align_chunks and token_budget < block_size)
         ):
@@ -332,12 +365,17 @@ class Scheduler(RequestLifecycle):
         victims: list[LiveRequest] = []
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step, victims)
         prefills: list[ScheduledChunk] = []
-        left = self._schedule_partial_prefill(budget - used, prefills, victims)
-        if victims:
-            admitted: tuple[Hashable, ...] = ()
-            self._requeue(victims)
+        admitted: tuple[Hashable, ...] = ()
+        if self._multi:
+            admitted = self._schedule_multi(budget - used, prefills, victims)
+            if victims:
+                self._requeue(victims)
         else:
-            admitted = self._admit(left, prefills)
+            left = self._schedule_partial_prefill(budget - used, prefills, victims)
+            if victims:
+                self._requeue(victims)
+            else:
+                admitted = self._admit(left, prefills)
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -433,6 +471,8 @@ class Scheduler(RequestLifecycle):
         """The running request preempted so that `obj` gets a block: among those admitted after it,
         the newest (fcfs), or the least urgent, newest first among equals (priority); else itself."""
         recs = self._decodes.recs
+        if self._multi:
+            return self._victim_multi(obj, recs + self._partials)
         if self.policy != "priority":
             # Decodes join in admission order and nothing is admitted behind a partial prefill, so
             # the newest running request is the partial prefill, else the last decode.
@@ -442,6 +482,16 @@ class Scheduler(RequestLifecycle):
         later = [o for o in running if o.admit_seq > obj.admit_seq]
         if not later:
             return obj
+        return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
+
+    def _victim_multi(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest:
+        """K > 1: among the running requests admitted after `obj`, the newest (fcfs) or the least
+        urgent, newest first among equals (priority); else `obj` itself."""
+        later = [o for o in running if o.admit_seq > obj.admit_seq]
+        if not later:
+            return obj
+        if self.policy != "priority":
+            return max(later, key=_by_admission)
         return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
 
     def _spec_costs(self, spec: int, step: int) -> tuple[tuple[int, ...], int]:
@@ -546,6 +596,124 @@ class Scheduler(RequestLifecycle):
             left = left - n if n == obj.target - start else 0  # as for the partial prefill above
         return tuple(admitted)
 
+    def _schedule_multi(self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest]) -> tuple[Hashable, ...]:
+        """K > 1: the partial prefills, admissions, then the budget left back to the partial prefills.
+
+        Returns the admitted rids; `out` gets one chunk per prompt in prefill order.
+        """
+        thr = self.long_prefill_token_threshold
+        assert thr is not None
+        chunking = self._chunking
+        partials = self._partials
+        if self.policy == "priority" and len(partials) > 1:
+            partials = sorted(partials, key=self.priority_key)
+        else:
+            partials = list(partials)
+        # Prompts still partial after this step, and how many of them are long (rest > T at the step's start).
+        num_partial = num_long = 0
+        for obj in partials:
+            if obj.status is not _PREFILLING:
+                continue  # a victim of a decode's block in this step
+            done = obj.num_prefilled
+            rest = obj.target - done
+            n = chunking.chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
+            if n and self._paged and not self._grow_partial(obj, done + n, partials, victims):
+                n = 0
+            if n:
+                out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
+                left -= n
+            if n != rest:
+                num_partial += 1
+                num_long += rest > thr
+        if victims:
+            live = self._live
+            out[:] = [c for c in out if live[c.rid].status is _PREFILLING]
+            self._count_recomputed(out)
+            return ()
+        admitted, left = self._admit_multi(left, out, num_partial, num_long)
+        self._top_up(left, out)
+        self._count_recomputed(out)
+        return admitted
+
+    def _grow_partial(self, obj: LiveRequest, tokens: int, partials: list[LiveRequest],
+                      victims: list[LiveRequest]) -> bool:
+        """Paged, K > 1: blocks for a partial prefill's chunk, preempting only newer partial prefills
+        (the victim rule among them); False (no chunk this step) when they do not suffice."""
+        kv = self._pkv
+        while not kv.grow(obj, tokens):
+            later = [o for o in partials if o.status is _PREFILLING and o.admit_seq > obj.admit_seq]
+            if not later:
+                return False
+            self._preempt(self._victim_multi(obj, later), self._step, victims)
+        return True
+
+    def _admit_multi(
+        self, left: int, out: list[ScheduledChunk], num_partial: int, num_long: int
+    ) -> tuple[tuple[Hashable, ...], int]:
+        """K > 1 admission in queue order: a long head takes at most T tokens and is passed by the
+        requests behind it while L long prompts are partially prefilled; any other head that does not
+        fit (slot, budget, KV, or a K-th partial prefill) stops admission. Returns (rids, budget left)."""
+        if not len(self._waiting) or left <= 0:
+            return (), left
+        thr = self.long_prefill_token_threshold
+        assert thr is not None
+        kv = self._kv
+        admitted: list[Hashable] = []
+        for obj in self._waiting.in_order():
+            if left <= 0 or self._num_running >= self.max_seqs:
+                break
+            rest = obj.target
+            is_long = rest > thr
+            if is_long and num_long >= self.max_long_partial_prefills:
+                continue  # the issue's rule: a short prompt may pass a long one only here
+            n = self._chunking.chunk(rest, min(left, thr) if is_long else left)
+            last = n == rest
+            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not kv.can_admit(
+                    obj, n, self._num_running):
+                break
+            self._waiting.remove(obj)
+            kv.admit(obj, n)
+            self._num_running += 1
+            obj.status = _PREFILLING
+            obj.admit_seq = self._admit_seq
+            self._admit_seq += 1
+            if obj.admitted_step is None:
+                obj.admitted_step = self._step
+            self._partials.append(obj)
+            out.append(ScheduledChunk(obj.rid, n, True, 0, last))
+            admitted.append(obj.rid)
+            if not last:
+                num_partial += 1
+                num_long += is_long
+            # A short prompt that does not finish keeps what is left, as under the contract.
+            left = left - n if last or is_long else 0
+        return tuple(admitted), left
+
+    def _top_up(self, left: int, out: list[ScheduledChunk]) -> None:
+        """Work conservation: the budget left goes to the unfinished chunks in order (paged: only
+        with free blocks; nothing is preempted for it)."""
+        for i, c in enumerate(out):
+            if left <= 0:
+                break
+            if c.is_last:
+                continue
+            obj = self._live[c.rid]
+            end = c.start + c.num_tokens
+            rest = obj.target - end
+            n = self._chunking.chunk(rest, left)
+            if n == 0 or (self._paged and not self._pkv.grow(obj, end + n)):
+                break
+            out[i] = c._replace(num_tokens=c.num_tokens + n, is_last=n == rest)
+            left -= n
+            if n != rest:
+                break
+
+    def _count_recomputed(self, out: list[ScheduledChunk]) -> None:
+        live = self._live
+        for c in out:
+            if live[c.rid].num_preemptions:
+                self.num_recomputed_tokens += c.num_tokens
+
     def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None:
         """Preempt a running request by recompute: free its KV, queue it to prefill prompt + generated."""
         gen = obj.num_output_tokens
@@ -638,6 +806,8 @@ class Scheduler(RequestLifecycle):
             self._decodes.leave(obj)
         elif self._prefilling is obj:
             self._prefilling = None
+        if self._multi and obj in self._partials:
+            self._partials.remove(obj)
         self._num_running -= 1
 
     def _validate_accepted(
@@ -666,6 +836,8 @@ class Scheduler(RequestLifecycle):
         """The last chunk of an episode sampled token gen0 + 1: finish, or start decoding."""
         if obj.first_token_step is None:
             obj.first_token_step = step
+        if self._multi:
+            self._partials.remove(obj)
         obj.status = _DECODING
         obj.decode_step = step
         if obj.gen0 + 1 == obj.limit:

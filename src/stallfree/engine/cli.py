@@ -122,6 +122,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a .gguf file or Hugging Face directory (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--token-budget", type=positive_int, default=512, help="tokens per step (512)")
+    p.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
+                   help="prompts partially prefilled at once (default 1)")
+    p.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
+                   help="of those, at most L long ones (default 1)")
+    p.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
+                   help="a prompt is long when more than T tokens are left (default: 4%% of max_model_len)")
     p.add_argument("--max-seqs", type=positive_int, default=64, help="running requests at most (64)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity in tokens (auto)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
@@ -163,7 +169,10 @@ def _load(args: argparse.Namespace) -> Any:
         torch.set_num_threads(args.threads)
     return LLMEngine.from_pretrained(args.model, token_budget=args.token_budget,
                                      max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
-                                     device=args.device, dtype=args.dtype)
+                                     device=args.device, dtype=args.dtype,
+                                     max_num_partial_prefills=args.max_num_partial_prefills,
+                                     max_long_partial_prefills=args.max_long_partial_prefills,
+                                     long_prefill_token_threshold=args.long_prefill_token_threshold)
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -122,20 +122,27 @@ def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
 
 
 def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
-                     scheduling_policy: str, enable_prefix_caching: bool = False) -> Scheduler:
+                     scheduling_policy: str, enable_prefix_caching: bool = False,
+                     partial: dict[str, Any] | None = None, max_model_len: int = 0) -> Scheduler:
     """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
 
     Under "paged" the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never rounded
-    below what the cache was sized for.
+    below what the cache was sized for. `partial`: the partial-prefill keywords of Scheduler; with
+    max_num_partial_prefills > 1 and no long_prefill_token_threshold, the threshold is 4% of
+    `max_model_len` (vLLM's default), at least 1 token.
 
     Raises:
         InvalidConfig: a value the scheduler refuses (it names the field).
     """
+    opts = dict(partial or {})
+    if opts.get("max_num_partial_prefills", 1) > 1 and opts.get("long_prefill_token_threshold") is None:
+        opts["long_prefill_token_threshold"] = max(1, max_model_len * 4 // 100)
     if kv_policy == "reserve":
-        return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy)
+        return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy, **opts)
     num_blocks = -(-kv_tokens // block_size)
     return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
-                     watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching)
+                     watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching,
+                     **opts)
 
 
 def _max_token_chars(tokenizer: Tokenizer) -> int:
@@ -174,6 +181,9 @@ class LLMEngine:
         enable_prefix_caching: "paged" only: each prompt's full blocks are hashed from its token ids
             (hash_blocks) and the scheduler reuses cached KV blocks, so a prefill starts after the
             longest cached prefix (docs/prefix_caching.md).
+        max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
+            Scheduler options of the same names (default 1, None, None: the contract); with more
+            than one partial prefill the threshold defaults to 4% of the model's max_model_len.
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
@@ -193,6 +203,9 @@ class LLMEngine:
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
         enable_prefix_caching: bool = False,
+        max_num_partial_prefills: int = 1,
+        max_long_partial_prefills: int | None = None,
+        long_prefill_token_threshold: int | None = None,
     ) -> None:
         _check_policies(kv_policy, scheduling_policy)
         if enable_prefix_caching and kv_policy != "paged" and scheduler is None:
@@ -208,8 +221,11 @@ class LLMEngine:
         if scheduler is None:
             if kv_tokens is None:
                 kv_tokens = self._default_kv_tokens(per_token, max_seqs)
+            partial = {"max_num_partial_prefills": max_num_partial_prefills,
+                       "max_long_partial_prefills": max_long_partial_prefills,
+                       "long_prefill_token_threshold": long_prefill_token_threshold}
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
-                                         scheduling_policy, enable_prefix_caching)
+                                         scheduling_policy, enable_prefix_caching, partial, cfg.max_model_len)
         else:
             kv_policy = "paged" if hasattr(scheduler, "block_table") else "reserve"
         self.scheduler = scheduler
@@ -348,6 +364,9 @@ class LLMEngine:
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
         enable_prefix_caching: bool = False,
+        max_num_partial_prefills: int = 1,
+        max_long_partial_prefills: int | None = None,
+        long_prefill_token_threshold: int | None = None,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -380,7 +399,8 @@ class LLMEngine:
         ckpt = load_checkpoint(path)
         model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
-                   block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching)
+                   block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching,
+                   max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold)
 
     # ------------------------------------------------------------------ requests
 

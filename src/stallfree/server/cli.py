@@ -65,6 +65,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
                    "with aging; needs --kv-policy reserve in this version)")
+    p.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
+                   help="prompts partially prefilled at once (default 1)")
+    p.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
+                   help="of those, at most L long ones (default 1)")
+    p.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
+                   help="a prompt is long when more than T tokens are left (default: 4%% of max_model_len)")
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
                    "length); the scheduler reserves KV for prompt + max_tokens")
@@ -103,6 +109,9 @@ def build_engine(args: argparse.Namespace) -> Any:
         kv_policy=args.kv_policy,
         scheduling_policy=args.scheduling_policy,
         enable_prefix_caching=prefix_caching(args),
+        max_num_partial_prefills=args.max_num_partial_prefills,
+        max_long_partial_prefills=args.max_long_partial_prefills,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
 
 

@@ -61,6 +61,9 @@ def _check_options(
         raise SetupError("--scheduler paged runs chunked batching: drop --batching", usage=True)
     if step_time_target is not None and modes != ["chunked"]:
         raise SetupError("--step-time-target drives the chunked scheduler: drop --compare and --batching", usage=True)
+    if step_time_target is not None and setup.partial_prefills() is not None:
+        raise SetupError("--step-time-target does not take the partial-prefill options in this version: "
+                         "drop --max-num-partial-prefills", usage=True)
 
 
 def run_experiment(

@@ -269,6 +269,9 @@ class Setup:
         watermark: paged: fraction of KV blocks kept free at admission, in [0, 1).
         prefix_caching: paged: reuse cached prompt blocks (the workload's prefix ids; a workload
             without them simply never hits).
+        max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
+            Scheduler options of the same names (K, L, T); with K > 1 and T None, T is 4% of the
+            model's context length (vLLM's default), at least 1 token.
 
     Raises:
         SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
@@ -282,6 +285,9 @@ class Setup:
     block_size: int = 16
     watermark: float = 0.01
     prefix_caching: bool = False
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int | None = None
+    long_prefill_token_threshold: int | None = None
     base_workload: Workload = field(init=False)
     rate_scale: float = field(init=False)
     workload: Workload = field(init=False)
@@ -305,7 +311,25 @@ class Setup:
         return SchedulerConfig(
             self.kv_tokens, budget, self.max_seqs, batching, kv, self.block_size, self.watermark,
             self.prefix_caching and kv == "paged",
+            self.partial_prefills(),
         )
+
+    def partial_prefills(self) -> tuple[int, int, int] | None:
+        """(K, L, T) of the partial-prefill options, or None when K = 1 (the contract).
+
+        Raises:
+            SetupError: K > 1 with neither a threshold nor a known context length to take 4% of.
+        """
+        k = self.max_num_partial_prefills
+        if k == 1 and self.max_long_partial_prefills is None and self.long_prefill_token_threshold is None:
+            return None
+        thr = self.long_prefill_token_threshold
+        if thr is None and k > 1:
+            if self.context_length is None:
+                raise SetupError("--max-num-partial-prefills > 1 needs --long-prefill-token-threshold "
+                                 "(the model's context length is unknown)", usage=True)
+            thr = max(1, self.context_length * 4 // 100)  # vLLM's default: 4% of max_model_len
+        return k, self.max_long_partial_prefills or 1, thr  # type: ignore[return-value]
 
     def header(self) -> dict[str, Any]:
         """Return the facts of the report's header (workload, rate, hardware, capacities, notes)."""

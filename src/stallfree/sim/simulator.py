@@ -90,6 +90,8 @@ class SchedulerConfig:
         watermark: fraction of blocks kept free at admission (paged), in [0, 1).
         prefix_caching: paged only: enable_prefix_caching=True; requests carry the workload's
             prefix blocks as block hashes (Workload.block_hashes).
+        partial_prefills: None (the contract), or (K, L, T): Scheduler's max_num_partial_prefills,
+            max_long_partial_prefills and long_prefill_token_threshold (chunked batching only).
 
     Raises:
         ValueError: an unknown batching or kv mode, kv="paged" with a baseline, or prefix_caching
@@ -104,6 +106,7 @@ class SchedulerConfig:
     block_size: int = 16
     watermark: float = 0.01
     prefix_caching: bool = False
+    partial_prefills: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -121,6 +124,15 @@ class SchedulerConfig:
         Raises:
             InvalidConfig: a number is out of range.
         """
+        if self.partial_prefills is not None and self.batching == "chunked":
+            k, lng, thr = self.partial_prefills
+            paged = {"kv_policy": "paged", "block_size": self.block_size, "watermark": self.watermark,
+                     "enable_prefix_caching": self.prefix_caching}
+            return Scheduler(
+                self.token_budget, self.max_seqs, self.kv_tokens, max_num_partial_prefills=k,
+                max_long_partial_prefills=lng, long_prefill_token_threshold=thr,
+                **(paged if self.kv == "paged" else {}),  # type: ignore[arg-type]
+            )
         if self.kv == "paged":
             return Scheduler(
                 self.token_budget, self.max_seqs, self.kv_tokens, kv_policy="paged",
@@ -137,7 +149,10 @@ class SchedulerConfig:
     def label(self) -> str:
         """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
         kind = ("paged+cache" if self.prefix_caching else "paged") if self.kv == "paged" else self.batching
-        return f"{kind}/{self.token_budget}"
+        base = f"{kind}/{self.token_budget}"
+        if self.partial_prefills is not None:
+            base += "/K{}L{}T{}".format(*self.partial_prefills)
+        return base
 
 
 @dataclass(slots=True)

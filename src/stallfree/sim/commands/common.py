@@ -152,6 +152,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
     )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
+    s.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
+                   help="prompts partially prefilled at once (default 1, the contract)")
+    s.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
+                   help="of those, at most L long ones (default 1)")
+    s.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
+                   help="a prompt is long when more than T tokens are left (default: 4%% of the context length)")
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
@@ -205,6 +211,9 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         block_size=getattr(args, "block_size", 16),
         watermark=getattr(args, "watermark", 0.01),
         prefix_caching=getattr(args, "prefix_caching", False),
+        max_num_partial_prefills=getattr(args, "max_num_partial_prefills", 1),
+        max_long_partial_prefills=getattr(args, "max_long_partial_prefills", None),
+        long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", None),
     )
 
 
