@@ -360,3 +360,27 @@ def test_b37_no_part_of_a_stop_string_is_ever_streamed(make_engine, run_to_end, 
     for o in outs:
         sent += o.text
         assert text.startswith(sent) and stop not in sent
+
+
+def test_engine_follows_a_reservation_schedulers_tables(model, checkpoint, run_to_end):
+    """A reservation Scheduler (budget 4, blocks of 4, 32 tokens) passed in: the cache is its 8 blocks, the
+    greedy outputs are exact, and every block is back in its pool at the end."""
+    from stallfree import Scheduler
+    from stallfree.engine import LLMEngine
+
+    sched = Scheduler(4, 2, 32, block_size=4)  # chunks aligned to blocks (the default with a block_size)
+    eng = LLMEngine(model, checkpoint.tokenizer, scheduler=sched)
+    assert (eng.kv.num_blocks, eng.block_size, eng.kv_policy) == (8, 4, "reserve")
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=3, **GREEDY))
+    outs = run_to_end(eng)
+    assert [t for o in outs["a"] for t in o.new_token_ids] == [7042, 30, 198]
+    assert sched.num_free_blocks == 8 == len(sched.free_block_ids())
+
+
+def test_engine_refuses_a_scheduler_without_block_tables(model, checkpoint):
+    """A reservation Scheduler built without a block_size hands out no tables: InvalidConfig names it."""
+    from stallfree import InvalidConfig, Scheduler
+    from stallfree.engine import LLMEngine
+
+    with pytest.raises(InvalidConfig, match="block_table"):
+        LLMEngine(model, checkpoint.tokenizer, scheduler=Scheduler(8, 2, 64))
