@@ -48,7 +48,8 @@ def test_paged_pool_is_kv_tokens_over_block_size_rounded_down_and_paged_schedule
     p = PagedScheduler(8, 4, 62, 16, 0.01)
     assert isinstance(p, Scheduler) and (p.num_blocks, p.kv_total, p.kv_policy) == (62, 992, "paged")
     assert Scheduler(16, 4, 1001, block_size=16).align_chunks is True
-    assert Scheduler(16, 4, 1001, block_size=16).block_table is None  # reserve hands out no block ids
+    assert Scheduler(16, 4, 1001, block_size=16).block_table is not None  # ids out of the reservations
+    assert Scheduler(16, 4, 1001).block_table is None  # no block size: tokens are counted, not blocks
 
 
 def _victim_run(policy: str) -> list[tuple[tuple[object, ...], tuple[object, ...]]]:
@@ -149,3 +150,64 @@ def test_randomized_paged_simulations_for_every_option_combination(options):
 def test_paged_checker_name_is_the_one_checker():
     """PagedInvariantChecker, the paged checker's former name, is the one InvariantChecker."""
     assert PagedInvariantChecker is InvariantChecker
+
+
+def test_reserve_block_tables_by_hand():
+    """Reserve with blocks of 4 (kv 32 = 8 blocks, chunks not aligned, budget 8): a (7 + 3) reserves 3
+    blocks, b (4 + 1) 2; step 0 runs a's 7 and b's first token; a's table, read first, gets blocks 0
+    and 1, b's block 2; a's decode at position 8 takes block 3; reading tables never moves kv_free
+    (12, 20 once b is done, 32 at the end), and every id goes back."""
+    s = Scheduler(8, 2, 32, block_size=4, align_chunks=False)
+    s.add(Request("a", 7, 3))
+    s.add(Request("b", 4, 1))
+    p0 = s.schedule()
+    assert [(c.rid, c.num_tokens) for c in p0] == [("a", 7), ("b", 1)]
+    table = s.block_table
+    assert table is not None
+    assert (table("a"), table("b"), s.kv_free) == ((0, 1), (2,), 32 - 12 - 8)
+    s.complete(p0)
+    assert (table("a"), table("b"), s.kv_free) == ((0, 1), (2,), 12)  # b has 1 token in its KV: 1 block
+    p1 = s.schedule()  # a's decode at 7, b's chunk of 3
+    assert (table("a"), table("b")) == ((0, 1), (2,))
+    s.complete(p1)  # b finishes on its first token
+    assert table("a") == (0, 1) and s.kv_free == 32 - 12
+    with pytest.raises(KeyError, match="'b'"):
+        table("b")
+    p2 = s.schedule()  # a's decode at 8: a third block, the last freed first
+    assert table("a") == (0, 1, 2)
+    s.complete(p2)
+    assert not s.has_unfinished() and s.kv_free == 32 and sorted(s.free_block_ids()) == list(range(8))
+
+
+@pytest.mark.parametrize("spec", [0, 2], ids=["plain", "spec2"])
+def test_reserve_tables_read_like_an_engine_cover_each_entry_and_keep_the_plans(spec):
+    """10 seeded checked runs under reserve with blocks of 4 (aborts, early stops, accepted speculative
+    tokens): tables read after every schedule() cover exactly each entry's tokens, never share a block,
+    and reading them changes neither kv_free nor the plans (they equal a twin's that is never read)."""
+    for seed in range(10):
+        rng = random.Random(seed)
+        budget, max_seqs = rng.randint(4, 40), rng.randint(1, 6)
+        reqs = [Request(i, rng.randint(1, 60), rng.randint(1, 20)) for i in range(20)]
+        kv = max(-(-(r.prompt_len + r.max_new) // 4) * 4 for r in reqs) * rng.choice([1, 3])
+        chk = InvariantChecker(Scheduler(budget, max_seqs, kv, block_size=4, num_spec_tokens=spec))
+        twin = Scheduler(budget, max_seqs, kv, block_size=4, num_spec_tokens=spec)
+        s = chk.scheduler
+        arrive = sorted(rng.randint(0, 30) for _ in reqs)
+        i = 0
+        while i < len(reqs) or s.has_unfinished():
+            while i < len(reqs) and arrive[i] <= s.step:
+                chk.add(reqs[i])
+                twin.add(reqs[i])
+                i += 1
+            plan, other = chk.schedule(), twin.schedule()
+            assert list(plan) == list(other) and s.kv_free == twin.kv_free, (seed, plan.step)
+            seen: set[int] = set()
+            for c in plan:
+                table = s._block_table(c.rid)
+                assert len(table) == -(-(c.start + c.num_tokens) // 4) and not seen.intersection(table)
+                seen.update(table)
+            assert s.kv_free == twin.kv_free
+            stopped = [r for r in plan.sampled_rids if rng.random() < 0.05]
+            acc = {c.rid: rng.randint(1, c.num_tokens) for c in plan.decodes} if spec else None
+            assert chk.complete(plan, stopped, acc) == twin.complete(other, stopped, acc)
+        assert s.kv_free == s.kv_total and len(s.free_block_ids()) == s.kv_total // 4

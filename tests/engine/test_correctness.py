@@ -94,7 +94,7 @@ def test_batched_chunked_equals_alone(make_engine, model, prompt_ids, alone, bud
     for i, ids in enumerate(prompt_ids):
         assert_same_or_tied(model, ids, got[i], alone[i])
     assert eng.scheduler.kv_free == eng.scheduler.kv_total
-    assert eng._alloc.num_free_blocks == eng._alloc.num_blocks
+    assert eng.scheduler.num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
 
 
 def test_alone_equals_transformers_generate(hf_model, model, prompt_ids, alone):

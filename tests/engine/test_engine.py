@@ -148,7 +148,7 @@ def test_abort_releases_kv_and_keeps_others(make_engine, run_to_end, when):
     assert [t for o in outs["keep"] for t in o.new_token_ids] == [7042, 30, 198]
     assert all(not o.finished for o in outs.get("x", []))
     assert eng.scheduler.kv_free == eng.scheduler.kv_total
-    assert eng._alloc.num_free_blocks == eng._alloc.num_blocks
+    assert eng.scheduler.num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
     eng.abort("x")  # already gone: a no-op
     with pytest.raises(KeyError):
         eng.abort("never-added")
@@ -180,7 +180,7 @@ def test_failed_step_is_retried_and_abort_recovers(make_engine, run_to_end, monk
     assert [t for o in outs["good"] for t in o.new_token_ids] == [7042, 30, 198]
     assert "bad" not in outs
     assert eng.scheduler.kv_free == eng.scheduler.kv_total
-    assert eng._alloc.num_free_blocks == eng._alloc.num_blocks
+    assert eng.scheduler.num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(make_engine, run_to_end):
@@ -214,17 +214,19 @@ def test_engine_reports_model_facts(make_engine):
     """The engine exposes the model's name, context length and EOS ids, and the scheduler's state."""
     eng = make_engine(token_budget=32, max_seqs=3, kv_tokens=1000)
     assert (eng.model_name, eng.max_model_len, eng.eos_token_ids) == ("SmolLM2-135M-Instruct", 8192, (2,))
-    assert (eng.scheduler.kv_total, eng.scheduler.num_running, eng.scheduler.num_waiting) == (1000, 0, 0)
-    assert eng._alloc.num_blocks == 63 + 3  # ceil(1000 / 16) + max_seqs
+    assert (eng.scheduler.kv_total, eng.scheduler.num_running, eng.scheduler.num_waiting) == (63 * 16, 0, 0)
+    assert eng.kv.num_blocks == eng.scheduler.num_free_blocks == 63  # ceil(1000 / 16): the scheduler's pool
     assert eng.step() == [] and eng.last_plan.num_tokens == 0
 
 
 def test_default_kv_tokens_fit_two_gib(model, checkpoint):
-    """kv_tokens=None on CPU gives 2 GiB of float32 KV: 2**31 // 46,080 B/token = 46,603 tokens."""
+    """kv_tokens=None on CPU gives 2 GiB of float32 KV: 2**31 // 46,080 B/token = 46,603 tokens, held
+    in ceil(46,603 / 16) = 2,913 blocks of 16 = 46,608 tokens."""
     from stallfree.engine import LLMEngine
 
     eng = LLMEngine(model, checkpoint.tokenizer, token_budget=16, max_seqs=64)
-    assert eng.scheduler.kv_total == min(8192 * 64, 2**31 // (2 * 30 * 3 * 64 * 4)) == 46603
+    assert min(8192 * 64, 2**31 // (2 * 30 * 3 * 64 * 4)) == 46603
+    assert eng.scheduler.kv_total == 2913 * 16 and eng.kv.num_blocks == 2913
 
 
 def test_device_and_dtype_names_are_checked():
@@ -293,7 +295,7 @@ def test_engine_follows_scheduler_block_tables(model, checkpoint, run_to_end):
 
     sched = _TableScheduler(token_budget=3, max_seqs=2, num_blocks=8, block_size=4)
     eng = LLMEngine(model, checkpoint.tokenizer, scheduler=sched)
-    assert eng._alloc is None and eng.kv.num_slots == 32 and eng.block_size == 4
+    assert eng.kv.num_slots == 32 and eng.block_size == 4
     eng.add_request("a", PARIS, SamplingParams(max_tokens=3, **GREEDY))
     eng.add_request("b", "1, 2, 3, 4,", SamplingParams(max_tokens=3, **GREEDY))
     outs = run_to_end(eng)
@@ -358,3 +360,27 @@ def test_b37_no_part_of_a_stop_string_is_ever_streamed(make_engine, run_to_end, 
     for o in outs:
         sent += o.text
         assert text.startswith(sent) and stop not in sent
+
+
+def test_engine_follows_a_reservation_schedulers_tables(model, checkpoint, run_to_end):
+    """A reservation Scheduler (budget 4, blocks of 4, 32 tokens) passed in: the cache is its 8 blocks, the
+    greedy outputs are exact, and every block is back in its pool at the end."""
+    from stallfree import Scheduler
+    from stallfree.engine import LLMEngine
+
+    sched = Scheduler(4, 2, 32, block_size=4)  # chunks aligned to blocks (the default with a block_size)
+    eng = LLMEngine(model, checkpoint.tokenizer, scheduler=sched)
+    assert (eng.kv.num_blocks, eng.block_size, eng.kv_policy) == (8, 4, "reserve")
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=3, **GREEDY))
+    outs = run_to_end(eng)
+    assert [t for o in outs["a"] for t in o.new_token_ids] == [7042, 30, 198]
+    assert sched.num_free_blocks == 8 == len(sched.free_block_ids())
+
+
+def test_engine_refuses_a_scheduler_without_block_tables(model, checkpoint):
+    """A reservation Scheduler built without a block_size hands out no tables: InvalidConfig names it."""
+    from stallfree import InvalidConfig, Scheduler
+    from stallfree.engine import LLMEngine
+
+    with pytest.raises(InvalidConfig, match="block_table"):
+        LLMEngine(model, checkpoint.tokenizer, scheduler=Scheduler(8, 2, 64))

@@ -1,29 +1,41 @@
-"""The block allocator and the flat batch's slot mapping, checked against hand-worked values."""
+"""The scheduler's block tables as the engine reads them, and the flat batch's slot mapping, checked
+against hand-worked values."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from stallfree import Request, Scheduler
 from stallfree.engine.batch import BatchEntry, build_flat_batch
-from stallfree.engine.kv_cache import BlockAllocator, KVCache
+from stallfree.engine.kv_cache import KVCache
 
 CPU = torch.device("cpu")
 
 
-def test_allocator_grows_tables_idempotently_and_frees():
-    """ensure() adds blocks only when a block boundary is crossed; free() returns them all."""
-    a = BlockAllocator(num_blocks=4, block_size=4)
-    assert a.ensure("x", 3) == [0]
-    assert a.ensure("x", 4) == [0]
-    assert a.ensure("x", 5) == [0, 1]
-    assert a.ensure("y", 8) == [2, 3] and a.num_free_blocks == 0
-    with pytest.raises(RuntimeError, match="needs 1 more blocks, 0 free of 4"):
-        a.ensure("x", 9)
-    assert a.table("x") == [0, 1]  # the failed call changed nothing
-    a.free("x")
-    assert a.num_free_blocks == 2 and a.table("x") == []
-    assert a.ensure("z", 1) == [0]
+def test_scheduler_tables_grow_at_block_boundaries_and_blocks_are_reused():
+    """The engine's former allocator's cases on the scheduler's tables (reserve, 4 blocks of 4): a
+    table grows only when a token crosses a block boundary, reading it again adds nothing, the pool
+    cannot run dry (each request's blocks come out of its own reservation), and a finished request's
+    blocks go back and are handed out again."""
+    s = Scheduler(8, 2, 16, block_size=4, align_chunks=False)
+    s.add(Request("x", 3, 3))  # 3 + 3 = 6 tokens reserved: 2 blocks
+    s.add(Request("y", 5, 3))  # 8 tokens: 2 blocks
+    table = s.block_table
+    assert table is not None
+    p = s.schedule()  # x's 3 prompt tokens, y's 5
+    assert (table("x"), table("x"), table("y")) == ((0,), (0,), (1, 2)) and s.num_free_blocks == 0
+    s.complete(p)
+    p = s.schedule()  # x's decode at position 3: still block 0
+    assert (table("x"), table("y")) == ((0,), (1, 2))
+    s.complete(p)
+    p = s.schedule()  # x's decode at position 4: a second block, out of x's reservation
+    assert table("x") == (0, 3)
+    s.complete(p)  # both finish: every block back
+    assert not s.has_unfinished() and sorted(s.free_block_ids()) == [0, 1, 2, 3]
+    s.add(Request("z", 4, 1))
+    s.schedule()
+    assert len(table("z")) == 1 and table("z")[0] in range(4)
 
 
 def test_flat_batch_slots_positions_and_groups():

@@ -99,7 +99,7 @@ def test_context_length_and_kv_capacity_are_checked(make):
 
 def test_default_max_tokens_is_bounded_by_kv(make):
     """A request without max_tokens gets min(default 256, KV 24 - prompt 2) = 22 tokens of room."""
-    eng, params = make(kv_tokens=24)
+    eng, params = make(kv_tokens=24, block_size=1)  # 1-token blocks: the real engine reserves exact tokens
 
     async def go():
         async with asgi_client(eng, sampling_params_cls=params) as c:
@@ -167,7 +167,7 @@ def test_will_wait_for_want_of_slots(make):
 def test_will_wait_for_want_of_kv(make):
     """KV 24 under reserve: a reserves 10 + 6; b (10 + 6) does not fit the 8 left and will wait, with
     slots and budget to spare."""
-    eng, params = make(kv_tokens=24)
+    eng, params = make(kv_tokens=24, block_size=1)  # 1-token blocks: the real engine reserves exact tokens
     _add(eng, params, "a", 10, 6)
     _add(eng, params, "b", 10, 6)
     h = eng.headroom()

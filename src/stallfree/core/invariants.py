@@ -8,11 +8,11 @@ call, compares what it did with a shadow model of its own: plain lists scanned i
 block counts, no step arithmetic shared with the scheduler. Before each plan is checked the shadow
 works out on its own which decodes run (and, under paged KV, which need a block, who is preempted),
 the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. The
-rules of each KV policy are a part of it: `_ReserveRules` (reservations add up), `_PagedRules`
-(blocks cover the tokens, no block in two tables, victims by the written rule) and, with prefix
-caching, `_CacheRules` (each block free-and-empty, evictable-cached, or held with a reference count
-equal to the tables holding it; hits are the longest cached prefix and leave the last token to
-compute; no held block is evicted). It is meant for
+rules of each KV policy are a part of it: `_ReserveRules` (reservations add up, tables hold the
+computed tokens), `_PagedRules` (blocks cover the tokens, no block in two tables, victims by the
+written rule) and, with prefix caching, `_CacheRules` (each block free-and-empty, evictable-cached, or
+held with a reference count equal to the tables holding it; hits are the longest cached prefix and
+leave the last token to compute; no held block is evicted). It is meant for
 tests and the simulator's --check mode; it costs O(running) per step.
 
 Longer than the ~400-line guide: it is the merge of the reservation and paged checkers, and its shadow
@@ -71,7 +71,9 @@ class InvariantChecker:
     preemptions); tokens <= the step's budget; running <= max_seqs; one partial prefill, block-aligned
     chunks when on; admission in queue order, stopping only at a head that does not fit; each request
     emits each token once and exactly max_new unless stopped or aborted; each episode prefills prompt_len
-    + the tokens generated before it. Reserve: free KV == total - the reservations of the running.
+    + the tokens generated before it. Reserve: free KV == total - the reservations of the running;
+    with a block_size, between steps each running request's table holds exactly the blocks of its
+    computed tokens (never more than its reservation) and no block is in two tables.
     Paged: free + used blocks == num_blocks, each running request holds ceil(tokens in KV /
     block_size) blocks, no block in two tables, victims by the rule of Scheduler's docstring,
     recomputed tokens and preemptions add up. At the end: nothing left, all KV returned.
@@ -81,7 +83,8 @@ class InvariantChecker:
 
     Attributes:
         scheduler: the Scheduler under test (either KV policy).
-        table_every: paged: check block ids after every n-th call (1: always).
+        table_every: check block ids (paged, and reserve with a block_size) after every n-th call
+            (1: always).
         num_steps, num_requests, num_preemptions, max_preemptions_of_one, num_recomputed_tokens:
             what the run covered, as the shadow counted it.
 
@@ -437,7 +440,7 @@ class InvariantChecker:
         if self._paged:
             _PagedRules.check(self, scheduled)
         else:
-            _ReserveRules.check(self)
+            _ReserveRules.check(self, scheduled)
         for rid in self._running:
             sh = reqs[rid]
             st = s.request_state(rid)
@@ -534,11 +537,38 @@ class _ReserveRules:
     """The reservation policy's part of the checker."""
 
     @staticmethod
-    def check(chk: InvariantChecker) -> None:
+    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
         s = chk.scheduler
         reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running)
         if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
             chk._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.kv_total} - {reserved}")
+        if scheduled is None and s.block_size is not None and chk._calls % chk.table_every == 0:
+            _ReserveRules.check_block_ids(chk)
+
+    @staticmethod
+    def check_block_ids(chk: InvariantChecker) -> None:
+        """Between steps, each running request's table holds exactly the blocks of its computed tokens,
+        no more than its reservation's; no block is in two tables or both in a table and free."""
+        s = chk.scheduler
+        bs = s.block_size or 1
+        free = s.free_block_ids()
+        seen = set(free)
+        if len(seen) != len(free):
+            chk._fail("free list", f"ids {free}")
+        for rid in chk._running:
+            sh = chk._reqs[rid]
+            table = s._block_table(rid)
+            want = -(-sh.computed // bs)
+            if len(table) != want or len(table) * bs > s.kv_needed(sh.req):
+                chk._fail("reserve: blocks cover the computed tokens", f"rid {rid!r}: {table} for {sh.computed} "
+                          f"tokens, reservation {s.kv_needed(sh.req)}")
+            if seen.intersection(table) or len(set(table)) != len(table):
+                chk._fail("block in two places", f"rid {rid!r}: {table}")
+            if table and (min(table) < 0 or max(table) * bs >= s.kv_total):
+                chk._fail("block id range", f"rid {rid!r}: {table}")
+            seen.update(table)
+        if len(seen) * bs != s.kv_total:
+            chk._fail("every block accounted for", f"{len(seen)} of {s.kv_total // bs}")
 
 
 class _PagedRules:

@@ -370,8 +370,13 @@ class ReservationKV:
     """The contract's KV policy: prompt_len + max_new tokens reserved at admission, returned at the end.
 
     The reservation is counted in units of the pool's blocks (1 token, or block_size tokens when a
-    block size is given: ceil((prompt_len + max_new) / B) blocks out of floor(kv_tokens / B)); the
-    pool hands out no ids here, only counts.
+    block size is given: ceil((prompt_len + max_new) / B) blocks out of floor(kv_tokens / B)) and
+    promised at admission, so kv_free and admission only count. The ids come later from that
+    promise: `materialize` gives a request's block table exactly the blocks that cover the tokens
+    it asks for (claimed from its own promise, so it never fails: a request never computes more
+    than prompt_len + max_new - 1 tokens), and `free` returns the table and the unclaimed rest.
+    Tables are filled only when read (the engine reads them; the simulator never does), so the
+    reservation costs no work per step.
 
     Args:
         kv_tokens: KV capacity in tokens, >= 1.
@@ -417,9 +422,32 @@ class ReservationKV:
         """Reserve `rec`'s KV (can_admit must have said yes)."""
         self.pool.promise(rec.kv // self.unit)
 
+    def materialize(self, rec: LiveRequest, tokens: int) -> None:
+        """Make `rec`'s block table exactly the blocks that hold `tokens` tokens, within its reservation.
+
+        Missing blocks are claimed from its promise; blocks past `tokens` (rejected speculative
+        tokens) go back to the promise, so kv_free does not change.
+
+        Raises:
+            SchedulerStateError: `tokens` exceeds the reservation (a caller's bookkeeping fault);
+                nothing changes.
+        """
+        table = rec.block_table
+        want = -(-tokens // self.unit)
+        have = len(table)
+        if want > rec.kv // self.unit:
+            raise SchedulerStateError(
+                f"request {rec.rid!r}: {tokens} tokens of KV exceed its reservation of {rec.kv}"
+            )
+        if want > have:
+            self.pool.claim(table, want - have)
+        elif want < have:
+            self.pool.release_tail(table, want)
+            self.pool.promise(have - want)
+
     def free(self, rec: LiveRequest, step: int, in_flight: bool) -> None:
-        """Return `rec`'s reservation."""
-        self.pool.unpromise(rec.kv // self.unit)
+        """Return `rec`'s reservation: the blocks of its table and the promised rest."""
+        self.pool.release(rec.block_table, rec.kv // self.unit - len(rec.block_table))
 
 
 class PagedKV:

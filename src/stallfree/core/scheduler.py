@@ -122,6 +122,7 @@ class Scheduler(RequestLifecycle):
     _live: dict[Hashable, LiveRequest]
     _prefilling: LiveRequest | None
     _pkv: PagedKV
+    _rkv: ReservationKV
 
     def __init__(
         self,
@@ -207,7 +208,7 @@ class Scheduler(RequestLifecycle):
             self.num_blocks = self._pkv.num_blocks
             self.watermark_blocks = self._pkv.watermark_blocks
         else:
-            self._kv = ReservationKV(kv_tokens, block_size)
+            self._kv = self._rkv = ReservationKV(kv_tokens, block_size)
         self.kv_total = self._kv.kv_total
         self._init_lifecycle()
         self._decodes = DecodeSet()
@@ -294,26 +295,54 @@ class Scheduler(RequestLifecycle):
 
     @property
     def block_table(self) -> Callable[[Hashable], tuple[int, ...]] | None:
-        """Under "paged", a function rid -> the block ids of a live request, in token order (empty
-        while it waits; KeyError if `rid` is not live). None under "reserve", which hands out no ids."""
-        return self._block_table if self._paged else None
+        """A function rid -> the block ids of a live request, in token order, covering the tokens in
+        its KV plus those of the plan in flight (empty while it waits; KeyError if `rid` is not
+        live). Under both KV policies when the scheduler has a block_size ("reserve" hands the ids
+        out of each request's reservation when its table is read); None under "reserve" without a
+        block_size, which counts tokens, not blocks."""
+        return self._block_table if self._paged or self.block_size is not None else None
 
     def _block_table(self, rid: Hashable) -> tuple[int, ...]:
         obj = self._live.get(rid)
         if obj is None:
             raise KeyError(f"no live request with rid {rid!r}")
-        self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
+        if self._paged:
+            self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
+        else:
+            self._rkv.materialize(obj, self._reserved_tokens(obj))
         return tuple(obj.block_table)
+
+    def _reserved_tokens(self, obj: LiveRequest) -> int:
+        """Reserve: the tokens `obj`'s table must hold: those in its KV, plus those of the plan in
+        flight (a decode's 1, or its speculative tokens; a chunk's). O(prefills in the plan), and
+        O(decodes) for a decode under speculation."""
+        plan = self._inflight
+        if obj.finish_step >= 0:  # decoding: its entry of this step starts at offset + step
+            tokens = obj.offset + self._step
+            if plan is not None and obj not in self._skipped:
+                costs = plan._decode_tokens
+                tokens += 1 if costs is None else costs[plan.decode_rids.index(obj.rid)]
+            return tokens
+        if plan is not None:
+            for c in plan.prefills:
+                if c.rid == obj.rid:
+                    return c.start + c.num_tokens
+        return obj.num_prefilled
 
     def _runs_in_flight(self, obj: LiveRequest) -> bool:
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
         return self._inflight is not None and obj not in self._skipped
 
     def free_block_ids(self) -> tuple[int, ...]:
-        """Paged: the ids of the free blocks, after giving every table its promised blocks.
-        O(num_blocks + running); meant for checkers and tests."""
-        for obj in self._decodes.recs:
-            self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
+        """The ids of the blocks in no table, after giving every table its promised blocks (under
+        "reserve", the unclaimed parts of reservations are listed too). O(num_blocks + live
+        requests); meant for checkers and tests."""
+        if self._paged:
+            for obj in self._decodes.recs:
+                self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
+        else:
+            for rid in self._live:
+                self._block_table(rid)
         return self._kv.pool.free_ids()
 
     def blocks_needed(self, req: Request) -> int:

@@ -10,7 +10,7 @@ chunked prefill (Sarathi-Serve, OSDI'24).
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from stallfree.engine.errors import (
     RequestRejected,
     StepFailed,
 )
-from stallfree.engine.kv_cache import BlockAllocator, KVCache
+from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
 from stallfree.engine.sampling import SamplingParams, sample_tokens
@@ -126,8 +126,8 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
                      partial: dict[str, Any] | None = None, max_model_len: int = 0) -> Scheduler:
     """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
 
-    Under "paged" the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never rounded
-    below what the cache was sized for. `partial`: the partial-prefill keywords of Scheduler; with
+    Under either policy the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never
+    rounded below what the cache was sized for. `partial`: the partial-prefill keywords of Scheduler; with
     max_num_partial_prefills > 1 and no long_prefill_token_threshold, the threshold is 4% of
     `max_model_len` (vLLM's default), at least 1 token.
 
@@ -137,9 +137,12 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
     opts = dict(partial or {})
     if opts.get("max_num_partial_prefills", 1) > 1 and opts.get("long_prefill_token_threshold") is None:
         opts["long_prefill_token_threshold"] = max(1, max_model_len * 4 // 100)
-    if kv_policy == "reserve":
-        return Scheduler(token_budget, max_seqs, kv_tokens, policy=scheduling_policy, **opts)
     num_blocks = -(-kv_tokens // block_size)
+    if kv_policy == "reserve":
+        # Reservations in whole blocks (the engine follows the scheduler's block tables); chunks are not
+        # aligned to blocks, as under "paged".
+        return Scheduler(token_budget, max_seqs, num_blocks * block_size, block_size=block_size,
+                         align_chunks=False, policy=scheduling_policy, **opts)
     return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
                      watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching,
                      **opts)
@@ -158,10 +161,10 @@ class LLMEngine:
     """Runs requests through a scheduler and a Llama-family model, one forward pass per step.
 
     It owns the scheduler, the model, the KV cache and the requests' tokens; the scheduler owns
-    admission and the order of the batch. KV blocks: with the reservation Scheduler the engine
-    allocates blocks as tokens are computed (within each request's reservation, so the pool never
-    runs dry); with a scheduler that has `block_table(rid)` (the paged scheduler) the engine writes
-    where that table says, and a preempted request is recomputed from its kept token ids.
+    admission and the order of the batch. KV blocks: under either KV policy the engine writes and
+    reads a request's KV where the scheduler's block table says (`scheduler.block_table`, read
+    once a step for each prefill chunk and for each decode that starts a block); a preempted
+    request is recomputed from its kept token ids. The cache holds the scheduler's blocks.
 
     Args:
         model: the decoder.
@@ -173,9 +176,12 @@ class LLMEngine:
             CPU or half the free GPU memory), at least max_model_len.
         block_size: tokens per KV block.
         scheduler: a scheduler to use instead of building one from the arguments (its own
-            policies then apply; kv_policy and scheduling_policy only describe it).
-        kv_policy: "reserve" (default) or "paged" (Scheduler(kv_policy="paged") with
-            ceil(kv_tokens / block_size) blocks and a 1% watermark).
+            policies then apply; kv_policy and scheduling_policy only describe it). It must hand
+            out block tables: a `block_table` function rid -> block ids, `block_size`, and
+            `num_blocks` or `kv_total` (a multiple of block_size).
+        kv_policy: "reserve" (default; Scheduler with block_size, reservations in whole blocks,
+            chunks not aligned) or "paged" (Scheduler(kv_policy="paged") with a 1% watermark);
+            either with ceil(kv_tokens / block_size) blocks.
         scheduling_policy: "fcfs" (default; a request's priority has no effect, so a server refuses
             any but 0) or "priority" (Scheduler(policy="priority"), under either KV policy).
         enable_prefix_caching: "paged" only: each prompt's full blocks are hashed from its token ids
@@ -187,7 +193,8 @@ class LLMEngine:
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
-            integer >= 1, or a policy is unknown or not available with the other.
+            integer >= 1, a policy is unknown or not available with the other, or `scheduler`
+            hands out no block tables (a reservation Scheduler built without a block_size).
     """
 
     def __init__(
@@ -227,20 +234,19 @@ class LLMEngine:
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
                                          scheduling_policy, enable_prefix_caching, partial, cfg.max_model_len)
         else:
-            kv_policy = "paged" if hasattr(scheduler, "block_table") else "reserve"
+            kv_policy = str(getattr(scheduler, "kv_policy", "paged"))
         self.scheduler = scheduler
         #: Prefix caching: prompts are hashed (hash_blocks) and cached KV blocks reused.
         self.enable_prefix_caching = bool(getattr(scheduler, "enable_prefix_caching", False))
         self.kv_policy = kv_policy
         self.scheduling_policy = scheduling_policy
-        self._paged_table = getattr(scheduler, "block_table", None)
-        if self._paged_table is not None:
-            block_size = int(scheduler.block_size)
-            num_blocks = int(scheduler.num_blocks)
-            self._alloc: BlockAllocator | None = None
-        else:
-            num_blocks = -(-scheduler.kv_total // block_size) + scheduler.max_seqs
-            self._alloc = BlockAllocator(num_blocks, block_size)
+        table = getattr(scheduler, "block_table", None)
+        if table is None:
+            raise InvalidConfig("scheduler hands out no block tables (block_table is None): build it with "
+                                "a block_size, e.g. Scheduler(..., block_size=16)")
+        self._block_table: Callable[[Hashable], Sequence[int]] = table
+        block_size = int(scheduler.block_size)
+        num_blocks = int(getattr(scheduler, "num_blocks", 0)) or int(scheduler.kv_total) // block_size
         self.block_size = block_size
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
                           model.dtype, model.device)
@@ -303,18 +309,20 @@ class LLMEngine:
                    if not c.is_last and c.rid in self._seqs] if self.last_plan is not None and \
             self._pending is None else []
         reserve = self.kv_policy != "paged"
+        bs = self.block_size
         if reserve:
             kv = int(s.kv_free)
         else:
             kv = (int(s.num_free_blocks) - int(getattr(s, "watermark_blocks", 0))) * self.block_size
         waiting: list[tuple[int, int, bool]] = []
         if s.num_waiting:
-            preempted = []
+            preempted: list[tuple[int, int, bool]] = []
             for rid, seq in self._seqs.items():
                 status = s.request_state(rid).status
                 if status in _WAITING:
                     # len(token_ids): the prompt, or prompt + generated for a recompute
-                    item = (len(seq.token_ids), seq.num_prompt + seq.params.max_tokens,
+                    # (the reservation is in whole blocks)
+                    item = (len(seq.token_ids), -(-(seq.num_prompt + seq.params.max_tokens) // bs) * bs,
                             status is not RequestStatus.PREEMPTED)
                     (waiting if item[2] else preempted).append(item)
             waiting = preempted + waiting  # preempted requests head the queue
@@ -512,16 +520,11 @@ class LLMEngine:
         self._seqs.pop(rid, None)
         self._aborted.discard(rid)
         self._builder.release(rid)
-        if self._alloc is not None:
-            self._alloc.free(rid)
 
     def _table_for(self, rid: Hashable, num_tokens: int) -> Sequence[int]:
-        """The block table of `rid` covering `num_tokens` tokens (grown by the engine's allocator
-        under the reservation scheduler; the scheduler's own table under the paged one)."""
-        if self._alloc is not None:
-            return self._alloc.ensure(rid, num_tokens)
-        assert self._paged_table is not None
-        return self._paged_table(rid)  # type: ignore[no-any-return]
+        """The scheduler's block table of `rid`; it covers the tokens of the plan in flight, so
+        `num_tokens` (what the batch needs) is only a bound the batch builder checks."""
+        return self._block_table(rid)
 
     # ------------------------------------------------------------------ the step
 

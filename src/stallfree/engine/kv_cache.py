@@ -1,5 +1,5 @@
-"""The physical paged KV cache (K and V tensors addressed by slot) and the block allocator the
-engine uses under the reservation scheduler.
+"""The physical paged KV cache (K and V tensors addressed by slot); which blocks a request holds is
+the scheduler's block table (stallfree.core), under either KV policy.
 
 Imports allowed: the standard library, torch, stallfree.engine.errors.
 
@@ -12,11 +12,9 @@ table[p // block_size] * block_size + p % block_size.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import torch
 
-__all__ = ["BlockAllocator", "KVCache"]
+__all__ = ["KVCache"]
 
 
 class KVCache:
@@ -78,58 +76,3 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by K and V together (the pad block included)."""
         return 2 * self.k.numel() * self.k.element_size()
-
-
-class BlockAllocator:
-    """Hands out KV blocks to requests as their tokens are computed (reservation scheduler mode).
-
-    The reservation scheduler guarantees that the running requests' reservations sum to at most
-    kv_tokens; each request wastes less than one block to rounding, so a pool of
-    ceil(kv_tokens / block_size) + max_seqs blocks can never run dry.
-
-    Args:
-        num_blocks: blocks in the pool.
-        block_size: tokens per block.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.block_size = block_size
-        self.num_blocks = num_blocks
-        # Popped from the end: low block ids are used first, which keeps small runs compact.
-        self._free = list(range(num_blocks - 1, -1, -1))
-        self._tables: dict[Hashable, list[int]] = {}
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks not held by any request."""
-        return len(self._free)
-
-    def table(self, rid: Hashable) -> list[int]:
-        """Return the block table of `rid` (empty if it holds no blocks). Do not mutate it."""
-        return self._tables.get(rid, [])
-
-    def ensure(self, rid: Hashable, num_tokens: int) -> list[int]:
-        """Grow `rid`'s block table to hold `num_tokens` tokens; return the table.
-
-        Idempotent: asking again for the same or fewer tokens allocates nothing.
-
-        Raises:
-            RuntimeError: the pool is empty, which the reservation guarantee rules out (an
-                internal error, not a user error); nothing is allocated.
-        """
-        table = self._tables.setdefault(rid, [])
-        need = -(-num_tokens // self.block_size) - len(table)
-        if need > len(self._free):
-            raise RuntimeError(
-                f"KV block pool exhausted: request {rid!r} needs {need} more blocks, "
-                f"{len(self._free)} free of {self.num_blocks}"
-            )
-        for _ in range(need):
-            table.append(self._free.pop())
-        return table
-
-    def free(self, rid: Hashable) -> None:
-        """Return all of `rid`'s blocks to the pool (no-op if it holds none)."""
-        table = self._tables.pop(rid, None)
-        if table:
-            self._free.extend(reversed(table))
