@@ -40,9 +40,9 @@ from stallfree.sim.simulator import (
     SchedulerLike,
     SimResult,
     SimulationError,
-    _context_overflows,
     _Loop,
     _make_scheduler,
+    _run_plan,
     _verify_tokens,
     _wrap_checker,
 )
@@ -304,22 +304,9 @@ def simulate_cluster(
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
     router = router if router is not None else LeastOutstandingRouter()
-    n = len(workload)
-    max_new = list(workload.output_lens) if max_tokens is None else [max_tokens] * n
-    too_long = _context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
-    target = [min(o, m) for o, m in zip(workload.output_lens, max_new, strict=True)]
-    config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
-    if max_model_len is not None:
-        config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
-    if isinstance(scheduler, SchedulerConfig):
-        config.update(
-            batching=scheduler.batching,
-            token_budget=scheduler.token_budget,
-            max_seqs=scheduler.max_seqs,
-            kv_tokens=scheduler.kv_tokens,
-            kv=scheduler.kv,
-        )
-        label = label or scheduler.label
+    max_new, too_long, target, config, label = _run_plan(
+        workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label
+    )
     router_name = type(router).__name__
     config.update(replicas=num_replicas, router=router_name)
     reps: list[Replica] = []

@@ -329,24 +329,11 @@ def simulate(
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
     inner = _make_scheduler(scheduler)
     sched = _wrap_checker(inner) if check else inner
-    n = len(workload)
-    outs = workload.output_lens
-    max_new = list(outs) if max_tokens is None else [max_tokens] * n
-    too_long = _context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
-    target = [min(o, m) for o, m in zip(outs, max_new, strict=True)]
+    max_new, too_long, target, config, label = _run_plan(
+        workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label
+    )
     kv_total = int(getattr(inner, "kv_total", 0))
-    config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
-    if max_model_len is not None:
-        config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
-    if isinstance(scheduler, SchedulerConfig):
-        config.update(
-            batching=scheduler.batching,
-            token_budget=scheduler.token_budget,
-            max_seqs=scheduler.max_seqs,
-            kv_tokens=scheduler.kv_tokens,
-            kv=scheduler.kv,
-        )
-        label = label or scheduler.label
+    n = len(workload)
     res = SimResult(
         label=label or type(inner).__name__,
         workload=workload.name,
@@ -583,6 +570,38 @@ class _Loop:
         start = self.seg_open.pop(r, res.first_step[r])
         segs.append((start, last))
         return res.num_tokens(r)
+
+
+def _run_plan(
+    workload: Workload,
+    scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    cost_model: StepCostModel,
+    max_tokens: int | None,
+    max_model_len: int | None,
+    cut_output_to_fit: bool,
+    label: str | None,
+) -> tuple[list[int], dict[int, str], list[int], dict[str, Any], str | None]:
+    """What a run decides before its loop, shared by simulate() and the cluster's simulate_cluster():
+    (max_new per request, requests refused for the context length, tokens each will emit, the
+    result's config record, the label)."""
+    n = len(workload)
+    outs = workload.output_lens
+    max_new = list(outs) if max_tokens is None else [max_tokens] * n
+    too_long = _context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
+    target = [min(o, m) for o, m in zip(outs, max_new, strict=True)]
+    config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
+    if max_model_len is not None:
+        config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
+    if isinstance(scheduler, SchedulerConfig):
+        config.update(
+            batching=scheduler.batching,
+            token_budget=scheduler.token_budget,
+            max_seqs=scheduler.max_seqs,
+            kv_tokens=scheduler.kv_tokens,
+            kv=scheduler.kv,
+        )
+        label = label or scheduler.label
+    return max_new, too_long, target, config, label
 
 
 def saturated_throughput(
