@@ -15,6 +15,9 @@ from stallfree.engine import (
     StepFailed,
 )
 
+# Every test here runs the real model (loaded once, several seconds on 2 cores): not in the quick set.
+pytestmark = pytest.mark.slow
+
 GREEDY = dict(temperature=0)
 PARIS = "The capital of France is"  # greedy: " Paris.\n\nThe answer is: 2"
 

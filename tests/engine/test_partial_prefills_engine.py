@@ -6,6 +6,9 @@ import pytest
 
 from stallfree.engine import SamplingParams
 
+# Real-model runs with several partial prefills, compared with each request alone.
+pytestmark = pytest.mark.slow
+
 PROMPTS = {
     "long": "The history of the city begins with a small settlement on the river. " * 6,
     "mid": "List three colours of the rainbow and say why the sky is blue in one sentence.",

@@ -8,6 +8,9 @@ import pytest
 from stallfree.core.errors import InvalidConfig
 from stallfree.engine.sampling import SamplingParams
 
+# Real-model runs with caching on and off, compared token for token.
+pytestmark = pytest.mark.slow
+
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 

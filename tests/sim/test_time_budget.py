@@ -255,6 +255,7 @@ def test_time_budget_config_is_picklable_and_labelled():
     assert isinstance(cfg(), TimeBudgetScheduler)
 
 
+@pytest.mark.slow  # a whole simulate command on the bundled trace
 def test_simulate_cli_step_time_target(capsys):
     """simulate --step-time-target runs the wrapper; no inter-token gap exceeds the 40 ms target."""
     import json
