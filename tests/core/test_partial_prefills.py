@@ -21,21 +21,24 @@ def _step(chk: InvariantChecker, stopped=()):
 
 
 def test_hand_trace_long_prompt_is_passed_and_tops_up():
-    """Budget 8, K=2, L=1, T=4: a 20-token prompt takes T=4 then the rest of the budget; a 3-token
-    prompt is admitted beside it; a 6-token (long) prompt waits while one long prompt is partial."""
+    """Budget 8, K=2, L=1, T=4: a 20-token prompt takes T=4 then the rest of the budget while no
+    decode runs, but only T=4 in a step with a decode; a 3-token prompt is admitted beside it; a
+    6-token (long) prompt waits while one long prompt is partial."""
     chk = InvariantChecker(Scheduler(8, 4, 1000, max_num_partial_prefills=2, long_prefill_token_threshold=4))
     chk.add(Request("L", 20, 2))
-    # Alone, the long prompt gets T=4, then the 4 left over (work-conserving).
+    # Alone, with no decode, the long prompt gets T=4, then the 4 left over (work-conserving).
     assert _step(chk) == ((), [("L", 8, False)])
     chk.add(Request("a", 3, 2))
     chk.add(Request("b", 6, 1))
     # L: 4 (long); a: 3 (short, passes b); b is long and L=1 long prompt is partial: it waits;
-    # the 1 token left goes back to L.
+    # no decode in the step, so the 1 token left goes back to L.
     assert _step(chk) == ((), [("L", 5, False), ("a", 3, True)])
-    # a decodes (1); L takes 4 then the 3 left: its 7 remaining tokens finish.
-    assert _step(chk) == (("a",), [("L", 7, True)])
-    # No long prompt is partial now: b (6 > T) takes T=4, then the 2 left over.
-    assert _step(chk) == (("L",), [("b", 6, True)])
+    # a decodes (1); L (7 left, long) takes T=4 and, with a decode in the step, nothing more: 3 idle.
+    assert _step(chk) == (("a",), [("L", 4, False)])
+    # No decode (a finished): L's last 3 (short now) finish; b is admitted with T=4 and the 1 left over.
+    assert _step(chk) == ((), [("L", 3, True), ("b", 5, False)])
+    # L decodes; b's last token (short) finishes.
+    assert _step(chk) == (("L",), [("b", 1, True)])
     assert chk.scheduler.last_finished == {"L": FinishReason.LENGTH, "b": FinishReason.LENGTH}
     chk.check_final()
 
@@ -117,13 +120,17 @@ def _progress_bound_run(seed: int, num_requests: int) -> int:
         while i < len(reqs) and arrivals[i] <= s.step:
             chk.add(reqs[i])
             i += 1
-        first = s._partials[0] if s._partials else None
-        rest = first.target - first.num_prefilled if first is not None else 0
+        rests = [(obj.rid, obj.target - obj.num_prefilled) for obj in s._partials]  # admission order
         plan = chk.schedule()
-        if first is not None:
-            left = plan.token_budget - sum(c.num_tokens for c in plan.decodes)
-            got = sum(c.num_tokens for c in plan.prefills if c.rid == first.rid)
-            assert got >= min(thr, rest, left), (seed, s.step, got, thr, rest, left)
+        left = plan.token_budget - sum(c.num_tokens for c in plan.decodes)
+        for j, (rid, rest) in enumerate(rests):
+            got = sum(c.num_tokens for c in plan.prefills if c.rid == rid)
+            # Each partial prefill before it in order took at most T (a long one is capped at T, a
+            # short one has at most T left), so the j-th gains at least min(T, rest, left - j T).
+            assert got >= min(thr, rest, left - j * thr), (seed, s.step, j, got, thr, rest, left)
+            if plan.num_decodes and rest > thr:
+                # A step with decodes gives a long prompt at most T: no top-up.
+                assert got <= thr, (seed, s.step, got, thr, rest)
             checked += 1
         chk.complete(plan)
     chk.check_final()
@@ -131,8 +138,9 @@ def _progress_bound_run(seed: int, num_requests: int) -> int:
 
 
 def test_progress_bound_quick():
-    """The oldest partial prefill gains at least min(T, its rest, budget left after decodes) tokens
-    every step (FCFS, exact chunks), over 10 seeded runs."""
+    """The j-th partial prefill in admission order gains at least min(T, its rest, budget left after
+    decodes - j T) tokens every step, and a long one at most T in a step with decodes (FCFS, exact
+    chunks), over 10 seeded runs."""
     assert sum(_progress_bound_run(seed, 12) for seed in range(10)) > 50
 
 

@@ -278,7 +278,7 @@ class InvariantChecker:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
         if s.max_num_partial_prefills > 1:
-            chunks, admitted = _MultiRules.prefills(self, left, free, victims)
+            chunks, admitted = _MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
             chunks, left, free = self._partial_chunk(left, free, victims)
             admitted = self._admissions(left, free, chunks) if not victims else []
@@ -741,9 +741,10 @@ class _MultiRules:
 
     @staticmethod
     def prefills(
-        chk: InvariantChecker, left: int, free: int, victims: list[Hashable]
+        chk: InvariantChecker, left: int, free: int, victims: list[Hashable], decoding: bool
     ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable]]:
-        """The chunks (rid, tokens, start, is_last) and admissions of a step with `left` tokens after decodes."""
+        """The chunks (rid, tokens, start, is_last) and admissions of a step with `left` tokens after
+        decodes; `decoding`: the step has decodes, so the budget left tops up short prompts only."""
         s = chk.scheduler
         reqs = chk._reqs
         thr = s.long_prefill_token_threshold
@@ -791,6 +792,8 @@ class _MultiRules:
             if row[3]:
                 continue
             sh = reqs[row[0]]
+            if decoding and sh.target - row[2] > thr:
+                continue  # with decodes in the step, a long prompt's chunk stays <= T
             end = row[2] + row[1]
             rest = sh.target - end
             n = chk._chunk(rest, left)

@@ -97,7 +97,9 @@ class Scheduler(RequestLifecycle):
       > T). The step: decodes; the partial prefills in admission (or priority) order, a long one
       taking at most T tokens; admissions in queue order, a long head taking at most T and passed
       by shorter ones only while L long prompts are partially prefilled; then the budget left goes
-      back to the partial prefills in order. The first partial prefill in order gains at least
+      back to the partial prefills in order, but in a step with decodes only to the short ones, so
+      a long prompt's chunk is then at most T tokens (its attention over a long prefix would slow
+      the step every decode waits for). The first partial prefill in order gains at least
       min(T, rest, budget left after decodes) tokens a step (rounded down to block_size when
       chunks are aligned). Under "paged" a partial prefill that lacks blocks preempts only newer
       partial prefills, else waits a step.
@@ -396,7 +398,7 @@ class Scheduler(RequestLifecycle):
         prefills: list[ScheduledChunk] = []
         admitted: tuple[Hashable, ...] = ()
         if self._multi:
-            admitted = self._schedule_multi(budget - used, prefills, victims)
+            admitted = self._schedule_multi(budget - used, prefills, victims, used > 0)
             if victims:
                 self._requeue(victims)
         else:
@@ -442,7 +444,13 @@ class Scheduler(RequestLifecycle):
             pkv = self._pkv
             bucket = pkv.buckets.get(step % pkv.block_size)
             if bucket and len(dec.recs) <= budget and not pkv.pool.try_promise(len(bucket)):
-                for obj in sorted(bucket.values(), key=_by_admission):
+                # In decode order, as _with_blocks and the checker: with K > 1 prompts may finish
+                # out of admission order, so the decode list is then not in admission order.
+                order: Callable[[LiveRequest], int] = _by_admission
+                if self._multi:
+                    pos = {id(o): i for i, o in enumerate(dec.recs)}
+                    order = lambda o: pos[id(o)]  # noqa: E731
+                for obj in sorted(bucket.values(), key=order):
                     if obj.status is _DECODING:  # not a victim of an older decode in this loop
                         pkv.materialize(obj, step, False)
                         self._grow(obj, obj.offset + step + 1, step, victims)
@@ -625,8 +633,11 @@ class Scheduler(RequestLifecycle):
             left = left - n if n == obj.target - start else 0  # as for the partial prefill above
         return tuple(admitted)
 
-    def _schedule_multi(self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest]) -> tuple[Hashable, ...]:
-        """K > 1: the partial prefills, admissions, then the budget left back to the partial prefills.
+    def _schedule_multi(
+        self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest], decoding: bool
+    ) -> tuple[Hashable, ...]:
+        """K > 1: the partial prefills, admissions, then the budget left back to the partial prefills
+        (only to the short ones when the step has decodes, `decoding`).
 
         Returns the admitted rids; `out` gets one chunk per prompt in prefill order.
         """
@@ -660,7 +671,7 @@ class Scheduler(RequestLifecycle):
             self._count_recomputed(out)
             return ()
         admitted, left = self._admit_multi(left, out, num_partial, num_long)
-        self._top_up(left, out)
+        self._top_up(left, out, thr if decoding else None)
         self._count_recomputed(out)
         return admitted
 
@@ -718,15 +729,20 @@ class Scheduler(RequestLifecycle):
             left = left - n if last or is_long else 0
         return tuple(admitted), left
 
-    def _top_up(self, left: int, out: list[ScheduledChunk]) -> None:
-        """Work conservation: the budget left goes to the unfinished chunks in order (paged: only
-        with free blocks; nothing is preempted for it)."""
+    def _top_up(self, left: int, out: list[ScheduledChunk], long_over: int | None) -> None:
+        """The budget left goes to the unfinished chunks in order (paged: only with free blocks;
+        nothing is preempted for it). With `long_over` = T (a step with decodes), a long prompt (more
+        than T tokens to compute at the step's start) gets none: its chunk stays at most T tokens,
+        because a chunk deep into a long prompt attends over its whole prefix and would slow the step
+        every decode in it waits for; without decodes the top-up is work-conserving."""
         for i, c in enumerate(out):
             if left <= 0:
                 break
             if c.is_last:
                 continue
             obj = self._live[c.rid]
+            if long_over is not None and obj.target - c.start > long_over:
+                continue
             end = c.start + c.num_tokens
             rest = obj.target - end
             n = self._chunking.chunk(rest, left)
