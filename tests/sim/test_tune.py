@@ -33,7 +33,9 @@ from stallfree.sim.tune import (
     budget_bound,
     candidate_budgets,
     expected_load,
+    partial_prefill_candidates,
     rank,
+    serve_command,
     tune,
 )
 
@@ -229,3 +231,51 @@ def test_bound_matches_cost_model_inverse():
     over = cm.prefill_step_time(b.token_budget + 1 - b.num_decodes, b.chunk_start, b.num_decodes, b.decode_context)
     assert over > 0.050
     assert not math.isnan(b.decode_floor_s) and b.decode_floor_s < 0.050
+
+
+def _long_then_short() -> Workload:
+    """Q (800 -> 1 tokens) at 0 s, then three short prompts S (5 -> 1) at 1 ms."""
+    return Workload((0.0, 0.001, 0.001, 0.001), (800, 5, 5, 5), (1, 1, 1, 1), "long-then-short")
+
+
+def test_partial_prefill_candidates_by_hand():
+    """T = budget // 8 and budget // 4 (at least 1); duplicates dropped; a budget < 1 is refused."""
+    assert partial_prefill_candidates(80) == [(2, 2, 10), (4, 4, 10), (4, 1, 10), (4, 4, 20)]
+    assert partial_prefill_candidates(4) == [(2, 2, 1), (4, 4, 1), (4, 1, 1)]
+    with pytest.raises(ValueError, match="token_budget"):
+        partial_prefill_candidates(0)
+
+
+def test_tune_searches_partial_prefills_when_asked():
+    """Budget 80, 10 ms + 0.05 ms/token, TTFT SLO 145 ms. Contract: Q's 10 chunks of 80 end at 140 ms
+    (good), the S's wait and finish at 150.75 ms (149.75 ms TTFT: bad). With (2, 2, 10): step 0 gives
+    Q 10 + 70 left over; step 1 Q 10, the S's 5 each (TTFT 27 ms: good), Q the 55 left; Q's last 15
+    tokens end at 10 x 14 + 10.75 = 150.75 ms (bad). Goodput 1 vs 3 requests over 150.75 ms; every
+    candidate ties at 3 and the smallest (K, L, T) is chosen, with its serve flags."""
+    result = tune(_long_then_short(), KV, COST, 0.145, 0.05, max_seqs=8, max_seqs_candidates=[], budgets=[80],
+                  search_partial_prefills=True)
+    assert result.stages == [1, 4]
+    by_pp = {r["partial_prefills"]: r for r in result.rows}
+    assert set(by_pp) == {None, (2, 2, 10), (4, 4, 10), (4, 1, 10), (4, 4, 20)}
+    assert by_pp[None]["request_goodput"] == pytest.approx(1 / 0.15075, rel=1e-9)
+    for pp in [p for p in by_pp if p]:
+        assert by_pp[pp]["request_goodput"] == pytest.approx(3 / 0.15075, rel=1e-9), pp
+    assert result.best["partial_prefills"] == (2, 2, 10)
+    assert serve_command(result.best) == ("stallfree serve --token-budget 80 --max-seqs 8 --max-num-partial-prefills "
+                                          "2 --max-long-partial-prefills 2 --long-prefill-token-threshold 10")
+    # Off by default: one row, no partial prefills.
+    plain = tune(_long_then_short(), KV, COST, 0.145, 0.05, max_seqs=8, max_seqs_candidates=[], budgets=[80])
+    assert [r["partial_prefills"] for r in plain.rows] == [None]
+
+
+def test_tune_cli_search_partial_prefills(tmp_path, capsys):
+    """`tune --search-partial-prefills` prints a K/L/T column and the chosen setting's serve flags."""
+    trace = tmp_path / "ls.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,800,1\n0.001,5,1\n0.001,5,1\n0.001,5,1\n")
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-seqs", "8",
+            "--max-seqs-candidates", "8", "--budgets", "80", "--slo-ttft", "145ms", "--slo-tpot", "50ms",
+            "--jobs", "1", "--search-partial-prefills"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "K/L/T" in out and "2/2/10" in out
+    assert "--max-num-partial-prefills 2 --max-long-partial-prefills 2 --long-prefill-token-threshold 10" in out

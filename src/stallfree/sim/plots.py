@@ -387,12 +387,18 @@ def plot_tune(result: TuneResult, path: Path, context: str | None = None) -> Non
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, (ax_g, ax_t) = plt.subplots(2, 1, figsize=(8.5, 7.5), sharex=True)
-    for m in sorted({r["max_seqs"] for r in result.rows}):
-        rows = sorted((r for r in result.rows if r["max_seqs"] == m), key=lambda r: r["token_budget"])
+    plain = [r for r in result.rows if not r.get("partial_prefills")]
+    for m in sorted({r["max_seqs"] for r in plain}):
+        rows = sorted((r for r in plain if r["max_seqs"] == m), key=lambda r: r["token_budget"])
         xs = [r["token_budget"] for r in rows]
         style = "o-" if len(rows) > 1 else "s"
         ax_g.plot(xs, [r.get("request_goodput") or 0 for r in rows], style, label=f"max_seqs {m}")
         ax_t.plot(xs, [r.get("p99_tpot_ms") or math.nan for r in rows], style, label=f"max_seqs {m}")
+    pp_rows = [r for r in result.rows if r.get("partial_prefills")]
+    if pp_rows:  # tune --search-partial-prefills: at the best budget, off the per-max_seqs lines
+        ax_g.plot([r["token_budget"] for r in pp_rows], [r.get("request_goodput") or 0 for r in pp_rows], "x",
+                  label="with partial prefills (K/L/T)")
+        ax_t.plot([r["token_budget"] for r in pp_rows], [r.get("p99_tpot_ms") or math.nan for r in pp_rows], "x")
     best = result.best
     ax_g.plot(
         [best["token_budget"]],

@@ -21,11 +21,16 @@ The search (`tune`):
    steps), so the ladder reaches past it.
 3. Refinement around the best: the geometric midpoints to its neighbours on the ladder, and the
    best budget at the other max_seqs candidates (half and double the base by default).
+4. Only with `search_partial_prefills=True`: concurrent partial prefills at the best budget and
+   max_seqs so far, (K, L, T) in `partial_prefill_candidates(budget)`: K = 2 and 4 prompts
+   partially prefilled at once, L = K or 1 of them long, T = budget / 8 or budget / 4 (a long
+   prompt's share of a step with decodes; docs/scheduling.md, "Long prompts"). Short prompts then
+   pass long ones, which helps the TTFT objective when prompts are long and mixed.
 
 The best candidate has the highest goodput (DistServe's: requests per second meeting both SLOs);
 candidates within `tie_tolerance` (relative) of the highest are tied, and among them the lower
 p99 TPOT wins, then the larger budget, then the base max_seqs (nothing changes that does not
-help), then the larger max_seqs.
+help), then no partial prefills before some (then fewer: smaller K, L, T), then the larger max_seqs.
 
 Example (the Python API; docs/tuning.md has more)::
 
@@ -73,6 +78,7 @@ __all__ = [
     "budget_bound",
     "candidate_budgets",
     "expected_load",
+    "partial_prefill_candidates",
     "rank",
     "serve_command",
     "tune",
@@ -96,6 +102,7 @@ ROW_KEYS = (
     "completed",
     "rejected",
     "rejected_by_reason",
+    "partial_prefills",
 )
 
 
@@ -112,6 +119,28 @@ def _refined(best: int, tried: Sequence[int]) -> list[int]:
     return out
 
 
+def partial_prefill_candidates(token_budget: int) -> list[tuple[int, int, int]]:
+    """The (K, L, T) settings stage 4 of `tune` simulates at a budget: (2, 2, T8), (4, 4, T8),
+    (4, 1, T8), (4, 4, T4) with T8 = budget // 8 and T4 = budget // 4 (at least 1 token each);
+    duplicates dropped, in that order.
+
+    T is a fraction of the budget because it is the most a long prompt takes in a step with decodes:
+    at budget / 8 a step carrying a chunk deep into a long prompt stays near a short-context step's
+    time (the measurement in docs/scheduling.md, "Long prompts"); budget / 4 is the next rung.
+
+    Raises:
+        ValueError: token_budget < 1.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget!r}")
+    t8, t4 = max(1, token_budget // 8), max(1, token_budget // 4)
+    out: list[tuple[int, int, int]] = []
+    for c in ((2, 2, t8), (4, 4, t8), (4, 1, t8), (4, 4, t4)):
+        if c not in out:
+            out.append(c)
+    return out
+
+
 def rank(
     rows: Sequence[dict[str, Any]],
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
@@ -120,12 +149,14 @@ def rank(
     """Order candidates best first.
 
     The rows whose goodput is within `tie_tolerance` (relative) of the highest are tied and come
-    first, by lower p99 TPOT, then larger token budget, then `base_max_seqs` before other max_seqs,
-    then larger max_seqs; the others follow by goodput (highest first), with the same tie-breaks.
-    A missing goodput counts as 0, a missing p99 TPOT as infinite.
+    first, by lower p99 TPOT, then larger token budget, then no partial prefills before some (then
+    smaller (K, L, T)), then `base_max_seqs` before other max_seqs, then larger max_seqs; the others
+    follow by goodput (highest first), with the same tie-breaks. A missing goodput counts as 0, a
+    missing p99 TPOT as infinite.
 
     Args:
-        rows: dicts with token_budget, max_seqs, request_goodput and p99_tpot_ms.
+        rows: dicts with token_budget, max_seqs, request_goodput and p99_tpot_ms (and optionally
+            partial_prefills: None or (K, L, T)).
         tie_tolerance: in [0, 1).
         base_max_seqs: the max_seqs kept when others do no better (the user's own), or None.
 
@@ -140,10 +171,12 @@ def rank(
     def goodput(row: dict[str, Any]) -> float:
         return float(row.get("request_goodput") or 0.0)
 
-    def key(row: dict[str, Any]) -> tuple[float, int, bool, int]:
+    def key(row: dict[str, Any]) -> tuple[float, int, tuple[int, ...], bool, int]:
         tpot = row.get("p99_tpot_ms")
         m = row["max_seqs"]
-        return (math.inf if tpot is None else tpot, -row["token_budget"], m != base_max_seqs, -m)
+        pp = row.get("partial_prefills")
+        return (math.inf if tpot is None else tpot, -row["token_budget"], (1, *pp) if pp else (),
+                m != base_max_seqs, -m)
 
     top = max(goodput(r) for r in rows)
     tied = [r for r in rows if goodput(r) >= top * (1 - tie_tolerance)]
@@ -200,6 +233,7 @@ def tune(
     progress: Callable[[int, int], None] | None = None,
     max_model_len: int | None = None,
     cut_output_to_fit: bool = False,
+    search_partial_prefills: bool = False,
 ) -> TuneResult:
     """Find the token budget and max_seqs with the highest goodput under the SLOs (module docstring).
 
@@ -221,6 +255,8 @@ def tune(
         max_model_len: the context length requests are checked against, tokens (over it: refused at
             arrival, kind "context_length"), or None for no limit.
         cut_output_to_fit: cut max_new to fit the context length instead of refusing.
+        search_partial_prefills: also simulate partial_prefill_candidates(budget) at the best budget
+            and max_seqs found (one more stage; rows carry partial_prefills = (K, L, T) or None).
 
     Returns:
         A TuneResult; its rows are ranked, the chosen one first.
@@ -253,6 +289,12 @@ def tune(
         stage2 += [(best, m) for m in seqs_all if m != max_seqs]
         runner.planned = runner.done + len(stage2)
         runner.run(stage2)
+    if search_partial_prefills:
+        best_row = rank(runner.rows, tie_tolerance, max_seqs)[0]
+        b, m = best_row["token_budget"], best_row["max_seqs"]
+        stage3 = [(b, m, c) for c in partial_prefill_candidates(b)]
+        runner.planned = runner.done + len(stage3)
+        runner.run(stage3)
     return TuneResult(
         bound=bound,
         rows=rank(runner.rows, tie_tolerance, max_seqs),
@@ -286,19 +328,24 @@ class _Runner:
         self.stages: list[int] = []
         self.context: tuple[int | None, bool] = (None, False)
 
-    def run(self, pairs: Sequence[tuple[int, int]]) -> None:
+    def run(self, pairs: Sequence[tuple[int, int] | tuple[int, int, tuple[int, int, int]]]) -> None:
+        """Simulate (budget, max_seqs[, (K, L, T)]) candidates and keep their summaries."""
+        configs = [
+            SchedulerConfig(self.kv_tokens, p[0], p[1], partial_prefills=p[2] if len(p) > 2 else None)
+            for p in pairs
+        ]
         points = [
             SweepPoint(
                 self.workload,
                 1.0,
-                SchedulerConfig(self.kv_tokens, b, m),
+                config,
                 self.cost_model,
                 self.max_tokens,
                 self.slo_ttft,
                 self.slo_tpot,
                 *self.context,
             )
-            for b, m in pairs
+            for config in configs
         ]
         base = self.done
 
@@ -307,17 +354,24 @@ class _Runner:
             if self.progress:
                 self.progress(self.done, max(self.planned, self.done))
 
-        for row in run_points(points, self.jobs, tick):
+        for config, row in zip(configs, run_points(points, self.jobs, tick), strict=True):
             row.pop("ttft_ms", None)
             row.pop("tpot_ms", None)
+            row["partial_prefills"] = config.partial_prefills
             self.rows.append(row)
         self.done = base + len(points)
         self.stages.append(len(points))
 
 
 def serve_command(row: dict[str, Any]) -> str:
-    """The `stallfree serve` flags of a chosen candidate."""
-    return f"stallfree serve --token-budget {row['token_budget']} --max-seqs {row['max_seqs']}"
+    """The `stallfree serve` flags of a chosen candidate (with the partial-prefill flags when it has them)."""
+    line = f"stallfree serve --token-budget {row['token_budget']} --max-seqs {row['max_seqs']}"
+    pp = row.get("partial_prefills")
+    if pp:
+        k, lng, thr = pp
+        line += (f" --max-num-partial-prefills {k} --max-long-partial-prefills {lng}"
+                 f" --long-prefill-token-threshold {thr}")
+    return line
 
 
 def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,12 @@ def register(subparsers: Any) -> None:
         help=f"goodputs within this fraction of the best are tied, and the lower p99 TPOT wins "
         f"(default {DEFAULT_TIE_TOLERANCE:g}; 0.01 trades up to 1%% of goodput for TPOT headroom)",
     )
+    t.add_argument(
+        "--search-partial-prefills",
+        action="store_true",
+        help="then try concurrent partial prefills at the best budget: K 2 or 4, L K or 1, T budget/8 or "
+        "budget/4 (docs/tuning.md)",
+    )
     t.add_argument("--top", type=positive_int, default=6, metavar="N", help="rows to print (default 6)")
     add_executor_flags(p)
     p.set_defaults(func=guard(run))
@@ -92,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=lambda k, n: bar.update(task, completed=k, total=n),
                 max_model_len=setup.context_length,
                 cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+                search_partial_prefills=args.search_partial_prefills,
             )
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
@@ -141,7 +148,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
             f"{b.chunk_start:,}; decode-only {b.decode_floor_s * 1e3:.1f} ms)"
         )
     print(f"simulated {len(result.rows)} candidates in {result.wall_s:.1f} s")
-    cols = (
+    cols: tuple[tuple[str, str, str], ...] = (
         ("token_budget", "budget", "{:,}"),
         ("max_seqs", "max_seqs", "{:,}"),
         ("request_goodput", "goodput", "{:,.2f}"),
@@ -151,6 +158,8 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
         ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
         ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
     )
+    if any(r.get("partial_prefills") for r in result.rows):
+        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}"), *cols[2:])
     table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
     table.add_column("")
     for _, name, _ in cols:
