@@ -47,6 +47,7 @@ SETTINGS: list[tuple[str, tuple[int, int, int] | None]] = [
     ("K=2 L=2 T=256", (2, 2, 256)),
     ("K=4 L=4 T=256", (4, 4, 256)),
     ("K=4 L=4 T=512", (4, 4, 512)),
+    ("K=8 L=8 T=256", (8, 8, 256)),
     ("K=4 L=1 T=5242 (4%)", (4, 1, MAX_MODEL_LEN * 4 // 100)),
 ]
 
@@ -169,9 +170,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         points: dict[tuple[float, float], list[str]] = {}
         for r in rows:  # settings with identical figures share one point and one label
             points.setdefault((r[xkey] * xs, r[ykey] * ys), []).append(r["setting"])
-        for (x, y), labels in points.items():
+        for i, ((x, y), labels) in enumerate(points.items()):
             ax.scatter(x, y, s=50)
-            ax.annotate(" = ".join(labels), (x, y), textcoords="offset points", xytext=(6, -12), fontsize=8)
+            # Alternate above and below: nearby settings would otherwise print over each other.
+            ax.annotate(" = ".join(labels), (x, y), textcoords="offset points", xytext=(6, 6 if i % 2 else -13),
+                        fontsize=8)
         ax.margins(x=0.25, y=0.15)
         ax.grid(True, alpha=0.3)
     base = rows[0]
