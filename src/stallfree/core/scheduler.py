@@ -99,10 +99,10 @@ class Scheduler(RequestLifecycle):
       by shorter ones only while L long prompts are partially prefilled; then the budget left goes
       back to the partial prefills in order, but in a step with decodes only to the short ones, so
       a long prompt's chunk is then at most T tokens (its attention over a long prefix would slow
-      the step every decode waits for). The first partial prefill in order gains at least
-      min(T, rest, budget left after decodes) tokens a step (rounded down to block_size when
-      chunks are aligned). Under "paged" a partial prefill that lacks blocks preempts only newer
-      partial prefills, else waits a step.
+      the step every decode waits for). The j-th partial prefill in order (j = 0 first) gains at
+      least min(T, rest, left - j x T) tokens a step, left = budget after decodes (rounded down to
+      block_size when chunks are aligned). Under "paged" a partial prefill that lacks blocks
+      preempts only newer partial prefills, else waits a step.
 
     Args:
         token_budget: the most tokens in one step (vLLM's max_num_batched_tokens), >= 1.
