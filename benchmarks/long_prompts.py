@@ -153,9 +153,10 @@ def measure(wl: Workload, partial: tuple[int, int, int] | None, budget: int) -> 
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    """Two panels, one labelled point per setting: short-prompt p99 TTFT against long-prompt p99
-    TTFT; p99 TPOT against short-prompt p99 TTFT, with the goal region (TPOT <= 1.15x the
-    contract's, short p99 TTFT <= half the contract's) shaded. rows[0] is the contract."""
+    """Two panels, one labelled point per setting (settings within 2% of each other share one):
+    short-prompt p99 TTFT against long-prompt p99 TTFT; p99 TPOT against short-prompt p99 TTFT,
+    with the goal region (TPOT <= 1.15x the contract's, short p99 TTFT <= half the contract's)
+    shaded. rows[0] is the contract."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,9 +168,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         (ax2, "ttft_short_p99_s", "tpot_p99_s", 1.0, 1e3),
     )
     for ax, xkey, ykey, xs, ys in panels:
+        xy = [(r[xkey] * xs, r[ykey] * ys) for r in rows]
+        dx = (max(x for x, _ in xy) - min(x for x, _ in xy)) or 1.0
+        dy = (max(y for _, y in xy) - min(y for _, y in xy)) or 1.0
         points: dict[tuple[float, float], list[str]] = {}
-        for r in rows:  # settings with identical figures share one point and one label
-            points.setdefault((r[xkey] * xs, r[ykey] * ys), []).append(r["setting"])
+        for (x, y), r in zip(xy, rows, strict=True):
+            # Settings within 2% of the axes' spans share one point and one label ("=" joins them).
+            near = [p for p in points if abs(p[0] - x) <= 0.02 * dx and abs(p[1] - y) <= 0.02 * dy]
+            points.setdefault(near[0] if near else (x, y), []).append(r["setting"])
         for i, ((x, y), labels) in enumerate(points.items()):
             ax.scatter(x, y, s=50)
             # Alternate above and below: nearby settings would otherwise print over each other.
