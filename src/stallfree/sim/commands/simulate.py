@@ -157,7 +157,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _add_cluster_flags(sim: Any) -> None:
-    from stallfree.sim.cluster import DEFAULT_PREFIX_THRESHOLD, DEFAULT_ROUTER_SEED, ROUTERS
+    from stallfree.sim.cluster import (
+        DEFAULT_AFFINITY_LOAD_FACTOR,
+        DEFAULT_AFFINITY_LOAD_MARGIN,
+        DEFAULT_PREFIX_THRESHOLD,
+        DEFAULT_ROUTER_SEED,
+        ROUTERS,
+    )
 
     c = sim.add_argument_group("cluster (docs/cluster.md)")
     c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
@@ -171,6 +177,16 @@ def _add_cluster_flags(sim: Any) -> None:
         "--prefix-affinity-threshold", type=int, default=DEFAULT_PREFIX_THRESHOLD, metavar="TOKENS",
         help="prefix-affinity: cached-prefix tokens a replica needs to win a request "
         f"(default {DEFAULT_PREFIX_THRESHOLD})",
+    )
+    c.add_argument(
+        "--affinity-load-factor", type=float, default=DEFAULT_AFFINITY_LOAD_FACTOR, metavar="F",
+        help="prefix-affinity: a replica wins on its cache only while its unfinished requests are <= "
+        f"max(F x the least loaded's, that + --affinity-load-margin) (default {DEFAULT_AFFINITY_LOAD_FACTOR:g}; "
+        "inf: no cap)",
+    )
+    c.add_argument(
+        "--affinity-load-margin", type=int, default=DEFAULT_AFFINITY_LOAD_MARGIN, metavar="N",
+        help=f"prefix-affinity: the cap's absolute margin, requests (default {DEFAULT_AFFINITY_LOAD_MARGIN})",
     )
     from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
 
@@ -266,7 +282,8 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
         raise CliError("--compare runs one replica: drop --replicas and --router", 2)
     name = args.router or "least-outstanding"
     try:
-        router = make_router(name, args.router_seed, args.prefix_affinity_threshold)
+        router = make_router(name, args.router_seed, args.prefix_affinity_threshold, args.affinity_load_factor,
+                             args.affinity_load_margin)
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
     study: Experiment = run_cluster_experiment(
