@@ -61,12 +61,18 @@ from stallfree.sim.simulator import (
 from stallfree.sim.workload import Workload
 
 __all__ = [
+    "DEFAULT_AGGREGATED_BUDGETS",
+    "DEFAULT_DECODE_BUDGETS",
     "DEFAULT_INTERCONNECT",
+    "DEFAULT_PREFILL_BUDGETS",
     "INTERCONNECTS",
     "DisaggResult",
     "Interconnect",
     "disagg_summary",
     "parse_disaggregate",
+    "run_disagg_experiment",
+    "search_plan",
+    "search_ratio",
     "simulate_disaggregated",
 ]
 
@@ -496,6 +502,8 @@ def run_disagg_experiment(
     check: bool = False,
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
+    prefill_budget: int | None = None,
+    decode_budget: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], DisaggResult]:
     """`stallfree simulate --disaggregate P:D` on a Setup: each side is the setup's replica with its
     own tensor parallelism (KV capacity and step pricing rebuilt for it).
@@ -506,7 +514,9 @@ def run_disagg_experiment(
         prefill_tp, decode_tp: GPUs per replica on each side (default: the setup's tp).
         link: the interconnect (default INTERCONNECTS[DEFAULT_INTERCONNECT]).
         router: the router on each side (a name of cluster.ROUTERS).
-        budget: token budget per step (default 2048); check, slo_ttft, slo_tpot: as run_experiment.
+        budget: token budget per step on both sides (default 2048); check, slo_ttft, slo_tpot: as
+            run_experiment.
+        prefill_budget, decode_budget: one side's token budget per step (default: budget).
 
     Returns:
         (header, summary, result): the header (setup.header() plus the disaggregation), the
@@ -521,12 +531,16 @@ def run_disagg_experiment(
     from stallfree.sim.setup import build_cost_model
 
     budget = budget or 2048
+    budgets = (prefill_budget or budget, decode_budget or budget)
+    for name, b in zip(("prefill budget", "decode budget"), budgets, strict=True):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ClusterError(f"{name} must be an integer >= 1 tokens, got {b!r}")
     hw = setup.hardware_options
     sides = []
-    for tp in (prefill_tp or hw.tp, decode_tp or hw.tp):
+    for tp, side_budget in zip((prefill_tp or hw.tp, decode_tp or hw.tp), budgets, strict=True):
         opts = replace(hw, tp=tp)
         cost, kv, desc = build_cost_model(opts)
-        cfg = SchedulerConfig(kv, budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
+        cfg = SchedulerConfig(kv, side_budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
                               setup.watermark)
         sides.append((cost, cfg, desc, tp, kv))
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
@@ -538,7 +552,8 @@ def run_disagg_experiment(
     summary = disagg_summary(res, len(setup.workload), slo_ttft, slo_tpot)
     gpus = prefill * sides[0][3] + decode * sides[1][3]
     summary.update(
-        label=f"disagg {prefill}P:{decode}D", router=router, num_gpus=gpus, prefill_tp=sides[0][3],
+        label=f"disagg {prefill}P:{decode}D", router=router, num_gpus=gpus, prefill_budget=budgets[0],
+        decode_budget=budgets[1], prefill_tp=sides[0][3],
         decode_tp=sides[1][3], prefill_kv_tokens=sides[0][4], decode_kv_tokens=sides[1][4],
         goodput_per_gpu=summary["request_goodput"] / gpus if summary.get("request_goodput") is not None else None,
     )
@@ -546,12 +561,100 @@ def run_disagg_experiment(
     if not math.isfinite(header["offered_rate"]):
         header["offered_rate"] = None
     header.update(
-        token_budget=budget, step_time_target_s=None, disaggregate=f"{prefill}:{decode}", router=router,
+        token_budget=budget, prefill_budget=budgets[0], decode_budget=budgets[1], step_time_target_s=None,
+        disaggregate=f"{prefill}:{decode}", router=router,
         prefill_hardware=sides[0][2], decode_hardware=sides[1][2], interconnect=link.name,
         link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, link_latency_s=link.latency_s,
         kv_bytes_per_token=kvb,
     )
     return header, summary, res
+
+
+#: The P:D search's default token budget grids (tokens per step), small on purpose: each point is a
+#: whole simulation. Aggregated: 1,024 to 4,096 around the default 2,048 (smaller: lower TPOT, less
+#: throughput). Prefill side: 2,048 and 8,192 (no decodes share its steps, so larger chunks cost no
+#: TPOT). Decode side: 128 (at most 128 requests fed per step, under the default max_seqs 256) and
+#: 2,048 (no limit below max_seqs). These are this project's choices, not measured optima.
+DEFAULT_AGGREGATED_BUDGETS = (1024, 2048, 4096)
+DEFAULT_PREFILL_BUDGETS = (2048, 8192)
+DEFAULT_DECODE_BUDGETS = (128, 2048)
+
+
+def _rank(s: dict[str, Any]) -> tuple[float, float]:
+    return -(s.get("goodput_per_gpu") or 0.0), s.get("p99_ttft_ms") or math.inf
+
+
+def _grid(name: str, values: Any, default: tuple[int, ...]) -> tuple[int, ...]:
+    out = tuple(default if values is None else values)
+    if not out or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in out):
+        raise ClusterError(f"{name} must be one or more integers >= 1 tokens, got {values!r}")
+    return out
+
+
+def search_plan(
+    setup: Any,
+    replicas: int,
+    *,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    link: Interconnect | None = None,
+    router: str = "least-outstanding",
+    aggregated_budgets: Any = None,
+    prefill_budgets: Any = None,
+    decode_budgets: Any = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """At equal GPU count: the aggregated cluster at each token budget of a small grid, against
+    every P:D split (P + D = replicas, same tp on both sides) at each (prefill budget, decode
+    budget) of a small grid; all on the setup's workload, one simulation per point, in this process.
+
+    Args:
+        setup: a stallfree.sim.setup.Setup.
+        replicas: N >= 2 (each replica has the setup's tp GPUs).
+        slo_ttft, slo_tpot: the SLOs goodput counts, s (at least one).
+        link, router: as run_disagg_experiment.
+        aggregated_budgets, prefill_budgets, decode_budgets: the grids, token budgets per step
+            (defaults DEFAULT_AGGREGATED_BUDGETS, DEFAULT_PREFILL_BUDGETS, DEFAULT_DECODE_BUDGETS).
+
+    Returns:
+        (aggregated summaries, disaggregated summaries), each best first: the highest goodput per
+        GPU, then the lower p99 TTFT. Every summary has num_gpus and goodput_per_gpu; aggregated ones
+        token_budget, disaggregated ones prefill_budget and decode_budget; labels name them.
+        len(aggregated) * 1 + (N - 1) * len(prefill) * len(decode) simulations.
+
+    Raises:
+        ClusterError: replicas < 2, no SLO given, or an empty grid or a budget < 1.
+    """
+    from stallfree.sim.cluster import run_cluster_experiment
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
+    if slo_ttft is None and slo_tpot is None:
+        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
+    agg_grid = _grid("aggregated budgets", aggregated_budgets, DEFAULT_AGGREGATED_BUDGETS)
+    pre_grid = _grid("prefill budgets", prefill_budgets, DEFAULT_PREFILL_BUDGETS)
+    dec_grid = _grid("decode budgets", decode_budgets, DEFAULT_DECODE_BUDGETS)
+    gpus = replicas * setup.hardware_options.tp
+    aggs = []
+    for b in agg_grid:
+        study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=b,
+                                       slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        agg = study.summaries[0]
+        agg.update(label=f"aggregated x{replicas} b{b}", num_gpus=gpus, token_budget=b,
+                   goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
+        aggs.append(agg)
+    rows = []
+    for p in range(1, replicas):
+        for bp in pre_grid:
+            for bd in dec_grid:
+                _, s, _ = run_disagg_experiment(setup, prefill=p, decode=replicas - p, link=link, router=router,
+                                                slo_ttft=slo_ttft, slo_tpot=slo_tpot, prefill_budget=bp,
+                                                decode_budget=bd)
+                s["label"] = f"disagg {p}P:{replicas - p}D b{bp}/{bd}"
+                s["goodput_per_gpu"] = s["goodput_per_gpu"] or 0.0
+                rows.append(s)
+    aggs.sort(key=_rank)
+    rows.sort(key=_rank)
+    return aggs, rows
 
 
 def search_ratio(
@@ -564,39 +667,15 @@ def search_ratio(
     router: str = "least-outstanding",
     budget: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """At equal GPU count, the aggregated cluster against every P:D split of the same replicas.
-
-    Runs `replicas` aggregated replicas (cluster.run_cluster_experiment) and each P:D with
-    P + D = replicas (same tp on both sides), all on the setup's workload.
-
-    Args:
-        setup: a stallfree.sim.setup.Setup.
-        replicas: N >= 2 (each replica has the setup's tp GPUs).
-        slo_ttft, slo_tpot: the SLOs goodput counts, s (at least one).
-        link, router, budget: as run_disagg_experiment.
+    """search_plan with one token budget everywhere (default 2048): only the P:D ratio is searched.
 
     Returns:
-        (aggregated summary, disaggregated summaries best first), each with goodput_per_gpu and
-        num_gpus; "best" is the highest goodput per GPU (then the lower p99 TTFT).
+        (the aggregated summary, disaggregated summaries best first), as search_plan.
 
     Raises:
-        ClusterError: replicas < 2 or no SLO given.
+        ClusterError: as search_plan.
     """
-    from stallfree.sim.cluster import run_cluster_experiment
-
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
-        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
-    if slo_ttft is None and slo_tpot is None:
-        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
-    study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=budget,
-                                   slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-    agg = study.summaries[0]
-    gpus = replicas * setup.hardware_options.tp
-    agg.update(label=f"aggregated x{replicas}", num_gpus=gpus, goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
-    rows = []
-    for p in range(1, replicas):
-        _, s, _ = run_disagg_experiment(setup, prefill=p, decode=replicas - p, link=link, router=router,
-                                        budget=budget, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-        rows.append(s)
-    rows.sort(key=lambda s: (-(s.get("goodput_per_gpu") or 0.0), s.get("p99_ttft_ms") or math.inf))
-    return agg, rows
+    b = (budget or 2048,)
+    aggs, rows = search_plan(setup, replicas, slo_ttft=slo_ttft, slo_tpot=slo_tpot, link=link, router=router,
+                             aggregated_budgets=b, prefill_budgets=b, decode_budgets=b)
+    return aggs[0], rows

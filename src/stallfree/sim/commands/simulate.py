@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import int_list, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
@@ -203,6 +203,18 @@ def _add_cluster_flags(sim: Any) -> None:
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].bandwidth_bytes_per_s / 1e9:g} GB/s, "
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].latency_s * 1e6:g} us per transfer)",
     )
+    from stallfree.sim.disagg import DEFAULT_DECODE_BUDGETS, DEFAULT_PREFILL_BUDGETS
+
+    c.add_argument(
+        "--prefill-budget", type=int_list, metavar="N[,N...]",
+        help="prefill side's token budget per step (default: --budget); with --disaggregate search, the grid "
+        f"searched (default {','.join(map(str, DEFAULT_PREFILL_BUDGETS))}; --budget N: N only)",
+    )
+    c.add_argument(
+        "--decode-budget", type=int_list, metavar="N[,N...]",
+        help="decode side's, as --prefill-budget (search default "
+        f"{','.join(map(str, DEFAULT_DECODE_BUDGETS))})",
+    )
     c.add_argument("--link-bandwidth", type=float, metavar="GB_PER_S", help="overrides the interconnect's GB/s")
     c.add_argument("--link-latency", type=float, metavar="US", help="overrides the interconnect's latency, us")
 
@@ -231,10 +243,17 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
         p, d = parse_disaggregate(args.disaggregate)
     except ClusterError as exc:
         raise CliError(str(exc), 2) from None
+    side_budgets = []
+    for flag, values in (("--prefill-budget", args.prefill_budget), ("--decode-budget", args.decode_budget)):
+        if values is not None and len(values) > 1:
+            raise CliError(f"{flag}: one budget for a P:D run, got {','.join(map(str, values))} "
+                           "(a list goes with --disaggregate search)", 2)
+        side_budgets.append(values[0] if values else None)
     header, summary, res = run_disagg_experiment(
         setup, prefill=p, decode=d, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, link=link,
         router=args.router or "least-outstanding", budget=args.budget, check=args.check,
-        slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+        slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, prefill_budget=side_budgets[0],
+        decode_budget=side_budgets[1],
     )
     if args.json:
         print(json.dumps({"header": header, "runs": [summary]}, indent=1))
@@ -252,22 +271,32 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
 
 def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
     from stallfree.sim.cluster import ClusterError
-    from stallfree.sim.disagg import search_ratio
+    from stallfree.sim.disagg import search_plan
     from stallfree.sim.report import print_table
 
+    if args.prefill_tp is not None or args.decode_tp is not None:
+        raise CliError("--disaggregate search splits replicas of --tp GPUs: drop --prefill-tp and --decode-tp", 2)
+    fixed = (args.budget,) if args.budget is not None else None
     try:
-        agg, rows = search_ratio(setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
-                                 router=args.router or "least-outstanding", budget=args.budget)
+        aggs, rows = search_plan(
+            setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
+            router=args.router or "least-outstanding", aggregated_budgets=fixed,
+            prefill_budgets=args.prefill_budget or fixed, decode_budgets=args.decode_budget or fixed,
+        )
     except ClusterError as exc:
         raise CliError(str(exc), 2) from None
     if args.json:
-        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [agg, *rows]}, indent=1))
+        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [*aggs, *rows]}, indent=1))
         return 0
-    print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU:")
-    for s in [agg, *rows]:
-        print(f"  {s['label']:>16}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
+    agg, best = aggs[0], rows[0]
+    print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU "
+          f"({len(aggs)} aggregated and {len(rows)} disaggregated configurations):")
+    for s in [*aggs, *rows]:
+        print(f"  {s['label']:>30}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
               f"req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT {s.get('p99_tpot_ms') or 0:.1f} ms)")
-    print_table([agg, rows[0]], title="best aggregated and best disaggregated")
+    print(f"best aggregated: {agg['goodput_per_gpu']:.3f} req/s/GPU ({agg['label']}); best disaggregated: "
+          f"{best['goodput_per_gpu']:.3f} req/s/GPU ({best['label']})")
+    print_table([agg, best], title="best aggregated and best disaggregated")
     return 0
 
 
