@@ -256,6 +256,23 @@ def test_cli_json_runs0_is_the_cluster(capsys):
     assert [r["num_requests"] for r in run["replicas"]] == [20, 20]
 
 
+def test_cli_out_draws_a_timeline_line_per_replica(capsys, tmp_path, monkeypatch):
+    """`--replicas 3 --out`: timeline.png has one line per replica (the single-run plots are stubbed:
+    their drawing is tested with the single-run --out); a per-replica timeline needs labels to match."""
+    from stallfree.sim import plots
+
+    calls: list[tuple[int, list[str] | None]] = []
+    monkeypatch.setattr(plots, "plot_cdfs", lambda results, path, context=None: path.write_bytes(b""))
+    monkeypatch.setattr(plots, "plot_timeline", lambda results, path, context=None, **kw: calls.append(
+        (len(results), kw.get("labels"))))
+    argv = ["simulate", "--replicas", "3", "--num-requests", "30", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    # write_experiment's merged timeline first, then the per-replica one over it.
+    assert calls == [(1, None), (3, ["replica 0", "replica 1", "replica 2"])]
+    with pytest.raises(ValueError, match="2 labels for 3 replicas"):
+        plots.plot_replica_timeline([object()] * 3, tmp_path / "t.png", labels=["a", "b"])  # type: ignore[list-item]
+
+
 def test_docs_example_runs(capsys):
     """The ```python example of docs/cluster.md runs as written and prints."""
     import re

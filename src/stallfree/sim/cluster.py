@@ -65,6 +65,8 @@ __all__ = [
     "Router",
     "cluster_summary",
     "make_router",
+    "run_cluster_experiment",
+    "run_cluster_study",
     "simulate_cluster",
 ]
 
@@ -668,7 +670,28 @@ def run_cluster_experiment(
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
 ) -> Any:
-    """`stallfree simulate --replicas N`: the setup's workload on N replicas of its scheduler.
+    """`stallfree simulate --replicas N`: run_cluster_study's Experiment (its arguments, results
+    and errors)."""
+    study, _ = run_cluster_study(
+        setup, replicas=replicas, router=router, budget=budget, step_time_target=step_time_target, check=check,
+        slo_ttft=slo_ttft, slo_tpot=slo_tpot,
+    )
+    return study
+
+
+def run_cluster_study(
+    setup: Any,
+    *,
+    replicas: int,
+    router: Router | str = "least-outstanding",
+    budget: int | None = None,
+    step_time_target: float | None = None,
+    check: bool = False,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+) -> tuple[Any, ClusterResult]:
+    """The setup's workload on N replicas of its scheduler: (Experiment, ClusterResult), the latter
+    with each replica's own SimResult (for a per-replica timeline).
 
     Args:
         setup: a stallfree.sim.setup.Setup (each replica is its hardware, KV and scheduler).
@@ -677,8 +700,9 @@ def run_cluster_experiment(
         budget, step_time_target, check, slo_ttft, slo_tpot: as experiment.run_experiment.
 
     Returns:
-        A stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
-        (cluster_summary, plus capacity_req_s: N times one replica's saturated throughput, and load).
+        (a stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
+        (cluster_summary, plus capacity_req_s: N times one replica's saturated throughput, and load),
+        the ClusterResult).
 
     Raises:
         ClusterError: replicas < 1 or an unknown router.
@@ -724,4 +748,4 @@ def run_cluster_experiment(
         header["offered_rate"] = None
     header.update(token_budget=budget, step_time_target_s=step_time_target, replicas=replicas,
                   router=summary["router"])
-    return Experiment(header, [result.merged], [summary])
+    return Experiment(header, [result.merged], [summary]), result

@@ -20,7 +20,10 @@ A request with a single output token finishes at step 1 and transfers nothing.
 
 Admission gate. Each replica admits requests from its queue in arrival order while the KV they
 need (prefill: prompt_len + 1; decode: prompt_len + target), plus the KV held for transfers, fits
-its kv_total; a request that can never fit is rejected ("kv_capacity").
+its kv_total; a request that can never fit is rejected ("kv_capacity"). Each replica's recorded KV
+per step (SimResult.step_kv_used, its steps CSV, its timeline line and KV utilization) is this
+gate's count at the step's end: the decode side's scheduler alone would count a request from its
+first token, and the prefill side's would drop a prompt's KV before its transfer ends.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.core.errors import RequestRejected
@@ -68,12 +71,16 @@ __all__ = [
     "INTERCONNECTS",
     "DisaggResult",
     "Interconnect",
+    "RECORD_FIELDS",
+    "disagg_records",
     "disagg_summary",
     "parse_disaggregate",
     "run_disagg_experiment",
     "search_plan",
     "search_ratio",
     "simulate_disaggregated",
+    "write_disagg_out",
+    "write_disagg_records",
 ]
 
 
@@ -173,6 +180,8 @@ class DisaggResult:
         rejected: (rid, reason) of the requests refused; rejected_kind: rid -> kind.
         link: the interconnect; kv_bytes_per_token: bytes moved per prompt token.
         wall_s: wall time of the loop, s.
+        max_new / target: per request, its token cap and the tokens it generates (min of its
+            output length and max_new); empty when built by hand without them.
     """
 
     prefill: list[SimResult]
@@ -187,6 +196,8 @@ class DisaggResult:
     link: Interconnect
     kv_bytes_per_token: int
     wall_s: float
+    max_new: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)
 
 
 class _Side:
@@ -298,6 +309,7 @@ def simulate_disaggregated(
                     t_end[r] = inflight[0] + link.transfer_time(plens[r] * kv_bytes_per_token)
                     heapq.heappush(events, (t_end[r], 1, seq, (k, r)))
                     seq += 1
+                side.rep.loop.res.step_kv_used[-1] = side.committed  # the gate's KV (module docstring)
             else:
                 k, r = payload
                 sides[0][k].committed -= sides[0][k].need[r]
@@ -336,6 +348,7 @@ def simulate_disaggregated(
                     continue
                 inflight = _start_step(rep, now, costs[role])
                 if inflight is None:
+                    rep.loop.res.step_kv_used[-1] = side.committed
                     rep.stalled = True
                     continue
                 rep.busy = True
@@ -358,7 +371,7 @@ def simulate_disaggregated(
     timelines = _timelines(workload, target, pre, dec, prefill_of, decode_of)
     rejected.sort()
     return DisaggResult(pre, dec, prefill_of, decode_of, t_start, t_end, timelines, rejected, kinds, link,
-                        kv_bytes_per_token, wall)
+                        kv_bytes_per_token, wall, max_new, target)
 
 
 def _check_index(router: Router, k: Any, count: int) -> None:
@@ -467,6 +480,128 @@ def disagg_summary(
             reps.append(s)
     out["replicas"] = reps
     return out
+
+
+#: Columns of disagg_records, in order.
+RECORD_FIELDS = (
+    "rid", "arrival_s", "prompt_len", "max_new", "output_tokens", "prefill_replica", "decode_replica",
+    "admitted_s", "first_token_s", "transfer_start_s", "transfer_end_s", "transfer_ms", "decode_admitted_s",
+    "finish_s", "ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "finish_reason", "rejected", "rejected_reason",
+)
+
+
+def disagg_records(result: DisaggResult, workload: Workload) -> list[dict[str, Any]]:
+    """One dict per request of `workload` (the one simulated), the keys RECORD_FIELDS: the single-run
+    record's (report.request_records) plus the replica that prefilled it and the one that decoded it
+    (None: none), its transfer's start and end (s) and length (ms), and when the decode side admitted
+    it (s). admitted_s and queue_ms are the prefill side's; finish_reason is "length" when the request
+    generated max_new tokens, else "stop". Times are None for a rejected or unfinished request and
+    for a step it never took (no transfer for a single-token request); tpot_ms is None below 2 tokens.
+
+    Raises:
+        ValueError: `workload` has a different number of requests than the result.
+    """
+    n = len(workload)
+    if len(result.prefill_of) != n:
+        raise ValueError(f"the workload has {n} requests; the result {len(result.prefill_of)}")
+    tl = {int(t.rid): t for t in result.timelines}
+    why = dict(result.rejected)
+    rows = []
+    for r in range(n):
+        t = tl.get(r)
+        k, d = result.prefill_of[r], result.decode_of[r]
+        arr = workload.arrivals[r]
+        adm = result.prefill[k].admit_step[r] if k >= 0 else -1
+        dadm = result.decode[d].admit_step[r] if d >= 0 else -1
+        t0, t1 = result.transfer_start[r], result.transfer_end[r]
+        cap = result.max_new[r] if result.max_new else None
+        ntok = len(t.token_times) if t is not None else 0
+        first = t.token_times[0] if t is not None else None
+        last = t.token_times[-1] if t is not None else None
+        rows.append({
+            "rid": r,
+            "arrival_s": arr,
+            "prompt_len": workload.prompt_lens[r],
+            "max_new": cap,
+            "output_tokens": ntok,
+            "prefill_replica": k if k >= 0 else None,
+            "decode_replica": d if d >= 0 else None,
+            "admitted_s": result.prefill[k].step_start[adm] if adm >= 0 else None,
+            "first_token_s": first,
+            "transfer_start_s": t0 if t0 == t0 else None,
+            "transfer_end_s": t1 if t1 == t1 else None,
+            "transfer_ms": (t1 - t0) * 1e3 if t1 == t1 else None,
+            "decode_admitted_s": result.decode[d].step_start[dadm] if dadm >= 0 else None,
+            "finish_s": last,
+            "ttft_ms": (first - arr) * 1e3 if first is not None else None,
+            "tpot_ms": (last - first) / (ntok - 1) * 1e3 if last is not None and first is not None and ntok > 1
+            else None,
+            "e2el_ms": (last - arr) * 1e3 if last is not None else None,
+            "queue_ms": (result.prefill[k].step_start[adm] - arr) * 1e3 if adm >= 0 else None,
+            "finish_reason": None if t is None else "length" if cap is not None and ntok >= cap else "stop",
+            "rejected": why.get(r),
+            "rejected_reason": result.rejected_kind.get(r) if r in why else None,
+        })
+    return rows
+
+
+def write_disagg_records(result: DisaggResult, workload: Workload, path: Any) -> None:
+    """Write disagg_records to `path` (a pathlib.Path): JSON if it ends in .json, else CSV.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import csv
+    import json
+
+    rows = disagg_records(result, workload)
+    if str(path).endswith(".json"):
+        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        return
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(RECORD_FIELDS))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_disagg_out(
+    out: Any, header: dict[str, Any], summary: dict[str, Any], result: DisaggResult, workload: Workload
+) -> list[str]:
+    """`--out DIR` for a disaggregated run: summary.json ({"header", "runs": [summary]}),
+    requests-disagg.csv (disagg_records), steps-prefill<k>.csv and steps-decode<k>.csv (each
+    replica's steps, report.step_records' columns), cdf.png (TTFT and TPOT over the joined
+    timelines) and timeline.png (a line per replica).
+
+    Returns:
+        The names written, in order.
+
+    Raises:
+        OSError: `out` (a pathlib.Path) cannot be created or written.
+    """
+    import json
+
+    from stallfree.sim import plots
+    from stallfree.sim.report import write_steps_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"header": header, "runs": [summary]}, indent=1) + "\n")
+    names = ["summary.json", "requests-disagg.csv"]
+    write_disagg_records(result, workload, out / "requests-disagg.csv")
+    reps = [*result.prefill, *result.decode]
+    for res in reps:
+        name = f"steps-{res.label.replace('#', '')}.csv"
+        write_steps_csv(res, out / name)
+        names.append(name)
+    context = plots.plot_context(
+        header, f"{header.get('disaggregate', '?')} (P:D), budget prefill {summary.get('prefill_budget')} / "
+        f"decode {summary.get('decode_budget')}"
+    )
+    ttft = [(t.token_times[0] - t.arrival) * 1e3 for t in result.timelines]
+    tpot = [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) * 1e3
+            for t in result.timelines if len(t.token_times) > 1]
+    plots.plot_cdf_series([(str(summary.get("label", "disaggregated")), ttft, tpot)], out / "cdf.png", context)
+    plots.plot_replica_timeline(reps, out / "timeline.png", context, [r.label for r in reps])
+    return [*names, "cdf.png", "timeline.png"]
 
 
 def kv_bytes_per_token_of(hardware: Any) -> int:

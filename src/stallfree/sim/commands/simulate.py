@@ -116,15 +116,19 @@ def run(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     if args.disaggregate is not None:
         return _run_disagg(args, setup)
-    study = _run_cluster(args, setup) if _is_cluster(args) else run_experiment(
-        setup,
-        batching=list(BATCHING_MODES) if args.compare else args.batching,
-        budget=args.budget,
-        step_time_target=args.step_time_target,
-        check=args.check,
-        slo_ttft=args.slo_ttft,
-        slo_tpot=args.slo_tpot,
-    )
+    cluster = None
+    if _is_cluster(args):
+        study, cluster = _run_cluster(args, setup)
+    else:
+        study = run_experiment(
+            setup,
+            batching=list(BATCHING_MODES) if args.compare else args.batching,
+            budget=args.budget,
+            step_time_target=args.step_time_target,
+            check=args.check,
+            slo_ttft=args.slo_ttft,
+            slo_tpot=args.slo_tpot,
+        )
     if args.compare_caching:
         setup.prefix_caching = True
         on = run_experiment(
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
             write_records(res, path)
     if args.out:
-        _write_out(args.out, study)
+        _write_out(args.out, study, cluster)
     return 0
 
 
@@ -221,7 +225,14 @@ def _add_cluster_flags(sim: Any) -> None:
 
 def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     from stallfree.sim.cluster import ClusterError
-    from stallfree.sim.disagg import INTERCONNECTS, Interconnect, parse_disaggregate, run_disagg_experiment
+    from stallfree.sim.disagg import (
+        INTERCONNECTS,
+        Interconnect,
+        parse_disaggregate,
+        run_disagg_experiment,
+        write_disagg_out,
+        write_disagg_records,
+    )
     from stallfree.sim.report import print_table
 
     search = args.disaggregate == "search"
@@ -229,8 +240,8 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
             or args.batching != "chunked":
         raise CliError("--disaggregate P:D sets the replicas and runs chunked batching: drop --compare, --replicas, "
                        "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
-    if args.records or args.out:
-        raise CliError("--records and --out do not yet write a disaggregated run; use --json", 2)
+    if search and (args.records or args.out):
+        raise CliError("--records and --out write one run: give --disaggregate P:D, not search", 2)
     base = INTERCONNECTS[args.interconnect]
     link = Interconnect(
         base.name if args.link_bandwidth is None and args.link_latency is None else "custom",
@@ -266,6 +277,11 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     if res.rejected:
         print(rejection_warning(summary["label"], len(setup.workload), summary["rejected_by_reason"],
                                 res.rejected[0][1]), file=sys.stderr)
+    if args.records:
+        write_disagg_records(res, setup.workload, args.records)
+    if args.out:
+        names = write_disagg_out(args.out, header, summary, res, setup.workload)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -304,8 +320,8 @@ def _is_cluster(args: argparse.Namespace) -> bool:
     return args.replicas > 1 or args.router is not None
 
 
-def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
-    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_experiment
+def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]:
+    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_study
 
     if args.compare:
         raise CliError("--compare runs one replica: drop --replicas and --router", 2)
@@ -315,7 +331,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
                              args.affinity_load_margin)
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
-    study: Experiment = run_cluster_experiment(
+    study, cluster = run_cluster_study(
         setup, replicas=args.replicas, router=router, budget=args.budget, step_time_target=args.step_time_target,
         check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
     )
@@ -323,7 +339,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
     study.summaries[0]["label"] = study.results[0].label = f"{study.results[0].label} {name}"
     study.summaries[0]["router"] = name
     study.results[0].config["router"] = name
-    return study
+    return study, cluster
 
 
 def _suffixed(path: Path, tag: str) -> Path:
@@ -368,6 +384,11 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         print(f"note: {note}")
 
 
-def _write_out(out: Path, study: Experiment) -> None:
+def _write_out(out: Path, study: Experiment, cluster: Any = None) -> None:
     write_experiment(out, study)
+    if cluster is not None and len(cluster.replicas) > 1:
+        # A cluster's timeline: a line per replica, not every replica's steps binned together.
+        from stallfree.sim import plots
+
+        plots.plot_replica_timeline(cluster.replicas, out / "timeline.png", plots.plot_context(study.header))
     print(f"wrote {out}/summary.json, requests-*.csv, steps-*.csv, cdf.png, timeline.png")
