@@ -44,6 +44,10 @@ def test_one_request_by_hand():
     assert s["mean_transfer_ms"] == pytest.approx(105.0)
     assert s["mean_tpot_ms"] == pytest.approx((250.03 - 110.0) / 3)
     assert [x["role"] for x in s["replicas"]] == ["prefill", "decode"]
+    # TTFT 110 ms: within a 200 ms SLO, not within a 100 ms one.
+    assert disagg_summary(r, 1, slo_ttft=0.2)["slo_attainment"] == 1.0
+    assert disagg_summary(r, 1, slo_ttft=0.1)["slo_attainment"] == 0.0
+    assert s["slo_attainment"] is None
 
 
 def test_records_by_hand():

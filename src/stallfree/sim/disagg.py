@@ -442,7 +442,7 @@ def disagg_summary(
     result: DisaggResult, num_requests: int, slo_ttft: float | None = None, slo_tpot: float | None = None
 ) -> dict[str, Any]:
     """The cluster-wide summary with the single-run keys (stallfree.core.metrics.summarize over the
-    joined timelines, plus num_requests, rejected, rejected_by_reason), transfer figures
+    joined timelines, plus num_requests, rejected, rejected_by_reason, slo_attainment), transfer figures
     (mean and p99 transfer ms, link name, bandwidth, latency, KV bytes per token), and `replicas`:
     one report.summarize_result per replica with its `role` ("prefill" or "decode") and index.
     """
@@ -456,6 +456,9 @@ def disagg_summary(
     out["rejected_by_reason"] = by
     if result.timelines:
         out.update(summarize(result.timelines, slo_ttft, slo_tpot))
+        # As a single run reports it: the share of completed requests within the SLOs.
+        good, rate = out.get("request_goodput"), out.get("request_throughput")
+        out["slo_attainment"] = good / rate if good is not None and rate else None
     else:
         out["completed"] = 0
     moves = sorted(e - s for s, e in zip(result.transfer_start, result.transfer_end, strict=True) if e == e)

@@ -197,7 +197,8 @@ def _add_cluster_flags(sim: Any) -> None:
     c.add_argument(
         "--disaggregate", metavar="P:D",
         help="P prefill replicas and D decode replicas (KV moved between); 'search' with --replicas N and an SLO: "
-        "every P:D with P + D = N against N aggregated replicas, in goodput per GPU",
+        "every P:D with P + D = N against N aggregated replicas, each over a small grid of token budgets "
+        "(--budget N: that budget only), in goodput per GPU",
     )
     c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
     c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
