@@ -120,8 +120,10 @@ def test_prefix_affinity_by_hand():
     - loads 12, 15, 15 (cap max(15, 14) = 15): both are, the longer prefix wins: 2.
     - loads 12, 16, 16: cap 15, neither: replica 0.
     - cap off (load_factor inf): loads 0, 5, 9: the longest prefix, 2.
-    - 256 tokens is not over the threshold; 100 is not either: least loaded, replica 2.
+    - 256 tokens is not over the threshold, nor 100: the least loaded, replica 2.
     - factor 2, margin 0, loads 3, 6, 7: cap 6: replica 1.
+    - equal prefixes (300 each) at loads 0, 2, 1: the less loaded of the two within the cap, 2; at
+      loads 0, 1, 1: the lower index, 1.
     """
     req = Request(0, 1000, 10)
     router = PrefixAffinityRouter()
@@ -136,6 +138,8 @@ def test_prefix_affinity_by_hand():
     assert make_router("prefix-affinity", load_factor=2.0, load_margin=0).route(
         req, [FakeReplica(3, 0), FakeReplica(6, 300), FakeReplica(7, 400)]
     ) == 1
+    assert router.route(req, [FakeReplica(0, 0), FakeReplica(2, 300), FakeReplica(1, 300)]) == 2
+    assert router.route(req, [FakeReplica(0, 0), FakeReplica(1, 300), FakeReplica(1, 300)]) == 1
 
 
 def test_prefix_affinity_without_caching_routes_as_least_outstanding():

@@ -188,7 +188,8 @@ class LeastKVRouter:
 class PrefixAffinityRouter:
     """The replica holding the longest cached prefix of the request, among the replicas not too
     loaded, if it holds more than `threshold` tokens of it; otherwise the least loaded
-    (LeastOutstandingRouter). Ties go to the lowest index.
+    (LeastOutstandingRouter). Equal prefixes go to the less loaded replica, then the lower index
+    (so that replicas holding the same prefix share its requests).
 
     Load cap: with `low` the fewest unfinished requests on any replica, a replica may win on its
     cache only while its unfinished requests are <= max(load_factor x low, low + load_margin).
@@ -231,7 +232,7 @@ class PrefixAffinityRouter:
             if r.num_outstanding > cap:
                 continue
             n = r.cached_prefix_len(request)
-            if n > best_len:
+            if n > best_len or (n == best_len and best >= 0 and r.num_outstanding < replicas[best].num_outstanding):
                 best, best_len = k, n
         return best if best >= 0 else self.fallback.route(request, replicas)
 
