@@ -183,7 +183,7 @@ def test_cli_search_grids_budgets(capsys):
     assert sorted((r["prefill_budget"], r["decode_budget"]) for r in rows) == [(512, 64), (4096, 64)]
     assert {r["label"] for r in rows} == {"disagg 1P:1D b512/64", "disagg 1P:1D b4096/64"}
     for group in (aggs, rows):
-        per_gpu = [r["goodput_per_gpu"] for r in group]
+        per_gpu = [round(r["goodput_per_gpu"], 3) for r in group]
         assert per_gpu == sorted(per_gpu, reverse=True)
     assert all(r["num_gpus"] == 8 and r["completed"] == 20 for r in runs)
     assert main(["simulate", "--disaggregate", "1:1", "--prefill-budget", "512,1024", "--num-requests", "5"]) == 2

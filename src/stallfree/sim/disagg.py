@@ -719,7 +719,9 @@ DEFAULT_DECODE_BUDGETS = (128, 2048)
 
 
 def _rank(s: dict[str, Any]) -> tuple[float, float]:
-    return -(s.get("goodput_per_gpu") or 0.0), s.get("p99_ttft_ms") or math.inf
+    """Goodput per GPU to 0.001 req/s/GPU (finer differences are the last request's finish time),
+    then p99 TTFT."""
+    return -round(s.get("goodput_per_gpu") or 0.0, 3), s.get("p99_ttft_ms") or math.inf
 
 
 def _grid(name: str, values: Any, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -755,9 +757,10 @@ def search_plan(
 
     Returns:
         (aggregated summaries, disaggregated summaries), each best first: the highest goodput per
-        GPU, then the lower p99 TTFT. Every summary has num_gpus and goodput_per_gpu; aggregated ones
-        token_budget, disaggregated ones prefill_budget and decode_budget; labels name them.
-        len(aggregated) * 1 + (N - 1) * len(prefill) * len(decode) simulations.
+        GPU (to 0.001 req/s/GPU), then the lower p99 TTFT. Every summary has num_gpus and
+        goodput_per_gpu; aggregated ones token_budget, disaggregated ones prefill_budget and
+        decode_budget; labels name them. len(aggregated) + (N - 1) * len(prefill) * len(decode)
+        simulations.
 
     Raises:
         ClusterError: replicas < 2, no SLO given, or an empty grid or a budget < 1.
