@@ -113,12 +113,12 @@ class FakeReplica:
 def test_prefix_affinity_by_hand():
     """Prefix affinity: the replica with the longest cached prefix over the threshold (256) wins,
     even when busier, while its load is within the cap; at or under the threshold, the least loaded
-    wins. The cap with the least loaded replica at `low` requests: max(1.25 x low, low + 2).
+    wins. The cap with the least loaded replica at `low` requests: max(1.5 x low, low + 4).
 
-    - loads 0, 5, 9 (cap max(0, 2) = 2): neither cache holder is within it: least loaded, 0.
-    - loads 3, 5, 9 (cap max(3.75, 5) = 5): replica 1 (300 tokens) is, replica 2 (400) is not: 1.
-    - loads 12, 15, 15 (cap max(15, 14) = 15): both are, the longer prefix wins: 2.
-    - loads 12, 16, 16: cap 15, neither: replica 0.
+    - loads 0, 5, 9 (cap max(0, 4) = 4): neither cache holder is within it: least loaded, 0.
+    - loads 3, 5, 9 (cap max(4.5, 7) = 7): replica 1 (300 tokens) is, replica 2 (400) is not: 1.
+    - loads 12, 17, 17 (cap max(18, 16) = 18: the factor's): both are, the longer prefix wins: 2.
+    - loads 12, 19, 19: cap 18, neither: replica 0.
     - cap off (load_factor inf): loads 0, 5, 9: the longest prefix, 2.
     - 256 tokens is not over the threshold, nor 100: the least loaded, replica 2.
     - factor 2, margin 0, loads 3, 6, 7: cap 6: replica 1.
@@ -129,8 +129,8 @@ def test_prefix_affinity_by_hand():
     router = PrefixAffinityRouter()
     assert router.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 0
     assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 1
-    assert router.route(req, [FakeReplica(12, 0), FakeReplica(15, 300), FakeReplica(15, 400)]) == 2
-    assert router.route(req, [FakeReplica(12, 0), FakeReplica(16, 300), FakeReplica(16, 400)]) == 0
+    assert router.route(req, [FakeReplica(12, 0), FakeReplica(17, 300), FakeReplica(17, 400)]) == 2
+    assert router.route(req, [FakeReplica(12, 0), FakeReplica(19, 300), FakeReplica(19, 400)]) == 0
     uncapped = PrefixAffinityRouter(load_factor=math.inf)
     assert uncapped.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 2
     assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 256), FakeReplica(1, 100)]) == 2

@@ -75,13 +75,13 @@ __all__ = [
 DEFAULT_PREFIX_THRESHOLD = 256
 #: prefix-affinity load cap: a replica may win a request for its cached prefix only while its
 #: unfinished requests are at most max(load_factor x the least loaded replica's, that + load_margin).
-#: The defaults (1.25 and 2 requests) are this project's choice from the grid measured on the
-#: Mooncake trace in docs/cluster.md (the hit rate of the uncapped router's best, at least-outstanding's
-#: TTFT). The rule has the shape of SGLang's cache-aware router's (cache affinity while loads are
-#: within a relative or an absolute margin, else the shortest queue), which compares the most and
-#: least loaded workers rather than the candidate and the least loaded.
-DEFAULT_AFFINITY_LOAD_FACTOR = 1.25
-DEFAULT_AFFINITY_LOAD_MARGIN = 2
+#: The defaults (1.5 and 4 requests) are this project's choice from the grid measured on the Mooncake
+#: trace in docs/cluster.md (the best hit rate there, at least-outstanding's TTFT). The rule has the
+#: shape of SGLang's cache-aware router's (cache affinity while loads are within a relative or an
+#: absolute margin, else the shortest queue), which compares the most and least loaded workers
+#: rather than the candidate and the least loaded.
+DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
+DEFAULT_AFFINITY_LOAD_MARGIN = 4
 #: random router: the default seed.
 DEFAULT_ROUTER_SEED = 0
 
