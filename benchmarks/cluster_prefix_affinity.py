@@ -3,7 +3,7 @@ Mooncake conversation trace (first 3,000 requests, its own rate), 4 replicas of 
 with paged KV and prefix caching. Per router: the cluster's prefix cache hit rate (and the bound of
 one infinite cache), TTFT p50 / p99, p99 TPOT, requests per replica, and the run's wall time.
 
-Usage: python benchmarks/cluster_prefix_affinity.py [--num-requests 3000] [--replicas 4]
+Usage: python benchmarks/cluster_prefix_affinity.py [--num-requests 3000] [--replicas 4] [--rate-scale 1]
            [--caps 1.5:4,inf:0]   (prefix-affinity load caps to try, FACTOR:MARGIN)
 """
 
@@ -30,9 +30,10 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--num-requests", type=int, default=3000)
     p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--rate-scale", type=float, default=1.0)
     p.add_argument("--caps", default=f"{DEFAULT_AFFINITY_LOAD_FACTOR:g}:{DEFAULT_AFFINITY_LOAD_MARGIN},inf:0")
     args = p.parse_args()
-    setup = Setup(WorkloadOptions(trace="mooncake", num_requests=args.num_requests), HardwareOptions(),
+    setup = Setup(WorkloadOptions(trace="mooncake", num_requests=args.num_requests, rate_scale=args.rate_scale), HardwareOptions(),
                   scheduler="paged", prefix_caching=True)
     wl = setup.workload
     print(f"{wl.name}: {len(wl):,} requests, {wl.mean_rate:.2f} req/s; {args.replicas} x {setup.hardware}; "
