@@ -3,6 +3,7 @@ single-replica simulator, a seeded randomized every-request-finishes-once test, 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -111,18 +112,73 @@ class FakeReplica:
 
 def test_prefix_affinity_by_hand():
     """Prefix affinity: the replica with the longest cached prefix over the threshold (256) wins,
-    even when busier; at or under the threshold, the least loaded wins."""
+    even when busier, while its load is within the cap; at or under the threshold, the least loaded
+    wins. The cap with the least loaded replica at `low` requests: max(1.5 x low, low + 4).
+
+    - loads 0, 5, 9 (cap max(0, 4) = 4): neither cache holder is within it: least loaded, 0.
+    - loads 3, 5, 9 (cap max(4.5, 7) = 7): replica 1 (300 tokens) is, replica 2 (400) is not: 1.
+    - loads 12, 17, 17 (cap max(18, 16) = 18: the factor's): both are, the longer prefix wins: 2.
+    - loads 12, 19, 19: cap 18, neither: replica 0.
+    - cap off (load_factor inf): loads 0, 5, 9: the longest prefix, 2.
+    - 256 tokens is not over the threshold, nor 100: the least loaded, replica 2.
+    - factor 2, margin 0, loads 3, 6, 7: cap 6: replica 1.
+    - equal prefixes (300 each) at loads 0, 2, 1: the less loaded of the two within the cap, 2; at
+      loads 0, 1, 1: the lower index, 1.
+    """
     req = Request(0, 1000, 10)
     router = PrefixAffinityRouter()
-    assert router.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 2
+    assert router.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 0
+    assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 1
+    assert router.route(req, [FakeReplica(12, 0), FakeReplica(17, 300), FakeReplica(17, 400)]) == 2
+    assert router.route(req, [FakeReplica(12, 0), FakeReplica(19, 300), FakeReplica(19, 400)]) == 0
+    uncapped = PrefixAffinityRouter(load_factor=math.inf)
+    assert uncapped.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 2
     assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 256), FakeReplica(1, 100)]) == 2
     assert PrefixAffinityRouter(threshold=50).route(req, [FakeReplica(3, 0), FakeReplica(5, 100)]) == 1
+    assert make_router("prefix-affinity", load_factor=2.0, load_margin=0).route(
+        req, [FakeReplica(3, 0), FakeReplica(6, 300), FakeReplica(7, 400)]
+    ) == 1
+    assert router.route(req, [FakeReplica(0, 0), FakeReplica(2, 300), FakeReplica(1, 300)]) == 2
+    assert router.route(req, [FakeReplica(0, 0), FakeReplica(1, 300), FakeReplica(1, 300)]) == 1
 
 
 def test_prefix_affinity_without_caching_routes_as_least_outstanding():
     """Schedulers without a prefix cache report 0 cached tokens, so prefix-affinity falls back."""
     a = simulate_cluster(HAND, cfg(), ONE_SECOND, 2, PrefixAffinityRouter())
     assert a.routed == [0, 1, 0, 0, 1]
+
+
+def test_prefix_cache_hit_rate_by_hand():
+    """Prefix caching on (paged, 4-token blocks): r0 (0 s) and r1 (5 s, after r0 is done) have
+    9-token prompts whose first two blocks are equal (prefix ids 1, 2). r1 can hit 2 blocks (the cap
+    is (9 - 1) // 4 = 2): 8 tokens of the 18 prompt tokens looked up, a hit rate and a bound of 8/18.
+    - round-robin on 2 replicas: r1 goes to replica 1, which never saw the prefix: hit rate 0, each
+      replica's bound 0 (one request each), the cluster's bound still 8/18 (one cache, all requests).
+    - prefix-affinity (threshold 4): replica 0 holds 8 > 4 cached tokens and loads are 0 and 0 (cap
+      4): r1 goes to replica 0 and hits 8 tokens: 8/18 on replica 0 and in the cluster.
+    - one replica: the same figures as simulate, key for key."""
+    w = Workload((0.0, 5.0), (9, 9), (2, 2), "hand", prefix_ids=((1, 2, 3), (1, 2, 4)), prefix_block=4)
+    paged = SchedulerConfig(kv_tokens=64, token_budget=16, max_seqs=4, kv="paged", block_size=4,
+                            watermark=0.0, prefix_caching=True)
+    keys = ("prefix_cache_hit_rate", "prefix_cache_hit_rate_bound", "prefix_cache_evictions")
+    rr = cluster_summary(simulate_cluster(w, paged, ONE_SECOND, 2, RoundRobinRouter()))
+    assert [rr[k] for k in keys] == [0.0, pytest.approx(8 / 18), 0]
+    assert [(r["prefix_cache_hit_rate"], r["prefix_cache_hit_rate_bound"]) for r in rr["replicas"]] == [
+        (0.0, 0.0), (0.0, 0.0)
+    ]
+    pa = simulate_cluster(w, paged, ONE_SECOND, 2, PrefixAffinityRouter(threshold=4))
+    assert pa.routed == [0, 0]
+    s = cluster_summary(pa)
+    assert s["prefix_cache_hit_rate"] == pytest.approx(8 / 18)
+    assert s["replicas"][0]["prefix_cache_hit_rate"] == pytest.approx(8 / 18)
+    assert s["replicas"][1]["prefix_cache_hit_rate"] == 0.0
+    one = cluster_summary(simulate_cluster(w, paged, ONE_SECOND, 1))
+    single = summarize_result(simulate(w, paged, ONE_SECOND))
+    assert [one[k] for k in keys] == [single[k] for k in keys] == [pytest.approx(8 / 18)] * 2 + [0]
+    # Without caching: no hit rate and no bound (None) and no evictions, as in a single run.
+    off = cluster_summary(simulate_cluster(HAND, cfg(), ONE_SECOND, 2))
+    assert [off[k] for k in keys] == [None, None, 0]
+    assert off["replicas"][0]["prefix_cache_hit_rate"] is None
 
 
 def test_one_replica_cluster_is_the_simulator():
@@ -171,6 +227,10 @@ def test_bad_input():
         make_router("fastest")
     with pytest.raises(ClusterError, match="threshold must be an integer >= 0 tokens, got -1"):
         PrefixAffinityRouter(-1)
+    with pytest.raises(ClusterError, match="load factor must be a number >= 1, got 0.5"):
+        PrefixAffinityRouter(load_factor=0.5)
+    with pytest.raises(ClusterError, match="load margin must be an integer >= 0 requests, got -1"):
+        PrefixAffinityRouter(load_margin=-1)
 
     class Broken:
         def route(self, request, replicas):  # type: ignore[no-untyped-def]
@@ -199,6 +259,23 @@ def test_cli_json_runs0_is_the_cluster(capsys):
     assert run["num_requests"] == 40 and run["completed"] == 40 and run["rejected"] == 0
     assert "p99_ttft_ms" in run and run["router"] == "round-robin"
     assert [r["num_requests"] for r in run["replicas"]] == [20, 20]
+
+
+def test_cli_out_draws_a_timeline_line_per_replica(capsys, tmp_path, monkeypatch):
+    """`--replicas 3 --out`: timeline.png has one line per replica (the single-run plots are stubbed:
+    their drawing is tested with the single-run --out); a per-replica timeline needs labels to match."""
+    from stallfree.sim import plots
+
+    calls: list[tuple[int, list[str] | None]] = []
+    monkeypatch.setattr(plots, "plot_cdfs", lambda results, path, context=None: path.write_bytes(b""))
+    monkeypatch.setattr(plots, "plot_timeline", lambda results, path, context=None, **kw: calls.append(
+        (len(results), kw.get("labels"))))
+    argv = ["simulate", "--replicas", "3", "--num-requests", "30", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    # write_experiment's merged timeline first, then the per-replica one over it.
+    assert calls == [(1, None), (3, ["replica 0", "replica 1", "replica 2"])]
+    with pytest.raises(ValueError, match="2 labels for 3 replicas"):
+        plots.plot_replica_timeline([object()] * 3, tmp_path / "t.png", labels=["a", "b"])  # type: ignore[list-item]
 
 
 def test_docs_example_runs(capsys):

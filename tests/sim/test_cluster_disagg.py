@@ -44,16 +44,48 @@ def test_one_request_by_hand():
     assert s["mean_transfer_ms"] == pytest.approx(105.0)
     assert s["mean_tpot_ms"] == pytest.approx((250.03 - 110.0) / 3)
     assert [x["role"] for x in s["replicas"]] == ["prefill", "decode"]
+    # TTFT 110 ms: within a 200 ms SLO, not within a 100 ms one.
+    assert disagg_summary(r, 1, slo_ttft=0.2)["slo_attainment"] == 1.0
+    assert disagg_summary(r, 1, slo_ttft=0.1)["slo_attainment"] == 0.0
+    assert s["slo_attainment"] is None
+
+
+def test_records_by_hand():
+    """The hand request above as a record: prefilled on replica 0, decoded on replica 0, transfer
+    110 -> 215 ms, decode admitted at 215 ms, tokens at 110 ... 250.03 ms. Two prefill and two decode
+    replicas (least-outstanding): a second request (arriving with the first) goes to replica 1 on each
+    side; a third, too long for the context, is rejected with no replica."""
+    from stallfree.sim.disagg import RECORD_FIELDS, disagg_records
+
+    w = Workload((0.0, 0.0, 0.0), (100, 100, 900), (4, 4, 4), "hand")
+    r = simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 2, 2, 1000, LINK, max_model_len=500)
+    rows = disagg_records(r, w)
+    assert [list(x) for x in rows] == [list(RECORD_FIELDS)] * 3
+    a, b, c = rows
+    assert (a["prefill_replica"], a["decode_replica"], b["prefill_replica"], b["decode_replica"]) == (0, 0, 1, 1)
+    assert a["transfer_start_s"] == pytest.approx(0.110) and a["transfer_end_s"] == pytest.approx(0.215)
+    assert a["transfer_ms"] == pytest.approx(105.0) and a["decode_admitted_s"] == pytest.approx(0.215)
+    assert a["ttft_ms"] == pytest.approx(110.0) and a["finish_s"] == pytest.approx(0.25003)
+    assert a["tpot_ms"] == pytest.approx((250.03 - 110.0) / 3) and a["e2el_ms"] == pytest.approx(250.03)
+    assert a["queue_ms"] == 0.0 and a["output_tokens"] == 4 and a["finish_reason"] == "length"
+    assert a["rejected"] is None and b == {**a, "rid": 1, "prefill_replica": 1, "decode_replica": 1}
+    assert c["prefill_replica"] is None and c["rejected_reason"] == "context_length" and c["ttft_ms"] is None
+    with pytest.raises(ValueError, match="the workload has 1 requests; the result 3"):
+        disagg_records(r, Workload((0.0,), (5,), (2,), "other"))
 
 
 def test_prefill_holds_kv_until_the_transfer_ends():
     """Prefill KV of 150 tokens holds one 101-token request: the second waits for the first's
-    transfer to end (215 ms), then prefills in 110 ms: TTFT 325 ms."""
+    transfer to end (215 ms), then prefills in 110 ms: TTFT 325 ms. Steps record the gate's KV."""
     w = Workload((0.0, 0.0), (100, 100), (4, 4), "hand")
     r = simulate_disaggregated(w, cfg(150), cfg(), PREFILL, DECODE, 1, 1, 1000, LINK)
     first = {tl.rid: tl.token_times[0] for tl in r.timelines}
     assert first[0] == pytest.approx(0.110)
     assert first[1] == pytest.approx(0.325)
+    # The recorded KV is the gate's: each prefill step ends holding its request's 101 tokens (the
+    # scheduler itself has freed them); the decode side's first step holds r0's 100 + 4.
+    assert list(r.prefill[0].step_kv_used) == [101, 101]
+    assert r.decode[0].step_kv_used[0] == 104
 
 
 def test_single_token_request_moves_nothing():
@@ -95,13 +127,61 @@ def test_bad_input():
         simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 0, 10, LINK)
 
 
-def test_cli_disaggregate(capsys):
-    """`--disaggregate 0:2` exits 2 naming the value; `1:1 --json` gives runs[0] with a replicas list."""
+def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
+    """`--disaggregate 0:2` exits 2 naming the value; `1:1 --json` gives runs[0] with a replicas list,
+    and --records and --out write the per-request records (with each side's replica), each replica's
+    steps and the plots (a timeline line per replica; the drawing itself is plot_timeline's and
+    _plot_cdf_panels', tested with the single-run --out, so it is stubbed here to keep this fast)."""
+    import csv
+
+    from stallfree.sim import plots
+
+    drawn: dict[str, list[str]] = {}
+
+    def cdf(series, path, context=None):  # type: ignore[no-untyped-def]
+        drawn["cdf"] = [label for label, _, _ in series]
+        path.write_bytes(b"")
+
+    def timeline(reps, path, context=None, labels=None):  # type: ignore[no-untyped-def]
+        drawn["timeline"] = list(labels)
+        path.write_bytes(b"")
+
+    monkeypatch.setattr(plots, "plot_cdf_series", cdf)
+    monkeypatch.setattr(plots, "plot_replica_timeline", timeline)
     assert main(["simulate", "--disaggregate", "0:2"]) == 2
     assert "--disaggregate wants P:D with P, D >= 1 replicas, got '0:2'" in capsys.readouterr().err
-    assert main(["simulate", "--disaggregate", "1:1", "--num-requests", "30", "--json"]) == 0
+    argv = ["simulate", "--disaggregate", "1:1", "--num-requests", "30", "--json",
+            "--records", str(tmp_path / "r.json"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
+    records = json.loads((tmp_path / "r.json").read_text())
+    assert len(records) == 30 and {(x["prefill_replica"], x["decode_replica"]) for x in records} == {(0, 0)}
+    with open(tmp_path / "out" / "requests-disagg.csv") as fh:
+        assert [float(x["ttft_ms"]) for x in csv.DictReader(fh)] == pytest.approx([x["ttft_ms"] for x in records])
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["cdf.png", "requests-disagg.csv", "steps-decode0.csv", "steps-prefill0.csv", "summary.json",
+                     "timeline.png"]
+    assert drawn == {"cdf": ["disagg 1P:1D"], "timeline": ["prefill#0", "decode#0"]}
     run = out["runs"][0]
     assert run["num_requests"] == 30 and run["completed"] == 30
     assert [x["role"] for x in run["replicas"]] == ["prefill", "decode"]
     assert out["header"]["interconnect"] == "ib-ndr" and run["num_gpus"] == 8
+    # --disaggregate search --replicas 2 with grids: 3 aggregated budgets (the default grid) and 1 split
+    # x 2 prefill budgets x 1 decode budget = 5 runs, each group best first in goodput per GPU (to
+    # 0.001), each labelled with its budgets; a list of budgets for a P:D run is refused.
+    from stallfree.sim.disagg import DEFAULT_AGGREGATED_BUDGETS
+
+    argv = ["simulate", "--disaggregate", "search", "--replicas", "2", "--num-requests", "10", "--slo-ttft", "1s",
+            "--prefill-budget", "512,4096", "--decode-budget", "64", "--json"]
+    assert main(argv) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    aggs, rows = runs[:3], runs[3:]
+    assert sorted(r["token_budget"] for r in aggs) == sorted(DEFAULT_AGGREGATED_BUDGETS)
+    assert sorted((r["prefill_budget"], r["decode_budget"]) for r in rows) == [(512, 64), (4096, 64)]
+    assert {r["label"] for r in rows} == {"disagg 1P:1D b512/64", "disagg 1P:1D b4096/64"}
+    for group in (aggs, rows):
+        per_gpu = [round(r["goodput_per_gpu"], 3) for r in group]
+        assert per_gpu == sorted(per_gpu, reverse=True)
+    assert all(r["num_gpus"] == 8 and r["completed"] == 10 for r in runs)
+    assert main(["simulate", "--disaggregate", "1:1", "--prefill-budget", "512,1024", "--num-requests", "5"]) == 2
+    assert "--prefill-budget: one budget for a P:D run, got 512,1024" in capsys.readouterr().err

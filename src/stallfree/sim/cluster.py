@@ -49,6 +49,8 @@ from stallfree.sim.simulator import (
 from stallfree.sim.workload import Workload
 
 __all__ = [
+    "DEFAULT_AFFINITY_LOAD_FACTOR",
+    "DEFAULT_AFFINITY_LOAD_MARGIN",
     "DEFAULT_PREFIX_THRESHOLD",
     "DEFAULT_ROUTER_SEED",
     "ROUTERS",
@@ -63,12 +65,23 @@ __all__ = [
     "Router",
     "cluster_summary",
     "make_router",
+    "run_cluster_experiment",
+    "run_cluster_study",
     "simulate_cluster",
 ]
 
 #: prefix-affinity: tokens of cached prefix a replica must hold to win the request (default 256:
 #: sixteen 16-token blocks, so that a shared system prompt counts but a chance one-block match does not).
 DEFAULT_PREFIX_THRESHOLD = 256
+#: prefix-affinity load cap: a replica may win a request for its cached prefix only while its
+#: unfinished requests are at most max(load_factor x the least loaded replica's, that + load_margin).
+#: The defaults (1.5 and 4 requests) are this project's choice from the grid measured on the Mooncake
+#: trace in docs/cluster.md (the best hit rate there, at least-outstanding's TTFT). The rule has the
+#: shape of SGLang's cache-aware router's (cache affinity while loads are within a relative or an
+#: absolute margin, else the shortest queue), which compares the most and least loaded workers
+#: rather than the candidate and the least loaded.
+DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
+DEFAULT_AFFINITY_LOAD_MARGIN = 4
 #: random router: the default seed.
 DEFAULT_ROUTER_SEED = 0
 
@@ -173,28 +186,53 @@ class LeastKVRouter:
 
 @dataclass(slots=True)
 class PrefixAffinityRouter:
-    """The replica holding the longest cached prefix of the request, if it holds more than
-    `threshold` tokens of it; otherwise the least loaded (LeastOutstandingRouter). Ties go to the
-    lowest index. Without prefix caching every replica holds 0 tokens, so it routes as
-    least-outstanding.
+    """The replica holding the longest cached prefix of the request, among the replicas not too
+    loaded, if it holds more than `threshold` tokens of it; otherwise the least loaded
+    (LeastOutstandingRouter). Equal prefixes go to the less loaded replica, then the lower index
+    (so that replicas holding the same prefix share its requests).
+
+    Load cap: with `low` the fewest unfinished requests on any replica, a replica may win on its
+    cache only while its unfinished requests are <= max(load_factor x low, low + load_margin).
+    Without it, every request sharing a popular prefix piles onto the one replica that cached it
+    first (on the Mooncake trace, 2,986 of 3,000 requests onto one of 4 replicas: docs/cluster.md).
+    load_factor = inf (or load_margin large) turns the cap off. Without prefix caching every
+    replica holds 0 tokens, so it routes as least-outstanding.
+
+    Args:
+        threshold: cached-prefix tokens needed to win, >= 0.
+        load_factor: the relative cap, >= 1 (may be math.inf).
+        load_margin: the absolute cap, requests, >= 0.
 
     Raises:
-        ClusterError: threshold < 0.
+        ClusterError: threshold < 0, load_factor < 1 (or nan), load_margin < 0.
     """
 
     threshold: int = DEFAULT_PREFIX_THRESHOLD
+    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR
+    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN
     fallback: LeastOutstandingRouter = field(default_factory=LeastOutstandingRouter)
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 0:
             raise ClusterError(f"prefix-affinity threshold must be an integer >= 0 tokens, got {self.threshold!r}")
+        f = self.load_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1:
+            raise ClusterError(f"prefix-affinity load factor must be a number >= 1, got {f!r}")
+        m = self.load_margin
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ClusterError(f"prefix-affinity load margin must be an integer >= 0 requests, got {m!r}")
 
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
-        """Return the replica with the longest cached prefix over the threshold, else the least loaded."""
+        """Return the replica under the load cap with the longest cached prefix over the threshold,
+        else the least loaded."""
+        low = min(r.num_outstanding for r in replicas)
+        cap = math.inf if self.load_factor == math.inf else max(low * self.load_factor, low + self.load_margin)
         best, best_len = -1, self.threshold
         for k, r in enumerate(replicas):
+            if r.num_outstanding > cap:
+                continue
             n = r.cached_prefix_len(request)
-            if n > best_len:
+            if n > best_len or (n == best_len and best >= 0 and r.num_outstanding < replicas[best].num_outstanding):
                 best, best_len = k, n
         return best if best >= 0 else self.fallback.route(request, replicas)
 
@@ -218,16 +256,23 @@ class RandomRouter:
 ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random")
 
 
-def make_router(name: str, seed: int = DEFAULT_ROUTER_SEED, threshold: int = DEFAULT_PREFIX_THRESHOLD) -> Router:
+def make_router(
+    name: str,
+    seed: int = DEFAULT_ROUTER_SEED,
+    threshold: int = DEFAULT_PREFIX_THRESHOLD,
+    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR,
+    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN,
+) -> Router:
     """Build a router by name (one of ROUTERS).
 
     Args:
         name: the router.
         seed: random: the RNG seed.
         threshold: prefix-affinity: tokens of cached prefix needed to win, >= 0.
+        load_factor, load_margin: prefix-affinity: its load cap (PrefixAffinityRouter).
 
     Raises:
-        ClusterError: an unknown name or a negative threshold.
+        ClusterError: an unknown name, or a prefix-affinity option out of range.
     """
     if name == "round-robin":
         return RoundRobinRouter()
@@ -236,7 +281,7 @@ def make_router(name: str, seed: int = DEFAULT_ROUTER_SEED, threshold: int = DEF
     if name == "least-kv":
         return LeastKVRouter()
     if name == "prefix-affinity":
-        return PrefixAffinityRouter(threshold)
+        return PrefixAffinityRouter(threshold, load_factor, load_margin)
     if name == "random":
         return RandomRouter(seed)
     raise ClusterError(f"unknown router {name!r} (choose from {', '.join(ROUTERS)})")
@@ -330,8 +375,41 @@ def simulate_cluster(
         _verify_tokens(res)
     merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, too_long)
     merged.wall_s = wall
+    _prefix_cache_figures(workload, reps, results, merged, routed)
     imb_mean = sum(ratios) / len(ratios) if ratios else None
     return ClusterResult(merged, results, routed, base, imb_mean, max(ratios) if ratios else None, wall)
+
+
+def _prefix_cache_figures(
+    wl: Workload, reps: list[Replica], results: list[SimResult], merged: SimResult, routed: list[int]
+) -> None:
+    """With prefix caching on: each replica's hit rate, evictions and bound (as simulate reports
+    them, the bound over the requests routed to it), and the cluster's: hits / queries summed over
+    the replicas, evictions summed, and the bound of the whole workload (one infinite cache seeing
+    every request), which routing can only lose from."""
+    inner0 = reps[0].inner
+    if not getattr(inner0, "enable_prefix_caching", False):
+        return
+    bs = int(getattr(inner0, "block_size", 16))
+    hits = queries = evictions = 0
+    for rep, res in zip(reps, results, strict=True):
+        q = int(getattr(rep.inner, "prefix_cache_queries", 0))
+        h = int(getattr(rep.inner, "prefix_cache_hits", 0))
+        e = int(getattr(rep.inner, "num_evictions", 0))
+        hits, queries, evictions = hits + h, queries + q, evictions + e
+        res.prefix_cache_hit_rate = h / q if q else 0.0
+        res.prefix_cache_evictions = e
+        mine = [i for i, k in enumerate(routed) if k == rep.index]
+        ids = wl.prefix_ids
+        sub = Workload(
+            tuple(wl.arrivals[i] for i in mine), tuple(wl.prompt_lens[i] for i in mine),
+            tuple(wl.output_lens[i] for i in mine), wl.name,
+            prefix_ids=tuple(ids[i] for i in mine) if ids is not None else None, prefix_block=wl.prefix_block,
+        )
+        res.prefix_cache_hit_rate_bound = sub.prefix_hit_bound(bs)
+    merged.prefix_cache_hit_rate = hits / queries if queries else 0.0
+    merged.prefix_cache_evictions = evictions
+    merged.prefix_cache_hit_rate_bound = wl.prefix_hit_bound(bs)
 
 
 def _empty_result(
@@ -549,6 +627,11 @@ def cluster_summary(
     plus `replicas` (one summary per replica, each with `replica`, the requests routed to it as
     `num_requests`) and the imbalance figures `load_imbalance_mean` and `load_imbalance_max`.
 
+    With prefix caching on, prefix_cache_hit_rate (cached prompt tokens / prompt tokens looked up,
+    summed over replicas), prefix_cache_hit_rate_bound (one infinite cache over the whole
+    workload) and prefix_cache_evictions (summed); each replica's entry has its own three (its
+    bound over the requests routed to it). Without caching all are None, as in a single run.
+
     mean_kv_utilization and max_kv_utilization of the cluster are the mean and the max of the
     replicas' figures (a replica's own KV is what it can use).
     """
@@ -560,6 +643,10 @@ def cluster_summary(
         s = summarize_result(res, slo_ttft, slo_tpot)
         s["replica"] = k
         s["num_requests"] = sum(1 for r in result.routed if r == k)
+        # A replica that served nothing still states its cache figures (0 hits, its bound).
+        s.setdefault("prefix_cache_hit_rate", res.prefix_cache_hit_rate)
+        s.setdefault("prefix_cache_hit_rate_bound", res.prefix_cache_hit_rate_bound)
+        s.setdefault("prefix_cache_evictions", res.prefix_cache_evictions)
         reps.append(s)
     kv_means = [s["mean_kv_utilization"] for s in reps if s.get("mean_kv_utilization") is not None]
     kv_maxes = [s["max_kv_utilization"] for s in reps if s.get("max_kv_utilization") is not None]
@@ -586,7 +673,28 @@ def run_cluster_experiment(
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
 ) -> Any:
-    """`stallfree simulate --replicas N`: the setup's workload on N replicas of its scheduler.
+    """`stallfree simulate --replicas N`: run_cluster_study's Experiment (its arguments, results
+    and errors)."""
+    study, _ = run_cluster_study(
+        setup, replicas=replicas, router=router, budget=budget, step_time_target=step_time_target, check=check,
+        slo_ttft=slo_ttft, slo_tpot=slo_tpot,
+    )
+    return study
+
+
+def run_cluster_study(
+    setup: Any,
+    *,
+    replicas: int,
+    router: Router | str = "least-outstanding",
+    budget: int | None = None,
+    step_time_target: float | None = None,
+    check: bool = False,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
+) -> tuple[Any, ClusterResult]:
+    """The setup's workload on N replicas of its scheduler: (Experiment, ClusterResult), the latter
+    with each replica's own SimResult (for a per-replica timeline).
 
     Args:
         setup: a stallfree.sim.setup.Setup (each replica is its hardware, KV and scheduler).
@@ -595,8 +703,9 @@ def run_cluster_experiment(
         budget, step_time_target, check, slo_ttft, slo_tpot: as experiment.run_experiment.
 
     Returns:
-        A stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
-        (cluster_summary, plus capacity_req_s: N times one replica's saturated throughput, and load).
+        (a stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
+        (cluster_summary, plus capacity_req_s: N times one replica's saturated throughput, and load),
+        the ClusterResult).
 
     Raises:
         ClusterError: replicas < 1 or an unknown router.
@@ -642,4 +751,4 @@ def run_cluster_experiment(
         header["offered_rate"] = None
     header.update(token_budget=budget, step_time_target_s=step_time_target, replicas=replicas,
                   router=summary["router"])
-    return Experiment(header, [result.merged], [summary])
+    return Experiment(header, [result.merged], [summary]), result

@@ -20,7 +20,10 @@ A request with a single output token finishes at step 1 and transfers nothing.
 
 Admission gate. Each replica admits requests from its queue in arrival order while the KV they
 need (prefill: prompt_len + 1; decode: prompt_len + target), plus the KV held for transfers, fits
-its kv_total; a request that can never fit is rejected ("kv_capacity").
+its kv_total; a request that can never fit is rejected ("kv_capacity"). Each replica's recorded KV
+per step (SimResult.step_kv_used, its steps CSV, its timeline line and KV utilization) is this
+gate's count at the step's end: the decode side's scheduler alone would count a request from its
+first token, and the prefill side's would drop a prompt's KV before its transfer ends.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.core.errors import RequestRejected
@@ -61,13 +64,23 @@ from stallfree.sim.simulator import (
 from stallfree.sim.workload import Workload
 
 __all__ = [
+    "DEFAULT_AGGREGATED_BUDGETS",
+    "DEFAULT_DECODE_BUDGETS",
     "DEFAULT_INTERCONNECT",
+    "DEFAULT_PREFILL_BUDGETS",
     "INTERCONNECTS",
     "DisaggResult",
     "Interconnect",
+    "RECORD_FIELDS",
+    "disagg_records",
     "disagg_summary",
     "parse_disaggregate",
+    "run_disagg_experiment",
+    "search_plan",
+    "search_ratio",
     "simulate_disaggregated",
+    "write_disagg_out",
+    "write_disagg_records",
 ]
 
 
@@ -167,6 +180,8 @@ class DisaggResult:
         rejected: (rid, reason) of the requests refused; rejected_kind: rid -> kind.
         link: the interconnect; kv_bytes_per_token: bytes moved per prompt token.
         wall_s: wall time of the loop, s.
+        max_new / target: per request, its token cap and the tokens it generates (min of its
+            output length and max_new); empty when built by hand without them.
     """
 
     prefill: list[SimResult]
@@ -181,6 +196,8 @@ class DisaggResult:
     link: Interconnect
     kv_bytes_per_token: int
     wall_s: float
+    max_new: list[int] = field(default_factory=list)
+    target: list[int] = field(default_factory=list)
 
 
 class _Side:
@@ -292,6 +309,7 @@ def simulate_disaggregated(
                     t_end[r] = inflight[0] + link.transfer_time(plens[r] * kv_bytes_per_token)
                     heapq.heappush(events, (t_end[r], 1, seq, (k, r)))
                     seq += 1
+                side.rep.loop.res.step_kv_used[-1] = side.committed  # the gate's KV (module docstring)
             else:
                 k, r = payload
                 sides[0][k].committed -= sides[0][k].need[r]
@@ -330,6 +348,7 @@ def simulate_disaggregated(
                     continue
                 inflight = _start_step(rep, now, costs[role])
                 if inflight is None:
+                    rep.loop.res.step_kv_used[-1] = side.committed
                     rep.stalled = True
                     continue
                 rep.busy = True
@@ -352,7 +371,7 @@ def simulate_disaggregated(
     timelines = _timelines(workload, target, pre, dec, prefill_of, decode_of)
     rejected.sort()
     return DisaggResult(pre, dec, prefill_of, decode_of, t_start, t_end, timelines, rejected, kinds, link,
-                        kv_bytes_per_token, wall)
+                        kv_bytes_per_token, wall, max_new, target)
 
 
 def _check_index(router: Router, k: Any, count: int) -> None:
@@ -423,7 +442,7 @@ def disagg_summary(
     result: DisaggResult, num_requests: int, slo_ttft: float | None = None, slo_tpot: float | None = None
 ) -> dict[str, Any]:
     """The cluster-wide summary with the single-run keys (stallfree.core.metrics.summarize over the
-    joined timelines, plus num_requests, rejected, rejected_by_reason), transfer figures
+    joined timelines, plus num_requests, rejected, rejected_by_reason, slo_attainment), transfer figures
     (mean and p99 transfer ms, link name, bandwidth, latency, KV bytes per token), and `replicas`:
     one report.summarize_result per replica with its `role` ("prefill" or "decode") and index.
     """
@@ -437,6 +456,9 @@ def disagg_summary(
     out["rejected_by_reason"] = by
     if result.timelines:
         out.update(summarize(result.timelines, slo_ttft, slo_tpot))
+        # As a single run reports it: the share of completed requests within the SLOs.
+        good, rate = out.get("request_goodput"), out.get("request_throughput")
+        out["slo_attainment"] = good / rate if good is not None and rate else None
     else:
         out["completed"] = 0
     moves = sorted(e - s for s, e in zip(result.transfer_start, result.transfer_end, strict=True) if e == e)
@@ -461,6 +483,128 @@ def disagg_summary(
             reps.append(s)
     out["replicas"] = reps
     return out
+
+
+#: Columns of disagg_records, in order.
+RECORD_FIELDS = (
+    "rid", "arrival_s", "prompt_len", "max_new", "output_tokens", "prefill_replica", "decode_replica",
+    "admitted_s", "first_token_s", "transfer_start_s", "transfer_end_s", "transfer_ms", "decode_admitted_s",
+    "finish_s", "ttft_ms", "tpot_ms", "e2el_ms", "queue_ms", "finish_reason", "rejected", "rejected_reason",
+)
+
+
+def disagg_records(result: DisaggResult, workload: Workload) -> list[dict[str, Any]]:
+    """One dict per request of `workload` (the one simulated), the keys RECORD_FIELDS: the single-run
+    record's (report.request_records) plus the replica that prefilled it and the one that decoded it
+    (None: none), its transfer's start and end (s) and length (ms), and when the decode side admitted
+    it (s). admitted_s and queue_ms are the prefill side's; finish_reason is "length" when the request
+    generated max_new tokens, else "stop". Times are None for a rejected or unfinished request and
+    for a step it never took (no transfer for a single-token request); tpot_ms is None below 2 tokens.
+
+    Raises:
+        ValueError: `workload` has a different number of requests than the result.
+    """
+    n = len(workload)
+    if len(result.prefill_of) != n:
+        raise ValueError(f"the workload has {n} requests; the result {len(result.prefill_of)}")
+    tl = {int(t.rid): t for t in result.timelines}
+    why = dict(result.rejected)
+    rows = []
+    for r in range(n):
+        t = tl.get(r)
+        k, d = result.prefill_of[r], result.decode_of[r]
+        arr = workload.arrivals[r]
+        adm = result.prefill[k].admit_step[r] if k >= 0 else -1
+        dadm = result.decode[d].admit_step[r] if d >= 0 else -1
+        t0, t1 = result.transfer_start[r], result.transfer_end[r]
+        cap = result.max_new[r] if result.max_new else None
+        ntok = len(t.token_times) if t is not None else 0
+        first = t.token_times[0] if t is not None else None
+        last = t.token_times[-1] if t is not None else None
+        rows.append({
+            "rid": r,
+            "arrival_s": arr,
+            "prompt_len": workload.prompt_lens[r],
+            "max_new": cap,
+            "output_tokens": ntok,
+            "prefill_replica": k if k >= 0 else None,
+            "decode_replica": d if d >= 0 else None,
+            "admitted_s": result.prefill[k].step_start[adm] if adm >= 0 else None,
+            "first_token_s": first,
+            "transfer_start_s": t0 if t0 == t0 else None,
+            "transfer_end_s": t1 if t1 == t1 else None,
+            "transfer_ms": (t1 - t0) * 1e3 if t1 == t1 else None,
+            "decode_admitted_s": result.decode[d].step_start[dadm] if dadm >= 0 else None,
+            "finish_s": last,
+            "ttft_ms": (first - arr) * 1e3 if first is not None else None,
+            "tpot_ms": (last - first) / (ntok - 1) * 1e3 if last is not None and first is not None and ntok > 1
+            else None,
+            "e2el_ms": (last - arr) * 1e3 if last is not None else None,
+            "queue_ms": (result.prefill[k].step_start[adm] - arr) * 1e3 if adm >= 0 else None,
+            "finish_reason": None if t is None else "length" if cap is not None and ntok >= cap else "stop",
+            "rejected": why.get(r),
+            "rejected_reason": result.rejected_kind.get(r) if r in why else None,
+        })
+    return rows
+
+
+def write_disagg_records(result: DisaggResult, workload: Workload, path: Any) -> None:
+    """Write disagg_records to `path` (a pathlib.Path): JSON if it ends in .json, else CSV.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import csv
+    import json
+
+    rows = disagg_records(result, workload)
+    if str(path).endswith(".json"):
+        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        return
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(RECORD_FIELDS))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_disagg_out(
+    out: Any, header: dict[str, Any], summary: dict[str, Any], result: DisaggResult, workload: Workload
+) -> list[str]:
+    """`--out DIR` for a disaggregated run: summary.json ({"header", "runs": [summary]}),
+    requests-disagg.csv (disagg_records), steps-prefill<k>.csv and steps-decode<k>.csv (each
+    replica's steps, report.step_records' columns), cdf.png (TTFT and TPOT over the joined
+    timelines) and timeline.png (a line per replica).
+
+    Returns:
+        The names written, in order.
+
+    Raises:
+        OSError: `out` (a pathlib.Path) cannot be created or written.
+    """
+    import json
+
+    from stallfree.sim import plots
+    from stallfree.sim.report import write_steps_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({"header": header, "runs": [summary]}, indent=1) + "\n")
+    names = ["summary.json", "requests-disagg.csv"]
+    write_disagg_records(result, workload, out / "requests-disagg.csv")
+    reps = [*result.prefill, *result.decode]
+    for res in reps:
+        name = f"steps-{res.label.replace('#', '')}.csv"
+        write_steps_csv(res, out / name)
+        names.append(name)
+    context = plots.plot_context(
+        header, f"{header.get('disaggregate', '?')} (P:D), budget prefill {summary.get('prefill_budget')} / "
+        f"decode {summary.get('decode_budget')}"
+    )
+    ttft = [(t.token_times[0] - t.arrival) * 1e3 for t in result.timelines]
+    tpot = [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) * 1e3
+            for t in result.timelines if len(t.token_times) > 1]
+    plots.plot_cdf_series([(str(summary.get("label", "disaggregated")), ttft, tpot)], out / "cdf.png", context)
+    plots.plot_replica_timeline(reps, out / "timeline.png", context, [r.label for r in reps])
+    return [*names, "cdf.png", "timeline.png"]
 
 
 def kv_bytes_per_token_of(hardware: Any) -> int:
@@ -496,6 +640,8 @@ def run_disagg_experiment(
     check: bool = False,
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
+    prefill_budget: int | None = None,
+    decode_budget: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], DisaggResult]:
     """`stallfree simulate --disaggregate P:D` on a Setup: each side is the setup's replica with its
     own tensor parallelism (KV capacity and step pricing rebuilt for it).
@@ -506,7 +652,9 @@ def run_disagg_experiment(
         prefill_tp, decode_tp: GPUs per replica on each side (default: the setup's tp).
         link: the interconnect (default INTERCONNECTS[DEFAULT_INTERCONNECT]).
         router: the router on each side (a name of cluster.ROUTERS).
-        budget: token budget per step (default 2048); check, slo_ttft, slo_tpot: as run_experiment.
+        budget: token budget per step on both sides (default 2048); check, slo_ttft, slo_tpot: as
+            run_experiment.
+        prefill_budget, decode_budget: one side's token budget per step (default: budget).
 
     Returns:
         (header, summary, result): the header (setup.header() plus the disaggregation), the
@@ -521,12 +669,16 @@ def run_disagg_experiment(
     from stallfree.sim.setup import build_cost_model
 
     budget = budget or 2048
+    budgets = (prefill_budget or budget, decode_budget or budget)
+    for name, b in zip(("prefill budget", "decode budget"), budgets, strict=True):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ClusterError(f"{name} must be an integer >= 1 tokens, got {b!r}")
     hw = setup.hardware_options
     sides = []
-    for tp in (prefill_tp or hw.tp, decode_tp or hw.tp):
+    for tp, side_budget in zip((prefill_tp or hw.tp, decode_tp or hw.tp), budgets, strict=True):
         opts = replace(hw, tp=tp)
         cost, kv, desc = build_cost_model(opts)
-        cfg = SchedulerConfig(kv, budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
+        cfg = SchedulerConfig(kv, side_budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
                               setup.watermark)
         sides.append((cost, cfg, desc, tp, kv))
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
@@ -538,7 +690,8 @@ def run_disagg_experiment(
     summary = disagg_summary(res, len(setup.workload), slo_ttft, slo_tpot)
     gpus = prefill * sides[0][3] + decode * sides[1][3]
     summary.update(
-        label=f"disagg {prefill}P:{decode}D", router=router, num_gpus=gpus, prefill_tp=sides[0][3],
+        label=f"disagg {prefill}P:{decode}D", router=router, num_gpus=gpus, prefill_budget=budgets[0],
+        decode_budget=budgets[1], prefill_tp=sides[0][3],
         decode_tp=sides[1][3], prefill_kv_tokens=sides[0][4], decode_kv_tokens=sides[1][4],
         goodput_per_gpu=summary["request_goodput"] / gpus if summary.get("request_goodput") is not None else None,
     )
@@ -546,12 +699,103 @@ def run_disagg_experiment(
     if not math.isfinite(header["offered_rate"]):
         header["offered_rate"] = None
     header.update(
-        token_budget=budget, step_time_target_s=None, disaggregate=f"{prefill}:{decode}", router=router,
+        token_budget=budget, prefill_budget=budgets[0], decode_budget=budgets[1], step_time_target_s=None,
+        disaggregate=f"{prefill}:{decode}", router=router,
         prefill_hardware=sides[0][2], decode_hardware=sides[1][2], interconnect=link.name,
         link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, link_latency_s=link.latency_s,
         kv_bytes_per_token=kvb,
     )
     return header, summary, res
+
+
+#: The P:D search's default token budget grids (tokens per step), small on purpose: each point is a
+#: whole simulation. Aggregated: 1,024 to 4,096 around the default 2,048 (smaller: lower TPOT, less
+#: throughput). Prefill side: 2,048 and 8,192 (no decodes share its steps, so larger chunks cost no
+#: TPOT). Decode side: 128 (at most 128 requests fed per step, under the default max_seqs 256) and
+#: 2,048 (no limit below max_seqs). These are this project's choices, not measured optima.
+DEFAULT_AGGREGATED_BUDGETS = (1024, 2048, 4096)
+DEFAULT_PREFILL_BUDGETS = (2048, 8192)
+DEFAULT_DECODE_BUDGETS = (128, 2048)
+
+
+def _rank(s: dict[str, Any]) -> tuple[float, float]:
+    """Goodput per GPU to 0.001 req/s/GPU (finer differences are the last request's finish time),
+    then p99 TTFT."""
+    return -round(s.get("goodput_per_gpu") or 0.0, 3), s.get("p99_ttft_ms") or math.inf
+
+
+def _grid(name: str, values: Any, default: tuple[int, ...]) -> tuple[int, ...]:
+    out = tuple(default if values is None else values)
+    if not out or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in out):
+        raise ClusterError(f"{name} must be one or more integers >= 1 tokens, got {values!r}")
+    return out
+
+
+def search_plan(
+    setup: Any,
+    replicas: int,
+    *,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    link: Interconnect | None = None,
+    router: str = "least-outstanding",
+    aggregated_budgets: Any = None,
+    prefill_budgets: Any = None,
+    decode_budgets: Any = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """At equal GPU count: the aggregated cluster at each token budget of a small grid, against
+    every P:D split (P + D = replicas, same tp on both sides) at each (prefill budget, decode
+    budget) of a small grid; all on the setup's workload, one simulation per point, in this process.
+
+    Args:
+        setup: a stallfree.sim.setup.Setup.
+        replicas: N >= 2 (each replica has the setup's tp GPUs).
+        slo_ttft, slo_tpot: the SLOs goodput counts, s (at least one).
+        link, router: as run_disagg_experiment.
+        aggregated_budgets, prefill_budgets, decode_budgets: the grids, token budgets per step
+            (defaults DEFAULT_AGGREGATED_BUDGETS, DEFAULT_PREFILL_BUDGETS, DEFAULT_DECODE_BUDGETS).
+
+    Returns:
+        (aggregated summaries, disaggregated summaries), each best first: the highest goodput per
+        GPU (to 0.001 req/s/GPU), then the lower p99 TTFT. Every summary has num_gpus and
+        goodput_per_gpu; aggregated ones token_budget, disaggregated ones prefill_budget and
+        decode_budget; labels name them. len(aggregated) + (N - 1) * len(prefill) * len(decode)
+        simulations.
+
+    Raises:
+        ClusterError: replicas < 2, no SLO given, or an empty grid or a budget < 1.
+    """
+    from stallfree.sim.cluster import run_cluster_experiment
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
+    if slo_ttft is None and slo_tpot is None:
+        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
+    agg_grid = _grid("aggregated budgets", aggregated_budgets, DEFAULT_AGGREGATED_BUDGETS)
+    pre_grid = _grid("prefill budgets", prefill_budgets, DEFAULT_PREFILL_BUDGETS)
+    dec_grid = _grid("decode budgets", decode_budgets, DEFAULT_DECODE_BUDGETS)
+    gpus = replicas * setup.hardware_options.tp
+    aggs = []
+    for b in agg_grid:
+        study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=b,
+                                       slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+        agg = study.summaries[0]
+        agg.update(label=f"aggregated x{replicas} b{b}", num_gpus=gpus, token_budget=b,
+                   goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
+        aggs.append(agg)
+    rows = []
+    for p in range(1, replicas):
+        for bp in pre_grid:
+            for bd in dec_grid:
+                _, s, _ = run_disagg_experiment(setup, prefill=p, decode=replicas - p, link=link, router=router,
+                                                slo_ttft=slo_ttft, slo_tpot=slo_tpot, prefill_budget=bp,
+                                                decode_budget=bd)
+                s["label"] = f"disagg {p}P:{replicas - p}D b{bp}/{bd}"
+                s["goodput_per_gpu"] = s["goodput_per_gpu"] or 0.0
+                rows.append(s)
+    aggs.sort(key=_rank)
+    rows.sort(key=_rank)
+    return aggs, rows
 
 
 def search_ratio(
@@ -564,39 +808,15 @@ def search_ratio(
     router: str = "least-outstanding",
     budget: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """At equal GPU count, the aggregated cluster against every P:D split of the same replicas.
-
-    Runs `replicas` aggregated replicas (cluster.run_cluster_experiment) and each P:D with
-    P + D = replicas (same tp on both sides), all on the setup's workload.
-
-    Args:
-        setup: a stallfree.sim.setup.Setup.
-        replicas: N >= 2 (each replica has the setup's tp GPUs).
-        slo_ttft, slo_tpot: the SLOs goodput counts, s (at least one).
-        link, router, budget: as run_disagg_experiment.
+    """search_plan with one token budget everywhere (default 2048): only the P:D ratio is searched.
 
     Returns:
-        (aggregated summary, disaggregated summaries best first), each with goodput_per_gpu and
-        num_gpus; "best" is the highest goodput per GPU (then the lower p99 TTFT).
+        (the aggregated summary, disaggregated summaries best first), as search_plan.
 
     Raises:
-        ClusterError: replicas < 2 or no SLO given.
+        ClusterError: as search_plan.
     """
-    from stallfree.sim.cluster import run_cluster_experiment
-
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
-        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
-    if slo_ttft is None and slo_tpot is None:
-        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
-    study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=budget,
-                                   slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-    agg = study.summaries[0]
-    gpus = replicas * setup.hardware_options.tp
-    agg.update(label=f"aggregated x{replicas}", num_gpus=gpus, goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
-    rows = []
-    for p in range(1, replicas):
-        _, s, _ = run_disagg_experiment(setup, prefill=p, decode=replicas - p, link=link, router=router,
-                                        budget=budget, slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-        rows.append(s)
-    rows.sort(key=lambda s: (-(s.get("goodput_per_gpu") or 0.0), s.get("p99_ttft_ms") or math.inf))
-    return agg, rows
+    b = (budget or 2048,)
+    aggs, rows = search_plan(setup, replicas, slo_ttft=slo_ttft, slo_tpot=slo_tpot, link=link, router=router,
+                             aggregated_budgets=b, prefill_budgets=b, decode_budgets=b)
+    return aggs[0], rows

@@ -21,7 +21,16 @@ from stallfree.sim.simulator import BATCHING_MODES, SimResult
 if TYPE_CHECKING:
     from stallfree.sim.tune import TuneResult
 
-__all__ = ["plot_cdfs", "plot_context", "plot_sweep_cdfs", "plot_timeline", "plot_tradeoff", "plot_tune"]
+__all__ = [
+    "plot_cdf_series",
+    "plot_cdfs",
+    "plot_context",
+    "plot_replica_timeline",
+    "plot_sweep_cdfs",
+    "plot_timeline",
+    "plot_tradeoff",
+    "plot_tune",
+]
 
 # Time bins of the timeline plot: enough to show bursts, few enough to stay readable.
 _TIMELINE_BINS = 600
@@ -118,6 +127,23 @@ def plot_cdfs(results: Sequence[SimResult], path: Path, context: str | None = No
     _plot_cdf_panels([(None, series)], path, what, context)
 
 
+def plot_cdf_series(series: Sequence[tuple[str, Sequence[float], Sequence[float]]], path: Path,
+                    context: str | None = None) -> None:
+    """Write CDFs of TTFT (log scale) and TPOT as plot_cdfs does, from ready latencies: one line per
+    (label, TTFT ms per request, TPOT ms per request); for runs that are not one SimResult (a
+    disaggregated run's joined timelines).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    import numpy as np
+
+    rows = [(label, np.asarray(ttft, dtype=np.float64), np.asarray(tpot, dtype=np.float64))
+            for label, ttft, tpot in series]
+    what = "TTFT and TPOT per request, CDF over every completed request of each run"
+    _plot_cdf_panels([(None, rows)], path, what, context)
+
+
 def _plot_cdf_panels(
     columns: list[tuple[str | None, list[tuple[str, Any, Any]]]],
     path: Path,
@@ -182,7 +208,38 @@ def _plot_cdf_panels(
     plt.close(fig)
 
 
-def plot_timeline(results: Sequence[SimResult], path: Path, context: str | None = None) -> None:
+def plot_replica_timeline(
+    replicas: Sequence[SimResult], path: Path, context: str | None = None, labels: Sequence[str] | None = None
+) -> None:
+    """plot_timeline of a cluster: one line per replica (its own KV, tokens per step and waiting
+    requests; a cluster's merged result would bin every replica's steps together and show their
+    mean step, hiding an idle or an overloaded replica).
+
+    Args:
+        replicas: each replica's SimResult, index order (ClusterResult.replicas, or a disaggregated
+            run's prefill then decode results).
+        path, context: as plot_timeline.
+        labels: one legend entry per replica (default "replica 0", "replica 1", ...).
+
+    Raises:
+        ValueError: len(labels) != len(replicas).
+        OSError: the file cannot be written.
+    """
+    names = list(labels) if labels is not None else [f"replica {k}" for k in range(len(replicas))]
+    if len(names) != len(replicas):
+        raise ValueError(f"{len(names)} labels for {len(replicas)} replicas")
+    plot_timeline(replicas, path, context, labels=names,
+                  what=f"KV, tokens per step and queue over time, per replica ({len(replicas)})")
+
+
+def plot_timeline(
+    results: Sequence[SimResult],
+    path: Path,
+    context: str | None = None,
+    *,
+    labels: Sequence[str] | None = None,
+    what: str = "KV, tokens per step and queue over time",
+) -> None:
     """Write KV utilisation, tokens per step and waiting requests over simulated time to `path`.
 
     Each series is averaged over time bins (step-duration weighted), one line per run. The KV panel
@@ -193,6 +250,8 @@ def plot_timeline(results: Sequence[SimResult], path: Path, context: str | None 
         results: the runs (a line each).
         path: the PNG to write.
         context: the workload and replica line of the title (plot_context), or None.
+        labels: the legend entry of each run (default: each result's label).
+        what: the first line of the title.
 
     Raises:
         OSError: the file cannot be written.
@@ -223,7 +282,7 @@ def plot_timeline(results: Sequence[SimResult], path: Path, context: str | None 
         for ax, values in zip(axes, series, strict=True):
             sums = np.bincount(which, weights=values * dur, minlength=_TIMELINE_BINS)
             mean = np.where(busy, sums / np.where(busy, weight, 1), 0.0)
-            ax.plot(mid, mean, label=res.label, color=f"C{k}", lw=1)
+            ax.plot(mid, mean, label=res.label if labels is None else labels[k], color=f"C{k % 10}", lw=1)
     policies = {res.config.get("kv", "reserve") for res in results}
     kv_word = "used" if policies == {"paged"} else "reserved" if "paged" not in policies else "reserved or used"
     axes[0].set_ylabel(f"KV {kv_word} (% of capacity)")
@@ -232,12 +291,12 @@ def plot_timeline(results: Sequence[SimResult], path: Path, context: str | None 
     axes[2].set_xlabel(f"simulated time (s); each point: the step-time-weighted mean over a {bin_s:,.2g} s bin")
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    lines = _title(fig, "KV, tokens per step and queue over time", context)
+    handles, names = axes[0].get_legend_handles_labels()
+    lines = _title(fig, what, context)
     height = fig.get_figheight()
-    fig.legend(handles, labels, fontsize=8, loc="upper center", ncol=max(len(labels), 1),
+    fig.legend(handles, names, fontsize=8, loc="upper center", ncol=max(min(len(names), 8), 1),
                bbox_to_anchor=(0.5, _legend_y(lines, height)), frameon=False)
-    _layout(fig, _top(lines, 1, height))
+    _layout(fig, _top(lines, max(1, -(-len(names) // 8)), height))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

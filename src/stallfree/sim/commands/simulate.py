@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import int_list, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
@@ -116,15 +116,19 @@ def run(args: argparse.Namespace) -> int:
     setup = setup_from_args(args)
     if args.disaggregate is not None:
         return _run_disagg(args, setup)
-    study = _run_cluster(args, setup) if _is_cluster(args) else run_experiment(
-        setup,
-        batching=list(BATCHING_MODES) if args.compare else args.batching,
-        budget=args.budget,
-        step_time_target=args.step_time_target,
-        check=args.check,
-        slo_ttft=args.slo_ttft,
-        slo_tpot=args.slo_tpot,
-    )
+    cluster = None
+    if _is_cluster(args):
+        study, cluster = _run_cluster(args, setup)
+    else:
+        study = run_experiment(
+            setup,
+            batching=list(BATCHING_MODES) if args.compare else args.batching,
+            budget=args.budget,
+            step_time_target=args.step_time_target,
+            check=args.check,
+            slo_ttft=args.slo_ttft,
+            slo_tpot=args.slo_tpot,
+        )
     if args.compare_caching:
         setup.prefix_caching = True
         on = run_experiment(
@@ -152,12 +156,18 @@ def run(args: argparse.Namespace) -> int:
             path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
             write_records(res, path)
     if args.out:
-        _write_out(args.out, study)
+        _write_out(args.out, study, cluster)
     return 0
 
 
 def _add_cluster_flags(sim: Any) -> None:
-    from stallfree.sim.cluster import DEFAULT_PREFIX_THRESHOLD, DEFAULT_ROUTER_SEED, ROUTERS
+    from stallfree.sim.cluster import (
+        DEFAULT_AFFINITY_LOAD_FACTOR,
+        DEFAULT_AFFINITY_LOAD_MARGIN,
+        DEFAULT_PREFIX_THRESHOLD,
+        DEFAULT_ROUTER_SEED,
+        ROUTERS,
+    )
 
     c = sim.add_argument_group("cluster (docs/cluster.md)")
     c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
@@ -172,12 +182,23 @@ def _add_cluster_flags(sim: Any) -> None:
         help="prefix-affinity: cached-prefix tokens a replica needs to win a request "
         f"(default {DEFAULT_PREFIX_THRESHOLD})",
     )
+    c.add_argument(
+        "--affinity-load-factor", type=float, default=DEFAULT_AFFINITY_LOAD_FACTOR, metavar="F",
+        help="prefix-affinity: a replica wins on its cache only while its unfinished requests are <= "
+        f"max(F x the least loaded's, that + --affinity-load-margin) (default {DEFAULT_AFFINITY_LOAD_FACTOR:g}; "
+        "inf: no cap)",
+    )
+    c.add_argument(
+        "--affinity-load-margin", type=int, default=DEFAULT_AFFINITY_LOAD_MARGIN, metavar="N",
+        help=f"prefix-affinity: the cap's absolute margin, requests (default {DEFAULT_AFFINITY_LOAD_MARGIN})",
+    )
     from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
 
     c.add_argument(
         "--disaggregate", metavar="P:D",
         help="P prefill replicas and D decode replicas (KV moved between); 'search' with --replicas N and an SLO: "
-        "every P:D with P + D = N against N aggregated replicas, in goodput per GPU",
+        "every P:D with P + D = N against N aggregated replicas, each over a small grid of token budgets "
+        "(--budget N: that budget only), in goodput per GPU",
     )
     c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
     c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
@@ -187,13 +208,32 @@ def _add_cluster_flags(sim: Any) -> None:
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].bandwidth_bytes_per_s / 1e9:g} GB/s, "
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].latency_s * 1e6:g} us per transfer)",
     )
+    from stallfree.sim.disagg import DEFAULT_DECODE_BUDGETS, DEFAULT_PREFILL_BUDGETS
+
+    c.add_argument(
+        "--prefill-budget", type=int_list, metavar="N[,N...]",
+        help="prefill side's token budget per step (default: --budget); with --disaggregate search, the grid "
+        f"searched (default {','.join(map(str, DEFAULT_PREFILL_BUDGETS))}; --budget N: N only)",
+    )
+    c.add_argument(
+        "--decode-budget", type=int_list, metavar="N[,N...]",
+        help="decode side's, as --prefill-budget (search default "
+        f"{','.join(map(str, DEFAULT_DECODE_BUDGETS))})",
+    )
     c.add_argument("--link-bandwidth", type=float, metavar="GB_PER_S", help="overrides the interconnect's GB/s")
     c.add_argument("--link-latency", type=float, metavar="US", help="overrides the interconnect's latency, us")
 
 
 def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     from stallfree.sim.cluster import ClusterError
-    from stallfree.sim.disagg import INTERCONNECTS, Interconnect, parse_disaggregate, run_disagg_experiment
+    from stallfree.sim.disagg import (
+        INTERCONNECTS,
+        Interconnect,
+        parse_disaggregate,
+        run_disagg_experiment,
+        write_disagg_out,
+        write_disagg_records,
+    )
     from stallfree.sim.report import print_table
 
     search = args.disaggregate == "search"
@@ -201,8 +241,8 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
             or args.batching != "chunked":
         raise CliError("--disaggregate P:D sets the replicas and runs chunked batching: drop --compare, --replicas, "
                        "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
-    if args.records or args.out:
-        raise CliError("--records and --out do not yet write a disaggregated run; use --json", 2)
+    if search and (args.records or args.out):
+        raise CliError("--records and --out write one run: give --disaggregate P:D, not search", 2)
     base = INTERCONNECTS[args.interconnect]
     link = Interconnect(
         base.name if args.link_bandwidth is None and args.link_latency is None else "custom",
@@ -215,10 +255,17 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
         p, d = parse_disaggregate(args.disaggregate)
     except ClusterError as exc:
         raise CliError(str(exc), 2) from None
+    side_budgets = []
+    for flag, values in (("--prefill-budget", args.prefill_budget), ("--decode-budget", args.decode_budget)):
+        if values is not None and len(values) > 1:
+            raise CliError(f"{flag}: one budget for a P:D run, got {','.join(map(str, values))} "
+                           "(a list goes with --disaggregate search)", 2)
+        side_budgets.append(values[0] if values else None)
     header, summary, res = run_disagg_experiment(
         setup, prefill=p, decode=d, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, link=link,
         router=args.router or "least-outstanding", budget=args.budget, check=args.check,
-        slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+        slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, prefill_budget=side_budgets[0],
+        decode_budget=side_budgets[1],
     )
     if args.json:
         print(json.dumps({"header": header, "runs": [summary]}, indent=1))
@@ -231,27 +278,42 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     if res.rejected:
         print(rejection_warning(summary["label"], len(setup.workload), summary["rejected_by_reason"],
                                 res.rejected[0][1]), file=sys.stderr)
+    if args.records:
+        write_disagg_records(res, setup.workload, args.records)
+    if args.out:
+        names = write_disagg_out(args.out, header, summary, res, setup.workload)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
     from stallfree.sim.cluster import ClusterError
-    from stallfree.sim.disagg import search_ratio
+    from stallfree.sim.disagg import search_plan
     from stallfree.sim.report import print_table
 
+    if args.prefill_tp is not None or args.decode_tp is not None:
+        raise CliError("--disaggregate search splits replicas of --tp GPUs: drop --prefill-tp and --decode-tp", 2)
+    fixed = (args.budget,) if args.budget is not None else None
     try:
-        agg, rows = search_ratio(setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
-                                 router=args.router or "least-outstanding", budget=args.budget)
+        aggs, rows = search_plan(
+            setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
+            router=args.router or "least-outstanding", aggregated_budgets=fixed,
+            prefill_budgets=args.prefill_budget or fixed, decode_budgets=args.decode_budget or fixed,
+        )
     except ClusterError as exc:
         raise CliError(str(exc), 2) from None
     if args.json:
-        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [agg, *rows]}, indent=1))
+        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [*aggs, *rows]}, indent=1))
         return 0
-    print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU:")
-    for s in [agg, *rows]:
-        print(f"  {s['label']:>16}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
+    agg, best = aggs[0], rows[0]
+    print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU "
+          f"({len(aggs)} aggregated and {len(rows)} disaggregated configurations):")
+    for s in [*aggs, *rows]:
+        print(f"  {s['label']:>30}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
               f"req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT {s.get('p99_tpot_ms') or 0:.1f} ms)")
-    print_table([agg, rows[0]], title="best aggregated and best disaggregated")
+    print(f"best aggregated: {agg['goodput_per_gpu']:.3f} req/s/GPU ({agg['label']}); best disaggregated: "
+          f"{best['goodput_per_gpu']:.3f} req/s/GPU ({best['label']})")
+    print_table([agg, best], title="best aggregated and best disaggregated")
     return 0
 
 
@@ -259,17 +321,18 @@ def _is_cluster(args: argparse.Namespace) -> bool:
     return args.replicas > 1 or args.router is not None
 
 
-def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
-    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_experiment
+def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]:
+    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_study
 
     if args.compare:
         raise CliError("--compare runs one replica: drop --replicas and --router", 2)
     name = args.router or "least-outstanding"
     try:
-        router = make_router(name, args.router_seed, args.prefix_affinity_threshold)
+        router = make_router(name, args.router_seed, args.prefix_affinity_threshold, args.affinity_load_factor,
+                             args.affinity_load_margin)
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
-    study: Experiment = run_cluster_experiment(
+    study, cluster = run_cluster_study(
         setup, replicas=args.replicas, router=router, budget=args.budget, step_time_target=args.step_time_target,
         check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
     )
@@ -277,7 +340,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> Experiment:
     study.summaries[0]["label"] = study.results[0].label = f"{study.results[0].label} {name}"
     study.summaries[0]["router"] = name
     study.results[0].config["router"] = name
-    return study
+    return study, cluster
 
 
 def _suffixed(path: Path, tag: str) -> Path:
@@ -322,6 +385,11 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         print(f"note: {note}")
 
 
-def _write_out(out: Path, study: Experiment) -> None:
+def _write_out(out: Path, study: Experiment, cluster: Any = None) -> None:
     write_experiment(out, study)
+    if cluster is not None and len(cluster.replicas) > 1:
+        # A cluster's timeline: a line per replica, not every replica's steps binned together.
+        from stallfree.sim import plots
+
+        plots.plot_replica_timeline(cluster.replicas, out / "timeline.png", plots.plot_context(study.header))
     print(f"wrote {out}/summary.json, requests-*.csv, steps-*.csv, cdf.png, timeline.png")
