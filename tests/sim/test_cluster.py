@@ -3,6 +3,7 @@ single-replica simulator, a seeded randomized every-request-finishes-once test, 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -272,6 +273,9 @@ def test_cli_out_draws_a_timeline_line_per_replica(capsys, tmp_path, monkeypatch
         (len(results), kw.get("labels"))))
     argv = ["simulate", "--replicas", "3", "--num-requests", "30", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["runs"][0]["num_requests"] == 30  # stdout is the JSON alone
+    assert captured.err.startswith(f"wrote {tmp_path}/summary.json")
     # write_experiment's merged timeline first, then the per-replica one over it.
     assert calls == [(1, None), (3, ["replica 0", "replica 1", "replica 2"])]
     with pytest.raises(ValueError, match="2 labels for 3 replicas"):

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
             path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
             write_records(res, path)
     if args.out:
-        _write_out(args.out, study, cluster)
+        _write_out(args.out, study, cluster, quiet_stdout=args.json)
     return 0
 
 
@@ -385,11 +385,15 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         print(f"note: {note}")
 
 
-def _write_out(out: Path, study: Experiment, cluster: Any = None) -> None:
+def _write_out(out: Path, study: Experiment, cluster: Any = None, *, quiet_stdout: bool = False) -> None:
     write_experiment(out, study)
     if cluster is not None and len(cluster.replicas) > 1:
         # A cluster's timeline: a line per replica, not every replica's steps binned together.
         from stallfree.sim import plots
 
         plots.plot_replica_timeline(cluster.replicas, out / "timeline.png", plots.plot_context(study.header))
-    print(f"wrote {out}/summary.json, requests-*.csv, steps-*.csv, cdf.png, timeline.png")
+    # Under --json, stdout carries the JSON document alone.
+    print(
+        f"wrote {out}/summary.json, requests-*.csv, steps-*.csv, cdf.png, timeline.png",
+        file=sys.stderr if quiet_stdout else sys.stdout,
+    )

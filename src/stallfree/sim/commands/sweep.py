@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     warn_rejections(result.table_rows, header["requests"])
     if args.out:
         names = write_sweep(args.out, result)
-        print(f"wrote {args.out}/" + ", ".join(names))
+        print(f"wrote {args.out}/" + ", ".join(names), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

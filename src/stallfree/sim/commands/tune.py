@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         (args.out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
         budgets = sorted({r["token_budget"] for r in result.rows})
         plot_tune(result, args.out / "tune.png", plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
-        print(f"wrote {args.out}/tune.json, tune.png")
+        print(f"wrote {args.out}/tune.json, tune.png", file=sys.stderr if args.json else sys.stdout)
     return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
 
 
