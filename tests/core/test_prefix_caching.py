@@ -287,7 +287,7 @@ def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
     if fault == "no_hits":
         monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: [])
     else:
-        def drop(self, table, keep):
+        def drop(self, table, keep, hashed):
             self._free.extend(b for b in reversed(table[keep:]) if b not in self._refs)
             del table[keep:]
         monkeypatch.setattr(CachingBlockPool, "_drop", drop)
