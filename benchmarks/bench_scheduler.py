@@ -181,6 +181,15 @@ def cache_scaling() -> None:
             print(f"lookup of a {new:>5}-block prompt, {cached:>9,} blocks cached: {t * 1e6:8.1f} us")
 
 
+def by_step(times: list[float]) -> str:
+    """Medians by the step's place in the 4-step arrival cycle (a prompt arrives at 0 and is prefilled
+    in that step; its 8th token, and so its finish and release, comes in the step at 3), and the mean;
+    microseconds."""
+    med = [statistics.median(times[r::ARRIVAL_EVERY]) * 1e6 for r in range(ARRIVAL_EVERY)]
+    return (f"admit {med[0]:.1f}, +1 {med[1]:.1f}, +2 {med[2]:.1f}, finish {med[3]:.1f}; "
+            f"mean {statistics.mean(times) * 1e6:.1f}")
+
+
 def summarize(times: list[float]) -> tuple[float, float]:
     ts = sorted(times)
     return statistics.median(ts) * 1e6, ts[int(0.99 * (len(ts) - 1))] * 1e6
@@ -198,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the median of their ratios is printed)")
     ap.add_argument("--cache-scaling", action="store_true",
                     help="only print how prefix caching's lookup and pool construction scale (cache_scaling())")
+    ap.add_argument("--by-step", action="store_true",
+                    help="with --cache: also print each paired row's medians by step type (by_step())")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: time.perf_counter; thread: time.thread_time (CPU time of this thread)")
     args = ap.parse_args(argv)
@@ -221,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
             paired = run_paired(["paged", "cached"] if args.cache else ["paged"], n, args.steps, args.mixed, kw)
             for kind, times in paired.items():
                 rows[kind] = summarize(times)
+                if args.by_step:
+                    print(f"{n:>8} {kind:>10} by step type: {by_step(times)}")
             if args.cache:
                 ratios.append(rows["cached"][0] / rows["paged"][0])
         for kind in kinds:
