@@ -254,6 +254,22 @@ def test_partial_prefills_look_up_hits_and_judge_long_after_them():
     chk.check_final()
 
 
+def test_promise_counts_evictable_blocks_and_a_claim_evicts():
+    """A pool of 4 blocks, 3 of them cached and released (evictable), 1 free-and-empty: promising 3 succeeds
+    (num_free = 1 + 3); claiming them takes the empty block, then evicts the least recently released two."""
+    pool = CachingBlockPool(4, 2)
+    table = []
+    pool.allocate(table, 3)
+    pool.register(table, ("a", "b", "c"), 0, 3)
+    pool.release(table)  # tail first: block 2, then 1, then 0 become evictable
+    assert pool.num_free == 4 and pool.evictable_ids() == (2, 1, 0)
+    assert pool.try_promise(3) and pool.num_free == 1
+    got = []
+    pool.claim(got, 3)
+    assert got == [3, 2, 1] and pool.num_evictions == 2 and pool.evictable_ids() == (0,)
+    assert not pool.try_promise(2) and pool.num_promised == 0
+
+
 # ---------------------------------------------------------------- randomized
 
 
