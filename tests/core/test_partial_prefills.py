@@ -198,12 +198,3 @@ def test_stop_on_last_allowed_token_is_stop_from_prefill_and_decode(kv_policy):
     s2.add(Request("q", 5, 1))
     s2.complete(s2.schedule())
     assert s2.last_finished == {"q": FinishReason.LENGTH}
-
-
-def test_partial_prefills_with_prefix_caching_is_refused_naming_both():
-    """K > 1 admission does not look up cached prefixes yet: the pair is an InvalidConfig, not a silent miss."""
-    from stallfree.core.errors import InvalidConfig
-
-    with pytest.raises(InvalidConfig, match="max_num_partial_prefills=2.*enable_prefix_caching"):
-        Scheduler(64, 4, 1024, kv_policy="paged", block_size=16, enable_prefix_caching=True,
-                  max_num_partial_prefills=2, long_prefill_token_threshold=32)

@@ -226,12 +226,57 @@ def test_million_block_pool_allocates_no_object_per_block():
     assert pool.num_free == 10**6 and pool.num_cached == 0 and len(pool._free) == 0
 
 
+def test_partial_prefills_look_up_hits_and_judge_long_after_them():
+    """K = 2, T = 16, L = 1, budget 40, blocks of 16: after a 40-token prompt A has run, a new 40-token
+    prompt B (long: 40 > T) takes 16 tokens, then C (A's first 32 tokens + 8 new) hits A's 2 blocks and
+    has 8 left to compute, so it is short: admitted beside the long B (without the hit it would be a
+    second long prompt and wait) with one 8-token chunk from token 32; the 16 tokens left go back to
+    B (16 + 16 = 32 of 40). Next step B's last 8 tokens. Hits: 32 of the 40 + 40 tokens looked up."""
+    s = cached(budget=40, max_num_partial_prefills=2, long_prefill_token_threshold=16)
+    chk = InvariantChecker(s)
+    a = list(range(40))
+    chk.add(hashed("a", a, 1))
+    while s.has_unfinished():
+        chk.complete(chk.schedule())
+    queries, hits = s.prefix_cache_queries, s.prefix_cache_hits
+    chk.add(hashed("b", list(range(100, 140)), 1))
+    chk.add(hashed("c", a[:32] + [7] * 8, 1))
+    plan = chk.schedule()
+    assert [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills] == [
+        ("b", 32, 0, False), ("c", 8, 32, True)]
+    assert plan.admitted == ("b", "c")
+    chk.complete(plan)
+    assert s.num_cached_tokens("b") == 0
+    plan = chk.schedule()
+    assert [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills] == [("b", 8, 32, True)]
+    chk.complete(plan)
+    assert (s.prefix_cache_queries - queries, s.prefix_cache_hits - hits) == (80, 32)
+    chk.check_final()
+
+
+def test_promise_counts_evictable_blocks_and_a_claim_evicts():
+    """A pool of 4 blocks, 3 of them cached and released (evictable), 1 free-and-empty: promising 3 succeeds
+    (num_free = 1 + 3); claiming them takes the empty block, then evicts the least recently released two."""
+    pool = CachingBlockPool(4, 2)
+    table = []
+    pool.allocate(table, 3)
+    pool.register(table, ("a", "b", "c"), 0, 3)
+    pool.release(table)  # tail first: block 2, then 1, then 0 become evictable
+    assert pool.num_free == 4 and pool.evictable_ids() == (2, 1, 0)
+    assert pool.try_promise(3) and pool.num_free == 1
+    got = []
+    pool.claim(got, 3)
+    assert got == [3, 2, 1] and pool.num_evictions == 2 and pool.evictable_ids() == (0,)
+    assert not pool.try_promise(2) and pool.num_promised == 0
+
+
 # ---------------------------------------------------------------- randomized
 
 
 def random_cached_run(seed: int, num_requests: int = 30) -> InvariantChecker:
     """One seeded run on a tight cache: prompts are a prefix drawn from a pool of 3 plus a random tail,
-    so that hits, evictions and preemptions all happen; aborts and early stops too."""
+    so that hits, evictions and preemptions all happen; aborts and early stops too; one partial
+    prefill, or K = 2 or 3 of them (half the runs)."""
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 8])
     budget = rng.choice([bs, rng.randint(bs, 32), rng.randint(bs, 256)])
@@ -242,9 +287,12 @@ def random_cached_run(seed: int, num_requests: int = 30) -> InvariantChecker:
         reqs.append(Request(i, len(toks), rng.randint(1, 24), block_hashes=hash_blocks(toks, bs)))
     largest = max(-(-(r.prompt_len + r.max_new - 1) // bs) for r in reqs)
     num_blocks = rng.choice([largest, largest + rng.randint(0, largest // 2 + 1), largest * 3])
+    k = rng.choice([1, 1, 2, 3])  # partial prefills: one (the contract), or K > 1 with L and T drawn
+    partial = {} if k == 1 else {"max_num_partial_prefills": k, "max_long_partial_prefills": rng.randint(1, k),
+                                 "long_prefill_token_threshold": rng.choice([bs, 4 * bs, 64])}
     s = Scheduler(budget, rng.randint(1, 8), num_blocks * bs, kv_policy="paged", block_size=bs,
                   watermark=rng.choice([0.0, 0.01, 0.1]), enable_prefix_caching=True,
-                  policy=rng.choice(["fcfs", "fcfs", "priority"]))
+                  policy=rng.choice(["fcfs", "fcfs", "priority"]), **partial)
     chk = InvariantChecker(s)
     arrive = sorted(rng.randint(0, 60) for _ in reqs)
     p_abort, p_stop = rng.choice([0.0, 0.05]), rng.choice([0.0, 0.05])
@@ -263,18 +311,20 @@ def random_cached_run(seed: int, num_requests: int = 30) -> InvariantChecker:
 
 def test_randomized_runs_with_caching_hold_every_invariant(capsys):
     """40 seeded runs keep every invariant (cache rules included); across them hits, evictions and
-    preemptions all happen."""
+    preemptions all happen, with one partial prefill and with K > 1 (hits in both)."""
     hits = evictions = preemptions = 0
+    multi_hits = 0
     for seed in range(40):
         chk = random_cached_run(seed)
         s = chk.scheduler
         hits += s.prefix_cache_hits
+        multi_hits += s.prefix_cache_hits if s.max_num_partial_prefills > 1 else 0
         evictions += s.num_evictions
         preemptions += chk.num_preemptions
     with capsys.disabled():
         print(f"\n[prefix caching invariants] 40 runs: {hits} hit tokens, {evictions} evictions, "
-              f"{preemptions} preemptions")
-    assert hits > 0 and evictions > 0 and preemptions > 0
+              f"{preemptions} preemptions; {multi_hits} hit tokens with K > 1")
+    assert hits > 0 and evictions > 0 and preemptions > 0 and 0 < multi_hits < hits
 
 
 @pytest.mark.parametrize("fault", ["no_hits", "no_unpin"])
@@ -287,7 +337,7 @@ def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
     if fault == "no_hits":
         monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: [])
     else:
-        def drop(self, table, keep):
+        def drop(self, table, keep, hashed):
             self._free.extend(b for b in reversed(table[keep:]) if b not in self._refs)
             del table[keep:]
         monkeypatch.setattr(CachingBlockPool, "_drop", drop)
@@ -302,6 +352,29 @@ def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
         while s.has_unfinished():
             chk.complete(chk.schedule())
         chk.check_final()
+
+
+@pytest.mark.parametrize("fault", ["newest_first", "lookup_short"])
+def test_the_checkers_own_cache_view_catches_eviction_and_lookup_faults(monkeypatch, fault):
+    """The checker evicts and looks up in its own view of the cache: a pool that evicts the most
+    recently released block first, or a lookup that stops one block short, fails the seeded runs."""
+    from stallfree.core.invariants import InvariantViolation
+    from stallfree.core.kv import PagedKV
+
+    if fault == "newest_first":
+        take = CachingBlockPool._take
+
+        def newest_first(self, table, n):
+            self._evictable = type(self._evictable)(reversed(self._evictable.items()))
+            take(self, table, n)
+            self._evictable = type(self._evictable)(reversed(self._evictable.items()))
+        monkeypatch.setattr(CachingBlockPool, "_take", newest_first)
+    else:
+        lookup = PagedKV.lookup
+        monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: lookup(self, rec)[:-1])
+    with pytest.raises(InvariantViolation):
+        for seed in range(40):
+            random_cached_run(seed)
 
 
 def test_cached_prefix_len_is_a_pure_query_capped_like_admission():

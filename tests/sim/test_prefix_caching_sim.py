@@ -145,6 +145,19 @@ def test_cli_prefix_caching_needs_paged_and_compare_caching_runs_both(tmp_path, 
     assert runs[1]["prefix_cache_hit_rate_bound"] == pytest.approx(5 * 512 / 3600)
 
 
+def test_step_time_target_keeps_prefix_caching(tmp_path, capsys):
+    """simulate --step-time-target with --prefix-caching runs the time-budget scheduler with caching on:
+    the 6 one-at-a-time requests hit the shared 512 tokens as without a time target (5 x 512 / 3600)."""
+    from stallfree.cli import main
+
+    p = write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
+                         for i in range(6)])
+    assert main(["simulate", "--trace", str(p), "--scheduler", "paged", "--prefix-caching", "--json",
+                 "--linear-cost", "10,100", "--step-time-target", "100ms"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["prefix_cache_hit_rate"] == pytest.approx(5 * 512 / 3600)
+
+
 def test_sweep_over_kv_capacity_writes_rows_and_plot(tmp_path, capsys):
     """sweep --kv-tokens LIST --prefix-caching: one run per size, smallest first; the large cache reaches
     the bound (nothing evicted), and kv_sweep.json / kv_sweep.png are written."""
@@ -161,6 +174,15 @@ def test_sweep_over_kv_capacity_writes_rows_and_plot(tmp_path, capsys):
     assert got[1]["prefix_cache_hit_rate"] == pytest.approx(5 * 512 / 3600)
     assert got[1]["prefix_cache_evictions"] == 0
     assert (out / "kv_sweep.png").stat().st_size > 0 and (out / "kv_sweep.json").exists()
+
+
+def test_kv_sweep_title_names_the_model_and_gpus():
+    """The plot's title gains the replica: the rows' hardware description up to its first ';'."""
+    from stallfree.sim.kv_sweep import kv_sweep_title
+
+    rows = [{"hardware": "llama-3.3-70b, 4 x h100-sxm, fp8; steps priced by the floor"}]
+    assert kv_sweep_title(rows, "t.jsonl: budget 2,048") == "t.jsonl: budget 2,048\nllama-3.3-70b, 4 x h100-sxm, fp8"
+    assert kv_sweep_title([{}], "t") == "t" and kv_sweep_title([], "t") == "t"
 
 
 def test_cost_model_still_pays_attention_over_the_cached_prefix():

@@ -22,7 +22,10 @@ across modules, the rules of one step would have to share the shadow's internals
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +114,16 @@ class InvariantChecker:
     _pre_free: int = 0
     _pre_evictable: set[int] = field(default_factory=set)
     _pre_tables: dict[Hashable, tuple[int, ...]] = field(default_factory=dict)
+    # The checker's own view of the cache through the step: the evictable blocks before it in eviction
+    # order (and their hashes), free-and-empty blocks left, the blocks its model evicted so far (and
+    # hash -> block for them), and the blocks pinned so far.
+    _view: dict[Hashable, int] | None = None
+    _evq: list[int] = field(default_factory=list)
+    _evq_hashes: list[Hashable] = field(default_factory=list)
+    _evq_pos: int = 0
+    _raw: int = 0
+    _evicted: set[int] = field(default_factory=set)
+    _pinned: set[int] = field(default_factory=set)
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
@@ -266,7 +279,10 @@ class InvariantChecker:
         if self._caching:
             free = self._pre_free  # shared blocks: counted from the tables, checked after each call
         if self._paged:
-            free = _PagedRules.grow_decodes(self, chosen, costs, free, victims)
+            # Decodes take their blocks during schedule() with speculative tokens or when they overflow
+            # the budget; otherwise they are promised (ids handed out when a table is read).
+            takes = self._caching and (bool(s.num_spec_tokens) or len(self._ready) > budget)
+            free = _PagedRules.grow_decodes(self, chosen, costs, free, victims, takes)
         decodes = tuple(r for r in chosen if self._reqs[r].running)
         if plan.decode_rids != decodes:
             self._fail("decodes", f"got {plan.decode_rids}, expected {decodes}")
@@ -287,6 +303,8 @@ class InvariantChecker:
         got = [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills]
         if got != chunks:
             self._fail("prefill chunks (rid, tokens, start, is_last)", f"got {got}, expected {chunks}")
+        if self._caching and not victims:
+            _CacheRules.check_evictions(self)
         expected_victims = tuple(sorted(victims, key=lambda r: self._reqs[r].order))
         if plan.admitted != tuple(admitted) or plan.preempted != expected_victims:
             self._fail("admitted / preempted", f"got {plan.admitted} / {plan.preempted}, expected "
@@ -385,6 +403,7 @@ class InvariantChecker:
                 return chunks, left, free
             free -= need
             sh.blocks += need
+            _CacheRules.take(self, need)
         if n:
             chunks.append((rid, n, sh.prefilled, n == rest))
         return chunks, (left - n if n == rest else 0), free
@@ -394,7 +413,7 @@ class InvariantChecker:
         s = self.scheduler
         admitted: list[Hashable] = []
         reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
-        pinned: set[int] = set()
+        pinned = self._pinned
         for rid in self._queue_order():
             sh = self._reqs[rid]
             hits = _CacheRules.hits(self, sh) if self._caching else []
@@ -412,7 +431,8 @@ class InvariantChecker:
                 sh.blocks = self._blocks(start + n)
                 sh.hit = h
                 sh.prefilled = start
-                pinned.update(hits)
+                pinned.update(hits)  # pinned first, then the blocks after the hit are taken
+                _CacheRules.take(self, sh.blocks - h)
             else:
                 if reserved + s.kv_needed(sh.req) > s.kv_total:
                     break
@@ -576,7 +596,8 @@ class _PagedRules:
 
     @staticmethod
     def grow_decodes(
-        chk: InvariantChecker, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable]
+        chk: InvariantChecker, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable],
+        takes: bool = False,
     ) -> int:
         """Each chosen decode, oldest first, takes the blocks of its tokens, preempting by the victim
         rule (itself when none may be preempted for it) while none are free; returns the free blocks."""
@@ -594,6 +615,8 @@ class _PagedRules:
             else:
                 free -= max(need, 0)
                 sh.blocks += max(need, 0)
+                if takes:
+                    _CacheRules.take(chk, need)
         return free
 
     @staticmethod
@@ -649,21 +672,77 @@ class _CacheRules:
         assert cache is not None
         chk._pre_tables = {rid: s._block_table(rid) for rid in chk._running}
         chk._pre_free = s.num_free_blocks
-        chk._pre_evictable = set(cache.evictable_ids())
+        evq = list(cache.evictable_ids())
+        chk._pre_evictable = set(evq)
+        # The hashes of the blocks the step may evict, in eviction order (nothing is cached during a
+        # step, so the cache during it is the cache after it plus what the step evicted).
+        chk._evq_hashes = list(map(cache._hash_of.__getitem__, evq))  # read only
+        chk._view = None
+        chk._evq, chk._evq_pos = evq, 0
+        chk._raw = s.num_free_blocks - len(evq) + cache.num_promised
+        chk._evicted = set()
+        chk._pinned = set()
+
+    @staticmethod
+    def take(chk: InvariantChecker, n: int) -> None:
+        """An allocation of `n` blocks in the step, in the checker's view: free-and-empty blocks
+        first, then evictable ones not pinned in this step, least recently released first (evicted)."""
+        if n <= 0 or not chk._caching:
+            return
+        got = min(n, chk._raw)
+        chk._raw -= got
+        n -= got
+        q = chk._evq
+        while n > 0 and chk._evq_pos < len(q):
+            b = q[chk._evq_pos]
+            chk._evq_pos += 1
+            if b not in chk._pinned:
+                chk._evicted.add(b)
+                n -= 1
+
+    @staticmethod
+    def lost(chk: InvariantChecker) -> list[int]:
+        """Positions in the snapshot's evictable list of the blocks that no longer hold their hash."""
+        cache = chk.scheduler._pkv.cache
+        assert cache is not None
+        changed = map(operator.ne, map(cache._hash_of.get, chk._evq), chk._evq_hashes)
+        return list(itertools.compress(range(len(chk._evq)), changed))
+
+    @staticmethod
+    def check_evictions(chk: InvariantChecker) -> None:
+        """After schedule() (before any table is read): exactly the blocks the view evicted lost their
+        hash. Skipped in a step that preempted (victims' blocks return mid-step; nothing is admitted)."""
+        cache = chk.scheduler._pkv.cache
+        assert cache is not None
+        # Only evictable blocks can be evicted; held ones are checked by check() (hits keep their hash).
+        lost = {chk._evq[i] for i in _CacheRules.lost(chk)}
+        if lost != chk._evicted:
+            chk._fail("LRU eviction, tail first, never a held block",
+                      f"evicted {sorted(lost)}; the checker's own model evicted {sorted(chk._evicted)}")
 
     @staticmethod
     def hits(chk: InvariantChecker, sh: _Shadow) -> list[int]:
-        """The longest cached prefix of a waiting request's prompt blocks, leaving its last token to
-        compute. Read from the cache after schedule(): nothing is cached during one, and a block
-        evicted during it was evicted after every lookup that could have hit it stopped short of it."""
+        """The longest cached prefix of a waiting request's prompt blocks at its place in the step,
+        leaving its last token to compute, from the checker's own view, not from the pool's lookup:
+        the blocks cached when the step was planned are those cached after it and the evictable ones
+        that lost their hash in it; of these, the ones the checker's own eviction model (`take`) had
+        evicted by this point in the step are gone."""
         cache = chk.scheduler._pkv.cache
         assert cache is not None
+        if chk._view is None:  # hash -> block of the evictable blocks that lost their hash in the step
+            lost = _CacheRules.lost(chk)
+            chk._view = dict(zip(map(chk._evq_hashes.__getitem__, lost), map(chk._evq.__getitem__, lost),
+                                 strict=True))
+        evicted_in_step = chk._view
+        evicted = chk._evicted
         hashes = sh.req.block_hashes or ()
         bs = chk.scheduler.block_size or 1
         out: list[int] = []
         for i in range(min(len(hashes), (sh.req.prompt_len - 1) // bs)):
             b = cache.cached_block(hashes[i])
             if b is None:
+                b = evicted_in_step.get(hashes[i])
+            if b is None or b in evicted:
                 break
             out.append(b)
         return out
@@ -688,7 +767,11 @@ class _CacheRules:
         assert cache is not None
         free = s.free_block_ids()  # materializes every table
         evictable = set(cache.evictable_ids())
-        held: dict[int, int] = {}
+        # The pool's per-block state, read only; whole-set operations keep this O(blocks) check cheap
+        # enough to run after every call.
+        hash_of = cache._hash_of
+        refs = cache._refs
+        held: Counter[int] = Counter()
         bs = s.block_size or 1
         for rid in chk._running:
             sh = chk._reqs[rid]
@@ -701,30 +784,32 @@ class _CacheRules:
             if sh.hit * bs > sh.req.prompt_len - 1:
                 chk._fail("hit tokens <= prompt - 1",
                           f"rid {rid!r}: {sh.hit} blocks of {bs}, prompt {sh.req.prompt_len}")
-            for i in range(sh.hit):
-                if cache.hash_of(table[i]) != hashes[i]:
-                    chk._fail("no held block evicted", f"rid {rid!r}: block {table[i]} lost hash {i}")
-            for b in table:
-                held[b] = held.get(b, 0) + 1
-        if len(set(free)) != len(free) or len(free) != s.num_free_blocks or set(free).intersection(held):
+            if sh.hit and list(map(hash_of.get, table[: sh.hit])) != list(hashes[: sh.hit]):
+                lost = [i for i in range(sh.hit) if hash_of.get(table[i]) != hashes[i]]
+                chk._fail("no held block evicted", f"rid {rid!r}: blocks {[table[i] for i in lost]} lost hashes {lost}")
+            held.update(table)
+        free_set = set(free)
+        if len(free_set) != len(free) or len(free) != s.num_free_blocks or not free_set.isdisjoint(held):
             chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}, held {sorted(held)}")
         if len(free) + len(held) != s.num_blocks:
             chk._fail("every block accounted for", f"{len(free)} free + {len(held)} held != {s.num_blocks}")
-        for b in free:
-            if b in evictable:
-                if cache.ref_count(b) != 0 or cache.hash_of(b) is None:
-                    chk._fail("evictable is cached with no holder", f"block {b}: refs {cache.ref_count(b)}")
-            elif cache.hash_of(b) is not None:
-                chk._fail("a free block is empty", f"block {b} has hash {cache.hash_of(b)!r}")
-        for b, n in held.items():
-            refs = cache.ref_count(b)
-            if refs != (n if refs >= 0 else -1) or (refs < 0 and n != 1):
-                chk._fail("reference count == tables holding the block", f"block {b}: refs {refs}, {n} tables")
-            if not 0 <= b < s.num_blocks:
-                chk._fail("block id range", f"block {b}")
-        for h, b in cache._cached.items():
-            if cache.hash_of(b) != h:
-                chk._fail("cache map", f"hash {h!r} -> block {b}, whose hash is {cache.hash_of(b)!r}")
+        cached_free = free_set.intersection(hash_of)
+        if cached_free != evictable:
+            chk._fail("a free block is empty unless evictable, and an evictable one is cached",
+                      f"free blocks with a hash {sorted(cached_free)}, evictable {sorted(evictable)}")
+        if list(map(refs.get, evictable)).count(0) != len(evictable):
+            chk._fail("evictable is cached with no holder",
+                      f"refs {[(b, refs.get(b)) for b in evictable if refs.get(b) != 0]}")
+        if list(map(refs.get, held.keys(), itertools.repeat(1))) != list(held.values()):
+            wrong = [(b, refs.get(b), n) for b, n in held.items() if refs.get(b, 1) != n]
+            chk._fail("reference count == tables holding the block (1 for an uncached block)",
+                      f"(block, refs, tables): {wrong}")
+        if held and (min(held) < 0 or max(held) >= s.num_blocks):
+            chk._fail("block id range", f"held {sorted(held)}")
+        cached = cache._cached
+        if refs.keys() != hash_of.keys() or len(cached) != len(hash_of) or list(
+                map(hash_of.get, cached.values())) != list(cached.keys()):
+            chk._fail("cache map", f"{len(cache._cached)} hashes, {len(hash_of)} cached blocks, {len(refs)} counted")
         if cache.num_cached != len(cache._cached) or s.num_evictable_blocks != len(evictable):
             chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache._cached)} hashes")
         return len(held)
@@ -772,11 +857,12 @@ class _MultiRules:
                         victim = max(later, key=lambda r: (chk._key(r)[0], running.index(r)))
                     else:
                         victim = max(later, key=running.index)
-                    free += reqs[victim].blocks
+                    free += _CacheRules.freed_by(chk, victim) if chk._caching else reqs[victim].blocks
                     chk._preempt(victim, victims)
                 if n:
                     free -= max(need, 0)
                     sh.blocks += max(need, 0)
+                    _CacheRules.take(chk, need)
             if n:
                 rows.append([rid, n, sh.prefilled, n == rest])
                 left -= n
@@ -805,6 +891,7 @@ class _MultiRules:
                     break
                 free -= max(need, 0)
                 sh.blocks += max(need, 0)
+                _CacheRules.take(chk, need)
             row[1] += n
             row[3] = n == rest
             left -= n
@@ -822,23 +909,35 @@ class _MultiRules:
         assert thr is not None
         admitted: list[Hashable] = []
         reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running) if not chk._paged else 0
+        bs = s.block_size or 1
+        pinned = chk._pinned
         for rid in _MultiRules.queue_order(chk):
             sh = chk._reqs[rid]
             if left <= 0 or len(chk._running) >= s.max_seqs:
                 break
-            is_long = sh.target > thr
+            hits = _CacheRules.hits(chk, sh) if chk._caching else []
+            h = len(hits)
+            start = h * bs
+            rest = sh.target - start
+            is_long = rest > thr
             if is_long and num_long >= s.max_long_partial_prefills:
                 continue
-            n = chk._chunk(sh.target, min(left, thr) if is_long else left)
-            last = n == sh.target
+            n = chk._chunk(rest, min(left, thr) if is_long else left)
+            last = n == rest
             if n == 0 or (not last and num_partial >= s.max_num_partial_prefills):
                 break
             if chk._paged:
-                want = chk._blocks(sh.target) if sh.preemptions else chk._blocks(n)
+                # Hit blocks are not allocated, but pinning one that was evictable takes it from the free count.
+                pin = sum(1 for b in hits if b in chk._pre_evictable and b not in pinned)
+                want = (chk._blocks(sh.target) if sh.preemptions else chk._blocks(start + n)) - h + pin
                 if want > free or (chk._running and free - want < s.watermark_blocks):
                     break
-                free -= chk._blocks(n)
-                sh.blocks = chk._blocks(n)
+                free -= chk._blocks(start + n) - h + pin
+                sh.blocks = chk._blocks(start + n)
+                sh.hit = h
+                sh.prefilled = start
+                pinned.update(hits)
+                _CacheRules.take(chk, sh.blocks - h)
             else:
                 if reserved + s.kv_needed(sh.req) > s.kv_total:
                     break
@@ -846,7 +945,7 @@ class _MultiRules:
             chk._waiting.remove(rid)
             chk._running.append(rid)
             sh.running = True
-            rows.append([rid, n, 0, last])
+            rows.append([rid, n, start, last])
             admitted.append(rid)
             if not last:
                 num_partial += 1

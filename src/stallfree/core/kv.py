@@ -197,9 +197,13 @@ class CachingBlockPool(BlockPool):
     the block registered first stays the cached copy and the later one stays private to its table,
     going back to the free stack, empty, when that table is released.
 
-    Costs: lookup is O(hit blocks + 1) dict reads, whatever the cache size; pin, release and
-    register are O(blocks touched); nothing is allocated per free block, so a pool of a million
-    blocks costs what an empty one does.
+    Costs: lookup is O(hit blocks + 1) dict reads, whatever the cache size; pin and register are
+    O(blocks touched); a release is O(blocks that may be cached): told how many of a table's
+    leading blocks can hold a hash (`hashed`: its prompt's full blocks), it frees the rest with one
+    list operation, as a plain BlockPool does, so decode blocks and requests without block hashes
+    cost no Python statement each. Nothing is allocated per free block, so a pool of a million
+    blocks costs what an empty one does. The evictable set is an OrderedDict in eviction order:
+    taking out a pinned block and evicting the oldest are O(1), with no scan.
 
     Args:
         num_blocks: KV blocks in the cache, >= 1.
@@ -235,6 +239,15 @@ class CachingBlockPool(BlockPool):
         """Blocks with a hash, held or evictable."""
         return len(self._hash_of)
 
+    def try_promise(self, n: int) -> bool:
+        """Promise `n` blocks if that many are free (evictable ones included) and return True; else
+        change nothing and return False. A promised block that is claimed when no free-and-empty one
+        is left evicts one."""
+        if n > len(self._free) + self.num_blocks - self._fresh - self._promised + len(self._evictable):
+            return False
+        self._promised += n
+        return True
+
     def free_ids(self) -> tuple[int, ...]:
         """The ids in no block table: free-and-empty ones, then evictable ones; O(num_blocks)."""
         return super().free_ids() + tuple(self._evictable)
@@ -256,7 +269,8 @@ class CachingBlockPool(BlockPool):
         return self._refs.get(block, -1)
 
     def lookup(self, hashes: Sequence[Hashable], max_blocks: int) -> list[int]:
-        """The cached blocks of the longest cached prefix of `hashes`, at most `max_blocks` of them."""
+        """The cached blocks of the longest cached prefix of `hashes`, at most `max_blocks` of them;
+        O(hits + 1) dict reads, however long the prompt or large the cache."""
         cached = self._cached
         out: list[int] = []
         for i in range(min(max_blocks, len(hashes))):
@@ -268,8 +282,7 @@ class CachingBlockPool(BlockPool):
 
     def num_evictable_among(self, blocks: Sequence[int]) -> int:
         """How many of `blocks` (cached) are evictable: pinning them takes that many from num_free."""
-        refs = self._refs
-        return sum(1 for b in blocks if refs[b] == 0)
+        return list(map(self._refs.__getitem__, blocks)).count(0)
 
     def pin(self, table: list[int], blocks: Sequence[int]) -> None:
         """Append cached `blocks` to `table`, raising their reference counts (evictable ones leave the
@@ -284,10 +297,15 @@ class CachingBlockPool(BlockPool):
             raise SchedulerStateError(f"pin blocks {list(blocks)}: not all are cached")
         if self.num_evictable_among(blocks) > self.num_free:
             raise SchedulerStateError(f"pin {len(blocks)} cached blocks with only {self.num_free} free")
+        self._pin(table, blocks)
+
+    def _pin(self, table: list[int], blocks: Sequence[int]) -> None:
+        """pin() without its checks, for a caller that has just looked the blocks up and counted them."""
+        refs = self._refs
         ev = self._evictable
         for b in blocks:
             r = refs[b]
-            if r == 0:
+            if not r:
                 del ev[b]
             refs[b] = r + 1
         table.extend(blocks)
@@ -300,6 +318,7 @@ class CachingBlockPool(BlockPool):
         """
         cached = self._cached
         hash_of = self._hash_of
+        refs = self._refs
         for i in range(first, last):
             b = table[i]
             h = hashes[i]
@@ -307,24 +326,37 @@ class CachingBlockPool(BlockPool):
                 continue
             cached[h] = b
             hash_of[b] = h
-            self._refs[b] = 1
+            refs[b] = 1
 
-    def release(self, table: list[int], unclaimed: int = 0) -> None:
+    def release(self, table: list[int], unclaimed: int = 0, hashed: int | None = None) -> None:
         """Return `table`'s blocks, and `unclaimed` promised ones: cached blocks lose a reference
-        (evictable at 0, tail first), others go back free; empty `table`."""
-        self._drop(table, 0)
+        (evictable at 0, tail first), others go back free; empty `table`.
+
+        Args:
+            table: the block table, emptied.
+            unclaimed: promised blocks of this table never claimed.
+            hashed: only table[:hashed] may hold cached blocks (the blocks of the prompt's block
+                hashes); the rest go back free in one step. None: any block may be cached.
+        """
+        self._drop(table, 0, len(table) if hashed is None else hashed)
         self._promised -= unclaimed
 
-    def release_tail(self, table: list[int], keep: int) -> None:
+    def release_tail(self, table: list[int], keep: int, hashed: int | None = None) -> None:
         """Return the blocks of `table` after its first `keep`, as release() does."""
         if len(table) > keep:
-            self._drop(table, keep)
+            self._drop(table, keep, len(table) if hashed is None else hashed)
 
-    def _drop(self, table: list[int], keep: int) -> None:
-        refs = self._refs
+    def _drop(self, table: list[int], keep: int, hashed: int) -> None:
+        n = len(table)
+        stop = min(n, max(keep, hashed))  # table[stop:] holds no cached block: freed in one step
         free = self._free
+        if stop < n:
+            tail = table[stop:]
+            tail.reverse()
+            free.extend(tail)
+        refs = self._refs
         ev = self._evictable
-        for i in range(len(table) - 1, keep - 1, -1):
+        for i in range(stop - 1, keep - 1, -1):  # tail first: a prefix's end is evicted before its start
             b = table[i]
             r = refs.get(b)
             if r is None:
@@ -338,15 +370,20 @@ class CachingBlockPool(BlockPool):
 
     def _take(self, table: list[int], n: int) -> None:
         raw = len(self._free) + self.num_blocks - self._fresh
-        k = min(n, raw)
-        super()._take(table, k)
+        if n <= raw:
+            BlockPool._take(self, table, n)
+            return
+        BlockPool._take(self, table, raw)
         ev = self._evictable
-        for _ in range(n - k):
+        cached = self._cached
+        hash_of = self._hash_of
+        refs = self._refs
+        for _ in range(n - raw):
             b, _unused = ev.popitem(last=False)
-            del self._cached[self._hash_of.pop(b)]
-            del self._refs[b]
-            self.num_evictions += 1
+            del cached[hash_of.pop(b)]
+            del refs[b]
             table.append(b)
+        self.num_evictions += n - raw
 
 
 class KVManager(Protocol):
@@ -536,7 +573,7 @@ class PagedKV:
         h = len(hits)
         if h:
             assert self.cache is not None
-            self.cache.pin(rec.block_table, hits)
+            self.cache._pin(rec.block_table, hits)  # can_admit counted them just now
         self.pool._take(rec.block_table, -(-(h * self.block_size + first_chunk) // self.block_size) - h)
 
     def lookup(self, rec: LiveRequest) -> list[int]:
@@ -581,7 +618,11 @@ class PagedKV:
 
     def trim(self, rec: LiveRequest, tokens: int) -> None:
         """Return the blocks of `rec` beyond those that hold `tokens` tokens (rejected speculative tokens)."""
-        self.pool.release_tail(rec.block_table, -(-tokens // self.block_size))
+        keep = -(-tokens // self.block_size)
+        if self.cache is not None:
+            self.cache.release_tail(rec.block_table, keep, len(rec.req.block_hashes or ()))
+        else:
+            self.pool.release_tail(rec.block_table, keep)
 
     def unclaimed(self, rec: LiveRequest, step: int, in_flight: bool) -> int:
         """Blocks promised to a decode and not yet in its table: its table must cover the tokens in
@@ -606,4 +647,8 @@ class PagedKV:
                 unclaimed = 0
             del self.buckets[rec.bucket][rec.rid]
             rec.bucket = -1
-        self.pool.release(rec.block_table, unclaimed)
+        if self.cache is not None:
+            # Only the prompt's hashed blocks may be cached: the rest is freed without a look at each.
+            self.cache.release(rec.block_table, unclaimed, len(rec.req.block_hashes or ()))
+        else:
+            self.pool.release(rec.block_table, unclaimed)

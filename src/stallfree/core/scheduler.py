@@ -183,13 +183,6 @@ class Scheduler(RequestLifecycle):
             )
         )
         self._multi = self.max_num_partial_prefills > 1
-        if self._multi and enable_prefix_caching:
-            # The K > 1 admission path does not look up cached prefixes yet; refusing is better than a
-            # cache that silently never hits.
-            raise InvalidConfig(
-                f"max_num_partial_prefills={self.max_num_partial_prefills} cannot be combined with "
-                "enable_prefix_caching=True yet: use one partial prefill (the default) with prefix caching"
-            )
         self._partials: list[LiveRequest] = []  # K > 1: the prompts in prefill, admission order
         if block_size is not None and (
             kv_tokens < block_size or (self.align_chunks and token_budget < block_size)
@@ -616,10 +609,7 @@ class Scheduler(RequestLifecycle):
             else:
                 kv.admit(obj, n)
             if caching:
-                self.prefix_cache_queries += obj.target
-                self.prefix_cache_hits += start
-                if obj.admitted_step is None:
-                    self._cached_tokens[obj.rid] = start
+                self._count_hit(obj, start)
             self._num_running += 1
             obj.status = _PREFILLING
             obj.admit_seq = self._admit_seq
@@ -632,6 +622,13 @@ class Scheduler(RequestLifecycle):
             admitted.append(obj.rid)
             left = left - n if n == obj.target - start else 0  # as for the partial prefill above
         return tuple(admitted)
+
+    def _count_hit(self, obj: LiveRequest, start: int) -> None:
+        """Prefix caching: count an admission's lookup (its episode's tokens) and hit (`start` tokens)."""
+        self.prefix_cache_queries += obj.target
+        self.prefix_cache_hits += start
+        if obj.admitted_step is None:
+            self._cached_tokens[obj.rid] = start
 
     def _schedule_multi(
         self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest], decoding: bool
@@ -698,21 +695,36 @@ class Scheduler(RequestLifecycle):
         thr = self.long_prefill_token_threshold
         assert thr is not None
         kv = self._kv
+        caching = self.enable_prefix_caching
+        hits: list[int] = []
+        start = 0
         admitted: list[Hashable] = []
         for obj in self._waiting.in_order():
             if left <= 0 or self._num_running >= self.max_seqs:
                 break
-            rest = obj.target
+            if caching:
+                # As with one partial prefill: the longest cached prefix is pinned at admission, the
+                # prefill starts after it, and long or short is judged on the tokens left to compute.
+                hits = self._pkv.lookup(obj)
+                start = len(hits) * self._pkv.block_size
+            rest = obj.target - start
             is_long = rest > thr
             if is_long and num_long >= self.max_long_partial_prefills:
                 continue  # the issue's rule: a short prompt may pass a long one only here
             n = self._chunking.chunk(rest, min(left, thr) if is_long else left)
             last = n == rest
-            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not kv.can_admit(
-                    obj, n, self._num_running):
+            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not (
+                    self._pkv.can_admit(obj, n, self._num_running, hits) if hits
+                    else kv.can_admit(obj, n, self._num_running)):
                 break
             self._waiting.remove(obj)
-            kv.admit(obj, n)
+            if hits:
+                self._pkv.admit(obj, n, hits)
+                obj.num_prefilled = start
+            else:
+                kv.admit(obj, n)
+            if caching:
+                self._count_hit(obj, start)
             self._num_running += 1
             obj.status = _PREFILLING
             obj.admit_seq = self._admit_seq
@@ -720,7 +732,7 @@ class Scheduler(RequestLifecycle):
             if obj.admitted_step is None:
                 obj.admitted_step = self._step
             self._partials.append(obj)
-            out.append(ScheduledChunk(obj.rid, n, True, 0, last))
+            out.append(ScheduledChunk(obj.rid, n, True, start, last))
             admitted.append(obj.rid)
             if not last:
                 num_partial += 1

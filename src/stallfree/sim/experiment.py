@@ -157,6 +157,7 @@ def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float
         kv_policy=setup.scheduler,
         block_size=setup.block_size,
         watermark=setup.watermark,
+        enable_prefix_caching=setup.prefix_caching and setup.scheduler == "paged",
     )
     return sched
 

@@ -15,13 +15,13 @@ from typing import Any
 from stallfree.sim.experiment import run_experiment
 from stallfree.sim.setup import HardwareOptions, Setup
 
-__all__ = ["KV_SWEEP_KEYS", "kv_sweep", "plot_kv_sweep"]
+__all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_title", "plot_kv_sweep"]
 
 #: The keys of each kv_sweep row.
 KV_SWEEP_KEYS = (
     "kv_tokens", "prefix_caching", "prefix_cache_hit_rate", "prefix_cache_hit_rate_bound",
     "prefix_cache_evictions", "median_ttft_ms", "p99_ttft_ms", "request_throughput", "output_throughput",
-    "num_preemptions", "rejected",
+    "num_preemptions", "rejected", "hardware",
 )
 
 
@@ -41,7 +41,8 @@ def kv_sweep(
 
     Returns:
         One dict per size with the keys of KV_SWEEP_KEYS (hit rates are fractions, None without
-        caching; latencies in ms; throughput in requests/s and tokens/s).
+        caching; latencies in ms; throughput in requests/s and tokens/s; "hardware": the setup's
+        description of the replica, model, GPUs and dtype first).
 
     Raises:
         ValueError: kv_sizes is empty or holds a value < 1.
@@ -58,6 +59,7 @@ def kv_sweep(
         row["kv_tokens"] = setup.kv_tokens
         row["prefix_caching"] = setup.prefix_caching
         row["rejected"] = summary.get("rejected", 0)
+        row["hardware"] = setup.hardware
         rows.append(row)
         if progress:
             progress(k, len(sizes))
@@ -69,13 +71,22 @@ def with_kv_tokens(setup_options: HardwareOptions, kv: int) -> HardwareOptions:
     return dataclasses.replace(setup_options, kv_tokens=kv)
 
 
+def kv_sweep_title(rows: Sequence[dict[str, Any]], title: str) -> str:
+    """The KV sweep figure's title: `title`, then on a second line the replica the rows ran on (the
+    model, the GPUs and the dtype: the rows' "hardware" up to its first ';'), when they say."""
+    hardware = rows[0].get("hardware") if rows else None
+    if not hardware:
+        return title
+    return f"{title}\n{str(hardware).split(';', 1)[0].strip()}"
+
+
 def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     """Write a PNG: hit rate (with the infinite-cache bound) and TTFT p50/p99 against KV capacity.
 
     Args:
         rows: kv_sweep's rows.
         path: the PNG to write.
-        title: the figure's title (workload and replica).
+        title: the figure's title (workload, budget); kv_sweep_title adds the model and GPUs.
     """
     import matplotlib
 
@@ -96,7 +107,7 @@ def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Non
     ax2.plot(kv, [r["p99_ttft_ms"] / 1e3 for r in rows], "s-", label="TTFT p99")
     ax2.set(xscale="log", yscale="log", xlabel="KV capacity (tokens)", ylabel="TTFT (s)")
     ax2.legend(loc="upper right")
-    fig.suptitle(title)
+    fig.suptitle(kv_sweep_title(rows, title))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -286,6 +286,8 @@ class TimeBudgetConfig:
         decode_overflow: "oldest" or "rotate" (Scheduler's option).
         kv_policy, block_size, watermark: Scheduler's KV policy ("reserve": block_size unused here;
             "paged": blocks of block_size tokens, kv_tokens // block_size of them).
+        enable_prefix_caching: "paged" only: Scheduler's prefix caching (the simulator then gives
+            requests the workload's block hashes).
 
     Raises:
         ValueError: target_s is not a finite number > 0 (numbers of the scheduler are checked when
@@ -301,6 +303,7 @@ class TimeBudgetConfig:
     kv_policy: str = "reserve"
     block_size: int = 16
     watermark: float = 0.01
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         _check_target(self.target_s)
@@ -312,6 +315,7 @@ class TimeBudgetConfig:
         inner = Scheduler(
             self.token_budget, self.max_seqs, self.kv_tokens, decode_overflow=self.decode_overflow,
             kv_policy=self.kv_policy, block_size=self.block_size if paged else None, watermark=self.watermark,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
         return TimeBudgetScheduler(inner, self.cost_model, self.target_s)
 
