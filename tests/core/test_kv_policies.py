@@ -137,11 +137,11 @@ def _paged_maker(options: dict[str, object]):
 @pytest.mark.slow
 @pytest.mark.parametrize("options", COMBOS, ids=_ids)
 def test_randomized_paged_simulations_for_every_option_combination(options):
-    """25 seeded runs per option combination under paged KV with tight pools, random per-step budgets,
+    """13 seeded runs per option combination under paged KV with tight pools, random per-step budgets,
     aborts and early stops keep every invariant of the one checker (preemptions included), and some
-    of them preempt."""
+    of them preempt (seed 12 does under every combination; 7, 8 or 11 under most)."""
     preempted = 0
-    for seed in range(25):
+    for seed in range(13):
         chk = RandomWorkload(seed, options=options, vary_budget=True).run(_paged_maker(options))
         preempted += chk.num_preemptions > 0
     assert preempted >= 1
