@@ -141,8 +141,9 @@ def main() -> None:
     if args.quick:
         args.reps, args.num, args.one_prompts, args.max_new = 1, 4, 2, 16
     torch.set_num_threads(args.threads)
+    extra = {"compile": True} if args.compile else {}
     base = LLMEngine.from_pretrained(token_budget=512, max_seqs=1, kv_tokens=4096, device=args.device,
-                                     dtype=args.dtype, compile=args.compile)
+                                     dtype=args.dtype, **extra)
     hf = load_hf(args.device, base.model.dtype)
     rng = random.Random(0)
     prompts = [[rng.randrange(300, 40000) for _ in range(args.prompt_len + rng.randint(-8, 8))]
