@@ -2,7 +2,7 @@
 weights, the same prompts and one torch thread each, alternating which runs first, medians of reps.
 
 Run from the repository root:
-    PYTHONPATH=src python benchmarks/engine_vs_hf.py [--quick] [--reps 3] [--json out.json]
+    PYTHONPATH=src python benchmarks/engine_vs_hf.py [--quick] [--reps 3] [--json out.json] [--compile]
     PYTHONPATH=src python benchmarks/engine_vs_hf.py --device cuda --dtype bfloat16   # on a GPU
 
 Workloads (greedy, EOS ignored, so both sides make exactly the tokens asked for):
@@ -65,8 +65,10 @@ def _sync(device: str) -> None:
 def run_ours(base: LLMEngine, work: list[tuple[list[int], int, float]], max_seqs: int,
              device: str) -> tuple[float, list[list[int]], list[float]]:
     """Run `work` (prompt, max_new, arrival s) continuously batched; return (wall s, tokens, e2e s)."""
+    # Room for every request at once: the scheduler reserves prompt + max_new in whole blocks.
+    bs = base.block_size
     eng = LLMEngine(base.model, base.tokenizer, base.model_name, token_budget=512, max_seqs=max_seqs,
-                    kv_tokens=sum(len(p) + n for p, n, _ in work) + 64)
+                    kv_tokens=sum(-(-(len(p) + n) // bs) * bs for p, n, _ in work))
     toks: list[list[int]] = [[] for _ in work]
     done = [0.0] * len(work)
     pending = sorted(range(len(work)), key=lambda i: work[i][2])
@@ -132,14 +134,16 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", action="store_true", help="torch.compile our model's dense layers")
     ap.add_argument("--workloads", nargs="+", default=["one", "batch16", "stagger"])
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if args.quick:
         args.reps, args.num, args.one_prompts, args.max_new = 1, 4, 2, 16
     torch.set_num_threads(args.threads)
+    extra = {"compile": True} if args.compile else {}
     base = LLMEngine.from_pretrained(token_budget=512, max_seqs=1, kv_tokens=4096, device=args.device,
-                                     dtype=args.dtype)
+                                     dtype=args.dtype, **extra)
     hf = load_hf(args.device, base.model.dtype)
     rng = random.Random(0)
     prompts = [[rng.randrange(300, 40000) for _ in range(args.prompt_len + rng.randint(-8, 8))]

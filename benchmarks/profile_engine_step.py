@@ -8,8 +8,9 @@ until every request decodes, then profiles --steps decode steps with torch.profi
 step's wall time into:
 
     linear     aten::linear (QKV, output projection, SwiGLU, LM head), all their children
-    attention  the cache read and attention: SDPA, softmax, bmm/matmul outside linear, the gathers
-               (index_select, index, gather) and the cache writes (index_copy_, index_put_)
+    attention  SDPA and what it calls (softmax, bmm/matmul outside linear), and the masks
+    gather     reading keys and values out of the paged cache (index_select, index, gather)
+    writes     the cache writes and the zeroing of new blocks (index_copy_, index_put_, index_fill_)
     other ops  every other top-level aten op (RMSNorm, RoPE, embedding, sampling, batch building)
     python     step wall time minus the time inside top-level aten ops: interpreter work of the
                scheduler, the engine, the batch builder and the model's layer loop
@@ -35,9 +36,11 @@ from stallfree.engine import LLMEngine, SamplingParams
 LINEAR = {"aten::linear"}
 ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::softmax", "aten::_softmax",
-             "aten::bmm", "aten::matmul", "aten::einsum", "aten::baddbmm", "aten::index_select",
-             "aten::index", "aten::gather", "aten::index_copy_", "aten::index_put_",
-             "aten::masked_fill", "aten::where"}
+             "aten::bmm", "aten::matmul", "aten::einsum", "aten::baddbmm", "aten::masked_fill",
+             "aten::where", "aten::le", "aten::lt", "aten::ge"}
+GATHER = {"aten::index_select", "aten::index", "aten::gather"}
+WRITES = {"aten::index_copy_", "aten::index_put_", "aten::index_fill_"}
+PARTS = ("linear", "attention", "gather", "writes", "other_ops", "python")
 
 
 def profile_step(eng: LLMEngine, steps: int) -> dict[str, float]:
@@ -48,7 +51,7 @@ def profile_step(eng: LLMEngine, steps: int) -> dict[str, float]:
             t0 = time.perf_counter()
             eng.step()
             wall = (time.perf_counter() - t0) * 1e6
-        parts = {"linear": 0.0, "attention": 0.0, "other_ops": 0.0}
+        parts = dict.fromkeys(PARTS[:-1], 0.0)
         for ev in prof.events():
             if ev.cpu_parent is not None:
                 continue
@@ -57,6 +60,10 @@ def profile_step(eng: LLMEngine, steps: int) -> dict[str, float]:
                 parts["linear"] += us
             elif ev.name in ATTENTION:
                 parts["attention"] += us
+            elif ev.name in GATHER:
+                parts["gather"] += us
+            elif ev.name in WRITES:
+                parts["writes"] += us
             else:
                 parts["other_ops"] += us
         parts["python"] = max(0.0, wall - sum(parts.values()))
@@ -76,24 +83,26 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     base = LLMEngine.from_pretrained(token_budget=512, max_seqs=1, kv_tokens=4096, device="cpu")
-    lens = args.prompt_len * len(args.running) if len(args.prompt_len) == 1 else args.prompt_len
+    lens = args.prompt_len if len(args.prompt_len) == len(args.running) else args.prompt_len[:1] * len(args.running)
     out = []
     for n, plen in zip(args.running, lens, strict=True):
+        # Room for every request's reservation (prompt + 64 tokens, in whole blocks of 16).
         eng = LLMEngine(base.model, base.tokenizer, base.model_name, token_budget=512, max_seqs=n,
-                        kv_tokens=n * (plen + 64))
+                        kv_tokens=n * -(-(plen + 64) // 16) * 16)
         rng = random.Random(n)
         for i in range(n):
             eng.add_request(i, [rng.randrange(300, 40000) for _ in range(plen)],
                             SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
         while eng.last_plan is None or eng.last_plan.num_decodes < n:
             eng.step()
+            if eng.last_plan.step > 4 * n * plen:
+                raise SystemExit(f"{n} requests never all decode together (KV too small?)")
         for _ in range(2):  # warm-up decode steps
             eng.step()
         r = profile_step(eng, args.steps)
         r.update(running=n, prompt_len=plen)
         out.append(r)
-        shares = ", ".join(f"{k} {100 * r[k] / r['step']:.0f}%" for k in ("linear", "attention",
-                                                                            "other_ops", "python"))
+        shares = ", ".join(f"{k} {r[k]:.0f} ms {100 * r[k] / r['step']:.0f}%" for k in PARTS)
         print(f"{n:4d} running (context ~{plen + 3} tokens): step {r['step']:.1f} ms "
               f"(median of {args.steps}); {shares}", flush=True)
     if args.json:

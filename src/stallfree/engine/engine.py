@@ -375,6 +375,7 @@ class LLMEngine:
         max_num_partial_prefills: int = 1,
         max_long_partial_prefills: int | None = None,
         long_prefill_token_threshold: int | None = None,
+        compile: bool = False,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -388,6 +389,9 @@ class LLMEngine:
                 bfloat16 on a GPU (tensor cores, half the bytes per weight and KV token, and
                 float32's exponent range, so no fp16 overflow). Weights are dequantized to
                 float32 first.
+            compile: torch.compile the dense part of each layer (LlamaModel(compile=True)). Off by
+                default: on this project's CPU it made decode steps no faster and took about 45 s
+                to compile (docs/engine.md).
             Others: as in LLMEngine.
 
         Raises:
@@ -405,7 +409,7 @@ class LLMEngine:
         dev = resolve_device(device)
         dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
         ckpt = load_checkpoint(path)
-        model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev)
+        model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev, compile=compile)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
                    block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching,
                    max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold)

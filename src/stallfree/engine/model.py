@@ -9,6 +9,8 @@ embeddings (Su et al., 2021), grouped-query attention (Ainslie et al., 2023), Sw
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -18,6 +20,44 @@ from stallfree.engine.errors import ModelLoadError
 from stallfree.engine.kv_cache import KVCache
 
 __all__ = ["LlamaModel"]
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in float32 whatever the dtype (as transformers' LlamaRMSNorm). Shapes: x [T, d] -> [T, d]."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def _pre_attention(
+    x: torch.Tensor, norm: torch.Tensor, qkv_w: torch.Tensor, qkv_b: torch.Tensor | None,
+    cos: torch.Tensor, sin: torch.Tensor, eps: float, hq: int, hkv: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm, the fused QKV matmul and RoPE on q and k together (one rotation for H + Hkv heads).
+
+    Shapes: x [T, d]; cos, sin [T, 1, D]; returns q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]
+    (k and v are views into one buffer, not contiguous).
+    """
+    t = x.shape[0]
+    qkv = F.linear(_rms_norm(x, norm, eps), qkv_w, qkv_b).view(t, hq + 2 * hkv, -1)
+    qk = qkv[:, : hq + hkv]
+    half = qk.shape[-1] // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    qk = (qk * cos + rotated * sin).to(x.dtype)
+    return qk[:, :hq], qk[:, hq:], qkv[:, hq + hkv:]
+
+
+def _post_attention(
+    x: torch.Tensor, attn: torch.Tensor, o_w: torch.Tensor, norm: torch.Tensor, gate_up: torch.Tensor,
+    down: torch.Tensor, eps: float,
+) -> torch.Tensor:
+    """The output projection and residual, then RMSNorm, the fused SwiGLU and residual.
+
+    Shapes: x [T, d]; attn [T, H*D]; returns [T, d].
+    """
+    x = x + F.linear(attn, o_w)
+    gate, up = F.linear(_rms_norm(x, norm, eps), gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
 
 
 class _Layer:
@@ -56,8 +96,11 @@ class LlamaModel:
     Args:
         config: the model's shape.
         tensors: float32 tensors with Hugging Face Llama names (see stallfree.engine.weights).
-        dtype: compute and weight dtype (torch.float32 or torch.bfloat16).
+        dtype: compute and weight dtype (torch.float32, torch.bfloat16 or torch.float16).
         device: where weights and activations live.
+        compile: wrap the dense part of each layer (RMSNorm, QKV, RoPE; output projection,
+            RMSNorm, SwiGLU) in torch.compile (dynamic shapes, one graph each for all layers);
+            compiled on the first forward. Off by default: see docs/engine.md for what it gains.
 
     Raises:
         ModelLoadError: a tensor is missing or has the wrong shape.
@@ -69,6 +112,7 @@ class LlamaModel:
         tensors: dict[str, torch.Tensor],
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        compile: bool = False,
     ) -> None:
         self.config = config
         self.dtype = dtype
@@ -93,18 +137,12 @@ class LlamaModel:
         self.cos = cos.to(self.device)
         self.sin = sin.to(self.device)
         self.scale = c.head_dim ** -0.5
-
-    def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """RMSNorm in float32 whatever the dtype. Shapes: x [T, d] -> [T, d]."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
-        return w * xf.to(x.dtype)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate each head's two halves. Shapes: x [T, heads, D]; cos, sin [T, 1, D]."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return (x * cos + rotated * sin).to(x.dtype)
+        self.compiled = bool(compile)
+        self._pre: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = _pre_attention
+        self._post: Callable[..., torch.Tensor] = _post_attention
+        if compile:
+            self._pre = torch.compile(_pre_attention, dynamic=True)
+            self._post = torch.compile(_post_attention, dynamic=True)
 
     def _attention(
         self, q: torch.Tensor, layer_k: torch.Tensor, layer_v: torch.Tensor, batch: FlatBatch,
@@ -117,8 +155,8 @@ class LlamaModel:
         A masked key contributes nothing: its score is -inf and the value stored there is one the
         engine wrote (a zero pad block, or a zeroed tail of a request's last block; see KVCache).
 
-        Shapes: q [T, H, D]; layer_k, layer_v [N + block_size, Hkv, D]; masks[g] [E, Q, C] bool;
-        returns [T, H*D].
+        Shapes: q [T, H, D]; layer_k, layer_v [N + block_size, Hkv, D]; masks[g] [E, 1, Q, C]
+        additive (0 where seen, -inf where masked) in the model's dtype; returns [T, H*D].
         """
         c = self.config
         hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
@@ -132,7 +170,7 @@ class LlamaModel:
             k = kb.index_select(0, flat).view(e, nb * block_size, hkv, d).transpose(1, 2)
             v = vb.index_select(0, flat).view(e, nb * block_size, hkv, d).transpose(1, 2)
             qg = q.index_select(0, g.q_rows).view(e, nq, hq, d).transpose(1, 2)  # [E, H, Q, D]
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask[:, None], scale=self.scale,
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=self.scale,
                                                enable_gqa=True)
             o = o.transpose(1, 2).reshape(e * nq, hq * d)
             if g.out_index is None:
@@ -149,28 +187,26 @@ class LlamaModel:
         q [T, H*D], k and v [T, Hkv*D]; the MLP's inner activations [T, F].
         """
         c = self.config
-        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        hq, hkv, eps = c.num_heads, c.num_kv_heads, c.rms_norm_eps
         bs = kv.block_size
         kv.zero_blocks(batch.zero_blocks)
+        # One additive mask per group and step, shared by every layer: SDPA would otherwise turn a
+        # boolean mask into an additive one in each call.
         masks = []
         for g in batch.groups:
             keys = torch.arange(g.tables.shape[1] * bs, device=self.device)
-            masks.append(keys[None, None, :] <= g.q_pos[:, :, None])
+            seen = keys[None, None, None, :] <= g.q_pos[:, None, :, None]
+            masks.append(torch.zeros(seen.shape, dtype=self.dtype, device=self.device)
+                         .masked_fill_(~seen, float("-inf")))
         x = self.embed[batch.token_ids]
         cos = self.cos[batch.positions].to(self.dtype).unsqueeze(1)
         sin = self.sin[batch.positions].to(self.dtype).unsqueeze(1)
-        n_q, n_kv = hq * d, hkv * d
+        pre, post = self._pre, self._post
         for li, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.attn_norm)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q = self._rope(qkv[:, :n_q].view(-1, hq, d), cos, sin)
-            k = self._rope(qkv[:, n_q:n_q + n_kv].view(-1, hkv, d), cos, sin)
-            v = qkv[:, n_q + n_kv:].view(-1, hkv, d)
+            q, k, v = pre(x, layer.attn_norm, layer.qkv, layer.qkv_bias, cos, sin, eps, hq, hkv)
             kv.k[li].index_copy_(0, batch.slot_mapping, k)
             kv.v[li].index_copy_(0, batch.slot_mapping, v)
-            x = x + F.linear(self._attention(q, kv.k[li], kv.v[li], batch, masks, bs), layer.o)
-            h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
-        h = self._rms_norm(x.index_select(0, batch.logits_rows), self.norm)
+            attn = self._attention(q, kv.k[li], kv.v[li], batch, masks, bs)
+            x = post(x, attn, layer.o, layer.mlp_norm, layer.gate_up, layer.down, eps)
+        h = _rms_norm(x.index_select(0, batch.logits_rows), self.norm, eps)
         return F.linear(h, self.lm_head).float()
