@@ -160,3 +160,55 @@ def test_bad_values_are_one_line_errors(argv, needle, capsys):
     assert code in (1, 2)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+
+
+_SIM = ["simulate", "--num-requests", "10", "--linear-cost", "5,50"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--max-long-partial-prefills", "5", "--max-num-partial-prefills", "2"],
+         "--max-long-partial-prefills 5 must be <= --max-num-partial-prefills 2"),
+        (["--long-prefill-token-threshold", "256"], "--long-prefill-token-threshold 256 applies when"),
+        (["--step-time-target", "0"], "--step-time-target: must be a duration > 0"),
+        (["--disaggregate", "1:1", "--router", "nope"], "--router: invalid choice: 'nope'"),
+        (["--affinity-load-factor", "-1"], "--affinity-load-factor -1: must be >= 1"),
+        (["--replicas", "2", "--router", "prefix-affinity", "--affinity-load-margin", "-5"],
+         "--affinity-load-margin -5: must be >= 0"),
+        (["--prefix-affinity-threshold", "-1"], "--prefix-affinity-threshold -1: must be >= 0"),
+        (["--replicas", "2", "--affinity-load-factor", "2"],
+         "--affinity-load-factor applies to --router prefix-affinity"),
+        (["--router-seed", "3"], "--router-seed applies to --router random"),
+        (["--prefill-tp", "2"], "--prefill-tp applies to --disaggregate"),
+        (["--decode-budget", "64"], "--decode-budget applies to --disaggregate"),
+        (["--interconnect", "nvlink"], "--interconnect applies to --disaggregate"),
+        (["--link-latency", "5"], "--link-latency applies to --disaggregate"),
+        (["--disaggregate", "1:1", "--link-bandwidth", "-5"], "--link-bandwidth -5: must be a number of GB/s > 0"),
+        (["--disaggregate", "1:1", "--link-latency", "-1"], "--link-latency -1: must be a number of us >= 0"),
+        (["--disaggregate", "1:1", "--scheduler", "paged", "--prefix-caching"],
+         "--disaggregate does not take --prefix-caching"),
+        (["--disaggregate", "1:1", "--max-num-partial-prefills", "2", "--long-prefill-token-threshold", "100"],
+         "--disaggregate does not take --max-num-partial-prefills"),
+    ],
+)
+def test_simulate_usage_errors_name_the_flag_as_typed(argv, needle, capsys, tmp_path):
+    """Contradictory, out-of-range or ignored flags: exit 2, one line naming the flag (values as typed), and
+    nothing written, not even the --out directory."""
+    out = tmp_path / "out"
+    try:
+        code = main([*_SIM, *argv, "--out", str(out)])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert not out.exists()
+
+
+def test_disaggregate_search_with_out_creates_nothing(capsys, tmp_path):
+    """--disaggregate search refuses --out before creating the directory."""
+    out = tmp_path / "out"
+    assert main([*_SIM, "--disaggregate", "search", "--replicas", "2", "--out", str(out)]) == 2
+    assert "--records and --out write one run" in capsys.readouterr().err
+    assert not out.exists()

@@ -247,8 +247,31 @@ def test_cli_bad_replicas_and_router(capsys):
         main(["simulate", "--replicas", "0"])
     assert exc.value.code == 2
     assert "--replicas: expected an integer >= 1, got 0" in capsys.readouterr().err
-    assert main(["simulate", "--replicas", "2", "--router", "fastest", "--num-requests", "10"]) == 2
-    assert "--router: unknown router 'fastest'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--replicas", "2", "--router", "fastest", "--num-requests", "10"])
+    assert exc.value.code == 2
+    assert "--router: invalid choice: 'fastest'" in capsys.readouterr().err
+
+
+def test_cli_records_and_steps_have_a_replica_column(tmp_path, capsys, monkeypatch):
+    """`--replicas 2 --records --out`: the requests CSVs say which replica served each request, the steps
+    CSV which replica ran each step, its step counted per replica."""
+    import csv
+
+    from stallfree.sim import plots
+
+    for name in ("plot_cdfs", "plot_timeline", "plot_replica_timeline"):
+        monkeypatch.setattr(plots, name, lambda *a, **kw: None)
+    rec, out = tmp_path / "r.csv", tmp_path / "out"
+    assert main(["simulate", "--replicas", "2", "--router", "round-robin", "--num-requests", "10", "--linear-cost",
+                 "5,50", "--records", str(rec), "--out", str(out), "--json"]) == 0
+    capsys.readouterr()
+    for path in (rec, out / "requests-chunked-reserve.csv"):
+        rows = list(csv.DictReader(path.read_text().splitlines()))
+        assert [r["replica"] for r in rows] == ["0", "1"] * 5
+    steps = list(csv.DictReader((out / "steps-chunked-reserve.csv").read_text().splitlines()))
+    assert {r["replica"] for r in steps} == {"0", "1"}
+    assert [r["step"] for r in steps if r["replica"] == "1"][0] == "0"
 
 
 def test_cli_json_runs0_is_the_cluster(capsys):

@@ -199,3 +199,42 @@ def test_cost_model_still_pays_attention_over_the_cached_prefix():
                         decode_context_sum=0, token_budget=2048)
 
     assert model.step_time(plan(4096)) > model.step_time(plan(0))
+
+
+def test_cli_compare_caching_on_a_cluster_writes_both_runs_and_shows_the_cache(tmp_path, capsys, monkeypatch):
+    """--compare-caching --replicas 2: both runs are the 2-replica cluster (round-robin: 3 requests each, so
+    2 hits of 512 tokens per replica), the runs get distinct file tags (-cache), the table shows the hit rate,
+    its bound and the evictions, and the "wrote" line names the real files."""
+    from stallfree.cli import main
+    from stallfree.sim import plots
+
+    for name in ("plot_cdfs", "plot_timeline", "plot_replica_timeline"):
+        monkeypatch.setattr(plots, name, lambda *a, **kw: None)
+    p = write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
+                         for i in range(6)])
+    base = ["simulate", "--trace", str(p), "--scheduler", "paged", "--compare-caching", "--linear-cost", "10,100",
+            "--replicas", "2", "--router", "round-robin"]
+    assert main([*base, "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [len(r["replicas"]) for r in runs] == [2, 2]
+    assert runs[1]["prefix_cache_hit_rate"] == pytest.approx(4 * 512 / 3600)
+    out, rec = tmp_path / "out", tmp_path / "r.csv"
+    assert main([*base, "--out", str(out), "--records", str(rec)]) == 0
+    text = capsys.readouterr().out
+    for row in ("prefix cache hit rate", "56.9%", "prefix cache hit bound (infinite cache)", "71.1%",
+                "prefix cache evictions"):
+        assert row in text
+    assert (f"wrote {out}/summary.json, requests-chunked-paged.csv, steps-chunked-paged.csv, "
+            "requests-chunked-paged-cache.csv, steps-chunked-paged-cache.csv") in text
+    assert sorted(f.name for f in tmp_path.glob("r-*.csv")) == ["r-chunked-paged-cache.csv", "r-chunked-paged.csv"]
+    assert (out / "requests-chunked-paged.csv").read_text() != (out / "requests-chunked-paged-cache.csv").read_text()
+
+
+def test_cli_prefix_caching_without_block_hashes_says_nothing_can_hit(tmp_path, capsys):
+    """--prefix-caching on a trace without prefix ids runs, with a note on stderr that nothing can hit."""
+    from stallfree.cli import main
+
+    p = write(tmp_path, ["arrival_time,prompt_len,output_len", "0,100,2", "1,100,2"], name="t.csv")
+    assert main(["simulate", "--trace", str(p), "--trace-format", "csv", "--scheduler", "paged", "--prefix-caching",
+                 "--linear-cost", "10,100", "--json"]) == 0
+    assert "note: --prefix-caching: " in capsys.readouterr().err

@@ -164,9 +164,11 @@ def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float
 
 def run_tag(res: SimResult) -> str:
     """The name of a run in file names: its batching mode and KV policy ("chunked-reserve",
-    "chunked-paged", "no-chunk-reserve"), with "-time" in time budget mode."""
+    "chunked-paged", "no-chunk-reserve"), with "-time" in time budget mode and "-cache" for a run
+    marked config["prefix_caching"] (simulate marks its runs with prefix caching on)."""
     tag = f"{res.config.get('batching', res.label)}-{res.config.get('kv', 'reserve')}"
-    return tag + ("-time" if res.config.get("step_time_target_s") is not None else "")
+    tag += "-time" if res.config.get("step_time_target_s") is not None else ""
+    return tag + ("-cache" if res.config.get("prefix_caching") else "")
 
 
 def write_experiment(out: Path, study: Experiment) -> list[str]:

@@ -208,19 +208,23 @@ def summarize_result(
     return out
 
 
-def request_records(res: SimResult) -> list[dict[str, Any]]:
+def request_records(res: SimResult, replica: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """One dict per request: rid, arrival_s, prompt_len, max_new, output_tokens, admitted_s,
     first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms, queue_ms, finish_reason, rejected (the
     message), rejected_reason ("context_length", "kv_capacity" or None).
-    Times are None for rejected requests; tpot_ms is None below 2 tokens."""
+    Times are None for rejected requests; tpot_ms is None below 2 tokens. With `replica` (a
+    cluster's replica per request, -1 for one refused at arrival) a `replica` column follows rid
+    (None where -1)."""
     start, end = res.step_start, res.step_end
     rejected = dict(res.rejected)
     rows = []
     for r in range(res.num_requests):
         a, f, adm = res.first_step[r], res.finish_step[r], res.admit_step[r]
         arr = res.arrival[r]
-        row: dict[str, Any] = {
-            "rid": r,
+        row: dict[str, Any] = {"rid": r}
+        if replica is not None:
+            row["replica"] = replica[r] if replica[r] >= 0 else None
+        row |= {
             "arrival_s": arr,
             "prompt_len": res.prompt_len[r],
             "max_new": res.max_new[r],
@@ -241,14 +245,22 @@ def request_records(res: SimResult) -> list[dict[str, Any]]:
     return rows
 
 
-def step_records(res: SimResult) -> Iterable[dict[str, Any]]:
+def step_records(res: SimResult, step_base: Sequence[int] | None = None) -> Iterable[dict[str, Any]]:
     """One dict per step: step, start_s, end_s, num_tokens, num_decodes, prefill_tokens,
-    kv_used_tokens, kv_utilization, num_waiting."""
+    kv_used_tokens, kv_utilization, num_waiting. With `step_base` (a merged cluster result's first
+    row per replica, N + 1 entries) each row starts with its `replica`, and `step` counts that
+    replica's own steps."""
     kv_total = res.kv_total or 1
+    k = 0
     for s in range(res.num_steps):
         tok, dec, kv = res.step_tokens[s], res.step_decodes[s], res.step_kv_used[s]
-        yield {
-            "step": s,
+        row: dict[str, Any] = {}
+        if step_base is not None:
+            while s >= step_base[k + 1]:
+                k += 1
+            row = {"replica": k}
+        yield row | {
+            "step": s - (step_base[k] if step_base is not None else 0),
             "start_s": res.step_start[s],
             "end_s": res.step_end[s],
             "num_tokens": tok,
@@ -260,13 +272,14 @@ def step_records(res: SimResult) -> Iterable[dict[str, Any]]:
         }
 
 
-def write_records(res: SimResult, path: Path) -> None:
-    """Write the per-request records to `path`: JSON if it ends in .json, else CSV.
+def write_records(res: SimResult, path: Path, replica: Sequence[int] | None = None) -> None:
+    """Write the per-request records to `path`: JSON if it ends in .json, else CSV (with `replica`,
+    a cluster's replica per request: a replica column, as request_records).
 
     Raises:
         OSError: the file cannot be written.
     """
-    rows = request_records(res)
+    rows = request_records(res, replica)
     if path.suffix == ".json":
         path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         return
@@ -276,8 +289,9 @@ def write_records(res: SimResult, path: Path) -> None:
         writer.writerows(rows)
 
 
-def write_steps_csv(res: SimResult, path: Path) -> None:
-    """Write the per-step records (KV utilisation over time, tokens per step) as CSV.
+def write_steps_csv(res: SimResult, path: Path, step_base: Sequence[int] | None = None) -> None:
+    """Write the per-step records (KV utilisation over time, tokens per step) as CSV (with
+    `step_base`, a cluster's: a replica column, as step_records).
 
     Raises:
         OSError: the file cannot be written.
@@ -286,6 +300,7 @@ def write_steps_csv(res: SimResult, path: Path) -> None:
         writer = csv.DictWriter(
             fh,
             fieldnames=[
+                *(["replica"] if step_base is not None else []),
                 "step",
                 "start_s",
                 "end_s",
@@ -298,7 +313,7 @@ def write_steps_csv(res: SimResult, path: Path) -> None:
             ],
         )
         writer.writeheader()
-        writer.writerows(step_records(res))
+        writer.writerows(step_records(res, step_base))
 
 
 _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
@@ -330,6 +345,9 @@ _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("max_kv_utilization", "KV utilization max", "{:.1%}"),
     ("num_preemptions", "preemptions", "{:,}"),
     ("num_recomputed_tokens", "recomputed tokens", "{:,}"),
+    ("prefix_cache_hit_rate", "prefix cache hit rate", "{:.1%}"),
+    ("prefix_cache_hit_rate_bound", "prefix cache hit bound (infinite cache)", "{:.1%}"),
+    ("prefix_cache_evictions", "prefix cache evictions", "{:,}"),
     ("num_steps", "steps", "{:,}"),
     ("sim_wall_s", "simulation wall time (s)", "{:,.2f}"),
 )
@@ -368,6 +386,13 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         table.add_column(str(s.get("label", "")), justify="right")
     for key, name, spec in _TABLE_ROWS:
         if all(s.get(key) is None for s in summaries) and key in ("request_goodput", "slo_attainment"):
+            continue
+        # The cache rows when caching is on in any run; "-" in a run without it.
+        if key.startswith("prefix_cache_") and all(s.get("prefix_cache_hit_rate") is None for s in summaries):
+            continue
+        if key.startswith("prefix_cache_"):
+            table.add_row(name, *(_fmt(_value(s, key) if s.get("prefix_cache_hit_rate") is not None else None, spec)
+                                  for s in summaries))
             continue
         table.add_row(name, *(_fmt(_value(s, key), spec) for s in summaries))
     console().print(table)

@@ -33,6 +33,7 @@ __all__ = [
     "CliError",
     "add_common",
     "add_executor_flags",
+    "check_partial_prefill_flags",
     "duration",
     "ensure_writable_dir",
     "ensure_writable_file",
@@ -40,6 +41,7 @@ __all__ = [
     "guard",
     "hardware_options",
     "modes",
+    "positive_duration",
     "rejection_warning",
     "warn_rejections",
     "setup_from_args",
@@ -61,6 +63,14 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_duration(text: str) -> float:
+    """An argparse type: a duration > 0 ("50ms", "1s", bare = ms), in seconds."""
+    value = duration(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a duration > 0 (50ms, 1s; bare = ms), got {text!r}")
+    return value
 
 
 def modes(text: str) -> list[str]:
@@ -201,8 +211,31 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
     )
 
 
+def check_partial_prefill_flags(args: argparse.Namespace) -> None:
+    """Refuse partial-prefill options that contradict each other, naming the flags as typed.
+
+    Raises:
+        CliError: --max-long-partial-prefills above --max-num-partial-prefills, or L or T given
+            while --max-num-partial-prefills is 1 (exit 2).
+    """
+    k = getattr(args, "max_num_partial_prefills", 1)
+    long_ = getattr(args, "max_long_partial_prefills", None)
+    thr = getattr(args, "long_prefill_token_threshold", None)
+    if long_ is not None and long_ > k:
+        raise CliError(f"--max-long-partial-prefills {long_} must be <= --max-num-partial-prefills {k}", 2)
+    if k == 1:
+        for flag, value in (("--max-long-partial-prefills", long_), ("--long-prefill-token-threshold", thr)):
+            if value is not None:
+                raise CliError(f"{flag} {value} applies when --max-num-partial-prefills is > 1 (it is 1)", 2)
+
+
 def setup_from_args(args: argparse.Namespace) -> Setup:
-    """The Setup of a parsed command line (scheduler options default where a command has none)."""
+    """The Setup of a parsed command line (scheduler options default where a command has none).
+
+    Raises:
+        CliError: contradictory partial-prefill options (check_partial_prefill_flags).
+    """
+    check_partial_prefill_flags(args)
     return Setup(
         workload_options(args),
         hardware_options(args),

@@ -17,10 +17,11 @@ from stallfree._argtypes import int_list, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
-    duration,
+    check_partial_prefill_flags,
     ensure_writable_dir,
     ensure_writable_file,
     guard,
+    positive_duration,
     rejection_warning,
     setup_from_args,
 )
@@ -58,7 +59,7 @@ def register(subparsers: Any) -> None:
     )
     g.add_argument(
         "--step-time-target",
-        type=duration,
+        type=positive_duration,
         metavar="T",
         help="time budget mode: each step takes the most tokens whose predicted time stays under T "
         "(50ms; bare = ms), given the running decodes' context lengths",
@@ -106,37 +107,30 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{flag} needs --scheduler paged (cached blocks are paged KV blocks)", 2)
     if args.compare_caching and args.compare:
         raise CliError("--compare-caching and --compare are exclusive", 2)
+    _check_flags(args)
     # Before the simulation, not after it: a bad output path fails at once.
     if args.out:
         ensure_writable_dir(args.out, "--out")
     if args.records:
         ensure_writable_file(args.records, "--records")
+    caching = args.prefix_caching or args.compare_caching
     if args.compare_caching:
         args.prefix_caching = False
     setup = setup_from_args(args)
+    if caching and setup.workload.prefix_ids is None:
+        flag = "--compare-caching" if args.compare_caching else "--prefix-caching"
+        print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
+              "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
     if args.disaggregate is not None:
         return _run_disagg(args, setup)
-    cluster = None
-    if _is_cluster(args):
-        study, cluster = _run_cluster(args, setup)
-    else:
-        study = run_experiment(
-            setup,
-            batching=list(BATCHING_MODES) if args.compare else args.batching,
-            budget=args.budget,
-            step_time_target=args.step_time_target,
-            check=args.check,
-            slo_ttft=args.slo_ttft,
-            slo_tpot=args.slo_tpot,
-        )
+    study, clusters = _run_once(args, setup)
     if args.compare_caching:
+        # The same replicas and router as the caching-off run: only the cache differs.
         setup.prefix_caching = True
-        on = run_experiment(
-            setup, batching=args.batching, budget=args.budget, step_time_target=args.step_time_target,
-            check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
-        )
+        on, on_clusters = _run_once(args, setup)
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
+        clusters.extend(on_clusters)
     if args.json:
         print(json.dumps({"header": study.header, "runs": study.summaries}, indent=1))
     else:
@@ -152,12 +146,96 @@ def run(args: argparse.Namespace) -> int:
             if args.check and res.config.get("batching", "chunked") == "chunked":
                 print(f"{res.label}: every scheduler invariant held after each of {res.num_steps:,} steps")
     if args.records:
-        for res in study.results:
+        for res, cluster in zip(study.results, clusters, strict=True):
             path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
-            write_records(res, path)
+            write_records(res, path, cluster.routed if cluster is not None else None)
     if args.out:
-        _write_out(args.out, study, cluster, quiet_stdout=args.json)
+        _write_out(args.out, study, clusters, quiet_stdout=args.json)
     return 0
+
+
+def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
+    """The study of the setup as it stands (one replica or the cluster), and per result its
+    ClusterResult (None for a single replica). A run with prefix caching is marked
+    config["prefix_caching"], which gives its files the "-cache" tag."""
+    clusters: list[Any]
+    if _is_cluster(args):
+        study, cluster = _run_cluster(args, setup)
+        clusters = [cluster]
+    else:
+        study = run_experiment(
+            setup,
+            batching=list(BATCHING_MODES) if args.compare else args.batching,
+            budget=args.budget,
+            step_time_target=args.step_time_target,
+            check=args.check,
+            slo_ttft=args.slo_ttft,
+            slo_tpot=args.slo_tpot,
+        )
+        clusters = [None] * len(study.results)
+    if setup.prefix_caching:
+        for res, summary in zip(study.results, study.summaries, strict=True):
+            res.config["prefix_caching"] = summary["prefix_caching"] = True
+    return study, clusters
+
+
+#: Flags of --disaggregate P:D alone.
+_DISAGG_FLAGS = (
+    ("--prefill-tp", "prefill_tp"), ("--decode-tp", "decode_tp"), ("--interconnect", "interconnect"),
+    ("--prefill-budget", "prefill_budget"), ("--decode-budget", "decode_budget"),
+    ("--link-bandwidth", "link_bandwidth"), ("--link-latency", "link_latency"),
+)
+#: Flags of --router prefix-affinity alone.
+_AFFINITY_FLAGS = (
+    ("--prefix-affinity-threshold", "prefix_affinity_threshold", 0),
+    ("--affinity-load-factor", "affinity_load_factor", 1),
+    ("--affinity-load-margin", "affinity_load_margin", 0),
+)
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Refuse, before anything runs or is written, values out of range and flags of another mode
+    given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
+    check_partial_prefill_flags(args)
+    for flag, name, low in _AFFINITY_FLAGS:
+        value = getattr(args, name)
+        if value is not None and not value >= low:
+            raise CliError(f"{flag} {value:g}: must be >= {low}", 2)
+    if args.link_bandwidth is not None and not 0 < args.link_bandwidth < math.inf:
+        raise CliError(f"--link-bandwidth {args.link_bandwidth:g}: must be a number of GB/s > 0", 2)
+    if args.link_latency is not None and not 0 <= args.link_latency < math.inf:
+        raise CliError(f"--link-latency {args.link_latency:g}: must be a number of us >= 0", 2)
+    disagg = args.disaggregate is not None
+    if not disagg:
+        for flag, name in _DISAGG_FLAGS:
+            if getattr(args, name) is not None:
+                raise CliError(f"{flag} applies to --disaggregate P:D (or search): add it or drop {flag}", 2)
+    router = args.router or ("least-outstanding" if disagg or args.replicas > 1 else None)
+    for flag, name, _ in _AFFINITY_FLAGS:
+        if getattr(args, name) is not None and (router != "prefix-affinity" or disagg):
+            where = "without --disaggregate" if disagg else f"(the router is {router or 'none: one replica'})"
+            raise CliError(f"{flag} applies to --router prefix-affinity {where}: drop {flag}", 2)
+    if args.router_seed is not None and router != "random":
+        raise CliError(f"--router-seed applies to --router random (the router is {router or 'none: one replica'})"
+                       ": drop --router-seed", 2)
+    if args.compare and _is_cluster(args) and not disagg:
+        raise CliError("--compare runs one replica: drop --replicas and --router", 2)
+    if not disagg:
+        return
+    search = args.disaggregate == "search"
+    if args.compare or (args.replicas > 1 and not search) or args.step_time_target is not None \
+            or args.batching != "chunked":
+        raise CliError("--disaggregate P:D sets the replicas and runs chunked batching: drop --compare, --replicas, "
+                       "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
+    if search and (args.records or args.out):
+        raise CliError("--records and --out write one run: give --disaggregate P:D, not search", 2)
+    unsupported = [
+        ("--prefix-caching", args.prefix_caching), ("--compare-caching", args.compare_caching),
+        ("--max-num-partial-prefills", args.max_num_partial_prefills != 1),
+    ]
+    for flag, given in unsupported:
+        if given:
+            raise CliError(f"--disaggregate does not take {flag} in this version: drop {flag}", 2)
 
 
 def _add_cluster_flags(sim: Any) -> None:
@@ -172,24 +250,24 @@ def _add_cluster_flags(sim: Any) -> None:
     c = sim.add_argument_group("cluster (docs/cluster.md)")
     c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
     c.add_argument(
-        "--router", default=None, metavar="NAME",
+        "--router", default=None, metavar="NAME", choices=ROUTERS,
         help=f"{' | '.join(ROUTERS)} (default least-outstanding when --replicas > 1)",
     )
-    c.add_argument("--router-seed", type=int, default=DEFAULT_ROUTER_SEED,
+    c.add_argument("--router-seed", type=int, default=None,
                    help=f"random router: its seed (default {DEFAULT_ROUTER_SEED})")
     c.add_argument(
-        "--prefix-affinity-threshold", type=int, default=DEFAULT_PREFIX_THRESHOLD, metavar="TOKENS",
+        "--prefix-affinity-threshold", type=int, default=None, metavar="TOKENS",
         help="prefix-affinity: cached-prefix tokens a replica needs to win a request "
         f"(default {DEFAULT_PREFIX_THRESHOLD})",
     )
     c.add_argument(
-        "--affinity-load-factor", type=float, default=DEFAULT_AFFINITY_LOAD_FACTOR, metavar="F",
+        "--affinity-load-factor", type=float, default=None, metavar="F",
         help="prefix-affinity: a replica wins on its cache only while its unfinished requests are <= "
         f"max(F x the least loaded's, that + --affinity-load-margin) (default {DEFAULT_AFFINITY_LOAD_FACTOR:g}; "
         "inf: no cap)",
     )
     c.add_argument(
-        "--affinity-load-margin", type=int, default=DEFAULT_AFFINITY_LOAD_MARGIN, metavar="N",
+        "--affinity-load-margin", type=int, default=None, metavar="N",
         help=f"prefix-affinity: the cap's absolute margin, requests (default {DEFAULT_AFFINITY_LOAD_MARGIN})",
     )
     from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
@@ -203,7 +281,7 @@ def _add_cluster_flags(sim: Any) -> None:
     c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
     c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
     c.add_argument(
-        "--interconnect", choices=sorted(INTERCONNECTS), default=DEFAULT_INTERCONNECT,
+        "--interconnect", choices=sorted(INTERCONNECTS), default=None,
         help=f"the link KV crosses (default {DEFAULT_INTERCONNECT}: "
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].bandwidth_bytes_per_s / 1e9:g} GB/s, "
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].latency_s * 1e6:g} us per transfer)",
@@ -227,6 +305,7 @@ def _add_cluster_flags(sim: Any) -> None:
 def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     from stallfree.sim.cluster import ClusterError
     from stallfree.sim.disagg import (
+        DEFAULT_INTERCONNECT,
         INTERCONNECTS,
         Interconnect,
         parse_disaggregate,
@@ -237,13 +316,7 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     from stallfree.sim.report import print_table
 
     search = args.disaggregate == "search"
-    if args.compare or (args.replicas > 1 and not search) or args.step_time_target is not None \
-            or args.batching != "chunked":
-        raise CliError("--disaggregate P:D sets the replicas and runs chunked batching: drop --compare, --replicas, "
-                       "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
-    if search and (args.records or args.out):
-        raise CliError("--records and --out write one run: give --disaggregate P:D, not search", 2)
-    base = INTERCONNECTS[args.interconnect]
+    base = INTERCONNECTS[args.interconnect or DEFAULT_INTERCONNECT]
     link = Interconnect(
         base.name if args.link_bandwidth is None and args.link_latency is None else "custom",
         base.bandwidth_bytes_per_s if args.link_bandwidth is None else args.link_bandwidth * 1e9,
@@ -322,14 +395,29 @@ def _is_cluster(args: argparse.Namespace) -> bool:
 
 
 def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]:
-    from stallfree.sim.cluster import ClusterError, make_router, run_cluster_study
+    from stallfree.sim.cluster import (
+        DEFAULT_AFFINITY_LOAD_FACTOR,
+        DEFAULT_AFFINITY_LOAD_MARGIN,
+        DEFAULT_PREFIX_THRESHOLD,
+        DEFAULT_ROUTER_SEED,
+        ClusterError,
+        make_router,
+        run_cluster_study,
+    )
 
-    if args.compare:
-        raise CliError("--compare runs one replica: drop --replicas and --router", 2)
     name = args.router or "least-outstanding"
+
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
     try:
-        router = make_router(name, args.router_seed, args.prefix_affinity_threshold, args.affinity_load_factor,
-                             args.affinity_load_margin)
+        # A fresh router per run: round-robin and random keep state.
+        router = make_router(
+            name, given(args.router_seed, DEFAULT_ROUTER_SEED),
+            given(args.prefix_affinity_threshold, DEFAULT_PREFIX_THRESHOLD),
+            given(args.affinity_load_factor, DEFAULT_AFFINITY_LOAD_FACTOR),
+            given(args.affinity_load_margin, DEFAULT_AFFINITY_LOAD_MARGIN),
+        )
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
     study, cluster = run_cluster_study(
@@ -385,15 +473,21 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         print(f"note: {note}")
 
 
-def _write_out(out: Path, study: Experiment, cluster: Any = None, *, quiet_stdout: bool = False) -> None:
-    write_experiment(out, study)
+def _write_out(out: Path, study: Experiment, clusters: list[Any], *, quiet_stdout: bool = False) -> None:
+    from stallfree.sim.report import write_records, write_steps_csv
+
+    names = write_experiment(out, study)
+    for res, cluster in zip(study.results, clusters, strict=True):
+        if cluster is not None:
+            # A cluster's records say which replica served each request and ran each step.
+            tag = run_tag(res)
+            write_records(res, out / f"requests-{tag}.csv", cluster.routed)
+            write_steps_csv(res, out / f"steps-{tag}.csv", cluster.step_base)
+    cluster = clusters[0] if len(clusters) == 1 else None
     if cluster is not None and len(cluster.replicas) > 1:
         # A cluster's timeline: a line per replica, not every replica's steps binned together.
         from stallfree.sim import plots
 
         plots.plot_replica_timeline(cluster.replicas, out / "timeline.png", plots.plot_context(study.header))
     # Under --json, stdout carries the JSON document alone.
-    print(
-        f"wrote {out}/summary.json, requests-*.csv, steps-*.csv, cdf.png, timeline.png",
-        file=sys.stderr if quiet_stdout else sys.stdout,
-    )
+    print(f"wrote {out}/{', '.join(names)}", file=sys.stderr if quiet_stdout else sys.stdout)
