@@ -28,6 +28,7 @@ from stallfree.sim.commands.common import (
 )
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.sweep import sweep, write_sweep
+from stallfree.sim.tune import check_partial_prefill_flags
 
 __all__ = ["register", "run"]
 
@@ -84,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
             if values is not None and len(values) > 1:
                 raise CliError(f"{flag} {_join(values)}: a --kv-tokens list sweeps KV capacity at one value; "
                                "give one", code=2)
+    paged = args.prefix_caching or getattr(args, "scheduler", None) == "paged"
+    problem = check_partial_prefill_flags(args.max_num_partial_prefills, args.max_long_partial_prefills,
+                                          args.long_prefill_token_threshold, args.block_size if paged else None)
+    if problem is not None:
+        raise CliError(problem, code=2)
     if args.out:
         ensure_writable_dir(args.out, "--out")
     if isinstance(kv_list, list) and len(kv_list) > 1:
