@@ -267,3 +267,19 @@ def test_kv_sweep_rows_mark_hit_rates_preemption_inflates():
     assert "readmissions" in lines[-1]
     assert [_tokens_label(x) for x in (100, 10_000, 1_500_000)] == ["100", "10k", "1.5M"]
     assert [_two_five_label(y) for y in (20.0, 0.5, 3.0)] == ["20", "0.5", ""]
+
+
+def test_kv_sweep_first_admission_hit_rate_leaves_readmissions_out(capsys):
+    """20 Mooncake requests on 200,000 tokens: requests are preempted and their readmissions push the hit
+    rate far above the infinite-cache bound; over first admissions alone it is the bound (nothing
+    evicted that a first admission needed). The row is marked; with no preemption the two rates agree."""
+    from stallfree.cli import main
+
+    assert main(["sweep", "--trace", "mooncake", "--num-requests", "20", "--prefix-caching",
+                 "--kv-tokens", "200000,4000000", "--json"]) == 0
+    small, large = json.loads(capsys.readouterr().out)["rows"]
+    assert small["num_preemptions"] > 0 and small["hit_rate_inflated_by_preemption"]
+    assert small["prefix_cache_hit_rate"] > 2 * small["prefix_cache_hit_rate_bound"]
+    assert small["prefix_cache_hit_rate_first_admission"] == pytest.approx(small["prefix_cache_hit_rate_bound"])
+    assert large["num_preemptions"] == 0 and not large["hit_rate_inflated_by_preemption"]
+    assert large["prefix_cache_hit_rate_first_admission"] == pytest.approx(large["prefix_cache_hit_rate"])

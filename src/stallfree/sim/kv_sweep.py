@@ -19,7 +19,8 @@ __all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_lines", "kv_sweep_title", "plo
 
 #: The keys of each kv_sweep row.
 KV_SWEEP_KEYS = (
-    "kv_tokens", "prefix_caching", "prefix_cache_hit_rate", "prefix_cache_hit_rate_bound",
+    "kv_tokens", "prefix_caching", "prefix_cache_hit_rate", "prefix_cache_hit_rate_first_admission",
+    "prefix_cache_hit_rate_bound",
     "prefix_cache_evictions", "median_ttft_ms", "p99_ttft_ms", "request_throughput", "output_throughput",
     "num_preemptions", "rejected", "num_requests", "hit_rate_inflated_by_preemption", "hardware",
 )
@@ -46,6 +47,7 @@ def kv_sweep(
         caching; latencies in ms, None when every request was rejected; throughput in requests/s and
         tokens/s; "hit_rate_inflated_by_preemption": caching on and requests preempted, whose
         readmissions count as lookups and hits, so that the rate can pass the infinite-cache bound;
+        "prefix_cache_hit_rate_first_admission": the rate over first admissions only;
         "hardware": the setup's description of the replica, model, GPUs and dtype first).
 
     Raises:
@@ -61,6 +63,8 @@ def kv_sweep(
         summary = study.summaries[0]
         row = {key: summary.get(key) for key in KV_SWEEP_KEYS}
         row["kv_tokens"] = setup.kv_tokens
+        if row["prefix_cache_hit_rate"] is not None:
+            row["prefix_cache_hit_rate_first_admission"] = study.results[0].prefix_cache_hit_rate_first_admission
         row["prefix_caching"] = setup.prefix_caching
         row["rejected"] = summary.get("rejected", 0)
         row["hit_rate_inflated_by_preemption"] = bool(setup.prefix_caching and summary.get("num_preemptions"))
@@ -99,12 +103,13 @@ def kv_sweep_lines(rows: Sequence[dict[str, Any]], title: str) -> list[str]:
     line per size; "-" for figures a run lacks (every request rejected, or caching off); rows whose hit
     rate readmissions after preemption inflate end in "*"."""
     lines = [f"kv sweep: {kv_sweep_title(rows, title).replace(chr(10), '; ')}"]
-    lines.append(f"{'KV tokens':>13}  {'hit rate':>8}  {'bound':>6}  {'TTFT p50 ms':>11}  {'TTFT p99 ms':>11}  "
-                 f"{'req/s':>7}  {'evictions':>9}  {'preempted':>9}  {'rejected':>8}")
+    lines.append(f"{'KV tokens':>13}  {'hit rate':>8}  {'1st adm.':>8}  {'bound':>6}  {'TTFT p50 ms':>11}  "
+                 f"{'TTFT p99 ms':>11}  {'req/s':>7}  {'evictions':>9}  {'preempted':>9}  {'rejected':>8}")
     for r in rows:
         mark = " *" if preemption_inflated(r) else ""
         lines.append(
             f"{r['kv_tokens']:>13,}  {_fmt(r.get('prefix_cache_hit_rate'), '.1%'):>8}  "
+            f"{_fmt(r.get('prefix_cache_hit_rate_first_admission'), '.1%'):>8}  "
             f"{_fmt(r.get('prefix_cache_hit_rate_bound'), '.1%'):>6}  {_fmt(r.get('median_ttft_ms'), ',.0f'):>11}  "
             f"{_fmt(r.get('p99_ttft_ms'), ',.0f'):>11}  {_fmt(r.get('request_throughput'), '.3f'):>7}  "
             f"{_fmt(r.get('prefix_cache_evictions'), ','):>9}  {_fmt(r.get('num_preemptions'), ','):>9}  "
@@ -163,6 +168,11 @@ def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Non
                       if r.get("prefix_cache_hit_rate_bound") is not None), None)
         if bound is not None:
             ax1.axhline(bound, ls="--", color="gray", label=f"infinite cache ({bound:.1%})")
+        first = [(r["kv_tokens"], r["prefix_cache_hit_rate_first_admission"]) for r in rows
+                 if r.get("prefix_cache_hit_rate_first_admission") is not None]
+        if first and any(preemption_inflated(r) for r in rows):
+            ax1.plot([p[0] for p in first], [p[1] for p in first], "^:", color="tab:green",
+                     label="first admissions only")
         inflated = [p for p in pts if p[2]]
         if inflated:
             ax1.plot([p[0] for p in inflated], [p[1] for p in inflated], "o", ms=12, mfc="none", color="tab:red",
