@@ -53,12 +53,13 @@ def register(subparsers: Any) -> None:
         help="token budgets to simulate (default 256,512,1024,2048,4096,8192; with a --kv-tokens list, "
         "one budget, default 2048)",
     )
-    p.add_argument("--rate-scales", type=positive_float_list, metavar="LIST", help="default: the --rate-scale default")
+    p.add_argument("--rate-scales", type=positive_float_list, metavar="LIST",
+                   help="default: the --rate-scale default (with a --kv-tokens list, one value at most)")
     p.add_argument(
         "--batching",
         type=modes,
         metavar="LIST",
-        help="comma-separated modes (default all three)",
+        help="comma-separated modes (default all three; with a --kv-tokens list, one, default chunked)",
     )
     p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     add_executor_flags(p)
@@ -182,7 +183,7 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
         rows = kv_sweep(make, sizes, budget, progress=lambda k, n: bar.update(task, completed=k, total=n),
                         batching=batching)
     requests = rows[0].get("num_requests") if rows else None
-    trace = Path(str(getattr(args, "trace", None) or "workload")).name
+    trace = made[0].workload.name if made else Path(str(getattr(args, "trace", None) or "workload")).name
     title = f"{trace}: {requests:,} requests" if requests else trace
     title += f", rate x{made[0].rate_scale:g}, budget {budget:,}"
     if batching != "chunked":
