@@ -185,7 +185,7 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
     requests = rows[0].get("num_requests") if rows else None
     trace = made[0].workload.name if made else Path(str(getattr(args, "trace", None) or "workload")).name
     title = f"{trace}: {requests:,} requests" if requests else trace
-    title += f", rate x{made[0].rate_scale:g}, budget {budget:,}"
+    title += f", rate x{made[0].rate_scale if made else args.rate_scale or 1:g}, budget {budget:,}"
     if batching != "chunked":
         title += f", {batching}"
     if args.prefix_caching:
