@@ -35,8 +35,10 @@ def test_generate_prompts_file_prints_in_order(tmp_path, capsys):
      (["--prompts", "/no/such/file"], 2, "No such file or directory"),
      (["--prompt", "x", "--model", "/no/such/model"], 2, "--model '/no/such/model': no such file or directory"),
      (["--prompt", "x", "--dtype", "fp64"], 2, "--dtype must be one of"),
-     (["--prompt", "x", "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0.0")],
-    ids=["temperature", "prompts_file", "model_path", "dtype", "top_p"],
+     (["--prompt", "x", "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0.0"),
+     (["--prompt", "x", "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "5"], 2,
+      "--max-long-partial-prefills (5) must be <= --max-num-partial-prefills (2)")],
+    ids=["temperature", "prompts_file", "model_path", "dtype", "top_p", "partial_prefills"],
 )
 def test_generate_errors_are_one_line(capsys, argv, code, needle):
     """Each bad argument ends with one stderr line naming it, prefixed with the command, no traceback."""

@@ -72,8 +72,12 @@ def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
     ("argv", "needle"),
     [(["--model", "/nope.gguf"], "--model '/nope.gguf': no such file or directory"),
      (["--dtype", "fp64"], "--dtype must be one of"),
-     (["--device", "gpu0"], "--device must be cpu, cuda, cuda:N or mps, got 'gpu0'")],
-    ids=["model", "dtype", "device"],
+     (["--device", "gpu0"], "--device must be cpu, cuda, cuda:N or mps, got 'gpu0'"),
+     (["--max-num-partial-prefills", "2", "--max-long-partial-prefills", "5"],
+      "--max-long-partial-prefills (5) must be <= --max-num-partial-prefills (2)"),
+     (["--max-num-partial-prefills", "2", "--long-prefill-token-threshold", "8"],
+      "--long-prefill-token-threshold (8) must be >= --block-size (16)")],
+    ids=["model", "dtype", "device", "long_over_k", "threshold_under_block"],
 )
 def test_bad_flags_refused_before_loading(monkeypatch, capsys, argv, needle):
     """Options that argparse cannot check are checked before anything is imported or loaded: exit 2, one

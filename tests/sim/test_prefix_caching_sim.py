@@ -238,3 +238,86 @@ def test_cli_prefix_caching_without_block_hashes_says_nothing_can_hit(tmp_path, 
     assert main(["simulate", "--trace", str(p), "--trace-format", "csv", "--scheduler", "paged", "--prefix-caching",
                  "--linear-cost", "10,100", "--json"]) == 0
     assert "note: --prefix-caching: " in capsys.readouterr().err
+
+def _kv_trace(tmp_path):
+    return write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
+                            for i in range(6)])
+
+
+def test_kv_sweep_with_a_size_too_small_prints_dashes_and_warns(tmp_path, capsys):
+    """A size no request fits: "-" for its figures, a stderr line with the rejections per size, the plot
+    written without it; the text starts with a header line naming the trace file (not its path), the
+    request count and the default budget 2,048."""
+    from stallfree.cli import main
+
+    out = tmp_path / "out"
+    assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--prefix-caching", "--kv-tokens", "100,100000",
+                 "--linear-cost", "10,100", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    lines = cap.out.splitlines()
+    assert lines[0].startswith("kv sweep: t.jsonl: 6 requests, rate x1, budget 2,048, prefix caching")
+    assert "rejected" in lines[1] and "preempted" in lines[1]
+    assert lines[2].split()[:4] == ["100", "-", "-", "-"] and lines[2].split()[-1] == "6"
+    assert "6 at 100" in cap.err and "Traceback" not in cap.err
+    rows = json.loads((out / "kv_sweep.json").read_text())
+    assert rows[0]["median_ttft_ms"] is None and rows[0]["rejected"] == 6
+    assert (out / "kv_sweep.png").stat().st_size > 0
+
+
+def test_kv_sweep_refuses_several_budgets_and_writes_nothing(tmp_path, capsys):
+    from stallfree.cli import main
+
+    out = tmp_path / "out"
+    for flag, value in (("--budgets", "256,512"), ("--rate-scales", "1,2"), ("--batching", "chunked,no-chunk")):
+        assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--kv-tokens", "1000,2000", flag, value,
+                     "--linear-cost", "10,100", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"{flag} {value}" in err
+    assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--max-num-partial-prefills", "2",
+                 "--max-long-partial-prefills", "9", "--linear-cost", "10,100", "--out", str(out)]) == 2
+    assert "--max-long-partial-prefills (9)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_kv_sweep_without_caching_drops_the_hit_rate_panel(tmp_path, capsys, recwarn):
+    """No --prefix-caching: TTFT only (one panel, no matplotlib warning), the JSON at budget 2,048."""
+    from stallfree.cli import main
+
+    out = tmp_path / "out"
+    assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--kv-tokens", "1000,100000", "--json",
+                 "--linear-cost", "10,100", "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_budget"] == 2048
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+    assert (out / "kv_sweep.png").stat().st_size > 0
+
+
+def test_kv_sweep_rows_mark_hit_rates_preemption_inflates():
+    """Rows show preemptions and rejections; a row with caching and preemptions is marked "*" with a
+    footnote; plain token labels for the log axes."""
+    from stallfree.sim.kv_sweep import _tokens_label, _two_five_label, kv_sweep_lines
+
+    base = {"prefix_cache_hit_rate": 0.25, "prefix_cache_hit_rate_bound": 0.08, "median_ttft_ms": 10.0,
+            "p99_ttft_ms": 20.0, "request_throughput": 1.0, "prefix_cache_evictions": 3, "rejected": 0}
+    rows = [dict(base, kv_tokens=10_000, num_preemptions=4, hit_rate_inflated_by_preemption=True),
+            dict(base, kv_tokens=1_000_000, num_preemptions=0, hit_rate_inflated_by_preemption=False)]
+    lines = kv_sweep_lines(rows, "t")
+    assert lines[2].endswith("*") and lines[2].split()[-3:] == ["4", "0", "*"] and not lines[3].endswith("*")
+    assert "readmissions" in lines[-1]
+    assert [_tokens_label(x) for x in (100, 10_000, 1_500_000)] == ["100", "10k", "1.5M"]
+    assert [_two_five_label(y) for y in (20.0, 0.5, 3.0)] == ["20", "0.5", ""]
+
+
+def test_kv_sweep_first_admission_hit_rate_leaves_readmissions_out(capsys):
+    """20 Mooncake requests on 200,000 tokens: requests are preempted and their readmissions push the hit
+    rate far above the infinite-cache bound; over first admissions alone it is the bound (nothing
+    evicted that a first admission needed). The row is marked; with no preemption the two rates agree."""
+    from stallfree.cli import main
+
+    assert main(["sweep", "--trace", "mooncake", "--num-requests", "20", "--prefix-caching",
+                 "--kv-tokens", "200000,4000000", "--json"]) == 0
+    small, large = json.loads(capsys.readouterr().out)["rows"]
+    assert small["num_preemptions"] > 0 and small["hit_rate_inflated_by_preemption"]
+    assert small["prefix_cache_hit_rate"] > 2 * small["prefix_cache_hit_rate_bound"]
+    assert small["prefix_cache_hit_rate_first_admission"] == pytest.approx(small["prefix_cache_hit_rate_bound"])
+    assert large["num_preemptions"] == 0 and not large["hit_rate_inflated_by_preemption"]
+    assert large["prefix_cache_hit_rate_first_admission"] == pytest.approx(large["prefix_cache_hit_rate"])

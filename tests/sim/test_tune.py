@@ -279,3 +279,26 @@ def test_tune_cli_search_partial_prefills(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "K/L/T" in out and "2/2/10" in out
     assert "--max-num-partial-prefills 2 --max-long-partial-prefills 2 --long-prefill-token-threshold 10" in out
+
+
+def test_tune_cli_honours_fixed_partial_prefill_flags(tmp_path, capsys):
+    """--max-num-partial-prefills 2 --long-prefill-token-threshold 10 without the search: every run uses
+    them (the long-then-short workload then serves all 3 in the SLOs, as test_tune_searches_partial_prefills
+    works out) and the serve line carries them; L > K is a one-line usage error before anything runs."""
+    trace = tmp_path / "ls.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,800,1\n0.001,5,1\n0.001,5,1\n0.001,5,1\n")
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-seqs", "8",
+            "--max-seqs-candidates", "8", "--budgets", "80", "--slo-ttft", "145ms", "--slo-tpot", "50ms",
+            "--jobs", "1", "--json"]
+    assert main([*args, "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "2",
+                 "--long-prefill-token-threshold", "10"]) == 0
+    chosen = json.loads(capsys.readouterr().out)["chosen"]
+    assert chosen["partial_prefills"] == [2, 2, 10] and chosen["request_goodput"] == pytest.approx(3 / 0.15075)
+    out = tmp_path / "out"
+    assert main([*args, "--max-long-partial-prefills", "9", "--max-num-partial-prefills", "2",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--max-long-partial-prefills (9)" in err and "--max-num-partial-prefills (2)" in err
+    assert not out.exists()
+    assert main([*args, "--long-prefill-token-threshold", "10"]) == 2
+    assert "--long-prefill-token-threshold" in capsys.readouterr().err

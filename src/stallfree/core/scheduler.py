@@ -114,7 +114,8 @@ class Scheduler(RequestLifecycle):
         enable_prefix_caching: "paged" only: keep computed prompt blocks for reuse; requests carry
             Request(block_hashes=...) and admission starts each prefill after its longest cached
             prefix (docs/prefix_caching.md). Counters: prefix_cache_queries and prefix_cache_hits
-            (tokens, vLLM's meanings), num_evictions, num_evictable_blocks.
+            (tokens, vLLM's meanings), the same for first admissions only
+            (prefix_cache_first_queries, prefix_cache_first_hits), num_evictions, num_evictable_blocks.
 
     Raises:
         InvalidConfig: an unknown kv_policy, "paged" without block_size, a watermark out of range, an
@@ -220,6 +221,8 @@ class Scheduler(RequestLifecycle):
         #: cached, as vLLM counts its prefix cache queries and hits; 0 without caching.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.prefix_cache_first_queries = 0
+        self.prefix_cache_first_hits = 0
         self._cached_tokens: dict[Hashable, int] = {}
 
     # ------------------------------------------------------------------ public state
@@ -629,6 +632,8 @@ class Scheduler(RequestLifecycle):
         self.prefix_cache_hits += start
         if obj.admitted_step is None:
             self._cached_tokens[obj.rid] = start
+            self.prefix_cache_first_queries += obj.target
+            self.prefix_cache_first_hits += start
 
     def _schedule_multi(
         self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest], decoding: bool

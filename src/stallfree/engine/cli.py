@@ -17,7 +17,7 @@ from typing import Any
 
 from stallfree._argtypes import positive_int
 
-__all__ = ["DTYPE_NAMES", "check_model_flags", "describe_model", "register"]
+__all__ = ["DTYPE_NAMES", "check_model_flags", "check_scheduler_flags", "describe_model", "register"]
 
 #: The dtype names LLMEngine accepts (engine.resolve_dtype; a test keeps the two lists equal).
 DTYPE_NAMES = ("bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
@@ -137,6 +137,30 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
 
 
+def check_scheduler_flags(args: argparse.Namespace, block_size: int | None = None) -> str | None:
+    """Check --max-num-partial-prefills K, --max-long-partial-prefills L and --long-prefill-token-threshold
+    T as the scheduler will (stallfree.core, no torch), so that a bad combination is a usage error
+    within a second, not after the model load. A missing T with K > 1 passes (the engine takes 4% of the
+    context length). `block_size`: the chunk alignment (paged KV), or None.
+
+    Returns:
+        None when they are fine, else a message naming the flags and their values.
+    """
+    from stallfree.core.errors import InvalidConfig
+    from stallfree.core.policies import check_partial_prefills
+
+    k, lng, thr = args.max_num_partial_prefills, args.max_long_partial_prefills, args.long_prefill_token_threshold
+    try:
+        check_partial_prefills(k, lng, thr if thr is not None or k == 1 else (block_size or 1), block_size)
+    except InvalidConfig as exc:
+        text = str(exc)
+        for name in ("max_num_partial_prefills", "max_long_partial_prefills", "long_prefill_token_threshold",
+                     "block_size"):
+            text = text.replace(name, "--" + name.replace("_", "-"))
+        return text
+    return None
+
+
 def _fail(message: str, code: int = 1, command: str = "generate") -> int:
     print(f"stallfree {command}: error: {message}", file=sys.stderr)
     return code
@@ -180,7 +204,7 @@ def _generate(args: argparse.Namespace) -> int:
     # Every option is checked before torch is imported and the model loaded (seconds), so a typo
     # costs well under a second.
     problem = (check_model_flags(args.model, args.device, args.dtype, threads=args.threads)
-               or _check_sampling_flags(args))
+               or check_scheduler_flags(args) or _check_sampling_flags(args))
     if problem is not None:
         return _fail(problem, 2)
     if args.prompt is not None:
@@ -239,7 +263,8 @@ def _stream(eng: Any, n: int) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     args.command_name = "bench engine"
-    problem = check_model_flags(args.model, args.device, args.dtype, threads=args.threads)
+    problem = (check_model_flags(args.model, args.device, args.dtype, threads=args.threads)
+               or check_scheduler_flags(args))
     if problem is not None:
         return _fail(problem, 2, "bench engine")
     try:

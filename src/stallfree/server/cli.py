@@ -124,9 +124,10 @@ def prefix_caching(args: argparse.Namespace) -> bool:
 def run_serve(args: argparse.Namespace) -> int:
     """Run `stallfree serve`; returns the exit code: 2 for a bad option (found before anything is
     imported or loaded, within a second), 1 when the model or a dependency fails to load."""
-    from stallfree.engine.cli import check_model_flags, describe_model, dtype_label  # torch-free
+    from stallfree.engine.cli import check_model_flags, check_scheduler_flags, describe_model, dtype_label  # torch-free
 
-    problem = check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
+    problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
+               or check_scheduler_flags(args, args.block_size if args.kv_policy == "paged" else None))
     if problem is None and getattr(args, "enable_prefix_caching", None) and args.kv_policy != "paged":
         problem = "--enable-prefix-caching needs --kv-policy paged"
     if problem is not None:

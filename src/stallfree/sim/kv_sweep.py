@@ -15,13 +15,14 @@ from typing import Any
 from stallfree.sim.experiment import run_experiment
 from stallfree.sim.setup import HardwareOptions, Setup
 
-__all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_title", "plot_kv_sweep"]
+__all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_lines", "kv_sweep_title", "plot_kv_sweep", "preemption_inflated"]
 
 #: The keys of each kv_sweep row.
 KV_SWEEP_KEYS = (
-    "kv_tokens", "prefix_caching", "prefix_cache_hit_rate", "prefix_cache_hit_rate_bound",
+    "kv_tokens", "prefix_caching", "prefix_cache_hit_rate", "prefix_cache_hit_rate_first_admission",
+    "prefix_cache_hit_rate_bound",
     "prefix_cache_evictions", "median_ttft_ms", "p99_ttft_ms", "request_throughput", "output_throughput",
-    "num_preemptions", "rejected", "hardware",
+    "num_preemptions", "rejected", "num_requests", "hit_rate_inflated_by_preemption", "hardware",
 )
 
 
@@ -30,19 +31,24 @@ def kv_sweep(
     kv_sizes: Sequence[int],
     budget: int,
     progress: Callable[[int, int], None] | None = None,
+    batching: str = "chunked",
 ) -> list[dict[str, Any]]:
-    """Simulate chunked batching once per KV capacity, smallest first.
+    """Simulate one batching mode (chunked by default) once per KV capacity, smallest first.
 
     Args:
         make_setup: kv_tokens -> the Setup of that run (the same workload and options otherwise).
         kv_sizes: KV capacities, tokens, each >= 1.
         budget: token budget per step.
         progress: called with (runs done, runs) after each run.
+        batching: the batching mode of every run.
 
     Returns:
         One dict per size with the keys of KV_SWEEP_KEYS (hit rates are fractions, None without
-        caching; latencies in ms; throughput in requests/s and tokens/s; "hardware": the setup's
-        description of the replica, model, GPUs and dtype first).
+        caching; latencies in ms, None when every request was rejected; throughput in requests/s and
+        tokens/s; "hit_rate_inflated_by_preemption": caching on and requests preempted, whose
+        readmissions count as lookups and hits, so that the rate can pass the infinite-cache bound;
+        "prefix_cache_hit_rate_first_admission": the rate over first admissions only;
+        "hardware": the setup's description of the replica, model, GPUs and dtype first).
 
     Raises:
         ValueError: kv_sizes is empty or holds a value < 1.
@@ -53,12 +59,15 @@ def kv_sweep(
     rows = []
     for k, kv in enumerate(sizes, start=1):
         setup = make_setup(kv)
-        study = run_experiment(setup, batching="chunked", budget=budget)
+        study = run_experiment(setup, batching=batching, budget=budget)
         summary = study.summaries[0]
         row = {key: summary.get(key) for key in KV_SWEEP_KEYS}
         row["kv_tokens"] = setup.kv_tokens
+        if row["prefix_cache_hit_rate"] is not None:
+            row["prefix_cache_hit_rate_first_admission"] = study.results[0].prefix_cache_hit_rate_first_admission
         row["prefix_caching"] = setup.prefix_caching
         row["rejected"] = summary.get("rejected", 0)
+        row["hit_rate_inflated_by_preemption"] = bool(setup.prefix_caching and summary.get("num_preemptions"))
         row["hardware"] = setup.hardware
         rows.append(row)
         if progress:
@@ -80,8 +89,58 @@ def kv_sweep_title(rows: Sequence[dict[str, Any]], title: str) -> str:
     return f"{title}\n{str(hardware).split(';', 1)[0].strip()}"
 
 
+def preemption_inflated(row: dict[str, Any]) -> bool:
+    """Whether the row's hit rate counts readmissions after preemption (caching on, requests preempted)."""
+    return bool(row.get("hit_rate_inflated_by_preemption"))
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def kv_sweep_lines(rows: Sequence[dict[str, Any]], title: str) -> list[str]:
+    """The KV sweep's text table: a header line (`title`, then the replica), the column names, one
+    line per size; "-" for figures a run lacks (every request rejected, or caching off); rows whose hit
+    rate readmissions after preemption inflate end in "*"."""
+    lines = [f"kv sweep: {kv_sweep_title(rows, title).replace(chr(10), '; ')}"]
+    lines.append(f"{'KV tokens':>13}  {'hit rate':>8}  {'1st adm.':>8}  {'bound':>6}  {'TTFT p50 ms':>11}  "
+                 f"{'TTFT p99 ms':>11}  {'req/s':>7}  {'evictions':>9}  {'preempted':>9}  {'rejected':>8}")
+    for r in rows:
+        mark = " *" if preemption_inflated(r) else ""
+        lines.append(
+            f"{r['kv_tokens']:>13,}  {_fmt(r.get('prefix_cache_hit_rate'), '.1%'):>8}  "
+            f"{_fmt(r.get('prefix_cache_hit_rate_first_admission'), '.1%'):>8}  "
+            f"{_fmt(r.get('prefix_cache_hit_rate_bound'), '.1%'):>6}  {_fmt(r.get('median_ttft_ms'), ',.0f'):>11}  "
+            f"{_fmt(r.get('p99_ttft_ms'), ',.0f'):>11}  {_fmt(r.get('request_throughput'), '.3f'):>7}  "
+            f"{_fmt(r.get('prefix_cache_evictions'), ','):>9}  {_fmt(r.get('num_preemptions'), ','):>9}  "
+            f"{_fmt(r.get('rejected'), ','):>8}{mark}"
+        )
+    if any(preemption_inflated(r) for r in rows):
+        lines.append("* requests preempted: their readmissions count as lookups and hits, so the hit rate can "
+                     "exceed the infinite-cache bound")
+    if any(r.get("rejected") for r in rows):
+        lines.append("rows with rejected requests measure the admitted requests only")
+    return lines
+
+
+def _tokens_label(x: float, _pos: Any = None) -> str:
+    """10000 -> "10k", 1500000 -> "1.5M": plain labels for a log axis of token counts."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:g}{unit}"
+    return f"{x:g}"
+
+
+def _two_five_label(y: float, _pos: Any = None) -> str:
+    """A minor tick's label on a log axis: plain ("20", "0.5") at the 2s and 5s of a decade, else none."""
+    lead = f"{y:.0e}"[0]
+    return f"{float(f'{y:.1g}'):g}" if lead in "25" else ""
+
+
 def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Write a PNG: hit rate (with the infinite-cache bound) and TTFT p50/p99 against KV capacity.
+    """Write a PNG: TTFT p50/p99 against KV capacity, and with caching on the hit rate (with the
+    infinite-cache bound) beside it. Sizes whose figures are missing (every request rejected) are left
+    out; points whose hit rate preemption inflates are ringed and the panel says so.
 
     Args:
         rows: kv_sweep's rows.
@@ -92,21 +151,57 @@ def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Non
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    kv = [r["kv_tokens"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    hit = [r["prefix_cache_hit_rate"] for r in rows]
-    if any(h is not None for h in hit):
-        ax1.plot(kv, [h or 0.0 for h in hit], "o-", label="achieved")
-        bound = rows[0].get("prefix_cache_hit_rate_bound")
+    caching = any(r.get("prefix_cache_hit_rate") is not None for r in rows)
+    if caching:
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
+        axes: tuple[Any, ...] = (ax1, ax2)
+    else:
+        fig, ax2 = plt.subplots(1, 1, figsize=(6.5, 4.6))
+        axes = (ax2,)
+    if caching:
+        pts = [(r["kv_tokens"], r["prefix_cache_hit_rate"], preemption_inflated(r)) for r in rows
+               if r.get("prefix_cache_hit_rate") is not None]
+        ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="achieved")
+        bound = next((r["prefix_cache_hit_rate_bound"] for r in rows
+                      if r.get("prefix_cache_hit_rate_bound") is not None), None)
         if bound is not None:
             ax1.axhline(bound, ls="--", color="gray", label=f"infinite cache ({bound:.1%})")
-    ax1.set(xscale="log", xlabel="KV capacity (tokens)", ylabel="prefix cache hit rate", ylim=(0, 1))
-    ax1.legend(loc="upper left")
-    ax2.plot(kv, [r["median_ttft_ms"] / 1e3 for r in rows], "o-", label="TTFT p50")
-    ax2.plot(kv, [r["p99_ttft_ms"] / 1e3 for r in rows], "s-", label="TTFT p99")
+        first = [(r["kv_tokens"], r["prefix_cache_hit_rate_first_admission"]) for r in rows
+                 if r.get("prefix_cache_hit_rate_first_admission") is not None]
+        if first and any(preemption_inflated(r) for r in rows):
+            ax1.plot([p[0] for p in first], [p[1] for p in first], "^:", color="tab:green",
+                     label="first admissions only")
+        inflated = [p for p in pts if p[2]]
+        if inflated:
+            ax1.plot([p[0] for p in inflated], [p[1] for p in inflated], "o", ms=12, mfc="none", color="tab:red",
+                     label="preempted: readmission\nhits counted, can pass bound")
+        top = max([p[1] for p in pts] + [bound or 0.0])
+        ax1.set(xscale="log", xlabel="KV capacity (tokens)", ylabel="prefix cache hit rate",
+                ylim=(0, min(1.0, top * 1.6 + 0.05)))
+        ax1.legend(loc="upper left", fontsize="small", framealpha=0.9)
+    p50 = [(r["kv_tokens"], r["median_ttft_ms"] / 1e3) for r in rows if r.get("median_ttft_ms") is not None]
+    p99 = [(r["kv_tokens"], r["p99_ttft_ms"] / 1e3) for r in rows if r.get("p99_ttft_ms") is not None]
+    ax2.plot([p[0] for p in p50], [p[1] for p in p50], "o-", label="TTFT p50")
+    ax2.plot([p[0] for p in p99], [p[1] for p in p99], "s-", label="TTFT p99")
     ax2.set(xscale="log", yscale="log", xlabel="KV capacity (tokens)", ylabel="TTFT (s)")
-    ax2.legend(loc="upper right")
+    ax2.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}"))
+    ax2.yaxis.set_minor_formatter(NullFormatter())
+    if p50 or p99:
+        ys = [p[1] for p in p50 + p99]
+        lo, hi = min(ys) / 1.5, max(ys) * 4  # headroom above the markers for the legend
+        ax2.set_ylim(lo, hi)
+        if hi / lo < 300:  # under ~2 decades: label the 2s and 5s too, plainly
+            ax2.yaxis.set_minor_formatter(FuncFormatter(_two_five_label))
+        ax2.legend(loc="upper right", fontsize="small", framealpha=0.9)
+    for ax in axes:
+        ax.xaxis.set_major_locator(LogLocator(base=10))
+        ax.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        kv = [r["kv_tokens"] for r in rows]
+        if kv:
+            ax.set_xlim(min(kv) / 1.5, max(kv) * 1.5)
     fig.suptitle(kv_sweep_title(rows, title))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

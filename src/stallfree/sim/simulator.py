@@ -201,6 +201,8 @@ class SimResult:
     prefix_cache_hit_rate: float | None = None
     prefix_cache_hit_rate_bound: float | None = None
     prefix_cache_evictions: int = 0
+    #: The hit rate over first admissions only (readmissions after preemption left out).
+    prefix_cache_hit_rate_first_admission: float | None = None
     rejected_kind: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -357,6 +359,9 @@ def simulate(
     if getattr(inner, "enable_prefix_caching", False):
         queries = int(getattr(inner, "prefix_cache_queries", 0))
         res.prefix_cache_hit_rate = int(getattr(inner, "prefix_cache_hits", 0)) / queries if queries else 0.0
+        first = int(getattr(inner, "prefix_cache_first_queries", 0))
+        res.prefix_cache_hit_rate_first_admission = (
+            int(getattr(inner, "prefix_cache_first_hits", 0)) / first if first else 0.0)
         res.prefix_cache_evictions = int(getattr(inner, "num_evictions", 0))
         res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(int(getattr(inner, "block_size", 16)))
     if check:

@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallfree.core.errors import InvalidConfig
+from stallfree.core.policies import check_partial_prefills
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.executors import Executor
 from stallfree.sim.simulator import SchedulerConfig
@@ -77,6 +79,7 @@ __all__ = [
     "TuneResult",
     "budget_bound",
     "candidate_budgets",
+    "check_partial_prefill_flags",
     "expected_load",
     "partial_prefill_candidates",
     "rank",
@@ -104,6 +107,34 @@ ROW_KEYS = (
     "rejected_by_reason",
     "partial_prefills",
 )
+
+
+_PARTIAL_PREFILL_FLAGS = (
+    ("max_num_partial_prefills", "--max-num-partial-prefills"),
+    ("max_long_partial_prefills", "--max-long-partial-prefills"),
+    ("long_prefill_token_threshold", "--long-prefill-token-threshold"),
+    ("block_size", "--block-size"),
+)
+
+
+def check_partial_prefill_flags(
+    k: int, lng: int | None, thr: int | None, block_size: int | None = None
+) -> str | None:
+    """Check --max-num-partial-prefills K, --max-long-partial-prefills L and
+    --long-prefill-token-threshold T as the scheduler will (a missing T with K > 1 passes: it defaults
+    to 4% of the context length), before anything is loaded or simulated.
+
+    Returns:
+        None when they are fine, else a message naming the flags and values.
+    """
+    try:
+        check_partial_prefills(k, lng, thr if thr is not None or k == 1 else (block_size or 1), block_size)
+    except InvalidConfig as exc:
+        text = str(exc)
+        for name, flag in _PARTIAL_PREFILL_FLAGS:
+            text = text.replace(name, flag)
+        return text
+    return None
 
 
 def _refined(best: int, tried: Sequence[int]) -> list[int]:
@@ -234,6 +265,7 @@ def tune(
     max_model_len: int | None = None,
     cut_output_to_fit: bool = False,
     search_partial_prefills: bool = False,
+    partial_prefills: tuple[int, int, int] | None = None,
 ) -> TuneResult:
     """Find the token budget and max_seqs with the highest goodput under the SLOs (module docstring).
 
@@ -257,6 +289,8 @@ def tune(
         cut_output_to_fit: cut max_new to fit the context length instead of refusing.
         search_partial_prefills: also simulate partial_prefill_candidates(budget) at the best budget
             and max_seqs found (one more stage; rows carry partial_prefills = (K, L, T) or None).
+        partial_prefills: (K, L, T) of every run but those of that stage, or None (one partial
+            prefill, the contract).
 
     Returns:
         A TuneResult; its rows are ranked, the chosen one first.
@@ -274,6 +308,7 @@ def tune(
     seqs_all = sorted({max_seqs, *others})
     runner = _Runner(workload, kv_tokens, cost_model, slo_ttft, slo_tpot, max_tokens, jobs, progress)
     runner.context = (max_model_len, cut_output_to_fit)
+    runner.partial_prefills = partial_prefills
     t0 = time.perf_counter()
     bound = None
     if budgets is not None:
@@ -327,11 +362,13 @@ class _Runner:
         self.planned = 0
         self.stages: list[int] = []
         self.context: tuple[int | None, bool] = (None, False)
+        self.partial_prefills: tuple[int, int, int] | None = None
 
     def run(self, pairs: Sequence[tuple[int, int] | tuple[int, int, tuple[int, int, int]]]) -> None:
         """Simulate (budget, max_seqs[, (K, L, T)]) candidates and keep their summaries."""
         configs = [
-            SchedulerConfig(self.kv_tokens, p[0], p[1], partial_prefills=p[2] if len(p) > 2 else None)
+            SchedulerConfig(self.kv_tokens, p[0], p[1],
+                            partial_prefills=p[2] if len(p) > 2 else self.partial_prefills)
             for p in pairs
         ]
         points = [

@@ -10,10 +10,12 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_float_list, positive_int
 from stallfree.sim.commands.common import (
+    CliError,
     add_common,
     add_executor_flags,
     ensure_writable_dir,
@@ -26,8 +28,13 @@ from stallfree.sim.commands.common import (
 )
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.sweep import sweep, write_sweep
+from stallfree.sim.tune import check_partial_prefill_flags
 
 __all__ = ["register", "run"]
+
+#: The budgets a plain sweep simulates; a KV sweep runs one, KV_SWEEP_BUDGET unless --budgets says.
+DEFAULT_BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
+KV_SWEEP_BUDGET = 2048
 
 
 def register(subparsers: Any) -> None:
@@ -42,17 +49,17 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--budgets",
         type=int_list,
-        default=[256, 512, 1024, 2048, 4096, 8192],
         metavar="LIST",
-        help="token budgets to simulate (default 256,512,1024,2048,4096,8192)",
+        help="token budgets to simulate (default 256,512,1024,2048,4096,8192; with a --kv-tokens list, "
+        "one budget, default 2048)",
     )
-    p.add_argument("--rate-scales", type=positive_float_list, metavar="LIST", help="default: the --rate-scale default")
+    p.add_argument("--rate-scales", type=positive_float_list, metavar="LIST",
+                   help="default: the --rate-scale default (with a --kv-tokens list, one value at most)")
     p.add_argument(
         "--batching",
         type=modes,
-        default=list(BATCHING_MODES),
         metavar="LIST",
-        help="comma-separated modes (default all three)",
+        help="comma-separated modes (default all three; with a --kv-tokens list, one, default chunked)",
     )
     p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     add_executor_flags(p)
@@ -62,7 +69,8 @@ def register(subparsers: Any) -> None:
             action.type = int_list
             action.metavar = "LIST"
             action.help = ("KV capacity, tokens; a comma-separated list sweeps capacity (one run per size at "
-                           "the first --budgets value, chunked batching) and plots hit rate and TTFT against it")
+                           "one --budgets value, default 2048, chunked batching) and plots TTFT, and with "
+                           "--prefix-caching the hit rate, against it")
     p.add_argument("--prefix-caching", action="store_true",
                    help="paged KV with prefix caching (needs a trace with prefix ids: --trace mooncake)")
     p.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
@@ -71,11 +79,26 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree sweep` on parsed arguments; returns the exit status."""
-    if args.out:
-        ensure_writable_dir(args.out, "--out")
     kv_list = args.kv_tokens
     if isinstance(kv_list, list) and len(kv_list) > 1:
+        for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales),
+                             ("--batching", args.batching)):
+            if values is not None and len(values) > 1:
+                raise CliError(f"{flag} {_join(values)}: a --kv-tokens list sweeps KV capacity at one value; "
+                               "give one", code=2)
+    paged = args.prefix_caching or getattr(args, "scheduler", None) == "paged"
+    problem = check_partial_prefill_flags(args.max_num_partial_prefills, args.max_long_partial_prefills,
+                                          args.long_prefill_token_threshold, args.block_size if paged else None)
+    if problem is not None:
+        raise CliError(problem, code=2)
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
+    if isinstance(kv_list, list) and len(kv_list) > 1:
         return _run_kv_sweep(args, kv_list)
+    if args.budgets is None:
+        args.budgets = list(DEFAULT_BUDGETS)
+    if args.batching is None:
+        args.batching = list(BATCHING_MODES)
     args.kv_tokens = kv_list[0] if isinstance(kv_list, list) else kv_list
     if args.prefix_caching:
         args.scheduler = "paged"
@@ -137,37 +160,53 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
-    """`sweep --kv-tokens LIST`: one chunked run per KV capacity; the table, and with --out
-    kv_sweep.json and kv_sweep.png."""
-    from stallfree.sim.kv_sweep import kv_sweep, plot_kv_sweep
+    """`sweep --kv-tokens LIST`: one run per KV capacity at one budget, rate scale and batching mode;
+    the table, and with --out kv_sweep.json and kv_sweep.png."""
+    from stallfree.sim.kv_sweep import kv_sweep, kv_sweep_lines, plot_kv_sweep, preemption_inflated
 
+    budget = args.budgets[0] if args.budgets else KV_SWEEP_BUDGET
+    batching = args.batching[0] if args.batching else "chunked"
+    if args.rate_scales:
+        args.rate_scale = args.rate_scales[0]
     if args.prefix_caching:
         args.scheduler = "paged"
 
+    made: list[Any] = []
+
     def make(kv: int) -> Any:
         args.kv_tokens = kv
-        return setup_from_args(args)
+        made.append(setup_from_args(args))
+        return made[-1]
 
-    budget = args.budgets[0]
     with progress_bar() as bar:
         task = bar.add_task("kv sweep", total=len(sizes))
-        rows = kv_sweep(make, sizes, budget, progress=lambda k, n: bar.update(task, completed=k, total=n))
+        rows = kv_sweep(make, sizes, budget, progress=lambda k, n: bar.update(task, completed=k, total=n),
+                        batching=batching)
+    requests = rows[0].get("num_requests") if rows else None
+    trace = made[0].workload.name if made else Path(str(getattr(args, "trace", None) or "workload")).name
+    title = f"{trace}: {requests:,} requests" if requests else trace
+    title += f", rate x{made[0].rate_scale if made else args.rate_scale or 1:g}, budget {budget:,}"
+    if batching != "chunked":
+        title += f", {batching}"
+    if args.prefix_caching:
+        title += f", prefix caching, {args.block_size}-token blocks"
     if args.json:
-        print(json.dumps({"token_budget": budget, "rows": rows}, indent=1))
+        print(json.dumps({"token_budget": budget, "batching": batching, "rows": rows}, indent=1))
     else:
-        for r in rows:
-            hit, bound = r["prefix_cache_hit_rate"], r["prefix_cache_hit_rate_bound"]
-            hit_text = "-" if hit is None else f"{hit:.1%}"
-            bound_text = "-" if bound is None else f"{bound:.1%}"
-            print(
-                f"KV {r['kv_tokens']:>13,} tokens: hit rate {hit_text} (bound {bound_text}),"
-                f" TTFT p50 {r['median_ttft_ms']:,.0f} ms, p99 {r['p99_ttft_ms']:,.0f} ms,"
-                f" {r['request_throughput']:.3f} req/s, {r['prefix_cache_evictions']:,} evictions"
-            )
+        print("\n".join(kv_sweep_lines(rows, title)))
+    rejected = [f"{r['rejected']:,} at {r['kv_tokens']:,}" for r in rows if r.get("rejected")]
+    if rejected:
+        print(f"warning: of {requests or '?'} requests, rejected at KV tokens: " + ", ".join(rejected)
+              + "; their latencies are left out, figures no request has are shown as -", file=sys.stderr)
+    if args.json and any(preemption_inflated(r) for r in rows):
+        print("note: rows with hit_rate_inflated_by_preemption count readmissions after preemption as lookups "
+              "and hits; their hit rate can exceed the infinite-cache bound", file=sys.stderr)
     if args.out:
         (args.out / "kv_sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-        name = getattr(args, "trace", None) or "workload"
-        plot_kv_sweep(rows, args.out / "kv_sweep.png", f"{name}: budget {budget:,}"
-                      + (", prefix caching" if args.prefix_caching else ""))
+        plot_kv_sweep(rows, args.out / "kv_sweep.png", title)
         print(f"wrote {args.out}/kv_sweep.json, kv_sweep.png", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _join(values: Sequence[Any]) -> str:
+    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)

@@ -23,7 +23,15 @@ from stallfree.sim.commands.common import (
     setup_from_args,
     warn_rejections,
 )
-from stallfree.sim.tune import DEFAULT_TIE_TOLERANCE, TargetBelowFloor, TuneResult, serve_command, tune, tune_report
+from stallfree.sim.tune import (
+    DEFAULT_TIE_TOLERANCE,
+    TargetBelowFloor,
+    TuneResult,
+    check_partial_prefill_flags,
+    serve_command,
+    tune,
+    tune_report,
+)
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
 
@@ -77,9 +85,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
     if not 0 <= args.tie_tolerance < 1:
         raise CliError(f"--tie-tolerance must be in [0, 1), got {args.tie_tolerance!r}", 2)
+    problem = check_partial_prefill_flags(
+        args.max_num_partial_prefills, args.max_long_partial_prefills, args.long_prefill_token_threshold
+    )
+    if problem is not None:
+        raise CliError(problem, 2)
     if args.out:
         ensure_writable_dir(args.out, "--out")
     setup = setup_from_args(args)
+    fixed_pp = setup.partial_prefills()  # (K, L, T) of every run; T defaults to 4% of the context length
     with progress_bar() as bar:
         task = bar.add_task("tune", total=None)
         try:
@@ -99,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 max_model_len=setup.context_length,
                 cut_output_to_fit=setup.workload_options.cut_output_to_fit,
                 search_partial_prefills=args.search_partial_prefills,
+                partial_prefills=fixed_pp,
             )
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
