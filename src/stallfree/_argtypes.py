@@ -1,7 +1,8 @@
 """argparse value types shared by every subcommand: each turns one command-line word into a value or
 raises argparse.ArgumentTypeError with a message naming what was expected and what was given.
 
-Imports allowed: the standard library only (any subpackage's CLI may import this leaf module).
+Imports allowed: the standard library, and stallfree.core lazily (any subpackage's CLI may import this
+leaf module; every subpackage may import the core).
 """
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["int_list", "non_negative_float", "port", "positive_float", "positive_float_list", "positive_int"]
+__all__ = [
+    "int_list",
+    "non_negative_float",
+    "partial_prefill_flag_problem",
+    "port",
+    "positive_float",
+    "positive_float_list",
+    "positive_int",
+]
 
 
 def positive_int(text: str) -> int:
@@ -98,3 +107,42 @@ def positive_float_list(text: str) -> list[float]:
     if not out:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers > 0, got {text!r}")
     return out
+
+
+_PARTIAL_PREFILL_FLAGS = (
+    ("max_num_partial_prefills", "--max-num-partial-prefills"),
+    ("max_long_partial_prefills", "--max-long-partial-prefills"),
+    ("long_prefill_token_threshold", "--long-prefill-token-threshold"),
+    ("block_size", "--block-size"),
+)
+
+
+def partial_prefill_flag_problem(
+    k: int, lng: int | None, thr: int | None, block_size: int | None = None
+) -> str | None:
+    """Check --max-num-partial-prefills K, --max-long-partial-prefills L and --long-prefill-token-threshold
+    T as the scheduler will (stallfree.core.policies.check_partial_prefills), before any model or trace is
+    loaded, so that every command (simulate, sweep, tune, generate, serve) refuses a bad combination with
+    the same words. A missing T with K > 1 passes: the scheduler then takes 4% of the context length.
+    `block_size`: the chunk alignment (paged KV), or None.
+
+    Returns:
+        None when they are fine, else a one-line message naming the flags and the values as typed.
+    """
+    if lng is not None and lng > k:
+        return f"--max-long-partial-prefills {lng} must be <= --max-num-partial-prefills {k}"
+    if k == 1:
+        for flag, value in (("--max-long-partial-prefills", lng), ("--long-prefill-token-threshold", thr)):
+            if value is not None:
+                return f"{flag} {value} applies when --max-num-partial-prefills is > 1 (it is 1)"
+    from stallfree.core.errors import InvalidConfig
+    from stallfree.core.policies import check_partial_prefills
+
+    try:
+        check_partial_prefills(k, lng, thr if thr is not None or k == 1 else (block_size or 1), block_size)
+    except InvalidConfig as exc:
+        text = str(exc)
+        for name, flag in _PARTIAL_PREFILL_FLAGS:
+            text = text.replace(name, flag)
+        return text
+    return None

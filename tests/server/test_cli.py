@@ -74,7 +74,7 @@ def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
      (["--dtype", "fp64"], "--dtype must be one of"),
      (["--device", "gpu0"], "--device must be cpu, cuda, cuda:N or mps, got 'gpu0'"),
      (["--max-num-partial-prefills", "2", "--max-long-partial-prefills", "5"],
-      "--max-long-partial-prefills (5) must be <= --max-num-partial-prefills (2)"),
+      "--max-long-partial-prefills 5 must be <= --max-num-partial-prefills 2"),
      (["--max-num-partial-prefills", "2", "--long-prefill-token-threshold", "8"],
       "--long-prefill-token-threshold (8) must be >= --block-size (16)")],
     ids=["model", "dtype", "device", "long_over_k", "threshold_under_block"],

@@ -275,7 +275,7 @@ def test_kv_sweep_refuses_several_budgets_and_writes_nothing(tmp_path, capsys):
         assert err.count("\n") == 0 and f"{flag} {value}" in err
     assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--max-num-partial-prefills", "2",
                  "--max-long-partial-prefills", "9", "--linear-cost", "10,100", "--out", str(out)]) == 2
-    assert "--max-long-partial-prefills (9)" in capsys.readouterr().err
+    assert "--max-long-partial-prefills 9 must be <= --max-num-partial-prefills 2" in capsys.readouterr().err
     assert not out.exists()
 
 

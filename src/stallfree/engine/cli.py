@@ -138,27 +138,19 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_scheduler_flags(args: argparse.Namespace, block_size: int | None = None) -> str | None:
-    """Check --max-num-partial-prefills K, --max-long-partial-prefills L and --long-prefill-token-threshold
-    T as the scheduler will (stallfree.core, no torch), so that a bad combination is a usage error
-    within a second, not after the model load. A missing T with K > 1 passes (the engine takes 4% of the
-    context length). `block_size`: the chunk alignment (paged KV), or None.
+    """Check --max-num-partial-prefills, --max-long-partial-prefills and --long-prefill-token-threshold as
+    the scheduler will (stallfree._argtypes.partial_prefill_flag_problem, no torch), so that a bad
+    combination is a usage error within a second, not after the model load. `block_size`: the chunk
+    alignment (paged KV), or None.
 
     Returns:
         None when they are fine, else a message naming the flags and their values.
     """
-    from stallfree.core.errors import InvalidConfig
-    from stallfree.core.policies import check_partial_prefills
+    from stallfree._argtypes import partial_prefill_flag_problem
 
-    k, lng, thr = args.max_num_partial_prefills, args.max_long_partial_prefills, args.long_prefill_token_threshold
-    try:
-        check_partial_prefills(k, lng, thr if thr is not None or k == 1 else (block_size or 1), block_size)
-    except InvalidConfig as exc:
-        text = str(exc)
-        for name in ("max_num_partial_prefills", "max_long_partial_prefills", "long_prefill_token_threshold",
-                     "block_size"):
-            text = text.replace(name, "--" + name.replace("_", "-"))
-        return text
-    return None
+    return partial_prefill_flag_problem(
+        args.max_num_partial_prefills, args.max_long_partial_prefills, args.long_prefill_token_threshold, block_size
+    )
 
 
 def _fail(message: str, code: int = 1, command: str = "generate") -> int:

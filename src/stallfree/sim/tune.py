@@ -50,8 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree.core.errors import InvalidConfig
-from stallfree.core.policies import check_partial_prefills
+from stallfree._argtypes import partial_prefill_flag_problem
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.executors import Executor
 from stallfree.sim.simulator import SchedulerConfig
@@ -109,32 +108,12 @@ ROW_KEYS = (
 )
 
 
-_PARTIAL_PREFILL_FLAGS = (
-    ("max_num_partial_prefills", "--max-num-partial-prefills"),
-    ("max_long_partial_prefills", "--max-long-partial-prefills"),
-    ("long_prefill_token_threshold", "--long-prefill-token-threshold"),
-    ("block_size", "--block-size"),
-)
-
-
 def check_partial_prefill_flags(
     k: int, lng: int | None, thr: int | None, block_size: int | None = None
 ) -> str | None:
-    """Check --max-num-partial-prefills K, --max-long-partial-prefills L and
-    --long-prefill-token-threshold T as the scheduler will (a missing T with K > 1 passes: it defaults
-    to 4% of the context length), before anything is loaded or simulated.
-
-    Returns:
-        None when they are fine, else a message naming the flags and values.
-    """
-    try:
-        check_partial_prefills(k, lng, thr if thr is not None or k == 1 else (block_size or 1), block_size)
-    except InvalidConfig as exc:
-        text = str(exc)
-        for name, flag in _PARTIAL_PREFILL_FLAGS:
-            text = text.replace(name, flag)
-        return text
-    return None
+    """The partial-prefill flags checked before a tune runs: stallfree._argtypes.partial_prefill_flag_problem
+    (None when fine, else a message naming the flags and values)."""
+    return partial_prefill_flag_problem(k, lng, thr, block_size)
 
 
 def _refined(best: int, tried: Sequence[int]) -> list[int]:

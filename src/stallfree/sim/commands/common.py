@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_float, positive_int
+from stallfree._argtypes import partial_prefill_flag_problem, positive_float, positive_int
 from stallfree.core.errors import StallfreeError
 from stallfree.core.metrics import parse_duration
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
@@ -218,15 +218,13 @@ def check_partial_prefill_flags(args: argparse.Namespace) -> None:
         CliError: --max-long-partial-prefills above --max-num-partial-prefills, or L or T given
             while --max-num-partial-prefills is 1 (exit 2).
     """
-    k = getattr(args, "max_num_partial_prefills", 1)
-    long_ = getattr(args, "max_long_partial_prefills", None)
-    thr = getattr(args, "long_prefill_token_threshold", None)
-    if long_ is not None and long_ > k:
-        raise CliError(f"--max-long-partial-prefills {long_} must be <= --max-num-partial-prefills {k}", 2)
-    if k == 1:
-        for flag, value in (("--max-long-partial-prefills", long_), ("--long-prefill-token-threshold", thr)):
-            if value is not None:
-                raise CliError(f"{flag} {value} applies when --max-num-partial-prefills is > 1 (it is 1)", 2)
+    problem = partial_prefill_flag_problem(
+        getattr(args, "max_num_partial_prefills", 1),
+        getattr(args, "max_long_partial_prefills", None),
+        getattr(args, "long_prefill_token_threshold", None),
+    )
+    if problem is not None:
+        raise CliError(problem, 2)
 
 
 def setup_from_args(args: argparse.Namespace) -> Setup:
