@@ -155,12 +155,23 @@ def engine_replay(engine: Any, workload: Workload, seed: int = 0) -> EngineRun:
 
 def local_gpu(threads: int, device: str = "cpu", dtype: str = "float32") -> GPUSpec:
     """Measure this machine's matmul rate and copy bandwidth with torch (on `device`, in `dtype`) and
-    return them as a 'local' GPUSpec (memory: the machine's RAM, or the GPU's; one device, no link)."""
+    return them as a 'local' GPUSpec (memory: the machine's RAM, or the GPU's; one device, no link).
+    Measured on `threads` torch threads; the process's thread count is restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _measure_local_gpu(threads, device, dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure_local_gpu(threads: int, device: str, dtype: str) -> GPUSpec:
     import torch
 
     from stallfree.engine.engine import resolve_dtype
 
-    torch.set_num_threads(threads)
     dev, dt = torch.device(device), resolve_dtype(dtype)
     size = 512 if dev.type == "cpu" else 8192
     a, b = torch.randn(size, size, device=dev, dtype=dt), torch.randn(size, size, device=dev, dtype=dt)
@@ -311,15 +322,26 @@ def run_validate(cfg: ValidateConfig, out: Path | None = None, save_gpu: Path | 
         {"engine": summary, "simulator": summary, "error": errors (compare), "calibration": ...,
          "config": ..., "notes": [...]}; summaries and errors are over the second half's requests.
 
+    Runs on `cfg.threads` torch threads; the process's thread count is restored afterwards, so a caller
+    (a test session, a notebook) keeps its own.
+
     Raises:
         ValueError: a bad configuration; EngineError / ModelLoadError from the engine.
     """
     import torch
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _run_validate(cfg, out, save_gpu)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_validate(cfg: ValidateConfig, out: Path | None, save_gpu: Path | None) -> dict[str, Any]:
     from stallfree.engine import LLMEngine
 
     t_start = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
     base = LLMEngine.from_pretrained(cfg.engine_model, token_budget=cfg.token_budget, max_seqs=cfg.max_seqs,
                                      kv_tokens=cfg.kv_tokens, device=cfg.device, dtype=cfg.dtype)
 
