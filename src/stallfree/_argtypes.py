@@ -11,6 +11,7 @@ import argparse
 import math
 
 __all__ = [
+    "add_partial_prefill_args",
     "int_list",
     "non_negative_float",
     "partial_prefill_flag_problem",
@@ -146,3 +147,15 @@ def partial_prefill_flag_problem(
             text = text.replace(name, flag)
         return text
     return None
+
+
+def add_partial_prefill_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup, context: str) -> None:
+    """Add vLLM's three partial-prefill flags (--max-num-partial-prefills K, --max-long-partial-prefills L,
+    --long-prefill-token-threshold T, in tokens) to a command; `context` names what T's default is 4% of
+    (the context length, max_model_len). Check them with partial_prefill_flag_problem."""
+    parser.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
+                        help="prompts partially prefilled at once (default 1, the contract)")
+    parser.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
+                        help="of those, at most L long ones (default 1)")
+    parser.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
+                        help=f"a prompt is long when more than T tokens are left (default: 4%% of {context})")

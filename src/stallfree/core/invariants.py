@@ -422,30 +422,45 @@ class InvariantChecker:
             n = self._chunk(sh.target - start, left)
             if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
                 break
-            if self._paged:
-                pin = sum(1 for b in hits if b in self._pre_evictable and b not in pinned)
-                want = (self._blocks(sh.target) if sh.preemptions else self._blocks(start + n)) - h + pin
-                if want > free or (self._running and free - want < s.watermark_blocks):
-                    break
-                free -= self._blocks(start + n) - h + pin
-                sh.blocks = self._blocks(start + n)
-                sh.hit = h
-                sh.prefilled = start
-                pinned.update(hits)  # pinned first, then the blocks after the hit are taken
-                _CacheRules.take(self, sh.blocks - h)
-            else:
-                if reserved + s.kv_needed(sh.req) > s.kv_total:
-                    break
-                reserved += s.kv_needed(sh.req)
-            self._waiting.remove(rid)
-            self._running.append(rid)
-            sh.running = True
+            fits, free, reserved = self._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
+            if not fits:
+                break
             chunks.append((rid, n, start, n == sh.target - start))
             admitted.append(rid)
             left = left - n if n == sh.target - start else 0
         return admitted
 
     # ------------------------------------------------------------------ state checks
+
+    def _admit_shadow(
+        self, rid: Hashable, sh: _Shadow, hits: list[int], start: int, n: int, free: int, reserved: int,
+        pinned: set[int],
+    ) -> tuple[bool, int, int]:
+        """Admit `rid` into the shadow with a first chunk of `n` tokens from token `start` (after its `hits`)
+        if the KV allows; returns (admitted, free blocks left, reserved tokens). Paged: the hit blocks are
+        not allocated, but pinning one that was evictable takes it from the free count, and the watermark
+        holds while anything runs. Reserve: the whole prompt + max_new must fit."""
+        s = self.scheduler
+        h = len(hits)
+        if self._paged:
+            pin = sum(1 for b in hits if b in self._pre_evictable and b not in pinned)
+            want = (self._blocks(sh.target) if sh.preemptions else self._blocks(start + n)) - h + pin
+            if want > free or (self._running and free - want < s.watermark_blocks):
+                return False, free, reserved
+            free -= self._blocks(start + n) - h + pin
+            sh.blocks = self._blocks(start + n)
+            sh.hit = h
+            sh.prefilled = start
+            pinned.update(hits)  # pinned first, then the blocks after the hit are taken
+            _CacheRules.take(self, sh.blocks - h)
+        else:
+            if reserved + s.kv_needed(sh.req) > s.kv_total:
+                return False, free, reserved
+            reserved += s.kv_needed(sh.req)
+        self._waiting.remove(rid)
+        self._running.append(rid)
+        sh.running = True
+        return True, free, reserved
 
     def _check_state(self, scheduled: StepPlan | None = None) -> None:
         """Counts, KV and per-request state; `scheduled`: the KV also covers that plan's tokens."""
@@ -926,25 +941,9 @@ class _MultiRules:
             last = n == rest
             if n == 0 or (not last and num_partial >= s.max_num_partial_prefills):
                 break
-            if chk._paged:
-                # Hit blocks are not allocated, but pinning one that was evictable takes it from the free count.
-                pin = sum(1 for b in hits if b in chk._pre_evictable and b not in pinned)
-                want = (chk._blocks(sh.target) if sh.preemptions else chk._blocks(start + n)) - h + pin
-                if want > free or (chk._running and free - want < s.watermark_blocks):
-                    break
-                free -= chk._blocks(start + n) - h + pin
-                sh.blocks = chk._blocks(start + n)
-                sh.hit = h
-                sh.prefilled = start
-                pinned.update(hits)
-                _CacheRules.take(chk, sh.blocks - h)
-            else:
-                if reserved + s.kv_needed(sh.req) > s.kv_total:
-                    break
-                reserved += s.kv_needed(sh.req)
-            chk._waiting.remove(rid)
-            chk._running.append(rid)
-            sh.running = True
+            fits, free, reserved = chk._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
+            if not fits:
+                break
             rows.append([rid, n, start, last])
             admitted.append(rid)
             if not last:

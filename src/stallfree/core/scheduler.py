@@ -586,8 +586,6 @@ class Scheduler(RequestLifecycle):
         if not len(waiting):
             return ()
         admitted: list[Hashable] = []
-        step = self._step
-        kv = self._kv
         caching = self.enable_prefix_caching
         hits: list[int] = []
         start = 0
@@ -600,31 +598,40 @@ class Scheduler(RequestLifecycle):
                 hits = self._pkv.lookup(obj)
                 start = len(hits) * self._pkv.block_size
             n = self._chunking.chunk(obj.target - start, left)
-            if n == 0 or not (  # never a 0-token first chunk
-                self._pkv.can_admit(obj, n, self._num_running, hits) if hits
-                else kv.can_admit(obj, n, self._num_running)
-            ):
+            if n == 0 or not self._kv_admits(obj, n, hits):  # never a 0-token first chunk
                 break
             waiting.pop_head()
-            if hits:
-                self._pkv.admit(obj, n, hits)
-                obj.num_prefilled = start
-            else:
-                kv.admit(obj, n)
-            if caching:
-                self._count_hit(obj, start)
-            self._num_running += 1
-            obj.status = _PREFILLING
-            obj.admit_seq = self._admit_seq
-            self._admit_seq += 1
-            if obj.admitted_step is None:
-                obj.admitted_step = step
+            self._take_in(obj, n, hits, start)
             if obj.num_preemptions:
                 self.num_recomputed_tokens += n
             out.append(ScheduledChunk(obj.rid, n, True, start, n == obj.target - start))
             admitted.append(obj.rid)
             left = left - n if n == obj.target - start else 0  # as for the partial prefill above
         return tuple(admitted)
+
+    def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: list[int]) -> bool:
+        """Whether the KV policy admits `obj` with a first chunk of `first_chunk` tokens after its cached
+        `hits` (block ids; empty without a hit)."""
+        if hits:
+            return self._pkv.can_admit(obj, first_chunk, self._num_running, hits)
+        return self._kv.can_admit(obj, first_chunk, self._num_running)
+
+    def _take_in(self, obj: LiveRequest, first_chunk: int, hits: list[int], start: int) -> None:
+        """Admit `obj` (already out of the queue): its KV (the cached `hits` pinned, the prefill starting
+        at token `start`), the hit counters, its status and admission order."""
+        if hits:
+            self._pkv.admit(obj, first_chunk, hits)
+            obj.num_prefilled = start
+        else:
+            self._kv.admit(obj, first_chunk)
+        if self.enable_prefix_caching:
+            self._count_hit(obj, start)
+        self._num_running += 1
+        obj.status = _PREFILLING
+        obj.admit_seq = self._admit_seq
+        self._admit_seq += 1
+        if obj.admitted_step is None:
+            obj.admitted_step = self._step
 
     def _count_hit(self, obj: LiveRequest, start: int) -> None:
         """Prefix caching: count an admission's lookup (its episode's tokens) and hit (`start` tokens)."""
@@ -699,7 +706,6 @@ class Scheduler(RequestLifecycle):
             return (), left
         thr = self.long_prefill_token_threshold
         assert thr is not None
-        kv = self._kv
         caching = self.enable_prefix_caching
         hits: list[int] = []
         start = 0
@@ -718,24 +724,11 @@ class Scheduler(RequestLifecycle):
                 continue  # the issue's rule: a short prompt may pass a long one only here
             n = self._chunking.chunk(rest, min(left, thr) if is_long else left)
             last = n == rest
-            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not (
-                    self._pkv.can_admit(obj, n, self._num_running, hits) if hits
-                    else kv.can_admit(obj, n, self._num_running)):
+            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not self._kv_admits(
+                    obj, n, hits):
                 break
             self._waiting.remove(obj)
-            if hits:
-                self._pkv.admit(obj, n, hits)
-                obj.num_prefilled = start
-            else:
-                kv.admit(obj, n)
-            if caching:
-                self._count_hit(obj, start)
-            self._num_running += 1
-            obj.status = _PREFILLING
-            obj.admit_seq = self._admit_seq
-            self._admit_seq += 1
-            if obj.admitted_step is None:
-                obj.admitted_step = self._step
+            self._take_in(obj, n, hits, start)
             self._partials.append(obj)
             out.append(ScheduledChunk(obj.rid, n, True, start, last))
             admitted.append(obj.rid)

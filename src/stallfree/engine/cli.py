@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import add_partial_prefill_args, positive_int
 
 __all__ = ["DTYPE_NAMES", "check_model_flags", "check_scheduler_flags", "describe_model", "register"]
 
@@ -122,12 +122,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a .gguf file or Hugging Face directory (default: bundled SmolLM2-135M-Instruct)")
     p.add_argument("--token-budget", type=positive_int, default=512, help="tokens per step (512)")
-    p.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
-                   help="prompts partially prefilled at once (default 1)")
-    p.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
-                   help="of those, at most L long ones (default 1)")
-    p.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
-                   help="a prompt is long when more than T tokens are left (default: 4%% of max_model_len)")
+    add_partial_prefill_args(p, "max_model_len")
     p.add_argument("--max-seqs", type=positive_int, default=64, help="running requests at most (64)")
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity in tokens (auto)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")

@@ -11,7 +11,7 @@ import socket
 import sys
 from typing import Any
 
-from stallfree._argtypes import non_negative_float, port, positive_int
+from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_int
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
 
@@ -65,12 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
                    "with aging; needs --kv-policy reserve in this version)")
-    p.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
-                   help="prompts partially prefilled at once (default 1)")
-    p.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
-                   help="of those, at most L long ones (default 1)")
-    p.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
-                   help="a prompt is long when more than T tokens are left (default: 4%% of max_model_len)")
+    add_partial_prefill_args(p, "max_model_len")
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
                    "length); the scheduler reserves KV for prompt + max_tokens")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import partial_prefill_flag_problem, positive_float, positive_int
+from stallfree._argtypes import add_partial_prefill_args, partial_prefill_flag_problem, positive_float, positive_int
 from stallfree.core.errors import StallfreeError
 from stallfree.core.metrics import parse_duration
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
@@ -162,12 +162,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
     )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
-    s.add_argument("--max-num-partial-prefills", type=positive_int, default=1, metavar="K",
-                   help="prompts partially prefilled at once (default 1, the contract)")
-    s.add_argument("--max-long-partial-prefills", type=positive_int, default=None, metavar="L",
-                   help="of those, at most L long ones (default 1)")
-    s.add_argument("--long-prefill-token-threshold", type=positive_int, default=None, metavar="T",
-                   help="a prompt is long when more than T tokens are left (default: 4%% of the context length)")
+    add_partial_prefill_args(s, "the context length")
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
