@@ -7,7 +7,8 @@ For each N it fills the engine with N greedy requests (prompt of --prompt-len ra
 until every request decodes, then profiles --steps decode steps with torch.profiler and splits each
 step's wall time into:
 
-    linear     aten::linear (QKV, output projection, SwiGLU, LM head), all their children
+    linear     aten::linear or, with pre-packed weights, mkldnn::_linear_pointwise (QKV, output
+               projection, SwiGLU, LM head), all their children
     attention  SDPA and what it calls (softmax, bmm/matmul outside linear), and the masks
     gather     reading keys and values out of the paged cache (index_select, index, gather)
     writes     the cache writes and the zeroing of new blocks (index_copy_, index_put_, index_fill_)
@@ -33,7 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from stallfree.engine import LLMEngine, SamplingParams
 
-LINEAR = {"aten::linear"}
+LINEAR = {"aten::linear", "mkldnn::_linear_pointwise"}  # the latter: weights pre-packed (16-bit on a CPU)
 ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::softmax", "aten::_softmax",
              "aten::bmm", "aten::matmul", "aten::einsum", "aten::baddbmm", "aten::masked_fill",
@@ -79,10 +80,12 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, nargs="+", default=[100, 24],
                     help="prompt tokens, one per --running value (or one for all)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the engine's default)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    base = LLMEngine.from_pretrained(token_budget=512, max_seqs=1, kv_tokens=4096, device="cpu")
+    base = LLMEngine.from_pretrained(token_budget=512, max_seqs=1, kv_tokens=4096, device="cpu",
+                                     dtype=args.dtype)
     lens = args.prompt_len if len(args.prompt_len) == len(args.running) else args.prompt_len[:1] * len(args.running)
     out = []
     for n, plen in zip(args.running, lens, strict=True):

@@ -70,7 +70,8 @@ def test_tiny_logits_match_transformers(tiny_dir):
 def test_tiny_engine_greedy_matches_transformers_generate(tiny_dir):
     """The engine, chunking at budget 5, generates what transformers' greedy generate does."""
     path, ref = tiny_dir
-    eng = LLMEngine.from_pretrained(path, token_budget=5, max_seqs=2, kv_tokens=256, device="cpu")
+    eng = LLMEngine.from_pretrained(path, token_budget=5, max_seqs=2, kv_tokens=256, device="cpu",
+                                    dtype="float32")
     ids = list(range(200, 223))
     eng.add_request(0, ids, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     got = []
@@ -94,3 +95,49 @@ def test_missing_and_foreign_paths_are_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
     with pytest.raises(ModelLoadError, match="'gpt2' is not supported"):
         load_checkpoint(tmp_path)
+
+
+def test_prepacked_bf16_weights_give_plain_results_bit_for_bit(tiny_dir, monkeypatch):
+    """In bfloat16 on a CPU the weights are pre-packed for oneDNN at load, and a chunked prefill then a
+    decode give exactly the logits of the same model with plain weights."""
+    dtype = torch.bfloat16
+    from stallfree.engine import model as model_mod
+
+    if not model_mod.prepacking_applies(dtype, torch.device("cpu")):
+        pytest.skip("this torch cannot pre-pack bfloat16 weights on this CPU")
+    path, _ = tiny_dir
+    ck = load_checkpoint(path)
+    packed = model_mod.LlamaModel(ck.config, ck.tensors, dtype=dtype)
+    monkeypatch.setattr(model_mod, "prepacking_applies", lambda *_: False)
+    plain = model_mod.LlamaModel(ck.config, ck.tensors, dtype=dtype)
+    assert packed.prepacked and not plain.prepacked
+    ids = list(range(300, 330))
+    steps = [[BatchEntry(ids[:20], 0, [0, 1], "last")], [BatchEntry(ids[20:], 20, [0, 1], "last")],
+             [BatchEntry([7], 30, [0, 1], "last")]]
+    logits = {}
+    for name, m in (("packed", packed), ("plain", plain)):
+        kv = KVCache(2, 2, 16, 4, 16, dtype, torch.device("cpu"))
+        logits[name] = [m.forward(build_flat_batch(s, 16, torch.device("cpu")), kv) for s in steps]
+    for a, b in zip(logits["packed"], logits["plain"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_prepacking_only_where_it_changes_nothing(monkeypatch):
+    """No packing in float32, float16 or on a GPU, nor where the packed matmul fails or differs from
+    F.linear."""
+    from stallfree.engine import model as model_mod
+
+    cpu = torch.device("cpu")
+    assert not model_mod.prepacking_applies(torch.float32, cpu)
+    assert not model_mod.prepacking_applies(torch.float16, cpu)
+    assert not model_mod.prepacking_applies(torch.bfloat16, torch.device("cuda"))
+
+    def fails(w):
+        raise RuntimeError("no oneDNN kernel for this CPU")
+
+    monkeypatch.setattr(model_mod, "_prepack_linear", fails)
+    assert not model_mod.prepacking_applies(torch.bfloat16, cpu)
+    monkeypatch.undo()
+    monkeypatch.setattr(model_mod, "_packed_linear", lambda x, w, b=None: torch.zeros(x.shape[0], w.shape[0],
+                                                                                       dtype=x.dtype))
+    assert not model_mod.prepacking_applies(torch.bfloat16, cpu)
