@@ -1,6 +1,7 @@
-"""Dtypes and devices: the engine runs in bfloat16 and float16 as well as float32; float32 is the
-CPU default and gives transformers' greedy tokens (test_correctness); 16-bit outputs are compared
-with float32 by their first divergence. GPU tests are marked `gpu` and skipped without CUDA."""
+"""Dtypes and devices: the engine runs in bfloat16 and float16 as well as float32; float32 gives
+transformers' greedy tokens (test_correctness) and is the default on CPUs without bf16 matrix units;
+16-bit outputs are compared with float32 by their first divergence.
+GPU tests are marked `gpu` and skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import engine as engine_mod
 from stallfree.engine.engine import default_dtype
 from stallfree.engine.model import LlamaModel
 
@@ -37,10 +39,18 @@ def first_divergence(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
-def test_default_dtype_per_device():
-    """float32 on a CPU, bfloat16 on a GPU."""
-    assert default_dtype(torch.device("cpu")) is torch.float32
+@pytest.mark.parametrize("bf16_units", [True, False], ids=["amx", "no_amx"])
+def test_default_dtype_per_device(monkeypatch, bf16_units):
+    """bfloat16 on a GPU whatever the CPU; on a CPU, bfloat16 only where it has bf16 matrix units."""
+    monkeypatch.setattr(engine_mod, "cpu_has_bf16_matrix_units", lambda: bf16_units)
     assert default_dtype(torch.device("cuda")) is torch.bfloat16
+    assert default_dtype(torch.device("cpu")) is (torch.bfloat16 if bf16_units else torch.float32)
+
+
+def test_bf16_units_check_answers_false_where_torch_cannot_tell(monkeypatch):
+    """A torch without the private CPU feature checks (older or other builds) gives False, not an error."""
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported", raising=False)
+    assert engine_mod.cpu_has_bf16_matrix_units() is False
 
 
 @pytest.mark.slow

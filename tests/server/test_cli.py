@@ -64,7 +64,8 @@ def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(serve_cli, "build_engine", boom)
     assert cli.main(["serve", "--port", "0", "--model", str(bad)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"stallfree serve: loading {bad} on cpu as float32",
+    assert err == [f"stallfree serve: loading {bad} on cpu as bfloat16 or float32 (bfloat16 where the CPU has "
+                   "AMX bf16 units)",
                    f"stallfree serve: cannot load the model: malformed model: {bad}"]
 
 

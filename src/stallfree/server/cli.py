@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_int
+from stallfree.engine.cli import DEFAULT_DTYPE_RULE
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
 
@@ -77,8 +78,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N or mps")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 (bf16) or float16 (fp16); default: float32 "
-                   "on a CPU, bfloat16 on a GPU")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 (bf16) or float16 (fp16); default: "
+                   f"{DEFAULT_DTYPE_RULE}")
     p.add_argument("--log-interval", type=non_negative_float, default=10.0,
                    help="seconds between stats log lines (default 10; 0 disables)")
     p.set_defaults(func=run_serve)
