@@ -14,6 +14,9 @@ Workloads (greedy, EOS ignored, so both sides make exactly the tokens asked for)
            the way a static-batching server does it: whenever it is idle it takes every request
            that has arrived (up to --num) as one left-padded batch and generates until the longest
            of them is done, while later arrivals wait for the next batch
+Both sides run in --dtype (float32 by default, where greedy outputs are identical). In bfloat16 on
+a CPU the engine pre-packs its weights for oneDNN (its default there on CPUs with AMX) and
+transformers multiplies plain bf16 weights; the outputs then part after a few tokens on both sides.
 Figures: output tokens/s (output tokens / wall time from the first arrival to the last token),
 and for stagger the mean end-to-end latency; the ratio is ours / transformers. Prompts are
 --prompt-len +- 8 random token ids (seeded). Greedy outputs are compared request by request
