@@ -301,7 +301,7 @@ class KernelCostModel:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (
-            KernelCostModel,
+            _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
              self._config),
         )
@@ -472,13 +472,38 @@ class KernelCostModel:
             self.shared_s(num_decodes) + self.logits_s(num_decodes) + self.decode_exact_s(num_decodes, context_len + 1)
         )
 
-    def prefill_step_time(self, num_tokens: int, start: int = 0, is_last: bool = True) -> float:
-        """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`,
-        seconds (exact, no buckets).
+    def prefill_step_time(
+        self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
+    ) -> float:
+        """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`
+        plus `num_decodes` decodes with `context_len` tokens each in the KV cache, seconds (exact, no
+        buckets; the arguments of CostModel.prefill_step_time).
 
         Raises:
-            CostModelError: num_tokens < 1 or a negative start.
+            CostModelError: num_tokens < 1, or a negative start, count or context.
         """
-        if num_tokens < 1 or start < 0:
-            raise CostModelError(f"num_tokens must be >= 1 and start >= 0, got {num_tokens}, {start}")
-        return self.shared_s(num_tokens) + self.logits_s(int(is_last)) + self.chunk_exact_s(num_tokens, start)
+        if num_tokens < 1 or min(start, num_decodes, context_len) < 0:
+            raise CostModelError(
+                f"num_tokens must be >= 1 and start, num_decodes, context_len >= 0, got "
+                f"{num_tokens}, {start}, {num_decodes}, {context_len}"
+            )
+        t = self.shared_s(num_tokens + num_decodes) + self.logits_s(num_decodes + int(is_last))
+        if num_decodes:
+            t += self.decode_exact_s(num_decodes, context_len + 1)
+        return t + self.chunk_exact_s(num_tokens, start)
+
+
+_MODELS: dict[str, KernelCostModel] = {}
+
+
+def _rebuild(
+    model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
+    config: dict[str, Any],
+) -> KernelCostModel:
+    """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
+    process running many sweep points loads the tables once and keeps its price caches warm."""
+    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True)))
+    found = _MODELS.get(key)
+    if found is None:
+        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config)
+    return found
