@@ -79,7 +79,8 @@ def test_default_falls_back_with_the_reason_for_a_gpu_without_tables() -> None:
     """With no --kernels, a GPU the package has no tables for is priced as today, with the reason."""
     chosen = choose_cost_model("llama-3.1-8b", "l4", tp=1, dtype="bf16")
     assert chosen.name in ("floor", "calibrated")
-    assert "l4" in chosen.source["fallback_reason"] and "no measured kernels" in chosen.line
+    why = "'l4'" if kernels_installed() else "not installed"
+    assert why in chosen.source["fallback_reason"] and "no measured kernels" in chosen.line
 
 
 def test_kernels_given_but_unavailable_is_an_error() -> None:
@@ -196,3 +197,35 @@ def test_a100_current_is_its_own_slot() -> None:
 def test_every_mapped_system_is_distinct() -> None:
     """No two of our GPUs map onto one system."""
     assert len(set(SYSTEMS.values())) == len(SYSTEMS)
+
+
+@needs_kernels
+def test_budget_kernel_column_prices_the_budget_steps(llama8b, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`stallfree budget --kernels vllm --json` adds per-row kernel figures equal to the model's own."""
+    import json
+
+    from stallfree.cli import main
+
+    argv = ["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "1", "--budgets", "512,2048",
+            "--decodes", "16", "--context", "1000", "--prompt", "4000", "--kernels", "vllm", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["cost_model"] == "kernels" and out["cost_model_source"]["version"] == "0.24.0"
+    row = out["rows"][1]
+    step = llama8b.prefill_step_time(2048 - 16, 0, 16, 1000, is_last=False)
+    assert row["kernels"]["step_ms"] == pytest.approx(step * 1e3, rel=1e-12)
+    assert row["kernels"]["decode_step_ms"] == pytest.approx(llama8b.decode_step_time(16, 1000) * 1e3, rel=1e-12)
+
+
+def test_without_the_package_the_default_falls_back(monkeypatch) -> None:
+    """With the package hidden, the default says it is not installed and --kernels vllm is an error."""
+    import stallfree.costmodel.kernels as k
+
+    monkeypatch.setattr(k, "kernels_installed", lambda: False)
+    monkeypatch.setattr(k, "_import_package", lambda: (_ for _ in ()).throw(KernelsUnavailable("not installed")))
+    monkeypatch.setattr(k, "_TABLES", {})
+    monkeypatch.setenv("STALLFREE_CACHE_DIR", "/nonexistent-stallfree-cache")
+    chosen = choose_cost_model("llama-3.1-8b", "h100-sxm", tp=1)
+    assert chosen.name == "floor" and "not installed" in chosen.source["fallback_reason"]
+    with pytest.raises(KernelsUnavailable, match="not installed"):
+        choose_cost_model("llama-3.1-8b", "h100-sxm", tp=1, kernels="vllm")

@@ -90,7 +90,10 @@ def kernels_installed() -> bool:
     """Return whether the optional package aiconfigurator-core can be imported (does not import it)."""
     from importlib.util import find_spec
 
-    return find_spec("aiconfigurator_core") is not None
+    try:
+        return find_spec("aiconfigurator_core") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken entry in sys.modules
+        return False
 
 
 @dataclass(frozen=True, slots=True)
