@@ -47,6 +47,12 @@ def test_simulate_bad_kernels_is_a_usage_error(capsys):
     assert "'tgi'" in capsys.readouterr().err
 
 
+def test_simulate_linear_cost_and_kernels_are_exclusive(capsys):
+    """--linear-cost with --kernels vllm is a usage error naming both."""
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--kernels", "vllm"]) == 2
+    assert "--linear-cost and --kernels vllm" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_simulate_compare_table_and_out_dir(tmp_path, capsys):
     """--compare prints the three modes side by side; --out writes records, steps and plots."""
