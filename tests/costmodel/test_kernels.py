@@ -116,6 +116,16 @@ def test_prefill_equals_the_package_estimator(llama8b, prompt: int) -> None:  # 
 
 
 @needs_kernels
+@pytest.mark.parametrize("chunk,decodes", [(512, 32), (1024, 64), (2000, 8)], ids=["512+32", "1024+64", "2000+8"])
+def test_mixed_step_within_the_lm_head_of_the_estimator(llama8b, chunk: int, decodes: int) -> None:  # type: ignore[no-untyped-def]
+    """A whole prompt of c tokens beside decodes at start c + 1: within 0.3% of the package's mixed
+    step (its shapes: isl = c, osl 2, one chunk); the rest is where the lm_head positions are priced."""
+    est = llama8b.tables.handle.mixed_step_latency(chunk, decodes, chunk, 2, 0, 1.0, 1.0) * 1e-3
+    ours = llama8b.prefill_step_time(chunk, 0, decodes, chunk + 1, is_last=True)
+    assert ours == pytest.approx(est, rel=3e-3)
+
+
+@needs_kernels
 def test_terms_read_from_the_tables_directly(llama8b) -> None:  # type: ignore[no-untyped-def]
     """A mixed step is the sum of its terms, each as the package's op evaluation gives it."""
     h, tb = llama8b.tables.handle, llama8b.tables
