@@ -7,7 +7,7 @@ Imports allowed: the standard library, stallfree.core and stallfree.costmodel; t
 importing stallfree never needs it.
 
 Composition of one step (all terms read from the package's measured tables through its compiled
-op-list evaluation, `EngineHandle.evaluate_context_ops` / `evaluate_generation_ops`, milliseconds
+op-list evaluation, `AicEngine.evaluate_context_ops` / `evaluate_generation_ops`, milliseconds
 converted to seconds; T tokens in the step, S tokens that sample, B decodes):
     shared(T)      every op of the model's context op list except attention and the lm_head GEMM,
                    at T tokens: embedding, norms, QKV / output / MLP GEMMs (or the MoE experts), the
