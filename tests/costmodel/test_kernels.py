@@ -229,11 +229,12 @@ def test_budget_kernel_column_prices_the_budget_steps(llama8b, capsys) -> None: 
 
 def test_without_the_package_the_default_falls_back(monkeypatch) -> None:
     """With the package hidden, the default says it is not installed and --kernels vllm is an error."""
+    import stallfree.costmodel.kernel_tables as t
     import stallfree.costmodel.kernels as k
 
     monkeypatch.setattr(k, "kernels_installed", lambda: False)
-    monkeypatch.setattr(k, "_import_package", lambda: (_ for _ in ()).throw(KernelsUnavailable("not installed")))
-    monkeypatch.setattr(k, "_TABLES", {})
+    monkeypatch.setattr(t, "_import_package", lambda: (_ for _ in ()).throw(KernelsUnavailable("not installed")))
+    monkeypatch.setattr(t, "_TABLES", {})
     monkeypatch.setenv("STALLFREE_CACHE_DIR", "/nonexistent-stallfree-cache")
     chosen = choose_cost_model("llama-3.1-8b", "h100-sxm", tp=1)
     assert chosen.name == "floor" and "not installed" in chosen.source["fallback_reason"]
