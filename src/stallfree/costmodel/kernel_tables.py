@@ -1,0 +1,266 @@
+"""The measured-kernel tables a KernelCostModel prices from: building the package's compiled engine for
+a model, GPU, engine version, tp and dtypes (load_tables), once per process and, between processes,
+from a small file on disk; the version slots (resolve_version); and the errors when the package or
+its tables are missing (KernelsUnavailable).
+
+Imports allowed: the standard library and stallfree.costmodel (errors, kernel_maps); the package
+`aiconfigurator_core` (aiconfigurator-core, Apache-2.0, NVIDIA; the optional extra `kernels`) lazily,
+inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, WEIGHT_DTYPE_MODES
+
+__all__ = ["KernelTables", "KernelsUnavailable", "cache_dir", "kernels_installed", "load_tables", "resolve_version"]
+
+# The op classes of a model the composition knows; any other (MLA, linear attention, ...) is refused.
+_SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch"})
+
+
+class KernelsUnavailable(CostModelError):
+    """The measured-kernel backend cannot price this configuration: the package is not installed, the
+    GPU or engine has no tables, or the version is not one of the package's slots. The message says why."""
+
+
+def kernels_installed() -> bool:
+    """Return whether the optional package aiconfigurator-core can be imported (does not import it)."""
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("aiconfigurator_core") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken entry in sys.modules
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTables:
+    """One compiled engine of the package for a model, system, engine version and parallelism, with
+    the positions of its ops; built once per process per key (load_tables) and shared.
+
+    Attributes:
+        handle: the package's compiled engine (aiconfigurator_core.AicEngine) for the model.
+        system, engine, version: the package's system name, engine, and the literal version.
+        shared: context-op indices priced at the step's T tokens.
+        logits: the lm_head GEMM's context-op index, or -1 when the package's model has none (its
+            MoE family): `logits_json` then holds the same GEMM (vocab / tp x hidden, bf16), built by us.
+        chunk_attention: the context attention op's index.
+        decode_attention: the generation attention op's index.
+    """
+
+    handle: Any
+    system: str
+    engine: str
+    version: str
+    shared: tuple[int, ...]
+    logits: int
+    chunk_attention: int
+    decode_attention: int
+    logits_json: str | None = None
+
+
+_TABLES: dict[tuple[str, ...], KernelTables] = {}
+
+
+def _import_package() -> Any:
+    try:
+        import aiconfigurator_core  # noqa: F401
+        from aiconfigurator_core.sdk import engine as aic_engine
+    except ImportError as exc:
+        raise KernelsUnavailable(
+            "the measured-kernel tables need the optional package aiconfigurator-core "
+            f"(pip install 'stallfree[kernels]'): {exc}"
+        ) from None
+    return aic_engine
+
+
+def resolve_version(system: str, engine: str, version: str) -> str:
+    """Return the literal version of `engine` on `system` for a slot name ('current', 'previous',
+    'next') or a literal version the package serves.
+
+    Raises:
+        KernelsUnavailable: the package is missing, the system has no tables for the engine, or the
+            version is not served (the message lists the slots and their versions).
+    """
+    _import_package()
+    from aiconfigurator_core.sdk import perf_database
+
+    slots = perf_database.get_version_slots(system, engine) or {}
+    if not slots:
+        raise KernelsUnavailable(f"the package has no {engine} tables for {system}")
+    if version in slots:
+        return str(slots[version])
+    if version in slots.values():
+        return version
+    listed = ", ".join(f"{k} = {v}" for k, v in slots.items())
+    raise KernelsUnavailable(f"--kernels {engine}:{version}: {system} serves {engine} versions {listed}")
+
+
+def _index_ops(ops: Sequence[Any], owner: str) -> tuple[tuple[int, ...], int, int]:
+    shared, logits, attention = [], -1, -1
+    for i, op in enumerate(ops):
+        kind, name = type(op).__name__, str(getattr(op, "_name", ""))
+        if kind in ("ContextAttention", "GenerationAttention"):
+            attention = i
+        elif kind == "GEMM" and "logits" in name:
+            logits = i
+        elif kind in _SHARED_OPS:
+            shared.append(i)
+        else:
+            raise CostModelError(f"{owner}: op {name!r} of kind {kind} is not one the kernel composition prices")
+    if attention < 0:
+        raise CostModelError(f"{owner}: no attention op among the package's ops")
+    return tuple(shared), logits, attention
+
+
+def cache_dir() -> Path:
+    """Return the folder of compiled engines kept between processes: $STALLFREE_CACHE_DIR/kernels,
+    else $XDG_CACHE_HOME/stallfree/kernels, else ~/.cache/stallfree/kernels."""
+    root = os.environ.get("STALLFREE_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "stallfree" / "kernels"
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiconfigurator-core")
+    except PackageNotFoundError:
+        return "absent"
+
+
+def load_tables(
+    config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str
+) -> KernelTables:
+    """Return the compiled engine for a model config, system, engine version and TP degree: built once
+    per process per key, then shared.
+
+    Building asks the package to resolve the version slot, load its database and compile the model
+    (3 to 5 s on a 2-core machine); the compiled spec is then kept on disk (cache_dir(), keyed by every
+    argument and the package's version, so a new package release builds afresh), and a later process
+    only loads it (about 1 s: the engine reads its tables).
+
+    Raises:
+        KernelsUnavailable: as resolve_version.
+        CostModelError: the package cannot build the model (the message carries its reason), or the
+            model holds an op the composition does not price.
+    """
+    text = json.dumps(config, sort_keys=True)
+    key = (text, system, engine, version, str(tp), dtype, kv_dtype)
+    found = _TABLES.get(key)
+    if found is not None:
+        return found
+    digest = hashlib.sha256(json.dumps([*key, _package_version()]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{digest}.json"
+    tables = _load_cached(path)
+    if tables is None:
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype)
+        _store(path, tables, spec)
+    _TABLES[key] = tables
+    return tables
+
+
+def _store(path: Path, tables: KernelTables, spec: str) -> None:
+    meta = {"spec": spec, "system": tables.system, "engine": tables.engine, "version": tables.version,
+            "shared": list(tables.shared), "logits": tables.logits, "chunk_attention": tables.chunk_attention,
+            "decode_attention": tables.decode_attention, "logits_json": tables.logits_json}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(meta), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs the next process the build
+
+
+def _load_cached(path: Path) -> KernelTables | None:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    try:
+        import aiconfigurator_core  # only the compiled extension: the SDK's Python modules are not needed
+    except ImportError:
+        return None
+    try:
+        handle = aiconfigurator_core.AicEngine.from_spec(
+            bytes(aiconfigurator_core.engine_spec_bincode_from_json(meta["spec"])), None
+        )
+        shared = tuple(int(i) for i in meta["shared"])
+        handle.evaluate_context_ops(list(shared), batch_size=1, s=1)  # the engine loads its tables now
+        return KernelTables(handle, str(meta["system"]), str(meta["engine"]), str(meta["version"]), shared,
+                            int(meta["logits"]), int(meta["chunk_attention"]), int(meta["decode_attention"]),
+                            meta["logits_json"])
+    except Exception:  # a stale or damaged entry: build afresh
+        return None
+
+
+def _build_tables(
+    config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
+    kv_dtype: str,
+) -> tuple[KernelTables, str]:
+    literal = resolve_version(system, engine, version)
+    aic = _import_package()
+    import aiconfigurator_core
+    from aiconfigurator_core.sdk import perf_database
+    from aiconfigurator_core.sdk.config_builders import build_model_config
+    from aiconfigurator_core.sdk.models import get_model as aic_model
+
+    quiet = logging.getLogger("aiconfigurator_core")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its loader logs a line per fallback table it reads
+    try:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="stallfree-kernels-") as folder:
+            warnings.simplefilter("ignore")
+            with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+                f.write(text)
+            moe = bool(config.get("num_local_experts"))
+            mc = build_model_config(
+                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp if moe else 1, moe_ep_size=1,
+                gemm_quant_mode=WEIGHT_DTYPE_MODES[dtype], kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
+                fmha_quant_mode=None, moe_quant_mode=WEIGHT_DTYPE_MODES[dtype] if moe else None,
+                comm_quant_mode=None, forward_model=None, attention_backend=None,
+            )
+            model = aic_model(folder, mc, engine)
+            database = perf_database.get_database(system, engine, literal)
+            spec = aic.build_engine_spec_json(
+                model, model_path=folder, system=system, backend=engine, backend_version=literal,
+                kv_block_size=None, systems_path=None, nextn=0, database=database,
+            )
+            handle = aiconfigurator_core.AicEngine.from_spec(
+                bytes(aiconfigurator_core.engine_spec_bincode_from_json(spec)), None
+            )
+            owner = f"{engine} {literal} on {system}"
+            shared, logits, chunk = _index_ops(model.context_ops, owner)
+            _, _, decode = _index_ops(model.generation_ops, owner)
+            logits_json = None
+            if logits < 0:  # the package's MoE models leave out the lm_head: the Llama family's GEMM
+                from aiconfigurator_core.sdk import common
+                from aiconfigurator_core.sdk.operations.gemm import GEMM
+
+                head = GEMM("context_logits_gemm", 1, int(config["vocab_size"]) // tp, int(config["hidden_size"]),
+                            common.GEMMQuantMode.bfloat16)
+                logits_json = aic.build_ops_json([head])
+            handle.evaluate_context_ops(list(shared), batch_size=1, s=1)  # the engine loads its tables now
+    except CostModelError:
+        raise
+    except Exception as exc:  # the package's own errors: report them as ours, with its reason
+        raise CostModelError(f"the kernel tables cannot price this model on {system} ({engine}): {exc}") from None
+    finally:
+        quiet.setLevel(level)
+    return KernelTables(handle, system, engine, literal, shared, logits, chunk, decode, logits_json), str(spec)
