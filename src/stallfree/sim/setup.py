@@ -22,7 +22,16 @@ from typing import Any
 from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.simulator import SchedulerConfig
-from stallfree.sim.workload import Workload, load_bundled, load_mooncake, load_trace, parse_length_spec, synthetic
+from stallfree.sim.workload import (
+    Workload,
+    load_bundled,
+    load_mooncake,
+    load_trace,
+    parse_length_spec,
+    parse_shared_prefix,
+    shared_prefix,
+    synthetic,
+)
 
 __all__ = [
     "DEFAULTS",
@@ -78,7 +87,12 @@ class WorkloadOptions:
             prompt_len, output_len), or None for the bundled Azure conversation trace.
         trace_format: "auto", "azure", "burstgpt", "csv" or "jsonl".
         skip_bad_rows: skip and count malformed rows instead of stopping.
-        synthetic: "poisson" or "gamma" to draw synthetic arrivals instead of a trace.
+        synthetic: "poisson" or "gamma" to draw synthetic arrivals instead of a trace, or "shared-prefix"
+            for the shared-prefix workload (workload.shared_prefix; Poisson arrivals at `rate`).
+        shared_prefix: "G,P,S,Q" of the shared-prefix workload: groups, prompts per group, system prompt
+            tokens, question tokens; outputs follow `output_len`.
+        shared_prefix_block: tokens per prefix block of the shared-prefix workload (the paged scheduler's
+            block_size or a multiple of it).
         rate: synthetic mean arrival rate, requests/s.
         burstiness: synthetic gamma shape of the gaps (1 = Poisson).
         prompt_len: synthetic prompt length spec (see workload.parse_length_spec).
@@ -110,6 +124,8 @@ class WorkloadOptions:
     rate_scale: float | None = None
     max_tokens: int | None = None
     cut_output_to_fit: bool = False
+    shared_prefix: str | None = None
+    shared_prefix_block: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +166,15 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     """
     if opts.synthetic and opts.trace:
         raise SetupError("--trace and --synthetic are exclusive", usage=True)
+    if (opts.synthetic == "shared-prefix") != (opts.shared_prefix is not None):
+        raise SetupError("--synthetic shared-prefix and --shared-prefix G,P,S,Q go together", usage=True)
+    if opts.synthetic == "shared-prefix":
+        g, p, s, q = parse_shared_prefix(opts.shared_prefix or "")
+        wl = shared_prefix(g, p, s, q, parse_length_spec(opts.output_len), opts.rate,
+                           block=opts.shared_prefix_block, seed=opts.seed)
+        if opts.num_requests:
+            wl = wl.head(opts.num_requests)
+        return wl, opts.rate_scale or 1.0
     if opts.synthetic:
         if (opts.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
             raise SetupError(

@@ -71,11 +71,12 @@ def _run(a: argparse.Namespace) -> int:
         if a.vllm_result is not None:
             a.model = a.model or "llama-3.1-8b"
             a.gpu = a.gpu or "h100-sxm"
+            from stallfree.sim.engine_profile import load_profile
             from stallfree.validate.vllm import validate_vllm
 
             res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.max_num_batched_tokens,
                                 a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
-                                seed=a.seed)
+                                seed=a.seed, profile=load_profile(a.engine_profile or "none"), kernels=a.kernels)
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
                      f"{a.model} on {a.tp} x {a.gpu}")
         else:

@@ -98,7 +98,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl", "mooncake"]
     )
     w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
-    w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
+    w.add_argument("--synthetic", choices=["poisson", "gamma", "shared-prefix"],
+                   help="draw synthetic arrivals instead of a trace (shared-prefix: with --shared-prefix)")
+    w.add_argument("--shared-prefix", default=None, metavar="G,P,S,Q",
+                   help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
+                        "within a group, a question of Q tokens (outputs: --output-len; hits need --scheduler "
+                        "paged --prefix-caching)")
     w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
     w.add_argument(
         "--burstiness",
@@ -188,6 +193,8 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         rate_scale=args.rate_scale,
         max_tokens=args.max_tokens,
         cut_output_to_fit=args.cut_output_to_fit,
+        shared_prefix=getattr(args, "shared_prefix", None),
+        shared_prefix_block=getattr(args, "block_size", None) or 16,
     )
 
 
