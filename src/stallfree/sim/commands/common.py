@@ -188,6 +188,8 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         rate_scale=args.rate_scale,
         max_tokens=args.max_tokens,
         cut_output_to_fit=args.cut_output_to_fit,
+        concurrency=getattr(args, "concurrency", None),
+        think_time=getattr(args, "think_time", 0.0),
     )
 
 
