@@ -15,12 +15,13 @@ Example (the default replica on the first 500 requests of the bundled trace)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import LinearCostModel, StepCostModel
+from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.workload import (
     Workload,
@@ -107,6 +108,12 @@ class WorkloadOptions:
         cut_output_to_fit: a request whose prompt plus max_new exceeds the context length gets its
             max_new cut to fit (vLLM's behaviour when a client sets no max_tokens) instead of being
             refused (the default: vLLM's answer, a 400, when the client's max_tokens does not fit).
+        concurrency: None for open-loop load (the arrival times above), or closed-loop load: this
+            many requests in flight, the next sent when one ends (stallfree.sim.load.ClosedLoop).
+            The requests keep their order and lengths (a trace's, or drawn from prompt_len and
+            output_len: a length spec other than "trace" draws synthetic lengths without
+            `synthetic` set); their arrival times are ignored, so rate_scale must stay None.
+        think_time: closed loop: seconds from a request's end to its client's next request, >= 0.
     """
 
     trace: str | None = None
@@ -126,6 +133,30 @@ class WorkloadOptions:
     cut_output_to_fit: bool = False
     shared_prefix: str | None = None
     shared_prefix_block: int = 16
+    concurrency: int | None = None
+    think_time: float = 0.0
+
+    @property
+    def closed_loop(self) -> ClosedLoop | None:
+        """The closed-loop load of concurrency and think_time, or None for open-loop load.
+
+        Raises:
+            SetupError: concurrency or think_time out of range, think_time without concurrency,
+                or rate_scale given with concurrency (closed-loop arrivals have no rate to scale).
+        """
+        if self.concurrency is None:
+            if self.think_time:
+                raise SetupError(f"think_time {self.think_time!r} s applies to closed-loop load: set concurrency",
+                                 usage=True)
+            return None
+        if self.rate_scale is not None:
+            raise SetupError(f"rate_scale {self.rate_scale!r} scales open-loop arrivals; with concurrency "
+                             f"{self.concurrency!r} the arrivals follow the finishes: leave rate_scale None",
+                             usage=True)
+        try:
+            return ClosedLoop(self.concurrency, self.think_time)
+        except ValueError as exc:
+            raise SetupError(str(exc), usage=True) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +206,9 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         if opts.num_requests:
             wl = wl.head(opts.num_requests)
         return wl, opts.rate_scale or 1.0
-    if opts.synthetic:
+    closed = opts.closed_loop
+    drawn = closed is not None and not opts.trace and (opts.prompt_len != "trace" or opts.output_len != "trace")
+    if opts.synthetic or drawn:
         if (opts.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
             raise SetupError(
                 f"--num-requests {opts.num_requests:,} is more than a synthetic run draws "
@@ -187,10 +220,15 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             opts.rate,
             parse_length_spec(opts.prompt_len),
             parse_length_spec(opts.output_len),
-            opts.synthetic,
+            opts.synthetic or "poisson",  # closed loop: the arrival process is unused
             opts.burstiness,
             opts.seed,
         )
+        if closed is not None:
+            # The arrival process drawn above is unused: name the load the run offers.
+            wl = replace(wl, name=f"closed-loop(concurrency={closed.concurrency}, think={closed.think_time:g}s; "
+                         f"prompt {opts.prompt_len}; output {opts.output_len}; seed {opts.seed})")
+            return wl, 1.0
         return wl, opts.rate_scale or 1.0
     if opts.trace == "mooncake" and not Path("mooncake").exists():
         wl = load_mooncake()
@@ -202,6 +240,8 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             raise SetupError(f"no request arrives in the window [{opts.start:g}, {opts.end:g}) s")
     if opts.num_requests:
         wl = wl.head(opts.num_requests)
+    if closed is not None:
+        return replace(wl, name=f"{wl.name}, closed loop x{closed.concurrency}"), 1.0
     return wl, opts.rate_scale or (1.0 if opts.trace else DEFAULT_RATE_SCALE)
 
 
@@ -371,7 +411,19 @@ class Setup:
             "max_model_len": self.context_length,
             "max_model_len_source": self.context_length_source,
             "notes": list(wl.notes) + self._context_notes(),
-        }
+        } | self._load_header()
+
+    @property
+    def closed_loop(self) -> ClosedLoop | None:
+        """The run's closed-loop load (WorkloadOptions.closed_loop), or None for open-loop load."""
+        return self.workload_options.closed_loop
+
+    def _load_header(self) -> dict[str, Any]:
+        """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time."""
+        closed = self.closed_loop
+        if closed is None:
+            return {}
+        return {"offered_rate": None, "concurrency": closed.concurrency, "think_time_s": closed.think_time}
 
     def _context_notes(self) -> list[str]:
         opts = self.hardware_options

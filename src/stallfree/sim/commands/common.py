@@ -195,6 +195,8 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         cut_output_to_fit=args.cut_output_to_fit,
         shared_prefix=getattr(args, "shared_prefix", None),
         shared_prefix_block=getattr(args, "block_size", None) or 16,
+        concurrency=getattr(args, "concurrency", None),
+        think_time=getattr(args, "think_time", 0.0),
     )
 
 
