@@ -9,8 +9,9 @@ disagg: prefill and decode workers), isl and osl (tokens; every request of the r
 batch_size, tp_size, pp_size, attention_dp_size, and silicon_ttft_ms / silicon_tpot_ms (the measured
 means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size.
 
-Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default), the first `concurrency`
-sent at 0 and each later one when one finishes (plus the engine profile's front-end time, which the
+Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default) under the simulator's
+closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent at 0 and each later one when
+one finishes (plus the engine profile's front-end time, which the
 engine sees as a think time); the figures are the means over the requests after the first wave (the
 warm-up, whose prompts all queue at once). Scheduler: paged, token budget BUDGET (vLLM's default
 max_num_batched_tokens for its API server on a GPU of >= 70 GiB: vllm/engine/arg_utils.py,
@@ -26,17 +27,18 @@ from __future__ import annotations
 import csv
 import math
 import re
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import util as import_util
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import percentile
-from stallfree.core.request import Request
 from stallfree.costmodel import CostModelError
 from stallfree.sim.engine_profile import EngineProfile
-from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.load import ClosedLoop
+from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.workload import Workload
 from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset, pricing
 
 __all__ = [
@@ -192,49 +194,27 @@ def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | N
 
 def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
                 think_s: float = 0.0) -> list[tuple[float, float, float]]:
-    """Run a closed loop: `concurrency` requests of `isl` prompt and `osl` output tokens sent at 0, and each
-    later one `think_s` after one finishes, until `num_requests` were sent and all finished.
-
-    A request that arrives during a step joins the next one (the simulator's rule). Step times come from
-    `cost.step_time(plan)`, s.
+    """Run a closed loop through the simulator (stallfree.sim.load.ClosedLoop): `concurrency` requests of
+    `isl` prompt and `osl` output tokens sent at 0, and each later one `think_s` after one ends, until
+    `num_requests` were sent and all finished. Step times come from `cost.step_time(plan)`, s.
 
     Returns:
         Per request in sending order: (arrival s, first token s, finish s), engine-side times.
 
     Raises:
-        ValueError: a count < 1.
+        ValueError: a count < 1 or think_s < 0.
     """
     if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
         raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
                          f"num_requests={num_requests}, isl={isl}, osl={osl}")
-    s = sched.build()
-    arrival: list[float] = []
-    first: dict[Hashable, float] = {}
-    finish: dict[Hashable, float] = {}
-    pending: list[float] = []  # arrival times of requests not yet added (sorted)
-    t = 0.0
-    for _ in range(min(concurrency, num_requests)):
-        pending.append(0.0)
-    while pending or s.has_unfinished():
-        while pending and pending[0] <= t:
-            new = len(arrival)
-            arrival.append(pending.pop(0))
-            s.add(Request(rid=new, prompt_len=isl, max_new=osl, arrival=arrival[-1]))
-        plan = s.schedule()
-        if plan.num_tokens == 0:
-            s.complete(plan)
-            if pending:
-                t = max(t, pending[0])
-            continue
-        t += cost.step_time(plan)
-        for rid in s.complete(plan):
-            first.setdefault(rid, t)
-        for rid in s.last_finished:
-            finish[rid] = t
-            if len(arrival) + len(pending) < num_requests:
-                pending.append(t + think_s)
-        pending.sort()
-    return [(arrival[i], first[i], finish[i]) for i in range(len(arrival))]
+    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, (osl,) * num_requests, name="closed loop")
+    res = simulate(wl, sched, cost, closed_loop=ClosedLoop(concurrency, think_s))
+    out = []
+    for tl in sorted(res.timelines(), key=lambda t: int(t.rid)):
+        if not tl.token_times or tl.finish_time is None:
+            raise ValueError(f"closed loop: request {tl.rid} did not finish ({res.rejected[:1]})")
+        out.append((tl.arrival, tl.token_times[0], tl.finish_time))
+    return out
 
 
 def replay_row(row: ClosedLoopRow, profile: EngineProfile, kernels: str = "none",
