@@ -44,6 +44,7 @@ __all__ = [
     "Setup",
     "WorkloadOptions",
     "build_cost_model",
+    "build_priced",
     "build_workload",
     "context_length",
     "default_cost_model",
@@ -174,6 +175,11 @@ class HardwareOptions:
         linear_cost: "BASE_MS,PER_TOKEN_US[,PER_CTX_NS]" to price steps linearly instead.
         max_model_len: the context length override, tokens (vLLM's --max-model-len), or None for
             the model's own.
+        kernels: what prices the steps: 'none' (today's pricing: calibrated where the GPU has a
+            calibration, else the floor; the library's default), 'vllm', 'sglang' or 'trtllm' with
+            an optional ':VERSION' (measured kernel tables, stallfree.costmodel.kernels), or None for
+            the commands' default (vLLM's `current` tables where the optional package is installed and
+            has the GPU, else today's pricing, with the reason in the header).
     """
 
     model: str = DEFAULTS["model"]
@@ -185,6 +191,7 @@ class HardwareOptions:
     kv_tokens: int | None = None
     linear_cost: str | None = None
     max_model_len: int | None = None
+    kernels: str | None = "none"
 
 
 def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
@@ -270,26 +277,62 @@ def build_cost_model(opts: HardwareOptions) -> tuple[StepCostModel, int, str]:
     gpu_memory_utilization) unless kv_tokens overrides it; linear_cost replaces the step pricing only.
 
     Raises:
-        SetupError: an unknown model, GPU or dtype, or a bad linear_cost.
+        SetupError: an unknown model, GPU or dtype, a bad linear_cost, or kernels that cannot be
+            honoured (the message says why).
+    """
+    cost, kv, hw, _ = build_priced(opts)
+    return cost, kv, hw
+
+
+def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[str, Any]]:
+    """Return build_cost_model's three values and what priced the steps: a dict with `cost_model`
+    (a short name: 'kernels', 'calibrated', 'floor' or 'linear') and `cost_model_source` (structured:
+    stallfree.costmodel.choice.ChosenCostModel.source).
+
+    Raises:
+        SetupError: as build_cost_model.
     """
     from stallfree.costmodel import CostModelError
-    from stallfree.costmodel import default_cost_model as priced_default
+    from stallfree.costmodel.choice import choose_cost_model
 
     try:
-        chosen = priced_default(opts.model, opts.gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype)
+        # A linear cost replaces the pricing; the KV capacity still comes from today's cost model.
+        kernels = "none" if opts.linear_cost else opts.kernels
+        chosen = choose_cost_model(
+            opts.model, opts.gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype, kernels=kernels,
+            config=_user_config(opts.model),
+        )
         real = chosen.cost_model
         kv = opts.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=opts.gpu_memory_utilization)
     except (CostModelError, ValueError) as exc:
         raise SetupError(str(exc)) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
-    hw += f"; steps priced by the {chosen.provenance}"
+    hw += f"; {chosen.line}"
     if opts.linear_cost:
+        linear = {"kind": "linear", "chosen_by": "--linear-cost", "formula": opts.linear_cost}
         return (
             parse_linear_cost(opts.linear_cost),
             int(kv),
             f"linear cost {opts.linear_cost} (ms, us/token, ns/context token)",
+            {"cost_model": "linear", "cost_model_source": linear},
         )
-    return real, int(kv), hw
+    return real, int(kv), hw, {"cost_model": chosen.name, "cost_model_source": chosen.source}
+
+
+def _user_config(model: str) -> dict[str, Any] | None:
+    """The user's config.json (a Hugging Face config) to hand to the kernel tables, or None for a
+    preset (or a file in our own format, which the tables get written from the ModelSpec)."""
+    if not str(model).endswith(".json"):
+        return None
+    import json
+
+    try:
+        data = json.loads(Path(model).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # get_model reports the unreadable file with its own message
+    if isinstance(data, dict) and "num_hidden_layers" in data and "architectures" in data:
+        return data
+    return None
 
 
 def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
@@ -359,6 +402,7 @@ class Setup:
     cost_model: StepCostModel = field(init=False)
     kv_tokens: int = field(init=False)
     hardware: str = field(init=False)
+    pricing: dict[str, Any] = field(init=False)
     context_length: int | None = field(init=False)
     context_length_source: str = field(init=False)
 
@@ -367,7 +411,7 @@ class Setup:
             raise SetupError("--prefix-caching needs --scheduler paged (cached blocks are paged KV blocks)", usage=True)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
-        self.cost_model, self.kv_tokens, self.hardware = build_cost_model(self.hardware_options)
+        self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         self.context_length, self.context_length_source = context_length(self.hardware_options)
 
     def config(self, batching: str, budget: int) -> SchedulerConfig:
@@ -405,6 +449,8 @@ class Setup:
             "rate_scale": self.rate_scale,
             "offered_rate": wl.mean_rate,
             "hardware": self.hardware,
+            "cost_model": self.pricing["cost_model"],
+            "cost_model_source": self.pricing["cost_model_source"],
             "kv_tokens": self.kv_tokens,
             "max_seqs": self.max_seqs,
             "max_tokens": self.workload_options.max_tokens,

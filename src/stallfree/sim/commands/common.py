@@ -165,6 +165,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
         metavar="BASE_MS,PER_TOKEN_US[,PER_CTX_NS]",
         help="price steps as BASE + PER_TOKEN * tokens + PER_CTX * decode context instead",
     )
+    m.add_argument(
+        "--kernels",
+        metavar="ENGINE[:VERSION]",
+        help="price steps from measured GPU kernel tables (aiconfigurator-core): vllm, sglang or trtllm, "
+        "VERSION a slot (current, previous, next) or a version the package serves; 'none' for the "
+        "calibrated or floor pricing (default: vllm's current tables where the package is installed and "
+        "has the GPU, else none; the header says which)",
+    )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
     add_partial_prefill_args(s, "the context length")
@@ -212,6 +220,7 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
         kv_tokens=args.kv_tokens,
         linear_cost=args.linear_cost,
         max_model_len=args.max_model_len,
+        kernels=getattr(args, "kernels", None),
     )
 
 

@@ -1,0 +1,165 @@
+"""Mapping tables between our names and the measured-kernel package's (aiconfigurator-core): GPU presets
+onto its systems, engines and their version slots, dtypes onto its quantization modes, and a model
+preset onto the config.json the package reads; plus the parser of `--kernels ENGINE[:VERSION]`.
+
+Imports allowed: the standard library and stallfree.costmodel (errors, model). Nothing here imports
+the package itself: these are plain tables, so that an error can name what is missing without it.
+
+Source of the tables: aiconfigurator-core 0.12.0 (Apache-2.0, NVIDIA), its systems/*.yaml and
+systems/data/<system>/<family>/<engine>/<version>/ folders, and systems/query_versions.yaml (the
+version slots: `current`, `previous`, `next`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.model import ModelSpec
+
+__all__ = [
+    "ENGINES",
+    "KV_DTYPE_MODES",
+    "NO_TABLES",
+    "SYSTEMS",
+    "WEIGHT_DTYPE_MODES",
+    "architecture_of",
+    "config_from_spec",
+    "parse_kernels",
+    "system_for",
+]
+
+#: The engines whose kernels the package measured, by our name (the package's backend names).
+ENGINES = ("vllm", "sglang", "trtllm")
+
+#: Our GPU presets that the package holds measured tables for, onto its system names.
+SYSTEMS: dict[str, str] = {
+    "h100-sxm": "h100_sxm",
+    "h200": "h200_sxm",
+    "b200": "b200_sxm",
+    "gb200": "gb200",
+    "a100-sxm-80gb": "a100_sxm",
+    "l40s": "l40s",
+}
+
+#: Our GPU presets without measured tables there, with the reason (a system file without data, or
+#: no system at all).
+NO_TABLES: dict[str, str] = {
+    "h100-pcie": "the package lists h100_pcie but ships no measured tables for it",
+    "l4": "the package lists l4 but ships no measured tables for it",
+    "a10g": "the package has no a10g system",
+    "a40": "the package has no a40 system",
+    "l40": "the package has no l40 system (only l40s)",
+    "rtx-4090": "the package has no rtx-4090 system",
+    "h20": "the package has no h20 system",
+    "mi300x": "the package measures NVIDIA GPUs only (no mi300x system)",
+}
+
+#: Our weight dtypes onto the package's GEMM quantization modes (fp8: per-tensor FP8 W8A8).
+WEIGHT_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+
+#: Our KV cache dtypes onto the package's KV cache modes.
+KV_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8"}
+
+
+def system_for(gpu_key: str) -> str:
+    """Return the package's system name for our GPU preset key (e.g. 'h100-sxm' -> 'h100_sxm').
+
+    Raises:
+        CostModelError: the GPU has no measured tables there; the message names the GPU, says why
+            and lists the GPUs that have them.
+    """
+    system = SYSTEMS.get(gpu_key)
+    if system is not None:
+        return system
+    why = NO_TABLES.get(gpu_key, "it is not one of our presets that the package measured")
+    raise CostModelError(
+        f"gpu {gpu_key!r} has no measured kernel tables: {why}; GPUs with tables: {', '.join(sorted(SYSTEMS))}"
+    )
+
+
+def parse_kernels(text: str) -> tuple[str, str]:
+    """Parse `ENGINE[:VERSION]` (vllm, sglang, trtllm; or 'none') into (engine, version).
+
+    VERSION defaults to 'current' (a slot name or a literal version, checked later against the
+    package's slots). 'none' gives ('none', '').
+
+    Raises:
+        CostModelError: an unknown engine or an empty version; the message names the value.
+    """
+    engine, _, version = str(text).strip().partition(":")
+    engine = engine.strip().lower()
+    if engine == "none" and not version:
+        return "none", ""
+    if engine not in ENGINES:
+        raise CostModelError(
+            f"--kernels engine must be one of {', '.join(ENGINES)} or none, got {engine!r} (from {text!r})"
+        )
+    if _ and not version.strip():
+        raise CostModelError(f"--kernels {text!r}: the version after ':' is empty")
+    return engine, version.strip() or "current"
+
+
+def architecture_of(spec: ModelSpec) -> str:
+    """Return the Hugging Face architecture the package should build for our model preset.
+
+    MoE presets are Mixtral-style (MixtralForCausalLM); keys starting 'qwen3' are Qwen3ForCausalLM,
+    'qwen2' Qwen2ForCausalLM; every other gated-MLP dense preset is Llama-shaped (Llama, Mistral,
+    Yi, CodeLlama).
+
+    Raises:
+        CostModelError: the MLP is not gated (Falcon's two-matrix GELU MLP): the package's Llama
+            family assumes three matrices; the message names the field.
+    """
+    if not spec.gated_mlp:
+        raise CostModelError(
+            f"model {spec.key!r}: gated_mlp is false (a two-matrix MLP); the measured-kernel backend prices "
+            "gated (SwiGLU) MLPs only; use --kernels none"
+        )
+    if spec.num_experts:
+        return "MixtralForCausalLM"
+    if spec.key.startswith("qwen3"):
+        return "Qwen3ForCausalLM"
+    if spec.key.startswith("qwen2"):
+        return "Qwen2ForCausalLM"
+    return "LlamaForCausalLM"
+
+
+def config_from_spec(spec: ModelSpec) -> dict[str, Any]:
+    """Return a Hugging Face style config.json (as a dict) written from our ModelSpec, for the package.
+
+    Carries exactly the dimensions the cost model knows (layers, hidden, heads, KV heads, head_dim,
+    MLP size, vocab, experts, tied embeddings, context length); the rest (activation, norm eps, rope)
+    does not change kernel shapes.
+
+    Raises:
+        CostModelError: as architecture_of.
+    """
+    arch = architecture_of(spec)
+    cfg: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": {"MixtralForCausalLM": "mixtral", "Qwen3ForCausalLM": "qwen3",
+                       "Qwen2ForCausalLM": "qwen2"}.get(arch, "llama"),
+        "hidden_act": "silu",
+        "num_hidden_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "max_position_embeddings": spec.context_length or 131072,
+        "torch_dtype": "bfloat16",
+        "rms_norm_eps": 1e-5,
+    }
+    if spec.num_experts:
+        cfg["num_local_experts"] = spec.num_experts
+        cfg["num_experts_per_tok"] = spec.experts_per_token
+    return cfg
+
+
+def config_text(spec: ModelSpec) -> str:
+    """Return config_from_spec(spec) as JSON text (sorted keys, so equal specs give equal text)."""
+    return json.dumps(config_from_spec(spec), sort_keys=True, indent=1)

@@ -1,0 +1,484 @@
+"""Steps priced from measured GPU kernels (KernelCostModel): a cost model whose step time is composed
+from the kernel tables of aiconfigurator-core (Apache-2.0, NVIDIA), per engine (vLLM, SGLang,
+TensorRT-LLM) and engine version, for our scheduler's exact plans.
+
+Imports allowed: the standard library, stallfree.core and stallfree.costmodel; the package
+`aiconfigurator_core` (the optional extra `kernels`) is imported lazily, on the first build, so that
+importing stallfree never needs it.
+
+Composition of one step (all terms read from the package's measured tables through its compiled
+op-list evaluation, `EngineHandle.evaluate_context_ops` / `evaluate_generation_ops`, milliseconds
+converted to seconds; T tokens in the step, S tokens that sample, B decodes):
+    shared(T)      every op of the model's context op list except attention and the lm_head GEMM,
+                   at T tokens: embedding, norms, QKV / output / MLP GEMMs (or the MoE experts), the
+                   activation, the TP all-reduces, each summed over the layers by the package
+    logits(S)      the lm_head GEMM at the S sampled positions (0 when nothing samples)
+    chunk(c, p)    prefill attention of one chunk of c tokens at offset p (p tokens already cached),
+                   for every chunk of the plan
+    decode(B, s_i) decode attention: each decode i, with s_i = start_i + 1 keys, is priced as its
+                   share (1/B) of a batch of B decodes all at s_i
+    step_s = shared(T) + logits(S) + sum over chunks of chunk(c, p) + sum_i decode(B, s_i) / B
+The package's own step estimator prices all decodes of a step at one context and a prefill as one
+prompt split evenly; the composition above agrees with it exactly where the shapes agree (decodes of
+equal contexts; one whole prompt), which the tests check.
+
+Buckets (the cache): the chunk offset p and the decode keys s are priced by linear interpolation
+between KNOTS (every CONTEXT_BUCKET = 256 tokens up to 1,024, then two per doubling), the package
+being asked at the knots only; T, S, B and the chunk length c are exact. The error this adds is measured in
+benchmarks/bench_kernels.py and stated in docs/costmodel.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+from stallfree.core.plan import StepPlan
+from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.hardware import GPUSpec
+from stallfree.costmodel.kernel_maps import (
+    ENGINES,
+    KV_DTYPE_MODES,
+    WEIGHT_DTYPE_MODES,
+    config_from_spec,
+    system_for,
+)
+from stallfree.costmodel.model import ModelSpec
+from stallfree.costmodel.roofline import CostModel
+
+__all__ = ["CONTEXT_BUCKET", "KNOTS", "KernelCostModel", "KernelTables", "KernelsUnavailable", "kernels_installed"]
+
+#: The finest knot spacing of the decode keys and chunk offsets, tokens (see KNOTS).
+CONTEXT_BUCKET = 256
+
+
+def _knots(limit: int = 1 << 22) -> tuple[int, ...]:
+    """Knots every CONTEXT_BUCKET tokens up to 1,024, then two per doubling (1,536, 2,048, 3,072,
+    4,096, 6,144, ...) up to `limit` tokens: attention time is close to linear in the keys at long
+    contexts, where wider spacing adds little error and fewer knots are spanned per step."""
+    out, at = [0], 0
+    while at < limit:
+        at += CONTEXT_BUCKET if at < 1024 else (1 << (at.bit_length() - 1)) // 2
+        out.append(at)
+    return tuple(out)
+
+
+#: Positions (tokens) of the knots between which decode keys and chunk offsets are interpolated.
+KNOTS = _knots()
+_KEY = 1 << 12  # cache key = count x _KEY + knot index (len(KNOTS) < _KEY)
+
+# The op classes of a model the composition knows; any other (MLA, linear attention, ...) is refused.
+_SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch"})
+
+
+class KernelsUnavailable(CostModelError):
+    """The measured-kernel backend cannot price this configuration: the package is not installed, the
+    GPU or engine has no tables, or the version is not one of the package's slots. The message says why."""
+
+
+def kernels_installed() -> bool:
+    """Return whether the optional package aiconfigurator-core can be imported (does not import it)."""
+    from importlib.util import find_spec
+
+    return find_spec("aiconfigurator_core") is not None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTables:
+    """One compiled engine of the package for a model, system, engine version and parallelism, with
+    the positions of its ops; built once per process per key (load_tables) and shared.
+
+    Attributes:
+        handle: the package's EngineHandle.
+        system, engine, version: the package's system name, engine, and the literal version.
+        shared: context-op indices priced at the step's T tokens.
+        logits: the lm_head GEMM's context-op index, or -1 when the package's model has none (its
+            MoE family): `logits_json` then holds the same GEMM (vocab / tp x hidden, bf16), built by us.
+        chunk_attention: the context attention op's index.
+        decode_attention: the generation attention op's index.
+    """
+
+    handle: Any
+    system: str
+    engine: str
+    version: str
+    shared: tuple[int, ...]
+    logits: int
+    chunk_attention: int
+    decode_attention: int
+    logits_json: str | None = None
+
+
+_TABLES: dict[tuple[str, ...], KernelTables] = {}
+
+
+def _import_package() -> Any:
+    try:
+        import aiconfigurator_core  # noqa: F401
+        from aiconfigurator_core.sdk import engine as aic_engine
+    except ImportError as exc:
+        raise KernelsUnavailable(
+            "the measured-kernel tables need the optional package aiconfigurator-core "
+            f"(pip install 'stallfree[kernels]'): {exc}"
+        ) from None
+    return aic_engine
+
+
+def resolve_version(system: str, engine: str, version: str) -> str:
+    """Return the literal version of `engine` on `system` for a slot name ('current', 'previous',
+    'next') or a literal version the package serves.
+
+    Raises:
+        KernelsUnavailable: the package is missing, the system has no tables for the engine, or the
+            version is not served (the message lists the slots and their versions).
+    """
+    _import_package()
+    from aiconfigurator_core.sdk import perf_database
+
+    slots = perf_database.get_version_slots(system, engine) or {}
+    if not slots:
+        raise KernelsUnavailable(f"the package has no {engine} tables for {system}")
+    if version in slots:
+        return str(slots[version])
+    if version in slots.values():
+        return version
+    listed = ", ".join(f"{k} = {v}" for k, v in slots.items())
+    raise KernelsUnavailable(f"--kernels {engine}:{version}: {system} serves {engine} versions {listed}")
+
+
+def _index_ops(ops: Sequence[Any], owner: str) -> tuple[tuple[int, ...], int, int]:
+    shared, logits, attention = [], -1, -1
+    for i, op in enumerate(ops):
+        kind, name = type(op).__name__, str(getattr(op, "_name", ""))
+        if kind in ("ContextAttention", "GenerationAttention"):
+            attention = i
+        elif kind == "GEMM" and "logits" in name:
+            logits = i
+        elif kind in _SHARED_OPS:
+            shared.append(i)
+        else:
+            raise CostModelError(f"{owner}: op {name!r} of kind {kind} is not one the kernel composition prices")
+    if attention < 0:
+        raise CostModelError(f"{owner}: no attention op among the package's ops")
+    return tuple(shared), logits, attention
+
+
+def load_tables(
+    config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str
+) -> KernelTables:
+    """Return the compiled engine for a model config, system, engine version and TP degree; built
+    once per process per key (about 3 to 5 s: the package loads its tables), then shared.
+
+    Raises:
+        KernelsUnavailable: as resolve_version.
+        CostModelError: the package cannot build the model (the message carries its reason), or the
+            model holds an op the composition does not price.
+    """
+    literal = resolve_version(system, engine, version)
+    text = json.dumps(config, sort_keys=True)
+    key = (text, system, engine, literal, str(tp), dtype, kv_dtype)
+    found = _TABLES.get(key)
+    if found is not None:
+        return found
+    aic = _import_package()
+    import aiconfigurator_core
+    from aiconfigurator_core.sdk import perf_database
+    from aiconfigurator_core.sdk.config_builders import build_model_config
+    from aiconfigurator_core.sdk.models import get_model as aic_model
+
+    quiet = logging.getLogger("aiconfigurator_core")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its loader logs a line per fallback table it reads
+    try:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="stallfree-kernels-") as folder:
+            warnings.simplefilter("ignore")
+            path = os.path.join(folder, "config.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            moe = 1 if config.get("num_local_experts") else None
+            mc = build_model_config(
+                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp if moe else 1, moe_ep_size=1,
+                gemm_quant_mode=WEIGHT_DTYPE_MODES[dtype], kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
+                fmha_quant_mode=None, moe_quant_mode=WEIGHT_DTYPE_MODES[dtype] if moe else None,
+                comm_quant_mode=None, forward_model=None, attention_backend=None,
+            )
+            model = aic_model(folder, mc, engine)
+            database = perf_database.get_database(system, engine, literal)
+            spec = aic.build_engine_spec_json(
+                model, model_path=folder, system=system, backend=engine, backend_version=literal,
+                kv_block_size=None, systems_path=None, nextn=0, database=database,
+            )
+            handle = aic.EngineHandle(bytes(aiconfigurator_core.engine_spec_bincode_from_json(spec)))
+            owner = f"{engine} {literal} on {system}"
+            shared, logits, chunk = _index_ops(model.context_ops, owner)
+            _, _, decode = _index_ops(model.generation_ops, owner)
+            logits_json = None
+            if logits < 0:  # the package's MoE models leave out the lm_head: the Llama family's GEMM
+                from aiconfigurator_core.sdk import common
+                from aiconfigurator_core.sdk.operations.gemm import GEMM
+
+                head = GEMM("context_logits_gemm", 1, int(config["vocab_size"]) // tp, int(config["hidden_size"]),
+                            common.GEMMQuantMode.bfloat16)
+                logits_json = aic.build_ops_json([head])
+            handle.evaluate_context_ops(list(shared), batch_size=1, s=1)  # the engine loads its tables now
+    except CostModelError:
+        raise
+    except Exception as exc:  # the package's own errors: report them as ours, with its reason
+        raise CostModelError(f"the kernel tables cannot price this model on {system} ({engine}): {exc}") from None
+    finally:
+        quiet.setLevel(level)
+    tables = KernelTables(handle, system, engine, literal, shared, logits, chunk, decode, logits_json)
+    _TABLES[key] = tables
+    return tables
+
+
+class KernelCostModel:
+    """Prices a step from measured kernel tables (the composition of the module docstring).
+
+    Owns its caches (per process, never shared between models) and a roofline CostModel of the same
+    configuration, which checks the configuration and answers the KV capacity. It never touches a
+    scheduler. Pickles as its arguments: a worker process rebuilds it (once per process per key).
+
+    Args:
+        model: the ModelSpec (a preset, or a config file's).
+        gpu: the GPUSpec; it must map onto a system with tables (kernel_maps.SYSTEMS).
+        tp: tensor-parallel GPUs.
+        dtype: weight dtype, 'bf16', 'fp16' or 'fp8' (per-tensor FP8 GEMMs).
+        kv_dtype: KV cache dtype, or None for the activation dtype (bf16).
+        engine: 'vllm', 'sglang' or 'trtllm'.
+        version: a slot ('current', 'previous', 'next') or a literal version the package serves.
+        config: the model's config.json as a dict (a user's file), or None to write one from `model`.
+
+    Raises:
+        KernelsUnavailable: no package, no tables for the GPU or engine, a version not served.
+        CostModelError: any error of CostModel (tp, memory), a dtype the tables do not price, or a
+            model the package cannot build.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int = 1,
+        dtype: str = "bf16",
+        kv_dtype: str | None = None,
+        engine: str = "vllm",
+        version: str = "current",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype)
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.dtype, self.kv_dtype = self.roofline.dtype, self.roofline.kv_dtype
+        if engine not in ENGINES:
+            raise CostModelError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if self.dtype not in WEIGHT_DTYPE_MODES:
+            raise CostModelError(
+                f"dtype {self.dtype!r} has no kernel tables here; priced: {', '.join(WEIGHT_DTYPE_MODES)}"
+            )
+        if self.kv_dtype not in KV_DTYPE_MODES:
+            raise CostModelError(
+                f"kv_dtype {self.kv_dtype!r} has no kernel tables here; priced: {', '.join(KV_DTYPE_MODES)}"
+            )
+        self.engine, self.requested_version = engine, version
+        self._config = dict(config) if config is not None else config_from_spec(model)
+        self.tables = load_tables(
+            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype
+        )
+        self.version = self.tables.version
+        self._shared_c: dict[int, float] = {}
+        self._logits_c: dict[int, float] = {}
+        self._chunk_c: dict[int, float] = {}
+        self._decode_c: dict[int, float] = {}
+        self._sorted: tuple[Any, list[int], list[int]] | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (
+            KernelCostModel,
+            (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
+             self._config),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"KernelCostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, dtype={self.dtype}, "
+            f"kv_dtype={self.kv_dtype}, {self.engine} {self.version} on {self.tables.system})"
+        )
+
+    @property
+    def description(self) -> str:
+        """One line naming the tables: 'measured vllm 0.24.0 kernels on h100_sxm (aiconfigurator-core)'."""
+        return f"measured {self.engine} {self.version} kernels on {self.tables.system} (aiconfigurator-core)"
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """Return the KV capacity in tokens (the roofline CostModel's, which see)."""
+        return self.roofline.kv_capacity_tokens(gpu_memory_utilization)
+
+    def clear_caches(self) -> None:
+        """Forget every cached price (the next steps ask the package again; for benchmarks)."""
+        self._shared_c.clear()
+        self._logits_c.clear()
+        self._chunk_c.clear()
+        self._decode_c.clear()
+        self._sorted = None
+
+    # ---- the package's tables, in seconds --------------------------------------------------------
+    def shared_s(self, tokens: int) -> float:
+        """Return shared(T) of the module docstring, seconds, for T = `tokens` >= 1 (cached, exact)."""
+        t = self._shared_c.get(tokens)
+        if t is None:
+            r = self.tables.handle.evaluate_context_ops(list(self.tables.shared), batch_size=1, s=tokens)
+            t = self._shared_c[tokens] = sum(v[1] for v in r) * 1e-3
+        return t
+
+    def logits_s(self, sampled: int) -> float:
+        """Return logits(S), seconds: the lm_head GEMM at `sampled` positions (0.0 for none; cached)."""
+        if sampled <= 0:
+            return 0.0
+        t = self._logits_c.get(sampled)
+        if t is None:
+            tb = self.tables
+            if tb.logits_json is not None:
+                r = tb.handle.evaluate_ops_json(tb.logits_json, is_context=True, batch_size=1, s=sampled, x=sampled)
+            else:
+                r = tb.handle.evaluate_context_ops([tb.logits], batch_size=1, s=sampled, x=sampled)
+            t = self._logits_c[sampled] = r[0][1] * 1e-3
+        return t
+
+    def chunk_exact_s(self, num_tokens: int, start: int) -> float:
+        """Return the prefill attention of one chunk, seconds, straight from the package (no cache)."""
+        r = self.tables.handle.evaluate_context_ops(
+            [self.tables.chunk_attention], batch_size=1, s=num_tokens, prefix=start
+        )
+        return float(r[0][1]) * 1e-3
+
+    def decode_exact_s(self, batch: int, keys: int) -> float:
+        """Return the decode attention of `batch` decodes each attending to `keys` keys, seconds (no cache)."""
+        r = self.tables.handle.evaluate_generation_ops(
+            [self.tables.decode_attention], batch_size=batch, s=max(keys, 1)
+        )
+        return float(r[0][1]) * 1e-3
+
+    def _chunk_knot(self, num_tokens: int, k: int) -> float:
+        key = num_tokens * _KEY + k
+        t = self._chunk_c.get(key)
+        if t is None:
+            t = self._chunk_c[key] = self.chunk_exact_s(num_tokens, KNOTS[k])
+        return t
+
+    def _decode_knot(self, batch: int, k: int) -> float:
+        key = batch * _KEY + k
+        t = self._decode_c.get(key)
+        if t is None:
+            t = self._decode_c[key] = self.decode_exact_s(batch, KNOTS[k])
+        return t
+
+    def chunk_s(self, num_tokens: int, start: int) -> float:
+        """Return chunk(c, p), seconds: linear between the offset knots around `start` (cached)."""
+        k = bisect_right(KNOTS, start) - 1
+        lo = self._chunk_knot(num_tokens, k)
+        rem = start - KNOTS[k]
+        if not rem:
+            return lo
+        return lo + (self._chunk_knot(num_tokens, k + 1) - lo) * rem / (KNOTS[k + 1] - KNOTS[k])
+
+    def decode_attention_s(self, plan: StepPlan) -> float:
+        """Return sum_i decode(B, s_i) / B of the module docstring, seconds, with s_i = start_i + 1 and
+        decode(B, .) linear between KNOTS; O(B log B + knots spanned x log B) per step, the sorted
+        starts being kept while the scheduler reuses its tuple of decode offsets."""
+        nd = plan.num_decodes
+        if not nd:
+            return 0.0
+        offs = plan.decode_offsets
+        cached = self._sorted
+        if cached is None or cached[0] is not offs:
+            ordered = sorted(offs)
+            cached = self._sorted = (offs, ordered, [0, *accumulate(ordered)])
+        _, ordered, prefix = cached
+        shift = plan.step + 1  # keys of a decode = its start + 1 = offset + step + 1
+        knots, cache, base = KNOTS, self._decode_c, nd * _KEY
+        k = bisect_right(knots, ordered[0] + shift) - 1
+        last = bisect_right(knots, ordered[-1] + shift) - 1
+        total, i = 0.0, 0
+        lo = cache.get(base + k)
+        if lo is None:
+            lo = self._decode_knot(nd, k)
+        while True:
+            hi = cache.get(base + k + 1)
+            if hi is None:
+                hi = self._decode_knot(nd, k + 1)
+            j = nd if k == last else bisect_left(ordered, knots[k + 1] - shift, i)
+            if j > i:
+                n, at = j - i, knots[k]
+                keys = prefix[j] - prefix[i] + n * shift
+                total += n * lo + (keys - n * at) * (hi - lo) / (knots[k + 1] - at)
+            if k >= last:
+                break
+            i, k, lo = j, k + 1, hi
+        return total / nd
+
+    # ---- pricing ---------------------------------------------------------------------------------
+    def step_time(self, plan: StepPlan) -> float:
+        """Return the predicted time of one step, seconds (0.0 for an empty plan).
+
+        Speculative decodes (more than one token each) count all their tokens in shared(T) and one
+        query each in the decode attention.
+        """
+        tokens = plan.num_tokens
+        if tokens <= 0:
+            return 0.0
+        sampled = plan.num_decodes
+        t = self.decode_attention_s(plan)
+        for c in plan.prefills:
+            t += self.chunk_s(c.num_tokens, c.start)
+            sampled += c.is_last
+        return t + self.shared_s(tokens) + self.logits_s(sampled)
+
+    def step_time_exact(self, plan: StepPlan) -> float:
+        """Return step_time(plan) without buckets: every chunk and every decode's keys asked of the
+        package as they are (slow: for measuring the error the buckets add)."""
+        tokens = plan.num_tokens
+        if tokens <= 0:
+            return 0.0
+        nd = plan.num_decodes
+        sampled = nd
+        t = 0.0
+        if nd:
+            t += sum(self.decode_exact_s(nd, s + 1) for s in plan.decode_starts) / nd
+        for c in plan.prefills:
+            t += self.chunk_exact_s(c.num_tokens, c.start)
+            sampled += c.is_last
+        return t + self.shared_s(tokens) + self.logits_s(sampled)
+
+    def decode_step_time(self, num_decodes: int, context_len: int) -> float:
+        """Return the time of a decode-only step of `num_decodes` decodes, each with `context_len`
+        tokens already in the KV cache, seconds (0.0 for none; exact, no buckets).
+
+        Raises:
+            CostModelError: a negative count or context.
+        """
+        if num_decodes < 0 or context_len < 0:
+            raise CostModelError(f"num_decodes and context_len must be >= 0, got {num_decodes}, {context_len}")
+        if not num_decodes:
+            return 0.0
+        return (
+            self.shared_s(num_decodes) + self.logits_s(num_decodes) + self.decode_exact_s(num_decodes, context_len + 1)
+        )
+
+    def prefill_step_time(self, num_tokens: int, start: int = 0, is_last: bool = True) -> float:
+        """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`,
+        seconds (exact, no buckets).
+
+        Raises:
+            CostModelError: num_tokens < 1 or a negative start.
+        """
+        if num_tokens < 1 or start < 0:
+            raise CostModelError(f"num_tokens must be >= 1 and start >= 0, got {num_tokens}, {start}")
+        return self.shared_s(num_tokens) + self.logits_s(int(is_last)) + self.chunk_exact_s(num_tokens, start)
