@@ -198,3 +198,13 @@ def test_against_aiconfigurator_reads_the_package_copy():
     res = validate_silicon("aiconfigurator", EngineProfile("none"), model="llama-3.1-8b-instruct-fp8",
                            engine="vllm", limit=2)
     assert res["csv"].endswith("silicon_sample.csv") and len(res["rows"]) == 2
+
+
+def test_default_profile_follows_kernels():
+    """--kernels none takes no profile; an engine without a shipped profile fitted on it takes none too."""
+    from stallfree.sim.engine_profile import default_profile
+
+    assert default_profile("none").is_empty and default_profile(None).is_empty
+    assert default_profile("trtllm:current").name in ("none", "trtllm")
+    prof = default_profile("vllm")
+    assert prof.name == "none" or prof.pricing == "vllm"

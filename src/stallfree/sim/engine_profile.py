@@ -38,6 +38,7 @@ __all__ = [
     "EngineProfile",
     "EngineProfileError",
     "ProfiledCostModel",
+    "default_profile",
     "load_profile",
     "profile_names",
 ]
@@ -158,6 +159,25 @@ def load_profile(name: str) -> EngineProfile:
     if name not in profiles:
         raise EngineProfileError(f"--engine-profile {name!r}: no such profile; known: {', '.join(profile_names())}")
     return EngineProfile.from_json(name, profiles[name])
+
+
+def default_profile(kernels: str | None) -> EngineProfile:
+    """The profile that matches a `--kernels` value: the shipped profile named after its engine when that
+    profile was fitted on that engine's kernel pricing; "none" for `--kernels none` (or None) and for an
+    engine without one.
+
+    Raises:
+        EngineProfileError: a bad entry in the data file.
+    """
+    if kernels is None or kernels == "none":
+        return EngineProfile("none")
+    engine = kernels.split(":", 1)[0]
+    shipped = _shipped()
+    if engine in shipped:
+        prof = EngineProfile.from_json(engine, shipped[engine])
+        if prof.pricing.split(":", 1)[0] == engine:
+            return prof
+    return EngineProfile("none")
 
 
 @dataclass(frozen=True, slots=True)

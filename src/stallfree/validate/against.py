@@ -158,7 +158,7 @@ def replay_run(run: RunFolder, profile: EngineProfile, kernels: str = "none", mo
         if run.num_gpu_blocks is not None:
             kv, kv_src = run.num_gpu_blocks * run.block_size, "num_gpu_blocks of meta.json"
         else:
-            mem = run.device_memory_bytes or price.base.gpu.mem_bytes
+            mem = run.device_memory_bytes or getattr(price.base, "roofline", price.base).gpu.mem_bytes
             kv = derived_kv_tokens(price.base, mem, run.gpu_memory_utilization, run.block_size)
             kv_src = "derived (memory x utilization - weights - activation reserve)"
     except CostModelError as exc:

@@ -35,11 +35,11 @@ def _print(res: dict[str, Any], title: str) -> None:
 
 def _against(a: argparse.Namespace) -> int:
     """`--against PATH`: the format found by content (validate.against.detect)."""
-    from stallfree.sim.engine_profile import load_profile
+    from stallfree.sim.engine_profile import default_profile, load_profile
     from stallfree.validate import against
 
     fmt = against.detect(a.against)
-    profile = load_profile(a.engine_profile or "none")
+    profile = load_profile(a.engine_profile) if a.engine_profile else default_profile(a.kernels)
     if fmt in ("aiconfigurator", "silicon"):
         from stallfree.validate import silicon
 
@@ -71,12 +71,13 @@ def _run(a: argparse.Namespace) -> int:
         if a.vllm_result is not None:
             a.model = a.model or "llama-3.1-8b"
             a.gpu = a.gpu or "h100-sxm"
-            from stallfree.sim.engine_profile import load_profile
+            from stallfree.sim.engine_profile import default_profile, load_profile
             from stallfree.validate.vllm import validate_vllm
 
             res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.max_num_batched_tokens,
                                 a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
-                                seed=a.seed, profile=load_profile(a.engine_profile or "none"), kernels=a.kernels)
+                                seed=a.seed, profile=load_profile(a.engine_profile) if a.engine_profile else default_profile(a.kernels),
+                                kernels=a.kernels)
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
                      f"{a.model} on {a.tp} x {a.gpu}")
         else:
@@ -153,10 +154,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="a run folder (meta.json + requests.jsonl) or a folder of them, a vllm bench serve result, "
                         "a silicon_sample.csv-style CSV, or 'aiconfigurator' for the installed package's copy")
     g.add_argument("--engine-profile", default=None, metavar="NAME",
-                   help="the engine's own time around the kernels (sim/data/engine_profiles.json): none "
-                        "(default), vllm, ...")
+                   help="the engine's own time around the kernels (sim/data/engine_profiles.json): none, "
+                        "vllm, ... (default: the profile fitted on the --kernels pricing; none for --kernels none)")
     g.add_argument("--kernels", default="none", metavar="ENGINE[:VERSION]",
-                   help="what prices the steps: none (today's pricing; default)")
+                   help="what prices the steps: none (today's pricing; default) or vllm, sglang, trtllm with "
+                        "an optional :VERSION (the measured kernel tables, aiconfigurator-core)")
     g.add_argument("--engine", default=None, help="benchmark CSV: rows of this backend (vllm, sglang, trtllm)")
     g.add_argument("--mode", default=None, help="benchmark CSV: rows of this mode (agg, disagg)")
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",

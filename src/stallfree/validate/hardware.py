@@ -7,11 +7,14 @@ Imports allowed: the standard library, stallfree.core, stallfree.costmodel, stal
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from stallfree.costmodel import CostModelError, default_cost_model
+from stallfree.costmodel import CostModelError
+from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.model import get_model
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel
@@ -116,6 +119,7 @@ def derived_kv_tokens(cost: Any, memory_bytes: float, utilization: float, block_
     Raises:
         ValueError: no room for one block.
     """
+    cost = getattr(cost, "roofline", cost)  # a kernel-priced model keeps its memory figures there
     free = memory_bytes * utilization - cost.weight_bytes_per_gpu - ACTIVATION_RESERVE_BYTES
     blocks = int(free // (cost.kv_bytes_per_token_per_gpu * block_size))
     if blocks < 1:
@@ -141,18 +145,29 @@ class Pricing:
     profile: EngineProfile
 
 
+def _config(model: str) -> dict[str, Any] | None:
+    if not model.endswith(".json"):
+        return None
+    try:
+        data = json.loads(Path(model).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # get_model reports the unreadable file
+    return data if isinstance(data, dict) and "num_hidden_layers" in data else None
+
+
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile, kernels: str = "none") -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
-    kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor).
+    kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor) or
+    ENGINE[:VERSION] for the measured kernel tables (stallfree.costmodel.choice.choose_cost_model; a
+    config.json model is handed to the tables as is).
 
     Raises:
-        ValueError: an unknown model, GPU or dtype (CostModelError), or a kernels value not available.
+        CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
-    if kernels != "none":
-        raise ValueError(f"--kernels {kernels!r}: only 'none' is available in this build")
-    chosen = default_cost_model(model, gpu, tp=tp, dtype=dtype)
-    cm: StepCostModel = chosen.cost_model
+    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model))
+    base = chosen.cost_model
+    cm: StepCostModel = base
     if not profile.is_empty:
-        cm = ProfiledCostModel(chosen.cost_model, profile)
-    return Pricing(cm, chosen.cost_model, chosen.provenance, profile)
+        cm = ProfiledCostModel(base, profile)
+    return Pricing(cm, base, chosen.line.removeprefix("steps priced by ").removeprefix("the "), profile)

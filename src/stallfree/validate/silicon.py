@@ -12,8 +12,9 @@ means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data
 Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default) under the simulator's
 closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent at 0 and each later one when
 one finishes (plus the engine profile's front-end time, which the
-engine sees as a think time); the figures are the means over the requests after the first wave (the
-warm-up, whose prompts all queue at once). Scheduler: paged, token budget BUDGET (vLLM's default
+engine sees as a think time). The first wave is a warm-up whose outputs are staggered (closed_loop's
+`spread`) so that the later waves arrive spread out, as real clients drift apart, instead of in lock-step;
+the figures are the means over the requests after the first wave. Scheduler: paged, token budget BUDGET (vLLM's default
 max_num_batched_tokens for its API server on a GPU of >= 70 GiB: vllm/engine/arg_utils.py,
 _set_default_args), max_num_seqs the larger of the concurrency and 1,024, KV from the cost model at
 gpu_memory_utilization 0.9 less the activation reserve (validate.hardware).
@@ -193,10 +194,15 @@ def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | N
 
 
 def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
-                think_s: float = 0.0) -> list[tuple[float, float, float]]:
+                think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
     """Run a closed loop through the simulator (stallfree.sim.load.ClosedLoop): `concurrency` requests of
     `isl` prompt and `osl` output tokens sent at 0, and each later one `think_s` after one ends, until
     `num_requests` were sent and all finished. Step times come from `cost.step_time(plan)`, s.
+
+    spread: the first wave's request i (of N = concurrency) generates ceil(osl x (i + 1) / N) tokens
+    instead of osl, so that the first wave ends spread over one request's lifetime and the later waves
+    (all of osl tokens) arrive spread out as real clients' requests drift apart; without it, equal
+    requests sent together stay in lock-step wave after wave, every wave's prompts queueing at once.
 
     Returns:
         Per request in sending order: (arrival s, first token s, finish s), engine-side times.
@@ -207,7 +213,11 @@ def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_request
     if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
         raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
                          f"num_requests={num_requests}, isl={isl}, osl={osl}")
-    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, (osl,) * num_requests, name="closed loop")
+    outs = [osl] * num_requests
+    if spread:
+        for i in range(min(concurrency, num_requests)):
+            outs[i] = max(1, -(-osl * (i + 1) // concurrency))
+    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
     res = simulate(wl, sched, cost, closed_loop=ClosedLoop(concurrency, think_s))
     out = []
     for tl in sorted(res.timelines(), key=lambda t: int(t.rid)):
@@ -233,12 +243,13 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile, kernels: str = "none"
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
     try:
         price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels)
-        kv = derived_kv_tokens(price.base, price.base.gpu.mem_bytes, 0.9, 16)
+        kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
     sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
     n = requests_per_row * row.concurrency
-    done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, profile.frontend_s)
+    done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, profile.frontend_s,
+                       spread=True)
     steady = done[row.concurrency:] or done
     ttft = sum(f - a for a, f, _ in steady) / len(steady) + profile.frontend_s
     tpot = sum((e - f) / (row.osl - 1) for _a, f, e in steady) / len(steady) if row.osl > 1 else float("nan")
@@ -285,8 +296,8 @@ def validate_silicon(path: str, profile: EngineProfile, kernels: str = "none", m
     """
     csv_path = bundled_csv() if path == "aiconfigurator" else Path(path)
     k = REQUESTS_PER_ROW if requests_per_row is None else requests_per_row
-    if k < 2:
-        raise ValueError(f"--requests-per-row must be >= 2 (one warm-up wave and one measured), got {k}")
+    if k < 1:
+        raise ValueError(f"--requests-per-row must be >= 1 (1: one wave, all of it measured), got {k}")
     rows = select(read_rows(csv_path), model, gpu, engine, mode)
     if limit is not None:
         rows = rows[:limit]
