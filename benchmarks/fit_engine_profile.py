@@ -4,8 +4,9 @@ aiconfigurator-core's systems/silicon_sample.csv, and report its error on the ro
     python benchmarks/fit_engine_profile.py --kernels vllm --fit-model llama-3.1-70b --name vllm --write
 
 The rule (docs/fidelity.md): fit on the vLLM rows of the model named by --fit-model (default
-Llama-3.1-70B: the most rows, both GPUs, TP 1 to 8), on H100 and H200; report on the other dense models'
-vLLM rows there (--report-model, default Qwen3-32B and Llama-3.1-8B-FP8). The fit is linear and in two stages, each a reason that carries over to other models:
+Llama-3.1-70B: the most rows, both GPUs, TP 1 to 8), on H100 and H200; report on the other dense
+models' vLLM rows there (--report-model, default Qwen3-32B and Llama-3.1-8B-FP8). The fit is
+linear and in two stages, each a reason that carries over to other models:
 
 1. TPOT. In a closed loop's steady state a request's TPOT is the mean time of the steps it decodes in,
    and nearly every step samples about `concurrency` tokens; so the engine's time beyond the priced steps
@@ -94,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     step_s, per_s = _nonneg_fit(xs, ys)
     stepped = _replay(fit_rows, EngineProfile("fit", step_s, per_s), a.kernels, k)
     front_s = max(0.0, statistics.median((d["measured_ttft_ms"] - d["sim_ttft_ms"]) * 1e-3 for d in stepped))
-    cmd = ("python benchmarks/fit_engine_profile.py --kernels {} --fit-model {} --gpu {} --requests-per-row {} "
-           "--name {}").format(a.kernels, a.fit_model, a.gpu, k, a.name)
+    cmd = (f"python benchmarks/fit_engine_profile.py --kernels {a.kernels} --fit-model {a.fit_model} "
+           f"--gpu {a.gpu} --requests-per-row {k} --name {a.name}")
     prof = EngineProfile(a.name, step_s, per_s, front_s, pricing=a.kernels,
                          fitted_on=f"{len(fit_rows)} vLLM agg rows of aiconfigurator-core 0.12.0 "
                                    f"systems/silicon_sample.csv whose model contains {a.fit_model!r}, on {a.gpu}",

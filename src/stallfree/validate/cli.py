@@ -76,8 +76,9 @@ def _run(a: argparse.Namespace) -> int:
 
             res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.max_num_batched_tokens,
                                 a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
-                                seed=a.seed, profile=load_profile(a.engine_profile) if a.engine_profile else default_profile(a.kernels),
-                                kernels=a.kernels)
+                                seed=a.seed, kernels=a.kernels,
+                                profile=load_profile(a.engine_profile) if a.engine_profile
+                                else default_profile(a.kernels))
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
                      f"{a.model} on {a.tp} x {a.gpu}")
         else:
