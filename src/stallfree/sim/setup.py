@@ -180,6 +180,10 @@ class HardwareOptions:
             an optional ':VERSION' (measured kernel tables, stallfree.costmodel.kernels), or None for
             the commands' default (vLLM's `current` tables where the optional package is installed and
             has the GPU, else today's pricing, with the reason in the header).
+        engine_profile: an engine profile's name (stallfree.sim.engine_profile: its per-step and
+            per-sampled-token terms are added to every step; its front-end term, a client-side constant,
+            is not added to the simulated latencies and is named in the header), or None for the
+            profile fitted on `kernels` (none when kernels is None or 'none').
     """
 
     model: str = DEFAULTS["model"]
@@ -192,6 +196,7 @@ class HardwareOptions:
     linear_cost: str | None = None
     max_model_len: int | None = None
     kernels: str | None = "none"
+    engine_profile: str | None = "none"
 
 
 def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
@@ -308,6 +313,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         raise SetupError(str(exc)) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += f"; {chosen.line}"
+    real, hw = _with_profile(real, hw, opts)
     if opts.linear_cost:
         linear = {"kind": "linear", "chosen_by": "--linear-cost", "formula": opts.linear_cost}
         return (
@@ -317,6 +323,24 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
             {"cost_model": "linear", "cost_model_source": linear},
         )
     return real, int(kv), hw, {"cost_model": chosen.name, "cost_model_source": chosen.source}
+
+
+def _with_profile(cost: Any, hw: str, opts: HardwareOptions) -> tuple[Any, str]:
+    """Wrap `cost` in the options' engine profile (its step terms), with a note for the header.
+
+    Raises:
+        SetupError: an unknown profile name.
+    """
+    from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
+
+    try:
+        prof = load_profile(opts.engine_profile) if opts.engine_profile else default_profile(opts.kernels)
+    except EngineProfileError as exc:
+        raise SetupError(str(exc), usage=True) from None
+    if prof.is_empty:
+        return cost, hw
+    note = prof.describe() + (" (the front end is not added to the simulated latencies)" if prof.frontend_s else "")
+    return ProfiledCostModel(cost, prof), f"{hw}; {note}"
 
 
 def _user_config(model: str) -> dict[str, Any] | None:

@@ -173,6 +173,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "calibrated or floor pricing (default: vllm's current tables where the package is installed and "
         "has the GPU, else none; the header says which)",
     )
+    m.add_argument(
+        "--engine-profile",
+        metavar="NAME",
+        help="add the engine's own time around the kernels to every step (sim/data/engine_profiles.json: "
+        "none, vllm; docs/fidelity.md); default: the profile fitted on the --kernels engine given, none "
+        "without --kernels",
+    )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
     add_partial_prefill_args(s, "the context length")
@@ -221,6 +228,7 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
         linear_cost=args.linear_cost,
         max_model_len=args.max_model_len,
         kernels=getattr(args, "kernels", None),
+        engine_profile=getattr(args, "engine_profile", None),
     )
 
 
