@@ -10,10 +10,9 @@ from stallfree.cli import main
 
 
 def test_simulate_json_header_and_runs(capsys):
-    """simulate --json reports the rate scale, the utilisation and vLLM-named metrics (today's pricing:
-    priced by the kernel tables, the default replica at rate scale 3 is just past saturation)."""
-    assert main(["simulate", "--num-requests", "300", "--json", "--slo-ttft", "1s", "--slo-tpot", "50",
-                 "--kernels", "none"]) == 0
+    """simulate --json reports the rate scale, the utilisation and vLLM-named metrics."""
+    argv = ["simulate", "--num-requests", "300", "--json", "--slo-ttft", "1s", "--slo-tpot", "50", "--kernels", "none"]
+    assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["header"]["rate_scale"] == 3.0
     assert out["header"]["requests"] == 300
@@ -30,6 +29,28 @@ def test_simulate_json_header_and_runs(capsys):
         "output_throughput",
     ):
         assert run[key] is not None, key
+
+
+def test_simulate_json_names_what_priced_the_steps(capsys):
+    """--kernels none: the header's cost_model says 'floor' (H100 has no calibration), chosen by --kernels."""
+    argv = ["simulate", "--num-requests", "20", "--json", "--kernels", "none"]
+    assert main(argv) == 0
+    header = json.loads(capsys.readouterr().out)["header"]
+    assert header["cost_model"] == "floor"
+    assert header["cost_model_source"]["kind"] == "floor" and header["cost_model_source"]["chosen_by"] == "--kernels"
+    assert "steps priced by the floor" in header["hardware"]
+
+
+def test_simulate_bad_kernels_is_a_usage_error(capsys):
+    """An unknown --kernels engine is refused with the value named."""
+    assert main(["simulate", "--num-requests", "5", "--kernels", "tgi"]) != 0
+    assert "'tgi'" in capsys.readouterr().err
+
+
+def test_simulate_linear_cost_and_kernels_are_exclusive(capsys):
+    """--linear-cost with --kernels vllm is a usage error naming both."""
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--kernels", "vllm"]) == 2
+    assert "--linear-cost and --kernels vllm" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -12,11 +12,12 @@ decodes held at their given context.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.roofline import CostModel, StepCost
 
-__all__ = ["BudgetRow", "ModeFigures", "budget_rows"]
+__all__ = ["BudgetRow", "KernelFigures", "ModeFigures", "budget_rows", "kernel_figures"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +103,53 @@ def budget_rows(
             )
         )
     return rows
+
+
+class _Prices(Protocol):
+    def prefill_step_time(
+        self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
+    ) -> float: ...
+
+    def decode_step_time(self, num_decodes: int, context_len: int) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class KernelFigures:
+    """A measured-kernel cost model's figures for one budget (seconds), as ModeFigures without parts.
+
+    Attributes:
+        budget: the token budget, tokens.
+        step_s, decode_step_s, ttft_s: as ModeFigures.
+    """
+
+    budget: int
+    step_s: float
+    decode_step_s: float
+    ttft_s: float
+
+
+def kernel_figures(
+    cm: _Prices, budgets: list[int], decodes: int, context: int, prompt: int
+) -> list[KernelFigures]:
+    """Return the step, decode-step and TTFT times of each budget priced by `cm` (a KernelCostModel;
+    any model with CostModel's prefill_step_time and decode_step_time), in the steps of budget_rows.
+
+    Raises:
+        CostModelError: as budget_rows (call it first: it checks the arguments).
+    """
+    out = []
+    for b in budgets:
+        chunk = b - decodes
+        if chunk < 1:
+            raise CostModelError(f"budget {b!r} leaves no room for the prompt after {decodes} decodes")
+        ttft = 0.0
+        for start in range(0, prompt, chunk):
+            size = min(chunk, prompt - start)
+            ttft += cm.prefill_step_time(size, start, decodes, context, is_last=start + size == prompt)
+        out.append(
+            KernelFigures(
+                b, cm.prefill_step_time(chunk, 0, decodes, context, is_last=False),
+                cm.decode_step_time(decodes, context), ttft,
+            )
+        )
+    return out

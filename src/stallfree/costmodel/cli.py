@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stallfree.costmodel.budget import budget_rows
+from stallfree.costmodel.budget import budget_rows, kernel_figures
 from stallfree.costmodel.calibrate import (
     BUILTIN_PROFILES,
     FIT_PARAMS,
@@ -129,11 +129,27 @@ def _parse_budgets(text: str) -> list[int]:
     return out
 
 
+def _kernel_column(a: argparse.Namespace, full: CostModel, budgets: list[int]) -> tuple[Any, list[Any]]:
+    """The measured-kernel choice of `budget` (its --kernels) and its figures per budget ([] unless
+    the kernels price the steps)."""
+    from stallfree.costmodel.choice import choose_cost_model
+
+    if a.pp != 1 and a.kernels in (None, "none"):
+        return None, []  # the kernel tables price pp 1 only; the default stays with the roofline
+    if a.pp != 1:
+        raise CostModelError(f"--kernels {a.kernels}: the kernel tables price --pp 1 only, got --pp {a.pp}")
+    chosen = choose_cost_model(full.model, full.gpu, full.tp, full.dtype, full.kv_dtype, kernels=a.kernels)
+    if chosen.name != "kernels":
+        return chosen, []
+    return chosen, kernel_figures(chosen.cost_model, budgets, a.decodes, a.context, a.prompt)
+
+
 def _budget(a: argparse.Namespace) -> int:
     budgets = _parse_budgets(a.budgets)
     full = _cost_model(a)
     rows = budget_rows(full, budgets, a.decodes, a.context, a.prompt)
     capacity = full.kv_capacity_tokens(a.gpu_memory_utilization)
+    chosen, kern = _kernel_column(a, full, budgets)
     if a.json:
 
         def mode(f: Any) -> dict[str, float]:
@@ -165,6 +181,8 @@ def _budget(a: argparse.Namespace) -> int:
                         "link_util": full.link_util,
                         "overhead_ms": full.overhead_s * 1e3,
                     },
+                    "cost_model": chosen.name if chosen else "full",
+                    "cost_model_source": chosen.source if chosen else {"kind": "full", "chosen_by": "--pp"},
                     "rows": [
                         {
                             "budget": r.budget,
@@ -172,7 +190,9 @@ def _budget(a: argparse.Namespace) -> int:
                             "design": mode(r.design),
                             "full": mode(r.full),
                         }
-                        for r in rows
+                        | ({"kernels": {"step_ms": k.step_s * 1e3, "decode_step_ms": k.decode_step_s * 1e3,
+                                        "ttft_ms": k.ttft_s * 1e3}} if k else {})
+                        for r, k in zip(rows, kern or [None] * len(rows), strict=True)
                     ],
                     "warnings": list(full.warnings),
                 },
@@ -204,10 +224,19 @@ def _budget(a: argparse.Namespace) -> int:
             f"{f.step_s * 1e3:>8.1f} {f.decode_step_s * 1e3:>9.1f} {f.ttft_s * 1e3:>9.1f} | "
             f"{f.parts.compute_s * 1e3:>8.1f} {f.parts.memory_s * 1e3:>8.1f} {f.parts.comm_s * 1e3:>8.1f}"
         )
+    if kern:
+        print()
+        print(f"kernels: {chosen.line}")
+        print(f"{'budget':>7} | {'step ms':>8} {'decode ms':>9} {'TTFT ms':>9}")
+        for k in kern:
+            print(f"{k.budget:>7} | {k.step_s * 1e3:>8.1f} {k.decode_step_s * 1e3:>9.1f} {k.ttft_s * 1e3:>9.1f}")
+    elif chosen is not None and chosen.source.get("fallback_reason"):
+        print()
+        print(f"kernels: not priced ({chosen.source['fallback_reason']})")
     print()
     print(
         "steps = steps to the prompt's first token; step = the decodes plus a (budget - decodes)-token "
-        "chunk; defaults are floors (efficiency 1.0)"
+        "chunk; design and full defaults are floors (efficiency 1.0)"
     )
     return 0
 
@@ -362,6 +391,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=0.9,
         help="fraction of GPU memory for weights and KV (default 0.9)",
+    )
+    p.add_argument(
+        "--kernels",
+        metavar="ENGINE[:VERSION]",
+        help="add figures priced from measured GPU kernel tables: vllm, sglang or trtllm (VERSION a slot or "
+        "a version the package serves), or none (default: vllm's current tables where the optional package "
+        "aiconfigurator-core is installed and has the GPU)",
     )
     p.set_defaults(func=_run(_budget))
 

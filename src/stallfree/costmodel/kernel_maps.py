@@ -26,6 +26,7 @@ __all__ = [
     "WEIGHT_DTYPE_MODES",
     "architecture_of",
     "config_from_spec",
+    "config_text",
     "parse_kernels",
     "system_for",
 ]

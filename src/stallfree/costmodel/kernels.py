@@ -30,6 +30,7 @@ benchmarks/bench_kernels.py and stated in docs/costmodel.md.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from pathlib import Path
 from typing import Any
 
 from stallfree.core.plan import StepPlan
@@ -88,7 +90,10 @@ def kernels_installed() -> bool:
     """Return whether the optional package aiconfigurator-core can be imported (does not import it)."""
     from importlib.util import find_spec
 
-    return find_spec("aiconfigurator_core") is not None
+    try:
+        return find_spec("aiconfigurator_core") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken entry in sys.modules
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +102,7 @@ class KernelTables:
     the positions of its ops; built once per process per key (load_tables) and shared.
 
     Attributes:
-        handle: the package's EngineHandle.
+        handle: the package's compiled engine (aiconfigurator_core.AicEngine) for the model.
         system, engine, version: the package's system name, engine, and the literal version.
         shared: context-op indices priced at the step's T tokens.
         logits: the lm_head GEMM's context-op index, or -1 when the package's model has none (its
@@ -171,23 +176,96 @@ def _index_ops(ops: Sequence[Any], owner: str) -> tuple[tuple[int, ...], int, in
     return tuple(shared), logits, attention
 
 
+def cache_dir() -> Path:
+    """Return the folder of compiled engines kept between processes: $STALLFREE_CACHE_DIR/kernels,
+    else $XDG_CACHE_HOME/stallfree/kernels, else ~/.cache/stallfree/kernels."""
+    root = os.environ.get("STALLFREE_CACHE_DIR")
+    if root:
+        return Path(root) / "kernels"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "stallfree" / "kernels"
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aiconfigurator-core")
+    except PackageNotFoundError:
+        return "absent"
+
+
 def load_tables(
     config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str
 ) -> KernelTables:
-    """Return the compiled engine for a model config, system, engine version and TP degree; built
-    once per process per key (about 3 to 5 s: the package loads its tables), then shared.
+    """Return the compiled engine for a model config, system, engine version and TP degree: built once
+    per process per key, then shared.
+
+    Building asks the package to resolve the version slot, load its database and compile the model
+    (3 to 5 s on a 2-core machine); the compiled spec is then kept on disk (cache_dir(), keyed by every
+    argument and the package's version, so a new package release builds afresh), and a later process
+    only loads it (about 1 s: the engine reads its tables).
 
     Raises:
         KernelsUnavailable: as resolve_version.
         CostModelError: the package cannot build the model (the message carries its reason), or the
             model holds an op the composition does not price.
     """
-    literal = resolve_version(system, engine, version)
     text = json.dumps(config, sort_keys=True)
-    key = (text, system, engine, literal, str(tp), dtype, kv_dtype)
+    key = (text, system, engine, version, str(tp), dtype, kv_dtype)
     found = _TABLES.get(key)
     if found is not None:
         return found
+    digest = hashlib.sha256(json.dumps([*key, _package_version()]).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{digest}.json"
+    tables = _load_cached(path)
+    if tables is None:
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype)
+        _store(path, tables, spec)
+    _TABLES[key] = tables
+    return tables
+
+
+def _store(path: Path, tables: KernelTables, spec: str) -> None:
+    meta = {"spec": spec, "system": tables.system, "engine": tables.engine, "version": tables.version,
+            "shared": list(tables.shared), "logits": tables.logits, "chunk_attention": tables.chunk_attention,
+            "decode_attention": tables.decode_attention, "logits_json": tables.logits_json}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(meta), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache only costs the next process the build
+
+
+def _load_cached(path: Path) -> KernelTables | None:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    try:
+        import aiconfigurator_core  # only the compiled extension: the SDK's Python modules are not needed
+    except ImportError:
+        return None
+    try:
+        handle = aiconfigurator_core.AicEngine.from_spec(
+            bytes(aiconfigurator_core.engine_spec_bincode_from_json(meta["spec"])), None
+        )
+        shared = tuple(int(i) for i in meta["shared"])
+        handle.evaluate_context_ops(list(shared), batch_size=1, s=1)  # the engine loads its tables now
+        return KernelTables(handle, str(meta["system"]), str(meta["engine"]), str(meta["version"]), shared,
+                            int(meta["logits"]), int(meta["chunk_attention"]), int(meta["decode_attention"]),
+                            meta["logits_json"])
+    except Exception:  # a stale or damaged entry: build afresh
+        return None
+
+
+def _build_tables(
+    config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
+    kv_dtype: str,
+) -> tuple[KernelTables, str]:
+    literal = resolve_version(system, engine, version)
     aic = _import_package()
     import aiconfigurator_core
     from aiconfigurator_core.sdk import perf_database
@@ -200,10 +278,9 @@ def load_tables(
     try:
         with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="stallfree-kernels-") as folder:
             warnings.simplefilter("ignore")
-            path = os.path.join(folder, "config.json")
-            with open(path, "w", encoding="utf-8") as f:
+            with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
                 f.write(text)
-            moe = 1 if config.get("num_local_experts") else None
+            moe = bool(config.get("num_local_experts"))
             mc = build_model_config(
                 tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp if moe else 1, moe_ep_size=1,
                 gemm_quant_mode=WEIGHT_DTYPE_MODES[dtype], kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
@@ -216,7 +293,9 @@ def load_tables(
                 model, model_path=folder, system=system, backend=engine, backend_version=literal,
                 kv_block_size=None, systems_path=None, nextn=0, database=database,
             )
-            handle = aic.EngineHandle(bytes(aiconfigurator_core.engine_spec_bincode_from_json(spec)))
+            handle = aiconfigurator_core.AicEngine.from_spec(
+                bytes(aiconfigurator_core.engine_spec_bincode_from_json(spec)), None
+            )
             owner = f"{engine} {literal} on {system}"
             shared, logits, chunk = _index_ops(model.context_ops, owner)
             _, _, decode = _index_ops(model.generation_ops, owner)
@@ -235,9 +314,7 @@ def load_tables(
         raise CostModelError(f"the kernel tables cannot price this model on {system} ({engine}): {exc}") from None
     finally:
         quiet.setLevel(level)
-    tables = KernelTables(handle, system, engine, literal, shared, logits, chunk, decode, logits_json)
-    _TABLES[key] = tables
-    return tables
+    return KernelTables(handle, system, engine, literal, shared, logits, chunk, decode, logits_json), str(spec)
 
 
 class KernelCostModel:
@@ -301,7 +378,7 @@ class KernelCostModel:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (
-            KernelCostModel,
+            _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
              self._config),
         )
@@ -472,13 +549,38 @@ class KernelCostModel:
             self.shared_s(num_decodes) + self.logits_s(num_decodes) + self.decode_exact_s(num_decodes, context_len + 1)
         )
 
-    def prefill_step_time(self, num_tokens: int, start: int = 0, is_last: bool = True) -> float:
-        """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`,
-        seconds (exact, no buckets).
+    def prefill_step_time(
+        self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
+    ) -> float:
+        """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`
+        plus `num_decodes` decodes with `context_len` tokens each in the KV cache, seconds (exact, no
+        buckets; the arguments of CostModel.prefill_step_time).
 
         Raises:
-            CostModelError: num_tokens < 1 or a negative start.
+            CostModelError: num_tokens < 1, or a negative start, count or context.
         """
-        if num_tokens < 1 or start < 0:
-            raise CostModelError(f"num_tokens must be >= 1 and start >= 0, got {num_tokens}, {start}")
-        return self.shared_s(num_tokens) + self.logits_s(int(is_last)) + self.chunk_exact_s(num_tokens, start)
+        if num_tokens < 1 or min(start, num_decodes, context_len) < 0:
+            raise CostModelError(
+                f"num_tokens must be >= 1 and start, num_decodes, context_len >= 0, got "
+                f"{num_tokens}, {start}, {num_decodes}, {context_len}"
+            )
+        t = self.shared_s(num_tokens + num_decodes) + self.logits_s(num_decodes + int(is_last))
+        if num_decodes:
+            t += self.decode_exact_s(num_decodes, context_len + 1)
+        return t + self.chunk_exact_s(num_tokens, start)
+
+
+_MODELS: dict[str, KernelCostModel] = {}
+
+
+def _rebuild(
+    model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
+    config: dict[str, Any],
+) -> KernelCostModel:
+    """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
+    process running many sweep points loads the tables once and keeps its price caches warm."""
+    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True)))
+    found = _MODELS.get(key)
+    if found is None:
+        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config)
+    return found

@@ -282,8 +282,8 @@ def build_cost_model(opts: HardwareOptions) -> tuple[StepCostModel, int, str]:
     gpu_memory_utilization) unless kv_tokens overrides it; linear_cost replaces the step pricing only.
 
     Raises:
-        SetupError: an unknown model, GPU or dtype, a bad linear_cost, or kernels that cannot be
-            honoured (the message says why).
+        SetupError: an unknown model, GPU or dtype, a bad linear_cost, linear_cost with kernels (usage),
+            or kernels that cannot be honoured (the message says why).
     """
     cost, kv, hw, _ = build_priced(opts)
     return cost, kv, hw
@@ -300,6 +300,8 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
     from stallfree.costmodel import CostModelError
     from stallfree.costmodel.choice import choose_cost_model
 
+    if opts.linear_cost and opts.kernels not in (None, "none"):
+        raise SetupError(f"--linear-cost and --kernels {opts.kernels} are exclusive (both price the steps)", usage=True)
     try:
         # A linear cost replaces the pricing; the KV capacity still comes from today's cost model.
         kernels = "none" if opts.linear_cost else opts.kernels

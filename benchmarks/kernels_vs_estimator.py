@@ -1,0 +1,63 @@
+"""Check: the measured-kernel cost model against aiconfigurator-core's own step estimator, on the
+shapes where both apply (decode-only steps of equal contexts; one whole prompt), per model and GPU.
+
+Run: PYTHONPATH=src python benchmarks/kernels_vs_estimator.py [--json]
+
+Models: Llama-3.1-8B (tp 1), Qwen3-32B (tp 2; the package's bundled config.json, read as a user's
+config file would be) and Llama-3.1-70B (tp 4), bf16, on H100 SXM and H200, vLLM's current tables.
+Ratio = our step time / the estimator's (EngineHandle.decode_step_latency at isl = start - 1, osl = 2,
+whose s = isl + osl // 2 + 1 keys equal a decode at `start`; predict_prefill_latency(1, prompt)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from importlib import resources
+from typing import Any
+
+from stallfree.costmodel import get_gpu, get_model, model_from_hf_config
+from stallfree.costmodel.kernels import KernelCostModel
+
+DECODES = ((1, 512), (32, 1024), (128, 4096))
+PROMPTS = (512, 2048, 8192)
+
+
+def _qwen3_32b() -> tuple[Any, dict[str, Any]]:
+    text = resources.files("aiconfigurator_core").joinpath("model_configs/Qwen--Qwen3-32B_config.json").read_text()
+    config = json.loads(text)
+    return model_from_hf_config("qwen3-32b", config), config
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    qwen, qcfg = _qwen3_32b()
+    cases = [("llama-3.1-8b", get_model("llama-3.1-8b"), None, 1), ("qwen3-32b", qwen, qcfg, 2),
+             ("llama-3.1-70b", get_model("llama-3.1-70b"), None, 4)]
+    rows = []
+    for gpu in ("h100-sxm", "h200"):
+        for name, spec, cfg, tp in cases:
+            km = KernelCostModel(spec, get_gpu(gpu), tp, "bf16", engine="vllm", config=cfg)
+            h = km.tables.handle
+            for b, start in DECODES:
+                ours, est = km.decode_step_time(b, start), h.decode_step_latency(b, start - 1, 2) * 1e-3
+                rows.append({"gpu": gpu, "model": name, "tp": tp, "shape": f"decode {b} x {start}",
+                             "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
+            for p in PROMPTS:
+                ours, est = km.prefill_step_time(p), h.predict_prefill_latency(1, p) * 1e-3
+                rows.append({"gpu": gpu, "model": name, "tp": tp, "shape": f"prefill {p}",
+                             "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'gpu':<9} {'model':<14} {'tp':>2} {'shape':<20} {'ours ms':>9} {'estimator ms':>12} {'ratio':>9}")
+    for r in rows:
+        print(f"{r['gpu']:<9} {r['model']:<14} {r['tp']:>2} {r['shape']:<20} {r['ours_ms']:>9.3f} "
+              f"{r['estimator_ms']:>12.3f} {r['ratio']:>9.6f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
