@@ -208,3 +208,14 @@ def test_default_profile_follows_kernels():
     assert default_profile("trtllm:current").name in ("none", "trtllm")
     prof = default_profile("vllm")
     assert prof.name == "none" or prof.pricing == "vllm"
+
+
+def test_vllm_result_has_a_verdict_and_the_front_end():
+    """A vllm bench serve result gets the verdict line; a profile's front end is added to simulated TTFT."""
+    from stallfree.validate.vllm import validate_vllm
+
+    path = DATA / "vllm_result_small.json"
+    plain = validate_vllm(path, "llama-3.1-8b", "h100-sxm")
+    front = validate_vllm(path, "llama-3.1-8b", "h100-sxm", profile=EngineProfile("f", frontend_s=0.01))
+    assert plain["verdict"].startswith("verdict: ")
+    assert front["simulator"]["mean_ttft_ms"] == pytest.approx(plain["simulator"]["mean_ttft_ms"] + 10.0)

@@ -31,6 +31,8 @@ def _print(res: dict[str, Any], title: str) -> None:
     print("per-request absolute percentage error (median / p90):")
     for m in ("ttft", "tpot", "itl", "e2e"):
         print(f"  {m.upper():<5} {_fmt(err[f'{m}_median_ape_pct'], '%')} / {_fmt(err[f'{m}_p90_ape_pct'], '%')}")
+    if "verdict" in res:
+        print(res["verdict"])
 
 
 def _against(a: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from stallfree.core.metrics import RequestTimeline
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
+from stallfree.validate.against import verdict
 from stallfree.validate.compare import compare, latencies, read_vllm_result, summary
 from stallfree.validate.hardware import pricing
 
@@ -45,7 +46,8 @@ def validate_vllm(
     time to every simulated TTFT and E2E (the file's latencies are measured by the client).
 
     Returns:
-        {"engine": vLLM's measured summary, "simulator": ..., "error": ..., "config": ..., "notes": [...]}.
+        {"engine": vLLM's measured summary, "simulator": ..., "mean_error_pct": signed errors of the means,
+        "verdict": against.verdict's line, "error": ..., "config": ..., "notes": [...]}.
 
     Raises:
         ValueError: a bad result file (named key), or a bad model, GPU or setting (CostModelError).
@@ -76,9 +78,16 @@ def validate_vllm(
             f"({res.request_rate:g}/s, burstiness {res.burstiness:g}, seed {seed}); per-request errors pair "
             "requests by position, so the percentile errors are the ones to read"
         )
+    measured_sum, sim_sum = summary(eng, rids), summary(simlat, rids)
+    mean_err: dict[str, float | None] = {}
+    for m in ("ttft", "tpot", "e2e"):
+        a, b = measured_sum[f"mean_{m}_ms"], sim_sum[f"mean_{m}_ms"]
+        mean_err[f"mean_{m}"] = (b - a) / a * 100.0 if a and b is not None else None
     return {
-        "engine": summary(eng, rids),
-        "simulator": summary(simlat, rids),
+        "engine": measured_sum,
+        "simulator": sim_sum,
+        "mean_error_pct": mean_err,
+        "verdict": verdict(mean_err),
         "error": compare(eng, simlat, rids),
         "config": {
             "requests": len(wl),
