@@ -24,7 +24,7 @@ from typing import Any
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
 
-__all__ = ["Experiment", "run_experiment", "run_tag", "write_experiment"]
+__all__ = ["Experiment", "offered_rate", "run_experiment", "run_tag", "write_experiment"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +115,7 @@ def run_experiment(
             label=getattr(sched, "label", None),
             max_model_len=setup.context_length,
             cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+            closed_loop=setup.closed_loop,
         )
         if step_time_target is not None:
             res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
@@ -128,18 +129,27 @@ def run_experiment(
             max_model_len=setup.context_length,
             cut_output_to_fit=setup.workload_options.cut_output_to_fit,
         )
-        load = setup.workload.mean_rate / capacity if capacity > 0 else math.inf
+        load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
         # JSON has no infinity: a capacity with no step run (everything refused) or a load with every
         # request arriving at one instant is None.
         summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
         summary["load"] = load if math.isfinite(load) else None
         summaries.append(summary)
     header = setup.header()
-    if not math.isfinite(header["offered_rate"]):
+    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
         header["offered_rate"] = None
     header["token_budget"] = budget
     header["step_time_target_s"] = step_time_target
     return Experiment(header, results, summaries)
+
+
+def offered_rate(setup: Setup, summary: dict[str, Any]) -> float:
+    """The request rate a run's load is judged by, requests/s: the workload's mean arrival rate
+    (open loop), or the rate the closed-loop clients achieved (summary["achieved_request_rate"]:
+    requests sent / the run's duration; 0 when nothing finished)."""
+    if setup.closed_loop is None:
+        return setup.workload.mean_rate
+    return float(summary.get("achieved_request_rate") or 0.0)
 
 
 def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float | None) -> Any:

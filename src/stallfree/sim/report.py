@@ -131,7 +131,9 @@ def summarize_result(
         tpot,itl,e2el,queue}_ms, num_steps, mean_tokens_per_step, budget_utilization (mean tokens
         per step / token budget), queued_fraction (share of steps after which requests waited),
         mean_kv_utilization and max_kv_utilization (reserved / total KV, time-weighted mean and
-        maximum), mean_running_decodes, sim_wall_s; plus the scheduler config.
+        maximum), mean_running_decodes, sim_wall_s; plus the scheduler config. A closed-loop run
+        (config concurrency, think_time_s) adds achieved_request_rate: requests sent (refused ones
+        included) / duration_s, requests/s.
     """
     import numpy as np
 
@@ -165,6 +167,9 @@ def summarize_result(
         request_goodput=None,
         slo_attainment=None,
     )
+    if "concurrency" in res.config:
+        # Closed loop: the rate the clients reached, requests sent (refused ones too) per second.
+        out["achieved_request_rate"] = rate(res.num_requests)
     if slo_ttft is not None or slo_tpot is not None:
         good = np.ones(n_done, dtype=bool)
         if slo_ttft is not None:

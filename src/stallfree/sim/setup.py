@@ -15,14 +15,24 @@ Example (the default replica on the first 500 requests of the bundled trace)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import LinearCostModel, StepCostModel
+from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig
-from stallfree.sim.workload import Workload, load_bundled, load_mooncake, load_trace, parse_length_spec, synthetic
+from stallfree.sim.workload import (
+    Workload,
+    load_bundled,
+    load_mooncake,
+    load_trace,
+    parse_length_spec,
+    parse_shared_prefix,
+    shared_prefix,
+    synthetic,
+)
 
 __all__ = [
     "DEFAULTS",
@@ -79,7 +89,12 @@ class WorkloadOptions:
             prompt_len, output_len), or None for the bundled Azure conversation trace.
         trace_format: "auto", "azure", "burstgpt", "csv" or "jsonl".
         skip_bad_rows: skip and count malformed rows instead of stopping.
-        synthetic: "poisson" or "gamma" to draw synthetic arrivals instead of a trace.
+        synthetic: "poisson" or "gamma" to draw synthetic arrivals instead of a trace, or "shared-prefix"
+            for the shared-prefix workload (workload.shared_prefix; Poisson arrivals at `rate`).
+        shared_prefix: "G,P,S,Q" of the shared-prefix workload: groups, prompts per group, system prompt
+            tokens, question tokens; outputs follow `output_len`.
+        shared_prefix_block: tokens per prefix block of the shared-prefix workload (the paged scheduler's
+            block_size or a multiple of it).
         rate: synthetic mean arrival rate, requests/s.
         burstiness: synthetic gamma shape of the gaps (1 = Poisson).
         prompt_len: synthetic prompt length spec (see workload.parse_length_spec).
@@ -94,6 +109,12 @@ class WorkloadOptions:
         cut_output_to_fit: a request whose prompt plus max_new exceeds the context length gets its
             max_new cut to fit (vLLM's behaviour when a client sets no max_tokens) instead of being
             refused (the default: vLLM's answer, a 400, when the client's max_tokens does not fit).
+        concurrency: None for open-loop load (the arrival times above), or closed-loop load: this
+            many requests in flight, the next sent when one ends (stallfree.sim.load.ClosedLoop).
+            The requests keep their order and lengths (a trace's, or drawn from prompt_len and
+            output_len: a length spec other than "trace" draws synthetic lengths without
+            `synthetic` set); their arrival times are ignored, so rate_scale must stay None.
+        think_time: closed loop: seconds from a request's end to its client's next request, >= 0.
     """
 
     trace: str | None = None
@@ -111,6 +132,32 @@ class WorkloadOptions:
     rate_scale: float | None = None
     max_tokens: int | None = None
     cut_output_to_fit: bool = False
+    shared_prefix: str | None = None
+    shared_prefix_block: int = 16
+    concurrency: int | None = None
+    think_time: float = 0.0
+
+    @property
+    def closed_loop(self) -> ClosedLoop | None:
+        """The closed-loop load of concurrency and think_time, or None for open-loop load.
+
+        Raises:
+            SetupError: concurrency or think_time out of range, think_time without concurrency,
+                or rate_scale given with concurrency (closed-loop arrivals have no rate to scale).
+        """
+        if self.concurrency is None:
+            if self.think_time:
+                raise SetupError(f"think_time {self.think_time!r} s applies to closed-loop load: set concurrency",
+                                 usage=True)
+            return None
+        if self.rate_scale is not None:
+            raise SetupError(f"rate_scale {self.rate_scale!r} scales open-loop arrivals; with concurrency "
+                             f"{self.concurrency!r} the arrivals follow the finishes: leave rate_scale None",
+                             usage=True)
+        try:
+            return ClosedLoop(self.concurrency, self.think_time)
+        except ValueError as exc:
+            raise SetupError(str(exc), usage=True) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +180,10 @@ class HardwareOptions:
             an optional ':VERSION' (measured kernel tables, stallfree.costmodel.kernels), or None for
             the commands' default (vLLM's `current` tables where the optional package is installed and
             has the GPU, else today's pricing, with the reason in the header).
+        engine_profile: an engine profile's name (stallfree.sim.engine_profile: its per-step and
+            per-sampled-token terms are added to every step; its front-end term, a client-side constant,
+            is not added to the simulated latencies and is named in the header), or None for the
+            profile fitted on `kernels` (none when kernels is None or 'none').
     """
 
     model: str = DEFAULTS["model"]
@@ -145,6 +196,7 @@ class HardwareOptions:
     linear_cost: str | None = None
     max_model_len: int | None = None
     kernels: str | None = "none"
+    engine_profile: str | None = "none"
 
 
 def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
@@ -157,7 +209,18 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     """
     if opts.synthetic and opts.trace:
         raise SetupError("--trace and --synthetic are exclusive", usage=True)
-    if opts.synthetic:
+    if (opts.synthetic == "shared-prefix") != (opts.shared_prefix is not None):
+        raise SetupError("--synthetic shared-prefix and --shared-prefix G,P,S,Q go together", usage=True)
+    if opts.synthetic == "shared-prefix":
+        g, p, s, q = parse_shared_prefix(opts.shared_prefix or "")
+        wl = shared_prefix(g, p, s, q, parse_length_spec(opts.output_len), opts.rate,
+                           block=opts.shared_prefix_block, seed=opts.seed)
+        if opts.num_requests:
+            wl = wl.head(opts.num_requests)
+        return wl, opts.rate_scale or 1.0
+    closed = opts.closed_loop
+    drawn = closed is not None and not opts.trace and (opts.prompt_len != "trace" or opts.output_len != "trace")
+    if opts.synthetic or drawn:
         if (opts.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
             raise SetupError(
                 f"--num-requests {opts.num_requests:,} is more than a synthetic run draws "
@@ -169,10 +232,15 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             opts.rate,
             parse_length_spec(opts.prompt_len),
             parse_length_spec(opts.output_len),
-            opts.synthetic,
+            opts.synthetic or "poisson",  # closed loop: the arrival process is unused
             opts.burstiness,
             opts.seed,
         )
+        if closed is not None:
+            # The arrival process drawn above is unused: name the load the run offers.
+            wl = replace(wl, name=f"closed-loop(concurrency={closed.concurrency}, think={closed.think_time:g}s; "
+                         f"prompt {opts.prompt_len}; output {opts.output_len}; seed {opts.seed})")
+            return wl, 1.0
         return wl, opts.rate_scale or 1.0
     if opts.trace == "mooncake" and not Path("mooncake").exists():
         wl = load_mooncake()
@@ -184,6 +252,8 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             raise SetupError(f"no request arrives in the window [{opts.start:g}, {opts.end:g}) s")
     if opts.num_requests:
         wl = wl.head(opts.num_requests)
+    if closed is not None:
+        return replace(wl, name=f"{wl.name}, closed loop x{closed.concurrency}"), 1.0
     return wl, opts.rate_scale or (1.0 if opts.trace else DEFAULT_RATE_SCALE)
 
 
@@ -245,6 +315,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         raise SetupError(str(exc)) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += f"; {chosen.line}"
+    real, hw = _with_profile(real, hw, opts)
     if opts.linear_cost:
         linear = {"kind": "linear", "chosen_by": "--linear-cost", "formula": opts.linear_cost}
         return (
@@ -254,6 +325,24 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
             {"cost_model": "linear", "cost_model_source": linear},
         )
     return real, int(kv), hw, {"cost_model": chosen.name, "cost_model_source": chosen.source}
+
+
+def _with_profile(cost: Any, hw: str, opts: HardwareOptions) -> tuple[Any, str]:
+    """Wrap `cost` in the options' engine profile (its step terms), with a note for the header.
+
+    Raises:
+        SetupError: an unknown profile name.
+    """
+    from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
+
+    try:
+        prof = load_profile(opts.engine_profile) if opts.engine_profile else default_profile(opts.kernels)
+    except EngineProfileError as exc:
+        raise SetupError(str(exc), usage=True) from None
+    if prof.is_empty:
+        return cost, hw
+    note = prof.describe() + (" (the front end is not added to the simulated latencies)" if prof.frontend_s else "")
+    return ProfiledCostModel(cost, prof), f"{hw}; {note}"
 
 
 def _user_config(model: str) -> dict[str, Any] | None:
@@ -394,7 +483,19 @@ class Setup:
             "max_model_len": self.context_length,
             "max_model_len_source": self.context_length_source,
             "notes": list(wl.notes) + self._context_notes(),
-        }
+        } | self._load_header()
+
+    @property
+    def closed_loop(self) -> ClosedLoop | None:
+        """The run's closed-loop load (WorkloadOptions.closed_loop), or None for open-loop load."""
+        return self.workload_options.closed_loop
+
+    def _load_header(self) -> dict[str, Any]:
+        """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time."""
+        closed = self.closed_loop
+        if closed is None:
+            return {}
+        return {"offered_rate": None, "concurrency": closed.concurrency, "think_time_s": closed.think_time}
 
     def _context_notes(self) -> list[str]:
         opts = self.hardware_options

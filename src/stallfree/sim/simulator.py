@@ -24,6 +24,7 @@ derived views; kept together so that the cost of a step stays visible in one pla
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections.abc import Callable, Hashable, Iterable
@@ -37,6 +38,7 @@ from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.workload import Workload
 
 __all__ = [
@@ -297,6 +299,7 @@ def simulate(
     label: str | None = None,
     max_model_len: int | None = None,
     cut_output_to_fit: bool = False,
+    closed_loop: ClosedLoop | None = None,
 ) -> SimResult:
     """Replay `workload` through a fresh scheduler, pricing steps with `cost_model`.
 
@@ -317,6 +320,10 @@ def simulate(
             server answers a request whose prompt plus max_tokens exceeds max_model_len with a 400.
         cut_output_to_fit: instead, cut max_new to max_model_len - prompt_len (what vLLM does when
             the client sets no max_tokens), refusing only a prompt that leaves no room for one token.
+        closed_loop: None (open loop: the workload's arrival times), or a ClosedLoop: that many
+            requests in flight, the next sent (in workload order) think_time after one ends; the
+            workload's arrival times are then ignored (stallfree.sim.load). The result's arrival
+            holds the times the requests were sent, and its config concurrency and think_time_s.
 
     Returns:
         A SimResult; every request not rejected has received exactly min(output_len, max_new) tokens.
@@ -332,7 +339,7 @@ def simulate(
     inner = _make_scheduler(scheduler)
     sched = _wrap_checker(inner) if check else inner
     max_new, too_long, target, config, label = _run_plan(
-        workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label
+        workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
     kv_total = int(getattr(inner, "kv_total", 0))
     n = len(workload)
@@ -351,9 +358,12 @@ def simulate(
         rejected=[],
         kv_total=kv_total,
     )
+    arrivals = Arrivals(workload, closed_loop)
     t0 = time.perf_counter()
-    _Loop(res, sched, inner, workload, cost_model, too_long).run()
+    _Loop(res, sched, inner, workload, cost_model, too_long, arrivals).run()
     res.wall_s = time.perf_counter() - t0
+    if closed_loop is not None:
+        res.arrival = tuple(arrivals.times)
     res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
     res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
     if getattr(inner, "enable_prefix_caching", False):
@@ -428,9 +438,12 @@ class _Loop:
         workload: Workload,
         cost_model: StepCostModel,
         too_long: dict[int, str] | None = None,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self.res, self.sched, self.inner, self.wl, self.cost = res, sched, inner, workload, cost_model
         self.too_long = too_long or {}
+        self.arrivals = arrivals if arrivals is not None else Arrivals(workload)
+        self.closed = self.arrivals.closed is not None  # a request's end sends the next one
         n = len(workload)
         # What the loop records, not what the scheduler tracks: a request whose output is shorter than its
         # max_new is handed to the scheduler's stop_after(), which ends it on its last wanted token.
@@ -441,7 +454,8 @@ class _Loop:
 
     def run(self) -> None:
         res, wl, sched, inner = self.res, self.wl, self.sched, self.inner
-        arr, plens, max_new = wl.arrivals, wl.prompt_lens, res.max_new
+        arr, plens, max_new = self.arrivals.times, wl.prompt_lens, res.max_new
+        ended = self.arrivals.ended if self.closed else None
         n = len(arr)
         add, schedule, complete = sched.add, sched.schedule, sched.complete
         stop_after = getattr(sched, "stop_after", None)
@@ -468,6 +482,8 @@ class _Loop:
                     res.rejected.append((i, too_long[i]))
                     kinds[i] = CONTEXT_LENGTH
                     state[i] = _DONE
+                    if ended is not None:
+                        ended(now)
                     i += 1
                     continue
                 try:
@@ -476,6 +492,8 @@ class _Loop:
                     res.rejected.append((i, str(exc)))
                     kinds[i] = KV_CAPACITY
                     state[i] = _DONE
+                    if ended is not None:
+                        ended(now)
                 else:
                     if target[i] < max_new[i]:
                         stop_after(i, target[i])  # type: ignore[misc]
@@ -483,6 +501,8 @@ class _Loop:
             if not inner.has_unfinished():
                 if i >= n:
                     break
+                if arr[i] == math.inf:
+                    raise SimulationError(f"closed-loop load: request {i} is never sent with nothing in flight")
                 now = arr[i]
                 continue
             plan = schedule()
@@ -514,7 +534,7 @@ class _Loop:
                 self._finished(finished, step)
             step += 1
             if not plan.num_tokens and not plan.preempted:
-                if i >= n:
+                if i >= n or arr[i] == math.inf:
                     raise SimulationError(f"the scheduler made no progress at step {step - 1} with work left")
                 now = max(now, arr[i])
 
@@ -543,6 +563,8 @@ class _Loop:
             self.state[ri] = _DONE
             if ri in self.seg_open or ri in res.segments:
                 self._close_segment(ri, step)
+            if self.closed:
+                self.arrivals.ended(res.step_end[step])
 
     def _skips(self, plan: StepPlan, step: int) -> None:
         """Some decoding requests are not decoding in this step: record it (rare but for steps
@@ -585,6 +607,7 @@ def _run_plan(
     max_model_len: int | None,
     cut_output_to_fit: bool,
     label: str | None,
+    closed_loop: ClosedLoop | None = None,
 ) -> tuple[list[int], dict[int, str], list[int], dict[str, Any], str | None]:
     """What a run decides before its loop, shared by simulate() and the cluster's simulate_cluster():
     (max_new per request, requests refused for the context length, tokens each will emit, the
@@ -597,6 +620,8 @@ def _run_plan(
     config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
     if max_model_len is not None:
         config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
+    if closed_loop is not None:
+        config.update(concurrency=closed_loop.concurrency, think_time_s=closed_loop.think_time)
     if isinstance(scheduler, SchedulerConfig):
         config.update(
             batching=scheduler.batching,

@@ -1,5 +1,6 @@
 """Workloads for the simulator: real request traces (Azure LLM 2023, BurstGPT, generic CSV/JSONL),
-synthetic arrivals (Poisson, Gamma) with length distributions, and rate/window/head transforms.
+synthetic arrivals (Poisson, Gamma) with length distributions, a shared-prefix synthetic workload, and
+rate/window/head transforms.
 
 Imports allowed: the standard library only.
 
@@ -34,6 +35,8 @@ __all__ = [
     "load_mooncake",
     "load_trace",
     "parse_length_spec",
+    "parse_shared_prefix",
+    "shared_prefix",
     "synthetic",
 ]
 
@@ -630,3 +633,78 @@ def synthetic(
         output_lens=tuple(outputs),
         name=f"{label}; prompt {prompt_len}; output {output_len}; seed {seed})",
     )
+
+
+def parse_shared_prefix(text: str) -> tuple[int, int, int, int]:
+    """Parse "G,P,S,Q" (groups, prompts per group, system prompt tokens, question tokens).
+
+    Raises:
+        ValueError: not four integers, G, P, Q >= 1 and S >= 0; the message quotes the text.
+    """
+    try:
+        g, p, s, q = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--shared-prefix wants GROUPS,PROMPTS,SYSTEM_TOKENS,QUESTION_TOKENS, got {text!r}") from None
+    if g < 1 or p < 1 or s < 0 or q < 1 or s + q > MAX_LENGTH or g * p > 5_000_000:
+        raise ValueError(f"--shared-prefix {text!r}: needs GROUPS >= 1, PROMPTS >= 1, SYSTEM_TOKENS >= 0, "
+                         f"QUESTION_TOKENS >= 1, at most 5,000,000 prompts and {MAX_LENGTH:,} tokens per prompt")
+    return g, p, s, q
+
+
+def shared_prefix(
+    num_groups: int,
+    prompts_per_group: int,
+    system_len: int,
+    question_len: int,
+    output_len: LengthSpec,
+    rate: float,
+    block: int = 16,
+    arrival: str = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+) -> Workload:
+    """Draw a shared-prefix workload: `num_groups` groups of `prompts_per_group` prompts; every prompt of a
+    group starts with the group's system prompt of `system_len` tokens and ends with its own question of
+    `question_len` tokens (prompt_len = system_len + question_len), as the shared-prefix benchmarks of
+    inference-perf (`shared_prefix`) and SGLang (`generated-shared-prefix`) build them. The prompts are
+    shuffled across groups (seeded) and arrive at `rate`.
+
+    The workload carries prefix ids of `block` tokens (Workload.prefix_ids, prefix_block = block): a block
+    that holds system tokens only has its group's id for that position; a block that holds any question
+    token is the request's own. So prefix caching (a paged scheduler with block_size dividing `block`) can
+    hit the system prompt's full blocks, floor(system_len / block) x block tokens, in every prompt but the
+    first of its group.
+
+    Args:
+        num_groups, prompts_per_group: G >= 1, P >= 1.
+        system_len: S tokens, >= 0; question_len: Q tokens, >= 1.
+        output_len: output length distribution, tokens (e.g. fixed:O).
+        rate: mean arrivals per second, > 0; arrival, burstiness: as in synthetic().
+        block: tokens per prefix block, >= 1 (the scheduler's block_size or a multiple of it).
+        seed: seeds the shuffle, the gaps and the output lengths.
+
+    Raises:
+        ValueError: a count, length, rate or block out of range.
+    """
+    for name, v, lo in (("num_groups", num_groups, 1), ("prompts_per_group", prompts_per_group, 1),
+                        ("system_len", system_len, 0), ("question_len", question_len, 1), ("block", block, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"shared prefix: {name} must be an integer >= {lo}, got {v!r}")
+    base = synthetic(num_groups * prompts_per_group, rate, LengthSpec("fixed", 1, 1), output_len, arrival,
+                     burstiness, seed)
+    rng = random.Random(seed + 1)
+    order = [g for g in range(num_groups) for _ in range(prompts_per_group)]
+    rng.shuffle(order)
+    plen = system_len + question_len
+    nblocks = -(-plen // block)
+    shared_blocks = system_len // block
+    ids: list[tuple[int, ...]] = []
+    next_own = num_groups * shared_blocks
+    for g in order:
+        row = [g * shared_blocks + j for j in range(shared_blocks)]
+        row += range(next_own, next_own + nblocks - shared_blocks)
+        next_own += nblocks - shared_blocks
+        ids.append(tuple(row))
+    name = (f"shared-prefix(groups={num_groups}, prompts={prompts_per_group}, system={system_len}, "
+            f"question={question_len}; output {output_len}; rate={rate:g}; seed {seed})")
+    return replace(base, prompt_lens=(plen,) * len(order), prefix_ids=tuple(ids), prefix_block=block, name=name)

@@ -7,7 +7,10 @@ stallfree.engine (and through it torch, only when the engine runs); matplotlib f
 
 Modules: compare (latencies, summaries, errors, the vLLM result reader; no torch), run (the engine
 replay, the local machine's spec and calibration, the simulation), vllm (a `vllm bench serve` result
-against the simulator), output (CSVs, plot, GPU file), cli (the command).
+against the simulator), output (CSVs, plot, GPU file), cli (the command); for `--against`: against (the
+format by content, run folders replayed open-loop, the figures and the verdict), runs (the run-folder
+reader), silicon (closed-loop benchmark rows), hardware (names onto our presets, derived KV capacity,
+the pricing with an engine profile).
 """
 
 from __future__ import annotations

@@ -31,16 +31,56 @@ def _print(res: dict[str, Any], title: str) -> None:
     print("per-request absolute percentage error (median / p90):")
     for m in ("ttft", "tpot", "itl", "e2e"):
         print(f"  {m.upper():<5} {_fmt(err[f'{m}_median_ape_pct'], '%')} / {_fmt(err[f'{m}_p90_ape_pct'], '%')}")
+    if "verdict" in res:
+        print(res["verdict"])
+
+
+def _against(a: argparse.Namespace) -> int:
+    """`--against PATH`: the format found by content (validate.against.detect)."""
+    from stallfree.sim.engine_profile import default_profile, load_profile
+    from stallfree.validate import against
+
+    fmt = against.detect(a.against)
+    profile = load_profile(a.engine_profile) if a.engine_profile else default_profile(a.kernels)
+    if fmt in ("aiconfigurator", "silicon"):
+        from stallfree.validate import silicon
+
+        res = silicon.validate_silicon(a.against, profile, a.kernels, model=a.model, gpu=a.gpu, engine=a.engine,
+                                       mode=a.mode, requests_per_row=a.requests_per_row, limit=a.limit_rows)
+        printer, plotter = silicon.print_silicon, silicon.plot_silicon
+    elif fmt == "vllm-result":
+        a.vllm_result = Path(a.against)
+        return _run(a)
+    else:
+        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu)
+        printer, plotter = against.print_runs, against.plot_runs
+    if a.json:
+        print(against.dump(res))
+    else:
+        printer(res)
+    if a.out is not None:
+        plotter(a.out / "against.png", res)
+        (a.out / "against.json").write_text(against.dump(res) + "\n", encoding="utf-8")
+        if not a.json:
+            print(f"wrote {a.out}/against.png, against.json")
+    return 0
 
 
 def _run(a: argparse.Namespace) -> int:
     try:
+        if a.against is not None and a.vllm_result is None:
+            return _against(a)
         if a.vllm_result is not None:
+            a.model = a.model or "llama-3.1-8b"
+            a.gpu = a.gpu or "h100-sxm"
+            from stallfree.sim.engine_profile import default_profile, load_profile
             from stallfree.validate.vllm import validate_vllm
 
             res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.max_num_batched_tokens,
                                 a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
-                                seed=a.seed)
+                                seed=a.seed, kernels=a.kernels,
+                                profile=load_profile(a.engine_profile) if a.engine_profile
+                                else default_profile(a.kernels))
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
                      f"{a.model} on {a.tp} x {a.gpu}")
         else:
@@ -100,12 +140,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v = p.add_argument_group("a vLLM result instead of the engine")
     v.add_argument("--vllm-result", type=Path, default=None,
                    help="a `vllm bench serve --save-result --save-detailed` JSON file")
-    v.add_argument("--model", default="llama-3.1-8b", help="cost-model name or .json (default llama-3.1-8b)")
-    v.add_argument("--gpu", default="h100-sxm", help="GPU name or .json (default h100-sxm)")
+    v.add_argument("--model", default=None,
+                   help="cost-model name or .json (--vllm-result: default llama-3.1-8b; --against: overrides the "
+                        "run's model; for a benchmark CSV, selects rows whose model contains it)")
+    v.add_argument("--gpu", default=None,
+                   help="GPU name or .json (--vllm-result: default h100-sxm; --against: overrides the run's GPU; "
+                        "for a benchmark CSV, selects rows of that system)")
     v.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     v.add_argument("--dtype", default="bf16", help="weight dtype (default bf16)")
     v.add_argument("--max-num-batched-tokens", type=int, default=2048, help="vLLM's token budget (2048)")
     v.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's max running requests (256)")
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the KV capacity (0.9)")
     v.add_argument("--scheduler", choices=("paged", "reserve"), default="paged", help="KV policy (paged)")
+    g = p.add_argument_group("measured runs of someone else's engine (--against)")
+    g.add_argument("--against", default=None, metavar="PATH",
+                   help="a run folder (meta.json + requests.jsonl) or a folder of them, a vllm bench serve result, "
+                        "a silicon_sample.csv-style CSV, or 'aiconfigurator' for the installed package's copy")
+    g.add_argument("--engine-profile", default=None, metavar="NAME",
+                   help="the engine's own time around the kernels (sim/data/engine_profiles.json): none, "
+                        "vllm, ... (default: the profile fitted on the --kernels pricing; none for --kernels none)")
+    g.add_argument("--kernels", default="none", metavar="ENGINE[:VERSION]",
+                   help="what prices the steps: none (today's pricing; default) or vllm, sglang, trtllm with "
+                        "an optional :VERSION (the measured kernel tables, aiconfigurator-core)")
+    g.add_argument("--engine", default=None, help="benchmark CSV: rows of this backend (vllm, sglang, trtllm)")
+    g.add_argument("--mode", default=None, help="benchmark CSV: rows of this mode (agg, disagg)")
+    g.add_argument("--requests-per-row", type=int, default=None, metavar="K",
+                   help="benchmark CSV: replay K x concurrency requests per row (default: silicon.REQUESTS_PER_ROW)")
+    g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")
     p.set_defaults(func=_run)

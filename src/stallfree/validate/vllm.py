@@ -11,14 +11,17 @@ reserves each request's prompt_len + max_new at admission unless `paged` is chos
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import RequestTimeline
-from stallfree.costmodel import default_cost_model
+from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
+from stallfree.validate.against import verdict
 from stallfree.validate.compare import compare, latencies, read_vllm_result, summary
+from stallfree.validate.hardware import pricing
 
 __all__ = ["validate_vllm"]
 
@@ -34,18 +37,25 @@ def validate_vllm(
     gpu_memory_utilization: float = 0.9,
     paged: bool = True,
     seed: int = 0,
+    profile: EngineProfile | None = None,
+    kernels: str = "none",
 ) -> dict[str, Any]:
     """Simulate the result file's requests and compare (all requests; see compare.compare).
 
+    `profile` (default: none) adds the engine's own time: its step terms to every step, its front-end
+    time to every simulated TTFT and E2E (the file's latencies are measured by the client).
+
     Returns:
-        {"engine": vLLM's measured summary, "simulator": ..., "error": ..., "config": ..., "notes": [...]}.
+        {"engine": vLLM's measured summary, "simulator": ..., "mean_error_pct": signed errors of the means,
+        "verdict": against.verdict's line, "error": ..., "config": ..., "notes": [...]}.
 
     Raises:
         ValueError: a bad result file (named key), or a bad model, GPU or setting (CostModelError).
     """
     res = read_vllm_result(path)
-    chosen = default_cost_model(model, gpu, tp=tp, dtype=dtype)
-    kv = chosen.cost_model.kv_capacity_tokens(gpu_memory_utilization)
+    prof = profile or EngineProfile("none")
+    chosen = pricing(model, gpu, tp, dtype, prof, kernels)
+    kv = chosen.base.kv_capacity_tokens(gpu_memory_utilization)
     arrivals = res.arrival_times(seed)
     wl = Workload(arrivals, res.prompt_lens, res.output_lens, name=f"vllm result {Path(path).name}")
     sched = SchedulerConfig(kv, max_num_batched_tokens, max_num_seqs, kv="paged" if paged else "reserve")
@@ -57,17 +67,27 @@ def validate_vllm(
             t.append(t[-1] + g)
         measured.append(RequestTimeline(i, arrivals[i], tuple(t), res.prompt_lens[i]))
     eng, simlat = latencies(measured), latencies(sim.timelines())
+    if prof.frontend_s:
+        d = prof.frontend_s
+        simlat = {r: replace(v, ttft=v.ttft + d, e2e=v.e2e + d) for r, v in simlat.items()}
     rids = list(range(len(wl)))
-    notes = [f"steps priced by the {chosen.provenance}"]
+    notes = [f"steps priced by the {chosen.provenance}", prof.describe()]
     if res.arrivals is None:
         notes.append(
             "the file has no arrival times: arrivals were drawn at its request_rate "
             f"({res.request_rate:g}/s, burstiness {res.burstiness:g}, seed {seed}); per-request errors pair "
             "requests by position, so the percentile errors are the ones to read"
         )
+    measured_sum, sim_sum = summary(eng, rids), summary(simlat, rids)
+    mean_err: dict[str, float | None] = {}
+    for m in ("ttft", "tpot", "e2e"):
+        a, b = measured_sum[f"mean_{m}_ms"], sim_sum[f"mean_{m}_ms"]
+        mean_err[f"mean_{m}"] = (b - a) / a * 100.0 if a and b is not None else None
     return {
-        "engine": summary(eng, rids),
-        "simulator": summary(simlat, rids),
+        "engine": measured_sum,
+        "simulator": sim_sum,
+        "mean_error_pct": mean_err,
+        "verdict": verdict(mean_err),
         "error": compare(eng, simlat, rids),
         "config": {
             "requests": len(wl),
@@ -80,6 +100,7 @@ def validate_vllm(
             "kv_tokens": kv,
             "scheduler": "paged" if paged else "reserve",
             "cost_model": chosen.provenance,
+            "engine_profile": prof.name,
         },
         "notes": notes,
     }

@@ -98,7 +98,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl", "mooncake"]
     )
     w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
-    w.add_argument("--synthetic", choices=["poisson", "gamma"], help="draw synthetic arrivals instead of a trace")
+    w.add_argument("--synthetic", choices=["poisson", "gamma", "shared-prefix"],
+                   help="draw synthetic arrivals instead of a trace (shared-prefix: with --shared-prefix)")
+    w.add_argument("--shared-prefix", default=None, metavar="G,P,S,Q",
+                   help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
+                        "within a group, a question of Q tokens (outputs: --output-len; hits need --scheduler "
+                        "paged --prefix-caching)")
     w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
     w.add_argument(
         "--burstiness",
@@ -168,6 +173,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "calibrated or floor pricing (default: vllm's current tables where the package is installed and "
         "has the GPU, else none; the header says which)",
     )
+    m.add_argument(
+        "--engine-profile",
+        metavar="NAME",
+        help="add the engine's own time around the kernels to every step (sim/data/engine_profiles.json: "
+        "none, vllm; docs/fidelity.md); default: the profile fitted on the --kernels engine given, none "
+        "without --kernels",
+    )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
     add_partial_prefill_args(s, "the context length")
@@ -196,6 +208,10 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         rate_scale=args.rate_scale,
         max_tokens=args.max_tokens,
         cut_output_to_fit=args.cut_output_to_fit,
+        shared_prefix=getattr(args, "shared_prefix", None),
+        shared_prefix_block=getattr(args, "block_size", None) or 16,
+        concurrency=getattr(args, "concurrency", None),
+        think_time=getattr(args, "think_time", 0.0),
     )
 
 
@@ -212,6 +228,7 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
         linear_cost=args.linear_cost,
         max_model_len=args.max_model_len,
         kernels=getattr(args, "kernels", None),
+        engine_profile=getattr(args, "engine_profile", None),
     )
 
 

@@ -18,6 +18,7 @@ from stallfree.sim.commands.common import (
     CliError,
     add_common,
     check_partial_prefill_flags,
+    duration,
     ensure_writable_dir,
     ensure_writable_file,
     guard,
@@ -92,6 +93,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
+    _add_load_flags(sim)
     _add_cluster_flags(sim)
     sim.set_defaults(func=guard(run))
 
@@ -197,6 +199,11 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Refuse, before anything runs or is written, values out of range and flags of another mode
     given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
     check_partial_prefill_flags(args)
+    if args.concurrency is None and args.think_time:
+        raise CliError("--think-time applies to closed-loop load: add --concurrency N", 2)
+    if args.concurrency is not None and args.rate_scale is not None:
+        raise CliError("--rate-scale scales open-loop arrivals; with --concurrency the arrivals follow the "
+                       "finishes: drop --rate-scale", 2)
     for flag, name, low in _AFFINITY_FLAGS:
         value = getattr(args, name)
         if value is not None and not value >= low:
@@ -206,6 +213,9 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.link_latency is not None and not 0 <= args.link_latency < math.inf:
         raise CliError(f"--link-latency {args.link_latency:g}: must be a number of us >= 0", 2)
     disagg = args.disaggregate is not None
+    if args.concurrency is not None and (disagg or _is_cluster(args)):
+        raise CliError("--concurrency runs on one replica in this version: drop --replicas, --router and "
+                       "--disaggregate", 2)
     if not disagg:
         for flag, name in _DISAGG_FLAGS:
             if getattr(args, name) is not None:
@@ -236,6 +246,20 @@ def _check_flags(args: argparse.Namespace) -> None:
     for flag, given in unsupported:
         if given:
             raise CliError(f"--disaggregate does not take {flag} in this version: drop {flag}", 2)
+
+
+def _add_load_flags(sim: Any) -> None:
+    """--concurrency and --think-time: closed-loop load (docs/simulator.md)."""
+    c = sim.add_argument_group("closed-loop load (default: open loop, the workload's arrival times)")
+    c.add_argument(
+        "--concurrency", type=positive_int, metavar="N",
+        help="keep N requests in flight: the next (in workload order, with its lengths) is sent when one "
+        "ends; arrival times are ignored. With --num-requests and --prompt-len/--output-len (fixed:N ...)",
+    )
+    c.add_argument(
+        "--think-time", type=duration, default=0.0, metavar="T",
+        help="--concurrency: time from a request's end to its client's next request (100ms, 1s; bare = ms)",
+    )
 
 
 def _add_cluster_flags(sim: Any) -> None:
@@ -444,6 +468,10 @@ def _budget_text(header: dict[str, Any]) -> str:
 def _load_text(summary: dict[str, Any]) -> str:
     """The utilisation clause of the header, never 'nan%' nor 'inf req/s'."""
     capacity, load = summary.get("capacity_req_s"), summary.get("load")
+    achieved = summary.get("achieved_request_rate")
+    if achieved is not None:
+        return f"achieved {achieved:,.2f} req/s; " + _load_text({k: v for k, v in summary.items()
+                                                              if k != "achieved_request_rate"})
     if capacity is None:
         return "capacity unknown (no request was served)"
     if load is None:
@@ -458,6 +486,10 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     rate = header["offered_rate"]
     offered = f"{rate:,.2f} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
     scale = f"rate scale {header['rate_scale']:g} ({offered})"
+    if header.get("concurrency") is not None:
+        think = header["think_time_s"]
+        scale = f"closed loop: {header['concurrency']} in flight"
+        scale += f", think time {think * 1e3:g} ms" if think else ""
     print(f"{wl}, {scale}")
     print(
         f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "

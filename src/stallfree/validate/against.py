@@ -1,0 +1,286 @@
+"""`stallfree validate --against PATH`: replay someone else's measured runs through the simulator and
+compare figure by figure. The format is found by the content of PATH (see `detect`):
+
+- a run folder (meta.json + requests.jsonl; validate.runs), or a folder of run folders: replayed open-loop,
+  each request arriving at its queued_ts;
+- a `vllm bench serve` result file (JSON with input_lens; validate.vllm);
+- a closed-loop benchmark CSV in the format of aiconfigurator-core's systems/silicon_sample.csv, or the
+  word "aiconfigurator" for the copy inside the installed package (validate.silicon).
+
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel, stallfree.sim,
+stallfree.validate.
+
+Errors, percent: for each figure (mean, p50, p90, p99 of TTFT, TPOT and E2E over the requests finished in
+both), the signed error (simulated - measured) / measured x 100; over runs, the median of the absolute
+errors. The verdict uses the goals of docs/fidelity.md: |error| of mean E2E <= 10%, of mean TTFT <= 20%, of
+mean TPOT <= 10%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stallfree.core.metrics import percentile
+from stallfree.costmodel import CostModelError
+from stallfree.sim.engine_profile import EngineProfile
+from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.workload import Workload
+from stallfree.validate.compare import Latencies, latencies
+from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset, pricing
+from stallfree.validate.runs import RunFolder, is_run_folder, read_run_folder
+
+__all__ = [
+    "GOALS",
+    "RUN_METRICS",
+    "detect",
+    "figures",
+    "replay_run",
+    "validate_runs",
+    "verdict",
+]
+
+#: The metrics of per-request data (no per-token gaps in a run folder: TPOT is each request's mean gap).
+RUN_METRICS = ("ttft", "tpot", "e2e")
+#: Goals on the absolute error of the mean, percent (docs/fidelity.md; the issue's judged targets).
+GOALS = {"e2e": 10.0, "ttft": 20.0, "tpot": 10.0}
+_STATS = ("mean", "p50", "p90", "p99")
+
+
+def detect(path: str) -> str:
+    """Return the format of --against PATH: "aiconfigurator", "silicon", "run", "runs" or "vllm-result".
+
+    Raises:
+        ValueError: PATH does not exist or matches no format (the message says what was looked for).
+    """
+    if path == "aiconfigurator":
+        return "aiconfigurator"
+    p = Path(path)
+    if is_run_folder(p):
+        return "run"
+    if p.is_dir():
+        if any(is_run_folder(c) for c in p.iterdir()):
+            return "runs"
+        raise ValueError(f"--against {path!r}: a folder without meta.json + requests.jsonl, nor run folders in it")
+    if not p.is_file():
+        raise ValueError(f"--against {path!r}: no such file or folder (or the word 'aiconfigurator')")
+    try:
+        with p.open(encoding="utf-8") as fh:
+            head = fh.read(4096)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--against {path!r}: cannot read: {exc}") from None
+    first = head.splitlines()[0] if head else ""
+    if "silicon_ttft_ms" in first and "isl" in first.split(","):
+        return "silicon"
+    if head.lstrip().startswith("{") and '"input_lens"' in p.read_text(encoding="utf-8"):
+        return "vllm-result"
+    raise ValueError(f"--against {path!r}: not a run folder, a silicon_sample.csv-style CSV (header with isl, "
+                     "silicon_ttft_ms) or a vllm bench serve result (JSON with input_lens)")
+
+
+def _stat(vals: list[float], stat: str) -> float | None:
+    if not vals:
+        return None
+    if stat == "mean":
+        return sum(vals) / len(vals)
+    return percentile(vals, float(stat[1:]))
+
+
+def figures(measured: dict[Hashable, Latencies], sim: dict[Hashable, Latencies],
+            metrics: Sequence[str] = RUN_METRICS) -> dict[str, Any]:
+    """Return the measured and simulated figures (ms) and their signed errors (percent) over the requests
+    finished in both: {"requests", "measured": {"mean_ttft_ms", ...}, "simulated": {...},
+    "error_pct": {"mean_ttft", "p50_ttft", ...}, "median_ape_pct": {"ttft", ...}}.
+
+    Raises:
+        ValueError: no request finished in both.
+    """
+    both = [r for r in measured if r in sim]
+    if not both:
+        raise ValueError("no request finished in both the measured run and the simulator")
+    out: dict[str, Any] = {"requests": len(both), "measured": {}, "simulated": {}, "error_pct": {},
+                           "median_ape_pct": {}}
+    for m in metrics:
+        pairs = [(measured[r].value(m), sim[r].value(m)) for r in both]
+        mv = [a for a, b in pairs if a is not None and b is not None]
+        sv = [b for a, b in pairs if a is not None and b is not None]
+        for st in _STATS:
+            a, b = _stat(mv, st), _stat(sv, st)
+            out["measured"][f"{st}_{m}_ms"] = None if a is None else a * 1e3
+            out["simulated"][f"{st}_{m}_ms"] = None if b is None else b * 1e3
+            out["error_pct"][f"{st}_{m}"] = (b - a) / a * 100.0 if a and b is not None else None
+        apes = [abs(b - a) / a * 100.0 for a, b in zip(mv, sv, strict=True) if a > 0]
+        out["median_ape_pct"][m] = percentile(apes, 50.0) if apes else None
+    return out
+
+
+def verdict(errors: dict[str, float | None], signed: bool = True) -> str:
+    """The verdict line on the errors of the means (keys "mean_e2e", "mean_ttft", "mean_tpot", percent;
+    `signed` False when they are absolute errors, e.g. medians over runs)."""
+    parts, ok = [], True
+    for m, goal in GOALS.items():
+        e = errors.get(f"mean_{m}")
+        if e is None:
+            continue
+        good = abs(e) <= goal
+        ok &= good
+        shown = f"{e:+.1f}%" if signed else f"|{e:.1f}%|"
+        parts.append(f"mean {m.upper()} {shown} ({'within' if good else 'outside'} {goal:g}%)")
+    return f"verdict: {'within the goals' if ok else 'outside the goals'}: " + "; ".join(parts)
+
+
+def replay_run(run: RunFolder, profile: EngineProfile, kernels: str = "none", model: str | None = None,
+               gpu: str | None = None) -> dict[str, Any]:
+    """Replay one run folder open-loop (each request at its queued_ts) and compare.
+
+    The engine profile's step terms price the steps; its front-end term is not added (a run folder's
+    times are the engine's own timestamps, taken after the front end). KV capacity: the folder's
+    num_gpu_blocks x block_size, else derived (hardware.derived_kv_tokens). Scheduler: paged, vLLM's
+    max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0.01.
+
+    Raises:
+        ValueError: a run we cannot replay (data parallel > 1, an unknown model or GPU), named.
+    """
+    where = str(run.path)
+    if run.dp > 1:
+        raise ValueError(f"{where}: data_parallel_size {run.dp} (two or more engines behind one front end) "
+                         "is not replayed: one replica per run")
+    name, dtype = model_preset(run.model, run.dtype) if model is None else model_preset(model, run.dtype)
+    device = gpu or run.device_name
+    if not device:
+        raise ValueError(f"{where}: neither meta.json nor config.json names the GPU: give --gpu")
+    gpu_name = gpu_preset(device)
+    try:
+        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels)
+        if run.num_gpu_blocks is not None:
+            kv, kv_src = run.num_gpu_blocks * run.block_size, "num_gpu_blocks of meta.json"
+        else:
+            mem = run.device_memory_bytes or getattr(price.base, "roofline", price.base).gpu.mem_bytes
+            kv = derived_kv_tokens(price.base, mem, run.gpu_memory_utilization, run.block_size)
+            kv_src = "derived (memory x utilization - weights - activation reserve)"
+    except CostModelError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    wl = Workload(run.arrivals, run.prompt_lens, run.output_lens, name=run.path.name)
+    sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size)
+    res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
+    sim = latencies(res.timelines())
+    measured: dict[Hashable, Latencies] = dict(enumerate(run.measured))
+    fig = figures(measured, sim)
+    fig.update({
+        "run": run.path.name,
+        "config": {"model": run.model, "cost_model_name": Path(name).parent.name if name.endswith(".json") else name,
+                   "gpu": gpu_name, "tp": run.tp, "dtype": dtype, "vllm_version": run.vllm_version,
+                   "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
+                   "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
+                   "engine_profile": profile.name, "steps": res.num_steps},
+        "per_request": [[(measured[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")]
+                        + [(sim[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")] for r in measured if r in sim],
+    })
+    return fig
+
+
+def _runs(path: Path) -> list[Path]:
+    return [path] if is_run_folder(path) else sorted(c for c in path.iterdir() if is_run_folder(c))
+
+
+def validate_runs(path: str | Path, profile: EngineProfile, kernels: str = "none", model: str | None = None,
+                  gpu: str | None = None) -> dict[str, Any]:
+    """Replay a run folder, or every run folder inside `path`, and summarise.
+
+    A run that cannot be replayed (replay_run's ValueError) is listed under "skipped" with the reason.
+
+    Returns:
+        {"format": "runs", "runs": [replay_run results], "skipped": [{"run", "reason"}],
+        "summary": {"median_abs_error_pct": {"mean_ttft", ...}}, "verdict": line, "engine_profile": ...}.
+
+    Raises:
+        ValueError: a malformed folder (file and line named), or no run could be replayed.
+    """
+    runs, skipped = [], []
+    for folder in _runs(Path(path)):
+        run = read_run_folder(folder)
+        try:
+            runs.append(replay_run(run, profile, kernels, model, gpu))
+        except ValueError as exc:
+            skipped.append({"run": folder.name, "reason": str(exc)})
+    if not runs:
+        raise ValueError(f"--against {str(path)!r}: no run could be replayed: "
+                         + "; ".join(s["reason"] for s in skipped))
+    summary: dict[str, float | None] = {}
+    for m in RUN_METRICS:
+        for st in _STATS:
+            errs = [abs(r["error_pct"][f"{st}_{m}"]) for r in runs if r["error_pct"][f"{st}_{m}"] is not None]
+            summary[f"{st}_{m}"] = percentile(errs, 50.0) if errs else None
+    signed = runs[0]["error_pct"] if len(runs) == 1 else summary
+    return {"format": "runs", "runs": runs, "skipped": skipped, "summary": {"median_abs_error_pct": summary},
+            "verdict": verdict(signed, len(runs) == 1)
+            + ("" if len(runs) == 1 else f" (median |error| over {len(runs)} runs)"),
+            "engine_profile": profile.describe(), "kernels": kernels}
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:+.1f}{unit}" if unit == "%" else f"{v:,.1f}{unit}"
+
+
+def print_runs(res: dict[str, Any]) -> None:
+    """Print each run's figures, measured beside simulated with the error, and the summary."""
+    print(res["engine_profile"])
+    for r in res["runs"]:
+        c = r["config"]
+        print(f"\n{r['run']}: {r['requests']} requests; {c['cost_model_name']} on {c['tp']} x {c['gpu']} "
+              f"{c['dtype']}; budget {c['max_num_batched_tokens']:,}, max_num_seqs {c['max_num_seqs']}, "
+              f"KV {c['kv_tokens']:,} tokens ({c['kv_tokens_source']})")
+        print(f"  steps priced by the {c['cost_model']}")
+        print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}")
+        for m in RUN_METRICS:
+            for st in _STATS:
+                k = f"{st}_{m}"
+                print(f"  {m.upper() + ' ' + st:<10} {_fmt(r['measured'][k + '_ms']):>12} "
+                      f"{_fmt(r['simulated'][k + '_ms']):>13} {_fmt(r['error_pct'][k], '%'):>8}")
+    for s in res["skipped"]:
+        print(f"\nskipped {s['run']}: {s['reason']}")
+    if len(res["runs"]) > 1:
+        med = res["summary"]["median_abs_error_pct"]
+        print("\nmedian |error| over runs: " + ", ".join(
+            f"{m.upper()} mean {_fmt(med[f'mean_{m}'])}% p99 {_fmt(med[f'p99_{m}'])}%" for m in RUN_METRICS))
+    print(res["verdict"])
+
+
+def plot_runs(path: Path, res: dict[str, Any]) -> None:
+    """Scatter simulated against measured TTFT and E2E per request, one colour per run, y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    for j, (ax, metric) in enumerate(zip(axes, ("TTFT", "E2E"), strict=True)):
+        for r in res["runs"]:
+            pts = r["per_request"]
+            ax.scatter([p[j] for p in pts], [p[2 + j] for p in pts], s=6, alpha=0.6, label=r["run"])
+        lim = max([max(p[j], p[2 + j]) for r in res["runs"] for p in r["per_request"]] + [1.0]) * 1.05
+        ax.plot([0, lim], [0, lim], color="grey", linewidth=1)
+        ax.set_xlabel(f"measured {metric} (ms)")
+        ax.set_ylabel(f"simulated {metric} (ms)")
+        ax.legend(fontsize=7)
+    fig.suptitle("stallfree validate --against: simulated against measured, per request")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def dump(res: dict[str, Any]) -> str:
+    """The result as JSON text, without the per-request points (they are for the plot)."""
+    def strip(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {k: strip(v) for k, v in o.items() if k != "per_request"}
+        if isinstance(o, list):
+            return [strip(v) for v in o]
+        return o
+    return json.dumps(strip(res), indent=1)

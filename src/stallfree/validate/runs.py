@@ -1,0 +1,204 @@
+"""Per-request run folders of a real vLLM engine (`meta.json` + `requests.jsonl`, the format of
+../shared/data/validation/llmservingsim_vllm/), read into the requests to replay and what was measured.
+
+Imports allowed: the standard library, stallfree.validate.compare.
+
+The format (one folder per run):
+- ``meta.json``: ``model`` (Hugging Face name), ``vllm_version``, ``engine_kwargs`` (tensor_parallel_size,
+  data_parallel_size, enable_expert_parallel, max_num_seqs, max_num_batched_tokens, max_model_len, dtype),
+  optionally ``kv_cache`` (num_gpu_blocks, block_size, gpu_memory_utilization, enable_prefix_caching) and
+  ``hardware`` (device_name, device_total_memory_bytes).
+- ``requests.jsonl``: one request per line: ``input_toks``, ``output_toks``, ``queued_ts``,
+  ``first_token_ts``, ``last_token_ts`` (the engine's monotonic clock, s; ``arrival_time`` is wall clock
+  and is not used). Arrival = queued_ts; TTFT = first_token_ts - queued_ts; E2E = last_token_ts - queued_ts;
+  TPOT = (last_token_ts - first_token_ts) / (output_toks - 1).
+- ``config.json`` (optional): a simulator's hardware description; its first instance's ``hardware`` names
+  the GPU when meta.json has no ``hardware`` section.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallfree.validate.compare import Latencies
+
+__all__ = ["RunFolder", "is_run_folder", "read_run_folder"]
+
+
+@dataclass(frozen=True, slots=True)
+class RunFolder:
+    """One measured run: the engine's configuration, the requests and their measured latencies.
+
+    Attributes:
+        path: the folder.
+        model: the Hugging Face model name of meta.json.
+        vllm_version: the engine's version ("" when not given).
+        tp, dp: tensor- and data-parallel sizes; expert_parallel: enable_expert_parallel.
+        max_num_seqs, max_num_batched_tokens: the scheduler's limits (vLLM's defaults 256 and 2,048 when
+            not given); max_model_len: tokens or None.
+        dtype: the weights' dtype as meta.json spells it ("bfloat16", ...).
+        block_size: KV block, tokens (16 when not given); num_gpu_blocks: KV blocks or None when not given;
+        gpu_memory_utilization: fraction (0.9 when not given); prefix_caching: enable_prefix_caching.
+        device_name: the GPU's name (meta.json hardware, else config.json), or "" when neither says.
+        device_memory_bytes: the GPU's total memory as torch reported it, or None.
+        arrivals: per request, s from the first queued_ts (sorted by it).
+        prompt_lens, output_lens: per request, tokens.
+        measured: per request (index in arrival order), the measured latencies (no ITL gaps: the files
+            give the first and last token times only).
+        request_ids: per request, its request_id (or its line number).
+    """
+
+    path: Path
+    model: str
+    vllm_version: str
+    tp: int
+    dp: int
+    expert_parallel: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int | None
+    dtype: str
+    block_size: int
+    num_gpu_blocks: int | None
+    gpu_memory_utilization: float
+    prefix_caching: bool
+    device_name: str
+    device_memory_bytes: int | None
+    arrivals: tuple[float, ...]
+    prompt_lens: tuple[int, ...]
+    output_lens: tuple[int, ...]
+    measured: tuple[Latencies, ...]
+    request_ids: tuple[str, ...]
+
+
+def is_run_folder(path: Path) -> bool:
+    """True when `path` is a folder holding meta.json and requests.jsonl."""
+    return path.is_dir() and (path / "meta.json").is_file() and (path / "requests.jsonl").is_file()
+
+
+def _int(where: str, name: str, v: Any, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v or v < minimum:
+        raise ValueError(f"{where}: field {name!r} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _num(where: str, name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{where}: field {name!r} must be a number, got {v!r}")
+    return float(v)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must hold a JSON object")
+    return data
+
+
+def _device_from_config(folder: Path) -> str:
+    p = folder / "config.json"
+    if not p.is_file():
+        return ""
+    try:
+        data = _read_json(p)
+        inst = data["nodes"][0]["instances"][0]
+        return str(inst.get("hardware", ""))
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return ""
+
+
+def _request(where: str, line: str) -> tuple[str, int, int, float, float, float]:
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+    if not isinstance(r, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    for key in ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts"):
+        if key not in r:
+            raise ValueError(f"{where}: no field {key!r}")
+    plen = _int(where, "input_toks", r["input_toks"])
+    olen = _int(where, "output_toks", r["output_toks"])
+    q = _num(where, "queued_ts", r["queued_ts"])
+    first = _num(where, "first_token_ts", r["first_token_ts"])
+    last = _num(where, "last_token_ts", r["last_token_ts"])
+    if first < q:
+        raise ValueError(f"{where}: first_token_ts {first!r} is before queued_ts {q!r}")
+    if last < first:
+        raise ValueError(f"{where}: last_token_ts {last!r} is before first_token_ts {first!r}")
+    return str(r.get("request_id", "")), plen, olen, q, first, last
+
+
+def read_run_folder(path: str | Path) -> RunFolder:
+    """Read a run folder (module docstring).
+
+    Raises:
+        ValueError: a missing or unreadable file, or a malformed field: the message names the file (and
+            the line of requests.jsonl) and the field with its value.
+    """
+    folder = Path(path)
+    if not is_run_folder(folder):
+        raise ValueError(f"--against {str(folder)!r}: not a run folder (needs meta.json and requests.jsonl)")
+    meta_path = folder / "meta.json"
+    meta = _read_json(meta_path)
+    where = str(meta_path)
+    kw = meta.get("engine_kwargs", {})
+    kv = meta.get("kv_cache") or {}
+    hw = meta.get("hardware") or {}
+    if not isinstance(kw, dict) or not isinstance(kv, dict) or not isinstance(hw, dict):
+        raise ValueError(f"{where}: engine_kwargs, kv_cache and hardware must be objects")
+    model = meta.get("model", kw.get("model"))
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"{where}: field 'model' must name the model, got {model!r}")
+    mml = kw.get("max_model_len")
+    blocks = kv.get("num_gpu_blocks")
+    mem = hw.get("device_total_memory_bytes")
+    rows = []
+    req_path = folder / "requests.jsonl"
+    try:
+        lines = req_path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{req_path}: cannot read: {exc}") from None
+    for i, line in enumerate(lines, start=1):
+        if line.strip():
+            rid, plen, olen, q, first, last = _request(f"{req_path}:{i}", line)
+            rows.append((q, rid or f"line {i}", plen, olen, first, last))
+    if not rows:
+        raise ValueError(f"{req_path}: no request")
+    rows.sort(key=lambda r: r[0])
+    t0 = rows[0][0]
+    measured = tuple(
+        Latencies(ttft=first - q, tpot=(last - first) / (olen - 1) if olen > 1 else None, e2e=last - q,
+                  itl_mean=(last - first) / (olen - 1) if olen > 1 else None, itls=())
+        for q, _rid, _p, olen, first, last in rows
+    )
+    return RunFolder(
+        path=folder,
+        model=model,
+        vllm_version=str(meta.get("vllm_version", "")),
+        tp=_int(where, "engine_kwargs.tensor_parallel_size", kw.get("tensor_parallel_size", 1)),
+        dp=_int(where, "engine_kwargs.data_parallel_size", kw.get("data_parallel_size", 1)),
+        expert_parallel=bool(kw.get("enable_expert_parallel", False)),
+        max_num_seqs=_int(where, "engine_kwargs.max_num_seqs", kw.get("max_num_seqs", 256)),
+        max_num_batched_tokens=_int(where, "engine_kwargs.max_num_batched_tokens",
+                                    kw.get("max_num_batched_tokens", 2048)),
+        max_model_len=None if mml is None else _int(where, "engine_kwargs.max_model_len", mml),
+        dtype=str(kw.get("dtype", "bfloat16")),
+        block_size=_int(where, "kv_cache.block_size", kv.get("block_size", 16)),
+        num_gpu_blocks=None if blocks is None else _int(where, "kv_cache.num_gpu_blocks", blocks),
+        gpu_memory_utilization=_num(where, "kv_cache.gpu_memory_utilization", kv.get("gpu_memory_utilization", 0.9)),
+        prefix_caching=bool(kv.get("enable_prefix_caching", True)),
+        device_name=str(hw.get("device_name") or _device_from_config(folder)),
+        device_memory_bytes=None if mem is None else _int(where, "hardware.device_total_memory_bytes", mem),
+        arrivals=tuple(r[0] - t0 for r in rows),
+        prompt_lens=tuple(r[2] for r in rows),
+        output_lens=tuple(r[3] for r in rows),
+        measured=measured,
+        request_ids=tuple(r[1] for r in rows),
+    )

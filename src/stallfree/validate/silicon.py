@@ -1,0 +1,381 @@
+"""Closed-loop benchmark rows (the format of aiconfigurator-core's systems/silicon_sample.csv) against the
+simulator: each row is replayed closed-loop at its concurrency and its measured TTFT and TPOT compared.
+
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel, stallfree.sim,
+stallfree.validate; matplotlib for the plot.
+
+A row gives: backend and backend_version, model_path, system (a GPU), precision, mode (agg: one engine;
+disagg: prefill and decode workers), isl and osl (tokens; every request of the row has exactly these),
+batch_size, tp_size, pp_size, attention_dp_size, and silicon_ttft_ms / silicon_tpot_ms (the measured
+means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size.
+
+Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default) under the simulator's
+closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent at 0 and each later one when
+one finishes (plus the engine profile's front-end time, which the
+engine sees as a think time). The first wave is a warm-up whose outputs are staggered (closed_loop's
+`spread`) so that the later waves arrive spread out, as real clients drift apart, instead of in lock-step;
+the figures are the means over the requests after the first wave. Scheduler: paged, token budget BUDGET (vLLM's default
+max_num_batched_tokens for its API server on a GPU of >= 70 GiB: vllm/engine/arg_utils.py,
+_set_default_args), max_num_seqs the larger of the concurrency and 1,024, KV from the cost model at
+gpu_memory_utilization 0.9 less the activation reserve (validate.hardware).
+
+Errors, percent: per row, the absolute percentage error |sim - measured| / measured x 100 of TTFT and of
+TPOT; summarised by (model, GPU, engine) as median and p90.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import util as import_util
+from pathlib import Path
+from typing import Any
+
+from stallfree.core.metrics import percentile
+from stallfree.costmodel import CostModelError
+from stallfree.sim.engine_profile import EngineProfile
+from stallfree.sim.load import ClosedLoop
+from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.workload import Workload
+from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset, pricing
+
+__all__ = [
+    "BUDGET",
+    "REQUESTS_PER_ROW",
+    "ClosedLoopRow",
+    "bundled_csv",
+    "closed_loop",
+    "read_rows",
+    "replay_row",
+    "validate_silicon",
+]
+
+#: Requests replayed per row, as a multiple of its concurrency: one warm-up wave and two measured.
+REQUESTS_PER_ROW = 3
+#: The token budget of a replayed row (module docstring).
+BUDGET = 8192
+_CONC = re.compile(r"silicon_concurrency=(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedLoopRow:
+    """One benchmark row (module docstring); line is its line in the CSV (the header is line 1)."""
+
+    line: int
+    row_id: str
+    backend: str
+    backend_version: str
+    model: str
+    system: str
+    precision: str
+    mode: str
+    isl: int
+    osl: int
+    concurrency: int
+    tp: int
+    pp: int
+    attention_dp: int
+    ttft_ms: float
+    tpot_ms: float
+
+
+def bundled_csv() -> Path:
+    """The silicon_sample.csv inside the installed aiconfigurator-core.
+
+    Raises:
+        ValueError: the package is not installed (the message says how to install it).
+    """
+    spec = import_util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("--against aiconfigurator needs aiconfigurator-core: pip install aiconfigurator-core "
+                         "(or give the path of a silicon_sample.csv)")
+    return Path(list(spec.submodule_search_locations)[0]) / "systems" / "silicon_sample.csv"
+
+
+def _int(where: str, name: str, text: str, default: int | None = None, minimum: int = 1) -> int:
+    t = (text or "").strip()
+    if not t and default is not None:
+        return default
+    try:
+        v = float(t)
+    except ValueError:
+        raise ValueError(f"{where}: field {name!r} must be a number, got {text!r}") from None
+    if not math.isfinite(v) or v != int(v) or v < minimum:
+        raise ValueError(f"{where}: field {name!r} must be an integer >= {minimum}, got {text!r}")
+    return int(v)
+
+
+def _ms(where: str, name: str, text: str) -> float:
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: field {name!r} must be a number of ms, got {text!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{where}: field {name!r} must be > 0 ms, got {text!r}")
+    return v
+
+
+_NEEDED = ("backend", "model_path", "system", "mode", "isl", "osl", "batch_size", "tp_size", "silicon_ttft_ms",
+           "silicon_tpot_ms")
+
+
+def read_rows(path: str | Path) -> list[ClosedLoopRow]:
+    """Read every row of a silicon_sample.csv-style file.
+
+    A disaggregated row (mode disagg) has no batch_size or tp_size of its own: its concurrency is taken from
+    silicon_data_source alone and tp is 1 (such rows are not replayed; see replay_row).
+
+    Raises:
+        ValueError: the file cannot be read, a column is missing, or a field is malformed (file, line, field
+            and value named).
+    """
+    p = Path(path)
+    try:
+        fh = p.open(encoding="utf-8", newline="")
+    except OSError as exc:
+        raise ValueError(f"{p}: cannot read: {exc}") from None
+    with fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{p}: no column {', '.join(repr(c) for c in missing)}")
+        rows = []
+        for i, r in enumerate(reader, start=2):
+            where = f"{p}:{i}"
+            m = _CONC.search(r.get("silicon_data_source") or "")
+            agg = (r["mode"] or "agg") == "agg"
+            if m:
+                conc = int(m.group(1))
+            elif agg:
+                conc = _int(where, "batch_size", r["batch_size"])
+            else:
+                conc = 0
+            rows.append(ClosedLoopRow(
+                line=i, row_id=r.get("id", "") or f"line {i}", backend=r["backend"],
+                backend_version=r.get("backend_version", "") or "", model=r["model_path"], system=r["system"],
+                precision=r.get("precision", "") or "", mode=r["mode"] or "agg",
+                isl=_int(where, "isl", r["isl"]), osl=_int(where, "osl", r["osl"]), concurrency=conc,
+                tp=_int(where, "tp_size", r["tp_size"], 1) if agg else 1,
+                pp=max(1, _int(where, "pp_size", r.get("pp_size", ""), 1, 0)) if agg else 1,
+                attention_dp=max(1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
+                if agg else 1,
+                ttft_ms=_ms(where, "silicon_ttft_ms", r["silicon_ttft_ms"]),
+                tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
+            ))
+    return rows
+
+
+def _norm(s: str) -> str:
+    return s.lower().replace("_", "-")
+
+
+def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | None = None,
+           engine: str | None = None, mode: str | None = None) -> list[ClosedLoopRow]:
+    """The rows whose model contains `model`, whose system maps to the same preset as `gpu`, of backend
+    `engine` and of `mode` ('-' and '_' alike, any case); None selects all; `model` and `gpu` may be
+    comma-separated lists (any of them)."""
+    models = [_norm(m) for m in model.split(",")] if model else None
+    gpus = {gpu_preset(_norm(g)) for g in gpu.split(",")} if gpu else None
+    out = []
+    for r in rows:
+        if models is not None and not any(m in _norm(r.model) for m in models):
+            continue
+        if gpus is not None and gpu_preset(_norm(r.system)) not in gpus:
+            continue
+        if engine is not None and _norm(engine) != _norm(r.backend):
+            continue
+        if mode is not None and _norm(mode) != _norm(r.mode):
+            continue
+        out.append(r)
+    return out
+
+
+def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
+                think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
+    """Run a closed loop through the simulator (stallfree.sim.load.ClosedLoop): `concurrency` requests of
+    `isl` prompt and `osl` output tokens sent at 0, and each later one `think_s` after one ends, until
+    `num_requests` were sent and all finished. Step times come from `cost.step_time(plan)`, s.
+
+    spread: the first wave's request i (of N = concurrency) generates ceil(osl x (i + 1) / N) tokens
+    instead of osl, so that the first wave ends spread over one request's lifetime and the later waves
+    (all of osl tokens) arrive spread out as real clients' requests drift apart; without it, equal
+    requests sent together stay in lock-step wave after wave, every wave's prompts queueing at once.
+
+    Returns:
+        Per request in sending order: (arrival s, first token s, finish s), engine-side times.
+
+    Raises:
+        ValueError: a count < 1 or think_s < 0.
+    """
+    if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
+        raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
+                         f"num_requests={num_requests}, isl={isl}, osl={osl}")
+    outs = [osl] * num_requests
+    if spread:
+        for i in range(min(concurrency, num_requests)):
+            outs[i] = max(1, -(-osl * (i + 1) // concurrency))
+    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
+    res = simulate(wl, sched, cost, closed_loop=ClosedLoop(concurrency, think_s))
+    out = []
+    for tl in sorted(res.timelines(), key=lambda t: int(t.rid)):
+        if not tl.token_times or tl.finish_time is None:
+            raise ValueError(f"closed loop: request {tl.rid} did not finish ({res.rejected[:1]})")
+        out.append((tl.arrival, tl.token_times[0], tl.finish_time))
+    return out
+
+
+def replay_row(row: ClosedLoopRow, profile: EngineProfile, kernels: str = "none",
+               requests_per_row: int = REQUESTS_PER_ROW) -> dict[str, Any]:
+    """Replay one row closed-loop (module docstring) and compare its TTFT and TPOT.
+
+    Raises:
+        ValueError: a row we do not replay (disaggregated, pipeline or attention data parallel, a model or
+            GPU the cost model cannot price): the message says why.
+    """
+    where = f"line {row.line}"
+    if row.mode != "agg":
+        raise ValueError(f"{where}: mode {row.mode!r}: disaggregated rows are not replayed")
+    if row.pp > 1 or row.attention_dp > 1:
+        raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
+    name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
+    try:
+        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels)
+        kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
+    except CostModelError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
+    n = requests_per_row * row.concurrency
+    done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, profile.frontend_s,
+                       spread=True)
+    steady = done[row.concurrency:] or done
+    ttft = sum(f - a for a, f, _ in steady) / len(steady) + profile.frontend_s
+    tpot = sum((e - f) / (row.osl - 1) for _a, f, e in steady) / len(steady) if row.osl > 1 else float("nan")
+    sim_ttft, sim_tpot = ttft * 1e3, tpot * 1e3
+    return {
+        "line": row.line, "id": row.row_id, "model": row.model, "system": row.system, "engine": row.backend,
+        "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
+        "concurrency": row.concurrency, "tp": row.tp, "requests": n, "kv_tokens": kv,
+        "measured_ttft_ms": row.ttft_ms, "measured_tpot_ms": row.tpot_ms,
+        "sim_ttft_ms": sim_ttft, "sim_tpot_ms": sim_tpot,
+        "ttft_ape_pct": abs(sim_ttft - row.ttft_ms) / row.ttft_ms * 100.0,
+        "tpot_ape_pct": abs(sim_tpot - row.tpot_ms) / row.tpot_ms * 100.0 if row.osl > 1 else None,
+        "cost_model": price.provenance,
+    }
+
+
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["system"], r["engine"]), []).append(r)
+    out = []
+    for (model, system, engine), rs in sorted(groups.items()):
+        entry: dict[str, Any] = {"model": model, "system": system, "engine": engine, "rows": len(rs)}
+        for m in ("ttft", "tpot"):
+            apes = [r[f"{m}_ape_pct"] for r in rs if r[f"{m}_ape_pct"] is not None]
+            entry[f"{m}_median_ape_pct"] = percentile(apes, 50.0) if apes else None
+            entry[f"{m}_p90_ape_pct"] = percentile(apes, 90.0) if apes else None
+        out.append(entry)
+    return out
+
+
+def validate_silicon(path: str, profile: EngineProfile, kernels: str = "none", model: str | None = None,
+                     gpu: str | None = None, engine: str | None = None, mode: str | None = None,
+                     requests_per_row: int | None = None, limit: int | None = None) -> dict[str, Any]:
+    """Replay the selected rows of a benchmark CSV ("aiconfigurator": the installed package's copy).
+
+    Returns:
+        {"format": "silicon", "csv", "requests_per_row", "rows": [replay_row results],
+        "skipped": {reason: count}, "summary": [per (model, GPU, engine): rows, median and p90 APE],
+        "overall": {...}, "verdict": line, "engine_profile": line}.
+
+    Raises:
+        ValueError: an unreadable or malformed CSV, a bad selection, or no row that can be replayed.
+    """
+    csv_path = bundled_csv() if path == "aiconfigurator" else Path(path)
+    k = REQUESTS_PER_ROW if requests_per_row is None else requests_per_row
+    if k < 1:
+        raise ValueError(f"--requests-per-row must be >= 1 (1: one wave, all of it measured), got {k}")
+    rows = select(read_rows(csv_path), model, gpu, engine, mode)
+    if limit is not None:
+        rows = rows[:limit]
+    if not rows:
+        raise ValueError(f"{csv_path}: no row matches --model {model!r} --gpu {gpu!r} --engine {engine!r} "
+                         f"--mode {mode!r}")
+    done: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
+    for r in rows:
+        try:
+            done.append(replay_row(r, profile, kernels, k))
+        except ValueError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            reason = re.sub(r"\d[\d.,]*", "N", reason)[:160]
+            skipped[reason] = skipped.get(reason, 0) + 1
+    if not done:
+        raise ValueError(f"{csv_path}: none of the {len(rows)} selected rows can be replayed: "
+                         + "; ".join(skipped))
+    summary = _summary(done)
+    overall: dict[str, Any] = {"rows": len(done)}
+    for m in ("ttft", "tpot"):
+        apes = [r[f"{m}_ape_pct"] for r in done if r[f"{m}_ape_pct"] is not None]
+        overall[f"{m}_median_ape_pct"] = percentile(apes, 50.0)
+        overall[f"{m}_p90_ape_pct"] = percentile(apes, 90.0)
+    good = overall["ttft_median_ape_pct"] <= 20.0 and overall["tpot_median_ape_pct"] <= 10.0
+    line = (f"verdict: {'within' if good else 'outside'} the goals on {len(done)} rows: median APE TTFT "
+            f"{overall['ttft_median_ape_pct']:.1f}% (goal 20%), TPOT {overall['tpot_median_ape_pct']:.1f}% (goal 10%)")
+    return {"format": "silicon", "csv": str(csv_path), "requests_per_row": k, "rows": done, "skipped": skipped,
+            "summary": summary, "overall": overall, "verdict": line, "engine_profile": profile.describe(),
+            "kernels": kernels}
+
+
+def print_silicon(res: dict[str, Any]) -> None:
+    """Print every row (measured and simulated TTFT and TPOT with their APE), the summary and the verdict."""
+    print(res["engine_profile"])
+    print(f"{res['csv']}: {len(res['rows'])} rows replayed closed-loop, {res['requests_per_row']} x concurrency "
+          "requests each (the first wave is warm-up)")
+    print(f"{'line':>5} {'model':<34} {'system':<9} {'isl':>5} {'osl':>5} {'conc':>4} {'tp':>2} "
+          f"{'TTFT ms':>8} {'sim':>8} {'APE':>6} {'TPOT ms':>8} {'sim':>7} {'APE':>6}")
+    for r in res["rows"]:
+        tpe = "-" if r["tpot_ape_pct"] is None else f"{r['tpot_ape_pct']:.0f}%"
+        print(f"{r['line']:>5} {r['model'][:34]:<34} {r['system'][:9]:<9} {r['isl']:>5} {r['osl']:>5} "
+              f"{r['concurrency']:>4} {r['tp']:>2} {r['measured_ttft_ms']:>8.1f} {r['sim_ttft_ms']:>8.1f} "
+              f"{r['ttft_ape_pct']:>5.0f}% {r['measured_tpot_ms']:>8.2f} {r['sim_tpot_ms']:>7.2f} {tpe:>6}")
+    print("\nabsolute percentage error by model, GPU and engine (median / p90):")
+    for s in res["summary"]:
+        print(f"  {s['model']:<34} {s['system']:<9} {s['engine']:<7} {s['rows']:>4} rows: TTFT "
+              f"{s['ttft_median_ape_pct']:.1f}% / {s['ttft_p90_ape_pct']:.1f}%, TPOT "
+              f"{s['tpot_median_ape_pct']:.1f}% / {s['tpot_p90_ape_pct']:.1f}%")
+    for reason, count in sorted(res["skipped"].items(), key=lambda kv: -kv[1]):
+        print(f"skipped {count} rows: {reason}")
+    print(res["verdict"])
+
+
+def plot_silicon(path: Path, res: dict[str, Any]) -> None:
+    """Scatter simulated against measured TTFT and TPOT per row (log axes), one colour per model, y = x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    models = sorted({r["model"] for r in res["rows"]})
+    for ax, m in zip(axes, ("ttft", "tpot"), strict=True):
+        for name in models:
+            rs = [r for r in res["rows"] if r["model"] == name and r[f"sim_{m}_ms"] == r[f"sim_{m}_ms"]]
+            ax.scatter([r[f"measured_{m}_ms"] for r in rs], [r[f"sim_{m}_ms"] for r in rs], s=10, alpha=0.7,
+                       label=name)
+        vals = [v for r in res["rows"] for v in (r[f"measured_{m}_ms"], r[f"sim_{m}_ms"]) if v == v and v > 0]
+        lo, hi = min(vals) / 1.2, max(vals) * 1.2
+        ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {m.upper()} (ms)")
+        ax.set_ylabel(f"simulated {m.upper()} (ms)")
+        ax.legend(fontsize=7)
+    fig.suptitle("stallfree validate --against: closed-loop rows, simulated against measured")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

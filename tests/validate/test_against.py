@@ -1,0 +1,221 @@
+"""Tests of `validate --against`: the run-folder and benchmark-CSV readers, the closed loop and the figures by
+hand, the engine profile's step terms, format detection and the command."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from stallfree import Request
+from stallfree.cli import main
+from stallfree.core.scheduler import Scheduler
+from stallfree.sim.costs import LinearCostModel
+from stallfree.sim.engine_profile import EngineProfile, EngineProfileError, ProfiledCostModel, load_profile
+from stallfree.sim.simulator import SchedulerConfig
+from stallfree.validate.against import detect, figures, replay_run, validate_runs, verdict
+from stallfree.validate.compare import Latencies
+from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset
+from stallfree.validate.runs import read_run_folder
+from stallfree.validate.silicon import closed_loop, read_rows, select, validate_silicon
+
+DATA = Path(__file__).parent / "data"
+RUN = DATA / "run_small"
+CSV = DATA / "silicon_small.csv"
+
+
+def _lat(ttft: float, e2e: float, tpot: float | None = None) -> Latencies:
+    return Latencies(ttft=ttft, tpot=tpot, e2e=e2e, itl_mean=tpot, itls=())
+
+
+def test_run_folder_by_hand():
+    """Requests are sorted by queued_ts; TTFT, TPOT and E2E come from the engine's timestamps."""
+    run = read_run_folder(RUN)
+    assert run.request_ids == ("r0", "r2", "r1")
+    assert run.arrivals == pytest.approx((0.0, 0.1, 0.2))
+    assert run.prompt_lens == (100, 20, 50) and run.output_lens == (11, 5, 1)
+    r0, r2, r1 = run.measured
+    assert (r0.ttft, r0.tpot, r0.e2e) == pytest.approx((0.05, 0.05, 0.55))
+    assert (r2.ttft, r2.tpot, r2.e2e) == pytest.approx((0.02, 0.05, 0.22))
+    assert r1.tpot is None and r1.e2e == pytest.approx(0.1)
+    assert (run.tp, run.max_num_seqs, run.max_num_batched_tokens, run.num_gpu_blocks) == (1, 8, 256, 1000)
+    assert run.device_name == "NVIDIA H100 80GB HBM3"
+
+
+def test_run_folder_errors_name_file_line_and_field(tmp_path):
+    """A malformed request names requests.jsonl, its line and the field with its value."""
+    bad = tmp_path / "run"
+    shutil.copytree(RUN, bad)
+    lines = (bad / "requests.jsonl").read_text().splitlines()
+    lines[1] = lines[1].replace('"output_toks": 11', '"output_toks": "many"')
+    (bad / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"requests\.jsonl:2: field 'output_toks' must be an integer >= 1, got 'many'"):
+        read_run_folder(bad)
+    lines[1] = lines[1].replace('"queued_ts": 10.0, ', "")
+    (bad / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"requests\.jsonl:2: no field 'queued_ts'"):
+        read_run_folder(bad)
+
+
+def test_figures_and_verdict_by_hand():
+    """Means and signed errors of three requests: measured TTFT 1, 2, 3 s against 2, 2, 3 s is +16.7%."""
+    m = {0: _lat(1.0, 4.0, 0.1), 1: _lat(2.0, 4.0, 0.1), 2: _lat(3.0, 4.0, 0.1)}
+    s = {0: _lat(2.0, 4.36, 0.1), 1: _lat(2.0, 4.36, 0.1), 2: _lat(3.0, 4.36, 0.1)}
+    f = figures(m, s)
+    assert f["requests"] == 3
+    assert f["measured"]["mean_ttft_ms"] == pytest.approx(2000.0)
+    assert f["error_pct"]["mean_ttft"] == pytest.approx(100 / 6)
+    assert f["error_pct"]["mean_e2e"] == pytest.approx(9.0)
+    assert f["error_pct"]["p50_tpot"] == pytest.approx(0.0)
+    assert f["median_ape_pct"]["ttft"] == pytest.approx(0.0)
+    line = verdict(f["error_pct"])
+    assert "mean E2E +9.0% (within 10%)" in line and "mean TTFT +16.7% (within 20%)" in line
+    assert line.startswith("verdict: within the goals")
+
+
+def test_closed_loop_by_hand():
+    """Concurrency 1, 8-token prompts, 3 tokens out, 1 ms a step: (0, 1, 3) ms then (3, 4, 6) ms; a 0.5 ms
+    think time moves the second request to (3.5, 4.5, 6.5) ms."""
+    cost = LinearCostModel(1e-3, 0.0)
+    sched = SchedulerConfig(1000, 64, 8, kv="paged")
+    got = closed_loop(sched, cost, concurrency=1, num_requests=2, isl=8, osl=3)
+    assert got == [pytest.approx((0.0, 1e-3, 3e-3)), pytest.approx((3e-3, 4e-3, 6e-3))]
+    got = closed_loop(sched, cost, concurrency=1, num_requests=2, isl=8, osl=3, think_s=0.5e-3)
+    assert got[1] == pytest.approx((3.5e-3, 4.5e-3, 6.5e-3))
+    # Two at once, 1 ms per token: one 16-token step (both prefills) then one 2-token decode step.
+    got = closed_loop(SchedulerConfig(1000, 64, 8, kv="paged"), LinearCostModel(0.0, 1e-3), 2, 2, 8, 2)
+    assert got == [pytest.approx((0.0, 16e-3, 18e-3))] * 2
+
+
+def test_profiled_cost_model_by_hand():
+    """A step holding one last prefill chunk and nothing else: 1 ms + 0.5 ms per step + 0.1 ms per sampled."""
+    s = Scheduler(token_budget=64, max_seqs=4, kv_tokens=1000)
+    s.add(Request(rid=1, prompt_len=4, max_new=2))
+    plan = s.schedule()
+    prof = EngineProfile("t", step_s=0.5e-3, per_sampled_s=0.1e-3, frontend_s=2e-3)
+    assert ProfiledCostModel(LinearCostModel(1e-3, 0.0), prof).step_time(plan) == pytest.approx(1.6e-3)
+    assert "0.500 ms per step, 100.0 us per sampled token, 2.00 ms front end" in prof.describe()
+    back = EngineProfile.from_json("t", prof.to_json())
+    assert (back.step_s, back.per_sampled_s, back.frontend_s) == pytest.approx((0.5e-3, 0.1e-3, 2e-3))
+    with pytest.raises(EngineProfileError, match="step_s must be a finite number >= 0"):
+        EngineProfile("bad", step_s=-1.0)
+    with pytest.raises(EngineProfileError, match="no such profile"):
+        load_profile("nonesuch")
+    assert load_profile("none").is_empty
+
+
+def test_names_and_kv_derivation():
+    """Run names map by table; the KV of a run without blocks is memory x util - weights - reserve."""
+    assert model_preset("nvidia/Llama-3.1-8B-Instruct-FP8", "bfloat16") == ("llama-3.1-8b", "fp8")
+    assert model_preset("meta-llama/Llama-3.1-8B", "bfloat16") == ("llama-3.1-8b", "bf16")
+    assert gpu_preset("NVIDIA GeForce RTX 4090") == "rtx-4090" and gpu_preset("RTXPRO6000") == "rtx-pro-6000"
+    assert gpu_preset("h200_sxm") == "h200"
+
+    class Cost:
+        weight_bytes_per_gpu = 10e9
+        kv_bytes_per_token_per_gpu = 1000.0
+
+    # 20e9 x 0.9 - 10e9 - 1.238e9 = 6.762e9 B = 6,762,000 tokens = 422,625 blocks of 16.
+    assert derived_kv_tokens(Cost(), 20e9, 0.9, 16) == 422_625 * 16
+
+
+def test_replay_run_structure():
+    """The hand-made folder replays on the H100 preset with the folder's own KV blocks."""
+    res = replay_run(read_run_folder(RUN), EngineProfile("none"))
+    assert res["requests"] == 3
+    assert res["config"]["kv_tokens"] == 16_000 and res["config"]["gpu"] == "h100-sxm"
+    assert res["measured"]["mean_e2e_ms"] == pytest.approx((550 + 220 + 100) / 3)
+    assert all(res["simulated"][f"mean_{m}_ms"] > 0 for m in ("ttft", "e2e"))
+
+
+def test_folder_of_runs_skips_with_reason(tmp_path):
+    """A folder of runs replays each; a data-parallel run is skipped with the reason."""
+    shutil.copytree(RUN, tmp_path / "a")
+    shutil.copytree(RUN, tmp_path / "b")
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    meta["engine_kwargs"]["data_parallel_size"] = 2
+    (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
+    assert detect(str(tmp_path)) == "runs"
+    res = validate_runs(tmp_path, EngineProfile("none"))
+    assert [r["run"] for r in res["runs"]] == ["a"]
+    assert res["skipped"][0]["run"] == "b" and "data_parallel_size 2" in res["skipped"][0]["reason"]
+
+
+def test_silicon_rows_by_hand():
+    """Concurrency from silicon_concurrency=N, else batch_size; attention_dp 0 reads as 1; selection by
+    model, GPU and engine."""
+    rows = read_rows(CSV)
+    assert [(r.concurrency, r.tp, r.attention_dp) for r in rows] == [(8, 1, 1), (2, 4, 1), (0, 1, 1), (16, 2, 1)]
+    assert [r.line for r in select(rows, model="llama-3.1", gpu="h100-sxm")] == [3]
+    assert [r.line for r in select(rows, engine="sglang")] == [5]
+    assert [r.line for r in select(rows, model="qwen3-32b,llama-3.1-8b", mode="agg")] == [2, 5]
+
+
+def test_silicon_bad_field_names_line(tmp_path):
+    """A malformed row names the file, the line and the field."""
+    bad = tmp_path / "s.csv"
+    bad.write_text(CSV.read_text().replace("agg,64,4,", "agg,sixty,4,"))
+    with pytest.raises(ValueError, match=r"s\.csv:2: field 'isl' must be a number, got 'sixty'"):
+        read_rows(bad)
+
+
+def test_validate_silicon_small():
+    """The two replayable vLLM rows run; the disaggregated row is counted as skipped."""
+    res = validate_silicon(str(CSV), EngineProfile("none"), engine="vllm")
+    assert [r["line"] for r in res["rows"]] == [2, 3]
+    assert res["rows"][0]["requests"] == 3 * 8
+    assert sum(res["skipped"].values()) == 1
+    assert res["verdict"].startswith("verdict: ")
+
+
+def test_detect_formats(tmp_path):
+    """The format comes from the content."""
+    assert detect(str(RUN)) == "run"
+    assert detect(str(CSV)) == "silicon"
+    assert detect(str(DATA / "vllm_result_small.json")) == "vllm-result"
+    (tmp_path / "x.txt").write_text("hello\n")
+    with pytest.raises(ValueError, match="not a run folder"):
+        detect(str(tmp_path / "x.txt"))
+
+
+def test_cli_against_json(capsys, tmp_path):
+    """`validate --against RUN --json --out DIR` prints the figures and writes the plot."""
+    assert main(["validate", "--against", str(RUN), "--json", "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["runs"][0]["requests"] == 3 and "per_request" not in out["runs"][0]
+    assert (tmp_path / "against.png").stat().st_size > 0
+    assert main(["validate", "--against", str(tmp_path / "nope")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
+                    reason="needs the optional aiconfigurator-core (pip install aiconfigurator-core)")
+def test_against_aiconfigurator_reads_the_package_copy():
+    """`--against aiconfigurator` reads the installed package's silicon_sample.csv."""
+    res = validate_silicon("aiconfigurator", EngineProfile("none"), model="llama-3.1-8b-instruct-fp8",
+                           engine="vllm", limit=2)
+    assert res["csv"].endswith("silicon_sample.csv") and len(res["rows"]) == 2
+
+
+def test_default_profile_follows_kernels():
+    """--kernels none takes no profile; an engine without a shipped profile fitted on it takes none too."""
+    from stallfree.sim.engine_profile import default_profile
+
+    assert default_profile("none").is_empty and default_profile(None).is_empty
+    assert default_profile("trtllm:current").name in ("none", "trtllm")
+    prof = default_profile("vllm")
+    assert prof.name == "none" or prof.pricing == "vllm"
+
+
+def test_vllm_result_has_a_verdict_and_the_front_end():
+    """A vllm bench serve result gets the verdict line; a profile's front end is added to simulated TTFT."""
+    from stallfree.validate.vllm import validate_vllm
+
+    path = DATA / "vllm_result_small.json"
+    plain = validate_vllm(path, "llama-3.1-8b", "h100-sxm")
+    front = validate_vllm(path, "llama-3.1-8b", "h100-sxm", profile=EngineProfile("f", frontend_s=0.01))
+    assert plain["verdict"].startswith("verdict: ")
+    assert front["simulator"]["mean_ttft_ms"] == pytest.approx(plain["simulator"]["mean_ttft_ms"] + 10.0)
