@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import uvicorn
 
 from server.fake_engine import FakeEngine, FakeSamplingParams
 from stallfree import cli
@@ -112,12 +111,17 @@ def test_serve_builds_app_and_runs_uvicorn(monkeypatch):
 
     monkeypatch.setattr(app_mod, "_sampling_params_cls", lambda config: FakeSamplingParams)
     monkeypatch.setattr(serve_cli, "build_engine", lambda args: FakeEngine())
-    monkeypatch.setattr(uvicorn, "run",
-                        lambda app, host, port, log_level: seen.update(app=app, host=host, port=port))
+    import stallfree.server.ops as ops_mod
+
+    monkeypatch.setattr(ops_mod, "run_server",
+                        lambda app, host, port, ops: seen.update(app=app, host=host, port=port, ops=ops) or 0)
     assert cli.main(["serve", "--port", "0", "--max-waiting", "3", "--served-model-name", "tiny",
-                     "--default-max-tokens", "7", "--max-request-bytes", "5000"]) == 0
+                     "--default-max-tokens", "7", "--max-request-bytes", "5000", "--shutdown-timeout", "4",
+                     "--limit-concurrency", "9"]) == 0
     state = seen["app"].state.server
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 0)
+    assert (seen["ops"].shutdown_timeout_s, seen["ops"].limit_concurrency, seen["ops"].api_key) == (4.0, 9, None)
+    assert seen["app"].state.drain.timeout_s == 4.0
     assert state.names == ("tiny",) and state.async_engine.max_waiting == 3
     assert state.config.default_max_tokens == 7 and state.config.max_request_bytes == 5000
 
