@@ -138,3 +138,35 @@ def test_serve_checks_flags_before_importing_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.stdout.split() == ["False", "2"], r.stderr
     assert r.stderr.startswith("stallfree serve: error: --device")
+
+
+def test_max_model_len_reaches_the_engine(monkeypatch):
+    """serve --max-model-len N passes max_model_len=N to LLMEngine.from_pretrained (default None)."""
+    import stallfree.engine as engine_pkg
+
+    seen = {}
+    monkeypatch.setattr(engine_pkg.LLMEngine, "from_pretrained", staticmethod(lambda **kw: seen.update(kw)))
+    serve_cli.build_engine(_parse(["--max-model-len", "1024"]))
+    assert seen["max_model_len"] == 1024
+    serve_cli.build_engine(_parse([]))
+    assert seen["max_model_len"] is None
+
+
+def test_ops_defaults():
+    """Defaults: no key, /metrics open, 30 s shutdown and read timeouts, 5 s keep-alive, no connection limit."""
+    a = _parse([])
+    assert (a.api_key, a.protect_metrics, a.shutdown_timeout, a.request_read_timeout, a.timeout_keep_alive,
+            a.limit_concurrency) == (None, False, 30.0, 30.0, 5.0, None)
+
+
+def test_help_texts_are_current(capsys):
+    """serve --help no longer says priority needs --kv-policy reserve, nor that every request reserves
+    prompt + max_tokens; it names the new options."""
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "needs --kv-policy reserve" not in text and "under either --kv-policy" in text
+    assert "under --kv-policy reserve each request reserves KV for prompt + max_tokens" in text
+    for flag in ("--api-key", "--protect-metrics", "--shutdown-timeout", "--request-read-timeout",
+                 "--timeout-keep-alive", "--limit-concurrency", "--max-model-len"):
+        assert flag in text
