@@ -48,7 +48,7 @@ def _timeout_body(what: str, timeout_s: float) -> bytes:
                                  "request_timeout")).encode()
 
 
-class HeaderTimeoutH11Protocol(H11Protocol):  # type: ignore[misc]
+class HeaderTimeoutH11Protocol(H11Protocol):
     """uvicorn's h11 protocol with a deadline for a request's headers (header_timeout_s seconds).
 
     The timer starts when the connection opens and again with the first byte of each later request
