@@ -22,7 +22,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from stallfree.server.options import API_KEY_ENV, check_api_key, resolve_api_key
+from stallfree.server.options import API_KEY_ENV, ServerConfigError, check_api_key, resolve_api_key
 from stallfree.server.protocol import error_body
 
 __all__ = ["API_KEY_ENV", "ApiKeyMiddleware", "check_api_key", "resolve_api_key"]
@@ -54,7 +54,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str, protect_metrics: bool = False) -> None:
         problem = check_api_key(api_key, "api_key")
         if problem is not None:
-            raise ValueError(problem)
+            raise ServerConfigError(problem)
         self.app = app
         self._digest = _digest(api_key.encode("ascii"))
         self.protect_metrics = protect_metrics

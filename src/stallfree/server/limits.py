@@ -18,7 +18,7 @@ message within the time that it was prepared to wait", with the "close" connecti
 slowloris attack and the defence of Apache's mod_reqtimeout (a header and a body timeout) and nginx's
 client_header_timeout / client_body_timeout (60 s each).
 
-Imports allowed: the standard library, h11, uvicorn and stallfree.server.protocol.
+Imports allowed: the standard library, h11, uvicorn, stallfree.server.options and stallfree.server.protocol.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from stallfree.server.options import ServerConfigError
 from stallfree.server.protocol import error_body
 
 __all__ = ["BodyReadTimeout", "HeaderTimeoutH11Protocol", "header_timeout_protocol"]
@@ -107,10 +108,10 @@ def header_timeout_protocol(timeout_s: float) -> type[HeaderTimeoutH11Protocol]:
     """A HeaderTimeoutH11Protocol subclass with header_timeout_s = timeout_s, for uvicorn.Config(http=...).
 
     Raises:
-        ValueError: timeout_s is not a number of seconds > 0 (the message gives the value).
+        ServerConfigError (a ValueError): timeout_s is not a number of seconds > 0 (the message gives the value).
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-        raise ValueError(f"request read timeout must be a number of seconds > 0, got {timeout_s!r}")
+        raise ServerConfigError(f"request read timeout must be a number of seconds > 0, got {timeout_s!r}")
     return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout_s": float(timeout_s)})
 
 
@@ -128,12 +129,12 @@ class BodyReadTimeout:
         clock: time source, seconds (time.monotonic).
 
     Raises:
-        ValueError: timeout_s is not a number of seconds > 0.
+        ServerConfigError (a ValueError): timeout_s is not a number of seconds > 0.
     """
 
     def __init__(self, app: ASGIApp, timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-            raise ValueError(f"request read timeout must be a number of seconds > 0, got {timeout_s!r}")
+            raise ServerConfigError(f"request read timeout must be a number of seconds > 0, got {timeout_s!r}")
         self.app = app
         self.timeout_s = float(timeout_s)
         self.clock = clock

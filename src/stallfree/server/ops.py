@@ -18,7 +18,7 @@ from typing import Any
 
 from stallfree.server.auth import ApiKeyMiddleware
 from stallfree.server.limits import BodyReadTimeout, header_timeout_protocol
-from stallfree.server.options import OpsConfig
+from stallfree.server.options import OpsConfig, ServerConfigError
 from stallfree.server.request_id import RequestIdMiddleware
 from stallfree.server.shutdown import Drain, DrainGate, GracefulServer
 
@@ -46,13 +46,13 @@ def make_server(app: Any, host: str, port: int, ops: OpsConfig, log_level: str =
     keep-alive timeout and the concurrency limit of `ops` (uvicorn's access log off: ours has the id).
 
     Raises:
-        ValueError: install_ops was not called on `app` (it has no drain).
+        ServerConfigError (a ValueError): install_ops was not called on `app` (it has no drain).
     """
     import uvicorn
 
     drain = getattr(app.state, "drain", None)
     if not isinstance(drain, Drain):
-        raise ValueError("make_server needs an app prepared by install_ops(app, ops)")
+        raise ServerConfigError("make_server needs an app prepared by install_ops(app, ops)")
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=False, ws="none", lifespan="on",
         http=header_timeout_protocol(ops.request_read_timeout_s),

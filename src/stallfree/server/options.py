@@ -6,7 +6,7 @@ Sources: vLLM's `--api-key` and VLLM_API_KEY (here STALLFREE_API_KEY); uvicorn's
 and `--timeout-keep-alive` (default 5 s, as vLLM's); Kubernetes' 30 s termination grace period (the
 default --shutdown-timeout); nginx's client_header_timeout / client_body_timeout for the read timeout.
 
-Imports allowed: the standard library and stallfree._argtypes.
+Imports allowed: the standard library, stallfree._argtypes and stallfree.core.errors.
 """
 
 from __future__ import annotations
@@ -18,12 +18,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from stallfree._argtypes import non_negative_float, positive_float, positive_int
+from stallfree.core.errors import StallfreeError
 
-__all__ = ["API_KEY_ENV", "OpsConfig", "add_ops_args", "check_api_key", "configure_logging", "ops_banner",
-           "ops_from_args", "resolve_api_key"]
+__all__ = ["API_KEY_ENV", "OpsConfig", "ServerConfigError", "add_ops_args", "check_api_key", "configure_logging",
+           "ops_banner", "ops_from_args", "resolve_api_key"]
 
 #: The environment variable read when --api-key is not given (it keeps the key out of `ps`).
 API_KEY_ENV = "STALLFREE_API_KEY"
+
+
+class ServerConfigError(StallfreeError, ValueError):
+    """An operator's option of the server is out of range; the message names it and its value (never a key)."""
 
 
 def check_api_key(key: str, source: str) -> str | None:
@@ -57,7 +62,8 @@ def resolve_api_key(flag: str | None, environ: Mapping[str, str] | None = None) 
         (key or None, its source: "--api-key", "STALLFREE_API_KEY" or "none").
 
     Raises:
-        ValueError: the key cannot be sent in a header (check_api_key's message; the key is not in it).
+        ServerConfigError (a ValueError): the key cannot be sent in a header (check_api_key's message,
+            which never holds the key).
     """
     env = os.environ if environ is None else environ
     if flag is not None:
@@ -68,7 +74,7 @@ def resolve_api_key(flag: str | None, environ: Mapping[str, str] | None = None) 
         return None, "none"
     problem = check_api_key(key, source)
     if problem is not None:
-        raise ValueError(problem)
+        raise ServerConfigError(problem)
     return key, source
 
 
@@ -88,7 +94,7 @@ class OpsConfig:
         log_access: one access line per request (logger stallfree.server.access), with its id.
 
     Raises:
-        ValueError: an option out of range, naming it and its value (never the key itself).
+        ServerConfigError (a ValueError): an option out of range, naming it and its value (never the key itself).
     """
 
     api_key: str | None = None
@@ -103,9 +109,9 @@ class OpsConfig:
         if self.api_key is not None:
             problem = check_api_key(self.api_key, "api_key")
             if problem is not None:
-                raise ValueError(problem)
+                raise ServerConfigError(problem)
         if self.protect_metrics and self.api_key is None:
-            raise ValueError("protect_metrics=True needs an api_key (--protect-metrics needs --api-key or "
+            raise ServerConfigError("protect_metrics=True needs an api_key (--protect-metrics needs --api-key or "
                              "STALLFREE_API_KEY)")
         for name, low, strict in (("shutdown_timeout_s", 0, False), ("request_read_timeout_s", 0, True),
                                   ("timeout_keep_alive_s", 0, True)):
@@ -113,11 +119,11 @@ class OpsConfig:
             ok = isinstance(value, int | float) and not isinstance(value, bool) and (
                 value > low if strict else value >= low)
             if not ok:
-                raise ValueError(f"{name} must be a number of seconds {'>' if strict else '>='} {low}, "
+                raise ServerConfigError(f"{name} must be a number of seconds {'>' if strict else '>='} {low}, "
                                  f"got {value!r}")
         c = self.limit_concurrency
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
-            raise ValueError(f"limit_concurrency must be an integer >= 1 or None, got {c!r}")
+            raise ServerConfigError(f"limit_concurrency must be an integer >= 1 or None, got {c!r}")
 
     def __repr__(self) -> str:
         # The key never reaches a log line or a traceback through this object.

@@ -31,6 +31,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import Counter
 
+from stallfree.server.options import ServerConfigError
 from stallfree.server.protocol import error_body
 
 __all__ = ["Drain", "DrainGate", "GracefulServer"]
@@ -63,15 +64,15 @@ class Drain:
         clock: time source, seconds (time.monotonic).
 
     Raises:
-        ValueError: timeout_s or retry_after_s is negative or not a number (the message names it).
+        ServerConfigError (a ValueError): timeout_s or retry_after_s is negative or not a number (the message names it).
     """
 
     def __init__(self, timeout_s: float = 30.0, retry_after_s: int = 1,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(timeout_s, int | float) or not timeout_s >= 0:
-            raise ValueError(f"shutdown timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
+            raise ServerConfigError(f"shutdown timeout_s must be a number of seconds >= 0, got {timeout_s!r}")
         if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int) or retry_after_s < 0:
-            raise ValueError(f"retry_after_s must be an integer >= 0, got {retry_after_s!r}")
+            raise ServerConfigError(f"retry_after_s must be an integer >= 0, got {retry_after_s!r}")
         self.timeout_s = float(timeout_s)
         self.retry_after_s = retry_after_s
         self.clock = clock
@@ -228,10 +229,8 @@ class GracefulServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(self._begin, signal.Signals(sig).name)
 
     def shutdown_gracefully(self) -> None:
-        """Begin the drain from any thread (what the first signal does)."""
-        self.drain.draining = True
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._begin, "a call")
+        """From any thread, do what a SIGTERM does: the first call begins the drain, a second cuts it."""
+        self.handle_exit(signal.SIGTERM, None)
 
     def _begin(self, why: str) -> None:
         if self._drain_task is not None:
