@@ -124,7 +124,8 @@ def prefix_caching(args: argparse.Namespace) -> bool:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run `stallfree serve`; returns the exit code: 2 for a bad option (found before anything is
-    imported or loaded, within a second), 1 when the model or a dependency fails to load."""
+    imported or loaded, within a second), 1 when the model or a dependency fails to load, 0 once a
+    SIGTERM or SIGINT has drained it (stallfree.server.shutdown)."""
     from stallfree.engine.cli import check_model_flags, check_scheduler_flags, describe_model, dtype_label  # torch-free
 
     problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
@@ -135,7 +136,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is None:
         ops, problem = ops_from_args(args)
     if problem is not None or ops is None:
-        _error(problem)
+        _error(problem or "bad options")
         return 2
     configure_logging()
     try:
