@@ -142,10 +142,13 @@ def test_serve_checks_flags_before_importing_torch():
 
 def test_max_model_len_reaches_the_engine(monkeypatch):
     """serve --max-model-len N passes max_model_len=N to LLMEngine.from_pretrained (default None)."""
-    import stallfree.engine as engine_pkg
+    import sys
+    import types
 
     seen = {}
-    monkeypatch.setattr(engine_pkg.LLMEngine, "from_pretrained", staticmethod(lambda **kw: seen.update(kw)))
+    # A stand-in for stallfree.engine, so that the test does not import torch.
+    fake = types.SimpleNamespace(LLMEngine=types.SimpleNamespace(from_pretrained=lambda **kw: seen.update(kw)))
+    monkeypatch.setitem(sys.modules, "stallfree.engine", fake)
     serve_cli.build_engine(_parse(["--max-model-len", "1024"]))
     assert seen["max_model_len"] == 1024
     serve_cli.build_engine(_parse([]))
