@@ -34,12 +34,14 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,13 +191,17 @@ def launched_process(kind: str, budget: int, args: argparse.Namespace, extra: tu
         if args.kv_tokens:
             cmd += ["--kv-tokens", str(args.kv_tokens)]
         cmd += list(extra)
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env.update(getattr(args, "server_env", None) or {})
+    # The server's output goes to a file, not a pipe nobody reads (a full pipe would block its logging).
+    log = tempfile.NamedTemporaryFile(prefix="stallfree-server-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log.name  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + args.startup_timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=1.0).status_code == 200:
                     break
@@ -204,12 +210,14 @@ def launched_process(kind: str, budget: int, args: argparse.Namespace, extra: tu
             time.sleep(0.2)
         yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 def fake_server_main(argv: list[str]) -> int:
@@ -220,11 +228,17 @@ def fake_server_main(argv: list[str]) -> int:
     p.add_argument("--max-seqs", type=int, default=64)
     p.add_argument("--max-waiting", type=int, default=1024)
     p.add_argument("--max-model-len", type=int, default=1_000_000)
+    from stallfree.server.options import add_ops_args, ops_from_args
+
+    add_ops_args(p)  # --api-key (or STALLFREE_API_KEY), --shutdown-timeout, ... as `stallfree serve`
     a = p.parse_args(argv)
-    import uvicorn
+    ops, problem = ops_from_args(a)
+    if ops is None:
+        p.error(str(problem))
 
     from server.fake_engine import FakeEngine, FakeSamplingParams
     from stallfree.server import ServerConfig, create_app
+    from stallfree.server.ops import install_ops, run_server
 
     def step_time(plan) -> float:
         return max(DECODE_FLOOR_S, plan.num_tokens * PER_TOKEN_S)
@@ -233,8 +247,16 @@ def fake_server_main(argv: list[str]) -> int:
                      max_model_len=a.max_model_len, step_time_s=step_time)
     app = create_app(eng, ServerConfig(sampling_params_cls=FakeSamplingParams, log_interval_s=0,
                                        max_waiting=a.max_waiting))
-    uvicorn.run(app, host="127.0.0.1", port=a.port, log_level="warning")
-    return 0
+    drain = install_ops(app, ops)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("stallfree.server.access").setLevel(logging.WARNING)  # no line per request here
+    rc = run_server(app, "127.0.0.1", a.port, ops, log_level="warning")
+    # What a drain left: every KV token free, no request held (the soak's SIGTERM phase reads this).
+    print(json.dumps({"kv_free": eng.scheduler.kv_free, "kv_total": eng.scheduler.kv_total,
+                      "unfinished": eng.has_unfinished(), "added": len(eng.added),
+                      "refused_to_the_end": drain.num_refused, "drain": drain.summary}),
+          flush=True)
+    return rc
 
 
 def _print(label: str, s: dict[str, float]) -> None:

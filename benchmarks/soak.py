@@ -15,12 +15,23 @@ It reports responses by status, the count of 5xx (must be 0), the worst token ga
 the server's resident memory at start and end (from /proc, for a server it launched) and the gauges
 (running, waiting, KV usage) at the end, which must be back to zero.
 
+--api-key KEY runs the server with the key (passed in STALLFREE_API_KEY, so it stays out of the
+process list); every client sends it, and the bad-input client also sends requests without it and with
+a wrong one, each of which must be a 401.
+
+--sigterm-after S adds a phase after the soak: --clients streams run again (half of them asking for
+--sigterm-max-tokens tokens, more than --shutdown-timeout lets finish), the server gets SIGTERM S
+seconds in, and the clients go on until it exits. It reports the requests in flight at the signal
+that finished and that were aborted, the requests refused (503) during the drain, the server's exit
+code and its last words (the drain's log line; for --server fake also the KV left).
+
 --huge-body N measures one thing instead: while one stream runs, a body of N bytes (a prompt of that
 many characters) is sent; it prints the time until that request was answered (and its status) and the
 worst token gap of the stream around it, against the stream's median gap before.
 
 Examples:
   python benchmarks/soak.py --server fake --duration 300 --clients 20
+  python benchmarks/soak.py --server fake --duration 60 --api-key sk-soak --sigterm-after 3
   python benchmarks/soak.py --server model --huge-body 5000000
 
 Imports allowed: the standard library, httpx and benchmarks/load.py (its server launcher).
@@ -33,7 +44,9 @@ import asyncio
 import collections
 import json
 import random
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -139,7 +152,8 @@ async def _soak(url: str, args: argparse.Namespace) -> Stats:
         return {"prompt": [rng.randrange(100, 1000) for _ in range(n)], "max_tokens": max_tokens,
                 "stream": True, "ignore_eos": True, "temperature": 0.0}
 
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.duration + 120.0)) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(args.duration + 120.0),
+                                 headers=_auth(args)) as client:
 
         async def streamer() -> None:
             while time.perf_counter() < stop_at:
@@ -155,9 +169,16 @@ async def _soak(url: str, args: argparse.Namespace) -> Stats:
             i = 0
             while time.perf_counter() < stop_at:
                 label, path, raw = bad[i % len(bad)]
+                headers = {"content-type": "application/json"}
+                if args.api_key and i % 3 == 2:  # a good body without the key, or with a wrong one: 401
+                    label, path, raw = ("empty-authorization", "/v1/completions", b'{"prompt": "hi", "max_tokens": 2}')
+                    if i % 2:
+                        label, headers["authorization"] = "wrong-key", "Bearer sk-not-the-key"
+                    else:
+                        headers["authorization"] = ""
                 i += 1
                 try:
-                    r = await client.post(url + path, content=raw, headers={"content-type": "application/json"})
+                    r = await client.post(url + path, content=raw, headers=headers)
                     stats.count("bad:" + label, r.status_code)
                 except httpx.HTTPError as exc:
                     stats.count("bad:" + label, -1)
@@ -177,6 +198,65 @@ async def _soak(url: str, args: argparse.Namespace) -> Stats:
         tasks += [bad_input(), bursts()]
         await asyncio.gather(*tasks)
     return stats
+
+
+def _auth(args: argparse.Namespace) -> dict[str, str]:
+    """The Authorization header every client sends (none without --api-key)."""
+    return {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
+async def _sigterm_phase(url: str, proc: subprocess.Popen[bytes], args: argparse.Namespace) -> dict[str, object]:
+    """Streams, a SIGTERM after args.sigterm_after seconds, and streams until the server exits; the
+    outcome of every request: finished / aborted (in flight at the signal) or refused / unreachable."""
+    outcome: collections.Counter[str] = collections.Counter()
+    rng = random.Random(args.seed + 1)
+    signalled: list[float] = []
+
+    async def one(client: httpx.AsyncClient, max_tokens: int) -> None:
+        before = not signalled
+        body = {"prompt": [rng.randrange(100, 1000) for _ in range(rng.randint(8, args.prompt_tokens))],
+                "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0.0}
+        when = "sent after SIGTERM"
+        try:
+            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    code = r.json().get("error", {}).get("code") if r.status_code == 503 else None
+                    outcome[f"{when}: {r.status_code}" + (f" {code}" if code else "")] += 1
+                    return
+                last = ""
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        last = line
+                kind = "aborted (error event)" if '"error"' in last else "finished"
+                if before:
+                    when = "in flight at SIGTERM" if signalled else "ended before SIGTERM"
+                outcome[f"{when}: {kind}"] += 1
+        except httpx.ConnectError:
+            outcome[f"{when}: connection refused (the server had closed its socket)"] += 1
+            await asyncio.sleep(0.05)
+        except httpx.HTTPError as exc:
+            outcome[f"{when}: transport error {type(exc).__name__}"] += 1
+            await asyncio.sleep(0.05)
+
+    async def client_loop(client: httpx.AsyncClient, i: int) -> None:
+        while proc.poll() is None:
+            await one(client, args.sigterm_max_tokens if i % 2 else rng.randint(4, args.max_tokens))
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(args.shutdown_timeout + 120.0), headers=_auth(args),
+                                 limits=httpx.Limits(max_connections=args.clients + 8)) as client:
+        tasks = [asyncio.ensure_future(client_loop(client, i)) for i in range(args.clients)]
+        await asyncio.sleep(args.sigterm_after)
+        signalled.append(time.perf_counter())
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, args.shutdown_timeout + 120.0)
+        exited = time.perf_counter() - signalled[0]
+        await asyncio.gather(*tasks)
+    log = Path(getattr(proc, "log_path", "")).read_text() if getattr(proc, "log_path", None) else ""
+    words = [ln for ln in log.splitlines() if "shutdown:" in ln or ln.startswith("{")]
+    return {"exit_code": rc, "exit_after_sigterm_s": round(exited, 2),
+            "outcomes": dict(sorted(outcome.items())), "server_said": words[-3:],
+            "server_log": getattr(proc, "log_path", None)}
 
 
 def _rss_mib(pid: int | None) -> float | None:
@@ -201,7 +281,7 @@ def _gauges(url: str) -> dict[str, float]:
             continue
         for name in ("stallfree_num_requests_running", "stallfree_num_requests_waiting",
                      "stallfree_kv_cache_usage_ratio", "stallfree_request_success_total",
-                     "stallfree_preemptions_total"):
+                     "stallfree_preemptions_total", "stallfree_requests_refused_total"):
             if line.startswith(name):
                 key, value = line.rsplit(" ", 1)
                 reason = key.split('finished_reason="')[1].split('"')[0] if "finished_reason" in key else ""
@@ -269,6 +349,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="measure one body of this size against a live stream instead of soaking")
     p.add_argument("--huge-stream-tokens", type=int, default=400)
     p.add_argument("--huge-warmup", type=float, default=4.0, help="seconds of stream before and after")
+    p.add_argument("--api-key", default=None, help="run the server with this key; clients send it")
+    p.add_argument("--sigterm-after", type=float, default=None, metavar="S",
+                   help="after the soak, a phase with a SIGTERM S seconds into new load (launched servers)")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="the server's --shutdown-timeout, seconds (default 5)")
+    p.add_argument("--sigterm-max-tokens", type=int, default=2000,
+                   help="max_tokens of half the streams of the SIGTERM phase (default 2000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--startup-timeout", type=float, default=180.0)
     p.add_argument("--json", default=None, help="write the figures to this file")
@@ -276,9 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.duration <= 3600 or not 1 <= args.clients <= 256:
         p.error("--duration must be in (0, 3600] seconds and --clients in 1..256")
 
-    extra = ("--max-waiting", str(args.max_waiting))
+    extra = ("--max-waiting", str(args.max_waiting), "--shutdown-timeout", str(args.shutdown_timeout))
     if args.server == "fake":
         extra += ("--max-model-len", "4096")
+    if args.api_key:
+        args.server_env = {"STALLFREE_API_KEY": args.api_key}  # out of the process list
+    if args.sigterm_after is not None and args.server not in ("fake", "model"):
+        p.error("--sigterm-after needs a server this script launches (--server fake or model)")
     report: dict[str, object] = {}
     if args.server in ("fake", "model"):
         ctx = launched_process(args.server, args.token_budget, args, extra)
@@ -305,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             report["median_gap_ms"] = 1e3 * statistics.median(stats.gaps) if stats.gaps else None
             report["worst_gap_ms"] = 1e3 * stats.worst_gap
             report["error_samples"] = stats.errors[:5]
+            if args.sigterm_after is not None:
+                assert proc is not None
+                report["sigterm"] = asyncio.run(_sigterm_phase(url, proc, args))
             print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -19,6 +19,7 @@ ERRORS = [
     ("stallfree.sim.commands.common", "CliError", Exception),
     ("stallfree.engine.errors", "EngineError", ValueError),
     ("stallfree.engine.errors", "StepFailed", RuntimeError),
+    ("stallfree.server.options", "ServerConfigError", ValueError),
 ]
 
 

@@ -141,3 +141,21 @@ def test_prepacking_only_where_it_changes_nothing(monkeypatch):
     monkeypatch.setattr(model_mod, "_packed_linear", lambda x, w, b=None: torch.zeros(x.shape[0], w.shape[0],
                                                                                        dtype=x.dtype))
     assert not model_mod.prepacking_applies(torch.bfloat16, cpu)
+
+
+def test_max_model_len_caps_the_context(tiny_dir):
+    """from_pretrained(max_model_len=100) on a 256-token model: the engine's context is 100 tokens,
+    a request over it is refused; above the model's 256 it is an InvalidConfig naming both."""
+    from stallfree.core import InvalidConfig
+    from stallfree.engine.errors import ContextLengthExceeded
+
+    path, _ = tiny_dir
+    eng = LLMEngine.from_pretrained(path, token_budget=32, max_seqs=2, kv_tokens=512, max_model_len=100)
+    assert eng.info.max_model_len == 100 == eng.max_model_len
+    with pytest.raises(ContextLengthExceeded, match="maximum context length is 100 tokens"):
+        eng.add_request("r", list(range(5, 95)), SamplingParams(max_tokens=20))
+    eng.add_request("ok", list(range(5, 85)), SamplingParams(max_tokens=20, temperature=0.0))
+    while eng.has_unfinished():
+        eng.step()
+    with pytest.raises(InvalidConfig, match="max_model_len 257 is above the model's context length of 256"):
+        LLMEngine.from_pretrained(path, max_model_len=257)

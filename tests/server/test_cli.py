@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import uvicorn
 
 from server.fake_engine import FakeEngine, FakeSamplingParams
 from stallfree import cli
@@ -112,12 +111,17 @@ def test_serve_builds_app_and_runs_uvicorn(monkeypatch):
 
     monkeypatch.setattr(app_mod, "_sampling_params_cls", lambda config: FakeSamplingParams)
     monkeypatch.setattr(serve_cli, "build_engine", lambda args: FakeEngine())
-    monkeypatch.setattr(uvicorn, "run",
-                        lambda app, host, port, log_level: seen.update(app=app, host=host, port=port))
+    import stallfree.server.ops as ops_mod
+
+    monkeypatch.setattr(ops_mod, "run_server",
+                        lambda app, host, port, ops: seen.update(app=app, host=host, port=port, ops=ops) or 0)
     assert cli.main(["serve", "--port", "0", "--max-waiting", "3", "--served-model-name", "tiny",
-                     "--default-max-tokens", "7", "--max-request-bytes", "5000"]) == 0
+                     "--default-max-tokens", "7", "--max-request-bytes", "5000", "--shutdown-timeout", "4",
+                     "--limit-concurrency", "9"]) == 0
     state = seen["app"].state.server
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 0)
+    assert (seen["ops"].shutdown_timeout_s, seen["ops"].limit_concurrency, seen["ops"].api_key) == (4.0, 9, None)
+    assert seen["app"].state.drain.timeout_s == 4.0
     assert state.names == ("tiny",) and state.async_engine.max_waiting == 3
     assert state.config.default_max_tokens == 7 and state.config.max_request_bytes == 5000
 
@@ -134,3 +138,38 @@ def test_serve_checks_flags_before_importing_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.stdout.split() == ["False", "2"], r.stderr
     assert r.stderr.startswith("stallfree serve: error: --device")
+
+
+def test_max_model_len_reaches_the_engine(monkeypatch):
+    """serve --max-model-len N passes max_model_len=N to LLMEngine.from_pretrained (default None)."""
+    import sys
+    import types
+
+    seen = {}
+    # A stand-in for stallfree.engine, so that the test does not import torch.
+    fake = types.SimpleNamespace(LLMEngine=types.SimpleNamespace(from_pretrained=lambda **kw: seen.update(kw)))
+    monkeypatch.setitem(sys.modules, "stallfree.engine", fake)
+    serve_cli.build_engine(_parse(["--max-model-len", "1024"]))
+    assert seen["max_model_len"] == 1024
+    serve_cli.build_engine(_parse([]))
+    assert seen["max_model_len"] is None
+
+
+def test_ops_defaults():
+    """Defaults: no key, /metrics open, 30 s shutdown and read timeouts, 5 s keep-alive, no connection limit."""
+    a = _parse([])
+    assert (a.api_key, a.protect_metrics, a.shutdown_timeout, a.request_read_timeout, a.timeout_keep_alive,
+            a.limit_concurrency) == (None, False, 30.0, 30.0, 5.0, None)
+
+
+def test_help_texts_are_current(capsys):
+    """serve --help no longer says priority needs --kv-policy reserve, nor that every request reserves
+    prompt + max_tokens; it names the new options."""
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "needs --kv-policy reserve" not in text and "under either --kv-policy" in text
+    assert "under --kv-policy reserve each request reserves KV for prompt + max_tokens" in text
+    for flag in ("--api-key", "--protect-metrics", "--shutdown-timeout", "--request-read-timeout",
+                 "--timeout-keep-alive", "--limit-concurrency", "--max-model-len"):
+        assert flag in text

@@ -9,6 +9,7 @@ chunked prefill (Sarathi-Serve, OSDI'24).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -396,6 +397,7 @@ class LLMEngine:
         max_long_partial_prefills: int | None = None,
         long_prefill_token_threshold: int | None = None,
         compile: bool = False,
+        max_model_len: int | None = None,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -414,12 +416,14 @@ class LLMEngine:
             compile: torch.compile the dense part of each layer (LlamaModel(compile=True)). Off by
                 default: on this project's CPU it made decode steps no faster and took about 45 s
                 to compile (docs/engine.md).
+            max_model_len: cap the context at this many tokens (vLLM's --max-model-len), at most
+                the checkpoint's own; None: the checkpoint's.
             Others: as in LLMEngine.
 
         Raises:
             ModelLoadError: the checkpoint cannot be found or read (see load_checkpoint).
             EngineError: an unknown device or dtype, or cuda without a GPU.
-            InvalidConfig: a scheduler argument out of range.
+            InvalidConfig: a scheduler argument out of range, or max_model_len above the checkpoint's.
         """
         # Check the scheduler's numbers before the (slow) checkpoint load.
         check_positive_int("token_budget", token_budget)
@@ -430,8 +434,16 @@ class LLMEngine:
         _check_policies(kv_policy, scheduling_policy)
         dev = resolve_device(device)
         dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
+        if max_model_len is not None:
+            check_positive_int("max_model_len", max_model_len)
         ckpt = load_checkpoint(path)
-        model = LlamaModel(ckpt.config, ckpt.tensors, dtype=dt, device=dev, compile=compile)
+        cfg = ckpt.config
+        if max_model_len is not None:
+            if max_model_len > cfg.max_model_len:
+                raise InvalidConfig(f"max_model_len {max_model_len} is above the model's context length of "
+                                    f"{cfg.max_model_len} tokens")
+            cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
+        model = LlamaModel(cfg, ckpt.tensors, dtype=dt, device=dev, compile=compile)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
                    block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching,
                    max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold)

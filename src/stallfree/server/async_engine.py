@@ -226,14 +226,20 @@ class AsyncEngine:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="stallfree-step")
         self._task = asyncio.get_running_loop().create_task(self._run(), name="stallfree-engine-loop")
 
-    async def stop(self) -> None:
-        """Finish the step in flight, fail every live request with EngineDead, and stop the loop."""
+    async def stop(self, outcome: str = "error", message: str = "the server is shutting down") -> None:
+        """Finish the step in flight, fail every live request with EngineDead(message), and stop the loop.
+
+        Args:
+            outcome: the finish_reason the live requests end with ("error"; "abort" when a graceful
+                shutdown's deadline cuts them).
+            message: the EngineDead message their clients get.
+        """
         self._stopping = True
         if self._wake is not None:
             self._wake.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
-        self._fail_all(EngineDead("the server is shutting down"))
+        self._fail_all(EngineDead(message), outcome)
         self._abort_all_added()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -467,13 +473,13 @@ class AsyncEngine:
                 pass
         self._added.clear()
 
-    def _fail_all(self, err: BaseException) -> None:
+    def _fail_all(self, err: BaseException, outcome: str = "error") -> None:
         for p in self._pending.values():
             if not p.future.done():
                 p.future.set_exception(err)
         self._pending.clear()
         for rid in list(self._live):
-            live = self._end(rid, "error")
+            live = self._end(rid, outcome)
             assert live is not None
             live.queue.put_nowait(err)
 

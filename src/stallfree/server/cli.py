@@ -6,13 +6,13 @@ Imports allowed: the standard library, stallfree.server, and (lazily) uvicorn an
 from __future__ import annotations
 
 import argparse
-import logging
 import socket
 import sys
 from typing import Any
 
 from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_int
 from stallfree.engine.cli import DEFAULT_DTYPE_RULE
+from stallfree.server.options import add_ops_args, configure_logging, ops_banner, ops_from_args
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
 
@@ -65,11 +65,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "needs it)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
-                   "with aging; needs --kv-policy reserve in this version)")
+                   "with aging; under either --kv-policy)")
     add_partial_prefill_args(p, "max_model_len")
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
-                   "length); the scheduler reserves KV for prompt + max_tokens")
+                   "length); under --kv-policy reserve each request reserves KV for prompt + max_tokens")
+    p.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
+                   help="cap the context at N tokens (prompt + completion), at most the model's own "
+                   "(default: the model's)")
     p.add_argument("--max-waiting", type=positive_int, default=1024,
                    help="most requests waiting for admission; more are answered 429 (default 1024)")
     p.add_argument("--max-request-bytes", type=positive_int, default=2 * 1024 * 1024,
@@ -82,6 +85,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    f"{DEFAULT_DTYPE_RULE}")
     p.add_argument("--log-interval", type=non_negative_float, default=10.0,
                    help="seconds between stats log lines (default 10; 0 disables)")
+    add_ops_args(p)
     p.set_defaults(func=run_serve)
 
 
@@ -108,6 +112,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         max_num_partial_prefills=args.max_num_partial_prefills,
         max_long_partial_prefills=args.max_long_partial_prefills,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_model_len=getattr(args, "max_model_len", None),
     )
 
 
@@ -119,21 +124,24 @@ def prefix_caching(args: argparse.Namespace) -> bool:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run `stallfree serve`; returns the exit code: 2 for a bad option (found before anything is
-    imported or loaded, within a second), 1 when the model or a dependency fails to load."""
+    imported or loaded, within a second), 1 when the model or a dependency fails to load, 0 once a
+    SIGTERM or SIGINT has drained it (stallfree.server.shutdown)."""
     from stallfree.engine.cli import check_model_flags, check_scheduler_flags, describe_model, dtype_label  # torch-free
 
     problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
                or check_scheduler_flags(args, args.block_size if args.kv_policy == "paged" else None))
     if problem is None and getattr(args, "enable_prefix_caching", None) and args.kv_policy != "paged":
         problem = "--enable-prefix-caching needs --kv-policy paged"
-    if problem is not None:
-        _error(problem)
+    ops = None
+    if problem is None:
+        ops, problem = ops_from_args(args)
+    if problem is not None or ops is None:
+        _error(problem or "bad options")
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     try:
-        import uvicorn
-
         from stallfree.server.app import ServerConfig, create_app
+        from stallfree.server.ops import install_ops, run_server
     except ImportError as exc:
         print(f"stallfree serve: missing dependency ({exc}); install it with: pip install 'stallfree[server]'",
               file=sys.stderr)
@@ -167,6 +175,6 @@ def run_serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
     )
     app = create_app(engine, config)
-    print(banner(engine.info, args.host, args.port), file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    return 0
+    install_ops(app, ops)
+    print(banner(engine.info, args.host, args.port) + "\n" + ops_banner(ops), file=sys.stderr, flush=True)
+    return run_server(app, args.host, args.port, ops)

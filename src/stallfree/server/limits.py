@@ -1,0 +1,185 @@
+"""Connection limits uvicorn does not have: a deadline for reading a request's headers and one for its
+body, so that a client sending a byte at a time (a "slowloris") holds a connection for at most the
+deadline and never stalls the other streams.
+
+- Headers: HeaderTimeoutH11Protocol, uvicorn's h11 protocol with a timer from a request's first byte
+  (or from the connection's opening) until its headers are parsed; when it fires the server writes
+  408 Request Timeout with `Connection: close` and closes the connection.
+- Body: BodyReadTimeout, an ASGI middleware giving the app's body reads a deadline counted from the
+  moment the headers were parsed; when it passes, the app sees the client as gone, and the client
+  gets 408 with `Connection: close` (unless a response had started).
+
+So a request may take up to twice the timeout to arrive: the headers within it, then the body within
+it. Idle keep-alive connections are uvicorn's --timeout-keep-alive; --limit-concurrency is uvicorn's
+cap on connections (503 past it).
+
+Sources: RFC 9110 section 15.5.9 (408 Request Timeout, "the server did not receive a complete request
+message within the time that it was prepared to wait", with the "close" connection option); the
+slowloris attack and the defence of Apache's mod_reqtimeout (a header and a body timeout) and nginx's
+client_header_timeout / client_body_timeout (60 s each).
+
+Imports allowed: the standard library, h11, uvicorn, stallfree.server.options and stallfree.server.protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from stallfree.server.options import ServerConfigError
+from stallfree.server.protocol import error_body
+
+__all__ = ["BodyReadTimeout", "HeaderTimeoutH11Protocol", "header_timeout_protocol"]
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _timeout_body(what: str, timeout_s: float) -> bytes:
+    return json.dumps(error_body(f"the request's {what} did not arrive within {timeout_s:g} s "
+                                 "(--request-read-timeout)", "invalid_request_error", None,
+                                 "request_timeout")).encode()
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for a request's headers (header_timeout_s seconds).
+
+    The timer starts when the connection opens and again with the first byte of each later request
+    on it; it stops when the headers are parsed. Between requests an idle keep-alive connection is
+    uvicorn's own timeout_keep_alive. Use header_timeout_protocol(s) to get a class with s set.
+    """
+
+    header_timeout_s: float = 30.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        """uvicorn's, then start the header timer (a connection that sends nothing is bounded too)."""
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        """Start the timer on a new request's first byte; stop it once its headers are parsed."""
+        idle_between = self.cycle is None or self.cycle.response_complete
+        if self._header_timer is None and self.conn.their_state is h11.IDLE and idle_between:
+            self._arm()
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._disarm()  # the headers are in; the body's deadline is BodyReadTimeout's
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the timer, then uvicorn's."""
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._on_header_timeout)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _on_header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.our_state is h11.IDLE:
+            # h11 cannot send a response before it has a request, so the 408 is written as bytes.
+            body = _timeout_body("headers", self.header_timeout_s)
+            self.transport.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n".encode() + b"connection: close\r\n\r\n" + body)
+        self.transport.close()
+
+
+def header_timeout_protocol(timeout_s: float) -> type[HeaderTimeoutH11Protocol]:
+    """A HeaderTimeoutH11Protocol subclass with header_timeout_s = timeout_s, for uvicorn.Config(http=...).
+
+    Raises:
+        ServerConfigError (a ValueError): timeout_s is not a number of seconds > 0 (the message gives the value).
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+        raise ServerConfigError(f"request read timeout must be a number of seconds > 0, got {timeout_s!r}")
+    return type("HeaderTimeoutH11Protocol", (HeaderTimeoutH11Protocol,), {"header_timeout_s": float(timeout_s)})
+
+
+class BodyReadTimeout:
+    """Give the app's reads of a request body a deadline: timeout_s seconds from the app's start.
+
+    When the deadline passes before the last body chunk, the app's receive() returns
+    `http.disconnect` (it stops as for a client that left), whatever it then sends is dropped, and
+    the client gets 408 with `Connection: close` if no response had started. Reads after the body
+    (waiting for a disconnect) have no deadline.
+
+    Args:
+        app: the ASGI app.
+        timeout_s: seconds (> 0).
+        clock: time source, seconds (time.monotonic).
+
+    Raises:
+        ServerConfigError (a ValueError): timeout_s is not a number of seconds > 0.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+            raise ServerConfigError(f"request read timeout must be a number of seconds > 0, got {timeout_s!r}")
+        self.app = app
+        self.timeout_s = float(timeout_s)
+        self.clock = clock
+        self.num_timeouts = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app with a deadline on its body reads."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = self.clock() + self.timeout_s
+        body_done = False
+        timed_out = False
+        started = False
+
+        async def timed_receive() -> MutableMapping[str, Any]:
+            nonlocal body_done, timed_out
+            if body_done or timed_out:
+                return await receive() if not timed_out else {"type": "http.disconnect"}
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - self.clock(), 0.0))
+            except TimeoutError:
+                timed_out = True
+                self.num_timeouts += 1
+                return {"type": "http.disconnect"}
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def guarded_send(message: MutableMapping[str, Any]) -> None:
+            nonlocal started
+            if timed_out:
+                return  # the 408 below answers instead
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except Exception:
+            if not timed_out:
+                raise
+        if timed_out and not started:
+            body = _timeout_body("body", self.timeout_s)
+            await send({"type": "http.response.start", "status": 408, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": body})
