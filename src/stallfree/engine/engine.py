@@ -31,7 +31,7 @@ from stallfree.engine.errors import (
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
-from stallfree.engine.sampling import SamplingParams, sample_tokens
+from stallfree.engine.sampling import NO_TOKEN, SamplingParams, sample_tokens
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
 
@@ -166,6 +166,19 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
     return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
                      watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching,
                      **opts)
+
+
+def _sample_rows_alone(logits: torch.Tensor, params: Sequence[SamplingParams],
+                       gens: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Sample each row on its own after sample_tokens raised for the batch: a row that raises again
+    gets NO_TOKEN (its request fails), every other row its token. Shapes: logits [S, V] -> [S] int64 (CPU)."""
+    out = []
+    for i in range(logits.shape[0]):
+        try:
+            out.append(int(sample_tokens(logits[i : i + 1], params[i : i + 1], gens[i : i + 1])[0]))
+        except Exception:  # noqa: BLE001 - this row is at fault; it alone fails
+            out.append(NO_TOKEN)
+    return torch.tensor(out, dtype=torch.int64)
 
 
 def _max_token_chars(tokenizer: Tokenizer) -> int:
@@ -559,7 +572,10 @@ class LLMEngine:
 
         Returns:
             One RequestOutput per request that emitted a token this step, in batch order
-            (aborted requests emit nothing).
+            (aborted requests emit nothing). A request whose own sampling failed (its logits or
+            probabilities are not finite, or sampling its row alone raised) is aborted, its KV
+            released, and gets one last output with no token, finish_reason "error" and `error`
+            saying why; the other requests of the step go on as if it had not been there.
 
         Raises:
             StepFailed: building the batch, the forward pass or sampling raised (the cause is
@@ -579,13 +595,18 @@ class LLMEngine:
             raise StepFailed(f"step {plan.step} failed ({type(exc).__name__}: {exc}); its plan "
                              "will be retried by the next step()", rids) from exc
         self._pending = None
+        failed = [seq for seq, tok in zip(samplers, tokens, strict=True) if tok == NO_TOKEN]
+        for seq in failed:
+            self.scheduler.abort(seq.rid)  # in the plan in flight: it takes effect at complete()
         stopped = [seq.rid for seq, tok in zip(samplers, tokens, strict=True)
-                   if self._append(seq, tok)]
+                   if tok != NO_TOKEN and self._append(seq, tok)]
         self.scheduler.complete(plan, stopped)
         finished = self.scheduler.last_finished
-        outputs = []
+        outputs = [self._failed_output(seq) for seq in failed]
         stop_set = set(stopped)
         for seq, tok in zip(samplers, tokens, strict=True):
+            if tok == NO_TOKEN:
+                continue
             reason = finished.get(seq.rid)
             if reason is FinishReason.ABORT:
                 continue
@@ -614,10 +635,21 @@ class LLMEngine:
         batch, rids, rows = built
         samplers.extend(self._seqs[rid] for rid in rids)
         logits = self.model.forward(batch, self.kv)
-        tokens = sample_tokens(logits, [s.params for s in samplers],
-                               [s.generator for s in samplers]).cpu()  # the step's one copy back
-        self._builder.record(rows, tokens)
+        params, gens = [s.params for s in samplers], [s.generator for s in samplers]
+        try:
+            tokens = sample_tokens(logits, params, gens).cpu()  # the step's one copy back
+        except Exception:  # noqa: BLE001 - find the rows at fault: they fail alone, never the step
+            tokens = _sample_rows_alone(logits, params, gens)
+        self._builder.record(rows, tokens.clamp(min=0))
         return tokens.tolist()  # type: ignore[no-any-return]
+
+    def _failed_output(self, seq: _Seq) -> RequestOutput:
+        """The last output of a request whose sampling failed (finish_reason "error", no token)."""
+        why = ("sampling failed for this request (its logits or probabilities were not finite, "
+               f"or sampling raised); temperature={seq.params.temperature}, top_p={seq.params.top_p}, "
+               f"top_k={seq.params.top_k}, min_p={seq.params.min_p}")
+        return RequestOutput(seq.rid, [], "", True, "error", seq.num_prompt, seq.num_generated,
+                             seq.cached, error=why)
 
     def _append(self, seq: _Seq, tok: int) -> bool:
         """Record a sampled token and its text; return True when it ends the request (stop)."""

@@ -29,6 +29,7 @@ __all__ = [
     "AsyncEngine",
     "EngineDead",
     "QueueFull",
+    "RequestFailed",
     "RequestRecord",
     "RequestStream",
     "StepFailed",
@@ -44,6 +45,11 @@ _MAX_CONSECUTIVE_FAILURES = 3
 
 class QueueFull(StallfreeError):
     """max_waiting requests will wait already and this one would too; it was not queued (HTTP 429)."""
+
+
+class RequestFailed(StepFailed):
+    """One request failed in the engine while the step went on (its output had finish_reason "error",
+    e.g. its sampling failed); a StepFailed, so routes answer it as they answer a failed step (500)."""
 
 
 class EngineDead(StallfreeError, RuntimeError):
@@ -106,7 +112,8 @@ class RequestStream:
     """An async iterator over one request's RequestOutput objects; it ends after the finished one.
 
     Raises (from iteration):
-        StepFailed: a step that held this request raised.
+        StepFailed: a step that held this request raised, or (RequestFailed) the engine failed this
+            request alone.
         EngineDead: the engine loop stopped before the request finished.
 
     Leaving the iteration early (break, cancellation, a client disconnect) aborts the request.
@@ -429,6 +436,13 @@ class AsyncEngine:
                     rec.first_token_time = now
                 rec.last_token_time = now
             rec.num_generated = out.num_generated
+            if out.finished and out.finish_reason == "error":
+                # This request alone failed in the engine (its sampling): an error to it, not to the step.
+                self._added.discard(out.rid)
+                self._end(out.rid, "error", now)
+                live.queue.put_nowait(RequestFailed(getattr(out, "error", None) or "the request failed",
+                                                    (out.rid,)))
+                continue
             live.queue.put_nowait(out)
             if out.finished:
                 self._added.discard(out.rid)
