@@ -131,6 +131,7 @@ class FakeEngine:
         self.added: list[Hashable] = []
         self.priorities: dict[Hashable, int] = {}
         self.params: dict[Hashable, FakeSamplingParams] = {}
+        self.salts: dict[Hashable, str] = {}
         self.aborted: list[Hashable] = []
         self.num_steps = 0
         self._seqs: dict[Hashable, _Seq] = {}
@@ -196,9 +197,11 @@ class FakeEngine:
     # ------------------------------------------------------------------ requests
 
     def add_request(
-        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0
+        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit."""
+        """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit.
+        `cache_salt` is recorded in `salts` (the fake has no prefix cache)."""
         with self._guard():
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             if not ids:
@@ -210,6 +213,8 @@ class FakeEngine:
             self.added.append(rid)
             self.priorities[rid] = priority
             self.params[rid] = params
+            if cache_salt is not None:
+                self.salts[rid] = cache_salt
 
     def abort(self, rid: Hashable) -> None:
         """Abort a request; its KV is released now, or at the end of the step in flight."""

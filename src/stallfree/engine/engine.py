@@ -9,6 +9,7 @@ chunked prefill (Sarathi-Serve, OSDI'24).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
 from stallfree.engine.sampling import NO_TOKEN, SamplingParams, sample_tokens
+from stallfree.engine.stops import StopMatcher
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
 
@@ -57,7 +59,7 @@ class _Seq:
     """The engine's record of one live request: its tokens, text and sampler. Engine-owned."""
 
     __slots__ = ("rid", "params", "token_ids", "num_prompt", "num_generated", "detok", "text",
-                 "emitted", "hold", "cut", "generator", "aborted", "cached")
+                 "emitted", "hold", "cut", "generator", "aborted", "cached", "stops")
 
     def __init__(self, rid: Hashable, ids: list[int], params: SamplingParams, tok: Tokenizer,
                  generator: torch.Generator | None) -> None:
@@ -72,6 +74,7 @@ class _Seq:
         # Characters held back so a stop string split across steps is never partly returned.
         self.hold = max((len(s) for s in params.stop), default=1) - 1
         self.cut = False  # a stop string was found and the text cut before it
+        self.stops = StopMatcher(params.stop) if params.stop else None  # one pass over the text, any number of stops
         self.generator = generator
         self.aborted = False
         self.cached: int | None = None  # prefix caching: prompt tokens hit at the first admission
@@ -168,6 +171,30 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
                      **opts)
 
 
+def salt_block_hashes(hashes: Sequence[int], salt: str) -> tuple[int, ...]:
+    """Mix `salt` into each of a prompt's chained block hashes (hash_blocks), for vLLM's cache_salt.
+
+    Salted hash i is the first 16 bytes of SHA-256 over "stallfree-cache-salt", SHA-256(salt as UTF-8)
+    and unsalted hash i (16 bytes, little endian), read as an unsigned integer: equal salts and prefixes
+    give equal hashes; different salts, or a salt and none, give different ones (up to a 2**-128
+    collision chance), so they share no cached block. Mixing in here, rather than seeding the chain,
+    keeps stallfree.core's hash_blocks unchanged.
+
+    Args:
+        hashes: hash_blocks' output, integers in [0, 2**128).
+        salt: a non-empty string (UTF-8 encodable; a lone surrogate is encoded as surrogatepass).
+
+    Returns:
+        One salted hash per block, integers in [0, 2**128).
+    """
+    key = hashlib.sha256(salt.encode("utf-8", "surrogatepass")).digest()
+    out = []
+    for h in hashes:
+        d = hashlib.sha256(b"stallfree-cache-salt" + key + int(h).to_bytes(16, "little")).digest()
+        out.append(int.from_bytes(d[:16], "little"))
+    return tuple(out)
+
+
 def _sample_rows_alone(logits: torch.Tensor, params: Sequence[SamplingParams],
                        gens: Sequence[torch.Generator | None]) -> torch.Tensor:
     """Sample each row on its own after sample_tokens raised for the batch: a row that raises again
@@ -181,13 +208,16 @@ def _sample_rows_alone(logits: torch.Tensor, params: Sequence[SamplingParams],
     return torch.tensor(out, dtype=torch.int64)
 
 
-def _max_token_chars(tokenizer: Tokenizer) -> int:
-    """The most characters any token of `tokenizer` decodes to (at least 1), from its vocabulary strings:
-    a byte-level token's string has one character per byte, so this bounds the decoded characters too."""
-    longest = 1
+def _max_token_chars(tokenizer: Tokenizer) -> tuple[int, int]:
+    """The most characters any token of `tokenizer` decodes to (at least 1), and the most ASCII letters and
+    digits in any one token (at least 1), from its vocabulary strings: a byte-level token's string has one
+    character per byte (ASCII letters and digits stand for themselves), so both bound the decoded text."""
+    longest = alnum = 1
     for i in range(tokenizer.vocab_size):
-        longest = max(longest, len(tokenizer.token_str(i)))
-    return longest
+        piece = tokenizer.token_str(i)
+        longest = max(longest, len(piece))
+        alnum = max(alnum, sum(c.isascii() and c.isalnum() for c in piece))
+    return longest, alnum
 
 
 class LLMEngine:
@@ -289,9 +319,10 @@ class LLMEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
+        max_chars, max_alnum = _max_token_chars(tokenizer)
         self._info = EngineInfo(
             model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
-            max_token_chars=_max_token_chars(tokenizer), token_budget=int(scheduler.token_budget),
+            max_token_chars=max_chars, max_token_alnum=max_alnum, token_budget=int(scheduler.token_budget),
             max_seqs=int(scheduler.max_seqs), kv_total_tokens=int(scheduler.kv_total),
             num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy, device=str(model.device),
@@ -462,7 +493,7 @@ class LLMEngine:
 
     def add_request(
         self, rid: Hashable, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-        priority: int | None = None,
+        priority: int | None = None, cache_salt: str | None = None,
     ) -> None:
         """Queue a request.
 
@@ -472,10 +503,14 @@ class LLMEngine:
             params: sampling parameters (default SamplingParams()).
             priority: the request's priority (lower is more urgent); None takes params.priority. It
                 has an effect only under scheduling_policy "priority".
+            cache_salt: with prefix caching, a string mixed into every block hash of the prompt (vLLM's
+                cache_salt): requests share cached blocks only when their salts are equal (None is its
+                own salt, the unsalted hashes), so different salts share nothing.
 
         Raises:
             InvalidPrompt: the prompt is empty, not text or ids, holds an id outside the
-                vocabulary, or rid is live; or priority is not an integer.
+                vocabulary, or rid is live; or priority is not an integer; or cache_salt is not a
+                non-empty string.
             ContextLengthExceeded: prompt tokens + max_tokens > max_model_len.
             RequestRejected: the KV cache can never hold prompt + max_tokens tokens.
             Nothing is queued when any of these is raised.
@@ -489,6 +524,8 @@ class LLMEngine:
             priority = params.priority
         elif isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidPrompt(f"priority must be an integer, got {priority!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidPrompt(f"cache_salt must be a non-empty string, got {cache_salt!r:.80}")
         ids = self._prompt_ids(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
@@ -504,6 +541,8 @@ class LLMEngine:
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         try:
             hashes = hash_blocks(ids, self.block_size) if self.enable_prefix_caching else None
+            if hashes is not None and cache_salt is not None:
+                hashes = salt_block_hashes(hashes, cache_salt)
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
                                        arrival=time.monotonic(), block_hashes=hashes))
         except CoreRequestRejected as exc:
@@ -658,10 +697,10 @@ class LLMEngine:
         p = seq.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             return True
-        seq.text += seq.detok.push(tok)
-        if p.stop:
-            cut = min((i for i in (seq.text.find(s, seq.emitted) for s in p.stop) if i >= 0),
-                      default=-1)
+        new = seq.detok.push(tok)
+        seq.text += new
+        if seq.stops is not None:
+            cut = seq.stops.feed(new)
             if cut >= 0:
                 seq.text = seq.text[:cut]
                 seq.cut = True
@@ -670,11 +709,11 @@ class LLMEngine:
 
     def _output(self, seq: _Seq, tok: int, reason: FinishReason | None) -> RequestOutput:
         if reason is not None and not seq.cut:
-            seq.text += seq.detok.flush()
-            if seq.params.stop:
-                cut = min((i for i in (seq.text.find(s, seq.emitted) for s in seq.params.stop)
-                           if i >= 0), default=len(seq.text))
-                seq.text = seq.text[:cut]
+            rest = seq.detok.flush()
+            seq.text += rest
+            if seq.stops is not None:
+                cut = seq.stops.feed(rest)
+                seq.text = seq.text[:cut] if cut >= 0 else seq.text
         end = len(seq.text) if reason is not None else max(seq.emitted, len(seq.text) - seq.hold)
         text = seq.text[seq.emitted:end]
         seq.emitted = end

@@ -65,6 +65,9 @@ class EngineInfo:
         scheduling_policy: "fcfs" (a request's priority has no effect) or "priority".
         device: the torch device the model runs on, e.g. "cpu" or "cuda:0".
         dtype: the model's dtype, e.g. "float32".
+        max_token_alnum: the most ASCII letters and digits one token decodes to; a text with more than
+            max_model_len * max_token_alnum of them cannot fit the context either (a tighter bound for
+            text without spaces); 0 when not known.
     """
 
     model_name: str
@@ -80,6 +83,7 @@ class EngineInfo:
     scheduling_policy: str
     device: str = "cpu"
     dtype: str = "float32"
+    max_token_alnum: int = 0
 
 
 @dataclass(frozen=True, slots=True)

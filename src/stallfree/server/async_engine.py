@@ -100,6 +100,7 @@ class _Pending:
     num_prompt_tokens: int
     max_tokens: int
     future: asyncio.Future[None]
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -250,7 +251,7 @@ class AsyncEngine:
 
     async def add_request(
         self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, max_tokens: int = 0,
-        priority: int = 0,
+        priority: int = 0, cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request for the next step boundary; return its stream once the engine accepted it.
 
@@ -261,6 +262,7 @@ class AsyncEngine:
             num_prompt_tokens: prompt length in tokens (for metrics, and whether it will wait).
             max_tokens: its max_tokens (whether it will wait: the KV it needs).
             priority: passed to engine.add_request.
+            cache_salt: passed to engine.add_request (its prefix-cache salt) when not None.
 
         Raises:
             QueueFull: max_waiting requests will wait already and this one would too; nothing was queued.
@@ -283,7 +285,8 @@ class AsyncEngine:
         assert self._wake is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens)
-        self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future)
+        self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future,
+                                      cache_salt)
         live = _Live(record)
         self._live[rid] = live
         self._wake.set()
@@ -374,7 +377,8 @@ class AsyncEngine:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             try:
-                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority)
+                salt = {} if p.cache_salt is None else {"cache_salt": p.cache_salt}
+                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority, **salt)
             except Exception as exc:  # noqa: BLE001 - the handler turns it into an HTTP error
                 self._live.pop(p.rid, None)
                 if not p.future.done():
