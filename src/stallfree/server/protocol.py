@@ -208,7 +208,7 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields], limits: Any = No
     """
     from stallfree.server.body import check_sizes, decode_json  # body imports ApiError from here
 
-    data = decode_json(raw)
+    data = decode_json(raw, None if limits is None else limits.max_values)
     check_sizes(data, limits)
     # Lone surrogates can only come from \uD800-\uDFFF escapes (raw bytes are decoded strictly).
     bad = _first_unencodable(data, "") if _SURROGATE_ESCAPE.search(raw) else None
