@@ -162,7 +162,9 @@ def sample_tokens(
         generators: each row's generator (None: torch's default one).
     """
     out = torch.argmax(logits, dim=-1)
-    out = out.masked_fill(~torch.isfinite(logits).all(dim=-1), NO_TOKEN)
+    # A row holding NaN or inf sums to NaN or inf (finite logits are far too small to overflow a sum):
+    # one reduction, not a [S, V] mask.
+    out = out.masked_fill(~torch.isfinite(logits.float().sum(dim=-1)), NO_TOKEN)
     idx = [i for i, p in enumerate(params) if not p.greedy]
     if not idx:
         return out
