@@ -191,6 +191,16 @@ def test_error_messages_with_any_text_are_json():
     r = _post("/v1/completions", {"prompt": "hi", "model": "caf\u00e9 \u4e2d"})
     assert r.status_code == 404 and "caf\u00e9 \u4e2d" in r.json()["error"]["message"]
     assert b"\\u00e9" in r.content
+    eng = FakeEngine()
+
+    def broken(messages):
+        raise RuntimeError("a bug \ud800")
+
+    eng.apply_chat_template = broken  # type: ignore[method-assign]
+    with LiveServer(eng) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSG}, timeout=WAIT_S)
+        assert r.status_code == 500 and r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["message"] == "internal server error (RuntimeError); the server log has the details"
 
 
 def _raw_exchange(url: str, head: str, body: bytes = b"", wait_s: float = 1.0) -> bytes:

@@ -76,8 +76,7 @@ class ServerConfig:
 PREFIX_CACHE_ISOLATION = ("none", "salt")
 
 
-def _error_response(exc: ApiError | StarletteHTTPException, body: dict[str, Any], status: int,
-                    headers: dict[str, str] | None) -> Response:
+def _error_response(body: dict[str, Any], status: int, headers: dict[str, str] | None) -> Response:
     """An error object as JSON with every non-ASCII character escaped, so that any text it quotes (a lone
     surrogate included) encodes: an error answer is never itself a plain-text 500."""
     content = json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
@@ -135,14 +134,14 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
-        return _error_response(exc, exc.body(), exc.status, exc.headers)
+        return _error_response(exc.body(), exc.status, exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> Response:
         # A bug on some input: the client still gets an error object (logged here), never plain text.
         logger.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
         err = ApiError(500, f"internal server error ({type(exc).__name__}); the server log has the details")
-        return _error_response(err, err.body(), 500, None)
+        return _error_response(err.body(), 500, None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -151,8 +150,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
             msg = f"unknown route {request.method} {request.url.path}; this server serves " + ", ".join(_ROUTES)
         else:
             msg = f"{request.method} {request.url.path}: {exc.detail}"
-        return _error_response(exc, ApiError(exc.status_code, msg).body(), exc.status_code,
-                               getattr(exc, "headers", None))
+        return _error_response(ApiError(exc.status_code, msg).body(), exc.status_code, getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> JSONResponse:
