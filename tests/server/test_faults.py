@@ -283,3 +283,19 @@ def test_message_name_is_refused_and_null_accepted():
     r = _post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x", "name": None}],
                                        "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_prefix_cache_isolation_option():
+    """serve --prefix-cache-isolation: none by default, salt accepted, anything else a usage error (exit 2);
+    ServerConfig refuses an unknown value naming it."""
+    from stallfree import cli
+    from stallfree.server.app import ServerConfig, create_app
+
+    parse = cli.build_parser().parse_args
+    assert parse(["serve"]).prefix_cache_isolation == "none"
+    assert parse(["serve", "--prefix-cache-isolation", "salt"]).prefix_cache_isolation == "salt"
+    with pytest.raises(SystemExit) as info:
+        parse(["serve", "--prefix-cache-isolation", "user"])
+    assert info.value.code == 2
+    with pytest.raises(ValueError, match="prefix_cache_isolation must be one of"):
+        create_app(FakeEngine(), ServerConfig(prefix_cache_isolation="user"))

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
-from stallfree.server.body import BodyLimits, check_framing, min_tokens
+from stallfree.server.body import BodyError, BodyLimits, check_framing, min_tokens
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
@@ -135,6 +135,10 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> Response:
         return _error_response(exc.body(), exc.status, exc.headers)
+
+    @app.exception_handler(BodyError)
+    async def _body_error(request: Request, exc: BodyError) -> Response:
+        return _error_response(ApiError.from_body_error(exc).body(), exc.status, exc.headers)
 
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -6,7 +6,8 @@ beyond the ones a limit allows) and run before pydantic's validation, whose cost
 number of values and of errors it builds: a 250,000-item token list with one string in it made
 500,001 errors and took 1.5 s, holding the GIL against every stream's next token.
 
-Imports allowed: the standard library and stallfree.server.protocol (ApiError).
+Imports allowed: the standard library and stallfree.core.errors. (stallfree.server.protocol imports this
+module; its parse_request turns a BodyError into its ApiError, and the app answers either alike.)
 
 Limits (documented in docs/server.md):
 
@@ -36,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.server.protocol import ApiError
+from stallfree.core.errors import StallfreeError
 
 __all__ = [
     "MAX_CONTAINERS",
@@ -47,6 +48,7 @@ __all__ = [
     "MAX_STOP",
     "MAX_STOP_CHARS",
     "MAX_STOP_TOKEN_IDS",
+    "BodyError",
     "BodyLimits",
     "check_framing",
     "check_sizes",
@@ -69,6 +71,27 @@ EXTRA_VALUES = 16384
 
 # The most characters of a value quoted back in an error message: an error never echoes the input.
 _QUOTE_CHARS = 60
+
+
+class BodyError(StallfreeError):
+    """A body refused by these checks; answered as OpenAI's error object (status 400 unless given).
+
+    Args:
+        status: the HTTP status.
+        message: what is wrong, naming the field, its length or kind, and the limit.
+        param: the request field at fault, or None.
+        code: OpenAI's error code (e.g. "context_length_exceeded"), or None.
+        headers: response headers to send with it (Connection: close), or None.
+    """
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,19 +127,19 @@ def check_framing(headers: Mapping[str, str]) -> None:
     """Refuse a request whose body framing or declared charset is ambiguous, before reading the body.
 
     Raises:
-        ApiError(400): both Transfer-Encoding and Content-Length are present (RFC 9112 section 6.1: a
+        BodyError(400): both Transfer-Encoding and Content-Length are present (RFC 9112 section 6.1: a
             server MAY reject such a message and MUST close the connection after it, as the two may
             frame the body differently and let a proxy and the server disagree on where the next
             request starts: request smuggling); or Content-Type names a charset other than UTF-8
             (RFC 8259 section 8.1: JSON between systems is UTF-8). The answer closes the connection.
     """
     if "transfer-encoding" in headers and "content-length" in headers:
-        raise ApiError(400, "the request has both Transfer-Encoding and Content-Length headers; send one "
+        raise BodyError(400, "the request has both Transfer-Encoding and Content-Length headers; send one "
                        "(RFC 9112 section 6.1)", headers={"Connection": "close"})
     ctype = headers.get("content-type", "")
     match = re.search(r";\s*charset\s*=\s*\"?([^\s;\"]+)", ctype, re.IGNORECASE)
     if match and match.group(1).lower() not in ("utf-8", "utf8"):
-        raise ApiError(400, f"Content-Type charset {short_repr(match.group(1))}: request bodies are JSON in "
+        raise BodyError(400, f"Content-Type charset {short_repr(match.group(1))}: request bodies are JSON in "
                        "UTF-8 only (RFC 8259 section 8.1)", headers={"Connection": "close"})
 
 
@@ -130,7 +153,7 @@ def check_value_count(raw: bytes, max_values: int) -> None:
     and there are no more keys than values).
 
     Raises:
-        ApiError(400): more than `max_values` values.
+        BodyError(400): more than `max_values` values.
     """
     commas = raw.count(b",")
     if commas < max_values:
@@ -143,7 +166,7 @@ def check_value_count(raw: bytes, max_values: int) -> None:
         found = sum(part.count(b",") for part in plain.split(b'"')[::2])
         if found < max_values:
             return
-    raise ApiError(400, f"the request body holds at least {found} JSON values, more than {max_values} (a prompt "
+    raise BodyError(400, f"the request body holds at least {found} JSON values, more than {max_values} (a prompt "
                    f"may hold {max_values - EXTRA_VALUES} token ids, the context length, and the rest of a "
                    f"body {EXTRA_VALUES} values)")
 
@@ -159,7 +182,7 @@ def decode_json(raw: bytes, max_values: int | None = None) -> dict[str, Any]:
         max_values: the most JSON values the body may hold (check_value_count, before parsing); None: any.
 
     Raises:
-        ApiError(400): the bytes are not UTF-8 (the offset of the first bad byte is given), the text
+        BodyError(400): the bytes are not UTF-8 (the offset of the first bad byte is given), the text
             starts with a byte order mark, it holds more than max_values values, it is not JSON, it is
             nested too deeply, or it is not an object.
     """
@@ -168,19 +191,19 @@ def decode_json(raw: bytes, max_values: int | None = None) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ApiError(400, f"the request body is not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
+        raise BodyError(400, f"the request body is not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
                        f"{exc.start}); JSON request bodies are UTF-8 only (RFC 8259 section 8.1)") from None
     if text.startswith("\ufeff"):
-        raise ApiError(400, "the request body starts with a byte order mark; send JSON without one "
+        raise BodyError(400, "the request body starts with a byte order mark; send JSON without one "
                        "(RFC 8259 section 8.1)")
     try:
         data = json.loads(text)
     except RecursionError:
-        raise ApiError(400, "malformed JSON in the request body: nested too deeply") from None
+        raise BodyError(400, "malformed JSON in the request body: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, an integer with too many digits
-        raise ApiError(400, f"malformed JSON in the request body: {short_repr(str(exc), 200)}") from None
+        raise BodyError(400, f"malformed JSON in the request body: {short_repr(str(exc), 200)}") from None
     if not isinstance(data, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+        raise BodyError(400, f"the request body must be a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -194,11 +217,11 @@ def check_sizes(data: dict[str, Any], limits: BodyLimits | None = None) -> None:
         limits: the engine's limits; None skips the prompt token count (a later check counts it).
 
     Raises:
-        ApiError(400): naming the field, its length and the limit; `code` is "context_length_exceeded"
+        BodyError(400): naming the field, its length and the limit; `code` is "context_length_exceeded"
             for a token list longer than the context.
     """
     if len(data) > MAX_ITEMS:
-        raise ApiError(400, f"the request body has {len(data)} fields, more than {MAX_ITEMS}")
+        raise BodyError(400, f"the request body has {len(data)} fields, more than {MAX_ITEMS}")
     _check_prompt(data.get("prompt"), limits)
     _check_list(data, "messages", MAX_MESSAGES)
     messages = data.get("messages")
@@ -211,7 +234,7 @@ def check_sizes(data: dict[str, Any], limits: BodyLimits | None = None) -> None:
     for i, s in enumerate(stop if isinstance(stop, list) else [stop]):
         if isinstance(s, str) and len(s) > MAX_STOP_CHARS:
             where = f"stop[{i}]" if isinstance(stop, list) else "stop"
-            raise ApiError(400, f"{where}: a stop string of {len(s)} characters, more than {MAX_STOP_CHARS}",
+            raise BodyError(400, f"{where}: a stop string of {len(s)} characters, more than {MAX_STOP_CHARS}",
                            "stop")
     _check_list(data, "stop_token_ids", MAX_STOP_TOKEN_IDS)
     _check_containers(data)
@@ -221,7 +244,7 @@ def _check_list(obj: dict[str, Any], key: str, limit: int, where: str | None = N
                 param: str | None = None) -> None:
     value = obj.get(key)
     if isinstance(value, list) and len(value) > limit:
-        raise ApiError(400, f"{where or key}: {len(value)} items, more than the limit of {limit}", param or key)
+        raise BodyError(400, f"{where or key}: {len(value)} items, more than the limit of {limit}", param or key)
 
 
 def _check_prompt(prompt: Any, limits: BodyLimits | None) -> None:
@@ -231,7 +254,7 @@ def _check_prompt(prompt: Any, limits: BodyLimits | None) -> None:
     first = prompt[0]
     if isinstance(first, str | list):
         if len(prompt) > MAX_PROMPTS:
-            raise ApiError(400, f"prompt: a batch of {len(prompt)} prompts is not supported; send one request "
+            raise BodyError(400, f"prompt: a batch of {len(prompt)} prompts is not supported; send one request "
                            "per prompt", "prompt")
         if isinstance(first, list):
             _check_token_list(first, limits, "prompt[0]")
@@ -241,13 +264,13 @@ def _check_prompt(prompt: Any, limits: BodyLimits | None) -> None:
 
 def _check_token_list(ids: list[Any], limits: BodyLimits | None, where: str) -> None:
     if limits is not None and len(ids) > limits.max_prompt_tokens:
-        raise ApiError(400, f"This model's maximum context length is {limits.max_prompt_tokens} tokens. However, "
+        raise BodyError(400, f"This model's maximum context length is {limits.max_prompt_tokens} tokens. However, "
                        f"the prompt holds {len(ids)} token ids. Please reduce the length of the prompt.",
                        "prompt", code="context_length_exceeded")
     bad = next((i for i, t in enumerate(ids) if type(t) is not int), None)
     if bad is not None:
         kind = "a string" if isinstance(ids[bad], str) else f"a {_json_type(ids[bad])}"
-        raise ApiError(400, f"{where}[{bad}]: {kind} ({short_repr(ids[bad])}) in a list of token ids; a prompt is "
+        raise BodyError(400, f"{where}[{bad}]: {kind} ({short_repr(ids[bad])}) in a list of token ids; a prompt is "
                        "a string, a list of token ids (integers), or a batch of one of them", "prompt")
 
 
@@ -265,11 +288,11 @@ def _check_containers(data: dict[str, Any]) -> None:
         value, where = stack.pop()
         count += 1
         if count > MAX_CONTAINERS:
-            raise ApiError(400, f"the request body holds more than {MAX_CONTAINERS} lists and objects")
+            raise BodyError(400, f"the request body holds more than {MAX_CONTAINERS} lists and objects")
         special = where in ("prompt", "messages", "prompt[0]") or where.endswith(".content")
         if not special and len(value) > MAX_ITEMS:
             top = where.split(".")[0].split("[")[0]
-            raise ApiError(400, f"{where}: {len(value)} items, more than the limit of {MAX_ITEMS}", top)
+            raise BodyError(400, f"{where}: {len(value)} items, more than the limit of {MAX_ITEMS}", top)
         if where == "prompt" and value and not isinstance(value[0], str | list):
             continue  # token ids: no containers inside (checked by _check_prompt)
         items = value.items() if isinstance(value, dict) else enumerate(value)

@@ -4,7 +4,8 @@ Validation is strict: a wrong type is an error (no "5" for 5), an unknown field 
 OpenAI field we do not implement (n > 1, best_of, logprobs, penalties, ...) is accepted only at its
 neutral value, so nothing a client asks for is silently ignored.
 
-Imports allowed: the standard library, pydantic and stallfree.core.errors (stdlib only).
+Imports allowed: the standard library, pydantic, stallfree.core.errors (stdlib only) and
+stallfree.server.body (the checks before validation).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stallfree.core.errors import StallfreeError
+from stallfree.server.body import BodyError, check_sizes, decode_json, short_repr
 
 __all__ = [
     "ApiError",
@@ -55,6 +57,11 @@ class ApiError(StallfreeError):
         self.err_type = err_type or _default_type(status)
         self.code = code
         self.headers = headers
+
+    @classmethod
+    def from_body_error(cls, exc: BodyError) -> ApiError:
+        """The ApiError of a refusal by stallfree.server.body (same status, message, param, code, headers)."""
+        return cls(exc.status, exc.message, exc.param, code=exc.code, headers=exc.headers)
 
     def body(self) -> dict[str, Any]:
         """The JSON body: {"error": {"message", "type", "param", "code"}}."""
@@ -206,10 +213,11 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields], limits: Any = No
             type, a value out of range, an unknown field, or an unsupported feature at a non-neutral
             value; `param` names the field.
     """
-    from stallfree.server.body import check_sizes, decode_json  # body imports ApiError from here
-
-    data = decode_json(raw, None if limits is None else limits.max_values)
-    check_sizes(data, limits)
+    try:
+        data = decode_json(raw, None if limits is None else limits.max_values)
+        check_sizes(data, limits)
+    except BodyError as exc:
+        raise ApiError.from_body_error(exc) from None
     # Lone surrogates can only come from \uD800-\uDFFF escapes (raw bytes are decoded strictly).
     bad = _first_unencodable(data, "") if _SURROGATE_ESCAPE.search(raw) else None
     if bad is not None:
@@ -243,8 +251,6 @@ def _validation_error(exc: ValidationError) -> ApiError:
     """The 400 for a pydantic error: the most specific of its first errors (the deepest location, so
     a wrong list item rather than "not a string" from the first branch of a union), how many others
     there are, and the value quoted at most 60 characters long."""
-    from stallfree.server.body import short_repr
-
     errors = exc.errors(include_url=False)[:_ERRORS_READ]
     first = errors[0]
     field = first["loc"][:1]
