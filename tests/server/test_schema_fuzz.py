@@ -98,3 +98,47 @@ def test_encodings_and_bytes_never_get_a_5xx():
         check()
     print(f"\nencoding fuzz: {sum(counts.values())} requests: {dict(sorted(counts.items()))}")
     assert sum(counts.values()) >= EXAMPLES
+
+
+def _list_case(field: str, n: int) -> tuple[str, dict]:
+    """(path, body) with a list of n items in `field`."""
+    msg = {"role": "user", "content": "hi"}
+    if field == "stop":
+        return "/v1/completions", {"prompt": "hi", "max_tokens": 1, "stop": ["z"] * n}
+    if field == "stop_token_ids":
+        return "/v1/completions", {"prompt": "hi", "max_tokens": 1, "stop_token_ids": [1] * n}
+    if field == "messages":
+        return "/v1/chat/completions", {"messages": [msg] * n, "max_tokens": 1}
+    if field == "content":
+        return "/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * n}],
+                                        "max_tokens": 1}
+    return "/v1/completions", {"prompt": [1] * n, "max_tokens": 1}  # token ids: the limit is the context
+
+
+def test_list_lengths_around_each_limit():
+    """Lists drawn at, just under and just over each limit (and far over): a 400 naming the field when over
+    it (or a 413 when the body is over 64 KiB first), never a 5xx; within it, any answer below 500 (the
+    context may still refuse)."""
+    from stallfree.server import body as limits
+
+    bound = {"stop": limits.MAX_STOP, "stop_token_ids": limits.MAX_STOP_TOKEN_IDS, "messages": limits.MAX_MESSAGES,
+             "content": limits.MAX_CONTENT_PARTS, "prompt": 64}
+    counts: collections.Counter[str] = collections.Counter()
+    with _server() as srv, httpx.Client(base_url=srv.url, timeout=10) as client:
+
+        @settings(max_examples=3 * EXAMPLES, suppress_health_check=list(HealthCheck), deadline=None)
+        @given(field=st.sampled_from(sorted(bound)), delta=st.one_of(st.integers(-2, 2), st.integers(3, 5000)))
+        def check(field, delta):
+            n = max(0, bound[field] + delta)
+            path, body = _list_case(field, n)
+            r = client.post(path, json=body)
+            over = n > bound[field]
+            counts[f"{field} {'over' if over else 'within'} {r.status_code}"] += 1
+            assert r.status_code < 500, r.text
+            if over and r.status_code != 413:  # 413: the body is over the 64 KiB limit first
+                err = r.json()["error"]
+                assert r.status_code == 400 and (err["param"] in (field, "messages", None)), err
+
+        check()
+    print(f"\nlist-length fuzz: {sum(counts.values())} requests: {dict(sorted(counts.items()))}")
+    assert sum(counts.values()) >= EXAMPLES
