@@ -15,6 +15,9 @@ itself still ended well. Cases:
   name         messages[0].name "bob"
   mixed-type   {"prompt": [1, "a"]}                                    (small: the control)
 
+--server fake serves the tests' fake engine instead (steps that sleep, releasing the GIL), so that the
+gaps show what the server's own work on the requests costs, apart from the model's compute.
+
 --src DIR serves the code in DIR (a checkout's src/), so that one run measures before and after alike:
   python benchmarks/faults.py --src /tmp/before/src --json before.json
   python benchmarks/faults.py --json after.json
@@ -51,11 +54,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(src: Path, extra: list[str], startup_s: float) -> Iterator[str]:
-    """Run `stallfree serve` from `src` on a free loopback port; yield its URL; stop it at the end."""
+def server(src: Path, extra: list[str], startup_s: float, kind: str = "model") -> Iterator[str]:
+    """Run `stallfree serve` (kind "model") or benchmarks/load.py's fake-engine server (kind "fake": steps
+    that sleep, so gaps show the server's own cost) from `src` on a free loopback port; yield its URL."""
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    cmd = [sys.executable, "-m", "stallfree", "serve", "--port", str(port), "--log-interval", "0", *extra]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
+    if kind == "fake":
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "load.py"), "_fake_server", "--port", str(port),
+               "--token-budget", "512", "--max-model-len", "8192", *extra]
+    else:
+        cmd = [sys.executable, "-m", "stallfree", "serve", "--port", str(port), "--log-interval", "0", *extra]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -214,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the cases and print one JSON line per case (and write them to --json)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--src", type=Path, default=ROOT / "src", help="the src/ directory to serve (default: this one)")
+    p.add_argument("--server", choices=("model", "fake"), default="model",
+                   help="model: stallfree serve with the bundled model (default); fake: the fake engine")
     p.add_argument("--cases", nargs="+", default=None, help="cases to run (default: all)")
     p.add_argument("--copies", type=int, default=4, help="requests of each case sent at once (default 4)")
     p.add_argument("--stream-tokens", type=int, default=200, help="tokens of the stream beside (default 200)")
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("serve_args", nargs="*", help="extra `stallfree serve` options (after --)")
     args = p.parse_args(argv)
     out = []
-    with server(args.src, args.serve_args, args.startup_s) as url:
+    with server(args.src, args.serve_args, args.startup_s, args.server) as url:
         all_cases = cases(url)
         for name in args.cases or list(all_cases):
             copies = 1 if name in ("utf-16", "te-and-cl", "expect-100", "name") else args.copies

@@ -299,3 +299,43 @@ def test_prefix_cache_isolation_option():
     assert info.value.code == 2
     with pytest.raises(ValueError, match="prefix_cache_isolation must be one of"):
         create_app(FakeEngine(), ServerConfig(prefix_cache_isolation="user"))
+
+
+@pytest.mark.slow
+def test_four_large_refused_bodies_barely_delay_a_live_stream():
+    """Four 1.9 MB token lists and four 2 MB stop lists sent at once are each a 400 within a second, and a
+    live stream beside them (fake steps of 5 ms) never waits more than 0.5 s for a token (before the
+    checks ran ahead of parsing: 7.8 s; benchmarks/faults.py --server fake measures it)."""
+    eng = FakeEngine(step_time_s=0.005, max_model_len=8192, kv_tokens=100_000)
+    bodies = [json.dumps({"prompt": [*range(1, 250_000), "a"]}).encode()] * 4 + [
+        json.dumps({"prompt": "hi", "stop": [f"{i:05d}q" for i in range(190_000)]}).encode()] * 4
+    with LiveServer(eng, max_request_bytes=2 * 1024 * 1024) as srv:
+        times: list[float] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", srv.url + "/v1/completions", timeout=WAIT_S,
+                              json={"prompt": "hi", "max_tokens": 300, "stream": True}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        times.append(time.perf_counter())
+
+        statuses: list[int] = []
+
+        def send(raw: bytes) -> None:
+            statuses.append(httpx.post(srv.url + "/v1/completions", content=raw, timeout=WAIT_S,
+                                       headers={"content-type": "application/json"}).status_code)
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        time.sleep(0.2)
+        senders = [threading.Thread(target=send, args=(b,)) for b in bodies]
+        start = time.perf_counter()
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join(WAIT_S)
+        end = time.perf_counter()
+        reader.join(WAIT_S)
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b >= start and a <= end]
+        assert statuses == [400] * 8
+        assert gaps and max(gaps) < 0.5, max(gaps)
