@@ -114,6 +114,15 @@ def test_oversized_lists_are_refused_before_validation(path, body, param, words)
     assert err["param"] == param and words in err["message"] and len(err["message"]) < 400, err
 
 
+def test_long_strings_are_not_taken_for_long_lists():
+    """The list limits bound lists only: a 200-character stop string and a 300-character message content
+    are served (the schema's maxItems of `stop` and `content` apply to their list forms)."""
+    r = _post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stop": "s" * 200})
+    assert r.status_code == 200, r.text
+    r = _post("/v1/chat/completions", {"messages": [{"role": "user", "content": "c" * 300}], "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [({"prompt": 5}, "prompt", "should be one of: a string, a list of integers, a list of strings"),

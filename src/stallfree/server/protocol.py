@@ -11,7 +11,7 @@ stallfree.server.body (the checks before validation).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -105,7 +105,7 @@ class _SamplingFields(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = Field(default=None, max_length=16)  # body.MAX_STOP
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None  # body.MAX_STOP strings
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     user: str | None = None
     # vLLM's extras
@@ -145,7 +145,7 @@ class ChatMessage(_Strict):
     """One chat message; content is a string or a list of text parts."""
 
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[_TextPart] = Field(max_length=64)  # body.MAX_CONTENT_PARTS (parts, not characters)
+    content: str | Annotated[list[_TextPart], Field(max_length=64)]  # body.MAX_CONTENT_PARTS parts
     # Accepted only as null: the chat template has no place for a participant's name (parse_request).
     name: str | None = None
 
