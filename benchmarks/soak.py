@@ -100,6 +100,13 @@ def _bad_bodies(max_request_bytes: int) -> list[tuple[str, str, bytes]]:
         ("deep-json", "/v1/completions", b"[" * 50_000),
         ("unknown-route", "/v1/nothing-here", j({"prompt": "hi"})),
         ("over-size-limit", "/v1/completions", b'{"prompt": "' + b"a" * over + b'"}'),
+        # issue 37: encodings, list lengths, mixed types, fields that would be dropped
+        ("utf-16-surrogate", "/v1/completions",
+         '{"prompt": "hi", "model": "\ud800"}'.encode("utf-16", "surrogatepass")),
+        ("mixed-prompt", "/v1/completions", j({"prompt": [1, "a"], "max_tokens": 2})),
+        ("many-stops", "/v1/completions", j({"prompt": "hi", "max_tokens": 2, "stop": ["x"] * 17})),
+        ("message-name", "/v1/chat/completions",
+         j({"messages": [{"role": "user", "content": "hi", "name": "bob"}], "max_tokens": 2})),
     ]
 
 

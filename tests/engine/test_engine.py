@@ -387,3 +387,36 @@ def test_engine_refuses_a_scheduler_without_block_tables(model, checkpoint):
 
     with pytest.raises(InvalidConfig, match="block_table"):
         LLMEngine(model, checkpoint.tokenizer, scheduler=Scheduler(8, 2, 64))
+
+
+# ---------------------------------------------------------------- issue 37: one request's sampling fault fails it alone
+
+
+def test_sampling_fault_fails_one_request_and_not_the_step(make_engine, run_to_end, monkeypatch):
+    """When sampling one request's row raises (injected: any row with temperature 1.3), that request ends
+    with finish_reason "error", no token and an error text, its KV is released, and the greedy request
+    batched with it generates exactly the tokens it generates alone; temperature 1e-40 is greedy."""
+    from stallfree.engine import engine as engine_mod
+    from stallfree.engine.sampling import sample_tokens
+
+    def faulty(logits, params, gens):
+        if any(p.temperature == 1.3 for p in params):
+            raise RuntimeError("index -1 is out of bounds for dimension 1")
+        return sample_tokens(logits, params, gens)
+
+    alone = make_engine()
+    alone.add_request("a", "The capital of France is", SamplingParams(max_tokens=6, temperature=0))
+    want = [t for o in run_to_end(alone)["a"] for t in o.new_token_ids]
+
+    monkeypatch.setattr(engine_mod, "sample_tokens", faulty)
+    eng = make_engine()
+    eng.add_request("a", "The capital of France is", SamplingParams(max_tokens=6, temperature=0))
+    eng.add_request("bad", "Hello", SamplingParams(max_tokens=6, temperature=1.3))
+    eng.add_request("tiny", "The capital of France is", SamplingParams(max_tokens=6, temperature=1e-40))
+    outs = run_to_end(eng)
+    assert [t for o in outs["a"] for t in o.new_token_ids] == want
+    assert [t for o in outs["tiny"] for t in o.new_token_ids] == want
+    (last,) = outs["bad"]
+    assert (last.finished, last.finish_reason, last.new_token_ids) == (True, "error", [])
+    assert "sampling failed" in last.error and "temperature=1.3" in last.error
+    assert eng.scheduler.kv_free == eng.scheduler.kv_total and not eng.has_unfinished()

@@ -88,3 +88,30 @@ def test_caching_needs_the_paged_policy(make_engine):
     """enable_prefix_caching=True under the reservation policy is an InvalidConfig naming it."""
     with pytest.raises(InvalidConfig, match="kv_policy='paged'"):
         make_engine(enable_prefix_caching=True)
+
+
+def test_cache_salt_keeps_prefixes_apart(make_engine):
+    """Issue 37: the same 64-token prompt sent after one salted "a" is a 48-token hit (3 blocks; the
+    last block is recomputed for its token) with salt "a", 0 with salt "b" or none; salted outputs equal
+    the unsalted ones; salt_block_hashes is deterministic and changes every hash."""
+    from stallfree.core.prefix_cache import hash_blocks
+    from stallfree.engine.engine import salt_block_hashes
+
+    plain = hash_blocks(SYSTEM, 16)
+    assert salt_block_hashes(plain, "a") == salt_block_hashes(plain, "a")
+    assert not set(salt_block_hashes(plain, "a")) & (set(plain) | set(salt_block_hashes(plain, "b")))
+    eng = make_engine(kv_policy="paged", block_size=16, enable_prefix_caching=True)
+    got = {}
+    for rid, salt in (("first", "a"), ("same", "a"), ("other", "b"), ("none", None)):
+        eng.add_request(rid, SYSTEM, GREEDY, cache_salt=salt)
+        toks = []
+        while eng.has_unfinished():
+            for o in eng.step():
+                toks.extend(o.new_token_ids)
+                last = o
+        got[rid] = (last.num_cached_tokens, toks)
+    assert {r: c for r, (c, _) in got.items()} == {"first": 0, "same": 48, "other": 0, "none": 0}
+    assert len({tuple(t) for _, t in got.values()}) == 1
+    with pytest.raises(ValueError, match="cache_salt"):
+        eng.add_request("empty", SYSTEM, GREEDY, cache_salt="")
+    assert not eng.has_unfinished()

@@ -62,3 +62,42 @@ def test_batched_sampling_rows_are_independent():
     assert got[:2] == [int(logits[0].argmax()), int(logits[1].argmax())]
     alone = sample_tokens(logits[2:], params[2:], [torch.Generator().manual_seed(7)]).tolist()
     assert alone == got[2:]
+
+
+# ---------------------------------------------------------------- issue 37: a sampling fault fails its row alone
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 9e-6], ids=["1e-40", "1e-30", "9e-6"])
+def test_temperature_below_greedy_threshold_is_greedy(temperature):
+    """A temperature below GREEDY_BELOW (1e-5, vLLM's rule) is greedy: logits / 1e-40 would overflow to
+    inf and softmax to NaN; instead the row takes its argmax, alone or batched with a sampled row."""
+    from stallfree.engine.sampling import GREEDY_BELOW, sample_tokens
+
+    assert GREEDY_BELOW == 1e-5 and SamplingParams(temperature=temperature).greedy
+    assert not SamplingParams(temperature=1e-5).greedy
+    torch.manual_seed(3)
+    logits = torch.randn(2, 49152) * 10
+    params = [SamplingParams(temperature=temperature), SamplingParams(temperature=0.7, seed=1)]
+    got = sample_tokens(logits, params, [None, torch.Generator().manual_seed(1)]).tolist()
+    assert got[0] == int(logits[0].argmax())
+    assert 0 <= got[1] < 49152
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_non_finite_row_gets_no_token_and_the_others_are_unchanged(greedy):
+    """A row whose logits hold NaN or inf gets NO_TOKEN (-1), greedy or sampled; the other rows get the
+    tokens they get without it (a seeded row the same token)."""
+    from stallfree.engine.sampling import NO_TOKEN, sample_tokens
+
+    torch.manual_seed(5)
+    logits = torch.randn(3, 100)
+    bad = logits.clone()
+    bad[1, 7] = float("nan")
+    bad[2, 9] = float("inf")
+    temp = 0 if greedy else 0.9
+    params = [SamplingParams(temperature=0.8, seed=11)] + [SamplingParams(temperature=temp, seed=2)] * 2
+    gens = lambda: [torch.Generator().manual_seed(11), torch.Generator().manual_seed(2),  # noqa: E731
+                    torch.Generator().manual_seed(2)]
+    got = sample_tokens(bad, params, gens()).tolist()
+    assert got[1:] == [NO_TOKEN, NO_TOKEN]
+    assert got[0] == sample_tokens(logits[:1], params[:1], gens()[:1]).tolist()[0]

@@ -125,9 +125,13 @@ class FakeEngine:
         self.step_time_s = step_time_s
         self.eos_after = eos_after
         self.fail_next_steps = 0  # set by tests: the next N steps raise FakeStepError
+        # Set by tests: a request whose params this is true of fails its own sampling (as LLMEngine ends a
+        # request whose logits are not finite: aborted, one output with finish_reason "error").
+        self.fail_sampling: Callable[[FakeSamplingParams], bool] | None = None
         self.added: list[Hashable] = []
         self.priorities: dict[Hashable, int] = {}
         self.params: dict[Hashable, FakeSamplingParams] = {}
+        self.salts: dict[Hashable, str] = {}
         self.aborted: list[Hashable] = []
         self.num_steps = 0
         self._seqs: dict[Hashable, _Seq] = {}
@@ -193,9 +197,11 @@ class FakeEngine:
     # ------------------------------------------------------------------ requests
 
     def add_request(
-        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0
+        self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0,
+        cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit."""
+        """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit.
+        `cache_salt` is recorded in `salts` (the fake has no prefix cache)."""
         with self._guard():
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             if not ids:
@@ -207,6 +213,8 @@ class FakeEngine:
             self.added.append(rid)
             self.priorities[rid] = priority
             self.params[rid] = params
+            if cache_salt is not None:
+                self.salts[rid] = cache_salt
 
     def abort(self, rid: Hashable) -> None:
         """Abort a request; its KV is released now, or at the end of the step in flight."""
@@ -241,12 +249,19 @@ class FakeEngine:
             self._pending = None
             # Requests aborted while the plan was in flight are still in it; they sample nothing.
             sampled = {r: self._next_token(self._seqs[r]) for r in plan.sampled_rids if r in self._seqs}
+            failed = [r for r in sampled if self.fail_sampling is not None and self.fail_sampling(self._seqs[r].params)]
+            for rid in failed:
+                del sampled[rid]
+                self.scheduler.abort(rid)  # takes effect at complete(), as in LLMEngine
             stopped = [rid for rid, tok in sampled.items() if self._is_stop_token(self._seqs[rid], tok)]
             for rid, tok in sampled.items():
                 self._seqs[rid].generated.append(tok)
             stopped += [r for r in sampled if r not in stopped and self._hit_stop_string(self._seqs[r])]
             emitted = self.scheduler.complete(plan, stopped)
-            return self._outputs(emitted, set(stopped))
+            errors = [RequestOutput(rid, [], "", True, "error", len(self._seqs[rid].prompt),
+                                    len(self._seqs.pop(rid).generated), error="injected sampling failure")
+                      for rid in failed]
+            return errors + self._outputs(emitted, set(stopped))
 
     def _outputs(self, emitted: Sequence[Hashable], stopped: set[Hashable]) -> list[RequestOutput]:
         finished = self.scheduler.last_finished

@@ -85,3 +85,27 @@ def test_real_openai_client_stream(engine):
                 text += choice.delta.content or ""
         assert text == whole.choices[0].message.content and text
         assert httpx.get(srv.url + "/metrics", timeout=WAIT_S).status_code == 200
+
+
+def test_underflowing_temperature_is_greedy_beside_a_stream(engine):
+    """Issue 37: temperature 1e-40 (it overflowed the logits and failed the whole step with a 500 for every
+    request in it) is greedy on both routes, while a stream in the same steps gets all its tokens."""
+    import asyncio
+
+    async def go():
+        async with asgi_client(engine, sampling_params_cls=None) as c:
+            greedy = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+            want = (await c.post("/v1/completions", json=greedy)).json()["choices"][0]["text"]
+            live = c.post("/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 12,
+                                                   "ignore_eos": True, "stream": True})
+            tiny = c.post("/v1/completions", json={**greedy, "temperature": 1e-40})
+            chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                        "max_tokens": 2, "temperature": 1e-40})
+            live_r, tiny_r, chat_r = await asyncio.gather(live, tiny, chat)
+            assert (tiny_r.status_code, chat_r.status_code) == (200, 200)
+            assert tiny_r.json()["choices"][0]["text"] == want
+            events = sse_events(live_r.text)
+            assert events[-2]["choices"][0]["finish_reason"] == "length"
+            assert not any("error" in e for e in events[:-1])
+
+    run(go())

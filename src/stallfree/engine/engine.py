@@ -10,6 +10,7 @@ chunked prefill (Sarathi-Serve, OSDI'24).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -32,7 +33,8 @@ from stallfree.engine.errors import (
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
-from stallfree.engine.sampling import SamplingParams, sample_tokens
+from stallfree.engine.sampling import NO_TOKEN, SamplingParams, sample_tokens
+from stallfree.engine.stops import StopMatcher
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
 
@@ -58,7 +60,7 @@ class _Seq:
     """The engine's record of one live request: its tokens, text and sampler. Engine-owned."""
 
     __slots__ = ("rid", "params", "token_ids", "num_prompt", "num_generated", "detok", "text",
-                 "emitted", "hold", "cut", "generator", "aborted", "cached")
+                 "emitted", "hold", "cut", "generator", "aborted", "cached", "stops")
 
     def __init__(self, rid: Hashable, ids: list[int], params: SamplingParams, tok: Tokenizer,
                  generator: torch.Generator | None) -> None:
@@ -73,6 +75,7 @@ class _Seq:
         # Characters held back so a stop string split across steps is never partly returned.
         self.hold = max((len(s) for s in params.stop), default=1) - 1
         self.cut = False  # a stop string was found and the text cut before it
+        self.stops = StopMatcher(params.stop) if params.stop else None  # one pass over the text, any number of stops
         self.generator = generator
         self.aborted = False
         self.cached: int | None = None  # prefix caching: prompt tokens hit at the first admission
@@ -169,13 +172,53 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
                      **opts)
 
 
-def _max_token_chars(tokenizer: Tokenizer) -> int:
-    """The most characters any token of `tokenizer` decodes to (at least 1), from its vocabulary strings:
-    a byte-level token's string has one character per byte, so this bounds the decoded characters too."""
-    longest = 1
+def salt_block_hashes(hashes: Sequence[int], salt: str) -> tuple[int, ...]:
+    """Mix `salt` into each of a prompt's chained block hashes (hash_blocks), for vLLM's cache_salt.
+
+    Salted hash i is the first 16 bytes of SHA-256 over "stallfree-cache-salt", SHA-256(salt as UTF-8)
+    and unsalted hash i (16 bytes, little endian), read as an unsigned integer: equal salts and prefixes
+    give equal hashes; different salts, or a salt and none, give different ones (up to a 2**-128
+    collision chance), so they share no cached block. Mixing in here, rather than seeding the chain,
+    keeps stallfree.core's hash_blocks unchanged.
+
+    Args:
+        hashes: hash_blocks' output, integers in [0, 2**128).
+        salt: a non-empty string (UTF-8 encodable; a lone surrogate is encoded as surrogatepass).
+
+    Returns:
+        One salted hash per block, integers in [0, 2**128).
+    """
+    key = hashlib.sha256(salt.encode("utf-8", "surrogatepass")).digest()
+    out = []
+    for h in hashes:
+        d = hashlib.sha256(b"stallfree-cache-salt" + key + int(h).to_bytes(16, "little")).digest()
+        out.append(int.from_bytes(d[:16], "little"))
+    return tuple(out)
+
+
+def _sample_rows_alone(logits: torch.Tensor, params: Sequence[SamplingParams],
+                       gens: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """Sample each row on its own after sample_tokens raised for the batch: a row that raises again
+    gets NO_TOKEN (its request fails), every other row its token. Shapes: logits [S, V] -> [S] int64 (CPU)."""
+    out = []
+    for i in range(logits.shape[0]):
+        try:
+            out.append(int(sample_tokens(logits[i : i + 1], params[i : i + 1], gens[i : i + 1])[0]))
+        except Exception:  # noqa: BLE001 - this row is at fault; it alone fails
+            out.append(NO_TOKEN)
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def _max_token_chars(tokenizer: Tokenizer) -> tuple[int, int]:
+    """The most characters any token of `tokenizer` decodes to (at least 1), and the most ASCII letters and
+    digits in any one token (at least 1), from its vocabulary strings: a byte-level token's string has one
+    character per byte (ASCII letters and digits stand for themselves), so both bound the decoded text."""
+    longest = alnum = 1
     for i in range(tokenizer.vocab_size):
-        longest = max(longest, len(tokenizer.token_str(i)))
-    return longest
+        piece = tokenizer.token_str(i)
+        longest = max(longest, len(piece))
+        alnum = max(alnum, sum(c.isascii() and c.isalnum() for c in piece))
+    return longest, alnum
 
 
 class LLMEngine:
@@ -277,9 +320,10 @@ class LLMEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
+        max_chars, max_alnum = _max_token_chars(tokenizer)
         self._info = EngineInfo(
             model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
-            max_token_chars=_max_token_chars(tokenizer), token_budget=int(scheduler.token_budget),
+            max_token_chars=max_chars, max_token_alnum=max_alnum, token_budget=int(scheduler.token_budget),
             max_seqs=int(scheduler.max_seqs), kv_total_tokens=int(scheduler.kv_total),
             num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy, device=str(model.device),
@@ -461,7 +505,7 @@ class LLMEngine:
 
     def add_request(
         self, rid: Hashable, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-        priority: int | None = None,
+        priority: int | None = None, cache_salt: str | None = None,
     ) -> None:
         """Queue a request.
 
@@ -471,10 +515,14 @@ class LLMEngine:
             params: sampling parameters (default SamplingParams()).
             priority: the request's priority (lower is more urgent); None takes params.priority. It
                 has an effect only under scheduling_policy "priority".
+            cache_salt: with prefix caching, a string mixed into every block hash of the prompt (vLLM's
+                cache_salt): requests share cached blocks only when their salts are equal (None is its
+                own salt, the unsalted hashes), so different salts share nothing.
 
         Raises:
             InvalidPrompt: the prompt is empty, not text or ids, holds an id outside the
-                vocabulary, or rid is live; or priority is not an integer.
+                vocabulary, or rid is live; or priority is not an integer; or cache_salt is not a
+                non-empty string.
             ContextLengthExceeded: prompt tokens + max_tokens > max_model_len.
             RequestRejected: the KV cache can never hold prompt + max_tokens tokens.
             Nothing is queued when any of these is raised.
@@ -488,6 +536,8 @@ class LLMEngine:
             priority = params.priority
         elif isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidPrompt(f"priority must be an integer, got {priority!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise InvalidPrompt(f"cache_salt must be a non-empty string, got {cache_salt!r:.80}")
         ids = self._prompt_ids(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
@@ -503,6 +553,8 @@ class LLMEngine:
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         try:
             hashes = hash_blocks(ids, self.block_size) if self.enable_prefix_caching else None
+            if hashes is not None and cache_salt is not None:
+                hashes = salt_block_hashes(hashes, cache_salt)
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
                                        arrival=time.monotonic(), block_hashes=hashes))
         except CoreRequestRejected as exc:
@@ -571,7 +623,10 @@ class LLMEngine:
 
         Returns:
             One RequestOutput per request that emitted a token this step, in batch order
-            (aborted requests emit nothing).
+            (aborted requests emit nothing). A request whose own sampling failed (its logits or
+            probabilities are not finite, or sampling its row alone raised) is aborted, its KV
+            released, and gets one last output with no token, finish_reason "error" and `error`
+            saying why; the other requests of the step go on as if it had not been there.
 
         Raises:
             StepFailed: building the batch, the forward pass or sampling raised (the cause is
@@ -591,13 +646,18 @@ class LLMEngine:
             raise StepFailed(f"step {plan.step} failed ({type(exc).__name__}: {exc}); its plan "
                              "will be retried by the next step()", rids) from exc
         self._pending = None
+        failed = [seq for seq, tok in zip(samplers, tokens, strict=True) if tok == NO_TOKEN]
+        for seq in failed:
+            self.scheduler.abort(seq.rid)  # in the plan in flight: it takes effect at complete()
         stopped = [seq.rid for seq, tok in zip(samplers, tokens, strict=True)
-                   if self._append(seq, tok)]
+                   if tok != NO_TOKEN and self._append(seq, tok)]
         self.scheduler.complete(plan, stopped)
         finished = self.scheduler.last_finished
-        outputs = []
+        outputs = [self._failed_output(seq) for seq in failed]
         stop_set = set(stopped)
         for seq, tok in zip(samplers, tokens, strict=True):
+            if tok == NO_TOKEN:
+                continue
             reason = finished.get(seq.rid)
             if reason is FinishReason.ABORT:
                 continue
@@ -626,10 +686,21 @@ class LLMEngine:
         batch, rids, rows = built
         samplers.extend(self._seqs[rid] for rid in rids)
         logits = self.model.forward(batch, self.kv)
-        tokens = sample_tokens(logits, [s.params for s in samplers],
-                               [s.generator for s in samplers]).cpu()  # the step's one copy back
-        self._builder.record(rows, tokens)
+        params, gens = [s.params for s in samplers], [s.generator for s in samplers]
+        try:
+            tokens = sample_tokens(logits, params, gens).cpu()  # the step's one copy back
+        except Exception:  # noqa: BLE001 - find the rows at fault: they fail alone, never the step
+            tokens = _sample_rows_alone(logits, params, gens)
+        self._builder.record(rows, tokens.clamp(min=0))
         return tokens.tolist()  # type: ignore[no-any-return]
+
+    def _failed_output(self, seq: _Seq) -> RequestOutput:
+        """The last output of a request whose sampling failed (finish_reason "error", no token)."""
+        why = ("sampling failed for this request (its logits or probabilities were not finite, "
+               f"or sampling raised); temperature={seq.params.temperature}, top_p={seq.params.top_p}, "
+               f"top_k={seq.params.top_k}, min_p={seq.params.min_p}")
+        return RequestOutput(seq.rid, [], "", True, "error", seq.num_prompt, seq.num_generated,
+                             seq.cached, error=why)
 
     def _append(self, seq: _Seq, tok: int) -> bool:
         """Record a sampled token and its text; return True when it ends the request (stop)."""
@@ -638,10 +709,10 @@ class LLMEngine:
         p = seq.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_token_ids):
             return True
-        seq.text += seq.detok.push(tok)
-        if p.stop:
-            cut = min((i for i in (seq.text.find(s, seq.emitted) for s in p.stop) if i >= 0),
-                      default=-1)
+        new = seq.detok.push(tok)
+        seq.text += new
+        if seq.stops is not None:
+            cut = seq.stops.feed(new)
             if cut >= 0:
                 seq.text = seq.text[:cut]
                 seq.cut = True
@@ -650,11 +721,11 @@ class LLMEngine:
 
     def _output(self, seq: _Seq, tok: int, reason: FinishReason | None) -> RequestOutput:
         if reason is not None and not seq.cut:
-            seq.text += seq.detok.flush()
-            if seq.params.stop:
-                cut = min((i for i in (seq.text.find(s, seq.emitted) for s in seq.params.stop)
-                           if i >= 0), default=len(seq.text))
-                seq.text = seq.text[:cut]
+            rest = seq.detok.flush()
+            seq.text += rest
+            if seq.stops is not None:
+                cut = seq.stops.feed(rest)
+                seq.text = seq.text[:cut] if cut >= 0 else seq.text
         end = len(seq.text) if reason is not None else max(seq.emitted, len(seq.text) - seq.hold)
         text = seq.text[seq.emitted:end]
         seq.emitted = end

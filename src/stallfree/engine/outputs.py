@@ -24,11 +24,13 @@ class RequestOutput:
         text: the new text of this step; never ends inside a multi-byte character, excludes stop
             strings and the text of EOS / stop tokens, and may be "" while text is held back.
         finished: the request ended this step.
-        finish_reason: "stop" (EOS, a stop token or string), "length" (max_tokens) or None.
+        finish_reason: "stop" (EOS, a stop token or string), "length" (max_tokens), "error" (this
+            request's sampling failed; it alone ended, with no token) or None.
         num_prompt_tokens: the prompt's length, in tokens.
         num_generated: tokens generated so far, this step's included.
         num_cached_tokens: with prefix caching, the prompt tokens found cached at the request's first
             admission (OpenAI's usage.prompt_tokens_details.cached_tokens); None without caching.
+        error: why the request failed, when finish_reason is "error"; None otherwise.
     """
 
     rid: Hashable
@@ -39,6 +41,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_generated: int
     num_cached_tokens: int | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,9 @@ class EngineInfo:
         scheduling_policy: "fcfs" (a request's priority has no effect) or "priority".
         device: the torch device the model runs on, e.g. "cpu" or "cuda:0".
         dtype: the model's dtype, e.g. "float32".
+        max_token_alnum: the most ASCII letters and digits one token decodes to; a text with more than
+            max_model_len * max_token_alnum of them cannot fit the context either (a tighter bound for
+            text without spaces); 0 when not known.
     """
 
     model_name: str
@@ -77,6 +83,7 @@ class EngineInfo:
     scheduling_policy: str
     device: str = "cpu"
     dtype: str = "float32"
+    max_token_alnum: int = 0
 
 
 @dataclass(frozen=True, slots=True)

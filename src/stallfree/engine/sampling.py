@@ -15,7 +15,15 @@ import torch
 
 from stallfree.engine.errors import InvalidSamplingParams
 
-__all__ = ["SamplingParams", "greedy_tokens", "sample_one", "sample_tokens"]
+__all__ = ["GREEDY_BELOW", "NO_TOKEN", "SamplingParams", "greedy_tokens", "sample_one", "sample_tokens"]
+
+#: Temperatures below this are sampled greedily (argmax), as in vLLM (its _SAMPLING_EPS, 1e-5): dividing
+#: float32 logits by a smaller temperature overflows them to inf for any logit gap above about 1e33 * t,
+#: and softmax of inf is NaN. Below 1e-5 a temperature keeps only the argmax anyway for any gap over
+#: about 1e-3 (exp(-1e-3 / 1e-5) = exp(-100)), so the rule changes the distribution by under e**-100.
+GREEDY_BELOW = 1e-5
+#: The token sample_tokens returns for a row it cannot sample (non-finite logits or probabilities).
+NO_TOKEN = -1
 
 
 def _is_int(v: object) -> bool:
@@ -32,7 +40,9 @@ class SamplingParams:
 
     Args:
         max_tokens: the most tokens to generate, >= 1.
-        temperature: 0 for greedy (argmax); otherwise logits are divided by it, 0 <= t <= 2.
+        temperature: 0 for greedy (argmax); otherwise logits are divided by it, 0 <= t <= 2. A
+            temperature below GREEDY_BELOW (1e-5) is greedy too (vLLM's rule), so that no positive
+            temperature, however small (1e-40), overflows the logits.
         top_p: keep the smallest set of tokens whose probability sums to >= top_p, 0 < p <= 1.
         top_k: keep the k most likely tokens; -1 (or 0) keeps all.
         min_p: drop tokens less likely than min_p times the most likely one, 0 <= m <= 1.
@@ -90,8 +100,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when sampling is argmax (temperature 0)."""
-        return self.temperature == 0
+        """True when sampling is argmax: temperature 0, or below GREEDY_BELOW (1e-5)."""
+        return self.temperature < GREEDY_BELOW
 
 
 def sample_one(
@@ -105,7 +115,7 @@ def sample_one(
         generator: the request's random generator (seeded if params.seed is set).
 
     Returns:
-        The token id; argmax (lowest id on a tie) when params.temperature == 0.
+        The token id; argmax (lowest id on a tie) when params.greedy (temperature < 1e-5).
     """
     if params.greedy:
         return int(torch.argmax(logits))
@@ -141,6 +151,10 @@ def sample_tokens(
     one uniform number from its own generator, so a seeded request samples the same tokens alone
     or batched (its row's arithmetic does not depend on the other rows).
 
+    A row that cannot be sampled gets NO_TOKEN (-1) and leaves the other rows as they would be alone:
+    a row whose logits hold NaN or inf (the model's output, greedy or not), or whose filtered
+    probabilities do not sum to a finite positive number. The caller fails that row's request only.
+
     Shapes: logits [S, V] float32; returns [S] int64 on logits' device.
 
     Args:
@@ -148,6 +162,9 @@ def sample_tokens(
         generators: each row's generator (None: torch's default one).
     """
     out = torch.argmax(logits, dim=-1)
+    # A row holding NaN or inf sums to NaN or inf (finite logits are far too small to overflow a sum):
+    # one reduction, not a [S, V] mask.
+    out = out.masked_fill(~torch.isfinite(logits.float().sum(dim=-1)), NO_TOKEN)
     idx = [i for i, p in enumerate(params) if not p.greedy]
     if not idx:
         return out
@@ -172,5 +189,7 @@ def sample_tokens(
     # A pick past the last kept token (rounding at u close to 1) falls back to the last kept one.
     kept = (probs > 0).sum(dim=-1, keepdim=True) - 1
     pick = torch.minimum(pick, kept)
-    out[rows] = order.gather(1, pick).squeeze(1)
+    total = cdf[:, -1]
+    ok = torch.isfinite(total) & (total > 0) & (kept[:, 0] >= 0) & (out[rows] != NO_TOKEN)
+    out[rows] = torch.where(ok, order.gather(1, pick.clamp(min=0)).squeeze(1), NO_TOKEN)
     return out

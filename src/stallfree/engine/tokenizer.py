@@ -85,8 +85,13 @@ class Tokenizer:
         return self._tok.id_to_token(token_id) or ""
 
     def encode(self, text: str) -> list[int]:
-        """Return the token ids of `text`; special-token strings in it become their single ids."""
-        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        """Return the token ids of `text`; special-token strings in it become their single ids.
+
+        Tokenizes through encode_batch, which gives the same ids as encode but releases the GIL while
+        it works: a 663,000-character prompt took 0.66 s either way, and through encode every other
+        Python thread (the server's event loop and step loop) stood still for all of it.
+        """
+        ids: list[int] = self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if self.add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids.insert(0, self.bos_token_id)
         return ids

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
+from stallfree.server.body import BodyError, BodyLimits, check_framing, min_tokens
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
@@ -54,6 +56,11 @@ class ServerConfig:
         max_request_bytes: the largest request body, in bytes; a larger one is answered 413 before it is
             parsed. Default 2 MiB: a 128k-token prompt of English text is about 0.5 MB as text, or about
             0.9 MB as a JSON list of token ids (about 7 bytes per id), so this leaves twice that room.
+        prefix_cache_isolation: "none" (default): requests share cached prompt prefixes unless they
+            send different `cache_salt` values (vLLM's field); "salt": every completion request must
+            send a cache_salt (a 400 otherwise), so that a multi-tenant server never shares KV, nor
+            tells through usage.prompt_tokens_details.cached_tokens, across tenants that do not share
+            a salt (docs/server.md, "Prefix caching and the side channel").
     """
 
     served_model_names: tuple[str, ...] = ()
@@ -62,6 +69,18 @@ class ServerConfig:
     log_interval_s: float = 10.0
     sampling_params_cls: Any = None
     max_request_bytes: int = 2 * 1024 * 1024
+    prefix_cache_isolation: str = "none"
+
+
+#: The values of ServerConfig.prefix_cache_isolation (and of serve --prefix-cache-isolation).
+PREFIX_CACHE_ISOLATION = ("none", "salt")
+
+
+def _error_response(body: dict[str, Any], status: int, headers: dict[str, str] | None) -> Response:
+    """An error object as JSON with every non-ASCII character escaped, so that any text it quotes (a lone
+    surrogate included) encodes: an error answer is never itself a plain-text 500."""
+    content = json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return Response(content, status_code=status, headers=headers, media_type="application/json")
 
 
 def _sampling_params_cls(config: ServerConfig) -> Any:
@@ -83,6 +102,10 @@ class _State:
         self.metrics = ServerMetrics(self.names[0])
         self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics)
         self.params_cls = _sampling_params_cls(config)
+        self.limits = BodyLimits(max_prompt_tokens=self.info.max_model_len)
+        if config.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
+            raise ValueError(f"prefix_cache_isolation must be one of {list(PREFIX_CACHE_ISOLATION)}, got "
+                             f"{config.prefix_cache_isolation!r}")
         self.created = int(time.time())
 
 
@@ -110,18 +133,28 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     app.state.server = state
 
     @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def _api_error(request: Request, exc: ApiError) -> Response:
+        return _error_response(exc.body(), exc.status, exc.headers)
+
+    @app.exception_handler(BodyError)
+    async def _body_error(request: Request, exc: BodyError) -> Response:
+        return _error_response(ApiError.from_body_error(exc).body(), exc.status, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> Response:
+        # A bug on some input: the client still gets an error object (logged here), never plain text.
+        logger.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+        err = ApiError(500, f"internal server error ({type(exc).__name__}); the server log has the details")
+        return _error_response(err.body(), 500, None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # An unknown route (404) or method (405) gets OpenAI's error object too, not {"detail": ...}.
         if exc.status_code == 404:
             msg = f"unknown route {request.method} {request.url.path}; this server serves " + ", ".join(_ROUTES)
         else:
             msg = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(ApiError(exc.status_code, msg).body(), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return _error_response(ApiError(exc.status_code, msg).body(), exc.status_code, getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -147,12 +180,14 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     # worker thread, so that one large request never stalls the event loop (every stream's next token).
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
+        check_framing(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
         req, ids = await asyncio.to_thread(_prepare_completion, state, raw)
         return await _serve(state, request, req, ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
+        check_framing(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
         req, ids = await asyncio.to_thread(_prepare_chat, state, raw)
         return await _serve(state, request, req, ids, chat=True)
@@ -194,11 +229,18 @@ _DRAIN_FACTOR = 16
 
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, or ApiError(413) as soon as it is known to exceed `limit` bytes (from the
-    Content-Length header before reading anything, or while reading a body sent without one)."""
+    Content-Length header before reading anything, or while reading a body sent without one).
+
+    A client that sent `Expect: 100-continue` and declared too large a body gets its 413 before any
+    `100 Continue` (the server sends that only when the body is first read), and the connection closes:
+    RFC 9110 section 10.1.1 lets a server answer a final status instead, so the body is never sent.
+    """
     declared = request.headers.get("content-length")
     too_big = ApiError(413, f"the request body is larger than the server's limit of {limit} bytes "
                        "(--max-request-bytes)", code="request_too_large")
     if declared is not None and declared.isdigit() and int(declared) > limit:
+        if "100-continue" in request.headers.get("expect", "").lower():
+            raise ApiError(413, too_big.message, code="request_too_large", headers={"Connection": "close"})
         if int(declared) <= _DRAIN_FACTOR * limit:
             async for _ in request.stream():
                 pass
@@ -215,34 +257,40 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def _prepare_completion(state: _State, raw: bytes) -> tuple[Any, list[int]]:
     """Parse a completion body and tokenize its prompt (in a worker thread)."""
-    req = parse_request(raw, CompletionRequest)
+    req = parse_request(raw, CompletionRequest, state.limits)
     _check_model(state, req.model)
     return req, _completion_prompt_ids(state, req.prompt)
 
 
 def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
     """Parse a chat body, render its messages with the chat template and tokenize (in a worker thread)."""
-    req = parse_request(raw, ChatCompletionRequest)
+    req = parse_request(raw, ChatCompletionRequest, state.limits)
     _check_model(state, req.model)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    # The template's cost grows with the text: refuse, before rendering, a text that cannot fit.
+    _check_text_length(state, "".join(m["content"] for m in messages), "messages")
     try:
         text = state.engine.apply_chat_template(messages)
     except (ValueError, TypeError, KeyError) as exc:
         raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
-    _check_text_length(state, len(text), "messages")
+    _check_text_length(state, text, "messages")
     return req, _encode(state.engine, text, "messages")
 
 
-def _check_text_length(state: _State, num_chars: int, where: str) -> None:
+def _check_text_length(state: _State, text: str, where: str) -> None:
     """Refuse, without tokenizing, a text too long to fit the context whatever its tokens: each token
-    decodes to at most info.max_token_chars characters."""
+    decodes to at most info.max_token_chars characters, and to at most info.max_token_alnum ASCII
+    letters and digits (body.min_tokens)."""
     info = state.info
-    if num_chars > info.max_model_len * info.max_token_chars:
+    alnum = getattr(info, "max_token_alnum", 0)
+    bound = min_tokens(text, info.max_token_chars, alnum)
+    if bound > info.max_model_len:
+        per = f"at most {info.max_token_chars} characters" + (f" and {alnum} ASCII letters or digits" if alnum else "")
         raise ApiError(
             400,
             f"This model's maximum context length is {info.max_model_len} tokens. However, the {where} "
-            f"holds {num_chars} characters, more than {info.max_model_len} tokens can spell (at most "
-            f"{info.max_token_chars} characters per token). Please reduce the length of the {where}.",
+            f"holds {len(text)} characters, at least {bound} tokens ({per} per token). Please reduce "
+            f"the length of the {where}.",
             where, code="context_length_exceeded",
         )
 
@@ -281,7 +329,7 @@ def _completion_prompt_ids(state: _State, prompt: Any) -> list[int]:
                            "request per prompt", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        _check_text_length(state, len(prompt), "prompt")
+        _check_text_length(state, prompt, "prompt")
         ids = _encode(state.engine, prompt, "prompt")
     else:
         ids = list(prompt)
@@ -361,10 +409,15 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
         raise ApiError(400, f"priority={req.priority}: this server schedules first come, first served "
                        f"(--scheduling-policy {state.info.scheduling_policy}); only priority 0 is accepted; "
                        "start it with --scheduling-policy priority to use priorities", "priority")
+    if req.cache_salt is None and state.config.prefix_cache_isolation == "salt":
+        raise ApiError(400, "cache_salt: this server keeps prefix caches apart (--prefix-cache-isolation salt); "
+                       "every request must send a cache_salt (a non-empty string; requests share cached "
+                       "prefixes only with requests of the same salt)", "cache_salt")
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    salt = {} if req.cache_salt is None else {"cache_salt": req.cache_salt}
     try:
         stream = await state.async_engine.add_request(rid, ids, params, num_prompt_tokens=len(ids),
-                                                      max_tokens=max_tokens, priority=req.priority)
+                                                      max_tokens=max_tokens, priority=req.priority, **salt)
     except QueueFull as exc:
         raise ApiError(429, str(exc), code="queue_full") from None
     except EngineDead as exc:

@@ -29,6 +29,7 @@ __all__ = [
     "AsyncEngine",
     "EngineDead",
     "QueueFull",
+    "RequestFailed",
     "RequestRecord",
     "RequestStream",
     "StepFailed",
@@ -44,6 +45,11 @@ _MAX_CONSECUTIVE_FAILURES = 3
 
 class QueueFull(StallfreeError):
     """max_waiting requests will wait already and this one would too; it was not queued (HTTP 429)."""
+
+
+class RequestFailed(StepFailed):
+    """One request failed in the engine while the step went on (its output had finish_reason "error",
+    e.g. its sampling failed); a StepFailed, so routes answer it as they answer a failed step (500)."""
 
 
 class EngineDead(StallfreeError, RuntimeError):
@@ -94,6 +100,7 @@ class _Pending:
     num_prompt_tokens: int
     max_tokens: int
     future: asyncio.Future[None]
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -106,7 +113,8 @@ class RequestStream:
     """An async iterator over one request's RequestOutput objects; it ends after the finished one.
 
     Raises (from iteration):
-        StepFailed: a step that held this request raised.
+        StepFailed: a step that held this request raised, or (RequestFailed) the engine failed this
+            request alone.
         EngineDead: the engine loop stopped before the request finished.
 
     Leaving the iteration early (break, cancellation, a client disconnect) aborts the request.
@@ -249,7 +257,7 @@ class AsyncEngine:
 
     async def add_request(
         self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, max_tokens: int = 0,
-        priority: int = 0,
+        priority: int = 0, cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request for the next step boundary; return its stream once the engine accepted it.
 
@@ -260,6 +268,7 @@ class AsyncEngine:
             num_prompt_tokens: prompt length in tokens (for metrics, and whether it will wait).
             max_tokens: its max_tokens (whether it will wait: the KV it needs).
             priority: passed to engine.add_request.
+            cache_salt: passed to engine.add_request (its prefix-cache salt) when not None.
 
         Raises:
             QueueFull: max_waiting requests will wait already and this one would too; nothing was queued.
@@ -282,7 +291,8 @@ class AsyncEngine:
         assert self._wake is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens)
-        self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future)
+        self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future,
+                                      cache_salt)
         live = _Live(record)
         self._live[rid] = live
         self._wake.set()
@@ -373,7 +383,8 @@ class AsyncEngine:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             try:
-                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority)
+                salt = {} if p.cache_salt is None else {"cache_salt": p.cache_salt}
+                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority, **salt)
             except Exception as exc:  # noqa: BLE001 - the handler turns it into an HTTP error
                 self._live.pop(p.rid, None)
                 if not p.future.done():
@@ -435,6 +446,13 @@ class AsyncEngine:
                     rec.first_token_time = now
                 rec.last_token_time = now
             rec.num_generated = out.num_generated
+            if out.finished and out.finish_reason == "error":
+                # This request alone failed in the engine (its sampling): an error to it, not to the step.
+                self._added.discard(out.rid)
+                self._end(out.rid, "error", now)
+                live.queue.put_nowait(RequestFailed(getattr(out, "error", None) or "the request failed",
+                                                    (out.rid,)))
+                continue
             live.queue.put_nowait(out)
             if out.finished:
                 self._added.discard(out.rid)

@@ -78,6 +78,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-request-bytes", type=positive_int, default=2 * 1024 * 1024,
                    help="largest request body in bytes; larger ones are answered 413 before parsing "
                    "(default 2 MiB, room for a 128k-token prompt)")
+    p.add_argument("--prefix-cache-isolation", choices=("none", "salt"), default="none",
+                   help="none (default): requests share cached prompt prefixes unless they send different "
+                   "cache_salt values; salt: every request must send a cache_salt, so that tenants who do not "
+                   "share a salt share no KV and cannot learn each other's prompts from cached_tokens "
+                   "(docs/server.md)")
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N or mps")
@@ -173,6 +178,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         log_interval_s=args.log_interval,
         max_request_bytes=args.max_request_bytes,
+        prefix_cache_isolation=args.prefix_cache_isolation,
     )
     app = create_app(engine, config)
     install_ops(app, ops)

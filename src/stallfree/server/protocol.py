@@ -4,18 +4,19 @@ Validation is strict: a wrong type is an error (no "5" for 5), an unknown field 
 OpenAI field we do not implement (n > 1, best_of, logprobs, penalties, ...) is accepted only at its
 neutral value, so nothing a client asks for is silently ignored.
 
-Imports allowed: the standard library, pydantic and stallfree.core.errors (stdlib only).
+Imports allowed: the standard library, pydantic, stallfree.core.errors (stdlib only) and
+stallfree.server.body (the checks before validation).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stallfree.core.errors import StallfreeError
+from stallfree.server.body import BodyError, check_sizes, decode_json, short_repr
 
 __all__ = [
     "ApiError",
@@ -37,6 +38,7 @@ class ApiError(StallfreeError):
         param: the request field at fault, or None.
         err_type: OpenAI's error type ("invalid_request_error", ...).
         code: OpenAI's error code (e.g. "context_length_exceeded"), or None.
+        headers: response headers to send with it (e.g. Connection: close), or None.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class ApiError(StallfreeError):
         param: str | None = None,
         err_type: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -53,6 +56,12 @@ class ApiError(StallfreeError):
         self.param = param
         self.err_type = err_type or _default_type(status)
         self.code = code
+        self.headers = headers
+
+    @classmethod
+    def from_body_error(cls, exc: BodyError) -> ApiError:
+        """The ApiError of a refusal by stallfree.server.body (same status, message, param, code, headers)."""
+        return cls(exc.status, exc.message, exc.param, code=exc.code, headers=exc.headers)
 
     def body(self) -> dict[str, Any]:
         """The JSON body: {"error": {"message", "type", "param", "code"}}."""
@@ -96,15 +105,17 @@ class _SamplingFields(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None  # body.MAX_STOP strings
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     user: str | None = None
     # vLLM's extras
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=256)  # body.MAX_STOP_TOKEN_IDS
     priority: int = 0
+    # vLLM's: mixed into the prefix-cache block hashes, so requests with different salts share no KV.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     # OpenAI/vLLM fields we do not implement: accepted only at their neutral values (see _UNSUPPORTED).
     n: int = 1
     best_of: int | None = None
@@ -134,7 +145,8 @@ class ChatMessage(_Strict):
     """One chat message; content is a string or a list of text parts."""
 
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[_TextPart]
+    content: str | Annotated[list[_TextPart], Field(max_length=64)]  # body.MAX_CONTENT_PARTS parts
+    # Accepted only as null: the chat template has no place for a participant's name (parse_request).
     name: str | None = None
 
     def text(self) -> str:
@@ -147,7 +159,7 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions: messages rendered by the model's chat template."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)  # body.MAX_MESSAGES
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -182,25 +194,30 @@ _UNSUPPORTED: dict[str, tuple[Any, str]] = {
 }
 
 
-def parse_request(raw: bytes, model_cls: type[_SamplingFields]) -> Any:
+def parse_request(raw: bytes, model_cls: type[_SamplingFields], limits: Any = None) -> Any:
     """Parse and validate a JSON body into `model_cls`.
+
+    The body is decoded as strict UTF-8 and its lists and objects are measured first
+    (stallfree.server.body: decode_json, check_sizes), so that the full validation never runs on
+    inputs that would make it slow; only the first validation error is reported (with the number of
+    others), and a value is quoted back at most 60 characters long.
+
+    Args:
+        limits: the engine's body.BodyLimits (the longest prompt token list), or None.
 
     Returns:
         The validated request object.
 
     Raises:
-        ApiError(400): malformed JSON, a body that is not an object, a wrong type, a value out of
-            range, an unknown field, or an unsupported feature at a non-neutral value; `param`
-            names the field.
+        ApiError(400): a body that is not UTF-8 JSON, not an object, or over a length limit; a wrong
+            type, a value out of range, an unknown field, or an unsupported feature at a non-neutral
+            value; `param` names the field.
     """
     try:
-        data = json.loads(raw)
-    except RecursionError:
-        raise ApiError(400, "malformed JSON in the request body: nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer with too many digits
-        raise ApiError(400, f"malformed JSON in the request body: {exc}") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, f"the request body must be a JSON object, got {type(data).__name__}")
+        data = decode_json(raw, None if limits is None else limits.max_values)
+        check_sizes(data, limits)
+    except BodyError as exc:
+        raise ApiError.from_body_error(exc) from None
     # Lone surrogates can only come from \uD800-\uDFFF escapes (raw bytes are decoded strictly).
     bad = _first_unencodable(data, "") if _SURROGATE_ESCAPE.search(raw) else None
     if bad is not None:
@@ -210,12 +227,12 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields]) -> Any:
     try:
         req = model_cls.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        param = _param_of(err["loc"])
-        got = err.get("input")
-        if err["type"] == "extra_forbidden":
-            raise ApiError(400, f"{param}: unknown or unsupported field", param) from None
-        raise ApiError(400, f"{param}: {err['msg']} (got {got!r})", param) from None
+        raise _validation_error(exc) from None
+    if isinstance(req, ChatCompletionRequest):
+        named = next((i for i, m in enumerate(req.messages) if m.name is not None), None)
+        if named is not None:
+            raise ApiError(400, f"messages[{named}].name: not supported (the chat template has no place for a "
+                           "participant's name); leave it out or put it in the content", "messages")
     for name, (ok, why) in _UNSUPPORTED.items():
         if name in req.model_fields_set and not ok(getattr(req, name)):
             raise ApiError(400, f"{name}={getattr(req, name)!r}: {why}", name)
@@ -228,6 +245,40 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields]) -> Any:
         # An empty stop string would match at once: refused, whether alone ("") or in a list ([""]).
         raise ApiError(400, f"stop must hold non-empty strings, got {req.stop!r}", "stop")
     return req
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    """The 400 for a pydantic error: the most specific of its first errors (the deepest location, so
+    a wrong list item rather than "not a string" from the first branch of a union), how many others
+    there are, and the value quoted at most 60 characters long."""
+    errors = exc.errors(include_url=False)[:_ERRORS_READ]
+    first = errors[0]
+    field = first["loc"][:1]
+    err = max((e for e in errors if e["loc"][:1] == field), key=lambda e: len(e["loc"]))
+    param = _param_of(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return ApiError(400, f"{param}: unknown or unsupported field", param)
+    branches = [str(e["loc"][1]) for e in errors if e["loc"][:1] == field and len(e["loc"]) == 2]
+    if len(err["loc"]) == 2 and len(branches) > 1:  # the value fits no branch of a union: name them all
+        msg = f"{param}: should be one of: {', '.join(_type_name(b) for b in branches)}"
+    else:
+        msg = f"{param}: {err['msg']}"
+    more = exc.error_count() - 1
+    tail = f"; and {more} more error{'s' if more > 1 else ''}" if more > 0 else ""
+    return ApiError(400, f"{msg} (got {short_repr(err.get('input'))}){tail}", param)
+
+
+# Only the first few of a ValidationError's errors are read (building the dicts costs per error).
+_ERRORS_READ = 8
+
+
+def _type_name(tag: str) -> str:
+    """A pydantic union-branch tag as a JSON type: 'str' -> 'a string', 'list[int]' -> 'a list of integers'."""
+    names = {"str": "a string", "int": "an integer", "float": "a number", "bool": "a boolean",
+             "list[int]": "a list of integers", "list[str]": "a list of strings",
+             "list[list[int]]": "a list of lists of integers", "list[_TextPart]": "a list of text parts",
+             "dict[str,float]": "an object of numbers", "StreamOptions": "an object"}
+    return names.get(tag.replace(" ", ""), tag)
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
