@@ -214,7 +214,7 @@ def test_chunked_beats_prefill_first_on_p99_tpot_on_the_bundled_trace():
     The window is the trace's busiest stretch (its minutes 25 to 31.7, about 3,000 requests), so the
     test stays fast and still sees the load that the whole trace puts on the replica.
     """
-    from stallfree.sim.cli import DEFAULT_RATE_SCALE, default_cost_model
+    from stallfree.sim.setup import DEFAULT_RATE_SCALE, default_cost_model
     from stallfree.sim.workload import load_bundled
 
     cost, kv = default_cost_model()
