@@ -251,7 +251,7 @@ class InvariantChecker:
         sh = self._reqs[rid]
         if s.policy != "priority" or s.aging_interval is None:
             return (sh.req.priority if s.policy == "priority" else 0, sh.order)
-        waited = s._now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
+        waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
         return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
 
     def _queue_order(self) -> list[Hashable]:
@@ -496,7 +496,7 @@ class InvariantChecker:
                 st = s.request_state(rid)
                 want = RequestStatus.PREEMPTED if sh.preemptions else RequestStatus.WAITING
                 if (st.status is not want or st.num_preemptions != sh.preemptions or st.num_prefilled
-                        or st.num_generated != sh.generated or (self._paged and s._block_table(rid))):
+                        or st.num_generated != sh.generated or (self._paged and _table(s, rid))):
                     self._fail("waiting state", f"{st}")
 
     def _apply(
@@ -592,7 +592,7 @@ class _ReserveRules:
             chk._fail("free list", f"ids {free}")
         for rid in chk._running:
             sh = chk._reqs[rid]
-            table = s._block_table(rid)
+            table = _table(s, rid)
             want = -(-sh.computed // bs)
             if len(table) != want or len(table) * bs > s.kv_needed(sh.req):
                 chk._fail("reserve: blocks cover the computed tokens", f"rid {rid!r}: {table} for {sh.computed} "
@@ -663,7 +663,7 @@ class _PagedRules:
         if len(seen) != len(free) or len(free) != s.num_free_blocks:
             chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}")
         for rid in chk._running:
-            table = s._block_table(rid)
+            table = _table(s, rid)
             if len(table) != chk._reqs[rid].blocks:
                 chk._fail("block table", f"rid {rid!r}: {table}, expected {chk._reqs[rid].blocks} blocks")
             if seen.intersection(table) or len(set(table)) != len(table):
@@ -683,15 +683,15 @@ class _CacheRules:
     def snapshot(chk: InvariantChecker) -> None:
         """Before a schedule(): free blocks, evictable ids and every running table."""
         s = chk.scheduler
-        cache = s._pkv.cache
+        cache = s.prefix_cache
         assert cache is not None
-        chk._pre_tables = {rid: s._block_table(rid) for rid in chk._running}
+        chk._pre_tables = {rid: _table(s, rid) for rid in chk._running}
         chk._pre_free = s.num_free_blocks
         evq = list(cache.evictable_ids())
         chk._pre_evictable = set(evq)
         # The hashes of the blocks the step may evict, in eviction order (nothing is cached during a
         # step, so the cache during it is the cache after it plus what the step evicted).
-        chk._evq_hashes = list(map(cache._hash_of.__getitem__, evq))  # read only
+        chk._evq_hashes = list(map(cache.hash_of.__getitem__, evq))  # read only
         chk._view = None
         chk._evq, chk._evq_pos = evq, 0
         chk._raw = s.num_free_blocks - len(evq) + cache.num_promised
@@ -718,16 +718,16 @@ class _CacheRules:
     @staticmethod
     def lost(chk: InvariantChecker) -> list[int]:
         """Positions in the snapshot's evictable list of the blocks that no longer hold their hash."""
-        cache = chk.scheduler._pkv.cache
+        cache = chk.scheduler.prefix_cache
         assert cache is not None
-        changed = map(operator.ne, map(cache._hash_of.get, chk._evq), chk._evq_hashes)
+        changed = map(operator.ne, map(cache.hash_of.get, chk._evq), chk._evq_hashes)
         return list(itertools.compress(range(len(chk._evq)), changed))
 
     @staticmethod
     def check_evictions(chk: InvariantChecker) -> None:
         """After schedule() (before any table is read): exactly the blocks the view evicted lost their
         hash. Skipped in a step that preempted (victims' blocks return mid-step; nothing is admitted)."""
-        cache = chk.scheduler._pkv.cache
+        cache = chk.scheduler.prefix_cache
         assert cache is not None
         # Only evictable blocks can be evicted; held ones are checked by check() (hits keep their hash).
         lost = {chk._evq[i] for i in _CacheRules.lost(chk)}
@@ -742,7 +742,7 @@ class _CacheRules:
         the blocks cached when the step was planned are those cached after it and the evictable ones
         that lost their hash in it; of these, the ones the checker's own eviction model (`take`) had
         evicted by this point in the step are gone."""
-        cache = chk.scheduler._pkv.cache
+        cache = chk.scheduler.prefix_cache
         assert cache is not None
         if chk._view is None:  # hash -> block of the evictable blocks that lost their hash in the step
             lost = _CacheRules.lost(chk)
@@ -778,19 +778,19 @@ class _CacheRules:
     def check(chk: InvariantChecker) -> int:
         """Every block in one state; reference counts; hits still cached. Returns the held blocks."""
         s = chk.scheduler
-        cache = s._pkv.cache
+        cache = s.prefix_cache
         assert cache is not None
         free = s.free_block_ids()  # materializes every table
         evictable = set(cache.evictable_ids())
         # The pool's per-block state, read only; whole-set operations keep this O(blocks) check cheap
         # enough to run after every call.
-        hash_of = cache._hash_of
-        refs = cache._refs
+        hash_of = cache.hash_of
+        refs = cache.ref_counts
         held: Counter[int] = Counter()
         bs = s.block_size or 1
         for rid in chk._running:
             sh = chk._reqs[rid]
-            table = s._block_table(rid)
+            table = _table(s, rid)
             if len(table) != sh.blocks:
                 chk._fail("block table", f"rid {rid!r}: {table}, expected {sh.blocks} blocks")
             if len(set(table)) != len(table):
@@ -821,13 +821,20 @@ class _CacheRules:
                       f"(block, refs, tables): {wrong}")
         if held and (min(held) < 0 or max(held) >= s.num_blocks):
             chk._fail("block id range", f"held {sorted(held)}")
-        cached = cache._cached
+        cached = cache.block_of
         if refs.keys() != hash_of.keys() or len(cached) != len(hash_of) or list(
                 map(hash_of.get, cached.values())) != list(cached.keys()):
-            chk._fail("cache map", f"{len(cache._cached)} hashes, {len(hash_of)} cached blocks, {len(refs)} counted")
-        if cache.num_cached != len(cache._cached) or s.num_evictable_blocks != len(evictable):
-            chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache._cached)} hashes")
+            chk._fail("cache map", f"{len(cache.block_of)} hashes, {len(hash_of)} cached blocks, {len(refs)} counted")
+        if cache.num_cached != len(cache.block_of) or s.num_evictable_blocks != len(evictable):
+            chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache.block_of)} hashes")
         return len(held)
+
+
+def _table(s: Scheduler, rid: Hashable) -> tuple[int, ...]:
+    """The block table of live `rid`, through the scheduler's public block_table."""
+    fn = s.block_table
+    assert fn is not None
+    return fn(rid)
 
 
 #: The paged checker's former names: the one checker checks both KV policies.
