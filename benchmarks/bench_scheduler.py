@@ -218,7 +218,8 @@ def against(old_src: str, running: list[int], steps: int, repeat: int, mixed: bo
         for r in range(repeat):
             for copy in ("new", "old") if r % 2 == 0 else ("old", "new"):
                 env = dict(os.environ, BENCH_SRC=copies[copy], PYTHONPATH=copies[copy])
-                cmd = [sys.executable, __file__, "--emit-medians", "--running", str(n), "--steps", str(steps)]
+                cmd = [sys.executable, __file__, "--emit-medians", "--running", str(n), "--steps", str(steps),
+                       "--clock", CLOCK[0]]
                 out = subprocess.run(cmd + (["--mixed"] if mixed else []), env=env, check=True,
                                      capture_output=True, text=True).stdout
                 for kind, us in json.loads(out.strip().splitlines()[-1]).items():

@@ -506,25 +506,16 @@ class Scheduler(RequestLifecycle):
         return True
 
     def _victim_for(self, obj: LiveRequest) -> LiveRequest:
-        """The running request preempted so that `obj` gets a block: among those admitted after it,
-        the newest (fcfs), or the least urgent, newest first among equals (priority); else itself."""
-        recs = self._decodes.recs
-        if self._multi:
-            return self._victim_multi(obj, recs + self._partials)
-        if self.policy != "priority":
-            # Decodes join in admission order and nothing is admitted behind a partial prefill, so
-            # the newest running request is the partial prefill, else the last decode.
-            newest = self._prefilling if self._prefilling is not None else recs[-1]
-            return newest if newest.admit_seq > obj.admit_seq else obj
-        running = recs + ([self._prefilling] if self._prefilling is not None else [])
-        later = [o for o in running if o.admit_seq > obj.admit_seq]
-        if not later:
-            return obj
-        return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
+        """The running request preempted so that `obj` gets a block (the victim rule over every running
+        request: the decodes and the partial prefills)."""
+        running = self._decodes.recs + (
+            self._partials if self._multi else [self._prefilling] if self._prefilling is not None else [])
+        return self._victim(obj, running)
 
-    def _victim_multi(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest:
-        """K > 1: among the running requests admitted after `obj`, the newest (fcfs) or the least
-        urgent, newest first among equals (priority); else `obj` itself."""
+    def _victim(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest:
+        """The one victim rule: among `running` those admitted after `obj`, the newest (fcfs) or the
+        least urgent, newest first among equals (priority); `obj` itself when there is none. So the
+        oldest running request is never a victim and every run ends."""
         later = [o for o in running if o.admit_seq > obj.admit_seq]
         if not later:
             return obj
@@ -675,10 +666,10 @@ class Scheduler(RequestLifecycle):
         (the victim rule among them); False (no chunk this step) when they do not suffice."""
         kv = self._kv
         while not kv.grow(obj, tokens, self._step):
-            later = [o for o in partials if o.status is _PREFILLING and o.admit_seq > obj.admit_seq]
-            if not later:
+            victim = self._victim(obj, [o for o in partials if o.status is _PREFILLING])
+            if victim is obj:
                 return False
-            self._preempt(self._victim_multi(obj, later), self._step, victims)
+            self._preempt(victim, self._step, victims)
         return True
 
     def _admit_multi(
