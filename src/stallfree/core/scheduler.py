@@ -3,10 +3,11 @@ then strict admission in queue order; its KV policy (reservation or paged blocks
 
 Imports allowed: the standard library and stallfree.core only.
 
-Longer than the ~400-line guide (about 600 lines, a third of them docstrings): the three contract
-phases, the one preemption method and the complete() hooks of both KV policies read best together; the
-policies' own accounting is in core/kv.py, the decode bookkeeping in core/live.py, the option hooks in
-core/policies.py and the shared add/abort/complete in core/lifecycle.py.
+Longer than the ~400-line guide (about 730 lines, a third of them docstrings): the decode phase, the one
+victim rule and preemption, and the complete() hooks read best together. The KV policies are behind the
+KVManager protocol in core/kv.py, the prefill phases are strategies in core/prefill.py, the decode
+bookkeeping is in core/live.py, the option hooks in core/policies.py and the shared add/abort/complete
+in core/lifecycle.py.
 
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
 iteration-level scheduling (Orca, Yu et al., OSDI'22); paged KV and preemption by recompute
@@ -30,6 +31,7 @@ from stallfree.core.policies import (
     build_policies,
     check_partial_prefills,
 )
+from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillRule, StepBudget
 from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["KV_POLICIES", "PagedScheduler", "Scheduler"]
@@ -188,6 +190,11 @@ class Scheduler(RequestLifecycle):
             )
         )
         self._multi = self.max_num_partial_prefills > 1
+        self._prefill: PrefillRule = OnePartialPrefill()
+        if self._multi:
+            assert self.long_prefill_token_threshold is not None
+            self._prefill = PartialPrefills(
+                self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold)
         self._partials: list[LiveRequest] = []  # K > 1: the prompts in prefill, admission order
         if block_size is not None and (
             kv_tokens < block_size or (self.align_chunks and token_budget < block_size)
@@ -403,17 +410,9 @@ class Scheduler(RequestLifecycle):
         victims: list[LiveRequest] = []
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step, victims)
         prefills: list[ScheduledChunk] = []
-        admitted: tuple[Hashable, ...] = ()
-        if self._multi:
-            admitted = self._schedule_multi(budget - used, prefills, victims, used > 0)
-            if victims:
-                self._requeue(victims)
-        else:
-            left = self._schedule_partial_prefill(budget - used, prefills, victims)
-            if victims:
-                self._requeue(victims)
-            else:
-                admitted = self._admit(left, prefills)
+        admitted = self._prefill.plan(self, StepBudget(budget - used), prefills, victims, used > 0)
+        if victims:
+            self._requeue(victims)
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -558,49 +557,6 @@ class Scheduler(RequestLifecycle):
         tokens = tuple(costs[i] for i in chosen)
         return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
 
-    def _schedule_partial_prefill(self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest]) -> int:
-        """Contract step 2: the rest of the prompt started in an earlier step, up to `left` tokens."""
-        obj = self._prefilling
-        if obj is None or left <= 0:
-            return left
-        done = obj.num_prefilled
-        rest = obj.target - done
-        n = self._chunking.chunk(rest, left)
-        if n and not self._grow(obj, done + n, self._step, victims):
-            return left  # it was its own victim: nothing was admitted after it
-        if n:
-            if obj.num_preemptions:
-                self.num_recomputed_tokens += n
-            out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
-        # A prompt that does not finish this step keeps what is left (less than a block when chunks are
-        # block-aligned): admitting behind it would let a newer prompt reach its first token first.
-        return left - n if n == rest else 0
-
-    def _admit(self, left: int, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
-        """Contract step 3: admission in queue order; the first head that does not fit stops it."""
-        waiting = self._waiting
-        if not len(waiting):
-            return ()
-        admitted: list[Hashable] = []
-        kv = self._kv
-        while left > 0 and len(waiting):
-            obj: LiveRequest | None = waiting.head()
-            if obj is None or self._num_running >= self.max_seqs:
-                break
-            # A cached prefix (none without caching) is pinned; the prefill starts after it.
-            start, hits = kv.lookup(obj)
-            n = self._chunking.chunk(obj.target - start, left)
-            if n == 0 or not self._kv_admits(obj, n, hits):  # never a 0-token first chunk
-                break
-            waiting.pop_head()
-            self._take_in(obj, n, hits, start)
-            if obj.num_preemptions:
-                self.num_recomputed_tokens += n
-            out.append(ScheduledChunk(obj.rid, n, True, start, n == obj.target - start))
-            admitted.append(obj.rid)
-            left = left - n if n == obj.target - start else 0  # as for the partial prefill above
-        return tuple(admitted)
-
     def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool:
         """Whether the KV manager admits `obj` with a first chunk of `first_chunk` tokens after its cached
         prefix `hits` (the handle of its lookup)."""
@@ -618,124 +574,8 @@ class Scheduler(RequestLifecycle):
         if obj.admitted_step is None:
             obj.admitted_step = self._step
 
-    def _schedule_multi(
-        self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest], decoding: bool
-    ) -> tuple[Hashable, ...]:
-        """K > 1: the partial prefills, admissions, then the budget left back to the partial prefills
-        (only to the short ones when the step has decodes, `decoding`).
-
-        Returns the admitted rids; `out` gets one chunk per prompt in prefill order.
-        """
-        thr = self.long_prefill_token_threshold
-        assert thr is not None
-        chunking = self._chunking
-        partials = self._partials
-        if self.policy == "priority" and len(partials) > 1:
-            partials = sorted(partials, key=self.priority_key)
-        else:
-            partials = list(partials)
-        # Prompts still partial after this step, and how many of them are long (rest > T at the step's start).
-        num_partial = num_long = 0
-        for obj in partials:
-            if obj.status is not _PREFILLING:
-                continue  # a victim of a decode's block in this step
-            done = obj.num_prefilled
-            rest = obj.target - done
-            n = chunking.chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
-            if n and not self._grow_partial(obj, done + n, partials, victims):
-                n = 0
-            if n:
-                out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
-                left -= n
-            if n != rest:
-                num_partial += 1
-                num_long += rest > thr
-        if victims:
-            live = self._live
-            out[:] = [c for c in out if live[c.rid].status is _PREFILLING]
-            self._count_recomputed(out)
-            return ()
-        admitted, left = self._admit_multi(left, out, num_partial, num_long)
-        self._top_up(left, out, thr if decoding else None)
-        self._count_recomputed(out)
-        return admitted
-
-    def _grow_partial(self, obj: LiveRequest, tokens: int, partials: list[LiveRequest],
-                      victims: list[LiveRequest]) -> bool:
-        """Paged, K > 1: blocks for a partial prefill's chunk, preempting only newer partial prefills
-        (the victim rule among them); False (no chunk this step) when they do not suffice."""
-        kv = self._kv
-        while not kv.grow(obj, tokens, self._step):
-            victim = self._victim(obj, [o for o in partials if o.status is _PREFILLING])
-            if victim is obj:
-                return False
-            self._preempt(victim, self._step, victims)
-        return True
-
-    def _admit_multi(
-        self, left: int, out: list[ScheduledChunk], num_partial: int, num_long: int
-    ) -> tuple[tuple[Hashable, ...], int]:
-        """K > 1 admission in queue order: a long head takes at most T tokens and is passed by the
-        requests behind it while L long prompts are partially prefilled; any other head that does not
-        fit (slot, budget, KV, or a K-th partial prefill) stops admission. Returns (rids, budget left)."""
-        if not len(self._waiting) or left <= 0:
-            return (), left
-        thr = self.long_prefill_token_threshold
-        assert thr is not None
-        kv = self._kv
-        admitted: list[Hashable] = []
-        for obj in self._waiting.in_order():
-            if left <= 0 or self._num_running >= self.max_seqs:
-                break
-            # As with one partial prefill: a cached prefix is kept at admission, the prefill starts
-            # after it, and long or short is judged on the tokens left to compute.
-            start, hits = kv.lookup(obj)
-            rest = obj.target - start
-            is_long = rest > thr
-            if is_long and num_long >= self.max_long_partial_prefills:
-                continue  # the issue's rule: a short prompt may pass a long one only here
-            n = self._chunking.chunk(rest, min(left, thr) if is_long else left)
-            last = n == rest
-            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not self._kv_admits(
-                    obj, n, hits):
-                break
-            self._waiting.remove(obj)
-            self._take_in(obj, n, hits, start)
-            self._partials.append(obj)
-            out.append(ScheduledChunk(obj.rid, n, True, start, last))
-            admitted.append(obj.rid)
-            if not last:
-                num_partial += 1
-                num_long += is_long
-            # A short prompt that does not finish keeps what is left, as under the contract.
-            left = left - n if last or is_long else 0
-        return tuple(admitted), left
-
-    def _top_up(self, left: int, out: list[ScheduledChunk], long_over: int | None) -> None:
-        """The budget left goes to the unfinished chunks in order (paged: only with free blocks;
-        nothing is preempted for it). With `long_over` = T (a step with decodes), a long prompt (more
-        than T tokens to compute at the step's start) gets none: its chunk stays at most T tokens,
-        because a chunk deep into a long prompt attends over its whole prefix and would slow the step
-        every decode in it waits for; without decodes the top-up is work-conserving."""
-        for i, c in enumerate(out):
-            if left <= 0:
-                break
-            if c.is_last:
-                continue
-            obj = self._live[c.rid]
-            if long_over is not None and obj.target - c.start > long_over:
-                continue
-            end = c.start + c.num_tokens
-            rest = obj.target - end
-            n = self._chunking.chunk(rest, left)
-            if n == 0 or not self._kv.grow(obj, end + n, self._step):
-                break
-            out[i] = c._replace(num_tokens=c.num_tokens + n, is_last=n == rest)
-            left -= n
-            if n != rest:
-                break
-
     def _count_recomputed(self, out: list[ScheduledChunk]) -> None:
+        """Count the chunks of requests in a recompute episode (after a preemption) as recomputed."""
         live = self._live
         for c in out:
             if live[c.rid].num_preemptions:
