@@ -3,7 +3,7 @@ then strict admission in queue order; its KV policy (reservation or paged blocks
 
 Imports allowed: the standard library and stallfree.core only.
 
-Longer than the ~400-line guide (about 730 lines, a third of them docstrings): the decode phase, the one
+Longer than the ~400-line guide (about 700 lines, a third of them docstrings): the decode phase, the one
 victim rule and preemption, and the complete() hooks read best together. The KV policies are behind the
 KVManager protocol in core/kv.py, the prefill phases are strategies in core/prefill.py, the decode
 bookkeeping is in core/live.py, the option hooks in core/policies.py and the shared add/abort/complete
@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
-from stallfree.core.kv import KVManager, PrefixCacheView, build_kv_manager, check_watermark
+from stallfree.core.kv import KV_POLICIES, KVManager, PrefixCacheView, build_kv_manager, check_kv_options
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
@@ -35,9 +35,6 @@ from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillRu
 from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["KV_POLICIES", "PagedScheduler", "Scheduler"]
-
-#: The KV policies of Scheduler(kv_policy=...).
-KV_POLICIES = ("reserve", "paged")
 
 _PREFILLING = RequestStatus.PREFILLING
 _DECODING = RequestStatus.DECODING
@@ -156,29 +153,10 @@ class Scheduler(RequestLifecycle):
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
         check_positive_int("kv_tokens", kv_tokens)
-        if kv_policy not in KV_POLICIES:
-            raise InvalidConfig(f"kv_policy must be 'reserve' or 'paged', got {kv_policy!r}")
-        if kv_policy == "paged" and block_size is None:
-            raise InvalidConfig("kv_policy='paged' needs a block_size (tokens per KV block), got None")
-        if align_chunks not in (None, True, False):
-            raise InvalidConfig(f"align_chunks must be None, True or False, got {align_chunks!r}")
-        if align_chunks and block_size is None:
-            raise InvalidConfig("align_chunks=True needs a block_size, got None")
-        self.watermark = check_watermark(watermark)
-        if not isinstance(enable_prefix_caching, bool):
-            raise InvalidConfig(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
-        if enable_prefix_caching and kv_policy != "paged":
-            raise InvalidConfig(
-                f"enable_prefix_caching=True needs kv_policy='paged' (cached blocks are shared block-table "
-                f"entries), got kv_policy={kv_policy!r}"
-            )
-        self.enable_prefix_caching = enable_prefix_caching
-        if block_size is not None:
-            check_positive_int("block_size", block_size)
+        self.align_chunks, self.watermark = check_kv_options(
+            kv_policy, block_size, align_chunks, watermark, enable_prefix_caching)
         self.kv_policy = kv_policy
-        if align_chunks is None:
-            align_chunks = kv_policy == "reserve" and block_size is not None
-        self.align_chunks = align_chunks
+        self.enable_prefix_caching = enable_prefix_caching
         self._chunking, self.policy, self._selection = build_policies(
             block_size if self.align_chunks else None, policy, aging_interval, clock, decode_overflow, num_spec_tokens
         )
