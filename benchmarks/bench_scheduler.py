@@ -1,7 +1,7 @@
 """Microseconds per step of schedule() + complete() with many running decodes.
 
 Usage: python benchmarks/bench_scheduler.py [--steps 3000] [--running 64,256,1024,4096] [--cache [--repeat R]]
-       [--clock wall|thread] [--options] [--mixed] [--cache-scaling]
+       [--clock wall|thread] [--options] [--mixed] [--cache-scaling] [--against OLD_SRC [--repeat R]]
 
 Workload per row: N long decodes kept running, and every 4 steps a new 256-token prompt with max_new 8
 arrives (so admissions, chunks and finishes happen all the time); budget N + 512, max_seqs N + 16.
@@ -19,20 +19,31 @@ side by side, one step of each in turn, so that other jobs on the machine weigh 
 --repeat R runs that pair R times and prints the R ratios and their median. --clock thread times CPU
 time of the thread instead of wall time. --cache-scaling prints only how a lookup and building a pool
 scale (cache_scaling()).
+
+--against OLD_SRC compares this code with another copy of the package (OLD_SRC: the directory holding its
+`stallfree`, e.g. an unpacked `git archive` of an earlier commit): for each --running value it runs the
+reserve, paged and cached rows (paired step by step within a run) R times in each copy, in fresh processes,
+the copies alternating (new, old, old, new, ...), and prints each copy's median over the runs of each row's
+median and the ratio new/old.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+# BENCH_SRC (set by --against for its child runs) names the copy of the package to time.
+SRC = os.environ.get("BENCH_SRC") or str(Path(__file__).resolve().parents[1] / "src")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, SRC)
 
 from baseline_scheduler import ScanScheduler  # noqa: E402
 
@@ -181,6 +192,45 @@ def cache_scaling() -> None:
             print(f"lookup of a {new:>5}-block prompt, {cached:>9,} blocks cached: {t * 1e6:8.1f} us")
 
 
+AGAINST_KINDS = ["stallfree", "paged", "cached"]
+
+
+def _blocks_for(n: int, steps: int) -> int:
+    """Enough blocks for every token of a run: the long requests' 16-token prompts, the warm-up and one
+    token per step, plus a few short requests in flight."""
+    return n * ((16 + 64 + steps) // BLOCK_SIZE + 1) + 64 * (PROMPT + SHORT_MAX_NEW) // BLOCK_SIZE
+
+
+def emit_medians(n: int, steps: int, mixed: bool) -> None:
+    """Print {row: median microseconds} of the reserve, paged and cached rows, paired step by step."""
+    kw = {kind: {"num_blocks": _blocks_for(n, steps)} for kind in ("paged", "cached")}
+    times = run_paired(AGAINST_KINDS, n, steps, mixed, kw)
+    print(json.dumps({kind: statistics.median(t) * 1e6 for kind, t in times.items()}))
+
+
+def against(old_src: str, running: list[int], steps: int, repeat: int, mixed: bool) -> None:
+    """Time this copy and `old_src` in alternating fresh processes; print medians and new/old ratios."""
+    copies = {"new": SRC, "old": str(Path(old_src).resolve())}
+    print(f"new: {copies['new']}\nold: {copies['old']}")
+    print(f"{'running':>8} {'row':>10} {'new_us':>9} {'old_us':>9} {'new/old':>8}  runs (new | old)")
+    for n in running:
+        got: dict[str, dict[str, list[float]]] = {c: {k: [] for k in AGAINST_KINDS} for c in copies}
+        for r in range(repeat):
+            for copy in ("new", "old") if r % 2 == 0 else ("old", "new"):
+                env = dict(os.environ, BENCH_SRC=copies[copy], PYTHONPATH=copies[copy])
+                cmd = [sys.executable, __file__, "--emit-medians", "--running", str(n), "--steps", str(steps),
+                       "--clock", CLOCK[0]]
+                out = subprocess.run(cmd + (["--mixed"] if mixed else []), env=env, check=True,
+                                     capture_output=True, text=True).stdout
+                for kind, us in json.loads(out.strip().splitlines()[-1]).items():
+                    got[copy][kind].append(us)
+        for kind in AGAINST_KINDS:
+            new, old = (statistics.median(got[c][kind]) for c in ("new", "old"))
+            runs = " ".join(f"{x:.0f}" for x in got["new"][kind]) + " | " + " ".join(
+                f"{x:.0f}" for x in got["old"][kind])
+            print(f"{n:>8} {kind:>10} {new:>9.1f} {old:>9.1f} {new / old:>7.2f}x  {runs}")
+
+
 def by_step(times: list[float]) -> str:
     """Medians by the step's place in the 4-step arrival cycle (a prompt arrives at 0 and is prefilled
     in that step; its 8th token, and so its finish and release, comes in the step at 3), and the mean;
@@ -211,18 +261,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --cache: also print each paired row's medians by step type (by_step())")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: time.perf_counter; thread: time.thread_time (CPU time of this thread)")
+    ap.add_argument("--against", metavar="OLD_SRC",
+                    help="compare with another copy of the package (see the module docstring); --repeat runs")
+    ap.add_argument("--emit-medians", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     CLOCK[0] = args.clock
+    running = [int(x) for x in args.running.split(",")]
+    if args.emit_medians:
+        for n in running:
+            emit_medians(n, args.steps, args.mixed)
+        return 0
+    if args.against:
+        against(args.against, running, args.steps, args.repeat, args.mixed)
+        return 0
     if args.cache_scaling:
         cache_scaling()
         return 0
     kinds = ["stallfree", "paged", "scan"] + ([k for k in OPTIONS if k != "stallfree"] if args.options else [])
     kinds += ["cached"] if args.cache else []
     print(f"{'running':>8} {'impl':>10} {'median_us':>10} {'p99_us':>10} {'vs scan':>8} {'vs default':>10}")
-    for n in [int(x) for x in args.running.split(",")]:
-        # Enough blocks for every token of the run: the long requests' 16-token prompts, the warm-up
-        # and one token per step, plus a few short requests in flight.
-        blocks = n * ((16 + 64 + args.steps) // BLOCK_SIZE + 1) + 64 * (PROMPT + SHORT_MAX_NEW) // BLOCK_SIZE
+    for n in running:
+        blocks = _blocks_for(n, args.steps)
         kw = {kind: {"num_blocks": blocks} for kind in ("paged", "cached")}
         rows = {kind: summarize(run(kind, n, args.steps, args.mixed, **kw.get(kind, {})))
                 for kind in kinds if kind not in ("paged", "cached")}

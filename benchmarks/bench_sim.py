@@ -14,8 +14,8 @@ import argparse
 import time
 
 from stallfree.sim import BATCHING_MODES, SchedulerConfig, load_bundled, simulate
-from stallfree.sim.cli import DEFAULT_RATE_SCALE, default_cost_model
 from stallfree.sim.report import summarize_result
+from stallfree.sim.setup import DEFAULT_RATE_SCALE, default_cost_model
 
 
 def main() -> None:

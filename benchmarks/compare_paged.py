@@ -21,10 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stallfree import PagedScheduler  # noqa: E402
-from stallfree.core.paged_invariants import PagedInvariantChecker  # noqa: E402
+from stallfree.core.invariants import PagedInvariantChecker  # noqa: E402
 from stallfree.sim import SchedulerConfig, load_bundled, simulate  # noqa: E402
-from stallfree.sim.cli import DEFAULT_RATE_SCALE, default_cost_model  # noqa: E402
 from stallfree.sim.report import summarize_result  # noqa: E402
+from stallfree.sim.setup import DEFAULT_RATE_SCALE, default_cost_model  # noqa: E402
 
 ROWS = [
     ("completed", "{:,}"), ("rejected", "{:,}"), ("request_throughput", "{:.2f}"),

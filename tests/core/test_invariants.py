@@ -38,11 +38,11 @@ def test_randomized_simulations_hold_every_invariant_quick(capsys):
 class _SkipsAdmission(Scheduler):
     """A deliberately broken scheduler: it lets a small request jump a blocked head."""
 
-    def _admit(self, left, out):
-        q = self._waiting._q
+    def schedule(self, token_budget=None):
+        q = self._waiting._q  # before admission (the partial prefill does not read the queue)
         if len(q) > 1 and q[0].kv > self.kv_free:
             q.rotate(-1)
-        return super()._admit(left, out)
+        return super().schedule(token_budget)
 
 
 class _LeaksKV(Scheduler):

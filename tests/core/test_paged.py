@@ -21,7 +21,7 @@ from stallfree import (
     Scheduler,
     SchedulerStateError,
 )
-from stallfree.core.paged_invariants import PagedInvariantChecker, PagedInvariantViolation
+from stallfree.core.invariants import PagedInvariantChecker, PagedInvariantViolation
 
 CASES = {c["id"]: c for c in json.loads(
     (Path(__file__).parents[1] / "data" / "public_bug_scenarios.json").read_text())["cases"]}

@@ -133,7 +133,7 @@ def test_evictable_blocks_count_as_free_and_lru_tail_goes_first():
     s.add(hashed(2, list(range(100, 112)), 1, bs=4))
     s.complete(s.schedule())
     assert s.num_evictions == 1
-    cache = s._pkv.cache
+    cache = s._kv.cache
     h1 = hash_blocks(list(range(8)), 4)
     assert cache.cached_block(h1[0]) is not None and cache.cached_block(h1[1]) is None
 
@@ -149,7 +149,7 @@ def test_same_block_filled_twice_in_one_step_keeps_the_first_in_plan_order():
     plan = s._inflight
     b1, b2 = s.block_table(1)[0], s.block_table(2)[0]
     s.complete(plan)
-    cache = s._pkv.cache
+    cache = s._kv.cache
     assert cache.cached_block(hash_blocks(toks, 16)[0]) == b1
     assert cache.hash_of(b2) is None
     assert (s.num_evictable_blocks, s.num_free_blocks) == (1, 64)
@@ -335,7 +335,7 @@ def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
     from stallfree.core.kv import PagedKV
 
     if fault == "no_hits":
-        monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: [])
+        monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: (0, ()))  # never a hit
     else:
         def drop(self, table, keep, hashed):
             self._free.extend(b for b in reversed(table[keep:]) if b not in self._refs)
@@ -371,7 +371,12 @@ def test_the_checkers_own_cache_view_catches_eviction_and_lookup_faults(monkeypa
         monkeypatch.setattr(CachingBlockPool, "_take", newest_first)
     else:
         lookup = PagedKV.lookup
-        monkeypatch.setattr(PagedKV, "lookup", lambda self, rec: lookup(self, rec)[:-1])
+
+        def short(self, rec):  # one block short of the real hit
+            tokens, hits = lookup(self, rec)
+            return (tokens - self.block_size, hits[:-1]) if hits else (tokens, hits)
+
+        monkeypatch.setattr(PagedKV, "lookup", short)
     with pytest.raises(InvariantViolation):
         for seed in range(40):
             random_cached_run(seed)

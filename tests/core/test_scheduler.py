@@ -70,14 +70,20 @@ def test_bad_config_names_field_and_value(field, value):
     ids=["prompt-0", "prompt-neg", "max_new-0", "prompt-bool", "max_new-float", "prompt-str", "prio-float"],
 )
 def test_bad_request_field_rejected_before_queueing(field, value):
-    """A bad Request field raises RequestRejected (a ValueError) naming it, and nothing queued is lost."""
+    """A bad Request field raises RequestRejected (a ValueError) naming it, at construction and again at
+    add() for a Request whose field was set around the constructor; nothing queued is lost."""
+    kw = {"rid": "bad", "prompt_len": 4, "max_new": 3, field: value}
+    with pytest.raises(RequestRejected, match=field):
+        Request(**kw)
     s = make_scheduler()
     s.add(Request("ok", 4, 3))
     before = snapshot(s)
-    kw = {"rid": "bad", "prompt_len": 4, "max_new": 3, field: value}
-    with pytest.raises(ValueError, match=field):
-        s.add(Request(**kw))
+    bad = Request("bad", 4, 3)
+    object.__setattr__(bad, field, value)  # as a deserializer that skips __post_init__ might leave it
+    with pytest.raises(RequestRejected, match=field):
+        s.add(bad)
     assert snapshot(s) == before
+    assert "bad" not in s._live
     assert isinstance(RequestRejected("x"), ValueError)
 
 

@@ -42,9 +42,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(value=bad_counts, field=st.sampled_from(["prompt_len", "max_new"]))
     def add_bad(self, value, field):
         before = self.state()
-        kw = {"rid": -1, "prompt_len": 3, "max_new": 3, field: value}
+        bad = Request(-1, 3, 3)
+        object.__setattr__(bad, field, value)  # around the constructor, so that add() itself must refuse it
         with pytest.raises(ValueError, match=field):
-            self.chk.add(Request(**kw))
+            self.chk.add(bad)
         assert self.state() == before
 
     @rule()

@@ -1,25 +1,27 @@
 """Every server-side check, run against the real engine (the bundled SmolLM2-135M on CPU) and against
 the test fake: both implement the engine's typed view (EngineClient), which is all the server reads.
 
-Skipped when stallfree.engine (torch) or the bundled model is not installed.
+The real half is skipped when stallfree.engine (torch) or the bundled model is not installed; the fake
+half runs without them.
 """
 
 from __future__ import annotations
 
 import pytest
 
+import stallfree.engine as engine_mod  # torch-free until an engine class is read
 from server.fake_engine import FakeEngine, FakeSamplingParams
 from server.helpers import asgi_client, run
 from stallfree.engine.outputs import EngineClient
 
 pytestmark = pytest.mark.slow
 
-engine_mod = pytest.importorskip("stallfree.engine", reason="the engine (torch) is not installed")
 
 
 @pytest.fixture(scope="module")
 def base():
     """One loaded model for the module; engines below share its weights."""
+    pytest.importorskip("torch", reason="the engine (torch) is not installed")
     try:
         return engine_mod.LLMEngine.from_pretrained(None, token_budget=64, max_seqs=4, kv_tokens=2048, device="cpu")
     except engine_mod.EngineError as exc:
@@ -34,8 +36,11 @@ def _real(base, **kw):
 
 
 @pytest.fixture(params=["real", "fake"])
-def make(request, base):
-    """Build an engine of either kind, plus the SamplingParams class its server uses (None: the engine's)."""
+def make(request):
+    """Build an engine of either kind, plus the SamplingParams class its server uses (None: the engine's).
+
+    Only the real kind needs the model (`base`), so the fake kind runs without torch."""
+    base = request.getfixturevalue("base") if request.param == "real" else None
 
     def build(**kw):
         if request.param == "real":

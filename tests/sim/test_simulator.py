@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stallfree import Scheduler
+from stallfree.core.invariants import InvariantViolation
 from stallfree.core.metrics import summarize
 from stallfree.sim import (
     BATCHING_MODES,
@@ -196,10 +198,27 @@ def test_same_seed_same_report():
     assert run(11) != run(12)
 
 
+class _OvercountsFreeKV(Scheduler):
+    """A deliberately broken scheduler: while requests run it reports one token more of free KV than it has."""
+
+    @property
+    def kv_free(self) -> int:
+        return super().kv_free + (1 if self.num_running else 0)
+
+
 def test_check_runs_the_invariant_checker():
-    """check=True runs the core's invariant checker on every step of a real workload."""
-    res = simulate(_random_workload(seed=5, n=100), cfg(budget=128, kv=4000, max_seqs=16), COST, check=True)
+    """check=True runs the core's invariant checker on every step: a correct scheduler passes, and one whose
+    KV accounting is off (which the simulation itself does not notice) raises InvariantViolation."""
+    work = _random_workload(seed=5, n=100)
+    res = simulate(work, cfg(budget=128, kv=4000, max_seqs=16), COST, check=True)
     assert all(f >= 0 for f in res.finish_step)
+
+    def broken() -> Scheduler:
+        return _OvercountsFreeKV(128, 16, 4000)
+
+    assert all(f >= 0 for f in simulate(work, broken, COST).finish_step)  # unnoticed without the checker
+    with pytest.raises(InvariantViolation, match="KV accounting"):
+        simulate(work, broken, COST, check=True)
 
 
 def test_bad_max_tokens_is_rejected():
@@ -214,7 +233,7 @@ def test_chunked_beats_prefill_first_on_p99_tpot_on_the_bundled_trace():
     The window is the trace's busiest stretch (its minutes 25 to 31.7, about 3,000 requests), so the
     test stays fast and still sees the load that the whole trace puts on the replica.
     """
-    from stallfree.sim.cli import DEFAULT_RATE_SCALE, default_cost_model
+    from stallfree.sim.setup import DEFAULT_RATE_SCALE, default_cost_model
     from stallfree.sim.workload import load_bundled
 
     cost, kv = default_cost_model()

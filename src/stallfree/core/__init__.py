@@ -10,11 +10,10 @@ from stallfree.core.errors import (
     SchedulerStateError,
     StallfreeError,
 )
-from stallfree.core.paged import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.prefix_cache import hash_blocks
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
-from stallfree.core.scheduler import Scheduler
+from stallfree.core.scheduler import PagedScheduler, Scheduler
 
 __all__ = [
     "FinishReason",

@@ -7,30 +7,31 @@ InvariantChecker wraps a Scheduler, forwards add / schedule / complete / abort t
 call, compares what it did with a shadow model of its own: plain lists scanned in full, token and
 block counts, no step arithmetic shared with the scheduler. Before each plan is checked the shadow
 works out on its own which decodes run (and, under paged KV, which need a block, who is preempted),
-the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. The
-rules of each KV policy are a part of it: `_ReserveRules` (reservations add up, tables hold the
-computed tokens), `_PagedRules` (blocks cover the tokens, no block in two tables, victims by the
-written rule) and, with prefix caching, `_CacheRules` (each block free-and-empty, evictable-cached, or
-held with a reference count equal to the tables holding it; hits are the longest cached prefix and
-leave the last token to compute; no held block is evicted). It is meant for
-tests and the simulator's --check mode; it costs O(running) per step.
+the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. It reads
+only the scheduler's public, read-only views (request_state, block_table, free_block_ids, prefix_cache,
+now, the counters). This module holds the shadow and the plan rules (budget, decodes, chunks, admission
+order, token counts, request states); the other rule families are modules of their own, working on the
+same shadow: core/invariants_kv.py (`ReserveRules`: reservations add up, tables hold the computed
+tokens; `PagedRules`: blocks cover the tokens, no block in two tables, victims by the written rule),
+core/invariants_cache.py (`CacheRules`, prefix caching: each block free-and-empty, evictable-cached, or
+held with a reference count equal to the tables holding it; hits are the longest cached prefix and leave
+the last token to compute; no held block is evicted) and core/invariants_multi.py (`MultiRules`, several
+partial prefills). It is meant for tests and the simulator's --check mode; it costs O(running) per step.
 
-Longer than the ~400-line guide: it is the merge of the reservation and paged checkers, and its shadow
-must work out every plan on its own (decodes and overflow, blocks and victims, chunks, admissions); split
-across modules, the rules of one step would have to share the shadow's internals.
+Longer than the ~400-line guide: the shadow must work out every plan on its own (decodes and overflow,
+blocks and victims, chunks, admissions), and these steps share its state.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import operator
-from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from stallfree.core.errors import StallfreeError
+from stallfree.core.invariants_cache import CacheRules, block_table
+from stallfree.core.invariants_kv import PagedRules, ReserveRules
+from stallfree.core.invariants_multi import MultiRules
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request, RequestStatus
 from stallfree.core.scheduler import Scheduler
@@ -198,7 +199,7 @@ class InvariantChecker:
         """Forward schedule() and compare the plan with the shadow's own."""
         s = self.scheduler
         if self._caching:
-            _CacheRules.snapshot(self)
+            CacheRules.snapshot(self)
         plan = s.schedule() if token_budget is None else s.schedule(token_budget)
         self._plan = plan
         self._check_plan(plan)
@@ -251,7 +252,7 @@ class InvariantChecker:
         sh = self._reqs[rid]
         if s.policy != "priority" or s.aging_interval is None:
             return (sh.req.priority if s.policy == "priority" else 0, sh.order)
-        waited = s._now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
+        waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
         return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
 
     def _queue_order(self) -> list[Hashable]:
@@ -282,7 +283,7 @@ class InvariantChecker:
             # Decodes take their blocks during schedule() with speculative tokens or when they overflow
             # the budget; otherwise they are promised (ids handed out when a table is read).
             takes = self._caching and (bool(s.num_spec_tokens) or len(self._ready) > budget)
-            free = _PagedRules.grow_decodes(self, chosen, costs, free, victims, takes)
+            free = PagedRules.grow_decodes(self, chosen, costs, free, victims, takes)
         decodes = tuple(r for r in chosen if self._reqs[r].running)
         if plan.decode_rids != decodes:
             self._fail("decodes", f"got {plan.decode_rids}, expected {decodes}")
@@ -294,7 +295,7 @@ class InvariantChecker:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
         if s.max_num_partial_prefills > 1:
-            chunks, admitted = _MultiRules.prefills(self, left, free, victims, bool(decodes))
+            chunks, admitted = MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
             chunks, left, free = self._partial_chunk(left, free, victims)
             admitted = self._admissions(left, free, chunks) if not victims else []
@@ -304,7 +305,7 @@ class InvariantChecker:
         if got != chunks:
             self._fail("prefill chunks (rid, tokens, start, is_last)", f"got {got}, expected {chunks}")
         if self._caching and not victims:
-            _CacheRules.check_evictions(self)
+            CacheRules.check_evictions(self)
         expected_victims = tuple(sorted(victims, key=lambda r: self._reqs[r].order))
         if plan.admitted != tuple(admitted) or plan.preempted != expected_victims:
             self._fail("admitted / preempted", f"got {plan.admitted} / {plan.preempted}, expected "
@@ -315,7 +316,7 @@ class InvariantChecker:
                 self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")
         partials = [c for c in plan.prefills if not c.is_last]
         if s.max_num_partial_prefills > 1:
-            _MultiRules.check_counts(self, plan)
+            MultiRules.check_counts(self, plan)
         elif len(partials) > 1 or (partials and partials[-1] is not plan.prefills[-1]):
             self._fail("one partial prefill", f"{plan.prefills}")
         if oldest is not None and self._reqs[oldest].running and not self._in_plan(oldest, plan) and (
@@ -403,7 +404,7 @@ class InvariantChecker:
                 return chunks, left, free
             free -= need
             sh.blocks += need
-            _CacheRules.take(self, need)
+            CacheRules.take(self, need)
         if n:
             chunks.append((rid, n, sh.prefilled, n == rest))
         return chunks, (left - n if n == rest else 0), free
@@ -416,7 +417,7 @@ class InvariantChecker:
         pinned = self._pinned
         for rid in self._queue_order():
             sh = self._reqs[rid]
-            hits = _CacheRules.hits(self, sh) if self._caching else []
+            hits = CacheRules.hits(self, sh) if self._caching else []
             h = len(hits)
             start = h * (s.block_size or 1)
             n = self._chunk(sh.target - start, left)
@@ -452,7 +453,7 @@ class InvariantChecker:
             sh.hit = h
             sh.prefilled = start
             pinned.update(hits)  # pinned first, then the blocks after the hit are taken
-            _CacheRules.take(self, sh.blocks - h)
+            CacheRules.take(self, sh.blocks - h)
         else:
             if reserved + s.kv_needed(sh.req) > s.kv_total:
                 return False, free, reserved
@@ -473,9 +474,9 @@ class InvariantChecker:
         if len(self._running) > s.max_seqs:
             self._fail("slots", f"{len(self._running)} running > max_seqs {s.max_seqs}")
         if self._paged:
-            _PagedRules.check(self, scheduled)
+            PagedRules.check(self, scheduled)
         else:
-            _ReserveRules.check(self, scheduled)
+            ReserveRules.check(self, scheduled)
         for rid in self._running:
             sh = reqs[rid]
             st = s.request_state(rid)
@@ -496,7 +497,7 @@ class InvariantChecker:
                 st = s.request_state(rid)
                 want = RequestStatus.PREEMPTED if sh.preemptions else RequestStatus.WAITING
                 if (st.status is not want or st.num_preemptions != sh.preemptions or st.num_prefilled
-                        or st.num_generated != sh.generated or (self._paged and s._block_table(rid))):
+                        or st.num_generated != sh.generated or (self._paged and block_table(s, rid))):
                     self._fail("waiting state", f"{st}")
 
     def _apply(
@@ -568,404 +569,6 @@ class InvariantChecker:
             self._partial = None
 
 
-class _ReserveRules:
-    """The reservation policy's part of the checker."""
-
-    @staticmethod
-    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
-        s = chk.scheduler
-        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running)
-        if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
-            chk._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.kv_total} - {reserved}")
-        if scheduled is None and s.block_size is not None and chk._calls % chk.table_every == 0:
-            _ReserveRules.check_block_ids(chk)
-
-    @staticmethod
-    def check_block_ids(chk: InvariantChecker) -> None:
-        """Between steps, each running request's table holds exactly the blocks of its computed tokens,
-        no more than its reservation's; no block is in two tables or both in a table and free."""
-        s = chk.scheduler
-        bs = s.block_size or 1
-        free = s.free_block_ids()
-        seen = set(free)
-        if len(seen) != len(free):
-            chk._fail("free list", f"ids {free}")
-        for rid in chk._running:
-            sh = chk._reqs[rid]
-            table = s._block_table(rid)
-            want = -(-sh.computed // bs)
-            if len(table) != want or len(table) * bs > s.kv_needed(sh.req):
-                chk._fail("reserve: blocks cover the computed tokens", f"rid {rid!r}: {table} for {sh.computed} "
-                          f"tokens, reservation {s.kv_needed(sh.req)}")
-            if seen.intersection(table) or len(set(table)) != len(table):
-                chk._fail("block in two places", f"rid {rid!r}: {table}")
-            if table and (min(table) < 0 or max(table) * bs >= s.kv_total):
-                chk._fail("block id range", f"rid {rid!r}: {table}")
-            seen.update(table)
-        if len(seen) * bs != s.kv_total:
-            chk._fail("every block accounted for", f"{len(seen)} of {s.kv_total // bs}")
-
-
-class _PagedRules:
-    """The paged policy's part of the checker: blocks of decodes and victims, block accounting and ids."""
-
-    @staticmethod
-    def grow_decodes(
-        chk: InvariantChecker, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable],
-        takes: bool = False,
-    ) -> int:
-        """Each chosen decode, oldest first, takes the blocks of its tokens, preempting by the victim
-        rule (itself when none may be preempted for it) while none are free; returns the free blocks."""
-        for rid in chosen:
-            sh = chk._reqs[rid]
-            if not sh.running:
-                continue  # a victim of an older decode
-            need = chk._blocks(sh.computed + costs[rid]) - sh.blocks
-            while need > free:
-                victim = chk._victim_for(rid)
-                free += _CacheRules.freed_by(chk, victim) if chk._caching else chk._reqs[victim].blocks
-                chk._preempt(victim, victims)
-                if victim == rid:
-                    break
-            else:
-                free -= max(need, 0)
-                sh.blocks += max(need, 0)
-                if takes:
-                    _CacheRules.take(chk, need)
-        return free
-
-    @staticmethod
-    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
-        s = chk.scheduler
-        reqs = chk._reqs
-        used = sum(reqs[r].blocks for r in chk._running)
-        if chk._caching:
-            used = _CacheRules.check(chk)  # distinct held blocks
-        if used + s.num_free_blocks != s.num_blocks or s.num_used_blocks != used:
-            chk._fail("free + used == num_blocks", f"{s.num_free_blocks} + {used} != {s.num_blocks}")
-        bs = s.block_size or 1
-        if s.kv_free != s.num_free_blocks * bs or s.kv_total != s.num_blocks * bs:
-            chk._fail("kv_free in tokens", f"{s.kv_free} for {s.num_free_blocks} blocks of {s.block_size}")
-        if scheduled is None:
-            for rid in chk._running:
-                sh = reqs[rid]
-                if sh.blocks != chk._blocks(sh.computed):
-                    chk._fail("blocks cover the computed tokens", f"rid {rid!r}: {sh.blocks} for {sh.computed}")
-        if chk._calls % chk.table_every == 0 and not chk._caching:
-            _PagedRules.check_block_ids(chk)
-
-    @staticmethod
-    def check_block_ids(chk: InvariantChecker) -> None:
-        """Materialize every block table and check the ids: each block in exactly one place."""
-        s = chk.scheduler
-        free = s.free_block_ids()
-        seen = set(free)
-        if len(seen) != len(free) or len(free) != s.num_free_blocks:
-            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}")
-        for rid in chk._running:
-            table = s._block_table(rid)
-            if len(table) != chk._reqs[rid].blocks:
-                chk._fail("block table", f"rid {rid!r}: {table}, expected {chk._reqs[rid].blocks} blocks")
-            if seen.intersection(table) or len(set(table)) != len(table):
-                chk._fail("block in two places", f"rid {rid!r}: {table}")
-            if table and (min(table) < 0 or max(table) >= s.num_blocks):
-                chk._fail("block id range", f"rid {rid!r}: {table}")
-            seen.update(table)
-        if len(seen) != s.num_blocks:
-            chk._fail("every block accounted for", f"{len(seen)} of {s.num_blocks}")
-
-
-
-class _CacheRules:
-    """Prefix caching's part of the checker (paged KV with enable_prefix_caching=True)."""
-
-    @staticmethod
-    def snapshot(chk: InvariantChecker) -> None:
-        """Before a schedule(): free blocks, evictable ids and every running table."""
-        s = chk.scheduler
-        cache = s._pkv.cache
-        assert cache is not None
-        chk._pre_tables = {rid: s._block_table(rid) for rid in chk._running}
-        chk._pre_free = s.num_free_blocks
-        evq = list(cache.evictable_ids())
-        chk._pre_evictable = set(evq)
-        # The hashes of the blocks the step may evict, in eviction order (nothing is cached during a
-        # step, so the cache during it is the cache after it plus what the step evicted).
-        chk._evq_hashes = list(map(cache._hash_of.__getitem__, evq))  # read only
-        chk._view = None
-        chk._evq, chk._evq_pos = evq, 0
-        chk._raw = s.num_free_blocks - len(evq) + cache.num_promised
-        chk._evicted = set()
-        chk._pinned = set()
-
-    @staticmethod
-    def take(chk: InvariantChecker, n: int) -> None:
-        """An allocation of `n` blocks in the step, in the checker's view: free-and-empty blocks
-        first, then evictable ones not pinned in this step, least recently released first (evicted)."""
-        if n <= 0 or not chk._caching:
-            return
-        got = min(n, chk._raw)
-        chk._raw -= got
-        n -= got
-        q = chk._evq
-        while n > 0 and chk._evq_pos < len(q):
-            b = q[chk._evq_pos]
-            chk._evq_pos += 1
-            if b not in chk._pinned:
-                chk._evicted.add(b)
-                n -= 1
-
-    @staticmethod
-    def lost(chk: InvariantChecker) -> list[int]:
-        """Positions in the snapshot's evictable list of the blocks that no longer hold their hash."""
-        cache = chk.scheduler._pkv.cache
-        assert cache is not None
-        changed = map(operator.ne, map(cache._hash_of.get, chk._evq), chk._evq_hashes)
-        return list(itertools.compress(range(len(chk._evq)), changed))
-
-    @staticmethod
-    def check_evictions(chk: InvariantChecker) -> None:
-        """After schedule() (before any table is read): exactly the blocks the view evicted lost their
-        hash. Skipped in a step that preempted (victims' blocks return mid-step; nothing is admitted)."""
-        cache = chk.scheduler._pkv.cache
-        assert cache is not None
-        # Only evictable blocks can be evicted; held ones are checked by check() (hits keep their hash).
-        lost = {chk._evq[i] for i in _CacheRules.lost(chk)}
-        if lost != chk._evicted:
-            chk._fail("LRU eviction, tail first, never a held block",
-                      f"evicted {sorted(lost)}; the checker's own model evicted {sorted(chk._evicted)}")
-
-    @staticmethod
-    def hits(chk: InvariantChecker, sh: _Shadow) -> list[int]:
-        """The longest cached prefix of a waiting request's prompt blocks at its place in the step,
-        leaving its last token to compute, from the checker's own view, not from the pool's lookup:
-        the blocks cached when the step was planned are those cached after it and the evictable ones
-        that lost their hash in it; of these, the ones the checker's own eviction model (`take`) had
-        evicted by this point in the step are gone."""
-        cache = chk.scheduler._pkv.cache
-        assert cache is not None
-        if chk._view is None:  # hash -> block of the evictable blocks that lost their hash in the step
-            lost = _CacheRules.lost(chk)
-            chk._view = dict(zip(map(chk._evq_hashes.__getitem__, lost), map(chk._evq.__getitem__, lost),
-                                 strict=True))
-        evicted_in_step = chk._view
-        evicted = chk._evicted
-        hashes = sh.req.block_hashes or ()
-        bs = chk.scheduler.block_size or 1
-        out: list[int] = []
-        for i in range(min(len(hashes), (sh.req.prompt_len - 1) // bs)):
-            b = cache.cached_block(hashes[i])
-            if b is None:
-                b = evicted_in_step.get(hashes[i])
-            if b is None or b in evicted:
-                break
-            out.append(b)
-        return out
-
-    @staticmethod
-    def freed_by(chk: InvariantChecker, victim: Hashable) -> int:
-        """Blocks a victim's release makes free: those no other running request holds (its
-        blocks taken in this step are its own)."""
-        table = chk._pre_tables.get(victim, ())
-        others: set[int] = set()
-        for rid in chk._running:
-            if rid != victim:
-                others.update(chk._pre_tables.get(rid, ()))
-        grown = chk._reqs[victim].blocks - len(table)
-        return sum(1 for b in table if b not in others) + max(grown, 0)
-
-    @staticmethod
-    def check(chk: InvariantChecker) -> int:
-        """Every block in one state; reference counts; hits still cached. Returns the held blocks."""
-        s = chk.scheduler
-        cache = s._pkv.cache
-        assert cache is not None
-        free = s.free_block_ids()  # materializes every table
-        evictable = set(cache.evictable_ids())
-        # The pool's per-block state, read only; whole-set operations keep this O(blocks) check cheap
-        # enough to run after every call.
-        hash_of = cache._hash_of
-        refs = cache._refs
-        held: Counter[int] = Counter()
-        bs = s.block_size or 1
-        for rid in chk._running:
-            sh = chk._reqs[rid]
-            table = s._block_table(rid)
-            if len(table) != sh.blocks:
-                chk._fail("block table", f"rid {rid!r}: {table}, expected {sh.blocks} blocks")
-            if len(set(table)) != len(table):
-                chk._fail("block twice in one table", f"rid {rid!r}: {table}")
-            hashes = sh.req.block_hashes or ()
-            if sh.hit * bs > sh.req.prompt_len - 1:
-                chk._fail("hit tokens <= prompt - 1",
-                          f"rid {rid!r}: {sh.hit} blocks of {bs}, prompt {sh.req.prompt_len}")
-            if sh.hit and list(map(hash_of.get, table[: sh.hit])) != list(hashes[: sh.hit]):
-                lost = [i for i in range(sh.hit) if hash_of.get(table[i]) != hashes[i]]
-                chk._fail("no held block evicted", f"rid {rid!r}: blocks {[table[i] for i in lost]} lost hashes {lost}")
-            held.update(table)
-        free_set = set(free)
-        if len(free_set) != len(free) or len(free) != s.num_free_blocks or not free_set.isdisjoint(held):
-            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}, held {sorted(held)}")
-        if len(free) + len(held) != s.num_blocks:
-            chk._fail("every block accounted for", f"{len(free)} free + {len(held)} held != {s.num_blocks}")
-        cached_free = free_set.intersection(hash_of)
-        if cached_free != evictable:
-            chk._fail("a free block is empty unless evictable, and an evictable one is cached",
-                      f"free blocks with a hash {sorted(cached_free)}, evictable {sorted(evictable)}")
-        if list(map(refs.get, evictable)).count(0) != len(evictable):
-            chk._fail("evictable is cached with no holder",
-                      f"refs {[(b, refs.get(b)) for b in evictable if refs.get(b) != 0]}")
-        if list(map(refs.get, held.keys(), itertools.repeat(1))) != list(held.values()):
-            wrong = [(b, refs.get(b), n) for b, n in held.items() if refs.get(b, 1) != n]
-            chk._fail("reference count == tables holding the block (1 for an uncached block)",
-                      f"(block, refs, tables): {wrong}")
-        if held and (min(held) < 0 or max(held) >= s.num_blocks):
-            chk._fail("block id range", f"held {sorted(held)}")
-        cached = cache._cached
-        if refs.keys() != hash_of.keys() or len(cached) != len(hash_of) or list(
-                map(hash_of.get, cached.values())) != list(cached.keys()):
-            chk._fail("cache map", f"{len(cache._cached)} hashes, {len(hash_of)} cached blocks, {len(refs)} counted")
-        if cache.num_cached != len(cache._cached) or s.num_evictable_blocks != len(evictable):
-            chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache._cached)} hashes")
-        return len(held)
-
-
 #: The paged checker's former names: the one checker checks both KV policies.
 PagedInvariantChecker = InvariantChecker
 PagedInvariantViolation = InvariantViolation
-
-
-class _MultiRules:
-    """The partial-prefill options' part of the checker (max_num_partial_prefills = K > 1): the step's
-    prefill chunks and admissions worked out from the rule in docs/scheduling.md, and the counts."""
-
-    @staticmethod
-    def prefills(
-        chk: InvariantChecker, left: int, free: int, victims: list[Hashable], decoding: bool
-    ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable]]:
-        """The chunks (rid, tokens, start, is_last) and admissions of a step with `left` tokens after
-        decodes; `decoding`: the step has decodes, so the budget left tops up short prompts only."""
-        s = chk.scheduler
-        reqs = chk._reqs
-        thr = s.long_prefill_token_threshold
-        assert thr is not None
-        running = chk._running
-        partials = [r for r in running if reqs[r].prefilled < reqs[r].target]
-        if s.policy == "priority":
-            partials.sort(key=chk._key)
-        rows: list[list[Any]] = []
-        num_partial = num_long = 0
-        for rid in partials:
-            sh = reqs[rid]
-            if not sh.running:
-                continue
-            rest = sh.target - sh.prefilled
-            n = chk._chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
-            if n and chk._paged:
-                need = chk._blocks(sh.prefilled + n) - sh.blocks
-                while need > free:
-                    later = [r for r in partials if reqs[r].running and running.index(r) > running.index(rid)]
-                    if not later:
-                        n = 0
-                        break
-                    if s.policy == "priority":
-                        victim = max(later, key=lambda r: (chk._key(r)[0], running.index(r)))
-                    else:
-                        victim = max(later, key=running.index)
-                    free += _CacheRules.freed_by(chk, victim) if chk._caching else reqs[victim].blocks
-                    chk._preempt(victim, victims)
-                if n:
-                    free -= max(need, 0)
-                    sh.blocks += max(need, 0)
-                    _CacheRules.take(chk, need)
-            if n:
-                rows.append([rid, n, sh.prefilled, n == rest])
-                left -= n
-            if n != rest:
-                num_partial += 1
-                num_long += rest > thr
-        if victims:
-            return [tuple(r) for r in rows if reqs[r[0]].running], []
-        admitted, left, free = _MultiRules.admissions(chk, left, free, rows, num_partial, num_long)
-        for row in rows:  # the budget left goes back to the unfinished chunks, in order
-            if left <= 0:
-                break
-            if row[3]:
-                continue
-            sh = reqs[row[0]]
-            if decoding and sh.target - row[2] > thr:
-                continue  # with decodes in the step, a long prompt's chunk stays <= T
-            end = row[2] + row[1]
-            rest = sh.target - end
-            n = chk._chunk(rest, left)
-            if n == 0:
-                break
-            if chk._paged:
-                need = chk._blocks(end + n) - sh.blocks
-                if need > free:
-                    break
-                free -= max(need, 0)
-                sh.blocks += max(need, 0)
-                _CacheRules.take(chk, need)
-            row[1] += n
-            row[3] = n == rest
-            left -= n
-            if n != rest:
-                break
-        return [tuple(r) for r in rows], admitted
-
-    @staticmethod
-    def admissions(
-        chk: InvariantChecker, left: int, free: int, rows: list[list[Any]], num_partial: int, num_long: int
-    ) -> tuple[list[Hashable], int, int]:
-        """Admission in queue order; a long head is passed only while L long prompts are partial."""
-        s = chk.scheduler
-        thr = s.long_prefill_token_threshold
-        assert thr is not None
-        admitted: list[Hashable] = []
-        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running) if not chk._paged else 0
-        bs = s.block_size or 1
-        pinned = chk._pinned
-        for rid in _MultiRules.queue_order(chk):
-            sh = chk._reqs[rid]
-            if left <= 0 or len(chk._running) >= s.max_seqs:
-                break
-            hits = _CacheRules.hits(chk, sh) if chk._caching else []
-            h = len(hits)
-            start = h * bs
-            rest = sh.target - start
-            is_long = rest > thr
-            if is_long and num_long >= s.max_long_partial_prefills:
-                continue
-            n = chk._chunk(rest, min(left, thr) if is_long else left)
-            last = n == rest
-            if n == 0 or (not last and num_partial >= s.max_num_partial_prefills):
-                break
-            fits, free, reserved = chk._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
-            if not fits:
-                break
-            rows.append([rid, n, start, last])
-            admitted.append(rid)
-            if not last:
-                num_partial += 1
-                num_long += is_long
-            left = left - n if last or is_long else 0
-        return admitted, left, free
-
-    @staticmethod
-    def queue_order(chk: InvariantChecker) -> list[Hashable]:
-        """Priority: by key; FCFS: preempted requests first (they return to the front), then add order."""
-        if chk.scheduler.policy == "priority":
-            return chk._queue_order()
-        return sorted(chk._waiting, key=lambda r: (not chk._reqs[r].preemptions, chk._reqs[r].order))
-
-    @staticmethod
-    def check_counts(chk: InvariantChecker, plan: StepPlan) -> None:
-        """After the step: at most K prompts partially prefilled; a long chunk in the partial phase <= T."""
-        s = chk.scheduler
-        reqs = chk._reqs
-        partial = [r for r in chk._running if reqs[r].prefilled < reqs[r].target]
-        done = {c.rid for c in plan.prefills if c.is_last}
-        still = [r for r in partial if r not in done]
-        if len(still) > s.max_num_partial_prefills:
-            chk._fail("at most K partial prefills", f"{still} > {s.max_num_partial_prefills}")

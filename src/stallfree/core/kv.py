@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
@@ -32,7 +33,9 @@ if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
 
 __all__ = [
-    "BlockPool", "CachingBlockPool", "KVManager", "PagedKV", "ReservationKV", "blocks_for_tokens", "check_watermark",
+    "NO_HIT", "BlockPool", "CachingBlockPool", "KVManager", "PagedKV", "PrefixCacheStats", "PrefixCacheView",
+    "ReservationKV",
+    "KV_POLICIES", "blocks_for_tokens", "build_kv_manager", "check_kv_options", "check_watermark",
 ]
 
 
@@ -386,21 +389,173 @@ class CachingBlockPool(BlockPool):
         self.num_evictions += n - raw
 
 
-class KVManager(Protocol):
-    """What the scheduler asks of its KV policy. Counts are tokens unless they say blocks.
+class PrefixCacheView:
+    """A read-only view of a CachingBlockPool, for checkers and tests (Scheduler.prefix_cache).
 
-    Every method deals with the scheduler's own records (stallfree.core.live.LiveRequest); none
-    decides who runs or who is preempted.
+    Reads go to the live pool: the mappings are read-only proxies of its own dicts (O(1) to make),
+    so a view taken once stays current. Nothing here changes the pool.
+
+    Args:
+        pool: the pool viewed.
     """
 
-    kv_total: int
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: CachingBlockPool) -> None:
+        self._pool = pool
 
     @property
-    def kv_free(self) -> int: ...
-    def check_fits(self, req: Request) -> int: ...
-    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int) -> bool: ...
-    def admit(self, rec: LiveRequest, first_chunk: int) -> None: ...
-    def free(self, rec: LiveRequest, step: int, in_flight: bool) -> None: ...
+    def hash_of(self) -> Mapping[int, Hashable]:
+        """Cached block -> its hash (held and evictable cached blocks)."""
+        return MappingProxyType(self._pool._hash_of)
+
+    @property
+    def block_of(self) -> Mapping[Hashable, int]:
+        """Hash -> the cached block holding it."""
+        return MappingProxyType(self._pool._cached)
+
+    @property
+    def ref_counts(self) -> Mapping[int, int]:
+        """Cached block -> tables holding it (0: evictable)."""
+        return MappingProxyType(self._pool._refs)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks with a hash, held or evictable."""
+        return self._pool.num_cached
+
+    @property
+    def num_promised(self) -> int:
+        """Blocks counted as used whose ids have not been handed out yet."""
+        return self._pool.num_promised
+
+    def evictable_ids(self) -> tuple[int, ...]:
+        """The evictable blocks, the next to be evicted first."""
+        return self._pool.evictable_ids()
+
+    def cached_block(self, block_hash: Hashable) -> int | None:
+        """The block cached under `block_hash`, or None."""
+        return self._pool.cached_block(block_hash)
+
+
+class PrefixCacheStats:
+    """Prefix caching's counters, kept by the KV manager that caches (all 0 for one that does not).
+
+    Attributes (tokens):
+        queries: tokens looked up at admissions (each episode's prefill), as vLLM counts its prefix
+            cache queries.
+        hits: of those, tokens found cached.
+        first_queries, first_hits: the same for first admissions only (no recompute after a preemption).
+    """
+
+    __slots__ = ("queries", "hits", "first_queries", "first_hits")
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self.hits = 0
+        self.first_queries = 0
+        self.first_hits = 0
+
+    def count(self, rec: LiveRequest, hit_tokens: int) -> None:
+        """Count an admission of `rec` (its episode's `target` tokens looked up, `hit_tokens` found)."""
+        self.queries += rec.target
+        self.hits += hit_tokens
+        if rec.admitted_step is None:
+            rec.num_cached_tokens = hit_tokens
+            self.first_queries += rec.target
+            self.first_hits += hit_tokens
+
+
+#: The answer of `KVManager.lookup` when nothing is cached: 0 tokens, no blocks.
+NO_HIT: tuple[int, tuple[int, ...]] = (0, ())
+
+
+class KVManager(Protocol):
+    """Everything the scheduler asks of its KV policy, and nothing more (docs/DESIGN.md, "The KV seam").
+
+    The scheduler decides who runs and who is preempted; a manager only answers whether the KV is
+    there and keeps the block tables. Every method takes the scheduler's own records
+    (stallfree.core.live.LiveRequest; a manager reads `rid`, `req`, `target`, `offset`,
+    `num_prompt_tokens`, `num_preemptions`, `admitted_step`, and owns `block_table`, `kv`, `bucket`,
+    `num_cached_tokens`). Counts are tokens unless they say blocks; `step` is the scheduler's step
+    number. A method that returns False changes nothing: for `grow` that means "preempt someone".
+
+    Implementations: ReservationKV (the contract), PagedKV (blocks on demand, optional prefix caching);
+    a manager delegating to another engine's block allocator implements the same (tests/core/
+    test_kv_seam.py has one).
+    """
+
+    #: KV capacity in tokens.
+    kv_total: int
+    #: Whether block ids are kept (Scheduler.block_table is then a function, else None).
+    has_block_ids: bool
+    #: Prefix caching's counters (zeros without caching).
+    prefix_stats: PrefixCacheStats
+
+    @property
+    def kv_free(self) -> int:
+        """Free KV, tokens."""
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks (or reservation units), evictable cached blocks included."""
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks (or units) held or promised."""
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Cached blocks held by no request (0 without caching)."""
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks evicted so far (0 without caching)."""
+    def check_fits(self, req: Request) -> int:
+        """Raise RequestRejected if `req` can never be admitted (or carries block hashes the manager
+        cannot use); else return what the record keeps as `kv` (tokens reserved, or 0)."""
+    def kv_needed_for(self, req: Request) -> int:
+        """The most KV `req` ever holds, tokens (whole blocks where the manager counts blocks)."""
+    def blocks_needed(self, req: Request) -> int:
+        """The most blocks (or units) `req` ever holds."""
+    def cached_prefix_len(self, req: Request) -> int:
+        """Tokens of `req`'s prompt cached now, capped as `lookup` caps them; a pure query."""
+    def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
+        """The cached prefix `rec` would reuse: (tokens, an opaque handle for can_admit/admit);
+        NO_HIT without caching. Changes nothing."""
+    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int, hits: Sequence[int]) -> bool:
+        """Whether `rec` can be admitted now with a first chunk of `first_chunk` tokens after its
+        cached prefix `hits` (from lookup), `num_running` requests running. Changes nothing."""
+    def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int]) -> None:
+        """Give `rec` its KV (can_admit said yes just now), counting the prefix cache lookup."""
+    def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
+        """Before a step in which every ready decode gets one token: secure the blocks of the
+        decodes whose token starts a block and return (); if that is not possible at once, secure
+        nothing and return those decodes (the scheduler then grows each, preempting)."""
+    def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
+        """Give running `rec` the KV to hold `tokens` tokens in step `step`; False (nothing changes)
+        when too few blocks are free."""
+    def filled(self, rec: LiveRequest, start: int, end: int) -> None:
+        """After a step: a chunk of `rec` computed its tokens [start, end) (cache the full blocks)."""
+    def moved(self, rec: LiveRequest, step: int) -> None:
+        """After a step: a decode's progress was not one token (skipped, or speculative tokens)."""
+    def start_decode(self, rec: LiveRequest) -> None:
+        """`rec` finished its prefill and joins the decodes (its `offset` is set)."""
+    def trim(self, rec: LiveRequest, tokens: int) -> None:
+        """After a step: keep only the KV of `rec`'s first `tokens` tokens (rejected speculative tokens)."""
+    def free(self, rec: LiveRequest, step: int, in_flight: bool) -> None:
+        """Return all of `rec`'s KV (finish, abort or preemption); `in_flight`: its step is in flight."""
+    def block_table(self, rec: LiveRequest, tokens: int) -> tuple[int, ...]:
+        """The block ids of `rec` in token order, covering `tokens` tokens (its KV plus the plan in flight)."""
+    def free_block_ids(self) -> tuple[int, ...]:
+        """The ids in no table (after every table was read through block_table)."""
+    def cache_view(self) -> PrefixCacheView | None:
+        """A read-only view of the prefix cache; None without caching."""
+
+
+def _reject_hashes(req: Request, policy: str) -> None:
+    """Raise RequestRejected for a request with block_hashes at a manager without prefix caching."""
+    raise RequestRejected(
+        f"request {req.rid!r} has block_hashes, which only a scheduler with "
+        f"enable_prefix_caching=True (and kv_policy='paged') uses; this one has "
+        f"kv_policy={policy!r}, enable_prefix_caching=False"
+    )
 
 
 class ReservationKV:
@@ -424,23 +579,60 @@ class ReservationKV:
         self.unit = block_size or 1
         self.pool = BlockPool(kv_tokens // self.unit, self.unit)
         self.kv_total = self.pool.num_blocks * self.unit
+        self.has_block_ids = block_size is not None
+        self.prefix_stats = PrefixCacheStats()
 
     @property
     def kv_free(self) -> int:
         """Unreserved KV, in tokens."""
         return self.pool.num_free * self.unit
 
+    @property
+    def num_free_blocks(self) -> int:
+        """Free reservation units (tokens, or blocks of block_size)."""
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Reserved units."""
+        return self.pool.num_used
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Always 0: nothing is cached."""
+        return 0
+
+    @property
+    def num_evictions(self) -> int:
+        """Always 0: nothing is cached."""
+        return 0
+
     def kv_needed(self, prompt_len: int, max_new: int) -> int:
         """Tokens reserved at admission: prompt_len + max_new, in whole blocks when a block size is set."""
         u = self.unit
         return -(-(prompt_len + max_new) // u) * u
 
+    def kv_needed_for(self, req: Request) -> int:
+        """Tokens `req` reserves at admission (kv_needed of its lengths)."""
+        return self.kv_needed(req.prompt_len, req.max_new)
+
+    def blocks_needed(self, req: Request) -> int:
+        """Units (tokens, or blocks of block_size) `req` reserves at admission."""
+        return self.kv_needed(req.prompt_len, req.max_new) // self.unit
+
+    def cached_prefix_len(self, req: Request) -> int:
+        """Always 0: nothing is cached."""
+        return 0
+
     def check_fits(self, req: Request) -> int:
         """Return the tokens `req` reserves at admission.
 
         Raises:
-            RequestRejected: more than kv_total; the message gives the numbers.
+            RequestRejected: more than kv_total, or `req` has block_hashes (no prefix caching here);
+                the message gives the numbers.
         """
+        if req.block_hashes is not None:
+            _reject_hashes(req, "reserve")
         need = self.kv_needed(req.prompt_len, req.max_new)
         if need > self.kv_total:
             blocks = f" in whole blocks of {self.unit}" if self.unit > 1 else ""
@@ -451,13 +643,50 @@ class ReservationKV:
             )
         return need
 
-    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int) -> bool:
+    def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
+        """NO_HIT: nothing is cached."""
+        return NO_HIT
+
+    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int, hits: Sequence[int] = ()) -> bool:
         """True when the whole reservation of `rec` is free."""
         return rec.kv <= self.pool.num_free * self.unit
 
-    def admit(self, rec: LiveRequest, first_chunk: int) -> None:
+    def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int] = ()) -> None:
         """Reserve `rec`'s KV (can_admit must have said yes)."""
         self.pool.promise(rec.kv // self.unit)
+
+    def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
+        """(): the reservations already hold every decode's KV."""
+        return ()
+
+    def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
+        """True: the reservation covers every token a request computes."""
+        return True
+
+    def filled(self, rec: LiveRequest, start: int, end: int) -> None:
+        """Nothing to do: nothing is cached."""
+
+    def moved(self, rec: LiveRequest, step: int) -> None:
+        """Nothing to do: a table is made exact when it is read."""
+
+    def start_decode(self, rec: LiveRequest) -> None:
+        """Nothing to do: the reservation holds the decode's KV."""
+
+    def trim(self, rec: LiveRequest, tokens: int) -> None:
+        """Nothing to do: a table is made exact when it is read (`block_table`)."""
+
+    def block_table(self, rec: LiveRequest, tokens: int) -> tuple[int, ...]:
+        """`rec`'s table made exactly the blocks of `tokens` tokens (materialize), as a tuple."""
+        self.materialize(rec, tokens)
+        return tuple(rec.block_table)
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        """The ids in no table (the unclaimed parts of reservations included)."""
+        return self.pool.free_ids()
+
+    def cache_view(self) -> PrefixCacheView | None:
+        """None: nothing is cached."""
+        return None
 
     def materialize(self, rec: LiveRequest, tokens: int) -> None:
         """Make `rec`'s block table exactly the blocks that hold `tokens` tokens, within its reservation.
@@ -522,11 +751,47 @@ class PagedKV:
         self.watermark_blocks = math.floor(self.watermark * num_blocks)
         self.kv_total = num_blocks * block_size
         self.buckets: dict[int, dict[Hashable, LiveRequest]] = {}
+        self.has_block_ids = True
+        self.prefix_stats = PrefixCacheStats()
 
     @property
     def kv_free(self) -> int:
         """Free KV in tokens: free blocks x block_size."""
         return self.pool.num_free * self.block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks free (evictable cached blocks included)."""
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held or promised (evictable cached blocks are not held)."""
+        return self.pool.num_used
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Prefix caching: cached blocks held by no request (counted in num_free_blocks); else 0."""
+        return self.cache.num_evictable if self.cache is not None else 0
+
+    @property
+    def num_evictions(self) -> int:
+        """Prefix caching: cached blocks evicted (handed out again) so far; else 0."""
+        return self.cache.num_evictions if self.cache is not None else 0
+
+    def kv_needed_for(self, req: Request) -> int:
+        """The most KV `req` ever holds, tokens: blocks_needed(req) x block_size."""
+        return self.blocks_needed(req) * self.block_size
+
+    def cached_prefix_len(self, req: Request) -> int:
+        """Prefix caching: tokens of `req`'s prompt whose blocks are cached now, capped as `lookup`
+        caps a hit (at most prompt_len - 1 tokens, in whole blocks); 0 without caching or
+        block_hashes. O(blocks of the prompt); nothing is pinned and no block's recency changes."""
+        hashes = req.block_hashes
+        if self.cache is None or not hashes:
+            return 0
+        bs = self.block_size
+        return len(self.cache.lookup(hashes, (req.prompt_len - 1) // bs)) * bs
 
     def blocks_needed(self, req: Request) -> int:
         """The most blocks `req` ever holds: ceil((prompt_len + max_new - 1) / block_size).
@@ -536,11 +801,24 @@ class PagedKV:
         return blocks_for_tokens(req.prompt_len + req.max_new - 1, self.block_size)
 
     def check_fits(self, req: Request) -> int:
-        """Return blocks_needed(req).
+        """Return 0 (nothing is reserved) if `req` fits.
 
         Raises:
-            RequestRejected: more than num_blocks; the message gives the numbers.
+            RequestRejected: blocks_needed(req) is more than num_blocks; or `req` has block_hashes
+                without prefix caching, or not one per full block of its prompt; the message gives
+                the numbers.
         """
+        hashes = req.block_hashes
+        if hashes is not None:
+            if self.cache is None:
+                _reject_hashes(req, "paged")
+            want = req.prompt_len // self.block_size
+            if len(hashes) != want:
+                raise RequestRejected(
+                    f"request {req.rid!r}: block_hashes has {len(hashes)} hashes, expected one per full "
+                    f"block of the prompt: prompt_len // block_size = {req.prompt_len} // "
+                    f"{self.block_size} = {want}"
+                )
         need = self.blocks_needed(req)
         if need > self.num_blocks:
             raise RequestRejected(
@@ -569,21 +847,65 @@ class PagedKV:
         return want <= free and not (num_running and free - want < self.watermark_blocks)
 
     def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int] = ()) -> None:
-        """Give `rec` its hit blocks (pinned) and the blocks of its first chunk after them."""
+        """Give `rec` its hit blocks (pinned) and the blocks of its first chunk after them; with
+        prefix caching, count the lookup in prefix_stats."""
         h = len(hits)
         if h:
             assert self.cache is not None
-            self.cache._pin(rec.block_table, hits)  # can_admit counted them just now
-        self.pool._take(rec.block_table, -(-(h * self.block_size + first_chunk) // self.block_size) - h)
+            self.cache.pin(rec.block_table, hits)
+        self.pool.allocate(rec.block_table, -(-(h * self.block_size + first_chunk) // self.block_size) - h)
+        if self.cache is not None:
+            self.prefix_stats.count(rec, h * self.block_size)
 
-    def lookup(self, rec: LiveRequest) -> list[int]:
-        """Prefix caching: the cached blocks of `rec`'s longest cached prompt prefix, capped at
+    def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
+        """Prefix caching: (tokens, blocks) of `rec`'s longest cached prompt prefix, capped at
         prompt_len - 1 tokens, so that at least the prompt's last token (and so the episode's last
-        token, which samples) is computed."""
+        token, which samples) is computed; NO_HIT without caching or block_hashes."""
         hashes = rec.req.block_hashes
         if not hashes or self.cache is None:
-            return []
-        return self.cache.lookup(hashes, (rec.num_prompt_tokens - 1) // self.block_size)
+            return NO_HIT
+        hits = self.cache.lookup(hashes, (rec.num_prompt_tokens - 1) // self.block_size)
+        return len(hits) * self.block_size, hits
+
+    def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
+        """Promise, in one count, a block to each decode whose token of step `step` starts one (the
+        bucket of step % block_size) and return (); when too few are free, promise nothing and
+        return those decodes."""
+        bucket = self.buckets.get(step % self.block_size)
+        if bucket and not self.pool.try_promise(len(bucket)):
+            return list(bucket.values())
+        return ()
+
+    def filled(self, rec: LiveRequest, start: int, end: int) -> None:
+        """Prefix caching: cache the full prompt blocks that tokens [start, end) completed (register)."""
+        if self.cache is not None:
+            self.register(rec, start, end)
+
+    def moved(self, rec: LiveRequest, step: int) -> None:
+        """A decode skipped a step or took speculative tokens: claim the ids promised to it for the
+        tokens now in its KV (offset + step), and file it under its new residue."""
+        self.materialize(rec, step, False)
+        self.refile(rec)
+
+    def start_decode(self, rec: LiveRequest) -> None:
+        """File a new decode by the residue at which its next token starts a block (file_decode)."""
+        self.file_decode(rec)
+
+    def block_table(self, rec: LiveRequest, tokens: int) -> tuple[int, ...]:
+        """`rec`'s table, a decode's promised blocks claimed so that it covers `tokens` tokens."""
+        if rec.bucket >= 0:
+            missing = -(-tokens // self.block_size) - len(rec.block_table)
+            if missing > 0:
+                self.pool.claim(rec.block_table, missing)
+        return tuple(rec.block_table)
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        """The ids in no table (evictable cached blocks last)."""
+        return self.pool.free_ids()
+
+    def cache_view(self) -> PrefixCacheView | None:
+        """A read-only view of the prefix cache; None without caching."""
+        return PrefixCacheView(self.cache) if self.cache is not None else None
 
     def register(self, rec: LiveRequest, start: int, end: int) -> None:
         """Prefix caching: a chunk of `rec` computed its tokens [start, end); cache the full prompt
@@ -596,8 +918,12 @@ class PagedKV:
             if last > first:
                 self.cache.register(rec.block_table, hashes, first, last)
 
-    def grow(self, rec: LiveRequest, tokens: int) -> bool:
-        """Give `rec` the blocks to hold `tokens` tokens; False (nothing changes) when too few are free."""
+    def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
+        """Give `rec` the blocks to hold `tokens` tokens in step `step` (a decode first claims the
+        blocks promised to it for the tokens already in its KV); False (nothing more changes) when
+        too few are free."""
+        if rec.bucket >= 0:
+            self.materialize(rec, step, False)
         need = -(-tokens // self.block_size) - len(rec.block_table)
         if need <= 0:
             return True
@@ -652,3 +978,66 @@ class PagedKV:
             self.cache.release(rec.block_table, unclaimed, len(rec.req.block_hashes or ()))
         else:
             self.pool.release(rec.block_table, unclaimed)
+
+
+#: The KV policies of Scheduler(kv_policy=...).
+KV_POLICIES = ("reserve", "paged")
+
+
+def check_kv_options(
+    kv_policy: object, block_size: int | None, align_chunks: object, watermark: object, enable_prefix_caching: object
+) -> tuple[bool, float]:
+    """Validate the KV keywords of Scheduler(...) and resolve align_chunks' default.
+
+    Args:
+        kv_policy: "reserve" or "paged".
+        block_size: tokens per block, an integer >= 1, or None (not allowed under "paged").
+        align_chunks: None (on for "reserve" with a block_size, off for "paged"), True or False.
+        watermark: 0 <= watermark < 1.
+        enable_prefix_caching: True (needs "paged") or False.
+
+    Returns:
+        (align_chunks, watermark as a float).
+
+    Raises:
+        InvalidConfig: any of these out of range; the message names the keyword and the value.
+    """
+    if kv_policy not in KV_POLICIES:
+        raise InvalidConfig(f"kv_policy must be 'reserve' or 'paged', got {kv_policy!r}")
+    if kv_policy == "paged" and block_size is None:
+        raise InvalidConfig("kv_policy='paged' needs a block_size (tokens per KV block), got None")
+    if align_chunks not in (None, True, False):
+        raise InvalidConfig(f"align_chunks must be None, True or False, got {align_chunks!r}")
+    if align_chunks and block_size is None:
+        raise InvalidConfig("align_chunks=True needs a block_size, got None")
+    wm = check_watermark(watermark)
+    if not isinstance(enable_prefix_caching, bool):
+        raise InvalidConfig(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
+    if enable_prefix_caching and kv_policy != "paged":
+        raise InvalidConfig(
+            f"enable_prefix_caching=True needs kv_policy='paged' (cached blocks are shared block-table "
+            f"entries), got kv_policy={kv_policy!r}"
+        )
+    if block_size is not None:
+        check_positive_int("block_size", block_size)
+    if align_chunks is None:
+        return kv_policy == "reserve" and block_size is not None, wm
+    return bool(align_chunks), wm
+
+
+def build_kv_manager(
+    kv_policy: str, kv_tokens: int, block_size: int | None, watermark: float, enable_prefix_caching: bool
+) -> ReservationKV | PagedKV:
+    """Build the KV manager that Scheduler(kv_policy=...) uses (its arguments already validated).
+
+    Args:
+        kv_policy: "reserve" or "paged".
+        kv_tokens: KV capacity in tokens; "paged" gets kv_tokens // block_size blocks.
+        block_size: tokens per block (required under "paged"), or None.
+        watermark: "paged": the fraction of blocks kept free at admission.
+        enable_prefix_caching: "paged": keep computed prompt blocks for reuse.
+    """
+    if kv_policy == "paged":
+        assert block_size is not None
+        return PagedKV(kv_tokens // block_size, block_size, watermark, enable_prefix_caching)
+    return ReservationKV(kv_tokens, block_size)

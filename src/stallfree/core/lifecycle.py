@@ -116,11 +116,13 @@ class RequestLifecycle:
         """Queue a request at the back of the waiting queue.
 
         Raises:
-            RequestRejected: `req` is not a Request, its rid is already live, or it can never fit
-                in the KV cache (the message gives the numbers); nothing is queued.
+            RequestRejected: `req` is not a Request, a field is out of range (Request.validate), its
+                rid is already live, or it can never fit in the KV cache (the message gives the
+                numbers); nothing is queued.
         """
         if not isinstance(req, Request):
             raise RequestRejected(f"add() takes a Request, got {type(req).__name__}: {req!r}")
+        req.validate()
         if req.rid in self._live:
             raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
         obj = self._new_live(req, self._check_fits(req))

@@ -69,12 +69,15 @@ class LiveRequest:
         num_preemptions: times it was preempted.
         limit: the tokens after which it ends: max_new (reason "length"), or fewer when the caller said
             so through stop_after() (reason "stop").
+        num_cached_tokens: prefix caching: prompt tokens found cached at its first admission (set by
+            the KV manager; 0 without caching).
     """
 
     __slots__ = (
         "req", "rid", "seq", "admit_seq", "arrival_step", "num_prompt_tokens", "max_new", "status",
         "num_prefilled", "target", "gen0", "kv", "block_table", "bucket", "offset", "finish_step",
-        "admitted_step", "first_token_step", "decode_step", "num_preemptions", "limit", "_decodes",
+        "admitted_step", "first_token_step", "decode_step", "num_preemptions", "limit", "num_cached_tokens",
+        "_decodes",
     )
 
     def __init__(self, req: Request, kv: int, seq: int, arrival_step: int, decodes: DecodeSet) -> None:
@@ -99,6 +102,7 @@ class LiveRequest:
         self.decode_step = -1
         self.num_preemptions = 0
         self.limit = req.max_new
+        self.num_cached_tokens = 0
         self._decodes = decodes
 
     @property

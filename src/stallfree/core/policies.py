@@ -2,7 +2,7 @@
 
 Imports allowed: the standard library only.
 
-- chunking (block_size=): how many prompt tokens a chunk may take, and how much KV a request reserves;
+- chunking (block_size=): how many prompt tokens a chunk may take;
 - waiting queue (policy=, aging_interval=, clock=): which waiting request is the head;
 - decode selection (decode_overflow=, policy=): which ready decodes run when they do not all fit.
 
@@ -32,25 +32,15 @@ __all__ = [
 
 
 class Chunking(Protocol):
-    """How prompt chunks are cut and KV is counted."""
+    """How prompt chunks are cut (the KV policies in core/kv.py count the KV)."""
 
-    def kv_needed(self, prompt_len: int, max_new: int) -> int: ...
-    def capacity(self, kv_tokens: int) -> int: ...
     def chunk(self, rest: int, left: int) -> int: ...
 
 
 class ExactChunks:
-    """The base contract: a chunk takes min(rest of the prompt, budget left); KV is counted in tokens."""
+    """The base contract: a chunk takes min(rest of the prompt, budget left)."""
 
     block_size: int | None = None
-
-    def kv_needed(self, prompt_len: int, max_new: int) -> int:
-        """Tokens reserved at admission: prompt_len + max_new."""
-        return prompt_len + max_new
-
-    def capacity(self, kv_tokens: int) -> int:
-        """Usable KV, in tokens: all of it."""
-        return kv_tokens
 
     def chunk(self, rest: int, left: int) -> int:
         """Tokens of a prompt with `rest` tokens left that fit in `left` tokens of budget."""
@@ -61,21 +51,12 @@ class BlockAlignedChunks:
     """Block-aligned chunks: every non-final chunk is a multiple of block_size; the final one is exact.
 
     Since every earlier chunk was a whole number of blocks, each non-final chunk also ends on a block
-    boundary, so a chunk's KV never shares a block with the next chunk's. KV is reserved in whole blocks:
-    ceil((prompt_len + max_new) / B) blocks out of floor(kv_tokens / B).
+    boundary, so a chunk's KV never shares a block with the next chunk's. (The reservation policy then
+    reserves whole blocks: stallfree.core.kv.ReservationKV.)
     """
 
     def __init__(self, block_size: int) -> None:
         self.block_size = check_positive_int("block_size", block_size)
-
-    def kv_needed(self, prompt_len: int, max_new: int) -> int:
-        """Tokens reserved at admission, rounded up to whole blocks."""
-        b = self.block_size
-        return -(-(prompt_len + max_new) // b) * b
-
-    def capacity(self, kv_tokens: int) -> int:
-        """Usable KV, in tokens: floor(kv_tokens / B) whole blocks."""
-        return kv_tokens // self.block_size * self.block_size
 
     def chunk(self, rest: int, left: int) -> int:
         """The whole rest if it fits, else `left` rounded down to blocks (0 means: not this step)."""

@@ -67,6 +67,15 @@ class Request:
     block_hashes: tuple[Hashable, ...] | None = None
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (the constructor does; a scheduler's add() does again, for a Request whose
+        fields were set around the constructor, as a deserializer may do).
+
+        Raises:
+            RequestRejected: as the constructor; the message names the field and the value.
+        """
         check_positive_int("prompt_len", self.prompt_len, RequestRejected)
         check_positive_int("max_new", self.max_new, RequestRejected)
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):

@@ -3,10 +3,11 @@ then strict admission in queue order; its KV policy (reservation or paged blocks
 
 Imports allowed: the standard library and stallfree.core only.
 
-Longer than the ~400-line guide (about 600 lines, a third of them docstrings): the three contract
-phases, the one preemption method and the complete() hooks of both KV policies read best together; the
-policies' own accounting is in core/kv.py, the decode bookkeeping in core/live.py, the option hooks in
-core/policies.py and the shared add/abort/complete in core/lifecycle.py.
+Longer than the ~400-line guide (about 700 lines, a third of them docstrings): the decode phase, the one
+victim rule and preemption, and the complete() hooks read best together. The KV policies are behind the
+KVManager protocol in core/kv.py, the prefill phases are strategies in core/prefill.py, the decode
+bookkeeping is in core/live.py, the option hooks in core/policies.py and the shared add/abort/complete
+in core/lifecycle.py.
 
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
 iteration-level scheduling (Orca, Yu et al., OSDI'22); paged KV and preemption by recompute
@@ -16,10 +17,10 @@ iteration-level scheduling (Orca, Yu et al., OSDI'22); paged KV and preemption b
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
-from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
-from stallfree.core.kv import PagedKV, ReservationKV, check_watermark
+from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
+from stallfree.core.kv import KV_POLICIES, KVManager, PrefixCacheView, build_kv_manager, check_kv_options
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest, position_of
 from stallfree.core.plan import ScheduledChunk, StepPlan
@@ -30,12 +31,10 @@ from stallfree.core.policies import (
     build_policies,
     check_partial_prefills,
 )
+from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillRule, StepBudget
 from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["KV_POLICIES", "PagedScheduler", "Scheduler"]
-
-#: The KV policies of Scheduler(kv_policy=...).
-KV_POLICIES = ("reserve", "paged")
 
 _PREFILLING = RequestStatus.PREFILLING
 _DECODING = RequestStatus.DECODING
@@ -116,6 +115,10 @@ class Scheduler(RequestLifecycle):
             prefix (docs/prefix_caching.md). Counters: prefix_cache_queries and prefix_cache_hits
             (tokens, vLLM's meanings), the same for first admissions only
             (prefix_cache_first_queries, prefix_cache_first_hits), num_evictions, num_evictable_blocks.
+        kv_manager: None (build the manager kv_policy names), or a stallfree.core.kv.KVManager to ask
+            instead, e.g. one delegating to another engine's block allocator (docs/DESIGN.md, "The KV
+            manager's contract"); kv_policy and the KV arguments then describe the rules it follows
+            (the invariant checker models those), and its kv_total is the scheduler's.
 
     Raises:
         InvalidConfig: an unknown kv_policy, "paged" without block_size, a watermark out of range, an
@@ -124,8 +127,7 @@ class Scheduler(RequestLifecycle):
 
     _live: dict[Hashable, LiveRequest]
     _prefilling: LiveRequest | None
-    _pkv: PagedKV
-    _rkv: ReservationKV
+    _kv: KVManager
 
     def __init__(
         self,
@@ -146,33 +148,15 @@ class Scheduler(RequestLifecycle):
         max_num_partial_prefills: int = 1,
         max_long_partial_prefills: int | None = None,
         long_prefill_token_threshold: int | None = None,
+        kv_manager: KVManager | None = None,
     ) -> None:
         self.token_budget = check_positive_int("token_budget", token_budget)
         self.max_seqs = check_positive_int("max_seqs", max_seqs)
         check_positive_int("kv_tokens", kv_tokens)
-        if kv_policy not in KV_POLICIES:
-            raise InvalidConfig(f"kv_policy must be 'reserve' or 'paged', got {kv_policy!r}")
-        if kv_policy == "paged" and block_size is None:
-            raise InvalidConfig("kv_policy='paged' needs a block_size (tokens per KV block), got None")
-        if align_chunks not in (None, True, False):
-            raise InvalidConfig(f"align_chunks must be None, True or False, got {align_chunks!r}")
-        if align_chunks and block_size is None:
-            raise InvalidConfig("align_chunks=True needs a block_size, got None")
-        self.watermark = check_watermark(watermark)
-        if not isinstance(enable_prefix_caching, bool):
-            raise InvalidConfig(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
-        if enable_prefix_caching and kv_policy != "paged":
-            raise InvalidConfig(
-                f"enable_prefix_caching=True needs kv_policy='paged' (cached blocks are shared block-table "
-                f"entries), got kv_policy={kv_policy!r}"
-            )
-        self.enable_prefix_caching = enable_prefix_caching
-        if block_size is not None:
-            check_positive_int("block_size", block_size)
+        self.align_chunks, self.watermark = check_kv_options(
+            kv_policy, block_size, align_chunks, watermark, enable_prefix_caching)
         self.kv_policy = kv_policy
-        if align_chunks is None:
-            align_chunks = kv_policy == "reserve" and block_size is not None
-        self.align_chunks = align_chunks
+        self.enable_prefix_caching = enable_prefix_caching
         self._chunking, self.policy, self._selection = build_policies(
             block_size if self.align_chunks else None, policy, aging_interval, clock, decode_overflow, num_spec_tokens
         )
@@ -184,6 +168,11 @@ class Scheduler(RequestLifecycle):
             )
         )
         self._multi = self.max_num_partial_prefills > 1
+        self._prefill: PrefillRule = OnePartialPrefill()
+        if self._multi:
+            assert self.long_prefill_token_threshold is not None
+            self._prefill = PartialPrefills(
+                self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold)
         self._partials: list[LiveRequest] = []  # K > 1: the prompts in prefill, admission order
         if block_size is not None and (
             kv_tokens < block_size or (self.align_chunks and token_budget < block_size)
@@ -196,15 +185,11 @@ class Scheduler(RequestLifecycle):
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self.decode_overflow = decode_overflow
         self.num_spec_tokens = num_spec_tokens
-        self._paged = kv_policy == "paged"
-        self._kv: ReservationKV | PagedKV
-        if self._paged:
-            assert block_size is not None
-            self._kv = self._pkv = PagedKV(kv_tokens // block_size, block_size, watermark, enable_prefix_caching)
-            self.num_blocks = self._pkv.num_blocks
-            self.watermark_blocks = self._pkv.watermark_blocks
-        else:
-            self._kv = self._rkv = ReservationKV(kv_tokens, block_size)
+        kv = build_kv_manager(kv_policy, kv_tokens, block_size, watermark, enable_prefix_caching)
+        if kv_policy == "paged":
+            self.num_blocks = kv_tokens // block_size  # type: ignore[operator]
+            self.watermark_blocks = math.floor(self.watermark * self.num_blocks)
+        self._kv = kv if kv_manager is None else kv_manager
         self.kv_total = self._kv.kv_total
         self._init_lifecycle()
         self._decodes = DecodeSet()
@@ -217,13 +202,27 @@ class Scheduler(RequestLifecycle):
         self.num_preemptions = 0
         #: Prefill tokens scheduled in episodes after a preemption (prompt + generated, recomputed).
         self.num_recomputed_tokens = 0
-        #: Prefix caching: tokens looked up at admissions (each episode's prefill) and tokens found
-        #: cached, as vLLM counts its prefix cache queries and hits; 0 without caching.
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
-        self.prefix_cache_first_queries = 0
-        self.prefix_cache_first_hits = 0
-        self._cached_tokens: dict[Hashable, int] = {}
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prefix caching: tokens looked up at admissions (each episode's prefill), as vLLM counts its
+        prefix cache queries; 0 without caching."""
+        return self._kv.prefix_stats.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prefix caching: of prefix_cache_queries, the tokens found cached; 0 without caching."""
+        return self._kv.prefix_stats.hits
+
+    @property
+    def prefix_cache_first_queries(self) -> int:
+        """prefix_cache_queries at first admissions only (no recompute after a preemption)."""
+        return self._kv.prefix_stats.first_queries
+
+    @property
+    def prefix_cache_first_hits(self) -> int:
+        """prefix_cache_hits at first admissions only."""
+        return self._kv.prefix_stats.first_hits
 
     # ------------------------------------------------------------------ public state
 
@@ -231,6 +230,17 @@ class Scheduler(RequestLifecycle):
     def kv_free(self) -> int:
         """Free (unreserved, or in free blocks) KV capacity, in tokens."""
         return self._kv.kv_free
+
+    @property
+    def now(self) -> float:
+        """The clock's reading for the step being planned (or last planned), seconds; 0.0 without a clock."""
+        return self._now
+
+    @property
+    def prefix_cache(self) -> PrefixCacheView | None:
+        """A read-only view of the prefix cache (block hashes, reference counts, the eviction order),
+        for checkers and tests; None without caching."""
+        return self._kv.cache_view()
 
     @property
     def decode_load(self) -> tuple[int, int]:
@@ -247,24 +257,22 @@ class Scheduler(RequestLifecycle):
     @property
     def num_free_blocks(self) -> int:
         """KV blocks free (paged), or free reservation units (reserve: tokens, or blocks of block_size)."""
-        return self._kv.pool.num_free
+        return self._kv.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
         """KV blocks held (paged), or reserved units (reserve); evictable cached blocks are not held."""
-        return self._kv.pool.num_used
+        return self._kv.num_used_blocks
 
     @property
     def num_evictable_blocks(self) -> int:
         """Prefix caching: cached blocks held by no request (counted in num_free_blocks); else 0."""
-        cache = self._pkv.cache if self._paged else None
-        return cache.num_evictable if cache is not None else 0
+        return self._kv.num_evictable_blocks
 
     @property
     def num_evictions(self) -> int:
         """Prefix caching: cached blocks evicted (handed out again) so far; else 0."""
-        cache = self._pkv.cache if self._paged else None
-        return cache.num_evictions if cache is not None else 0
+        return self._kv.num_evictions
 
     def cached_prefix_len(self, request: Request) -> int:
         """Prefix caching: tokens of `request`'s prompt whose KV blocks are cached now, capped as admission
@@ -273,12 +281,7 @@ class Scheduler(RequestLifecycle):
         A pure query, O(blocks of the prompt): nothing is pinned and no block's recency changes, so a
         router may ask every replica (stallfree.sim.cluster's prefix-affinity router does).
         """
-        cache = self._pkv.cache if self._paged else None
-        hashes = request.block_hashes
-        if cache is None or not hashes:
-            return 0
-        bs = self._pkv.block_size
-        return len(cache.lookup(hashes, (request.prompt_len - 1) // bs)) * bs
+        return self._kv.cached_prefix_len(request)
 
     def num_cached_tokens(self, rid: Hashable) -> int:
         """Prefix caching: prompt tokens of live request `rid` found cached at its first admission
@@ -287,9 +290,10 @@ class Scheduler(RequestLifecycle):
         Raises:
             KeyError: `rid` is not live.
         """
-        if rid not in self._live:
+        obj = self._live.get(rid)
+        if obj is None:
             raise KeyError(f"no live request with rid {rid!r}")
-        return self._cached_tokens.get(rid, 0)
+        return obj.num_cached_tokens
 
     @property
     def block_table(self) -> Callable[[Hashable], tuple[int, ...]] | None:
@@ -298,22 +302,18 @@ class Scheduler(RequestLifecycle):
         live). Under both KV policies when the scheduler has a block_size ("reserve" hands the ids
         out of each request's reservation when its table is read); None under "reserve" without a
         block_size, which counts tokens, not blocks."""
-        return self._block_table if self._paged or self.block_size is not None else None
+        return self._block_table if self._kv.has_block_ids else None
 
     def _block_table(self, rid: Hashable) -> tuple[int, ...]:
         obj = self._live.get(rid)
         if obj is None:
             raise KeyError(f"no live request with rid {rid!r}")
-        if self._paged:
-            self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
-        else:
-            self._rkv.materialize(obj, self._reserved_tokens(obj))
-        return tuple(obj.block_table)
+        return self._kv.block_table(obj, self._table_tokens(obj))
 
-    def _reserved_tokens(self, obj: LiveRequest) -> int:
-        """Reserve: the tokens `obj`'s table must hold: those in its KV, plus those of the plan in
-        flight (a decode's 1, or its speculative tokens; a chunk's). O(prefills in the plan), and
-        O(decodes) for a decode under speculation."""
+    def _table_tokens(self, obj: LiveRequest) -> int:
+        """The tokens `obj`'s table must hold: those in its KV, plus those of the plan in flight (a
+        decode's 1, or its speculative tokens; a chunk's). O(1) for a decode without speculation,
+        else O(prefills in the plan), or O(decodes) for a decode under speculation."""
         plan = self._inflight
         if obj.finish_step >= 0:  # decoding: its entry of this step starts at offset + step
             tokens = obj.offset + self._step
@@ -335,23 +335,19 @@ class Scheduler(RequestLifecycle):
         """The ids of the blocks in no table, after giving every table its promised blocks (under
         "reserve", the unclaimed parts of reservations are listed too). O(num_blocks + live
         requests); meant for checkers and tests."""
-        if self._paged:
-            for obj in self._decodes.recs:
-                self._pkv.materialize(obj, self._step, self._runs_in_flight(obj))
-        else:
-            for rid in self._live:
-                self._block_table(rid)
-        return self._kv.pool.free_ids()
+        for rid in self._live:
+            self._block_table(rid)
+        return self._kv.free_block_ids()
 
     def blocks_needed(self, req: Request) -> int:
-        """Paged: the most blocks `req` ever holds, ceil((prompt_len + max_new - 1) / block_size)."""
-        return self._pkv.blocks_needed(req)
+        """The most blocks `req` ever holds: paged, ceil((prompt_len + max_new - 1) / block_size);
+        reserve, the units of its reservation."""
+        return self._kv.blocks_needed(req)
 
     def kv_needed(self, req: Request) -> int:
-        """Reserve: KV reserved for `req` at admission, in tokens (whole blocks with block_size)."""
-        if self._paged:
-            return self._pkv.blocks_needed(req) * self._pkv.block_size
-        return self._kv.kv_needed(req.prompt_len, req.max_new)  # type: ignore[union-attr]
+        """The most KV `req` holds, in tokens: reserve, its reservation (whole blocks with block_size);
+        paged, blocks_needed x block_size."""
+        return self._kv.kv_needed_for(req)
 
     def priority_key(self, obj: LiveRequest) -> tuple[float, int]:
         """(effective priority, add order) of a live request; lower runs first under policy="priority"."""
@@ -392,17 +388,9 @@ class Scheduler(RequestLifecycle):
         victims: list[LiveRequest] = []
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(budget, step, victims)
         prefills: list[ScheduledChunk] = []
-        admitted: tuple[Hashable, ...] = ()
-        if self._multi:
-            admitted = self._schedule_multi(budget - used, prefills, victims, used > 0)
-            if victims:
-                self._requeue(victims)
-        else:
-            left = self._schedule_partial_prefill(budget - used, prefills, victims)
-            if victims:
-                self._requeue(victims)
-            else:
-                admitted = self._admit(left, prefills)
+        admitted = self._prefill.plan(self, StepBudget(budget - used), prefills, victims, used > 0)
+        if victims:
+            self._requeue(victims)
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -436,19 +424,17 @@ class Scheduler(RequestLifecycle):
         if self._skipped:
             self._skipped = []
         k = self.num_spec_tokens
-        if self._paged and not k:
-            pkv = self._pkv
-            bucket = pkv.buckets.get(step % pkv.block_size)
-            if bucket and len(dec.recs) <= budget and not pkv.pool.try_promise(len(bucket)):
+        if not k and len(dec.recs) <= budget:
+            short = self._kv.promise_decode_blocks(step)
+            if short:
                 # In decode order, as _with_blocks and the checker: with K > 1 prompts may finish
                 # out of admission order, so the decode list is then not in admission order.
                 order: Callable[[LiveRequest], int] = _by_admission
                 if self._multi:
                     pos = {id(o): i for i, o in enumerate(dec.recs)}
                     order = lambda o: pos[id(o)]  # noqa: E731
-                for obj in sorted(bucket.values(), key=order):
+                for obj in sorted(short, key=order):
                     if obj.status is _DECODING:  # not a victim of an older decode in this loop
-                        pkv.materialize(obj, step, False)
                         self._grow(obj, obj.offset + step + 1, step, victims)
         if dec._stale or dec._dirty:
             rids, offsets = dec.tuples()
@@ -460,8 +446,7 @@ class Scheduler(RequestLifecycle):
             costs, total = self._spec_costs(min(k, budget - 1), step)
             if total > budget:
                 return self._with_blocks(*self._overflow(costs, budget), step, victims)
-            return self._with_blocks(rids, offsets, costs, total, step, victims) if self._paged else (
-                rids, offsets, costs, total)
+            return self._with_blocks(rids, offsets, costs, total, step, victims)
         if n <= budget:
             return rids, offsets, None, n
         return self._with_blocks(*self._overflow((1,) * n, budget), step, victims)
@@ -470,16 +455,13 @@ class Scheduler(RequestLifecycle):
         self, rids: tuple[Hashable, ...], offsets: tuple[int, ...], costs: tuple[int, ...] | None, total: int,
         step: int, victims: list[LiveRequest],
     ) -> _Decodes:
-        """Paged, when decodes did not all get one token: each chosen decode, oldest first, gets the
-        blocks of its tokens, preempting as needed; victims leave the plan."""
-        if not self._paged:
-            return rids, offsets, costs, total
+        """When decodes did not all get one token: each chosen decode, oldest first, gets the KV of its
+        tokens, preempting as needed; victims leave the plan."""
         live = self._live
         tokens = costs or (1,) * len(rids)
         for rid, off, c in zip(rids, offsets, tokens, strict=True):
             obj = live[rid]
             if obj.status is _DECODING:
-                self._pkv.materialize(obj, step, False)
                 self._grow(obj, off + step + c, step, victims)
         if not victims:
             return rids, offsets, costs, total
@@ -492,8 +474,8 @@ class Scheduler(RequestLifecycle):
     def _grow(self, obj: LiveRequest, tokens: int, step: int, victims: list[LiveRequest]) -> bool:
         """Give a running request the blocks for `tokens` tokens, preempting others (or, when none
         may be preempted for it, itself) while the pool has too few; True if it got them."""
-        kv = self._pkv
-        while not kv.grow(obj, tokens):
+        kv = self._kv
+        while not kv.grow(obj, tokens, step):
             victim = self._victim_for(obj)
             self._preempt(victim, step, victims)
             if victim is obj:
@@ -501,25 +483,16 @@ class Scheduler(RequestLifecycle):
         return True
 
     def _victim_for(self, obj: LiveRequest) -> LiveRequest:
-        """The running request preempted so that `obj` gets a block: among those admitted after it,
-        the newest (fcfs), or the least urgent, newest first among equals (priority); else itself."""
-        recs = self._decodes.recs
-        if self._multi:
-            return self._victim_multi(obj, recs + self._partials)
-        if self.policy != "priority":
-            # Decodes join in admission order and nothing is admitted behind a partial prefill, so
-            # the newest running request is the partial prefill, else the last decode.
-            newest = self._prefilling if self._prefilling is not None else recs[-1]
-            return newest if newest.admit_seq > obj.admit_seq else obj
-        running = recs + ([self._prefilling] if self._prefilling is not None else [])
-        later = [o for o in running if o.admit_seq > obj.admit_seq]
-        if not later:
-            return obj
-        return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
+        """The running request preempted so that `obj` gets a block (the victim rule over every running
+        request: the decodes and the partial prefills)."""
+        running = self._decodes.recs + (
+            self._partials if self._multi else [self._prefilling] if self._prefilling is not None else [])
+        return self._victim(obj, running)
 
-    def _victim_multi(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest:
-        """K > 1: among the running requests admitted after `obj`, the newest (fcfs) or the least
-        urgent, newest first among equals (priority); else `obj` itself."""
+    def _victim(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest:
+        """The one victim rule: among `running` those admitted after `obj`, the newest (fcfs) or the
+        least urgent, newest first among equals (priority); `obj` itself when there is none. So the
+        oldest running request is never a victim and every run ends."""
         later = [o for o in running if o.admit_seq > obj.admit_seq]
         if not later:
             return obj
@@ -562,70 +535,16 @@ class Scheduler(RequestLifecycle):
         tokens = tuple(costs[i] for i in chosen)
         return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
 
-    def _schedule_partial_prefill(self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest]) -> int:
-        """Contract step 2: the rest of the prompt started in an earlier step, up to `left` tokens."""
-        obj = self._prefilling
-        if obj is None or left <= 0:
-            return left
-        done = obj.num_prefilled
-        rest = obj.target - done
-        n = self._chunking.chunk(rest, left)
-        if n and self._paged and not self._grow(obj, done + n, self._step, victims):
-            return left  # it was its own victim: nothing was admitted after it
-        if n:
-            if obj.num_preemptions:
-                self.num_recomputed_tokens += n
-            out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
-        # A prompt that does not finish this step keeps what is left (less than a block when chunks are
-        # block-aligned): admitting behind it would let a newer prompt reach its first token first.
-        return left - n if n == rest else 0
+    def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool:
+        """Whether the KV manager admits `obj` with a first chunk of `first_chunk` tokens after its cached
+        prefix `hits` (the handle of its lookup)."""
+        return self._kv.can_admit(obj, first_chunk, self._num_running, hits)
 
-    def _admit(self, left: int, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
-        """Contract step 3: admission in queue order; the first head that does not fit stops it."""
-        waiting = self._waiting
-        if not len(waiting):
-            return ()
-        admitted: list[Hashable] = []
-        caching = self.enable_prefix_caching
-        hits: list[int] = []
-        start = 0
-        while left > 0 and len(waiting):
-            obj: LiveRequest | None = waiting.head()
-            if obj is None or self._num_running >= self.max_seqs:
-                break
-            if caching:
-                # The longest cached prefix is pinned; the prefill starts after it.
-                hits = self._pkv.lookup(obj)
-                start = len(hits) * self._pkv.block_size
-            n = self._chunking.chunk(obj.target - start, left)
-            if n == 0 or not self._kv_admits(obj, n, hits):  # never a 0-token first chunk
-                break
-            waiting.pop_head()
-            self._take_in(obj, n, hits, start)
-            if obj.num_preemptions:
-                self.num_recomputed_tokens += n
-            out.append(ScheduledChunk(obj.rid, n, True, start, n == obj.target - start))
-            admitted.append(obj.rid)
-            left = left - n if n == obj.target - start else 0  # as for the partial prefill above
-        return tuple(admitted)
-
-    def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: list[int]) -> bool:
-        """Whether the KV policy admits `obj` with a first chunk of `first_chunk` tokens after its cached
-        `hits` (block ids; empty without a hit)."""
-        if hits:
-            return self._pkv.can_admit(obj, first_chunk, self._num_running, hits)
-        return self._kv.can_admit(obj, first_chunk, self._num_running)
-
-    def _take_in(self, obj: LiveRequest, first_chunk: int, hits: list[int], start: int) -> None:
-        """Admit `obj` (already out of the queue): its KV (the cached `hits` pinned, the prefill starting
-        at token `start`), the hit counters, its status and admission order."""
-        if hits:
-            self._pkv.admit(obj, first_chunk, hits)
-            obj.num_prefilled = start
-        else:
-            self._kv.admit(obj, first_chunk)
-        if self.enable_prefix_caching:
-            self._count_hit(obj, start)
+    def _take_in(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int], start: int) -> None:
+        """Admit `obj` (already out of the queue): its KV (the cached prefix `hits` kept, the prefill
+        starting at token `start`), its status and admission order."""
+        self._kv.admit(obj, first_chunk, hits)
+        obj.num_prefilled = start
         self._num_running += 1
         obj.status = _PREFILLING
         obj.admit_seq = self._admit_seq
@@ -633,137 +552,8 @@ class Scheduler(RequestLifecycle):
         if obj.admitted_step is None:
             obj.admitted_step = self._step
 
-    def _count_hit(self, obj: LiveRequest, start: int) -> None:
-        """Prefix caching: count an admission's lookup (its episode's tokens) and hit (`start` tokens)."""
-        self.prefix_cache_queries += obj.target
-        self.prefix_cache_hits += start
-        if obj.admitted_step is None:
-            self._cached_tokens[obj.rid] = start
-            self.prefix_cache_first_queries += obj.target
-            self.prefix_cache_first_hits += start
-
-    def _schedule_multi(
-        self, left: int, out: list[ScheduledChunk], victims: list[LiveRequest], decoding: bool
-    ) -> tuple[Hashable, ...]:
-        """K > 1: the partial prefills, admissions, then the budget left back to the partial prefills
-        (only to the short ones when the step has decodes, `decoding`).
-
-        Returns the admitted rids; `out` gets one chunk per prompt in prefill order.
-        """
-        thr = self.long_prefill_token_threshold
-        assert thr is not None
-        chunking = self._chunking
-        partials = self._partials
-        if self.policy == "priority" and len(partials) > 1:
-            partials = sorted(partials, key=self.priority_key)
-        else:
-            partials = list(partials)
-        # Prompts still partial after this step, and how many of them are long (rest > T at the step's start).
-        num_partial = num_long = 0
-        for obj in partials:
-            if obj.status is not _PREFILLING:
-                continue  # a victim of a decode's block in this step
-            done = obj.num_prefilled
-            rest = obj.target - done
-            n = chunking.chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
-            if n and self._paged and not self._grow_partial(obj, done + n, partials, victims):
-                n = 0
-            if n:
-                out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
-                left -= n
-            if n != rest:
-                num_partial += 1
-                num_long += rest > thr
-        if victims:
-            live = self._live
-            out[:] = [c for c in out if live[c.rid].status is _PREFILLING]
-            self._count_recomputed(out)
-            return ()
-        admitted, left = self._admit_multi(left, out, num_partial, num_long)
-        self._top_up(left, out, thr if decoding else None)
-        self._count_recomputed(out)
-        return admitted
-
-    def _grow_partial(self, obj: LiveRequest, tokens: int, partials: list[LiveRequest],
-                      victims: list[LiveRequest]) -> bool:
-        """Paged, K > 1: blocks for a partial prefill's chunk, preempting only newer partial prefills
-        (the victim rule among them); False (no chunk this step) when they do not suffice."""
-        kv = self._pkv
-        while not kv.grow(obj, tokens):
-            later = [o for o in partials if o.status is _PREFILLING and o.admit_seq > obj.admit_seq]
-            if not later:
-                return False
-            self._preempt(self._victim_multi(obj, later), self._step, victims)
-        return True
-
-    def _admit_multi(
-        self, left: int, out: list[ScheduledChunk], num_partial: int, num_long: int
-    ) -> tuple[tuple[Hashable, ...], int]:
-        """K > 1 admission in queue order: a long head takes at most T tokens and is passed by the
-        requests behind it while L long prompts are partially prefilled; any other head that does not
-        fit (slot, budget, KV, or a K-th partial prefill) stops admission. Returns (rids, budget left)."""
-        if not len(self._waiting) or left <= 0:
-            return (), left
-        thr = self.long_prefill_token_threshold
-        assert thr is not None
-        caching = self.enable_prefix_caching
-        hits: list[int] = []
-        start = 0
-        admitted: list[Hashable] = []
-        for obj in self._waiting.in_order():
-            if left <= 0 or self._num_running >= self.max_seqs:
-                break
-            if caching:
-                # As with one partial prefill: the longest cached prefix is pinned at admission, the
-                # prefill starts after it, and long or short is judged on the tokens left to compute.
-                hits = self._pkv.lookup(obj)
-                start = len(hits) * self._pkv.block_size
-            rest = obj.target - start
-            is_long = rest > thr
-            if is_long and num_long >= self.max_long_partial_prefills:
-                continue  # the issue's rule: a short prompt may pass a long one only here
-            n = self._chunking.chunk(rest, min(left, thr) if is_long else left)
-            last = n == rest
-            if n == 0 or (not last and num_partial >= self.max_num_partial_prefills) or not self._kv_admits(
-                    obj, n, hits):
-                break
-            self._waiting.remove(obj)
-            self._take_in(obj, n, hits, start)
-            self._partials.append(obj)
-            out.append(ScheduledChunk(obj.rid, n, True, start, last))
-            admitted.append(obj.rid)
-            if not last:
-                num_partial += 1
-                num_long += is_long
-            # A short prompt that does not finish keeps what is left, as under the contract.
-            left = left - n if last or is_long else 0
-        return tuple(admitted), left
-
-    def _top_up(self, left: int, out: list[ScheduledChunk], long_over: int | None) -> None:
-        """The budget left goes to the unfinished chunks in order (paged: only with free blocks;
-        nothing is preempted for it). With `long_over` = T (a step with decodes), a long prompt (more
-        than T tokens to compute at the step's start) gets none: its chunk stays at most T tokens,
-        because a chunk deep into a long prompt attends over its whole prefix and would slow the step
-        every decode in it waits for; without decodes the top-up is work-conserving."""
-        for i, c in enumerate(out):
-            if left <= 0:
-                break
-            if c.is_last:
-                continue
-            obj = self._live[c.rid]
-            if long_over is not None and obj.target - c.start > long_over:
-                continue
-            end = c.start + c.num_tokens
-            rest = obj.target - end
-            n = self._chunking.chunk(rest, left)
-            if n == 0 or (self._paged and not self._pkv.grow(obj, end + n)):
-                break
-            out[i] = c._replace(num_tokens=c.num_tokens + n, is_last=n == rest)
-            left -= n
-            if n != rest:
-                break
-
     def _count_recomputed(self, out: list[ScheduledChunk]) -> None:
+        """Count the chunks of requests in a recompute episode (after a preemption) as recomputed."""
         live = self._live
         for c in out:
             if live[c.rid].num_preemptions:
@@ -796,47 +586,28 @@ class Scheduler(RequestLifecycle):
     def _before_apply(self, plan: StepPlan, accepted: list[tuple[LiveRequest, int]]) -> int:
         """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
         self._decodes.clock = self._step
-        if self.enable_prefix_caching:
-            # A block is reusable as soon as the chunk that fills it completes.
-            for chunk in plan.prefills:
-                self._pkv.register(self._live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
+        kv = self._kv
+        live = self._live
+        # A block is reusable (prefix caching) as soon as the chunk that fills it completes.
+        for chunk in plan.prefills:
+            kv.filled(live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
         if self._skipped or accepted:
             shifts = [(o, -1) for o in self._skipped] + [(o, n - 1) for o, n in accepted]
             for obj, delta in shifts:
                 self._decodes.shift(obj, delta)
-                if self._paged:
-                    # These ran through the exact path (or skipped): a promise of an earlier step
-                    # covers at most the tokens now in their KV.
-                    self._pkv.materialize(obj, self._step, False)
-                    self._pkv.refile(obj)
+                kv.moved(obj, self._step)
             self._skipped = []
-        if self._paged and plan._decode_tokens:
-            # Rejected speculative tokens: their blocks go back.
-            live = self._live
+        if plan._decode_tokens:
+            # Rejected speculative tokens: their KV goes back.
             for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
                 if c > 1:
                     obj = live[rid]
-                    self._pkv.trim(obj, obj.offset + self._step)
+                    kv.trim(obj, obj.offset + self._step)
         return plan.step
 
     # ------------------------------------------------------------------ lifecycle hooks
 
     def _check_fits(self, req: Request) -> int:
-        hashes = req.block_hashes
-        if hashes is not None:
-            if not self.enable_prefix_caching:
-                raise RequestRejected(
-                    f"request {req.rid!r} has block_hashes, which only a scheduler with "
-                    f"enable_prefix_caching=True (and kv_policy='paged') uses; this one has "
-                    f"kv_policy={self.kv_policy!r}, enable_prefix_caching=False"
-                )
-            want = req.prompt_len // self._pkv.block_size
-            if len(hashes) != want:
-                raise RequestRejected(
-                    f"request {req.rid!r}: block_hashes has {len(hashes)} hashes, expected one per full "
-                    f"block of the prompt: prompt_len // block_size = {req.prompt_len} // "
-                    f"{self._pkv.block_size} = {want}"
-                )
         return self._kv.check_fits(req)
 
     def _new_live(self, req: Request, need: int) -> LiveRequest:
@@ -847,16 +618,9 @@ class Scheduler(RequestLifecycle):
     def _num_generated(self, obj: LiveRequest) -> int:
         return obj.num_output_tokens
 
-    def _forget(self, obj: LiveRequest, status: RequestStatus) -> None:
-        self._cached_tokens.pop(obj.rid, None)
-        super()._forget(obj, status)
-
     def _leave_running(self, obj: LiveRequest) -> None:
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""
-        if self._paged:
-            self._pkv.free(obj, self._step, self._runs_in_flight(obj))
-        else:
-            self._kv.free(obj, 0, False)
+        self._kv.free(obj, self._step, self._runs_in_flight(obj))
         if obj.finish_step >= 0:
             self._decodes.leave(obj)
         elif self._prefilling is obj:
@@ -899,8 +663,7 @@ class Scheduler(RequestLifecycle):
             self._finish(obj, end_reason(obj))
             return
         self._decodes.join(obj, obj.num_prompt_tokens + obj.gen0 - step - 1, step - 1 - obj.gen0 + obj.limit)
-        if self._paged:
-            self._pkv.file_decode(obj)
+        self._kv.start_decode(obj)
 
 
 def _by_seq(obj: LiveRequest) -> int:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from stallfree.core.errors import RequestRejected
+from stallfree.core.errors import RequestRejected, StallfreeError
 from stallfree.core.request import Request
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.simulator import (
@@ -86,7 +86,7 @@ DEFAULT_AFFINITY_LOAD_MARGIN = 4
 DEFAULT_ROUTER_SEED = 0
 
 
-class ClusterError(ValueError):
+class ClusterError(StallfreeError, ValueError):
     """A cluster option is out of range (the message names the field and the value)."""
 
 

@@ -14,6 +14,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from stallfree.core.errors import StallfreeError
+
 __all__ = [
     "EXECUTORS",
     "Executor",
@@ -36,7 +38,7 @@ RAY_CONNECT_TIMEOUT_S = 3.0
 RAY_JOIN_TIMEOUT_S = 5.0
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(StallfreeError, RuntimeError):
     """An executor cannot run: Ray is not installed, or its cluster cannot be reached."""
 
 

@@ -1,0 +1,126 @@
+"""The invariant checker's KV rules: the reservation policy's (reservations add up, tables hold the
+computed tokens) and the paged policy's (blocks cover the tokens, no block in two tables, victims by the
+written rule, block accounting), read through the scheduler's public views.
+
+Imports allowed: the standard library and stallfree.core only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from stallfree.core.invariants_cache import CacheRules, block_table
+from stallfree.core.plan import StepPlan
+
+if TYPE_CHECKING:
+    from stallfree.core.invariants import InvariantChecker
+
+__all__ = ["PagedRules", "ReserveRules"]
+
+
+class ReserveRules:
+    """The reservation policy's part of the checker."""
+
+    @staticmethod
+    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
+        s = chk.scheduler
+        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running)
+        if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
+            chk._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.kv_total} - {reserved}")
+        if scheduled is None and s.block_size is not None and chk._calls % chk.table_every == 0:
+            ReserveRules.check_block_ids(chk)
+
+    @staticmethod
+    def check_block_ids(chk: InvariantChecker) -> None:
+        """Between steps, each running request's table holds exactly the blocks of its computed tokens,
+        no more than its reservation's; no block is in two tables or both in a table and free."""
+        s = chk.scheduler
+        bs = s.block_size or 1
+        free = s.free_block_ids()
+        seen = set(free)
+        if len(seen) != len(free):
+            chk._fail("free list", f"ids {free}")
+        for rid in chk._running:
+            sh = chk._reqs[rid]
+            table = block_table(s, rid)
+            want = -(-sh.computed // bs)
+            if len(table) != want or len(table) * bs > s.kv_needed(sh.req):
+                chk._fail("reserve: blocks cover the computed tokens", f"rid {rid!r}: {table} for {sh.computed} "
+                          f"tokens, reservation {s.kv_needed(sh.req)}")
+            if seen.intersection(table) or len(set(table)) != len(table):
+                chk._fail("block in two places", f"rid {rid!r}: {table}")
+            if table and (min(table) < 0 or max(table) * bs >= s.kv_total):
+                chk._fail("block id range", f"rid {rid!r}: {table}")
+            seen.update(table)
+        if len(seen) * bs != s.kv_total:
+            chk._fail("every block accounted for", f"{len(seen)} of {s.kv_total // bs}")
+
+
+class PagedRules:
+    """The paged policy's part of the checker: blocks of decodes and victims, block accounting and ids."""
+
+    @staticmethod
+    def grow_decodes(
+        chk: InvariantChecker, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable],
+        takes: bool = False,
+    ) -> int:
+        """Each chosen decode, oldest first, takes the blocks of its tokens, preempting by the victim
+        rule (itself when none may be preempted for it) while none are free; returns the free blocks."""
+        for rid in chosen:
+            sh = chk._reqs[rid]
+            if not sh.running:
+                continue  # a victim of an older decode
+            need = chk._blocks(sh.computed + costs[rid]) - sh.blocks
+            while need > free:
+                victim = chk._victim_for(rid)
+                free += CacheRules.freed_by(chk, victim) if chk._caching else chk._reqs[victim].blocks
+                chk._preempt(victim, victims)
+                if victim == rid:
+                    break
+            else:
+                free -= max(need, 0)
+                sh.blocks += max(need, 0)
+                if takes:
+                    CacheRules.take(chk, need)
+        return free
+
+    @staticmethod
+    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
+        s = chk.scheduler
+        reqs = chk._reqs
+        used = sum(reqs[r].blocks for r in chk._running)
+        if chk._caching:
+            used = CacheRules.check(chk)  # distinct held blocks
+        if used + s.num_free_blocks != s.num_blocks or s.num_used_blocks != used:
+            chk._fail("free + used == num_blocks", f"{s.num_free_blocks} + {used} != {s.num_blocks}")
+        bs = s.block_size or 1
+        if s.kv_free != s.num_free_blocks * bs or s.kv_total != s.num_blocks * bs:
+            chk._fail("kv_free in tokens", f"{s.kv_free} for {s.num_free_blocks} blocks of {s.block_size}")
+        if scheduled is None:
+            for rid in chk._running:
+                sh = reqs[rid]
+                if sh.blocks != chk._blocks(sh.computed):
+                    chk._fail("blocks cover the computed tokens", f"rid {rid!r}: {sh.blocks} for {sh.computed}")
+        if chk._calls % chk.table_every == 0 and not chk._caching:
+            PagedRules.check_block_ids(chk)
+
+    @staticmethod
+    def check_block_ids(chk: InvariantChecker) -> None:
+        """Materialize every block table and check the ids: each block in exactly one place."""
+        s = chk.scheduler
+        free = s.free_block_ids()
+        seen = set(free)
+        if len(seen) != len(free) or len(free) != s.num_free_blocks:
+            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}")
+        for rid in chk._running:
+            table = block_table(s, rid)
+            if len(table) != chk._reqs[rid].blocks:
+                chk._fail("block table", f"rid {rid!r}: {table}, expected {chk._reqs[rid].blocks} blocks")
+            if seen.intersection(table) or len(set(table)) != len(table):
+                chk._fail("block in two places", f"rid {rid!r}: {table}")
+            if table and (min(table) < 0 or max(table) >= s.num_blocks):
+                chk._fail("block id range", f"rid {rid!r}: {table}")
+            seen.update(table)
+        if len(seen) != s.num_blocks:
+            chk._fail("every block accounted for", f"{len(seen)} of {s.num_blocks}")
