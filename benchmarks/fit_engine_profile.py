@@ -9,7 +9,9 @@ models' vLLM rows there (--report-model, default Qwen3-32B and Llama-3.1-8B-FP8)
 linear and in two stages, each a reason that carries over to other models:
 
 1. TPOT, on the decode-dominated fit rows (ISL <= OSL: a request's TPOT is then the time of steps that
-   are nearly all decodes). In a closed loop's steady state a request's TPOT is the mean time of the steps
+   are nearly all decodes) whose requests all fit the KV cache at once (concurrency x (ISL + OSL) <= the
+   replay's KV tokens: otherwise the simulated TPOT is the scheduler's queueing and preemption, not a
+   step's time). In a closed loop's steady state a request's TPOT is the mean time of the steps
    it decodes in, and nearly every step samples about `concurrency` tokens; so the engine's CPU time beyond
    the priced steps shows as measured TPOT - simulated TPOT = step + per_sampled x concurrency. A
    least-squares fit of that residual on (1, concurrency), each term kept >= 0 (a negative term is set to
@@ -93,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fit on {len(fit_rows)} rows ({a.fit_model}), report on {len(report_rows)} ({a.report_model}); "
           f"--kernels {a.kernels}, {k} x concurrency requests per row")
     base = _replay(fit_rows, EngineProfile("none"), a.kernels, k)
-    decode_rows = [d for d in base if d["tpot_ape_pct"] is not None and d["isl"] <= d["osl"]]
+    decode_rows = [d for d in base if d["tpot_ape_pct"] is not None and d["isl"] <= d["osl"]
+                   and d["concurrency"] * (d["isl"] + d["osl"]) <= d["kv_tokens"]]
     xs = [float(d["concurrency"]) for d in decode_rows]
     ys = [(d["measured_tpot_ms"] - d["sim_tpot_ms"]) * 1e-3 for d in decode_rows]
-    print(f"stage 1 (TPOT) on the {len(decode_rows)} decode-dominated fit rows (ISL <= OSL)")
+    print(f"stage 1 (TPOT) on the {len(decode_rows)} decode-dominated fit rows that fit the KV cache")
     step_s, per_s = _nonneg_fit(xs, ys)
     stepped = _replay(fit_rows, EngineProfile("fit", step_s, per_s), a.kernels, k)
     front_s = max(0.0, statistics.median((d["measured_ttft_ms"] - d["sim_ttft_ms"]) * 1e-3 for d in stepped))
@@ -105,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     prof = EngineProfile(a.name, step_s, per_s, front_s, pricing=a.kernels,
                          fitted_on=f"{len(fit_rows)} vLLM agg rows of aiconfigurator-core 0.12.0 "
                                    f"systems/silicon_sample.csv whose model contains {a.fit_model!r}, on {a.gpu} "
-                                   f"(step terms on the {len(decode_rows)} with ISL <= OSL; front end on all), "
+                                   f"(step terms on the {len(decode_rows)} with ISL <= OSL whose requests all "
+                                   f"fit the KV cache; front end on all), "
                                    f"{k} x concurrency requests per row",
                          command=cmd)
     print(prof.describe())
