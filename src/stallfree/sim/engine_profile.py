@@ -8,8 +8,9 @@ Three named terms, each in seconds (the data file gives them in ms and us):
   set-up and output processing on the CPU, and what asynchronous scheduling does not hide of it). It is
   added to every non-empty step.
 - ``per_sampled_s``: a cost per request that samples a token in the step (each decode, and each last
-  prefill chunk): sampling and detokenizing one token and handing it to the streaming output. Added
-  once per sampled token of the step.
+  prefill chunk): the per-request part of the engine core's CPU work (its input rows, sampling, appending
+  the token). Detokenizing and streaming run in the API server's process, off the step's critical path.
+  Added once per sampled token of the step.
 - ``frontend_s``: a front-end cost per request before its first token reaches the client (HTTP,
   tokenization, hand-off to the engine core, the first streamed chunk). It is not a step: it is added to
   a request's TTFT and E2E where latencies are the client's (a `vllm bench serve` result, a closed-loop
