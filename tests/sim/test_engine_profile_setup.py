@@ -92,3 +92,19 @@ def test_default_kernel_pricing_takes_the_matching_profile():
     assert not isinstance(off, ProfiledCostModel) and pricing["engine_profile"]["name"] == "none"
     today, _, _, pricing = build_priced(HardwareOptions(**hw, kernels="none", engine_profile=None))
     assert not isinstance(today, ProfiledCostModel) and pricing["engine_profile"]["name"] == "none"
+
+
+def test_cluster_runs_add_the_front_end_by_hand():
+    """Two replicas, one request each (round robin), steps of 10 ms: each request's first token at 10 ms and
+    last (3 tokens) at 30 ms; with a 50 ms front end the cluster's and each replica's TTFT is 60 ms, E2E 80 ms."""
+    from stallfree.sim.cluster import RoundRobinRouter, cluster_summary, simulate_cluster
+    from stallfree.sim.costs import LinearCostModel
+    from stallfree.sim.engine_profile import EngineProfile
+    from stallfree.sim.simulator import SchedulerConfig
+    from stallfree.sim.workload import Workload
+
+    cost = ProfiledCostModel(LinearCostModel(0.010, 0.0), EngineProfile("t", frontend_s=0.050))
+    wl = Workload((0.0, 0.0), (8, 8), (3, 3), name="two")
+    s = cluster_summary(simulate_cluster(wl, SchedulerConfig(1000, 64, 4), cost, 2, RoundRobinRouter()))
+    assert s["mean_ttft_ms"] == pytest.approx(60.0) and s["mean_e2el_ms"] == pytest.approx(80.0)
+    assert [r["mean_ttft_ms"] for r in s["replicas"]] == pytest.approx([60.0, 60.0])
