@@ -15,7 +15,11 @@ import time
 
 from stallfree.sim import BATCHING_MODES, SchedulerConfig, load_bundled, simulate
 from stallfree.sim.report import summarize_result
-from stallfree.sim.setup import DEFAULT_RATE_SCALE, default_cost_model
+from stallfree.sim.setup import default_cost_model
+
+#: The bundled trace's speed-up this benchmark runs at: 3, where the library's default cost model (the
+#: floor on H100) keeps the default replica at about 68% of its capacity (docs/simulator.md).
+FLOOR_RATE_SCALE = 3.0
 
 
 def main() -> None:
@@ -23,7 +27,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--modes", default=",".join(BATCHING_MODES))
     args = parser.parse_args()
-    for scale in (DEFAULT_RATE_SCALE, 1.0):
+    # 3x: the load the library's default cost model (the floor) was benchmarked at (docs), not the
+    # commands' DEFAULT_RATE_SCALE, which is chosen for their kernel pricing.
+    for scale in (FLOOR_RATE_SCALE, 1.0):
         for mode in args.modes.split(","):
             t0 = time.perf_counter()
             cost, kv = default_cost_model()

@@ -8,14 +8,19 @@ Llama-3.1-70B: the most rows, both GPUs, TP 1 to 8), on H100 and H200; report on
 models' vLLM rows there (--report-model, default Qwen3-32B and Llama-3.1-8B-FP8). The fit is
 linear and in two stages, each a reason that carries over to other models:
 
-1. TPOT. In a closed loop's steady state a request's TPOT is the mean time of the steps it decodes in,
-   and nearly every step samples about `concurrency` tokens; so the engine's time beyond the priced steps
-   shows as measured TPOT - simulated TPOT = step + per_sampled x concurrency. A least-squares fit of
-   that residual on (1, concurrency) over the fit rows, each term kept >= 0 (a negative term is set to 0
-   and the other refitted), gives step_s and per_sampled_s.
-2. TTFT. With those step terms the rows are replayed again; what TTFT still lacks is what the client
-   waits before the engine sees the request: frontend_s = the median of measured - simulated TTFT
-   (clamped at 0). The median, because a few rows' TTFT is dominated by queueing that no constant fits.
+1. TPOT, on the decode-dominated fit rows (ISL <= OSL: a request's TPOT is then the time of steps that
+   are nearly all decodes) whose requests all fit the KV cache at once (concurrency x (ISL + OSL) <= the
+   replay's KV tokens: otherwise the simulated TPOT is the scheduler's queueing and preemption, not a
+   step's time). In a closed loop's steady state a request's TPOT is the mean time of the steps
+   it decodes in, and nearly every step samples about `concurrency` tokens; so the engine's CPU time beyond
+   the priced steps shows as measured TPOT - simulated TPOT = step + per_sampled x concurrency. A
+   least-squares fit of that residual on (1, concurrency), each term kept >= 0 (a negative term is set to
+   0 and the other refitted), gives step_s and per_sampled_s. The prefill-heavy rows (ISL > OSL) are left
+   out of this stage: what their TPOT lacks grows as 1 / TP (prefill chunks priced short on the GPU), which
+   a CPU term must not absorb.
+2. TTFT, on all fit rows. With those step terms the rows are replayed again; what TTFT still lacks is what
+   the client waits before the engine sees the request: frontend_s = the median of measured - simulated
+   TTFT (clamped at 0).
 
 --write stores the profile as NAME in src/stallfree/sim/data/engine_profiles.json with the rows, the
 command and the fit-row errors. Needs aiconfigurator-core (the rows, and the kernel tables for --kernels).
@@ -90,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fit on {len(fit_rows)} rows ({a.fit_model}), report on {len(report_rows)} ({a.report_model}); "
           f"--kernels {a.kernels}, {k} x concurrency requests per row")
     base = _replay(fit_rows, EngineProfile("none"), a.kernels, k)
-    xs = [float(d["concurrency"]) for d in base if d["tpot_ape_pct"] is not None]
-    ys = [(d["measured_tpot_ms"] - d["sim_tpot_ms"]) * 1e-3 for d in base if d["tpot_ape_pct"] is not None]
+    decode_rows = [d for d in base if d["tpot_ape_pct"] is not None and d["isl"] <= d["osl"]
+                   and d["concurrency"] * (d["isl"] + d["osl"]) <= d["kv_tokens"]]
+    xs = [float(d["concurrency"]) for d in decode_rows]
+    ys = [(d["measured_tpot_ms"] - d["sim_tpot_ms"]) * 1e-3 for d in decode_rows]
+    print(f"stage 1 (TPOT) on the {len(decode_rows)} decode-dominated fit rows that fit the KV cache")
     step_s, per_s = _nonneg_fit(xs, ys)
     stepped = _replay(fit_rows, EngineProfile("fit", step_s, per_s), a.kernels, k)
     front_s = max(0.0, statistics.median((d["measured_ttft_ms"] - d["sim_ttft_ms"]) * 1e-3 for d in stepped))
@@ -99,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
            f"--gpu {a.gpu} --requests-per-row {k} --name {a.name}")
     prof = EngineProfile(a.name, step_s, per_s, front_s, pricing=a.kernels,
                          fitted_on=f"{len(fit_rows)} vLLM agg rows of aiconfigurator-core 0.12.0 "
-                                   f"systems/silicon_sample.csv whose model contains {a.fit_model!r}, on {a.gpu}",
+                                   f"systems/silicon_sample.csv whose model contains {a.fit_model!r}, on {a.gpu} "
+                                   f"(step terms on the {len(decode_rows)} with ISL <= OSL whose requests all "
+                                   f"fit the KV cache; front end on all), "
+                                   f"{k} x concurrency requests per row",
                          command=cmd)
     print(prof.describe())
     fitted = _replay(fit_rows, prof, a.kernels, k)
@@ -109,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
             "report_rows_without_profile": _errors(report_none), "report_rows_with_profile": _errors(report)}
     for key, e in errs.items():
         print(f"  {key}: {e}")
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for kind, done in (("without profile", base + report_none), ("with profile", fitted + report)):
+        for d in done:
+            groups.setdefault((d["model"], d["system"], kind), []).append(d)
+    for (model, system, kind), done in sorted(groups.items()):
+        print(f"  {model} on {system}, {kind} ({len(done)} rows): {_errors(done)}")
     if a.write:
         data = json.loads(DATA.read_text(encoding="utf-8"))
         entry = prof.to_json()

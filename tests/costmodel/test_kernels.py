@@ -48,6 +48,7 @@ def test_gpu_mapping_is_a_table() -> None:
     """Our GPU presets map onto the package's systems by table; one without tables says why."""
     assert system_for("h100-sxm") == "h100_sxm" and system_for("h200") == "h200_sxm"
     assert system_for("a100-sxm-80gb") == "a100_sxm" and system_for("l40s") == "l40s"
+    assert system_for("rtx-pro-6000") == "rtx_pro_6000_server"  # the package's server edition tables
     with pytest.raises(CostModelError, match="'h100-pcie'.*no measured tables"):
         system_for("h100-pcie")
     with pytest.raises(CostModelError, match="'l4'"):
@@ -240,3 +241,17 @@ def test_without_the_package_the_default_falls_back(monkeypatch) -> None:
     assert chosen.name == "floor" and "not installed" in chosen.source["fallback_reason"]
     with pytest.raises(KernelsUnavailable, match="not installed"):
         choose_cost_model("llama-3.1-8b", "h100-sxm", tp=1, kernels="vllm")
+
+
+@needs_kernels
+def test_rtx_pro_6000_is_priced_from_its_tables() -> None:
+    """The RTX PRO 6000 preset is priced from the package's rtx_pro_6000_server vLLM tables, equal to the
+    package's own decode estimator on equal contexts, and no faster than reading the weights once
+    (16.06e9 B of Llama-3.1-8B bf16 at 1.792e12 B/s = 8.96 ms)."""
+    from stallfree.costmodel.kernels import KernelCostModel
+
+    km = KernelCostModel(get_model("llama-3.1-8b"), get_gpu("rtx-pro-6000"), 1, "bf16", engine="vllm")
+    assert km.tables.system == "rtx_pro_6000_server"
+    est = km.tables.handle.decode_step_latency(32, 1024, 2) * 1e-3
+    assert km.decode_step_time(32, 1025) == pytest.approx(est, rel=1e-9)
+    assert km.decode_step_time(1, 100) > 16.06e9 / 1.792e12

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from stallfree.cli import main
+from stallfree.sim.setup import DEFAULT_RATE_SCALE
 
 
 def test_simulate_json_header_and_runs(capsys):
@@ -14,7 +15,7 @@ def test_simulate_json_header_and_runs(capsys):
     argv = ["simulate", "--num-requests", "300", "--json", "--slo-ttft", "1s", "--slo-tpot", "50", "--kernels", "none"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["header"]["rate_scale"] == 3.0
+    assert out["header"]["rate_scale"] == DEFAULT_RATE_SCALE
     assert out["header"]["requests"] == 300
     run = out["runs"][0]
     assert run["batching"] == "chunked"
@@ -61,7 +62,7 @@ def test_simulate_compare_table_and_out_dir(tmp_path, capsys):
     )
     assert code == 0
     text = capsys.readouterr().out
-    assert "rate scale 3" in text and "of capacity" in text
+    assert f"rate scale {DEFAULT_RATE_SCALE:g} " in text and "of capacity" in text
     assert "chunked/2048" in text and "prefill-first/2048" in text and "no-chunk/2048" in text
     names = ("summary.json", "requests-chunked-reserve.csv", "steps-no-chunk-reserve.csv", "cdf.png", "timeline.png")
     for name in names:

@@ -228,16 +228,19 @@ def test_bad_max_tokens_is_rejected():
 
 
 def test_chunked_beats_prefill_first_on_p99_tpot_on_the_bundled_trace():
-    """On the bundled trace at the default scale, chunked batching has a clearly lower p99 TPOT.
+    """On the bundled trace at 3x its rate, chunked batching has a clearly lower p99 TPOT.
 
     The window is the trace's busiest stretch (its minutes 25 to 31.7, about 3,000 requests), so the
-    test stays fast and still sees the load that the whole trace puts on the replica.
+    test stays fast and still sees a heavy load. The scale is pinned at 3 (the commands' default before
+    kernel pricing): under the library's default cost model (the floor on H100) that keeps the replica at
+    about 68% of its capacity, busy enough for prefills to stall decodes; the commands' default scale is
+    lower because their kernel pricing makes the replica slower.
     """
-    from stallfree.sim.setup import DEFAULT_RATE_SCALE, default_cost_model
+    from stallfree.sim.setup import default_cost_model
     from stallfree.sim.workload import load_bundled
 
     cost, kv = default_cost_model()
-    work = load_bundled().window(1500.0, 1900.0).scale_rate(DEFAULT_RATE_SCALE)
+    work = load_bundled().window(1500.0, 1900.0).scale_rate(3.0)
     p99 = {
         mode: summarize_result(simulate(work, SchedulerConfig(kv, 2048, 256, mode), cost))["p99_tpot_ms"]
         for mode in ("chunked", "prefill-first")

@@ -16,11 +16,12 @@ from stallfree.core.scheduler import Scheduler
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.engine_profile import EngineProfile, EngineProfileError, ProfiledCostModel, load_profile
 from stallfree.sim.simulator import SchedulerConfig
+from stallfree.validate import silicon
 from stallfree.validate.against import detect, figures, replay_run, validate_runs, verdict
 from stallfree.validate.compare import Latencies
 from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset
 from stallfree.validate.runs import read_run_folder
-from stallfree.validate.silicon import closed_loop, read_rows, select, validate_silicon
+from stallfree.validate.silicon import REQUESTS_PER_ROW, closed_loop, read_rows, select, validate_silicon
 
 DATA = Path(__file__).parent / "data"
 RUN = DATA / "run_small"
@@ -166,9 +167,29 @@ def test_validate_silicon_small():
     """The two replayable vLLM rows run; the disaggregated row is counted as skipped."""
     res = validate_silicon(str(CSV), EngineProfile("none"), engine="vllm")
     assert [r["line"] for r in res["rows"]] == [2, 3]
-    assert res["rows"][0]["requests"] == 3 * 8
+    assert res["rows"][0]["requests"] == REQUESTS_PER_ROW * 8
     assert sum(res["skipped"].values()) == 1
     assert res["verdict"].startswith("verdict: ")
+
+
+def test_row_ttft_includes_the_first_wave_tpot_does_not(monkeypatch):
+    """Row a (concurrency 8, OSL 4), replayed as 2 waves of hand-made times: the first wave's TTFT 1.0 s,
+    the second's 0.2 s, so TTFT = (8 x 1.0 + 8 x 0.2) / 16 = 0.6 s; TPOT over the second wave only:
+    3 gaps in 0.03 s = 10 ms (the first wave's, 50 ms, are left out)."""
+    row = read_rows(CSV)[0]
+
+    def fake(sched, cost, concurrency, n, isl, osl, think_s=0.0, spread=False):  # type: ignore[no-untyped-def]
+        first = [(0.0, 1.0, 1.15)] * concurrency
+        later = [(1.15, 1.35, 1.38)] * (n - concurrency)
+        return first + later
+
+    monkeypatch.setattr(silicon, "closed_loop", fake)
+    got = silicon.replay_row(row, EngineProfile("none"), "none", 2)
+    assert got["requests"] == 16
+    assert got["sim_ttft_ms"] == pytest.approx(600.0)
+    assert got["sim_tpot_ms"] == pytest.approx(10.0)
+    fe = silicon.replay_row(row, EngineProfile("f", frontend_s=0.005), "none", 2)
+    assert fe["sim_ttft_ms"] == pytest.approx(605.0) and fe["sim_tpot_ms"] == pytest.approx(10.0)
 
 
 def test_detect_formats(tmp_path):
@@ -219,3 +240,19 @@ def test_vllm_result_has_a_verdict_and_the_front_end():
     front = validate_vllm(path, "llama-3.1-8b", "h100-sxm", profile=EngineProfile("f", frontend_s=0.01))
     assert plain["verdict"].startswith("verdict: ")
     assert front["simulator"]["mean_ttft_ms"] == pytest.approx(plain["simulator"]["mean_ttft_ms"] + 10.0)
+
+
+def test_default_pricing_takes_the_matching_profile():
+    """validate's default (kernels None, profile None): today's pricing and no profile on a GPU without
+    tables (RTX 4090); vLLM's tables and the vllm profile where the package has the GPU."""
+    from stallfree.costmodel.kernels import kernels_installed
+    from stallfree.validate.hardware import pricing
+
+    floor = pricing("llama-3.1-8b", "rtx-4090", 1, "bf16", None, None)
+    assert floor.profile.name == "none" and "no measured kernels" in floor.provenance
+    if not kernels_installed():
+        pytest.skip("the optional package aiconfigurator-core (extra 'kernels') is not installed")
+    kern = pricing("llama-3.1-8b", "h100-sxm", 1, "bf16", None, None)
+    assert kern.profile == load_profile("vllm") and isinstance(kern.cost_model, ProfiledCostModel)
+    named = pricing("llama-3.1-8b", "h100-sxm", 1, "bf16", EngineProfile("none"), None)
+    assert named.profile.name == "none" and not isinstance(named.cost_model, ProfiledCostModel)

@@ -42,6 +42,7 @@ SYSTEMS: dict[str, str] = {
     "gb200": "gb200",
     "a100-sxm-80gb": "a100_sxm",
     "l40s": "l40s",
+    "rtx-pro-6000": "rtx_pro_6000_server",
 }
 
 #: Our GPU presets without measured tables there, with the reason (a system file without data, or

@@ -8,14 +8,16 @@ Three named terms, each in seconds (the data file gives them in ms and us):
   set-up and output processing on the CPU, and what asynchronous scheduling does not hide of it). It is
   added to every non-empty step.
 - ``per_sampled_s``: a cost per request that samples a token in the step (each decode, and each last
-  prefill chunk): sampling and detokenizing one token and handing it to the streaming output. Added
-  once per sampled token of the step.
+  prefill chunk): the per-request part of the engine core's CPU work (its input rows, sampling, appending
+  the token). Detokenizing and streaming run in the API server's process, off the step's critical path.
+  Added once per sampled token of the step.
 - ``frontend_s``: a front-end cost per request before its first token reaches the client (HTTP,
   tokenization, hand-off to the engine core, the first streamed chunk). It is not a step: it is added to
-  a request's TTFT and E2E where latencies are measured by the client (a `vllm bench serve` result, a
-  closed-loop benchmark row), and in a closed loop it also delays the engine's view of each new request,
-  like a think time. It is not added to runs whose times are the engine's own timestamps (a run folder's
-  ``queued_ts`` is taken after tokenization, in the engine core).
+  a request's TTFT and E2E where latencies are the client's (a `vllm bench serve` result, a closed-loop
+  benchmark row, and every `simulate`, `sweep`, `tune` and cluster run, whose latencies are reported as a
+  benchmark client would measure them), and in a closed loop it also delays the engine's view of each new
+  request, like a think time. It is not added to runs whose times are the engine's own timestamps (a run
+  folder's ``queued_ts`` is taken after tokenization, in the engine core).
 
 A profile is data: ``sim/data/engine_profiles.json`` holds each named profile with the figures, the rows it
 was fitted on and the command that fitted it (docs/fidelity.md). ``none`` is the profile with no terms.
@@ -184,7 +186,9 @@ def default_profile(kernels: str | None) -> EngineProfile:
 class ProfiledCostModel:
     """A step cost model plus a profile's step terms: inner + step_s + per_sampled_s x sampled tokens.
 
-    The front-end term is not a step's: callers add ``profile.frontend_s`` to the latencies they report.
+    The front-end term is not a step's: a simulation records ``frontend_s`` in its result's config and the
+    report adds it to every TTFT and E2E (the client's view: in an open loop a constant delay before the
+    engine sees a request changes no step, so adding it afterwards is exact).
     An empty plan costs what the inner model says (0).
 
     Args:
@@ -194,6 +198,12 @@ class ProfiledCostModel:
 
     inner: StepCostModel
     profile: EngineProfile
+
+    @property
+    def frontend_s(self) -> float:
+        """The profile's front-end time per request, s: a simulation adds it to each request's TTFT and
+        E2E (stallfree.sim.report.latency_arrays reads it from the result's config)."""
+        return self.profile.frontend_s
 
     def step_time(self, plan: StepPlan) -> float:
         """Return the step's time, s: the inner price plus the profile's per-step and per-sampled terms."""

@@ -115,7 +115,7 @@ def run_experiment(
             label=getattr(sched, "label", None),
             max_model_len=setup.context_length,
             cut_output_to_fit=setup.workload_options.cut_output_to_fit,
-            closed_loop=setup.closed_loop,
+            closed_loop=setup.engine_closed_loop,
         )
         if step_time_target is not None:
             res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)

@@ -38,7 +38,10 @@ def latency_arrays(res: SimResult) -> dict[str, Any]:
     Returns:
         dict with "rids" [n_done], "ttft" [n_done], "tpot" [n_multi] (requests with >= 2 tokens),
         "tpot_rids" [n_multi], "e2e" [n_done], "queue" [n_done], "itl" [total tokens - n_done],
-        "tokens" [n_done] (tokens emitted), all in seconds except the counts.
+        "tokens" [n_done] (tokens emitted), all in seconds except the counts. TTFT and E2E include the
+        engine profile's front-end time when the result's config has ``frontend_s`` (s; set by
+        simulate when the cost model is a stallfree.sim.engine_profile.ProfiledCostModel); the queueing
+        delay, TPOT and the gaps are the engine's.
     """
     import numpy as np
 
@@ -55,8 +58,10 @@ def latency_arrays(res: SimResult) -> dict[str, Any]:
     tokens = np.asarray([res.target[r] for r in done.tolist()], dtype=np.int64)
     out: dict[str, Any] = {"rids": done, "tokens": tokens}
     a, b = first[done], fin[done]
-    out["ttft"] = end[a] - arrival[done]
-    out["e2e"] = end[b] - arrival[done]
+    # An engine profile's front end (config frontend_s, s): the client's TTFT and E2E include it.
+    frontend = float(res.config.get("frontend_s", 0.0))
+    out["ttft"] = end[a] - arrival[done] + frontend
+    out["e2e"] = end[b] - arrival[done] + frontend
     out["queue"] = start[adm[done]] - arrival[done]
     multi = tokens > 1
     out["tpot"] = (end[b][multi] - end[a][multi]) / (tokens[multi] - 1)
@@ -219,8 +224,10 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
     message), rejected_reason ("context_length", "kv_capacity" or None).
     Times are None for rejected requests; tpot_ms is None below 2 tokens. With `replica` (a
     cluster's replica per request, -1 for one refused at arrival) a `replica` column follows rid
-    (None where -1)."""
+    (None where -1). ttft_ms and e2el_ms include the engine profile's front end (config frontend_s,
+    as latency_arrays); the step times (admitted_s, first_token_s, finish_s) are the engine's."""
     start, end = res.step_start, res.step_end
+    frontend = float(res.config.get("frontend_s", 0.0))
     rejected = dict(res.rejected)
     rows = []
     for r in range(res.num_requests):
@@ -241,8 +248,8 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
             "rejected": rejected.get(r),
             "rejected_reason": res.rejected_kind.get(r) if r in rejected else None,
         }
-        row["ttft_ms"] = (end[a] - arr) * 1e3 if a >= 0 else None
-        row["e2el_ms"] = (end[f] - arr) * 1e3 if f >= 0 else None
+        row["ttft_ms"] = (end[a] - arr + frontend) * 1e3 if a >= 0 else None
+        row["e2el_ms"] = (end[f] - arr + frontend) * 1e3 if f >= 0 else None
         row["queue_ms"] = (start[adm] - arr) * 1e3 if adm >= 0 else None
         n = row["output_tokens"]
         row["tpot_ms"] = (end[f] - end[a]) / (n - 1) * 1e3 if f >= 0 and n > 1 else None

@@ -51,9 +51,11 @@ __all__ = [
     "parse_linear_cost",
 ]
 
-#: The default speed-up of the bundled trace (docs/simulator.md explains the choice): at its real
-#: rate (5.5 req/s) the default replica (Llama 3.3 70B, 4 x H100 SXM, FP8) is only lightly busy.
-DEFAULT_RATE_SCALE = 3.0
+#: The default speed-up of the bundled trace (docs/simulator.md explains the choice): under the commands'
+#: default pricing (vLLM's kernel tables and the vllm engine profile) the default replica (Llama 3.3 70B,
+#: 4 x H100 SXM, FP8) completes about 10.4 req/s when saturated, and 1.4 x the trace's 5.53 req/s =
+#: 7.74 req/s is 74% of that: busy but stable (at 3, the scale before kernel pricing, it is 159%).
+DEFAULT_RATE_SCALE = 1.4
 
 #: The default replica: model, GPU, tensor-parallel GPUs and weight dtype.
 DEFAULTS: dict[str, Any] = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
@@ -180,10 +182,10 @@ class HardwareOptions:
             an optional ':VERSION' (measured kernel tables, stallfree.costmodel.kernels), or None for
             the commands' default (vLLM's `current` tables where the optional package is installed and
             has the GPU, else today's pricing, with the reason in the header).
-        engine_profile: an engine profile's name (stallfree.sim.engine_profile: its per-step and
-            per-sampled-token terms are added to every step; its front-end term, a client-side constant,
-            is not added to the simulated latencies and is named in the header), or None for the
-            profile fitted on `kernels` (none when kernels is None or 'none').
+        engine_profile: an engine profile's name (stallfree.sim.engine_profile: its step terms are
+            added to every step, its front-end term to every request's TTFT and E2E), or None for the
+            profile fitted on the engine whose kernel tables priced the steps (given by `kernels` or
+            chosen by the default; none under today's pricing).
     """
 
     model: str = DEFAULTS["model"]
@@ -315,20 +317,29 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         raise SetupError(str(exc)) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += f"; {chosen.line}"
-    real, hw = _with_profile(real, hw, opts)
+    real, hw, profile = _with_profile(real, hw, opts, chosen.source)
     if opts.linear_cost:
         linear = {"kind": "linear", "chosen_by": "--linear-cost", "formula": opts.linear_cost}
         return (
             parse_linear_cost(opts.linear_cost),
             int(kv),
             f"linear cost {opts.linear_cost} (ms, us/token, ns/context token)",
-            {"cost_model": "linear", "cost_model_source": linear},
+            {"cost_model": "linear", "cost_model_source": linear,
+             "engine_profile": {"name": "none", "chosen_by": "--linear-cost"}},
         )
-    return real, int(kv), hw, {"cost_model": chosen.name, "cost_model_source": chosen.source}
+    return real, int(kv), hw, {"cost_model": chosen.name, "cost_model_source": chosen.source,
+                               "engine_profile": profile}
 
 
-def _with_profile(cost: Any, hw: str, opts: HardwareOptions) -> tuple[Any, str]:
-    """Wrap `cost` in the options' engine profile (its step terms), with a note for the header.
+def _with_profile(
+    cost: Any, hw: str, opts: HardwareOptions, source: dict[str, Any]
+) -> tuple[Any, str, dict[str, Any]]:
+    """Wrap `cost` in the options' engine profile, with a note for the header and the profile's record
+    for --json (`engine_profile`: name, chosen_by, and the terms in ms / us).
+
+    Without --engine-profile the profile is the one fitted on the engine whose kernel tables priced the
+    steps, whether --kernels named it or the default chose it (`source`: the cost model's
+    cost_model_source); none under today's pricing.
 
     Raises:
         SetupError: an unknown profile name.
@@ -336,13 +347,18 @@ def _with_profile(cost: Any, hw: str, opts: HardwareOptions) -> tuple[Any, str]:
     from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 
     try:
-        prof = load_profile(opts.engine_profile) if opts.engine_profile else default_profile(opts.kernels)
+        if opts.engine_profile:
+            prof, chosen_by = load_profile(opts.engine_profile), "--engine-profile"
+        else:
+            engine = source.get("engine") if source.get("kind") == "kernels" else None
+            prof, chosen_by = default_profile(engine), "default"
     except EngineProfileError as exc:
         raise SetupError(str(exc), usage=True) from None
+    record: dict[str, Any] = {"name": prof.name, "chosen_by": chosen_by} | prof.to_json()
     if prof.is_empty:
-        return cost, hw
-    note = prof.describe() + (" (the front end is not added to the simulated latencies)" if prof.frontend_s else "")
-    return ProfiledCostModel(cost, prof), f"{hw}; {note}"
+        return cost, hw, record
+    note = prof.describe() + (" (the front end added to TTFT and E2E)" if prof.frontend_s else "")
+    return ProfiledCostModel(cost, prof), f"{hw}; {note}", record
 
 
 def _user_config(model: str) -> dict[str, Any] | None:
@@ -477,6 +493,7 @@ class Setup:
             "hardware": self.hardware,
             "cost_model": self.pricing["cost_model"],
             "cost_model_source": self.pricing["cost_model_source"],
+            "engine_profile": self.pricing.get("engine_profile"),
             "kv_tokens": self.kv_tokens,
             "max_seqs": self.max_seqs,
             "max_tokens": self.workload_options.max_tokens,
@@ -489,6 +506,17 @@ class Setup:
     def closed_loop(self) -> ClosedLoop | None:
         """The run's closed-loop load (WorkloadOptions.closed_loop), or None for open-loop load."""
         return self.workload_options.closed_loop
+
+    @property
+    def engine_closed_loop(self) -> ClosedLoop | None:
+        """The closed loop as the engine sees it: the clients' think time plus the engine profile's front
+        end (a client's next request reaches the engine that much after the last one ended); None for
+        open-loop load."""
+        closed = self.closed_loop
+        frontend = float(getattr(self.cost_model, "frontend_s", 0.0))
+        if closed is None or not frontend:
+            return closed
+        return replace(closed, think_time=closed.think_time + frontend)
 
     def _load_header(self) -> dict[str, Any]:
         """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time."""

@@ -618,6 +618,9 @@ def _run_plan(
     too_long = _context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
     target = [min(o, m) for o, m in zip(outs, max_new, strict=True)]
     config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
+    frontend = getattr(cost_model, "frontend_s", 0.0)  # an engine profile's front end (report adds it)
+    if frontend:
+        config["frontend_s"] = float(frontend)
     if max_model_len is not None:
         config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
     if closed_loop is not None:

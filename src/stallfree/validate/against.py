@@ -30,7 +30,7 @@ from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
-from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset, pricing
+from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
 from stallfree.validate.runs import RunFolder, is_run_folder, read_run_folder
 
 __all__ = [
@@ -132,7 +132,7 @@ def verdict(errors: dict[str, float | None], signed: bool = True) -> str:
     return f"verdict: {'within the goals' if ok else 'outside the goals'}: " + "; ".join(parts)
 
 
-def replay_run(run: RunFolder, profile: EngineProfile, kernels: str = "none", model: str | None = None,
+def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | None = "none", model: str | None = None,
                gpu: str | None = None) -> dict[str, Any]:
     """Replay one run folder open-loop (each request at its queued_ts) and compare.
 
@@ -175,7 +175,7 @@ def replay_run(run: RunFolder, profile: EngineProfile, kernels: str = "none", mo
                    "gpu": gpu_name, "tp": run.tp, "dtype": dtype, "vllm_version": run.vllm_version,
                    "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
                    "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
-                   "engine_profile": profile.name, "steps": res.num_steps},
+                   "engine_profile": price.profile.name, "steps": res.num_steps},
         "per_request": [[(measured[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")]
                         + [(sim[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")] for r in measured if r in sim],
     })
@@ -186,8 +186,8 @@ def _runs(path: Path) -> list[Path]:
     return [path] if is_run_folder(path) else sorted(c for c in path.iterdir() if is_run_folder(c))
 
 
-def validate_runs(path: str | Path, profile: EngineProfile, kernels: str = "none", model: str | None = None,
-                  gpu: str | None = None) -> dict[str, Any]:
+def validate_runs(path: str | Path, profile: EngineProfile | None, kernels: str | None = "none",
+                  model: str | None = None, gpu: str | None = None) -> dict[str, Any]:
     """Replay a run folder, or every run folder inside `path`, and summarise.
 
     A run that cannot be replayed (replay_run's ValueError) is listed under "skipped" with the reason.
@@ -218,7 +218,7 @@ def validate_runs(path: str | Path, profile: EngineProfile, kernels: str = "none
     return {"format": "runs", "runs": runs, "skipped": skipped, "summary": {"median_abs_error_pct": summary},
             "verdict": verdict(signed, len(runs) == 1)
             + ("" if len(runs) == 1 else f" (median |error| over {len(runs)} runs)"),
-            "engine_profile": profile.describe(), "kernels": kernels}
+            "engine_profile": describe_profile(profile), "kernels": kernels}
 
 
 def _fmt(v: float | None, unit: str = "") -> str:

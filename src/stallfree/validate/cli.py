@@ -41,7 +41,8 @@ def _against(a: argparse.Namespace) -> int:
     from stallfree.validate import against
 
     fmt = against.detect(a.against)
-    profile = load_profile(a.engine_profile) if a.engine_profile else default_profile(a.kernels)
+    profile = (load_profile(a.engine_profile) if a.engine_profile
+               else None if a.kernels is None else default_profile(a.kernels))
     if fmt in ("aiconfigurator", "silicon"):
         from stallfree.validate import silicon
 
@@ -80,7 +81,7 @@ def _run(a: argparse.Namespace) -> int:
                                 a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
                                 seed=a.seed, kernels=a.kernels,
                                 profile=load_profile(a.engine_profile) if a.engine_profile
-                                else default_profile(a.kernels))
+                                else None if a.kernels is None else default_profile(a.kernels))
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
                      f"{a.model} on {a.tp} x {a.gpu}")
         else:
@@ -158,10 +159,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "a silicon_sample.csv-style CSV, or 'aiconfigurator' for the installed package's copy")
     g.add_argument("--engine-profile", default=None, metavar="NAME",
                    help="the engine's own time around the kernels (sim/data/engine_profiles.json): none, "
-                        "vllm, ... (default: the profile fitted on the --kernels pricing; none for --kernels none)")
-    g.add_argument("--kernels", default="none", metavar="ENGINE[:VERSION]",
-                   help="what prices the steps: none (today's pricing; default) or vllm, sglang, trtllm with "
-                        "an optional :VERSION (the measured kernel tables, aiconfigurator-core)")
+                        "vllm, ... (default: the profile fitted on the engine whose kernel tables priced the "
+                        "steps; none under today's pricing)")
+    g.add_argument("--kernels", default=None, metavar="ENGINE[:VERSION]",
+                   help="what prices the steps: none (today's pricing) or vllm, sglang, trtllm with an "
+                        "optional :VERSION (the measured kernel tables, aiconfigurator-core); default: as "
+                        "simulate, vllm's current tables where the package has the GPU, else none")
     g.add_argument("--engine", default=None, help="benchmark CSV: rows of this backend (vllm, sglang, trtllm)")
     g.add_argument("--mode", default=None, help="benchmark CSV: rows of this mode (agg, disagg)")
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",

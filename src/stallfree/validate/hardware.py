@@ -17,7 +17,7 @@ from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.model import get_model
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel
+from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel, default_profile
 
 __all__ = [
     "ACTIVATION_RESERVE_BYTES",
@@ -25,6 +25,7 @@ __all__ = [
     "MODEL_NAMES",
     "Pricing",
     "derived_kv_tokens",
+    "describe_profile",
     "gpu_preset",
     "model_preset",
     "pricing",
@@ -155,19 +156,34 @@ def _config(model: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and "num_hidden_layers" in data else None
 
 
-def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile, kernels: str = "none") -> Pricing:
+def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
+            kernels: str | None = "none") -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
-    kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor) or
+    kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
     ENGINE[:VERSION] for the measured kernel tables (stallfree.costmodel.choice.choose_cost_model; a
-    config.json model is handed to the tables as is).
+    config.json model is handed to the tables as is), or None for the commands' default (vLLM's `current`
+    tables where the package has the GPU, else today's pricing).
+    profile: the engine profile, or None for the one fitted on the engine whose tables priced the steps
+    (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
 
     Raises:
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
     chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model))
     base = chosen.cost_model
+    if profile is None:
+        src = chosen.source
+        profile = default_profile(src.get("engine") if src.get("kind") == "kernels" else None)
     cm: StepCostModel = base
     if not profile.is_empty:
         cm = ProfiledCostModel(base, profile)
     return Pricing(cm, base, chosen.line.removeprefix("steps priced by ").removeprefix("the "), profile)
+
+
+def describe_profile(profile: EngineProfile | None) -> str:
+    """The profile's line for a report, or what the default (None) applies."""
+    if profile is not None:
+        return profile.describe()
+    return ("engine profile: the default, the one fitted on the engine whose kernel tables priced each replay "
+            "(none where today's pricing did)")

@@ -10,11 +10,16 @@ batch_size, tp_size, pp_size, attention_dp_size, and silicon_ttft_ms / silicon_t
 means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size.
 
 Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default) under the simulator's
-closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent at 0 and each later one when
-one finishes (plus the engine profile's front-end time, which the
-engine sees as a think time). The first wave is a warm-up whose outputs are staggered (closed_loop's
-`spread`) so that the later waves arrive spread out, as real clients drift apart, instead of in lock-step;
-the figures are the means over the requests after the first wave. Scheduler: paged, token budget BUDGET (vLLM's default
+closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent together at 0 and each later
+one when one finishes (plus the engine profile's front-end time, which the engine sees as a think time).
+The first wave's outputs are staggered (closed_loop's `spread`) so that the later waves arrive spread out,
+as real clients drift apart, instead of in lock-step. TTFT is the mean over every request, the first wave
+included (its prompts all queue at once, as a benchmark's first wave does); TPOT the mean over the requests
+after the first wave (whose outputs the stagger shortened). Why (docs/fidelity.md): on the Llama-3.1-70B
+fit rows alone, means over 10 waves with the first one included leave no TTFT residual that grows with
+the prompt or the concurrency (median 2 ms at ISL 1,024 and concurrency <= 8, 15 ms at >= 32, -1 ms at
+ISL 8,192), while dropping the first wave leaves 24, 135 and 119 ms.
+Scheduler: paged, token budget BUDGET (vLLM's default
 max_num_batched_tokens for its API server on a GPU of >= 70 GiB: vllm/engine/arg_utils.py,
 _set_default_args), max_num_seqs the larger of the concurrency and 1,024, KV from the cost model at
 gpu_memory_utilization 0.9 less the activation reserve (validate.hardware).
@@ -40,7 +45,7 @@ from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
-from stallfree.validate.hardware import derived_kv_tokens, gpu_preset, model_preset, pricing
+from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
 
 __all__ = [
     "BUDGET",
@@ -53,8 +58,9 @@ __all__ = [
     "validate_silicon",
 ]
 
-#: Requests replayed per row, as a multiple of its concurrency: one warm-up wave and two measured.
-REQUESTS_PER_ROW = 3
+#: Requests replayed per row, as a multiple of its concurrency: ten waves, the first included in TTFT.
+#: The CSV does not give the count; 10 waves is what the fit rows' TTFT agrees with (module docstring).
+REQUESTS_PER_ROW = 10
 #: The token budget of a replayed row (module docstring).
 BUDGET = 8192
 _CONC = re.compile(r"silicon_concurrency=(\d+)")
@@ -227,7 +233,7 @@ def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_request
     return out
 
 
-def replay_row(row: ClosedLoopRow, profile: EngineProfile, kernels: str = "none",
+def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str | None = "none",
                requests_per_row: int = REQUESTS_PER_ROW) -> dict[str, Any]:
     """Replay one row closed-loop (module docstring) and compare its TTFT and TPOT.
 
@@ -248,10 +254,11 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile, kernels: str = "none"
         raise ValueError(f"{where}: {exc}") from None
     sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
     n = requests_per_row * row.concurrency
-    done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, profile.frontend_s,
+    frontend = price.profile.frontend_s
+    done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, frontend,
                        spread=True)
     steady = done[row.concurrency:] or done
-    ttft = sum(f - a for a, f, _ in steady) / len(steady) + profile.frontend_s
+    ttft = sum(f - a for a, f, _ in done) / len(done) + frontend
     tpot = sum((e - f) / (row.osl - 1) for _a, f, e in steady) / len(steady) if row.osl > 1 else float("nan")
     sim_ttft, sim_tpot = ttft * 1e3, tpot * 1e3
     return {
@@ -281,7 +288,7 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def validate_silicon(path: str, profile: EngineProfile, kernels: str = "none", model: str | None = None,
+def validate_silicon(path: str, profile: EngineProfile | None, kernels: str | None = "none", model: str | None = None,
                      gpu: str | None = None, engine: str | None = None, mode: str | None = None,
                      requests_per_row: int | None = None, limit: int | None = None) -> dict[str, Any]:
     """Replay the selected rows of a benchmark CSV ("aiconfigurator": the installed package's copy).
@@ -326,7 +333,7 @@ def validate_silicon(path: str, profile: EngineProfile, kernels: str = "none", m
     line = (f"verdict: {'within' if good else 'outside'} the goals on {len(done)} rows: median APE TTFT "
             f"{overall['ttft_median_ape_pct']:.1f}% (goal 20%), TPOT {overall['tpot_median_ape_pct']:.1f}% (goal 10%)")
     return {"format": "silicon", "csv": str(csv_path), "requests_per_row": k, "rows": done, "skipped": skipped,
-            "summary": summary, "overall": overall, "verdict": line, "engine_profile": profile.describe(),
+            "summary": summary, "overall": overall, "verdict": line, "engine_profile": describe_profile(profile),
             "kernels": kernels}
 
 
@@ -334,7 +341,7 @@ def print_silicon(res: dict[str, Any]) -> None:
     """Print every row (measured and simulated TTFT and TPOT with their APE), the summary and the verdict."""
     print(res["engine_profile"])
     print(f"{res['csv']}: {len(res['rows'])} rows replayed closed-loop, {res['requests_per_row']} x concurrency "
-          "requests each (the first wave is warm-up)")
+          "requests each (TTFT over all, TPOT after the first wave)")
     print(f"{'line':>5} {'model':<34} {'system':<9} {'isl':>5} {'osl':>5} {'conc':>4} {'tp':>2} "
           f"{'TTFT ms':>8} {'sim':>8} {'APE':>6} {'TPOT ms':>8} {'sim':>7} {'APE':>6}")
     for r in res["rows"]:
@@ -379,3 +386,4 @@ def plot_silicon(path: Path, res: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+

@@ -38,7 +38,7 @@ def validate_vllm(
     paged: bool = True,
     seed: int = 0,
     profile: EngineProfile | None = None,
-    kernels: str = "none",
+    kernels: str | None = "none",
 ) -> dict[str, Any]:
     """Simulate the result file's requests and compare (all requests; see compare.compare).
 
@@ -53,8 +53,10 @@ def validate_vllm(
         ValueError: a bad result file (named key), or a bad model, GPU or setting (CostModelError).
     """
     res = read_vllm_result(path)
-    prof = profile or EngineProfile("none")
-    chosen = pricing(model, gpu, tp, dtype, prof, kernels)
+    if profile is None and kernels is not None:
+        profile = EngineProfile("none")  # a library call naming its pricing gets no profile unless asked
+    chosen = pricing(model, gpu, tp, dtype, profile, kernels)
+    prof = chosen.profile
     kv = chosen.base.kv_capacity_tokens(gpu_memory_utilization)
     arrivals = res.arrival_times(seed)
     wl = Workload(arrivals, res.prompt_lens, res.output_lens, name=f"vllm result {Path(path).name}")

@@ -176,9 +176,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     m.add_argument(
         "--engine-profile",
         metavar="NAME",
-        help="add the engine's own time around the kernels to every step (sim/data/engine_profiles.json: "
-        "none, vllm; docs/fidelity.md); default: the profile fitted on the --kernels engine given, none "
-        "without --kernels",
+        help="add the engine's own time around the kernels (sim/data/engine_profiles.json: none, vllm; "
+        "docs/fidelity.md): its step terms to every step, its front end to every TTFT and E2E; default: "
+        "the profile fitted on the engine whose kernel tables priced the steps, none under today's pricing",
     )
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
