@@ -22,7 +22,6 @@ cluster whose step arrays are the replicas' laid end to end, so every single-run
 from __future__ import annotations
 
 import math
-import time
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +29,8 @@ from typing import Any
 
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.experiment import Experiment, check_options, offered_rate, scheduler_for
-from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.loop import Entry, EventLoop, PassGate, Router
+from stallfree.sim.load import ClosedLoop
+from stallfree.sim.loop import Router
 from stallfree.sim.replica import Replica
 from stallfree.sim.report import summarize_result
 from stallfree.sim.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
@@ -55,7 +54,7 @@ from stallfree.sim.simulator import (
     make_scheduler,
     new_result,
     plan_run,
-    request_maker,
+    run_group,
     saturated_throughput,
     wrap_checker,
 )
@@ -160,15 +159,8 @@ def simulate_cluster(
         reps.append(Replica(k, sched, inner, res, cost_model))
     results = [rep.res for rep in reps]
     cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
-    arrivals = Arrivals(workload, closed_loop)
+    arrivals, entry, wall = run_group(reps, router, workload, max_new, too_long, closed_loop)
     closed = closed_loop is not None
-    entry = Entry(reps, router, request_maker(workload, max_new, reps[0].inner, arrivals.times), too_long,
-                  arrivals, track_imbalance=True)
-    loop = EventLoop(reps, arrivals, entry, arrivals.on_finish if closed else None,
-                     PassGate(arrivals.ended if closed else None))
-    t0 = time.perf_counter()
-    loop.run()
-    wall = time.perf_counter() - t0
     routed, ratios = entry.routed, entry.ratios
     for rep, res in zip(reps, results, strict=True):
         res.wall_s = wall

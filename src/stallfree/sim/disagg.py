@@ -36,12 +36,19 @@ from functools import partial
 from typing import Any
 
 from stallfree.core.errors import RequestRejected
+from stallfree.core.metrics import RequestTimeline, summarize
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
+from stallfree.costmodel import CostModelError
+from stallfree.costmodel import default_cost_model as priced_default
+from stallfree.costmodel.hardware import DTYPE_BYTES
+from stallfree.sim import plots
+from stallfree.sim.cluster import run_cluster_experiment
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, Router, route_to
 from stallfree.sim.replica import Replica
+from stallfree.sim.report import summarize_result, write_steps_csv
 from stallfree.sim.result import (
     CONTEXT_LENGTH,
     KV_CAPACITY,
@@ -51,7 +58,8 @@ from stallfree.sim.result import (
     SimResult,
     verify_tokens,
 )
-from stallfree.sim.routers import LeastOutstandingRouter
+from stallfree.sim.routers import LeastOutstandingRouter, make_router
+from stallfree.sim.setup import SetupError, build_cost_model
 from stallfree.sim.simulator import SchedulerConfig, context_overflows, make_scheduler, new_result, wrap_checker
 from stallfree.sim.workload import Workload
 
@@ -269,14 +277,22 @@ def simulate_disaggregated(
         verify_tokens(rep.res)
         if closed_loop is not None:
             rep.res.arrival = tuple(arrivals.times)
-    sent = Workload(tuple(arrivals.times), plens, workload.output_lens, workload.name)
+    return _result(workload, groups, entry, gate, hook, wall, max_new, target)
+
+
+def _result(
+    workload: Workload, groups: tuple[list[Replica], list[Replica]], entry: Entry, gate: _Gate,
+    hook: _Transfers, wall: float, max_new: list[int], target: list[int],
+) -> DisaggResult:
+    """The DisaggResult of a finished run: both sides' results, the joined timelines, the rejections."""
+    sent = Workload(tuple(entry.arrivals.times), workload.prompt_lens, workload.output_lens, workload.name)
     pre, dec = [r.res for r in groups[0]], [r.res for r in groups[1]]
     prefill_of = list(entry.routed)
     timelines = _timelines(sent, target, pre, dec, prefill_of, hook.decode_of)
     rejected = sorted(gate.rejected + entry.refused)
     kinds = dict(gate.kinds) | {rid: CONTEXT_LENGTH for rid, _ in entry.refused}
     return DisaggResult(pre, dec, prefill_of, hook.decode_of, hook.t_start, hook.t_end, timelines, rejected, kinds,
-                        link, kv_bytes_per_token, wall, max_new, target, sent.arrivals)
+                        hook.link, hook.kvb, wall, max_new, target, sent.arrivals)
 
 
 def _group(
@@ -387,7 +403,6 @@ def _timelines(
     wl: Workload, target: list[int], pre: list[SimResult], dec: list[SimResult], p_of: list[int], d_of: list[int]
 ) -> list[Any]:
     """Join each request's first token (prefill side) with its later tokens (decode side)."""
-    from stallfree.core.metrics import RequestTimeline
 
     out = []
     for r in range(len(wl)):
@@ -420,8 +435,6 @@ def disagg_summary(
     (mean and p99 transfer ms, link name, bandwidth, latency, KV bytes per token), and `replicas`:
     one report.summarize_result per replica with its `role` ("prefill" or "decode") and index.
     """
-    from stallfree.core.metrics import summarize
-    from stallfree.sim.report import summarize_result
 
     out: dict[str, Any] = {"num_requests": num_requests, "rejected": len(result.rejected)}
     by: dict[str, int] = {}
@@ -557,8 +570,6 @@ def write_disagg_out(
     """
     import json
 
-    from stallfree.sim import plots
-    from stallfree.sim.report import write_steps_csv
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"header": header, "runs": [summary]}, indent=1) + "\n")
@@ -588,10 +599,6 @@ def kv_bytes_per_token_of(hardware: Any) -> int:
     Raises:
         SetupError: an unknown model, GPU or dtype.
     """
-    from stallfree.costmodel import CostModelError
-    from stallfree.costmodel import default_cost_model as priced_default
-    from stallfree.costmodel.hardware import DTYPE_BYTES
-    from stallfree.sim.setup import SetupError
 
     try:
         cm = priced_default(hardware.model, hardware.gpu, tp=hardware.tp, dtype=hardware.dtype,
@@ -639,8 +646,6 @@ def run_disagg_experiment(
     """
     from dataclasses import replace
 
-    from stallfree.sim.routers import make_router
-    from stallfree.sim.setup import build_cost_model
 
     budget = budget or 2048
     budgets = (prefill_budget or budget, decode_budget or budget)
@@ -746,7 +751,6 @@ def search_plan(
     Raises:
         ClusterError: replicas < 2, no SLO given, or an empty grid or a budget < 1.
     """
-    from stallfree.sim.cluster import run_cluster_experiment
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
         raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")

@@ -21,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree.sim import plots
+from stallfree.sim.report import summarize_result, write_records, write_steps_csv
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
+from stallfree.sim.time_budget import TimeBudgetConfig
 
 __all__ = [
     "Experiment",
@@ -115,7 +118,6 @@ def run_experiment(
     check_options(setup, modes, step_time_target, check)
     if budget is None:
         budget = 2048 if step_time_target is None else TIME_BUDGET_CAP
-    from stallfree.sim.report import summarize_result
 
     max_tokens = setup.workload_options.max_tokens
     results, summaries = [], []
@@ -171,7 +173,6 @@ def scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float 
     """The scheduler of one run: a SchedulerConfig, or a TimeBudgetConfig with a step time target."""
     if step_time_target is None:
         return setup.config(mode, budget)
-    from stallfree.sim.time_budget import TimeBudgetConfig
 
     sched: SchedulerLike | Any = TimeBudgetConfig(
         setup.kv_tokens,
@@ -206,8 +207,6 @@ def write_experiment(out: Path, study: Experiment) -> list[str]:
     Raises:
         OSError: `out` cannot be created or written.
     """
-    from stallfree.sim import plots
-    from stallfree.sim.report import write_records, write_steps_csv
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"header": study.header, "runs": study.summaries}, indent=1) + "\n")

@@ -26,7 +26,7 @@ from stallfree.core.scheduler import Scheduler
 from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.loop import Entry, EventLoop, PassGate
+from stallfree.sim.loop import Entry, EventLoop, PassGate, Router
 from stallfree.sim.replica import Replica
 from stallfree.sim.result import (
     CONTEXT_LENGTH,
@@ -51,6 +51,7 @@ __all__ = [
     "new_result",
     "plan_run",
     "request_maker",
+    "run_group",
     "saturated_throughput",
     "simulate",
     "wrap_checker",
@@ -183,6 +184,29 @@ def new_result(
     )
 
 
+def run_group(
+    reps: list[Replica], router: Router | None, workload: Workload, max_new: list[int], too_long: dict[int, str],
+    closed_loop: ClosedLoop | None,
+) -> tuple[Arrivals, Entry, float]:
+    """Run the event loop over one group of replicas behind `router` (None: the single replica),
+    each request entering as request_maker builds it; return (the arrivals, the entry (routes,
+    refusals, imbalance ratios), the loop's wall time, s). Closed-loop load, when given, sends the
+    next request as one finishes or is refused.
+
+    Raises:
+        SimulationError, ClusterError: as EventLoop.run and route_to.
+    """
+    arrivals = Arrivals(workload, closed_loop)
+    entry = Entry(reps, router, request_maker(workload, max_new, reps[0].inner, arrivals.times), too_long,
+                  arrivals, track_imbalance=router is not None)
+    closed = closed_loop is not None
+    loop = EventLoop(reps, arrivals, entry, arrivals.on_finish if closed else None,
+                     PassGate(arrivals.ended if closed else None))
+    t0 = time.perf_counter()
+    loop.run()
+    return arrivals, entry, time.perf_counter() - t0
+
+
 def request_maker(
     wl: Workload, max_new: list[int], inner: object, times: list[float]
 ) -> Callable[[int], Request]:
@@ -251,36 +275,36 @@ def simulate(
     )
     check_stop_after(sched, target, max_new)
     res = new_result(label or type(inner).__name__, workload, config, target, max_new, inner)
-    rep = Replica(0, sched, inner, res, cost_model)
-    arrivals = Arrivals(workload, closed_loop)
-    entry = Entry([rep], None, request_maker(workload, max_new, inner, arrivals.times), too_long, arrivals)
-    closed = closed_loop is not None
-    loop = EventLoop([rep], arrivals, entry, arrivals.on_finish if closed else None,
-                     PassGate(arrivals.ended if closed else None))
-    t0 = time.perf_counter()
-    loop.run()
-    res.wall_s = time.perf_counter() - t0
+    reps = [Replica(0, sched, inner, res, cost_model)]
+    arrivals, entry, res.wall_s = run_group(reps, None, workload, max_new, too_long, closed_loop)
     for rid, why in entry.refused:
         res.rejected.append((rid, why))
         res.rejected_kind[rid] = CONTEXT_LENGTH
     res.rejected.sort()  # rid order: the order requests arrive in
-    if closed:
+    if closed_loop is not None:
         res.arrival = tuple(arrivals.times)
-    res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
-    res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
-    if getattr(inner, "enable_prefix_caching", False):
-        queries = int(getattr(inner, "prefix_cache_queries", 0))
-        res.prefix_cache_hit_rate = int(getattr(inner, "prefix_cache_hits", 0)) / queries if queries else 0.0
-        first = int(getattr(inner, "prefix_cache_first_queries", 0))
-        res.prefix_cache_hit_rate_first_admission = (
-            int(getattr(inner, "prefix_cache_first_hits", 0)) / first if first else 0.0)
-        res.prefix_cache_evictions = int(getattr(inner, "num_evictions", 0))
-        res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(int(getattr(inner, "block_size", 16)))
+    _scheduler_figures(res, inner, workload)
     if check:
         # End-of-run invariants: every request finished and all KV returned.
         sched.check_final()  # type: ignore[attr-defined]
     verify_tokens(res)
     return res
+
+
+def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload) -> None:
+    """Copy the scheduler's own counters into `res`: preemptions, recomputed tokens and, with prefix
+    caching on, the hit rates (all admissions and first admissions), evictions and the trace's bound."""
+    res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
+    res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
+    if not getattr(inner, "enable_prefix_caching", False):
+        return
+    queries = int(getattr(inner, "prefix_cache_queries", 0))
+    res.prefix_cache_hit_rate = int(getattr(inner, "prefix_cache_hits", 0)) / queries if queries else 0.0
+    first = int(getattr(inner, "prefix_cache_first_queries", 0))
+    res.prefix_cache_hit_rate_first_admission = (
+        int(getattr(inner, "prefix_cache_first_hits", 0)) / first if first else 0.0)
+    res.prefix_cache_evictions = int(getattr(inner, "num_evictions", 0))
+    res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(int(getattr(inner, "block_size", 16)))
 
 
 def context_overflows(
