@@ -20,7 +20,7 @@ COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 
 def run(wl: Workload, cfg: SchedulerConfig, solo: bool, closed: ClosedLoop | None = None,
         max_model_len: int | None = None) -> tuple[SimResult, list[float]]:
-    """One replica through the loop, on its single-replica path (solo) or the general one."""
+    """One replica through the loop, on its single-replica path as simulate runs it (solo) or the general one."""
     max_new, too_long, target, config, _ = plan_run(wl, cfg, COST, None, max_model_len, False, None, closed)
     inner = make_scheduler(cfg)
     res = new_result("x", wl, config, target, max_new, inner)
@@ -30,6 +30,7 @@ def run(wl: Workload, cfg: SchedulerConfig, solo: bool, closed: ClosedLoop | Non
     loop = EventLoop([rep], arrivals, entry, arrivals.on_finish if closed else None,
                      PassGate(arrivals.ended if closed else None))
     loop.solo = solo
+    loop.arrivals_at_step_ends = solo  # as simulate sets it: the trivial router, and ignored under closed loop
     loop.run()
     return res, arrivals.times
 
@@ -115,4 +116,4 @@ def test_finish_step_without_a_step_is_an_error() -> None:
     inner = make_scheduler(cfg)
     rep = Replica(0, inner, inner, new_result("x", wl, {}, [1], [1], inner), COST)
     with pytest.raises(SimulationError, match="without a step in flight"):
-        rep.finish_step()
+        rep.finish_step(1.0)

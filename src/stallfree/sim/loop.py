@@ -201,6 +201,11 @@ class EventLoop:
         #: With one replica, run the equivalent single-replica path (_run_solo); False forces the
         #: general one (tests compare the two).
         self.solo = True
+        #: The single-replica path may hand requests that arrive during a step to the replica at the
+        #: step's end without stopping at each arrival: the same result when the router depends on
+        #: nothing (Entry without a router) and nothing depends on the arrival instant (open loop).
+        #: Set by the caller that knows both (simulate).
+        self.arrivals_at_step_ends = False
 
     def at(self, time: float, callback: Callable[[float], None]) -> None:
         """Run callback(time) at `time`, s (a CALLBACK event: after the step ends due then)."""
@@ -228,7 +233,7 @@ class EventLoop:
             while heap and heap[0][0] <= now:
                 t, kind, _, payload = pop(heap)
                 if kind == STEP_END:
-                    finished = payload.finish_step()  # type: ignore[attr-defined]
+                    finished = payload.finish_step(t)  # type: ignore[attr-defined]
                     if finished and on_finish is not None:
                         on_finish(payload, finished, t)  # type: ignore[arg-type]
                     if recorded is not None:
@@ -269,6 +274,7 @@ class EventLoop:
         arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
         recorded = None if type(gate) is PassGate else gate.recorded
         start_step, finish_step, has_unfinished = rep.start_step, rep.finish_step, rep.inner.has_unfinished
+        lazy = self.arrivals_at_step_ends and self.arrivals.closed is None
         n = len(times)
         i = 0
         now = times[0] if n else 0.0
@@ -278,7 +284,7 @@ class EventLoop:
                 # A step's end before a callback due at the same time (kind STEP_END < CALLBACK).
                 if end is not None and end <= now and not (heap and heap[0][0] < end):
                     t, end = end, None
-                    finished = finish_step()
+                    finished = finish_step(t)
                     if finished and on_finish is not None:
                         on_finish(rep, finished, t)
                     if recorded is not None:
@@ -296,12 +302,19 @@ class EventLoop:
                     gate.admit(rep, now)
                 if has_unfinished():
                     end = start_step(now)
-                    if end is None and recorded is not None:
-                        recorded(rep)
+                    if end is None:
+                        if recorded is not None:
+                            recorded(rep)
+                    elif lazy and not heap and on_finish is None and recorded is None:
+                        # Nothing can happen before this step ends (arrivals wait for it, no
+                        # callback is due, no hook runs at its end): finish it at once.
+                        finish_step(end)
+                        now, end = end, None
+                        continue
             nxt = end if end is not None else math.inf
             if heap and heap[0][0] < nxt:
                 nxt = heap[0][0]
-            if i < n and times[i] < nxt:
+            if i < n and times[i] < nxt and (end is None or not lazy):
                 nxt = times[i]
             if nxt == math.inf:
                 self._check_done(i)

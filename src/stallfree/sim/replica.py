@@ -54,7 +54,7 @@ class Replica:
     """
 
     __slots__ = (
-        "_append", "_complete", "_schedule", "_step_time", "busy", "cost", "decoding", "inflight", "inner",
+        "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "busy", "cost", "decoding", "inner",
         "index", "num_outstanding", "num_routed", "pending", "res", "sched", "seg_open", "stalled", "state",
         "step", "tick",
     )
@@ -73,7 +73,8 @@ class Replica:
         self.decoding: set[int] = set()  # requests with a first token: to see skipped decodes
         self.tick = 0  # steps with decodes so far (res.step_ticks)
         self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
-        self.inflight: tuple[float, float, StepPlan] | None = None  # (end s, start s, plan)
+        self._plan: StepPlan | None = None  # the step in flight
+        self._start = 0.0  # when it started, s
         # Bound once: the per-step path is the simulator's hot loop.
         self._schedule, self._complete, self._step_time = sched.schedule, sched.complete, cost.step_time
         self._append = (res.step_start.append, res.step_end.append, res.step_tokens.append,
@@ -147,22 +148,22 @@ class Replica:
             for rid in plan.admitted:
                 if admit_step[rid] < 0:  # type: ignore[call-overload]
                     admit_step[rid] = step  # type: ignore[call-overload]
-        end = now + self._step_time(plan)
-        self.inflight = (end, now, plan)
+        self._plan, self._start = plan, now
         self.busy = True
-        return end
+        return now + self._step_time(plan)
 
-    def finish_step(self) -> dict[Hashable, FinishReason]:
-        """Complete the step in flight at its end and record its row; return the requests that
-        finished in it (rid -> reason; the scheduler's last_finished).
+    def finish_step(self, end: float) -> dict[Hashable, FinishReason]:
+        """Complete the step in flight at its end, `end` s (what start_step returned), and record its
+        row; return the requests that finished in it (rid -> reason; the scheduler's last_finished).
 
         Raises:
             SimulationError: no step is in flight.
         """
-        if self.inflight is None:
+        plan = self._plan
+        if plan is None:
             raise SimulationError(f"replica {self.index}: finish_step without a step in flight")
-        end, start, plan = self.inflight
-        self.inflight = None
+        start = self._start
+        self._plan = None
         self._complete(plan)
         if plan.num_decodes:
             self.tick += 1

@@ -202,6 +202,7 @@ def run_group(
     closed = closed_loop is not None
     loop = EventLoop(reps, arrivals, entry, arrivals.on_finish if closed else None,
                      PassGate(arrivals.ended if closed else None))
+    loop.arrivals_at_step_ends = router is None
     t0 = time.perf_counter()
     loop.run()
     return arrivals, entry, time.perf_counter() - t0
