@@ -22,14 +22,6 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in PKG.rglob("*.py")}
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-    )
-
-
 def _resolve(module: str, base: str, level: int) -> str:
     if level == 0:
         return module
@@ -38,8 +30,9 @@ def _resolve(module: str, base: str, level: int) -> str:
 
 
 def _imports(name: str) -> set[str]:
-    """The stallfree modules `name` imports, at any depth (lazy imports in functions count; imports
-    under `if TYPE_CHECKING:` do not, as they never run). `from pkg import mod` counts as `pkg.mod`
+    """The stallfree modules `name` imports, at any depth (lazy imports in functions count, and so do
+    imports under `if TYPE_CHECKING:`: a circle that only type checking sees is still a circle of the
+    design). `from pkg import mod` counts as `pkg.mod`
     when that is a module, else as `pkg`; a module's parent packages are not counted (importing
     `a.b.c` runs `a.b`'s __init__ first, but that is the package's own business)."""
     tree = ast.parse(MODULES[name].read_text(), str(MODULES[name]))
@@ -47,9 +40,6 @@ def _imports(name: str) -> set[str]:
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
-        if _is_type_checking(node):
-            stack.extend(getattr(node, "orelse", []))
-            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in MODULES)
         elif isinstance(node, ast.ImportFrom):
@@ -107,7 +97,8 @@ def test_cycle_finder_finds_a_planted_circle():
 
 
 def test_no_import_circle_in_the_package():
-    """No two stallfree modules import each other, directly or through others (lazy imports included)."""
+    """No two stallfree modules import each other, directly or through others (lazy and TYPE_CHECKING
+    imports included)."""
     graph = {name: _imports(name) for name in MODULES}
     assert _cycles(graph) == []
 

@@ -4,14 +4,11 @@ single-replica simulator, a seeded randomized every-request-finishes-once test, 
 from __future__ import annotations
 
 import json
-import math
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from stallfree.cli import main
-from stallfree.core.request import Request
 from stallfree.sim.cluster import (
     ClusterError,
     LeastKVRouter,
@@ -97,50 +94,6 @@ def test_random_router_follows_its_seed():
     c = simulate_cluster(HAND, cfg(), ONE_SECOND, 3, RandomRouter(7))
     assert c.routed == expected
     assert c.merged.finish_step.count(-1) == 0
-
-
-@dataclass
-class FakeReplica:
-    """What a router reads of a replica: load and cached prefix."""
-
-    num_outstanding: int
-    cached: int
-
-    def cached_prefix_len(self, request: Request) -> int:
-        """The cached prefix, tokens."""
-        return self.cached
-
-
-def test_prefix_affinity_by_hand():
-    """Prefix affinity: the replica with the longest cached prefix over the threshold (256) wins,
-    even when busier, while its load is within the cap; at or under the threshold, the least loaded
-    wins. The cap with the least loaded replica at `low` requests: max(1.5 x low, low + 4).
-
-    - loads 0, 5, 9 (cap max(0, 4) = 4): neither cache holder is within it: least loaded, 0.
-    - loads 3, 5, 9 (cap max(4.5, 7) = 7): replica 1 (300 tokens) is, replica 2 (400) is not: 1.
-    - loads 12, 17, 17 (cap max(18, 16) = 18: the factor's): both are, the longer prefix wins: 2.
-    - loads 12, 19, 19: cap 18, neither: replica 0.
-    - cap off (load_factor inf): loads 0, 5, 9: the longest prefix, 2.
-    - 256 tokens is not over the threshold, nor 100: the least loaded, replica 2.
-    - factor 2, margin 0, loads 3, 6, 7: cap 6: replica 1.
-    - equal prefixes (300 each) at loads 0, 2, 1: the less loaded of the two within the cap, 2; at
-      loads 0, 1, 1: the lower index, 1.
-    """
-    req = Request(0, 1000, 10)
-    router = PrefixAffinityRouter()
-    assert router.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 0
-    assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 1
-    assert router.route(req, [FakeReplica(12, 0), FakeReplica(17, 300), FakeReplica(17, 400)]) == 2
-    assert router.route(req, [FakeReplica(12, 0), FakeReplica(19, 300), FakeReplica(19, 400)]) == 0
-    uncapped = PrefixAffinityRouter(load_factor=math.inf)
-    assert uncapped.route(req, [FakeReplica(0, 0), FakeReplica(5, 300), FakeReplica(9, 400)]) == 2
-    assert router.route(req, [FakeReplica(3, 0), FakeReplica(5, 256), FakeReplica(1, 100)]) == 2
-    assert PrefixAffinityRouter(threshold=50).route(req, [FakeReplica(3, 0), FakeReplica(5, 100)]) == 1
-    assert make_router("prefix-affinity", load_factor=2.0, load_margin=0).route(
-        req, [FakeReplica(3, 0), FakeReplica(6, 300), FakeReplica(7, 400)]
-    ) == 1
-    assert router.route(req, [FakeReplica(0, 0), FakeReplica(2, 300), FakeReplica(1, 300)]) == 2
-    assert router.route(req, [FakeReplica(0, 0), FakeReplica(1, 300), FakeReplica(1, 300)]) == 1
 
 
 def test_prefix_affinity_without_caching_routes_as_least_outstanding():

@@ -26,9 +26,12 @@ import pytest
 from stallfree.cli import main
 from stallfree.core import metrics
 from stallfree.sim import LinearCostModel, SchedulerConfig, SimResult, Workload, simulate
+from stallfree.sim.cluster import simulate_cluster
+from stallfree.sim.disagg import Interconnect, simulate_disaggregated
 from stallfree.sim.experiment import run_experiment
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.report import summarize_result
+from stallfree.sim.routers import RoundRobinRouter
 from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
@@ -201,3 +204,24 @@ def test_cli_refuses_bad_closed_loop_flags(extra: list[str], needle: str, capsys
         code = int(exc.code or 0)
     assert code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_closed_loop_on_a_cluster() -> None:
+    """Two clients on two round-robin replicas: each replica serves one request at a time, as N = 1 does
+    (E2E 2.25 s); arrivals 0, 0, 2.25, 2.25 s; 4 requests / 4.5 s."""
+    out = simulate_cluster(fixed(4), CFG, COST, 2, RoundRobinRouter(), closed_loop=ClosedLoop(2))
+    assert out.merged.arrival == (0.0, 0.0, 2.25, 2.25)
+    assert out.routed == [0, 1, 0, 1]
+    assert e2e(out.merged) == [2.25] * 4
+    assert summarize_result(out.merged)["achieved_request_rate"] == pytest.approx(4 / 4.5)
+
+
+def test_closed_loop_on_a_disaggregated_pair() -> None:
+    """One client on 1P:1D with an instant link (0 KV bytes, 0 latency): the prefill step ends at 1.0 s
+    (first token), the decode side feeds that token (0.625 s, second token at 1.625 s) and decodes once
+    more (third at 2.25 s), so request 1 is sent at 2.25 s."""
+    link = Interconnect("instant", 1e9, 0.0)
+    out = simulate_disaggregated(fixed(2), CFG, CFG, COST, COST, 1, 1, 0, link, closed_loop=ClosedLoop(1))
+    assert out.arrival == (0.0, 2.25)
+    assert [metrics.e2e(t) for t in out.timelines] == [2.25, 2.25]
+    assert [metrics.ttft(t) for t in out.timelines] == [1.0, 1.0]

@@ -28,39 +28,39 @@ first token, and the prefill side's would drop a prompt's KV before its transfer
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from stallfree.core.errors import RequestRejected
+from stallfree.core.metrics import RequestTimeline, summarize
 from stallfree.core.plan import StepPlan
-from stallfree.core.request import Request
-from stallfree.sim.cluster import (
-    ClusterError,
-    LeastOutstandingRouter,
-    Replica,
-    Router,
-    _empty_result,
-    _finish_step,
-    _start_step,
-)
+from stallfree.core.request import FinishReason, Request
+from stallfree.costmodel import CostModelError
+from stallfree.costmodel import default_cost_model as priced_default
+from stallfree.costmodel.hardware import DTYPE_BYTES
+from stallfree.sim import plots
+from stallfree.sim.cluster import run_cluster_experiment
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.simulator import (
+from stallfree.sim.load import Arrivals, ClosedLoop
+from stallfree.sim.loop import Entry, EventLoop, Router, route_to
+from stallfree.sim.replica import Replica
+from stallfree.sim.report import summarize_result, write_steps_csv
+from stallfree.sim.result import (
     CONTEXT_LENGTH,
     KV_CAPACITY,
-    SchedulerConfig,
+    ClusterError,
+    RequestState,
     SchedulerLike,
     SimResult,
-    SimulationError,
-    _context_overflows,
-    _Loop,
-    _make_scheduler,
-    _verify_tokens,
-    _wrap_checker,
+    verify_tokens,
 )
+from stallfree.sim.routers import LeastOutstandingRouter, make_router
+from stallfree.sim.setup import SetupError, build_cost_model
+from stallfree.sim.simulator import SchedulerConfig, context_overflows, make_scheduler, new_result, wrap_checker
 from stallfree.sim.workload import Workload
 
 __all__ = [
@@ -182,6 +182,8 @@ class DisaggResult:
         wall_s: wall time of the loop, s.
         max_new / target: per request, its token cap and the tokens it generates (min of its
             output length and max_new); empty when built by hand without them.
+        arrival: per request, when it arrived, s (under closed-loop load, when it was sent); empty
+            when built by hand (the workload's arrivals are used).
     """
 
     prefill: list[SimResult]
@@ -198,14 +200,7 @@ class DisaggResult:
     wall_s: float
     max_new: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
-
-
-class _Side:
-    """One replica of a disaggregated cluster and its admission gate."""
-
-    def __init__(self, rep: Replica, need: list[int]) -> None:
-        self.rep, self.need = rep, need
-        self.committed = 0  # KV tokens of requests added to the scheduler, plus transfers held
+    arrival: tuple[float, ...] = ()
 
 
 def simulate_disaggregated(
@@ -223,6 +218,7 @@ def simulate_disaggregated(
     max_tokens: int | None = None,
     check: bool = False,
     max_model_len: int | None = None,
+    closed_loop: ClosedLoop | None = None,
 ) -> DisaggResult:
     """Replay `workload` on `num_prefill` prefill and `num_decode` decode replicas (module docstring).
 
@@ -236,6 +232,8 @@ def simulate_disaggregated(
         link: the interconnect (default INTERCONNECTS[DEFAULT_INTERCONNECT]).
         prefill_router, decode_router: default LeastOutstandingRouter() each.
         max_tokens, check, max_model_len: as simulate.
+        closed_loop: as simulate: `concurrency` requests in flight, a request ending at its last
+            token (on the decode side, or the prefill side for a one-token output) or its refusal.
 
     Returns:
         A DisaggResult.
@@ -250,170 +248,161 @@ def simulate_disaggregated(
     if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, int) or kv_bytes_per_token < 0:
         raise ClusterError(f"kv_bytes_per_token must be an integer >= 0, got {kv_bytes_per_token!r}")
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
-    prefill_router = prefill_router or LeastOutstandingRouter()
-    decode_router = decode_router or LeastOutstandingRouter()
     n = len(workload)
-    arr, plens = workload.arrivals, workload.prompt_lens
+    plens = workload.prompt_lens
     max_new = list(workload.output_lens) if max_tokens is None else [max_tokens] * n
-    too_long = _context_overflows(workload, max_new, max_model_len, False)
+    too_long = context_overflows(workload, max_new, max_model_len, False)
     target = [min(o, m) for o, m in zip(workload.output_lens, max_new, strict=True)]
-    # Each side's view of the requests: prefill emits 1 token; decode has a 1-token prompt.
-    pre_wl = Workload(arr, plens, (1,) * n, workload.name)
-    dec_wl = Workload(arr, (1,) * n, tuple(max(t - 1, 1) for t in target), workload.name)
-    config: dict[str, Any] = {"max_tokens": max_tokens}
+    arrivals = Arrivals(workload, closed_loop)
     offset: dict[Hashable, int] = {}
-    sides: list[list[_Side]] = [[], []]
-    for role, (wl, sched, cost, count, need) in enumerate(
-        (
-            (pre_wl, prefill_scheduler, prefill_cost, num_prefill, [p + 1 for p in plens]),
-            (dec_wl, decode_scheduler, _ShiftedCost(decode_cost, offset), num_decode,
-             [p + t for p, t in zip(plens, target, strict=True)]),
-        )
-    ):
-        for k in range(count):
-            inner = _make_scheduler(sched)
-            s = _wrap_checker(inner) if check else inner
-            role_name = "prefill" if role == 0 else "decode"
-            res = _empty_result(
-                f"{role_name}#{k}", wl, dict(config, role=role_name), list(wl.output_lens), list(wl.output_lens), inner
-            )
-            sides[role].append(_Side(Replica(k, s, inner, _Loop(res, s, inner, wl, cost)), need))
-    costs = (prefill_cost, _ShiftedCost(decode_cost, offset))
-    prefill_of, decode_of = [-1] * n, [-1] * n
-    t_start, t_end = [math.nan] * n, [math.nan] * n
-    rejected: list[tuple[int, str]] = []
-    kinds: dict[int, str] = {}
-    events: list[tuple[float, int, int, Any]] = []  # (time, kind 0 step end / 1 transfer end, seq, payload)
-    seq = 0
-    i = 0
-    now = arr[0] if n else 0.0
+    groups = (
+        _group("prefill", Workload(workload.arrivals, plens, (1,) * n, workload.name), prefill_scheduler,
+               prefill_cost, num_prefill, max_tokens, check),
+        _group("decode", Workload(workload.arrivals, (1,) * n, tuple(max(t - 1, 1) for t in target), workload.name),
+               decode_scheduler, _ShiftedCost(decode_cost, offset), num_decode, max_tokens, check),
+    )
+    gate = _Gate(groups, ([p + 1 for p in plens], [p + t for p, t in zip(plens, target, strict=True)]), arrivals)
+    hook = _Transfers(groups[1], decode_router or LeastOutstandingRouter(), gate, link, kv_bytes_per_token,
+                      target, plens, offset, arrivals)
+    entry = Entry(groups[0], prefill_router or LeastOutstandingRouter(),
+                  lambda i: Request(i, plens[i], 1, 0, arrivals.times[i]), too_long, arrivals)
+    loop = EventLoop([*groups[0], *groups[1]], arrivals, entry, hook, gate)
+    hook.loop = loop
     t0 = time.perf_counter()
-    while True:
-        while events and events[0][0] <= now:
-            _, kind, _, payload = heapq.heappop(events)
-            if kind == 0:
-                role, k, inflight = payload
-                side = sides[role][k]
-                _finish_step(side.rep, inflight, [])
-                done = list(side.rep.inner.last_finished)
-                for rid in done:
-                    r = int(rid)
-                    if role == 1:
-                        side.committed -= side.need[r]
-                        continue
-                    if target[r] <= 1:
-                        side.committed -= side.need[r]  # finished at its first token: nothing to move
-                        continue
-                    # KV stays on the prefill side until the transfer ends.
-                    t_start[r] = inflight[0]
-                    t_end[r] = inflight[0] + link.transfer_time(plens[r] * kv_bytes_per_token)
-                    heapq.heappush(events, (t_end[r], 1, seq, (k, r)))
-                    seq += 1
-                side.rep.loop.res.step_kv_used[-1] = side.committed  # the gate's KV (module docstring)
-            else:
-                k, r = payload
-                sides[0][k].committed -= sides[0][k].need[r]
-                reps = [s.rep for s in sides[1]]
-                d = decode_router.route(Request(r, 1, target[r] - 1, 0, now), reps)
-                _check_index(decode_router, d, len(reps))
-                decode_of[r] = d
-                offset[r] = plens[r]
-                rep = reps[d]
-                rep.num_routed += 1
-                rep.num_outstanding += 1
-                rep.pending.append(Request(r, 1, target[r] - 1, 0, now))
-                rep.stalled = False
-        while i < n and arr[i] <= now:
-            if i in too_long:
-                rejected.append((i, too_long[i]))
-                kinds[i] = CONTEXT_LENGTH
-            else:
-                reps = [s.rep for s in sides[0]]
-                k = prefill_router.route(Request(i, plens[i], 1, 0, arr[i]), reps)
-                _check_index(prefill_router, k, len(reps))
-                prefill_of[i] = k
-                reps[k].num_routed += 1
-                reps[k].num_outstanding += 1
-                reps[k].pending.append(Request(i, plens[i], 1, 0, arr[i]))
-                reps[k].stalled = False
-            i += 1
-        for role in (0, 1):
-            for side in sides[role]:
-                rep = side.rep
-                if rep.busy or rep.stalled:
-                    continue
-                if rep.pending:
-                    _admit(side, rejected, kinds)
-                if not rep.inner.has_unfinished():
-                    continue
-                inflight = _start_step(rep, now, costs[role])
-                if inflight is None:
-                    rep.loop.res.step_kv_used[-1] = side.committed
-                    rep.stalled = True
-                    continue
-                rep.busy = True
-                heapq.heappush(events, (inflight[0], 0, seq, (role, rep.index, inflight)))
-                seq += 1
-        nxt = min(events[0][0] if events else math.inf, arr[i] if i < n else math.inf)
-        if nxt == math.inf:
-            if any(x.rep.inner.has_unfinished() or x.rep.pending for group in sides for x in group):
-                raise SimulationError("a disaggregated replica made no progress with work left")
-            break
-        now = max(now, nxt)
+    loop.run()
     wall = time.perf_counter() - t0
-    for group in sides:
-        for x in group:
-            if check:
-                x.rep.sched.check_final()  # type: ignore[attr-defined]
-            _verify_tokens(x.rep.loop.res)
-    pre = [x.rep.loop.res for x in sides[0]]
-    dec = [x.rep.loop.res for x in sides[1]]
-    timelines = _timelines(workload, target, pre, dec, prefill_of, decode_of)
-    rejected.sort()
-    return DisaggResult(pre, dec, prefill_of, decode_of, t_start, t_end, timelines, rejected, kinds, link,
-                        kv_bytes_per_token, wall, max_new, target)
+    for rep in loop.replicas:
+        if check:
+            rep.sched.check_final()  # type: ignore[attr-defined]
+        verify_tokens(rep.res)
+        if closed_loop is not None:
+            rep.res.arrival = tuple(arrivals.times)
+    return _result(workload, groups, entry, gate, hook, wall, max_new, target)
 
 
-def _check_index(router: Router, k: Any, count: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < count:
-        raise ClusterError(f"router {type(router).__name__} returned replica {k!r}; expected 0..{count - 1}")
+def _result(
+    workload: Workload, groups: tuple[list[Replica], list[Replica]], entry: Entry, gate: _Gate,
+    hook: _Transfers, wall: float, max_new: list[int], target: list[int],
+) -> DisaggResult:
+    """The DisaggResult of a finished run: both sides' results, the joined timelines, the rejections."""
+    sent = Workload(tuple(entry.arrivals.times), workload.prompt_lens, workload.output_lens, workload.name)
+    pre, dec = [r.res for r in groups[0]], [r.res for r in groups[1]]
+    prefill_of = list(entry.routed)
+    timelines = _timelines(sent, target, pre, dec, prefill_of, hook.decode_of)
+    rejected = sorted(gate.rejected + entry.refused)
+    kinds = dict(gate.kinds) | {rid: CONTEXT_LENGTH for rid, _ in entry.refused}
+    return DisaggResult(pre, dec, prefill_of, hook.decode_of, hook.t_start, hook.t_end, timelines, rejected, kinds,
+                        hook.link, hook.kvb, wall, max_new, target, sent.arrivals)
 
 
-def _admit(side: _Side, rejected: list[tuple[int, str]], kinds: dict[int, str]) -> None:
-    """Hand queued requests to the scheduler in arrival order while their KV fits (module docstring)."""
-    rep = side.rep
-    total = rep.kv_total
-    keep = 0
-    for req in rep.pending:
-        r = int(req.rid)  # type: ignore[call-overload]
-        need = side.need[r]
-        if need > total:
-            rejected.append((r, f"request {r} needs {need} KV tokens; the replica has {total}"))
-            kinds[r] = KV_CAPACITY
-            rep.loop.state[r] = 3
-            rep.num_outstanding -= 1
+def _group(
+    role: str, wl: Workload, scheduler: SchedulerConfig | Callable[[], SchedulerLike], cost: StepCostModel,
+    count: int, max_tokens: int | None, check: bool,
+) -> list[Replica]:
+    """One side's replicas, each with a SchedulerResult of the side's view of the requests."""
+    out = []
+    for k in range(count):
+        inner = make_scheduler(scheduler)
+        sched = wrap_checker(inner) if check else inner
+        config: dict[str, Any] = {"max_tokens": max_tokens, "role": role}
+        res = new_result(f"{role}#{k}", wl, config, list(wl.output_lens), list(wl.output_lens), inner)
+        out.append(Replica(k, sched, inner, res, cost))
+    return out
+
+
+class _Gate:
+    """The admission gate of both sides (module docstring): a replica admits its queue in arrival
+    order while the KV needed (need[role][rid] tokens) plus what it holds fits its kv_total; its
+    recorded KV per step is that count."""
+
+    def __init__(self, groups: tuple[list[Replica], list[Replica]], need: tuple[list[int], list[int]],
+                 arrivals: Arrivals) -> None:
+        self.role = {id(r): role for role, group in enumerate(groups) for r in group}
+        self.need = need
+        self.committed = {id(r): 0 for group in groups for r in group}  # KV tokens added, plus transfers held
+        self.arrivals = arrivals
+        self.rejected: list[tuple[int, str]] = []
+        self.kinds: dict[int, str] = {}
+
+    def release(self, rep: Replica, rid: int) -> None:
+        """Return request `rid`'s KV on `rep` to the gate."""
+        self.committed[id(rep)] -= self.need[self.role[id(rep)]][rid]
+
+    def admit(self, rep: Replica, now: float) -> None:
+        """Hand queued requests to the scheduler in arrival order while their KV fits."""
+        total, need, key = rep.kv_total, self.need[self.role[id(rep)]], id(rep)
+        keep = 0
+        for req in rep.pending:
+            r = int(req.rid)  # type: ignore[call-overload]
+            if need[r] > total:
+                self._refuse(rep, r, f"request {r} needs {need[r]} KV tokens; the replica has {total}", now)
+                keep += 1
+                continue
+            if self.committed[key] + need[r] > total:
+                break
+            try:
+                rep.sched.add(req)
+            except RequestRejected as exc:
+                self._refuse(rep, r, str(exc), now)
+            else:
+                self.committed[key] += need[r]
             keep += 1
-            continue
-        if side.committed + need > total:
-            break
-        try:
-            rep.sched.add(req)
-        except RequestRejected as exc:
-            rejected.append((r, str(exc)))
-            kinds[r] = KV_CAPACITY
-            rep.loop.state[r] = 3
-            rep.num_outstanding -= 1
-        else:
-            side.committed += need
-        keep += 1
-    del rep.pending[:keep]
+        del rep.pending[:keep]
+
+    def _refuse(self, rep: Replica, r: int, why: str, now: float) -> None:
+        # Recorded for the whole run, not in the replica's own SimResult.
+        self.rejected.append((r, why))
+        self.kinds[r] = KV_CAPACITY
+        rep.state[r] = int(RequestState.DONE)
+        rep.num_outstanding -= 1
+        self.arrivals.ended(now)
+
+    def recorded(self, rep: Replica) -> None:
+        """The replica's recorded KV for the step is the gate's count."""
+        rep.res.step_kv_used[-1] = self.committed[id(rep)]
+
+
+class _Transfers:
+    """The finish hook: a request whose prefill finished moves its KV to a decode replica (an event
+    at the transfer's end, when the prefill side releases it and the decode router places it); a
+    request finishing on the decode side (or at its first token) ends."""
+
+    def __init__(self, decode: list[Replica], router: Router, gate: _Gate, link: Interconnect, kvb: int,
+                 target: list[int], plens: tuple[int, ...], offset: dict[Hashable, int], arrivals: Arrivals) -> None:
+        self.decode, self.router, self.gate, self.link, self.kvb = decode, router, gate, link, kvb
+        self.target, self.plens, self.offset, self.arrivals = target, plens, offset, arrivals
+        n = len(target)
+        self.decode_of = [-1] * n
+        self.t_start, self.t_end = [math.nan] * n, [math.nan] * n
+        self.loop: EventLoop | None = None
+
+    def __call__(self, rep: Replica, finished: dict[Hashable, FinishReason], end: float) -> None:
+        """Requests finished on `rep` in a step ending at `end`, s."""
+        prefill = self.gate.role[id(rep)] == 0
+        for rid in list(finished):
+            r = int(rid)  # type: ignore[call-overload]
+            if not prefill or self.target[r] <= 1:
+                self.gate.release(rep, r)  # done: a decode side's finish, or nothing to move
+                self.arrivals.ended(end)
+                continue
+            # KV stays on the prefill side until the transfer ends.
+            self.t_start[r] = end
+            self.t_end[r] = end + self.link.transfer_time(self.plens[r] * self.kvb)
+            assert self.loop is not None
+            self.loop.at(self.t_end[r], partial(self._arrived, rep, r))
+
+    def _arrived(self, source: Replica, r: int, now: float) -> None:
+        """Request r's KV reached the decode side at `now`, s."""
+        self.gate.release(source, r)
+        self.offset[r] = self.plens[r]
+        req = Request(r, 1, self.target[r] - 1, 0, now)
+        self.decode_of[r] = route_to(self.router, req, self.decode).index
 
 
 def _timelines(
     wl: Workload, target: list[int], pre: list[SimResult], dec: list[SimResult], p_of: list[int], d_of: list[int]
 ) -> list[Any]:
     """Join each request's first token (prefill side) with its later tokens (decode side)."""
-    from stallfree.core.metrics import RequestTimeline
 
     out = []
     for r in range(len(wl)):
@@ -446,8 +435,6 @@ def disagg_summary(
     (mean and p99 transfer ms, link name, bandwidth, latency, KV bytes per token), and `replicas`:
     one report.summarize_result per replica with its `role` ("prefill" or "decode") and index.
     """
-    from stallfree.core.metrics import summarize
-    from stallfree.sim.report import summarize_result
 
     out: dict[str, Any] = {"num_requests": num_requests, "rejected": len(result.rejected)}
     by: dict[str, int] = {}
@@ -513,7 +500,7 @@ def disagg_records(result: DisaggResult, workload: Workload) -> list[dict[str, A
     for r in range(n):
         t = tl.get(r)
         k, d = result.prefill_of[r], result.decode_of[r]
-        arr = workload.arrivals[r]
+        arr = result.arrival[r] if result.arrival else workload.arrivals[r]
         adm = result.prefill[k].admit_step[r] if k >= 0 else -1
         dadm = result.decode[d].admit_step[r] if d >= 0 else -1
         t0, t1 = result.transfer_start[r], result.transfer_end[r]
@@ -583,8 +570,6 @@ def write_disagg_out(
     """
     import json
 
-    from stallfree.sim import plots
-    from stallfree.sim.report import write_steps_csv
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"header": header, "runs": [summary]}, indent=1) + "\n")
@@ -614,10 +599,6 @@ def kv_bytes_per_token_of(hardware: Any) -> int:
     Raises:
         SetupError: an unknown model, GPU or dtype.
     """
-    from stallfree.costmodel import CostModelError
-    from stallfree.costmodel import default_cost_model as priced_default
-    from stallfree.costmodel.hardware import DTYPE_BYTES
-    from stallfree.sim.setup import SetupError
 
     try:
         cm = priced_default(hardware.model, hardware.gpu, tp=hardware.tp, dtype=hardware.dtype,
@@ -665,8 +646,6 @@ def run_disagg_experiment(
     """
     from dataclasses import replace
 
-    from stallfree.sim.cluster import make_router
-    from stallfree.sim.setup import build_cost_model
 
     budget = budget or 2048
     budgets = (prefill_budget or budget, decode_budget or budget)
@@ -686,8 +665,15 @@ def run_disagg_experiment(
     res = simulate_disaggregated(
         setup.workload, sides[0][1], sides[1][1], sides[0][0], sides[1][0], prefill, decode, kvb, link,
         make_router(router), make_router(router), setup.workload_options.max_tokens, check, setup.context_length,
+        setup.closed_loop,
     )
     summary = disagg_summary(res, len(setup.workload), slo_ttft, slo_tpot)
+    closed = setup.closed_loop
+    if closed is not None:
+        # As a single closed-loop run reports it: requests sent per second over the run.
+        dur = summary.get("duration_s")
+        summary.update(concurrency=closed.concurrency, think_time_s=closed.think_time,
+                       achieved_request_rate=len(setup.workload) / dur if dur else None)
     gpus = prefill * sides[0][3] + decode * sides[1][3]
     summary.update(
         label=f"disagg {prefill}P:{decode}D", router=router, num_gpus=gpus, prefill_budget=budgets[0],
@@ -696,7 +682,7 @@ def run_disagg_experiment(
         goodput_per_gpu=summary["request_goodput"] / gpus if summary.get("request_goodput") is not None else None,
     )
     header = setup.header()
-    if not math.isfinite(header["offered_rate"]):
+    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
         header["offered_rate"] = None
     header.update(
         token_budget=budget, prefill_budget=budgets[0], decode_budget=budgets[1], step_time_target_s=None,
@@ -765,7 +751,6 @@ def search_plan(
     Raises:
         ClusterError: replicas < 2, no SLO given, or an empty grid or a budget < 1.
     """
-    from stallfree.sim.cluster import run_cluster_experiment
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
         raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")

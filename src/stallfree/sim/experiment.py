@@ -21,10 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree.sim import plots
+from stallfree.sim.report import summarize_result, write_records, write_steps_csv
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
+from stallfree.sim.time_budget import TimeBudgetConfig
 
-__all__ = ["Experiment", "offered_rate", "run_experiment", "run_tag", "write_experiment"]
+__all__ = [
+    "Experiment",
+    "check_options",
+    "offered_rate",
+    "run_experiment",
+    "run_tag",
+    "scheduler_for",
+    "write_experiment",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +55,16 @@ class Experiment:
     summaries: list[dict[str, Any]]
 
 
-def _check_options(
+def check_options(
     setup: Setup, modes: list[str], step_time_target: float | None, check: bool
 ) -> None:
+    """Refuse options of a run that contradict each other.
+
+    Raises:
+        SetupError: an unknown batching mode, --check or --scheduler paged with a baseline, paged-only
+            options without the paged scheduler, or a step time target with a baseline or with
+            partial prefills (usage).
+    """
     compare = len(modes) > 1
     for mode in modes:
         if mode not in BATCHING_MODES:
@@ -97,15 +115,14 @@ def run_experiment(
         SimulationError: a scheduler that cannot finish the workload.
     """
     modes = [batching] if isinstance(batching, str) else list(batching)
-    _check_options(setup, modes, step_time_target, check)
+    check_options(setup, modes, step_time_target, check)
     if budget is None:
         budget = 2048 if step_time_target is None else TIME_BUDGET_CAP
-    from stallfree.sim.report import summarize_result
 
     max_tokens = setup.workload_options.max_tokens
     results, summaries = [], []
     for mode in modes:
-        sched = _scheduler_for(setup, mode, budget, step_time_target)
+        sched = scheduler_for(setup, mode, budget, step_time_target)
         res = simulate(
             setup.workload,
             sched,
@@ -152,11 +169,10 @@ def offered_rate(setup: Setup, summary: dict[str, Any]) -> float:
     return float(summary.get("achieved_request_rate") or 0.0)
 
 
-def _scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float | None) -> Any:
+def scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float | None) -> Any:
     """The scheduler of one run: a SchedulerConfig, or a TimeBudgetConfig with a step time target."""
     if step_time_target is None:
         return setup.config(mode, budget)
-    from stallfree.sim.time_budget import TimeBudgetConfig
 
     sched: SchedulerLike | Any = TimeBudgetConfig(
         setup.kv_tokens,
@@ -191,8 +207,6 @@ def write_experiment(out: Path, study: Experiment) -> list[str]:
     Raises:
         OSError: `out` cannot be created or written.
     """
-    from stallfree.sim import plots
-    from stallfree.sim.report import write_records, write_steps_csv
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps({"header": study.header, "runs": study.summaries}, indent=1) + "\n")

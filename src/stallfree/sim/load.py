@@ -10,13 +10,14 @@ do (vLLM's `bench serve --max-concurrency`, a closed-loop load generator). Reque
 workload order, so the workload supplies the prompt and output lengths only; its arrival times
 are ignored. The first min(concurrency, n) requests arrive at 0 s; each later one arrives
 think_time after a request ends. A request ends at the end of the step that emits its last token,
-or, when it is refused (too long for the context, or never fitting the KV cache), at the moment
-the simulator hands it to the scheduler.
+or, when it is refused, at once: at its arrival when it is too long for the context (a server's
+400), or when the simulator hands it to the scheduler when it can never fit the KV cache.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sized
 from dataclasses import dataclass
 
 from stallfree.sim.workload import Workload
@@ -81,3 +82,9 @@ class Arrivals:
         if self.closed is not None and self.sent < len(self.times):
             self.times[self.sent] = now + self.think
             self.sent += 1
+
+    def on_finish(self, replica: object, finished: Sized, end: float) -> None:
+        """The event loop's finish hook (stallfree.sim.loop.FinishHook): each request finished in a
+        step ending at `end`, s, sends the next one."""
+        for _ in range(len(finished)):
+            self.ended(end)

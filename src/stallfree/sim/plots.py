@@ -14,12 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from stallfree.sim.report import latency_arrays
 from stallfree.sim.simulator import BATCHING_MODES, SimResult
-
-if TYPE_CHECKING:
-    from stallfree.sim.tune import TuneResult
 
 __all__ = [
     "plot_cdf_series",
@@ -117,7 +115,6 @@ def plot_cdfs(results: Sequence[SimResult], path: Path, context: str | None = No
     Raises:
         OSError: the file cannot be written.
     """
-    from stallfree.sim.report import latency_arrays
 
     series = []
     for res in results:
@@ -428,12 +425,25 @@ def plot_sweep_cdfs(curves: Sequence[dict[str, Any]], path: Path, context: str |
     _plot_cdf_panels(list(modes.items()), path, what, context)
 
 
-def plot_tune(result: TuneResult, path: Path, context: str | None = None) -> None:
+def plot_tune(
+    rows: Sequence[dict[str, Any]],
+    path: Path,
+    *,
+    best: dict[str, Any],
+    slo_ttft: float,
+    slo_tpot: float,
+    bound_budget: int | None = None,
+    context: str | None = None,
+) -> None:
     """Write goodput and p99 TPOT against the token budget (a line per max_seqs) to `path` (PNG).
 
     Args:
-        result: what tune found.
+        rows: one dict per simulated candidate (tune's TuneResult.rows: token_budget, max_seqs,
+            request_goodput, p99_tpot_ms, partial_prefills).
         path: the PNG to write.
+        best: the chosen row (TuneResult.best).
+        slo_ttft, slo_tpot: the objectives, s.
+        bound_budget: the cost-model bound's token budget (TuneResult.bound.token_budget), or None.
         context: the workload and replica line of the title (plot_context), or None.
 
     Raises:
@@ -446,19 +456,18 @@ def plot_tune(result: TuneResult, path: Path, context: str | None = None) -> Non
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     fig, (ax_g, ax_t) = plt.subplots(2, 1, figsize=(8.5, 7.5), sharex=True)
-    plain = [r for r in result.rows if not r.get("partial_prefills")]
+    plain = [r for r in rows if not r.get("partial_prefills")]
     for m in sorted({r["max_seqs"] for r in plain}):
-        rows = sorted((r for r in plain if r["max_seqs"] == m), key=lambda r: r["token_budget"])
-        xs = [r["token_budget"] for r in rows]
-        style = "o-" if len(rows) > 1 else "s"
-        ax_g.plot(xs, [r.get("request_goodput") or 0 for r in rows], style, label=f"max_seqs {m}")
-        ax_t.plot(xs, [r.get("p99_tpot_ms") or math.nan for r in rows], style, label=f"max_seqs {m}")
-    pp_rows = [r for r in result.rows if r.get("partial_prefills")]
+        line = sorted((r for r in plain if r["max_seqs"] == m), key=lambda r: r["token_budget"])
+        xs = [r["token_budget"] for r in line]
+        style = "o-" if len(line) > 1 else "s"
+        ax_g.plot(xs, [r.get("request_goodput") or 0 for r in line], style, label=f"max_seqs {m}")
+        ax_t.plot(xs, [r.get("p99_tpot_ms") or math.nan for r in line], style, label=f"max_seqs {m}")
+    pp_rows = [r for r in rows if r.get("partial_prefills")]
     if pp_rows:  # tune --search-partial-prefills: at the best budget, off the per-max_seqs lines
         ax_g.plot([r["token_budget"] for r in pp_rows], [r.get("request_goodput") or 0 for r in pp_rows], "x",
                   label="with partial prefills (K/L/T)")
         ax_t.plot([r["token_budget"] for r in pp_rows], [r.get("p99_tpot_ms") or math.nan for r in pp_rows], "x")
-    best = result.best
     ax_g.plot(
         [best["token_budget"]],
         [best.get("request_goodput") or 0],
@@ -467,11 +476,11 @@ def plot_tune(result: TuneResult, path: Path, context: str | None = None) -> Non
         color="black",
         label=f"chosen: {best['token_budget']:,} / {best['max_seqs']}",
     )
-    ax_t.axhline(result.slo_tpot * 1e3, ls="--", color="gray", label="TPOT SLO")
-    if result.bound is not None:
+    ax_t.axhline(slo_tpot * 1e3, ls="--", color="gray", label="TPOT SLO")
+    if bound_budget is not None:
         for ax in (ax_g, ax_t):
-            ax.axvline(result.bound.token_budget, ls=":", color="tab:red")
-        ax_g.plot([], [], ls=":", color="tab:red", label=f"cost-model bound {result.bound.token_budget:,}")
+            ax.axvline(bound_budget, ls=":", color="tab:red")
+        ax_g.plot([], [], ls=":", color="tab:red", label=f"cost-model bound {bound_budget:,}")
     ax_g.set_ylabel("goodput (req/s within both SLOs)")
     ax_t.set_ylabel("p99 TPOT (ms)")
     ax_t.set_xlabel("token budget (tokens per step)")
@@ -480,7 +489,7 @@ def plot_tune(result: TuneResult, path: Path, context: str | None = None) -> Non
     ax_t.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax_t.xaxis.set_minor_formatter(NullFormatter())
     what = (
-        f"tune: TTFT <= {result.slo_ttft * 1e3:g} ms, TPOT <= {result.slo_tpot * 1e3:g} ms; each point is one "
+        f"tune: TTFT <= {slo_ttft * 1e3:g} ms, TPOT <= {slo_tpot * 1e3:g} ms; each point is one "
         "simulation (goodput over the run, p99 over its completed requests)"
     )
     lines = _title(fig, what, context)

@@ -26,6 +26,8 @@ from typing import Any
 
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.executors import Executor
+from stallfree.sim.plots import plot_context, plot_sweep_cdfs, plot_tradeoff
+from stallfree.sim.report import latency_arrays, summarize_result
 from stallfree.sim.setup import Setup
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
@@ -87,7 +89,6 @@ class SweepPoint:
 
 def _run_point(point: SweepPoint) -> dict[str, Any]:
     """Worker: simulate one point; return its summary plus TTFT and TPOT samples (ms, numpy)."""
-    from stallfree.sim.report import latency_arrays, summarize_result
 
     res = simulate(
         point.workload.scale_rate(point.rate_scale),
@@ -220,7 +221,6 @@ def write_sweep(out: Path, result: SweepResult) -> list[str]:
     Raises:
         OSError: `out` cannot be created or written.
     """
-    from stallfree.sim.plots import plot_context, plot_sweep_cdfs, plot_tradeoff
 
     header, rows, table_rows = result.header, result.rows, result.table_rows
 

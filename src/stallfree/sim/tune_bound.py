@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stallfree.core.errors import StallfreeError
+from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.time_budget import TimeBudgetModel, time_model
 from stallfree.sim.workload import Workload
@@ -162,7 +163,6 @@ def budget_bound(
 
 
 def _full_step_time(tm: TimeBudgetModel, budget: int, nd: int, ctx: int, start: int) -> float:
-    from stallfree.core.plan import ScheduledChunk, StepPlan
 
     chunk = budget - nd
     prefills = (ScheduledChunk(None, chunk, True, start, True),) if chunk > 0 else ()

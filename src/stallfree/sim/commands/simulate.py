@@ -213,9 +213,6 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.link_latency is not None and not 0 <= args.link_latency < math.inf:
         raise CliError(f"--link-latency {args.link_latency:g}: must be a number of us >= 0", 2)
     disagg = args.disaggregate is not None
-    if args.concurrency is not None and (disagg or _is_cluster(args)):
-        raise CliError("--concurrency runs on one replica in this version: drop --replicas, --router and "
-                       "--disaggregate", 2)
     if not disagg:
         for flag, name in _DISAGG_FLAGS:
             if getattr(args, name) is not None:

@@ -136,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
         budgets = sorted({r["token_budget"] for r in result.rows})
-        plot_tune(result, args.out / "tune.png", plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
+        plot_tune(result.rows, args.out / "tune.png", best=result.best, slo_ttft=result.slo_ttft,
+                  slo_tpot=result.slo_tpot, bound_budget=result.bound.token_budget if result.bound else None,
+                  context=plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
         print(f"wrote {args.out}/tune.json, tune.png", file=sys.stderr if args.json else sys.stdout)
     return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
 

@@ -1,0 +1,330 @@
+"""The simulator's one event loop: replicas on one simulated clock, driven by a heap of events keyed
+by (time, kind, sequence), with pluggable parts for what differs between a single replica, a
+cluster and disaggregated prefill and decode.
+
+Imports allowed: the standard library and stallfree.sim (result, replica, load).
+
+Parts (each a plain callable or object, supplied by the topology that builds the loop):
+  - `arrive(rid, now)`: a request of the load arrives; the topology's router picks a replica and
+    appends the request to its `pending` list (or refuses it). Single replica: the trivial router.
+  - `on_finish(replica, finished, end)`: requests finished in a step ending at `end`; where
+    disaggregation schedules a KV transfer (`EventLoop.at`) and closed-loop load sends the next
+    request (stallfree.sim.load.Arrivals.ended).
+  - `gate`: the admission gate that hands a replica's pending requests to its scheduler when the
+    replica is idle (default: all of them, in order; Replica.add), and may correct a recorded
+    step's row (`recorded`, after on_finish).
+
+Time order. At each instant t, in this order: events due by t pop in (time, kind, sequence) order,
+a step's end (kind STEP_END) before a scheduled callback (kind CALLBACK) at the same time, each
+kind in the order it was pushed (ties never depend on hashing or dict order); then every request
+arriving by t arrives, in workload order; then every idle replica with work, in the order given,
+gets its pending requests and starts a step at t. A request arriving during a replica's step
+waits for the step's end, so one replica reproduces the classic loop (add the arrivals, run a step,
+repeat) step for step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
+
+from stallfree.core.request import FinishReason, Request
+from stallfree.sim.load import Arrivals
+from stallfree.sim.replica import Replica
+from stallfree.sim.result import ClusterError, SimulationError
+
+__all__ = [
+    "CALLBACK",
+    "STEP_END",
+    "AdmissionGate",
+    "Entry",
+    "EventLoop",
+    "FinishHook",
+    "PassGate",
+    "Router",
+    "route_to",
+]
+
+#: Event kinds, in the order they run at one instant.
+STEP_END = 0
+CALLBACK = 1
+
+#: on_finish(replica, finished requests (rid -> reason), step end time s).
+FinishHook = Callable[[Replica, dict[Hashable, FinishReason], float], None]
+
+
+class AdmissionGate(Protocol):
+    """Hands a replica's pending requests to its scheduler, and may correct its recorded rows."""
+
+    def admit(self, replica: Replica, now: float) -> None:
+        """Called at `now`, s, when `replica` is idle and has pending requests: add those that may enter."""
+        ...
+
+    def recorded(self, replica: Replica) -> None:
+        """Called after a step's row of `replica` is recorded (and after on_finish)."""
+        ...
+
+
+class PassGate:
+    """The default gate: every pending request goes to the scheduler, in order (Replica.add).
+
+    Args:
+        on_refuse: called with the time, s, of each request the scheduler rejects (closed-loop
+            load sends the next request then), or None.
+    """
+
+    def __init__(self, on_refuse: Callable[[float], None] | None = None) -> None:
+        self.on_refuse = on_refuse
+
+    def admit(self, replica: Replica, now: float) -> None:
+        """Add every pending request, then clear the list."""
+        add, refused = replica.add, self.on_refuse
+        for req in replica.pending:
+            if not add(req) and refused is not None:
+                refused(now)
+        replica.pending.clear()
+
+    def recorded(self, replica: Replica) -> None:
+        """Nothing to correct."""
+
+
+class Router(Protocol):
+    """Chooses a replica for each arriving request: one method.
+
+    `route` gets the request and the replicas (a sequence of Replica, index order) and returns an
+    index in [0, len(replicas)). It may keep state of its own (a round-robin cursor, a seeded RNG).
+    """
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int: ...
+
+
+def route_to(router: Router, request: Request, replicas: Sequence[Replica]) -> Replica:
+    """Route `request` with `router` and append it to the chosen replica's pending list.
+
+    Raises:
+        ClusterError: the router returned something other than an index in [0, len(replicas)).
+    """
+    k = router.route(request, replicas)
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(replicas):
+        raise ClusterError(f"router {type(router).__name__} returned replica {k!r}; expected 0..{len(replicas) - 1}")
+    rep = replicas[k]
+    rep.num_routed += 1
+    rep.num_outstanding += 1
+    rep.pending.append(request)
+    rep.stalled = False
+    return rep
+
+
+class Entry:
+    """The arrival of a request into a group of replicas: refused at once if too long for the
+    context (a server's 400, before any router sees it), else built and routed (route_to).
+
+    Args:
+        replicas: the group arrivals enter.
+        router: picks the replica; None: the group's single replica (the trivial router).
+        make_request: make_request(rid) -> the Request the group's schedulers see.
+        too_long: rid -> reason of the requests refused for the context length.
+        arrivals: the load; a refusal under closed-loop load sends the next request.
+        track_imbalance: record max / mean outstanding requests per replica at each arrival that
+            finds at least as many requests in the group as replicas (`ratios`).
+
+    Attributes:
+        routed: per request, the index of its replica (-1: refused or not arrived).
+        refused: (rid, reason) of the requests refused for the context length, in arrival order.
+        ratios: the imbalance ratios, with track_imbalance.
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        router: Router | None,
+        make_request: Callable[[int], Request],
+        too_long: dict[int, str],
+        arrivals: Arrivals,
+        track_imbalance: bool = False,
+    ) -> None:
+        self.replicas, self.router, self.make_request = list(replicas), router, make_request
+        self.too_long, self.arrivals, self.track = too_long, arrivals, track_imbalance
+        self.routed = [-1] * len(arrivals.times)
+        self.refused: list[tuple[int, str]] = []
+        self.ratios: list[float] = []
+
+    def __call__(self, rid: int, now: float) -> None:
+        """Request `rid` arrives at `now`, s."""
+        if self.too_long and rid in self.too_long:
+            self.refused.append((rid, self.too_long[rid]))
+            self.arrivals.ended(now)
+            return
+        req = self.make_request(rid)
+        reps = self.replicas
+        if self.router is None:
+            rep = reps[0]
+            rep.num_routed += 1
+            rep.num_outstanding += 1
+            rep.pending.append(req)
+            rep.stalled = False
+            self.routed[rid] = 0
+            return
+        if self.track:
+            total = sum(r.num_outstanding for r in reps)
+            if total >= len(reps):
+                self.ratios.append(max(r.num_outstanding for r in reps) * len(reps) / total)
+        self.routed[rid] = route_to(self.router, req, reps).index
+
+
+class EventLoop:
+    """One run of the event loop (module docstring).
+
+    Args:
+        replicas: every replica, in the order idle ones start steps at one instant.
+        arrivals: the load's arrival times (open or closed loop).
+        arrive: called as arrive(rid, now) for each request as it arrives, in workload order.
+        on_finish: the finish hook, or None.
+        gate: the admission gate (default PassGate()).
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        arrivals: Arrivals,
+        arrive: Callable[[int, float], None],
+        on_finish: FinishHook | None = None,
+        gate: AdmissionGate | None = None,
+    ) -> None:
+        self.replicas = list(replicas)
+        self.arrivals, self.arrive, self.on_finish = arrivals, arrive, on_finish
+        self.gate = gate if gate is not None else PassGate()
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = 0
+        #: With one replica, run the equivalent single-replica path (_run_solo); False forces the
+        #: general one (tests compare the two).
+        self.solo = True
+        #: The single-replica path may hand requests that arrive during a step to the replica at the
+        #: step's end without stopping at each arrival: the same result when the router depends on
+        #: nothing (Entry without a router) and nothing depends on the arrival instant (open loop).
+        #: Set by the caller that knows both (simulate).
+        self.arrivals_at_step_ends = False
+
+    def at(self, time: float, callback: Callable[[float], None]) -> None:
+        """Run callback(time) at `time`, s (a CALLBACK event: after the step ends due then)."""
+        heapq.heappush(self.heap, (time, CALLBACK, self.seq, callback))
+        self.seq += 1
+
+    def run(self) -> None:
+        """Run until every request has arrived and no replica has work left.
+
+        Raises:
+            SimulationError: replicas with work left made no progress, or a closed-loop request is
+                never sent.
+        """
+        if len(self.replicas) == 1 and self.solo:
+            self._run_solo()
+            return
+        heap, reps, times = self.heap, self.replicas, self.arrivals.times
+        arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
+        recorded = None if type(gate) is PassGate else gate.recorded  # the default gate corrects nothing
+        push, pop = heapq.heappush, heapq.heappop
+        n = len(times)
+        i = 0
+        now = times[0] if n else 0.0
+        while True:
+            while heap and heap[0][0] <= now:
+                t, kind, _, payload = pop(heap)
+                if kind == STEP_END:
+                    finished = payload.finish_step(t)  # type: ignore[attr-defined]
+                    if finished and on_finish is not None:
+                        on_finish(payload, finished, t)  # type: ignore[arg-type]
+                    if recorded is not None:
+                        recorded(payload)  # type: ignore[arg-type]
+                else:
+                    payload(t)  # type: ignore[operator]
+            while i < n and times[i] <= now:
+                arrive(i, now)
+                i += 1
+            for rep in reps:
+                if rep.busy or rep.stalled:
+                    continue
+                if rep.pending:
+                    gate.admit(rep, now)
+                if not rep.inner.has_unfinished():
+                    continue
+                end = rep.start_step(now)
+                if end is None:
+                    if recorded is not None:
+                        recorded(rep)
+                    continue
+                push(heap, (end, STEP_END, self.seq, rep))
+                self.seq += 1
+            nxt = heap[0][0] if heap else math.inf
+            if i < n and times[i] < nxt:
+                nxt = times[i]
+            if nxt == math.inf:
+                self._check_done(i)
+                return
+            if nxt > now:
+                now = nxt
+
+    def _run_solo(self) -> None:
+        """run() for one replica, in the same event order, with its step end held in a local rather
+        than the heap (which holds only callbacks): the hot path of `simulate`, where a heap entry
+        per step costs about a tenth of the loop's time."""
+        heap, rep, times = self.heap, self.replicas[0], self.arrivals.times
+        arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
+        recorded = None if type(gate) is PassGate else gate.recorded
+        start_step, finish_step, has_unfinished = rep.start_step, rep.finish_step, rep.inner.has_unfinished
+        lazy = self.arrivals_at_step_ends and self.arrivals.closed is None
+        n = len(times)
+        i = 0
+        now = times[0] if n else 0.0
+        end: float | None = None  # the step in flight ends then
+        while True:
+            while True:
+                # A step's end before a callback due at the same time (kind STEP_END < CALLBACK).
+                if end is not None and end <= now and not (heap and heap[0][0] < end):
+                    t, end = end, None
+                    finished = finish_step(t)
+                    if finished and on_finish is not None:
+                        on_finish(rep, finished, t)
+                    if recorded is not None:
+                        recorded(rep)
+                elif heap and heap[0][0] <= now:
+                    t, _, _, payload = heapq.heappop(heap)
+                    payload(t)  # type: ignore[operator]
+                else:
+                    break
+            while i < n and times[i] <= now:
+                arrive(i, now)
+                i += 1
+            if end is None and not rep.stalled:
+                if rep.pending:
+                    gate.admit(rep, now)
+                if has_unfinished():
+                    end = start_step(now)
+                    if end is None:
+                        if recorded is not None:
+                            recorded(rep)
+                    elif lazy and not heap and on_finish is None and recorded is None:
+                        # Nothing can happen before this step ends (arrivals wait for it, no
+                        # callback is due, no hook runs at its end): finish it at once.
+                        finish_step(end)
+                        now, end = end, None
+                        continue
+            nxt = end if end is not None else math.inf
+            if heap and heap[0][0] < nxt:
+                nxt = heap[0][0]
+            if i < n and times[i] < nxt and (end is None or not lazy):
+                nxt = times[i]
+            if nxt == math.inf:
+                self._check_done(i)
+                return
+            if nxt > now:
+                now = nxt
+
+    def _check_done(self, i: int) -> None:
+        if i < len(self.arrivals.times):
+            raise SimulationError(f"closed-loop load: request {i} is never sent with nothing in flight")
+        stuck = [r.index for r in self.replicas if r.inner.has_unfinished() or r.pending]
+        if stuck:
+            raise SimulationError(f"replicas {stuck} made no progress with work left")

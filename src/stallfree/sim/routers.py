@@ -1,0 +1,192 @@
+"""Routers: how a group of replicas shares the requests arriving at it (one `route` method each), and
+their names for the command line.
+
+Imports allowed: the standard library, stallfree.core and stallfree.sim (result, replica, loop).
+
+A router sees each replica as stallfree.sim.replica.Replica shows it (num_outstanding, kv_free,
+pending, cached_prefix_len) as of its last completed step plus the requests routed to it since.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stallfree.core.request import Request
+from stallfree.sim.loop import Router
+from stallfree.sim.replica import Replica
+from stallfree.sim.result import ClusterError
+
+__all__ = [
+    "DEFAULT_AFFINITY_LOAD_FACTOR",
+    "DEFAULT_AFFINITY_LOAD_MARGIN",
+    "DEFAULT_PREFIX_THRESHOLD",
+    "DEFAULT_ROUTER_SEED",
+    "ROUTERS",
+    "LeastKVRouter",
+    "LeastOutstandingRouter",
+    "PrefixAffinityRouter",
+    "RandomRouter",
+    "RoundRobinRouter",
+    "Router",
+    "make_router",
+]
+
+#: prefix-affinity: tokens of cached prefix a replica must hold to win the request (default 256:
+#: sixteen 16-token blocks, so that a shared system prompt counts but a chance one-block match does not).
+DEFAULT_PREFIX_THRESHOLD = 256
+#: prefix-affinity load cap: a replica may win a request for its cached prefix only while its
+#: unfinished requests are at most max(load_factor x the least loaded replica's, that + load_margin).
+#: The defaults (1.5 and 4 requests) are this project's choice from the grid measured on the Mooncake
+#: trace in docs/cluster.md (the best hit rate there, at least-outstanding's TTFT). The rule has the
+#: shape of SGLang's cache-aware router's (cache affinity while loads are within a relative or an
+#: absolute margin, else the shortest queue), which compares the most and least loaded workers
+#: rather than the candidate and the least loaded.
+DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
+DEFAULT_AFFINITY_LOAD_MARGIN = 4
+#: random router: the default seed.
+DEFAULT_ROUTER_SEED = 0
+
+
+
+@dataclass(slots=True)
+class RoundRobinRouter:
+    """Replicas 0, 1, ..., N-1, 0, ... in arrival order."""
+
+    cursor: int = 0
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the next replica in turn."""
+        k = self.cursor % len(replicas)
+        self.cursor += 1
+        return k
+
+
+@dataclass(slots=True)
+class LeastOutstandingRouter:
+    """The replica with the fewest unfinished requests; ties go to the lowest index."""
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the least loaded replica."""
+        return min(range(len(replicas)), key=lambda k: (replicas[k].num_outstanding, k))
+
+
+@dataclass(slots=True)
+class LeastKVRouter:
+    """The replica with the most free KV (tokens, as of its last step, less what the requests
+    already routed to it but not yet admitted will reserve: prompt_len + max_new each); ties go to
+    the lowest index."""
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the replica with the most free KV."""
+
+        def free(k: int) -> int:
+            r = replicas[k]
+            return r.kv_free - sum(p.prompt_len + p.max_new for p in r.pending)
+
+        return min(range(len(replicas)), key=lambda k: (-free(k), k))
+
+
+@dataclass(slots=True)
+class PrefixAffinityRouter:
+    """The replica holding the longest cached prefix of the request, among the replicas not too
+    loaded, if it holds more than `threshold` tokens of it; otherwise the least loaded
+    (LeastOutstandingRouter). Equal prefixes go to the less loaded replica, then the lower index
+    (so that replicas holding the same prefix share its requests).
+
+    Load cap: with `low` the fewest unfinished requests on any replica, a replica may win on its
+    cache only while its unfinished requests are <= max(load_factor x low, low + load_margin).
+    Without it, every request sharing a popular prefix piles onto the one replica that cached it
+    first (on the Mooncake trace, 2,986 of 3,000 requests onto one of 4 replicas: docs/cluster.md).
+    load_factor = inf (or load_margin large) turns the cap off. Without prefix caching every
+    replica holds 0 tokens, so it routes as least-outstanding.
+
+    Args:
+        threshold: cached-prefix tokens needed to win, >= 0.
+        load_factor: the relative cap, >= 1 (may be math.inf).
+        load_margin: the absolute cap, requests, >= 0.
+
+    Raises:
+        ClusterError: threshold < 0, load_factor < 1 (or nan), load_margin < 0.
+    """
+
+    threshold: int = DEFAULT_PREFIX_THRESHOLD
+    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR
+    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN
+    fallback: LeastOutstandingRouter = field(default_factory=LeastOutstandingRouter)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 0:
+            raise ClusterError(f"prefix-affinity threshold must be an integer >= 0 tokens, got {self.threshold!r}")
+        f = self.load_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1:
+            raise ClusterError(f"prefix-affinity load factor must be a number >= 1, got {f!r}")
+        m = self.load_margin
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ClusterError(f"prefix-affinity load margin must be an integer >= 0 requests, got {m!r}")
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the replica under the load cap with the longest cached prefix over the threshold,
+        else the least loaded."""
+        low = min(r.num_outstanding for r in replicas)
+        cap = math.inf if self.load_factor == math.inf else max(low * self.load_factor, low + self.load_margin)
+        best, best_len = -1, self.threshold
+        for k, r in enumerate(replicas):
+            if r.num_outstanding > cap:
+                continue
+            n = r.cached_prefix_len(request)
+            if n > best_len or (n == best_len and best >= 0 and r.num_outstanding < replicas[best].num_outstanding):
+                best, best_len = k, n
+        return best if best >= 0 else self.fallback.route(request, replicas)
+
+
+@dataclass(slots=True)
+class RandomRouter:
+    """A replica drawn uniformly with Python's random.Random(seed): the same seed, the same routes."""
+
+    seed: int = DEFAULT_ROUTER_SEED
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return a uniformly drawn replica."""
+        return self.rng.randrange(len(replicas))
+
+
+#: Router names for the command line.
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random")
+
+
+def make_router(
+    name: str,
+    seed: int = DEFAULT_ROUTER_SEED,
+    threshold: int = DEFAULT_PREFIX_THRESHOLD,
+    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR,
+    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN,
+) -> Router:
+    """Build a router by name (one of ROUTERS).
+
+    Args:
+        name: the router.
+        seed: random: the RNG seed.
+        threshold: prefix-affinity: tokens of cached prefix needed to win, >= 0.
+        load_factor, load_margin: prefix-affinity: its load cap (PrefixAffinityRouter).
+
+    Raises:
+        ClusterError: an unknown name, or a prefix-affinity option out of range.
+    """
+    if name == "round-robin":
+        return RoundRobinRouter()
+    if name == "least-outstanding":
+        return LeastOutstandingRouter()
+    if name == "least-kv":
+        return LeastKVRouter()
+    if name == "prefix-affinity":
+        return PrefixAffinityRouter(threshold, load_factor, load_margin)
+    if name == "random":
+        return RandomRouter(seed)
+    raise ClusterError(f"unknown router {name!r} (choose from {', '.join(ROUTERS)})")
