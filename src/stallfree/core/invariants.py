@@ -16,7 +16,8 @@ tokens; `PagedRules`: blocks cover the tokens, no block in two tables, victims b
 core/invariants_cache.py (`CacheRules`, prefix caching: each block free-and-empty, evictable-cached, or
 held with a reference count equal to the tables holding it; hits are the longest cached prefix and leave
 the last token to compute; no held block is evicted) and core/invariants_multi.py (`MultiRules`, several
-partial prefills). It is meant for tests and the simulator's --check mode; it costs O(running) per step.
+partial prefills); the shadow state they share, CheckerState, and InvariantViolation live in
+core/invariants_state.py, below all of them. It is meant for tests and the simulator's --check mode; it costs O(running) per step.
 
 Longer than the ~400-line guide: the shadow must work out every plan on its own (decodes and overflow,
 blocks and victims, chunks, admissions), and these steps share its state.
@@ -24,51 +25,21 @@ blocks and victims, chunks, admissions), and these steps share its state.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from stallfree.core.errors import StallfreeError
 from stallfree.core.invariants_cache import CacheRules, block_table
 from stallfree.core.invariants_kv import PagedRules, ReserveRules
 from stallfree.core.invariants_multi import MultiRules
+from stallfree.core.invariants_state import CheckerState, InvariantViolation, _Shadow
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request, RequestStatus
-from stallfree.core.scheduler import Scheduler
 
 __all__ = ["InvariantChecker", "InvariantViolation", "PagedInvariantChecker", "PagedInvariantViolation"]
 
 
-class InvariantViolation(StallfreeError, AssertionError):
-    """The scheduler broke a contract invariant; the message names the step, rule and values."""
-
-
 @dataclass(slots=True)
-class _Shadow:
-    req: Request
-    order: int  # position in add() order
-    add_step: int
-    running: bool = False
-    prefilled: int = 0  # in the current episode
-    target: int = 0  # tokens the current episode prefills: prompt_len + tokens generated before it
-    generated: int = 0  # over all episodes
-    episode_decodes: int = 0
-    blocks: int = 0  # paged
-    hit: int = 0  # prefix caching: blocks of the current episode found cached at admission
-    preemptions: int = 0
-    emitted: int = 0  # times the rid appeared in complete()'s return value
-    limit: int = 0  # tokens after which it ends: max_new, or what stop_after() said
-
-    @property
-    def computed(self) -> int:
-        """Tokens whose KV is in the cache."""
-        if self.prefilled < self.target:
-            return self.prefilled
-        return self.req.prompt_len + self.generated - 1
-
-
-@dataclass(slots=True)
-class InvariantChecker:
+class InvariantChecker(CheckerState):
     """Wrap `scheduler` and assert every invariant of the contract after each call and at the end.
 
     Rules: the plan equals the shadow's (decodes with their starts and tokens, chunks, admissions,
@@ -95,47 +66,6 @@ class InvariantChecker:
     Raises:
         InvariantViolation: from any call, when the scheduler broke a rule; the message names it.
     """
-
-    scheduler: Scheduler
-    table_every: int = 1
-    num_steps: int = 0
-    num_requests: int = 0
-    num_preemptions: int = 0
-    max_preemptions_of_one: int = 0
-    num_recomputed_tokens: int = 0
-    _reqs: dict[Hashable, _Shadow] = field(default_factory=dict)
-    _waiting: list[Hashable] = field(default_factory=list)
-    _running: list[Hashable] = field(default_factory=list)  # admission order of the current episodes
-    _ready: list[Hashable] = field(default_factory=list)  # decodes in batch order
-    _partial: Hashable | None = None
-    _plan: StepPlan | None = None
-    _aborted_in_flight: set[Hashable] = field(default_factory=set)
-    _calls: int = 0
-    # Prefix caching: the state before the step being planned (free blocks, evictable ids, tables).
-    _pre_free: int = 0
-    _pre_evictable: set[int] = field(default_factory=set)
-    _pre_tables: dict[Hashable, tuple[int, ...]] = field(default_factory=dict)
-    # The checker's own view of the cache through the step: the evictable blocks before it in eviction
-    # order (and their hashes), free-and-empty blocks left, the blocks its model evicted so far (and
-    # hash -> block for them), and the blocks pinned so far.
-    _view: dict[Hashable, int] | None = None
-    _evq: list[int] = field(default_factory=list)
-    _evq_hashes: list[Hashable] = field(default_factory=list)
-    _evq_pos: int = 0
-    _raw: int = 0
-    _evicted: set[int] = field(default_factory=set)
-    _pinned: set[int] = field(default_factory=set)
-
-    def _fail(self, rule: str, detail: str) -> None:
-        raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
-
-    @property
-    def _paged(self) -> bool:
-        return getattr(self.scheduler, "kv_policy", "reserve") == "paged"
-
-    @property
-    def _caching(self) -> bool:
-        return bool(getattr(self.scheduler, "enable_prefix_caching", False))
 
     # ------------------------------------------------------------------ read-only views (drop-in use)
 
@@ -236,28 +166,6 @@ class InvariantChecker:
     def _in_plan(self, rid: Hashable, plan: StepPlan) -> bool:
         return rid in plan.decode_rids or any(c.rid == rid for c in plan.prefills)
 
-    def _blocks(self, tokens: int) -> int:
-        bs = self.scheduler.block_size or 1
-        return (tokens + bs - 1) // bs
-
-    def _chunk(self, rest: int, left: int) -> int:
-        if rest <= left:
-            return rest
-        s = self.scheduler
-        b = s.block_size if s.align_chunks else None
-        return max(left - left % b, 0) if b else max(left, 0)
-
-    def _key(self, rid: Hashable) -> tuple[float, int]:
-        s = self.scheduler
-        sh = self._reqs[rid]
-        if s.policy != "priority" or s.aging_interval is None:
-            return (sh.req.priority if s.policy == "priority" else 0, sh.order)
-        waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
-        return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
-
-    def _queue_order(self) -> list[Hashable]:
-        return sorted(self._waiting, key=self._key)
-
     def _decode_cost(self, rid: Hashable, budget: int) -> int:
         sh = self._reqs[rid]
         return 1 + min(self.scheduler.num_spec_tokens, budget - 1, sh.limit - sh.generated - 1)
@@ -356,15 +264,6 @@ class InvariantChecker:
             return expected  # in priority order, as the selection hands them out
         picked = set(expected)
         return [r for r in ready if r in picked]
-
-    def _victim_for(self, rid: Hashable) -> Hashable:
-        """Paged: the victim when `rid` needs a block and none is free."""
-        later = self._running[self._running.index(rid) + 1:]
-        if not later:
-            return rid
-        if self.scheduler.policy != "priority":
-            return later[-1]
-        return max(later, key=lambda r: (self._key(r)[0], self._running.index(r)))
 
     def _preempt(self, rid: Hashable, victims: list[Hashable]) -> None:
         sh = self._reqs[rid]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from stallfree.core.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from stallfree.core.invariants import InvariantChecker, _Shadow
+    from stallfree.core.invariants_state import CheckerState, _Shadow
 
 __all__ = ["CacheRules", "block_table"]
 
@@ -33,7 +33,7 @@ class CacheRules:
     """Prefix caching's part of the checker (paged KV with enable_prefix_caching=True)."""
 
     @staticmethod
-    def snapshot(chk: InvariantChecker) -> None:
+    def snapshot(chk: CheckerState) -> None:
         """Before a schedule(): free blocks, evictable ids and every running table."""
         s = chk.scheduler
         cache = s.prefix_cache
@@ -52,7 +52,7 @@ class CacheRules:
         chk._pinned = set()
 
     @staticmethod
-    def take(chk: InvariantChecker, n: int) -> None:
+    def take(chk: CheckerState, n: int) -> None:
         """An allocation of `n` blocks in the step, in the checker's view: free-and-empty blocks
         first, then evictable ones not pinned in this step, least recently released first (evicted)."""
         if n <= 0 or not chk._caching:
@@ -69,7 +69,7 @@ class CacheRules:
                 n -= 1
 
     @staticmethod
-    def lost(chk: InvariantChecker) -> list[int]:
+    def lost(chk: CheckerState) -> list[int]:
         """Positions in the snapshot's evictable list of the blocks that no longer hold their hash."""
         cache = chk.scheduler.prefix_cache
         assert cache is not None
@@ -77,7 +77,7 @@ class CacheRules:
         return list(itertools.compress(range(len(chk._evq)), changed))
 
     @staticmethod
-    def check_evictions(chk: InvariantChecker) -> None:
+    def check_evictions(chk: CheckerState) -> None:
         """After schedule() (before any table is read): exactly the blocks the view evicted lost their
         hash. Skipped in a step that preempted (victims' blocks return mid-step; nothing is admitted)."""
         cache = chk.scheduler.prefix_cache
@@ -89,7 +89,7 @@ class CacheRules:
                       f"evicted {sorted(lost)}; the checker's own model evicted {sorted(chk._evicted)}")
 
     @staticmethod
-    def hits(chk: InvariantChecker, sh: _Shadow) -> list[int]:
+    def hits(chk: CheckerState, sh: _Shadow) -> list[int]:
         """The longest cached prefix of a waiting request's prompt blocks at its place in the step,
         leaving its last token to compute, from the checker's own view, not from the pool's lookup:
         the blocks cached when the step was planned are those cached after it and the evictable ones
@@ -116,7 +116,7 @@ class CacheRules:
         return out
 
     @staticmethod
-    def freed_by(chk: InvariantChecker, victim: Hashable) -> int:
+    def freed_by(chk: CheckerState, victim: Hashable) -> int:
         """Blocks a victim's release makes free: those no other running request holds (its
         blocks taken in this step are its own)."""
         table = chk._pre_tables.get(victim, ())
@@ -128,7 +128,7 @@ class CacheRules:
         return sum(1 for b in table if b not in others) + max(grown, 0)
 
     @staticmethod
-    def check(chk: InvariantChecker) -> int:
+    def check(chk: CheckerState) -> int:
         """Every block in one state; reference counts; hits still cached. Returns the held blocks."""
         s = chk.scheduler
         cache = s.prefix_cache

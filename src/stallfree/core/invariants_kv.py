@@ -14,7 +14,7 @@ from stallfree.core.invariants_cache import CacheRules, block_table
 from stallfree.core.plan import StepPlan
 
 if TYPE_CHECKING:
-    from stallfree.core.invariants import InvariantChecker
+    from stallfree.core.invariants_state import CheckerState
 
 __all__ = ["PagedRules", "ReserveRules"]
 
@@ -23,7 +23,7 @@ class ReserveRules:
     """The reservation policy's part of the checker."""
 
     @staticmethod
-    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
+    def check(chk: CheckerState, scheduled: StepPlan | None) -> None:
         s = chk.scheduler
         reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running)
         if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
@@ -32,7 +32,7 @@ class ReserveRules:
             ReserveRules.check_block_ids(chk)
 
     @staticmethod
-    def check_block_ids(chk: InvariantChecker) -> None:
+    def check_block_ids(chk: CheckerState) -> None:
         """Between steps, each running request's table holds exactly the blocks of its computed tokens,
         no more than its reservation's; no block is in two tables or both in a table and free."""
         s = chk.scheduler
@@ -62,7 +62,7 @@ class PagedRules:
 
     @staticmethod
     def grow_decodes(
-        chk: InvariantChecker, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable],
+        chk: CheckerState, chosen: list[Hashable], costs: dict[Hashable, int], free: int, victims: list[Hashable],
         takes: bool = False,
     ) -> int:
         """Each chosen decode, oldest first, takes the blocks of its tokens, preempting by the victim
@@ -86,7 +86,7 @@ class PagedRules:
         return free
 
     @staticmethod
-    def check(chk: InvariantChecker, scheduled: StepPlan | None) -> None:
+    def check(chk: CheckerState, scheduled: StepPlan | None) -> None:
         s = chk.scheduler
         reqs = chk._reqs
         used = sum(reqs[r].blocks for r in chk._running)
@@ -106,7 +106,7 @@ class PagedRules:
             PagedRules.check_block_ids(chk)
 
     @staticmethod
-    def check_block_ids(chk: InvariantChecker) -> None:
+    def check_block_ids(chk: CheckerState) -> None:
         """Materialize every block table and check the ids: each block in exactly one place."""
         s = chk.scheduler
         free = s.free_block_ids()

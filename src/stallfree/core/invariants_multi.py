@@ -14,7 +14,7 @@ from stallfree.core.invariants_cache import CacheRules
 from stallfree.core.plan import StepPlan
 
 if TYPE_CHECKING:
-    from stallfree.core.invariants import InvariantChecker
+    from stallfree.core.invariants_state import CheckerState
 
 __all__ = ["MultiRules"]
 
@@ -25,7 +25,7 @@ class MultiRules:
 
     @staticmethod
     def prefills(
-        chk: InvariantChecker, left: int, free: int, victims: list[Hashable], decoding: bool
+        chk: CheckerState, left: int, free: int, victims: list[Hashable], decoding: bool
     ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable]]:
         """The chunks (rid, tokens, start, is_last) and admissions of a step with `left` tokens after
         decodes; `decoding`: the step has decodes, so the budget left tops up short prompts only."""
@@ -100,7 +100,7 @@ class MultiRules:
 
     @staticmethod
     def admissions(
-        chk: InvariantChecker, left: int, free: int, rows: list[list[Any]], num_partial: int, num_long: int
+        chk: CheckerState, left: int, free: int, rows: list[list[Any]], num_partial: int, num_long: int
     ) -> tuple[list[Hashable], int, int]:
         """Admission in queue order; a long head is passed only while L long prompts are partial."""
         s = chk.scheduler
@@ -137,14 +137,14 @@ class MultiRules:
         return admitted, left, free
 
     @staticmethod
-    def queue_order(chk: InvariantChecker) -> list[Hashable]:
+    def queue_order(chk: CheckerState) -> list[Hashable]:
         """Priority: by key; FCFS: preempted requests first (they return to the front), then add order."""
         if chk.scheduler.policy == "priority":
             return chk._queue_order()
         return sorted(chk._waiting, key=lambda r: (not chk._reqs[r].preemptions, chk._reqs[r].order))
 
     @staticmethod
-    def check_counts(chk: InvariantChecker, plan: StepPlan) -> None:
+    def check_counts(chk: CheckerState, plan: StepPlan) -> None:
         """After the step: at most K prompts partially prefilled; a long chunk in the partial phase <= T."""
         s = chk.scheduler
         reqs = chk._reqs

@@ -21,17 +21,18 @@ mini-sglang's PrefillAdder.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from stallfree.core.plan import ScheduledChunk
 from stallfree.core.request import RequestStatus
 
 if TYPE_CHECKING:
+    from stallfree.core.kv import KVManager
     from stallfree.core.live import LiveRequest
-    from stallfree.core.scheduler import Scheduler
+    from stallfree.core.policies import Chunking, WaitingQueue
 
-__all__ = ["OnePartialPrefill", "PartialPrefills", "PrefillRule", "StepBudget"]
+__all__ = ["OnePartialPrefill", "PartialPrefills", "PrefillHost", "PrefillRule", "StepBudget"]
 
 _PREFILLING = RequestStatus.PREFILLING
 
@@ -57,10 +58,50 @@ class StepBudget:
         self.left = 0
 
 
+class PrefillHost(Protocol):
+    """What a prefill rule reads and calls on the scheduler that hosts it (Scheduler is the one host):
+    its queues and partial prefills, its chunking and KV manager, and the admission, growth and
+    preemption steps it shares with the decode phase. Declared here, below the scheduler, so that the
+    strategies need no import of it."""
+
+    _chunking: Chunking
+    _kv: KVManager
+    _live: dict[Hashable, LiveRequest]
+    _partials: list[LiveRequest]
+    _prefilling: LiveRequest | None
+    _waiting: WaitingQueue
+    max_seqs: int
+    num_recomputed_tokens: int
+    policy: str
+
+    @property
+    def step(self) -> int:
+        """The step being planned (1-based)."""
+
+    @property
+    def num_running(self) -> int:
+        """Requests running (decoding or in prefill)."""
+
+    def priority_key(self, obj: LiveRequest) -> tuple[float, int]:
+        """The request's queue key under the priority policy (smaller runs first)."""
+
+    def _count_recomputed(self, out: list[ScheduledChunk]) -> None: ...
+
+    def _grow(self, obj: LiveRequest, tokens: int, step: int, victims: list[LiveRequest]) -> bool: ...
+
+    def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool: ...
+
+    def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None: ...
+
+    def _take_in(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int], start: int) -> None: ...
+
+    def _victim(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest: ...
+
+
 class PrefillRule(Protocol):
     """Contract steps 2 and 3 for one step: which chunks run, and which waiting requests are admitted."""
 
-    def plan(self, s: Scheduler, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest],
+    def plan(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest],
              decoding: bool) -> tuple[Hashable, ...]:
         """Append the step's prefill chunks to `out`, spending `budget`; return the admitted rids.
 
@@ -77,14 +118,14 @@ class PrefillRule(Protocol):
 class OnePartialPrefill:
     """The contract: the partial prefill continues, then strict admission in queue order."""
 
-    def plan(self, s: Scheduler, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest],
+    def plan(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest],
              decoding: bool) -> tuple[Hashable, ...]:
         """Contract step 2, then (unless it preempted) step 3."""
         self._continue(s, budget, out, victims)
         return () if victims else self._admit(s, budget, out)
 
     @staticmethod
-    def _continue(s: Scheduler, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest]) -> None:
+    def _continue(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest]) -> None:
         """Contract step 2: the rest of the prompt started in an earlier step, up to the budget."""
         obj = s._prefilling
         if obj is None or budget.left <= 0:
@@ -106,7 +147,7 @@ class OnePartialPrefill:
             budget.close()
 
     @staticmethod
-    def _admit(s: Scheduler, budget: StepBudget, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
+    def _admit(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
         """Contract step 3: admission in queue order; the first head that does not fit stops it."""
         waiting = s._waiting
         if not len(waiting):
@@ -152,7 +193,7 @@ class PartialPrefills:
         self.lng = max_long_partial_prefills
         self.thr = long_prefill_token_threshold
 
-    def plan(self, s: Scheduler, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest],
+    def plan(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest],
              decoding: bool) -> tuple[Hashable, ...]:
         """The K/L/T step after the decodes; `out` gets one chunk per prompt in prefill order."""
         thr = self.thr
@@ -190,7 +231,7 @@ class PartialPrefills:
         return admitted
 
     @staticmethod
-    def _grow(s: Scheduler, obj: LiveRequest, tokens: int, partials: list[LiveRequest],
+    def _grow(s: PrefillHost, obj: LiveRequest, tokens: int, partials: list[LiveRequest],
               victims: list[LiveRequest]) -> bool:
         """KV for a partial prefill's chunk, preempting only newer partial prefills (the victim rule
         among them); False (no chunk this step) when they do not suffice."""
@@ -202,7 +243,7 @@ class PartialPrefills:
             s._preempt(victim, s.step, victims)
         return True
 
-    def _admit(self, s: Scheduler, budget: StepBudget, out: list[ScheduledChunk], num_partial: int,
+    def _admit(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], num_partial: int,
                num_long: int) -> tuple[Hashable, ...]:
         """Admission in queue order: a long head takes at most T tokens and is passed by the requests
         behind it while L long prompts are partially prefilled; any other head that does not fit (slot,
@@ -244,7 +285,7 @@ class PartialPrefills:
         return tuple(admitted)
 
     @staticmethod
-    def _top_up(s: Scheduler, budget: StepBudget, out: list[ScheduledChunk], long_over: int | None) -> None:
+    def _top_up(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], long_over: int | None) -> None:
         """The budget left goes to the unfinished chunks in order (only with KV to spare; nothing is
         preempted for it). With `long_over` = T (a step with decodes), a long prompt (more than T tokens
         to compute at the step's start) gets none: its chunk stays at most T tokens, because a chunk deep

@@ -1,0 +1,137 @@
+"""The invariant checker's shadow state (CheckerState) and InvariantViolation. They sit below the
+checker (core/invariants.py) and its rule families (core/invariants_kv.py, invariants_cache.py,
+invariants_multi.py), which all work on this state, so that no rule module imports the checker.
+
+Imports allowed: the standard library and stallfree.core only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from stallfree.core.errors import StallfreeError
+from stallfree.core.plan import StepPlan
+from stallfree.core.request import Request
+from stallfree.core.scheduler import Scheduler
+
+__all__ = ["CheckerState", "InvariantViolation"]
+
+
+class InvariantViolation(StallfreeError, AssertionError):
+    """The scheduler broke a contract invariant; the message names the step, rule and values."""
+
+
+@dataclass(slots=True)
+class _Shadow:
+    req: Request
+    order: int  # position in add() order
+    add_step: int
+    running: bool = False
+    prefilled: int = 0  # in the current episode
+    target: int = 0  # tokens the current episode prefills: prompt_len + tokens generated before it
+    generated: int = 0  # over all episodes
+    episode_decodes: int = 0
+    blocks: int = 0  # paged
+    hit: int = 0  # prefix caching: blocks of the current episode found cached at admission
+    preemptions: int = 0
+    emitted: int = 0  # times the rid appeared in complete()'s return value
+    limit: int = 0  # tokens after which it ends: max_new, or what stop_after() said
+
+    @property
+    def computed(self) -> int:
+        """Tokens whose KV is in the cache."""
+        if self.prefilled < self.target:
+            return self.prefilled
+        return self.req.prompt_len + self.generated - 1
+
+
+@dataclass(slots=True)
+class CheckerState:
+    """The invariant checker's shadow state and the helpers every rule family shares; InvariantChecker
+    is its one subclass, and its docstring gives the fields."""
+
+
+    scheduler: Scheduler
+    table_every: int = 1
+    num_steps: int = 0
+    num_requests: int = 0
+    num_preemptions: int = 0
+    max_preemptions_of_one: int = 0
+    num_recomputed_tokens: int = 0
+    _reqs: dict[Hashable, _Shadow] = field(default_factory=dict)
+    _waiting: list[Hashable] = field(default_factory=list)
+    _running: list[Hashable] = field(default_factory=list)  # admission order of the current episodes
+    _ready: list[Hashable] = field(default_factory=list)  # decodes in batch order
+    _partial: Hashable | None = None
+    _plan: StepPlan | None = None
+    _aborted_in_flight: set[Hashable] = field(default_factory=set)
+    _calls: int = 0
+    # Prefix caching: the state before the step being planned (free blocks, evictable ids, tables).
+    _pre_free: int = 0
+    _pre_evictable: set[int] = field(default_factory=set)
+    _pre_tables: dict[Hashable, tuple[int, ...]] = field(default_factory=dict)
+    # The checker's own view of the cache through the step: the evictable blocks before it in eviction
+    # order (and their hashes), free-and-empty blocks left, the blocks its model evicted so far (and
+    # hash -> block for them), and the blocks pinned so far.
+    _view: dict[Hashable, int] | None = None
+    _evq: list[int] = field(default_factory=list)
+    _evq_hashes: list[Hashable] = field(default_factory=list)
+    _evq_pos: int = 0
+    _raw: int = 0
+    _evicted: set[int] = field(default_factory=set)
+    _pinned: set[int] = field(default_factory=set)
+
+    def _fail(self, rule: str, detail: str) -> None:
+        raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
+
+    @property
+    def _paged(self) -> bool:
+        return getattr(self.scheduler, "kv_policy", "reserve") == "paged"
+
+    @property
+    def _caching(self) -> bool:
+        return bool(getattr(self.scheduler, "enable_prefix_caching", False))
+
+    def _blocks(self, tokens: int) -> int:
+        bs = self.scheduler.block_size or 1
+        return (tokens + bs - 1) // bs
+
+    def _chunk(self, rest: int, left: int) -> int:
+        if rest <= left:
+            return rest
+        s = self.scheduler
+        b = s.block_size if s.align_chunks else None
+        return max(left - left % b, 0) if b else max(left, 0)
+
+    def _key(self, rid: Hashable) -> tuple[float, int]:
+        s = self.scheduler
+        sh = self._reqs[rid]
+        if s.policy != "priority" or s.aging_interval is None:
+            return (sh.req.priority if s.policy == "priority" else 0, sh.order)
+        waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
+        return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
+
+    def _queue_order(self) -> list[Hashable]:
+        return sorted(self._waiting, key=self._key)
+
+    def _victim_for(self, rid: Hashable) -> Hashable:
+        """Paged: the victim when `rid` needs a block and none is free."""
+        later = self._running[self._running.index(rid) + 1:]
+        if not later:
+            return rid
+        if self.scheduler.policy != "priority":
+            return later[-1]
+        return max(later, key=lambda r: (self._key(r)[0], self._running.index(r)))
+
+    def _preempt(self, rid: Hashable, victims: list[Hashable]) -> None:
+        """Preempt `rid` in the shadow, appending it to `victims` (InvariantChecker's)."""
+        raise NotImplementedError
+
+    def _admit_shadow(
+        self, rid: Hashable, sh: _Shadow, hits: list[int], start: int, n: int, free: int, reserved: int,
+        pinned: set[int],
+    ) -> tuple[bool, int, int]:
+        """Admit `rid` into the shadow if the KV allows (InvariantChecker's)."""
+        raise NotImplementedError
