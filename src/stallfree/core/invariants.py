@@ -17,7 +17,8 @@ core/invariants_cache.py (`CacheRules`, prefix caching: each block free-and-empt
 held with a reference count equal to the tables holding it; hits are the longest cached prefix and leave
 the last token to compute; no held block is evicted) and core/invariants_multi.py (`MultiRules`, several
 partial prefills); the shadow state they share, CheckerState, and InvariantViolation live in
-core/invariants_state.py, below all of them. It is meant for tests and the simulator's --check mode; it costs O(running) per step.
+core/invariants_state.py, below all of them. It is meant for tests and the simulator's --check mode;
+it costs O(running) per step.
 
 Longer than the ~400-line guide: the shadow must work out every plan on its own (decodes and overflow,
 blocks and victims, chunks, admissions), and these steps share its state.
