@@ -11,11 +11,19 @@ from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
 
-__all__ = ["GATED_MLP_TYPES", "PLAIN_MLP_TYPES", "UNPRICEABLE_FIELDS", "gated_mlp", "refuse_unpriceable"]
+__all__ = [
+    "EVERY_LAYER_FIELDS",
+    "GATED_MLP_TYPES",
+    "PLAIN_MLP_TYPES",
+    "UNPRICEABLE_FIELDS",
+    "gated_mlp",
+    "refuse_unpriceable",
+]
 
 #: model_type values whose MLP is gated (three matrices: gate, up, down; SwiGLU or GeGLU).
 GATED_MLP_TYPES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
+    {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "kimi_k2", "gpt_oss",
+     "llama4_text", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
      "olmo2", "granite", "cohere", "stablelm", "internlm2", "exaone", "smollm3"}
 )
 #: model_type values whose MLP has two matrices (up, down) with a plain activation (GELU).
@@ -23,15 +31,16 @@ PLAIN_MLP_TYPES = frozenset(
     {"phi", "gpt_neox", "gpt2", "gptj", "gpt_bigcode", "falcon", "opt", "bloom", "starcoder2", "mpt"}
 )
 #: Config fields of architectures the parameter formulas do not cover, with what each one means.
+#: Multi-head latent attention, DeepSeek's routed plus shared experts and dense first layers are read
+#: (model.model_from_hf_config); these stay refused.
 UNPRICEABLE_FIELDS = {
-    "kv_lora_rank": "multi-head latent attention (DeepSeek-V2/V3)",
-    "n_routed_experts": "routed plus shared experts (DeepSeek MoE)",
-    "n_shared_experts": "shared experts beside the routed ones",
-    "shared_expert_intermediate_size": "a shared expert beside the routed ones (Qwen2-MoE)",
-    "first_k_dense_replace": "dense layers mixed with MoE layers",
-    "decoder_sparse_step": "MoE layers only every few layers",
-    "moe_layer_freq": "MoE layers only every few layers",
+    "shared_expert_intermediate_size": "a shared expert of its own size beside the routed ones (Qwen2-MoE)",
 }
+
+#: Fields whose value other than the one given means MoE on some layers only, in a pattern the
+#: formulas do not cover: decoder_sparse_step 1 (Qwen3-MoE) and moe_layer_freq 1 (DeepSeek) mean every
+#: layer is MoE (after the first_k_dense_replace dense ones).
+EVERY_LAYER_FIELDS = {"decoder_sparse_step": 1, "moe_layer_freq": 1}
 
 
 def gated_mlp(owner: str, config: dict[str, Any]) -> bool:
@@ -60,15 +69,27 @@ def gated_mlp(owner: str, config: dict[str, Any]) -> bool:
 
 
 def refuse_unpriceable(owner: str, config: dict[str, Any]) -> None:
-    """Refuse a config whose architecture the formulas of this module do not cover, naming the field.
+    """Refuse a config whose architecture the formulas of model.py do not cover, naming the field.
 
     Raises:
-        CostModelError: a field of UNPRICEABLE_FIELDS is set (non-null, non-zero).
+        CostModelError: a field of UNPRICEABLE_FIELDS is set (non-null, non-zero); a field of
+            EVERY_LAYER_FIELDS has another value than 1; mlp_only_layers is not empty; or Qwen-style
+            use_sliding_window is true (its max_window_layers split is not priced).
     """
     for name, meaning in UNPRICEABLE_FIELDS.items():
         if config.get(name):
-            raise CostModelError(
-                f"{owner}: field {name!r} = {config[name]!r} means {meaning}, which the cost model cannot "
-                "price (it knows dense and Mixtral-style MoE decoders); give a model file in our format "
-                "with explicit \"params\" counts instead"
-            )
+            _refuse(owner, name, config[name], meaning)
+    for name, every in EVERY_LAYER_FIELDS.items():
+        if config.get(name) not in (None, every):
+            _refuse(owner, name, config[name], "MoE layers only every few layers")
+    if config.get("mlp_only_layers"):
+        _refuse(owner, "mlp_only_layers", config["mlp_only_layers"], "dense layers mixed with MoE layers")
+    if config.get("use_sliding_window"):
+        _refuse(owner, "use_sliding_window", True, "a sliding window on the layers below max_window_layers")
+
+
+def _refuse(owner: str, name: str, value: Any, meaning: str) -> None:
+    raise CostModelError(
+        f"{owner}: field {name!r} = {value!r} means {meaning}, which the cost model cannot price; give a "
+        "model file in our format with explicit \"params\" counts instead"
+    )
