@@ -3,7 +3,6 @@ windowed layers and sinks, 4-bit weights, and the DeepSeek, Kimi, Qwen3, gpt-oss
 
 from __future__ import annotations
 
-import math
 from importlib import util
 from pathlib import Path
 
@@ -279,4 +278,30 @@ def test_unknown_layer_type_is_refused():
               "intermediate_size": 128, "vocab_size": 100, "layer_types": ["full_attention", "linear_attention"]}
     with pytest.raises(CostModelError, match="'layer_types'.*linear_attention"):
         model_from_hf_config("x", config)
-    assert math.isfinite(1.0)
+
+
+@pytest.mark.parametrize(
+    "key,gpu,tp,dtype",
+    [
+        ("deepseek-v3", "h200", 8, "fp8"),
+        ("gpt-oss-20b", "h100-sxm", 1, "mxfp4"),
+        ("llama-4-scout", "h100-sxm", 4, "bf16"),
+    ],
+)
+def test_pricing_entry_points_agree_on_the_new_models(key, gpu, tp, dtype):
+    """step_time, breakdown, decode_step_time, prefill_step_time and max_tokens_within price the same
+    step alike with MLA decodes and windowed layers."""
+    cm = CostModel(get_model(key), get_gpu(gpu), tp=tp, dtype=dtype)
+    dec = _plan([3000] * 16)
+    assert cm.step_time(dec) == pytest.approx(cm.breakdown(dec).total_s, rel=1e-12)
+    assert cm.step_time(dec) == pytest.approx(cm.decode_step_time(16, 3000), rel=1e-12)
+    mixed = _plan([3000] * 16, chunk=(512, 200))
+    prefill = cm.prefill_step_time(512, start=200, num_decodes=16, context_len=3000, is_last=False)
+    assert cm.step_time(mixed) == pytest.approx(cm.breakdown(mixed).total_s, rel=1e-12)
+    assert cm.step_time(mixed) == pytest.approx(prefill, rel=1e-12)
+    last = StepPlan(0, tuple(range(16)), (3000,) * 16, (ScheduledChunk("p", 512, True, 200, True),),
+                    528, 48_000, 1 << 20)
+    target = cm.prefill_step_time(512, start=200, num_decodes=16, context_len=3000)
+    assert cm.step_time(last) == pytest.approx(target, rel=1e-12)
+    assert cm.max_tokens_within(target * (1 + 1e-9), 16, 48_000, chunk_start=200) >= 528
+    assert cm.max_tokens_within(target * (1 - 1e-3), 16, 48_000, chunk_start=200) < 528
