@@ -23,6 +23,12 @@ dim, V vocab, T tokens in the step, S tokens that sample, N_act active decoder-l
     fixed_s    = overhead_s + kernel_launch_s x (KERNELS_PER_LAYER x L + 1)
                  + per_token_s x T + per_seq_s x B                (B sequences in the step)
     step_s     = max(compute_s, memory_s) + comm_s + fixed_s
+Newer architectures (ModelSpec): 4 x n_q x d becomes attention_flops_per_pair (MLA: 2 n_q (d_n + d_r)
++ 2 n_q d_v), and a decode's pairs weigh decode_flops_per_pair / attention_flops_per_pair (MLA's
+absorbed form); the KV term's 2 x L x ceil(n_kv / n) x d becomes L x (r_kv + d_r) for MLA, not divided
+by n; windowed layers (a fraction f of the layers, window W) see min(x, W) keys at position x, so
+pairs and cached KV read are (1 - f) x full + f x windowed; shared experts and dense layers are in the
+weights every step reads, and only the routed experts of the MoE layers are read in part.
 Sources: roofline (Williams et al., CACM 2009; LLM-Viewer, Yuan et al. 2024); attention FLOPs (PaLM,
 arXiv 2204.02311, App. B); two all-reduces per layer (Megatron-LM, arXiv 1909.08053, section 3); ring
 all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv x d x bytes.
