@@ -289,8 +289,8 @@ def test_unknown_layer_type_is_refused():
     ],
 )
 def test_pricing_entry_points_agree_on_the_new_models(key, gpu, tp, dtype):
-    """step_time, breakdown, decode_step_time, prefill_step_time and max_tokens_within price the same
-    step alike with MLA decodes and windowed layers."""
+    """step_time, breakdown, decode_step_time, prefill_step_time, prefill_breakdown (the budget
+    table's parts) and max_tokens_within price the same step alike with MLA decodes and windowed layers."""
     cm = CostModel(get_model(key), get_gpu(gpu), tp=tp, dtype=dtype)
     dec = _plan([3000] * 16)
     assert cm.step_time(dec) == pytest.approx(cm.breakdown(dec).total_s, rel=1e-12)
@@ -299,9 +299,27 @@ def test_pricing_entry_points_agree_on_the_new_models(key, gpu, tp, dtype):
     prefill = cm.prefill_step_time(512, start=200, num_decodes=16, context_len=3000, is_last=False)
     assert cm.step_time(mixed) == pytest.approx(cm.breakdown(mixed).total_s, rel=1e-12)
     assert cm.step_time(mixed) == pytest.approx(prefill, rel=1e-12)
+    parts = cm.prefill_breakdown(512, start=200, num_decodes=16, context_len=3000, is_last=False)
+    assert parts.total_s == pytest.approx(prefill, rel=1e-12)
     last = StepPlan(0, tuple(range(16)), (3000,) * 16, (ScheduledChunk("p", 512, True, 200, True),),
                     528, 48_000, 1 << 20)
     target = cm.prefill_step_time(512, start=200, num_decodes=16, context_len=3000)
     assert cm.step_time(last) == pytest.approx(target, rel=1e-12)
     assert cm.max_tokens_within(target * (1 + 1e-9), 16, 48_000, chunk_start=200) >= 528
     assert cm.max_tokens_within(target * (1 - 1e-3), 16, 48_000, chunk_start=200) < 528
+
+
+def test_speculative_decodes_cap_windowed_pairs_per_token():
+    """Two gpt-oss-20b decodes of 3 tokens each at context 10,000: a windowed layer's pairs are capped
+    at 6 x 128 (every token sees the window), not 2 x 128."""
+    cm = CostModel(get_model("gpt-oss-20b"), get_gpu("h100-sxm"), dtype="mxfp4")
+    plan = StepPlan(0, (0, 1), (10_000, 10_000), (), 6, 20_000, 1 << 20, decode_tokens=(3, 3))
+    full = 3 * 20_000 + 6 * 4 / 2  # k x context sum + tokens x (k + 1) / 2, k = 3 tokens per decode
+    pairs = 0.5 * full + 0.5 * 6 * 128
+    m = cm.model
+    want = m.num_layers * 4 * 64 * 64 * pairs
+    base = cm.breakdown_counts(6, 0.0, 0.0, 2)
+    # step_time prices the same compute as breakdown_counts with these pairs
+    cost = cm.breakdown_counts(6, pairs, 0.5 * 20_000 + 0.5 * 256, 2)
+    assert cost.flops - base.flops == pytest.approx(want, rel=1e-12)
+    assert cm.step_time(plan) == pytest.approx(cost.total_s, rel=1e-12)

@@ -375,15 +375,15 @@ class CostModel:
         f = self._win_frac
         return pairs + f * (win - pairs), p + f * (min(p, w) - p)
 
-    def _decodes(self, nd: int, dcs: int, pairs: float) -> tuple[float, float]:
-        """Return (weighted attention pairs, cached tokens read) of nd decodes whose contexts sum to dcs
-        and whose full-attention pairs are `pairs`. A windowed layer sees at most W keys per decode
-        token: min(pairs, nd x W), exact once every context is at least W. MLA decodes weigh
-        decode_flops_per_pair / attention_flops_per_pair."""
+    def _decodes(self, nd: int, dcs: int, pairs: float, tokens: float | None = None) -> tuple[float, float]:
+        """Return (weighted attention pairs, cached tokens read) of nd decodes (of `tokens` tokens in all,
+        None: one each) whose contexts sum to dcs and whose full-attention pairs are `pairs`. A windowed
+        layer sees at most W keys per decode token: min(pairs, tokens x W), exact once every context is
+        at least W. MLA decodes weigh decode_flops_per_pair / attention_flops_per_pair."""
         kv = float(dcs)
         if self._win_frac:
             w, f = self._win, self._win_frac
-            pairs += f * (min(pairs, nd * w) - pairs)
+            pairs += f * (min(pairs, (nd if tokens is None else tokens) * w) - pairs)
             kv += f * (min(kv, nd * w) - kv)
         return pairs * self._w_dec, kv
 
@@ -438,7 +438,7 @@ class CostModel:
             else:
                 k = decode_tokens / nd
                 dp = k * dcs + decode_tokens * (k + 1) * 0.5
-            dp, dk = self._decodes(nd, dcs, dp)
+            dp, dk = self._decodes(nd, dcs, dp, decode_tokens)
             pairs += dp
             kv_read += dk
         return self._price(tokens, pairs, kv_read, sampled, seqs)
@@ -483,6 +483,25 @@ class CostModel:
         cp, ck = self._chunk(num_tokens, start)
         dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
         return self._price(num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1)
+
+    def prefill_breakdown(
+        self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
+    ) -> StepCost:
+        """Return the parts of prefill_step_time(...) (same arguments): compute, memory, communication,
+        overhead, and the work.
+
+        Raises:
+            CostModelError: num_tokens < 1, or a negative start, count or context.
+        """
+        _check_count("num_tokens", num_tokens, 1)
+        _check_count("start", start)
+        _check_count("num_decodes", num_decodes)
+        _check_count("context_len", context_len)
+        cp, ck = self._chunk(num_tokens, start)
+        dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
+        return self.breakdown_counts(
+            num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1
+        )
 
     def breakdown(self, plan: StepPlan) -> StepCost:
         """Return the parts of step_time(plan): compute, memory, communication, overhead, and the work."""
