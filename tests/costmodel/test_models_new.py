@@ -323,3 +323,19 @@ def test_speculative_decodes_cap_windowed_pairs_per_token():
     cost = cm.breakdown_counts(6, pairs, 0.5 * 20_000 + 0.5 * 256, 2)
     assert cost.flops - base.flops == pytest.approx(want, rel=1e-12)
     assert cm.step_time(plan) == pytest.approx(cost.total_s, rel=1e-12)
+
+
+def test_calibration_counts_follow_the_model():
+    """A measured step of 8 decodes (context sum 40,000) and a 300-token chunk at offset 200: for Llama
+    3.1 8B the counts calibration prices are MeasuredStep.counts' plain ones; for gpt-oss-20b the
+    windowed half of the layers sees at most 128 keys per token."""
+    from stallfree.costmodel.measured import MeasuredStep
+
+    step = MeasuredStep(308, 8, 40_000, 0.01, num_prefill_tokens=300, prefill_context_sum=200)
+    _, pairs, kv, _ = step.counts()
+    llama = CostModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"))
+    assert llama.attention_counts(300, 200, 8, 8, 40_000) == pytest.approx((pairs, kv), rel=1e-12)
+    oss = CostModel(get_model("gpt-oss-20b"), get_gpu("h100-sxm"), dtype="mxfp4")
+    win = _brute_pairs(300, 200, 128) + 8 * 128
+    want = (0.5 * pairs + 0.5 * win, 0.5 * kv + 0.5 * (128 + 8 * 128))
+    assert oss.attention_counts(300, 200, 8, 8, 40_000) == pytest.approx(want, rel=1e-12)

@@ -484,6 +484,28 @@ class CostModel:
         dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
         return self._price(num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1)
 
+    def attention_counts(
+        self, prefill_tokens: int, prefill_start: int, num_decodes: int, decode_tokens: int, decode_context_sum: int
+    ) -> tuple[float, float]:
+        """Return (attention pairs, cached tokens read) as this model prices them, for a step of one
+        prefill chunk of `prefill_tokens` at offset `prefill_start` (0 tokens: none) and `num_decodes`
+        decodes of `decode_tokens` tokens in all whose contexts sum to `decode_context_sum`.
+
+        For full-attention GQA models these are the plain counts (c x p + c(c+1)/2 per chunk, p + 1 per
+        decode token); windowed layers and MLA's decode weight change them as in step_time. Calibration
+        (fit.py) prices measured steps through this.
+        """
+        pairs = kv = 0.0
+        if prefill_tokens:
+            pairs, kv = self._chunk(prefill_tokens, prefill_start)
+        if num_decodes:
+            k = decode_tokens / num_decodes
+            dp = k * decode_context_sum + decode_tokens * (k + 1) * 0.5
+            dp, dk = self._decodes(num_decodes, decode_context_sum, dp, decode_tokens)
+            pairs += dp
+            kv += dk
+        return pairs, kv
+
     def prefill_breakdown(
         self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
     ) -> StepCost:
