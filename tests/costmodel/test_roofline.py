@@ -187,7 +187,7 @@ def test_mixtral_reads_more_experts_with_more_tokens():
         ({"tp": -2}, "tp must be an integer >= 1"),
         ({"tp": 1, "dtype": "bf16", "model": "llama-3.1-405b", "gpu": "h100-sxm"}, "need 811.7 GB per GPU"),
         ({"tp": 1, "mode": "fast"}, "mode must be one of"),
-        ({"tp": 4, "dtype": "fp4"}, "dtype 'fp4' is not a known dtype"),
+        ({"tp": 4, "dtype": "fp2"}, "dtype 'fp2' is not a known dtype"),
         ({"tp": 4, "mfu": 1.5}, r"mfu must be in \(0, 1\]"),
         ({"tp": 4, "overhead_s": -1.0}, "overhead_s must be a finite number >= 0"),
         ({"tp": 4, "flux": 1.0}, "unknown keyword"),

@@ -53,8 +53,7 @@ def _figures(cm: CostModel, budget: int, decodes: int, context: int, prompt: int
     for start in range(0, prompt, chunk):
         size = min(chunk, prompt - start)
         ttft += cm.prefill_step_time(size, start, decodes, context, is_last=start + size == prompt)
-    pairs = chunk * (chunk + 1) / 2 + decodes * (context + 1.0)
-    parts = cm.breakdown_counts(budget, pairs, decodes * context, decodes)
+    parts = cm.prefill_breakdown(chunk, 0, decodes, context, is_last=False)
     return ModeFigures(
         step_s=cm.prefill_step_time(chunk, 0, decodes, context, is_last=False),
         decode_step_s=cm.decode_step_time(decodes, context),

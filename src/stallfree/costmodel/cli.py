@@ -46,7 +46,9 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
         "--pp", type=int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
     )
     p.add_argument(
-        "--dtype", default="bf16", help="weight dtype: bf16, fp16, fp8 (W8A8), int8 (default bf16)"
+        "--dtype",
+        default="bf16",
+        help="weight dtype: bf16, fp16, fp8 (W8A8), int8, int4 (weight-only), mxfp4, nvfp4 (default bf16)",
     )
     p.add_argument(
         "--kv-dtype",
@@ -330,7 +332,7 @@ def _save_gpu(a: argparse.Namespace, base: CostModel, cal: Any, n: int) -> None:
 
 
 def _specs(a: argparse.Namespace) -> int:
-    models = {
+    models: dict[str, dict[str, Any]] = {
         k: {
             "layers": m.num_layers,
             "hidden": m.hidden_size,
@@ -338,6 +340,8 @@ def _specs(a: argparse.Namespace) -> int:
             "kv_heads": m.num_kv_heads,
             "total_params": m.total_params,
             "active_params": m.active_params,
+            "attention": "mla" if m.is_mla else ("gqa+window" if m.num_window_layers else "gqa"),
+            "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token(2)),
         }
         for k in list_models()
         for m in [get_model(k)]
@@ -346,6 +350,7 @@ def _specs(a: argparse.Namespace) -> int:
         k: {
             "bf16_tflops": g.bf16_flops_per_s / 1e12,
             "fp8_tflops": None if g.fp8_flops_per_s is None else g.fp8_flops_per_s / 1e12,
+            "fp4_tflops": None if g.fp4_flops_per_s is None else g.fp4_flops_per_s / 1e12,
             "mem_bw_GBps": g.mem_bw_bytes_per_s / 1e9,
             "mem_GB": g.mem_bytes / 1e9,
             "link_GBps": g.link_bw_bytes_per_s / 1e9,
@@ -356,18 +361,23 @@ def _specs(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps({"models": models, "gpus": gpus}, indent=1))
         return 0
-    print(f"{'model':<16} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'total B':>8} {'active B':>8}")
+    print(
+        f"{'model':<18} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'total B':>8} {'active B':>8} "
+        f"{'attention':>10} {'KV B/tok':>8}"
+    )
     for k, m in models.items():
         print(
-            f"{k:<16} {m['layers']:>6} {m['hidden']:>6} {m['heads']:>5} {m['kv_heads']:>3} "
-            f"{m['total_params'] / 1e9:>8.2f} {m['active_params'] / 1e9:>8.2f}"
+            f"{k:<18} {m['layers']:>6} {m['hidden']:>6} {m['heads']:>5} {m['kv_heads']:>3} "
+            f"{m['total_params'] / 1e9:>8.2f} {m['active_params'] / 1e9:>8.2f} {m['attention']:>10} "
+            f"{m['kv_bytes_per_token_bf16']:>8}"
         )
     print()
-    print(f"{'gpu':<14} {'bf16 TF/s':>9} {'fp8 TF/s':>9} {'HBM GB/s':>9} {'GB':>5} {'link GB/s':>9}")
+    print(f"{'gpu':<14} {'bf16 TF/s':>9} {'fp8 TF/s':>9} {'fp4 TF/s':>9} {'HBM GB/s':>9} {'GB':>5} {'link GB/s':>9}")
     for k, g in gpus.items():
         fp8 = "-" if g["fp8_tflops"] is None else f"{g['fp8_tflops']:.1f}"
+        fp4 = "-" if g["fp4_tflops"] is None else f"{g['fp4_tflops']:.1f}"
         print(
-            f"{k:<14} {g['bf16_tflops']:>9.1f} {fp8:>9} {g['mem_bw_GBps']:>9.0f} {g['mem_GB']:>5.0f} "
+            f"{k:<14} {g['bf16_tflops']:>9.1f} {fp8:>9} {fp4:>9} {g['mem_bw_GBps']:>9.0f} {g['mem_GB']:>5.0f} "
             f"{g['link_GBps']:>9.0f}"
         )
     print("\nsources: src/stallfree/costmodel/data/SOURCES.md")

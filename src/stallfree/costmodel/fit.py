@@ -226,6 +226,16 @@ def _groups(
     return tuple((label, ErrorStats.of(errs[label])) for label in labels)
 
 
+def _counts(base: CostModel, s: MeasuredStep) -> tuple[int, float, float, int]:
+    """A measured step's (tokens, pairs, cached tokens read, sampled) as `base` prices them (windows, MLA)."""
+    tokens, _, _, sampled = s.counts()
+    pairs, kv = base.attention_counts(
+        s.num_prefill_tokens, s.prefill_context_sum, s.num_decodes, s.num_tokens - s.num_prefill_tokens,
+        s.decode_context_sum,
+    )
+    return tokens, pairs, kv, sampled
+
+
 def fit_steps(
     base: CostModel,
     steps: Sequence[MeasuredStep],
@@ -264,7 +274,7 @@ def fit_steps(
         )
     launches = float(base.kernel_launches)
     rows: list[_Row] = [
-        (*base.components(*s.counts()), launches, float(s.num_tokens), float(s.sequences())) for s in steps
+        (*base.components(*_counts(base, s)), launches, float(s.num_tokens), float(s.sequences())) for s in steps
     ]
     times = [s.seconds for s in steps]
     x0 = {

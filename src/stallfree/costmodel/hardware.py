@@ -22,6 +22,7 @@ from stallfree.costmodel.errors import CostModelError
 __all__ = [
     "CALIBRATION_KEYWORDS",
     "DTYPE_BYTES",
+    "FOUR_BIT_DTYPES",
     "GPUCalibration",
     "GPUSpec",
     "alias_index",
@@ -35,8 +36,27 @@ __all__ = [
     "read_json_object",
 ]
 
-#: Bytes per element of each dtype the cost model prices.
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+#: Bytes per element of each dtype the cost model prices, block scales included for the 4-bit ones:
+#:   mxfp4: 32 FP4 (E2M1) elements share one 8-bit E8M0 scale, 4 + 8/32 = 4.25 bits (OCP Microscaling
+#:          Formats (MX) Specification v1.0, 2023; gpt-oss's experts);
+#:   nvfp4: 16 FP4 (E2M1) elements share one FP8 (E4M3) scale, 4 + 8/16 = 4.5 bits; the one FP32 scale
+#:          per tensor is left out (NVIDIA, "Introducing NVFP4", 2025);
+#:   int4:  weight-only INT4 in groups of 128 with one 16-bit scale each, 4 + 16/128 = 4.125 bits (AWQ,
+#:          arXiv 2306.00978, and GPTQ, arXiv 2210.17323, at their usual group size; an asymmetric
+#:          zero point's 4/128 bits more are left out).
+DTYPE_BYTES: dict[str, float] = {
+    "bf16": 2,
+    "fp16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "mxfp4": 4.25 / 8,
+    "nvfp4": 4.5 / 8,
+    "int4": 4.125 / 8,
+}
+
+#: The 4-bit weight dtypes: weights only (never the KV cache); activations stay 16-bit unless the GPU
+#: has FP4 units (then mxfp4 and nvfp4 GEMMs run at its FP4 peak).
+FOUR_BIT_DTYPES = ("int4", "mxfp4", "nvfp4")
 
 _DTYPE_ALIASES = {
     "bfloat16": "bf16",
@@ -45,6 +65,10 @@ _DTYPE_ALIASES = {
     "fp8-e4m3": "fp8",
     "fp8-e5m2": "fp8",
     "float8": "fp8",
+    "w4a16": "int4",
+    "awq": "int4",
+    "gptq": "int4",
+    "fp4": "nvfp4",
     "auto": "auto",
 }
 
@@ -55,7 +79,7 @@ def normalize_name(name: str) -> str:
 
 
 def canonical_dtype(field_name: str, dtype: str) -> str:
-    """Return the canonical dtype name ('bf16', 'fp16', 'fp8' or 'int8') of `dtype`.
+    """Return the canonical dtype name ('bf16', 'fp16', 'fp8', 'int8', 'int4', 'mxfp4' or 'nvfp4') of `dtype`.
 
     Raises:
         CostModelError: `dtype` is not one of the known dtypes or their aliases; the message lists them.
@@ -154,6 +178,11 @@ class GPUSpec:
         bf16_flops_per_s, fp16_flops_per_s: dense Tensor-core peak, FLOP/s.
         fp8_flops_per_s: dense FP8 peak, FLOP/s; None when the GPU has no FP8 units (A100).
         int8_ops_per_s: dense INT8 peak, OP/s; None when unknown.
+        fp4_flops_per_s: dense FP4 peak, FLOP/s (Blackwell's FP4 Tensor cores); None when the GPU has
+            no FP4 units, so that NVFP4 weights are refused on it and MXFP4 weights run weight-only.
+        w4a16_kernels: the GPU runs 4-bit weight-only GEMMs (weights dequantized to 16 bits in the
+            kernel, e.g. Marlin, which needs NVIDIA compute capability 8.0 or later); False refuses
+            int4 and (without FP4 units) mxfp4 weights.
         mem_bw_bytes_per_s: memory bandwidth, B/s.
         mem_bytes: memory capacity, bytes (marketed GB read as 10^9 B).
         link_bw_bytes_per_s: effective all-reduce bandwidth per GPU, per direction, B/s: the B of the
@@ -180,6 +209,8 @@ class GPUSpec:
     mem_bytes: float
     link_bw_bytes_per_s: float
     link_bw_per_peer_bytes_per_s: float | None = None
+    fp4_flops_per_s: float | None = None
+    w4a16_kernels: bool = True
     gpus_per_node: int = 8
     internode_bw_bytes_per_s: float = 50e9
     aliases: tuple[str, ...] = ()
@@ -192,7 +223,7 @@ class GPUSpec:
         for name in ("bf16_flops_per_s", "fp16_flops_per_s", "mem_bw_bytes_per_s", "mem_bytes"):
             _positive(name, getattr(self, name), owner)
         _positive("link_bw_bytes_per_s", self.link_bw_bytes_per_s, owner)
-        for name in ("fp8_flops_per_s", "int8_ops_per_s", "link_bw_per_peer_bytes_per_s"):
+        for name in ("fp8_flops_per_s", "int8_ops_per_s", "fp4_flops_per_s", "link_bw_per_peer_bytes_per_s"):
             _positive(name, getattr(self, name), owner, allow_none=True)
         _positive("internode_bw_bytes_per_s", self.internode_bw_bytes_per_s, owner)
         g = self.gpus_per_node
@@ -200,13 +231,35 @@ class GPUSpec:
             raise CostModelError(f"{owner}: gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}")
 
     def peak_flops(self, dtype: str) -> float | None:
-        """Return the dense GEMM peak in `dtype` ('bf16', 'fp16', 'fp8', 'int8'), FLOP/s; None if absent."""
+        """Return the dense GEMM peak in `dtype` ('bf16', 'fp16', 'fp8', 'int8'; 'mxfp4' and 'nvfp4' at
+        the FP4 peak; 'int4', weight-only, None), FLOP/s; None if absent."""
         return {
             "bf16": self.bf16_flops_per_s,
             "fp16": self.fp16_flops_per_s,
             "fp8": self.fp8_flops_per_s,
             "int8": self.int8_ops_per_s,
+            "mxfp4": self.fp4_flops_per_s,
+            "nvfp4": self.fp4_flops_per_s,
+            "int4": None,
         }[dtype]
+
+    def check_weight_dtype(self, dtype: str) -> None:
+        """Refuse 4-bit weights this GPU cannot run.
+
+        Raises:
+            CostModelError: nvfp4 on a GPU without FP4 units (fp4_flops_per_s None), or int4 or mxfp4
+                (without FP4 units) on a GPU without 4-bit weight-only kernels; names dtype and GPU.
+        """
+        if dtype == "nvfp4" and self.fp4_flops_per_s is None:
+            raise CostModelError(
+                f"dtype nvfp4 needs FP4 Tensor cores (NVIDIA Blackwell), which {self.key} does not have; "
+                "use mxfp4 or int4 (weight-only) or fp8"
+            )
+        if dtype in ("int4", "mxfp4") and self.fp4_flops_per_s is None and not self.w4a16_kernels:
+            raise CostModelError(
+                f"dtype {dtype} needs 4-bit weight-only GEMM kernels, which are not known to run on "
+                f"{self.key} (w4a16_kernels false); use fp8 or bf16"
+            )
 
     def allreduce_bw(self, tp: int) -> float:
         """Return the effective per-direction all-reduce bandwidth of a group of `tp` GPUs, B/s.
@@ -233,7 +286,8 @@ class GPUSpec:
 def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
     """Build a GPUSpec from one entry of the gpus.json format (units as in that file).
 
-    Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8 and int8 may be null or absent),
+    Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8, int8 and fp4 may be null or
+    absent), w4a16_kernels (default true),
     mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, gpus_per_node (default 8),
     internode_GBps (default 50), aliases, sources, link_source, calibration (GPUCalibration.from_dict).
 
@@ -255,6 +309,8 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
             fp16_flops_per_s=float(peaks.get("fp16", bf16)) * 1e12,
             fp8_flops_per_s=opt(peaks.get("fp8")),
             int8_ops_per_s=opt(peaks.get("int8")),
+            fp4_flops_per_s=opt(peaks.get("fp4")),
+            w4a16_kernels=bool(data.get("w4a16_kernels", True)),
             mem_bw_bytes_per_s=float(data["mem_bw_GBps"]) * 1e9,
             mem_bytes=float(data["mem_GB"]) * 1e9,
             link_bw_bytes_per_s=float(data["link_GBps"]) * 1e9,
@@ -299,7 +355,9 @@ def gpu_to_dict(gpu: GPUSpec) -> dict[str, Any]:
             "fp16": tf(gpu.fp16_flops_per_s),
             "fp8": tf(gpu.fp8_flops_per_s),
             "int8": tf(gpu.int8_ops_per_s),
+            "fp4": tf(gpu.fp4_flops_per_s),
         },
+        "w4a16_kernels": gpu.w4a16_kernels,
         "mem_bw_GBps": gpu.mem_bw_bytes_per_s / 1e9,
         "mem_GB": gpu.mem_bytes / 1e9,
         "link_GBps": gpu.link_bw_bytes_per_s / 1e9,

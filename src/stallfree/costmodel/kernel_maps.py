@@ -103,6 +103,17 @@ def parse_kernels(text: str) -> tuple[str, str]:
     return engine, version.strip() or "current"
 
 
+# ModelSpec fields the kernel backend's Mixtral, Qwen3 and Llama families do not have, with what they mean.
+_NOT_MAPPED = (
+    ("kv_lora_rank", "multi-head latent attention"),
+    ("num_shared_experts", "shared experts"),
+    ("num_dense_layers", "dense layers beside the MoE ones"),
+    ("num_window_layers", "windowed attention layers"),
+    ("attention_sinks", "attention sinks"),
+    ("mlp_bias", "biased experts"),
+)
+
+
 def architecture_of(spec: ModelSpec) -> str:
     """Return the Hugging Face architecture the package should build for our model preset.
 
@@ -112,8 +123,17 @@ def architecture_of(spec: ModelSpec) -> str:
 
     Raises:
         CostModelError: the MLP is not gated (Falcon's two-matrix GELU MLP): the package's Llama
-            family assumes three matrices; the message names the field.
+            family assumes three matrices; or the model has a part these families lack (MLA, shared
+            experts, dense layers in an MoE, windowed layers, sinks, biased experts); the message
+            names the field.
     """
+    for name, meaning in _NOT_MAPPED:
+        value = getattr(spec, name)
+        if value:
+            raise CostModelError(
+                f"model {spec.key!r}: {name} = {value!r} ({meaning}) is not mapped onto the measured-kernel "
+                "backend; use --kernels none (the roofline prices it)"
+            )
     if not spec.gated_mlp:
         raise CostModelError(
             f"model {spec.key!r}: gated_mlp is false (a two-matrix MLP); the measured-kernel backend prices "

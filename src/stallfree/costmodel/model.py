@@ -1,5 +1,9 @@
 """Model specifications (ModelSpec): dimensions, parameter counts worked out from them, and the presets.
 
+Size: this module is over 400 lines because ModelSpec's counts (parameters, KV bytes, attention FLOPs)
+are properties of one frozen class that share its validation; reading a Hugging Face config.json lives
+in hf_kinds.py.
+
 Imports allowed: the standard library and stallfree.costmodel (errors, hardware).
 
 Parameter counts (all checked against the published totals in data/models.json by the tests):
@@ -11,6 +15,20 @@ Parameter counts (all checked against the published totals in data/models.json b
     total     = L x per layer + V x h (embedding) + V x h (lm_head, unless tied) + final norm (half a
                 layer's norm weights)
 Active parameters (MoE) count k of the E experts per token (Mixtral: 12.9B of 46.7B).
+
+The parts of newer decoders (layer shapes read from the public config.json files of DeepSeek-V3,
+Kimi-K2, Qwen3, gpt-oss and Llama 4, and the modelling code of Hugging Face transformers that loads them):
+    MLA attention (kv_lora_rank r_kv > 0; DeepSeek-V2/V3, Kimi-K2), with r_q = q_lora_rank, d_n, d_r,
+                d_v = qk_nope_head_dim, qk_rope_head_dim, v_head_dim:
+                q  = h x r_q + r_q [norm] + r_q x n_q x (d_n + d_r)   (or h x n_q x (d_n + d_r) when r_q = 0)
+                kv = h x (r_kv + d_r) + r_kv [norm] + r_kv x n_q x (d_n + d_v);   o = n_q x d_v x h
+    o bias    = h (attention_bias true: gpt-oss, Llama); attention sinks = n_q per layer (gpt-oss)
+    shared experts S per MoE layer, each the size of a routed expert (DeepSeek, Kimi, Llama 4)
+    dense layers: L_dense layers carry a dense MLP of f_dense (DeepSeek's first_k_dense_replace,
+                Llama 4 Maverick's interleaved dense layers) and L - L_dense carry the MoE
+    MLP biases (gpt-oss experts): 2f + h per gated MLP, plus E for the router
+KV cache per token: 2 x L x n_kv x d x bytes (GQA), or L x (r_kv + d_r) x bytes for MLA, whose one
+latent per token is the same on every tensor-parallel rank (DeepSeek-V2, arXiv 2405.04434, section 2.1).
 Source: Kaplan et al. 2020 (arXiv 2001.08361) for "non-embedding parameters"; the layer shapes are
 those of Llama, Mistral/Mixtral, Qwen2 and Falcon as listed in data/models.json.
 """
@@ -26,13 +44,7 @@ from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import alias_index, normalize_name, read_json_object
-from stallfree.costmodel.hf_kinds import (
-    GATED_MLP_TYPES,
-    PLAIN_MLP_TYPES,
-    UNPRICEABLE_FIELDS,
-    gated_mlp,
-    refuse_unpriceable,
-)
+from stallfree.costmodel.hf_kinds import GATED_MLP_TYPES, PLAIN_MLP_TYPES, UNPRICEABLE_FIELDS, hf_fields
 
 __all__ = [
     "GATED_MLP_TYPES",
@@ -61,6 +73,19 @@ class ModelSpec:
         gated_mlp: three MLP matrices (SwiGLU); False for a two-matrix MLP (Falcon's GELU MLP).
         norm_params_per_layer: norm weights per layer (2h for two RMSNorms; 4h for two LayerNorms with bias).
         num_experts, experts_per_token: E and k of an MoE layer; 0 and 0 for a dense model.
+        num_shared_experts: S, experts every token runs through in each MoE layer, each of
+            intermediate_size (DeepSeek's n_shared_experts; Llama 4's shared expert).
+        num_dense_layers: L_dense, layers of an MoE model whose MLP is dense (of dense_intermediate_size).
+        dense_intermediate_size: f_dense, the dense layers' MLP size; 0 means intermediate_size.
+        mlp_bias: the MLP (each expert) and the router carry biases (gpt-oss).
+        o_bias: the attention output projection carries a bias (attention_bias true in the config).
+        attention_sinks: one learned sink logit per query head per layer (gpt-oss): n_q parameters.
+        kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim: r_kv, r_q, d_n,
+            d_r, d_v of multi-head latent attention; kv_lora_rank 0 means ordinary (grouped-query)
+            attention, and then the others are unused.
+        sliding_window: W, the most keys (tokens) a query of a windowed layer attends to; 0 for none.
+        num_window_layers: layers that attend over the window only (gpt-oss's sliding_attention
+            layers; Llama 4's chunked-attention layers, priced as a window of the chunk size).
         param_overrides: counts given explicitly by a data file (keys 'total', 'active', 'layer',
             'active_layer', 'embed', 'lm_head'); they replace the computed ones, for architectures the
             formulas above do not cover.
@@ -89,6 +114,19 @@ class ModelSpec:
     norm_params_per_layer: int | None = None
     num_experts: int = 0
     experts_per_token: int = 0
+    num_shared_experts: int = 0
+    num_dense_layers: int = 0
+    dense_intermediate_size: int = 0
+    mlp_bias: bool = False
+    o_bias: bool = False
+    attention_sinks: bool = False
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    sliding_window: int = 0
+    num_window_layers: int = 0
     param_overrides: tuple[tuple[str, int], ...] = ()
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = field(default=(), compare=False)
@@ -125,6 +163,29 @@ class ModelSpec:
             raise CostModelError(
                 f"{owner}: need 1 <= experts_per_token <= num_experts (or both 0), got {k} of {e}"
             )
+        for name in ("num_shared_experts", "num_dense_layers", "dense_intermediate_size", "kv_lora_rank",
+                     "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                     "sliding_window", "num_window_layers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CostModelError(f"{owner}: {name} must be an integer >= 0, got {value!r}")
+        if self.num_dense_layers > self.num_layers or self.num_window_layers > self.num_layers:
+            raise CostModelError(
+                f"{owner}: num_dense_layers {self.num_dense_layers} and num_window_layers "
+                f"{self.num_window_layers} must be at most the {self.num_layers} layers"
+            )
+        if (self.num_shared_experts or self.num_dense_layers) and not e:
+            raise CostModelError(f"{owner}: shared experts and dense layers need num_experts > 0")
+        if bool(self.sliding_window) != bool(self.num_window_layers):
+            raise CostModelError(
+                f"{owner}: sliding_window {self.sliding_window} and num_window_layers "
+                f"{self.num_window_layers} must both be set or both be 0"
+            )
+        if self.kv_lora_rank and not (self.qk_nope_head_dim and self.qk_rope_head_dim and self.v_head_dim):
+            raise CostModelError(
+                f"{owner}: multi-head latent attention (kv_lora_rank {self.kv_lora_rank}) needs "
+                "qk_nope_head_dim, qk_rope_head_dim and v_head_dim >= 1"
+            )
         for name, value in self.param_overrides:
             if not isinstance(value, int) or value < 0:
                 raise CostModelError(f"{owner}: params[{name!r}] must be an integer >= 0, got {value!r}")
@@ -138,23 +199,66 @@ class ModelSpec:
         return 2 * self.hidden_size if self.norm_params_per_layer is None else self.norm_params_per_layer
 
     @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (kv_lora_rank > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_params_per_layer(self) -> int:
-        """Weights (and biases) of one layer's q, k, v and o projections."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        """Weights (and biases, sinks) of one layer's attention: q, k, v and o (GQA) or MLA's projections."""
+        h, n_q = self.hidden_size, self.num_heads
+        if self.is_mla:
+            d_qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            r_q, r_kv = self.q_lora_rank, self.kv_lora_rank
+            q = h * r_q + r_q + r_q * n_q * d_qk if r_q else h * n_q * d_qk
+            kv = h * (r_kv + self.qk_rope_head_dim) + r_kv + r_kv * n_q * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + n_q * self.v_head_dim * h + (h if self.o_bias else 0)
+        q, kv = n_q * self.head_dim, self.num_kv_heads * self.head_dim
         bias = q + 2 * kv if self.qkv_bias else 0
-        return 2 * h * q + 2 * h * kv + bias
+        extra = (h if self.o_bias else 0) + (n_q if self.attention_sinks else 0)
+        return 2 * h * q + 2 * h * kv + bias + extra
+
+    def _mlp(self, f: int) -> int:
+        bias = (2 * f + self.hidden_size if self.gated_mlp else f + self.hidden_size) if self.mlp_bias else 0
+        return (3 if self.gated_mlp else 2) * self.hidden_size * f + bias
 
     @property
     def expert_params_per_layer(self) -> int:
-        """Weights of one MLP (one expert, for MoE) in one layer."""
-        return (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        """Weights of one MLP (one expert, for MoE) in one layer, biases included."""
+        return self._mlp(self.intermediate_size)
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts: L - L_dense for MoE models, 0 for dense ones."""
+        return self.num_layers - self.num_dense_layers if self.num_experts else 0
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """Weights of one dense layer's MLP (f_dense, or intermediate_size)."""
+        return self._mlp(self.dense_intermediate_size or self.intermediate_size)
 
     @property
     def dense_params_per_layer(self) -> int:
-        """Weights of one layer that every token uses: attention, norms, router (all but the experts)."""
-        router = self.hidden_size * self.num_experts
-        mlp = 0 if self.num_experts else self.expert_params_per_layer
-        return self.attention_params_per_layer + self._norms + router + mlp
+        """Weights of one layer that every token uses: attention, norms, router (all but the experts).
+
+        For an MoE layer, the shared experts count here; for a dense layer, its MLP."""
+        if not self.num_experts:
+            return self.attention_params_per_layer + self._norms + self.expert_params_per_layer
+        router = self.hidden_size * self.num_experts + (self.num_experts if self.mlp_bias else 0)
+        shared = self.num_shared_experts * self.expert_params_per_layer
+        return self.attention_params_per_layer + self._norms + router + shared
+
+    def _layers(self, experts: int) -> int:
+        if not self.num_experts:
+            return self.num_layers * self.dense_params_per_layer
+        dense = self.num_dense_layers * (self.attention_params_per_layer + self._norms + self.dense_mlp_params)
+        moe = self.num_moe_layers * (self.dense_params_per_layer + experts * self.expert_params_per_layer)
+        return dense + moe
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Weights of all routed experts of all MoE layers (what a step reads only in part)."""
+        return self.num_moe_layers * self.num_experts * self.expert_params_per_layer
 
     @property
     def layer_params(self) -> int:
@@ -162,21 +266,17 @@ class ModelSpec:
         got = self._override("layer")
         if got is not None:
             return got
-        return self.num_layers * (
-            self.dense_params_per_layer + self.num_experts * self.expert_params_per_layer
-        )
+        return self._layers(self.num_experts)
 
     @property
     def active_layer_params(self) -> int:
-        """Decoder-layer weights one token runs through (k experts of E for MoE)."""
+        """Decoder-layer weights one token runs through (k of the E routed experts, plus the shared ones)."""
         got = self._override("active_layer")
         if got is not None:
             return got
         if not self.num_experts:
             return self.layer_params
-        return self.num_layers * (
-            self.dense_params_per_layer + self.experts_per_token * self.expert_params_per_layer
-        )
+        return self._layers(self.experts_per_token)
 
     @property
     def embed_params(self) -> int:
@@ -212,9 +312,40 @@ class ModelSpec:
         """True for a mixture-of-experts model."""
         return self.num_experts > 0
 
-    def kv_bytes_per_token(self, kv_bytes: int) -> int:
-        """KV cache bytes per token on one GPU without tensor parallelism: 2 x L x n_kv x d x kv_bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_bytes
+    def kv_bytes_per_token(self, kv_bytes: float, tp: int = 1) -> float:
+        """KV cache bytes per token on one GPU of a tensor-parallel group of `tp`.
+
+        GQA: 2 x L x ceil(n_kv / tp) x d x kv_bytes (KV heads split, or replicated when tp > n_kv).
+        MLA: L x (r_kv + d_r) x kv_bytes whatever tp, since the latent is not split across ranks.
+        Every layer is counted in full, windowed ones included: an upper bound for those models.
+        """
+        if self.is_mla:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * kv_bytes
+        return 2 * self.num_layers * -(-self.num_kv_heads // tp) * self.head_dim * kv_bytes
+
+    @property
+    def attention_flops_per_pair(self) -> int:
+        """FLOPs of one (query, key) pair in one layer, as a prefill computes it: QK^T plus AV.
+
+        GQA: 4 x n_q x d. MLA (keys and values expanded from the latent): 2 x n_q x (d_n + d_r) + 2 x n_q x d_v.
+        """
+        if self.is_mla:
+            n_q = self.num_heads
+            return 2 * n_q * (self.qk_nope_head_dim + self.qk_rope_head_dim) + 2 * n_q * self.v_head_dim
+        return 4 * self.num_heads * self.head_dim
+
+    @property
+    def decode_flops_per_pair(self) -> int:
+        """FLOPs of one (query, key) pair in one layer for a decode.
+
+        GQA: as a prefill. MLA decodes attend over the latent itself with the up-projections absorbed
+        into q and o (DeepSeek-V2, arXiv 2405.04434, section 2.1.3; FlashMLA):
+        2 x n_q x (r_kv + d_r) + 2 x n_q x r_kv (DeepSeek-V3: 278,528 against a prefill's 81,920).
+        """
+        if self.is_mla:
+            n_q, r = self.num_heads, self.kv_lora_rank
+            return 2 * n_q * (r + self.qk_rope_head_dim) + 2 * n_q * r
+        return self.attention_flops_per_pair
 
 
 def _int(data: dict[str, Any], key: str, owner: str, default: int | None = None) -> int:
@@ -231,8 +362,11 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
 
     Required keys: num_layers, hidden_size, num_heads, intermediate_size, vocab_size. Optional:
     num_kv_heads (default num_heads), head_dim (default hidden_size / num_heads), tie_word_embeddings,
-    qkv_bias, gated_mlp, norm_params_per_layer, num_experts, experts_per_token, params (explicit counts),
-    name, aliases, sources, context_length (tokens) and context_length_source.
+    qkv_bias, gated_mlp, norm_params_per_layer, num_experts, experts_per_token, num_shared_experts,
+    num_dense_layers, dense_intermediate_size, mlp_bias, o_bias, attention_sinks, kv_lora_rank,
+    q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim, sliding_window, num_window_layers
+    (ModelSpec's attributes of the same names), params (explicit counts), name, aliases, sources,
+    context_length (tokens) and context_length_source.
 
     Raises:
         CostModelError: a key is missing or a value is out of range; the message names it.
@@ -266,6 +400,19 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
         norm_params_per_layer=data.get("norm_params_per_layer"),
         num_experts=_int(data, "num_experts", owner, 0),
         experts_per_token=_int(data, "experts_per_token", owner, 0),
+        num_shared_experts=_int(data, "num_shared_experts", owner, 0),
+        num_dense_layers=_int(data, "num_dense_layers", owner, 0),
+        dense_intermediate_size=_int(data, "dense_intermediate_size", owner, 0),
+        mlp_bias=bool(data.get("mlp_bias", False)),
+        o_bias=bool(data.get("o_bias", False)),
+        attention_sinks=bool(data.get("attention_sinks", False)),
+        kv_lora_rank=_int(data, "kv_lora_rank", owner, 0),
+        q_lora_rank=_int(data, "q_lora_rank", owner, 0),
+        qk_nope_head_dim=_int(data, "qk_nope_head_dim", owner, 0),
+        qk_rope_head_dim=_int(data, "qk_rope_head_dim", owner, 0),
+        v_head_dim=_int(data, "v_head_dim", owner, 0),
+        sliding_window=_int(data, "sliding_window", owner, 0),
+        num_window_layers=_int(data, "num_window_layers", owner, 0),
         param_overrides=tuple(
             sorted((str(k), v) for k, v in params.items() if k in _OVERRIDABLE and v is not None)
         ),
@@ -280,57 +427,18 @@ _OVERRIDABLE = ("total", "active", "layer", "active_layer", "embed", "lm_head")
 
 
 def model_from_hf_config(key: str, config: dict[str, Any]) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2 and alike).
+    """Build a ModelSpec from a Hugging Face config.json (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE,
+    DeepSeek-V3, Kimi-K2, gpt-oss, Llama 4 and alike).
 
-    Reads hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default: the
-    attention heads), head_dim (default hidden / heads), intermediate_size, vocab_size,
-    tie_word_embeddings, num_local_experts (or num_experts) and num_experts_per_tok; Qwen2 models
-    (model_type 'qwen2') get q/k/v biases, as do configs with attention_bias true. The MLP's kind
-    (gated or not) comes from model_type and hidden_act (hf_kinds.gated_mlp): a phi-2 or GPT-NeoX MLP has no
-    gate. Parameter counts are worked out from these dimensions (see the module docstring). The context
-    length is max_position_embeddings (None when the config has none).
+    hf_kinds.hf_fields says which config fields are read and how (MLA, shared experts, dense layers,
+    Qwen3's q and k norms, gpt-oss's windows, sinks and biases, Llama 4's interleaving and chunks);
+    parameter counts are worked out from them (see the module docstring).
 
     Raises:
         CostModelError: a required key is missing or out of range; the MLP's kind cannot be told; or the
-            architecture has parts the formulas do not cover (multi-head latent attention, shared
-            experts, MoE on some layers only); the message names the field.
+            architecture has parts the formulas do not cover; the message names the field.
     """
-    owner = f"model {key!r} (config.json)"
-    text = config.get("text_config")
-    if isinstance(text, dict) and "hidden_size" not in config:
-        config = text
-    refuse_unpriceable(owner, config)
-    experts = config.get("num_local_experts", config.get("num_experts")) or 0
-    data = {
-        "name": config.get("_name_or_path") or key,
-        "num_layers": config.get("num_hidden_layers"),
-        "hidden_size": config.get("hidden_size"),
-        "num_heads": config.get("num_attention_heads"),
-        "num_kv_heads": config.get("num_key_value_heads") or config.get("num_attention_heads"),
-        "head_dim": config.get("head_dim"),
-        "intermediate_size": config.get("moe_intermediate_size")
-        if experts and config.get("moe_intermediate_size")
-        else config.get("intermediate_size"),
-        "vocab_size": config.get("vocab_size"),
-        "tie_word_embeddings": config.get("tie_word_embeddings", False),
-        "qkv_bias": bool(config.get("attention_bias", False)) or config.get("model_type") == "qwen2",
-        "gated_mlp": gated_mlp(owner, config),
-        "num_experts": experts,
-        "experts_per_token": config.get("num_experts_per_tok", 0) if experts else 0,
-        "sources": ("Hugging Face config.json",),
-        "context_length": config.get("max_position_embeddings"),
-        "context_length_source": "config.json max_position_embeddings",
-    }
-    for required, hf in (
-        ("num_layers", "num_hidden_layers"),
-        ("hidden_size", "hidden_size"),
-        ("num_heads", "num_attention_heads"),
-        ("intermediate_size", "intermediate_size"),
-        ("vocab_size", "vocab_size"),
-    ):
-        if data[required] is None:
-            raise CostModelError(f"{owner}: missing key {hf!r}")
-    return model_from_dict(key, data)
+    return model_from_dict(key, hf_fields(key, config))
 
 
 @cache

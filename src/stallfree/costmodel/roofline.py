@@ -23,6 +23,12 @@ dim, V vocab, T tokens in the step, S tokens that sample, N_act active decoder-l
     fixed_s    = overhead_s + kernel_launch_s x (KERNELS_PER_LAYER x L + 1)
                  + per_token_s x T + per_seq_s x B                (B sequences in the step)
     step_s     = max(compute_s, memory_s) + comm_s + fixed_s
+Newer architectures (ModelSpec): 4 x n_q x d becomes attention_flops_per_pair (MLA: 2 n_q (d_n + d_r)
++ 2 n_q d_v), and a decode's pairs weigh decode_flops_per_pair / attention_flops_per_pair (MLA's
+absorbed form); the KV term's 2 x L x ceil(n_kv / n) x d becomes L x (r_kv + d_r) for MLA, not divided
+by n; windowed layers (a fraction f of the layers, window W) see min(x, W) keys at position x, so
+pairs and cached KV read are (1 - f) x full + f x windowed; shared experts and dense layers are in the
+weights every step reads, and only the routed experts of the MoE layers are read in part.
 Sources: roofline (Williams et al., CACM 2009; LLM-Viewer, Yuan et al. 2024); attention FLOPs (PaLM,
 arXiv 2204.02311, App. B); two all-reduces per layer (Megatron-LM, arXiv 1909.08053, section 3); ring
 all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv x d x bytes.
@@ -46,7 +52,14 @@ from typing import Any
 
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
-from stallfree.costmodel.hardware import CALIBRATION_KEYWORDS, DTYPE_BYTES, GPUSpec, canonical_dtype, get_gpu
+from stallfree.costmodel.hardware import (
+    CALIBRATION_KEYWORDS,
+    DTYPE_BYTES,
+    FOUR_BIT_DTYPES,
+    GPUSpec,
+    canonical_dtype,
+    get_gpu,
+)
 from stallfree.costmodel.model import ModelSpec, get_model
 from stallfree.costmodel.parts import (
     StepCost,
@@ -83,8 +96,13 @@ class CostModel:
         model: a ModelSpec (get_model gives the presets).
         gpu: a GPUSpec (get_gpu gives the presets).
         tp: tensor-parallel degree (GPUs in the group).
-        dtype: weight dtype, 'bf16', 'fp16', 'fp8' or 'int8'. 8-bit means W8A8 GEMMs at the 8-bit
-            peak; on a GPU without FP8 units (A100) FP8 runs at the BF16 peak, with a CostModelWarning.
+        dtype: weight dtype, 'bf16', 'fp16', 'fp8', 'int8', 'int4', 'mxfp4' or 'nvfp4'. 8-bit means W8A8
+            GEMMs at the 8-bit peak; on a GPU without FP8 units (A100) FP8 runs at the BF16 peak, with a
+            CostModelWarning. 4-bit weights (hardware.DTYPE_BYTES: 4.125 to 4.5 bits with their scales)
+            are read at that size; mxfp4 and nvfp4 GEMMs run at the FP4 peak where the GPU has FP4
+            units (Blackwell), and otherwise int4 and mxfp4 run weight-only at the 16-bit peak. Every
+            decoder weight is priced at the dtype (gpt-oss keeps its attention in bf16: 0.8% of its
+            weights, under-read); embedding and lm_head are 16-bit.
         kv_dtype: KV cache dtype; None means the activation dtype (bf16 under 8-bit weights, as
             vLLM's kv_cache_dtype 'auto').
         mode: 'full' or 'design' (see the module docstring).
@@ -104,7 +122,8 @@ class CostModel:
             largest stage's. A tp group larger than a node all-reduces at the network's bandwidth.
 
     Raises:
-        CostModelError: a bad mode or dtype; tp that does not divide the heads; an efficiency out of
+        CostModelError: a bad mode or dtype; a 4-bit kv_dtype; 4-bit weights the GPU cannot run
+            (GPUSpec.check_weight_dtype names dtype and GPU); tp that does not divide the heads; an efficiency out of
             (0, 1]; a negative (or non-finite) overhead term; weights that do not fit in the GPUs' memory.
     """
 
@@ -131,6 +150,9 @@ class CostModel:
         "_c_tok",
         "_c_samp",
         "_c_pair",
+        "_w_dec",
+        "_win",
+        "_win_frac",
         "_m_fixed",
         "_m_head",
         "_m_kv",
@@ -181,6 +203,11 @@ class CostModel:
         # The activation (and attention) dtype: 16-bit under 8-bit weights.
         act = self.dtype if wb == 2 else "bf16"
         self.kv_dtype = act if kv_dtype is None else canonical_dtype("kv_dtype", kv_dtype)
+        if self.kv_dtype in FOUR_BIT_DTYPES:
+            raise CostModelError(
+                f"kv_dtype {self.kv_dtype} is a 4-bit weight format; the KV cache is bf16, fp16, fp8 or int8"
+            )
+        gpu.check_weight_dtype(self.dtype)
         self.mfu, self.mbu = _check_fraction("mfu", mfu), _check_fraction("mbu", mbu)
         self.link_util = _check_fraction("link_util", link_util)
         self.overhead_s = _check_nonneg("overhead_s", overhead_s)
@@ -191,6 +218,8 @@ class CostModel:
         self.kernel_launches = KERNELS_PER_LAYER * model.num_layers + 1
         notes: list[str] = []
         peak_lin = gpu.peak_flops(self.dtype)
+        if peak_lin is None and self.dtype in FOUR_BIT_DTYPES:
+            peak_lin = gpu.peak_flops(act)  # weight-only (W4A16): the GEMM runs at the 16-bit peak
         if peak_lin is None:
             notes.append(
                 f"{gpu.key} has no {self.dtype} units: {self.dtype} weights are priced at the {act} peak "
@@ -208,7 +237,7 @@ class CostModel:
         if pp > m.num_layers:
             raise CostModelError(f"pp {pp} is more than the {m.num_layers} layers of {m.key}")
         stage_layers = -(-m.num_layers // pp)  # the largest stage holds ceil(L / pp) layers
-        head_b = 2 if wb == 1 else wb
+        head_b = 2 if wb < 2 else wb  # embedding and lm_head stay 16-bit under 8- and 4-bit weights
         head_untied = 0 if m.tie_word_embeddings else m.lm_head_params
         big = m.embed_params + head_untied
         # With pp > 1 the embedding sits on the first stage and the lm_head on the last.
@@ -222,24 +251,29 @@ class CostModel:
                 f"at tp {n}" + (f", pp {pp}" if pp > 1 else "") + ", "
                 f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; raise tp or use 8-bit weights"
             )
-        kv_heads_per_gpu = -(-m.num_kv_heads // n)  # replicated when tp > n_kv
-        kv_all_layers = 2 * m.num_layers * kv_heads_per_gpu * m.head_dim * DTYPE_BYTES[self.kv_dtype]
+        # GQA heads split (or replicated when tp > n_kv); an MLA latent is whole on every rank.
+        kv_all_layers = int(m.kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], n))
         self.kv_bytes_per_token_per_gpu = kv_all_layers * stage_layers // m.num_layers
 
         # Work per GPU (FLOP and bytes) per token, per sampled token, per (query, key) pair, per step.
         design = mode == "design"
         self._f_tok = 2.0 * (m.total_params if design else m.active_layer_params) / n
         self._f_samp = 0.0 if design else 2.0 * m.vocab_size * m.hidden_size / n
-        self._f_pair = 0.0 if design else 4.0 * m.num_layers * m.num_heads * m.head_dim / n
+        self._f_pair = 0.0 if design else float(m.num_layers * m.attention_flops_per_pair) / n
+        # A decode's pairs weigh decode_flops_per_pair / attention_flops_per_pair (1 but for MLA).
+        self._w_dec = m.decode_flops_per_pair / m.attention_flops_per_pair
+        # Windowed layers: their share of the layers, and the window W in tokens.
+        self._win = m.sliding_window
+        self._win_frac = m.num_window_layers / m.num_layers
         self._experts = 0 if design else m.num_experts
-        expert_w = m.num_layers * m.num_experts * m.expert_params_per_layer
+        expert_w = m.routed_expert_params
         if design:
             self._b_fixed, self._b_head, self._b_kv, self._b_expert = m.total_params * wb / n, 0.0, 0.0, 0.0
         else:
             self._b_fixed = (m.layer_params - expert_w) * wb / n
             self._b_head = m.lm_head_params * head_b / n
             self._b_kv = float(kv_all_layers)  # a step passes through every stage in turn
-            self._b_expert = m.num_layers * m.expert_params_per_layer * wb / n
+            self._b_expert = m.num_moe_layers * m.expert_params_per_layer * wb / n
         self._route_keep = 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0
         # Seconds at efficiency 1.0; the step formula scales them by the inverse efficiencies.
         bw = gpu.mem_bw_bytes_per_s
@@ -324,6 +358,35 @@ class CostModel:
         )
 
     # ---- pricing -------------------------------------------------------------------------------
+    def _chunk(self, n: int, p: int) -> tuple[float, float]:
+        """Return (attention pairs, cached tokens read) of a prefill chunk of n tokens at offset p,
+        averaged over the layers: a windowed layer's query at position x (1-based) sees min(x, W) keys
+        and reads at most W cached tokens."""
+        pairs = n * p + n * (n + 1) * 0.5
+        if not self._win_frac:
+            return pairs, float(p)
+        w, a, b = self._win, p + 1, p + n
+        if b <= w:
+            win = pairs
+        elif a >= w:
+            win = float(n * w)
+        else:
+            win = (a + w) * (w - a + 1) * 0.5 + (b - w) * w
+        f = self._win_frac
+        return pairs + f * (win - pairs), p + f * (min(p, w) - p)
+
+    def _decodes(self, nd: int, dcs: int, pairs: float, tokens: float | None = None) -> tuple[float, float]:
+        """Return (weighted attention pairs, cached tokens read) of nd decodes (of `tokens` tokens in all,
+        None: one each) whose contexts sum to dcs and whose full-attention pairs are `pairs`. A windowed
+        layer sees at most W keys per decode token: min(pairs, tokens x W), exact once every context is
+        at least W. MLA decodes weigh decode_flops_per_pair / attention_flops_per_pair."""
+        kv = float(dcs)
+        if self._win_frac:
+            w, f = self._win, self._win_frac
+            pairs += f * (min(pairs, (nd if tokens is None else tokens) * w) - pairs)
+            kv += f * (min(kv, nd * w) - kv)
+        return pairs * self._w_dec, kv
+
     def _price(self, tokens: int, pairs: float, kv_read: float, sampled: int, seqs: int) -> float:
         """Seconds for a step of `tokens` tokens, `pairs` attention pairs, `kv_read` cached tokens
         read, `sampled` sampled tokens and `seqs` sequences (the step formula of the module docstring)."""
@@ -357,24 +420,27 @@ class CostModel:
         dcs = plan.decode_context_sum
         decode_tokens = tokens
         pairs = 0.0
-        kv_read = dcs
         sampled = nd
         seqs = nd
+        kv_read = 0.0
         for c in plan.prefills:
             seqs += 1
             n = c.num_tokens
-            p = c.start
             decode_tokens -= n
-            pairs += n * p + n * (n + 1) * 0.5
-            kv_read += p
+            cp, ck = self._chunk(n, c.start)
+            pairs += cp
+            kv_read += ck
             if c.is_last:
                 sampled += 1
         if nd:
             if decode_tokens == nd:
-                pairs += dcs + nd
+                dp = float(dcs + nd)
             else:
                 k = decode_tokens / nd
-                pairs += k * dcs + decode_tokens * (k + 1) * 0.5
+                dp = k * dcs + decode_tokens * (k + 1) * 0.5
+            dp, dk = self._decodes(nd, dcs, dp, decode_tokens)
+            pairs += dp
+            kv_read += dk
         return self._price(tokens, pairs, kv_read, sampled, seqs)
 
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
@@ -388,13 +454,8 @@ class CostModel:
         _check_count("context_len", context_len)
         if not num_decodes:
             return 0.0
-        return self._price(
-            num_decodes,
-            num_decodes * (context_len + 1.0),
-            num_decodes * context_len,
-            num_decodes,
-            num_decodes,
-        )
+        pairs, kv_read = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
+        return self._price(num_decodes, pairs, kv_read, num_decodes, num_decodes)
 
     def prefill_step_time(
         self,
@@ -419,13 +480,49 @@ class CostModel:
         _check_count("start", start)
         _check_count("num_decodes", num_decodes)
         _check_count("context_len", context_len)
-        pairs = num_tokens * start + num_tokens * (num_tokens + 1) * 0.5 + num_decodes * (context_len + 1.0)
-        return self._price(
-            num_tokens + num_decodes,
-            pairs,
-            start + num_decodes * context_len,
-            num_decodes + bool(is_last),
-            num_decodes + 1,
+        cp, ck = self._chunk(num_tokens, start)
+        dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
+        return self._price(num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1)
+
+    def attention_counts(
+        self, prefill_tokens: int, prefill_start: int, num_decodes: int, decode_tokens: int, decode_context_sum: int
+    ) -> tuple[float, float]:
+        """Return (attention pairs, cached tokens read) as this model prices them, for a step of one
+        prefill chunk of `prefill_tokens` at offset `prefill_start` (0 tokens: none) and `num_decodes`
+        decodes of `decode_tokens` tokens in all whose contexts sum to `decode_context_sum`.
+
+        For full-attention GQA models these are the plain counts (c x p + c(c+1)/2 per chunk, p + 1 per
+        decode token); windowed layers and MLA's decode weight change them as in step_time. Calibration
+        (fit.py) prices measured steps through this.
+        """
+        pairs = kv = 0.0
+        if prefill_tokens:
+            pairs, kv = self._chunk(prefill_tokens, prefill_start)
+        if num_decodes:
+            k = decode_tokens / num_decodes
+            dp = k * decode_context_sum + decode_tokens * (k + 1) * 0.5
+            dp, dk = self._decodes(num_decodes, decode_context_sum, dp, decode_tokens)
+            pairs += dp
+            kv += dk
+        return pairs, kv
+
+    def prefill_breakdown(
+        self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
+    ) -> StepCost:
+        """Return the parts of prefill_step_time(...) (same arguments): compute, memory, communication,
+        overhead, and the work.
+
+        Raises:
+            CostModelError: num_tokens < 1, or a negative start, count or context.
+        """
+        _check_count("num_tokens", num_tokens, 1)
+        _check_count("start", start)
+        _check_count("num_decodes", num_decodes)
+        _check_count("context_len", context_len)
+        cp, ck = self._chunk(num_tokens, start)
+        dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
+        return self.breakdown_counts(
+            num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1
         )
 
     def breakdown(self, plan: StepPlan) -> StepCost:
@@ -433,13 +530,15 @@ class CostModel:
         tokens = plan.num_tokens
         if tokens <= 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        pairs = float(plan.decode_context_sum + plan.num_decodes)
-        kv_read = plan.decode_context_sum
+        pairs, kv_read = self._decodes(
+            plan.num_decodes, plan.decode_context_sum, float(plan.decode_context_sum + plan.num_decodes)
+        )
         sampled = plan.num_decodes
         seqs = plan.num_decodes
         for c in plan.prefills:
-            pairs += c.num_tokens * c.start + c.num_tokens * (c.num_tokens + 1) * 0.5
-            kv_read += c.start
+            cp, ck = self._chunk(c.num_tokens, c.start)
+            pairs += cp
+            kv_read += ck
             sampled += c.is_last
             seqs += 1
         return self.breakdown_counts(tokens, pairs, kv_read, sampled, seqs)
@@ -511,13 +610,14 @@ class CostModel:
         _check_count("num_decodes", num_decodes)
         _check_count("decode_context_sum", decode_context_sum)
         _check_count("chunk_start", chunk_start)
-        nd, base_pairs = num_decodes, float(decode_context_sum + num_decodes)
+        nd = num_decodes
+        base_pairs, base_kv = self._decodes(nd, decode_context_sum, float(decode_context_sum + nd))
 
         def fits(total: int) -> bool:
             c = total - nd
             if c <= 0:
-                return self._price(total, base_pairs, decode_context_sum, nd, nd) <= target_s
-            pairs = base_pairs + c * chunk_start + c * (c + 1) * 0.5
-            return self._price(total, pairs, decode_context_sum + chunk_start, nd + 1, nd + 1) <= target_s
+                return self._price(total, base_pairs, base_kv, nd, nd) <= target_s
+            cp, ck = self._chunk(c, chunk_start)
+            return self._price(total, base_pairs + cp, base_kv + ck, nd + 1, nd + 1) <= target_s
 
         return largest_fitting(fits, max(nd, 1))
