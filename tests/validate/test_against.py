@@ -172,6 +172,26 @@ def test_validate_silicon_small():
     assert res["verdict"].startswith("verdict: ")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("aiconfigurator_core") is None,
+                    reason="the optional package aiconfigurator-core (extra 'kernels') is not installed")
+def test_silicon_skip_reasons_keep_their_figures(tmp_path):
+    """A row that cannot be replayed is reported with the message as raised: its figures (versions, sizes)
+    are what the user needs to act on, so none is masked."""
+    csv = tmp_path / "one.csv"
+    lines = CSV.read_text().splitlines()
+    csv.write_text("\n".join([lines[0], lines[1]]) + "\n")
+    with pytest.raises(ValueError, match=r"vllm:9\.9") as err:
+        validate_silicon(str(csv), EngineProfile("none"), kernels="vllm:9.9")
+    assert "N" not in str(err.value).split("replayed: ", 1)[1].replace("NVIDIA", "")
+
+
+def test_silicon_limit_rows_below_one_is_refused():
+    """--limit-rows 0 or -1 is an error naming the option and the value, not a silent cut of the rows."""
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=rf"--limit-rows must be >= 1.*got {bad}"):
+            validate_silicon(str(CSV), EngineProfile("none"), engine="vllm", limit=bad)
+
+
 def test_row_ttft_includes_the_first_wave_tpot_does_not(monkeypatch):
     """Row a (concurrency 8, OSL 4), replayed as 2 waves of hand-made times: the first wave's TTFT 1.0 s,
     the second's 0.2 s, so TTFT = (8 x 1.0 + 8 x 0.2) / 16 = 0.6 s; TPOT over the second wave only:
