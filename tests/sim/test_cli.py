@@ -236,3 +236,10 @@ def test_disaggregate_search_with_out_creates_nothing(capsys, tmp_path):
     assert main([*_SIM, "--disaggregate", "search", "--replicas", "2", "--out", str(out)]) == 2
     assert "--records and --out write one run" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_unknown_model_is_a_usage_error_naming_it(capsys):
+    """A model name typo is an option's value: exit 2 with the name, as `stallfree budget` answers it."""
+    assert main(["simulate", "--num-requests", "5", "--model", "llama-3.3-70", "--kernels", "none"]) == 2
+    assert "'llama-3.3-70'" in capsys.readouterr().err
+    assert main(["budget", "--model", "llama-3.3-70"]) == 2

@@ -35,15 +35,16 @@ def test_default_falls_back_on_a_gpu_without_tables(capsys):
 
 
 def test_kernels_on_a_gpu_without_tables_is_an_error(capsys):
-    """--kernels vllm on an L4 cannot be honoured: an error naming the GPU."""
-    assert main(["simulate", *_SMALL, "--gpu", "l4", "--kernels", "vllm"]) == 1
+    """--kernels vllm on an L4 cannot be honoured: a usage error (exit 2, as budget's) naming the GPU."""
+    assert main(["simulate", *_SMALL, "--gpu", "l4", "--kernels", "vllm"]) == 2
     assert "'l4'" in capsys.readouterr().err
 
 
 def test_unknown_version_is_an_error_listing_the_slots(capsys):
-    """--kernels vllm:9.9 names the versions the package serves."""
-    assert main(["simulate", *_SMALL, "--kernels", "vllm:9.9"]) == 1
-    assert "current = 0.24.0" in capsys.readouterr().err
+    """--kernels vllm:9.9 names the versions the package serves (exit 2, as budget's)."""
+    assert main(["simulate", *_SMALL, "--kernels", "vllm:9.9"]) == 2
+    assert main(["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--kernels", "vllm:9.9"]) == 2
+    assert capsys.readouterr().err.count("current = 0.24.0") == 2
 
 
 def test_kernels_price_slower_than_the_floor(capsys):

@@ -314,7 +314,9 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         real = chosen.cost_model
         kv = opts.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=opts.gpu_memory_utilization)
     except (CostModelError, ValueError) as exc:
-        raise SetupError(str(exc)) from None
+        # An unknown model, GPU, dtype or kernel engine/version, or a pricing the tables cannot give:
+        # each is an option's value (exit 2, as `stallfree budget` answers the same values).
+        raise SetupError(str(exc), usage=True) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += f"; {chosen.line}"
     real, hw, profile = _with_profile(real, hw, opts, chosen.source)
