@@ -398,7 +398,7 @@ def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
     try:
         spec = get_model(opts.model)
     except CostModelError as exc:
-        raise SetupError(str(exc)) from None
+        raise SetupError(str(exc), usage=True) from None  # an unknown model name, as build_priced's
     return spec.context_length, spec.context_length_source
 
 
