@@ -71,3 +71,12 @@ def test_sweep_in_worker_processes(capsys):
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["header"]["cost_model"] == "kernels"
+
+
+def test_an_engine_without_a_fitted_profile_says_so(capsys):
+    """--kernels sglang has no engine profile fitted: the header says the steps are kernel time only, so a
+    comparison with vLLM's profiled run is not taken for like with like."""
+    assert main(["simulate", *_SMALL, "--kernels", "sglang"]) == 0
+    header = json.loads(capsys.readouterr().out)["header"]
+    assert "no engine profile fitted for sglang (kernel time only)" in header["hardware"]
+    assert header["engine_profile"]["name"] == "none"

@@ -358,6 +358,9 @@ def _with_profile(
         raise SetupError(str(exc), usage=True) from None
     record: dict[str, Any] = {"name": prof.name, "chosen_by": chosen_by} | prof.to_json()
     if prof.is_empty:
+        if chosen_by == "default" and source.get("kind") == "kernels":
+            # Said, so that runs priced by two engines' tables are not compared as if both had one.
+            hw += f"; no engine profile fitted for {source.get('engine')} (kernel time only)"
         return cost, hw, record
     note = prof.describe() + (" (the front end added to TTFT and E2E)" if prof.frontend_s else "")
     return ProfiledCostModel(cost, prof), f"{hw}; {note}", record
