@@ -276,3 +276,14 @@ def test_default_pricing_takes_the_matching_profile():
     assert kern.profile == load_profile("vllm") and isinstance(kern.cost_model, ProfiledCostModel)
     named = pricing("llama-3.1-8b", "h100-sxm", 1, "bf16", EngineProfile("none"), None)
     assert named.profile.name == "none" and not isinstance(named.cost_model, ProfiledCostModel)
+
+
+def test_cli_refuses_an_unknown_kernels_engine_when_reading_the_line(capsys):
+    """--kernels foo is a usage error of its own (exit 2, naming the value), before any row is read."""
+    from stallfree.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["validate", "--against", "aiconfigurator", "--kernels", "foo"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --kernels: engine must be one of vllm, sglang, trtllm or none, got 'foo'" in err

@@ -96,7 +96,8 @@ def parse_kernels(text: str) -> tuple[str, str]:
         return "none", ""
     if engine not in ENGINES:
         raise CostModelError(
-            f"--kernels engine must be one of {', '.join(ENGINES)} or none, got {engine!r} (from {text!r})"
+            f"--kernels engine must be one of {', '.join(ENGINES)} or none, got {engine!r}"
+            + (f" (from {text!r})" if str(text).strip() != engine else "")
         )
     if _ and not version.strip():
         raise CostModelError(f"--kernels {text!r}: the version after ':' is empty")

@@ -35,6 +35,24 @@ def _print(res: dict[str, Any], title: str) -> None:
         print(res["verdict"])
 
 
+def _kernels_value(text: str) -> str:
+    """argparse type of --kernels: checked when the command line is read, so that a wrong engine name is a
+    usage error of its own rather than every row's reason for not replaying.
+
+    Raises:
+        argparse.ArgumentTypeError: an unknown engine or an empty version (stallfree.costmodel.kernel_maps
+            .parse_kernels); a version the package does not serve is found per GPU, later.
+    """
+    from stallfree.costmodel.errors import CostModelError
+    from stallfree.costmodel.kernel_maps import parse_kernels
+
+    try:
+        parse_kernels(text)
+    except CostModelError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--kernels ")) from None
+    return text
+
+
 def _against(a: argparse.Namespace) -> int:
     """`--against PATH`: the format found by content (validate.against.detect)."""
     from stallfree.sim.engine_profile import default_profile, load_profile
@@ -161,7 +179,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the engine's own time around the kernels (sim/data/engine_profiles.json): none, "
                         "vllm, ... (default: the profile fitted on the engine whose kernel tables priced the "
                         "steps; none under today's pricing)")
-    g.add_argument("--kernels", default=None, metavar="ENGINE[:VERSION]",
+    g.add_argument("--kernels", default=None, metavar="ENGINE[:VERSION]", type=_kernels_value,
                    help="what prices the steps: none (today's pricing) or vllm, sglang, trtllm with an "
                         "optional :VERSION (the measured kernel tables, aiconfigurator-core); default: as "
                         "simulate, vllm's current tables where the package has the GPU, else none")
