@@ -138,3 +138,26 @@ def test_specs_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["gpus"]["h100-sxm"]["fp8_tflops"] == pytest.approx(1978.9)
     assert out["models"]["mixtral-8x7b"]["active_params"] == 12_879_925_248
+
+
+def test_budget_says_design_counts_every_expert_of_an_moe(capsys):
+    """For an MoE model the design column prices all parameters per token; the footer says so, with the
+    total and active counts (Mixtral-8x7B: 46.7B total, 12.9B active, both from get_model)."""
+    from stallfree.costmodel.model import get_model
+
+    m = get_model("mixtral-8x7b")
+    assert main(["budget", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", "--kernels", "none"]) == 0
+    out = capsys.readouterr().out
+    assert f"design counts all {m.total_params / 1e9:,.1f}B parameters per token" in out
+    assert f"an MoE token runs {m.active_params / 1e9:,.1f}B" in out
+    assert main(["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--kernels", "none"]) == 0
+    assert "design counts all" not in capsys.readouterr().out
+
+
+def test_specs_names_multi_head_attention_as_such(capsys):
+    """llama-2-7b has as many KV heads as heads (32 and 32): mha, not gqa; llama-3.1-8b (8 of 32) is gqa."""
+    assert main(["specs", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    assert models["llama-2-7b"]["attention"] == "mha"
+    assert models["llama-3.1-8b"]["attention"] == "gqa"
+    assert models["deepseek-v3"]["attention"] == "mla"

@@ -240,6 +240,12 @@ def _budget(a: argparse.Namespace) -> int:
         "steps = steps to the prompt's first token; step = the decodes plus a (budget - decodes)-token "
         "chunk; design and full defaults are floors (efficiency 1.0)"
     )
+    if full.model.num_experts:
+        print(
+            f"design counts all {full.model.total_params / 1e9:,.1f}B parameters per token (docs/DESIGN.md's "
+            f"arithmetic); an MoE token runs {full.model.active_params / 1e9:,.1f}B, which the full model "
+            "prices"
+        )
     return 0
 
 
@@ -340,7 +346,9 @@ def _specs(a: argparse.Namespace) -> int:
             "kv_heads": m.num_kv_heads,
             "total_params": m.total_params,
             "active_params": m.active_params,
-            "attention": "mla" if m.is_mla else ("gqa+window" if m.num_window_layers else "gqa"),
+            "attention": "mla" if m.is_mla else (
+                ("gqa" if m.num_kv_heads < m.num_heads else "mha") + ("+window" if m.num_window_layers else "")
+            ),
             "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token(2)),
         }
         for k in list_models()

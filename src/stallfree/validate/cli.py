@@ -139,7 +139,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `validate` subcommand."""
     p = sub.add_parser("validate", help="measure the simulator against the real engine (or a vLLM result)")
     p.add_argument("--json", action="store_true", help='print {"engine", "simulator", "error", ...} as JSON')
-    p.add_argument("--out", type=Path, default=None, help="write CSVs, the local GPU file and a plot here")
+    p.add_argument("--out", type=Path, default=None,
+                   help="write the results here: the engine run's CSVs, the local GPU file and a plot; "
+                        "with --against, against.json and against.png")
     p.add_argument("--seed", type=int, default=0, help="prompt ids and arrival draws (default 0)")
     e = p.add_argument_group("engine run (default)")
     e.add_argument("--engine-model", default=None, help="engine checkpoint (default: bundled SmolLM2-135M)")
