@@ -476,13 +476,8 @@ class CostModel:
         Raises:
             CostModelError: num_tokens < 1, or a negative start, count or context.
         """
-        _check_count("num_tokens", num_tokens, 1)
-        _check_count("start", start)
-        _check_count("num_decodes", num_decodes)
-        _check_count("context_len", context_len)
-        cp, ck = self._chunk(num_tokens, start)
-        dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
-        return self._price(num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1)
+        pairs, kv = self._prefill_counts(num_tokens, start, num_decodes, context_len)
+        return self._price(num_tokens + num_decodes, pairs, kv, num_decodes + bool(is_last), num_decodes + 1)
 
     def attention_counts(
         self, prefill_tokens: int, prefill_start: int, num_decodes: int, decode_tokens: int, decode_context_sum: int
@@ -515,15 +510,23 @@ class CostModel:
         Raises:
             CostModelError: num_tokens < 1, or a negative start, count or context.
         """
+        pairs, kv = self._prefill_counts(num_tokens, start, num_decodes, context_len)
+        return self.breakdown_counts(num_tokens + num_decodes, pairs, kv, num_decodes + bool(is_last), num_decodes + 1)
+
+    def _prefill_counts(self, num_tokens: int, start: int, num_decodes: int, context_len: int) -> tuple[float, float]:
+        """(attention pairs, cached tokens read) of one chunk of `num_tokens` at offset `start` beside
+        `num_decodes` decodes of `context_len` each, as prefill_step_time and prefill_breakdown price them.
+
+        Raises:
+            CostModelError: num_tokens < 1, or a negative start, count or context.
+        """
         _check_count("num_tokens", num_tokens, 1)
         _check_count("start", start)
         _check_count("num_decodes", num_decodes)
         _check_count("context_len", context_len)
         cp, ck = self._chunk(num_tokens, start)
         dp, dk = self._decodes(num_decodes, num_decodes * context_len, num_decodes * (context_len + 1.0))
-        return self.breakdown_counts(
-            num_tokens + num_decodes, cp + dp, ck + dk, num_decodes + bool(is_last), num_decodes + 1
-        )
+        return cp + dp, ck + dk
 
     def breakdown(self, plan: StepPlan) -> StepCost:
         """Return the parts of step_time(plan): compute, memory, communication, overhead, and the work."""
