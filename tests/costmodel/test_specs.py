@@ -111,7 +111,7 @@ def test_mi300x_mesh_bandwidth_grows_with_group():
 
 
 @pytest.mark.parametrize(
-    "getter,name,kind", [(get_gpu, "tpu-v9", "GPU"), (get_model, "gpt-9", "model")], ids=str
+    "getter,name,kind", [(get_gpu, "tpu-v9", "GPU"), (get_model, "gpt-9", "model")], ids=["gpu", "model"]
 )
 def test_unknown_name_lists_known(getter, name, kind):
     """An unknown name raises CostModelError (a ValueError) that lists the known names."""

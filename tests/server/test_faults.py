@@ -203,7 +203,7 @@ def test_error_messages_with_any_text_are_json():
     eng = FakeEngine()
 
     def broken(messages):
-        raise RuntimeError("a bug \ud800")
+        raise RuntimeError("a bug \u00e9 \U0001f600")
 
     eng.apply_chat_template = broken  # type: ignore[method-assign]
     with LiveServer(eng) as srv:
