@@ -157,7 +157,7 @@ def _config(model: str) -> dict[str, Any] | None:
 
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
-            kernels: str | None = "none") -> Pricing:
+            kernels: str | None = "none", engine_version: str | None = None) -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
     kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
@@ -166,11 +166,14 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     tables where the package has the GPU, else today's pricing).
     profile: the engine profile, or None for the one fitted on the engine whose tables priced the steps
     (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
+    engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
+    from the package's table of that version where the system has one (choose_cost_model).
 
     Raises:
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
-    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model))
+    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
+                               engine_version=engine_version)
     base = chosen.cost_model
     if profile is None:
         src = chosen.source

@@ -41,6 +41,8 @@ from typing import Any
 
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
+from stallfree.costmodel.choice import DEFAULT_ENGINE
+from stallfree.costmodel.kernel_maps import parse_kernels
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig, simulate
@@ -248,7 +250,9 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
     try:
-        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels)
+        engine = parse_kernels(kernels)[0] if kernels is not None else DEFAULT_ENGINE
+        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels,
+                        engine_version=row.backend_version if row.backend.lower() == engine else None)
         kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
