@@ -287,3 +287,19 @@ def test_cli_refuses_an_unknown_kernels_engine_when_reading_the_line(capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "argument --kernels: engine must be one of vllm, sglang, trtllm or none, got 'foo'" in err
+
+
+def test_profile_version_is_named_and_plot_ticks_are_plain() -> None:
+    """The shipped vllm profile names its fit's version in its line and in the default's line; log-axis
+    ticks read as plain numbers (20, not 2x10^1), minor ticks labelled at 2 and 5 only."""
+    from stallfree.sim.engine_profile import load_profile
+    from stallfree.validate.hardware import describe_profile
+    from stallfree.validate.silicon import _minor_tick, _plain_tick
+
+    prof = load_profile("vllm")
+    assert prof.version and prof.describe().startswith(f"engine profile vllm version {prof.version}: ")
+    assert describe_profile(None).startswith(f"engine profile: the default: vllm version {prof.version} (")
+    assert EngineProfile.from_json("x", {"step_ms": 1.0}).describe() == (
+        "engine profile x: 1.000 ms per step, 0.0 us per sampled token, 0.00 ms front end per request")
+    assert [_plain_tick(v) for v in (20.0, 0.5, 1000.0)] == ["20", "0.5", "1000"]
+    assert [_minor_tick(v) for v in (20.0, 30.0, 50.0, 0.2, 700.0)] == ["20", "", "50", "0.2", ""]

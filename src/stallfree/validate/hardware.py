@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel import CostModelError
-from stallfree.costmodel.choice import choose_cost_model
+from stallfree.costmodel.choice import DEFAULT_ENGINE, choose_cost_model
 from stallfree.costmodel.model import get_model
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel, default_profile
@@ -188,5 +188,6 @@ def describe_profile(profile: EngineProfile | None) -> str:
     """The profile's line for a report, or what the default (None) applies."""
     if profile is not None:
         return profile.describe()
-    return ("engine profile: the default, the one fitted on the engine whose kernel tables priced each replay "
-            "(none where today's pricing did)")
+    named, _, terms = default_profile(DEFAULT_ENGINE).describe().removeprefix("engine profile ").partition(": ")
+    return (f"engine profile: the default: {named} ({terms}) where {DEFAULT_ENGINE}'s kernel tables price a replay, "
+            "none where today's pricing does")

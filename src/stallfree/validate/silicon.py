@@ -364,12 +364,24 @@ def print_silicon(res: dict[str, Any]) -> None:
     print(res["verdict"])
 
 
+def _plain_tick(value: float, _pos: object = None) -> str:
+    """A log axis's tick as a plain number (20, 0.5, 1000), not in powers of ten."""
+    return f"{value:g}"
+
+
+def _minor_tick(value: float, _pos: object = None) -> str:
+    """A minor tick of a log axis: labelled (plainly) at 2 and 5 times a power of ten, else blank."""
+    lead = round(value / 10 ** math.floor(math.log10(value)), 6) if value > 0 else 0
+    return f"{value:g}" if lead in (2, 5) else ""
+
+
 def plot_silicon(path: Path, res: dict[str, Any]) -> None:
     """Scatter simulated against measured TTFT and TPOT per row (log axes), one colour per model, y = x."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     models = sorted({r["model"] for r in res["rows"]})
@@ -383,6 +395,9 @@ def plot_silicon(path: Path, res: dict[str, Any]) -> None:
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers: a sub-decade range would read "2x10^1"
+            axis.set_major_formatter(FuncFormatter(_plain_tick))
+            axis.set_minor_formatter(FuncFormatter(_minor_tick))
         ax.set_xlabel(f"measured {m.upper()} (ms)")
         ax.set_ylabel(f"simulated {m.upper()} (ms)")
         ax.legend(fontsize=7)
