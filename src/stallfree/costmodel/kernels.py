@@ -184,8 +184,12 @@ class KernelCostModel:
 
     @property
     def description(self) -> str:
-        """One line naming the tables: 'measured vllm 0.24.0 kernels on h100_sxm (aiconfigurator-core)'."""
-        line = f"measured {self.engine} {self.version} kernels on {self.tables.system} (aiconfigurator-core)"
+        """One line naming the tables: 'measured vllm 0.24.0 kernels (aiconfigurator-core)', the package's
+        system named only where its name is not our GPU's ('(aiconfigurator-core, its rtx_pro_6000_server
+        tables)'), so that a report spells a GPU once."""
+        system = self.tables.system
+        where = "" if system.replace("_", "-") == self.gpu.key else f", its {system} tables"
+        line = f"measured {self.engine} {self.version} kernels (aiconfigurator-core{where})"
         if self.comm_table is not None:
             line += f", all-reduce from {self.engine} {self.comm_table}'s table"
         return line
