@@ -277,3 +277,22 @@ def test_allreduce_priced_from_the_runs_engine_version() -> None:
         km = KernelCostModel(spec, gpu, 2, "bf16", engine="vllm", comm_version=same)
         assert km.comm_table is None and km.shared_s(128) == own.shared_s(128)
     assert pickle.loads(pickle.dumps(run)).comm_table == "0.19.0"
+
+
+@needs_kernels
+def test_allreduce_on_more_than_two_pcie_gpus_is_nccl() -> None:
+    """vLLM on 4 x L40S (PCIe only) all-reduces with NCCL, its custom all-reduce being off: at 128 tokens
+    of Llama-3.1-8B (524,288 elements, a measured size) each all-reduce op is scaled from the custom
+    table's 0.360600 ms to NCCL's 0.268300 ms (the package's tables there); on 2 x L40S nothing changes."""
+    from stallfree.costmodel.kernels import KernelCostModel
+
+    spec, gpu = get_model("llama-3.1-8b"), get_gpu("l40s")
+    km = KernelCostModel(spec, gpu, 4, "bf16", engine="vllm")
+    assert km.comm_table == "nccl" and "all-reduce from NCCL's table" in km.description
+    ops = km.tables.handle.evaluate_context_ops(list(km.tables.shared), batch_size=1, s=128)
+    ar = [v[1] for v in ops if str(v[0]) in ("context_ar_1", "context_ar_2")]
+    assert sum(ar) / 64 == pytest.approx(0.3606, rel=1e-3)  # the package reads the custom table, per layer
+    rest = sum(v[1] for v in ops) - sum(v[1] for v in ops if str(v[0]).endswith(("_ar", "_ar_1", "_ar_2")))
+    embed = sum(v[1] for v in ops if str(v[0]) == "context_embedding_ar")
+    assert km.shared_s(128) * 1e3 == pytest.approx(rest + (sum(ar) + embed) * 0.2683 / 0.3606, rel=1e-4)
+    assert KernelCostModel(spec, gpu, 2, "bf16", engine="vllm").comm_table is None

@@ -33,6 +33,7 @@ __all__ = [
     "comm_version_at_or_below",
     "kernels_installed",
     "load_tables",
+    "nccl_allreduce_curve",
     "resolve_version",
 ]
 
@@ -334,6 +335,35 @@ def allreduce_curve(system: str, engine: str, version: str, tp: int) -> tuple[tu
     by_size: dict[int, float] = {}
     for r in rows:
         by_size.setdefault(int(r["message_size"]), float(r["latency"]))
+    sizes = tuple(sorted(by_size))
+    found = _CURVES[key] = (sizes, tuple(by_size[s] for s in sizes))
+    return found
+
+
+def nccl_allreduce_curve(system: str, tp: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Return the package's measured NCCL all-reduce on `tp` GPUs of `system` (its newest
+    systems/data/<system>/comm/nccl/<version>/nccl_perf.parquet, half precision): message sizes (elements,
+    increasing) and latencies (ms), as allreduce_curve.
+
+    Raises:
+        KernelsUnavailable: no package, no NCCL table for the system, or no rows for `tp` GPUs.
+    """
+    key = (system, "nccl", "", tp)
+    found = _CURVES.get(key)
+    if found is not None:
+        return found
+    root = _comm_root(system, "nccl")
+    tables = [] if root is None else [d for d in root.iterdir() if (d / "nccl_perf.parquet").is_file()]
+    if not tables:
+        raise KernelsUnavailable(f"the package has no measured NCCL all-reduce for {system}")
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # a dependency of aiconfigurator-core
+
+    newest = max(tables, key=lambda d: _version_key(d.name))
+    rows = [r for r in pq.read_table(newest / "nccl_perf.parquet").to_pylist()
+            if r.get("op_name") == "all_reduce" and r.get("nccl_dtype") == "half" and int(r.get("num_gpus", 0)) == tp]
+    if not rows:
+        raise KernelsUnavailable(f"the package's NCCL all-reduce on {system} has no rows for tp={tp}")
+    by_size = {int(r["message_size"]): float(r["latency"]) for r in rows}
     sizes = tuple(sorted(by_size))
     found = _CURVES[key] = (sizes, tuple(by_size[s] for s in sizes))
     return found

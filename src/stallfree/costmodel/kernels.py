@@ -25,6 +25,9 @@ from that table instead: each all-reduce op of shared(T) scaled by run(x) / own(
 elements, both curves linear between the measured sizes. On H100 and H200 (NVLink) vLLM 0.19.0's
 and 0.24.0's curves agree within a few percent; on 2 x RTX PRO 6000 (PCIe, no NVLink) vLLM 0.19.0's is
 2.8 times 0.24.0's at the sizes of a decode step (docs/fidelity.md).
+vLLM on more than two PCIe-only GPUs (kernel_maps.PCIE_ONLY_SYSTEMS: L40S, RTX PRO 6000) all-reduces
+with NCCL, its custom all-reduce being off there: the all-reduce ops are then scaled the same way onto
+the package's NCCL table of the system (`comm_table` 'nccl').
 The package's own step estimator prices all decodes of a step at one context and a prefill as one
 prompt split evenly; the composition above agrees with it exactly where the shapes agree (decodes of
 equal contexts; one whole prompt), which the tests check.
@@ -46,7 +49,14 @@ from typing import Any
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import GPUSpec
-from stallfree.costmodel.kernel_maps import ENGINES, KV_DTYPE_MODES, WEIGHT_DTYPE_MODES, config_from_spec, system_for
+from stallfree.costmodel.kernel_maps import (
+    ENGINES,
+    KV_DTYPE_MODES,
+    PCIE_ONLY_SYSTEMS,
+    WEIGHT_DTYPE_MODES,
+    config_from_spec,
+    system_for,
+)
 from stallfree.costmodel.kernel_tables import (
     KernelsUnavailable,
     KernelTables,
@@ -54,6 +64,7 @@ from stallfree.costmodel.kernel_tables import (
     comm_version_at_or_below,
     kernels_installed,
     load_tables,
+    nccl_allreduce_curve,
 )
 from stallfree.costmodel.model import ModelSpec
 from stallfree.costmodel.roofline import CostModel
@@ -113,7 +124,8 @@ class KernelCostModel:
         comm_version: the engine version of the run being priced (a measured run's own), or None: the
             all-reduces are then priced from the package's table of the newest version <= it that was
             measured on this system, where that is not the table the priced version reads (module
-            docstring); `comm_table` names it (None when unchanged).
+            docstring); `comm_table` names it ('nccl' for vLLM on more than two PCIe-only GPUs, whatever
+            the version; None when unchanged).
 
     Raises:
         KernelsUnavailable: no package, no tables for the GPU or engine, a version not served.
@@ -155,14 +167,19 @@ class KernelCostModel:
         self.comm_version = comm_version
         self.comm_table: str | None = None
         self._ar_curves: tuple[Any, Any] | None = None
-        if comm_version and tp > 1:
+        if tp > 1:
             system = self.tables.system
-            theirs = comm_version_at_or_below(system, engine, comm_version)
             ours = comm_version_at_or_below(system, engine, self.version)
-            if theirs is not None and ours is not None and theirs != ours:
-                self._ar_curves = (allreduce_curve(system, engine, theirs, tp),
-                                   allreduce_curve(system, engine, ours, tp))
-                self.comm_table = theirs
+            theirs = comm_version_at_or_below(system, engine, comm_version) if comm_version else None
+            target = None
+            if engine == "vllm" and tp > 2 and system in PCIE_ONLY_SYSTEMS:
+                target, self.comm_table = nccl_allreduce_curve(system, tp), "nccl"
+            elif theirs is not None and theirs != ours:
+                target, self.comm_table = allreduce_curve(system, engine, theirs, tp), theirs
+            if target is not None and ours is not None:
+                self._ar_curves = (target, allreduce_curve(system, engine, ours, tp))
+            else:
+                self.comm_table = None
         self._shared_c: dict[int, float] = {}
         self._logits_c: dict[int, float] = {}
         self._chunk_c: dict[int, float] = {}
@@ -190,7 +207,9 @@ class KernelCostModel:
         system = self.tables.system
         where = "" if system.replace("_", "-") == self.gpu.key else f", its {system} tables"
         line = f"measured {self.engine} {self.version} kernels (aiconfigurator-core{where})"
-        if self.comm_table is not None:
+        if self.comm_table == "nccl":
+            line += ", all-reduce from NCCL's table (vLLM's own is off on more than two PCIe-only GPUs)"
+        elif self.comm_table is not None:
             line += f", all-reduce from {self.engine} {self.comm_table}'s table"
         return line
 
