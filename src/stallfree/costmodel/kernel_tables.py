@@ -356,7 +356,7 @@ def nccl_allreduce_curve(system: str, tp: int) -> tuple[tuple[int, ...], tuple[f
     tables = [] if root is None else [d for d in root.iterdir() if (d / "nccl_perf.parquet").is_file()]
     if not tables:
         raise KernelsUnavailable(f"the package has no measured NCCL all-reduce for {system}")
-    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # a dependency of aiconfigurator-core
+    import pyarrow.parquet as pq  # a dependency of aiconfigurator-core
 
     newest = max(tables, key=lambda d: _version_key(d.name))
     rows = [r for r in pq.read_table(newest / "nccl_perf.parquet").to_pylist()
