@@ -257,6 +257,7 @@ def test_rtx_pro_6000_is_priced_from_its_tables() -> None:
     assert km.decode_step_time(1, 100) > 16.06e9 / 1.792e12
 
 
+@pytest.mark.slow  # builds a TP-2/TP-4 table set and reads parquet tables: 1-3 s
 @needs_kernels
 def test_allreduce_priced_from_the_runs_engine_version() -> None:
     """A vLLM 0.19.0 run on 2 x RTX PRO 6000 has its all-reduces priced from the package's 0.19.0 table of
@@ -279,6 +280,7 @@ def test_allreduce_priced_from_the_runs_engine_version() -> None:
     assert pickle.loads(pickle.dumps(run)).comm_table == "0.19.0"
 
 
+@pytest.mark.slow  # builds a TP-2/TP-4 table set and reads parquet tables: 1-3 s
 @needs_kernels
 def test_allreduce_on_more_than_two_pcie_gpus_is_nccl() -> None:
     """vLLM on 4 x L40S (PCIe only) all-reduces with NCCL, its custom all-reduce being off: at 128 tokens
