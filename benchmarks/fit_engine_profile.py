@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {model} on {system}, {kind} ({len(done)} rows): {_errors(done)}")
     if a.write:
         data = json.loads(DATA.read_text(encoding="utf-8"))
-        entry = prof.to_json()
+        old = data["profiles"].get(a.name, {})
+        entry = {"version": str(int(old.get("version", "1")) + 1) if old else "1", **prof.to_json()}
         entry["errors"] = errs
         data["profiles"][a.name] = entry
         DATA.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

@@ -195,7 +195,7 @@ def test_default_choice_names_the_tables() -> None:
     assert chosen.name == "kernels"
     assert chosen.source["engine"] == "vllm" and chosen.source["version"] == "0.24.0"
     assert chosen.source["chosen_by"] == "default" and chosen.source["system"] == "h100_sxm"
-    assert chosen.line == "steps priced by measured vllm 0.24.0 kernels on h100_sxm (aiconfigurator-core)"
+    assert chosen.line == "steps priced by measured vllm 0.24.0 kernels (aiconfigurator-core)"
 
 
 @needs_kernels
@@ -255,3 +255,46 @@ def test_rtx_pro_6000_is_priced_from_its_tables() -> None:
     est = km.tables.handle.decode_step_latency(32, 1024, 2) * 1e-3
     assert km.decode_step_time(32, 1025) == pytest.approx(est, rel=1e-9)
     assert km.decode_step_time(1, 100) > 16.06e9 / 1.792e12
+
+
+@pytest.mark.slow  # builds a TP-2/TP-4 table set and reads parquet tables: 1-3 s
+@needs_kernels
+def test_allreduce_priced_from_the_runs_engine_version() -> None:
+    """A vLLM 0.19.0 run on 2 x RTX PRO 6000 has its all-reduces priced from the package's 0.19.0 table of
+    that system: at 128 tokens of Llama-3.1-8B (128 x 4,096 = 524,288 elements, a measured size) each
+    all-reduce op is scaled by 0.0915194 / 0.0301462 ms = 3.0358 (the two tables' values there); the other
+    ops are unchanged. A version with no older table (0.12.0) or the tables' own (0.24.0) changes nothing."""
+    from stallfree.costmodel.kernels import KernelCostModel
+
+    spec, gpu = get_model("llama-3.1-8b"), get_gpu("rtx-pro-6000")
+    own = KernelCostModel(spec, gpu, 2, "bf16", engine="vllm")
+    run = KernelCostModel(spec, gpu, 2, "bf16", engine="vllm", comm_version="0.19.0")
+    assert run.comm_table == "0.19.0" and "all-reduce from vllm 0.19.0's table" in run.description
+    ops = own.tables.handle.evaluate_context_ops(list(own.tables.shared), batch_size=1, s=128)
+    ar_ms = sum(v[1] for v in ops if str(v[0]) in ("context_ar_1", "context_ar_2", "context_embedding_ar"))
+    assert ar_ms > 0
+    assert (run.shared_s(128) - own.shared_s(128)) * 1e3 == pytest.approx(ar_ms * (0.0915194 / 0.0301462 - 1), rel=1e-4)
+    for same in ("0.12.0", "0.24.0"):
+        km = KernelCostModel(spec, gpu, 2, "bf16", engine="vllm", comm_version=same)
+        assert km.comm_table is None and km.shared_s(128) == own.shared_s(128)
+    assert pickle.loads(pickle.dumps(run)).comm_table == "0.19.0"
+
+
+@pytest.mark.slow  # builds a TP-2/TP-4 table set and reads parquet tables: 1-3 s
+@needs_kernels
+def test_allreduce_on_more_than_two_pcie_gpus_is_nccl() -> None:
+    """vLLM on 4 x L40S (PCIe only) all-reduces with NCCL, its custom all-reduce being off: at 128 tokens
+    of Llama-3.1-8B (524,288 elements, a measured size) each all-reduce op is scaled from the custom
+    table's 0.360600 ms to NCCL's 0.268300 ms (the package's tables there); on 2 x L40S nothing changes."""
+    from stallfree.costmodel.kernels import KernelCostModel
+
+    spec, gpu = get_model("llama-3.1-8b"), get_gpu("l40s")
+    km = KernelCostModel(spec, gpu, 4, "bf16", engine="vllm")
+    assert km.comm_table == "nccl" and "all-reduce from NCCL's table" in km.description
+    ops = km.tables.handle.evaluate_context_ops(list(km.tables.shared), batch_size=1, s=128)
+    ar = [v[1] for v in ops if str(v[0]) in ("context_ar_1", "context_ar_2")]
+    assert sum(ar) / 64 == pytest.approx(0.3606, rel=1e-3)  # the package reads the custom table, per layer
+    rest = sum(v[1] for v in ops) - sum(v[1] for v in ops if str(v[0]).endswith(("_ar", "_ar_1", "_ar_2")))
+    embed = sum(v[1] for v in ops if str(v[0]) == "context_embedding_ar")
+    assert km.shared_s(128) * 1e3 == pytest.approx(rest + (sum(ar) + embed) * 0.2683 / 0.3606, rel=1e-4)
+    assert KernelCostModel(spec, gpu, 2, "bf16", engine="vllm").comm_table is None

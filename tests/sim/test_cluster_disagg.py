@@ -185,3 +185,22 @@ def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
     assert all(r["num_gpus"] == 8 and r["completed"] == 10 for r in runs)
     assert main(["simulate", "--disaggregate", "1:1", "--prefill-budget", "512,1024", "--num-requests", "5"]) == 2
     assert "--prefill-budget: one budget for a P:D run, got 512,1024" in capsys.readouterr().err
+
+
+def test_front_end_added_to_ttft_and_e2e():
+    """The hand request above with an engine profile of a 5 ms front end on both sides: TTFT 110 + 5 =
+    115 ms and E2E 250.03 + 5 ms, as a single run's report adds it; TPOT and the steps are unchanged."""
+    from stallfree.sim.disagg import disagg_records
+    from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel
+
+    prof = EngineProfile("fe", frontend_s=0.005)
+    w = Workload((0.0,), (100,), (4,), "hand")
+    r = simulate_disaggregated(w, cfg(), cfg(), ProfiledCostModel(PREFILL, prof), ProfiledCostModel(DECODE, prof),
+                               1, 1, 1000, LINK)
+    (tl,) = r.timelines
+    assert r.frontend_s == 0.005 and tl.token_times == pytest.approx((0.110, 0.226, 0.23801, 0.25003))
+    s = disagg_summary(r, 1)
+    assert s["mean_ttft_ms"] == pytest.approx(115.0)
+    assert s["mean_tpot_ms"] == pytest.approx((250.03 - 110.0) / 3)
+    (rec,) = disagg_records(r, w)
+    assert rec["ttft_ms"] == pytest.approx(115.0) and rec["e2el_ms"] == pytest.approx(255.03)

@@ -287,3 +287,38 @@ def test_cli_refuses_an_unknown_kernels_engine_when_reading_the_line(capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "argument --kernels: engine must be one of vllm, sglang, trtllm or none, got 'foo'" in err
+
+
+def test_profile_version_is_named_and_plot_ticks_are_plain() -> None:
+    """The shipped vllm profile names its fit's version in its line and in the default's line; log-axis
+    ticks read as plain numbers (20, not 2x10^1), minor ticks labelled at 2 and 5 only."""
+    from stallfree.sim.engine_profile import load_profile
+    from stallfree.validate.hardware import describe_profile
+    from stallfree.validate.silicon import _minor_tick, _plain_tick
+
+    prof = load_profile("vllm")
+    assert prof.version and prof.describe().startswith(f"engine profile vllm version {prof.version}: ")
+    assert describe_profile(None).startswith(f"engine profile: the default: vllm version {prof.version} (")
+    assert EngineProfile.from_json("x", {"step_ms": 1.0}).describe() == (
+        "engine profile x: 1.000 ms per step, 0.0 us per sampled token, 0.00 ms front end per request")
+    assert [_plain_tick(v) for v in (20.0, 0.5, 1000.0)] == ["20", "0.5", "1000"]
+    assert [_minor_tick(v) for v in (20.0, 30.0, 50.0, 0.2, 700.0)] == ["20", "", "50", "0.2", ""]
+
+
+def test_prefill_load_by_hand_and_refused_above_one():
+    """ISL 10,000 in chunks of 8,192 and 1,808, each priced 1 us per token: 10 ms a prompt; a request lives
+    TTFT 100 ms + 10 x 10 ms = 0.2 s, so 10 clients send 50 a second: load 0.5. With 30 clients it is 1.5:
+    the row is refused with the reason, before any replay."""
+    from dataclasses import replace
+
+    class PerToken:
+        def prefill_step_time(self, num_tokens: int, start: int = 0) -> float:
+            assert start in (0, 8192) and num_tokens in (8192, 1808)
+            return num_tokens * 1e-6
+
+    row = replace(read_rows(CSV)[0], isl=10_000, osl=11, concurrency=10, ttft_ms=100.0, tpot_ms=10.0)
+    assert silicon.prefill_load(row, PerToken()) == pytest.approx(0.5)
+    assert silicon.prefill_load(replace(row, concurrency=30), PerToken()) == pytest.approx(1.5)
+    flood = replace(read_rows(CSV)[0], concurrency=100_000, ttft_ms=1e-3, tpot_ms=1e-3)
+    with pytest.raises(ValueError, match="not a steady state of distinct prompts"):
+        silicon.replay_row(flood, EngineProfile("none"), "none", 1)

@@ -76,6 +76,7 @@ def choose_cost_model(
     kv_dtype: str | None = None,
     kernels: str | None = None,
     config: dict[str, Any] | None = None,
+    engine_version: str | None = None,
 ) -> ChosenCostModel:
     """Return the cost model a command prices its steps with.
 
@@ -86,6 +87,9 @@ def choose_cost_model(
             `current` tables where they exist, else today's pricing, with the reason in `line`).
         config: the model's config.json (a user's file) to hand to the package, or None to write one
             from the preset.
+        engine_version: the engine version of a measured run being replayed, or None; the kernel
+            tables then price its all-reduces from the package's table of that version where the
+            system has one (KernelCostModel's comm_version).
 
     Raises:
         CostModelError: a bad `kernels` value; `kernels` given (not 'none') and it cannot be
@@ -103,7 +107,7 @@ def choose_cost_model(
         reason = "the optional package aiconfigurator-core is not installed"
         return _today(spec, g, tp, dtype, kv_dtype, chosen_by, reason)
     try:
-        km = KernelCostModel(spec, g, tp, dtype, kv_dtype, engine, ver, config)
+        km = KernelCostModel(spec, g, tp, dtype, kv_dtype, engine, ver, config, engine_version)
     except CostModelError as exc:
         if kernels is not None:
             raise
@@ -113,4 +117,6 @@ def choose_cost_model(
         "requested_version": ver, "system": km.tables.system, "package": "aiconfigurator-core",
         "package_version": _package_version(),
     }
+    if km.comm_table is not None:
+        source["allreduce_version"] = km.comm_table
     return ChosenCostModel(km, "kernels", source, f"steps priced by {km.description}")

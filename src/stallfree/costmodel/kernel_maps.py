@@ -22,6 +22,7 @@ __all__ = [
     "ENGINES",
     "KV_DTYPE_MODES",
     "NO_TABLES",
+    "PCIE_ONLY_SYSTEMS",
     "SYSTEMS",
     "WEIGHT_DTYPE_MODES",
     "architecture_of",
@@ -57,6 +58,13 @@ NO_TABLES: dict[str, str] = {
     "h20": "the package has no h20 system",
     "mi300x": "the package measures NVIDIA GPUs only (no mi300x system)",
 }
+
+#: The package's systems whose GPUs are joined by PCIe alone (no NVLink): their systems/*.yaml give
+#: intra_node_bw equal to pcie_bw (l40s: PCIe 4.0, 32e9 B/s; rtx_pro_6000_server: PCIe Gen5 x16, 64e9 B/s).
+#: vLLM turns its custom all-reduce off on more than two such GPUs and all-reduces with NCCL
+#: (vllm/distributed/device_communicators/custom_all_reduce.py: "Custom allreduce is disabled because
+#: it's not supported on more than two PCIe-only GPUs").
+PCIE_ONLY_SYSTEMS = frozenset({"l40s", "rtx_pro_6000_server"})
 
 #: Our weight dtypes onto the package's GEMM quantization modes (fp8: per-tensor FP8 W8A8).
 WEIGHT_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -24,7 +25,17 @@ from typing import Any
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, WEIGHT_DTYPE_MODES
 
-__all__ = ["KernelTables", "KernelsUnavailable", "cache_dir", "kernels_installed", "load_tables", "resolve_version"]
+__all__ = [
+    "KernelTables",
+    "KernelsUnavailable",
+    "allreduce_curve",
+    "cache_dir",
+    "comm_version_at_or_below",
+    "kernels_installed",
+    "load_tables",
+    "nccl_allreduce_curve",
+    "resolve_version",
+]
 
 # The op classes of a model the composition knows; any other (MLA, linear attention, ...) is refused.
 _SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch"})
@@ -264,3 +275,95 @@ def _build_tables(
     finally:
         quiet.setLevel(level)
     return KernelTables(handle, system, engine, literal, shared, logits, chunk, decode, logits_json), str(spec)
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    """Order '0.19.0' < '0.24.0' < '1.3.0rc20' by their numbers (a release candidate's 'rcN' reads as N)."""
+    return tuple(int(n) for n in re.findall(r"\d+", text))
+
+
+def _comm_root(system: str, engine: str) -> Path | None:
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        return None
+    root = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "comm" / engine
+    return root if root.is_dir() else None
+
+
+def comm_version_at_or_below(system: str, engine: str, version: str) -> str | None:
+    """Return the newest engine version <= `version` for which the package measured `engine`'s own
+    all-reduce on `system` (its systems/data/<system>/comm/<engine>/<v>/custom_allreduce_perf.parquet),
+    or None when there is none (or no package). These folders are not version slots: the package keeps
+    them as backward-fill sources."""
+    root = _comm_root(system, engine)
+    if root is None or not version or not re.search(r"\d", version):
+        return None
+    want = _version_key(version)
+    found = [d.name for d in root.iterdir()
+             if (d / "custom_allreduce_perf.parquet").is_file() and _version_key(d.name) <= want]
+    return max(found, key=_version_key) if found else None
+
+
+_CURVES: dict[tuple[str, str, str, int], tuple[tuple[int, ...], tuple[float, ...]]] = {}
+
+
+def allreduce_curve(system: str, engine: str, version: str, tp: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Return the package's measured all-reduce of `engine` `version` on `tp` GPUs of `system`: message
+    sizes (bf16 elements, increasing) and latencies (ms), under CUDA graphs where the table has them
+    (the `<engine>_graph` rows, which are what the package's own step pricing reads).
+
+    Raises:
+        KernelsUnavailable: no package, or no such table or no rows for `tp` GPUs.
+    """
+    key = (system, engine, version, tp)
+    found = _CURVES.get(key)
+    if found is not None:
+        return found
+    root = _comm_root(system, engine)
+    path = None if root is None else root / version / "custom_allreduce_perf.parquet"
+    if path is None or not path.is_file():
+        raise KernelsUnavailable(f"the package has no measured {engine} {version} all-reduce for {system}")
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]  # a dependency of aiconfigurator-core
+
+    rows = pq.read_table(path).to_pylist()
+    rows = [r for r in rows if int(r.get("num_gpus", 0)) == tp and r.get("allreduce_dtype", "bfloat16") == "bfloat16"]
+    graph = [r for r in rows if str(r.get("backend", "")).endswith("_graph")]
+    rows = graph or rows
+    if not rows:
+        raise KernelsUnavailable(f"the package's {engine} {version} all-reduce on {system} has no rows for tp={tp}")
+    by_size: dict[int, float] = {}
+    for r in rows:
+        by_size.setdefault(int(r["message_size"]), float(r["latency"]))
+    sizes = tuple(sorted(by_size))
+    found = _CURVES[key] = (sizes, tuple(by_size[s] for s in sizes))
+    return found
+
+
+def nccl_allreduce_curve(system: str, tp: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Return the package's measured NCCL all-reduce on `tp` GPUs of `system` (its newest
+    systems/data/<system>/comm/nccl/<version>/nccl_perf.parquet, half precision): message sizes (elements,
+    increasing) and latencies (ms), as allreduce_curve.
+
+    Raises:
+        KernelsUnavailable: no package, no NCCL table for the system, or no rows for `tp` GPUs.
+    """
+    key = (system, "nccl", "", tp)
+    found = _CURVES.get(key)
+    if found is not None:
+        return found
+    root = _comm_root(system, "nccl")
+    tables = [] if root is None else [d for d in root.iterdir() if (d / "nccl_perf.parquet").is_file()]
+    if not tables:
+        raise KernelsUnavailable(f"the package has no measured NCCL all-reduce for {system}")
+    import pyarrow.parquet as pq  # a dependency of aiconfigurator-core
+
+    newest = max(tables, key=lambda d: _version_key(d.name))
+    rows = [r for r in pq.read_table(newest / "nccl_perf.parquet").to_pylist()
+            if r.get("op_name") == "all_reduce" and r.get("nccl_dtype") == "half" and int(r.get("num_gpus", 0)) == tp]
+    if not rows:
+        raise KernelsUnavailable(f"the package's NCCL all-reduce on {system} has no rows for tp={tp}")
+    by_size = {int(r["message_size"]): float(r["latency"]) for r in rows}
+    sizes = tuple(sorted(by_size))
+    found = _CURVES[key] = (sizes, tuple(by_size[s] for s in sizes))
+    return found

@@ -18,6 +18,16 @@ converted to seconds; T tokens in the step, S tokens that sample, B decodes):
     decode(B, s_i) decode attention: each decode i, with s_i = start_i + 1 keys, is priced as its
                    share (1/B) of a batch of B decodes all at s_i
     step_s = shared(T) + logits(S) + sum over chunks of chunk(c, p) + sum_i decode(B, s_i) / B
+All-reduce of another engine version (`comm_version`): the tables price the all-reduces of their own
+version. A run of an older engine whose own all-reduce the package measured on the same system (its
+comm/<engine>/<version>/ folders, kept as backward-fill sources, not version slots) has them priced
+from that table instead: each all-reduce op of shared(T) scaled by run(x) / own(x), x = T x hidden bf16
+elements, both curves linear between the measured sizes. On H100 and H200 (NVLink) vLLM 0.19.0's
+and 0.24.0's curves agree within a few percent; on 2 x RTX PRO 6000 (PCIe, no NVLink) vLLM 0.19.0's is
+2.8 times 0.24.0's at the sizes of a decode step (docs/fidelity.md).
+vLLM on more than two PCIe-only GPUs (kernel_maps.PCIE_ONLY_SYSTEMS: L40S, RTX PRO 6000) all-reduces
+with NCCL, its custom all-reduce being off there: the all-reduce ops are then scaled the same way onto
+the package's NCCL table of the system (`comm_table` 'nccl').
 The package's own step estimator prices all decodes of a step at one context and a prefill as one
 prompt split evenly; the composition above agrees with it exactly where the shapes agree (decodes of
 equal contexts; one whole prompt), which the tests check.
@@ -31,6 +41,7 @@ benchmarks/bench_kernels.py and stated in docs/costmodel.md.
 from __future__ import annotations
 
 import json
+import re
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Any
@@ -38,8 +49,23 @@ from typing import Any
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import GPUSpec
-from stallfree.costmodel.kernel_maps import ENGINES, KV_DTYPE_MODES, WEIGHT_DTYPE_MODES, config_from_spec, system_for
-from stallfree.costmodel.kernel_tables import KernelsUnavailable, KernelTables, kernels_installed, load_tables
+from stallfree.costmodel.kernel_maps import (
+    ENGINES,
+    KV_DTYPE_MODES,
+    PCIE_ONLY_SYSTEMS,
+    WEIGHT_DTYPE_MODES,
+    config_from_spec,
+    system_for,
+)
+from stallfree.costmodel.kernel_tables import (
+    KernelsUnavailable,
+    KernelTables,
+    allreduce_curve,
+    comm_version_at_or_below,
+    kernels_installed,
+    load_tables,
+    nccl_allreduce_curve,
+)
 from stallfree.costmodel.model import ModelSpec
 from stallfree.costmodel.roofline import CostModel
 
@@ -63,6 +89,20 @@ def _knots(limit: int = 1 << 22) -> tuple[int, ...]:
 #: Positions (tokens) of the knots between which decode keys and chunk offsets are interpolated.
 KNOTS = _knots()
 _KEY = 1 << 12  # cache key = count x _KEY + knot index (len(KNOTS) < _KEY)
+_ALLREDUCE_OP = re.compile(r"_ar(_\d+)?$")  # the package's all-reduce op names: context_ar_1, context_embedding_ar
+
+
+def _at(curve: tuple[tuple[int, ...], tuple[float, ...]], x: float) -> float:
+    """Latency (ms) of a measured all-reduce curve at `x` elements: linear between its sizes, the
+    first value below them, proportional to the size beyond the last."""
+    sizes, lat = curve
+    i = bisect_left(sizes, x)
+    if i == 0:
+        return lat[0]
+    if i == len(sizes):
+        return lat[-1] * x / sizes[-1]
+    x0, x1 = sizes[i - 1], sizes[i]
+    return lat[i - 1] + (lat[i] - lat[i - 1]) * (x - x0) / (x1 - x0)
 
 
 class KernelCostModel:
@@ -81,6 +121,11 @@ class KernelCostModel:
         engine: 'vllm', 'sglang' or 'trtllm'.
         version: a slot ('current', 'previous', 'next') or a literal version the package serves.
         config: the model's config.json as a dict (a user's file), or None to write one from `model`.
+        comm_version: the engine version of the run being priced (a measured run's own), or None: the
+            all-reduces are then priced from the package's table of the newest version <= it that was
+            measured on this system, where that is not the table the priced version reads (module
+            docstring); `comm_table` names it ('nccl' for vLLM on more than two PCIe-only GPUs, whatever
+            the version; None when unchanged).
 
     Raises:
         KernelsUnavailable: no package, no tables for the GPU or engine, a version not served.
@@ -98,6 +143,7 @@ class KernelCostModel:
         engine: str = "vllm",
         version: str = "current",
         config: dict[str, Any] | None = None,
+        comm_version: str | None = None,
     ) -> None:
         self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype)
         self.model, self.gpu, self.tp = model, gpu, tp
@@ -118,6 +164,22 @@ class KernelCostModel:
             self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype
         )
         self.version = self.tables.version
+        self.comm_version = comm_version
+        self.comm_table: str | None = None
+        self._ar_curves: tuple[Any, Any] | None = None
+        if tp > 1:
+            system = self.tables.system
+            ours = comm_version_at_or_below(system, engine, self.version)
+            theirs = comm_version_at_or_below(system, engine, comm_version) if comm_version else None
+            target = None
+            if engine == "vllm" and tp > 2 and system in PCIE_ONLY_SYSTEMS:
+                target, self.comm_table = nccl_allreduce_curve(system, tp), "nccl"
+            elif theirs is not None and theirs != ours:
+                target, self.comm_table = allreduce_curve(system, engine, theirs, tp), theirs
+            if target is not None and ours is not None:
+                self._ar_curves = (target, allreduce_curve(system, engine, ours, tp))
+            else:
+                self.comm_table = None
         self._shared_c: dict[int, float] = {}
         self._logits_c: dict[int, float] = {}
         self._chunk_c: dict[int, float] = {}
@@ -128,7 +190,7 @@ class KernelCostModel:
         return (
             _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
-             self._config),
+             self._config, self.comm_version),
         )
 
     def __repr__(self) -> str:
@@ -139,8 +201,17 @@ class KernelCostModel:
 
     @property
     def description(self) -> str:
-        """One line naming the tables: 'measured vllm 0.24.0 kernels on h100_sxm (aiconfigurator-core)'."""
-        return f"measured {self.engine} {self.version} kernels on {self.tables.system} (aiconfigurator-core)"
+        """One line naming the tables: 'measured vllm 0.24.0 kernels (aiconfigurator-core)', the package's
+        system named only where its name is not our GPU's ('(aiconfigurator-core, its rtx_pro_6000_server
+        tables)'), so that a report spells a GPU once."""
+        system = self.tables.system
+        where = "" if system.replace("_", "-") == self.gpu.key else f", its {system} tables"
+        line = f"measured {self.engine} {self.version} kernels (aiconfigurator-core{where})"
+        if self.comm_table == "nccl":
+            line += ", all-reduce from NCCL's table (vLLM's own is off on more than two PCIe-only GPUs)"
+        elif self.comm_table is not None:
+            line += f", all-reduce from {self.engine} {self.comm_table}'s table"
+        return line
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
         """Return the KV capacity in tokens (the roofline CostModel's, which see)."""
@@ -160,7 +231,12 @@ class KernelCostModel:
         t = self._shared_c.get(tokens)
         if t is None:
             r = self.tables.handle.evaluate_context_ops(list(self.tables.shared), batch_size=1, s=tokens)
-            t = self._shared_c[tokens] = sum(v[1] for v in r) * 1e-3
+            ms = sum(v[1] for v in r)
+            if self._ar_curves is not None:
+                x = tokens * self.model.hidden_size
+                scale = _at(self._ar_curves[0], x) / _at(self._ar_curves[1], x)
+                ms += (scale - 1.0) * sum(v[1] for v in r if _ALLREDUCE_OP.search(str(v[0])))
+            t = self._shared_c[tokens] = ms * 1e-3
         return t
 
     def logits_s(self, sampled: int) -> float:
@@ -323,12 +399,12 @@ _MODELS: dict[str, KernelCostModel] = {}
 
 def _rebuild(
     model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
-    config: dict[str, Any],
+    config: dict[str, Any], comm_version: str | None = None,
 ) -> KernelCostModel:
     """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
     process running many sweep points loads the tables once and keeps its price caches warm."""
-    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True)))
+    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), comm_version))
     found = _MODELS.get(key)
     if found is None:
-        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config)
+        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config, comm_version)
     return found

@@ -184,6 +184,10 @@ class DisaggResult:
             output length and max_new); empty when built by hand without them.
         arrival: per request, when it arrived, s (under closed-loop load, when it was sent); empty
             when built by hand (the workload's arrivals are used).
+        frontend_s: the engine profile's front end (the prefill side's cost model's `frontend_s`, s),
+            added to each request's TTFT and E2E in `timelines` and the records, as a single run's
+            report adds it: the client's view (its timelines' arrival is the client's send time,
+            `frontend_s` before the engine sees the request).
     """
 
     prefill: list[SimResult]
@@ -201,6 +205,7 @@ class DisaggResult:
     max_new: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
     arrival: tuple[float, ...] = ()
+    frontend_s: float = 0.0
 
 
 def simulate_disaggregated(
@@ -288,11 +293,12 @@ def _result(
     sent = Workload(tuple(entry.arrivals.times), workload.prompt_lens, workload.output_lens, workload.name)
     pre, dec = [r.res for r in groups[0]], [r.res for r in groups[1]]
     prefill_of = list(entry.routed)
-    timelines = _timelines(sent, target, pre, dec, prefill_of, hook.decode_of)
+    frontend = float(getattr(groups[0][0].cost, "frontend_s", 0.0)) if groups[0] else 0.0
+    timelines = _timelines(sent, target, pre, dec, prefill_of, hook.decode_of, frontend)
     rejected = sorted(gate.rejected + entry.refused)
     kinds = dict(gate.kinds) | {rid: CONTEXT_LENGTH for rid, _ in entry.refused}
     return DisaggResult(pre, dec, prefill_of, hook.decode_of, hook.t_start, hook.t_end, timelines, rejected, kinds,
-                        hook.link, hook.kvb, wall, max_new, target, sent.arrivals)
+                        hook.link, hook.kvb, wall, max_new, target, sent.arrivals, frontend)
 
 
 def _group(
@@ -400,9 +406,11 @@ class _Transfers:
 
 
 def _timelines(
-    wl: Workload, target: list[int], pre: list[SimResult], dec: list[SimResult], p_of: list[int], d_of: list[int]
+    wl: Workload, target: list[int], pre: list[SimResult], dec: list[SimResult], p_of: list[int], d_of: list[int],
+    frontend: float = 0.0,
 ) -> list[Any]:
-    """Join each request's first token (prefill side) with its later tokens (decode side)."""
+    """Join each request's first token (prefill side) with its later tokens (decode side); each timeline's
+    arrival is the client's, `frontend` s before the engine's (so its TTFT and E2E carry the front end)."""
 
     out = []
     for r in range(len(wl)):
@@ -421,7 +429,7 @@ def _timelines(
             times += d.token_times(r)
         adm = p.admit_step[r]
         out.append(
-            RequestTimeline(r, wl.arrivals[r], tuple(times), wl.prompt_lens[r],
+            RequestTimeline(r, wl.arrivals[r] - frontend, tuple(times), wl.prompt_lens[r],
                             p.step_start[adm] if adm >= 0 else None, times[-1])
         )
     return out
@@ -523,10 +531,10 @@ def disagg_records(result: DisaggResult, workload: Workload) -> list[dict[str, A
             "transfer_ms": (t1 - t0) * 1e3 if t1 == t1 else None,
             "decode_admitted_s": result.decode[d].step_start[dadm] if dadm >= 0 else None,
             "finish_s": last,
-            "ttft_ms": (first - arr) * 1e3 if first is not None else None,
+            "ttft_ms": (first - arr + result.frontend_s) * 1e3 if first is not None else None,
             "tpot_ms": (last - first) / (ntok - 1) * 1e3 if last is not None and first is not None and ntok > 1
             else None,
-            "e2el_ms": (last - arr) * 1e3 if last is not None else None,
+            "e2el_ms": (last - arr + result.frontend_s) * 1e3 if last is not None else None,
             "queue_ms": (result.prefill[k].step_start[adm] - arr) * 1e3 if adm >= 0 else None,
             "finish_reason": None if t is None else "length" if cap is not None and ntok >= cap else "stop",
             "rejected": why.get(r),
@@ -665,7 +673,7 @@ def run_disagg_experiment(
     res = simulate_disaggregated(
         setup.workload, sides[0][1], sides[1][1], sides[0][0], sides[1][0], prefill, decode, kvb, link,
         make_router(router), make_router(router), setup.workload_options.max_tokens, check, setup.context_length,
-        setup.closed_loop,
+        setup.engine_closed_loop,
     )
     summary = disagg_summary(res, len(setup.workload), slo_ttft, slo_tpot)
     closed = setup.closed_loop

@@ -67,6 +67,8 @@ class EngineProfile:
         fitted_on: a description of the rows the terms were fitted on.
         command: the command that fitted them.
         notes: anything else the data file says.
+        version: the fit's version ("" when not given): the data file's number, raised at each refit, so
+            that a report says which fit of the profile it used.
 
     Raises:
         EngineProfileError: a term is negative or not a finite number.
@@ -80,6 +82,7 @@ class EngineProfile:
     fitted_on: str = ""
     command: str = ""
     notes: tuple[str, ...] = field(default=())
+    version: str = ""
 
     def __post_init__(self) -> None:
         for name in ("step_s", "per_sampled_s", "frontend_s"):
@@ -94,10 +97,12 @@ class EngineProfile:
         return self.step_s == 0 and self.per_sampled_s == 0 and self.frontend_s == 0
 
     def describe(self) -> str:
-        """One line for a report: the name and the terms in ms / us."""
+        """One line for a report: the name (with the version, where the data file gives one) and the terms
+        in ms / us."""
+        named = f"engine profile {self.name}" + (f" version {self.version}" if self.version else "")
         if self.is_empty:
-            return f"engine profile {self.name}: no terms"
-        return (f"engine profile {self.name}: {self.step_s * 1e3:.3f} ms per step, "
+            return f"{named}: no terms"
+        return (f"{named}: {self.step_s * 1e3:.3f} ms per step, "
                 f"{self.per_sampled_s * 1e6:.1f} us per sampled token, {self.frontend_s * 1e3:.2f} ms front end "
                 "per request")
 
@@ -111,6 +116,7 @@ class EngineProfile:
             "fitted_on": self.fitted_on,
             "command": self.command,
             "notes": list(self.notes),
+            **({"version": self.version} if self.version else {}),
         }
 
     @classmethod
@@ -131,7 +137,7 @@ class EngineProfile:
             terms[attr] = float(v) * scale
         notes = data.get("notes", [])
         return cls(name=name, pricing=str(data.get("pricing", "none")), fitted_on=str(data.get("fitted_on", "")),
-                   command=str(data.get("command", "")),
+                   command=str(data.get("command", "")), version=str(data.get("version", "")),
                    notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (str(notes),), **terms)
 
 

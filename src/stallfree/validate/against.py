@@ -154,7 +154,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
         raise ValueError(f"{where}: neither meta.json nor config.json names the GPU: give --gpu")
     gpu_name = gpu_preset(device)
     try:
-        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels)
+        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels, engine_version=run.vllm_version or None)
         if run.num_gpu_blocks is not None:
             kv, kv_src = run.num_gpu_blocks * run.block_size, "num_gpu_blocks of meta.json"
         else:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel import CostModelError
-from stallfree.costmodel.choice import choose_cost_model
+from stallfree.costmodel.choice import DEFAULT_ENGINE, choose_cost_model
 from stallfree.costmodel.model import get_model
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel, default_profile
@@ -157,7 +157,7 @@ def _config(model: str) -> dict[str, Any] | None:
 
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
-            kernels: str | None = "none") -> Pricing:
+            kernels: str | None = "none", engine_version: str | None = None) -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
     kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
@@ -166,11 +166,14 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     tables where the package has the GPU, else today's pricing).
     profile: the engine profile, or None for the one fitted on the engine whose tables priced the steps
     (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
+    engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
+    from the package's table of that version where the system has one (choose_cost_model).
 
     Raises:
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
-    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model))
+    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
+                               engine_version=engine_version)
     base = chosen.cost_model
     if profile is None:
         src = chosen.source
@@ -185,5 +188,6 @@ def describe_profile(profile: EngineProfile | None) -> str:
     """The profile's line for a report, or what the default (None) applies."""
     if profile is not None:
         return profile.describe()
-    return ("engine profile: the default, the one fitted on the engine whose kernel tables priced each replay "
-            "(none where today's pricing did)")
+    named, _, terms = default_profile(DEFAULT_ENGINE).describe().removeprefix("engine profile ").partition(": ")
+    return (f"engine profile: the default: {named} ({terms}) where {DEFAULT_ENGINE}'s kernel tables price a replay, "
+            "none where today's pricing does")

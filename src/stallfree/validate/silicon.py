@@ -41,6 +41,8 @@ from typing import Any
 
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
+from stallfree.costmodel.choice import DEFAULT_ENGINE
+from stallfree.costmodel.kernel_maps import parse_kernels
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig, simulate
@@ -49,10 +51,12 @@ from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu
 
 __all__ = [
     "BUDGET",
+    "NOT_STEADY",
     "REQUESTS_PER_ROW",
     "ClosedLoopRow",
     "bundled_csv",
     "closed_loop",
+    "prefill_load",
     "read_rows",
     "replay_row",
     "validate_silicon",
@@ -233,13 +237,33 @@ def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_request
     return out
 
 
+#: The skip reason of a row whose measured figures need more prefill time per second than there is.
+NOT_STEADY = ("not a steady state of distinct prompts: at its measured TTFT and TPOT its clients send more prompt "
+              "tokens per second than the step pricing can prefill (prefill load > 1; shared prefixes or a partial "
+              "mean)")
+
+
+def prefill_load(row: ClosedLoopRow, cost: Any) -> float:
+    """The prefill time per second of wall time that a row's measured figures need, by `cost` (its
+    `prefill_step_time(num_tokens, start)`, s): the rate concurrency / (TTFT + (OSL - 1) x TPOT) requests
+    per second a closed loop runs at, times the time of one prompt's prefill in BUDGET-token chunks with
+    no decodes beside them. Above 1 the GPUs would have to prefill faster than their measured kernels do,
+    before any decode: the row is not a steady state of distinct prompts (prefix-cache hits on shared
+    prompts, or a mean over a partial run). Kernel time is a mean, not a bound, so the rule refuses only
+    such rows: on the Llama-3.1-70B fit rows it is at most 0.55, on Qwen3-32B 0.83 (docs/fidelity.md).
+    """
+    life_s = (row.ttft_ms + (row.osl - 1) * row.tpot_ms) * 1e-3
+    prefill_s = sum(cost.prefill_step_time(min(BUDGET, row.isl - start), start) for start in range(0, row.isl, BUDGET))
+    return row.concurrency / life_s * prefill_s if life_s > 0 else math.inf
+
+
 def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str | None = "none",
                requests_per_row: int = REQUESTS_PER_ROW) -> dict[str, Any]:
     """Replay one row closed-loop (module docstring) and compare its TTFT and TPOT.
 
     Raises:
         ValueError: a row we do not replay (disaggregated, pipeline or attention data parallel, a model or
-            GPU the cost model cannot price): the message says why.
+            GPU the cost model cannot price, a prefill load above 1: prefill_load): the message says why.
     """
     where = f"line {row.line}"
     if row.mode != "agg":
@@ -248,10 +272,15 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
     try:
-        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels)
+        engine = parse_kernels(kernels)[0] if kernels is not None else DEFAULT_ENGINE
+        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels,
+                        engine_version=row.backend_version if row.backend.lower() == engine else None)
         kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
+    load = prefill_load(row, price.base)
+    if load > 1.0:
+        raise ValueError(f"{where}: {NOT_STEADY}")
     sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
     n = requests_per_row * row.concurrency
     frontend = price.profile.frontend_s
@@ -262,7 +291,8 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
     tpot = sum((e - f) / (row.osl - 1) for _a, f, e in steady) / len(steady) if row.osl > 1 else float("nan")
     sim_ttft, sim_tpot = ttft * 1e3, tpot * 1e3
     return {
-        "line": row.line, "id": row.row_id, "model": row.model, "system": row.system, "engine": row.backend,
+        "line": row.line, "id": row.row_id, "model": row.model, "system": row.system,
+        "gpu": gpu_preset(_norm(row.system)), "engine": row.backend,
         "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
         "concurrency": row.concurrency, "tp": row.tp, "requests": n, "kv_tokens": kv,
         "measured_ttft_ms": row.ttft_ms, "measured_tpot_ms": row.tpot_ms,
@@ -279,7 +309,8 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((r["model"], r["system"], r["engine"]), []).append(r)
     out = []
     for (model, system, engine), rs in sorted(groups.items()):
-        entry: dict[str, Any] = {"model": model, "system": system, "engine": engine, "rows": len(rs)}
+        entry: dict[str, Any] = {"model": model, "system": system, "gpu": rs[0]["gpu"], "engine": engine,
+                                 "rows": len(rs)}
         for m in ("ttft", "tpot"):
             apes = [r[f"{m}_ape_pct"] for r in rs if r[f"{m}_ape_pct"] is not None]
             entry[f"{m}_median_ape_pct"] = percentile(apes, 50.0) if apes else None
@@ -343,21 +374,32 @@ def print_silicon(res: dict[str, Any]) -> None:
     print(res["engine_profile"])
     print(f"{res['csv']}: {len(res['rows'])} rows replayed closed-loop, {res['requests_per_row']} x concurrency "
           "requests each (TTFT over all, TPOT after the first wave)")
-    print(f"{'line':>5} {'model':<34} {'system':<9} {'isl':>5} {'osl':>5} {'conc':>4} {'tp':>2} "
+    print(f"{'line':>5} {'model':<34} {'gpu':<9} {'isl':>5} {'osl':>5} {'conc':>4} {'tp':>2} "
           f"{'TTFT ms':>8} {'sim':>8} {'APE':>6} {'TPOT ms':>8} {'sim':>7} {'APE':>6}")
     for r in res["rows"]:
         tpe = "-" if r["tpot_ape_pct"] is None else f"{r['tpot_ape_pct']:.0f}%"
-        print(f"{r['line']:>5} {r['model'][:34]:<34} {r['system'][:9]:<9} {r['isl']:>5} {r['osl']:>5} "
+        print(f"{r['line']:>5} {r['model'][:34]:<34} {r['gpu'][:9]:<9} {r['isl']:>5} {r['osl']:>5} "
               f"{r['concurrency']:>4} {r['tp']:>2} {r['measured_ttft_ms']:>8.1f} {r['sim_ttft_ms']:>8.1f} "
               f"{r['ttft_ape_pct']:>5.0f}% {r['measured_tpot_ms']:>8.2f} {r['sim_tpot_ms']:>7.2f} {tpe:>6}")
     print("\nabsolute percentage error by model, GPU and engine (median / p90):")
     for s in res["summary"]:
-        print(f"  {s['model']:<34} {s['system']:<9} {s['engine']:<7} {s['rows']:>4} rows: TTFT "
+        print(f"  {s['model']:<34} {s['gpu']:<9} {s['engine']:<7} {s['rows']:>4} rows: TTFT "
               f"{s['ttft_median_ape_pct']:.1f}% / {s['ttft_p90_ape_pct']:.1f}%, TPOT "
               f"{s['tpot_median_ape_pct']:.1f}% / {s['tpot_p90_ape_pct']:.1f}%")
     for reason, count in sorted(res["skipped"].items(), key=lambda kv: -kv[1]):
         print(f"skipped {count} rows: {reason}")
     print(res["verdict"])
+
+
+def _plain_tick(value: float, _pos: object = None) -> str:
+    """A log axis's tick as a plain number (20, 0.5, 1000), not in powers of ten."""
+    return f"{value:g}"
+
+
+def _minor_tick(value: float, _pos: object = None) -> str:
+    """A minor tick of a log axis: labelled (plainly) at 2 and 5 times a power of ten, else blank."""
+    lead = round(value / 10 ** math.floor(math.log10(value)), 6) if value > 0 else 0
+    return f"{value:g}" if lead in (2, 5) else ""
 
 
 def plot_silicon(path: Path, res: dict[str, Any]) -> None:
@@ -366,6 +408,7 @@ def plot_silicon(path: Path, res: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
     models = sorted({r["model"] for r in res["rows"]})
@@ -379,6 +422,9 @@ def plot_silicon(path: Path, res: dict[str, Any]) -> None:
         ax.plot([lo, hi], [lo, hi], color="grey", linewidth=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers: a sub-decade range would read "2x10^1"
+            axis.set_major_formatter(FuncFormatter(_plain_tick))
+            axis.set_minor_formatter(FuncFormatter(_minor_tick))
         ax.set_xlabel(f"measured {m.upper()} (ms)")
         ax.set_ylabel(f"simulated {m.upper()} (ms)")
         ax.legend(fontsize=7)
