@@ -133,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
         clusters.extend(on_clusters)
+    from stallfree.sim.overload import annotate
+
+    explained = annotate(study.results, study.summaries, study.header, args.replicas)
     if args.json:
         print(json.dumps({"header": study.header, "runs": study.summaries}, indent=1))
     else:
@@ -143,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if res.rejected:
             line = rejection_warning(res.label, res.num_requests, res.rejected_by_reason, res.rejected[0][1])
             print(line, file=sys.stderr)
+    for line in explained:
+        print(line, file=sys.stderr)
     if not args.json:
         for res in study.results:
             if args.check and res.config.get("batching", "chunked") == "chunked":
