@@ -78,3 +78,20 @@ def test_compare_verdict_on_two_runs_of_one_workload():
                                       "beyond_noise": True}
     assert "TTFT p50 1,000 ms -> 2,000 ms (+100%, beyond the noise)" in line
     assert data["b4"]["TPOT p99"]["beyond_noise"] is False  # 1 s per token in both
+
+
+def test_tune_best_by_kind_reads_the_ranked_rows():
+    from stallfree.sim.tune import best_by_kind
+
+    def row(b, m, g, pp=None):
+        return {"token_budget": b, "max_seqs": m, "request_goodput": g, "slo_attainment": 1.0, "p99_tpot_ms": 30.0,
+                "partial_prefills": pp}
+
+    # Ranked best first: the best overall has partial prefills; without them budget 512 at max_seqs 256 leads.
+    rows = [row(512, 256, 5.0, (2, 2, 64)), row(512, 512, 4.9), row(512, 256, 4.8), row(1024, 256, 4.7),
+            row(512, 128, 4.0)]
+    kinds = best_by_kind(rows, 256)
+    assert [(k["kind"], k["value"], k["tried"]) for k in kinds] == [
+        ("token_budget", 512, [512, 1024]), ("max_seqs", 512, [128, 256, 512]),
+        ("partial_prefills", (2, 2, 64), [(2, 2, 64)])]
+    assert kinds[0]["request_goodput"] == 4.8  # the best budget at the base max_seqs, no partial prefills
