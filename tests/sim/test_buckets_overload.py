@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -114,3 +116,40 @@ def test_summary_and_records_carry_the_buckets():
         assert (by[name]["requests"], by[name]["median_ttft_ms"], by[name]["p99_e2el_ms"]) == (1, 1000.0, 2000.0)
         assert by[name]["median_tpot_ms"] == 1000.0
     assert [r["prompt_bucket"] for r in request_records(res)] == ["<1k", "4k-32k"]
+
+
+def _trace(tmp_path, arrivals):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{t:.6f},10,1\n" for t in arrivals))
+    return str(path)
+
+
+def test_simulate_warns_once_when_overloaded(tmp_path, capsys):
+    """Steps of 1 s holding one request (--max-seqs 1): the replica serves 1 req/s; 20 arrivals 0.1 s
+    apart offer 19 / 1.9 = 10 req/s, so the rate scale must fall below 1 x 1 / 10 = 0.1, or 10 replicas."""
+    from stallfree.cli import main
+
+    trace = _trace(tmp_path, [0.1 * k for k in range(20)])
+    assert main(["simulate", "--trace", trace, "--linear-cost", "1000,0", "--max-seqs", "1"]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "overloaded" in line]
+    assert err == ["warning: chunked/2048: overloaded: 10.00 req/s offered, the replica sustains ~1.00 (1000%); the "
+                   "queue grows through the run, so TTFT is mostly waiting: use --rate-scale below 0.1 or --replicas "
+                   "10 (stallfree plan finds the count that meets the SLOs)"]
+
+
+def test_simulate_names_the_burst_of_a_ttft_tail(tmp_path, capsys):
+    """Steps of 100 ms, one request each: mu = 10 req/s. 100 arrivals 10 ms apart (0 to 0.99 s) bring
+    10 s of work in 0.99 s, then 10 lone ones 100 s apart (0.109 req/s on average: no overload). The
+    slowest requests are the burst's last: it is named with its 100 requests."""
+    from stallfree.cli import main
+
+    trace = _trace(tmp_path, [0.01 * k for k in range(100)] + [100.0 * k for k in range(1, 11)])
+    assert main(["simulate", "--trace", trace, "--linear-cost", "100,0", "--max-seqs", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    run = json.loads(captured.out)["runs"][0]
+    assert run["overload"] is None
+    assert (run["tail_burst"]["requests"], run["tail_burst"]["start_s"]) == (100, 0.0)
+    assert run["tail_burst"]["peak_s"] == pytest.approx(0.99)
+    assert run["tail_burst"]["tail_in_burst"] == run["tail_burst"]["tail_requests"] == 2
+    assert ("comes from a burst at 0.0-1.0 s: 100 requests arrived in 1.0 s (101.0 req/s against the ~10.00 "
+            "sustained)") in captured.err
