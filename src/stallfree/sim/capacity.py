@@ -216,13 +216,16 @@ class PlanResult:
 
 
 class _Search:
-    """Runs rounds of points on the executor and keeps their rows."""
+    """The search's state: the setup and targets, the executor, and every row simulated so far."""
 
-    def __init__(self, executor: Executor, progress: Callable[[int, int], None] | None) -> None:
+    def __init__(self, setup: Any, slo: tuple[float | None, float | None], attainment: float, budget: int,
+                 link: Any, executor: Executor, progress: Callable[[int, int], None] | None) -> None:
+        self.setup, self.slo, self.attainment, self.budget, self.link = setup, slo, attainment, budget, link
         self.executor, self.progress = executor, progress
         self.rows: list[dict[str, Any]] = []
 
-    def run(self, points: Sequence[PlanPoint]) -> list[dict[str, Any]]:
+    def run(self, points: Sequence[tuple[int, str, int | None]]) -> list[dict[str, Any]]:
+        """Simulate (replicas, router, prefill or None) points on the executor; keep and return their rows."""
         base = len(self.rows)
         planned = base + len(points)
 
@@ -230,9 +233,50 @@ class _Search:
             if self.progress:
                 self.progress(base + k, planned)
 
-        rows = self.executor.map(run_plan_point, list(points), tick)
+        items = [PlanPoint(self.setup, n, r, self.budget, *self.slo, p, self.link) for n, r, p in points]
+        rows = self.executor.map(run_plan_point, items, tick)
         self.rows.extend(rows)
         return rows
+
+    def passes(self, row: dict[str, Any]) -> bool:
+        return bool(row["attainment"] >= self.attainment)
+
+    def smallest(self, router: str, start: int, width: int, max_replicas: int) -> int | None:
+        """Step 2: the smallest passing count with `router` (gallop, then bisection), or None."""
+        fail: int | None = None
+        ok: int | None = None
+        tried: set[int] = set()
+        while counts := next_counts(fail, ok, start, tried, width, max_replicas):
+            for n, row in zip(counts, self.run([(n, router, None) for n in counts]), strict=True):
+                tried.add(n)
+                if self.passes(row):
+                    ok = n if ok is None else min(ok, n)
+                else:
+                    fail = n if fail is None else max(fail, n)
+        return ok
+
+    def other_routers(self, result: PlanResult, others: list[str]) -> None:
+        """Step 3: lower the answer while another router passes one count below it."""
+        while result.replicas is not None and result.replicas > 1 and others:
+            winners = [r for r in self.run([(result.replicas - 1, o, None) for o in others]) if self.passes(r)]
+            if not winners:
+                return
+            best = max(winners, key=lambda r: (r["attainment"], -(r["p99_ttft_ms"] or math.inf)))
+            result.replicas, result.router = result.replicas - 1, best["router"]
+            others = [r["router"] for r in winners]
+
+    def disaggregation(self, result: PlanResult, router: str) -> None:
+        """Step 4: P:D splits on fewer replicas than the answer, one fewer while one passes."""
+        if result.replicas is None:
+            return
+        result.disagg_tried = True
+        n = result.replicas - 1
+        while splits := disagg_splits(n):
+            winners = [r for r in self.run([(n, router, p) for p in splits]) if self.passes(r)]
+            if not winners:
+                return
+            result.disaggregated = max(winners, key=lambda r: (r["attainment"], r["goodput_per_gpu"]))
+            n -= 1
 
 
 def plan(
@@ -292,46 +336,14 @@ def plan(
     offered = setup.workload.mean_rate
     n0 = math.ceil(offered / mu1) if math.isfinite(offered) and mu1 > 0 and math.isfinite(mu1) else 1
     n0 = min(max(1, n0), max_replicas)
-    search = _Search(executor or SerialExecutor(), progress)
-
-    def point(n: int, router: str, prefill: int | None = None) -> PlanPoint:
-        return PlanPoint(setup, n, router, budget, slo_ttft, slo_tpot, prefill, link)
-
-    def passes(row: dict[str, Any]) -> bool:
-        return bool(row["attainment"] >= attainment)
-
+    search = _Search(setup, (slo_ttft, slo_tpot), attainment, budget, link, executor or SerialExecutor(), progress)
     lead = routers[0]
-    fail: int | None = None
-    ok: int | None = None
-    tried: set[int] = set()
-    while counts := next_counts(fail, ok, n0, tried, width, max_replicas):
-        for n, row in zip(counts, search.run([point(n, lead) for n in counts]), strict=True):
-            tried.add(n)
-            if passes(row):
-                ok = n if ok is None else min(ok, n)
-            else:
-                fail = n if fail is None else max(fail, n)
+    ok = search.smallest(lead, n0, width, max_replicas)
     result = PlanResult(ok, lead if ok is not None else None, n0, mu1, offered, attainment=attainment,
                         gpus_per_replica=setup.hardware_options.tp)
-    others = list(routers[1:])
-    while result.replicas is not None and result.replicas > 1 and others:
-        rows = search.run([point(result.replicas - 1, r) for r in others])
-        winners = [r for r in rows if passes(r)]
-        if not winners:
-            break
-        best = max(winners, key=lambda r: (r["attainment"], -(r["p99_ttft_ms"] or math.inf)))
-        result.replicas, result.router = result.replicas - 1, best["router"]
-        others = [r["router"] for r in winners]
-    if disaggregate and result.replicas is not None:
-        result.disagg_tried = True
-        n = result.replicas - 1
-        while splits := disagg_splits(n):
-            rows = search.run([point(n, lead, p) for p in splits])
-            winners = [r for r in rows if passes(r)]
-            if not winners:
-                break
-            result.disaggregated = max(winners, key=lambda r: (r["attainment"], r["goodput_per_gpu"]))
-            n -= 1
+    search.other_routers(result, list(routers[1:]))
+    if disaggregate:
+        search.disaggregation(result, lead)
     result.rows = search.rows
     result.wall_s = time.perf_counter() - t0
     return result
