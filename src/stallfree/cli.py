@@ -22,7 +22,7 @@ __all__ = ["main"]
 # optional extra each needs and its commands (so that a missing extra is named, not a traceback).
 _COMMAND_MODULES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("stallfree.costmodel.cli", None, ("budget", "calibrate", "specs")),
-    ("stallfree.sim.commands", "sim", ("simulate", "sweep", "tune")),
+    ("stallfree.sim.commands", "sim", ("simulate", "sweep", "tune", "plan")),
     ("stallfree.engine.cli", "engine", ("generate", "bench")),
     ("stallfree.server.cli", "server", ("serve",)),
     ("stallfree.validate.cli", None, ("validate",)),

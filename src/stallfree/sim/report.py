@@ -19,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import DEFAULT_PERCENTILES
+from stallfree.sim.buckets import bucket_stats, prompt_bucket
+from stallfree.sim.buckets import table_rows as bucket_table_rows
 from stallfree.sim.simulator import SimResult
 
 __all__ = [
     "latency_arrays",
     "print_table",
     "request_records",
+    "slo_met",
     "step_records",
     "summarize_result",
     "write_records",
@@ -136,7 +139,9 @@ def summarize_result(
         tpot,itl,e2el,queue}_ms, num_steps, mean_tokens_per_step, budget_utilization (mean tokens
         per step / token budget), queued_fraction (share of steps after which requests waited),
         mean_kv_utilization and max_kv_utilization (reserved / total KV, time-weighted mean and
-        maximum), mean_running_decodes, sim_wall_s; plus the scheduler config. A closed-loop run
+        maximum), mean_running_decodes, sim_wall_s, by_prompt_len (stallfree.sim.buckets.bucket_stats:
+        per prompt-length bucket, requests and the median and p99 TTFT, TPOT and E2E, ms); plus the
+        scheduler config. A closed-loop run
         (config concurrency, think_time_s) adds achieved_request_rate: requests sent (refused ones
         included) / duration_s, requests/s.
     """
@@ -154,7 +159,6 @@ def summarize_result(
         out["completed"] = 0
         return out
     end = np.frombuffer(res.step_end, dtype=np.float64)
-    start = np.frombuffer(res.step_start, dtype=np.float64)
     arrival = np.asarray(res.arrival, dtype=np.float64)
     fin = np.asarray(res.finish_step, dtype=np.int64)[done]
     duration = float(end[fin].max() - arrival.min())
@@ -176,13 +180,7 @@ def summarize_result(
         # Closed loop: the rate the clients reached, requests sent (refused ones too) per second.
         out["achieved_request_rate"] = rate(res.num_requests)
     if slo_ttft is not None or slo_tpot is not None:
-        good = np.ones(n_done, dtype=bool)
-        if slo_ttft is not None:
-            good &= lat["ttft"] <= slo_ttft
-        if slo_tpot is not None:
-            tpot_ok = np.ones(n_done, dtype=bool)
-            tpot_ok[np.searchsorted(done, lat["tpot_rids"])] = lat["tpot"] <= slo_tpot
-            good &= tpot_ok
+        good = slo_met(lat, slo_ttft, slo_tpot)
         out["request_goodput"] = rate(int(good.sum()))
         out["slo_attainment"] = float(good.mean())
     for name, key in (
@@ -193,6 +191,33 @@ def summarize_result(
         ("queue", "queue"),
     ):
         out.update(_stats(name, lat[key], pcts))
+    out["by_prompt_len"] = bucket_stats(lat, res.prompt_len)
+    out.update(_step_figures(res))
+    return out
+
+
+def slo_met(lat: dict[str, Any], slo_ttft: float | None, slo_tpot: float | None) -> Any:
+    """Per finished request (latency_arrays order), whether it met both SLOs (s; None: no objective):
+    a numpy bool array [n_done]. A request of one token has no TPOT and meets any TPOT objective."""
+    import numpy as np
+
+    done = lat["rids"]
+    good = np.ones(len(done), dtype=bool)
+    if slo_ttft is not None:
+        good &= lat["ttft"] <= slo_ttft
+    if slo_tpot is not None:
+        tpot_ok = np.ones(len(done), dtype=bool)
+        tpot_ok[np.searchsorted(done, lat["tpot_rids"])] = lat["tpot"] <= slo_tpot
+        good &= tpot_ok
+    return good
+
+
+def _step_figures(res: SimResult) -> dict[str, Any]:
+    """The scheduler's figures of summarize_result, from the step arrays and the result's counters."""
+    import numpy as np
+
+    end = np.frombuffer(res.step_end, dtype=np.float64)
+    start = np.frombuffer(res.step_start, dtype=np.float64)
     dur = end - start
     busy = float(dur.sum())
     tokens = np.frombuffer(res.step_tokens, dtype=np.int64)
@@ -200,7 +225,7 @@ def summarize_result(
     kv = np.frombuffer(res.step_kv_used, dtype=np.int64)
     waiting = np.frombuffer(res.step_waiting, dtype=np.int64)
     decodes = np.frombuffer(res.step_decodes, dtype=np.int64)
-    out.update(
+    return dict(
         num_steps=res.num_steps,
         mean_tokens_per_step=float(tokens.mean()),
         budget_utilization=float(tokens.mean() / budget) if budget else None,
@@ -215,13 +240,12 @@ def summarize_result(
         prefix_cache_evictions=res.prefix_cache_evictions,
         sim_wall_s=res.wall_s,
     )
-    return out
 
 
 def request_records(res: SimResult, replica: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """One dict per request: rid, arrival_s, prompt_len, max_new, output_tokens, admitted_s,
-    first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms, queue_ms, finish_reason, rejected (the
-    message), rejected_reason ("context_length", "kv_capacity" or None).
+    """One dict per request: rid, arrival_s, prompt_len, prompt_bucket (stallfree.sim.buckets),
+    max_new, output_tokens, admitted_s, first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms,
+    queue_ms, finish_reason, rejected (the message), rejected_reason ("context_length", "kv_capacity" or None).
     Times are None for rejected requests; tpot_ms is None below 2 tokens. With `replica` (a
     cluster's replica per request, -1 for one refused at arrival) a `replica` column follows rid
     (None where -1). ttft_ms and e2el_ms include the engine profile's front end (config frontend_s,
@@ -239,6 +263,7 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
         row |= {
             "arrival_s": arr,
             "prompt_len": res.prompt_len[r],
+            "prompt_bucket": prompt_bucket(res.prompt_len[r]),
             "max_new": res.max_new[r],
             "output_tokens": res.target[r] if f >= 0 else 0,
             "admitted_s": start[adm] if adm >= 0 else None,
@@ -407,4 +432,7 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
                                   for s in summaries))
             continue
         table.add_row(name, *(_fmt(_value(s, key), spec) for s in summaries))
+        if key == "p99_queue_ms":
+            for title, cells in bucket_table_rows(summaries):
+                table.add_row(title, *cells)
     console().print(table)

@@ -76,6 +76,7 @@ __all__ = [
     "BudgetBound",
     "TargetBelowFloor",
     "TuneResult",
+    "best_by_kind",
     "budget_bound",
     "candidate_budgets",
     "check_partial_prefill_flags",
@@ -415,3 +416,35 @@ def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
         "rows": [{k: r.get(k) for k in ROW_KEYS} for r in result.rows],
         "wall_s": result.wall_s,
     }
+
+
+def best_by_kind(rows: Sequence[dict[str, Any]], base_max_seqs: int) -> list[dict[str, Any]]:
+    """The best setting of each kind a tune searched, from its ranked rows (best first).
+
+    Kinds: "token_budget" (the best of the rows at the base max_seqs without partial prefills),
+    "max_seqs" (the best of the rows at that budget without partial prefills) and, when any row has
+    them, "partial_prefills" (the best of those rows, (K, L, T)).
+
+    Returns:
+        [{"kind", "value", "tried" (distinct values simulated, ascending), "request_goodput",
+        "slo_attainment", "p99_tpot_ms"}], in that order; a kind with no row is left out.
+    """
+    out: list[dict[str, Any]] = []
+
+    def add(kind: str, pool: list[dict[str, Any]], key: str, tried: set[Any]) -> dict[str, Any] | None:
+        if not pool:
+            return None
+        row = pool[0]
+        out.append({"kind": kind, "value": row[key], "tried": sorted(tried),
+                    **{k: row.get(k) for k in ("request_goodput", "slo_attainment", "p99_tpot_ms")}})
+        return row
+
+    plain = [r for r in rows if not r.get("partial_prefills")]
+    budget_row = add("token_budget", [r for r in plain if r["max_seqs"] == base_max_seqs] or plain,
+                     "token_budget", {r["token_budget"] for r in rows})
+    if budget_row is not None:
+        add("max_seqs", [r for r in plain if r["token_budget"] == budget_row["token_budget"]], "max_seqs",
+            {r["max_seqs"] for r in rows})
+    pp = [r for r in rows if r.get("partial_prefills")]
+    add("partial_prefills", pp, "partial_prefills", {tuple(r["partial_prefills"]) for r in pp})
+    return out

@@ -35,6 +35,46 @@ def _print(res: dict[str, Any], title: str) -> None:
         print(res["verdict"])
 
 
+def add_verdict(res: dict[str, Any], kind: str) -> None:
+    """Set res["verdict"]: the errors of the means against the goals (validate.against.GOALS) and whether
+    they exceed the run's noise (stallfree.sim.verdict). kind: "engine" (noise: the engine's own speed
+    drift between the halves), "runs" (--against run folders: a 95% bootstrap interval over requests per
+    run, kept as each run's "error_interval_pct"), else a mode without per-request pairs (said so)."""
+    from stallfree.sim.verdict import mean_error_interval, validate_verdict
+    from stallfree.validate.against import GOALS
+
+    if kind == "engine":
+        eng, sim = res["engine"], res["simulator"]
+        errs = {f"mean_{m}": (sim[f"mean_{m}_ms"] - eng[f"mean_{m}_ms"]) / eng[f"mean_{m}_ms"] * 100.0
+                for m in GOALS if eng.get(f"mean_{m}_ms") and sim.get(f"mean_{m}_ms") is not None}
+        drift = res.get("config", {}).get("engine_speed_drift_pct")
+        note = None if drift is None else (f"the engine's own decode speed moved {drift:+.0f}% between the run's "
+                                           "halves; an error smaller than that is within it")
+        res["verdict"] = validate_verdict(errs, GOALS, noise_note=note)
+        return
+    if kind != "runs":
+        res["verdict"] += " (noise: not judged: this mode keeps no per-request pairs)"
+        return
+    beyond = 0
+    for r in res["runs"]:
+        pairs = r.get("per_request") or []
+        r["error_interval_pct"] = {}
+        for j, m in enumerate(("ttft", "e2e")):
+            try:
+                _, lo, hi = mean_error_interval([p[j] for p in pairs], [p[2 + j] for p in pairs])
+            except ValueError:
+                continue
+            r["error_interval_pct"][m] = [lo, hi]
+        beyond += any(lo > 0 or hi < 0 for lo, hi in r["error_interval_pct"].values())
+    if len(res["runs"]) == 1:
+        run = res["runs"][0]
+        res["verdict"] = validate_verdict(run["error_pct"], GOALS, {m: (v[0], v[1]) for m, v in
+                                                                    run["error_interval_pct"].items()})
+    else:
+        res["verdict"] += (f"; noise: in {beyond} of {len(res['runs'])} runs the mean TTFT or E2E error is beyond its "
+                           "95% bootstrap interval over requests")
+
+
 def _kernels_value(text: str) -> str:
     """argparse type of --kernels: checked when the command line is read, so that a wrong engine name is a
     usage error of its own rather than every row's reason for not replaying.
@@ -73,6 +113,7 @@ def _against(a: argparse.Namespace) -> int:
     else:
         res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu)
         printer, plotter = against.print_runs, against.plot_runs
+    add_verdict(res, "runs" if printer is against.print_runs else "silicon")
     if a.json:
         print(against.dump(res))
     else:
@@ -126,6 +167,7 @@ def _run(a: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stallfree validate: error: {exc}", file=sys.stderr)
         return 2
+    add_verdict(res, "vllm" if a.vllm_result is not None else "engine")
     if a.json:
         print(json.dumps(res, indent=1))
     else:

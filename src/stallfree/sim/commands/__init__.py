@@ -1,4 +1,4 @@
-"""The `stallfree simulate`, `sweep` and `tune` commands: argparse, the error guard and printing over
+"""The `stallfree simulate`, `sweep`, `tune` and `plan` commands: argparse, the error guard and printing over
 the simulator's library modules (setup, experiment, sweep, tune, plots), which never see argparse.
 
 Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; numpy, matplotlib and
@@ -13,9 +13,10 @@ __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    """Add the `simulate`, `sweep` and `tune` subcommands to the top-level CLI."""
-    from stallfree.sim.commands import simulate, sweep, tune
+    """Add the `simulate`, `sweep`, `tune` and `plan` subcommands to the top-level CLI."""
+    from stallfree.sim.commands import plan, simulate, sweep, tune
 
     simulate.register(subparsers)
     sweep.register(subparsers)
     tune.register(subparsers)
+    plan.register(subparsers)

@@ -133,16 +133,25 @@ def run(args: argparse.Namespace) -> int:
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
         clusters.extend(on_clusters)
+    from stallfree.sim.overload import annotate
+
+    explained = annotate(study.results, study.summaries, study.header, args.replicas)
+    verdict = _verdict(args, study)
     if args.json:
-        print(json.dumps({"header": study.header, "runs": study.summaries}, indent=1))
+        print(json.dumps({"header": study.header, "runs": study.summaries}
+                         | ({"verdict": verdict} if verdict else {}), indent=1))
     else:
         print_header(study.header, study.summaries)
         print_table(study.summaries)
+        if verdict:
+            print(verdict["line"])
     # Rejections are not an error, but never silent: one line per run on stderr, in every mode.
     for res in study.results:
         if res.rejected:
             line = rejection_warning(res.label, res.num_requests, res.rejected_by_reason, res.rejected[0][1])
             print(line, file=sys.stderr)
+    for line in explained:
+        print(line, file=sys.stderr)
     if not args.json:
         for res in study.results:
             if args.check and res.config.get("batching", "chunked") == "chunked":
@@ -154,6 +163,17 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         _write_out(args.out, study, clusters, quiet_stdout=args.json)
     return 0
+
+
+def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | None:
+    """--compare and --compare-caching: the verdict (sim/verdict.py) of each run against the first."""
+    from stallfree.sim.verdict import compare_verdict
+
+    if not (args.compare or args.compare_caching) or len(study.results) < 2:
+        return None
+    what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
+    line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
+    return {"line": line, "figures": figures}
 
 
 def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
@@ -396,8 +416,12 @@ def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
         )
     except ClusterError as exc:
         raise CliError(str(exc), 2) from None
+    from stallfree.sim.verdict import disagg_verdict
+
+    line, verdict = disagg_verdict(aggs[0], rows[0], len(setup.workload))
     if args.json:
-        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [*aggs, *rows]}, indent=1))
+        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [*aggs, *rows],
+                          "verdict": verdict | {"line": line}}, indent=1))
         return 0
     agg, best = aggs[0], rows[0]
     print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU "
@@ -408,6 +432,7 @@ def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
     print(f"best aggregated: {agg['goodput_per_gpu']:.3f} req/s/GPU ({agg['label']}); best disaggregated: "
           f"{best['goodput_per_gpu']:.3f} req/s/GPU ({best['label']})")
     print_table([agg, best], title="best aggregated and best disaggregated")
+    print(line)
     return 0
 
 

@@ -119,8 +119,11 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(str(exc), 2) from None
     header = setup.header()
     warn_rejections(result.rows, header["requests"])
+    from stallfree.sim.tune import best_by_kind
+
+    kinds = best_by_kind(result.rows, args.max_seqs)
     if args.json:
-        print(json.dumps(tune_report(result, header), indent=1))
+        print(json.dumps(tune_report(result, header) | {"best_by_kind": kinds}, indent=1))
         if not result.slo_met:
             best = result.best
             print(
@@ -130,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         print_result(result, header, args.top, args.tie_tolerance)
+        print("best of each kind searched: " + "; ".join(_kind_text(k) for k in kinds))
     if args.out:
         from stallfree.sim.plots import plot_context, plot_tune
 
@@ -205,6 +209,14 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
         f"{best.get('request_goodput') or 0:.2f} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
     )
     print(serve_command(best))
+
+
+def _kind_text(k: dict[str, Any]) -> str:
+    """One kind of best_by_kind: its best value, how many were tried, its goodput."""
+    names = {"token_budget": "token budget", "max_seqs": "max_seqs", "partial_prefills": "partial prefills K/L/T"}
+    value = "/".join(map(str, k["value"])) if k["kind"] == "partial_prefills" else f"{k['value']:,}"
+    return (f"{names[k['kind']]} {value} (of {len(k['tried'])} tried; goodput {k['request_goodput'] or 0:,.2f} req/s, "
+            f"{k['slo_attainment'] or 0:.1%} in SLO)")
 
 
 def _ms(value: float | None) -> str:

@@ -1,0 +1,63 @@
+"""stallfree plan: the search's rounds and a hand-worked capacity answer under a linear cost model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.sim.capacity import attainment_of, disagg_splits, next_counts
+
+
+def test_next_counts_gallops_then_bisects():
+    # Nothing known: N0, N0 + 1, N0 + 3 (gaps doubling), `width` at a time.
+    assert next_counts(None, None, 6, set(), 3, 64) == [6, 7, 9]
+    assert next_counts(9, None, 6, {6, 7, 9}, 2, 64) == [13, 21]
+    assert next_counts(9, None, 6, {6, 7, 9}, 2, 14) == [13]  # capped by max_replicas
+    # N0 passed: downward, N0 - 1, N0 - 2, N0 - 4, then 1.
+    assert next_counts(None, 6, 6, {6}, 4, 64) == [5, 4, 2, 1]
+    assert next_counts(None, 1, 1, {1}, 2, 64) == []
+    # Both known: evenly spread inside (fail, ok), done when adjacent.
+    assert next_counts(9, 13, 6, {6, 7, 9, 13}, 1, 64) == [11]
+    assert next_counts(9, 13, 6, {6, 7, 9, 13}, 3, 64) == [10, 11, 12]
+    assert next_counts(11, 12, 6, {11, 12}, 3, 64) == []
+
+
+def test_disagg_splits_and_attainment_over_all_requests():
+    assert disagg_splits(1) == []
+    assert disagg_splits(3) == [1, 2]  # round(3/6) = 0 -> 1, round(3/4) = 1, round(1) = 1, round(1.5) = 2
+    assert disagg_splits(12) == [2, 3, 4, 6]
+    # 90% of the 8 completed requests met the SLOs, 2 of 10 were refused: 7.2 of 10.
+    assert attainment_of({"slo_attainment": 0.9, "completed": 8, "num_requests": 10}) == pytest.approx(0.72)
+
+
+def test_plan_finds_four_replicas_on_a_hand_worked_trace(tmp_path, capsys):
+    """Twelve one-token requests 0.25 s apart (4 req/s); every step takes 1 s (--linear-cost 1000,0)
+    and holds one request (--max-seqs 1), so a replica serves 1 req/s and TTFT is 1 s when a replica
+    is free on arrival. Four replicas: each request finds one free (TTFT 1 s, all within 1 s). Three,
+    round-robin: replica k gets rids k, k + 3, k + 6, k + 9 arriving 0.75 s apart but served 1 s apart,
+    so only each replica's first is within 1 s: 3 of 12 = 25%."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{0.25 * k},10,1\n" for k in range(12)))
+    code = main(["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-seqs", "1", "--slo-ttft", "1s",
+                 "--executor", "serial", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["answer"]["replicas"] == 4
+    assert report["answer"]["router"] == "least-outstanding"
+    assert report["answer"]["row"]["attainment"] == 1.0
+    assert report["bound"]["start_replicas"] == 4  # 4 req/s offered / 1 req/s saturated
+    rows = {(r["label"]): r for r in report["rows"]}
+    assert rows["x3 round-robin"]["attainment"] == pytest.approx(0.25)
+    assert all(r["attainment"] < 0.99 for r in report["rows"] if r["replicas"] == 3)
+    assert report["disaggregation"]["beats_aggregated"] is False  # the KV move adds to a 1 s TTFT
+
+
+def test_plan_refuses_bad_flags(capsys):
+    assert main(["plan", "--slo-ttft", "1s", "--slo-attainment", "1.5"]) == 2
+    assert "--slo-attainment 1.5: must be in (0, 1]" in capsys.readouterr().err
+    assert main(["plan"]) == 2
+    assert "plan needs an SLO" in capsys.readouterr().err
+    assert main(["plan", "--slo-ttft", "1s", "--routers", "nearest"]) == 2
+    assert "--routers 'nearest': choose from" in capsys.readouterr().err
