@@ -39,8 +39,14 @@ from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import GPUSpec
 from stallfree.costmodel.kernel_maps import ENGINES, KV_DTYPE_MODES, WEIGHT_DTYPE_MODES, config_from_spec, system_for
-from stallfree.costmodel.kernel_tables import KernelsUnavailable, KernelTables, kernels_installed, load_tables
-from stallfree.costmodel.model import ModelSpec
+from stallfree.costmodel.kernel_tables import (
+    KernelsUnavailable,
+    KernelTables,
+    kernels_installed,
+    load_tables,
+    package_config,
+)
+from stallfree.costmodel.model import ModelSpec, get_model
 from stallfree.costmodel.roofline import CostModel
 
 __all__ = ["CONTEXT_BUCKET", "KNOTS", "KernelCostModel", "KernelTables", "KernelsUnavailable", "kernels_installed"]
@@ -80,7 +86,9 @@ class KernelCostModel:
         kv_dtype: KV cache dtype, or None for the activation dtype (bf16).
         engine: 'vllm', 'sglang' or 'trtllm'.
         version: a slot ('current', 'previous', 'next') or a literal version the package serves.
-        config: the model's config.json as a dict (a user's file), or None to write one from `model`.
+        config: the model's config.json as a dict (a user's file), or None: the public config.json the
+            package bundles for a preset that has one (kernel_maps.PACKAGE_CONFIGS: DeepSeek-V3,
+            Kimi-K2, Qwen3, gpt-oss, Llama 4), else one written from `model`.
 
     Raises:
         KernelsUnavailable: no package, no tables for the GPU or engine, a version not served.
@@ -113,7 +121,7 @@ class KernelCostModel:
                 f"kv_dtype {self.kv_dtype!r} has no kernel tables here; priced: {', '.join(KV_DTYPE_MODES)}"
             )
         self.engine, self.requested_version = engine, version
-        self._config = dict(config) if config is not None else config_from_spec(model)
+        self._config = dict(config) if config is not None else _config_for(model)
         self.tables = load_tables(
             self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype
         )
@@ -122,6 +130,7 @@ class KernelCostModel:
         self._logits_c: dict[int, float] = {}
         self._chunk_c: dict[int, float] = {}
         self._decode_c: dict[int, float] = {}
+        self._decode_shared_c: dict[int, float] = {}
         self._sorted: tuple[Any, list[int], list[int]] | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -152,6 +161,7 @@ class KernelCostModel:
         self._logits_c.clear()
         self._chunk_c.clear()
         self._decode_c.clear()
+        self._decode_shared_c.clear()
         self._sorted = None
 
     # ---- the package's tables, in seconds --------------------------------------------------------
@@ -161,6 +171,19 @@ class KernelCostModel:
         if t is None:
             r = self.tables.handle.evaluate_context_ops(list(self.tables.shared), batch_size=1, s=tokens)
             t = self._shared_c[tokens] = sum(v[1] for v in r) * 1e-3
+        return t
+
+    def decode_shared_s(self, tokens: int) -> float:
+        """Return shared(T) of a step of decodes only, seconds: the package's decode graph where it
+        differs from its prefill graph (KernelTables.decode_shared: DeepSeek's shared experts beside
+        the routed ones), else shared_s (cached, exact)."""
+        ops = self.tables.decode_shared
+        if ops is None:
+            return self.shared_s(tokens)
+        t = self._decode_shared_c.get(tokens)
+        if t is None:
+            r = self.tables.handle.evaluate_generation_ops(list(ops), batch_size=tokens, s=1)
+            t = self._decode_shared_c[tokens] = sum(v[1] for v in r) * 1e-3
         return t
 
     def logits_s(self, sampled: int) -> float:
@@ -179,17 +202,19 @@ class KernelCostModel:
 
     def chunk_exact_s(self, num_tokens: int, start: int) -> float:
         """Return the prefill attention of one chunk, seconds, straight from the package (no cache)."""
-        r = self.tables.handle.evaluate_context_ops(
-            [self.tables.chunk_attention], batch_size=1, s=num_tokens, prefix=start
+        tb = self.tables
+        r = tb.handle.evaluate_context_ops(
+            list(tb.chunk_attentions or (tb.chunk_attention,)), batch_size=1, s=num_tokens, prefix=start
         )
-        return float(r[0][1]) * 1e-3
+        return sum(float(v[1]) for v in r) * 1e-3
 
     def decode_exact_s(self, batch: int, keys: int) -> float:
         """Return the decode attention of `batch` decodes each attending to `keys` keys, seconds (no cache)."""
-        r = self.tables.handle.evaluate_generation_ops(
-            [self.tables.decode_attention], batch_size=batch, s=max(keys, 1)
+        tb = self.tables
+        r = tb.handle.evaluate_generation_ops(
+            list(tb.decode_attentions or (tb.decode_attention,)), batch_size=batch, s=max(keys, 1)
         )
-        return float(r[0][1]) * 1e-3
+        return sum(float(v[1]) for v in r) * 1e-3
 
     def _chunk_knot(self, num_tokens: int, k: int) -> float:
         key = num_tokens * _KEY + k
@@ -261,6 +286,8 @@ class KernelCostModel:
             return 0.0
         sampled = plan.num_decodes
         t = self.decode_attention_s(plan)
+        if not plan.prefills:
+            return t + self.decode_shared_s(tokens) + self.logits_s(sampled)
         for c in plan.prefills:
             t += self.chunk_s(c.num_tokens, c.start)
             sampled += c.is_last
@@ -277,6 +304,8 @@ class KernelCostModel:
         t = 0.0
         if nd:
             t += sum(self.decode_exact_s(nd, s + 1) for s in plan.decode_starts) / nd
+        if not plan.prefills:
+            return t + self.decode_shared_s(tokens) + self.logits_s(sampled)
         for c in plan.prefills:
             t += self.chunk_exact_s(c.num_tokens, c.start)
             sampled += c.is_last
@@ -294,7 +323,8 @@ class KernelCostModel:
         if not num_decodes:
             return 0.0
         return (
-            self.shared_s(num_decodes) + self.logits_s(num_decodes) + self.decode_exact_s(num_decodes, context_len + 1)
+            self.decode_shared_s(num_decodes) + self.logits_s(num_decodes)
+            + self.decode_exact_s(num_decodes, context_len + 1)
         )
 
     def prefill_step_time(
@@ -316,6 +346,16 @@ class KernelCostModel:
         if num_decodes:
             t += self.decode_exact_s(num_decodes, context_len + 1)
         return t + self.chunk_exact_s(num_tokens, start)
+
+
+def _config_for(model: ModelSpec) -> dict[str, Any]:
+    """Return the config.json handed to the package for a preset: its bundled public one where it
+    has it (the package's own model class then builds MLA, shared experts, windowed layers), else
+    one written from the ModelSpec (kernel_maps.config_from_spec, which refuses what it cannot write)."""
+    from stallfree.costmodel.model import list_models
+
+    found = package_config(model.key) if model.key in list_models() and get_model(model.key) == model else None
+    return found if found is not None else config_from_spec(model)
 
 
 _MODELS: dict[str, KernelCostModel] = {}
