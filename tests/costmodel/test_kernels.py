@@ -195,7 +195,9 @@ def test_default_choice_names_the_tables() -> None:
     assert chosen.name == "kernels"
     assert chosen.source["engine"] == "vllm" and chosen.source["version"] == "0.24.0"
     assert chosen.source["chosen_by"] == "default" and chosen.source["system"] == "h100_sxm"
-    assert chosen.line == "steps priced by measured vllm 0.24.0 kernels on h100_sxm (aiconfigurator-core)"
+    assert chosen.line == (
+        "steps priced by measured vllm 0.24.0 kernels for h100-sxm (aiconfigurator-core, which calls it h100_sxm)"
+    )
 
 
 @needs_kernels

@@ -148,8 +148,11 @@ class KernelCostModel:
 
     @property
     def description(self) -> str:
-        """One line naming the tables: 'measured vllm 0.24.0 kernels on h100_sxm (aiconfigurator-core)'."""
-        return f"measured {self.engine} {self.version} kernels on {self.tables.system} (aiconfigurator-core)"
+        """One line naming the tables, our GPU name first and the package's system name once:
+        'measured vllm 0.24.0 kernels for h100-sxm (aiconfigurator-core, which calls it h100_sxm)'."""
+        system = self.tables.system
+        named = "" if system == self.gpu.key else f", which calls it {system}"
+        return f"measured {self.engine} {self.version} kernels for {self.gpu.key} (aiconfigurator-core{named})"
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
         """Return the KV capacity in tokens (the roofline CostModel's, which see)."""
