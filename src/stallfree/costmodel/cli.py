@@ -46,6 +46,11 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
     p.add_argument(
         "--pp", type=int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
     )
+    p.add_argument("--ep", type=int, default=1, help="expert parallelism of an MoE model (GPUs; default 1)")
+    p.add_argument(
+        "--dp-attention", type=int, default=1,
+        help="data-parallel attention ranks of an MoE model, each of --tp GPUs (default 1)",
+    )
     p.add_argument(
         "--dtype",
         default="bf16",
@@ -88,6 +93,8 @@ def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
         kv_dtype=a.kv_dtype,
         mode=mode,
         pp=a.pp,
+        ep=a.ep,
+        dp_attention=a.dp_attention,
         mfu=a.mfu,
         mbu=a.mbu,
         link_util=a.link_util,
@@ -141,7 +148,8 @@ def _kernel_column(a: argparse.Namespace, full: CostModel, budgets: list[int]) -
         return None, []  # the kernel tables price pp 1 only; the default stays with the roofline
     if a.pp != 1:
         raise CostModelError(f"--kernels {a.kernels}: the kernel tables price --pp 1 only, got --pp {a.pp}")
-    chosen = choose_cost_model(full.model, full.gpu, full.tp, full.dtype, full.kv_dtype, kernels=a.kernels)
+    chosen = choose_cost_model(full.model, full.gpu, full.tp, full.dtype, full.kv_dtype, kernels=a.kernels,
+                               ep=full.ep, dp_attention=full.dp_attention)
     if chosen.name != "kernels":
         return chosen, []
     return chosen, kernel_figures(chosen.cost_model, budgets, a.decodes, a.context, a.prompt)
@@ -170,7 +178,7 @@ def _budget(a: argparse.Namespace) -> int:
                 {
                     "model": full.model.key,
                     "gpu": full.gpu.key,
-                    "tp": full.tp,
+                    "tp": full.tp, "ep": full.ep, "dp_attention": full.dp_attention,
                     "dtype": full.dtype,
                     "kv_dtype": full.kv_dtype,
                     "decodes": a.decodes,
@@ -204,7 +212,10 @@ def _budget(a: argparse.Namespace) -> int:
         )
         return 0
     print(
-        f"{full.model.key} on {full.tp} x {full.gpu.key}, weights {full.dtype}, KV cache {full.kv_dtype}; "
+        f"{full.model.key} on {full.tp} x {full.gpu.key}"
+        + (f" x {full.dp_attention} attention ranks" if full.dp_attention > 1 else "")
+        + (f", experts over ep {full.ep}" if full.ep > 1 else "")
+        + f", weights {full.dtype}, KV cache {full.kv_dtype}; "
         f"{a.decodes} decodes at {a.context} tokens of context; prompt {a.prompt} tokens"
     )
     print(
