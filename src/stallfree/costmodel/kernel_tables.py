@@ -200,10 +200,12 @@ def _package_version() -> str:
 
 
 def load_tables(
-    config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str
+    config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str,
+    ep: int = 1,
 ) -> KernelTables:
-    """Return the compiled engine for a model config, system, engine version and TP degree: built once
-    per process per key, then shared.
+    """Return the compiled engine for a model config, system, engine version, TP degree and expert
+    parallelism `ep` (the package's moe_ep_size; moe_tp_size = tp / ep): built once per process per
+    key, then shared.
 
     Building asks the package to resolve the version slot, load its database and compile the model
     (3 to 5 s on a 2-core machine); the compiled spec is then kept on disk (cache_dir(), keyed by every
@@ -216,7 +218,7 @@ def load_tables(
             model holds an op the composition does not price.
     """
     text = json.dumps(config, sort_keys=True)
-    key = (text, system, engine, version, str(tp), dtype, kv_dtype)
+    key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ())
     found = _TABLES.get(key)
     if found is not None:
         return found
@@ -224,7 +226,7 @@ def load_tables(
     path = cache_dir() / f"{digest}.json"
     tables = _load_cached(path)
     if tables is None:
-        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype)
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep)
         _store(path, tables, spec)
     _TABLES[key] = tables
     return tables
@@ -272,7 +274,7 @@ def _load_cached(path: Path) -> KernelTables | None:
 
 def _build_tables(
     config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
-    kv_dtype: str,
+    kv_dtype: str, ep: int = 1,
 ) -> tuple[KernelTables, str]:
     literal = resolve_version(system, engine, version)
     aic = _import_package()
@@ -292,7 +294,7 @@ def _build_tables(
             moe = _is_moe(config)
             gemm_mode, moe_mode = quant_modes(dtype, config, moe)
             mc = build_model_config(
-                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp if moe else 1, moe_ep_size=1,
+                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp // ep if moe else 1, moe_ep_size=ep,
                 gemm_quant_mode=gemm_mode, kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
                 fmha_quant_mode=None, moe_quant_mode=moe_mode,
                 comm_quant_mode=None, forward_model=None, attention_backend=None,

@@ -86,6 +86,9 @@ class KernelCostModel:
         kv_dtype: KV cache dtype, or None for the activation dtype (bf16).
         engine: 'vllm', 'sglang' or 'trtllm'.
         version: a slot ('current', 'previous', 'next') or a literal version the package serves.
+        ep: expert parallelism: the routed experts split over ep of the tp GPUs, each expert over
+            tp / ep of them (the package's moe_ep_size and moe_tp_size).
+        dp_attention: data-parallel attention ranks; only 1 here (more is refused, the roofline prices it).
         config: the model's config.json as a dict (a user's file), or None: the public config.json the
             package bundles for a preset that has one (kernel_maps.PACKAGE_CONFIGS: DeepSeek-V3,
             Kimi-K2, Qwen3, gpt-oss, Llama 4), else one written from `model`.
@@ -106,9 +109,17 @@ class KernelCostModel:
         engine: str = "vllm",
         version: str = "current",
         config: dict[str, Any] | None = None,
+        ep: int = 1,
+        dp_attention: int = 1,
     ) -> None:
-        self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype)
+        self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype, ep=ep, dp_attention=dp_attention)
         self.model, self.gpu, self.tp = model, gpu, tp
+        self.ep, self.dp_attention = ep, dp_attention
+        if dp_attention > 1:
+            raise CostModelError(
+                f"dp_attention {dp_attention}: the kernel composition prices one attention rank per replica; "
+                "data-parallel attention is priced by the roofline (use --kernels none)"
+            )
         self.dtype, self.kv_dtype = self.roofline.dtype, self.roofline.kv_dtype
         if engine not in ENGINES:
             raise CostModelError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -123,7 +134,7 @@ class KernelCostModel:
         self.engine, self.requested_version = engine, version
         self._config = dict(config) if config is not None else _config_for(model)
         self.tables = load_tables(
-            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype
+            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep
         )
         self.version = self.tables.version
         self._shared_c: dict[int, float] = {}
@@ -137,7 +148,7 @@ class KernelCostModel:
         return (
             _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
-             self._config),
+             self._config, self.ep),
         )
 
     def __repr__(self) -> str:
@@ -366,12 +377,12 @@ _MODELS: dict[str, KernelCostModel] = {}
 
 def _rebuild(
     model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
-    config: dict[str, Any],
+    config: dict[str, Any], ep: int = 1,
 ) -> KernelCostModel:
     """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
     process running many sweep points loads the tables once and keeps its price caches warm."""
-    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True)))
+    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), ep))
     found = _MODELS.get(key)
     if found is None:
-        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config)
+        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config, ep=ep)
     return found
