@@ -86,6 +86,7 @@ class ClosedLoopRow:
     attention_dp: int
     ttft_ms: float
     tpot_ms: float
+    moe_ep: int = 1
 
 
 def bundled_csv() -> Path:
@@ -170,6 +171,7 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
                 if agg else 1,
                 ttft_ms=_ms(where, "silicon_ttft_ms", r["silicon_ttft_ms"]),
                 tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
+                moe_ep=max(1, _int(where, "moe_ep_size", r.get("moe_ep_size", ""), 1, 0)) if agg else 1,
             ))
     return rows
 
@@ -248,7 +250,7 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
     try:
-        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels)
+        price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels, ep=row.moe_ep)
         kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
@@ -264,7 +266,7 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
     return {
         "line": row.line, "id": row.row_id, "model": row.model, "system": row.system, "engine": row.backend,
         "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
-        "concurrency": row.concurrency, "tp": row.tp, "requests": n, "kv_tokens": kv,
+        "concurrency": row.concurrency, "tp": row.tp, "ep": row.moe_ep, "requests": n, "kv_tokens": kv,
         "measured_ttft_ms": row.ttft_ms, "measured_tpot_ms": row.tpot_ms,
         "sim_ttft_ms": sim_ttft, "sim_tpot_ms": sim_tpot,
         "ttft_ape_pct": abs(sim_ttft - row.ttft_ms) / row.ttft_ms * 100.0,
