@@ -18,6 +18,10 @@ converted to seconds; T tokens in the step, S tokens that sample, B decodes):
     decode(B, s_i) decode attention: each decode i, with s_i = start_i + 1 keys, is priced as its
                    share (1/B) of a batch of B decodes all at s_i
     step_s = shared(T) + logits(S) + sum over chunks of chunk(c, p) + sum_i decode(B, s_i) / B
+Models built by the package's own classes (kernel_tables.package_config: DeepSeek, Kimi, Qwen3, gpt-oss,
+Llama 4): chunk and decode sum every attention op (windowed and full layers); for MLA the op is the whole
+MLA block (projections included); a step of decodes only takes shared(T) from the package's decode graph
+where it differs (DeepSeek's shared experts overlapping the routed ones: decode_shared_s).
 The package's own step estimator prices all decodes of a step at one context and a prefill as one
 prompt split evenly; the composition above agrees with it exactly where the shapes agree (decodes of
 equal contexts; one whole prompt), which the tests check.
