@@ -40,3 +40,16 @@ def test_a_rows_expert_parallelism_reaches_the_cost_model(tmp_path: Path) -> Non
     b = replay_row(ep1, none, "none", requests_per_row=1)
     assert (a["ep"], b["ep"]) == (4, 1)
     assert a["sim_tpot_ms"] > b["sim_tpot_ms"]
+
+
+def test_a_row_whose_experts_span_more_gpus_than_its_tp_is_not_replayed(tmp_path: Path) -> None:
+    """tp_size 2 with moe_tp_size 4 (attention_dp_size blank): 4 GPUs hold the experts, so two attention
+    ranks are implied; the row is refused with the figures rather than priced on 2 GPUs."""
+    import pytest
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER + "a,src; silicon_concurrency=4,vllm,0.12.0,Qwen/Qwen3-235B-A22B-FP8,h200_sxm,fp8,agg,512,8,"
+                   "fp8,fp8,4,2,1,,4,1,100.0,10.0\n", encoding="utf-8")
+    (row,) = read_rows(csv)
+    with pytest.raises(ValueError, match="moe_tp_size 4 x moe_ep_size 1 = 4 GPUs against tp_size 2"):
+        replay_row(row, load_profile("none"), "none", requests_per_row=1)

@@ -87,6 +87,7 @@ class ClosedLoopRow:
     ttft_ms: float
     tpot_ms: float
     moe_ep: int = 1
+    moe_tp: int = 0
 
 
 def bundled_csv() -> Path:
@@ -172,6 +173,7 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
                 ttft_ms=_ms(where, "silicon_ttft_ms", r["silicon_ttft_ms"]),
                 tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
                 moe_ep=max(1, _int(where, "moe_ep_size", r.get("moe_ep_size", ""), 1, 0)) if agg else 1,
+                moe_tp=_int(where, "moe_tp_size", r.get("moe_tp_size", ""), 0, 0) if agg else 0,
             ))
     return rows
 
@@ -248,6 +250,11 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         raise ValueError(f"{where}: mode {row.mode!r}: disaggregated rows are not replayed")
     if row.pp > 1 or row.attention_dp > 1:
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
+    moe_gpus = row.moe_tp * row.moe_ep
+    if row.moe_tp and moe_gpus != row.tp * row.attention_dp:
+        # The experts span more GPUs than the attention's tp: data-parallel attention the row leaves implied.
+        raise ValueError(f"{where}: moe_tp_size {row.moe_tp} x moe_ep_size {row.moe_ep} = {moe_gpus} GPUs against "
+                         f"tp_size {row.tp}: implied attention data parallel, not replayed")
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
     try:
         price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels, ep=row.moe_ep)
