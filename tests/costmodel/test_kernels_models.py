@@ -170,3 +170,17 @@ def test_more_models_equal_the_package_estimator(
     assert km.decode_step_time(32, 1025) == pytest.approx(h.decode_step_latency(32, 1024, 2) * 1e-3, rel=1e-9)
     extra = km.logits_s(1) if moe else 0.0
     assert km.prefill_step_time(2048) == pytest.approx(h.predict_prefill_latency(1, 2048) * 1e-3 + extra, rel=1e-9)
+
+
+@needs_kernels
+def test_fp8_qwen3_moe_is_its_block_scaled_checkpoint() -> None:
+    """fp8 Qwen3-235B-A22B is handed the package's Qwen3-235B-A22B-FP8 config (128 x 128 blocks, so
+    fp8_block kernels); bf16 the plain one; a preset without an FP8 variant keeps its own."""
+    from stallfree.costmodel.kernel_tables import package_config
+
+    fp8, bf16 = package_config("qwen3-235b-a22b", "fp8"), package_config("qwen3-235b-a22b", "bf16")
+    assert fp8 is not None and bf16 is not None
+    assert fp8["quantization_config"]["weight_block_size"] == [128, 128]
+    assert "quantization_config" not in bf16
+    assert quant_modes("fp8", fp8, True) == ("fp8_block", "fp8_block")
+    assert package_config("qwen3-8b", "fp8") == package_config("qwen3-8b", "bf16")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
-from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, PACKAGE_CONFIGS, quant_modes
+from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, PACKAGE_CONFIGS, PACKAGE_FP8_CONFIGS, quant_modes
 
 __all__ = [
     "KernelTables",
@@ -148,10 +148,11 @@ def _index_ops(ops: Sequence[Any], owner: str) -> tuple[tuple[int, ...], int, tu
     return tuple(shared), logits, tuple(attention)
 
 
-def package_config(key: str) -> dict[str, Any] | None:
-    """Return the public config.json the package bundles for our preset `key` (kernel_maps.PACKAGE_CONFIGS),
-    as a dict, or None when it bundles none or the package is absent (does not import the package)."""
-    stem = PACKAGE_CONFIGS.get(key)
+def package_config(key: str, dtype: str = "bf16") -> dict[str, Any] | None:
+    """Return the public config.json the package bundles for our preset `key` (kernel_maps.PACKAGE_CONFIGS;
+    for fp8 weights the FP8 checkpoint's, kernel_maps.PACKAGE_FP8_CONFIGS, where there is one), as a dict,
+    or None when it bundles none or the package is absent (does not import the package)."""
+    stem = (PACKAGE_FP8_CONFIGS.get(key) if dtype == "fp8" else None) or PACKAGE_CONFIGS.get(key)
     if stem is None:
         return None
     from importlib.util import find_spec

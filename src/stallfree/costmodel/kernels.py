@@ -136,7 +136,7 @@ class KernelCostModel:
                 f"kv_dtype {self.kv_dtype!r} has no kernel tables here; priced: {', '.join(KV_DTYPE_MODES)}"
             )
         self.engine, self.requested_version = engine, version
-        self._config = dict(config) if config is not None else _config_for(model)
+        self._config = dict(config) if config is not None else _config_for(model, self.dtype)
         self.tables = load_tables(
             self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep
         )
@@ -366,13 +366,13 @@ class KernelCostModel:
         return t + self.chunk_exact_s(num_tokens, start)
 
 
-def _config_for(model: ModelSpec) -> dict[str, Any]:
+def _config_for(model: ModelSpec, dtype: str = "bf16") -> dict[str, Any]:
     """Return the config.json handed to the package for a preset: its bundled public one where it
     has it (the package's own model class then builds MLA, shared experts, windowed layers), else
     one written from the ModelSpec (kernel_maps.config_from_spec, which refuses what it cannot write)."""
     from stallfree.costmodel.model import list_models
 
-    found = package_config(model.key) if model.key in list_models() and get_model(model.key) == model else None
+    found = package_config(model.key, dtype) if model.key in list_models() and get_model(model.key) == model else None
     return found if found is not None else config_from_spec(model)
 
 
