@@ -156,7 +156,7 @@ def test_a_missing_4bit_table_falls_back_naming_it() -> None:
         ("deepseek-v3", "h200", 8, "fp8", "sglang", False),
         ("deepseek-v3", "b200", 8, "nvfp4", "trtllm", False),
         ("llama-4-scout", "h200", 8, "bf16", "vllm", False),
-        ("qwen3-235b-a22b", "h200", 8, "fp8", "vllm", True),
+        ("qwen3-235b-a22b", "h200", 4, "fp8", "vllm", True),  # block FP8: 1,536 / tp must be 128-aligned
         ("gpt-oss-120b", "h100-sxm", 1, "mxfp4", "vllm", True),
         ("qwen3-32b", "b200", 1, "nvfp4", "vllm", False),
     ],
