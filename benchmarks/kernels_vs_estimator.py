@@ -1,12 +1,17 @@
 """Check: the measured-kernel cost model against aiconfigurator-core's own step estimator, on the
 shapes where both apply (decode-only steps of equal contexts; one whole prompt), per model and GPU.
 
-Run: PYTHONPATH=src python benchmarks/kernels_vs_estimator.py [--json]
+Run: PYTHONPATH=src python benchmarks/kernels_vs_estimator.py [--json] [--new]
 
 Models: Llama-3.1-8B (tp 1), Qwen3-32B (tp 2; the package's bundled config.json, read as a user's
 config file would be) and Llama-3.1-70B (tp 4), bf16, on H100 SXM and H200, vLLM's current tables.
 Ratio = our step time / the estimator's (EngineHandle.decode_step_latency at isl = start - 1, osl = 2,
 whose s = isl + osl // 2 + 1 keys equal a decode at `start`; predict_prefill_latency(1, prompt)).
+
+--new: the newer decoders instead, each built by the package's own model class from the config.json it
+bundles (DeepSeek-V3 and Kimi-K2: MLA and shared experts; gpt-oss: windowed layers and MXFP4 experts;
+Qwen3-235B-A22B, Llama 4 Scout; DeepSeek-V3 in NVFP4 on B200). Where the package's MoE graph has no
+lm_head, a prefill's ratio is taken less our lm_head GEMM (column `less lm_head`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ def _qwen3_32b() -> tuple[Any, dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--new", action="store_true", help="the newer decoders (MLA, windows, 4-bit)")
     a = ap.parse_args()
+    if a.new:
+        return _report(_new_rows(), a.json)
     qwen, qcfg = _qwen3_32b()
     cases = [("llama-3.1-8b", get_model("llama-3.1-8b"), None, 1), ("qwen3-32b", qwen, qcfg, 2),
              ("llama-3.1-70b", get_model("llama-3.1-70b"), None, 4)]
@@ -49,13 +57,50 @@ def main() -> int:
                 ours, est = km.prefill_step_time(p), h.predict_prefill_latency(1, p) * 1e-3
                 rows.append({"gpu": gpu, "model": name, "tp": tp, "shape": f"prefill {p}",
                              "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
-    if a.json:
+    return _report(rows, a.json)
+
+
+#: (model, gpu, tp, dtype, engine) of the newer decoders.
+NEW_CASES = (
+    ("deepseek-v3", "h200", 8, "fp8", "vllm"),
+    ("deepseek-v3", "h200", 8, "fp8", "sglang"),
+    ("deepseek-v3", "h200", 8, "fp8", "trtllm"),
+    ("kimi-k2", "h200", 8, "fp8", "vllm"),
+    ("gpt-oss-120b", "h100-sxm", 1, "mxfp4", "vllm"),
+    ("gpt-oss-120b", "h200", 1, "mxfp4", "vllm"),
+    ("qwen3-235b-a22b", "h200", 4, "fp8", "vllm"),  # block FP8: 1,536 / tp must be 128-aligned
+    ("llama-4-scout", "h200", 8, "bf16", "vllm"),
+    ("deepseek-v3", "b200", 8, "nvfp4", "trtllm"),
+)
+
+
+def _new_rows() -> list[dict[str, Any]]:
+    rows = []
+    for name, gpu, tp, dtype, engine in NEW_CASES:
+        km = KernelCostModel(get_model(name), get_gpu(gpu), tp, dtype, engine=engine)
+        h, label = km.tables.handle, f"{name} {dtype} {engine}"
+        for b, start in DECODES:
+            ours, est = km.decode_step_time(b, start), h.decode_step_latency(b, start - 1, 2) * 1e-3
+            rows.append({"gpu": gpu, "model": label, "tp": tp, "shape": f"decode {b} x {start}",
+                         "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
+        head = km.logits_s(1) if km.tables.logits < 0 else 0.0
+        for p in PROMPTS:
+            ours, est = km.prefill_step_time(p), h.predict_prefill_latency(1, p) * 1e-3
+            rows.append({"gpu": gpu, "model": label, "tp": tp, "shape": f"prefill {p}", "ours_ms": ours * 1e3,
+                         "estimator_ms": est * 1e3, "ratio": ours / est, "less_lm_head": (ours - head) / est})
+    return rows
+
+
+def _report(rows: list[dict[str, Any]], as_json: bool) -> int:
+    if as_json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"{'gpu':<9} {'model':<14} {'tp':>2} {'shape':<20} {'ours ms':>9} {'estimator ms':>12} {'ratio':>9}")
+    print(f"{'gpu':<9} {'model':<30} {'tp':>2} {'shape':<20} {'ours ms':>9} {'estimator ms':>12} {'ratio':>9} "
+          f"{'less lm_head':>12}")
     for r in rows:
-        print(f"{r['gpu']:<9} {r['model']:<14} {r['tp']:>2} {r['shape']:<20} {r['ours_ms']:>9.3f} "
-              f"{r['estimator_ms']:>12.3f} {r['ratio']:>9.6f}")
+        less = f"{r['less_lm_head']:>12.6f}" if "less_lm_head" in r else ""
+        print(f"{r['gpu']:<9} {r['model']:<30} {r['tp']:>2} {r['shape']:<20} {r['ours_ms']:>9.3f} "
+              f"{r['estimator_ms']:>12.3f} {r['ratio']:>9.6f} {less}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """Shared pytest configuration: a reproducible Hypothesis profile for slow machines."""
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -10,3 +11,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("stallfree")
+
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuse test ids that hold a memory address (an object's default repr, e.g. `ids=str` over
+    functions): pytest-xdist's workers would collect different ids and the whole run would stop."""
+    bad = [item.nodeid for item in items if " at 0x" in item.nodeid]
+    if bad:
+        raise pytest.UsageError("test ids must not hold memory addresses; name them: " + ", ".join(bad[:5]))

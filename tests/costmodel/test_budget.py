@@ -161,3 +161,21 @@ def test_specs_names_multi_head_attention_as_such(capsys):
     assert models["llama-2-7b"]["attention"] == "mha"
     assert models["llama-3.1-8b"]["attention"] == "gqa"
     assert models["deepseek-v3"]["attention"] == "mla"
+
+
+def test_specs_lists_every_accepted_alias_and_the_kernel_system(capsys):
+    """Every alias --gpu and --model accept is listed (h100 for h100-sxm, deepseek-r1 for deepseek-v3),
+    with the package's system name of the GPU's kernel tables ('h100_sxm'; none for the L4)."""
+    from stallfree.costmodel import get_gpu, get_model
+
+    assert main(["specs", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "h100" in out["gpus"]["h100-sxm"]["aliases"] and get_gpu("h100").key == "h100-sxm"
+    assert out["gpus"]["h100-sxm"]["kernel_system"] == "h100_sxm" and out["gpus"]["l4"]["kernel_system"] is None
+    assert "deepseek-r1" in out["models"]["deepseek-v3"]["aliases"]
+    for kind, get in (("gpus", get_gpu), ("models", get_model)):
+        for key, row in out[kind].items():
+            assert all(get(alias).key == key for alias in row["aliases"])
+    assert main(["specs"]) == 0
+    text = capsys.readouterr().out
+    assert any(line.startswith("h100-sxm") and line.endswith("h100, h100-sxm5") for line in text.splitlines())

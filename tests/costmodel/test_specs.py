@@ -278,7 +278,7 @@ def test_hf_config_refuses_what_it_cannot_price(field, value):
         ("l40", 181.05, 362.0, 864, 48),
         ("rtx-4090", 165.2, 330.3, 1008, 24),
     ],
-    ids=str,
+    ids=lambda v: getattr(v, "__name__", str(v)),
 )
 def test_new_gpu_presets(key, bf16, fp8, bw, gb):
     """The A40, L4, A10G, L40 and RTX 4090 presets carry their datasheet figures (dense) and sources."""
@@ -294,3 +294,18 @@ def test_group_spanning_nodes_uses_the_network():
     g = get_gpu("h100-sxm")
     assert g.allreduce_bw(8) == 450e9 and g.allreduce_bw(16) == 50e9
     assert g.p2p_bw(True) == 50e9 and g.p2p_bw(False) == 450e9
+
+
+@pytest.mark.parametrize(
+    "getter,typo,meant",
+    [(get_model, "llama-3.1-8", "llama-3.1-8b"), (get_model, "qwen3-30b-a3", "qwen3-30b-a3b"),
+     (get_gpu, "h10", "h100-sxm"), (get_gpu, "mi300", "mi300x")],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_a_typo_suggests_the_close_preset(getter, typo, meant):
+    """A near miss names the closest preset (difflib); a far one suggests nothing."""
+    with pytest.raises(CostModelError, match=f"unknown .* '{typo}' \\(did you mean '{meant}'\\?\\)"):
+        getter(typo)
+    with pytest.raises(CostModelError) as info:
+        getter("zzzz-9")
+    assert "did you mean" not in str(info.value)

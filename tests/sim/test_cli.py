@@ -68,7 +68,7 @@ def test_simulate_compare_table_and_out_dir(tmp_path, capsys):
     for name in names:
         assert (tmp_path / name).stat().st_size > 0, name
     header = (tmp_path / "requests-chunked-reserve.csv").read_text().splitlines()[0]
-    assert header.startswith("rid,arrival_s,prompt_len,max_new,output_tokens,admitted_s,first_token_s")
+    assert header.startswith("rid,arrival_s,prompt_len,prompt_bucket,max_new,output_tokens,admitted_s,first_token_s")
 
 
 def test_records_json(tmp_path):

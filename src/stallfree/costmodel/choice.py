@@ -55,9 +55,10 @@ def _package_version() -> str | None:
 
 
 def _today(
-    spec: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str | None, chosen_by: str, reason: str | None
+    spec: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str | None, chosen_by: str, reason: str | None,
+    ep: int = 1, dp_attention: int = 1,
 ) -> ChosenCostModel:
-    d = default_cost_model(spec, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype)
+    d = default_cost_model(spec, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, ep=ep, dp_attention=dp_attention)
     name = "calibrated" if d.calibrated else "floor"
     source: dict[str, Any] = {"kind": name, "chosen_by": chosen_by, "calibrated": d.calibrated,
                               "provenance": d.provenance}
@@ -77,6 +78,8 @@ def choose_cost_model(
     kernels: str | None = None,
     config: dict[str, Any] | None = None,
     engine_version: str | None = None,
+    ep: int = 1,
+    dp_attention: int = 1,
 ) -> ChosenCostModel:
     """Return the cost model a command prices its steps with.
 
@@ -90,6 +93,8 @@ def choose_cost_model(
         engine_version: the engine version of a measured run being replayed, or None; the kernel
             tables then price its all-reduces from the package's table of that version where the
             system has one (KernelCostModel's comm_version).
+        ep, dp_attention: expert parallelism and data-parallel attention ranks of an MoE model
+            (CostModel's; the kernel tables price ep, and dp_attention 1 only, falling back otherwise).
 
     Raises:
         CostModelError: a bad `kernels` value; `kernels` given (not 'none') and it cannot be
@@ -100,18 +105,19 @@ def choose_cost_model(
     chosen_by = "default" if kernels is None else "--kernels"
     engine, ver = parse_kernels(kernels) if kernels is not None else (DEFAULT_ENGINE, "current")
     if engine == "none":
-        return _today(spec, g, tp, dtype, kv_dtype, chosen_by, None)
+        return _today(spec, g, tp, dtype, kv_dtype, chosen_by, None, ep, dp_attention)
     from stallfree.costmodel.kernels import KernelCostModel, kernels_installed
 
     if kernels is None and not kernels_installed():
         reason = "the optional package aiconfigurator-core is not installed"
-        return _today(spec, g, tp, dtype, kv_dtype, chosen_by, reason)
+        return _today(spec, g, tp, dtype, kv_dtype, chosen_by, reason, ep, dp_attention)
     try:
-        km = KernelCostModel(spec, g, tp, dtype, kv_dtype, engine, ver, config, engine_version)
+        km = KernelCostModel(spec, g, tp, dtype, kv_dtype, engine, ver, config, engine_version, ep=ep,
+                             dp_attention=dp_attention)
     except CostModelError as exc:
         if kernels is not None:
             raise
-        return _today(spec, g, tp, dtype, kv_dtype, chosen_by, str(exc))
+        return _today(spec, g, tp, dtype, kv_dtype, chosen_by, str(exc), ep, dp_attention)
     source = {
         "kind": "kernels", "chosen_by": chosen_by, "engine": engine, "version": km.version,
         "requested_version": ver, "system": km.tables.system, "package": "aiconfigurator-core",

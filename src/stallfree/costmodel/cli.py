@@ -28,6 +28,7 @@ from stallfree.costmodel.calibrate import (
 )
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
+from stallfree.costmodel.kernel_maps import SYSTEMS
 from stallfree.costmodel.model import get_model, list_models
 from stallfree.costmodel.roofline import CostModel
 
@@ -44,6 +45,11 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
     p.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (GPUs)")
     p.add_argument(
         "--pp", type=int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
+    )
+    p.add_argument("--ep", type=int, default=1, help="expert parallelism of an MoE model (GPUs; default 1)")
+    p.add_argument(
+        "--dp-attention", type=int, default=1,
+        help="data-parallel attention ranks of an MoE model, each of --tp GPUs (default 1)",
     )
     p.add_argument(
         "--dtype",
@@ -87,6 +93,8 @@ def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
         kv_dtype=a.kv_dtype,
         mode=mode,
         pp=a.pp,
+        ep=a.ep,
+        dp_attention=a.dp_attention,
         mfu=a.mfu,
         mbu=a.mbu,
         link_util=a.link_util,
@@ -140,7 +148,8 @@ def _kernel_column(a: argparse.Namespace, full: CostModel, budgets: list[int]) -
         return None, []  # the kernel tables price pp 1 only; the default stays with the roofline
     if a.pp != 1:
         raise CostModelError(f"--kernels {a.kernels}: the kernel tables price --pp 1 only, got --pp {a.pp}")
-    chosen = choose_cost_model(full.model, full.gpu, full.tp, full.dtype, full.kv_dtype, kernels=a.kernels)
+    chosen = choose_cost_model(full.model, full.gpu, full.tp, full.dtype, full.kv_dtype, kernels=a.kernels,
+                               ep=full.ep, dp_attention=full.dp_attention)
     if chosen.name != "kernels":
         return chosen, []
     return chosen, kernel_figures(chosen.cost_model, budgets, a.decodes, a.context, a.prompt)
@@ -169,7 +178,7 @@ def _budget(a: argparse.Namespace) -> int:
                 {
                     "model": full.model.key,
                     "gpu": full.gpu.key,
-                    "tp": full.tp,
+                    "tp": full.tp, "ep": full.ep, "dp_attention": full.dp_attention,
                     "dtype": full.dtype,
                     "kv_dtype": full.kv_dtype,
                     "decodes": a.decodes,
@@ -203,7 +212,10 @@ def _budget(a: argparse.Namespace) -> int:
         )
         return 0
     print(
-        f"{full.model.key} on {full.tp} x {full.gpu.key}, weights {full.dtype}, KV cache {full.kv_dtype}; "
+        f"{full.model.key} on {full.tp} x {full.gpu.key}"
+        + (f" x {full.dp_attention} attention ranks" if full.dp_attention > 1 else "")
+        + (f", experts over ep {full.ep}" if full.ep > 1 else "")
+        + f", weights {full.dtype}, KV cache {full.kv_dtype}; "
         f"{a.decodes} decodes at {a.context} tokens of context; prompt {a.prompt} tokens"
     )
     print(
@@ -350,11 +362,12 @@ def _specs(a: argparse.Namespace) -> int:
                 ("gqa" if m.num_kv_heads < m.num_heads else "mha") + ("+window" if m.num_window_layers else "")
             ),
             "kv_bytes_per_token_bf16": int(m.kv_bytes_per_token(2)),
+            "aliases": list(m.aliases),
         }
         for k in list_models()
         for m in [get_model(k)]
     }
-    gpus = {
+    gpus: dict[str, dict[str, Any]] = {
         k: {
             "bf16_tflops": g.bf16_flops_per_s / 1e12,
             "fp8_tflops": None if g.fp8_flops_per_s is None else g.fp8_flops_per_s / 1e12,
@@ -362,6 +375,8 @@ def _specs(a: argparse.Namespace) -> int:
             "mem_bw_GBps": g.mem_bw_bytes_per_s / 1e9,
             "mem_GB": g.mem_bytes / 1e9,
             "link_GBps": g.link_bw_bytes_per_s / 1e9,
+            "aliases": list(g.aliases),
+            "kernel_system": SYSTEMS.get(k),
         }
         for k in list_gpus()
         for g in [get_gpu(k)]
@@ -371,24 +386,27 @@ def _specs(a: argparse.Namespace) -> int:
         return 0
     print(
         f"{'model':<18} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>3} {'total B':>8} {'active B':>8} "
-        f"{'attention':>10} {'KV B/tok':>8}"
+        f"{'attention':>10} {'KV B/tok':>8}  aliases"
     )
     for k, m in models.items():
         print(
             f"{k:<18} {m['layers']:>6} {m['hidden']:>6} {m['heads']:>5} {m['kv_heads']:>3} "
             f"{m['total_params'] / 1e9:>8.2f} {m['active_params'] / 1e9:>8.2f} {m['attention']:>10} "
-            f"{m['kv_bytes_per_token_bf16']:>8}"
+            f"{m['kv_bytes_per_token_bf16']:>8}  {', '.join(m['aliases'])}".rstrip()
         )
     print()
-    print(f"{'gpu':<14} {'bf16 TF/s':>9} {'fp8 TF/s':>9} {'fp4 TF/s':>9} {'HBM GB/s':>9} {'GB':>5} {'link GB/s':>9}")
+    print(f"{'gpu':<14} {'bf16 TF/s':>9} {'fp8 TF/s':>9} {'fp4 TF/s':>9} {'HBM GB/s':>9} {'GB':>5} {'link GB/s':>9} "
+          f"{'kernels':>19}  aliases")
     for k, g in gpus.items():
         fp8 = "-" if g["fp8_tflops"] is None else f"{g['fp8_tflops']:.1f}"
         fp4 = "-" if g["fp4_tflops"] is None else f"{g['fp4_tflops']:.1f}"
         print(
             f"{k:<14} {g['bf16_tflops']:>9.1f} {fp8:>9} {fp4:>9} {g['mem_bw_GBps']:>9.0f} {g['mem_GB']:>5.0f} "
-            f"{g['link_GBps']:>9.0f}"
+            f"{g['link_GBps']:>9.0f} {g['kernel_system'] or '-':>19}  {', '.join(g['aliases'])}".rstrip()
         )
-    print("\nsources: src/stallfree/costmodel/data/SOURCES.md")
+    print("\nkernels: the system name of the GPU's measured kernel tables in aiconfigurator-core ('-': none);"
+          "\naliases: other names --model and --gpu accept ('-' and '_' are alike, case is ignored)")
+    print("sources: src/stallfree/costmodel/data/SOURCES.md")
     return 0
 
 

@@ -47,19 +47,22 @@ def default_cost_model(
     dtype: str = "bf16",
     kv_dtype: str | None = None,
     pp: int = 1,
+    ep: int = 1,
+    dp_attention: int = 1,
 ) -> DefaultCostModel:
     """Return the default cost model for (model, gpu, tp, dtype): calibrated if the GPU has a
     calibration, else the floor (efficiency 1.0, no overhead).
 
     `CostModel(model, gpu, tp, dtype)` itself stays the floor; this is what the simulator, sweep and
-    tune use by default.
+    tune use by default. `ep` and `dp_attention` are CostModel's (expert parallelism, data-parallel
+    attention ranks of an MoE model).
 
     Raises:
         CostModelError: an unknown name, or any error of CostModel (tp that does not divide the heads,
             weights that do not fit, ...).
     """
     spec, g = get_model(model), get_gpu(gpu)
-    floor = CostModel(spec, g, tp, dtype, kv_dtype, pp=pp)
+    floor = CostModel(spec, g, tp, dtype, kv_dtype, pp=pp, ep=ep, dp_attention=dp_attention)
     cal = g.calibration
     if cal is None:
         return DefaultCostModel(

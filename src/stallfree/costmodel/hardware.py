@@ -26,6 +26,7 @@ __all__ = [
     "GPUCalibration",
     "GPUSpec",
     "alias_index",
+    "did_you_mean",
     "canonical_dtype",
     "get_gpu",
     "gpu_from_dict",
@@ -383,6 +384,15 @@ def alias_index(presets: Mapping[str, GPUSpec | Any]) -> dict[str, str]:
     return index
 
 
+def did_you_mean(name: str, index: Mapping[str, str]) -> str:
+    """Return ' (did you mean 'x'?)' for the preset key closest to `name` among the keys and aliases of
+    `index` (alias_index's map), or '' when none is close (difflib, ratio >= 0.6)."""
+    from difflib import get_close_matches
+
+    close = get_close_matches(normalize_name(name), list(index), n=1, cutoff=0.6)
+    return f" (did you mean {index[close[0]]!r}?)" if close else ""
+
+
 def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     """Read a JSON file that must hold one object (a user's GPU or model spec).
 
@@ -434,6 +444,7 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     key = _alias_index().get(normalize_name(str(name)))
     if key is None:
         raise CostModelError(
-            f"unknown GPU {name!r}; known GPUs: {', '.join(list_gpus())} (or a path to a .json file)"
+            f"unknown GPU {name!r}{did_you_mean(str(name), _alias_index())}; known GPUs: "
+            f"{', '.join(list_gpus())} (or a path to a .json file)"
         )
     return _presets()[key]

@@ -21,14 +21,18 @@ from stallfree.costmodel.model import ModelSpec
 __all__ = [
     "ENGINES",
     "KV_DTYPE_MODES",
+    "MOE_DTYPE_MODES",
     "NO_TABLES",
     "PCIE_ONLY_SYSTEMS",
+    "PACKAGE_CONFIGS",
+    "PACKAGE_FP8_CONFIGS",
     "SYSTEMS",
     "WEIGHT_DTYPE_MODES",
     "architecture_of",
     "config_from_spec",
     "config_text",
     "parse_kernels",
+    "quant_modes",
     "system_for",
 ]
 
@@ -66,8 +70,75 @@ NO_TABLES: dict[str, str] = {
 #: it's not supported on more than two PCIe-only GPUs").
 PCIE_ONLY_SYSTEMS = frozenset({"l40s", "rtx_pro_6000_server"})
 
-#: Our weight dtypes onto the package's GEMM quantization modes (fp8: per-tensor FP8 W8A8).
-WEIGHT_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+#: Our weight dtypes onto the package's GEMM quantization modes (fp8: per-tensor FP8 W8A8; int4:
+#: weight-only INT4, its int4_wo; nvfp4: its nvfp4, Blackwell only). mxfp4 leaves the dense GEMMs in
+#: bf16 (gpt-oss stores only its experts in MXFP4), so it is priced for MoE models only.
+WEIGHT_DTYPE_MODES: dict[str, str] = {
+    "bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "nvfp4": "nvfp4",
+    "mxfp4": "bfloat16",
+}
+
+#: Our weight dtypes onto the package's MoE (routed experts) quantization modes (mxfp4: its
+#: w4a16_mxfp4, MXFP4 weights with 16-bit activations, gpt-oss's native format).
+MOE_DTYPE_MODES: dict[str, str] = {
+    "bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int4": "int4_wo", "nvfp4": "nvfp4",
+    "mxfp4": "w4a16_mxfp4",
+}
+
+#: Our presets whose public config.json the package bundles (its model_configs/<stem>_config.json,
+#: Apache-2.0): the kernel backend hands the package that file itself, so the package's own model
+#: class (DeepSeek's MLA and shared experts, gpt-oss's windowed layers, Llama 4's interleaving) builds
+#: the op list, rather than a Llama- or Mixtral-shaped config written from our ModelSpec.
+PACKAGE_CONFIGS: dict[str, str] = {
+    "deepseek-v3": "deepseek-ai--DeepSeek-V3",
+    "kimi-k2": "moonshotai--Kimi-K2-Instruct",
+    "qwen3-8b": "Qwen--Qwen3-8B",
+    "qwen3-32b": "Qwen--Qwen3-32B",
+    "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen--Qwen3-235B-A22B",
+    "gpt-oss-20b": "openai--gpt-oss-20b",
+    "gpt-oss-120b": "openai--gpt-oss-120b",
+    "llama-4-scout": "meta-llama--Llama-4-Scout-17B-16E-Instruct",
+    "llama-4-maverick": "meta-llama--Llama-4-Maverick-17B-128E-Instruct",
+}
+
+
+#: For fp8 weights, the published FP8 checkpoint's config.json where the package bundles it and it differs
+#: from the bf16 one only by its block-scaled quantization_config (128 x 128 blocks): the Qwen3 MoE models
+#: ship their FP8 weights that way, and the package's vLLM tables price its fp8_block MoE kernels at about
+#: half the per-tensor fp8 ones (Qwen3-235B-A22B at tp 4 on H200, 8 decodes at 1,000 tokens: 24.0 against
+#: 47.7 ms), so the checkpoint's own format is what is priced.
+PACKAGE_FP8_CONFIGS: dict[str, str] = {
+    "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B-FP8",
+    "qwen3-235b-a22b": "Qwen--Qwen3-235B-A22B-FP8",
+}
+
+
+def quant_modes(dtype: str, config: dict[str, Any], moe: bool) -> tuple[str, str | None]:
+    """Return the package's (GEMM, MoE) quantization modes for our weight `dtype` and a config.json.
+
+    fp8 is block-scaled (the package's fp8_block, 128 x 128 blocks) where the config's
+    quantization_config says so (DeepSeek-V3, Kimi-K2 ship that way), else per-tensor. The MoE mode is
+    None for a dense model.
+
+    Raises:
+        CostModelError: a dtype the package has no mode for here (int8, the package's W8A8 INT8 is
+            not mapped), or mxfp4 on a dense model; the message names the dtype.
+    """
+    if dtype not in WEIGHT_DTYPE_MODES:
+        raise CostModelError(
+            f"dtype {dtype!r} has no kernel tables here; priced: {', '.join(WEIGHT_DTYPE_MODES)}"
+        )
+    if dtype == "mxfp4" and not moe:
+        raise CostModelError(
+            "dtype 'mxfp4' is priced by the kernel tables for MoE experts only (gpt-oss); a dense model's "
+            "GEMMs have no MXFP4 tables there"
+        )
+    gemm, expert = WEIGHT_DTYPE_MODES[dtype], MOE_DTYPE_MODES[dtype]
+    qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
+    if dtype == "fp8" and isinstance(qc, dict) and qc.get("weight_block_size"):
+        gemm = expert = "fp8_block"
+    return gemm, (expert if moe else None)
 
 #: Our KV cache dtypes onto the package's KV cache modes.
 KV_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8"}

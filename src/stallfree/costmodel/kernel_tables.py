@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
-from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, WEIGHT_DTYPE_MODES
+from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, PACKAGE_CONFIGS, PACKAGE_FP8_CONFIGS, quant_modes
 
 __all__ = [
     "KernelTables",
@@ -34,11 +34,20 @@ __all__ = [
     "kernels_installed",
     "load_tables",
     "nccl_allreduce_curve",
+    "cache_dir",
+    "kernels_installed",
+    "load_tables",
+    "package_config",
     "resolve_version",
 ]
 
-# The op classes of a model the composition knows; any other (MLA, linear attention, ...) is refused.
-_SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch"})
+# The op classes of a model the composition knows; any other (linear attention, ...) is refused.
+# OverlapOp: the package's decode MoE block, shared experts run beside the routed ones (DeepSeek).
+_SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch",
+                         "OverlapOp"})
+
+# Bumped when the meaning of a cached entry changes, so that older entries are built afresh.
+_FORMAT = "3"
 
 
 class KernelsUnavailable(CostModelError):
@@ -67,8 +76,15 @@ class KernelTables:
         shared: context-op indices priced at the step's T tokens.
         logits: the lm_head GEMM's context-op index, or -1 when the package's model has none (its
             MoE family): `logits_json` then holds the same GEMM (vocab / tp x hidden, bf16), built by us.
-        chunk_attention: the context attention op's index.
-        decode_attention: the generation attention op's index.
+        chunk_attention: the (first) context attention op's index.
+        decode_attention: the (first) generation attention op's index.
+        chunk_attentions, decode_attentions: every attention op's index, for models with more than
+            one kind of layer (gpt-oss and Llama 4: windowed and full layers, each op summed over its
+            own layers); () means the one above. For MLA models the op is the package's whole MLA
+            block (its projections and attention, measured as one module), priced per chunk.
+        decode_shared: generation-op indices priced at B tokens for a step of decodes only, where the
+            package's decode graph differs from its prefill graph (DeepSeek's shared experts overlap
+            the routed ones in decode: OverlapOp); None where the context ops serve both.
     """
 
     handle: Any
@@ -80,6 +96,9 @@ class KernelTables:
     chunk_attention: int
     decode_attention: int
     logits_json: str | None = None
+    chunk_attentions: tuple[int, ...] = ()
+    decode_attentions: tuple[int, ...] = ()
+    decode_shared: tuple[int, ...] | None = None
 
 
 _TABLES: dict[tuple[str, ...], KernelTables] = {}
@@ -119,21 +138,54 @@ def resolve_version(system: str, engine: str, version: str) -> str:
     raise KernelsUnavailable(f"--kernels {engine}:{version}: {system} serves {engine} versions {listed}")
 
 
-def _index_ops(ops: Sequence[Any], owner: str) -> tuple[tuple[int, ...], int, int]:
-    shared, logits, attention = [], -1, -1
+def _index_ops(ops: Sequence[Any], owner: str) -> tuple[tuple[int, ...], int, tuple[int, ...]]:
+    shared, logits, attention = [], -1, []
     for i, op in enumerate(ops):
         kind, name = type(op).__name__, str(getattr(op, "_name", ""))
-        if kind in ("ContextAttention", "GenerationAttention"):
-            attention = i
+        if kind in ("ContextAttention", "GenerationAttention") or (kind == "FallbackOp" and "mla" in name):
+            attention.append(i)
         elif kind == "GEMM" and "logits" in name:
             logits = i
         elif kind in _SHARED_OPS:
             shared.append(i)
         else:
             raise CostModelError(f"{owner}: op {name!r} of kind {kind} is not one the kernel composition prices")
-    if attention < 0:
+    if not attention:
         raise CostModelError(f"{owner}: no attention op among the package's ops")
-    return tuple(shared), logits, attention
+    return tuple(shared), logits, tuple(attention)
+
+
+def package_config(key: str, dtype: str = "bf16") -> dict[str, Any] | None:
+    """Return the public config.json the package bundles for our preset `key` (kernel_maps.PACKAGE_CONFIGS;
+    for fp8 weights the FP8 checkpoint's, kernel_maps.PACKAGE_FP8_CONFIGS, where there is one), as a dict,
+    or None when it bundles none or the package is absent (does not import the package)."""
+    stem = (PACKAGE_FP8_CONFIGS.get(key) if dtype == "fp8" else None) or PACKAGE_CONFIGS.get(key)
+    if stem is None:
+        return None
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec("aiconfigurator_core")
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(next(iter(found.submodule_search_locations))) / "model_configs" / f"{stem}_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config.json (Llama 4 nests it under text_config)."""
+    inner = config.get("text_config")
+    return inner if isinstance(inner, dict) else config
+
+
+def _is_moe(config: dict[str, Any]) -> bool:
+    return any(_text_config(config).get(k) for k in ("num_local_experts", "n_routed_experts", "num_experts"))
 
 
 def cache_dir() -> Path:
@@ -156,10 +208,12 @@ def _package_version() -> str:
 
 
 def load_tables(
-    config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str
+    config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str,
+    ep: int = 1,
 ) -> KernelTables:
-    """Return the compiled engine for a model config, system, engine version and TP degree: built once
-    per process per key, then shared.
+    """Return the compiled engine for a model config, system, engine version, TP degree and expert
+    parallelism `ep` (the package's moe_ep_size; moe_tp_size = tp / ep): built once per process per
+    key, then shared.
 
     Building asks the package to resolve the version slot, load its database and compile the model
     (3 to 5 s on a 2-core machine); the compiled spec is then kept on disk (cache_dir(), keyed by every
@@ -172,15 +226,15 @@ def load_tables(
             model holds an op the composition does not price.
     """
     text = json.dumps(config, sort_keys=True)
-    key = (text, system, engine, version, str(tp), dtype, kv_dtype)
+    key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ())
     found = _TABLES.get(key)
     if found is not None:
         return found
-    digest = hashlib.sha256(json.dumps([*key, _package_version()]).encode()).hexdigest()[:32]
+    digest = hashlib.sha256(json.dumps([*key, _package_version(), _FORMAT]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{digest}.json"
     tables = _load_cached(path)
     if tables is None:
-        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype)
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep)
         _store(path, tables, spec)
     _TABLES[key] = tables
     return tables
@@ -189,7 +243,9 @@ def load_tables(
 def _store(path: Path, tables: KernelTables, spec: str) -> None:
     meta = {"spec": spec, "system": tables.system, "engine": tables.engine, "version": tables.version,
             "shared": list(tables.shared), "logits": tables.logits, "chunk_attention": tables.chunk_attention,
-            "decode_attention": tables.decode_attention, "logits_json": tables.logits_json}
+            "decode_attention": tables.decode_attention, "logits_json": tables.logits_json,
+            "chunk_attentions": list(tables.chunk_attentions), "decode_attentions": list(tables.decode_attentions),
+            "decode_shared": None if tables.decode_shared is None else list(tables.decode_shared)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -214,16 +270,19 @@ def _load_cached(path: Path) -> KernelTables | None:
         )
         shared = tuple(int(i) for i in meta["shared"])
         handle.evaluate_context_ops(list(shared), batch_size=1, s=1)  # the engine loads its tables now
+        ds = meta.get("decode_shared")
         return KernelTables(handle, str(meta["system"]), str(meta["engine"]), str(meta["version"]), shared,
                             int(meta["logits"]), int(meta["chunk_attention"]), int(meta["decode_attention"]),
-                            meta["logits_json"])
+                            meta["logits_json"], tuple(int(i) for i in meta.get("chunk_attentions", ())),
+                            tuple(int(i) for i in meta.get("decode_attentions", ())),
+                            None if ds is None else tuple(int(i) for i in ds))
     except Exception:  # a stale or damaged entry: build afresh
         return None
 
 
 def _build_tables(
     config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
-    kv_dtype: str,
+    kv_dtype: str, ep: int = 1,
 ) -> tuple[KernelTables, str]:
     literal = resolve_version(system, engine, version)
     aic = _import_package()
@@ -240,15 +299,21 @@ def _build_tables(
             warnings.simplefilter("ignore")
             with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
                 f.write(text)
-            moe = bool(config.get("num_local_experts"))
+            moe = _is_moe(config)
+            gemm_mode, moe_mode = quant_modes(dtype, config, moe)
             mc = build_model_config(
-                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp if moe else 1, moe_ep_size=1,
-                gemm_quant_mode=WEIGHT_DTYPE_MODES[dtype], kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
-                fmha_quant_mode=None, moe_quant_mode=WEIGHT_DTYPE_MODES[dtype] if moe else None,
+                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp // ep if moe else 1, moe_ep_size=ep,
+                gemm_quant_mode=gemm_mode, kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
+                fmha_quant_mode=None, moe_quant_mode=moe_mode,
                 comm_quant_mode=None, forward_model=None, attention_backend=None,
             )
-            model = aic_model(folder, mc, engine)
             database = perf_database.get_database(system, engine, literal)
+            # The package's own guard: an FP8 attention inferred from the checkpoint (DeepSeek's) where
+            # the tables hold bf16 attention only is priced in bf16, as its estimator does.
+            from aiconfigurator_core.sdk.models.helpers import resolve_context_fmha_by_data
+
+            resolve_context_fmha_by_data(mc, folder, database, engine, is_context_role=True)
+            model = aic_model(folder, mc, engine)
             spec = aic.build_engine_spec_json(
                 model, model_path=folder, system=system, backend=engine, backend_version=literal,
                 kv_block_size=None, systems_path=None, nextn=0, database=database,
@@ -258,23 +323,31 @@ def _build_tables(
             )
             owner = f"{engine} {literal} on {system}"
             shared, logits, chunk = _index_ops(model.context_ops, owner)
-            _, _, decode = _index_ops(model.generation_ops, owner)
+            gen_shared, _, decode = _index_ops(model.generation_ops, owner)
+            overlapped = any(type(model.generation_ops[i]).__name__ == "OverlapOp" for i in gen_shared)
             logits_json = None
             if logits < 0:  # the package's MoE models leave out the lm_head: the Llama family's GEMM
                 from aiconfigurator_core.sdk import common
                 from aiconfigurator_core.sdk.operations.gemm import GEMM
 
-                head = GEMM("context_logits_gemm", 1, int(config["vocab_size"]) // tp, int(config["hidden_size"]),
+                lm = _text_config(config)
+                head = GEMM("context_logits_gemm", 1, int(lm["vocab_size"]) // tp, int(lm["hidden_size"]),
                             common.GEMMQuantMode.bfloat16)
                 logits_json = aic.build_ops_json([head])
             handle.evaluate_context_ops(list(shared), batch_size=1, s=1)  # the engine loads its tables now
+            # Every attention op once, so that a table the package lacks is refused here, not mid-run.
+            handle.evaluate_context_ops(list(chunk), batch_size=1, s=16, prefix=0)
+            handle.evaluate_generation_ops(list(decode), batch_size=1, s=16)
     except CostModelError:
         raise
     except Exception as exc:  # the package's own errors: report them as ours, with its reason
         raise CostModelError(f"the kernel tables cannot price this model on {system} ({engine}): {exc}") from None
     finally:
         quiet.setLevel(level)
-    return KernelTables(handle, system, engine, literal, shared, logits, chunk, decode, logits_json), str(spec)
+    tables = KernelTables(handle, system, engine, literal, shared, logits, chunk[0], decode[0], logits_json,
+                          chunk if len(chunk) > 1 else (), decode if len(decode) > 1 else (),
+                          gen_shared if overlapped else None)
+    return tables, str(spec)
 
 
 def _version_key(text: str) -> tuple[int, ...]:

@@ -28,6 +28,10 @@ and 0.24.0's curves agree within a few percent; on 2 x RTX PRO 6000 (PCIe, no NV
 vLLM on more than two PCIe-only GPUs (kernel_maps.PCIE_ONLY_SYSTEMS: L40S, RTX PRO 6000) all-reduces
 with NCCL, its custom all-reduce being off there: the all-reduce ops are then scaled the same way onto
 the package's NCCL table of the system (`comm_table` 'nccl').
+Models built by the package's own classes (kernel_tables.package_config: DeepSeek, Kimi, Qwen3, gpt-oss,
+Llama 4): chunk and decode sum every attention op (windowed and full layers); for MLA the op is the whole
+MLA block (projections included); a step of decodes only takes shared(T) from the package's decode graph
+where it differs (DeepSeek's shared experts overlapping the routed ones: decode_shared_s).
 The package's own step estimator prices all decodes of a step at one context and a prefill as one
 prompt split evenly; the composition above agrees with it exactly where the shapes agree (decodes of
 equal contexts; one whole prompt), which the tests check.
@@ -65,8 +69,9 @@ from stallfree.costmodel.kernel_tables import (
     kernels_installed,
     load_tables,
     nccl_allreduce_curve,
+    package_config,
 )
-from stallfree.costmodel.model import ModelSpec
+from stallfree.costmodel.model import ModelSpec, get_model
 from stallfree.costmodel.roofline import CostModel
 
 __all__ = ["CONTEXT_BUCKET", "KNOTS", "KernelCostModel", "KernelTables", "KernelsUnavailable", "kernels_installed"]
@@ -120,12 +125,17 @@ class KernelCostModel:
         kv_dtype: KV cache dtype, or None for the activation dtype (bf16).
         engine: 'vllm', 'sglang' or 'trtllm'.
         version: a slot ('current', 'previous', 'next') or a literal version the package serves.
-        config: the model's config.json as a dict (a user's file), or None to write one from `model`.
         comm_version: the engine version of the run being priced (a measured run's own), or None: the
             all-reduces are then priced from the package's table of the newest version <= it that was
             measured on this system, where that is not the table the priced version reads (module
             docstring); `comm_table` names it ('nccl' for vLLM on more than two PCIe-only GPUs, whatever
             the version; None when unchanged).
+        ep: expert parallelism: the routed experts split over ep of the tp GPUs, each expert over
+            tp / ep of them (the package's moe_ep_size and moe_tp_size).
+        dp_attention: data-parallel attention ranks; only 1 here (more is refused, the roofline prices it).
+        config: the model's config.json as a dict (a user's file), or None: the public config.json the
+            package bundles for a preset that has one (kernel_maps.PACKAGE_CONFIGS: DeepSeek-V3,
+            Kimi-K2, Qwen3, gpt-oss, Llama 4), else one written from `model`.
 
     Raises:
         KernelsUnavailable: no package, no tables for the GPU or engine, a version not served.
@@ -144,9 +154,17 @@ class KernelCostModel:
         version: str = "current",
         config: dict[str, Any] | None = None,
         comm_version: str | None = None,
+        ep: int = 1,
+        dp_attention: int = 1,
     ) -> None:
-        self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype)
+        self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype, ep=ep, dp_attention=dp_attention)
         self.model, self.gpu, self.tp = model, gpu, tp
+        self.ep, self.dp_attention = ep, dp_attention
+        if dp_attention > 1:
+            raise CostModelError(
+                f"dp_attention {dp_attention}: the kernel composition prices one attention rank per replica; "
+                "data-parallel attention is priced by the roofline (use --kernels none)"
+            )
         self.dtype, self.kv_dtype = self.roofline.dtype, self.roofline.kv_dtype
         if engine not in ENGINES:
             raise CostModelError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -159,9 +177,9 @@ class KernelCostModel:
                 f"kv_dtype {self.kv_dtype!r} has no kernel tables here; priced: {', '.join(KV_DTYPE_MODES)}"
             )
         self.engine, self.requested_version = engine, version
-        self._config = dict(config) if config is not None else config_from_spec(model)
+        self._config = dict(config) if config is not None else _config_for(model, self.dtype)
         self.tables = load_tables(
-            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype
+            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep
         )
         self.version = self.tables.version
         self.comm_version = comm_version
@@ -184,13 +202,14 @@ class KernelCostModel:
         self._logits_c: dict[int, float] = {}
         self._chunk_c: dict[int, float] = {}
         self._decode_c: dict[int, float] = {}
+        self._decode_shared_c: dict[int, float] = {}
         self._sorted: tuple[Any, list[int], list[int]] | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (
             _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
-             self._config, self.comm_version),
+             self._config, self.comm_version, self.ep),
         )
 
     def __repr__(self) -> str:
@@ -223,6 +242,7 @@ class KernelCostModel:
         self._logits_c.clear()
         self._chunk_c.clear()
         self._decode_c.clear()
+        self._decode_shared_c.clear()
         self._sorted = None
 
     # ---- the package's tables, in seconds --------------------------------------------------------
@@ -231,12 +251,30 @@ class KernelCostModel:
         t = self._shared_c.get(tokens)
         if t is None:
             r = self.tables.handle.evaluate_context_ops(list(self.tables.shared), batch_size=1, s=tokens)
-            ms = sum(v[1] for v in r)
-            if self._ar_curves is not None:
-                x = tokens * self.model.hidden_size
-                scale = _at(self._ar_curves[0], x) / _at(self._ar_curves[1], x)
-                ms += (scale - 1.0) * sum(v[1] for v in r if _ALLREDUCE_OP.search(str(v[0])))
-            t = self._shared_c[tokens] = ms * 1e-3
+            t = self._shared_c[tokens] = self._with_run_allreduce(r, tokens) * 1e-3
+        return t
+
+    def _with_run_allreduce(self, ops: Any, tokens: int) -> float:
+        """Sum the package's evaluated (op, ms, ...) rows, ms, with each all-reduce scaled onto the run's
+        all-reduce table where one applies (`comm_table`; the module docstring)."""
+        ms = float(sum(v[1] for v in ops))
+        if self._ar_curves is not None:
+            x = tokens * self.model.hidden_size
+            scale = _at(self._ar_curves[0], x) / _at(self._ar_curves[1], x)
+            ms += (scale - 1.0) * sum(v[1] for v in ops if _ALLREDUCE_OP.search(str(v[0])))
+        return ms
+
+    def decode_shared_s(self, tokens: int) -> float:
+        """Return shared(T) of a step of decodes only, seconds: the package's decode graph where it
+        differs from its prefill graph (KernelTables.decode_shared: DeepSeek's shared experts beside
+        the routed ones), else shared_s (cached, exact)."""
+        ops = self.tables.decode_shared
+        if ops is None:
+            return self.shared_s(tokens)
+        t = self._decode_shared_c.get(tokens)
+        if t is None:
+            r = self.tables.handle.evaluate_generation_ops(list(ops), batch_size=tokens, s=1)
+            t = self._decode_shared_c[tokens] = self._with_run_allreduce(r, tokens) * 1e-3
         return t
 
     def logits_s(self, sampled: int) -> float:
@@ -255,17 +293,19 @@ class KernelCostModel:
 
     def chunk_exact_s(self, num_tokens: int, start: int) -> float:
         """Return the prefill attention of one chunk, seconds, straight from the package (no cache)."""
-        r = self.tables.handle.evaluate_context_ops(
-            [self.tables.chunk_attention], batch_size=1, s=num_tokens, prefix=start
+        tb = self.tables
+        r = tb.handle.evaluate_context_ops(
+            list(tb.chunk_attentions or (tb.chunk_attention,)), batch_size=1, s=num_tokens, prefix=start
         )
-        return float(r[0][1]) * 1e-3
+        return sum(float(v[1]) for v in r) * 1e-3
 
     def decode_exact_s(self, batch: int, keys: int) -> float:
         """Return the decode attention of `batch` decodes each attending to `keys` keys, seconds (no cache)."""
-        r = self.tables.handle.evaluate_generation_ops(
-            [self.tables.decode_attention], batch_size=batch, s=max(keys, 1)
+        tb = self.tables
+        r = tb.handle.evaluate_generation_ops(
+            list(tb.decode_attentions or (tb.decode_attention,)), batch_size=batch, s=max(keys, 1)
         )
-        return float(r[0][1]) * 1e-3
+        return sum(float(v[1]) for v in r) * 1e-3
 
     def _chunk_knot(self, num_tokens: int, k: int) -> float:
         key = num_tokens * _KEY + k
@@ -337,6 +377,8 @@ class KernelCostModel:
             return 0.0
         sampled = plan.num_decodes
         t = self.decode_attention_s(plan)
+        if not plan.prefills:
+            return t + self.decode_shared_s(tokens) + self.logits_s(sampled)
         for c in plan.prefills:
             t += self.chunk_s(c.num_tokens, c.start)
             sampled += c.is_last
@@ -353,6 +395,8 @@ class KernelCostModel:
         t = 0.0
         if nd:
             t += sum(self.decode_exact_s(nd, s + 1) for s in plan.decode_starts) / nd
+        if not plan.prefills:
+            return t + self.decode_shared_s(tokens) + self.logits_s(sampled)
         for c in plan.prefills:
             t += self.chunk_exact_s(c.num_tokens, c.start)
             sampled += c.is_last
@@ -370,7 +414,8 @@ class KernelCostModel:
         if not num_decodes:
             return 0.0
         return (
-            self.shared_s(num_decodes) + self.logits_s(num_decodes) + self.decode_exact_s(num_decodes, context_len + 1)
+            self.decode_shared_s(num_decodes) + self.logits_s(num_decodes)
+            + self.decode_exact_s(num_decodes, context_len + 1)
         )
 
     def prefill_step_time(
@@ -394,17 +439,28 @@ class KernelCostModel:
         return t + self.chunk_exact_s(num_tokens, start)
 
 
+def _config_for(model: ModelSpec, dtype: str = "bf16") -> dict[str, Any]:
+    """Return the config.json handed to the package for a preset: its bundled public one where it
+    has it (the package's own model class then builds MLA, shared experts, windowed layers), else
+    one written from the ModelSpec (kernel_maps.config_from_spec, which refuses what it cannot write)."""
+    from stallfree.costmodel.model import list_models
+
+    found = package_config(model.key, dtype) if model.key in list_models() and get_model(model.key) == model else None
+    return found if found is not None else config_from_spec(model)
+
+
 _MODELS: dict[str, KernelCostModel] = {}
 
 
 def _rebuild(
     model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
-    config: dict[str, Any], comm_version: str | None = None,
+    config: dict[str, Any], comm_version: str | None = None, ep: int = 1,
 ) -> KernelCostModel:
     """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
     process running many sweep points loads the tables once and keeps its price caches warm."""
-    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), comm_version))
+    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), comm_version, ep))
     found = _MODELS.get(key)
     if found is None:
-        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config, comm_version)
+        found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config, comm_version,
+                                                   ep=ep)
     return found

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
-from stallfree.costmodel.hardware import alias_index, normalize_name, read_json_object
+from stallfree.costmodel.hardware import alias_index, did_you_mean, normalize_name, read_json_object
 from stallfree.costmodel.hf_kinds import GATED_MLP_TYPES, PLAIN_MLP_TYPES, UNPRICEABLE_FIELDS, hf_fields
 
 __all__ = [
@@ -489,6 +489,7 @@ def get_model(name: str | ModelSpec) -> ModelSpec:
     key = _alias_index().get(normalize_name(str(name)))
     if key is None:
         raise CostModelError(
-            f"unknown model {name!r}; known models: {', '.join(list_models())} (or a path to a .json file)"
+            f"unknown model {name!r}{did_you_mean(str(name), _alias_index())}; known models: "
+            f"{', '.join(list_models())} (or a path to a .json file)"
         )
     return _presets()[key]

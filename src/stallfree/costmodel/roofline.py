@@ -29,6 +29,17 @@ absorbed form); the KV term's 2 x L x ceil(n_kv / n) x d becomes L x (r_kv + d_r
 by n; windowed layers (a fraction f of the layers, window W) see min(x, W) keys at position x, so
 pairs and cached KV read are (1 - f) x full + f x windowed; shared experts and dense layers are in the
 weights every step reads, and only the routed experts of the MoE layers are read in part.
+Expert parallelism and data-parallel attention (ep, dp_attention = D; an MoE model, pp 1): a replica
+is G = tp x D GPUs in D attention ranks of tp GPUs, run in lockstep with the step's sequences split
+evenly (the slowest rank is the mean one: routing and sequence imbalance are not priced). Per GPU:
+dense weights / tp (each rank holds them) + routed experts / G; dense FLOPs and attention pairs, sampled
+tokens, KV read and written on T / D tokens; routed-expert FLOPs on T / G tokens' worth (all T tokens
+reach the experts); KV per token / D (each rank keeps its own sequences, so MLA's replicated latent is
+stored once per rank, not once per GPU of a tp group). Communication per token: the attention (and
+dense-MLP) all-reduce within tp on T / D tokens; for each MoE layer, with ep > 1 an all-to-all
+dispatch and combine, 2 x k x (ep - 1) / ep x h x 2 B per token over G GPUs at the group's bandwidth
+(each of a token's k experts counted apart: an upper bound, as DeepEP sends a token once per GPU), and
+with ep 1 an all-gather and reduce-scatter over G, 2 (G - 1) / G x h x 2 B per token.
 Sources: roofline (Williams et al., CACM 2009; LLM-Viewer, Yuan et al. 2024); attention FLOPs (PaLM,
 arXiv 2204.02311, App. B); two all-reduces per layer (Megatron-LM, arXiv 1909.08053, section 3); ring
 all-reduce time (NVIDIA nccl-tests doc/PERFORMANCE.md); KV bytes = 2 x L x n_kv x d x bytes.
@@ -120,9 +131,14 @@ class CostModel:
             activation sends (T x h x 2 B each) over the GPU link, or the network where a send crosses
             nodes (GPUSpec.gpus_per_node, internode_bw_bytes_per_s); weights and KV per GPU are the
             largest stage's. A tp group larger than a node all-reduces at the network's bandwidth.
+        ep: expert parallelism of an MoE model: the routed experts are split ep ways, each expert over
+            tp x dp_attention / ep GPUs; the MoE layers exchange tokens by all-to-all (module docstring).
+        dp_attention: data-parallel attention ranks of an MoE model, each of tp GPUs holding the dense
+            weights and its own sequences' KV; the experts are split over all tp x dp_attention GPUs.
 
     Raises:
-        CostModelError: a bad mode or dtype; a 4-bit kv_dtype; 4-bit weights the GPU cannot run
+        CostModelError: a bad mode or dtype; a 4-bit kv_dtype; ep or dp_attention that do not split
+            the model (_check_moe_split names the field and value); 4-bit weights the GPU cannot run
             (GPUSpec.check_weight_dtype names dtype and GPU); tp that does not divide the heads; an efficiency out of
             (0, 1]; a negative (or non-finite) overhead term; weights that do not fit in the GPUs' memory.
     """
@@ -144,6 +160,8 @@ class CostModel:
         "per_seq_s",
         "kernel_launches",
         "pp",
+        "ep",
+        "dp_attention",
         "warnings",
         "weight_bytes_per_gpu",
         "kv_bytes_per_token_per_gpu",
@@ -193,6 +211,8 @@ class CostModel:
         per_token_s: float = 0.0,
         per_seq_s: float = 0.0,
         pp: int = 1,
+        ep: int = 1,
+        dp_attention: int = 1,
     ) -> None:
         if mode not in MODES:
             raise CostModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -236,6 +256,7 @@ class CostModel:
         self.pp = _check_count("pp", pp, 1)
         if pp > m.num_layers:
             raise CostModelError(f"pp {pp} is more than the {m.num_layers} layers of {m.key}")
+        self.ep, self.dp_attention = _check_moe_split(m, tp, pp, ep, dp_attention)
         stage_layers = -(-m.num_layers // pp)  # the largest stage holds ceil(L / pp) layers
         head_b = 2 if wb < 2 else wb  # embedding and lm_head stay 16-bit under 8- and 4-bit weights
         head_untied = 0 if m.tie_word_embeddings else m.lm_head_params
@@ -245,7 +266,7 @@ class CostModel:
         self.weight_bytes_per_gpu = (
             (m.total_params - big) * wb * stage_layers / m.num_layers + big_stage * head_b
         ) / n
-        if self.weight_bytes_per_gpu > gpu.mem_bytes:
+        if self.weight_bytes_per_gpu > gpu.mem_bytes and dp_attention == 1:  # dp: _split_moe checks
             raise CostModelError(
                 f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
                 f"at tp {n}" + (f", pp {pp}" if pp > 1 else "") + ", "
@@ -291,10 +312,59 @@ class CostModel:
             remote = min(pp - 1, -(-(n * pp) // gpu.gpus_per_node) - 1)
             per_tok = m.hidden_size * _ACT_BYTES
             self._x_tok += remote * per_tok / gpu.p2p_bw(True) + (pp - 1 - remote) * per_tok / gpu.p2p_bw(False)
+        if (ep > 1 or dp_attention > 1) and not design:
+            self._split_moe(m, gpu, wb, head_b, kv_all_layers, peak_lin)
         self._over = 0.0 if design else self.overhead_s + self.kernel_launch_s * self.kernel_launches
         self._o_tok = 0.0 if design else self.per_token_s
         self._o_seq = 0.0 if design else self.per_seq_s
         self._inv_mfu, self._inv_mbu, self._inv_link = 1.0 / self.mfu, 1.0 / self.mbu, 1.0 / self.link_util
+
+    def _split_moe(
+        self, m: ModelSpec, gpu: GPUSpec, wb: float, head_b: float, kv_all_layers: int, peak_lin: float
+    ) -> None:
+        """Re-work the per-GPU coefficients for expert parallelism and data-parallel attention (the
+        module docstring's "Expert parallelism and data-parallel attention"); pp is 1 here."""
+        tp, dp, ep = self.tp, self.dp_attention, self.ep
+        g = tp * dp  # GPUs of the replica; the experts are split over all of them (ep x moe_tp)
+        routed = m.routed_expert_params
+        routed_active = m.num_moe_layers * m.experts_per_token * m.expert_params_per_layer
+        head_untied = 0 if m.tie_word_embeddings else m.lm_head_params
+        big = m.embed_params + head_untied
+        self.weight_bytes_per_gpu = ((m.total_params - big - routed) * wb + big * head_b) / tp + routed * wb / g
+        if self.weight_bytes_per_gpu > gpu.mem_bytes:
+            raise CostModelError(
+                f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU at tp {tp}, "
+                f"dp_attention {dp}, ep {ep}, more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}"
+            )
+        # Each attention rank holds its own sequences' KV; spread over the ranks, a token costs 1/dp.
+        self.kv_bytes_per_token_per_gpu = -(-kv_all_layers // dp)  # rounded up: never over the capacity
+        # Per GPU, a step's T tokens: dense work on its rank's T/dp, expert work 1/g of all T.
+        self._f_tok = 2.0 * (m.active_layer_params - routed_active) / (tp * dp) + 2.0 * routed_active / g
+        self._c_tok = self._f_tok / peak_lin
+        self._f_samp /= dp
+        self._c_samp /= dp
+        self._f_pair /= dp
+        self._c_pair /= dp
+        self._b_fixed = (m.layer_params - routed) * wb / tp
+        self._b_kv = kv_all_layers / dp
+        self._b_expert = m.num_moe_layers * m.expert_params_per_layer * wb / g
+        bw = gpu.mem_bw_bytes_per_s
+        self._m_fixed, self._m_kv, self._m_expert = self._b_fixed / bw, self._b_kv / bw, self._b_expert / bw
+        per_tok = m.hidden_size * _ACT_BYTES
+        # Attention and dense-MLP all-reduces within each rank's tp GPUs, on its T/dp tokens.
+        dense_calls = m.num_layers + m.num_dense_layers
+        x = dense_calls * 2.0 * (tp - 1) / tp * per_tok / gpu.allreduce_bw(tp) / dp if tp > 1 else 0.0
+        if ep > 1:  # dispatch and combine: each token to k experts, (ep - 1) / ep of them on other GPUs
+            x += m.num_moe_layers * 2.0 * m.experts_per_token * (ep - 1) / ep * per_tok / g / gpu.allreduce_bw(g)
+        else:  # experts tensor-parallel over all g GPUs: all-gather then reduce-scatter of all T tokens
+            x += m.num_moe_layers * 2.0 * (g - 1) / g * per_tok / gpu.allreduce_bw(g)
+        self._x_tok = x
+        self._a_step = 2 * m.num_layers * self.allreduce_latency_s
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the replica: tp x pp x dp_attention."""
+        return self.tp * self.pp * self.dp_attention
 
     @classmethod
     def from_names(
@@ -306,6 +376,8 @@ class CostModel:
         kv_dtype: str | None = None,
         mode: str = "full",
         pp: int = 1,
+        ep: int = 1,
+        dp_attention: int = 1,
         **efficiency: float,
     ) -> CostModel:
         """Build a CostModel from preset names (or .json paths); `efficiency` takes the
@@ -322,7 +394,8 @@ class CostModel:
             raise CostModelError(
                 f"unknown keyword(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}"
             )
-        return cls(get_model(model), get_gpu(gpu), tp, dtype, kv_dtype, mode, pp=pp, **efficiency)
+        return cls(get_model(model), get_gpu(gpu), tp, dtype, kv_dtype, mode, pp=pp, ep=ep, dp_attention=dp_attention,
+                   **efficiency)
 
     def replace(self, **changes: Any) -> CostModel:
         """Return a copy with some constructor arguments changed (e.g. mode='design', mfu=0.6)."""
@@ -342,6 +415,8 @@ class CostModel:
             "per_token_s": self.per_token_s,
             "per_seq_s": self.per_seq_s,
             "pp": self.pp,
+            "ep": self.ep,
+            "dp_attention": self.dp_attention,
         }
         args.update(changes)
         with warnings.catch_warnings():
@@ -350,7 +425,9 @@ class CostModel:
 
     def __repr__(self) -> str:
         return (
-            f"CostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, pp={self.pp}, dtype={self.dtype}, "
+            f"CostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, pp={self.pp}, "
+            + (f"ep={self.ep}, dp_attention={self.dp_attention}, " if self.ep > 1 or self.dp_attention > 1 else "")
+            + f"dtype={self.dtype}, "
             f"kv_dtype={self.kv_dtype}, mode={self.mode}, mfu={self.mfu}, mbu={self.mbu}, "
             f"link_util={self.link_util}, overhead_s={self.overhead_s}, "
             f"kernel_launch_s={self.kernel_launch_s}, per_token_s={self.per_token_s}, "
@@ -624,3 +701,35 @@ class CostModel:
             return self._price(total, base_pairs + cp, base_kv + ck, nd + 1, nd + 1) <= target_s
 
         return largest_fitting(fits, max(nd, 1))
+
+
+def _check_moe_split(model: ModelSpec, tp: int, pp: int, ep: int, dp_attention: int) -> tuple[int, int]:
+    """Check expert parallelism `ep` and data-parallel attention ranks `dp_attention` against the model
+    and tp; return them.
+
+    Raises:
+        CostModelError: either below 1 or not an integer; either above 1 for a dense model; ep not
+            dividing the routed experts or the replica's tp x dp_attention GPUs; either above 1 with pp > 1.
+            The message names the field and the value.
+    """
+    _check_count("ep", ep, 1)
+    _check_count("dp_attention", dp_attention, 1)
+    if ep == 1 and dp_attention == 1:
+        return ep, dp_attention
+    if not model.num_experts:
+        field, value = ("ep", ep) if ep > 1 else ("dp_attention", dp_attention)
+        raise CostModelError(
+            f"{field} {value}: {model.key} has no experts; expert parallelism and data-parallel attention are for "
+            "MoE models (a dense model's data parallelism is more replicas)"
+        )
+    if pp > 1:
+        raise CostModelError(f"ep {ep} and dp_attention {dp_attention} are not priced with pp {pp}; use pp 1")
+    if model.num_experts % ep:
+        raise CostModelError(f"ep {ep} does not divide the {model.num_experts} routed experts of {model.key}")
+    gpus = tp * dp_attention
+    if gpus % ep:
+        raise CostModelError(
+            f"ep {ep} does not divide the replica's {gpus} GPUs (tp {tp} x dp_attention {dp_attention}); the "
+            "experts are split ep ways, each over tp x dp_attention / ep GPUs"
+        )
+    return ep, dp_attention

@@ -172,6 +172,10 @@ class HardwareOptions:
         tp: tensor-parallel GPUs.
         dtype: weight dtype.
         kv_dtype: KV cache dtype, or None for the cost model's.
+        ep: expert parallelism of an MoE model (GPUs the routed experts are split over; CostModel's).
+        dp_attention: data-parallel attention ranks of an MoE model, each of tp GPUs (CostModel's):
+            one scheduler holds the replica's whole batch, priced as ranks in lockstep with the
+            sequences split evenly (docs/costmodel.md).
         gpu_memory_utilization: fraction of GPU memory for weights plus KV, in (0, 1].
         kv_tokens: KV capacity override, tokens, or None to derive it.
         linear_cost: "BASE_MS,PER_TOKEN_US[,PER_CTX_NS]" to price steps linearly instead.
@@ -193,6 +197,8 @@ class HardwareOptions:
     tp: int = DEFAULTS["tp"]
     dtype: str = DEFAULTS["dtype"]
     kv_dtype: str | None = None
+    ep: int = 1
+    dp_attention: int = 1
     gpu_memory_utilization: float = 0.9
     kv_tokens: int | None = None
     linear_cost: str | None = None
@@ -309,7 +315,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         kernels = "none" if opts.linear_cost else opts.kernels
         chosen = choose_cost_model(
             opts.model, opts.gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype, kernels=kernels,
-            config=_user_config(opts.model),
+            config=_user_config(opts.model), ep=opts.ep, dp_attention=opts.dp_attention,
         )
         real = chosen.cost_model
         kv = opts.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=opts.gpu_memory_utilization)
@@ -318,6 +324,8 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         # each is an option's value (exit 2, as `stallfree budget` answers the same values).
         raise SetupError(str(exc), usage=True) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
+    if opts.ep > 1 or opts.dp_attention > 1:
+        hw += f", ep {opts.ep}, dp-attention {opts.dp_attention} ({opts.tp * opts.dp_attention} GPUs)"
     hw += f"; {chosen.line}"
     real, hw, profile = _with_profile(real, hw, opts, chosen.source)
     if opts.linear_cost:

@@ -49,6 +49,17 @@ MODEL_NAMES: dict[str, tuple[str, str | None]] = {
     "mistralai/mixtral-8x7b-instruct-v0.1": ("mixtral-8x7b", None),
     "codellama/codellama-34b-hf": ("codellama-34b", None),
     "meta-llama/llama-2-70b-hf": ("llama-2-70b", None),
+    # The checkpoints' own weight formats: DeepSeek's block FP8, gpt-oss's MXFP4 experts (whatever a row's
+    # precision column calls them), Qwen3-235B-A22B-FP8's FP8.
+    "deepseek-ai/deepseek-v3": ("deepseek-v3", "fp8"),
+    "deepseek-ai/deepseek-r1": ("deepseek-v3", "fp8"),
+    "qwen/qwen3-235b-a22b-fp8": ("qwen3-235b-a22b", "fp8"),
+    "qwen/qwen3-235b-a22b": ("qwen3-235b-a22b", None),
+    "qwen/qwen3-30b-a3b": ("qwen3-30b-a3b", None),
+    "qwen/qwen3-8b": ("qwen3-8b", None),
+    "openai/gpt-oss-120b": ("gpt-oss-120b", "mxfp4"),
+    "openai/gpt-oss-20b": ("gpt-oss-20b", "mxfp4"),
+    "moonshotai/kimi-k2-instruct": ("kimi-k2", "fp8"),
 }
 
 #: GPU names as runs and benchmark rows spell them (lower case, '-' and '_' alike, spaces removed) -> our preset.
@@ -157,13 +168,14 @@ def _config(model: str) -> dict[str, Any] | None:
 
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
-            kernels: str | None = "none", engine_version: str | None = None) -> Pricing:
+            kernels: str | None = "none", engine_version: str | None = None, ep: int = 1) -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
     kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
     ENGINE[:VERSION] for the measured kernel tables (stallfree.costmodel.choice.choose_cost_model; a
     config.json model is handed to the tables as is), or None for the commands' default (vLLM's `current`
     tables where the package has the GPU, else today's pricing).
+    ep: the run's expert parallelism (a row's moe_ep_size; CostModel's ep).
     profile: the engine profile, or None for the one fitted on the engine whose tables priced the steps
     (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
     engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
@@ -173,7 +185,7 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
     chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
-                               engine_version=engine_version)
+                               engine_version=engine_version, ep=ep)
     base = chosen.cost_model
     if profile is None:
         src = chosen.source

@@ -90,6 +90,8 @@ class ClosedLoopRow:
     attention_dp: int
     ttft_ms: float
     tpot_ms: float
+    moe_ep: int = 1
+    moe_tp: int = 0
 
 
 def bundled_csv() -> Path:
@@ -174,6 +176,8 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
                 if agg else 1,
                 ttft_ms=_ms(where, "silicon_ttft_ms", r["silicon_ttft_ms"]),
                 tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
+                moe_ep=max(1, _int(where, "moe_ep_size", r.get("moe_ep_size", ""), 1, 0)) if agg else 1,
+                moe_tp=_int(where, "moe_tp_size", r.get("moe_tp_size", ""), 0, 0) if agg else 0,
             ))
     return rows
 
@@ -270,11 +274,17 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         raise ValueError(f"{where}: mode {row.mode!r}: disaggregated rows are not replayed")
     if row.pp > 1 or row.attention_dp > 1:
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
+    moe_gpus = row.moe_tp * row.moe_ep
+    if row.moe_tp and moe_gpus != row.tp * row.attention_dp:
+        # The experts span more GPUs than the attention's tp: data-parallel attention the row leaves implied.
+        raise ValueError(f"{where}: moe_tp_size {row.moe_tp} x moe_ep_size {row.moe_ep} = {moe_gpus} GPUs against "
+                         f"tp_size {row.tp}: implied attention data parallel, not replayed")
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
     try:
         engine = parse_kernels(kernels)[0] if kernels is not None else DEFAULT_ENGINE
         price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels,
-                        engine_version=row.backend_version if row.backend.lower() == engine else None)
+                        engine_version=row.backend_version if row.backend.lower() == engine else None,
+                        ep=row.moe_ep)
         kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
@@ -294,7 +304,7 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         "line": row.line, "id": row.row_id, "model": row.model, "system": row.system,
         "gpu": gpu_preset(_norm(row.system)), "engine": row.backend,
         "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
-        "concurrency": row.concurrency, "tp": row.tp, "requests": n, "kv_tokens": kv,
+        "concurrency": row.concurrency, "tp": row.tp, "ep": row.moe_ep, "requests": n, "kv_tokens": kv,
         "measured_ttft_ms": row.ttft_ms, "measured_tpot_ms": row.tpot_ms,
         "sim_ttft_ms": sim_ttft, "sim_tpot_ms": sim_tpot,
         "ttft_ape_pct": abs(sim_ttft - row.ttft_ms) / row.ttft_ms * 100.0,

@@ -145,6 +145,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
     m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
     m.add_argument("--dtype", default=DEFAULTS["dtype"], help="weight dtype")
     m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the cost model's)")
+    m.add_argument("--ep", type=positive_int, default=1, metavar="N",
+                   help="expert parallelism of an MoE model: experts split over N GPUs (vLLM's "
+                   "--enable-expert-parallel, SGLang's --ep-size; default 1)")
+    m.add_argument("--dp-attention", type=positive_int, default=1, metavar="N",
+                   help="data-parallel attention ranks of an MoE model, each of --tp GPUs (SGLang's "
+                   "--enable-dp-attention --dp-size N, vLLM's --data-parallel-size N; default 1)")
     m.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9, metavar="F")
     m.add_argument("--kv-tokens", type=positive_int, metavar="N", help="KV capacity override, tokens")
     m.add_argument(
@@ -223,6 +229,8 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
         tp=args.tp,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
+        ep=getattr(args, "ep", 1),
+        dp_attention=getattr(args, "dp_attention", 1),
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_tokens=args.kv_tokens,
         linear_cost=args.linear_cost,

@@ -1,0 +1,55 @@
+"""Benchmark rows of the newer MoE models: their Hugging Face names map onto our presets with the
+checkpoints' weight formats, and a row's moe_ep_size reaches the cost model as ep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stallfree.sim.engine_profile import load_profile
+from stallfree.validate.hardware import model_preset, pricing
+from stallfree.validate.silicon import read_rows, replay_row
+
+HEADER = ("id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,gemm_quant_mode,"
+          "moe_quant_mode,batch_size,tp_size,pp_size,attention_dp_size,moe_tp_size,moe_ep_size,silicon_ttft_ms,"
+          "silicon_tpot_ms\n")
+
+
+def test_new_model_names_map_onto_presets_with_their_formats() -> None:
+    """DeepSeek-R1 and -V3 are the deepseek-v3 preset in FP8, gpt-oss its MXFP4 experts whatever the row
+    calls them, Qwen3-235B-A22B-FP8 the qwen3-235b-a22b preset in FP8."""
+    assert model_preset("deepseek-ai/DeepSeek-R1", "bfloat16") == ("deepseek-v3", "fp8")
+    assert model_preset("deepseek-ai/DeepSeek-V3") == ("deepseek-v3", "fp8")
+    assert model_preset("openai/gpt-oss-120b", "bfloat16") == ("gpt-oss-120b", "mxfp4")
+    assert model_preset("Qwen/Qwen3-235B-A22B-FP8") == ("qwen3-235b-a22b", "fp8")
+
+
+def test_a_rows_expert_parallelism_reaches_the_cost_model(tmp_path: Path) -> None:
+    """moe_ep_size 4 is read (an empty one is 1) and priced as ep 4: the replay reports it and its TPOT
+    differs from the same row at ep 1 by the all-to-all the roofline adds."""
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER
+                   + "a,src; silicon_concurrency=4,trtllm,1.0,Qwen/Qwen3-235B-A22B-FP8,h200_sxm,fp8,agg,512,8,fp8,fp8,"
+                     "4,4,1,,1,4,100.0,10.0\n"
+                   + "b,src; silicon_concurrency=4,trtllm,1.0,Qwen/Qwen3-235B-A22B-FP8,h200_sxm,fp8,agg,512,8,fp8,fp8,"
+                     "4,4,1,,4,,100.0,10.0\n", encoding="utf-8")
+    ep4, ep1 = read_rows(csv)
+    assert (ep4.moe_ep, ep1.moe_ep) == (4, 1)
+    none = load_profile("none")
+    assert pricing("qwen3-235b-a22b", "h200", 4, "fp8", none, "none", ep=4).base.ep == 4
+    a = replay_row(ep4, none, "none", requests_per_row=1)
+    b = replay_row(ep1, none, "none", requests_per_row=1)
+    assert (a["ep"], b["ep"]) == (4, 1)
+    assert a["sim_tpot_ms"] > b["sim_tpot_ms"]
+
+
+def test_a_row_whose_experts_span_more_gpus_than_its_tp_is_not_replayed(tmp_path: Path) -> None:
+    """tp_size 2 with moe_tp_size 4 (attention_dp_size blank): 4 GPUs hold the experts, so two attention
+    ranks are implied; the row is refused with the figures rather than priced on 2 GPUs."""
+    import pytest
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER + "a,src; silicon_concurrency=4,vllm,0.12.0,Qwen/Qwen3-235B-A22B-FP8,h200_sxm,fp8,agg,512,8,"
+                   "fp8,fp8,4,2,1,,4,1,100.0,10.0\n", encoding="utf-8")
+    (row,) = read_rows(csv)
+    with pytest.raises(ValueError, match="moe_tp_size 4 x moe_ep_size 1 = 4 GPUs against tp_size 2"):
+        replay_row(row, load_profile("none"), "none", requests_per_row=1)
