@@ -218,6 +218,26 @@ class DecodeSet:
         """Sum over the decodes of their start at `clock`, tokens."""
         return self.offset_sum + len(self.recs) * clock
 
+    def spec_costs(self, spec: int, clock: int) -> tuple[tuple[int, ...], int]:
+        """Per-decode tokens with `spec` speculative tokens at `clock`, in batch order, and their sum:
+        1 + min(spec, finish_step - clock) each (a decode never verifies past its last token), found
+        through the finish index `due` (a copy plus a lookup per decode due within `spec` steps)."""
+        n = len(self.recs)
+        short: dict[int, tuple[LiveRequest, int]] = {}
+        for d in range(spec):
+            for obj in self.due.get(clock + d, ()):
+                if obj.status is _DECODING and obj.finish_step == clock + d:
+                    short[id(obj)] = (obj, d)
+        full = (1 + spec,) * n
+        if not short:
+            return full, n * (1 + spec)
+        costs = list(full)
+        total = n * (1 + spec)
+        for obj, d in short.values():
+            costs[position_of(self.recs, obj)] = 1 + d
+            total -= spec - d
+        return tuple(costs), total
+
     def _refresh(self) -> None:
         self._offsets = [r.offset for r in self.recs]
         self._offset_sum = sum(self._offsets)
