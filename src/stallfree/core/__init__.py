@@ -14,6 +14,7 @@ from stallfree.core.errors import (
 from stallfree.core.paged_scheduler import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.prefix_cache import hash_blocks
+from stallfree.core.queries import SchedulerHeadroom, SchedulerStats
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 from stallfree.core.scheduler import Scheduler
 
@@ -28,6 +29,8 @@ __all__ = [
     "ScheduledChunk",
     "Scheduler",
     "SchedulerConfig",
+    "SchedulerHeadroom",
+    "SchedulerStats",
     "SchedulerError",
     "SchedulerStateError",
     "StallfreeError",

@@ -10,11 +10,14 @@ from the KVManager (core/kv.py) or the SchedulerConfig (core/config.py).
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from stallfree.core.request import Request
+from stallfree.core.errors import RequestRejected
+from stallfree.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from stallfree.core.config import SchedulerConfig
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
     from stallfree.core.plan import StepPlan
 
-__all__ = ["KVQueries"]
+__all__ = ["AdmissionQueries", "KVQueries", "SchedulerHeadroom", "SchedulerStats"]
 
 
 class KVQueries:
@@ -196,3 +199,126 @@ class KVQueries:
         if obj is None:
             raise KeyError(f"no live request with rid {rid!r}")
         return obj.num_cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of a scheduler's queues, KV memory and counters (Scheduler.stats()).
+
+    Attributes (counts of requests, tokens or blocks as named; counters are totals since construction):
+        num_waiting, num_running: requests waiting (never admitted, or preempted) and running.
+        kv_total, kv_free: KV capacity and free KV, tokens.
+        num_used_blocks, num_free_blocks, num_evictable_blocks: blocks held, free (evictable cached ones
+            included) and cached-but-unheld ("reserve": reservation units; 0 evictable).
+        num_preemptions: preemptions so far; num_recomputed_tokens: prefill tokens recomputed after them.
+        enable_prefix_caching, block_size: the configuration the counters are read under.
+        prefix_cache_queries, prefix_cache_hits: tokens looked up at admissions and found cached (vLLM's
+            meanings); prefix_cache_first_queries, prefix_cache_first_hits: first admissions only.
+        num_evictions: cached blocks evicted so far.
+    """
+
+    num_waiting: int
+    num_running: int
+    kv_total: int
+    kv_free: int
+    num_used_blocks: int = 0
+    num_free_blocks: int = 0
+    num_evictable_blocks: int = 0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    enable_prefix_caching: bool = False
+    block_size: int | None = None
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_first_queries: int = 0
+    prefix_cache_first_hits: int = 0
+    num_evictions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerHeadroom:
+    """What a scheduler's next step leaves (Scheduler.headroom()): found by planning that step on a copy.
+
+    Attributes:
+        will_wait: requests still waiting after it (those added, and those passed to headroom()).
+        slots: max_seqs - running after it.
+        kv_free: free KV after it, tokens; num_free_blocks: the same in blocks (or reservation units).
+        budget_tokens: tokens of its budget it leaves unspent.
+        num_tokens: tokens it schedules; num_admitted: requests it admits.
+    """
+
+    will_wait: int
+    slots: int
+    kv_free: int
+    num_free_blocks: int
+    budget_tokens: int
+    num_tokens: int
+    num_admitted: int
+
+
+class AdmissionQueries:
+    """stats(), headroom() and would_wait() of a scheduler (a mixin of Scheduler). headroom and would_wait
+    plan the next step on a copy of the scheduler (`snapshot`), so they walk the real admission rule:
+    the KV manager's answers, priority order, cached prefixes, partial prefills, preemption."""
+
+    def stats(self) -> SchedulerStats:
+        """The queues, KV figures and counters now, as a frozen SchedulerStats; O(1)."""
+        s: Any = self
+        kv = s._kv
+        ps = kv.prefix_stats
+        return SchedulerStats(
+            s.num_waiting, s.num_running, kv.kv_total, kv.kv_free, kv.num_used_blocks, kv.num_free_blocks,
+            kv.num_evictable_blocks, s.num_preemptions, s.num_recomputed_tokens, s.config.enable_prefix_caching,
+            s.config.block_size, ps.queries, ps.hits, ps.first_queries, ps.first_hits, kv.num_evictions)
+
+    def snapshot(self) -> Any:
+        """A detached copy of the scheduler (its KV manager included), which may be queried or stepped from
+        any thread while the original runs; O(live requests + blocks handed out). The remembered finished
+        rids are not copied (abort() of one on the copy raises KeyError).
+
+        Raises:
+            TypeError: the KV manager (one given as kv_manager=) cannot be copied (copy.deepcopy).
+        """
+        s: Any = self
+        return copy.deepcopy(self, {id(s._recent_finished): {}, id(s.last_finished): {}})
+
+    def _next_step(self, requests: Iterable[Request]) -> tuple[Any, StepPlan, list[Hashable]]:
+        twin = self.snapshot()
+        if twin._inflight is not None:  # the step in flight completes first, as if nothing stopped early
+            twin.complete(twin._inflight)
+        added = []
+        for req in requests:
+            try:
+                twin.add(req)
+            except RequestRejected:
+                continue
+            added.append(req.rid)
+        return twin, twin.schedule(), added
+
+    def headroom(self, requests: Iterable[Request] = ()) -> SchedulerHeadroom:
+        """What the next step leaves if `requests` (not yet added) were added now, in this order.
+
+        The step in flight, if any, is taken to complete with no early stop; the clock (policy
+        "priority" with clock=) is read once. Requests that add() would refuse are left out.
+        Cost: one snapshot and one schedule() on it.
+
+        Raises:
+            TypeError: as snapshot().
+        """
+        twin, plan, _ = self._next_step(requests)
+        return SchedulerHeadroom(
+            twin.num_waiting, twin.max_seqs - twin.num_running, twin.kv_free, twin.num_free_blocks,
+            plan.token_budget - plan.num_tokens, plan.num_tokens, len(plan.admitted))
+
+    def would_wait(self, requests: Iterable[Request]) -> int:
+        """How many of `requests` (not yet added), added now in this order, would still wait after the next
+        step: exact, since the step is planned on a copy by the scheduler's own rules (both KV policies,
+        priority, cached prefixes, partial prefills). Requests that add() would refuse are not counted; see
+        headroom() for the step in flight and the clock.
+
+        Raises:
+            TypeError: as snapshot().
+        """
+        twin, _, added = self._next_step(requests)
+        live = twin._live
+        return sum(1 for rid in added if live[rid].status is RequestStatus.WAITING)

@@ -30,7 +30,7 @@ from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillHost, PrefillRule, StepBudget
-from stallfree.core.queries import KVQueries
+from stallfree.core.queries import AdmissionQueries, KVQueries
 from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["Scheduler"]
@@ -42,7 +42,7 @@ _PREEMPTED = RequestStatus.PREEMPTED
 _Decodes = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]
 
 
-class Scheduler(KVQueries, RequestLifecycle):
+class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     """A continuous batching scheduler with a token budget and chunked prefill (docs/DESIGN.md section 1).
 
     It owns the waiting queue, the running set (a DecodeSet and the partial prefills) and its KV
