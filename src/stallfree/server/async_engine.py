@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from stallfree.core import Request as CoreRequest
 from stallfree.core.errors import StallfreeError
 from stallfree.engine.errors import StepFailed
-from stallfree.engine.outputs import Admission, EngineClient, EngineStats, Headroom
+from stallfree.engine.outputs import Admission, EngineClient, EngineStats
 
 __all__ = [
     "AsyncEngine",
@@ -190,7 +190,6 @@ class AsyncEngine:
         self._added: set[Hashable] = set()
         # The engine's state as read after the last step or queue change (never during a step).
         self._stats: EngineStats = engine.stats()
-        self._headroom: Headroom = engine.headroom()
         self._admission: Admission = engine.admission()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -400,9 +399,8 @@ class AsyncEngine:
         return True
 
     def _read_engine(self) -> None:
-        """Read the engine's snapshot and headroom (on the loop, between steps)."""
+        """Read the engine's stats and admission rule (on the loop, between steps)."""
         self._stats = self.engine.stats()
-        self._headroom = self.engine.headroom()
         self._admission = self.engine.admission()
 
     def _pending_waiting(self, new: CoreRequest | None) -> tuple[int, bool]:
