@@ -117,3 +117,23 @@ def test_would_wait_equals_the_next_step(seed):
         checked += bool(new)
         s.complete(plan)
     assert checked > 10 and s.num_preemptions + s.prefix_cache_hits > 0
+
+
+def test_a_snapshot_runs_on_exactly_as_the_original():
+    """snapshot() is detached and whole: the copy shares no mutable state (the decode set and its finish
+    index are one object per copy) and, stepped to the end, plans every step as the original does."""
+    s = Scheduler(24, 4, 80, kv_policy="paged", block_size=4, policy="priority", enable_prefix_caching=True,
+                  num_spec_tokens=1)
+    for i in range(8):
+        s.add(Request(i, 6 + 5 * i, 3 + i, priority=i % 3, block_hashes=hash_blocks(list(range(6 + 5 * i)), 4)))
+    for _ in range(4):
+        s.complete(s.schedule())
+    t = s.snapshot()
+    assert t._due is t._decodes.due and t._due is not s._due and t._kv is not s._kv
+    a, b = [], []
+    for sched, out in ((s, a), (t, b)):
+        while sched.has_unfinished():
+            plan = sched.schedule()
+            out.append((tuple((c.rid, c.num_tokens) for c in plan), plan.preempted))
+            sched.complete(plan)
+    assert a == b and len(a) > 5

@@ -16,6 +16,7 @@ the index of decodes by the clock value of their last token (`due`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable
 from typing import Any
 
@@ -105,6 +106,17 @@ class LiveRequest:
         self.num_cached_tokens = 0
         self._decodes = decodes
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> LiveRequest:
+        # Scheduler.snapshot(): the Request is immutable and shared, the block table (ints) copied flat;
+        # only the decode set is copied deeply (through `memo`, so that it is copied once).
+        new = LiveRequest.__new__(LiveRequest)
+        memo[id(self)] = new
+        for name in LiveRequest.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.block_table = list(self.block_table)
+        new._decodes = copy.deepcopy(self._decodes, memo)
+        return new
+
     @property
     def prompt_len(self) -> int:
         """The contract's name of num_prompt_tokens."""
@@ -151,6 +163,21 @@ class DecodeSet:
         self.clock = 0
         self._shift: int | None = None
         self._shifted_t: tuple[int, ...] = ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DecodeSet:
+        # Scheduler.snapshot(): the records through `memo`; the tuples (of rids and ints) are shared.
+        new = DecodeSet.__new__(DecodeSet)
+        memo[id(self)] = new
+        for name in DecodeSet.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.recs = [copy.deepcopy(r, memo) for r in self.recs]
+        new._rids, new._offsets = list(self._rids), list(self._offsets)
+        due = memo.get(id(self.due))  # the owner's alias of `due` (Scheduler._due) may be copied first
+        if due is None:
+            due = memo[id(self.due)] = {}
+            due.update((k, [copy.deepcopy(r, memo) for r in v]) for k, v in self.due.items())
+        new.due = due
+        return new
 
     def __len__(self) -> int:
         return len(self.recs)
