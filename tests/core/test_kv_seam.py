@@ -208,16 +208,23 @@ def test_randomized_workloads_with_a_delegating_manager_hold_every_invariant(nam
 
 
 def test_the_scheduler_has_no_branch_on_the_kv_policy_or_caching():
-    """Outside its constructor, no Scheduler method names the KV policy, prefix caching, a pool or a
-    cache: every KV question goes through the KVManager."""
+    """No Scheduler method, its constructor included, names the KV policy, prefix caching, a pool or a
+    cache: the config chooses the manager (kv_manager_for) and every KV question goes through it."""
     tree = ast.parse(inspect.getsource(scheduler_module))
     banned = {"kv_policy", "enable_prefix_caching", "_paged", "_pkv", "_rkv", "pool", "cache", "buckets",
-              "PagedKV", "ReservationKV", "CachingBlockPool", "BlockPool"}
+              "PagedKV", "ReservationKV", "CachingBlockPool", "BlockPool", "build_kv_manager", "watermark"}
     found = []
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Scheduler"):
-        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"):
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
             for node in ast.walk(fn):
                 name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
                 if name in banned:
-                    found.append(f"{fn.name}: {name}")
+                    found.append(f"{cls.name}.{fn.name}: {name}")
     assert found == []
+
+
+def test_the_scheduler_module_does_not_mention_kv_policies_or_caching():
+    """core/scheduler.py plans steps without a word of the KV policies or of prefix caching (they are
+    SchedulerConfig's, core/kv.py's and core/queries.py's)."""
+    text = inspect.getsource(scheduler_module).lower()
+    assert [w for w in ("paged", "reserve", "caching", "cached", "prefix", "watermark", "kv_policy") if w in text] == []

@@ -120,7 +120,8 @@ def _progress_bound_run(seed: int, num_requests: int) -> int:
         while i < len(reqs) and arrivals[i] <= s.step:
             chk.add(reqs[i])
             i += 1
-        rests = [(obj.rid, obj.target - obj.num_prefilled) for obj in s._partials]  # admission order
+        # Admission order; under "reserve" an episode prefills its prompt.
+        rests = [(rid, reqs[rid].prompt_len - s.request_state(rid).num_prefilled) for rid in s.partial_prefills]
         plan = chk.schedule()
         left = plan.token_budget - sum(c.num_tokens for c in plan.decodes)
         for j, (rid, rest) in enumerate(rests):

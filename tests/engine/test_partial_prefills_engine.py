@@ -34,7 +34,7 @@ def test_greedy_outputs_with_partial_prefills_equal_running_alone(make_engine, r
     outs: dict[str, list[int]] = {rid: [] for rid in PROMPTS}
     most_partial = 0
     while eng.has_unfinished():
-        most_partial = max(most_partial, len(eng.scheduler._partials))
+        most_partial = max(most_partial, len(eng.scheduler.partial_prefills))
         for o in eng.step():
             outs[o.rid].extend(o.new_token_ids)
     assert most_partial >= 2  # the options were exercised

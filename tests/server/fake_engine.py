@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-from stallfree.core import FinishReason, PagedScheduler, Request, RequestStatus, Scheduler, StepPlan
+from stallfree.core import FinishReason, PagedScheduler, Request, Scheduler, StepPlan
 from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt, StepFailed
-from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
+from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, RequestOutput
 
 EOS_ID = 3  # a control code point, decoded as "" like a special token
 
@@ -107,13 +107,15 @@ class FakeEngine:
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
         block_size: int = 16,
+        **scheduler_options: object,
     ) -> None:
         self.scheduler: Scheduler | PagedScheduler
         if kv_policy == "paged":
-            self.scheduler = PagedScheduler(token_budget, max_seqs, kv_tokens // block_size, block_size, 0.01)
+            self.scheduler = PagedScheduler(token_budget, max_seqs, kv_tokens // block_size, block_size, 0.01,
+                                            policy=scheduling_policy, **scheduler_options)
         else:
             self.scheduler = Scheduler(token_budget=token_budget, max_seqs=max_seqs, kv_tokens=kv_tokens,
-                                       policy=scheduling_policy)
+                                       policy=scheduling_policy, **scheduler_options)
             block_size = 1
         self.kv_policy = kv_policy
         self.block_size = block_size
@@ -153,42 +155,37 @@ class FakeEngine:
         return self._info
 
     def stats(self) -> EngineStats:
-        """The scheduler's public state as an EngineStats."""
+        """The scheduler's stats() as an EngineStats."""
         with self._guard():
-            s = self.scheduler
+            st = self.scheduler.stats()
             return EngineStats(
-                num_running=s.num_running, num_waiting=s.num_waiting,
-                num_will_wait=self._headroom().will_wait, kv_free_tokens=s.kv_free, kv_total_tokens=s.kv_total,
-                num_preemptions=getattr(s, "num_preemptions", 0),
+                num_running=st.num_running, num_waiting=st.num_waiting,
+                num_will_wait=self._headroom().will_wait, kv_free_tokens=st.kv_free, kv_total_tokens=st.kv_total,
+                num_preemptions=st.num_preemptions,
                 last_step_tokens=0 if self.last_plan is None else self.last_plan.num_tokens,
             )
 
     def headroom(self) -> Headroom:
-        """What the next step leaves, by the same public walk as LLMEngine.headroom."""
+        """What the next step leaves, from the scheduler's own plan of it, as LLMEngine.headroom."""
         with self._guard():
             return self._headroom()
 
     def _headroom(self) -> Headroom:
         s = self.scheduler
-        plan = self.last_plan if self._pending is None else None
-        partial = [] if plan is None else [
-            len(self._seqs[c.rid].prompt) + len(self._seqs[c.rid].generated) - c.start - c.num_tokens
-            for c in plan.prefills if not c.is_last and c.rid in self._seqs]
-        waiting, preempted = [], []
-        for rid, seq in self._seqs.items():
-            status = s.request_state(rid).status
-            if status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
-                item = (len(seq.prompt) + len(seq.generated), len(seq.prompt) + seq.params.max_tokens,
-                        status is RequestStatus.WAITING)
-                (waiting if item[2] else preempted).append(item)
-        if isinstance(s, PagedScheduler):
-            kv = (s.num_free_blocks - s.watermark_blocks) * s.block_size
-        else:
-            kv = s.kv_free
-        return estimate_headroom(
-            max_seqs=self._info.max_seqs, token_budget=self._info.token_budget, num_running=s.num_running,
-            partial_rest=partial, kv_free_tokens=kv, reserve=self.kv_policy != "paged",
-            block_size=self.block_size, waiting=preempted + waiting)
+        h = s.headroom()
+        reserve = self.kv_policy != "paged"
+        kv = h.kv_free if reserve else (h.num_free_blocks - s.watermark_blocks) * self.block_size
+        return Headroom(h.will_wait, h.slots, kv, h.budget_tokens, reserve, self.block_size)
+
+    def admission(self) -> Admission:
+        """A detached copy of the scheduler and the fake's request builder, as LLMEngine.admission."""
+        with self._guard():
+            return Admission(self.scheduler.snapshot(), self._core_request)
+
+    def _core_request(self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, priority: int,
+                      cache_salt: str | None) -> Request | None:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return Request(rid, len(ids), params.max_tokens, priority=priority) if ids else None
 
     def encode(self, text: str) -> list[int]:
         """Tokenize with the fake tokenizer (thread-safe: no engine state)."""

@@ -3,6 +3,7 @@
 Imports allowed: the standard library only; nothing else from stallfree.
 """
 
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import (
     InvalidConfig,
     RequestRejected,
@@ -10,10 +11,12 @@ from stallfree.core.errors import (
     SchedulerStateError,
     StallfreeError,
 )
+from stallfree.core.paged_scheduler import PagedScheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.prefix_cache import hash_blocks
+from stallfree.core.queries import SchedulerHeadroom, SchedulerStats
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
-from stallfree.core.scheduler import PagedScheduler, Scheduler
+from stallfree.core.scheduler import Scheduler
 
 __all__ = [
     "FinishReason",
@@ -25,8 +28,11 @@ __all__ = [
     "RequestStatus",
     "ScheduledChunk",
     "Scheduler",
+    "SchedulerConfig",
     "SchedulerError",
+    "SchedulerHeadroom",
     "SchedulerStateError",
+    "SchedulerStats",
     "StallfreeError",
     "StepPlan",
     "hash_blocks",

@@ -88,11 +88,11 @@ class CheckerState:
 
     @property
     def _paged(self) -> bool:
-        return getattr(self.scheduler, "kv_policy", "reserve") == "paged"
+        return self.scheduler.kv_policy == "paged"
 
     @property
     def _caching(self) -> bool:
-        return bool(getattr(self.scheduler, "enable_prefix_caching", False))
+        return self.scheduler.enable_prefix_caching
 
     def _blocks(self, tokens: int) -> int:
         bs = self.scheduler.block_size or 1

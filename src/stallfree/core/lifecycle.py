@@ -62,7 +62,6 @@ class RequestLifecycle:
     def _init_lifecycle(self) -> None:
         self._live: dict[Hashable, Any] = {}
         self._num_running = 0
-        self._prefilling: Any = None
         self._due: dict[int, list[Any]] = {}
         self._step = 0
         self._inflight: StepPlan | None = None
@@ -231,10 +230,7 @@ class RequestLifecycle:
             obj = self._live[chunk.rid]
             obj.num_prefilled += chunk.num_tokens
             if not chunk.is_last:
-                self._prefilling = obj
                 continue
-            if self._prefilling is obj:
-                self._prefilling = None
             last_rids.append(chunk.rid)
             self._first_token(obj, step)
             if stopped_objs and obj.status is _FINISHED and any(o is obj for o in stopped_objs):

@@ -16,6 +16,7 @@ the index of decodes by the clock value of their last token (`due`).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Hashable
 from typing import Any
 
@@ -105,6 +106,17 @@ class LiveRequest:
         self.num_cached_tokens = 0
         self._decodes = decodes
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> LiveRequest:
+        # Scheduler.snapshot(): the Request is immutable and shared, the block table (ints) copied flat;
+        # only the decode set is copied deeply (through `memo`, so that it is copied once).
+        new = LiveRequest.__new__(LiveRequest)
+        memo[id(self)] = new
+        for name in LiveRequest.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.block_table = list(self.block_table)
+        new._decodes = copy.deepcopy(self._decodes, memo)
+        return new
+
     @property
     def prompt_len(self) -> int:
         """The contract's name of num_prompt_tokens."""
@@ -151,6 +163,21 @@ class DecodeSet:
         self.clock = 0
         self._shift: int | None = None
         self._shifted_t: tuple[int, ...] = ()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DecodeSet:
+        # Scheduler.snapshot(): the records through `memo`; the tuples (of rids and ints) are shared.
+        new = DecodeSet.__new__(DecodeSet)
+        memo[id(self)] = new
+        for name in DecodeSet.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.recs = [copy.deepcopy(r, memo) for r in self.recs]
+        new._rids, new._offsets = list(self._rids), list(self._offsets)
+        due = memo.get(id(self.due))  # the owner's alias of `due` (Scheduler._due) may be copied first
+        if due is None:
+            due = memo[id(self.due)] = {}
+            due.update((k, [copy.deepcopy(r, memo) for r in v]) for k, v in self.due.items())
+        new.due = due
+        return new
 
     def __len__(self) -> int:
         return len(self.recs)
@@ -217,6 +244,26 @@ class DecodeSet:
     def context_sum(self, clock: int) -> int:
         """Sum over the decodes of their start at `clock`, tokens."""
         return self.offset_sum + len(self.recs) * clock
+
+    def spec_costs(self, spec: int, clock: int) -> tuple[tuple[int, ...], int]:
+        """Per-decode tokens with `spec` speculative tokens at `clock`, in batch order, and their sum:
+        1 + min(spec, finish_step - clock) each (a decode never verifies past its last token), found
+        through the finish index `due` (a copy plus a lookup per decode due within `spec` steps)."""
+        n = len(self.recs)
+        short: dict[int, tuple[LiveRequest, int]] = {}
+        for d in range(spec):
+            for obj in self.due.get(clock + d, ()):
+                if obj.status is _DECODING and obj.finish_step == clock + d:
+                    short[id(obj)] = (obj, d)
+        full = (1 + spec,) * n
+        if not short:
+            return full, n * (1 + spec)
+        costs = list(full)
+        total = n * (1 + spec)
+        for obj, d in short.values():
+            costs[position_of(self.recs, obj)] = 1 + d
+            total -= spec - d
+        return tuple(costs), total
 
     def _refresh(self) -> None:
         self._offsets = [r.offset for r in self.recs]

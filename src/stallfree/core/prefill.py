@@ -9,9 +9,10 @@ Imports allowed: the standard library and stallfree.core only.
   than T tokens still to compute); the rules are in Scheduler's docstring and docs/scheduling.md.
 
 A strategy decides which chunks the step holds; it asks the scheduler for everything else (its waiting
-queue, its chunking hook, the KV manager through `_grow`, `_kv_admits` and `_take_in`, and the one
-victim rule), so KV policy, caching and preemption stay out of it. Scheduler(max_num_partial_prefills=)
-picks the strategy; schedule() calls `plan` once per step, after the decodes.
+queue, its chunking hook, the KV manager, growth with preemption, admission and the one victim rule)
+through a PrefillHost, a narrow view with public members, so KV policy, caching and preemption stay
+out of it. Scheduler picks the strategy from max_num_partial_prefills; schedule() calls `plan` once per
+step, after the decodes.
 
 Source: chunked prefill and stall-free batching (Sarathi-Serve, Agrawal et al., OSDI'24); several partial
 prefills with a long-prompt limit as in vLLM's scheduler (max_num_partial_prefills,
@@ -21,7 +22,7 @@ mini-sglang's PrefillAdder.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from stallfree.core.plan import ScheduledChunk
@@ -58,44 +59,80 @@ class StepBudget:
         self.left = 0
 
 
-class PrefillHost(Protocol):
-    """What a prefill rule reads and calls on the scheduler that hosts it (Scheduler is the one host):
-    its queues and partial prefills, its chunking and KV manager, and the admission, growth and
-    preemption steps it shares with the decode phase. Declared here, below the scheduler, so that the
-    strategies need no import of it."""
+class _Counts(Protocol):
+    @property
+    def step(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
 
-    _chunking: Chunking
-    _kv: KVManager
-    _live: dict[Hashable, LiveRequest]
-    _partials: list[LiveRequest]
-    _prefilling: LiveRequest | None
-    _waiting: WaitingQueue
-    max_seqs: int
-    num_recomputed_tokens: int
-    policy: str
+
+class PrefillHost:
+    """The narrow view of the scheduler that a prefill rule acts through: its queue, its partial
+    prefills, its chunking hook and KV manager, and the admission, growth and preemption steps it
+    shares with the decode phase, each a documented member. The scheduler makes one at construction
+    (the collections are its own, shared, so the view stays current); defined here, below the
+    scheduler, so that the strategies need no import of it.
+
+    Attributes:
+        chunking: the chunking hook (core/policies.py): chunk(rest, left) -> tokens of the next chunk.
+        kv: the KV manager (core/kv.py); a rule asks it `lookup(rec)` and, for a top-up that never
+            preempts, `grow(rec, tokens, step)`.
+        waiting: the waiting queue in admission order (head, pop_head, remove, in_order).
+        live: rid -> record of every live request (read only).
+        partials: the prompts admitted and not done with their prefill, in admission order (read only;
+            `admit` appends, the scheduler removes); with one partial prefill at most one is left at
+            the start of a step.
+        max_seqs: the most running requests.
+        policy: "fcfs" or "priority".
+        priority_key(rec): the record's queue key under "priority" (smaller runs first).
+        grow(rec, tokens, step, victims) -> bool: the KV for `tokens` tokens of a running request,
+            preempting by the victim rule (victims appended) while blocks are short; False when it
+            was its own victim.
+        can_admit(rec, first_chunk, hits) -> bool: whether the KV manager admits `rec` now with a
+            first chunk of `first_chunk` tokens after its cached prefix `hits` (from kv.lookup).
+        admit(rec, first_chunk, hits, start): admit `rec` (already out of the queue): its KV, its
+            status and admission order; its prefill starts at token `start`; it joins `partials`.
+        preempt(rec, step, victims): preempt a running request by recompute (appended to victims).
+        victim(rec, running) -> rec: the one victim rule among `running` (rec itself when none).
+        recomputed(tokens): count prefill tokens scheduled in a recompute episode.
+    """
+
+    __slots__ = ("chunking", "kv", "waiting", "live", "partials", "max_seqs", "policy", "priority_key", "grow",
+                 "can_admit", "admit", "preempt", "victim", "recomputed", "_counts")
+
+    def __init__(
+        self, counts: _Counts, *, chunking: Chunking, kv: KVManager, waiting: WaitingQueue,
+        live: Mapping[Hashable, LiveRequest], partials: list[LiveRequest], max_seqs: int, policy: str,
+        priority_key: Callable[[LiveRequest], tuple[float, int]],
+        grow: Callable[[LiveRequest, int, int, list[LiveRequest]], bool],
+        can_admit: Callable[[LiveRequest, int, Sequence[int]], bool],
+        admit: Callable[[LiveRequest, int, Sequence[int], int], None],
+        preempt: Callable[[LiveRequest, int, list[LiveRequest]], None],
+        victim: Callable[[LiveRequest, list[LiveRequest]], LiveRequest],
+        recomputed: Callable[[int], None],
+    ) -> None:
+        self._counts = counts
+        self.chunking, self.kv, self.waiting, self.live, self.partials = chunking, kv, waiting, live, partials
+        self.max_seqs, self.policy, self.priority_key = max_seqs, policy, priority_key
+        self.grow, self.can_admit, self.admit = grow, can_admit, admit
+        self.preempt, self.victim, self.recomputed = preempt, victim, recomputed
 
     @property
     def step(self) -> int:
-        """The step being planned (1-based)."""
+        """The step being planned."""
+        return self._counts.step
 
     @property
     def num_running(self) -> int:
         """Requests running (decoding or in prefill)."""
+        return self._counts.num_running
 
-    def priority_key(self, obj: LiveRequest) -> tuple[float, int]:
-        """The request's queue key under the priority policy (smaller runs first)."""
-
-    def _count_recomputed(self, out: list[ScheduledChunk]) -> None: ...
-
-    def _grow(self, obj: LiveRequest, tokens: int, step: int, victims: list[LiveRequest]) -> bool: ...
-
-    def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool: ...
-
-    def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None: ...
-
-    def _take_in(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int], start: int) -> None: ...
-
-    def _victim(self, obj: LiveRequest, running: list[LiveRequest]) -> LiveRequest: ...
+    def count_recomputed(self, out: list[ScheduledChunk]) -> None:
+        """Count the chunks in `out` of requests in a recompute episode (after a preemption)."""
+        live = self.live
+        for c in out:
+            if live[c.rid].num_preemptions:
+                self.recomputed(c.num_tokens)
 
 
 class PrefillRule(Protocol):
@@ -127,17 +164,17 @@ class OnePartialPrefill:
     @staticmethod
     def _continue(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest]) -> None:
         """Contract step 2: the rest of the prompt started in an earlier step, up to the budget."""
-        obj = s._prefilling
+        obj = s.partials[0] if s.partials else None
         if obj is None or budget.left <= 0:
             return
         done = obj.num_prefilled
         rest = obj.target - done
-        n = s._chunking.chunk(rest, budget.left)
-        if n and not s._grow(obj, done + n, s.step, victims):
+        n = s.chunking.chunk(rest, budget.left)
+        if n and not s.grow(obj, done + n, s.step, victims):
             return  # it was its own victim: nothing was admitted after it
         if n:
             if obj.num_preemptions:
-                s.num_recomputed_tokens += n
+                s.recomputed(n)
             out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
         # A prompt that does not finish this step keeps what is left (less than a block when chunks are
         # block-aligned): admitting behind it would let a newer prompt reach its first token first.
@@ -149,24 +186,24 @@ class OnePartialPrefill:
     @staticmethod
     def _admit(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
         """Contract step 3: admission in queue order; the first head that does not fit stops it."""
-        waiting = s._waiting
+        waiting = s.waiting
         if not len(waiting):
             return ()
         admitted: list[Hashable] = []
-        kv = s._kv
+        kv = s.kv
         while budget.left > 0 and len(waiting):
             obj: LiveRequest | None = waiting.head()
             if obj is None or s.num_running >= s.max_seqs:
                 break
             # A cached prefix (none without caching) is kept; the prefill starts after it.
             start, hits = kv.lookup(obj)
-            n = s._chunking.chunk(obj.target - start, budget.left)
-            if n == 0 or not s._kv_admits(obj, n, hits):  # never a 0-token first chunk
+            n = s.chunking.chunk(obj.target - start, budget.left)
+            if n == 0 or not s.can_admit(obj, n, hits):  # never a 0-token first chunk
                 break
             waiting.pop_head()
-            s._take_in(obj, n, hits, start)
+            s.admit(obj, n, hits, start)
             if obj.num_preemptions:
-                s.num_recomputed_tokens += n
+                s.recomputed(n)
             last = n == obj.target - start
             out.append(ScheduledChunk(obj.rid, n, True, start, last))
             admitted.append(obj.rid)
@@ -197,8 +234,8 @@ class PartialPrefills:
              decoding: bool) -> tuple[Hashable, ...]:
         """The K/L/T step after the decodes; `out` gets one chunk per prompt in prefill order."""
         thr = self.thr
-        chunking = s._chunking
-        partials = s._partials
+        chunking = s.chunking
+        partials = s.partials
         if s.policy == "priority" and len(partials) > 1:
             partials = sorted(partials, key=s.priority_key)
         else:
@@ -221,13 +258,13 @@ class PartialPrefills:
                 num_partial += 1
                 num_long += rest > thr
         if victims:
-            live = s._live
+            live = s.live
             out[:] = [c for c in out if live[c.rid].status is _PREFILLING]
-            s._count_recomputed(out)
+            s.count_recomputed(out)
             return ()
         admitted = self._admit(s, budget, out, num_partial, num_long)
         self._top_up(s, budget, out, thr if decoding else None)
-        s._count_recomputed(out)
+        s.count_recomputed(out)
         return admitted
 
     @staticmethod
@@ -235,12 +272,12 @@ class PartialPrefills:
               victims: list[LiveRequest]) -> bool:
         """KV for a partial prefill's chunk, preempting only newer partial prefills (the victim rule
         among them); False (no chunk this step) when they do not suffice."""
-        kv = s._kv
+        kv = s.kv
         while not kv.grow(obj, tokens, s.step):
-            victim = s._victim(obj, [o for o in partials if o.status is _PREFILLING])
+            victim = s.victim(obj, [o for o in partials if o.status is _PREFILLING])
             if victim is obj:
                 return False
-            s._preempt(victim, s.step, victims)
+            s.preempt(victim, s.step, victims)
         return True
 
     def _admit(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], num_partial: int,
@@ -248,11 +285,11 @@ class PartialPrefills:
         """Admission in queue order: a long head takes at most T tokens and is passed by the requests
         behind it while L long prompts are partially prefilled; any other head that does not fit (slot,
         budget, KV, or a K-th partial prefill) stops admission."""
-        waiting = s._waiting
+        waiting = s.waiting
         if not len(waiting) or budget.left <= 0:
             return ()
         thr = self.thr
-        kv = s._kv
+        kv = s.kv
         admitted: list[Hashable] = []
         for obj in waiting.in_order():
             left = budget.left
@@ -265,13 +302,12 @@ class PartialPrefills:
             is_long = rest > thr
             if is_long and num_long >= self.lng:
                 continue  # the one case where a short prompt may pass a long one
-            n = s._chunking.chunk(rest, min(left, thr) if is_long else left)
+            n = s.chunking.chunk(rest, min(left, thr) if is_long else left)
             last = n == rest
-            if n == 0 or (not last and num_partial >= self.k) or not s._kv_admits(obj, n, hits):
+            if n == 0 or (not last and num_partial >= self.k) or not s.can_admit(obj, n, hits):
                 break
             waiting.remove(obj)
-            s._take_in(obj, n, hits, start)
-            s._partials.append(obj)
+            s.admit(obj, n, hits, start)
             out.append(ScheduledChunk(obj.rid, n, True, start, last))
             admitted.append(obj.rid)
             if not last:
@@ -291,7 +327,7 @@ class PartialPrefills:
         to compute at the step's start) gets none: its chunk stays at most T tokens, because a chunk deep
         into a long prompt attends over its whole prefix and would slow the step every decode in it waits
         for; without decodes the top-up is work-conserving."""
-        live = s._live
+        live = s.live
         for i, c in enumerate(out):
             if budget.left <= 0:
                 break
@@ -302,8 +338,8 @@ class PartialPrefills:
                 continue
             end = c.start + c.num_tokens
             rest = obj.target - end
-            n = s._chunking.chunk(rest, budget.left)
-            if n == 0 or not s._kv.grow(obj, end + n, s.step):
+            n = s.chunking.chunk(rest, budget.left)
+            if n == 0 or not s.kv.grow(obj, end + n, s.step):
                 break
             out[i] = c._replace(num_tokens=c.num_tokens + n, is_last=n == rest)
             budget.spend(n)

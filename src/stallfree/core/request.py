@@ -66,6 +66,9 @@ class Request:
     arrival: float = 0.0
     block_hashes: tuple[Hashable, ...] | None = None
 
+    def __deepcopy__(self, memo: dict[int, object]) -> Request:
+        return self  # frozen and never mutated: a copy of a scheduler shares its requests
+
     def __post_init__(self) -> None:
         self.validate()
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, StepPlan
+from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, SchedulerConfig, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
 from stallfree.core.prefix_cache import hash_blocks
@@ -32,7 +32,7 @@ from stallfree.engine.errors import (
 )
 from stallfree.engine.kv_cache import KVCache
 from stallfree.engine.model import LlamaModel
-from stallfree.engine.outputs import EngineInfo, EngineStats, Headroom, RequestOutput, estimate_headroom
+from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, RequestOutput
 from stallfree.engine.sampling import NO_TOKEN, SamplingParams, sample_tokens
 from stallfree.engine.stops import StopMatcher
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -162,14 +162,14 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
     if opts.get("max_num_partial_prefills", 1) > 1 and opts.get("long_prefill_token_threshold") is None:
         opts["long_prefill_token_threshold"] = max(1, max_model_len * 4 // 100)
     num_blocks = -(-kv_tokens // block_size)
-    if kv_policy == "reserve":
-        # Reservations in whole blocks (the engine follows the scheduler's block tables); chunks are not
-        # aligned to blocks, as under "paged".
-        return Scheduler(token_budget, max_seqs, num_blocks * block_size, block_size=block_size,
-                         align_chunks=False, policy=scheduling_policy, **opts)
-    return Scheduler(token_budget, max_seqs, num_blocks * block_size, kv_policy="paged", block_size=block_size,
-                     watermark=_WATERMARK, policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching,
-                     **opts)
+    # Under "reserve": reservations in whole blocks (the engine follows the scheduler's block tables);
+    # chunks are not aligned to blocks, as under "paged".
+    paged = kv_policy == "paged"
+    config = SchedulerConfig(
+        token_budget, max_seqs, num_blocks * block_size, kv_policy=kv_policy, block_size=block_size,
+        watermark=_WATERMARK if paged else SchedulerConfig.watermark, align_chunks=None if paged else False,
+        policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching if paged else False, **opts)
+    return Scheduler(config)
 
 
 def salt_block_hashes(hashes: Sequence[int], salt: str) -> tuple[int, ...]:
@@ -298,19 +298,19 @@ class LLMEngine:
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
                                          scheduling_policy, enable_prefix_caching, partial, cfg.max_model_len)
         else:
-            kv_policy = str(getattr(scheduler, "kv_policy", "paged"))
+            kv_policy = str(scheduler.kv_policy)
         self.scheduler = scheduler
         #: Prefix caching: prompts are hashed (hash_blocks) and cached KV blocks reused.
-        self.enable_prefix_caching = bool(getattr(scheduler, "enable_prefix_caching", False))
+        self.enable_prefix_caching = bool(scheduler.enable_prefix_caching)
         self.kv_policy = kv_policy
         self.scheduling_policy = scheduling_policy
-        table = getattr(scheduler, "block_table", None)
+        table = scheduler.block_table
         if table is None:
             raise InvalidConfig("scheduler hands out no block tables (block_table is None): build it with "
                                 "a block_size, e.g. Scheduler(..., block_size=16)")
         self._block_table: Callable[[Hashable], Sequence[int]] = table
         block_size = int(scheduler.block_size)
-        num_blocks = int(getattr(scheduler, "num_blocks", 0)) or int(scheduler.kv_total) // block_size
+        num_blocks = int(scheduler.num_blocks)
         self.block_size = block_size
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
                           model.dtype, model.device)
@@ -338,64 +338,54 @@ class LLMEngine:
         return self._info
 
     def stats(self) -> EngineStats:
-        """A snapshot of the queues and the KV cache, from the scheduler's public state.
+        """A snapshot of the queues and the KV cache, from the scheduler's stats().
 
         Call it between steps (not while step() runs in another thread).
         """
-        s = self.scheduler
-        free = int(s.kv_free)
-        if self.kv_policy == "paged":
-            free = int(s.num_free_blocks) * self.block_size
+        st = self.scheduler.stats()
         return EngineStats(
-            num_running=int(s.num_running), num_waiting=int(s.num_waiting),
-            num_will_wait=self.headroom().will_wait if s.num_waiting else 0,
-            kv_free_tokens=free, kv_total_tokens=int(s.kv_total),
-            num_preemptions=int(getattr(s, "num_preemptions", 0)),
+            num_running=st.num_running, num_waiting=st.num_waiting,
+            num_will_wait=self.headroom().will_wait if st.num_waiting else 0,
+            kv_free_tokens=st.kv_free, kv_total_tokens=st.kv_total, num_preemptions=st.num_preemptions,
             last_step_tokens=0 if self.last_plan is None else int(self.last_plan.num_tokens),
-            prefix_cache_queries=int(getattr(s, "prefix_cache_queries", 0)),
-            prefix_cache_hits=int(getattr(s, "prefix_cache_hits", 0)),
+            prefix_cache_queries=st.prefix_cache_queries, prefix_cache_hits=st.prefix_cache_hits,
         )
 
     def headroom(self) -> Headroom:
-        """Estimate what the next step admits, from the scheduler's public state; see Headroom.
+        """What the next step leaves, from the scheduler's own plan of it (Scheduler.headroom: exact under
+        both KV policies, priority, caching hits and partial prefills); see Headroom. Under "paged" the
+        KV left is counted above the watermark. Call it between steps.
 
-        The next step's budget first goes to the running requests (one token per decode) and to the
-        rest of a prompt whose prefill the last step left unfinished; admission then takes waiting
-        requests in order (preempted ones first, then add() order), each needing a free slot, budget
-        left, and KV: prompt + max_tokens under "reserve"; under "paged" the blocks of its first chunk
-        (of its whole recompute when preempted) above the watermark. The first that does not fit and
-        all behind it will wait (contract step 3: admission never skips). An estimate under the
-        priority policy, whose order this walk does not follow. Call it between steps.
-
-        Cost: O(requests held by the engine) when some are waiting, else O(1).
+        Cost: one copy of the scheduler and one schedule() on it.
         """
         s = self.scheduler
-        partial = [(c.rid, c.start + c.num_tokens) for c in self.last_plan.prefills
-                   if not c.is_last and c.rid in self._seqs] if self.last_plan is not None and \
-            self._pending is None else []
+        h = s.headroom()
         reserve = self.kv_policy != "paged"
-        bs = self.block_size
-        if reserve:
-            kv = int(s.kv_free)
-        else:
-            kv = (int(s.num_free_blocks) - int(getattr(s, "watermark_blocks", 0))) * self.block_size
-        waiting: list[tuple[int, int, bool]] = []
-        if s.num_waiting:
-            preempted: list[tuple[int, int, bool]] = []
-            for rid, seq in self._seqs.items():
-                status = s.request_state(rid).status
-                if status in _WAITING:
-                    # len(token_ids): the prompt, or prompt + generated for a recompute
-                    # (the reservation is in whole blocks)
-                    item = (len(seq.token_ids), -(-(seq.num_prompt + seq.params.max_tokens) // bs) * bs,
-                            status is not RequestStatus.PREEMPTED)
-                    (waiting if item[2] else preempted).append(item)
-            waiting = preempted + waiting  # preempted requests head the queue
-        return estimate_headroom(
-            max_seqs=self._info.max_seqs, token_budget=self._info.token_budget, num_running=int(s.num_running),
-            partial_rest=[len(self._seqs[rid].token_ids) - done for rid, done in partial],
-            kv_free_tokens=kv, reserve=reserve, block_size=self.block_size, waiting=waiting,
-        )
+        kv = h.kv_free if reserve else (h.num_free_blocks - s.watermark_blocks) * self.block_size
+        return Headroom(h.will_wait, h.slots, kv, h.budget_tokens, reserve, self.block_size)
+
+    def admission(self) -> Admission:
+        """The admission rule as of now, for a server to ask from its own thread during the next step
+        (Admission: a detached copy of the scheduler and this engine's request builder). Call it between
+        steps. Cost: one copy of the scheduler."""
+        return Admission(self.scheduler.snapshot(), self._core_request)
+
+    def _core_request(self, rid: Hashable, prompt: str | Sequence[int], params: Any, priority: int,
+                      cache_salt: str | None) -> Request | None:
+        """The scheduler's Request for a prompt (thread-safe: reads only the tokenizer and fixed facts);
+        None when add_request would refuse the prompt."""
+        try:
+            ids = self._prompt_ids(prompt)
+        except InvalidPrompt:
+            return None
+        return Request(rid, len(ids), params.max_tokens, priority=priority, arrival=time.monotonic(),
+                       block_hashes=self._hashes(ids, cache_salt))
+
+    def _hashes(self, ids: Sequence[int], cache_salt: str | None) -> Sequence[int] | None:
+        if not self.enable_prefix_caching:
+            return None
+        hashes = hash_blocks(ids, self.block_size)
+        return hashes if cache_salt is None else salt_block_hashes(hashes, cache_salt)
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a prompt (no chat template); safe to call from another thread during step().
@@ -411,7 +401,7 @@ class LLMEngine:
     @property
     def num_preemptions(self) -> int:
         """Running requests preempted so far (0 under the reservation scheduler)."""
-        return int(getattr(self.scheduler, "num_preemptions", 0))
+        return int(self.scheduler.num_preemptions)
 
     def _default_kv_tokens(self, per_token_bytes: int, max_seqs: int) -> int:
         dev = self.model.device
@@ -552,9 +542,7 @@ class LLMEngine:
                 gen.seed()
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         try:
-            hashes = hash_blocks(ids, self.block_size) if self.enable_prefix_caching else None
-            if hashes is not None and cache_salt is not None:
-                hashes = salt_block_hashes(hashes, cache_salt)
+            hashes = self._hashes(ids, cache_salt)
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
                                        arrival=time.monotonic(), block_hashes=hashes))
         except CoreRequestRejected as exc:

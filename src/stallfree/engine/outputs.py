@@ -7,11 +7,13 @@ Imports allowed: the standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["EngineClient", "EngineInfo", "EngineStats", "Headroom", "RequestOutput", "estimate_headroom"]
+from stallfree.core import Request as CoreRequest
+
+__all__ = ["Admission", "EngineClient", "EngineInfo", "EngineStats", "Headroom", "RequestOutput", "estimate_headroom"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +197,34 @@ def estimate_headroom(
     return Headroom(will_wait, slots, kv, budget, reserve, block_size)
 
 
+class Admission:
+    """The engine's admission rule as of the last step boundary, which a server may ask from its own thread
+    while the next step runs (LLMEngine.admission): a detached copy of the scheduler and a builder of the
+    scheduler's requests (tokenize, hash the prompt blocks with the request's cache salt).
+
+    Args:
+        scheduler: a detached scheduler copy (stallfree.core.Scheduler.snapshot()).
+        make_request: (rid, prompt, params, priority, cache_salt) -> the stallfree.core.Request the
+            engine would add, or None when the engine would refuse the prompt.
+    """
+
+    __slots__ = ("_make", "_scheduler")
+
+    def __init__(self, scheduler: Any, make_request: Callable[..., CoreRequest | None]) -> None:
+        self._scheduler = scheduler
+        self._make = make_request
+
+    def request(self, rid: Hashable, prompt: Any, params: Any, priority: int = 0,
+                cache_salt: str | None = None) -> CoreRequest | None:
+        """The scheduler's Request for a request not yet added (None: the engine would refuse it)."""
+        return self._make(rid, prompt, params, priority, cache_salt)
+
+    def waiting_after(self, requests: Sequence[CoreRequest]) -> int:
+        """Requests waiting after the next step if `requests` were added now, in this order, those already
+        waiting included: the next step planned by the scheduler's own rules (Scheduler.headroom)."""
+        return int(self._scheduler.headroom(requests).will_wait)
+
+
 @runtime_checkable
 class EngineClient(Protocol):
     """The engine as a server sees it (LLMEngine implements it; so do test fakes).
@@ -212,6 +242,9 @@ class EngineClient(Protocol):
 
     def headroom(self) -> Headroom:
         """What the next step leaves after admitting the waiting requests it can."""
+
+    def admission(self) -> Admission:
+        """Its admission rule as of now (call between steps), to be asked from any thread."""
 
     def encode(self, text: str) -> list[int]:
         """Tokenize a prompt (thread-safe: a server may call it from another thread, even during step())."""

@@ -21,9 +21,10 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from stallfree.core import Request as CoreRequest
 from stallfree.core.errors import StallfreeError
 from stallfree.engine.errors import StepFailed
-from stallfree.engine.outputs import EngineClient, EngineStats, Headroom
+from stallfree.engine.outputs import Admission, EngineClient, EngineStats
 
 __all__ = [
     "AsyncEngine",
@@ -101,6 +102,7 @@ class _Pending:
     max_tokens: int
     future: asyncio.Future[None]
     cache_salt: str | None = None
+    core: CoreRequest | None = None  # the scheduler's Request for it, for the admission test (max_waiting)
 
 
 @dataclass(slots=True)
@@ -188,7 +190,7 @@ class AsyncEngine:
         self._added: set[Hashable] = set()
         # The engine's state as read after the last step or queue change (never during a step).
         self._stats: EngineStats = engine.stats()
-        self._headroom: Headroom = engine.headroom()
+        self._admission: Admission = engine.admission()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -205,7 +207,7 @@ class AsyncEngine:
     def num_will_wait(self) -> int:
         """Requests that will still wait after the next step: those the engine will not admit, plus the
         ones queued here that will not fit what it leaves (in order; once one waits, all behind it do)."""
-        return self._headroom.will_wait + self._pending_waiting(None)[0]
+        return self._pending_waiting(None)[0]
 
     @property
     def stats(self) -> EngineStats:
@@ -265,8 +267,9 @@ class AsyncEngine:
             rid: a unique request id.
             prompt: a string or a list of token ids, passed to engine.add_request.
             params: the engine's SamplingParams.
-            num_prompt_tokens: prompt length in tokens (for metrics, and whether it will wait).
-            max_tokens: its max_tokens (whether it will wait: the KV it needs).
+            num_prompt_tokens: prompt length in tokens (for metrics).
+            max_tokens: its max_tokens (kept with the request; whether it will wait is the engine's
+                admission rule's answer, Admission).
             priority: passed to engine.add_request.
             cache_salt: passed to engine.add_request (its prefix-cache salt) when not None.
 
@@ -279,9 +282,9 @@ class AsyncEngine:
             raise EngineDead(self.dead_reason or "the server is shutting down")
         if rid in self._pending or rid in self._live:
             raise ValueError(f"request id {rid!r} is already in use")
+        core = self._admission.request(rid, prompt, params, priority, cache_salt)
         if self.max_waiting is not None:
-            ahead, waits = self._pending_waiting((num_prompt_tokens, max_tokens))
-            ahead += self._headroom.will_wait
+            ahead, waits = self._pending_waiting(core)
             if waits and ahead >= self.max_waiting:
                 raise QueueFull(
                     f"the server is overloaded: {ahead} request(s) will wait for admission "
@@ -292,7 +295,7 @@ class AsyncEngine:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens)
         self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future,
-                                      cache_salt)
+                                      cache_salt, core)
         live = _Live(record)
         self._live[rid] = live
         self._wake.set()
@@ -396,37 +399,23 @@ class AsyncEngine:
         return True
 
     def _read_engine(self) -> None:
-        """Read the engine's snapshot and headroom (on the loop, between steps)."""
+        """Read the engine's stats and admission rule (on the loop, between steps)."""
         self._stats = self.engine.stats()
-        self._headroom = self.engine.headroom()
+        self._admission = self.engine.admission()
 
-    def _pending_waiting(self, new: tuple[int, int] | None) -> tuple[int, bool]:
-        """(how many requests queued here will wait, whether `new` (prompt tokens, max_tokens) queued
-        behind them would): they are admitted in order into what the engine's next step leaves (slots,
-        KV for prompt + max_tokens, budget), and once one does not fit, all behind it wait.
+    def _pending_waiting(self, new: CoreRequest | None) -> tuple[int, bool]:
+        """(how many requests will wait after the engine's next step, those queued here included; whether
+        `new`, queued behind them, adds one more): the engine's own admission rule as of the last step
+        boundary (Admission.waiting_after, the scheduler planning that step on a copy), so exact under
+        both KV policies, priority, cached prefixes and partial prefills. A request the engine would
+        refuse (None) is left out. Cost: a copy of the scheduler and a schedule() on it, twice with `new`."""
+        adm = self._admission
+        queued = [p.core for p in self._pending.values() if p.core is not None]
+        ahead = adm.waiting_after(queued)
+        if new is None:
+            return ahead, False
+        return ahead, adm.waiting_after([*queued, new]) > ahead
 
-        The KV test counts prompt + max_tokens, the reservation's need; under paged KV a request needs
-        less at admission, so this may count a request as waiting that would start (never the reverse
-        for slots and budget)."""
-        h = self._headroom
-        slots, kv, budget = h.slots, h.kv_tokens, h.budget_tokens
-        blocked = h.will_wait > 0
-        count = 0
-        sizes = [(p.num_prompt_tokens, p.max_tokens) for p in self._pending.values()]
-        for i, (prompt, max_tokens) in enumerate([*sizes, new] if new is not None else sizes):
-            prompt = max(prompt, 1)  # a length not given: every prompt has at least one token
-            chunk = min(prompt, budget)
-            need = h.kv_needed(prompt, max_tokens, chunk)
-            if not blocked and (slots < 1 or chunk < 1 or need > kv):
-                blocked = True
-            if blocked:
-                if i < len(sizes):
-                    count += 1
-                continue
-            slots -= 1
-            kv -= need
-            budget = budget - chunk if chunk == prompt else 0
-        return count, blocked
     def _dispatch(self, outputs: list[Any], now: float) -> None:
         obs = self.observer
         for out in outputs:

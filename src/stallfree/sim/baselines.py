@@ -30,6 +30,7 @@ from stallfree.core.errors import RequestRejected, SchedulerStateError, check_po
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
+from stallfree.core.queries import SchedulerStats
 from stallfree.core.request import Request, RequestState, RequestStatus
 
 __all__ = ["NoChunkScheduler", "PrefillFirstScheduler"]
@@ -65,6 +66,14 @@ class _WholePromptScheduler(RequestLifecycle):
     def kv_free(self) -> int:
         """Unreserved KV capacity, tokens."""
         return self._kv_free
+
+    def stats(self) -> SchedulerStats:
+        """The queues and KV figures as a stallfree.core SchedulerStats (no preemption, no caching here)."""
+        return SchedulerStats(self.num_waiting, self.num_running, self.kv_total, self._kv_free)
+
+    def cached_prefix_len(self, request: Request) -> int:
+        """0: the baselines keep no prefix cache."""
+        return 0
 
     def request_state(self, rid: Hashable) -> RequestState:
         """A snapshot of a live request.

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.experiment import Experiment, check_options, offered_rate, scheduler_for
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.loop import Router
@@ -164,8 +165,8 @@ def simulate_cluster(
     routed, ratios = entry.routed, entry.ratios
     for rep, res in zip(reps, results, strict=True):
         res.wall_s = wall
-        res.num_preemptions = int(getattr(rep.inner, "num_preemptions", 0))
-        res.num_recomputed_tokens = int(getattr(rep.inner, "num_recomputed_tokens", 0))
+        st = rep.inner.stats()
+        res.num_preemptions, res.num_recomputed_tokens = st.num_preemptions, st.num_recomputed_tokens
         if closed:
             res.arrival = tuple(arrivals.times)
         if check:
@@ -187,15 +188,14 @@ def _prefix_cache_figures(
     them, the bound over the requests routed to it), and the cluster's: hits / queries summed over
     the replicas, evictions summed, and the bound of the whole workload (one infinite cache seeing
     every request), which routing can only lose from."""
-    inner0 = reps[0].inner
-    if not getattr(inner0, "enable_prefix_caching", False):
+    st0 = reps[0].inner.stats()
+    if not st0.enable_prefix_caching:
         return
-    bs = int(getattr(inner0, "block_size", 16))
+    bs = st0.block_size or 16
     hits = queries = evictions = 0
     for rep, res in zip(reps, results, strict=True):
-        q = int(getattr(rep.inner, "prefix_cache_queries", 0))
-        h = int(getattr(rep.inner, "prefix_cache_hits", 0))
-        e = int(getattr(rep.inner, "num_evictions", 0))
+        st = rep.inner.stats()
+        q, h, e = st.prefix_cache_queries, st.prefix_cache_hits, st.num_evictions
         hits, queries, evictions = hits + h, queries + q, evictions + e
         res.prefix_cache_hit_rate = h / q if q else 0.0
         res.prefix_cache_evictions = e
@@ -357,7 +357,7 @@ def run_cluster_study(
     rt = make_router(router) if isinstance(router, str) else router
     check_options(setup, ["chunked"], step_time_target, check)
     if budget is None:
-        budget = 2048 if step_time_target is None else TIME_BUDGET_CAP
+        budget = DEFAULT_TOKEN_BUDGET if step_time_target is None else TIME_BUDGET_CAP
     sched = scheduler_for(setup, "chunked", budget, step_time_target)
     opts = setup.workload_options
     result = simulate_cluster(

@@ -45,6 +45,7 @@ from stallfree.costmodel.hardware import DTYPE_BYTES
 from stallfree.sim import plots
 from stallfree.sim.cluster import run_cluster_experiment
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, Router, route_to
 from stallfree.sim.replica import Replica
@@ -655,7 +656,7 @@ def run_disagg_experiment(
     from dataclasses import replace
 
 
-    budget = budget or 2048
+    budget = budget or DEFAULT_TOKEN_BUDGET
     budgets = (prefill_budget or budget, decode_budget or budget)
     for name, b in zip(("prefill budget", "decode budget"), budgets, strict=True):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
@@ -809,7 +810,7 @@ def search_ratio(
     Raises:
         ClusterError: as search_plan.
     """
-    b = (budget or 2048,)
+    b = (budget or DEFAULT_TOKEN_BUDGET,)
     aggs, rows = search_plan(setup, replicas, slo_ttft=slo_ttft, slo_tpot=slo_tpot, link=link, router=router,
                              aggregated_budgets=b, prefill_budgets=b, decode_budgets=b)
     return aggs[0], rows

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.sim import plots
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.report import summarize_result, write_records, write_steps_csv
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
@@ -117,7 +118,7 @@ def run_experiment(
     modes = [batching] if isinstance(batching, str) else list(batching)
     check_options(setup, modes, step_time_target, check)
     if budget is None:
-        budget = 2048 if step_time_target is None else TIME_BUDGET_CAP
+        budget = DEFAULT_TOKEN_BUDGET if step_time_target is None else TIME_BUDGET_CAP
 
     max_tokens = setup.workload_options.max_tokens
     results, summaries = [], []

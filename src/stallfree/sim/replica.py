@@ -93,19 +93,17 @@ class Replica:
 
     @property
     def kv_total(self) -> int:
-        """KV capacity, tokens (0 when the scheduler does not say)."""
-        return int(getattr(self.inner, "kv_total", 0))
+        """KV capacity, tokens."""
+        return self.inner.stats().kv_total
 
     def cached_prefix_len(self, request: Request) -> int:
         """Tokens of `request`'s prompt whose KV this replica holds in its prefix cache.
 
-        0 when the scheduler keeps no prefix cache or the request carries no block hashes; a
-        scheduler with a `cached_prefix_len(request)` method answers for itself.
+        0 when the scheduler keeps no prefix cache or the request carries no block hashes.
         """
-        probe = getattr(self.inner, "cached_prefix_len", None)
-        if probe is None or getattr(request, "block_hashes", None) is None:
+        if request.block_hashes is None:
             return 0
-        return int(probe(request))
+        return int(self.inner.cached_prefix_len(request))
 
     def refuse(self, rid: int, reason: str, kind: str = KV_CAPACITY) -> None:
         """Record request `rid` as rejected here (it was routed here and will never run)."""

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from stallfree.core.errors import StallfreeError
 from stallfree.core.metrics import RequestTimeline
 from stallfree.core.plan import StepPlan
+from stallfree.core.queries import SchedulerStats
 from stallfree.core.request import FinishReason, Request
 
 __all__ = [
@@ -60,6 +61,8 @@ class SchedulerLike(Protocol):
     def kv_free(self) -> int: ...
     @property
     def num_waiting(self) -> int: ...
+    def stats(self) -> SchedulerStats: ...
+    def cached_prefix_len(self, request: Request) -> int: ...
 
 
 #: Kinds of rejection (SimResult.rejected_kind).

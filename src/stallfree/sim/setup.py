@@ -21,6 +21,7 @@ from typing import Any
 
 from stallfree.core.errors import StallfreeError
 from stallfree.sim.costs import LinearCostModel, StepCostModel
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.workload import (
@@ -51,11 +52,6 @@ __all__ = [
     "parse_linear_cost",
 ]
 
-#: The default speed-up of the bundled trace (docs/simulator.md explains the choice): under the commands'
-#: default pricing (vLLM's kernel tables and the vllm engine profile) the default replica (Llama 3.3 70B,
-#: 4 x H100 SXM, FP8) completes about 10.4 req/s when saturated, and 1.4 x the trace's 5.53 req/s =
-#: 7.74 req/s is 74% of that: busy but stable (at 3, the scale before kernel pricing, it is 159%).
-DEFAULT_RATE_SCALE = 1.4
 
 #: The default replica: model, GPU, tensor-parallel GPUs and weight dtype.
 DEFAULTS: dict[str, Any] = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
@@ -443,9 +439,9 @@ class Setup:
 
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
     hardware_options: HardwareOptions = field(default_factory=HardwareOptions)
-    max_seqs: int = 256
+    max_seqs: int = DEFAULT_MAX_SEQS
     scheduler: str = "reserve"
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     watermark: float = 0.01
     prefix_caching: bool = False
     max_num_partial_prefills: int = 1

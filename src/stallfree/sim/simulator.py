@@ -20,11 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.invariants import InvariantChecker
+from stallfree.core.queries import SchedulerStats
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, PassGate, Router
 from stallfree.sim.replica import Replica
@@ -63,7 +66,8 @@ BATCHING_MODES = ("chunked", "prefill-first", "no-chunk")
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """A picklable description of a scheduler, so that a worker process can build its own.
+    """The simulator's record of a scheduler: a batching mode plus what makes the core's SchedulerConfig
+    (core_config()); picklable, so that a worker process can build its own.
 
     Args:
         kv_tokens: KV cache capacity, tokens.
@@ -86,12 +90,12 @@ class SchedulerConfig:
     """
 
     kv_tokens: int
-    token_budget: int = 2048
-    max_seqs: int = 256
+    token_budget: int = DEFAULT_TOKEN_BUDGET
+    max_seqs: int = DEFAULT_MAX_SEQS
     batching: str = "chunked"
     kv: str = "reserve"
-    block_size: int = 16
-    watermark: float = 0.01
+    block_size: int = DEFAULT_BLOCK_SIZE
+    watermark: float = CoreSchedulerConfig.watermark
     prefix_caching: bool = False
     partial_prefills: tuple[int, int, int] | None = None
 
@@ -105,28 +109,32 @@ class SchedulerConfig:
         if self.prefix_caching and self.kv != "paged":
             raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={self.kv!r}")
 
+    def core_config(self) -> CoreSchedulerConfig:
+        """The stallfree.core SchedulerConfig of chunked batching: the budget, the sequence limit and the
+        KV capacity, under "paged" the block size, watermark and prefix caching, and the partial-prefill
+        limits (for the baselines, only the first three apply).
+
+        Raises:
+            InvalidConfig: a number is out of range (the core's check names the field).
+        """
+        opts: dict[str, Any] = {}
+        if self.partial_prefills is not None:
+            k, lng, thr = self.partial_prefills
+            opts.update(max_num_partial_prefills=k, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
+        if self.kv == "paged":
+            opts.update(kv_policy="paged", block_size=self.block_size, watermark=self.watermark,
+                        enable_prefix_caching=self.prefix_caching)
+        return CoreSchedulerConfig(self.token_budget, self.max_seqs, self.kv_tokens, **opts)
+
     def build(self) -> SchedulerLike:
-        """Make a fresh scheduler.
+        """Make a fresh scheduler: stallfree.Scheduler(core_config()) for chunked batching, else the baseline.
 
         Raises:
             InvalidConfig: a number is out of range.
         """
-        if self.partial_prefills is not None and self.batching == "chunked":
-            k, lng, thr = self.partial_prefills
-            paged = {"kv_policy": "paged", "block_size": self.block_size, "watermark": self.watermark,
-                     "enable_prefix_caching": self.prefix_caching}
-            return Scheduler(
-                self.token_budget, self.max_seqs, self.kv_tokens, max_num_partial_prefills=k,
-                max_long_partial_prefills=lng, long_prefill_token_threshold=thr,
-                **(paged if self.kv == "paged" else {}),  # type: ignore[arg-type]
-            )
-        if self.kv == "paged":
-            return Scheduler(
-                self.token_budget, self.max_seqs, self.kv_tokens, kv_policy="paged",
-                block_size=self.block_size, watermark=self.watermark, enable_prefix_caching=self.prefix_caching,
-            )
+        if self.batching == "chunked":
+            return Scheduler(self.core_config())
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
-            "chunked": Scheduler,
             "prefill-first": PrefillFirstScheduler,
             "no-chunk": NoChunkScheduler,
         }
@@ -162,10 +170,15 @@ def check_stop_after(sched: SchedulerLike, target: list[int], max_new: list[int]
         raise SimulationError(f"{type(sched).__name__} has no stop_after(), needed for outputs shorter than max_new")
 
 
+def _stats(inner: object) -> SchedulerStats:
+    """`inner`'s SchedulerStats (every scheduler the simulator builds has stats())."""
+    return cast(SchedulerLike, inner).stats()
+
+
 def new_result(
     label: str, wl: Workload, config: dict[str, Any], target: list[int], max_new: list[int], inner: object
 ) -> SimResult:
-    """An empty SimResult for `wl` (no step, no request started), KV total from `inner` (0 if it does not say)."""
+    """An empty SimResult for `wl` (no step, no request started), KV total from `inner`'s stats() (0 for None)."""
     n = len(wl)
     return SimResult(
         label=label,
@@ -180,7 +193,7 @@ def new_result(
         finish_step=[-1] * n,
         finish_reason=[""] * n,
         rejected=[],
-        kv_total=int(getattr(inner, "kv_total", 0)),
+        kv_total=0 if inner is None else _stats(inner).kv_total,
     )
 
 
@@ -214,8 +227,9 @@ def request_maker(
     """make(rid) -> the Request a scheduler like `inner` sees for request rid: its prompt, max_new
     and arrival (times[rid], s), and its prompt's block hashes when `inner` caches prefixes and the
     workload has prefix ids."""
-    caching = bool(getattr(inner, "enable_prefix_caching", False)) and wl.prefix_ids is not None
-    hashes, bs, plens = wl.block_hashes, int(getattr(inner, "block_size", 0) or 1), wl.prompt_lens
+    st = _stats(inner)
+    caching = st.enable_prefix_caching and wl.prefix_ids is not None
+    hashes, bs, plens = wl.block_hashes, st.block_size or 1, wl.prompt_lens
 
     def make(i: int) -> Request:
         return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None)
@@ -295,17 +309,17 @@ def simulate(
 def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload) -> None:
     """Copy the scheduler's own counters into `res`: preemptions, recomputed tokens and, with prefix
     caching on, the hit rates (all admissions and first admissions), evictions and the trace's bound."""
-    res.num_preemptions = int(getattr(inner, "num_preemptions", 0))
-    res.num_recomputed_tokens = int(getattr(inner, "num_recomputed_tokens", 0))
-    if not getattr(inner, "enable_prefix_caching", False):
+    st = inner.stats()
+    res.num_preemptions = st.num_preemptions
+    res.num_recomputed_tokens = st.num_recomputed_tokens
+    if not st.enable_prefix_caching:
         return
-    queries = int(getattr(inner, "prefix_cache_queries", 0))
-    res.prefix_cache_hit_rate = int(getattr(inner, "prefix_cache_hits", 0)) / queries if queries else 0.0
-    first = int(getattr(inner, "prefix_cache_first_queries", 0))
-    res.prefix_cache_hit_rate_first_admission = (
-        int(getattr(inner, "prefix_cache_first_hits", 0)) / first if first else 0.0)
-    res.prefix_cache_evictions = int(getattr(inner, "num_evictions", 0))
-    res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(int(getattr(inner, "block_size", 16)))
+    queries = st.prefix_cache_queries
+    res.prefix_cache_hit_rate = st.prefix_cache_hits / queries if queries else 0.0
+    first = st.prefix_cache_first_queries
+    res.prefix_cache_hit_rate_first_admission = st.prefix_cache_first_hits / first if first else 0.0
+    res.prefix_cache_evictions = st.num_evictions
+    res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(st.block_size or 16)
 
 
 def context_overflows(

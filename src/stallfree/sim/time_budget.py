@@ -37,6 +37,7 @@ from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.costmodel.roofline import largest_fitting
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.defaults import DEFAULT_MAX_SEQS
 
 __all__ = [
     "PlanPricer",
@@ -173,7 +174,7 @@ class TimeBudgetScheduler:
 
     def __init__(self, scheduler: Scheduler, cost_model: StepCostModel, target_s: float) -> None:
         self.target_s = _check_target(target_s)
-        if getattr(scheduler, "num_spec_tokens", 0):
+        if scheduler.num_spec_tokens:
             raise ValueError(
                 f"time budget mode prices one token per decode; the scheduler has num_spec_tokens = "
                 f"{scheduler.num_spec_tokens}"
@@ -298,7 +299,7 @@ class TimeBudgetConfig:
     target_s: float
     cost_model: StepCostModel
     token_budget: int = 65536
-    max_seqs: int = 256
+    max_seqs: int = DEFAULT_MAX_SEQS
     decode_overflow: str = "oldest"
     kv_policy: str = "reserve"
     block_size: int = 16

@@ -52,6 +52,7 @@ from typing import Any
 
 from stallfree._argtypes import partial_prefill_flag_problem
 from stallfree.sim.costs import StepCostModel
+from stallfree.sim.defaults import DEFAULT_MAX_SEQS
 from stallfree.sim.executors import Executor
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.sweep import SweepPoint, run_points
@@ -235,7 +236,7 @@ def tune(
     slo_ttft: float,
     slo_tpot: float,
     *,
-    max_seqs: int = 256,
+    max_seqs: int = DEFAULT_MAX_SEQS,
     max_seqs_candidates: Sequence[int] | None = None,
     budgets: Sequence[int] | None = None,
     max_tokens: int | None = None,

@@ -26,6 +26,7 @@ from stallfree.sim.commands.common import (
     setup_from_args,
     warn_rejections,
 )
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.sweep import sweep, write_sweep
 from stallfree.sim.tune import check_partial_prefill_flags
@@ -34,7 +35,7 @@ __all__ = ["register", "run"]
 
 #: The budgets a plain sweep simulates; a KV sweep runs one, KV_SWEEP_BUDGET unless --budgets says.
 DEFAULT_BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
-KV_SWEEP_BUDGET = 2048
+KV_SWEEP_BUDGET = DEFAULT_TOKEN_BUDGET
 
 
 def register(subparsers: Any) -> None:

@@ -1,0 +1,167 @@
+"""The core scheduler's configuration: every option under one name, with its default and its check in one place.
+
+Imports allowed: the standard library and stallfree.core only.
+
+`Scheduler(SchedulerConfig(...))` and `Scheduler(token_budget, max_seqs, kv_tokens, **options)` build the
+same scheduler: the keyword form makes a SchedulerConfig from its arguments. The names are the contract's
+(token_budget, max_seqs, kv_tokens) and vLLM's where it has one (enable_prefix_caching,
+max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold, num_spec_tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.core.errors import InvalidConfig, check_positive_int
+from stallfree.core.kv import check_kv_options
+from stallfree.core.policies import build_policies, check_partial_prefills
+
+__all__ = ["SchedulerConfig", "as_config"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Every option of the core scheduler (docs/DESIGN.md section 1; docs/scheduling.md for the options).
+
+    Frozen and checked when made: a SchedulerConfig that exists is valid. Defaults are the contract's:
+    KV reserved at admission, FCFS, one partial prefill, no speculation, no caching.
+
+    KV policies (kv_policy=):
+
+    - "reserve" (the contract): prompt_len + max_new tokens reserved at admission, returned when it
+      finishes; nothing is ever preempted.
+    - "paged": kv_tokens // block_size blocks (rounded down); a request takes blocks as its tokens are
+      scheduled; admission needs the blocks of the first chunk while floor(watermark x blocks) stay
+      free (waived when nothing runs; a preempted head needs its whole recompute). A decode or a
+      partial prefill that cannot get its block preempts by recompute: under policy="fcfs" the most
+      recently admitted running request; under "priority" the least urgent among those admitted after
+      it (newest first among equals); itself when there is none. So the oldest running request is
+      never a victim and every run ends. A victim frees its blocks, returns to the queue (FCFS: at its
+      front, in arrival order; priority: by its unchanged priority and aging clock) and, readmitted,
+      prefills prompt + generated tokens; a step that preempted admits nothing.
+
+    Attributes:
+        token_budget: the most tokens in one step (vLLM's max_num_batched_tokens), an integer >= 1.
+        max_seqs: the most running requests (vLLM's max_num_seqs), an integer >= 1.
+        kv_tokens: KV cache capacity in tokens, an integer >= 1 (>= block_size when there is one).
+        kv_policy: "reserve" or "paged".
+        block_size: tokens per KV block, an integer >= 1; required under "paged".
+        watermark: "paged": the fraction of blocks kept free at admission, 0 <= watermark < 1.
+        align_chunks: every non-final chunk a multiple of block_size. None: on for "reserve" with a
+            block_size (which also reserves whole blocks), off for "paged". True needs a block_size.
+        policy: "fcfs" or "priority": admission, overflowing decodes and victims ordered by (effective
+            priority, arrival), effective = priority - floor(waited / aging_interval).
+        aging_interval: "priority": steps (or seconds, with `clock`) of waiting that raise a request's
+            priority by one; None: no aging. A number > 0.
+        clock: "priority": a callable returning seconds, read once per step, for aging in seconds.
+        decode_overflow: "oldest" or "rotate" ("fcfs" only): which ready decodes run when they do not
+            all fit the budget.
+        num_spec_tokens: speculative tokens per decode, an integer >= 0: a decode costs 1 + min(k,
+            max_new - generated - 1, budget - 1) tokens.
+        enable_prefix_caching: "paged" only: keep computed prompt blocks for reuse; requests carry
+            Request(block_hashes=...) (docs/prefix_caching.md).
+        max_num_partial_prefills: K, an integer >= 1: up to K prompts partially prefilled at once.
+        max_long_partial_prefills: L, 1 to K (default 1 when K > 1): at most L of them long.
+        long_prefill_token_threshold: T, tokens (required when K > 1, >= block_size when chunks are
+            aligned): a prompt is long while more than T of its tokens are still to compute.
+
+    Raises:
+        InvalidConfig: any field out of range or of the wrong type, or options that do not go together
+            (an unknown kv_policy, "paged" without block_size, caching without "paged", kv_tokens or
+            an aligned token_budget below block_size, ...); the message names the field and the value.
+    """
+
+    token_budget: int
+    max_seqs: int
+    kv_tokens: int
+    kv_policy: str = "reserve"
+    block_size: int | None = None
+    watermark: float = 0.01
+    align_chunks: bool | None = None
+    policy: str = "fcfs"
+    aging_interval: float | None = None
+    clock: Callable[[], float] | None = None
+    decode_overflow: str = "oldest"
+    num_spec_tokens: int = 0
+    enable_prefix_caching: bool = False
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int | None = None
+    long_prefill_token_threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int("token_budget", self.token_budget)
+        check_positive_int("max_seqs", self.max_seqs)
+        check_positive_int("kv_tokens", self.kv_tokens)
+        aligned, _ = check_kv_options(
+            self.kv_policy, self.block_size, self.align_chunks, self.watermark, self.enable_prefix_caching)
+        chunk = self.block_size if aligned else None
+        build_policies(chunk, self.policy, self.aging_interval, self.clock, self.decode_overflow, self.num_spec_tokens)
+        check_partial_prefills(
+            self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold, chunk)
+        bs = self.block_size
+        if bs is not None and (self.kv_tokens < bs or (aligned and self.token_budget < bs)):
+            raise InvalidConfig(
+                f"token_budget ({self.token_budget}) and kv_tokens ({self.kv_tokens}) must be >= block_size ({bs})"
+            )
+
+    @property
+    def chunks_aligned(self) -> bool:
+        """align_chunks resolved: True when every non-final chunk is a multiple of block_size."""
+        return check_kv_options(
+            self.kv_policy, self.block_size, self.align_chunks, self.watermark, self.enable_prefix_caching)[0]
+
+    @property
+    def chunk_alignment(self) -> int | None:
+        """block_size when chunks are aligned, else None (tokens)."""
+        return self.block_size if self.chunks_aligned else None
+
+    @property
+    def partial_prefill_limits(self) -> tuple[int, int, int | None]:
+        """(K, L, T) with the defaults filled in: (1, 1, None) for the contract's one partial prefill."""
+        return check_partial_prefills(
+            self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold,
+            self.chunk_alignment)
+
+    def replace(self, **changes: Any) -> SchedulerConfig:
+        """A copy with `changes` applied, checked again.
+
+        Raises:
+            InvalidConfig: the result is not a valid configuration.
+            TypeError: a name that is not a field.
+        """
+        return SchedulerConfig(**{**self.as_dict(), **changes})  # dataclasses.replace, with TypeError for a bad name
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, as given (align_chunks and the partial-prefill limits unresolved)."""
+        return dict(vars(self))
+
+
+def as_config(
+    config: SchedulerConfig | int | None, max_seqs: int | None, kv_tokens: int | None, options: Mapping[str, Any]
+) -> SchedulerConfig:
+    """The SchedulerConfig of Scheduler(...)'s arguments: `config` itself, or one made from the keyword form.
+
+    Args:
+        config: a SchedulerConfig (then nothing else may be given), or the token budget, or None (then
+            token_budget comes as a keyword in `options`).
+        max_seqs, kv_tokens: the keyword form's positional arguments, or None (then in `options`).
+        options: the keyword form's other options, by SchedulerConfig field name.
+
+    Raises:
+        InvalidConfig: a SchedulerConfig together with other arguments, or a field out of range.
+        TypeError: an option that is not a SchedulerConfig field, or a missing required one.
+    """
+    if isinstance(config, SchedulerConfig):
+        if max_seqs is not None or kv_tokens is not None or options:
+            given = [k for k, v in (("max_seqs", max_seqs), ("kv_tokens", kv_tokens)) if v is not None]
+            raise InvalidConfig(f"Scheduler(config) takes no other options; got {given + sorted(options)}")
+        return config
+    args = dict(options)
+    for name, value in (("token_budget", config), ("max_seqs", max_seqs), ("kv_tokens", kv_tokens)):
+        if name not in args:
+            args[name] = value  # None is refused by the field's check, naming it
+        elif value is not None:
+            raise TypeError(f"Scheduler() got multiple values for argument {name!r}")
+    return SchedulerConfig(**args)

@@ -1,0 +1,324 @@
+"""The scheduler's read-only queries about its KV memory and its configuration, answered by its KV manager.
+
+Imports allowed: the standard library and stallfree.core only.
+
+Scheduler (core/scheduler.py) inherits these; none of them changes scheduling state (reading a block
+table gives a decode the ids already promised to it, which counts nothing). They are apart from the
+scheduler so that it plans steps without naming a KV policy or prefix caching: every figure here comes
+from the KVManager (core/kv.py) or the SchedulerConfig (core/config.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from stallfree.core.errors import RequestRejected
+from stallfree.core.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from stallfree.core.config import SchedulerConfig
+    from stallfree.core.kv import KVManager, PrefixCacheView
+    from stallfree.core.live import LiveRequest
+    from stallfree.core.plan import StepPlan
+
+__all__ = ["AdmissionQueries", "KVQueries", "SchedulerHeadroom", "SchedulerStats"]
+
+
+class KVQueries:
+    """The KV and prefix-cache figures of a scheduler (a mixin of Scheduler: it reads `config`, `_kv` and
+    `_live`, and for the tokens a table must cover the plan in flight, `_inflight`, `_skipped` and `_step`)."""
+
+    config: SchedulerConfig
+    _kv: KVManager
+    _live: dict[Hashable, LiveRequest]
+    _inflight: StepPlan | None
+    _skipped: list[LiveRequest]
+    _step: int
+
+    # ------------------------------------------------------------------ configuration
+
+    @property
+    def kv_policy(self) -> str:
+        """"reserve" or "paged": the admission rules the KV manager follows (SchedulerConfig.kv_policy)."""
+        return self.config.kv_policy
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        """Whether computed prompt blocks are kept for reuse (SchedulerConfig.enable_prefix_caching)."""
+        return self.config.enable_prefix_caching
+
+    @property
+    def watermark(self) -> float:
+        """"paged": the fraction of blocks kept free at admission, as a float."""
+        return float(self.config.watermark)
+
+    @property
+    def kv_total(self) -> int:
+        """KV capacity in tokens, as the KV manager counts it ("paged": num_blocks x block_size)."""
+        return self._kv.kv_total
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks in the cache: kv_total // block_size (tokens without a block_size)."""
+        return self._kv.kv_total // (self.config.block_size or 1)
+
+    @property
+    def watermark_blocks(self) -> int:
+        """"paged": floor(watermark x num_blocks), the blocks admission keeps free; 0 under "reserve"."""
+        if self.config.kv_policy != "paged":
+            return 0
+        return math.floor(self.watermark * self.num_blocks)
+
+    # ------------------------------------------------------------------ KV figures
+
+    @property
+    def kv_free(self) -> int:
+        """Free (unreserved, or in free blocks) KV capacity, in tokens."""
+        return self._kv.kv_free
+
+    @property
+    def num_free_blocks(self) -> int:
+        """KV blocks free (paged), or free reservation units (reserve: tokens, or blocks of block_size)."""
+        return self._kv.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        """KV blocks held (paged), or reserved units (reserve); evictable cached blocks are not held."""
+        return self._kv.num_used_blocks
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        """Prefix caching: cached blocks held by no request (counted in num_free_blocks); else 0."""
+        return self._kv.num_evictable_blocks
+
+    @property
+    def num_evictions(self) -> int:
+        """Prefix caching: cached blocks evicted (handed out again) so far; else 0."""
+        return self._kv.num_evictions
+
+    def blocks_needed(self, req: Request) -> int:
+        """The most blocks `req` ever holds: paged, ceil((prompt_len + max_new - 1) / block_size);
+        reserve, the units of its reservation."""
+        return self._kv.blocks_needed(req)
+
+    def kv_needed(self, req: Request) -> int:
+        """The most KV `req` holds, in tokens: reserve, its reservation (whole blocks with block_size);
+        paged, blocks_needed x block_size."""
+        return self._kv.kv_needed_for(req)
+
+    @property
+    def block_table(self) -> Callable[[Hashable], tuple[int, ...]] | None:
+        """A function rid -> the block ids of a live request, in token order, covering the tokens in
+        its KV plus those of the plan in flight (empty while it waits; KeyError if `rid` is not
+        live). Under both KV policies when the scheduler has a block_size ("reserve" hands the ids
+        out of each request's reservation when its table is read); None under "reserve" without a
+        block_size, which counts tokens, not blocks."""
+        return self._block_table if self._kv.has_block_ids else None
+
+    def _block_table(self, rid: Hashable) -> tuple[int, ...]:
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"no live request with rid {rid!r}")
+        return self._kv.block_table(obj, self._table_tokens(obj))
+
+    def _table_tokens(self, obj: LiveRequest) -> int:
+        """The tokens `obj`'s table must hold: those in its KV, plus those of the plan in flight (a
+        decode's 1, or its speculative tokens; a chunk's). O(1) for a decode without speculation,
+        else O(prefills in the plan), or O(decodes) for a decode under speculation."""
+        plan = self._inflight
+        if obj.finish_step >= 0:  # decoding: its entry of this step starts at offset + step
+            tokens = obj.offset + self._step
+            if plan is not None and obj not in self._skipped:
+                costs = plan._decode_tokens
+                tokens += 1 if costs is None else costs[plan.decode_rids.index(obj.rid)]
+            return tokens
+        if plan is not None:
+            for c in plan.prefills:
+                if c.rid == obj.rid:
+                    return c.start + c.num_tokens
+        return obj.num_prefilled
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        """The ids of the blocks in no table, after giving every table its promised blocks (under
+        "reserve", the unclaimed parts of reservations are listed too). O(num_blocks + live
+        requests); meant for checkers and tests."""
+        for rid in self._live:
+            self._block_table(rid)
+        return self._kv.free_block_ids()
+
+    # ------------------------------------------------------------------ prefix caching
+
+    @property
+    def prefix_cache(self) -> PrefixCacheView | None:
+        """A read-only view of the prefix cache (block hashes, reference counts, the eviction order),
+        for checkers and tests; None without caching."""
+        return self._kv.cache_view()
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        """Prefix caching: tokens looked up at admissions (each episode's prefill), as vLLM counts its
+        prefix cache queries; 0 without caching."""
+        return self._kv.prefix_stats.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prefix caching: of prefix_cache_queries, the tokens found cached; 0 without caching."""
+        return self._kv.prefix_stats.hits
+
+    @property
+    def prefix_cache_first_queries(self) -> int:
+        """prefix_cache_queries at first admissions only (no recompute after a preemption)."""
+        return self._kv.prefix_stats.first_queries
+
+    @property
+    def prefix_cache_first_hits(self) -> int:
+        """prefix_cache_hits at first admissions only."""
+        return self._kv.prefix_stats.first_hits
+
+    def cached_prefix_len(self, request: Request) -> int:
+        """Prefix caching: tokens of `request`'s prompt whose KV blocks are cached now, capped as admission
+        caps a hit (at most prompt_len - 1 tokens, in whole blocks); 0 without caching or block_hashes.
+
+        A pure query, O(blocks of the prompt): nothing is pinned and no block's recency changes, so a
+        router may ask every replica (stallfree.sim.cluster's prefix-affinity router does).
+        """
+        return self._kv.cached_prefix_len(request)
+
+    def num_cached_tokens(self, rid: Hashable) -> int:
+        """Prefix caching: prompt tokens of live request `rid` found cached at its first admission
+        (0 before it, or without caching); what the OpenAI API reports as cached_tokens.
+
+        Raises:
+            KeyError: `rid` is not live.
+        """
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"no live request with rid {rid!r}")
+        return obj.num_cached_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot of a scheduler's queues, KV memory and counters (Scheduler.stats()).
+
+    Attributes (counts of requests, tokens or blocks as named; counters are totals since construction):
+        num_waiting, num_running: requests waiting (never admitted, or preempted) and running.
+        kv_total, kv_free: KV capacity and free KV, tokens.
+        num_used_blocks, num_free_blocks, num_evictable_blocks: blocks held, free (evictable cached ones
+            included) and cached-but-unheld ("reserve": reservation units; 0 evictable).
+        num_preemptions: preemptions so far; num_recomputed_tokens: prefill tokens recomputed after them.
+        enable_prefix_caching, block_size: the configuration the counters are read under.
+        prefix_cache_queries, prefix_cache_hits: tokens looked up at admissions and found cached (vLLM's
+            meanings); prefix_cache_first_queries, prefix_cache_first_hits: first admissions only.
+        num_evictions: cached blocks evicted so far.
+    """
+
+    num_waiting: int
+    num_running: int
+    kv_total: int
+    kv_free: int
+    num_used_blocks: int = 0
+    num_free_blocks: int = 0
+    num_evictable_blocks: int = 0
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
+    enable_prefix_caching: bool = False
+    block_size: int | None = None
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_first_queries: int = 0
+    prefix_cache_first_hits: int = 0
+    num_evictions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerHeadroom:
+    """What a scheduler's next step leaves (Scheduler.headroom()): found by planning that step on a copy.
+
+    Attributes:
+        will_wait: requests still waiting after it (those added, and those passed to headroom()).
+        slots: max_seqs - running after it.
+        kv_free: free KV after it, tokens; num_free_blocks: the same in blocks (or reservation units).
+        budget_tokens: tokens of its budget it leaves unspent.
+        num_tokens: tokens it schedules; num_admitted: requests it admits.
+    """
+
+    will_wait: int
+    slots: int
+    kv_free: int
+    num_free_blocks: int
+    budget_tokens: int
+    num_tokens: int
+    num_admitted: int
+
+
+class AdmissionQueries:
+    """stats(), headroom() and would_wait() of a scheduler (a mixin of Scheduler). headroom and would_wait
+    plan the next step on a copy of the scheduler (`snapshot`), so they walk the real admission rule:
+    the KV manager's answers, priority order, cached prefixes, partial prefills, preemption."""
+
+    def stats(self) -> SchedulerStats:
+        """The queues, KV figures and counters now, as a frozen SchedulerStats; O(1)."""
+        s: Any = self
+        kv = s._kv
+        ps = kv.prefix_stats
+        return SchedulerStats(
+            s.num_waiting, s.num_running, kv.kv_total, kv.kv_free, kv.num_used_blocks, kv.num_free_blocks,
+            kv.num_evictable_blocks, s.num_preemptions, s.num_recomputed_tokens, s.config.enable_prefix_caching,
+            s.config.block_size, ps.queries, ps.hits, ps.first_queries, ps.first_hits, kv.num_evictions)
+
+    def snapshot(self) -> Any:
+        """A detached copy of the scheduler (its KV manager included), which may be queried or stepped from
+        any thread while the original runs; O(live requests + blocks handed out). The remembered finished
+        rids are not copied (abort() of one on the copy raises KeyError).
+
+        Raises:
+            TypeError: the KV manager (one given as kv_manager=) cannot be copied (copy.deepcopy).
+        """
+        s: Any = self
+        return copy.deepcopy(self, {id(s._recent_finished): {}, id(s.last_finished): {}})
+
+    def _next_step(self, requests: Iterable[Request]) -> tuple[Any, StepPlan, list[Hashable]]:
+        twin = self.snapshot()
+        if twin._inflight is not None:  # the step in flight completes first, as if nothing stopped early
+            twin.complete(twin._inflight)
+        added = []
+        for req in requests:
+            try:
+                twin.add(req)
+            except RequestRejected:
+                continue
+            added.append(req.rid)
+        return twin, twin.schedule(), added
+
+    def headroom(self, requests: Iterable[Request] = ()) -> SchedulerHeadroom:
+        """What the next step leaves if `requests` (not yet added) were added now, in this order.
+
+        The step in flight, if any, is taken to complete with no early stop; the clock (policy
+        "priority" with clock=) is read once. Requests that add() would refuse are left out.
+        Cost: one snapshot and one schedule() on it.
+
+        Raises:
+            TypeError: as snapshot().
+        """
+        twin, plan, _ = self._next_step(requests)
+        return SchedulerHeadroom(
+            twin.num_waiting, twin.max_seqs - twin.num_running, twin.kv_free, twin.num_free_blocks,
+            plan.token_budget - plan.num_tokens, plan.num_tokens, len(plan.admitted))
+
+    def would_wait(self, requests: Iterable[Request]) -> int:
+        """How many of `requests` (not yet added), added now in this order, would still wait after the next
+        step: exact, since the step is planned on a copy by the scheduler's own rules (both KV policies,
+        priority, cached prefixes, partial prefills). Requests that add() would refuse are not counted; see
+        headroom() for the step in flight and the clock.
+
+        Raises:
+            TypeError: as snapshot().
+        """
+        twin, _, added = self._next_step(requests)
+        live = twin._live
+        return sum(1 for rid in added if live[rid].status is RequestStatus.WAITING)
