@@ -191,6 +191,8 @@ class Scheduler(RequestLifecycle):
             self.watermark_blocks = math.floor(self.watermark * self.num_blocks)
         self._kv = kv if kv_manager is None else kv_manager
         self.kv_total = self._kv.kv_total
+        # A manager with a second KV tier (core/kv_tier.py) hands over each step's copies.
+        self._kv_transfers = getattr(self._kv, "step_transfers", None)
         self._init_lifecycle()
         self._decodes = DecodeSet()
         self._due = self._decodes.due
@@ -235,6 +237,12 @@ class Scheduler(RequestLifecycle):
     def now(self) -> float:
         """The clock's reading for the step being planned (or last planned), seconds; 0.0 without a clock."""
         return self._now
+
+    @property
+    def kv_manager(self) -> KVManager:
+        """The KV manager this scheduler asks (its own, or the one given as kv_manager=); for
+        checkers, reports and the engine, which read a manager's own extras (a CPU tier's)."""
+        return self._kv
 
     @property
     def prefix_cache(self) -> PrefixCacheView | None:
@@ -406,6 +414,8 @@ class Scheduler(RequestLifecycle):
             tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
             decode_tokens,
         )
+        if self._kv_transfers is not None:
+            plan.kv_offloads, plan.kv_loads = self._kv_transfers()
         self._inflight = plan
         return plan
 
