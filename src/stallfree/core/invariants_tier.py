@@ -222,9 +222,9 @@ class TieredInvariantChecker(InvariantChecker):
                        f"got {got_off}, the model evicted {m.offloads}")
         cpu_of = {m.evicted_hash[g]: c for g, c in plan.kv_offloads}
         expected = []
-        for (h, c, pos), rid in zip(m.loads, m.load_rids, strict=True):
+        for (h, cpu, pos), rid in zip(m.loads, m.load_rids, strict=True):
             table = s.block_table(rid) if s.block_table is not None else ()
-            expected.append((cpu_of.get(h, -1) if c is None else c, table[pos]))
+            expected.append((cpu_of.get(h, -1) if cpu is None else cpu, table[pos]))
         if list(plan.kv_loads) != expected:
             self._fail("loads are the CPU-tier hits of the admissions",
                        f"got {list(plan.kv_loads)}, the model's {expected}")
