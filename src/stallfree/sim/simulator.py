@@ -79,6 +79,9 @@ class SchedulerConfig:
             prefix blocks as block hashes (Workload.block_hashes).
         partial_prefills: None (the contract), or (K, L, T): Scheduler's max_num_partial_prefills,
             max_long_partial_prefills and long_prefill_token_threshold (chunked batching only).
+        cpu_kv_tokens: prefix caching only: a CPU KV tier of cpu_kv_tokens // block_size blocks
+            (stallfree.core.kv_tier.TieredKV: blocks the GPU evicts are kept there and loaded back on
+            a hit); 0: none.
 
     Raises:
         ValueError: an unknown batching or kv mode, kv="paged" with a baseline, or prefix_caching
@@ -94,6 +97,7 @@ class SchedulerConfig:
     watermark: float = 0.01
     prefix_caching: bool = False
     partial_prefills: tuple[int, int, int] | None = None
+    cpu_kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -104,6 +108,18 @@ class SchedulerConfig:
             raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
         if self.prefix_caching and self.kv != "paged":
             raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={self.kv!r}")
+        if isinstance(self.cpu_kv_tokens, bool) or not isinstance(self.cpu_kv_tokens, int) or self.cpu_kv_tokens < 0:
+            raise ValueError(f"cpu_kv_tokens must be an integer >= 0, got {self.cpu_kv_tokens!r}")
+        if self.cpu_kv_tokens and not self.prefix_caching:
+            raise ValueError(f"a CPU KV tier (cpu_kv_tokens={self.cpu_kv_tokens}) keeps prefix-cache blocks: it "
+                             "needs prefix_caching=True")
+        if self.cpu_kv_tokens and self.cpu_kv_tokens < self.block_size:
+            raise ValueError(f"cpu_kv_tokens ({self.cpu_kv_tokens}) holds no block of {self.block_size} tokens")
+
+    @property
+    def cpu_blocks(self) -> int:
+        """Blocks of the CPU KV tier (0: none)."""
+        return self.cpu_kv_tokens // self.block_size
 
     def build(self) -> SchedulerLike:
         """Make a fresh scheduler.
@@ -120,6 +136,11 @@ class SchedulerConfig:
                 max_long_partial_prefills=lng, long_prefill_token_threshold=thr,
                 **(paged if self.kv == "paged" else {}),  # type: ignore[arg-type]
             )
+        if self.cpu_blocks:
+            from stallfree.core.kv_tier import tiered_scheduler
+
+            return tiered_scheduler(self.token_budget, self.max_seqs, self.kv_tokens, self.block_size,
+                                    self.cpu_blocks, watermark=self.watermark)
         if self.kv == "paged":
             return Scheduler(
                 self.token_budget, self.max_seqs, self.kv_tokens, kv_policy="paged",
@@ -136,6 +157,8 @@ class SchedulerConfig:
     def label(self) -> str:
         """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
         kind = ("paged+cache" if self.prefix_caching else "paged") if self.kv == "paged" else self.batching
+        if self.cpu_blocks:
+            kind += "+cpu"
         base = f"{kind}/{self.token_budget}"
         if self.partial_prefills is not None:
             base += "/K{}L{}T{}".format(*self.partial_prefills)
@@ -150,7 +173,14 @@ def make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> 
 
 
 def wrap_checker(sched: SchedulerLike) -> SchedulerLike:
-    """`sched` inside stallfree.core.invariants.InvariantChecker (raises on the first violated invariant)."""
+    """`sched` inside stallfree.core.invariants.InvariantChecker (raises on the first violated invariant);
+    a scheduler with a CPU KV tier inside stallfree.core.invariants_tier.TieredInvariantChecker."""
+    from stallfree.core.kv_tier import TieredKV
+
+    if isinstance(getattr(sched, "kv_manager", None), TieredKV):
+        from stallfree.core.invariants_tier import TieredInvariantChecker
+
+        return cast(SchedulerLike, TieredInvariantChecker(sched))  # type: ignore[arg-type]
     # One checker for both KV policies (and for a time-budget wrapper, which reads as a Scheduler).
     return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
 
@@ -306,6 +336,33 @@ def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload)
         int(getattr(inner, "prefix_cache_first_hits", 0)) / first if first else 0.0)
     res.prefix_cache_evictions = int(getattr(inner, "num_evictions", 0))
     res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(int(getattr(inner, "block_size", 16)))
+    res.kv_tier = tier_figures(inner)
+
+
+def tier_figures(inner: object) -> dict[str, Any] | None:
+    """A CPU KV tier's figures (None without one): its size (cpu_blocks, cpu_kv_tokens), hit rates per
+    tier over all admissions and over first admissions (fractions of the tokens looked up: gpu + cpu
+    = the scheduler's prefix cache hit rate), and block copies (kv_loads, kv_offloads) and CPU blocks
+    dropped (cpu_drops, the tier full)."""
+    from stallfree.core.kv_tier import TieredKV
+
+    kv = getattr(inner, "kv_manager", None)
+    if not isinstance(kv, TieredKV):
+        return None
+    st = kv.tier_stats
+    q = int(getattr(inner, "prefix_cache_queries", 0))
+    fq = int(getattr(inner, "prefix_cache_first_queries", 0))
+    return {
+        "cpu_blocks": kv.cpu_blocks,
+        "cpu_kv_tokens": kv.cpu_blocks * kv.block_size,
+        "hit_rate_gpu": st.gpu_hits / q if q else 0.0,
+        "hit_rate_cpu": st.cpu_hits / q if q else 0.0,
+        "first_admission_hit_rate_gpu": st.first_gpu_hits / fq if fq else 0.0,
+        "first_admission_hit_rate_cpu": st.first_cpu_hits / fq if fq else 0.0,
+        "kv_loads": kv.tier.num_loads,
+        "kv_offloads": kv.tier.num_stores,
+        "cpu_drops": kv.tier.num_drops,
+    }
 
 
 def context_overflows(
@@ -372,6 +429,8 @@ def plan_run(
             kv_tokens=scheduler.kv_tokens,
             kv=scheduler.kv,
         )
+        if scheduler.cpu_kv_tokens:
+            config["cpu_kv_tokens"] = scheduler.cpu_blocks * scheduler.block_size
         label = label or scheduler.label
     return max_new, too_long, target, config, label
 
