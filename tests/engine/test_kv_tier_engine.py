@@ -75,3 +75,8 @@ def test_cpu_tier_needs_paged_caching_and_a_block():
         LLMEngine.from_pretrained(kv_policy="paged", enable_prefix_caching=True, cpu_kv_tokens=8, block_size=16)
     with pytest.raises(InvalidConfig, match="cpu_kv_tokens"):
         LLMEngine.from_pretrained(kv_policy="paged", enable_prefix_caching=True, cpu_kv_tokens=-1)
+    with pytest.raises(InvalidConfig, match="kv_offloading_size"):
+        LLMEngine.from_pretrained(kv_policy="paged", enable_prefix_caching=True, kv_offloading_size=0)
+    with pytest.raises(InvalidConfig, match="give one"):
+        LLMEngine.from_pretrained(kv_policy="paged", enable_prefix_caching=True, cpu_kv_tokens=64,
+                                  kv_offloading_size=1)

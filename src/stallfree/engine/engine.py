@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -498,6 +499,7 @@ class LLMEngine:
         compile: bool = False,
         max_model_len: int | None = None,
         cpu_kv_tokens: int = 0,
+        kv_offloading_size: float | None = None,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -518,6 +520,9 @@ class LLMEngine:
                 to compile (docs/engine.md).
             max_model_len: cap the context at this many tokens (vLLM's --max-model-len), at most
                 the checkpoint's own; None: the checkpoint's.
+            kv_offloading_size: instead of cpu_kv_tokens, the CPU KV tier in GiB of host memory (vLLM's
+                --kv-offloading-size; one rank here), converted with the model's KV bytes per token:
+                floor(GiB x 2^30 / (2 x layers x KV heads x head_dim x bytes per element)) tokens.
             Others: as in LLMEngine.
 
         Raises:
@@ -533,6 +538,13 @@ class LLMEngine:
         check_positive_int("block_size", block_size)
         _check_policies(kv_policy, scheduling_policy)
         _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
+        if kv_offloading_size is not None:
+            if isinstance(kv_offloading_size, bool) or not isinstance(kv_offloading_size, (int, float)) or not (
+                    0 < kv_offloading_size < math.inf):
+                raise InvalidConfig(f"kv_offloading_size must be a number of GiB > 0, got {kv_offloading_size!r}")
+            if cpu_kv_tokens:
+                raise InvalidConfig("cpu_kv_tokens and kv_offloading_size both size the CPU KV tier: give one")
+            _check_cpu_tier(block_size, block_size, kv_policy, enable_prefix_caching, scheduler)
         dev = resolve_device(device)
         dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
         if max_model_len is not None:
@@ -545,6 +557,10 @@ class LLMEngine:
                                     f"{cfg.max_model_len} tokens")
             cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
         model = LlamaModel(cfg, ckpt.tensors, dtype=dt, device=dev, compile=compile)
+        if kv_offloading_size is not None:
+            per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dt).element_size()
+            cpu_kv_tokens = int(kv_offloading_size * 2**30 // per_token)
+            _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
                    block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching,
                    max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold,
