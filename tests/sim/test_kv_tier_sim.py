@@ -30,11 +30,20 @@ def test_host_links_of_the_presets():
     assert host_link(get_gpu("h100-sxm")).latency_s == pytest.approx(10e-6)
 
 
-def test_copies_priced_latency_plus_the_larger_direction():
-    """3 loads and 5 offloads of 1 MB blocks at 10 GB/s, 20 us: 20e-6 + 5e6 / 10e9 = 0.00052 s."""
+def test_loads_add_to_the_step_and_offloads_overlap_it():
+    """1 MB blocks at 10 GB/s, 20 us: 3 loads are 20e-6 + 3e6 / 10e9 = 0.00032 s; a step of 0.5 +
+    1e-4 x 10 = 0.501 s with them takes 0.50132 s. 5 offloads (0.00052 s) hide under it; 10,000 of
+    them (1.00002 s) do not: the step takes that long."""
+    from stallfree.core.plan import StepPlan
+
     cost = KVTransferCost(COST, HostLink(10e9, 20e-6), 1e6)
-    assert cost.transfer_time(3, 5) == pytest.approx(20e-6 + 5e6 / 10e9)
-    assert cost.transfer_time(0, 0) == 0.0
+    assert cost.copy_time(3) == pytest.approx(20e-6 + 3e6 / 10e9) and cost.copy_time(0) == 0.0
+
+    def plan(loads: int, offloads: int) -> StepPlan:
+        return StepPlan(0, ("a",), (9,), (), 10, 9, 16, kv_offloads=((0, 0),) * offloads, kv_loads=((0, 0),) * loads)
+
+    assert cost.step_time(plan(3, 5)) == pytest.approx(0.501 + 20e-6 + 3e6 / 10e9)
+    assert cost.step_time(plan(0, 10_000)) == pytest.approx(20e-6 + 10_000 * 1e6 / 10e9)
     with pytest.raises(CostModelError, match="bandwidth"):
         HostLink(0, 1e-6)
 
@@ -76,7 +85,7 @@ def test_a_hand_worked_run_hits_in_the_cpu_tier(tmp_path):
     ttft_priced = [r["ttft_ms"] for r in request_records(priced)]
     assert ttft[2] == pytest.approx((0.5 + 76e-4) * 1e3)
     assert ttft_priced[2] - ttft[2] == pytest.approx((1e-5 + 2 * 512_000 / 1e9) * 1e3)
-    assert ttft_priced[1] - ttft[1] == pytest.approx((1e-5 + 2 * 512_000 / 1e9) * 1e3)  # B's offloads
+    assert ttft_priced[1] == ttft[1]  # B's offloads hide under its step
 
 
 def test_scheduler_config_tier_needs_caching_and_a_block():

@@ -3,13 +3,19 @@ the other way, over the GPU's host link (gpus.json: host_link_GBps, host_link_la
 
 Imports allowed: the standard library, stallfree.core and stallfree.costmodel.
 
-Overlap (a choice, documented in docs/prefix_caching.md): a step's copies (StepPlan.kv_offloads, then
-kv_loads) are issued before its forward pass, which waits for them: the chunks read the loaded blocks
-and overwrite the offloaded ones. Nothing of the copies overlaps compute, so the price is an upper
-bound of what a layer-by-layer pipelined copy costs. Loads (host to GPU) and offloads (GPU to host)
-go in opposite directions of a full-duplex link and run at once, so a step waits for
-latency + max(loaded, offloaded bytes) / bandwidth. Under tensor parallelism each rank copies its own
-share of each block over its own link, so the bytes are those of one GPU.
+Overlap (a choice, documented in docs/prefix_caching.md):
+
+- loads (StepPlan.kv_loads, host to GPU) are on the critical path: the step's forward pass waits for
+  them (its chunks read the loaded blocks), so they add latency + loaded bytes / bandwidth to the step.
+  No layer-by-layer pipelining is assumed: an upper bound of what a pipelined load costs.
+- offloads (StepPlan.kv_offloads, GPU to host) overlap the step's compute: an engine copies a cached
+  block to the host in the background (vLLM's offloading connector stores asynchronously; a block can
+  be copied as soon as it is computed, long before it is evicted), on the other direction of the
+  full-duplex link, so they cost only what they exceed the step by: the step takes
+  max(compute, latency + offloaded bytes / bandwidth), then its loads.
+
+Under tensor parallelism each rank copies its own share of each block over its own link, so the bytes
+are those of one GPU.
 """
 
 from __future__ import annotations
@@ -88,12 +94,12 @@ def kv_offloading_tokens(size_gib: float, kv_bytes_per_token_per_gpu: float, tp:
 
 @dataclass(frozen=True, slots=True)
 class KVTransferCost:
-    """A step cost model plus the step's CPU-tier copies (module docstring: no overlap with compute;
-    loads and offloads concurrent on the full-duplex link).
+    """A step cost model plus the step's CPU-tier copies (module docstring: loads before the forward
+    pass, offloads overlapping it).
 
-    step_time(plan) = inner.step_time(plan) + latency + max(loads, offloads) x block_bytes / bandwidth,
-    the second term only for a plan with copies. Attributes of `inner` (kv_capacity_tokens, ...) are
-    read through.
+    step_time(plan) = max(inner.step_time(plan), copy(offloads)) + copy(loads), where copy(n) =
+    latency + n x block_bytes / bandwidth (0 for none). Attributes of `inner` (kv_capacity_tokens, ...)
+    are read through.
 
     Args:
         inner: the step cost model (anything with step_time(plan) -> s).
@@ -112,15 +118,17 @@ class KVTransferCost:
         if not self.block_bytes_per_gpu > 0:
             raise CostModelError(f"block_bytes_per_gpu must be > 0, got {self.block_bytes_per_gpu!r}")
 
-    def transfer_time(self, loads: int, offloads: int) -> float:
-        """Seconds a step waits for `loads` and `offloads` block copies (0 when there are none)."""
-        return self.link.copy_time(max(loads, offloads) * self.block_bytes_per_gpu)
+    def copy_time(self, blocks: int) -> float:
+        """Seconds to copy `blocks` blocks one way (0 for none)."""
+        return self.link.copy_time(blocks * self.block_bytes_per_gpu)
 
     def step_time(self, plan: StepPlan) -> float:
-        """The inner model's time of `plan`, plus its copies' time, s."""
+        """max(the inner model's time of `plan`, its offloads' time) + its loads' time, s."""
         t = self.inner.step_time(plan)
-        if plan.kv_loads or plan.kv_offloads:
-            t += self.transfer_time(len(plan.kv_loads), len(plan.kv_offloads))
+        if plan.kv_offloads:
+            t = max(t, self.copy_time(len(plan.kv_offloads)))
+        if plan.kv_loads:
+            t += self.copy_time(len(plan.kv_loads))
         return t
 
     def __getattr__(self, name: str) -> object:
