@@ -1,6 +1,7 @@
 """Microseconds per step of schedule() + complete() with many running decodes.
 
-Usage: python benchmarks/bench_scheduler.py [--steps 3000] [--running 64,256,1024,4096] [--cache [--repeat R]]
+Usage: python benchmarks/bench_scheduler.py [--steps 3000] [--running 64,256,1024,4096] [--cache [--tier]
+       [--repeat R]]
        [--clock wall|thread] [--options] [--mixed] [--cache-scaling] [--against OLD_SRC [--repeat R]]
 
 Workload per row: N long decodes kept running, and every 4 steps a new 256-token prompt with max_new 8
@@ -14,7 +15,9 @@ With --cache a "cached" row runs the paged row's workload with enable_prefix_cac
 carries block hashes, the 256-token prompts share their first 192 tokens (12 blocks) with one of 4
 system prompts and have 4 blocks of their own, so admissions hit, pin and register blocks and finishes
 release them (the pool is large enough that nothing is evicted); its last column is then its median
-over the paged row's (issue 15 asks for <= 1.3x at 1,024 running). The paged and cached rows are run
+over the paged row's (issue 15 asks for <= 1.3x at 1,024 running). With --tier a "tiered" row runs
+the cached row's workload with a CPU KV tier as large as the GPU pool (stallfree.core.kv_tier), paired
+with both; its last column is its median over the cached row's. The paged and cached rows are run
 side by side, one step of each in turn, so that other jobs on the machine weigh on both alike;
 --repeat R runs that pair R times and prints the R ratios and their median. --clock thread times CPU
 time of the thread instead of wall time. --cache-scaling prints only how a lookup and building a pool
@@ -49,6 +52,7 @@ from baseline_scheduler import ScanScheduler  # noqa: E402
 
 from stallfree import PagedScheduler, Request, Scheduler  # noqa: E402
 from stallfree.core.kv import CachingBlockPool  # noqa: E402
+from stallfree.core.kv_tier import tiered_scheduler  # noqa: E402
 
 ARRIVAL_EVERY = 4
 PROMPT = 256
@@ -84,6 +88,9 @@ def make(kind: str, n: int, **kw):
     if kind == "cached":
         return PagedScheduler(token_budget=budget, max_seqs=seqs, block_size=BLOCK_SIZE,
                               enable_prefix_caching=True, **kw)
+    if kind == "tiered":
+        blocks = int(kw.pop("num_blocks"))
+        return tiered_scheduler(budget, seqs, blocks * BLOCK_SIZE, BLOCK_SIZE, cpu_blocks=blocks, **kw)
     if kind == "spec2":
         budget = 3 * n + 512
     return Scheduler(token_budget=budget, max_seqs=seqs, kv_tokens=kv, **OPTIONS[kind], **kw)
@@ -121,7 +128,7 @@ def start(kind: str, n: int, steps: int, mixed: bool = False, **kw) -> Callable[
     rng = random.Random(0)
     # Paged admission rejects what its pool can never hold, so there the long requests ask for just
     # more tokens than the run gives them; they still never finish while timed.
-    long_new = steps + 64 if kind in ("paged", "cached") else 10**8
+    long_new = steps + 64 if kind in ("paged", "cached", "tiered") else 10**8
 
     def long_max_new() -> int:
         return rng.randint(steps // 4, 2 * steps) if mixed else long_new
@@ -252,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--options", action="store_true", help="add a row per scheduler option")
     ap.add_argument("--mixed", action="store_true", help="long requests finish at random too (see run())")
     ap.add_argument("--cache", action="store_true", help="add the paged row with prefix caching on")
+    ap.add_argument("--tier", action="store_true",
+                    help="with --cache: add the cached row with a CPU KV tier (core/kv_tier.py) as large as the "
+                         "GPU pool, run paired with the other two; its last column is its median over cached's")
     ap.add_argument("--repeat", type=int, default=1,
                     help="with --cache: runs of the paired paged/cached rows (the table shows the last; "
                          "the median of their ratios is printed)")
@@ -279,30 +289,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     kinds = ["stallfree", "paged", "scan"] + ([k for k in OPTIONS if k != "stallfree"] if args.options else [])
     kinds += ["cached"] if args.cache else []
+    kinds += ["tiered"] if args.cache and args.tier else []
     print(f"{'running':>8} {'impl':>10} {'median_us':>10} {'p99_us':>10} {'vs scan':>8} {'vs default':>10}")
     for n in running:
         blocks = _blocks_for(n, args.steps)
-        kw = {kind: {"num_blocks": blocks} for kind in ("paged", "cached")}
+        kw = {kind: {"num_blocks": blocks} for kind in ("paged", "cached", "tiered")}
         rows = {kind: summarize(run(kind, n, args.steps, args.mixed, **kw.get(kind, {})))
-                for kind in kinds if kind not in ("paged", "cached")}
+                for kind in kinds if kind not in ("paged", "cached", "tiered")}
         ratios = []
+        tier_ratios = []
+        pair = ["paged", "cached"] if args.cache else ["paged"]
+        pair += ["tiered"] if "tiered" in kinds else []
         for _ in range(args.repeat):
             # Caching off and on step by step in turn: the ratio is not at the mercy of the load.
-            paired = run_paired(["paged", "cached"] if args.cache else ["paged"], n, args.steps, args.mixed, kw)
+            paired = run_paired(pair, n, args.steps, args.mixed, {k: dict(v) for k, v in kw.items()})
             for kind, times in paired.items():
                 rows[kind] = summarize(times)
                 if args.by_step:
                     print(f"{n:>8} {kind:>10} by step type: {by_step(times)}")
             if args.cache:
                 ratios.append(rows["cached"][0] / rows["paged"][0])
+            if "tiered" in rows:
+                tier_ratios.append(rows["tiered"][0] / rows["cached"][0])
         for kind in kinds:
             med, p99 = rows[kind]
             speed = rows["scan"][0] / med
-            rel = med / rows["paged" if kind == "cached" else "stallfree"][0]
+            rel = med / rows[{"cached": "paged", "tiered": "cached"}.get(kind, "stallfree")][0]
             print(f"{n:>8} {kind:>10} {med:>10.1f} {p99:>10.1f} {speed:>7.1f}x {rel:>9.2f}x")
         if len(ratios) > 1:
             print(f"{n:>8} cached/paged per run: {' '.join(f'{r:.2f}' for r in ratios)}; "
                   f"median {statistics.median(ratios):.2f}x")
+        if len(tier_ratios) > 1:
+            print(f"{n:>8} tiered/cached per run: {' '.join(f'{r:.2f}' for r in tier_ratios)}; "
+                  f"median {statistics.median(tier_ratios):.2f}x")
     return 0
 
 

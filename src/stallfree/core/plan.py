@@ -57,6 +57,13 @@ class StepPlan(Sequence[ScheduledChunk]):
         token_budget: the budget this step was planned under, in tokens.
         admitted: rids admitted this step (their first chunk is in `prefills`).
         preempted: rids preempted this step (paged scheduler only; they are not in the batch).
+        kv_offloads: KV blocks copied from the GPU to the CPU tier before this step runs, as
+            (gpu_block, cpu_block) pairs: cached blocks the step evicts from the GPU, whose GPU
+            blocks the step overwrites (stallfree.core.kv_tier.TieredKV; () without a CPU tier).
+        kv_loads: KV blocks copied from the CPU tier into GPU blocks before this step runs, after
+            the offloads, as (cpu_block, gpu_block) pairs: the CPU-tier hits of the requests
+            admitted in it, whose chunks read them (() without a CPU tier). An engine performs the
+            offloads, then the loads, then the forward pass; a cost model prices them.
     """
 
     __slots__ = (
@@ -69,6 +76,8 @@ class StepPlan(Sequence[ScheduledChunk]):
         "token_budget",
         "admitted",
         "preempted",
+        "kv_offloads",
+        "kv_loads",
         "_decode_offsets",
         "_decode_tokens",
     )
@@ -85,6 +94,8 @@ class StepPlan(Sequence[ScheduledChunk]):
         admitted: tuple[Hashable, ...] = (),
         preempted: tuple[Hashable, ...] = (),
         decode_tokens: tuple[int, ...] | None = None,
+        kv_offloads: tuple[tuple[int, int], ...] = (),
+        kv_loads: tuple[tuple[int, int], ...] = (),
     ) -> None:
         """Build a plan; schedulers call this, users read plans.
 
@@ -93,6 +104,7 @@ class StepPlan(Sequence[ScheduledChunk]):
                 scheduler shares one tuple across steps while its decodes do not change.
             decode_tokens: per decode, its tokens when some cost more than 1 (speculative
                 decoding); None means every decode costs 1 token.
+            kv_offloads, kv_loads: the step's KV copies between the GPU and a CPU tier (above).
         """
         self.step = step
         self.decode_rids = decode_rids
@@ -105,6 +117,8 @@ class StepPlan(Sequence[ScheduledChunk]):
         self.admitted = admitted
         self.preempted = preempted
         self._decode_tokens = decode_tokens
+        self.kv_offloads = kv_offloads
+        self.kv_loads = kv_loads
 
     @property
     def decodes(self) -> tuple[ScheduledChunk, ...]:

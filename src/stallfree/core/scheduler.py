@@ -109,6 +109,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
+        # A manager with a second KV tier (core/kv_tier.py) hands over each step's copies.
+        self._kv_transfers = getattr(self._kv, "step_transfers", None)
         self._init_lifecycle()
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
@@ -141,6 +143,12 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """The rids of the prompts admitted whose prefill is not done, in admission order (those of the
         plan in flight included); at most max_num_partial_prefills once it completes."""
         return tuple(o.rid for o in self._partials)
+
+    @property
+    def kv_manager(self) -> KVManager:
+        """The KV manager this scheduler asks (its own, or the one given as kv_manager=); for
+        checkers, reports and the engine, which read a manager's own extras (a CPU tier's)."""
+        return self._kv
 
     @property
     def decode_load(self) -> tuple[int, int]:
@@ -216,6 +224,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
             decode_tokens,
         )
+        if self._kv_transfers is not None:
+            plan.kv_offloads, plan.kv_loads = self._kv_transfers()
         self._inflight = plan
         return plan
 

@@ -198,6 +198,10 @@ class GPUSpec:
             (costmodel.defaults.default_cost_model uses it).
         sources: where the numbers come from.
         link_source: how link_bw_bytes_per_s was derived.
+        host_link_bw_bytes_per_s: the GPU's link to host (CPU) memory, per direction, B/s (PCIe, or a
+            chip-to-chip link): what copies KV blocks to and from a CPU tier; None when not given.
+        host_link_latency_s: the fixed cost of one batch of such copies, s; None when not given.
+        host_link_source: where the host link figures come from.
     """
 
     key: str
@@ -218,6 +222,9 @@ class GPUSpec:
     calibration: GPUCalibration | None = field(default=None, compare=False)
     sources: tuple[str, ...] = field(default=(), compare=False)
     link_source: str = field(default="", compare=False)
+    host_link_bw_bytes_per_s: float | None = None
+    host_link_latency_s: float | None = None
+    host_link_source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         owner = f"GPU {self.key!r}"
@@ -227,6 +234,10 @@ class GPUSpec:
         for name in ("fp8_flops_per_s", "int8_ops_per_s", "fp4_flops_per_s", "link_bw_per_peer_bytes_per_s"):
             _positive(name, getattr(self, name), owner, allow_none=True)
         _positive("internode_bw_bytes_per_s", self.internode_bw_bytes_per_s, owner)
+        _positive("host_link_bw_bytes_per_s", self.host_link_bw_bytes_per_s, owner, allow_none=True)
+        lat = self.host_link_latency_s
+        if lat is not None and (isinstance(lat, bool) or not isinstance(lat, (int, float)) or not 0 <= lat < math.inf):
+            raise CostModelError(f"{owner}: host_link_latency_s must be a number >= 0, got {lat!r}")
         g = self.gpus_per_node
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise CostModelError(f"{owner}: gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}")
@@ -290,7 +301,8 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
     Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8, int8 and fp4 may be null or
     absent), w4a16_kernels (default true),
     mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, gpus_per_node (default 8),
-    internode_GBps (default 50), aliases, sources, link_source, calibration (GPUCalibration.from_dict).
+    internode_GBps (default 50), aliases, sources, link_source, calibration (GPUCalibration.from_dict),
+    host_link_GBps and host_link_latency_us (the link to host memory; absent: unknown), host_link_source.
 
     Raises:
         CostModelError: a key is missing, or a value is not a positive number.
@@ -303,6 +315,7 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
             return None if value is None else float(value) * 1e12
 
         peer = data.get("link_per_peer_GBps")
+        host_bw, host_lat = data.get("host_link_GBps"), data.get("host_link_latency_us")
         return GPUSpec(
             key=key,
             name=str(data.get("name", key)),
@@ -321,6 +334,9 @@ def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
             aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
             sources=tuple(data.get("sources", ())),
             link_source=str(data.get("link_source", "")),
+            host_link_bw_bytes_per_s=None if host_bw is None else float(host_bw) * 1e9,
+            host_link_latency_s=None if host_lat is None else float(host_lat) * 1e-6,
+            host_link_source=str(data.get("host_link_source", "")),
             calibration=None if not data.get("calibration") else GPUCalibration.from_dict(
                 f"GPU {key!r}", data["calibration"]
             ),
@@ -369,6 +385,11 @@ def gpu_to_dict(gpu: GPUSpec) -> dict[str, Any]:
     }
     if gpu.link_bw_per_peer_bytes_per_s is not None:
         out["link_per_peer_GBps"] = gpu.link_bw_per_peer_bytes_per_s / 1e9
+    if gpu.host_link_bw_bytes_per_s is not None:
+        out["host_link_GBps"] = gpu.host_link_bw_bytes_per_s / 1e9
+        out["host_link_source"] = gpu.host_link_source
+    if gpu.host_link_latency_s is not None:
+        out["host_link_latency_us"] = gpu.host_link_latency_s * 1e6
     if gpu.calibration is not None:
         out["calibration"] = gpu.calibration.as_dict()
     return out

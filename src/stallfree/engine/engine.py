@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, SchedulerConfig, StepPlan
 from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
+from stallfree.core.kv_tier import TieredKV, tiered_scheduler
 from stallfree.core.prefix_cache import hash_blocks
 from stallfree.engine.batch import BatchBuilder
 from stallfree.engine.errors import (
@@ -30,7 +32,7 @@ from stallfree.engine.errors import (
     RequestRejected,
     StepFailed,
 )
-from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.kv_cache import HostKVCache, KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, RequestOutput
 from stallfree.engine.sampling import NO_TOKEN, SamplingParams, sample_tokens
@@ -147,13 +149,15 @@ def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
 
 def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
                      scheduling_policy: str, enable_prefix_caching: bool = False,
-                     partial: dict[str, Any] | None = None, max_model_len: int = 0) -> Scheduler:
+                     partial: dict[str, Any] | None = None, max_model_len: int = 0,
+                     cpu_blocks: int = 0) -> Scheduler:
     """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
 
     Under either policy the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never
     rounded below what the cache was sized for. `partial`: the partial-prefill keywords of Scheduler; with
     max_num_partial_prefills > 1 and no long_prefill_token_threshold, the threshold is 4% of
-    `max_model_len` (vLLM's default), at least 1 token.
+    `max_model_len` (vLLM's default), at least 1 token. `cpu_blocks` > 0 (paged, prefix caching): a
+    CPU KV tier of that many blocks (stallfree.core.kv_tier.TieredKV).
 
     Raises:
         InvalidConfig: a value the scheduler refuses (it names the field).
@@ -165,11 +169,46 @@ def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_siz
     # Under "reserve": reservations in whole blocks (the engine follows the scheduler's block tables);
     # chunks are not aligned to blocks, as under "paged".
     paged = kv_policy == "paged"
+    if paged and cpu_blocks:
+        return tiered_scheduler(token_budget, max_seqs, num_blocks * block_size, block_size, cpu_blocks,
+                                watermark=_WATERMARK, policy=scheduling_policy, **opts)
     config = SchedulerConfig(
         token_budget, max_seqs, num_blocks * block_size, kv_policy=kv_policy, block_size=block_size,
         watermark=_WATERMARK if paged else SchedulerConfig.watermark, align_chunks=None if paged else False,
         policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching if paged else False, **opts)
     return Scheduler(config)
+
+
+def _check_cpu_tier(cpu_kv_tokens: object, block_size: int, kv_policy: str, caching: bool, scheduler: Any) -> int:
+    """The CPU tier's blocks for LLMEngine(cpu_kv_tokens=...): cpu_kv_tokens // block_size.
+
+    Raises:
+        InvalidConfig: cpu_kv_tokens not an integer >= 0, or > 0 with a given scheduler, without
+            kv_policy="paged" and prefix caching, or below one block; the message names it.
+    """
+    if isinstance(cpu_kv_tokens, bool) or not isinstance(cpu_kv_tokens, int) or cpu_kv_tokens < 0:
+        raise InvalidConfig(f"cpu_kv_tokens must be an integer >= 0, got {cpu_kv_tokens!r}")
+    if not cpu_kv_tokens:
+        return 0
+    if scheduler is not None:
+        raise InvalidConfig("cpu_kv_tokens sizes the scheduler the engine builds: with scheduler=, give it a "
+                            "TieredKV manager (stallfree.core.kv_tier.tiered_scheduler) instead")
+    if kv_policy != "paged" or not caching:
+        raise InvalidConfig(f"cpu_kv_tokens={cpu_kv_tokens} (a CPU KV tier of prefix-cache blocks) needs "
+                            f"kv_policy='paged' and enable_prefix_caching=True, got kv_policy={kv_policy!r}, "
+                            f"enable_prefix_caching={caching!r}")
+    if cpu_kv_tokens < block_size:
+        raise InvalidConfig(f"cpu_kv_tokens={cpu_kv_tokens} holds no block of {block_size} tokens")
+    return cpu_kv_tokens // block_size
+
+
+def _tier_stats(s: Any) -> dict[str, int]:
+    """EngineStats' CPU-tier counters from a scheduler (zeros without a tier)."""
+    kv = getattr(s, "kv_manager", None)
+    if not isinstance(kv, TieredKV):
+        return {}
+    return {"prefix_cache_cpu_hits": kv.tier_stats.cpu_hits, "kv_blocks_loaded": kv.tier.num_loads,
+            "kv_blocks_offloaded": kv.tier.num_stores}
 
 
 def salt_block_hashes(hashes: Sequence[int], salt: str) -> tuple[int, ...]:
@@ -254,11 +293,17 @@ class LLMEngine:
         max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
             Scheduler options of the same names (default 1, None, None: the contract); with more
             than one partial prefill the threshold defaults to 4% of the model's max_model_len.
+        cpu_kv_tokens: "paged" with prefix caching: a CPU KV tier of cpu_kv_tokens // block_size
+            blocks in host memory (stallfree.core.kv_tier): blocks the cache evicts are copied there
+            and copied back on a hit (each plan's kv_offloads, then kv_loads, before its forward
+            pass); 0: none. On a CPU-only machine both tiers are host memory.
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
-            integer >= 1, a policy is unknown or not available with the other, or `scheduler`
-            hands out no block tables (a reservation Scheduler built without a block_size).
+            integer >= 1, a policy is unknown or not available with the other, `scheduler`
+            hands out no block tables (a reservation Scheduler built without a block_size), or
+            cpu_kv_tokens is not an integer >= 0, or > 0 without paged KV and prefix caching, or
+            below one block.
     """
 
     def __init__(
@@ -277,8 +322,10 @@ class LLMEngine:
         max_num_partial_prefills: int = 1,
         max_long_partial_prefills: int | None = None,
         long_prefill_token_threshold: int | None = None,
+        cpu_kv_tokens: int = 0,
     ) -> None:
         _check_policies(kv_policy, scheduling_policy)
+        cpu_blocks = _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
         if enable_prefix_caching and kv_policy != "paged" and scheduler is None:
             raise InvalidConfig(f"enable_prefix_caching=True needs kv_policy='paged', got kv_policy={kv_policy!r}")
         self.model = model
@@ -296,7 +343,8 @@ class LLMEngine:
                        "max_long_partial_prefills": max_long_partial_prefills,
                        "long_prefill_token_threshold": long_prefill_token_threshold}
             scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
-                                         scheduling_policy, enable_prefix_caching, partial, cfg.max_model_len)
+                                         scheduling_policy, enable_prefix_caching, partial, cfg.max_model_len,
+                                         cpu_blocks)
         else:
             kv_policy = str(scheduler.kv_policy)
         self.scheduler = scheduler
@@ -314,6 +362,13 @@ class LLMEngine:
         self.block_size = block_size
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
                           model.dtype, model.device)
+        tier = getattr(scheduler, "kv_manager", None)
+        #: A CPU KV tier's host blocks (None without one); plans' copies run through it.
+        self.host_kv: HostKVCache | None = None
+        if isinstance(tier, TieredKV):
+            self.host_kv = HostKVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, tier.cpu_blocks, block_size,
+                                       model.dtype, pin=model.device.type == "cuda")
+        self._copied_step = -1  # the step whose KV copies are done (a retried plan does not redo them)
         self._builder = BatchBuilder(block_size, self.max_model_len, self.kv.pad_block,
                                      self._table_for, model.device)
         self._aborted: set[Hashable] = set()  # aborted while in the plan in flight
@@ -349,6 +404,7 @@ class LLMEngine:
             kv_free_tokens=st.kv_free, kv_total_tokens=st.kv_total, num_preemptions=st.num_preemptions,
             last_step_tokens=0 if self.last_plan is None else int(self.last_plan.num_tokens),
             prefix_cache_queries=st.prefix_cache_queries, prefix_cache_hits=st.prefix_cache_hits,
+            **_tier_stats(self.scheduler),
         )
 
     def headroom(self) -> Headroom:
@@ -432,6 +488,8 @@ class LLMEngine:
         long_prefill_token_threshold: int | None = None,
         compile: bool = False,
         max_model_len: int | None = None,
+        cpu_kv_tokens: int = 0,
+        kv_offloading_size: float | None = None,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -452,6 +510,9 @@ class LLMEngine:
                 to compile (docs/engine.md).
             max_model_len: cap the context at this many tokens (vLLM's --max-model-len), at most
                 the checkpoint's own; None: the checkpoint's.
+            kv_offloading_size: instead of cpu_kv_tokens, the CPU KV tier in GiB of host memory (vLLM's
+                --kv-offloading-size; one rank here), converted with the model's KV bytes per token:
+                floor(GiB x 2^30 / (2 x layers x KV heads x head_dim x bytes per element)) tokens.
             Others: as in LLMEngine.
 
         Raises:
@@ -466,6 +527,14 @@ class LLMEngine:
             check_positive_int("kv_tokens", kv_tokens)
         check_positive_int("block_size", block_size)
         _check_policies(kv_policy, scheduling_policy)
+        _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
+        if kv_offloading_size is not None:
+            if isinstance(kv_offloading_size, bool) or not isinstance(kv_offloading_size, (int, float)) or not (
+                    0 < kv_offloading_size < math.inf):
+                raise InvalidConfig(f"kv_offloading_size must be a number of GiB > 0, got {kv_offloading_size!r}")
+            if cpu_kv_tokens:
+                raise InvalidConfig("cpu_kv_tokens and kv_offloading_size both size the CPU KV tier: give one")
+            _check_cpu_tier(block_size, block_size, kv_policy, enable_prefix_caching, scheduler)
         dev = resolve_device(device)
         dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
         if max_model_len is not None:
@@ -478,9 +547,14 @@ class LLMEngine:
                                     f"{cfg.max_model_len} tokens")
             cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
         model = LlamaModel(cfg, ckpt.tensors, dtype=dt, device=dev, compile=compile)
+        if kv_offloading_size is not None:
+            per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dt).element_size()
+            cpu_kv_tokens = int(kv_offloading_size * 2**30 // per_token)
+            _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
         return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
                    block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching,
-                   max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold)
+                   max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold,
+                   cpu_kv_tokens)
 
     # ------------------------------------------------------------------ requests
 
@@ -662,6 +736,11 @@ class LLMEngine:
     def _execute(self, plan: StepPlan, samplers: list[_Seq]) -> list[int]:
         """Build the flat batch of `plan`, run the model and sample; changes no request state
         (the builder's copy of each sampler's last token aside)."""
+        if self.host_kv is not None and self._copied_step != plan.step:
+            # Offloads first: a block the step evicts may be a load's destination.
+            self.host_kv.offload(self.kv, plan.kv_offloads)
+            self.host_kv.load(self.kv, plan.kv_loads)
+            self._copied_step = plan.step
         if self.enable_prefix_caching:
             for chunk in plan.prefills:  # a few per step
                 seq = self._seqs[chunk.rid]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["KVCache"]
+__all__ = ["HostKVCache", "KVCache"]
 
 
 class KVCache:
@@ -76,3 +76,55 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by K and V together (the pad block included)."""
         return 2 * self.k.numel() * self.k.element_size()
+
+
+class HostKVCache:
+    """A CPU KV tier's blocks in host memory (stallfree.core.kv_tier): K and V of `num_blocks` blocks,
+    shapes [L, num_blocks * block_size, Hkv, D], pinned when a GPU is present so that copies to and
+    from it are DMA transfers.
+
+    Args:
+        num_layers, num_kv_heads, head_dim: L, Hkv, D of the model.
+        num_blocks: CPU blocks (>= 1).
+        block_size: tokens per block (>= 1).
+        dtype: the engine's dtype.
+        pin: page-lock the tensors (only with a GPU).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, pin: bool = False) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+        self.v = torch.zeros(shape, dtype=dtype, pin_memory=pin)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by K and V together."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def _blocks(self, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (cache.k.shape[0], cache.num_blocks + 1, cache.block_size, *cache.k.shape[2:])
+        return cache.k.view(shape), cache.v.view(shape)
+
+    def offload(self, cache: KVCache, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Copy GPU blocks to CPU blocks, `pairs` of (gpu_block, cpu_block) (StepPlan.kv_offloads)."""
+        if not pairs:
+            return
+        gk, gv = self._blocks(cache)
+        src = torch.tensor([g for g, _ in pairs], dtype=torch.long, device=cache.k.device)
+        dst = torch.tensor([c for _, c in pairs], dtype=torch.long)
+        self.k.index_copy_(1, dst, gk.index_select(1, src).to("cpu"))
+        self.v.index_copy_(1, dst, gv.index_select(1, src).to("cpu"))
+
+    def load(self, cache: KVCache, pairs: tuple[tuple[int, int], ...]) -> None:
+        """Copy CPU blocks into GPU blocks, `pairs` of (cpu_block, gpu_block) (StepPlan.kv_loads)."""
+        if not pairs:
+            return
+        gk, gv = self._blocks(cache)
+        src = torch.tensor([c for c, _ in pairs], dtype=torch.long)
+        dst = torch.tensor([g for _, g in pairs], dtype=torch.long, device=cache.k.device)
+        dev = cache.k.device
+        gk.index_copy_(1, dst, self.k.index_select(1, src).to(dev, non_blocking=True))
+        gv.index_copy_(1, dst, self.v.index_select(1, src).to(dev, non_blocking=True))

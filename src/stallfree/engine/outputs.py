@@ -104,6 +104,9 @@ class EngineStats:
         last_step_tokens: tokens in the last step's batch (0 before the first step).
         prefix_cache_queries, prefix_cache_hits: prefix caching: prompt tokens looked up at admissions
             and found cached, so far (vLLM's counters; 0 without caching).
+        prefix_cache_cpu_hits: of prefix_cache_hits, the tokens found in a CPU KV tier (0 without one).
+        kv_blocks_loaded, kv_blocks_offloaded: KV blocks copied from a CPU tier into the cache and
+            from the cache to the tier, so far (0 without one).
     """
 
     num_running: int
@@ -115,6 +118,9 @@ class EngineStats:
     last_step_tokens: int
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    prefix_cache_cpu_hits: int = 0
+    kv_blocks_loaded: int = 0
+    kv_blocks_offloaded: int = 0
 
     @property
     def kv_usage(self) -> float:

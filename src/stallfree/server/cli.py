@@ -10,7 +10,7 @@ import socket
 import sys
 from typing import Any
 
-from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_int
+from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_float, positive_int
 from stallfree.engine.cli import DEFAULT_DTYPE_RULE
 from stallfree.server.options import add_ops_args, configure_logging, ops_banner, ops_from_args
 
@@ -63,6 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV blocks of cached prompt prefixes (default: on under --kv-policy paged; "
                    "needs it)")
+    p.add_argument("--kv-offloading-size", type=positive_float, default=None, metavar="GiB",
+                   help="a CPU KV tier of this many GiB of host memory (vLLM's flag): prefix-cache blocks the "
+                   "KV cache evicts are kept there and loaded back on a hit (needs --kv-policy paged and "
+                   "prefix caching)")
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
                    "with aging; under either --kv-policy)")
@@ -118,6 +122,7 @@ def build_engine(args: argparse.Namespace) -> Any:
         max_long_partial_prefills=args.max_long_partial_prefills,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         max_model_len=getattr(args, "max_model_len", None),
+        kv_offloading_size=getattr(args, "kv_offloading_size", None),
     )
 
 
@@ -137,6 +142,8 @@ def run_serve(args: argparse.Namespace) -> int:
                or check_scheduler_flags(args, args.block_size if args.kv_policy == "paged" else None))
     if problem is None and getattr(args, "enable_prefix_caching", None) and args.kv_policy != "paged":
         problem = "--enable-prefix-caching needs --kv-policy paged"
+    if problem is None and getattr(args, "kv_offloading_size", None) is not None and not prefix_caching(args):
+        problem = "--kv-offloading-size keeps prefix-cache blocks: it needs --kv-policy paged with prefix caching"
     ops = None
     if problem is None:
         ops, problem = ops_from_args(args)

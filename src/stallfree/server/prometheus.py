@@ -83,7 +83,16 @@ class ServerMetrics:
         self.prefix_cache_hits = Counter(
             "stallfree_prefix_cache_hits", "Prefix caching: prompt tokens found cached at admissions (tokens).",
             lab, registry=r).labels(model_name)
+        self._tier_hits = Counter(
+            "stallfree_prefix_cache_tier_hits",
+            "Prefix caching: prompt tokens found cached at admissions, by KV tier (gpu; cpu: a CPU KV tier, "
+            "--kv-offloading-size) (tokens).", ["model_name", "tier"], registry=r)
+        self._kv_blocks = Counter(
+            "stallfree_kv_tier_blocks",
+            "KV blocks copied between the cache and a CPU KV tier, by direction (load: into the cache; "
+            "offload: out of it).", ["model_name", "direction"], registry=r)
         self._last_prefix = (0, 0)
+        self._last_tier = (0, 0, 0, 0)  # gpu hits, cpu hits, blocks loaded, offloaded
         self._model_name = model_name
         self._last_preemptions = 0
         # Plain totals for the stats log line (read without touching prometheus internals).
@@ -144,6 +153,16 @@ class ServerMetrics:
             self.prefix_cache_queries.inc(queries - self._last_prefix[0])
             self.prefix_cache_hits.inc(hits - self._last_prefix[1])
             self._last_prefix = (queries, hits)
+        cpu = getattr(stats, "prefix_cache_cpu_hits", 0)
+        now = (hits - cpu, cpu, getattr(stats, "kv_blocks_loaded", 0), getattr(stats, "kv_blocks_offloaded", 0))
+        if now != self._last_tier:
+            for (name, value), last in zip((("gpu", now[0]), ("cpu", now[1])), self._last_tier[:2], strict=True):
+                if value > last:
+                    self._tier_hits.labels(self._model_name, name).inc(value - last)
+            for (name, value), last in zip((("load", now[2]), ("offload", now[3])), self._last_tier[2:], strict=True):
+                if value > last:
+                    self._kv_blocks.labels(self._model_name, name).inc(value - last)
+            self._last_tier = now
 
     # ------------------------------------------------------------------ export and log
 

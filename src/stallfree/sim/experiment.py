@@ -192,10 +192,12 @@ def scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float 
 def run_tag(res: SimResult) -> str:
     """The name of a run in file names: its batching mode and KV policy ("chunked-reserve",
     "chunked-paged", "no-chunk-reserve"), with "-time" in time budget mode and "-cache" for a run
-    marked config["prefix_caching"] (simulate marks its runs with prefix caching on)."""
+    marked config["prefix_caching"] (simulate marks its runs with prefix caching on), then "-cpu" for a
+    run with a CPU KV tier."""
     tag = f"{res.config.get('batching', res.label)}-{res.config.get('kv', 'reserve')}"
     tag += "-time" if res.config.get("step_time_target_s") is not None else ""
-    return tag + ("-cache" if res.config.get("prefix_caching") else "")
+    tag += "-cache" if res.config.get("prefix_caching") else ""
+    return tag + ("-cpu" if res.config.get("cpu_kv_tokens") else "")
 
 
 def write_experiment(out: Path, study: Experiment) -> list[str]:

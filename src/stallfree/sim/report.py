@@ -238,6 +238,8 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
         prefix_cache_hit_rate=res.prefix_cache_hit_rate,
         prefix_cache_hit_rate_bound=res.prefix_cache_hit_rate_bound,
         prefix_cache_evictions=res.prefix_cache_evictions,
+        prefix_cache_hit_rate_first_admission=res.prefix_cache_hit_rate_first_admission,
+        kv_tier=res.kv_tier,
         sim_wall_s=res.wall_s,
     )
 
@@ -385,6 +387,13 @@ _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("prefix_cache_hit_rate", "prefix cache hit rate", "{:.1%}"),
     ("prefix_cache_hit_rate_bound", "prefix cache hit bound (infinite cache)", "{:.1%}"),
     ("prefix_cache_evictions", "prefix cache evictions", "{:,}"),
+    ("kv_tier.cpu_kv_tokens", "CPU KV tier (tokens)", "{:,}"),
+    ("kv_tier.hit_rate_gpu", "hit rate, GPU tier", "{:.1%}"),
+    ("kv_tier.hit_rate_cpu", "hit rate, CPU tier", "{:.1%}"),
+    ("kv_tier.first_admission_hit_rate_gpu", "1st-admission hit rate, GPU tier", "{:.1%}"),
+    ("kv_tier.first_admission_hit_rate_cpu", "1st-admission hit rate, CPU tier", "{:.1%}"),
+    ("kv_tier.kv_loads", "KV blocks loaded from CPU", "{:,}"),
+    ("kv_tier.kv_offloads", "KV blocks offloaded to CPU", "{:,}"),
     ("num_steps", "steps", "{:,}"),
     ("sim_wall_s", "simulation wall time (s)", "{:,.2f}"),
 )
@@ -423,6 +432,8 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         table.add_column(str(s.get("label", "")), justify="right")
     for key, name, spec in _TABLE_ROWS:
         if all(s.get(key) is None for s in summaries) and key in ("request_goodput", "slo_attainment"):
+            continue
+        if key.startswith("kv_tier.") and all(s.get("kv_tier") is None for s in summaries):
             continue
         # The cache rows when caching is on in any run; "-" in a run without it.
         if key.startswith("prefix_cache_") and all(s.get("prefix_cache_hit_rate") is None for s in summaries):

@@ -131,6 +131,8 @@ class SimResult:
     prefix_cache_evictions: int = 0
     #: The hit rate over first admissions only (readmissions after preemption left out).
     prefix_cache_hit_rate_first_admission: float | None = None
+    #: A CPU KV tier's figures (stallfree.sim.simulator.tier_figures), None without one.
+    kv_tier: dict[str, Any] | None = None
     rejected_kind: dict[int, str] = field(default_factory=dict)
 
     @property

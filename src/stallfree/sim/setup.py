@@ -431,6 +431,10 @@ class Setup:
         max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
             Scheduler options of the same names (K, L, T); with K > 1 and T None, T is 4% of the
             model's context length (vLLM's default), at least 1 token.
+        cpu_kv_tokens: prefix caching: a CPU KV tier of this many tokens (whole blocks; 0: none),
+            its copies priced over the GPU's host link (stallfree.costmodel.host_link.KVTransferCost).
+        kv_offloading_gib: instead, the tier's size as vLLM's --kv-offloading-size: GiB of host
+            memory summed over the tensor-parallel ranks, converted with the model's KV bytes per token.
 
     Raises:
         SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
@@ -447,6 +451,8 @@ class Setup:
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int | None = None
     long_prefill_token_threshold: int | None = None
+    cpu_kv_tokens: int = 0
+    kv_offloading_gib: float | None = None
     base_workload: Workload = field(init=False)
     rate_scale: float = field(init=False)
     workload: Workload = field(init=False)
@@ -456,6 +462,7 @@ class Setup:
     pricing: dict[str, Any] = field(init=False)
     context_length: int | None = field(init=False)
     context_length_source: str = field(init=False)
+    kv_bytes_per_token: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.prefix_caching and self.scheduler != "paged":
@@ -464,6 +471,44 @@ class Setup:
         self.workload = self.base_workload.scale_rate(self.rate_scale)
         self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         self.context_length, self.context_length_source = context_length(self.hardware_options)
+        self.kv_bytes_per_token = 0
+        if self.cpu_kv_tokens or self.kv_offloading_gib:
+            self._add_cpu_tier()
+
+    def _add_cpu_tier(self) -> None:
+        """Size the CPU KV tier (tokens, or GiB summed over the ranks) and price its copies."""
+        from stallfree.costmodel import CostModelError
+        from stallfree.costmodel.hardware import get_gpu
+        from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
+        from stallfree.costmodel.model import get_model
+        from stallfree.costmodel.roofline import CostModel
+
+        if not self.prefix_caching:
+            flag = "--kv-offloading-size" if self.kv_offloading_gib else "--cpu-kv-tokens"
+            raise SetupError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --prefix-caching "
+                             "(and --scheduler paged)", usage=True)
+        if self.cpu_kv_tokens and self.kv_offloading_gib:
+            raise SetupError("--cpu-kv-tokens and --kv-offloading-size both size the CPU KV tier: give one", usage=True)
+        opts = self.hardware_options
+        try:
+            gpu = get_gpu(opts.gpu)
+            roof = CostModel(get_model(opts.model), gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype)
+            per_gpu = float(roof.kv_bytes_per_token_per_gpu)
+            if self.kv_offloading_gib:
+                self.cpu_kv_tokens = kv_offloading_tokens(self.kv_offloading_gib, per_gpu, opts.tp)
+            link = host_link(gpu)
+        except (CostModelError, ValueError) as exc:
+            raise SetupError(str(exc), usage=True) from None
+        if self.cpu_kv_tokens < self.block_size:
+            raise SetupError(f"the CPU KV tier holds {self.cpu_kv_tokens:,} tokens, not one block of "
+                             f"{self.block_size}: make it larger", usage=True)
+        self.cpu_kv_tokens -= self.cpu_kv_tokens % self.block_size
+        self.kv_bytes_per_token = int(per_gpu) * opts.tp
+        self.cost_model = KVTransferCost(self.cost_model, link, self.block_size * per_gpu)
+        gib = self.cpu_kv_tokens * self.kv_bytes_per_token / 2**30
+        self.hardware += (f"; CPU KV tier {self.cpu_kv_tokens:,} tokens ({gib:,.1f} GiB host memory over "
+                          f"{opts.tp} ranks), host link {link.bandwidth_bytes_per_s / 1e9:g} GB/s, "
+                          f"{link.latency_s * 1e6:g} us")
 
     def config(self, batching: str, budget: int) -> SchedulerConfig:
         """Return the scheduler config of one run (paged KV applies to chunked batching; baselines reserve)."""
@@ -472,6 +517,7 @@ class Setup:
             self.kv_tokens, budget, self.max_seqs, batching, kv, self.block_size, self.watermark,
             self.prefix_caching and kv == "paged",
             self.partial_prefills(),
+            self.cpu_kv_tokens if self.prefix_caching and kv == "paged" else 0,
         )
 
     def partial_prefills(self) -> tuple[int, int, int] | None:
@@ -509,7 +555,14 @@ class Setup:
             "max_model_len": self.context_length,
             "max_model_len_source": self.context_length_source,
             "notes": list(wl.notes) + self._context_notes(),
-        } | self._load_header()
+        } | self._load_header() | self._tier_header()
+
+    def _tier_header(self) -> dict[str, Any]:
+        """A CPU KV tier: its tokens, the KV bytes per token (all ranks) and the host memory it takes."""
+        if not self.cpu_kv_tokens:
+            return {}
+        return {"cpu_kv_tokens": self.cpu_kv_tokens, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "cpu_kv_bytes": self.cpu_kv_tokens * self.kv_bytes_per_token}
 
     @property
     def closed_loop(self) -> ClosedLoop | None:

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.invariants import InvariantChecker
+from stallfree.core.kv_tier import TieredKV
 from stallfree.core.queries import SchedulerStats
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler
@@ -83,6 +84,9 @@ class SchedulerConfig:
             prefix blocks as block hashes (Workload.block_hashes).
         partial_prefills: None (the contract), or (K, L, T): Scheduler's max_num_partial_prefills,
             max_long_partial_prefills and long_prefill_token_threshold (chunked batching only).
+        cpu_kv_tokens: prefix caching only: a CPU KV tier of cpu_kv_tokens // block_size blocks
+            (stallfree.core.kv_tier.TieredKV: blocks the GPU evicts are kept there and loaded back on
+            a hit); 0: none.
 
     Raises:
         ValueError: an unknown batching or kv mode, kv="paged" with a baseline, or prefix_caching
@@ -98,6 +102,7 @@ class SchedulerConfig:
     watermark: float = CoreSchedulerConfig.watermark
     prefix_caching: bool = False
     partial_prefills: tuple[int, int, int] | None = None
+    cpu_kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -108,6 +113,18 @@ class SchedulerConfig:
             raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
         if self.prefix_caching and self.kv != "paged":
             raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={self.kv!r}")
+        if isinstance(self.cpu_kv_tokens, bool) or not isinstance(self.cpu_kv_tokens, int) or self.cpu_kv_tokens < 0:
+            raise ValueError(f"cpu_kv_tokens must be an integer >= 0, got {self.cpu_kv_tokens!r}")
+        if self.cpu_kv_tokens and not self.prefix_caching:
+            raise ValueError(f"a CPU KV tier (cpu_kv_tokens={self.cpu_kv_tokens}) keeps prefix-cache blocks: it "
+                             "needs prefix_caching=True")
+        if self.cpu_kv_tokens and self.cpu_kv_tokens < self.block_size:
+            raise ValueError(f"cpu_kv_tokens ({self.cpu_kv_tokens}) holds no block of {self.block_size} tokens")
+
+    @property
+    def cpu_blocks(self) -> int:
+        """Blocks of the CPU KV tier (0: none)."""
+        return self.cpu_kv_tokens // self.block_size
 
     def core_config(self) -> CoreSchedulerConfig:
         """The stallfree.core SchedulerConfig of chunked batching: the budget, the sequence limit and the
@@ -133,7 +150,12 @@ class SchedulerConfig:
             InvalidConfig: a number is out of range.
         """
         if self.batching == "chunked":
-            return Scheduler(self.core_config())
+            config = self.core_config()
+            if self.cpu_blocks:
+                # The tier lives under paged KV with prefix caching (Setup refuses it otherwise).
+                kv = TieredKV(config.kv_tokens // self.block_size, self.block_size, config.watermark, self.cpu_blocks)
+                return Scheduler(config, kv_manager=kv)
+            return Scheduler(config)
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
             "prefill-first": PrefillFirstScheduler,
             "no-chunk": NoChunkScheduler,
@@ -144,6 +166,8 @@ class SchedulerConfig:
     def label(self) -> str:
         """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
         kind = ("paged+cache" if self.prefix_caching else "paged") if self.kv == "paged" else self.batching
+        if self.cpu_blocks:
+            kind += "+cpu"
         base = f"{kind}/{self.token_budget}"
         if self.partial_prefills is not None:
             base += "/K{}L{}T{}".format(*self.partial_prefills)
@@ -158,7 +182,14 @@ def make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> 
 
 
 def wrap_checker(sched: SchedulerLike) -> SchedulerLike:
-    """`sched` inside stallfree.core.invariants.InvariantChecker (raises on the first violated invariant)."""
+    """`sched` inside stallfree.core.invariants.InvariantChecker (raises on the first violated invariant);
+    a scheduler with a CPU KV tier inside stallfree.core.invariants_tier.TieredInvariantChecker."""
+    from stallfree.core.kv_tier import TieredKV
+
+    if isinstance(getattr(sched, "kv_manager", None), TieredKV):
+        from stallfree.core.invariants_tier import TieredInvariantChecker
+
+        return cast(SchedulerLike, TieredInvariantChecker(sched))  # type: ignore[arg-type]
     # One checker for both KV policies (and for a time-budget wrapper, which reads as a Scheduler).
     return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
 
@@ -320,6 +351,30 @@ def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload)
     res.prefix_cache_hit_rate_first_admission = st.prefix_cache_first_hits / first if first else 0.0
     res.prefix_cache_evictions = st.num_evictions
     res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(st.block_size or 16)
+    res.kv_tier = tier_figures(inner, st)
+
+
+def tier_figures(inner: object, st: Any) -> dict[str, Any] | None:
+    """A CPU KV tier's figures (None without one): its size (cpu_blocks, cpu_kv_tokens), hit rates per
+    tier over all admissions and over first admissions (fractions of the tokens looked up: gpu + cpu
+    = the scheduler's prefix cache hit rate), and block copies (kv_loads, kv_offloads) and CPU blocks
+    dropped (cpu_drops, the tier full). `st`: the scheduler's stats()."""
+    kv = getattr(inner, "kv_manager", None)
+    if not isinstance(kv, TieredKV):
+        return None
+    tier = kv.tier_stats
+    q, fq = st.prefix_cache_queries, st.prefix_cache_first_queries
+    return {
+        "cpu_blocks": kv.cpu_blocks,
+        "cpu_kv_tokens": kv.cpu_blocks * kv.block_size,
+        "hit_rate_gpu": tier.gpu_hits / q if q else 0.0,
+        "hit_rate_cpu": tier.cpu_hits / q if q else 0.0,
+        "first_admission_hit_rate_gpu": tier.first_gpu_hits / fq if fq else 0.0,
+        "first_admission_hit_rate_cpu": tier.first_cpu_hits / fq if fq else 0.0,
+        "kv_loads": kv.tier.num_loads,
+        "kv_offloads": kv.tier.num_stores,
+        "cpu_drops": kv.tier.num_drops,
+    }
 
 
 def context_overflows(
@@ -386,6 +441,8 @@ def plan_run(
             kv_tokens=scheduler.kv_tokens,
             kv=scheduler.kv,
         )
+        if scheduler.cpu_kv_tokens:
+            config["cpu_kv_tokens"] = scheduler.cpu_blocks * scheduler.block_size
         label = label or scheduler.label
     return max_new, too_long, target, config, label
 

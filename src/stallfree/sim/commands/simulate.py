@@ -27,7 +27,7 @@ from stallfree.sim.commands.common import (
     setup_from_args,
 )
 from stallfree.sim.experiment import Experiment, run_experiment, run_tag, write_experiment
-from stallfree.sim.setup import TIME_BUDGET_CAP
+from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import BATCHING_MODES
 
 __all__ = ["register", "run"]
@@ -88,7 +88,22 @@ def register(subparsers: Any) -> None:
     g.add_argument(
         "--compare-caching",
         action="store_true",
-        help="paged: run with prefix caching off and on, side by side",
+        help="paged: run with prefix caching off and on, side by side; with a CPU KV tier, the GPU-only "
+        "cache against the two tiers",
+    )
+    g.add_argument(
+        "--cpu-kv-tokens",
+        type=positive_int,
+        metavar="N",
+        help="prefix caching: a CPU KV tier of N tokens (whole blocks): blocks the GPU evicts are kept in "
+        "host memory and loaded back on a hit, the copies priced over the GPU's host link",
+    )
+    g.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        metavar="GiB",
+        help="prefix caching: the CPU KV tier as vLLM's --kv-offloading-size: GiB of host memory summed "
+        "over the tensor-parallel ranks (converted with the model's KV bytes per token)",
     )
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
@@ -109,6 +124,17 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{flag} needs --scheduler paged (cached blocks are paged KV blocks)", 2)
     if args.compare_caching and args.compare:
         raise CliError("--compare-caching and --compare are exclusive", 2)
+    tier = args.cpu_kv_tokens is not None or args.kv_offloading_size is not None
+    if tier and not (args.prefix_caching or args.compare_caching):
+        flag = "--cpu-kv-tokens" if args.cpu_kv_tokens is not None else "--kv-offloading-size"
+        raise CliError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --prefix-caching (or "
+                       "--compare-caching) and --scheduler paged", 2)
+    if args.cpu_kv_tokens is not None and args.kv_offloading_size is not None:
+        raise CliError("--cpu-kv-tokens and --kv-offloading-size both size the CPU KV tier: give one", 2)
+    if tier and args.step_time_target is not None:
+        raise CliError("a CPU KV tier runs with a token budget: drop --step-time-target", 2)
+    if args.kv_offloading_size is not None and not 0 < args.kv_offloading_size < math.inf:
+        raise CliError(f"--kv-offloading-size {args.kv_offloading_size:g}: must be a number of GiB > 0", 2)
     _check_flags(args)
     # Before the simulation, not after it: a bad output path fails at once.
     if args.out:
@@ -117,18 +143,25 @@ def run(args: argparse.Namespace) -> int:
         ensure_writable_file(args.records, "--records")
     caching = args.prefix_caching or args.compare_caching
     if args.compare_caching:
-        args.prefix_caching = False
+        # With a CPU tier the comparison is GPU-only caching against two tiers; without, off against on.
+        args.prefix_caching = tier
     setup = setup_from_args(args)
+    if tier:
+        setup = _with_cpu_tier(setup, args)
     if caching and setup.workload.prefix_ids is None:
         flag = "--compare-caching" if args.compare_caching else "--prefix-caching"
         print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
               "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
     if args.disaggregate is not None:
         return _run_disagg(args, setup)
+    cpu_tokens = setup.cpu_kv_tokens
+    if args.compare_caching and tier:
+        setup.cpu_kv_tokens = 0  # the GPU-only run first (the copies' pricing has nothing to price there)
     study, clusters = _run_once(args, setup)
     if args.compare_caching:
         # The same replicas and router as the caching-off run: only the cache differs.
         setup.prefix_caching = True
+        setup.cpu_kv_tokens = cpu_tokens
         on, on_clusters = _run_once(args, setup)
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
@@ -174,6 +207,19 @@ def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | No
     what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
     line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
     return {"line": line, "figures": figures}
+def _with_cpu_tier(setup: Any, args: argparse.Namespace) -> Any:
+    """`setup` rebuilt with the CPU KV tier of --cpu-kv-tokens or --kv-offloading-size."""
+    from stallfree.sim.setup import SetupError
+
+    try:
+        return Setup(setup.workload_options, setup.hardware_options, max_seqs=setup.max_seqs,
+                     scheduler=setup.scheduler, block_size=setup.block_size, watermark=setup.watermark,
+                     prefix_caching=True, max_num_partial_prefills=setup.max_num_partial_prefills,
+                     max_long_partial_prefills=setup.max_long_partial_prefills,
+                     long_prefill_token_threshold=setup.long_prefill_token_threshold,
+                     cpu_kv_tokens=args.cpu_kv_tokens or 0, kv_offloading_gib=args.kv_offloading_size)
+    except SetupError as exc:
+        raise CliError(str(exc), 2) from None
 
 
 def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
@@ -198,6 +244,9 @@ def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[An
     if setup.prefix_caching:
         for res, summary in zip(study.results, study.summaries, strict=True):
             res.config["prefix_caching"] = summary["prefix_caching"] = True
+    if setup.cpu_kv_tokens:
+        for summary in study.summaries:
+            summary["cpu_kv_tokens"] = setup.cpu_kv_tokens
     return study, clusters
 
 
@@ -259,6 +308,8 @@ def _check_flags(args: argparse.Namespace) -> None:
     unsupported = [
         ("--prefix-caching", args.prefix_caching), ("--compare-caching", args.compare_caching),
         ("--max-num-partial-prefills", args.max_num_partial_prefills != 1),
+        ("--cpu-kv-tokens", args.cpu_kv_tokens is not None),
+        ("--kv-offloading-size", args.kv_offloading_size is not None),
     ]
     for flag, given in unsupported:
         if given:

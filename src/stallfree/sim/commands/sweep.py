@@ -38,6 +38,17 @@ DEFAULT_BUDGETS = (256, 512, 1024, 2048, 4096, 8192)
 KV_SWEEP_BUDGET = DEFAULT_TOKEN_BUDGET
 
 
+def _sizes(text: str) -> list[int]:
+    """A comma-separated list of integers >= 0 (CPU tier sizes, tokens; 0: no tier)."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return values
+
+
 def register(subparsers: Any) -> None:
     """Add the `sweep` subcommand."""
     p = subparsers.add_parser(
@@ -75,6 +86,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--prefix-caching", action="store_true",
                    help="paged KV with prefix caching (needs a trace with prefix ids: --trace mooncake)")
     p.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
+    p.add_argument("--cpu-kv-tokens", type=_sizes, metavar="LIST",
+                   help="with --prefix-caching: sweep the size of a CPU KV tier (tokens, 0 = none) at one KV "
+                   "size, budget and rate scale; the table, and with --out cpu_tier_sweep.json and .png")
     p.set_defaults(func=guard(run))
 
 
@@ -94,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(problem, code=2)
     if args.out:
         ensure_writable_dir(args.out, "--out")
+    if args.cpu_kv_tokens is not None:
+        return _run_tier_sweep(args)
     if isinstance(kv_list, list) and len(kv_list) > 1:
         return _run_kv_sweep(args, kv_list)
     if args.budgets is None:
@@ -158,6 +174,53 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     for row in rows:
         table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols))
     console().print(table)
+
+
+def _run_tier_sweep(args: argparse.Namespace) -> int:
+    """`sweep --prefix-caching --cpu-kv-tokens LIST`: one run per CPU tier size, the rest fixed."""
+    from stallfree.sim.setup import Setup, SetupError
+    from stallfree.sim.tier_sweep import plot_tier_sweep, tier_sweep, tier_sweep_lines
+
+    if not args.prefix_caching:
+        raise CliError("--cpu-kv-tokens sweeps a CPU tier of prefix-cache blocks: add --prefix-caching", code=2)
+    if isinstance(args.kv_tokens, list) and len(args.kv_tokens) > 1:
+        raise CliError("--cpu-kv-tokens sweeps the CPU tier at one --kv-tokens size: give one", code=2)
+    for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales)):
+        if values is not None and len(values) > 1:
+            raise CliError(f"{flag} {_join(values)}: --cpu-kv-tokens sweeps at one value; give one", code=2)
+    if any(v < 0 for v in args.cpu_kv_tokens):
+        raise CliError(f"--cpu-kv-tokens {_join(args.cpu_kv_tokens)}: sizes must be >= 0 tokens", code=2)
+    budget = args.budgets[0] if args.budgets else KV_SWEEP_BUDGET
+    if args.rate_scales:
+        args.rate_scale = args.rate_scales[0]
+    if isinstance(args.kv_tokens, list):
+        args.kv_tokens = args.kv_tokens[0]
+    args.scheduler = "paged"
+    base = setup_from_args(args)
+
+    def make(cpu: int) -> Any:
+        try:
+            return Setup(base.workload_options, base.hardware_options, max_seqs=base.max_seqs, scheduler="paged",
+                         block_size=base.block_size, watermark=base.watermark, prefix_caching=True,
+                         cpu_kv_tokens=cpu)
+        except SetupError as exc:
+            raise CliError(str(exc), 2) from None
+
+    with progress_bar() as bar:
+        task = bar.add_task("cpu tier sweep", total=len(args.cpu_kv_tokens))
+        rows = tier_sweep(make, args.cpu_kv_tokens, budget,
+                          progress=lambda k, n: bar.update(task, completed=k, total=n))
+    title = (f"{base.workload.name}: {len(base.workload):,} requests, rate x{base.rate_scale:g}, budget {budget:,}, "
+             f"GPU KV {base.kv_tokens:,} tokens, {base.block_size}-token blocks")
+    if args.json:
+        print(json.dumps({"token_budget": budget, "rows": rows}, indent=1))
+    else:
+        print("\n".join(tier_sweep_lines(rows, title)))
+    if args.out:
+        (args.out / "cpu_tier_sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        plot_tier_sweep(rows, args.out / "cpu_tier_sweep.png", title)
+        print(f"wrote {args.out}/cpu_tier_sweep.json, cpu_tier_sweep.png", file=sys.stderr if args.json else sys.stdout)
+    return 0
 
 
 def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:

@@ -1,0 +1,83 @@
+"""The CPU KV tier against a GPU-only cache of the same total size, on the bundled Mooncake trace.
+
+For X = 0, 1x, 4x, 16x of the default GPU cache G (the default replica's KV, Llama 3.3 70B on
+4 x H100 SXM, FP8), at --rate-scale 0.5, blocks of 128, budget 2048, paged KV with prefix caching:
+a run with GPU cache G and a CPU tier of X tokens (its copies priced over the host link), and beside
+it a GPU-only run with G + X tokens. Prints one JSON line per run and writes them all to OUT.
+
+    python benchmarks/tier_mooncake.py [OUT.json] [--cli]
+
+--cli prices steps as `stallfree simulate` does by default (vLLM's measured kernel tables and engine
+profile where aiconfigurator-core is installed); without it, as the library's Setup does (the floor
+roofline, or the GPU's calibration). Runs one after another (each replays the whole trace; minutes
+each on a loaded machine).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from stallfree.sim.report import summarize_result
+from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+from stallfree.sim.simulator import simulate
+
+
+def make_setup(kv: int | None, cpu: int, cli: bool) -> Setup:
+    if not cli:
+        return Setup(WorkloadOptions(trace="mooncake", rate_scale=0.5), HardwareOptions(kv_tokens=kv),
+                     scheduler="paged", block_size=128, prefix_caching=True, cpu_kv_tokens=cpu)
+    from stallfree.cli import build_parser
+    from stallfree.sim.commands.common import hardware_options, workload_options
+
+    argv = ["simulate", "--trace", "mooncake", "--rate-scale", "0.5", "--scheduler", "paged", "--block-size", "128",
+            "--prefix-caching"] + (["--kv-tokens", str(kv)] if kv else [])
+    args = build_parser().parse_args(argv)
+    return Setup(workload_options(args), hardware_options(args), scheduler="paged", block_size=128,
+                 prefix_caching=True, cpu_kv_tokens=cpu)
+
+
+def run(kv: int | None, cpu: int, cli: bool = False) -> dict[str, object]:
+    setup = make_setup(kv, cpu, cli)
+    t0 = time.perf_counter()
+    res = simulate(setup.workload, setup.config("chunked", 2048), setup.cost_model,
+                   max_model_len=setup.context_length)
+    s = summarize_result(res, None, None)
+    tier = res.kv_tier or {}
+    return {
+        "gpu_kv_tokens": setup.kv_tokens, "cpu_kv_tokens": setup.cpu_kv_tokens,
+        "kv_bytes_per_token": setup.kv_bytes_per_token,
+        "host_GiB": setup.cpu_kv_tokens * setup.kv_bytes_per_token / 2**30,
+        "hit_first": res.prefix_cache_hit_rate_first_admission, "hit_all": res.prefix_cache_hit_rate,
+        "hit_first_gpu": tier.get("first_admission_hit_rate_gpu", res.prefix_cache_hit_rate_first_admission),
+        "hit_first_cpu": tier.get("first_admission_hit_rate_cpu", 0.0),
+        "hit_all_gpu": tier.get("hit_rate_gpu", res.prefix_cache_hit_rate),
+        "hit_all_cpu": tier.get("hit_rate_cpu", 0.0),
+        "bound": res.prefix_cache_hit_rate_bound,
+        "ttft_p50_ms": s.get("median_ttft_ms"), "ttft_p99_ms": s.get("p99_ttft_ms"),
+        "req_per_s": s.get("request_throughput"), "out_tok_per_s": s.get("output_throughput"),
+        "preemptions": res.num_preemptions, "kv_loads": tier.get("kv_loads", 0),
+        "kv_offloads": tier.get("kv_offloads", 0), "rejected": len(res.rejected),
+        "wall_s": time.perf_counter() - t0, "hardware": setup.hardware,
+    }
+
+
+def main() -> None:
+    cli = "--cli" in sys.argv
+    rest = [a for a in sys.argv[1:] if a != "--cli"]
+    out = rest[0] if rest else "tier_mooncake.json"
+    g = make_setup(None, 0, cli).kv_tokens
+    plan = [(g, 0)]
+    for k in (1, 4, 16):
+        plan += [(g, k * g), (g + k * g - (k * g) % 128, 0)]
+    rows = []
+    for kv, cpu in plan:
+        rows.append(run(kv, cpu, cli))
+        print(json.dumps(rows[-1]), flush=True)
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
