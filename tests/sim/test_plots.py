@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.sim.experiment import run_experiment, run_tag, write_experiment
+from stallfree.sim.experiment import run_experiment, run_tag
 from stallfree.sim.plots import plot_context
 from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+from stallfree.sim.writers import write_experiment
 
 pytest.importorskip("matplotlib")
 

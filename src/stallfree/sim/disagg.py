@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -42,13 +42,12 @@ from stallfree.core.request import FinishReason, Request
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel import default_cost_model as priced_default
 from stallfree.costmodel.hardware import DTYPE_BYTES
-from stallfree.sim import plots
 from stallfree.sim.cluster import run_cluster_experiment
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, Router, route_to
 from stallfree.sim.replica import Replica
-from stallfree.sim.report import summarize_result, write_steps_csv
+from stallfree.sim.report import summarize_result
 from stallfree.sim.result import (
     CONTEXT_LENGTH,
     KV_CAPACITY,
@@ -79,8 +78,6 @@ __all__ = [
     "search_plan",
     "search_ratio",
     "simulate_disaggregated",
-    "write_disagg_out",
-    "write_disagg_records",
 ]
 
 
@@ -535,63 +532,6 @@ def disagg_records(result: DisaggResult, workload: Workload) -> list[dict[str, A
     return rows
 
 
-def write_disagg_records(result: DisaggResult, workload: Workload, path: Any) -> None:
-    """Write disagg_records to `path` (a pathlib.Path): JSON if it ends in .json, else CSV.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
-    import csv
-    import json
-
-    rows = disagg_records(result, workload)
-    if str(path).endswith(".json"):
-        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-        return
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(RECORD_FIELDS))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def write_disagg_out(
-    out: Any, header: dict[str, Any], summary: dict[str, Any], result: DisaggResult, workload: Workload
-) -> list[str]:
-    """`--out DIR` for a disaggregated run: summary.json ({"header", "runs": [summary]}),
-    requests-disagg.csv (disagg_records), steps-prefill<k>.csv and steps-decode<k>.csv (each
-    replica's steps, report.step_records' columns), cdf.png (TTFT and TPOT over the joined
-    timelines) and timeline.png (a line per replica).
-
-    Returns:
-        The names written, in order.
-
-    Raises:
-        OSError: `out` (a pathlib.Path) cannot be created or written.
-    """
-    import json
-
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"header": header, "runs": [summary]}, indent=1) + "\n")
-    names = ["summary.json", "requests-disagg.csv"]
-    write_disagg_records(result, workload, out / "requests-disagg.csv")
-    reps = [*result.prefill, *result.decode]
-    for res in reps:
-        name = f"steps-{res.label.replace('#', '')}.csv"
-        write_steps_csv(res, out / name)
-        names.append(name)
-    context = plots.plot_context(
-        header, f"{header.get('disaggregate', '?')} (P:D), budget prefill {summary.get('prefill_budget')} / "
-        f"decode {summary.get('decode_budget')}"
-    )
-    ttft = [(t.token_times[0] - t.arrival) * 1e3 for t in result.timelines]
-    tpot = [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) * 1e3
-            for t in result.timelines if len(t.token_times) > 1]
-    plots.plot_cdf_series([(str(summary.get("label", "disaggregated")), ttft, tpot)], out / "cdf.png", context)
-    plots.plot_replica_timeline(reps, out / "timeline.png", context, [r.label for r in reps])
-    return [*names, "cdf.png", "timeline.png"]
-
-
 def kv_bytes_per_token_of(hardware: Any) -> int:
     """KV bytes per token of the model that `hardware` (a setup.HardwareOptions) names, in its KV
     dtype: 2 x layers x kv_heads x head_dim x bytes per element (the whole model, every TP shard).
@@ -644,7 +584,6 @@ def run_disagg_experiment(
     Raises:
         ClusterError, SetupError, SimulationError.
     """
-    from dataclasses import replace
 
 
     budget = budget or 2048

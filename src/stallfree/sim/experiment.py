@@ -1,8 +1,8 @@
 """One simulation study, as `stallfree simulate` runs it: one batching mode (or all of them side by
-side) on a Setup, each run summarized with its capacity and load, and the files it can write.
+side) on a Setup, each run summarized with its capacity and load (stallfree.sim.writers writes its files).
 
-Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim;
-numpy and matplotlib lazily (summaries and plots).
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim
+(below stallfree.sim.writers and plots); numpy lazily (the summaries).
 
 Example::
 
@@ -15,14 +15,11 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from stallfree.sim import plots
-from stallfree.sim.report import summarize_result, write_records, write_steps_csv
+from stallfree.sim.report import summarize_result
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
 from stallfree.sim.time_budget import TimeBudgetConfig
@@ -34,7 +31,6 @@ __all__ = [
     "run_experiment",
     "run_tag",
     "scheduler_for",
-    "write_experiment",
 ]
 
 
@@ -195,28 +191,3 @@ def run_tag(res: SimResult) -> str:
     tag = f"{res.config.get('batching', res.label)}-{res.config.get('kv', 'reserve')}"
     tag += "-time" if res.config.get("step_time_target_s") is not None else ""
     return tag + ("-cache" if res.config.get("prefix_caching") else "")
-
-
-def write_experiment(out: Path, study: Experiment) -> list[str]:
-    """Write summary.json, requests-<tag>.csv, steps-<tag>.csv, cdf.png and timeline.png under `out`
-    (tag: run_tag, the batching mode and KV policy actually run).
-
-    Returns:
-        The names written, in order.
-
-    Raises:
-        OSError: `out` cannot be created or written.
-    """
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"header": study.header, "runs": study.summaries}, indent=1) + "\n")
-    names = ["summary.json"]
-    for res in study.results:
-        tag = run_tag(res)
-        write_records(res, out / f"requests-{tag}.csv")
-        write_steps_csv(res, out / f"steps-{tag}.csv")
-        names += [f"requests-{tag}.csv", f"steps-{tag}.csv"]
-    context = plots.plot_context(study.header)
-    plots.plot_cdfs(study.results, out / "cdf.png", context)
-    plots.plot_timeline(study.results, out / "timeline.png", context)
-    return [*names, "cdf.png", "timeline.png"]

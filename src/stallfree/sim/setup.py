@@ -14,13 +14,18 @@ Example (the default replica on the first 500 requests of the bundled trace)::
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
+from stallfree.costmodel import CostModelError
+from stallfree.costmodel.choice import choose_cost_model
+from stallfree.costmodel.model import get_model
 from stallfree.sim.costs import LinearCostModel, StepCostModel
+from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.workload import (
@@ -299,9 +304,6 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
     Raises:
         SetupError: as build_cost_model.
     """
-    from stallfree.costmodel import CostModelError
-    from stallfree.costmodel.choice import choose_cost_model
-
     if opts.linear_cost and opts.kernels not in (None, "none"):
         raise SetupError(f"--linear-cost and --kernels {opts.kernels} are exclusive (both price the steps)", usage=True)
     try:
@@ -346,8 +348,6 @@ def _with_profile(
     Raises:
         SetupError: an unknown profile name.
     """
-    from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
-
     try:
         if opts.engine_profile:
             prof, chosen_by = load_profile(opts.engine_profile), "--engine-profile"
@@ -371,8 +371,6 @@ def _user_config(model: str) -> dict[str, Any] | None:
     preset (or a file in our own format, which the tables get written from the ModelSpec)."""
     if not str(model).endswith(".json"):
         return None
-    import json
-
     try:
         data = json.loads(Path(model).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -395,9 +393,6 @@ def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
         if isinstance(opts.max_model_len, bool) or opts.max_model_len < 1:
             raise SetupError(f"--max-model-len must be >= 1 token, got {opts.max_model_len!r}", usage=True)
         return opts.max_model_len, "--max-model-len"
-    from stallfree.costmodel import CostModelError
-    from stallfree.costmodel.model import get_model
-
     try:
         spec = get_model(opts.model)
     except CostModelError as exc:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from stallfree.sim.commands import simulate, sweep, tune
+
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
     """Add the `simulate`, `sweep` and `tune` subcommands to the top-level CLI."""
-    from stallfree.sim.commands import simulate, sweep, tune
-
     simulate.register(subparsers)
     sweep.register(subparsers)
     tune.register(subparsers)

@@ -23,6 +23,7 @@ from stallfree.sim.commands.common import (
     setup_from_args,
     warn_rejections,
 )
+from stallfree.sim.report import console
 from stallfree.sim.tune import (
     DEFAULT_TIE_TOLERANCE,
     TargetBelowFloor,
@@ -32,6 +33,7 @@ from stallfree.sim.tune import (
     tune,
     tune_report,
 )
+from stallfree.sim.writers import write_tune
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
 
@@ -131,15 +133,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_result(result, header, args.top, args.tie_tolerance)
     if args.out:
-        from stallfree.sim.plots import plot_context, plot_tune
-
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
-        budgets = sorted({r["token_budget"] for r in result.rows})
-        plot_tune(result.rows, args.out / "tune.png", best=result.best, slo_ttft=result.slo_ttft,
-                  slo_tpot=result.slo_tpot, bound_budget=result.bound.token_budget if result.bound else None,
-                  context=plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
-        print(f"wrote {args.out}/tune.json, tune.png", file=sys.stderr if args.json else sys.stdout)
+        names = write_tune(args.out, result, header)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
 
 
@@ -150,7 +145,6 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
     """
     from rich.table import Table
 
-    from stallfree.sim.report import console
 
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
