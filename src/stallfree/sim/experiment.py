@@ -28,9 +28,11 @@ __all__ = [
     "Experiment",
     "check_options",
     "offered_rate",
+    "record_capacity",
     "run_experiment",
     "run_tag",
     "scheduler_for",
+    "study_header",
 ]
 
 
@@ -45,7 +47,6 @@ class Experiment:
             saturated; None when no step ran) and load (offered rate / capacity; None when every
             request arrives at one instant or the capacity is unknown).
     """
-
     header: dict[str, Any]
     results: list[SimResult]
     summaries: list[dict[str, Any]]
@@ -114,46 +115,65 @@ def run_experiment(
     check_options(setup, modes, step_time_target, check)
     if budget is None:
         budget = 2048 if step_time_target is None else TIME_BUDGET_CAP
-
-    max_tokens = setup.workload_options.max_tokens
     results, summaries = [], []
     for mode in modes:
-        sched = scheduler_for(setup, mode, budget, step_time_target)
-        res = simulate(
-            setup.workload,
-            sched,
-            setup.cost_model,
-            max_tokens=max_tokens,
-            check=check and mode == "chunked",
-            label=getattr(sched, "label", None),
-            max_model_len=setup.context_length,
-            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
-            closed_loop=setup.engine_closed_loop,
-        )
-        if step_time_target is not None:
-            res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
+        res, summary = _run_mode(setup, mode, budget, step_time_target, check, slo_ttft, slo_tpot)
         results.append(res)
-        summary = summarize_result(res, slo_ttft, slo_tpot)
-        capacity = saturated_throughput(
-            setup.workload,
-            sched,
-            setup.cost_model,
-            max_tokens,
-            max_model_len=setup.context_length,
-            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
-        )
-        load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
-        # JSON has no infinity: a capacity with no step run (everything refused) or a load with every
-        # request arriving at one instant is None.
-        summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
-        summary["load"] = load if math.isfinite(load) else None
         summaries.append(summary)
-    header = setup.header()
-    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
-        header["offered_rate"] = None
+    header = study_header(setup)
     header["token_budget"] = budget
     header["step_time_target_s"] = step_time_target
     return Experiment(header, results, summaries)
+
+
+def _run_mode(
+    setup: Setup, mode: str, budget: int, step_time_target: float | None, check: bool,
+    slo_ttft: float | None, slo_tpot: float | None,
+) -> tuple[SimResult, dict[str, Any]]:
+    """One mode of run_experiment: its SimResult and its summary with capacity_req_s and load."""
+    max_tokens = setup.workload_options.max_tokens
+    sched = scheduler_for(setup, mode, budget, step_time_target)
+    res = simulate(
+        setup.workload,
+        sched,
+        setup.cost_model,
+        max_tokens=max_tokens,
+        check=check and mode == "chunked",
+        label=getattr(sched, "label", None),
+        max_model_len=setup.context_length,
+        cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+        closed_loop=setup.engine_closed_loop,
+    )
+    if step_time_target is not None:
+        res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
+    summary = summarize_result(res, slo_ttft, slo_tpot)
+    capacity = saturated_throughput(
+        setup.workload,
+        sched,
+        setup.cost_model,
+        max_tokens,
+        max_model_len=setup.context_length,
+        cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+    )
+    record_capacity(setup, summary, capacity)
+    return res, summary
+
+
+def record_capacity(setup: Setup, summary: dict[str, Any], capacity: float) -> None:
+    """Set summary's capacity_req_s (`capacity`, requests/s when saturated) and load (offered_rate /
+    capacity); None for either when not finite, as JSON has no infinity: a capacity with no step run
+    (everything refused), a load with every request arriving at one instant."""
+    load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
+    summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
+    summary["load"] = load if math.isfinite(load) else None
+
+
+def study_header(setup: Setup) -> dict[str, Any]:
+    """setup.header() with an offered rate that is not finite (every request at one instant) as None."""
+    header = setup.header()
+    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
+        header["offered_rate"] = None
+    return header
 
 
 def offered_rate(setup: Setup, summary: dict[str, Any]) -> float:

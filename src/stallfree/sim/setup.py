@@ -81,7 +81,6 @@ class SetupError(StallfreeError, ValueError):
         usage: True when the options contradict each other or are malformed (a command exits 2),
             False when they are well-formed but name something that does not work (exit 1).
     """
-
     def __init__(self, message: str, usage: bool = False) -> None:
         super().__init__(message)
         self.usage = usage
@@ -123,7 +122,6 @@ class WorkloadOptions:
             `synthetic` set); their arrival times are ignored, so rate_scale must stay None.
         think_time: closed loop: seconds from a request's end to its client's next request, >= 0.
     """
-
     trace: str | None = None
     trace_format: str = "auto"
     skip_bad_rows: bool = False
@@ -192,7 +190,6 @@ class HardwareOptions:
             profile fitted on the engine whose kernel tables priced the steps (given by `kernels` or
             chosen by the default; none under today's pricing).
     """
-
     model: str = DEFAULTS["model"]
     gpu: str = DEFAULTS["gpu"]
     tp: int = DEFAULTS["tp"]
@@ -427,7 +424,6 @@ class Setup:
         SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
             prefix_caching without the paged scheduler.
     """
-
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
     hardware_options: HardwareOptions = field(default_factory=HardwareOptions)
     max_seqs: int = 256

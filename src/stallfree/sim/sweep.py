@@ -73,7 +73,6 @@ class SweepPoint:
         max_model_len: the context length requests are checked against, tokens, or None.
         cut_output_to_fit: cut max_new to fit the context length instead of refusing the request.
     """
-
     workload: Workload
     rate_scale: float
     config: SchedulerConfig
@@ -150,7 +149,6 @@ class SweepResult:
             per-request samples, ms).
         table_rows: the same points reduced to ROW_KEYS (JSON-ready, no arrays).
     """
-
     header: dict[str, Any]
     rows: list[dict[str, Any]]
     table_rows: list[dict[str, Any]]

@@ -64,7 +64,14 @@ def register(subparsers: Any) -> None:
         "With no arguments: the bundled Azure conversation trace on Llama 3.3 70B, 4 x H100 SXM, FP8.",
     )
     add_common(sim)
-    g = sim.add_argument_group("batching")
+    _add_batching_flags(sim.add_argument_group("batching"))
+    _add_load_flags(sim)
+    _add_cluster_flags(sim)
+    sim.set_defaults(func=guard(run))
+
+
+def _add_batching_flags(g: Any) -> None:
+    """The batching, KV and run-mode flags of `simulate` (an argparse argument group)."""
     g.add_argument(
         "--batching",
         choices=BATCHING_MODES,
@@ -115,9 +122,6 @@ def register(subparsers: Any) -> None:
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
-    _add_load_flags(sim)
-    _add_cluster_flags(sim)
-    sim.set_defaults(func=guard(run))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -143,9 +143,6 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
 
     When no candidate meets the SLOs, say so instead of recommending a serve line.
     """
-    from rich.table import Table
-
-
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
         f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens"
@@ -159,26 +156,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
             f"{b.chunk_start:,}; decode-only {b.decode_floor_s * 1e3:.1f} ms)"
         )
     print(f"simulated {len(result.rows)} candidates in {result.wall_s:.1f} s")
-    cols: tuple[tuple[str, str, str], ...] = (
-        ("token_budget", "budget", "{:,}"),
-        ("max_seqs", "max_seqs", "{:,}"),
-        ("request_goodput", "goodput", "{:,.2f}"),
-        ("slo_attainment", "in SLO", "{:.1%}"),
-        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
-    )
-    if any(r.get("partial_prefills") for r in result.rows):
-        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}"), *cols[2:])
-    table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
-    table.add_column("")
-    for _, name, _ in cols:
-        table.add_column(name, justify="right", no_wrap=True)
-    for i, row in enumerate(result.rows[:top]):
-        cells = ("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols)
-        table.add_row("chosen" if i == 0 else f"#{i + 1}", *cells)
-    console().print(table)
+    _print_candidates(result, top)
     print(
         f"ranking: goodputs within {tie_tolerance:.1%} of the highest are tied (--tie-tolerance); among "
         "them the lower TPOT p99 ranks first, then the larger budget"
@@ -199,6 +177,32 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
         f"{best.get('request_goodput') or 0:.2f} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
     )
     print(serve_command(best))
+
+
+def _print_candidates(result: TuneResult, top: int) -> None:
+    """The candidates' table, best first, the first `top` rows."""
+    from rich.table import Table
+
+    cols: tuple[tuple[str, str, str], ...] = (
+        ("token_budget", "budget", "{:,}"),
+        ("max_seqs", "max_seqs", "{:,}"),
+        ("request_goodput", "goodput", "{:,.2f}"),
+        ("slo_attainment", "in SLO", "{:.1%}"),
+        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+    )
+    if any(r.get("partial_prefills") for r in result.rows):
+        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}"), *cols[2:])
+    table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
+    table.add_column("")
+    for _, name, _ in cols:
+        table.add_column(name, justify="right", no_wrap=True)
+    for i, row in enumerate(result.rows[:top]):
+        cells = ("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols)
+        table.add_row("chosen" if i == 0 else f"#{i + 1}", *cells)
+    console().print(table)
 
 
 def _ms(value: float | None) -> str:
