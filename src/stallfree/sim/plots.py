@@ -324,10 +324,34 @@ def plot_timeline(
     Raises:
         OSError: the file cannot be written.
     """
-    import numpy as np
 
     plt = _pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(10, 8.6), sharex=True)
+    bin_s = _timeline_series(axes, results, labels)
+    _budget_lines(axes[1], results)
+    policies = {res.config.get("kv", "reserve") for res in results}
+    kv_word = "used" if policies == {"paged"} else "reserved" if "paged" not in policies else "reserved or used"
+    axes[0].set_ylabel(f"KV {kv_word} (% of capacity)")
+    axes[1].set_ylabel("tokens per step")
+    axes[2].set_ylabel("waiting requests")
+    axes[2].set_xlabel(f"simulated time (s); each point: the step-time-weighted mean over a {bin_s:,.2g} s bin")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    handles, names = axes[0].get_legend_handles_labels()
+    lines = _title(fig, what, context)
+    height = fig.get_figheight()
+    fig.legend(handles, names, fontsize=8, loc="upper center", ncol=max(min(len(names), 8), 1),
+               bbox_to_anchor=(0.5, _legend_y(lines, height)), frameon=False)
+    _layout(fig, _top(lines, max(1, -(-len(names) // 8)), height))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _timeline_series(axes: Any, results: Sequence[SimResult], labels: Sequence[str] | None) -> float:
+    """Draw each run's KV %, tokens per step and waiting requests, binned over time (step-duration
+    weighted means over _TIMELINE_BINS bins), on the three axes; return the widest bin, s."""
+    import numpy as np
+
     bin_s = 0.0
     for k, res in enumerate(results):
         start = np.frombuffer(res.step_start, dtype=np.float64)
@@ -351,23 +375,7 @@ def plot_timeline(
             sums = np.bincount(which, weights=values * dur, minlength=_TIMELINE_BINS)
             mean = np.where(busy, sums / np.where(busy, weight, 1), 0.0)
             ax.plot(mid, mean, label=res.label if labels is None else labels[k], color=f"C{k % 10}", lw=1)
-    _budget_lines(axes[1], results)
-    policies = {res.config.get("kv", "reserve") for res in results}
-    kv_word = "used" if policies == {"paged"} else "reserved" if "paged" not in policies else "reserved or used"
-    axes[0].set_ylabel(f"KV {kv_word} (% of capacity)")
-    axes[1].set_ylabel("tokens per step")
-    axes[2].set_ylabel("waiting requests")
-    axes[2].set_xlabel(f"simulated time (s); each point: the step-time-weighted mean over a {bin_s:,.2g} s bin")
-    for ax in axes:
-        ax.grid(True, alpha=0.3)
-    handles, names = axes[0].get_legend_handles_labels()
-    lines = _title(fig, what, context)
-    height = fig.get_figheight()
-    fig.legend(handles, names, fontsize=8, loc="upper center", ncol=max(min(len(names), 8), 1),
-               bbox_to_anchor=(0.5, _legend_y(lines, height)), frameon=False)
-    _layout(fig, _top(lines, max(1, -(-len(names) // 8)), height))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return bin_s
 
 
 def _budget_lines(ax: Any, results: Sequence[SimResult]) -> None:
@@ -589,6 +597,31 @@ def _inflated(row: dict[str, Any]) -> bool:
     return bool(row.get("hit_rate_inflated_by_preemption"))
 
 
+def _kv_hit_panel(ax1: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """plot_kv_sweep's left panel: the prefix cache hit rate against KV capacity, the infinite-cache
+    bound, and (where preemption inflates the hit rate) the first admissions' rate and rings."""
+    pts = [(r["kv_tokens"], r["prefix_cache_hit_rate"], _inflated(r)) for r in rows
+           if r.get("prefix_cache_hit_rate") is not None]
+    ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="achieved")
+    bound = next((r["prefix_cache_hit_rate_bound"] for r in rows
+                  if r.get("prefix_cache_hit_rate_bound") is not None), None)
+    if bound is not None:
+        ax1.axhline(bound, ls="--", color="gray", label=f"infinite cache ({bound:.1%})")
+    first = [(r["kv_tokens"], r["prefix_cache_hit_rate_first_admission"]) for r in rows
+             if r.get("prefix_cache_hit_rate_first_admission") is not None]
+    if first and any(_inflated(r) for r in rows):
+        ax1.plot([p[0] for p in first], [p[1] for p in first], "^:", color="tab:green",
+                 label="first admissions only")
+    inflated = [p for p in pts if p[2]]
+    if inflated:
+        ax1.plot([p[0] for p in inflated], [p[1] for p in inflated], "o", ms=12, mfc="none", color="tab:red",
+                 label="preempted: readmission\nhits counted, can pass bound")
+    top = max([p[1] for p in pts] + [bound or 0.0])
+    ax1.set(xscale="log", xlabel="KV capacity (tokens)", ylabel="prefix cache hit rate",
+            ylim=(0, min(1.0, top * 1.6 + 0.05)))
+    ax1.legend(loc="upper left", fontsize="small", framealpha=0.9)
+
+
 def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     """Write a PNG: TTFT p50/p99 against KV capacity, and with caching on the hit rate (with the
     infinite-cache bound) beside it. Sizes whose figures are missing (every request rejected) are left
@@ -613,26 +646,7 @@ def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Non
         fig, ax2 = plt.subplots(1, 1, figsize=(6.5, 4.6))
         axes = (ax2,)
     if caching:
-        pts = [(r["kv_tokens"], r["prefix_cache_hit_rate"], _inflated(r)) for r in rows
-               if r.get("prefix_cache_hit_rate") is not None]
-        ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="achieved")
-        bound = next((r["prefix_cache_hit_rate_bound"] for r in rows
-                      if r.get("prefix_cache_hit_rate_bound") is not None), None)
-        if bound is not None:
-            ax1.axhline(bound, ls="--", color="gray", label=f"infinite cache ({bound:.1%})")
-        first = [(r["kv_tokens"], r["prefix_cache_hit_rate_first_admission"]) for r in rows
-                 if r.get("prefix_cache_hit_rate_first_admission") is not None]
-        if first and any(_inflated(r) for r in rows):
-            ax1.plot([p[0] for p in first], [p[1] for p in first], "^:", color="tab:green",
-                     label="first admissions only")
-        inflated = [p for p in pts if p[2]]
-        if inflated:
-            ax1.plot([p[0] for p in inflated], [p[1] for p in inflated], "o", ms=12, mfc="none", color="tab:red",
-                     label="preempted: readmission\nhits counted, can pass bound")
-        top = max([p[1] for p in pts] + [bound or 0.0])
-        ax1.set(xscale="log", xlabel="KV capacity (tokens)", ylabel="prefix cache hit rate",
-                ylim=(0, min(1.0, top * 1.6 + 0.05)))
-        ax1.legend(loc="upper left", fontsize="small", framealpha=0.9)
+        _kv_hit_panel(ax1, rows)
     p50 = [(r["kv_tokens"], r["median_ttft_ms"] / 1e3) for r in rows if r.get("median_ttft_ms") is not None]
     p99 = [(r["kv_tokens"], r["p99_ttft_ms"] / 1e3) for r in rows if r.get("p99_ttft_ms") is not None]
     ax2.plot([p[0] for p in p50], [p[1] for p in p50], "o-", label="TTFT p50")
