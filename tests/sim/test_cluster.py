@@ -252,8 +252,8 @@ def test_cli_out_draws_a_timeline_line_per_replica(capsys, tmp_path, monkeypatch
     captured = capsys.readouterr()
     assert json.loads(captured.out)["runs"][0]["num_requests"] == 30  # stdout is the JSON alone
     assert captured.err.startswith(f"wrote {tmp_path}/summary.json")
-    # write_experiment's merged timeline first, then the per-replica one over it.
-    assert calls == [(1, None), (3, ["replica 0", "replica 1", "replica 2"])]
+    # A lone cluster run's timeline has a line per replica; the merged steps are not drawn.
+    assert calls == [(3, ["replica 0", "replica 1", "replica 2"])]
     with pytest.raises(ValueError, match="2 labels for 3 replicas"):
         plots.plot_replica_timeline([object()] * 3, tmp_path / "t.png", labels=["a", "b"])  # type: ignore[list-item]
 

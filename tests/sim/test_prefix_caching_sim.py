@@ -294,7 +294,8 @@ def test_kv_sweep_without_caching_drops_the_hit_rate_panel(tmp_path, capsys, rec
 def test_kv_sweep_rows_mark_hit_rates_preemption_inflates():
     """Rows show preemptions and rejections; a row with caching and preemptions is marked "*" with a
     footnote; plain token labels for the log axes."""
-    from stallfree.sim.kv_sweep import _tokens_label, _two_five_label, kv_sweep_lines
+    from stallfree.sim.kv_sweep import kv_sweep_lines
+    from stallfree.sim.plots import _tokens_label, _two_five_label
 
     base = {"prefix_cache_hit_rate": 0.25, "prefix_cache_hit_rate_bound": 0.08, "median_ttft_ms": 10.0,
             "p99_ttft_ms": 20.0, "request_throughput": 1.0, "prefix_cache_evictions": 3, "rejected": 0}

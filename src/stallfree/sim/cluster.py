@@ -29,7 +29,7 @@ from typing import Any
 
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
-from stallfree.sim.experiment import Experiment, check_options, offered_rate, scheduler_for
+from stallfree.sim.experiment import Experiment, check_options, record_capacity, scheduler_for, study_header
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.loop import Router
 from stallfree.sim.replica import Replica
@@ -142,8 +142,7 @@ def simulate_cluster(
         ClusterError: num_replicas < 1, or the router returned an index out of range.
         ValueError, SimulationError, InvariantViolation: as simulate.
     """
-    if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
-        raise ClusterError(f"replicas must be an integer >= 1, got {num_replicas!r}")
+    _check_replicas(num_replicas)
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
     router = router if router is not None else LeastOutstandingRouter()
@@ -151,27 +150,15 @@ def simulate_cluster(
         workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
     config.update(replicas=num_replicas, router=type(router).__name__)
-    reps: list[Replica] = []
-    for k in range(num_replicas):
-        inner = make_scheduler(scheduler)
-        sched = wrap_checker(inner) if check else inner
-        check_stop_after(sched, target, max_new)
-        res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
-        reps.append(Replica(k, sched, inner, res, cost_model))
+    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label)
+            for k in range(num_replicas)]
     results = [rep.res for rep in reps]
     cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
     arrivals, entry, wall = run_group(reps, router, workload, max_new, too_long, closed_loop)
     closed = closed_loop is not None
     routed, ratios = entry.routed, entry.ratios
-    for rep, res in zip(reps, results, strict=True):
-        res.wall_s = wall
-        st = rep.inner.stats()
-        res.num_preemptions, res.num_recomputed_tokens = st.num_preemptions, st.num_recomputed_tokens
-        if closed:
-            res.arrival = tuple(arrivals.times)
-        if check:
-            rep.sched.check_final()  # type: ignore[attr-defined]
-        verify_tokens(res)
+    for rep in reps:
+        _close_replica(rep, wall, tuple(arrivals.times) if closed else None, check)
     merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, too_long)
     merged.wall_s = wall
     if closed:
@@ -179,6 +166,39 @@ def simulate_cluster(
     _prefix_cache_figures(workload, reps, results, merged, routed)
     imb_mean = sum(ratios) / len(ratios) if ratios else None
     return ClusterResult(merged, results, routed, base, imb_mean, max(ratios) if ratios else None, wall)
+
+
+def _check_replicas(replicas: int) -> None:
+    """Raise ClusterError unless `replicas` is an integer >= 1."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ClusterError(f"replicas must be an integer >= 1, got {replicas!r}")
+
+
+def _replica(
+    k: int, scheduler: SchedulerConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
+    workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
+) -> Replica:
+    """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result
+    labelled "<label>#k"."""
+    inner = make_scheduler(scheduler)
+    sched = wrap_checker(inner) if check else inner
+    check_stop_after(sched, target, max_new)
+    res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
+    return Replica(k, sched, inner, res, cost_model)
+
+
+def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:
+    """After the loop: a replica's result gets the wall time, s, its scheduler's preemption counts and,
+    under closed-loop load, the times requests were sent (`sent`, s); then the end-of-run checks."""
+    res = rep.res
+    res.wall_s = wall
+    st = rep.inner.stats()
+    res.num_preemptions, res.num_recomputed_tokens = st.num_preemptions, st.num_recomputed_tokens
+    if sent is not None:
+        res.arrival = sent
+    if check:
+        rep.sched.check_final()  # type: ignore[attr-defined]
+    verify_tokens(res)
 
 
 def _prefix_cache_figures(
@@ -352,8 +372,7 @@ def run_cluster_study(
         ClusterError: replicas < 1 or an unknown router.
         SetupError, SimulationError: as run_experiment.
     """
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ClusterError(f"replicas must be an integer >= 1, got {replicas!r}")
+    _check_replicas(replicas)
     rt = make_router(router) if isinstance(router, str) else router
     check_options(setup, ["chunked"], step_time_target, check)
     if budget is None:
@@ -380,13 +399,8 @@ def run_cluster_study(
         setup.workload, sched, setup.cost_model, opts.max_tokens,
         max_model_len=setup.context_length, cut_output_to_fit=opts.cut_output_to_fit,
     )
-    capacity = one * replicas
-    load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
-    summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
-    summary["load"] = load if math.isfinite(load) else None
-    header = setup.header()
-    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
-        header["offered_rate"] = None
+    record_capacity(setup, summary, one * replicas)
+    header = study_header(setup)
     header.update(token_budget=budget, step_time_target_s=step_time_target, replicas=replicas,
                   router=summary["router"])
     return Experiment(header, [result.merged], [summary]), result

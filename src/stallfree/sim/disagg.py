@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -42,14 +42,14 @@ from stallfree.core.request import FinishReason, Request
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel import default_cost_model as priced_default
 from stallfree.costmodel.hardware import DTYPE_BYTES
-from stallfree.sim import plots
 from stallfree.sim.cluster import run_cluster_experiment
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.experiment import study_header
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, Router, route_to
 from stallfree.sim.replica import Replica
-from stallfree.sim.report import summarize_result, write_steps_csv
+from stallfree.sim.report import summarize_result
 from stallfree.sim.result import (
     CONTEXT_LENGTH,
     KV_CAPACITY,
@@ -80,8 +80,6 @@ __all__ = [
     "search_plan",
     "search_ratio",
     "simulate_disaggregated",
-    "write_disagg_out",
-    "write_disagg_records",
 ]
 
 
@@ -210,20 +208,11 @@ class DisaggResult:
 
 
 def simulate_disaggregated(
-    workload: Workload,
-    prefill_scheduler: SchedulerConfig | Callable[[], SchedulerLike],
-    decode_scheduler: SchedulerConfig | Callable[[], SchedulerLike],
-    prefill_cost: StepCostModel,
-    decode_cost: StepCostModel,
-    num_prefill: int,
-    num_decode: int,
-    kv_bytes_per_token: int,
-    link: Interconnect | None = None,
-    prefill_router: Router | None = None,
-    decode_router: Router | None = None,
-    max_tokens: int | None = None,
-    check: bool = False,
-    max_model_len: int | None = None,
+    workload: Workload, prefill_scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    decode_scheduler: SchedulerConfig | Callable[[], SchedulerLike], prefill_cost: StepCostModel,
+    decode_cost: StepCostModel, num_prefill: int, num_decode: int, kv_bytes_per_token: int,
+    link: Interconnect | None = None, prefill_router: Router | None = None, decode_router: Router | None = None,
+    max_tokens: int | None = None, check: bool = False, max_model_len: int | None = None,
     closed_loop: ClosedLoop | None = None,
 ) -> DisaggResult:
     """Replay `workload` on `num_prefill` prefill and `num_decode` decode replicas (module docstring).
@@ -248,11 +237,7 @@ def simulate_disaggregated(
         ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
         SimulationError, InvariantViolation: as simulate.
     """
-    for name, v in (("prefill replicas", num_prefill), ("decode replicas", num_decode)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ClusterError(f"{name} must be an integer >= 1, got {v!r}")
-    if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, int) or kv_bytes_per_token < 0:
-        raise ClusterError(f"kv_bytes_per_token must be an integer >= 0, got {kv_bytes_per_token!r}")
+    _check_counts(num_prefill, num_decode, kv_bytes_per_token)
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
     n = len(workload)
     plens = workload.prompt_lens
@@ -262,10 +247,10 @@ def simulate_disaggregated(
     arrivals = Arrivals(workload, closed_loop)
     offset: dict[Hashable, int] = {}
     groups = (
-        _group("prefill", Workload(workload.arrivals, plens, (1,) * n, workload.name), prefill_scheduler,
-               prefill_cost, num_prefill, max_tokens, check),
-        _group("decode", Workload(workload.arrivals, (1,) * n, tuple(max(t - 1, 1) for t in target), workload.name),
-               decode_scheduler, _ShiftedCost(decode_cost, offset), num_decode, max_tokens, check),
+        _group("prefill", _side_workload(workload, plens, (1,) * n), prefill_scheduler, prefill_cost, num_prefill,
+               max_tokens, check),
+        _group("decode", _side_workload(workload, (1,) * n, tuple(max(t - 1, 1) for t in target)), decode_scheduler,
+               _ShiftedCost(decode_cost, offset), num_decode, max_tokens, check),
     )
     gate = _Gate(groups, ([p + 1 for p in plens], [p + t for p, t in zip(plens, target, strict=True)]), arrivals)
     hook = _Transfers(groups[1], decode_router or LeastOutstandingRouter(), gate, link, kv_bytes_per_token,
@@ -278,12 +263,31 @@ def simulate_disaggregated(
     loop.run()
     wall = time.perf_counter() - t0
     for rep in loop.replicas:
-        if check:
-            rep.sched.check_final()  # type: ignore[attr-defined]
-        verify_tokens(rep.res)
-        if closed_loop is not None:
-            rep.res.arrival = tuple(arrivals.times)
+        _close_side(rep, tuple(arrivals.times) if closed_loop is not None else None, check)
     return _result(workload, groups, entry, gate, hook, wall, max_new, target)
+
+
+def _side_workload(workload: Workload, prompts: tuple[int, ...], outputs: tuple[int, ...]) -> Workload:
+    """The workload one side's schedulers see: the same arrivals, its own prompt and output lengths."""
+    return Workload(workload.arrivals, prompts, outputs, workload.name)
+
+
+def _close_side(rep: Replica, sent: tuple[float, ...] | None, check: bool) -> None:
+    """After the loop: a replica's end-of-run checks, and the times requests were sent (closed loop)."""
+    if check:
+        rep.sched.check_final()  # type: ignore[attr-defined]
+    verify_tokens(rep.res)
+    if sent is not None:
+        rep.res.arrival = sent
+
+
+def _check_counts(num_prefill: int, num_decode: int, kv_bytes_per_token: int) -> None:
+    """Raise ClusterError unless both replica counts are integers >= 1 and kv_bytes_per_token one >= 0."""
+    for name, v in (("prefill replicas", num_prefill), ("decode replicas", num_decode)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ClusterError(f"{name} must be an integer >= 1, got {v!r}")
+    if isinstance(kv_bytes_per_token, bool) or not isinstance(kv_bytes_per_token, int) or kv_bytes_per_token < 0:
+        raise ClusterError(f"kv_bytes_per_token must be an integer >= 0, got {kv_bytes_per_token!r}")
 
 
 def _result(
@@ -544,63 +548,6 @@ def disagg_records(result: DisaggResult, workload: Workload) -> list[dict[str, A
     return rows
 
 
-def write_disagg_records(result: DisaggResult, workload: Workload, path: Any) -> None:
-    """Write disagg_records to `path` (a pathlib.Path): JSON if it ends in .json, else CSV.
-
-    Raises:
-        OSError: the file cannot be written.
-    """
-    import csv
-    import json
-
-    rows = disagg_records(result, workload)
-    if str(path).endswith(".json"):
-        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-        return
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(RECORD_FIELDS))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def write_disagg_out(
-    out: Any, header: dict[str, Any], summary: dict[str, Any], result: DisaggResult, workload: Workload
-) -> list[str]:
-    """`--out DIR` for a disaggregated run: summary.json ({"header", "runs": [summary]}),
-    requests-disagg.csv (disagg_records), steps-prefill<k>.csv and steps-decode<k>.csv (each
-    replica's steps, report.step_records' columns), cdf.png (TTFT and TPOT over the joined
-    timelines) and timeline.png (a line per replica).
-
-    Returns:
-        The names written, in order.
-
-    Raises:
-        OSError: `out` (a pathlib.Path) cannot be created or written.
-    """
-    import json
-
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"header": header, "runs": [summary]}, indent=1) + "\n")
-    names = ["summary.json", "requests-disagg.csv"]
-    write_disagg_records(result, workload, out / "requests-disagg.csv")
-    reps = [*result.prefill, *result.decode]
-    for res in reps:
-        name = f"steps-{res.label.replace('#', '')}.csv"
-        write_steps_csv(res, out / name)
-        names.append(name)
-    context = plots.plot_context(
-        header, f"{header.get('disaggregate', '?')} (P:D), budget prefill {summary.get('prefill_budget')} / "
-        f"decode {summary.get('decode_budget')}"
-    )
-    ttft = [(t.token_times[0] - t.arrival) * 1e3 for t in result.timelines]
-    tpot = [(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) * 1e3
-            for t in result.timelines if len(t.token_times) > 1]
-    plots.plot_cdf_series([(str(summary.get("label", "disaggregated")), ttft, tpot)], out / "cdf.png", context)
-    plots.plot_replica_timeline(reps, out / "timeline.png", context, [r.label for r in reps])
-    return [*names, "cdf.png", "timeline.png"]
-
-
 def kv_bytes_per_token_of(hardware: Any) -> int:
     """KV bytes per token of the model that `hardware` (a setup.HardwareOptions) names, in its KV
     dtype: 2 x layers x kv_heads x head_dim x bytes per element (the whole model, every TP shard).
@@ -653,22 +600,10 @@ def run_disagg_experiment(
     Raises:
         ClusterError, SetupError, SimulationError.
     """
-    from dataclasses import replace
-
-
     budget = budget or DEFAULT_TOKEN_BUDGET
     budgets = (prefill_budget or budget, decode_budget or budget)
-    for name, b in zip(("prefill budget", "decode budget"), budgets, strict=True):
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ClusterError(f"{name} must be an integer >= 1 tokens, got {b!r}")
     hw = setup.hardware_options
-    sides = []
-    for tp, side_budget in zip((prefill_tp or hw.tp, decode_tp or hw.tp), budgets, strict=True):
-        opts = replace(hw, tp=tp)
-        cost, kv, desc = build_cost_model(opts)
-        cfg = SchedulerConfig(kv, side_budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
-                              setup.watermark)
-        sides.append((cost, cfg, desc, tp, kv))
+    sides = _sides(setup, (prefill_tp or hw.tp, decode_tp or hw.tp), budgets)
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
     kvb = kv_bytes_per_token_of(hw)
     res = simulate_disaggregated(
@@ -677,6 +612,24 @@ def run_disagg_experiment(
         setup.engine_closed_loop,
     )
     summary = disagg_summary(res, len(setup.workload), slo_ttft, slo_tpot)
+    _describe_run(summary, setup, prefill, decode, router, budgets, sides)
+    header = study_header(setup)
+    header.update(
+        token_budget=budget, prefill_budget=budgets[0], decode_budget=budgets[1], step_time_target_s=None,
+        disaggregate=f"{prefill}:{decode}", router=router,
+        prefill_hardware=sides[0][2], decode_hardware=sides[1][2], interconnect=link.name,
+        link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, link_latency_s=link.latency_s,
+        kv_bytes_per_token=kvb,
+    )
+    return header, summary, res
+
+
+def _describe_run(
+    summary: dict[str, Any], setup: Any, prefill: int, decode: int, router: str, budgets: tuple[int, int],
+    sides: list[tuple[StepCostModel, SchedulerConfig, str, int, int]],
+) -> None:
+    """Add to a P:D run's summary its label, router, GPUs, each side's budget, tp and KV tokens, the
+    goodput per GPU and, under closed-loop load, the achieved request rate (requests/s)."""
     closed = setup.closed_loop
     if closed is not None:
         # As a single closed-loop run reports it: requests sent per second over the run.
@@ -690,17 +643,27 @@ def run_disagg_experiment(
         decode_tp=sides[1][3], prefill_kv_tokens=sides[0][4], decode_kv_tokens=sides[1][4],
         goodput_per_gpu=summary["request_goodput"] / gpus if summary.get("request_goodput") is not None else None,
     )
-    header = setup.header()
-    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
-        header["offered_rate"] = None
-    header.update(
-        token_budget=budget, prefill_budget=budgets[0], decode_budget=budgets[1], step_time_target_s=None,
-        disaggregate=f"{prefill}:{decode}", router=router,
-        prefill_hardware=sides[0][2], decode_hardware=sides[1][2], interconnect=link.name,
-        link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, link_latency_s=link.latency_s,
-        kv_bytes_per_token=kvb,
-    )
-    return header, summary, res
+
+
+def _sides(
+    setup: Any, tps: tuple[int, int], budgets: tuple[int, int]
+) -> list[tuple[StepCostModel, SchedulerConfig, str, int, int]]:
+    """Per side (prefill, decode): (step pricing, scheduler config, hardware text, tp, KV tokens) of
+    the setup's replica rebuilt at that side's tensor parallelism and token budget.
+
+    Raises:
+        ClusterError: a budget that is not an integer >= 1. SetupError: as build_cost_model.
+    """
+    for name, b in zip(("prefill budget", "decode budget"), budgets, strict=True):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ClusterError(f"{name} must be an integer >= 1 tokens, got {b!r}")
+    sides = []
+    for tp, side_budget in zip(tps, budgets, strict=True):
+        cost, kv, desc = build_cost_model(replace(setup.hardware_options, tp=tp))
+        cfg = SchedulerConfig(kv, side_budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
+                              setup.watermark)
+        sides.append((cost, cfg, desc, tp, kv))
+    return sides
 
 
 #: The P:D search's default token budget grids (tokens per step), small on purpose: each point is a
@@ -768,15 +731,7 @@ def search_plan(
     agg_grid = _grid("aggregated budgets", aggregated_budgets, DEFAULT_AGGREGATED_BUDGETS)
     pre_grid = _grid("prefill budgets", prefill_budgets, DEFAULT_PREFILL_BUDGETS)
     dec_grid = _grid("decode budgets", decode_budgets, DEFAULT_DECODE_BUDGETS)
-    gpus = replicas * setup.hardware_options.tp
-    aggs = []
-    for b in agg_grid:
-        study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=b,
-                                       slo_ttft=slo_ttft, slo_tpot=slo_tpot)
-        agg = study.summaries[0]
-        agg.update(label=f"aggregated x{replicas} b{b}", num_gpus=gpus, token_budget=b,
-                   goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
-        aggs.append(agg)
+    aggs = [_aggregated(setup, replicas, router, b, slo_ttft, slo_tpot) for b in agg_grid]
     rows = []
     for p in range(1, replicas):
         for bp in pre_grid:
@@ -790,6 +745,19 @@ def search_plan(
     aggs.sort(key=_rank)
     rows.sort(key=_rank)
     return aggs, rows
+
+
+def _aggregated(
+    setup: Any, replicas: int, router: str, budget: int, slo_ttft: float | None, slo_tpot: float | None
+) -> dict[str, Any]:
+    """The summary of `replicas` aggregated replicas at `budget`, labelled, with its goodput per GPU."""
+    gpus = replicas * setup.hardware_options.tp
+    study = run_cluster_experiment(setup, replicas=replicas, router=router, budget=budget,
+                                   slo_ttft=slo_ttft, slo_tpot=slo_tpot)
+    agg = study.summaries[0]
+    agg.update(label=f"aggregated x{replicas} b{budget}", num_gpus=gpus, token_budget=budget,
+               goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
+    return agg
 
 
 def search_ratio(

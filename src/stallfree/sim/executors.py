@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Protocol, TypeVar
 
 from stallfree.core.errors import StallfreeError
@@ -90,7 +92,6 @@ class ProcessExecutor:
         """Run the items in the pool (in this process when one job or one item)."""
         if self.jobs <= 1 or len(items) <= 1:
             return SerialExecutor().map(fn, items, progress)
-        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         out: list[Any] = [None] * len(items)
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(items))) as pool:
@@ -199,7 +200,6 @@ class RayExecutor:
 def _join(ray: Any, address: str, timeout: float) -> None:
     """ray.init(address) in a helper thread, given up after `timeout` s: something may answer on the
     port (a proxy, another service) without being a Ray head, and Ray would retry for a minute."""
-    import threading
 
     box: dict[str, BaseException] = {}
 

@@ -1,8 +1,8 @@
 """One simulation study, as `stallfree simulate` runs it: one batching mode (or all of them side by
-side) on a Setup, each run summarized with its capacity and load, and the files it can write.
+side) on a Setup, each run summarized with its capacity and load (stallfree.sim.writers writes its files).
 
-Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim;
-numpy and matplotlib lazily (summaries and plots).
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim
+(below stallfree.sim.writers and plots); numpy lazily (the summaries).
 
 Example::
 
@@ -15,15 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from stallfree.sim import plots
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
-from stallfree.sim.report import summarize_result, write_records, write_steps_csv
+from stallfree.sim.report import summarize_result
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
 from stallfree.sim.time_budget import TimeBudgetConfig
@@ -32,10 +29,11 @@ __all__ = [
     "Experiment",
     "check_options",
     "offered_rate",
+    "record_capacity",
     "run_experiment",
     "run_tag",
     "scheduler_for",
-    "write_experiment",
+    "study_header",
 ]
 
 
@@ -50,7 +48,6 @@ class Experiment:
             saturated; None when no step ran) and load (offered rate / capacity; None when every
             request arrives at one instant or the capacity is unknown).
     """
-
     header: dict[str, Any]
     results: list[SimResult]
     summaries: list[dict[str, Any]]
@@ -119,46 +116,65 @@ def run_experiment(
     check_options(setup, modes, step_time_target, check)
     if budget is None:
         budget = DEFAULT_TOKEN_BUDGET if step_time_target is None else TIME_BUDGET_CAP
-
-    max_tokens = setup.workload_options.max_tokens
     results, summaries = [], []
     for mode in modes:
-        sched = scheduler_for(setup, mode, budget, step_time_target)
-        res = simulate(
-            setup.workload,
-            sched,
-            setup.cost_model,
-            max_tokens=max_tokens,
-            check=check and mode == "chunked",
-            label=getattr(sched, "label", None),
-            max_model_len=setup.context_length,
-            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
-            closed_loop=setup.engine_closed_loop,
-        )
-        if step_time_target is not None:
-            res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
+        res, summary = _run_mode(setup, mode, budget, step_time_target, check, slo_ttft, slo_tpot)
         results.append(res)
-        summary = summarize_result(res, slo_ttft, slo_tpot)
-        capacity = saturated_throughput(
-            setup.workload,
-            sched,
-            setup.cost_model,
-            max_tokens,
-            max_model_len=setup.context_length,
-            cut_output_to_fit=setup.workload_options.cut_output_to_fit,
-        )
-        load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
-        # JSON has no infinity: a capacity with no step run (everything refused) or a load with every
-        # request arriving at one instant is None.
-        summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
-        summary["load"] = load if math.isfinite(load) else None
         summaries.append(summary)
-    header = setup.header()
-    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
-        header["offered_rate"] = None
+    header = study_header(setup)
     header["token_budget"] = budget
     header["step_time_target_s"] = step_time_target
     return Experiment(header, results, summaries)
+
+
+def _run_mode(
+    setup: Setup, mode: str, budget: int, step_time_target: float | None, check: bool,
+    slo_ttft: float | None, slo_tpot: float | None,
+) -> tuple[SimResult, dict[str, Any]]:
+    """One mode of run_experiment: its SimResult and its summary with capacity_req_s and load."""
+    max_tokens = setup.workload_options.max_tokens
+    sched = scheduler_for(setup, mode, budget, step_time_target)
+    res = simulate(
+        setup.workload,
+        sched,
+        setup.cost_model,
+        max_tokens=max_tokens,
+        check=check and mode == "chunked",
+        label=getattr(sched, "label", None),
+        max_model_len=setup.context_length,
+        cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+        closed_loop=setup.engine_closed_loop,
+    )
+    if step_time_target is not None:
+        res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
+    summary = summarize_result(res, slo_ttft, slo_tpot)
+    capacity = saturated_throughput(
+        setup.workload,
+        sched,
+        setup.cost_model,
+        max_tokens,
+        max_model_len=setup.context_length,
+        cut_output_to_fit=setup.workload_options.cut_output_to_fit,
+    )
+    record_capacity(setup, summary, capacity)
+    return res, summary
+
+
+def record_capacity(setup: Setup, summary: dict[str, Any], capacity: float) -> None:
+    """Set summary's capacity_req_s (`capacity`, requests/s when saturated) and load (offered_rate /
+    capacity); None for either when not finite, as JSON has no infinity: a capacity with no step run
+    (everything refused), a load with every request arriving at one instant."""
+    load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
+    summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
+    summary["load"] = load if math.isfinite(load) else None
+
+
+def study_header(setup: Setup) -> dict[str, Any]:
+    """setup.header() with an offered rate that is not finite (every request at one instant) as None."""
+    header = setup.header()
+    if header["offered_rate"] is not None and not math.isfinite(header["offered_rate"]):
+        header["offered_rate"] = None
+    return header
 
 
 def offered_rate(setup: Setup, summary: dict[str, Any]) -> float:
@@ -198,28 +214,3 @@ def run_tag(res: SimResult) -> str:
     tag += "-time" if res.config.get("step_time_target_s") is not None else ""
     tag += "-cache" if res.config.get("prefix_caching") else ""
     return tag + ("-cpu" if res.config.get("cpu_kv_tokens") else "")
-
-
-def write_experiment(out: Path, study: Experiment) -> list[str]:
-    """Write summary.json, requests-<tag>.csv, steps-<tag>.csv, cdf.png and timeline.png under `out`
-    (tag: run_tag, the batching mode and KV policy actually run).
-
-    Returns:
-        The names written, in order.
-
-    Raises:
-        OSError: `out` cannot be created or written.
-    """
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps({"header": study.header, "runs": study.summaries}, indent=1) + "\n")
-    names = ["summary.json"]
-    for res in study.results:
-        tag = run_tag(res)
-        write_records(res, out / f"requests-{tag}.csv")
-        write_steps_csv(res, out / f"steps-{tag}.csv")
-        names += [f"requests-{tag}.csv", f"steps-{tag}.csv"]
-    context = plots.plot_context(study.header)
-    plots.plot_cdfs(study.results, out / "cdf.png", context)
-    plots.plot_timeline(study.results, out / "timeline.png", context)
-    return [*names, "cdf.png", "timeline.png"]

@@ -2,20 +2,19 @@
 answering "how large must the cache be": the prefix cache hit rate and TTFT p50/p99 against capacity.
 
 Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim;
-matplotlib lazily (the plot).
+below stallfree.sim.writers, which writes its rows and plot (plots.plot_kv_sweep).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from stallfree.sim.experiment import run_experiment
 from stallfree.sim.setup import HardwareOptions, Setup
 
-__all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_lines", "kv_sweep_title", "plot_kv_sweep", "preemption_inflated"]
+__all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_lines", "kv_sweep_title", "preemption_inflated"]
 
 #: The keys of each kv_sweep row.
 KV_SWEEP_KEYS = (
@@ -121,88 +120,3 @@ def kv_sweep_lines(rows: Sequence[dict[str, Any]], title: str) -> list[str]:
     if any(r.get("rejected") for r in rows):
         lines.append("rows with rejected requests measure the admitted requests only")
     return lines
-
-
-def _tokens_label(x: float, _pos: Any = None) -> str:
-    """10000 -> "10k", 1500000 -> "1.5M": plain labels for a log axis of token counts."""
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= div:
-            return f"{x / div:g}{unit}"
-    return f"{x:g}"
-
-
-def _two_five_label(y: float, _pos: Any = None) -> str:
-    """A minor tick's label on a log axis: plain ("20", "0.5") at the 2s and 5s of a decade, else none."""
-    lead = f"{y:.0e}"[0]
-    return f"{float(f'{y:.1g}'):g}" if lead in "25" else ""
-
-
-def plot_kv_sweep(rows: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Write a PNG: TTFT p50/p99 against KV capacity, and with caching on the hit rate (with the
-    infinite-cache bound) beside it. Sizes whose figures are missing (every request rejected) are left
-    out; points whose hit rate preemption inflates are ringed and the panel says so.
-
-    Args:
-        rows: kv_sweep's rows.
-        path: the PNG to write.
-        title: the figure's title (workload, budget); kv_sweep_title adds the model and GPUs.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    caching = any(r.get("prefix_cache_hit_rate") is not None for r in rows)
-    if caching:
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.6))
-        axes: tuple[Any, ...] = (ax1, ax2)
-    else:
-        fig, ax2 = plt.subplots(1, 1, figsize=(6.5, 4.6))
-        axes = (ax2,)
-    if caching:
-        pts = [(r["kv_tokens"], r["prefix_cache_hit_rate"], preemption_inflated(r)) for r in rows
-               if r.get("prefix_cache_hit_rate") is not None]
-        ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="achieved")
-        bound = next((r["prefix_cache_hit_rate_bound"] for r in rows
-                      if r.get("prefix_cache_hit_rate_bound") is not None), None)
-        if bound is not None:
-            ax1.axhline(bound, ls="--", color="gray", label=f"infinite cache ({bound:.1%})")
-        first = [(r["kv_tokens"], r["prefix_cache_hit_rate_first_admission"]) for r in rows
-                 if r.get("prefix_cache_hit_rate_first_admission") is not None]
-        if first and any(preemption_inflated(r) for r in rows):
-            ax1.plot([p[0] for p in first], [p[1] for p in first], "^:", color="tab:green",
-                     label="first admissions only")
-        inflated = [p for p in pts if p[2]]
-        if inflated:
-            ax1.plot([p[0] for p in inflated], [p[1] for p in inflated], "o", ms=12, mfc="none", color="tab:red",
-                     label="preempted: readmission\nhits counted, can pass bound")
-        top = max([p[1] for p in pts] + [bound or 0.0])
-        ax1.set(xscale="log", xlabel="KV capacity (tokens)", ylabel="prefix cache hit rate",
-                ylim=(0, min(1.0, top * 1.6 + 0.05)))
-        ax1.legend(loc="upper left", fontsize="small", framealpha=0.9)
-    p50 = [(r["kv_tokens"], r["median_ttft_ms"] / 1e3) for r in rows if r.get("median_ttft_ms") is not None]
-    p99 = [(r["kv_tokens"], r["p99_ttft_ms"] / 1e3) for r in rows if r.get("p99_ttft_ms") is not None]
-    ax2.plot([p[0] for p in p50], [p[1] for p in p50], "o-", label="TTFT p50")
-    ax2.plot([p[0] for p in p99], [p[1] for p in p99], "s-", label="TTFT p99")
-    ax2.set(xscale="log", yscale="log", xlabel="KV capacity (tokens)", ylabel="TTFT (s)")
-    ax2.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}"))
-    ax2.yaxis.set_minor_formatter(NullFormatter())
-    if p50 or p99:
-        ys = [p[1] for p in p50 + p99]
-        lo, hi = min(ys) / 1.5, max(ys) * 4  # headroom above the markers for the legend
-        ax2.set_ylim(lo, hi)
-        if hi / lo < 300:  # under ~2 decades: label the 2s and 5s too, plainly
-            ax2.yaxis.set_minor_formatter(FuncFormatter(_two_five_label))
-        ax2.legend(loc="upper right", fontsize="small", framealpha=0.9)
-    for ax in axes:
-        ax.xaxis.set_major_locator(LogLocator(base=10))
-        ax.xaxis.set_major_formatter(FuncFormatter(_tokens_label))
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        kv = [r["kv_tokens"] for r in rows]
-        if kv:
-            ax.set_xlim(min(kv) / 1.5, max(kv) * 1.5)
-    fig.suptitle(kv_sweep_title(rows, title))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

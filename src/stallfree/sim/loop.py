@@ -273,8 +273,11 @@ class EventLoop:
         heap, rep, times = self.heap, self.replicas[0], self.arrivals.times
         arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
         recorded = None if type(gate) is PassGate else gate.recorded
-        start_step, finish_step, has_unfinished = rep.start_step, rep.finish_step, rep.inner.has_unfinished
         lazy = self.arrivals_at_step_ends and self.arrivals.closed is None
+        if lazy and on_finish is None and recorded is None and not heap:
+            self._run_steps()
+            return
+        start_step, finish_step, has_unfinished = rep.start_step, rep.finish_step, rep.inner.has_unfinished
         n = len(times)
         i = 0
         now = times[0] if n else 0.0
@@ -302,15 +305,8 @@ class EventLoop:
                     gate.admit(rep, now)
                 if has_unfinished():
                     end = start_step(now)
-                    if end is None:
-                        if recorded is not None:
-                            recorded(rep)
-                    elif lazy and not heap and on_finish is None and recorded is None:
-                        # Nothing can happen before this step ends (arrivals wait for it, no
-                        # callback is due, no hook runs at its end): finish it at once.
-                        finish_step(end)
-                        now, end = end, None
-                        continue
+                    if end is None and recorded is not None:
+                        recorded(rep)
             nxt = end if end is not None else math.inf
             if heap and heap[0][0] < nxt:
                 nxt = heap[0][0]
@@ -321,6 +317,34 @@ class EventLoop:
                 return
             if nxt > now:
                 now = nxt
+
+    def _run_steps(self) -> None:
+        """_run_solo when nothing can happen during a step (no hook, no callback, arrivals that may
+        wait for the step's end): the arrivals by now added, then steps back to back until one
+        would start at or after the next arrival (Replica.run_steps), the clock jumping to the next
+        arrival when the replica is idle or stalled; the classic loop, with the same rows as the
+        general path."""
+        rep, times, arrive, gate = self.replicas[0], self.arrivals.times, self.arrive, self.gate
+        run_steps, has_unfinished = rep.run_steps, rep.inner.has_unfinished
+        n = len(times)
+        i = 0
+        now = times[0] if n else 0.0
+        while True:
+            while i < n and times[i] <= now:
+                arrive(i, now)
+                i += 1
+            if not rep.stalled:
+                if rep.pending:
+                    gate.admit(rep, now)
+                if has_unfinished():
+                    now = run_steps(now, times[i] if i < n else math.inf)
+                    if not rep.stalled and i < n and times[i] <= now:
+                        continue
+            if i >= n:
+                self._check_done(i)
+                return
+            if times[i] > now:
+                now = times[i]
 
     def _check_done(self, i: int) -> None:
         if i < len(self.arrivals.times):

@@ -185,6 +185,65 @@ class Replica:
         self.step += 1
         return finished
 
+    def run_steps(self, now: float, until: float) -> float:
+        """Run steps back to back from `now`, s, each starting as the previous ends, while a step
+        would start before `until`, s (the next arrival), the scheduler has work and no plan is
+        empty; return the time the last one ended (or `now`). What start_step(t) and finish_step at
+        its end do, step for step and row for row, for a loop that knows nothing can happen during
+        a step (EventLoop's single-replica open-loop path). Written out once more, with the state in
+        locals, because this is the simulator's hot path: the two calls per step cost about a
+        tenth of its time.
+
+        Raises:
+            SimulationError: as start_step.
+        """
+        schedule, complete, step_time = self._schedule, self._complete, self._step_time
+        inner, res, decoding = self.inner, self.res, self.decoding
+        has_unfinished = inner.has_unfinished
+        kv_total, admit_step = res.kv_total, res.admit_step
+        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
+        step, tick = self.step, self.tick
+        try:
+            while now < until and has_unfinished():
+                plan = schedule()
+                if not plan.num_tokens and not plan.preempted:
+                    complete(plan)
+                    self.step, self.tick = step, tick
+                    self._record(plan, now, now)
+                    step = self.step
+                    self.stalled = True
+                    break
+                nd = plan.num_decodes
+                if plan.preempted:
+                    self._preempt(plan.preempted, step)
+                if nd != len(decoding):
+                    self._skips(plan, step)
+                for rid in plan.admitted:
+                    if admit_step[rid] < 0:  # type: ignore[call-overload]
+                        admit_step[rid] = step  # type: ignore[call-overload]
+                end = now + step_time(plan)
+                complete(plan)
+                if nd:
+                    tick += 1
+                if plan.prefills:
+                    self._emitted_from_prefill(plan, step)
+                a_start(now)
+                a_end(end)
+                a_tok(plan.num_tokens)
+                a_dec(nd)
+                a_kv(kv_total - inner.kv_free)
+                a_wait(inner.num_waiting)
+                a_tick(tick)
+                finished = inner.last_finished
+                if finished:
+                    self._finished(finished, step)
+                    self.num_outstanding -= len(finished)
+                step += 1
+                now = end
+        finally:
+            self.step, self.tick = step, tick
+        return now
+
     def _record(self, plan: StepPlan, start: float, end: float) -> dict[Hashable, FinishReason]:
         inner = self.inner
         a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append

@@ -14,14 +14,19 @@ Example (the default replica on the first 500 requests of the bundled trace)::
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
+from stallfree.costmodel import CostModelError
+from stallfree.costmodel.choice import choose_cost_model
+from stallfree.costmodel.model import get_model
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE
+from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.workload import (
@@ -72,7 +77,6 @@ class SetupError(StallfreeError, ValueError):
         usage: True when the options contradict each other or are malformed (a command exits 2),
             False when they are well-formed but name something that does not work (exit 1).
     """
-
     def __init__(self, message: str, usage: bool = False) -> None:
         super().__init__(message)
         self.usage = usage
@@ -114,7 +118,6 @@ class WorkloadOptions:
             `synthetic` set); their arrival times are ignored, so rate_scale must stay None.
         think_time: closed loop: seconds from a request's end to its client's next request, >= 0.
     """
-
     trace: str | None = None
     trace_format: str = "auto"
     skip_bad_rows: bool = False
@@ -187,7 +190,6 @@ class HardwareOptions:
             profile fitted on the engine whose kernel tables priced the steps (given by `kernels` or
             chosen by the default; none under today's pricing).
     """
-
     model: str = DEFAULTS["model"]
     gpu: str = DEFAULTS["gpu"]
     tp: int = DEFAULTS["tp"]
@@ -301,9 +303,6 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
     Raises:
         SetupError: as build_cost_model.
     """
-    from stallfree.costmodel import CostModelError
-    from stallfree.costmodel.choice import choose_cost_model
-
     if opts.linear_cost and opts.kernels not in (None, "none"):
         raise SetupError(f"--linear-cost and --kernels {opts.kernels} are exclusive (both price the steps)", usage=True)
     try:
@@ -350,8 +349,6 @@ def _with_profile(
     Raises:
         SetupError: an unknown profile name.
     """
-    from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
-
     try:
         if opts.engine_profile:
             prof, chosen_by = load_profile(opts.engine_profile), "--engine-profile"
@@ -375,8 +372,6 @@ def _user_config(model: str) -> dict[str, Any] | None:
     preset (or a file in our own format, which the tables get written from the ModelSpec)."""
     if not str(model).endswith(".json"):
         return None
-    import json
-
     try:
         data = json.loads(Path(model).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -399,9 +394,6 @@ def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
         if isinstance(opts.max_model_len, bool) or opts.max_model_len < 1:
             raise SetupError(f"--max-model-len must be >= 1 token, got {opts.max_model_len!r}", usage=True)
         return opts.max_model_len, "--max-model-len"
-    from stallfree.costmodel import CostModelError
-    from stallfree.costmodel.model import get_model
-
     try:
         spec = get_model(opts.model)
     except CostModelError as exc:
@@ -440,7 +432,6 @@ class Setup:
         SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
             prefix_caching without the paged scheduler.
     """
-
     workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
     hardware_options: HardwareOptions = field(default_factory=HardwareOptions)
     max_seqs: int = DEFAULT_MAX_SEQS

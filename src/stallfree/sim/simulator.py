@@ -323,18 +323,26 @@ def simulate(
     res = new_result(label or type(inner).__name__, workload, config, target, max_new, inner)
     reps = [Replica(0, sched, inner, res, cost_model)]
     arrivals, entry, res.wall_s = run_group(reps, None, workload, max_new, too_long, closed_loop)
+    _close_run(res, entry, tuple(arrivals.times) if closed_loop is not None else None, reps[0], workload, check)
+    return res
+
+
+def _close_run(res: SimResult, entry: Entry, sent: tuple[float, ...] | None, rep: Replica, workload: Workload,
+               check: bool) -> None:
+    """After simulate's loop: the requests refused for the context length join the rejected (rid
+    order), the times requests were sent (closed loop: `sent`, s) replace the arrivals, the
+    scheduler's counters are copied, then the end-of-run checks (verify_tokens)."""
     for rid, why in entry.refused:
         res.rejected.append((rid, why))
         res.rejected_kind[rid] = CONTEXT_LENGTH
     res.rejected.sort()  # rid order: the order requests arrive in
-    if closed_loop is not None:
-        res.arrival = tuple(arrivals.times)
-    _scheduler_figures(res, inner, workload)
+    if sent is not None:
+        res.arrival = sent
+    _scheduler_figures(res, rep.inner, workload)
     if check:
         # End-of-run invariants: every request finished and all KV returned.
-        sched.check_final()  # type: ignore[attr-defined]
+        rep.sched.check_final()  # type: ignore[attr-defined]
     verify_tokens(res)
-    return res
 
 
 def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload) -> None:

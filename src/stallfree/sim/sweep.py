@@ -1,8 +1,9 @@
 """Sweeps: one simulation per (batching mode, rate scale, token budget), run in worker processes,
-written as CSV/JSON rows and plots (the command, stallfree.sim.commands.sweep, prints the table).
+as rows (stallfree.sim.writers writes them as CSV, JSON and plots; the command,
+stallfree.sim.commands.sweep, prints the table).
 
-Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim; numpy
-and matplotlib lazily.
+Imports allowed: the standard library, stallfree.core, stallfree.costmodel and stallfree.sim
+(below stallfree.sim.writers and plots); numpy lazily (the summaries).
 
 Example (two budgets, chunked batching only, on the first 500 requests of the bundled trace)::
 
@@ -17,22 +18,19 @@ Example (two budgets, chunked batching only, on the first 500 requests of the bu
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.executors import Executor
-from stallfree.sim.plots import plot_context, plot_sweep_cdfs, plot_tradeoff
 from stallfree.sim.report import latency_arrays, summarize_result
 from stallfree.sim.setup import Setup
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 
-__all__ = ["ROW_KEYS", "SweepPoint", "SweepResult", "run_points", "sweep", "write_sweep"]
+__all__ = ["ROW_KEYS", "SweepPoint", "SweepResult", "run_points", "sweep"]
 
 ROW_KEYS = (
     "batching",
@@ -75,7 +73,6 @@ class SweepPoint:
         max_model_len: the context length requests are checked against, tokens, or None.
         cut_output_to_fit: cut max_new to fit the context length instead of refusing the request.
     """
-
     workload: Workload
     rate_scale: float
     config: SchedulerConfig
@@ -131,7 +128,6 @@ def run_points(
                 progress(k + 1)
     else:
         # Imported here: multiprocessing costs tens of ms that a one-process run never needs.
-        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(max_workers=min(jobs, len(points))) as pool:
             futures = {pool.submit(_run_point, p): k for k, p in enumerate(points)}
@@ -153,7 +149,6 @@ class SweepResult:
             per-request samples, ms).
         table_rows: the same points reduced to ROW_KEYS (JSON-ready, no arrays).
     """
-
     header: dict[str, Any]
     rows: list[dict[str, Any]]
     table_rows: list[dict[str, Any]]
@@ -213,27 +208,3 @@ def sweep(
     rows = run_points(points, jobs, (lambda k: progress(k, total)) if progress else None)
     table_rows = [{k: r.get(k) for k in ROW_KEYS} for r in rows]
     return SweepResult(setup.header(), rows, table_rows)
-
-
-def write_sweep(out: Path, result: SweepResult) -> list[str]:
-    """Write sweep.csv, sweep.json, tradeoff.png and cdf.png under `out`; return the names written.
-
-    Raises:
-        OSError: `out` cannot be created or written.
-    """
-
-    header, rows, table_rows = result.header, result.rows, result.table_rows
-
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "sweep.csv", "w", newline="", encoding="utf-8") as fh:
-        # The CSV keeps flat columns: rejections by reason go to sweep.json only.
-        flat = [k for k in ROW_KEYS if k != "rejected_by_reason"]
-        writer = csv.DictWriter(fh, fieldnames=flat, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(table_rows)
-    (out / "sweep.json").write_text(json.dumps({"header": header, "rows": table_rows}, indent=1) + "\n")
-    budgets = sorted({r["token_budget"] for r in table_rows})
-    context = plot_context(header, "budgets " + ", ".join(f"{b:,}" for b in budgets))
-    plot_tradeoff(table_rows, out / "tradeoff.png", context)
-    plot_sweep_cdfs(rows, out / "cdf.png", context)
-    return ["sweep.csv", "sweep.json", "tradeoff.png", "cdf.png"]

@@ -230,22 +230,12 @@ class TuneResult:
 
 
 def tune(
-    workload: Workload,
-    kv_tokens: int,
-    cost_model: StepCostModel,
-    slo_ttft: float,
-    slo_tpot: float,
-    *,
-    max_seqs: int = DEFAULT_MAX_SEQS,
-    max_seqs_candidates: Sequence[int] | None = None,
+    workload: Workload, kv_tokens: int, cost_model: StepCostModel, slo_ttft: float, slo_tpot: float, *,
+    max_seqs: int = DEFAULT_MAX_SEQS, max_seqs_candidates: Sequence[int] | None = None,
     budgets: Sequence[int] | None = None,
-    max_tokens: int | None = None,
-    jobs: int | Executor = 1,
-    tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
-    progress: Callable[[int, int], None] | None = None,
-    max_model_len: int | None = None,
-    cut_output_to_fit: bool = False,
-    search_partial_prefills: bool = False,
+    max_tokens: int | None = None, jobs: int | Executor = 1, tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
+    progress: Callable[[int, int], None] | None = None, max_model_len: int | None = None,
+    cut_output_to_fit: bool = False, search_partial_prefills: bool = False,
     partial_prefills: tuple[int, int, int] | None = None,
 ) -> TuneResult:
     """Find the token budget and max_seqs with the highest goodput under the SLOs (module docstring).
@@ -280,11 +270,7 @@ def tune(
         TargetBelowFloor: the TPOT target is below the decode-only floor (without explicit budgets).
         ValueError: an SLO <= 0, an empty workload, or an empty budget list.
     """
-    for name, slo in (("slo_ttft", slo_ttft), ("slo_tpot", slo_tpot)):
-        if not (isinstance(slo, int | float) and slo > 0):
-            raise ValueError(f"{name} must be > 0 seconds, got {slo!r}")
-    if budgets is not None and not budgets:
-        raise ValueError("budgets: give at least one token budget")
+    _check_request(slo_ttft, slo_tpot, budgets)
     others = list(max_seqs_candidates) if max_seqs_candidates is not None else [max(1, max_seqs // 2), max_seqs * 2]
     seqs_all = sorted({max_seqs, *others})
     runner = _Runner(workload, kv_tokens, cost_model, slo_ttft, slo_tpot, max_tokens, jobs, progress)
@@ -297,20 +283,12 @@ def tune(
         runner.run([(b, m) for b in sorted(set(budgets)) for m in seqs_all])
     else:
         bound = budget_bound(cost_model, workload, slo_tpot, max_seqs, kv_tokens, max_tokens)
-        ladder = candidate_budgets(bound.token_budget)
-        runner.planned = len(ladder) + 2 + len([m for m in seqs_all if m != max_seqs])
-        runner.run([(b, max_seqs) for b in ladder])
-        best = rank(runner.rows, tie_tolerance, max_seqs)[0]["token_budget"]
-        stage2 = [(b, max_seqs) for b in _refined(best, ladder)]
-        stage2 += [(best, m) for m in seqs_all if m != max_seqs]
-        runner.planned = runner.done + len(stage2)
-        runner.run(stage2)
+        _search_ladder(runner, candidate_budgets(bound.token_budget), max_seqs, seqs_all, tie_tolerance)
     if search_partial_prefills:
         best_row = rank(runner.rows, tie_tolerance, max_seqs)[0]
         b, m = best_row["token_budget"], best_row["max_seqs"]
-        stage3 = [(b, m, c) for c in partial_prefill_candidates(b)]
-        runner.planned = runner.done + len(stage3)
-        runner.run(stage3)
+        runner.planned = runner.done + len(partial_prefill_candidates(b))
+        runner.run([(b, m, c) for c in partial_prefill_candidates(b)])
     return TuneResult(
         bound=bound,
         rows=rank(runner.rows, tie_tolerance, max_seqs),
@@ -319,6 +297,29 @@ def tune(
         wall_s=time.perf_counter() - t0,
         stages=runner.stages,
     )
+
+
+def _check_request(slo_ttft: float, slo_tpot: float, budgets: Sequence[int] | None) -> None:
+    """Raise ValueError for an SLO that is not > 0 s or an empty budget list."""
+    for name, slo in (("slo_ttft", slo_ttft), ("slo_tpot", slo_tpot)):
+        if not (isinstance(slo, int | float) and slo > 0):
+            raise ValueError(f"{name} must be > 0 seconds, got {slo!r}")
+    if budgets is not None and not budgets:
+        raise ValueError("budgets: give at least one token budget")
+
+
+def _search_ladder(
+    runner: _Runner, ladder: list[int], max_seqs: int, seqs_all: list[int], tie_tolerance: float
+) -> None:
+    """Stages 1 and 2 of the search (module docstring): the ladder at the base max_seqs, then the
+    midpoints around the best and the best budget at the other max_seqs."""
+    runner.planned = len(ladder) + 2 + len([m for m in seqs_all if m != max_seqs])
+    runner.run([(b, max_seqs) for b in ladder])
+    best = rank(runner.rows, tie_tolerance, max_seqs)[0]["token_budget"]
+    stage2 = [(b, max_seqs) for b in _refined(best, ladder)]
+    stage2 += [(best, m) for m in seqs_all if m != max_seqs]
+    runner.planned = runner.done + len(stage2)
+    runner.run(stage2)
 
 
 class _Runner:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from stallfree.sim.commands import plan, simulate, sweep, tune
+
 __all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
     """Add the `simulate`, `sweep`, `tune` and `plan` subcommands to the top-level CLI."""
-    from stallfree.sim.commands import plan, simulate, sweep, tune
-
     simulate.register(subparsers)
     sweep.register(subparsers)
     tune.register(subparsers)

@@ -86,7 +86,20 @@ def modes(text: str) -> list[str]:
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """Add the workload, model-and-hardware, scheduler and report options every command shares."""
-    w = p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)")
+    _add_workload_args(p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)"))
+    _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"))
+    s = p.add_argument_group("scheduler")
+    s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
+    add_partial_prefill_args(s, "the context length")
+    r = p.add_argument_group("report")
+    r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
+    r.add_argument("--slo-tpot", type=duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
+
+
+def _add_workload_args(w: Any) -> None:
+    """The workload options (an argparse argument group)."""
     w.add_argument(
         "--trace",
         metavar="PATH",
@@ -139,7 +152,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="every request's max_new (KV reservation); shorter outputs stop early, longer are cut",
     )
-    m = p.add_argument_group("model and hardware (the cost model)")
+
+
+def _add_hardware_args(m: Any) -> None:
+    """The model-and-hardware options (an argparse argument group)."""
     m.add_argument("--model", default=DEFAULTS["model"])
     m.add_argument("--gpu", default=DEFAULTS["gpu"])
     m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
@@ -186,14 +202,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
         "docs/fidelity.md): its step terms to every step, its front end to every TTFT and E2E; default: "
         "the profile fitted on the engine whose kernel tables priced the steps, none under today's pricing",
     )
-    s = p.add_argument_group("scheduler")
-    s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
-    add_partial_prefill_args(s, "the context length")
-    r = p.add_argument_group("report")
-    r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
-    r.add_argument("--slo-tpot", type=duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
-    r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
+
 
 
 def workload_options(args: argparse.Namespace) -> WorkloadOptions:

@@ -14,6 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_int
+from stallfree.sim.cluster import (
+    DEFAULT_AFFINITY_LOAD_FACTOR,
+    DEFAULT_AFFINITY_LOAD_MARGIN,
+    DEFAULT_PREFIX_THRESHOLD,
+    DEFAULT_ROUTER_SEED,
+    ROUTERS,
+    make_router,
+    run_cluster_study,
+)
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
@@ -26,9 +35,22 @@ from stallfree.sim.commands.common import (
     rejection_warning,
     setup_from_args,
 )
-from stallfree.sim.experiment import Experiment, run_experiment, run_tag, write_experiment
+from stallfree.sim.disagg import (
+    DEFAULT_DECODE_BUDGETS,
+    DEFAULT_INTERCONNECT,
+    DEFAULT_PREFILL_BUDGETS,
+    INTERCONNECTS,
+    Interconnect,
+    parse_disaggregate,
+    run_disagg_experiment,
+    search_plan,
+)
+from stallfree.sim.experiment import Experiment, run_experiment, run_tag
+from stallfree.sim.report import print_table
+from stallfree.sim.result import ClusterError
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import BATCHING_MODES
+from stallfree.sim.writers import write_disagg_out, write_disagg_records, write_experiment, write_records
 
 __all__ = ["register", "run"]
 
@@ -42,7 +64,14 @@ def register(subparsers: Any) -> None:
         "With no arguments: the bundled Azure conversation trace on Llama 3.3 70B, 4 x H100 SXM, FP8.",
     )
     add_common(sim)
-    g = sim.add_argument_group("batching")
+    _add_batching_flags(sim.add_argument_group("batching"))
+    _add_load_flags(sim)
+    _add_cluster_flags(sim)
+    sim.set_defaults(func=guard(run))
+
+
+def _add_batching_flags(g: Any) -> None:
+    """The batching, KV and run-mode flags of `simulate` (an argparse argument group)."""
     g.add_argument(
         "--batching",
         choices=BATCHING_MODES,
@@ -108,14 +137,10 @@ def register(subparsers: Any) -> None:
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
-    _add_load_flags(sim)
-    _add_cluster_flags(sim)
-    sim.set_defaults(func=guard(run))
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree simulate` on parsed arguments; returns the exit status."""
-    from stallfree.sim.report import print_table, write_records
 
     if args.compare and args.batching != "chunked":
         raise CliError("--compare runs every batching mode: drop --batching", 2)
@@ -331,13 +356,6 @@ def _add_load_flags(sim: Any) -> None:
 
 
 def _add_cluster_flags(sim: Any) -> None:
-    from stallfree.sim.cluster import (
-        DEFAULT_AFFINITY_LOAD_FACTOR,
-        DEFAULT_AFFINITY_LOAD_MARGIN,
-        DEFAULT_PREFIX_THRESHOLD,
-        DEFAULT_ROUTER_SEED,
-        ROUTERS,
-    )
 
     c = sim.add_argument_group("cluster (docs/cluster.md)")
     c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
@@ -362,7 +380,6 @@ def _add_cluster_flags(sim: Any) -> None:
         "--affinity-load-margin", type=int, default=None, metavar="N",
         help=f"prefix-affinity: the cap's absolute margin, requests (default {DEFAULT_AFFINITY_LOAD_MARGIN})",
     )
-    from stallfree.sim.disagg import DEFAULT_INTERCONNECT, INTERCONNECTS
 
     c.add_argument(
         "--disaggregate", metavar="P:D",
@@ -378,7 +395,6 @@ def _add_cluster_flags(sim: Any) -> None:
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].bandwidth_bytes_per_s / 1e9:g} GB/s, "
         f"{INTERCONNECTS[DEFAULT_INTERCONNECT].latency_s * 1e6:g} us per transfer)",
     )
-    from stallfree.sim.disagg import DEFAULT_DECODE_BUDGETS, DEFAULT_PREFILL_BUDGETS
 
     c.add_argument(
         "--prefill-budget", type=int_list, metavar="N[,N...]",
@@ -395,18 +411,6 @@ def _add_cluster_flags(sim: Any) -> None:
 
 
 def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
-    from stallfree.sim.cluster import ClusterError
-    from stallfree.sim.disagg import (
-        DEFAULT_INTERCONNECT,
-        INTERCONNECTS,
-        Interconnect,
-        parse_disaggregate,
-        run_disagg_experiment,
-        write_disagg_out,
-        write_disagg_records,
-    )
-    from stallfree.sim.report import print_table
-
     search = args.disaggregate == "search"
     base = INTERCONNECTS[args.interconnect or DEFAULT_INTERCONNECT]
     link = Interconnect(
@@ -452,9 +456,6 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
 
 
 def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
-    from stallfree.sim.cluster import ClusterError
-    from stallfree.sim.disagg import search_plan
-    from stallfree.sim.report import print_table
 
     if args.prefill_tp is not None or args.decode_tp is not None:
         raise CliError("--disaggregate search splits replicas of --tp GPUs: drop --prefill-tp and --decode-tp", 2)
@@ -492,15 +493,6 @@ def _is_cluster(args: argparse.Namespace) -> bool:
 
 
 def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]:
-    from stallfree.sim.cluster import (
-        DEFAULT_AFFINITY_LOAD_FACTOR,
-        DEFAULT_AFFINITY_LOAD_MARGIN,
-        DEFAULT_PREFIX_THRESHOLD,
-        DEFAULT_ROUTER_SEED,
-        ClusterError,
-        make_router,
-        run_cluster_study,
-    )
 
     name = args.router or "least-outstanding"
 
@@ -579,20 +571,5 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
 
 
 def _write_out(out: Path, study: Experiment, clusters: list[Any], *, quiet_stdout: bool = False) -> None:
-    from stallfree.sim.report import write_records, write_steps_csv
-
-    names = write_experiment(out, study)
-    for res, cluster in zip(study.results, clusters, strict=True):
-        if cluster is not None:
-            # A cluster's records say which replica served each request and ran each step.
-            tag = run_tag(res)
-            write_records(res, out / f"requests-{tag}.csv", cluster.routed)
-            write_steps_csv(res, out / f"steps-{tag}.csv", cluster.step_base)
-    cluster = clusters[0] if len(clusters) == 1 else None
-    if cluster is not None and len(cluster.replicas) > 1:
-        # A cluster's timeline: a line per replica, not every replica's steps binned together.
-        from stallfree.sim import plots
-
-        plots.plot_replica_timeline(cluster.replicas, out / "timeline.png", plots.plot_context(study.header))
-    # Under --json, stdout carries the JSON document alone.
+    names = write_experiment(out, study, clusters)
     print(f"wrote {out}/{', '.join(names)}", file=sys.stderr if quiet_stdout else sys.stdout)

@@ -27,9 +27,12 @@ from stallfree.sim.commands.common import (
     warn_rejections,
 )
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.kv_sweep import kv_sweep, kv_sweep_lines, preemption_inflated
+from stallfree.sim.report import console
 from stallfree.sim.simulator import BATCHING_MODES
-from stallfree.sim.sweep import sweep, write_sweep
+from stallfree.sim.sweep import sweep
 from stallfree.sim.tune import check_partial_prefill_flags
+from stallfree.sim.writers import write_kv_sweep, write_sweep
 
 __all__ = ["register", "run"]
 
@@ -152,7 +155,6 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     """Print the sweep's table (latencies in ms)."""
     from rich.table import Table
 
-    from stallfree.sim.report import console
 
     cols = (
         ("batching", "batching", "{}"),
@@ -226,8 +228,6 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
 def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
     """`sweep --kv-tokens LIST`: one run per KV capacity at one budget, rate scale and batching mode;
     the table, and with --out kv_sweep.json and kv_sweep.png."""
-    from stallfree.sim.kv_sweep import kv_sweep, kv_sweep_lines, plot_kv_sweep, preemption_inflated
-
     budget = args.budgets[0] if args.budgets else KV_SWEEP_BUDGET
     batching = args.batching[0] if args.batching else "chunked"
     if args.rate_scales:
@@ -266,9 +266,8 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
         print("note: rows with hit_rate_inflated_by_preemption count readmissions after preemption as lookups "
               "and hits; their hit rate can exceed the infinite-cache bound", file=sys.stderr)
     if args.out:
-        (args.out / "kv_sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-        plot_kv_sweep(rows, args.out / "kv_sweep.png", title)
-        print(f"wrote {args.out}/kv_sweep.json, kv_sweep.png", file=sys.stderr if args.json else sys.stdout)
+        names = write_kv_sweep(args.out, rows, title)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -23,6 +23,7 @@ from stallfree.sim.commands.common import (
     setup_from_args,
     warn_rejections,
 )
+from stallfree.sim.report import console
 from stallfree.sim.tune import (
     DEFAULT_TIE_TOLERANCE,
     TargetBelowFloor,
@@ -32,6 +33,7 @@ from stallfree.sim.tune import (
     tune,
     tune_report,
 )
+from stallfree.sim.writers import write_tune
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
 
@@ -135,15 +137,8 @@ def run(args: argparse.Namespace) -> int:
         print_result(result, header, args.top, args.tie_tolerance)
         print("best of each kind searched: " + "; ".join(_kind_text(k) for k in kinds))
     if args.out:
-        from stallfree.sim.plots import plot_context, plot_tune
-
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
-        budgets = sorted({r["token_budget"] for r in result.rows})
-        plot_tune(result.rows, args.out / "tune.png", best=result.best, slo_ttft=result.slo_ttft,
-                  slo_tpot=result.slo_tpot, bound_budget=result.bound.token_budget if result.bound else None,
-                  context=plot_context(header, f"budgets {budgets[0]:,} to {budgets[-1]:,}"))
-        print(f"wrote {args.out}/tune.json, tune.png", file=sys.stderr if args.json else sys.stdout)
+        names = write_tune(args.out, result, header)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
 
 
@@ -152,10 +147,6 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
 
     When no candidate meets the SLOs, say so instead of recommending a serve line.
     """
-    from rich.table import Table
-
-    from stallfree.sim.report import console
-
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
         f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens"
@@ -169,26 +160,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
             f"{b.chunk_start:,}; decode-only {b.decode_floor_s * 1e3:.1f} ms)"
         )
     print(f"simulated {len(result.rows)} candidates in {result.wall_s:.1f} s")
-    cols: tuple[tuple[str, str, str], ...] = (
-        ("token_budget", "budget", "{:,}"),
-        ("max_seqs", "max_seqs", "{:,}"),
-        ("request_goodput", "goodput", "{:,.2f}"),
-        ("slo_attainment", "in SLO", "{:.1%}"),
-        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
-    )
-    if any(r.get("partial_prefills") for r in result.rows):
-        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}"), *cols[2:])
-    table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
-    table.add_column("")
-    for _, name, _ in cols:
-        table.add_column(name, justify="right", no_wrap=True)
-    for i, row in enumerate(result.rows[:top]):
-        cells = ("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols)
-        table.add_row("chosen" if i == 0 else f"#{i + 1}", *cells)
-    console().print(table)
+    _print_candidates(result, top)
     print(
         f"ranking: goodputs within {tie_tolerance:.1%} of the highest are tied (--tie-tolerance); among "
         "them the lower TPOT p99 ranks first, then the larger budget"
@@ -217,6 +189,30 @@ def _kind_text(k: dict[str, Any]) -> str:
     value = "/".join(map(str, k["value"])) if k["kind"] == "partial_prefills" else f"{k['value']:,}"
     return (f"{names[k['kind']]} {value} (of {len(k['tried'])} tried; goodput {k['request_goodput'] or 0:,.2f} req/s, "
             f"{k['slo_attainment'] or 0:.1%} in SLO)")
+def _print_candidates(result: TuneResult, top: int) -> None:
+    """The candidates' table, best first, the first `top` rows."""
+    from rich.table import Table
+
+    cols: tuple[tuple[str, str, str], ...] = (
+        ("token_budget", "budget", "{:,}"),
+        ("max_seqs", "max_seqs", "{:,}"),
+        ("request_goodput", "goodput", "{:,.2f}"),
+        ("slo_attainment", "in SLO", "{:.1%}"),
+        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+    )
+    if any(r.get("partial_prefills") for r in result.rows):
+        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}"), *cols[2:])
+    table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
+    table.add_column("")
+    for _, name, _ in cols:
+        table.add_column(name, justify="right", no_wrap=True)
+    for i, row in enumerate(result.rows[:top]):
+        cells = ("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols)
+        table.add_row("chosen" if i == 0 else f"#{i + 1}", *cells)
+    console().print(table)
 
 
 def _ms(value: float | None) -> str:
