@@ -163,7 +163,7 @@ def test_unsupported_features_are_refused_by_name():
         "multimodal models (a text-only decoder model is supported)",
         "LoRA adapters (--enable-lora)",
         "KV connectors (--kv-transfer-config)",
-        "hybrid or Mamba models (2 KV cache groups; one full-attention group is supported)",
+        "hybrid or Mamba models (2 KV cache groups, one full-attention group is supported)",
         "pipeline parallelism (--pipeline-parallel-size > 1)",
     ]
 

@@ -153,11 +153,13 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
         out.append("encoder-cache connectors (--ec-transfer-config)")
     if getattr(mc, "is_encoder_decoder", False):
         out.append("encoder-decoder models")
-    if getattr(mc, "runner_type", "generate") != "generate" or getattr(mc, "is_diffusion", False):
-        out.append(f"runner {getattr(mc, 'runner_type', '?')!r} (only generating decoder models)")
+    if getattr(mc, "is_diffusion", False):
+        out.append("diffusion models")
+    elif getattr(mc, "runner_type", "generate") != "generate":
+        out.append(f"runner {getattr(mc, 'runner_type', '?')!r} (pooling; only generating models are supported)")
     groups = kv_cache_config.kv_cache_groups
     if getattr(kv_cache_config, "has_mamba_layers", False) or len(groups) != 1:
-        out.append(f"hybrid or Mamba models ({len(groups)} KV cache groups; one full-attention group is supported)")
+        out.append(f"hybrid or Mamba models ({len(groups)} KV cache groups, one full-attention group is supported)")
     elif type(groups[0].kv_cache_spec).__name__ not in ("FullAttentionSpec", "MLAAttentionSpec"):
         out.append(f"KV cache spec {type(groups[0].kv_cache_spec).__name__} (sliding window or chunked attention)")
     if pc.pipeline_parallel_size > 1:

@@ -38,6 +38,7 @@ from vllm.v1.request import RequestStatus
 
 from stallfree.core.errors import InvalidConfig, RequestRejected
 from stallfree.core.plan import StepPlan
+from stallfree.core.policies import FCFSQueue, PriorityQueue
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler as CoreScheduler
 from stallfree.integrations.vllm.config import (
@@ -88,6 +89,7 @@ class SyncScheduler(_VllmScheduler):
             kv_manager=self._sf_kv, **kw,
         )
         self._sf_admitted: list[tuple[VllmRequest, bool]] = []
+        self._sf_orphans: dict[str, VllmRequest] = {}
         self._sf_time = 0.0
         if not self.scheduler_config.enable_chunked_prefill:
             logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
@@ -104,12 +106,8 @@ class SyncScheduler(_VllmScheduler):
             return
         refused = refused_request_features(request)
         if not refused:
-            max_new = min(request.max_tokens, self.max_model_len - request.num_prompt_tokens)
             try:
-                self.stallfree.add(Request(
-                    request.request_id, request.num_prompt_tokens, max(max_new, 1), int(request.priority),
-                    float(request.arrival_time),
-                ))
+                self._sf_queue(request)
             except RequestRejected as exc:
                 refused = [str(exc)]
         if refused:
@@ -118,32 +116,51 @@ class SyncScheduler(_VllmScheduler):
                 message="stallfree's vLLM scheduler does not support: " + "; ".join(refused),
             )
 
+    def _sf_queue(self, request: VllmRequest) -> None:
+        """Queue `request` in the core: its known tokens (prompt, plus output before a preemption the core did
+        not make) are the prompt the core prefills, up to max_tokens and max_model_len in all."""
+        prompt = request.num_tokens
+        max_new = min(request.max_tokens - request.num_output_tokens, self.max_model_len - prompt)
+        self.stallfree.add(Request(
+            request.request_id, prompt, max(max_new, 1), int(request.priority), float(request.arrival_time),
+        ))
+
     def _free_request(self, request: VllmRequest, delay_free_blocks: bool = False) -> Any:
         """vLLM finished the request (a stop, max_tokens, an abort, an error): vLLM frees it, the core forgets it."""
         out = super()._free_request(request, delay_free_blocks)
+        self._sf_orphans.pop(request.request_id, None)
         self._sf_forget(request.request_id)
         return out
+
+    def _preempt_request(self, request: VllmRequest, timestamp: float, drop_stale_output: bool = False) -> None:
+        """vLLM's preemption. One the core did not decide (vLLM's reset_prefix_cache with running requests, a
+        KV-cache release, a caller) also ends the request in the core, which queues it again, with the tokens it
+        has by then as its prompt, at the next schedule() once its in-flight output has come back."""
+        super()._preempt_request(request, timestamp, drop_stale_output)
+        if not self._sf_kv.in_schedule:
+            self._sf_forget(request.request_id)
+            self._sf_orphans[request.request_id] = request
+
+    def _sf_requeue_orphans(self) -> None:
+        for rid, request in list(self._sf_orphans.items()):
+            if request.num_stale_output_tokens:
+                continue
+            del self._sf_orphans[rid]
+            if not request.is_finished() and rid in self.requests:
+                self._sf_queue(request)
+                # In front of the never-started requests, as the core queues its own victims (and vLLM
+                # prepends a preempted request).
+                waiting = self.stallfree._waiting
+                if isinstance(waiting, FCFSQueue):
+                    obj = self.stallfree._live[rid]
+                    waiting.remove(obj)
+                    waiting.push_front([obj])
 
     def _sf_forget(self, rid: str) -> None:
         try:
             self.stallfree.abort(rid)
         except KeyError:  # finished in the core already (max_tokens), or never queued there (refused)
             pass
-
-    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
-        """vLLM's reset; when it preempts the running requests, each is queued again in the core as a new
-        request whose prompt is its tokens so far (it resumes from them, as vLLM's preempted requests do)."""
-        running = list(self.running) if reset_running_requests else []
-        ok = bool(super().reset_prefix_cache(reset_running_requests, reset_connector))
-        for request in running:
-            self._sf_forget(request.request_id)
-            left = request.max_tokens - request.num_output_tokens
-            max_new = min(left, self.max_model_len - request.num_tokens)
-            self.stallfree.add(Request(
-                request.request_id, request.num_tokens, max(max_new, 1), int(request.priority),
-                float(request.arrival_time),
-            ))
-        return ok
 
     # ------------------------------------------------------------------ the KV manager's callbacks
 
@@ -193,14 +210,23 @@ class SyncScheduler(_VllmScheduler):
         kv = self._sf_kv
         kv.new_blocks = {}
         self._sf_admitted = []
+        if self._sf_orphans:
+            self._sf_requeue_orphans()
         plan: StepPlan | None = None
         core = self.stallfree
         if self._pause_state != PauseState.PAUSED_ALL and core.has_unfinished():
             kv.in_schedule = True
+            # PAUSED_NEW: running requests go on, nothing is admitted (vLLM admits only requests that hold KV
+            # blocks then, and none waits holding blocks without a KV connector): the core plans the step with
+            # an empty waiting queue.
+            hold = core._waiting
+            if self._pause_state == PauseState.PAUSED_NEW:
+                core._waiting = type(hold)() if isinstance(hold, FCFSQueue) else PriorityQueue(core.priority_key)
             try:
                 plan = core.schedule()
             finally:
                 kv.in_schedule = False
+                core._waiting = hold
         out = self._sf_output(plan)
         self._update_after_schedule(out)
         if plan is not None:
