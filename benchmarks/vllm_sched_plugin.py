@@ -37,10 +37,24 @@ def _count_builds(cls: type) -> None:
     cls.__init__ = init  # type: ignore[misc]
 
 
+def _count_request_refusals(cls: type) -> None:
+    """Wrap cls.add_request so that a request our class refuses (a feature it does not support) is counted."""
+    orig = cls.__dict__["add_request"]
+
+    def add_request(self: Any, request: Any) -> None:
+        orig(self, request)
+        err = self.grammar_compile_error_reqs.get(request.request_id)
+        if err is not None and "does not support" in err.message:
+            _STATE["refused"] += 1
+
+    cls.add_request = add_request  # type: ignore[attr-defined]
+
+
 if _SWAP:
     import stallfree.integrations.vllm as sv
 
     _count_builds(sv.SyncScheduler)
+    _count_request_refusals(sv.SyncScheduler)
 else:
     from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 

@@ -133,7 +133,7 @@ def _q(xs: list[float], q: float) -> float:
 
 def cost_per_step(cls: type, n: int, steps: int = 50) -> tuple[float, float]:
     """Mean seconds of schedule() and of update_from_output() over `steps` steps with `n` requests decoding."""
-    s = harness.make_scheduler(cls, max_num_seqs=n, max_num_batched_tokens=max(2048, n), num_blocks=4 * n + 64,
+    s = harness.make_scheduler(cls, max_num_seqs=n, max_num_batched_tokens=max(2048, n), num_blocks=10 * n + 64,
                                max_model_len=2048)
     for i in range(n):
         s.add_request(harness.make_request(f"r{i}", 16, 1000))
