@@ -77,8 +77,8 @@ def make_request(
     rid: str, prompt_len: int, max_tokens: int, *, priority: int = 0, arrival: float | None = None,
     prompt_token_ids: list[int] | None = None, block_size: int = 16,
 ) -> VllmRequest:
-    """A vLLM request of `prompt_len` tokens (by default token 1000 + its index in the prompt's id space,
-    distinct per rid so that no prefix is shared) generating at most `max_tokens` tokens; EOS stops it."""
+    """A vLLM request of `prompt_len` tokens (by default one token id repeated, derived from the rid by CRC-32,
+    so that requests with different rids share no prefix) generating at most `max_tokens` tokens; EOS stops it."""
     global _hash_ready
     if not _hash_ready:
         init_none_hash(sha256)
