@@ -20,6 +20,7 @@ ALLOWED = {
     "engine": {"core"},
     "server": {"core", "engine"},
     "validate": {"core", "costmodel", "sim", "engine"},
+    "integrations": {"core"},
 }
 
 

@@ -1,0 +1,192 @@
+"""How the vLLM adapter is configured, and what it refuses: vLLM's own flags where they exist, stallfree's own
+options through `--additional-config '{"stallfree": {...}}'`, and the vLLM features it does not support.
+
+Imports allowed: the standard library and stallfree.core. vLLM's config objects are read by attribute
+only, so this module needs no vLLM import.
+
+vLLM flags read (SchedulerConfig / CacheConfig of vLLM 0.33):
+
+- --max-num-batched-tokens (or max_num_scheduled_tokens when set): the token budget of a step;
+- --max-num-seqs (or max_num_active_seqs when set): the most running requests;
+- --scheduling-policy fcfs | priority;
+- --long-prefill-token-threshold: T of the partial-prefill rules when max_num_partial_prefills > 1
+  (otherwise unused: stallfree's K = 1 contract has one partial prefill and no long/short distinction);
+- --enable-prefix-caching, --watermark, scheduler_reserve_full_isl: obeyed by vLLM's KV cache manager, which
+  keeps the blocks.
+
+stallfree's options (the keys of the "stallfree" object; any other key is refused):
+
+- max_num_partial_prefills (K, default 1), max_long_partial_prefills (L, default 1 when K > 1),
+  long_prefill_token_threshold (T in tokens; default vLLM's flag when set, else 4% of max_model_len, vLLM's
+  own default for that threshold);
+- aging_interval (> 0; under --scheduling-policy priority only): a waiting request's effective priority
+  drops by one every aging_interval steps (or seconds with "aging_clock": "wall", measured from the
+  request's arrival_time, wall-clock seconds as vLLM stamps it);
+- decode_overflow: "oldest" (default) or "rotate" (fcfs only): which decodes run when they exceed the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stallfree.core.errors import InvalidConfig
+
+__all__ = ["StallfreeOptions", "core_kwargs", "refused_features", "refused_request_features"]
+
+_KEYS = (
+    "max_num_partial_prefills", "max_long_partial_prefills", "long_prefill_token_threshold", "aging_interval",
+    "aging_clock", "decode_overflow",
+)
+
+
+@dataclass(frozen=True)
+class StallfreeOptions:
+    """stallfree's options inside vLLM, from `additional_config["stallfree"]`.
+
+    Attributes:
+        max_num_partial_prefills: K, prompts partially prefilled at once (1: the contract).
+        max_long_partial_prefills: L, of those at most this many long; None: 1 when K > 1.
+        long_prefill_token_threshold: T in tokens; None: vLLM's flag when > 0, else 4% of max_model_len.
+        aging_interval: steps (or seconds, aging_clock "wall") per unit of priority aging; None: static.
+        aging_clock: "steps" or "wall".
+        decode_overflow: "oldest" or "rotate".
+    """
+
+    max_num_partial_prefills: int = 1
+    max_long_partial_prefills: int | None = None
+    long_prefill_token_threshold: int | None = None
+    aging_interval: float | None = None
+    aging_clock: str = "steps"
+    decode_overflow: str = "oldest"
+
+    @classmethod
+    def from_additional_config(cls, additional_config: object) -> StallfreeOptions:
+        """Read the "stallfree" object of vLLM's additional_config (a dict; absent: the defaults).
+
+        Raises:
+            InvalidConfig: "stallfree" is not an object, has a key other than the options above, or a value
+                of the wrong type or out of range; the message names the key and the value.
+        """
+        if not isinstance(additional_config, Mapping):
+            return cls()
+        raw = additional_config.get("stallfree", {})
+        if not isinstance(raw, Mapping):
+            raise InvalidConfig(f'additional_config "stallfree" must be a JSON object, got {raw!r}')
+        unknown = sorted(set(raw) - set(_KEYS))
+        if unknown:
+            raise InvalidConfig(
+                f'additional_config "stallfree" has unknown key(s) {unknown}; the options are {list(_KEYS)}'
+            )
+        clock = raw.get("aging_clock", "steps")
+        if clock not in ("steps", "wall"):
+            raise InvalidConfig(f'additional_config "stallfree".aging_clock must be "steps" or "wall", got {clock!r}')
+        for key in ("max_num_partial_prefills", "max_long_partial_prefills", "long_prefill_token_threshold"):
+            value = raw.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidConfig(f'additional_config "stallfree".{key} must be an integer, got {value!r}')
+        return cls(
+            max_num_partial_prefills=raw.get("max_num_partial_prefills", 1),
+            max_long_partial_prefills=raw.get("max_long_partial_prefills"),
+            long_prefill_token_threshold=raw.get("long_prefill_token_threshold"),
+            aging_interval=raw.get("aging_interval"),
+            aging_clock=clock,
+            decode_overflow=raw.get("decode_overflow", "oldest"),
+        )
+
+
+def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
+    """The keyword arguments of stallfree.core.Scheduler that vLLM's config and `options` give (all but the
+    KV ones, which come from vLLM's KV cache manager).
+
+    Returns:
+        token_budget, max_seqs, policy, aging_interval, clock, decode_overflow and the partial-prefill K, L, T.
+        The core validates them (InvalidConfig naming the option) when the scheduler is built.
+    """
+    sc = vllm_config.scheduler_config
+    budget = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
+    max_seqs = sc.max_num_active_seqs or sc.max_num_seqs
+    kw: dict[str, Any] = {
+        "token_budget": budget,
+        "max_seqs": max_seqs,
+        "policy": str(sc.policy),
+        "decode_overflow": options.decode_overflow,
+    }
+    if options.aging_interval is not None:
+        kw["aging_interval"] = options.aging_interval
+        if options.aging_clock == "wall":
+            clock: Callable[[], float] = time.time
+            kw["clock"] = clock
+    if options.max_num_partial_prefills != 1:
+        kw["max_num_partial_prefills"] = options.max_num_partial_prefills
+        kw["max_long_partial_prefills"] = options.max_long_partial_prefills
+        thr = options.long_prefill_token_threshold
+        if thr is None:
+            thr = sc.long_prefill_token_threshold or max(1, vllm_config.model_config.max_model_len * 4 // 100)
+        kw["long_prefill_token_threshold"] = thr
+    elif options.max_long_partial_prefills is not None or options.long_prefill_token_threshold is not None:
+        raise InvalidConfig(
+            'additional_config "stallfree": max_long_partial_prefills and long_prefill_token_threshold apply '
+            "when max_num_partial_prefills > 1; got max_num_partial_prefills = 1"
+        )
+    return kw
+
+
+def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
+    """The vLLM features in use that the adapter does not support, each named with the flag that turns it on;
+    empty when none. The scheduler refuses to build with any of them (InvalidConfig listing them all)."""
+    out = []
+    mc = vllm_config.model_config
+    sc = vllm_config.scheduler_config
+    pc = vllm_config.parallel_config
+    if vllm_config.speculative_config is not None:
+        out.append("speculative decoding (--speculative-config)")
+    if getattr(mc, "is_multimodal_model", False):
+        out.append("multimodal models (a text-only decoder model is supported)")
+    if vllm_config.lora_config is not None:
+        out.append("LoRA adapters (--enable-lora)")
+    if vllm_config.kv_transfer_config is not None:
+        out.append("KV connectors (--kv-transfer-config)")
+    if getattr(vllm_config, "ec_transfer_config", None) is not None:
+        out.append("encoder-cache connectors (--ec-transfer-config)")
+    if getattr(mc, "is_encoder_decoder", False):
+        out.append("encoder-decoder models")
+    if getattr(mc, "is_diffusion", False):
+        out.append("diffusion models")
+    elif getattr(mc, "runner_type", "generate") != "generate":
+        out.append(f"runner {getattr(mc, 'runner_type', '?')!r} (pooling; only generating models are supported)")
+    groups = kv_cache_config.kv_cache_groups
+    if getattr(kv_cache_config, "has_mamba_layers", False) or len(groups) != 1:
+        out.append(f"hybrid or Mamba models ({len(groups)} KV cache groups, one full-attention group is supported)")
+    elif type(groups[0].kv_cache_spec).__name__ not in ("FullAttentionSpec", "MLAAttentionSpec"):
+        out.append(f"KV cache spec {type(groups[0].kv_cache_spec).__name__} (sliding window or chunked attention)")
+    if pc.pipeline_parallel_size > 1:
+        out.append("pipeline parallelism (--pipeline-parallel-size > 1)")
+    if getattr(pc, "decode_context_parallel_size", 1) > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
+        out.append("context parallelism (--decode-context-parallel-size / --prefill-context-parallel-size)")
+    if getattr(sc, "prefill_schedule_interval", 1) > 1:
+        out.append("--prefill-schedule-interval > 1 (stallfree runs prefill chunks beside decodes every step)")
+    if getattr(sc, "long_prefill_token_threshold_adaptive", False):
+        out.append("--long-prefill-token-threshold-adaptive")
+    return out
+
+
+def refused_request_features(request: Any) -> list[str]:
+    """The per-request features of a vLLM Request that the adapter does not support; empty when none. Such a
+    request is finished with an error naming them, never scheduled."""
+    out = []
+    if getattr(request, "use_structured_output", False):
+        out.append("structured outputs (grammars, JSON schemas, regexes)")
+    if getattr(request, "lora_request", None) is not None:
+        out.append("LoRA adapters")
+    if getattr(request, "mm_features", None):
+        out.append("multimodal inputs")
+    if getattr(request, "pooling_params", None) is not None:
+        out.append("pooling")
+    if getattr(request, "resumable", False):
+        out.append("streaming input sessions")
+    if getattr(request, "kv_transfer_params", None):
+        out.append("KV transfer parameters")
+    return out

@@ -1,0 +1,226 @@
+"""A KV manager on the core's seam (stallfree.core.kv.KVManager) whose blocks are vLLM's: admission and growth
+are vLLM's KVCacheManager.get_computed_blocks / allocate_slots (prefix-cache hits, the watermark and
+scheduler_reserve_full_isl included), a preemption is vLLM's own preemption path.
+
+Imports allowed: the standard library, stallfree.core and vLLM 0.33 (through the objects it is handed).
+
+The core's scheduler decides who runs and who is preempted; this manager only asks vLLM's KV cache manager
+whether the blocks are there. Counts are tokens unless they say blocks. A vLLM request's
+`num_computed_tokens` is the core's "tokens in its KV" at every call (vLLM advances it when a step is
+scheduled, as the core's complete() does), so growth to `tokens` tokens is allocate_slots of
+`tokens - num_computed_tokens` new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from stallfree.core.errors import RequestRejected
+from stallfree.core.kv import NO_HIT, PrefixCacheStats, PrefixCacheView
+from stallfree.core.request import Request
+
+if TYPE_CHECKING:
+    from stallfree.core.live import LiveRequest
+
+__all__ = ["KVHost", "VLLMKV"]
+
+
+class KVHost(Protocol):
+    """What the manager needs of the vLLM scheduler it serves (the adapter's Scheduler classes)."""
+
+    requests: dict[Any, Any]
+    kv_cache_manager: Any
+    num_lookahead_tokens: int
+    scheduler_reserve_full_isl: bool
+    aux_output_connector: Any
+
+    def _stallfree_admitted(self, request: Any, num_computed_tokens: int) -> None:
+        """A waiting or preempted request was admitted with `num_computed_tokens` cached tokens."""
+
+    def _stallfree_preempted(self, request: Any) -> None:
+        """The core preempted a running request: take it through vLLM's preemption path."""
+
+
+class VLLMKV:
+    """The core's KV manager over vLLM's KVCacheManager (one full-attention KV cache group).
+
+    Args:
+        host: the vLLM scheduler whose requests and KV cache manager are used.
+        block_size: tokens per KV block (vLLM's scheduler block size).
+        num_blocks: usable KV blocks (vLLM's pool less its null block).
+
+    Phases: during the core's schedule() (`in_schedule` True) a free() is a preemption and goes through the
+    host's preemption path; any other free() (a finish the core counted, or a stop or abort that vLLM
+    detected and already freed) leaves vLLM's blocks to vLLM, which frees them when it finishes the request.
+
+    can_admit() allocates when it answers True (vLLM has no side-effect-free "would this fit" for a prefix
+    hit); the core always admits right after a True, so this changes no behaviour.
+    """
+
+    has_block_ids = True
+
+    def __init__(self, host: KVHost, block_size: int, num_blocks: int) -> None:
+        self.host = host
+        self.kvm = host.kv_cache_manager
+        self.pool = self.kvm.block_pool
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.kv_total = num_blocks * block_size
+        self.prefix_stats = PrefixCacheStats()
+        #: The running decodes by rid (each grows through allocate_slots every step, as in vLLM).
+        self.decodes: dict[Hashable, LiveRequest] = {}
+        #: New blocks per request in the step being planned (vLLM's KVCacheBlocks, summed).
+        self.new_blocks: dict[Any, Any] = {}
+        self.in_schedule = False
+        self._hit: tuple[Hashable, Any, int] | None = None
+
+    # ------------------------------------------------------------------ figures
+
+    @property
+    def kv_free(self) -> int:
+        """Free KV in tokens (vLLM's free blocks, evictable cached ones included, x block_size)."""
+        return int(self.pool.get_num_free_blocks()) * self.block_size
+
+    @property
+    def num_free_blocks(self) -> int:
+        """vLLM's free blocks (evictable cached blocks included)."""
+        return int(self.pool.get_num_free_blocks())
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks held by requests: num_blocks - free."""
+        return self.num_blocks - self.num_free_blocks
+
+    num_evictable_blocks = 0
+    num_evictions = 0
+
+    def blocks_needed(self, req: Request) -> int:
+        """The most blocks `req` ever holds: ceil((prompt_len + max_new - 1) / block_size)."""
+        return -(-(req.prompt_len + req.max_new - 1) // self.block_size)
+
+    def kv_needed_for(self, req: Request) -> int:
+        """blocks_needed(req) x block_size, tokens."""
+        return self.blocks_needed(req) * self.block_size
+
+    def check_fits(self, req: Request) -> int:
+        """Return 0 if `req`'s prompt can ever fit in vLLM's pool.
+
+        Only the prompt is checked, as vLLM admits a request whose output may outgrow the cache (vLLM's
+        engine refuses at start a cache that cannot hold max_model_len tokens, so in serving this never
+        rejects; a request that outgrows a smaller cache is preempted and waits, as under vLLM's scheduler).
+
+        Raises:
+            RequestRejected: ceil(prompt_len / block_size) > num_blocks; the message gives the numbers.
+        """
+        need = -(-req.prompt_len // self.block_size)
+        if need > self.num_blocks:
+            raise RequestRejected(
+                f"request {req.rid!r} can never fit: its prompt needs ceil(prompt_len / block_size) = "
+                f"ceil({req.prompt_len} / {self.block_size}) = {need} blocks > the {self.num_blocks} KV blocks "
+                "of vLLM's cache"
+            )
+        return 0
+
+    def cached_prefix_len(self, req: Request) -> int:
+        """0: vLLM's prefix cache is asked at admission (lookup), not for routing."""
+        return 0
+
+    # ------------------------------------------------------------------ admission
+
+    def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
+        """vLLM's get_computed_blocks for the request (capped by vLLM at num_tokens - 1); the blocks are kept
+        for can_admit, the handle is empty."""
+        request = self.host.requests[rec.rid]
+        if request.num_computed_tokens:
+            self._hit = None
+            return NO_HIT
+        aux = self.host.aux_output_connector
+        cap = aux.max_cache_hit(request) if aux is not None else None
+        blocks, num_hit, _boundary = self.kvm.get_computed_blocks(request, cap)
+        self._hit = (rec.rid, blocks, num_hit)
+        return num_hit, ()
+
+    def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int, hits: Sequence[int]) -> bool:
+        """allocate_slots for the cached prefix and a first chunk of `first_chunk` tokens, with vLLM's
+        watermark (when something runs) and scheduler_reserve_full_isl; True when vLLM gave the blocks."""
+        request = self.host.requests[rec.rid]
+        blocks, num_hit = None, 0
+        if self._hit is not None and self._hit[0] == rec.rid:
+            _, blocks, num_hit = self._hit
+        new = self.kvm.allocate_slots(
+            request,
+            first_chunk,
+            num_new_computed_tokens=num_hit,
+            new_computed_blocks=blocks,
+            num_lookahead_tokens=self.host.num_lookahead_tokens,
+            full_sequence_must_fit=self.host.scheduler_reserve_full_isl,
+            has_scheduled_reqs=num_running > 0,
+        )
+        return new is not None
+
+    def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int]) -> None:
+        """The blocks were given by can_admit: move the vLLM request to running, count the prefix lookup."""
+        request = self.host.requests[rec.rid]
+        num_hit = self._hit[2] if self._hit is not None and self._hit[0] == rec.rid else 0
+        self._hit = None
+        self.prefix_stats.count(rec, num_hit)
+        self.host._stallfree_admitted(request, num_hit)
+
+    # ------------------------------------------------------------------ growth
+
+    def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
+        """Every decode: each is grown through allocate_slots, which also caches its full blocks."""
+        return list(self.decodes.values())
+
+    def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
+        """allocate_slots for the tokens beyond vLLM's num_computed_tokens; False when vLLM has too few blocks."""
+        request = self.host.requests[rec.rid]
+        num_new = tokens - request.num_computed_tokens
+        if num_new <= 0:
+            return True
+        new = self.kvm.allocate_slots(request, num_new, num_lookahead_tokens=self.host.num_lookahead_tokens)
+        if new is None:
+            return False
+        rid = request.request_id
+        got = self.new_blocks.get(rid)
+        self.new_blocks[rid] = new if got is None else got + new
+        return True
+
+    def filled(self, rec: LiveRequest, start: int, end: int) -> None:
+        """Nothing: allocate_slots caches the full blocks of the tokens it is given."""
+
+    def moved(self, rec: LiveRequest, step: int) -> None:
+        """Nothing: vLLM's blocks follow num_computed_tokens."""
+
+    def start_decode(self, rec: LiveRequest) -> None:
+        """`rec` joins the decodes."""
+        self.decodes[rec.rid] = rec
+
+    def trim(self, rec: LiveRequest, tokens: int) -> None:
+        """Nothing (speculative decoding is refused)."""
+
+    def free(self, rec: LiveRequest, step: int, in_flight: bool) -> None:
+        """A preemption (during schedule): vLLM's preemption path frees the blocks. Otherwise vLLM frees them
+        when it finishes the request."""
+        self.decodes.pop(rec.rid, None)
+        if self.in_schedule:
+            request = self.host.requests[rec.rid]
+            self.new_blocks.pop(request.request_id, None)
+            self.host._stallfree_preempted(request)
+
+    # ------------------------------------------------------------------ reads
+
+    def block_table(self, rec: LiveRequest, tokens: int) -> tuple[int, ...]:
+        """vLLM's block ids of the request (its one KV cache group)."""
+        ids = self.kvm.get_block_ids(rec.rid)
+        return tuple(ids[0]) if ids else ()
+
+    def free_block_ids(self) -> tuple[int, ...]:
+        """The ids in vLLM's free queue (evictable cached blocks included)."""
+        queue = self.pool.free_block_queue
+        return tuple(b.block_id for b in queue.get_all_free_blocks())
+
+    def cache_view(self) -> PrefixCacheView | None:
+        """None: the prefix cache is vLLM's."""
+        return None

@@ -1,0 +1,317 @@
+"""vLLM scheduler classes whose step policy is stallfree.core.Scheduler's (docs/vllm.md).
+
+Imports allowed: the standard library, stallfree.core and vLLM 0.33.
+
+What each side does in a step:
+
+- stallfree's core plans it: decodes first (one token each, oldest admitted first, or rotated / by priority
+  when they overflow the budget), then the partial prefill(s) under the K/L/T rules, then admission in queue
+  order (FCFS, or priority with aging), spending the token budget (docs/DESIGN.md section 1).
+- vLLM keeps the blocks: every admission and growth is vLLM's KVCacheManager (get_computed_blocks for the
+  prefix-cache hit, allocate_slots for the rest) through stallfree.integrations.vllm.kv.VLLMKV, and a request
+  the core preempts goes through vLLM's own `_preempt_request`.
+- vLLM builds the SchedulerOutput (its NewRequestData, `_make_cached_request_data`, `_update_after_schedule`)
+  and handles the model's output (`update_from_output`, unchanged): a stop, an abort or an error vLLM detects
+  ends the request in the core (`_free_request`); a request reaching max_tokens ends in both.
+
+The core's complete() runs at the end of schedule(): vLLM itself counts a step's tokens as computed when it
+schedules them (`_update_after_schedule`), and both sides then agree on every request's num_computed_tokens.
+
+Source: vLLM v1's scheduler (vllm/v1/core/sched/scheduler.py, Apache-2.0), whose methods these classes call
+and whose SchedulerOutput they fill; nothing of it is copied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from vllm.outputs import RequestError
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
+from vllm.v1.core.sched.interface import PauseState
+from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
+from vllm.v1.engine import EngineCoreEventType
+from vllm.v1.request import Request as VllmRequest
+from vllm.v1.request import RequestStatus
+
+from stallfree.core.errors import InvalidConfig, RequestRejected
+from stallfree.core.plan import StepPlan
+from stallfree.core.policies import FCFSQueue, PriorityQueue
+from stallfree.core.request import Request
+from stallfree.core.scheduler import Scheduler as CoreScheduler
+from stallfree.integrations.vllm.config import (
+    StallfreeOptions,
+    core_kwargs,
+    refused_features,
+    refused_request_features,
+)
+from stallfree.integrations.vllm.kv import VLLMKV
+
+__all__ = ["Scheduler", "SyncScheduler"]
+
+logger = logging.getLogger(__name__)
+
+
+class SyncScheduler(_VllmScheduler):
+    """stallfree's step policy on vLLM's synchronous v1 Scheduler (for vLLM's own tests, and for
+    `--no-async-scheduling`); the constructor is vLLM's.
+
+    Attributes:
+        stallfree: the stallfree.core.Scheduler that plans every step (paged KV through VLLMKV; its
+            num_preemptions, step, num_waiting and num_running are the figures of the policy).
+        stallfree_options: the StallfreeOptions read from `additional_config["stallfree"]`.
+
+    Raises:
+        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (speculative
+            decoding, multimodal models, LoRA, KV or encoder-cache connectors, encoder-decoder, pooling or
+            diffusion models, hybrid or Mamba KV cache groups, sliding-window attention, pipeline or context
+            parallelism, a prefill schedule interval, the adaptive long-prefill threshold; the message names
+            each), or a stallfree option is out of range (named).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        refused = refused_features(self.vllm_config, self.kv_cache_config)
+        if refused:
+            raise InvalidConfig(
+                f"{type(self).__name__} (stallfree's vLLM scheduler) does not support: " + "; ".join(refused)
+                + ". Use vLLM's own scheduler for these (no --scheduler-cls)."
+            )
+        self.stallfree_options = StallfreeOptions.from_additional_config(self.vllm_config.additional_config)
+        kw = core_kwargs(self.vllm_config, self.stallfree_options)
+        pool = self.kv_cache_manager.block_pool
+        num_blocks = int(pool.get_num_free_blocks())
+        self._sf_kv = VLLMKV(self, self.block_size, num_blocks)
+        self.stallfree = CoreScheduler(
+            kv_tokens=num_blocks * self.block_size, kv_policy="paged", block_size=self.block_size, watermark=0.0,
+            kv_manager=self._sf_kv, **kw,
+        )
+        self._sf_admitted: list[tuple[VllmRequest, bool]] = []
+        self._sf_orphans: dict[str, VllmRequest] = {}
+        self._sf_time = 0.0
+        if not self.scheduler_config.enable_chunked_prefill:
+            logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
+
+    # ------------------------------------------------------------------ requests in and out
+
+    def add_request(self, request: VllmRequest) -> None:
+        """vLLM's add_request, and the request is queued in the core; one with a feature the adapter does not
+        support (structured outputs, LoRA, multimodal inputs, pooling, streaming input, KV transfer), or that
+        can never fit in the KV cache, is finished with an error naming why at the next update_from_output."""
+        known = request.request_id in self.requests
+        super().add_request(request)
+        if known:
+            return
+        refused = refused_request_features(request)
+        if not refused:
+            try:
+                self._sf_queue(request)
+            except RequestRejected as exc:
+                refused = [str(exc)]
+        if refused:
+            self.grammar_compile_error_reqs[request.request_id] = RequestError(
+                code="validation_error",
+                message="stallfree's vLLM scheduler does not support: " + "; ".join(refused),
+            )
+
+    def _sf_queue(self, request: VllmRequest) -> None:
+        """Queue `request` in the core: its known tokens (prompt, plus output before a preemption the core did
+        not make) are the prompt the core prefills, up to max_tokens and max_model_len in all."""
+        prompt = request.num_tokens
+        max_new = min(request.max_tokens - request.num_output_tokens, self.max_model_len - prompt)
+        self.stallfree.add(Request(
+            request.request_id, prompt, max(max_new, 1), int(request.priority), float(request.arrival_time),
+        ))
+
+    def _free_request(self, request: VllmRequest, delay_free_blocks: bool = False) -> Any:
+        """vLLM finished the request (a stop, max_tokens, an abort, an error): vLLM frees it, the core forgets it."""
+        out = super()._free_request(request, delay_free_blocks)
+        self._sf_orphans.pop(request.request_id, None)
+        self._sf_forget(request.request_id)
+        return out
+
+    def _preempt_request(self, request: VllmRequest, timestamp: float, drop_stale_output: bool = False) -> None:
+        """vLLM's preemption. One the core did not decide (vLLM's reset_prefix_cache with running requests, a
+        KV-cache release, a caller) also ends the request in the core, which queues it again, with the tokens it
+        has by then as its prompt, at the next schedule() once its in-flight output has come back."""
+        super()._preempt_request(request, timestamp, drop_stale_output)
+        if not self._sf_kv.in_schedule:
+            self._sf_forget(request.request_id)
+            self._sf_orphans[request.request_id] = request
+
+    def _sf_requeue_orphans(self) -> None:
+        for rid, request in list(self._sf_orphans.items()):
+            if request.num_stale_output_tokens:
+                continue
+            del self._sf_orphans[rid]
+            if not request.is_finished() and rid in self.requests:
+                self._sf_queue(request)
+                # In front of the never-started requests, as the core queues its own victims (and vLLM
+                # prepends a preempted request).
+                waiting = self.stallfree._waiting
+                if isinstance(waiting, FCFSQueue):
+                    obj = self.stallfree._live[rid]
+                    waiting.remove(obj)
+                    waiting.push_front([obj])
+
+    def _sf_forget(self, rid: str) -> None:
+        try:
+            self.stallfree.abort(rid)
+        except KeyError:  # finished in the core already (max_tokens), or never queued there (refused)
+            pass
+
+    # ------------------------------------------------------------------ the KV manager's callbacks
+
+    def _stallfree_admitted(self, request: VllmRequest, num_computed_tokens: int) -> None:
+        """The core admitted a waiting (or preempted) request whose blocks VLLMKV just allocated."""
+        resumed = request.status == RequestStatus.PREEMPTED
+        if request in self.kv_holding_waiting:
+            self.kv_holding_waiting.remove_request(request)
+        else:
+            self.waiting.remove_request(request)
+        self.deferred_waiting.discard(request)
+        if request.prefill_stats and request.num_preemptions <= 0:
+            request.prefill_stats.set(
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_local_cached_tokens=num_computed_tokens,
+                num_external_cached_tokens=0,
+            )
+        self.kv_cache_manager.record_prefix_cache_stats(request, num_computed_tokens)
+        self.running.append(request)
+        if self.log_stats:
+            request.record_event(EngineCoreEventType.SCHEDULED, self._sf_time)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed_tokens
+        self._sf_admitted.append((request, resumed))
+
+    def _stallfree_preempted(self, request: VllmRequest) -> None:
+        """The core preempted a running request: vLLM's preemption path (frees its blocks, resets its
+        progress, queues it in front)."""
+        self.running.remove(request)
+        self._preempt_request(request, self._sf_time, drop_stale_output=self.requires_kv_delivery)
+
+    # ------------------------------------------------------------------ the step
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """Plan one step with stallfree's core and return vLLM's SchedulerOutput for it.
+
+        Args:
+            throttle_prefills: vLLM's data-parallel prefill balancing; ignored (prefill runs every step).
+
+        Returns:
+            The SchedulerOutput of the step: new and resumed requests with their block ids, running ones with
+            their new blocks, num_scheduled_tokens in the core's batch order (decodes, then prefill chunks).
+        """
+        self.current_step += 1
+        self._sf_time = time.monotonic()
+        self.kv_cache_manager.new_step_starts()
+        kv = self._sf_kv
+        kv.new_blocks = {}
+        self._sf_admitted = []
+        if self._sf_orphans:
+            self._sf_requeue_orphans()
+        plan: StepPlan | None = None
+        core = self.stallfree
+        if self._pause_state != PauseState.PAUSED_ALL and core.has_unfinished():
+            kv.in_schedule = True
+            # PAUSED_NEW: running requests go on, nothing is admitted (vLLM admits only requests that hold KV
+            # blocks then, and none waits holding blocks without a KV connector): the core plans the step with
+            # an empty waiting queue.
+            hold = core._waiting
+            if self._pause_state == PauseState.PAUSED_NEW:
+                core._waiting = type(hold)() if isinstance(hold, FCFSQueue) else PriorityQueue(core.priority_key)
+            try:
+                plan = core.schedule()
+            finally:
+                kv.in_schedule = False
+                core._waiting = hold
+        out = self._sf_output(plan)
+        self._update_after_schedule(out)
+        if plan is not None:
+            core.complete(plan)
+        return out
+
+    def _sf_output(self, plan: StepPlan | None) -> SchedulerOutput:
+        """vLLM's SchedulerOutput for the core's plan (None: an empty step)."""
+        reqs: dict[Any, Any] = self.requests
+        kvm = self.kv_cache_manager
+        num_scheduled: dict[Any, int] = {}
+        running: list[VllmRequest] = []
+        to_new_blocks: dict[Any, Any] = {}
+        new_blocks = self._sf_kv.new_blocks
+        empty = kvm.empty_kv_cache_blocks
+        admitted = {r.request_id for r, _ in self._sf_admitted}
+        if plan is not None:
+            for rid in plan.decode_rids:
+                num_scheduled[rid] = 1
+                running.append(reqs[rid])
+                to_new_blocks[rid] = new_blocks.get(rid, empty)
+            for c in plan.prefills:
+                rid = c.rid
+                num_scheduled[rid] = c.num_tokens
+                if rid not in admitted:
+                    running.append(reqs[rid])
+                    to_new_blocks[rid] = new_blocks.get(rid, empty)
+        new_reqs = [r for r, resumed in self._sf_admitted if not resumed]
+        resumed_reqs = [r for r, resumed in self._sf_admitted if resumed]
+        for r in self._sf_admitted:
+            to_new_blocks[r[0].request_id] = kvm.get_blocks(r[0].request_id)
+        total = sum(num_scheduled.values())
+        if total > 0:
+            self.num_executed_steps += 1
+        if self.use_v2_model_runner:
+            new_reqs += resumed_reqs
+            resumed_reqs = []
+            new_data = [
+                NewRequestData.from_request(
+                    r, to_new_blocks[r.request_id].get_block_ids(), r._all_token_ids, uses_mrope=self.model_uses_mrope)
+                for r in new_reqs
+            ]
+        else:
+            new_data = [
+                NewRequestData.from_request(
+                    r, to_new_blocks[r.request_id].get_block_ids(), uses_mrope=self.model_uses_mrope)
+                for r in new_reqs
+            ]
+        cached = self._make_cached_request_data(running, resumed_reqs, num_scheduled, {}, to_new_blocks)
+        if not self.use_v2_model_runner:
+            self.prev_step_scheduled_req_ids.clear()
+            self.prev_step_scheduled_req_ids.update(num_scheduled)
+        kvm.take_boundary_state_offloads()
+        copies, retained = kvm.take_kv_cache_block_copies()
+        if copies:
+            self._free_cow_retained_blocks(retained, self.sched_step_seq + 1)
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=total,
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            preempted_req_ids=self.reset_preempted_req_ids,
+            finished_req_ids=self.finished_req_ids,
+            free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
+            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_data, {}),
+            new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
+            kv_cache_block_copies=copies or None,
+            num_spec_tokens_to_schedule=self.num_spec_tokens,
+            skip_drafts=False,
+            ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
+        )
+        if self.aux_output_connector is not None:
+            out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(out, reqs)
+        return out
+
+
+class Scheduler(SyncScheduler, _VllmAsyncScheduler):
+    """stallfree's step policy on vLLM's AsyncScheduler: `vllm serve MODEL --scheduler-cls
+    stallfree.integrations.vllm.Scheduler` (async scheduling stays on; docs/vllm.md).
+
+    Everything is SyncScheduler's; vLLM's AsyncScheduler adds its output placeholders after each step
+    (`_update_after_schedule`), so the next step is planned while this one runs.
+
+    Raises:
+        InvalidConfig: as SyncScheduler.
+    """

