@@ -30,7 +30,7 @@ from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
-from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
+from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_match, model_preset, pricing
 from stallfree.validate.runs import RunFolder, is_run_folder, read_run_folder
 
 __all__ = [
@@ -152,7 +152,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     device = gpu or run.device_name
     if not device:
         raise ValueError(f"{where}: neither meta.json nor config.json names the GPU: give --gpu")
-    gpu_name = gpu_preset(device)
+    gpu_name, gpu_note = gpu_match(device, run.device_memory_bytes)
     try:
         price = pricing(name, gpu_name, run.tp, dtype, profile, kernels, engine_version=run.vllm_version or None)
         if run.num_gpu_blocks is not None:
@@ -162,7 +162,13 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
             kv = derived_kv_tokens(price.base, mem, run.gpu_memory_utilization, run.block_size)
             kv_src = "derived (memory x utilization - weights - activation reserve)"
     except CostModelError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        hint = ""
+        if "unknown model" in str(exc):
+            hint = (f" (model {run.model!r} has no preset and no config.json here or in aiconfigurator-core: "
+                    "give --model PATH/config.json, the model's Hugging Face config)")
+        elif "unknown GPU" in str(exc):
+            hint = f" (device {device!r} matches no GPU preset: give --gpu PRESET)"
+        raise ValueError(f"{where}: {exc}{hint}") from None
     wl = Workload(run.arrivals, run.prompt_lens, run.output_lens, name=run.path.name)
     sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size)
     res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
@@ -171,8 +177,10 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     fig = figures(measured, sim)
     fig.update({
         "run": run.path.name,
-        "config": {"model": run.model, "cost_model_name": Path(name).parent.name if name.endswith(".json") else name,
-                   "gpu": gpu_name, "tp": run.tp, "dtype": dtype, "vllm_version": run.vllm_version,
+        "config": {"model": run.model, "cost_model_name": _model_label(name),
+                   "gpu": gpu_name, "gpu_device": device, "gpu_note": gpu_note,
+                   "kernels_version_note": price.version_note, "tp": run.tp, "dtype": dtype,
+                   "vllm_version": run.vllm_version,
                    "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
                    "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
                    "engine_profile": price.profile.name, "steps": res.num_steps},
@@ -180,6 +188,14 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
                         + [(sim[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")] for r in measured if r in sim],
     })
     return fig
+
+
+def _model_label(name: str) -> str:
+    """A model's name for the report: the preset, or a config's folder (ours) or file stem (the package's)."""
+    if not name.endswith(".json"):
+        return name
+    p = Path(name)
+    return p.name.removesuffix("_config.json") if p.name.endswith("_config.json") else p.parent.name
 
 
 def _runs(path: Path) -> list[Path]:
@@ -236,6 +252,10 @@ def print_runs(res: dict[str, Any]) -> None:
               f"{c['dtype']}; budget {c['max_num_batched_tokens']:,}, max_num_seqs {c['max_num_seqs']}, "
               f"KV {c['kv_tokens']:,} tokens ({c['kv_tokens_source']})")
         print(f"  steps priced by the {c['cost_model']}")
+        if c.get("gpu_note"):
+            print(f"  GPU {c['gpu_device']!r}: {c['gpu_note']}")
+        if c.get("kernels_version_note"):
+            print(f"  {c['kernels_version_note']}")
         print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}")
         for m in RUN_METRICS:
             for st in _STATS:

@@ -8,6 +8,7 @@ Imports allowed: the standard library, stallfree.core, stallfree.costmodel, stal
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -26,32 +27,22 @@ __all__ = [
     "Pricing",
     "derived_kv_tokens",
     "describe_profile",
+    "GPU_RULES",
+    "gpu_match",
     "gpu_preset",
     "model_preset",
     "pricing",
 ]
 
-#: Hugging Face model names (lower case) -> (our model name, the weights' dtype when the name fixes it).
-#: A name missing here is tried as our own model name or a config.json path.
+#: Hugging Face model names (lower case) -> (our model name, the weights' dtype when the name fixes it),
+#: for names the rules of `model_preset` do not reduce to a preset key.
 MODEL_NAMES: dict[str, tuple[str, str | None]] = {
-    "meta-llama/llama-3.1-8b": ("llama-3.1-8b", None),
-    "meta-llama/llama-3.1-8b-instruct": ("llama-3.1-8b", None),
-    "meta-llama/meta-llama-3.1-8b": ("llama-3.1-8b", None),
-    "meta-llama/meta-llama-3.1-8b-instruct": ("llama-3.1-8b", None),
     "nvidia/llama-3.1-8b-instruct-fp8": ("llama-3.1-8b", "fp8"),
-    "meta-llama/llama-3.1-70b": ("llama-3.1-70b", None),
-    "meta-llama/llama-3.1-70b-instruct": ("llama-3.1-70b", None),
-    "meta-llama/meta-llama-3.1-70b": ("llama-3.1-70b", None),
-    "meta-llama/llama-3.3-70b-instruct": ("llama-3.3-70b", None),
-    "qwen/qwen3-32b": ("qwen3-32b", None),
     "qwen/qwen3-32b-fp8": ("qwen3-32b", "fp8"),
-    "mistralai/mixtral-8x7b-v0.1": ("mixtral-8x7b", None),
-    "mistralai/mixtral-8x7b-instruct-v0.1": ("mixtral-8x7b", None),
-    "codellama/codellama-34b-hf": ("codellama-34b", None),
-    "meta-llama/llama-2-70b-hf": ("llama-2-70b", None),
 }
 
-#: GPU names as runs and benchmark rows spell them (lower case, '-' and '_' alike, spaces removed) -> our preset.
+#: GPU names as runs and benchmark rows spell them (lower case, '-' and '_' alike, spaces removed) -> our
+#: preset, for names the rules of `gpu_match` do not cover.
 GPU_NAMES: dict[str, str] = {
     "nvidiageforcertx4090": "rtx-4090",
     "rtx4090": "rtx-4090",
@@ -70,6 +61,43 @@ GPU_NAMES: dict[str, str] = {
     "nvidial40s": "l40s",
 }
 
+#: What vLLM (torch.cuda.get_device_name) and nvidia-smi print, reduced by `_gpu_key` (lower case, "nvidia"
+#: and "geforce" dropped, no spaces, '-' or '_'), matched in this order by the first pattern found in it ->
+#: (our preset, why it is only the nearest preset, or None when it is the GPU itself). Which names these
+#: products print is from memory of nvidia-smi output (flagged as such in docs/fidelity.md); the
+#: datasheet figures in the notes are NVIDIA's product pages, also from memory.
+GPU_RULES: tuple[tuple[str, str, str | None], ...] = (
+    ("h100nvl", "h100-sxm",
+     "H100 NVL (94 GB, PCIe card with NVLink bridge pairs) priced as the H100 SXM: no NVL preset; its HBM3 "
+     "bandwidth (3.9 TB/s) is nearer the SXM's (3.35) than the PCIe card's (2.0), its tensor peak lower"),
+    ("h100pcie", "h100-pcie", None),
+    ("h100", "h100-sxm", None),  # "H100 80GB HBM3" is the SXM module; "H100 SXM5 80GB" likewise
+    ("h200nvl", "h200",
+     "H200 NVL (PCIe card, 600 W) priced as the H200 SXM: same memory, lower power and tensor clocks"),
+    ("h200", "h200", None),
+    ("gb200", "gb200", None),
+    ("b200", "b200", None),
+    ("h20", "h20", None),
+    ("a100", "a100-sxm-80gb", None),  # refined by _a100_note (40 GB, PCIe)
+    ("l40s", "l40s", None),
+    ("l40", "l40", None),
+    ("l4", "l4", None),
+    ("a10g", "a10g", None),
+    ("a10", "a10g",
+     "A10 priced as the A10G: the same GA102 chip with 24 GB of GDDR6 at 600 GB/s; the A10's clocks and "
+     "power (150 W) differ from the A10G's"),
+    ("a40", "a40", None),
+    ("rtxpro6000", "rtx-pro-6000", None),
+    ("rtx4090", "rtx-4090", None),
+    ("4090", "rtx-4090", None),
+    ("mi300x", "mi300x", None),
+)
+
+#: Suffixes of a Hugging Face model name that do not change the architecture (lower case, removed in a
+#: loop from the end): chat and instruct tunes, release tags, the "-hf" of converted checkpoints.
+_MODEL_SUFFIXES = re.compile(r"(-instruct|-chat|-hf|-base|-it|-v0\.\d|-\d{4}|-fp8-dynamic|-fp8)$")
+
+
 #: GPU memory vLLM keeps off the KV cache beyond the weights, bytes per GPU: the forward pass's
 #: activations at a 2,048-token budget, CUDA graphs and memory outside torch. Source: the one run folder
 #: that gives its block count (RTX 4090, Llama-3.1-8B bf16, gpu_memory_utilization 0.9):
@@ -84,16 +112,44 @@ def _key(name: str) -> str:
     return name.lower().replace("_", "-").replace(" ", "")
 
 
+def _reduce_model_name(hf_name: str) -> tuple[str, str | None]:
+    """("meta-llama/Llama-2-70b-chat-hf" ->) ("llama-2-70b", None); ("...-FP8" ->) (..., "fp8"): the
+    organisation dropped, a "meta-" prefix dropped, the suffixes of _MODEL_SUFFIXES removed."""
+    base = hf_name.lower().rstrip("/").rsplit("/", 1)[-1].replace("_", "-")
+    base = base.removeprefix("meta-")
+    fixed = None
+    while True:
+        m = _MODEL_SUFFIXES.search(base)
+        if m is None or m.start() == 0:
+            break
+        if m.group(0).startswith("-fp8"):
+            fixed = "fp8"
+        base = base[:m.start()]
+    return base, fixed
+
+
 def model_preset(hf_name: str, dtype: str | None = None) -> tuple[str, str]:
     """Return (our model name or config path, weight dtype) for a run's model name.
 
-    The qwen3-32b preset is used when the cost model has one, else the bundled config
-    (validate/data/qwen3-32b/config.json).
+    A Hugging Face id maps by MODEL_NAMES, else by reduction onto a preset key ("Qwen/Qwen2.5-7B-Instruct"
+    -> "qwen2.5-7b", "meta-llama/Meta-Llama-3.1-70B-Instruct" -> "llama-3.1-70b", "mistralai/Mistral-7B-
+    Instruct-v0.3" -> "mistral-7b", "...-FP8" -> fp8 weights) where the reduced name is a preset (or a
+    preset's alias); otherwise the name is returned as given (a preset name or a config.json path; the
+    cost model then names what it does not know). The qwen3-32b preset is used when the cost model has
+    one, else the bundled config (validate/data/qwen3-32b/config.json).
 
     Raises:
         ValueError: a dtype we do not know (named).
     """
     name, fixed = MODEL_NAMES.get(hf_name.lower(), (hf_name, None))
+    if name == hf_name and not hf_name.endswith(".json"):
+        reduced, fixed_r = _reduce_model_name(hf_name)
+        try:
+            name, fixed = get_model(reduced).key, fixed_r
+        except CostModelError:
+            found = _config_for(hf_name, reduced)
+            if found is not None:
+                name, fixed = found, fixed_r
     if name == "qwen3-32b":
         try:
             get_model("qwen3-32b")
@@ -107,10 +163,75 @@ def model_preset(hf_name: str, dtype: str | None = None) -> tuple[str, str]:
     return name, d
 
 
+def _config_for(hf_name: str, reduced: str) -> str | None:
+    """A config.json for a model without a preset: ours (validate/data/<reduced>/config.json), else the copy
+    aiconfigurator-core bundles (model_configs/<org>--<name>_config.json, the name with or without its
+    suffixes), or None."""
+    ours = resources.files("stallfree.validate").joinpath("data", reduced, "config.json")
+    if ours.is_file():
+        return str(ours)
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        return None
+    folder = Path(aiconfigurator_core.__file__).parent / "model_configs"
+    if not folder.is_dir():
+        return None
+    wanted = {hf_name.lower().replace("/", "--"), reduced}
+    for f in sorted(folder.glob("*_config.json")):
+        stem = f.name.removesuffix("_config.json").lower()
+        if stem in wanted or stem.split("--", 1)[-1] in wanted:
+            return str(f)
+    return None
+
+
+def _gpu_key(device: str) -> str:
+    k = device.lower()
+    for word in ("nvidia", "geforce", "tesla"):
+        k = k.replace(word, "")
+    return "".join(ch for ch in k if ch.isalnum() or ch == ".")
+
+
+def gpu_match(device: str, memory_bytes: float | None = None) -> tuple[str, str | None]:
+    """Return (our GPU preset, a note) for a device name as vLLM, nvidia-smi or a benchmark row spells
+    it ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "NVIDIA L40S", "h200_sxm", "RTXPRO6000", ...).
+
+    The note is None where the preset is that GPU, else why the preset is only the nearest one (an H100
+    NVL, an A100 of 40 GB or on PCIe, an A10): the replay then takes the run's own memory size
+    (`memory_bytes`, torch's total memory) for its KV capacity, and its steps are priced as the preset's.
+    A name that matches nothing is returned as given with no note (our own preset names pass through;
+    the cost model names an unknown one).
+    """
+    if device in GPU_NAMES.values():
+        return device, None
+    table = GPU_NAMES.get(_key(device).replace("-", ""))
+    if table is not None:
+        return table, None
+    k = _gpu_key(device)
+    for pattern, preset, note in GPU_RULES:
+        if pattern in k:
+            if preset == "a100-sxm-80gb":
+                note = _a100_note(k, memory_bytes)
+            return preset, note
+    return device, None
+
+
+def _a100_note(k: str, memory_bytes: float | None) -> str | None:
+    small = "40gb" in k or (memory_bytes is not None and memory_bytes < 60e9)
+    pcie = "pcie" in k
+    if not small and not pcie:
+        return None
+    what = " and ".join(w for w, on in (("40 GB", small), ("PCIe", pcie)) if on)
+    return (f"A100 {what} priced as the A100 SXM4 80GB (the only A100 preset and tables): "
+            + ("its KV capacity uses the run's own memory; HBM2 at 1.56 TB/s against the 80 GB's 2.04 "
+               "makes its decode steps slower than priced" if small else
+               "its 80 GB PCIe card runs at 300 W with HBM2e at 1.94 TB/s")
+            + ("; its GPUs talk over PCIe, not NVLink, so all-reduces at TP > 1 are priced fast" if pcie else ""))
+
+
 def gpu_preset(device: str) -> str:
-    """Return our GPU preset for a device name ("NVIDIA GeForce RTX 4090", "RTXPRO6000", "h200_sxm", ...);
-    a name missing from GPU_NAMES is returned as given (our own preset names pass through)."""
-    return GPU_NAMES.get(_key(device).replace("-", ""), device)
+    """Return our GPU preset for a device name (gpu_match without the note)."""
+    return gpu_match(device)[0]
 
 
 def derived_kv_tokens(cost: Any, memory_bytes: float, utilization: float, block_size: int) -> int:
@@ -138,12 +259,15 @@ class Pricing:
         base: the cost model without the profile (for its KV figures).
         provenance: what priced the steps, in words.
         profile: the engine profile applied.
+        version_note: for a measured run's engine version, which tables' versions priced it and why
+            ("" when the run gives no version or today's pricing priced it).
     """
 
     cost_model: StepCostModel
     base: Any
     provenance: str
     profile: EngineProfile
+    version_note: str = ""
 
 
 def _config(model: str) -> dict[str, Any] | None:
@@ -172,16 +296,78 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     Raises:
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
-    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
-                               engine_version=engine_version)
+    asked, note = kernels, ""
+    if kernels is None and engine_version:
+        nearest, note = nearest_served_version(gpu, DEFAULT_ENGINE, engine_version)
+        if nearest is not None:
+            asked = f"{DEFAULT_ENGINE}:{nearest}"
+    try:
+        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=asked, config=_config(model),
+                                   engine_version=engine_version)
+    except CostModelError as exc:
+        if asked == kernels:
+            raise
+        note += f"; those tables cannot price it ({exc}), so the current ones do"
+        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
+                                   engine_version=engine_version)
     base = chosen.cost_model
+    if chosen.source.get("kind") == "kernels" and engine_version:
+        ar = chosen.source.get("allreduce_version")
+        if ar == "nccl":
+            ar_line = "all-reduce from NCCL's table"
+        elif ar is not None:
+            ar_line = f"all-reduce from its {ar} table (the newest at or below {engine_version})"
+        else:
+            ar_line = "all-reduce from the same tables" if tp > 1 else "no all-reduce (TP 1)"
+        note = (note or f"vLLM {engine_version}") + f"; {ar_line}"
+    else:
+        note = ""
     if profile is None:
         src = chosen.source
         profile = default_profile(src.get("engine") if src.get("kind") == "kernels" else None)
     cm: StepCostModel = base
     if not profile.is_empty:
         cm = ProfiledCostModel(base, profile)
-    return Pricing(cm, base, chosen.line.removeprefix("steps priced by ").removeprefix("the "), profile)
+    return Pricing(cm, base, chosen.line.removeprefix("steps priced by ").removeprefix("the "), profile, note)
+
+
+def nearest_served_version(gpu: str, engine: str, version: str) -> tuple[str | None, str]:
+    """For a measured run of `engine` `version` on our GPU preset `gpu`: (the literal version of the
+    package's kernel tables to price it with, or None for the `current` slot; the line that says so).
+
+    The package serves GEMM and attention tables of a few versions per system (its version slots:
+    `current`, sometimes `next`); a run of another version is priced by the served version nearest to
+    it (by release number; `current` on a tie), and the line names both. None and "" when the GPU has
+    no tables or the package is missing (today's pricing, which the header names).
+    """
+    from stallfree.costmodel.kernel_maps import SYSTEMS
+
+    system = SYSTEMS.get(gpu)
+    if system is None or not re.search(r"\d", version):
+        return None, ""
+    try:
+        from aiconfigurator_core.sdk import perf_database
+
+        slots = dict(perf_database.get_version_slots(system, engine) or {})
+    except Exception:  # noqa: BLE001 - the package missing or its index unreadable: no choice to make
+        return None, ""
+    if not slots:
+        return None, ""
+
+    def num(v: str) -> float:
+        parts = [int(n) for n in re.findall(r"\d+", v)[:3]] + [0, 0, 0]
+        return parts[0] * 1e6 + parts[1] * 1e3 + parts[2]
+
+    current = str(slots.get("current", next(iter(slots.values()))))
+    served = sorted({str(v) for v in slots.values()}, key=num)
+    best = min(served, key=lambda v: (abs(num(v) - num(version)), v != current))
+    listed = ", ".join(f"{k} {v}" for k, v in slots.items())
+    if best == version:
+        line = f"vLLM {version}: kernel tables of that version"
+    else:
+        line = (f"vLLM {version}: no {engine} {version} kernel tables on {system} (served: {listed}); GEMM "
+                f"and attention from {best}, the nearest")
+    return (None if best == current else best), line
 
 
 def describe_profile(profile: EngineProfile | None) -> str:
