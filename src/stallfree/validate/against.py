@@ -26,7 +26,9 @@ from typing import Any
 
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
+from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.engine_profile import EngineProfile
+from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
@@ -142,12 +144,12 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0.01.
 
     Raises:
-        ValueError: a run we cannot replay (data parallel > 1, an unknown model or GPU), named.
+        ValueError: a run we cannot replay (an unknown model or GPU), named.
+
+    A run with data_parallel_size > 1 is replayed as that many replicas, each with the folder's KV and
+    scheduler limits, behind VllmDPRouter (vLLM's front-end load balancing).
     """
     where = str(run.path)
-    if run.dp > 1:
-        raise ValueError(f"{where}: data_parallel_size {run.dp} (two or more engines behind one front end) "
-                         "is not replayed: one replica per run")
     name, dtype = model_preset(run.model, run.dtype) if model is None else model_preset(model, run.dtype)
     device = gpu or run.device_name
     if not device:
@@ -171,7 +173,18 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
         raise ValueError(f"{where}: {exc}{hint}") from None
     wl = Workload(run.arrivals, run.prompt_lens, run.output_lens, name=run.path.name)
     sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size)
-    res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
+    dp_note = None
+    if run.dp > 1:
+        # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind
+        # one front end that routes each request by its load balancing (VllmDPRouter).
+        cres = simulate_cluster(wl, sched, price.cost_model, run.dp, VllmDPRouter(), max_model_len=run.max_model_len)
+        res = cres.merged
+        dp_note = (f"{run.dp} data-parallel replicas behind vLLM's load balancing (4 x waiting + running); each "
+                   "replica priced as the whole model on its own TP group"
+                   + (" (its experts not split across the replicas: the expert-parallel all-to-all and the "
+                      "ranks' lock-step are not priced)" if run.expert_parallel else ""))
+    else:
+        res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
     sim = latencies(res.timelines())
     measured: dict[Hashable, Latencies] = dict(enumerate(run.measured))
     fig = figures(measured, sim)
@@ -179,7 +192,8 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
         "run": run.path.name,
         "config": {"model": run.model, "cost_model_name": _model_label(name),
                    "gpu": gpu_name, "gpu_device": device, "gpu_note": gpu_note,
-                   "kernels_version_note": price.version_note, "tp": run.tp, "dtype": dtype,
+                   "kernels_version_note": price.version_note, "tp": run.tp, "dp": run.dp, "dp_note": dp_note,
+                   "dtype": dtype,
                    "vllm_version": run.vllm_version,
                    "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
                    "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
@@ -254,6 +268,8 @@ def print_runs(res: dict[str, Any]) -> None:
         print(f"  steps priced by the {c['cost_model']}")
         if c.get("gpu_note"):
             print(f"  GPU {c['gpu_device']!r}: {c['gpu_note']}")
+        if c.get("dp_note"):
+            print(f"  {c['dp_note']}")
         if c.get("kernels_version_note"):
             print(f"  {c['kernels_version_note']}")
         print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}")
