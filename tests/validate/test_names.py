@@ -141,3 +141,35 @@ def test_nearest_served_version():
     v, line = nearest_served_version("h100-sxm", "vllm", "0.30.1")
     assert v == "0.27.0"
     assert nearest_served_version("rtx-4090", "vllm", "0.19.0") == (None, "")
+
+
+def test_async_scheduling_lag_by_hand():
+    """Steps [0, 1), [1, 3), [3, 4) s. Request 0 arrives at 0 and starts step 0: the engine was idle, no lag.
+    Request 1 arrives at 0.5, is admitted in step 1 (start 1 > 0.5): vLLM's asynchronous scheduler had
+    already planned step 1 without it, so it joins one step later: + the 1 s of step 0."""
+    from types import SimpleNamespace
+
+    from stallfree.validate.against import _with_async_lag
+    from stallfree.validate.compare import Latencies
+
+    res = SimpleNamespace(admit_step=[0, 1], step_start=[0.0, 1.0, 3.0], step_end=[1.0, 3.0, 4.0], arrival=[0.0, 0.5])
+    sim = {0: Latencies(1.0, 1.0, 3.0, 1.0, ()), 1: Latencies(2.5, 1.0, 3.5, 1.0, ())}
+    out = _with_async_lag(sim, res)  # type: ignore[arg-type]
+    assert (out[0].ttft, out[0].e2e) == (1.0, 3.0)
+    assert (out[1].ttft, out[1].e2e, out[1].tpot) == pytest.approx((3.5, 4.5, 1.0))
+
+
+def test_async_scheduling_taken_from_config_else_version(tmp_path):
+    """The resolved configuration decides where meta.json has one; else the version's default."""
+    from stallfree.validate.against import async_lag
+
+    folder = _run(tmp_path / "a", "meta-llama/Llama-3.1-8B", "NVIDIA H100 80GB HBM3", 85_028_896_768)
+    assert async_lag(read_run_folder(folder))[0] is True  # 0.19.0
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["resolved_config"] = {"scheduler_config": {"async_scheduling": False}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert async_lag(read_run_folder(folder)) == (False, "resolved_config.scheduler_config.async_scheduling = False")
+    del meta["resolved_config"]
+    meta["vllm_version"] = "0.10.2"
+    (folder / "meta.json").write_text(json.dumps(meta))
+    assert async_lag(read_run_folder(folder))[0] is False

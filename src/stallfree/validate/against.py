@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +187,10 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
                       "ranks' lock-step are not priced)" if run.expert_parallel else ""))
     else:
         res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
+    lagged, lag_why = async_lag(run)
     sim = latencies(res.timelines())
+    if lagged:
+        sim = _with_async_lag(sim, res)
     measured: dict[Hashable, Latencies] = dict(enumerate(run.measured))
     fig = figures(measured, sim)
     fig.update({
@@ -197,11 +202,54 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
                    "vllm_version": run.vllm_version,
                    "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
                    "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
-                   "engine_profile": price.profile.name, "steps": res.num_steps},
+                   "engine_profile": price.profile.name, "steps": res.num_steps,
+                   "async_scheduling_lag": lagged, "async_scheduling_why": lag_why},
         "per_request": [[(measured[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")]
                         + [(sim[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")] for r in measured if r in sim],
     })
     return fig
+
+
+#: The first vLLM release taken to schedule asynchronously by default (vLLM pull request 27614, "Enable
+#: async scheduling by default", opened 2025-10-27; that 0.12.0 is the first release holding it is our
+#: reading of the release dates, from memory, not checked against the release notes).
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 12, 0)
+
+
+def async_lag(run: RunFolder) -> tuple[bool, str]:
+    """Whether the run's engine scheduled asynchronously (so a request joins the batch one step later
+    than a synchronous scheduler would take it), and why we think so: its resolved configuration's
+    scheduler_config.async_scheduling where meta.json has one, else its vLLM version against
+    ASYNC_SCHEDULING_DEFAULT_SINCE (the default of that version)."""
+    if run.async_scheduling is not None:
+        return run.async_scheduling, f"resolved_config.scheduler_config.async_scheduling = {run.async_scheduling}"
+    nums = tuple(int(n) for n in re.findall(r"\d+", run.vllm_version)[:3])
+    if not nums:
+        return False, "no vLLM version given: taken as synchronous scheduling"
+    on = nums >= ASYNC_SCHEDULING_DEFAULT_SINCE
+    since = ".".join(map(str, ASYNC_SCHEDULING_DEFAULT_SINCE))
+    return on, f"vLLM {run.vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
+
+
+def _with_async_lag(sim: dict[Hashable, Latencies], res: Any) -> dict[Hashable, Latencies]:
+    """Each request's first and later tokens one engine step later where the engine was busy at its
+    arrival or admission (vLLM's asynchronous scheduling: the scheduler has already planned the step
+    after the running one when the request arrives, or when a finished request frees its slot, so the
+    request joins the step after that). The step added is the one running when the simulated request
+    was taken in (the step before its admission step): a sample of the engine's step time without it.
+    A request that found the engine idle starts a step at its arrival and waits no extra step. TPOT is
+    unchanged (one token per step either way)."""
+    out = dict(sim)
+    for rid, lat in sim.items():
+        i = int(rid)  # type: ignore[call-overload]
+        a = res.admit_step[i]
+        if a <= 0 or lat.ttft is None:
+            continue
+        if res.step_start[a] <= res.arrival[i] + 1e-9:
+            continue  # the engine was idle when it arrived: scheduled at once
+        lag = res.step_end[a - 1] - res.step_start[a - 1]
+        out[rid] = replace(lat, ttft=lat.ttft + lag, e2e=None if lat.e2e is None else lat.e2e + lag)
+    return out
 
 
 def _model_label(name: str) -> str:
@@ -268,6 +316,9 @@ def print_runs(res: dict[str, Any]) -> None:
         print(f"  steps priced by the {c['cost_model']}")
         if c.get("gpu_note"):
             print(f"  GPU {c['gpu_device']!r}: {c['gpu_note']}")
+        if c.get("async_scheduling_lag"):
+            print(f"  asynchronous scheduling ({c['async_scheduling_why']}): a request admitted while the engine "
+                  "runs joins the batch one step later (one step added to its TTFT and E2E)")
         if c.get("dp_note"):
             print(f"  {c['dp_note']}")
         if c.get("kernels_version_note"):

@@ -49,6 +49,8 @@ class RunFolder:
         measured: per request (index in arrival order), the measured latencies (no ITL gaps: the files
             give the first and last token times only).
         request_ids: per request, its request_id (or its line number).
+        async_scheduling: resolved_config.scheduler_config.async_scheduling, or None when meta.json has
+            no resolved configuration.
     """
 
     path: Path
@@ -72,6 +74,7 @@ class RunFolder:
     output_lens: tuple[int, ...]
     measured: tuple[Latencies, ...]
     request_ids: tuple[str, ...]
+    async_scheduling: bool | None = None
 
 
 def is_run_folder(path: Path) -> bool:
@@ -178,6 +181,9 @@ def read_run_folder(path: str | Path) -> RunFolder:
                   itl_mean=(last - first) / (olen - 1) if olen > 1 else None, itls=())
         for q, _rid, _p, olen, first, last in rows
     )
+    resolved = meta.get("resolved_config")
+    sched_cfg = resolved.get("scheduler_config") if isinstance(resolved, dict) else None
+    async_sched = sched_cfg.get("async_scheduling") if isinstance(sched_cfg, dict) else None
     return RunFolder(
         path=folder,
         model=model,
@@ -201,4 +207,5 @@ def read_run_folder(path: str | Path) -> RunFolder:
         output_lens=tuple(r[3] for r in rows),
         measured=measured,
         request_ids=tuple(r[1] for r in rows),
+        async_scheduling=async_sched if isinstance(async_sched, bool) else None,
     )
