@@ -173,3 +173,15 @@ def test_async_scheduling_taken_from_config_else_version(tmp_path):
     meta["vllm_version"] = "0.10.2"
     (folder / "meta.json").write_text(json.dumps(meta))
     assert async_lag(read_run_folder(folder))[0] is False
+
+
+def test_simulate_takes_hugging_face_and_device_names(capsys):
+    """`simulate --model <HF id> --gpu <nvidia-smi name>` prices the presets and says how it read them."""
+    from stallfree.cli import main
+
+    rc = main(["simulate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "NVIDIA H100 80GB HBM3",
+               "--tp", "1", "--kernels", "none", "--num-requests", "4"])
+    out = capsys.readouterr().out
+    assert rc in (0, None)
+    assert "model meta-llama/Llama-3.1-8B-Instruct as llama-3.1-8b" in out
+    assert "GPU NVIDIA H100 80GB HBM3 as h100-sxm" in out
