@@ -185,3 +185,20 @@ def test_simulate_takes_hugging_face_and_device_names(capsys):
     assert rc in (0, None)
     assert "model meta-llama/Llama-3.1-8B-Instruct as llama-3.1-8b" in out
     assert "GPU NVIDIA H100 80GB HBM3 as h100-sxm" in out
+
+
+def test_fp8_kv_cache_doubles_the_derived_kv(tmp_path):
+    """engine_kwargs.kv_cache_dtype fp8 prices 1-byte KV: the derived capacity is twice bf16's (within a
+    block); an unknown value skips the run naming it."""
+    base = _run(tmp_path / "a", "meta-llama/Llama-3.1-8B", "NVIDIA H100 80GB HBM3", 85_028_896_768, blocks=None)
+    fp8 = _run(tmp_path / "b", "meta-llama/Llama-3.1-8B", "NVIDIA H100 80GB HBM3", 85_028_896_768, blocks=None)
+    meta = json.loads((fp8 / "meta.json").read_text())
+    meta["engine_kwargs"]["kv_cache_dtype"] = "fp8_e4m3"
+    (fp8 / "meta.json").write_text(json.dumps(meta))
+    a = replay_run(read_run_folder(base), EngineProfile("none"))["config"]["kv_tokens"]
+    b = replay_run(read_run_folder(fp8), EngineProfile("none"))["config"]["kv_tokens"]
+    assert abs(b - 2 * a) <= 16
+    meta["engine_kwargs"]["kv_cache_dtype"] = "int3"
+    (fp8 / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"kv_cache_dtype 'int3'"):
+        replay_run(read_run_folder(fp8), EngineProfile("none"))

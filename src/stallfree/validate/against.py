@@ -34,7 +34,14 @@ from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
-from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_match, model_preset, pricing
+from stallfree.validate.hardware import (
+    derived_kv_tokens,
+    describe_profile,
+    gpu_match,
+    kv_dtype_of,
+    model_preset,
+    pricing,
+)
 from stallfree.validate.runs import RunFolder, is_run_folder, read_run_folder
 
 __all__ = [
@@ -158,7 +165,8 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
         raise ValueError(f"{where}: neither meta.json nor config.json names the GPU: give --gpu")
     gpu_name, gpu_note = gpu_match(device, run.device_memory_bytes)
     try:
-        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels, engine_version=run.vllm_version or None)
+        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels, engine_version=run.vllm_version or None,
+                        kv_dtype=kv_dtype_of(run.kv_cache_dtype))
         if run.num_gpu_blocks is not None:
             kv, kv_src = run.num_gpu_blocks * run.block_size, "num_gpu_blocks of meta.json"
         else:
@@ -198,7 +206,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
         "config": {"model": run.model, "cost_model_name": _model_label(name),
                    "gpu": gpu_name, "gpu_device": device, "gpu_note": gpu_note,
                    "kernels_version_note": price.version_note, "tp": run.tp, "dp": run.dp, "dp_note": dp_note,
-                   "dtype": dtype,
+                   "dtype": dtype, "kv_cache_dtype": run.kv_cache_dtype,
                    "vllm_version": run.vllm_version,
                    "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
                    "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
@@ -310,8 +318,9 @@ def print_runs(res: dict[str, Any]) -> None:
     print(res["engine_profile"])
     for r in res["runs"]:
         c = r["config"]
+        kv_note = "" if c.get("kv_cache_dtype", "auto") == "auto" else f", KV {c['kv_cache_dtype']}"
         print(f"\n{r['run']}: {r['requests']} requests; {c['cost_model_name']} on {c['tp']} x {c['gpu']} "
-              f"{c['dtype']}; budget {c['max_num_batched_tokens']:,}, max_num_seqs {c['max_num_seqs']}, "
+              f"{c['dtype']}{kv_note}; budget {c['max_num_batched_tokens']:,}, max_num_seqs {c['max_num_seqs']}, "
               f"KV {c['kv_tokens']:,} tokens ({c['kv_tokens_source']})")
         print(f"  steps priced by the {c['cost_model']}")
         if c.get("gpu_note"):

@@ -31,7 +31,9 @@ __all__ = [
     "GPU_RULES",
     "gpu_match",
     "gpu_preset",
+    "kv_dtype_of",
     "model_preset",
+    "nearest_served_version",
     "pricing",
 ]
 
@@ -108,6 +110,24 @@ def _config_for(hf_name: str, reduced: str) -> str | None:
     return None
 
 
+def kv_dtype_of(kv_cache_dtype: str) -> str | None:
+    """Our KV dtype for vLLM's --kv-cache-dtype ("auto" -> None: the weights'; "fp8", "fp8_e4m3",
+    "fp8_e5m2" -> "fp8"; "bfloat16", "half", ... as the weights' dtypes).
+
+    Raises:
+        ValueError: a value we do not know (named).
+    """
+    k = kv_cache_dtype.lower()
+    if k == "auto":
+        return None
+    if k.startswith("fp8"):
+        return "fp8"
+    d = _DTYPES.get(k)
+    if d is None:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: not auto, fp8* or one of {', '.join(sorted(_DTYPES))}")
+    return d
+
+
 def gpu_preset(device: str) -> str:
     """Return our GPU preset for a device name (gpu_match without the note)."""
     return gpu_match(device)[0]
@@ -160,7 +180,8 @@ def _config(model: str) -> dict[str, Any] | None:
 
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
-            kernels: str | None = "none", engine_version: str | None = None) -> Pricing:
+            kernels: str | None = "none", engine_version: str | None = None,
+            kv_dtype: str | None = None) -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
     kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
@@ -171,6 +192,7 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
     engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
     from the package's table of that version where the system has one (choose_cost_model).
+    kv_dtype: the KV cache's dtype, or None for the weights' (choose_cost_model's kv_dtype).
 
     Raises:
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
@@ -181,13 +203,14 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
         if nearest is not None:
             asked = f"{DEFAULT_ENGINE}:{nearest}"
     try:
-        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=asked, config=_config(model),
-                                   engine_version=engine_version)
+        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, kernels=asked,
+                                   config=_config(model), engine_version=engine_version)
     except CostModelError as exc:
         if asked == kernels:
             raise
         note += f"; those tables cannot price it ({exc}), so the current ones do"
-        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
+        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, kernels=kernels,
+                                   config=_config(model),
                                    engine_version=engine_version)
     base = chosen.cost_model
     if chosen.source.get("kind") == "kernels" and engine_version:

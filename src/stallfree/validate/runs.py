@@ -40,6 +40,8 @@ class RunFolder:
         max_num_seqs, max_num_batched_tokens: the scheduler's limits (vLLM's defaults 256 and 2,048 when
             not given); max_model_len: tokens or None.
         dtype: the weights' dtype as meta.json spells it ("bfloat16", ...).
+        kv_cache_dtype: engine_kwargs.kv_cache_dtype as spelt there ("auto": the weights' dtype; "fp8",
+            "fp8_e4m3", "fp8_e5m2": 8-bit KV).
         block_size: KV block, tokens (16 when not given); num_gpu_blocks: KV blocks or None when not given;
         gpu_memory_utilization: fraction (0.9 when not given); prefix_caching: enable_prefix_caching.
         device_name: the GPU's name (meta.json hardware, else config.json), or "" when neither says.
@@ -75,6 +77,7 @@ class RunFolder:
     measured: tuple[Latencies, ...]
     request_ids: tuple[str, ...]
     async_scheduling: bool | None = None
+    kv_cache_dtype: str = "auto"
 
 
 def is_run_folder(path: Path) -> bool:
@@ -208,4 +211,5 @@ def read_run_folder(path: str | Path) -> RunFolder:
         measured=measured,
         request_ids=tuple(r[1] for r in rows),
         async_scheduling=async_sched if isinstance(async_sched, bool) else None,
+        kv_cache_dtype=str(kw.get("kv_cache_dtype") or "auto"),
     )
