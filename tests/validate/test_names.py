@@ -202,3 +202,18 @@ def test_fp8_kv_cache_doubles_the_derived_kv(tmp_path):
     (fp8 / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"kv_cache_dtype 'int3'"):
         replay_run(read_run_folder(fp8), EngineProfile("none"))
+
+
+def test_resolved_config_fills_what_engine_kwargs_leave_out(tmp_path):
+    """A field the engine arguments omit comes from vLLM's resolved configuration, not our default."""
+    folder = _run(tmp_path, "meta-llama/Llama-3.1-8B", "NVIDIA L40S", 47_697_362_944, blocks=None)
+    meta = json.loads((folder / "meta.json").read_text())
+    for k in ("max_num_batched_tokens", "max_num_seqs", "tensor_parallel_size"):
+        meta["engine_kwargs"].pop(k)
+    meta["resolved_config"] = {"scheduler_config": {"max_num_batched_tokens": 8192, "max_num_seqs": 64},
+                               "parallel_config": {"tensor_parallel_size": 2},
+                               "cache_config": {"num_gpu_blocks": 500, "cache_dtype": "fp8"}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    run = read_run_folder(folder)
+    assert (run.max_num_batched_tokens, run.max_num_seqs, run.tp, run.num_gpu_blocks) == (8192, 64, 2, 500)
+    assert run.kv_cache_dtype == "fp8"  # cache_config.cache_dtype, engine_kwargs giving none
