@@ -81,6 +81,25 @@ def test_round_robin_and_least_outstanding_on_stand_ins():
 def test_make_router_names() -> None:
     """make_router builds each name of ROUTERS and refuses another, naming it."""
     assert [type(make_router(n)).__name__ for n in ROUTERS] == [
-        "RoundRobinRouter", "LeastOutstandingRouter", "LeastKVRouter", "PrefixAffinityRouter", "RandomRouter"]
+        "RoundRobinRouter", "LeastOutstandingRouter", "LeastKVRouter", "PrefixAffinityRouter", "RandomRouter",
+        "VllmDPRouter"]
     with pytest.raises(ClusterError, match="unknown router 'fastest'"):
         make_router("fastest")
+
+
+def test_vllm_dp_router_by_hand() -> None:
+    """vLLM's front end: the least 4 x waiting + running, ties to the lowest index."""
+    from stallfree.sim.routers import VllmDPRouter, make_router
+
+    @dataclass
+    class Rep:
+        num_waiting: int
+        num_outstanding: int
+
+    r = VllmDPRouter()
+    req = Request(rid=0, prompt_len=8, max_new=2)
+    assert r.route(req, [Rep(0, 0), Rep(0, 0)]) == 0  # type: ignore[list-item]
+    assert r.route(req, [Rep(1, 1), Rep(0, 3)]) == 1  # type: ignore[list-item]  # 4 against 3
+    assert r.route(req, [Rep(1, 1), Rep(0, 4)]) == 0  # type: ignore[list-item]  # 4 against 4: the lower
+    assert r.route(req, [Rep(0, 5), Rep(1, 1)]) == 1  # type: ignore[list-item]  # 5 against 4
+    assert isinstance(make_router("vllm-dp"), VllmDPRouter)

@@ -133,16 +133,28 @@ def test_replay_run_structure():
 
 
 def test_folder_of_runs_skips_with_reason(tmp_path):
-    """A folder of runs replays each; a data-parallel run is skipped with the reason."""
+    """A folder of runs replays each; a run on a GPU with no preset is skipped with the reason."""
     shutil.copytree(RUN, tmp_path / "a")
     shutil.copytree(RUN, tmp_path / "b")
     meta = json.loads((tmp_path / "b" / "meta.json").read_text())
-    meta["engine_kwargs"]["data_parallel_size"] = 2
+    meta["hardware"]["device_name"] = "Tesla T4"
     (tmp_path / "b" / "meta.json").write_text(json.dumps(meta))
     assert detect(str(tmp_path)) == "runs"
     res = validate_runs(tmp_path, EngineProfile("none"))
     assert [r["run"] for r in res["runs"]] == ["a"]
-    assert res["skipped"][0]["run"] == "b" and "data_parallel_size 2" in res["skipped"][0]["reason"]
+    assert res["skipped"][0]["run"] == "b" and "Tesla T4" in res["skipped"][0]["reason"]
+
+
+def test_data_parallel_run_replays_as_replicas(tmp_path):
+    """data_parallel_size 2: two replicas behind vLLM's router; the three requests (0, 0.1, 0.2 s) go to
+    replicas 0, 1 and then 0 again (scores 0 / 0, then 4 x 1 waiting or 1 running on each: the lowest index)."""
+    shutil.copytree(RUN, tmp_path / "dp")
+    meta = json.loads((tmp_path / "dp" / "meta.json").read_text())
+    meta["engine_kwargs"]["data_parallel_size"] = 2
+    (tmp_path / "dp" / "meta.json").write_text(json.dumps(meta))
+    res = replay_run(read_run_folder(tmp_path / "dp"), EngineProfile("none"))
+    assert res["requests"] == 3 and res["config"]["dp"] == 2
+    assert "2 data-parallel replicas" in res["config"]["dp_note"]
 
 
 def test_silicon_rows_by_hand():

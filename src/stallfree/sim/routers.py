@@ -31,6 +31,7 @@ __all__ = [
     "RandomRouter",
     "RoundRobinRouter",
     "Router",
+    "VllmDPRouter",
     "make_router",
 ]
 
@@ -71,6 +72,27 @@ class LeastOutstandingRouter:
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
         """Return the least loaded replica."""
         return min(range(len(replicas)), key=lambda k: (replicas[k].num_outstanding, k))
+
+
+@dataclass(slots=True)
+class VllmDPRouter:
+    """vLLM's data-parallel load balancing in its front end: the replica with the least
+    4 x waiting + running requests; ties go to the lowest index (vLLM starts its scan at the API
+    server's index, 0 with one server). Source: vllm/v1/engine/core_client.py,
+    DPLBAsyncMPClient.get_core_engine_for_request (Apache-2.0). vLLM reads the counts from the
+    engines' stats, published about every 100 ms, and adds each request it routes to the chosen
+    engine's waiting count meanwhile; here the counts are exact at the arrival, and the requests
+    routed to a replica since its last step count as waiting (the same local increment)."""
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the replica with the least 4 x waiting + running."""
+
+        def score(k: int) -> int:
+            r = replicas[k]
+            waiting = r.num_waiting
+            return 4 * waiting + max(r.num_outstanding - waiting, 0)
+
+        return min(range(len(replicas)), key=lambda k: (score(k), k))
 
 
 @dataclass(slots=True)
@@ -158,7 +180,7 @@ class RandomRouter:
 
 
 #: Router names for the command line.
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random")
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp")
 
 
 def make_router(
@@ -189,4 +211,6 @@ def make_router(
         return PrefixAffinityRouter(threshold, load_factor, load_margin)
     if name == "random":
         return RandomRouter(seed)
+    if name == "vllm-dp":
+        return VllmDPRouter()
     raise ClusterError(f"unknown router {name!r} (choose from {', '.join(ROUTERS)})")

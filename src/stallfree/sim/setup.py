@@ -305,12 +305,13 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
     """
     if opts.linear_cost and opts.kernels not in (None, "none"):
         raise SetupError(f"--linear-cost and --kernels {opts.kernels} are exclusive (both price the steps)", usage=True)
+    model, gpu, named = _preset_names(opts)
     try:
         # A linear cost replaces the pricing; the KV capacity still comes from today's cost model.
         kernels = "none" if opts.linear_cost else opts.kernels
         chosen = choose_cost_model(
-            opts.model, opts.gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype, kernels=kernels,
-            config=_user_config(opts.model), ep=opts.ep, dp_attention=opts.dp_attention,
+            model, gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype, kernels=kernels,
+            config=_user_config(model), ep=opts.ep, dp_attention=opts.dp_attention,
         )
         real = chosen.cost_model
         kv = opts.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=opts.gpu_memory_utilization)
@@ -319,6 +320,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         # each is an option's value (exit 2, as `stallfree budget` answers the same values).
         raise SetupError(str(exc), usage=True) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
+    hw += "".join(f" ({n})" for n in named)
     if opts.ep > 1 or opts.dp_attention > 1:
         hw += f", ep {opts.ep}, dp-attention {opts.dp_attention} ({opts.tp * opts.dp_attention} GPUs)"
     hw += f"; {chosen.line}"
@@ -367,6 +369,23 @@ def _with_profile(
     return ProfiledCostModel(cost, prof), f"{hw}; {note}", record
 
 
+def _preset_names(opts: HardwareOptions) -> tuple[str, str, list[str]]:
+    """The options' model and GPU as our presets (stallfree.costmodel.names: a Hugging Face id such as
+    meta-llama/Llama-3.1-8B-Instruct, a device name such as "NVIDIA H100 80GB HBM3"), and a note for each
+    name that was mapped ("model meta-llama/... as llama-3.1-8b", with the GPU's nearest-preset note)."""
+    from stallfree.costmodel.names import gpu_match, resolve_model
+
+    model, _ = resolve_model(str(opts.model))
+    gpu, gpu_note = gpu_match(str(opts.gpu))
+    named = []
+    if model != opts.model:
+        shown = Path(model).parent.name if model.endswith(".json") else model
+        named.append(f"model {opts.model} as {shown}")
+    if gpu != opts.gpu:
+        named.append(f"GPU {opts.gpu} as {gpu}" + (f": {gpu_note}" if gpu_note else ""))
+    return model, gpu, named
+
+
 def _user_config(model: str) -> dict[str, Any] | None:
     """The user's config.json (a Hugging Face config) to hand to the kernel tables, or None for a
     preset (or a file in our own format, which the tables get written from the ModelSpec)."""
@@ -395,7 +414,7 @@ def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
             raise SetupError(f"--max-model-len must be >= 1 token, got {opts.max_model_len!r}", usage=True)
         return opts.max_model_len, "--max-model-len"
     try:
-        spec = get_model(opts.model)
+        spec = get_model(_preset_names(opts)[0])
     except CostModelError as exc:
         raise SetupError(str(exc), usage=True) from None  # an unknown model name, as build_priced's
     return spec.context_length, spec.context_length_source

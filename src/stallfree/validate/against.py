@@ -20,17 +20,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
+from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.engine_profile import EngineProfile
+from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
-from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
+from stallfree.validate.hardware import (
+    derived_kv_tokens,
+    describe_profile,
+    gpu_match,
+    kv_dtype_of,
+    model_preset,
+    pricing,
+)
 from stallfree.validate.runs import RunFolder, is_run_folder, read_run_folder
 
 __all__ = [
@@ -142,19 +153,20 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0.01.
 
     Raises:
-        ValueError: a run we cannot replay (data parallel > 1, an unknown model or GPU), named.
+        ValueError: a run we cannot replay (an unknown model or GPU), named.
+
+    A run with data_parallel_size > 1 is replayed as that many replicas, each with the folder's KV and
+    scheduler limits, behind VllmDPRouter (vLLM's front-end load balancing).
     """
     where = str(run.path)
-    if run.dp > 1:
-        raise ValueError(f"{where}: data_parallel_size {run.dp} (two or more engines behind one front end) "
-                         "is not replayed: one replica per run")
     name, dtype = model_preset(run.model, run.dtype) if model is None else model_preset(model, run.dtype)
     device = gpu or run.device_name
     if not device:
         raise ValueError(f"{where}: neither meta.json nor config.json names the GPU: give --gpu")
-    gpu_name = gpu_preset(device)
+    gpu_name, gpu_note = gpu_match(device, run.device_memory_bytes)
     try:
-        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels, engine_version=run.vllm_version or None)
+        price = pricing(name, gpu_name, run.tp, dtype, profile, kernels, engine_version=run.vllm_version or None,
+                        kv_dtype=kv_dtype_of(run.kv_cache_dtype))
         if run.num_gpu_blocks is not None:
             kv, kv_src = run.num_gpu_blocks * run.block_size, "num_gpu_blocks of meta.json"
         else:
@@ -162,24 +174,98 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
             kv = derived_kv_tokens(price.base, mem, run.gpu_memory_utilization, run.block_size)
             kv_src = "derived (memory x utilization - weights - activation reserve)"
     except CostModelError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        hint = ""
+        if "unknown model" in str(exc):
+            hint = (f" (model {run.model!r} has no preset and no config.json here or in aiconfigurator-core: "
+                    "give --model PATH/config.json, the model's Hugging Face config)")
+        elif "unknown GPU" in str(exc):
+            hint = f" (device {device!r} matches no GPU preset: give --gpu PRESET)"
+        raise ValueError(f"{where}: {exc}{hint}") from None
     wl = Workload(run.arrivals, run.prompt_lens, run.output_lens, name=run.path.name)
     sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size)
-    res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
+    dp_note = None
+    if run.dp > 1:
+        # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind
+        # one front end that routes each request by its load balancing (VllmDPRouter).
+        cres = simulate_cluster(wl, sched, price.cost_model, run.dp, VllmDPRouter(), max_model_len=run.max_model_len)
+        res = cres.merged
+        dp_note = (f"{run.dp} data-parallel replicas behind vLLM's load balancing (4 x waiting + running); each "
+                   "replica priced as the whole model on its own TP group"
+                   + (" (its experts not split across the replicas: the expert-parallel all-to-all and the "
+                      "ranks' lock-step are not priced)" if run.expert_parallel else ""))
+    else:
+        res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
+    lagged, lag_why = async_lag(run)
     sim = latencies(res.timelines())
+    if lagged:
+        sim = _with_async_lag(sim, res)
     measured: dict[Hashable, Latencies] = dict(enumerate(run.measured))
     fig = figures(measured, sim)
     fig.update({
         "run": run.path.name,
-        "config": {"model": run.model, "cost_model_name": Path(name).parent.name if name.endswith(".json") else name,
-                   "gpu": gpu_name, "tp": run.tp, "dtype": dtype, "vllm_version": run.vllm_version,
+        "config": {"model": run.model, "cost_model_name": _model_label(name),
+                   "gpu": gpu_name, "gpu_device": device, "gpu_note": gpu_note,
+                   "kernels_version_note": price.version_note, "tp": run.tp, "dp": run.dp, "dp_note": dp_note,
+                   "dtype": dtype, "kv_cache_dtype": run.kv_cache_dtype,
+                   "vllm_version": run.vllm_version,
                    "max_num_batched_tokens": run.max_num_batched_tokens, "max_num_seqs": run.max_num_seqs,
                    "kv_tokens": kv, "kv_tokens_source": kv_src, "cost_model": price.provenance,
-                   "engine_profile": price.profile.name, "steps": res.num_steps},
+                   "engine_profile": price.profile.name, "steps": res.num_steps,
+                   "async_scheduling_lag": lagged, "async_scheduling_why": lag_why},
         "per_request": [[(measured[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")]
                         + [(sim[r].value(m) or 0.0) * 1e3 for m in ("ttft", "e2e")] for r in measured if r in sim],
     })
     return fig
+
+
+#: The first vLLM release taken to schedule asynchronously by default (vLLM pull request 27614, "Enable
+#: async scheduling by default", opened 2025-10-27; that 0.12.0 is the first release holding it is our
+#: reading of the release dates, from memory, not checked against the release notes).
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 12, 0)
+
+
+def async_lag(run: RunFolder) -> tuple[bool, str]:
+    """Whether the run's engine scheduled asynchronously (so a request joins the batch one step later
+    than a synchronous scheduler would take it), and why we think so: its resolved configuration's
+    scheduler_config.async_scheduling where meta.json has one, else its vLLM version against
+    ASYNC_SCHEDULING_DEFAULT_SINCE (the default of that version)."""
+    if run.async_scheduling is not None:
+        return run.async_scheduling, f"resolved_config.scheduler_config.async_scheduling = {run.async_scheduling}"
+    nums = tuple(int(n) for n in re.findall(r"\d+", run.vllm_version)[:3])
+    if not nums:
+        return False, "no vLLM version given: taken as synchronous scheduling"
+    on = nums >= ASYNC_SCHEDULING_DEFAULT_SINCE
+    since = ".".join(map(str, ASYNC_SCHEDULING_DEFAULT_SINCE))
+    return on, f"vLLM {run.vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
+
+
+def _with_async_lag(sim: dict[Hashable, Latencies], res: Any) -> dict[Hashable, Latencies]:
+    """Each request's first and later tokens one engine step later where the engine was busy at its
+    arrival or admission (vLLM's asynchronous scheduling: the scheduler has already planned the step
+    after the running one when the request arrives, or when a finished request frees its slot, so the
+    request joins the step after that). The step added is the one running when the simulated request
+    was taken in (the step before its admission step): a sample of the engine's step time without it.
+    A request that found the engine idle starts a step at its arrival and waits no extra step. TPOT is
+    unchanged (one token per step either way)."""
+    out = dict(sim)
+    for rid, lat in sim.items():
+        i = int(rid)  # type: ignore[call-overload]
+        a = res.admit_step[i]
+        if a <= 0 or lat.ttft is None:
+            continue
+        if res.step_start[a] <= res.arrival[i] + 1e-9:
+            continue  # the engine was idle when it arrived: scheduled at once
+        lag = res.step_end[a - 1] - res.step_start[a - 1]
+        out[rid] = replace(lat, ttft=lat.ttft + lag, e2e=None if lat.e2e is None else lat.e2e + lag)
+    return out
+
+
+def _model_label(name: str) -> str:
+    """A model's name for the report: the preset, or a config's folder (ours) or file stem (the package's)."""
+    if not name.endswith(".json"):
+        return name
+    p = Path(name)
+    return p.name.removesuffix("_config.json") if p.name.endswith("_config.json") else p.parent.name
 
 
 def _runs(path: Path) -> list[Path]:
@@ -232,10 +318,20 @@ def print_runs(res: dict[str, Any]) -> None:
     print(res["engine_profile"])
     for r in res["runs"]:
         c = r["config"]
+        kv_note = "" if c.get("kv_cache_dtype", "auto") == "auto" else f", KV {c['kv_cache_dtype']}"
         print(f"\n{r['run']}: {r['requests']} requests; {c['cost_model_name']} on {c['tp']} x {c['gpu']} "
-              f"{c['dtype']}; budget {c['max_num_batched_tokens']:,}, max_num_seqs {c['max_num_seqs']}, "
+              f"{c['dtype']}{kv_note}; budget {c['max_num_batched_tokens']:,}, max_num_seqs {c['max_num_seqs']}, "
               f"KV {c['kv_tokens']:,} tokens ({c['kv_tokens_source']})")
         print(f"  steps priced by the {c['cost_model']}")
+        if c.get("gpu_note"):
+            print(f"  GPU {c['gpu_device']!r}: {c['gpu_note']}")
+        if c.get("async_scheduling_lag"):
+            print(f"  asynchronous scheduling ({c['async_scheduling_why']}): a request admitted while the engine "
+                  "runs joins the batch one step later (one step added to its TTFT and E2E)")
+        if c.get("dp_note"):
+            print(f"  {c['dp_note']}")
+        if c.get("kernels_version_note"):
+            print(f"  {c['kernels_version_note']}")
         print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}")
         for m in RUN_METRICS:
             for st in _STATS:

@@ -8,6 +8,7 @@ Imports allowed: the standard library, stallfree.core, stallfree.costmodel, stal
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE, choose_cost_model
 from stallfree.costmodel.model import get_model
+from stallfree.costmodel.names import GPU_NAMES, GPU_RULES, gpu_match, reduce_model_name, resolve_model
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel, default_profile
 
@@ -26,24 +28,19 @@ __all__ = [
     "Pricing",
     "derived_kv_tokens",
     "describe_profile",
+    "GPU_RULES",
+    "gpu_match",
     "gpu_preset",
+    "kv_dtype_of",
     "model_preset",
+    "nearest_served_version",
     "pricing",
 ]
 
-#: Hugging Face model names (lower case) -> (our model name, the weights' dtype when the name fixes it).
-#: A name missing here is tried as our own model name or a config.json path.
+#: Hugging Face model names (lower case) -> (our model name, the weights' dtype when the name fixes it),
+#: for names the rules of `model_preset` do not reduce to a preset key.
 MODEL_NAMES: dict[str, tuple[str, str | None]] = {
-    "meta-llama/llama-3.1-8b": ("llama-3.1-8b", None),
-    "meta-llama/llama-3.1-8b-instruct": ("llama-3.1-8b", None),
-    "meta-llama/meta-llama-3.1-8b": ("llama-3.1-8b", None),
-    "meta-llama/meta-llama-3.1-8b-instruct": ("llama-3.1-8b", None),
     "nvidia/llama-3.1-8b-instruct-fp8": ("llama-3.1-8b", "fp8"),
-    "meta-llama/llama-3.1-70b": ("llama-3.1-70b", None),
-    "meta-llama/llama-3.1-70b-instruct": ("llama-3.1-70b", None),
-    "meta-llama/meta-llama-3.1-70b": ("llama-3.1-70b", None),
-    "meta-llama/llama-3.3-70b-instruct": ("llama-3.3-70b", None),
-    "qwen/qwen3-32b": ("qwen3-32b", None),
     "qwen/qwen3-32b-fp8": ("qwen3-32b", "fp8"),
     "mistralai/mixtral-8x7b-v0.1": ("mixtral-8x7b", None),
     "mistralai/mixtral-8x7b-instruct-v0.1": ("mixtral-8x7b", None),
@@ -60,25 +57,6 @@ MODEL_NAMES: dict[str, tuple[str, str | None]] = {
     "openai/gpt-oss-120b": ("gpt-oss-120b", "mxfp4"),
     "openai/gpt-oss-20b": ("gpt-oss-20b", "mxfp4"),
     "moonshotai/kimi-k2-instruct": ("kimi-k2", "fp8"),
-}
-
-#: GPU names as runs and benchmark rows spell them (lower case, '-' and '_' alike, spaces removed) -> our preset.
-GPU_NAMES: dict[str, str] = {
-    "nvidiageforcertx4090": "rtx-4090",
-    "rtx4090": "rtx-4090",
-    "rtxpro6000": "rtx-pro-6000",
-    "nvidiartxpro6000blackwellserveredition": "rtx-pro-6000",
-    "nvidiartxpro6000blackwellworkstationedition": "rtx-pro-6000",
-    "rtxpro6000server": "rtx-pro-6000",
-    "h100sxm": "h100-sxm",
-    "nvidiah10080gbhbm3": "h100-sxm",
-    "h200sxm": "h200",
-    "nvidiah200": "h200",
-    "b200sxm": "b200",
-    "a100sxm": "a100-sxm-80gb",
-    "nvidiaa100sxm480gb": "a100-sxm-80gb",
-    "l40s": "l40s",
-    "nvidial40s": "l40s",
 }
 
 #: GPU memory vLLM keeps off the KV cache beyond the weights, bytes per GPU: the forward pass's
@@ -98,13 +76,23 @@ def _key(name: str) -> str:
 def model_preset(hf_name: str, dtype: str | None = None) -> tuple[str, str]:
     """Return (our model name or config path, weight dtype) for a run's model name.
 
-    The qwen3-32b preset is used when the cost model has one, else the bundled config
-    (validate/data/qwen3-32b/config.json).
+    A Hugging Face id maps by MODEL_NAMES, else by reduction onto a preset key ("Qwen/Qwen2.5-7B-Instruct"
+    -> "qwen2.5-7b", "meta-llama/Meta-Llama-3.1-70B-Instruct" -> "llama-3.1-70b", "mistralai/Mistral-7B-
+    Instruct-v0.3" -> "mistral-7b", "...-FP8" -> fp8 weights) where the reduced name is a preset (or a
+    preset's alias); otherwise the name is returned as given (a preset name or a config.json path; the
+    cost model then names what it does not know). The qwen3-32b preset is used when the cost model has
+    one, else the bundled config (validate/data/qwen3-32b/config.json).
 
     Raises:
         ValueError: a dtype we do not know (named).
     """
     name, fixed = MODEL_NAMES.get(hf_name.lower(), (hf_name, None))
+    if name == hf_name and not hf_name.endswith(".json"):
+        name, fixed = resolve_model(hf_name)
+        if name == hf_name:
+            found = _config_for(hf_name, reduce_model_name(hf_name)[0])
+            if found is not None:
+                name, fixed = found, reduce_model_name(hf_name)[1]
     if name == "qwen3-32b":
         try:
             get_model("qwen3-32b")
@@ -118,10 +106,46 @@ def model_preset(hf_name: str, dtype: str | None = None) -> tuple[str, str]:
     return name, d
 
 
+def _config_for(hf_name: str, reduced: str) -> str | None:
+    """The copy of a model's config.json that aiconfigurator-core bundles (model_configs/<org>--<name>
+    _config.json, the name with or without its suffixes), for a model with neither a preset nor one of
+    our configs (stallfree.costmodel.names.resolve_model); None when there is none."""
+    try:
+        import aiconfigurator_core
+    except ImportError:
+        return None
+    folder = Path(aiconfigurator_core.__file__).parent / "model_configs"
+    if not folder.is_dir():
+        return None
+    wanted = {hf_name.lower().replace("/", "--"), reduced}
+    for f in sorted(folder.glob("*_config.json")):
+        stem = f.name.removesuffix("_config.json").lower()
+        if stem in wanted or stem.split("--", 1)[-1] in wanted:
+            return str(f)
+    return None
+
+
+def kv_dtype_of(kv_cache_dtype: str) -> str | None:
+    """Our KV dtype for vLLM's --kv-cache-dtype ("auto" -> None: the weights'; "fp8", "fp8_e4m3",
+    "fp8_e5m2" -> "fp8"; "bfloat16", "half", ... as the weights' dtypes).
+
+    Raises:
+        ValueError: a value we do not know (named).
+    """
+    k = kv_cache_dtype.lower()
+    if k == "auto":
+        return None
+    if k.startswith("fp8"):
+        return "fp8"
+    d = _DTYPES.get(k)
+    if d is None:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: not auto, fp8* or one of {', '.join(sorted(_DTYPES))}")
+    return d
+
+
 def gpu_preset(device: str) -> str:
-    """Return our GPU preset for a device name ("NVIDIA GeForce RTX 4090", "RTXPRO6000", "h200_sxm", ...);
-    a name missing from GPU_NAMES is returned as given (our own preset names pass through)."""
-    return GPU_NAMES.get(_key(device).replace("-", ""), device)
+    """Return our GPU preset for a device name (gpu_match without the note)."""
+    return gpu_match(device)[0]
 
 
 def derived_kv_tokens(cost: Any, memory_bytes: float, utilization: float, block_size: int) -> int:
@@ -149,12 +173,15 @@ class Pricing:
         base: the cost model without the profile (for its KV figures).
         provenance: what priced the steps, in words.
         profile: the engine profile applied.
+        version_note: for a measured run's engine version, which tables' versions priced it and why
+            ("" when the run gives no version or today's pricing priced it).
     """
 
     cost_model: StepCostModel
     base: Any
     provenance: str
     profile: EngineProfile
+    version_note: str = ""
 
 
 def _config(model: str) -> dict[str, Any] | None:
@@ -168,7 +195,8 @@ def _config(model: str) -> dict[str, Any] | None:
 
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
-            kernels: str | None = "none", engine_version: str | None = None, ep: int = 1) -> Pricing:
+            kernels: str | None = "none", engine_version: str | None = None,
+            kv_dtype: str | None = None, ep: int = 1) -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
     kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
@@ -180,20 +208,83 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
     engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
     from the package's table of that version where the system has one (choose_cost_model).
+    kv_dtype: the KV cache's dtype, or None for the weights' (choose_cost_model's kv_dtype).
 
     Raises:
         CostModelError: an unknown model, GPU or dtype, or kernels that cannot be honoured (the reason).
     """
-    chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kernels=kernels, config=_config(model),
-                               engine_version=engine_version, ep=ep)
+    asked, note = kernels, ""
+    if kernels is None and engine_version:
+        nearest, note = nearest_served_version(gpu, DEFAULT_ENGINE, engine_version)
+        if nearest is not None:
+            asked = f"{DEFAULT_ENGINE}:{nearest}"
+    try:
+        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, kernels=asked,
+                                   config=_config(model), engine_version=engine_version, ep=ep)
+    except CostModelError as exc:
+        if asked == kernels:
+            raise
+        note += f"; those tables cannot price it ({exc}), so the current ones do"
+        chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, kernels=kernels,
+                                   config=_config(model), engine_version=engine_version, ep=ep)
     base = chosen.cost_model
+    if chosen.source.get("kind") == "kernels" and engine_version:
+        ar = chosen.source.get("allreduce_version")
+        if ar == "nccl":
+            ar_line = "all-reduce from NCCL's table"
+        elif ar is not None:
+            ar_line = f"all-reduce from its {ar} table (the newest at or below {engine_version})"
+        else:
+            ar_line = "all-reduce from the same tables" if tp > 1 else "no all-reduce (TP 1)"
+        note = (note or f"vLLM {engine_version}") + f"; {ar_line}"
+    else:
+        note = ""
     if profile is None:
         src = chosen.source
         profile = default_profile(src.get("engine") if src.get("kind") == "kernels" else None)
     cm: StepCostModel = base
     if not profile.is_empty:
         cm = ProfiledCostModel(base, profile)
-    return Pricing(cm, base, chosen.line.removeprefix("steps priced by ").removeprefix("the "), profile)
+    return Pricing(cm, base, chosen.line.removeprefix("steps priced by ").removeprefix("the "), profile, note)
+
+
+def nearest_served_version(gpu: str, engine: str, version: str) -> tuple[str | None, str]:
+    """For a measured run of `engine` `version` on our GPU preset `gpu`: (the literal version of the
+    package's kernel tables to price it with, or None for the `current` slot; the line that says so).
+
+    The package serves GEMM and attention tables of a few versions per system (its version slots:
+    `current`, sometimes `next`); a run of another version is priced by the served version nearest to
+    it (by release number; `current` on a tie), and the line names both. None and "" when the GPU has
+    no tables or the package is missing (today's pricing, which the header names).
+    """
+    from stallfree.costmodel.kernel_maps import SYSTEMS
+
+    system = SYSTEMS.get(gpu)
+    if system is None or not re.search(r"\d", version):
+        return None, ""
+    try:
+        from aiconfigurator_core.sdk import perf_database
+
+        slots = dict(perf_database.get_version_slots(system, engine) or {})
+    except Exception:  # noqa: BLE001 - the package missing or its index unreadable: no choice to make
+        return None, ""
+    if not slots:
+        return None, ""
+
+    def num(v: str) -> float:
+        parts = [int(n) for n in re.findall(r"\d+", v)[:3]] + [0, 0, 0]
+        return parts[0] * 1e6 + parts[1] * 1e3 + parts[2]
+
+    current = str(slots.get("current", next(iter(slots.values()))))
+    served = sorted({str(v) for v in slots.values()}, key=num)
+    best = min(served, key=lambda v: (abs(num(v) - num(version)), v != current))
+    listed = ", ".join(f"{k} {v}" for k, v in slots.items())
+    if best == version:
+        line = f"vLLM {version}: kernel tables of that version"
+    else:
+        line = (f"vLLM {version}: no {engine} {version} kernel tables on {system} (served: {listed}); GEMM "
+                f"and attention from {best}, the nearest")
+    return (None if best == current else best), line
 
 
 def describe_profile(profile: EngineProfile | None) -> str:

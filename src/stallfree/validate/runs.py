@@ -5,9 +5,11 @@ Imports allowed: the standard library, stallfree.validate.compare.
 
 The format (one folder per run):
 - ``meta.json``: ``model`` (Hugging Face name), ``vllm_version``, ``engine_kwargs`` (tensor_parallel_size,
-  data_parallel_size, enable_expert_parallel, max_num_seqs, max_num_batched_tokens, max_model_len, dtype),
-  optionally ``kv_cache`` (num_gpu_blocks, block_size, gpu_memory_utilization, enable_prefix_caching) and
-  ``hardware`` (device_name, device_total_memory_bytes).
+  data_parallel_size, enable_expert_parallel, max_num_seqs, max_num_batched_tokens, max_model_len, dtype,
+  kv_cache_dtype), optionally ``kv_cache`` (num_gpu_blocks, block_size, gpu_memory_utilization,
+  enable_prefix_caching), ``hardware`` (device_name, device_total_memory_bytes) and ``resolved_config``
+  (vLLM's resolved configuration: its scheduler_config, cache_config, parallel_config and model_config
+  give a field the engine arguments leave out, and scheduler_config.async_scheduling).
 - ``requests.jsonl``: one request per line: ``input_toks``, ``output_toks``, ``queued_ts``,
   ``first_token_ts``, ``last_token_ts`` (the engine's monotonic clock, s; ``arrival_time`` is wall clock
   and is not used). Arrival = queued_ts; TTFT = first_token_ts - queued_ts; E2E = last_token_ts - queued_ts;
@@ -40,6 +42,8 @@ class RunFolder:
         max_num_seqs, max_num_batched_tokens: the scheduler's limits (vLLM's defaults 256 and 2,048 when
             not given); max_model_len: tokens or None.
         dtype: the weights' dtype as meta.json spells it ("bfloat16", ...).
+        kv_cache_dtype: engine_kwargs.kv_cache_dtype as spelt there ("auto": the weights' dtype; "fp8",
+            "fp8_e4m3", "fp8_e5m2": 8-bit KV).
         block_size: KV block, tokens (16 when not given); num_gpu_blocks: KV blocks or None when not given;
         gpu_memory_utilization: fraction (0.9 when not given); prefix_caching: enable_prefix_caching.
         device_name: the GPU's name (meta.json hardware, else config.json), or "" when neither says.
@@ -49,6 +53,8 @@ class RunFolder:
         measured: per request (index in arrival order), the measured latencies (no ITL gaps: the files
             give the first and last token times only).
         request_ids: per request, its request_id (or its line number).
+        async_scheduling: resolved_config.scheduler_config.async_scheduling, or None when meta.json has
+            no resolved configuration.
     """
 
     path: Path
@@ -72,6 +78,8 @@ class RunFolder:
     output_lens: tuple[int, ...]
     measured: tuple[Latencies, ...]
     request_ids: tuple[str, ...]
+    async_scheduling: bool | None = None
+    kv_cache_dtype: str = "auto"
 
 
 def is_run_folder(path: Path) -> bool:
@@ -156,9 +164,49 @@ def read_run_folder(path: str | Path) -> RunFolder:
     model = meta.get("model", kw.get("model"))
     if not isinstance(model, str) or not model:
         raise ValueError(f"{where}: field 'model' must name the model, got {model!r}")
-    mml = kw.get("max_model_len")
-    blocks = kv.get("num_gpu_blocks")
+    resolved = meta.get("resolved_config")
+    resolved = resolved if isinstance(resolved, dict) else {}
+
+    def part(name: str) -> dict[str, Any]:
+        got = resolved.get(name)
+        return got if isinstance(got, dict) else {}
+
+    # What vLLM resolved stands in for what the engine arguments leave at their defaults (which differ
+    # by version and GPU); where neither says, the defaults documented on RunFolder.
+    sched_r, cache_r, par_r, model_r = part("scheduler_config"), part("cache_config"), part("parallel_config"), \
+        part("model_config")
+
+    def pick(default: Any, *found: tuple[str, dict[str, Any], str]) -> tuple[str, Any]:
+        for where_name, src, key in found:
+            if src.get(key) is not None:
+                return where_name, src[key]
+        return found[0][0], default
+
+    mml = pick(None, ("engine_kwargs.max_model_len", kw, "max_model_len"),
+               ("resolved_config.model_config.max_model_len", model_r, "max_model_len"))[1]
+    blocks = pick(None, ("kv_cache.num_gpu_blocks", kv, "num_gpu_blocks"),
+                  ("resolved_config.cache_config.num_gpu_blocks", cache_r, "num_gpu_blocks"))[1]
     mem = hw.get("device_total_memory_bytes")
+    tp_f = pick(1, ("engine_kwargs.tensor_parallel_size", kw, "tensor_parallel_size"),
+                ("resolved_config.parallel_config.tensor_parallel_size", par_r, "tensor_parallel_size"))
+    dp_f = pick(1, ("engine_kwargs.data_parallel_size", kw, "data_parallel_size"),
+                ("resolved_config.parallel_config.data_parallel_size", par_r, "data_parallel_size"))
+    ep_f = pick(False, ("engine_kwargs.enable_expert_parallel", kw, "enable_expert_parallel"),
+                ("resolved_config.parallel_config.enable_expert_parallel", par_r, "enable_expert_parallel"))
+    seqs_f = pick(256, ("engine_kwargs.max_num_seqs", kw, "max_num_seqs"),
+                  ("resolved_config.scheduler_config.max_num_seqs", sched_r, "max_num_seqs"))
+    budget_f = pick(2048, ("engine_kwargs.max_num_batched_tokens", kw, "max_num_batched_tokens"),
+                    ("resolved_config.scheduler_config.max_num_batched_tokens", sched_r, "max_num_batched_tokens"))
+    block_f = pick(16, ("kv_cache.block_size", kv, "block_size"),
+                   ("resolved_config.cache_config.block_size", cache_r, "block_size"))
+    util_f = pick(0.9, ("kv_cache.gpu_memory_utilization", kv, "gpu_memory_utilization"),
+                  ("engine_kwargs.gpu_memory_utilization", kw, "gpu_memory_utilization"),
+                  ("resolved_config.cache_config.gpu_memory_utilization", cache_r, "gpu_memory_utilization"))
+    pc_f = pick(True, ("kv_cache.enable_prefix_caching", kv, "enable_prefix_caching"),
+                ("engine_kwargs.enable_prefix_caching", kw, "enable_prefix_caching"),
+                ("resolved_config.cache_config.enable_prefix_caching", cache_r, "enable_prefix_caching"))
+    kvd_f = pick("auto", ("engine_kwargs.kv_cache_dtype", kw, "kv_cache_dtype"),
+                 ("resolved_config.cache_config.cache_dtype", cache_r, "cache_dtype"))
     rows = []
     req_path = folder / "requests.jsonl"
     try:
@@ -178,22 +226,22 @@ def read_run_folder(path: str | Path) -> RunFolder:
                   itl_mean=(last - first) / (olen - 1) if olen > 1 else None, itls=())
         for q, _rid, _p, olen, first, last in rows
     )
+    async_sched = sched_r.get("async_scheduling")
     return RunFolder(
         path=folder,
         model=model,
         vllm_version=str(meta.get("vllm_version", "")),
-        tp=_int(where, "engine_kwargs.tensor_parallel_size", kw.get("tensor_parallel_size", 1)),
-        dp=_int(where, "engine_kwargs.data_parallel_size", kw.get("data_parallel_size", 1)),
-        expert_parallel=bool(kw.get("enable_expert_parallel", False)),
-        max_num_seqs=_int(where, "engine_kwargs.max_num_seqs", kw.get("max_num_seqs", 256)),
-        max_num_batched_tokens=_int(where, "engine_kwargs.max_num_batched_tokens",
-                                    kw.get("max_num_batched_tokens", 2048)),
-        max_model_len=None if mml is None else _int(where, "engine_kwargs.max_model_len", mml),
+        tp=_int(where, *tp_f),
+        dp=_int(where, *dp_f),
+        expert_parallel=bool(ep_f[1]),
+        max_num_seqs=_int(where, *seqs_f),
+        max_num_batched_tokens=_int(where, *budget_f),
+        max_model_len=None if mml is None else _int(where, "max_model_len", mml),
         dtype=str(kw.get("dtype", "bfloat16")),
-        block_size=_int(where, "kv_cache.block_size", kv.get("block_size", 16)),
-        num_gpu_blocks=None if blocks is None else _int(where, "kv_cache.num_gpu_blocks", blocks),
-        gpu_memory_utilization=_num(where, "kv_cache.gpu_memory_utilization", kv.get("gpu_memory_utilization", 0.9)),
-        prefix_caching=bool(kv.get("enable_prefix_caching", True)),
+        block_size=_int(where, *block_f),
+        num_gpu_blocks=None if blocks is None else _int(where, "num_gpu_blocks", blocks),
+        gpu_memory_utilization=_num(where, *util_f),
+        prefix_caching=bool(pc_f[1]),
         device_name=str(hw.get("device_name") or _device_from_config(folder)),
         device_memory_bytes=None if mem is None else _int(where, "hardware.device_total_memory_bytes", mem),
         arrivals=tuple(r[0] - t0 for r in rows),
@@ -201,4 +249,6 @@ def read_run_folder(path: str | Path) -> RunFolder:
         output_lens=tuple(r[3] for r in rows),
         measured=measured,
         request_ids=tuple(r[1] for r in rows),
+        async_scheduling=async_sched if isinstance(async_sched, bool) else None,
+        kv_cache_dtype=str(kvd_f[1] or "auto"),
     )
