@@ -32,7 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallfree.sim.cluster import cluster_summary, make_router, simulate_cluster
+from stallfree.sim.disagg import run_disagg_experiment
 from stallfree.sim.executors import Executor, SerialExecutor
+from stallfree.sim.experiment import scheduler_for
+from stallfree.sim.routers import ROUTERS
+from stallfree.sim.simulator import saturated_throughput
 
 __all__ = [
     "DEFAULT_ATTAINMENT",
@@ -99,9 +104,6 @@ def run_plan_point(point: PlanPoint) -> dict[str, Any]:
     setup = point.setup
     gpus = point.replicas * setup.hardware_options.tp
     if point.prefill is None:
-        from stallfree.sim.cluster import cluster_summary, make_router, simulate_cluster
-        from stallfree.sim.experiment import scheduler_for
-
         sched = scheduler_for(setup, "chunked", point.budget, None)
         opts = setup.workload_options
         result = simulate_cluster(
@@ -112,8 +114,6 @@ def run_plan_point(point: PlanPoint) -> dict[str, Any]:
         s = cluster_summary(result, point.slo_ttft, point.slo_tpot)
         s.update(kind="aggregated", label=f"x{point.replicas} {point.router}", prefill=None, decode=None)
     else:
-        from stallfree.sim.disagg import run_disagg_experiment
-
         _, s, _ = run_disagg_experiment(
             setup, prefill=point.prefill, decode=point.replicas - point.prefill, link=point.link,
             router=point.router, budget=point.budget, slo_ttft=point.slo_ttft, slo_tpot=point.slo_tpot,
@@ -316,10 +316,6 @@ def plan(
         ValueError: no SLO, attainment outside (0, 1], max_replicas < 1, width < 1, no router, or an
             unknown router; SimulationError, SetupError: as the simulations.
     """
-    from stallfree.sim.experiment import scheduler_for
-    from stallfree.sim.routers import ROUTERS
-    from stallfree.sim.simulator import saturated_throughput
-
     if slo_ttft is None and slo_tpot is None:
         raise ValueError("plan needs an SLO: give slo_ttft and/or slo_tpot")
     if not 0 < attainment <= 1:

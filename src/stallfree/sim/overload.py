@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from stallfree.sim.report import latency_arrays
+
 __all__ = [
     "BURST_MIN_STEPS",
     "QUEUE_GROWTH_MIN_S",
@@ -250,8 +252,6 @@ def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header
     """Add "overload" and "tail_burst" (None or their dicts) to each summary; return the lines to
     print: one overload warning for the study (its first overloaded run, "(k of n runs)" when
     several are) and a burst note per run whose TTFT tail comes from a burst."""
-    from stallfree.sim.report import latency_arrays
-
     rate_scale = float(header.get("rate_scale") or 1.0)
     offered = header.get("offered_rate")
     warn: list[str] = []

@@ -23,7 +23,10 @@ from typing import Any
 from stallfree.core.errors import StallfreeError
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import choose_cost_model
+from stallfree.costmodel.hardware import get_gpu
+from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
 from stallfree.costmodel.model import get_model
+from stallfree.costmodel.roofline import CostModel
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE
 from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
@@ -487,12 +490,6 @@ class Setup:
 
     def _add_cpu_tier(self) -> None:
         """Size the CPU KV tier (tokens, or GiB summed over the ranks) and price its copies."""
-        from stallfree.costmodel import CostModelError
-        from stallfree.costmodel.hardware import get_gpu
-        from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
-        from stallfree.costmodel.model import get_model
-        from stallfree.costmodel.roofline import CostModel
-
         if not self.prefix_caching:
             flag = "--kv-offloading-size" if self.kv_offloading_gib else "--cpu-kv-tokens"
             raise SetupError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --prefix-caching "

@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.invariants import InvariantChecker
+from stallfree.core.invariants_tier import TieredInvariantChecker
 from stallfree.core.kv_tier import TieredKV
 from stallfree.core.queries import SchedulerStats
 from stallfree.core.request import Request
@@ -184,11 +185,7 @@ def make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> 
 def wrap_checker(sched: SchedulerLike) -> SchedulerLike:
     """`sched` inside stallfree.core.invariants.InvariantChecker (raises on the first violated invariant);
     a scheduler with a CPU KV tier inside stallfree.core.invariants_tier.TieredInvariantChecker."""
-    from stallfree.core.kv_tier import TieredKV
-
     if isinstance(getattr(sched, "kv_manager", None), TieredKV):
-        from stallfree.core.invariants_tier import TieredInvariantChecker
-
         return cast(SchedulerLike, TieredInvariantChecker(sched))  # type: ignore[arg-type]
     # One checker for both KV policies (and for a time-budget wrapper, which reads as a Scheduler).
     return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
