@@ -26,6 +26,7 @@ from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
 from stallfree.costmodel.model import get_model
+from stallfree.costmodel.names import gpu_match, resolve_model
 from stallfree.costmodel.roofline import CostModel
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE
@@ -376,8 +377,6 @@ def _preset_names(opts: HardwareOptions) -> tuple[str, str, list[str]]:
     """The options' model and GPU as our presets (stallfree.costmodel.names: a Hugging Face id such as
     meta-llama/Llama-3.1-8B-Instruct, a device name such as "NVIDIA H100 80GB HBM3"), and a note for each
     name that was mapped ("model meta-llama/... as llama-3.1-8b", with the GPU's nearest-preset note)."""
-    from stallfree.costmodel.names import gpu_match, resolve_model
-
     model, _ = resolve_model(str(opts.model))
     gpu, gpu_note = gpu_match(str(opts.gpu))
     named = []

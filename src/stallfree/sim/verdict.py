@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stallfree.sim.report import latency_arrays
+
 __all__ = [
     "BOOTSTRAP_RESAMPLES",
     "BOOTSTRAP_SEED",
@@ -97,8 +99,6 @@ def paired_figures(base_res: Any, other_res: Any) -> dict[str, tuple[float, floa
     requests finished in both runs (for TPOT, those with a TPOT in both); figures with no such request
     are left out."""
     import numpy as np
-
-    from stallfree.sim.report import latency_arrays
 
     la, lb = latency_arrays(base_res), latency_arrays(other_res)
     out = {}
