@@ -53,3 +53,15 @@ def test_a_row_whose_experts_span_more_gpus_than_its_tp_is_not_replayed(tmp_path
     (row,) = read_rows(csv)
     with pytest.raises(ValueError, match="moe_tp_size 4 x moe_ep_size 1 = 4 GPUs against tp_size 2"):
         replay_row(row, load_profile("none"), "none", requests_per_row=1)
+
+
+def test_a_dense_row_with_moe_sizes_one_is_replayed(tmp_path: Path) -> None:
+    """Qwen3-32B (dense) at tp_size 2 with moe_tp_size 1 x moe_ep_size 1, as the package's dense rows are
+    written: 1 GPU is not more than tp's 2, nothing implies attention data parallel, so the row replays
+    on 2 GPUs."""
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER + "a,src; silicon_concurrency=4,vllm,0.12.0,Qwen/Qwen3-32B,h100_sxm,bf16,agg,512,8,"
+                   "bf16,bf16,4,2,1,,1,1,100.0,10.0\n", encoding="utf-8")
+    (row,) = read_rows(csv)
+    out = replay_row(row, load_profile("none"), "none", requests_per_row=1)
+    assert out["tp"] == 2 and out["sim_ttft_ms"] > 0

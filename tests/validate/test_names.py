@@ -175,6 +175,38 @@ def test_async_scheduling_taken_from_config_else_version(tmp_path):
     assert async_lag(read_run_folder(folder))[0] is False
 
 
+def test_async_scheduling_default_from_0_14_0():
+    """vLLM's default turned on in 0.14.0 (pull request 27614): 0.12.0 and 0.13.0 (the benchmark rows'
+    versions) default off; no version given is taken as off."""
+    from stallfree.validate.against import async_default
+
+    assert [async_default(v)[0] for v in ("0.12.0", "0.13.0", "0.13.9", "0.14.0", "v0.14.1", "0.19.0", "0.24.0")] \
+        == [False, False, False, True, True, True, True]
+    assert async_default("") == (False, "no vLLM version given: taken as synchronous scheduling")
+    assert async_default("0.13.0")[1] == "vLLM 0.13.0's default (off; on by default since 0.14.0)"
+
+
+def test_async_lag_adds_one_step_on_a_linear_cost_model():
+    """Step time 1 s + 0.1 s a token, budget 64. Request 0 (10 prompt tokens) arrives at 0 to an idle
+    engine: step 0 is [0, 2.0) s, TTFT 2.0 with or without the lag. Request 1 arrives at 0.5, while step 0
+    runs; the replay admits it in step 1 ([2.0, 4.1): 10 + 1 tokens), TTFT 4.1 - 0.5 = 3.6 s. vLLM's
+    asynchronous scheduler has already planned step 1 when it arrives, so it joins one step later:
+    + step 0's 2.0 s, TTFT 5.6 and E2E 5.9 + 2.0 = 7.9 s; its TPOT stays 1.15 s."""
+    from stallfree.sim.costs import LinearCostModel
+    from stallfree.sim.simulator import SchedulerConfig, simulate
+    from stallfree.sim.workload import Workload
+    from stallfree.validate.against import _with_async_lag
+    from stallfree.validate.compare import latencies
+
+    res = simulate(Workload([0.0, 0.5], [10, 10], [3, 3], name="t"), SchedulerConfig(10_000, 64, 8),
+                   LinearCostModel(1.0, 0.1))
+    sim = latencies(res.timelines())
+    assert (sim[0].ttft, sim[1].ttft, sim[1].e2e) == pytest.approx((2.0, 3.6, 5.9))
+    out = _with_async_lag(sim, res)
+    assert (out[0].ttft, out[0].e2e) == pytest.approx((2.0, 5.3))
+    assert (out[1].ttft, out[1].e2e, out[1].tpot) == pytest.approx((5.6, 7.9, 1.15))
+
+
 def test_simulate_takes_hugging_face_and_device_names(capsys):
     """`simulate --model <HF id> --gpu <nvidia-smi name>` prices the presets and says how it read them."""
     from stallfree.cli import main

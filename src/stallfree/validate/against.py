@@ -218,25 +218,47 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     return fig
 
 
-#: The first vLLM release taken to schedule asynchronously by default (vLLM pull request 27614, "Enable
-#: async scheduling by default", opened 2025-10-27; that 0.12.0 is the first release holding it is our
-#: reading of the release dates, from memory, not checked against the release notes).
-ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 12, 0)
+#: The first vLLM release whose default is asynchronous scheduling. vLLM's SchedulerConfig.async_scheduling
+#: (`--async-scheduling` / `--no-async-scheduling`) became a tri-state (None = decide) with an
+#: "Enable async scheduling unless there is an incompatible option" branch in VllmConfig (vllm/config/vllm.py)
+#: that, in the releases before the switch, was not reached (SchedulerConfig.async_scheduling: bool =
+#: False, and the branch's note "we won't reach here until async scheduling is enabled by default", as
+#: vLLM-Ascend's copy of VllmConfig.__post_init__ quotes it). vLLM pull request
+#: 27614 ("Enable async scheduling by default") made None the default; it is ticked in vLLM's async
+#: scheduling tracking issue 27679 after pull requests 31332 and 31373 (late December 2025), and
+#: vLLM-Gaudi adapted to it on 2025-12-31 (its commit 4520274), so 0.13.0 (December 2025) still
+#: defaults off and 0.14.0 (January 2026) is the first release that defaults on. Cross-checked on our
+#: data: the RTX 4090 run of ../shared/data/validation/llmservingsim_vllm (vLLM 0.19.0, engine_kwargs
+#: not setting it) resolves scheduler_config.async_scheduling = true. Release months from memory.
+#: What it changes (vLLM pull request 19970, vllm/v1/engine/core.py step_with_batch_queue): the
+#: scheduler plans step n + 1 while step n runs (a batch queue of depth 2) and processes step n's
+#: outputs after that, so a request that arrives, or finds a freed slot, while a step runs is first
+#: scheduled in the step after the one already planned: one step later than a synchronous engine
+#: would take it. Later tokens are not delayed (one per step either way).
+ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14, 0)
 
 
 def async_lag(run: RunFolder) -> tuple[bool, str]:
     """Whether the run's engine scheduled asynchronously (so a request joins the batch one step later
     than a synchronous scheduler would take it), and why we think so: its resolved configuration's
     scheduler_config.async_scheduling where meta.json has one, else its vLLM version against
-    ASYNC_SCHEDULING_DEFAULT_SINCE (the default of that version)."""
+    ASYNC_SCHEDULING_DEFAULT_SINCE (vLLM's default from 0.14.0 on; pipeline parallelism and some
+    speculative decoding turn it off, neither replayed here)."""
     if run.async_scheduling is not None:
         return run.async_scheduling, f"resolved_config.scheduler_config.async_scheduling = {run.async_scheduling}"
-    nums = tuple(int(n) for n in re.findall(r"\d+", run.vllm_version)[:3])
+    return async_default(run.vllm_version)
+
+
+def async_default(vllm_version: str) -> tuple[bool, str]:
+    """vLLM's default for asynchronous scheduling at `vllm_version` ("0.19.0", "v0.14.1", "0.12.0rc1"),
+    and the reason as a line: on from ASYNC_SCHEDULING_DEFAULT_SINCE (0.14.0) on; off before it and
+    where no version is given (nothing says the engine scheduled ahead)."""
+    nums = tuple(int(n) for n in re.findall(r"\d+", vllm_version or "")[:3])
     if not nums:
         return False, "no vLLM version given: taken as synchronous scheduling"
     on = nums >= ASYNC_SCHEDULING_DEFAULT_SINCE
     since = ".".join(map(str, ASYNC_SCHEDULING_DEFAULT_SINCE))
-    return on, f"vLLM {run.vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
+    return on, f"vLLM {vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
 
 
 def _with_async_lag(sim: dict[Hashable, Latencies], res: Any) -> dict[Hashable, Latencies]:
@@ -246,7 +268,8 @@ def _with_async_lag(sim: dict[Hashable, Latencies], res: Any) -> dict[Hashable, 
     request joins the step after that). The step added is the one running when the simulated request
     was taken in (the step before its admission step): a sample of the engine's step time without it.
     A request that found the engine idle starts a step at its arrival and waits no extra step. TPOT is
-    unchanged (one token per step either way)."""
+    unchanged (one token per step either way). `res` needs admit_step, step_start, step_end and
+    arrival (a SimResult); latencies in s."""
     out = dict(sim)
     for rid, lat in sim.items():
         i = int(rid)  # type: ignore[call-overload]

@@ -275,8 +275,9 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
     if row.pp > 1 or row.attention_dp > 1:
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
     moe_gpus = row.moe_tp * row.moe_ep
-    if row.moe_tp and moe_gpus != row.tp * row.attention_dp:
+    if row.moe_tp and moe_gpus > row.tp * row.attention_dp:
         # The experts span more GPUs than the attention's tp: data-parallel attention the row leaves implied.
+        # Fewer is not that: a dense model's rows carry moe_tp_size 1 x moe_ep_size 1 at every tp.
         raise ValueError(f"{where}: moe_tp_size {row.moe_tp} x moe_ep_size {row.moe_ep} = {moe_gpus} GPUs against "
                          f"tp_size {row.tp}: implied attention data parallel, not replayed")
     name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
