@@ -148,6 +148,67 @@ def test_a_request_vllm_stops_ends_in_the_core():
     assert s.stallfree.num_running == 0
 
 
+class _Connector:
+    """A KV connector stand-in: answers get_num_new_matched_tokens from `answers` in turn and records the
+    adapter's calls (the pass-through hooks vLLM's scheduler calls)."""
+
+    requires_kv_delivery = False
+    supports_divergent_local_hybrid_hits = False
+
+    def __init__(self, answers):
+        self.answers = list(answers)
+        self.asked, self.allocated, self.metas = [], [], 0
+
+    def on_new_request(self, request):
+        pass
+
+    def get_num_new_matched_tokens(self, request, num_local):
+        self.asked.append((request.request_id, num_local))
+        return self.answers.pop(0)
+
+    def update_state_after_alloc(self, request, blocks, num_external):
+        self.allocated.append((request.request_id, len(blocks.get_block_ids()[0]), num_external))
+
+    def build_connector_meta(self, out):
+        self.metas += 1
+        return ("meta", self.metas)
+
+    def get_external_cache_hit_sources(self, request, num_hits):
+        return None
+
+    def has_pending_block_frees(self):
+        return False
+
+
+@pytest.mark.parametrize(
+    ("answers", "scheduled", "computed", "external", "sync_load"),
+    [
+        ([(32, False)], 32, 32, 32, True),  # a synchronous load of 2 blocks: only the 32 tokens after it run
+        ([(32, True)], 64, 0, 0, False),  # an asynchronous load is not awaited: the prompt is recomputed
+        ([(None, False), (0, False)], 64, 0, 0, False),  # no answer yet: the request waits a step, then runs whole
+    ],
+)
+def test_kv_connector_hooks(answers, scheduled, computed, external, sync_load):
+    """With a KV connector, the adapter asks it for the external hit, allocates the blocks of the whole
+    64-token prompt (4 blocks of 16), tells it what was allocated and puts its metadata in the output."""
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.connector = conn = _Connector(answers)
+    req = harness.make_request("a", 64, 4)
+    s.add_request(req)
+    out = s.schedule()
+    if answers[0][0] is None:
+        assert out.total_num_scheduled_tokens == 0 and conn.allocated == []
+        assert s.stallfree.num_running == 0
+        out = s.schedule()
+    assert conn.asked[-1] == ("a", 0)
+    assert out.num_scheduled_tokens == {"a": scheduled}
+    assert out.scheduled_new_reqs[0].num_computed_tokens == computed
+    assert conn.allocated == [("a", 4, external)]
+    assert out.has_sync_kv_loads is sync_load
+    assert out.kv_connector_metadata == ("meta", conn.metas)
+    assert s.stallfree.num_running == 1
+
+
 def test_unsupported_features_are_refused_by_name():
     """Each unsupported feature is named in the refusal, with the flag that turns it on."""
     group = SimpleNamespace(kv_cache_spec=SimpleNamespace())
@@ -162,7 +223,6 @@ def test_unsupported_features_are_refused_by_name():
         "speculative decoding (--speculative-config)",
         "multimodal models (a text-only decoder model is supported)",
         "LoRA adapters (--enable-lora)",
-        "KV connectors (--kv-transfer-config)",
         "hybrid or Mamba models (2 KV cache groups, one full-attention group is supported)",
         "pipeline parallelism (--pipeline-parallel-size > 1)",
     ]

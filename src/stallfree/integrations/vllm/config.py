@@ -147,8 +147,6 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
         out.append("multimodal models (a text-only decoder model is supported)")
     if vllm_config.lora_config is not None:
         out.append("LoRA adapters (--enable-lora)")
-    if vllm_config.kv_transfer_config is not None:
-        out.append("KV connectors (--kv-transfer-config)")
     if getattr(vllm_config, "ec_transfer_config", None) is not None:
         out.append("encoder-cache connectors (--ec-transfer-config)")
     if getattr(mc, "is_encoder_decoder", False):

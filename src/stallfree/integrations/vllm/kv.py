@@ -34,9 +34,12 @@ class KVHost(Protocol):
     num_lookahead_tokens: int
     scheduler_reserve_full_isl: bool
     aux_output_connector: Any
+    connector: Any
+    connector_prefix_cache_stats: Any
 
-    def _stallfree_admitted(self, request: Any, num_computed_tokens: int) -> None:
-        """A waiting or preempted request was admitted with `num_computed_tokens` cached tokens."""
+    def _stallfree_admitted(self, request: Any, num_local: int, num_external: int) -> None:
+        """A waiting or preempted request was admitted with `num_local` tokens from vLLM's prefix cache and
+        `num_external` loaded by the KV connector (synchronously, in the step it is scheduled)."""
 
     def _stallfree_preempted(self, request: Any) -> None:
         """The core preempted a running request: take it through vLLM's preemption path."""
@@ -73,7 +76,11 @@ class VLLMKV:
         #: New blocks per request in the step being planned (vLLM's KVCacheBlocks, summed).
         self.new_blocks: dict[Any, Any] = {}
         self.in_schedule = False
-        self._hit: tuple[Hashable, Any, int] | None = None
+        #: The last lookup: (rid, vLLM's cached blocks, local hit, external hit, connector queries), or
+        #: (rid, None, ...) when the KV connector cannot tell its hit yet (the request waits).
+        self._hit: tuple[Hashable, Any, int, int, int] | None = None
+        #: Whether a request admitted in this step loads KV through the connector (vLLM's has_sync_kv_loads).
+        self.has_sync_kv_loads = False
 
     # ------------------------------------------------------------------ figures
 
@@ -129,43 +136,92 @@ class VLLMKV:
     # ------------------------------------------------------------------ admission
 
     def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
-        """vLLM's get_computed_blocks for the request (capped by vLLM at num_tokens - 1); the blocks are kept
-        for can_admit, the handle is empty."""
+        """vLLM's get_computed_blocks for the request (capped by vLLM at num_tokens - 1), then, with a KV
+        connector, its get_num_new_matched_tokens beyond the block-aligned local hit, as vLLM's scheduler asks
+        it (a remote hit longer than a local partial block replaces that block; the auxiliary-output cap
+        applies). The hit is local + external tokens; the blocks are kept for can_admit, the handle is empty.
+
+        A connector load the connector wants asynchronous is not awaited: its tokens are recomputed (the core
+        has no state for a request that holds blocks while its KV arrives), and the connector is told of no
+        external tokens. A connector that cannot tell its hit yet (None) holds the request in the queue."""
         request = self.host.requests[rec.rid]
         if request.num_computed_tokens:
             self._hit = None
             return NO_HIT
         aux = self.host.aux_output_connector
         cap = aux.max_cache_hit(request) if aux is not None else None
-        blocks, num_hit, _boundary = self.kvm.get_computed_blocks(request, cap)
-        self._hit = (rec.rid, blocks, num_hit)
-        return num_hit, ()
+        blocks, num_local, _boundary = self.kvm.get_computed_blocks(request, cap)
+        num_ext = queries = 0
+        connector = self.host.connector
+        if connector is not None:
+            tail = num_local % self.block_size
+            aligned = num_local - tail
+            got, load_async = connector.get_num_new_matched_tokens(request, aligned)
+            if request.skip_reading_prefix_cache:
+                got, load_async = 0, False
+            if got is None:
+                self._hit = (rec.rid, None, 0, 0, 0)
+                return NO_HIT
+            if load_async:
+                got = 0
+            if tail and got > tail:
+                blocks = self.kvm.truncate_computed_blocks(blocks, aligned)
+                num_local, num_ext = aligned, got
+            elif not tail:
+                num_ext = got
+            if aux is not None:
+                num_ext = aux.cap_external_hit(request, num_local, num_ext)
+            queries = request.num_tokens - num_local
+        self._hit = (rec.rid, blocks, num_local, num_ext, queries)
+        return num_local + num_ext, ()
 
     def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int, hits: Sequence[int]) -> bool:
-        """allocate_slots for the cached prefix and a first chunk of `first_chunk` tokens, with vLLM's
-        watermark (when something runs) and scheduler_reserve_full_isl; True when vLLM gave the blocks."""
+        """allocate_slots for the cached prefix (local and external) and a first chunk of `first_chunk` tokens,
+        with vLLM's watermark (when something runs) and scheduler_reserve_full_isl; True when vLLM gave the
+        blocks. False, allocating nothing, while the KV connector cannot tell the request's hit."""
         request = self.host.requests[rec.rid]
-        blocks, num_hit = None, 0
+        blocks, num_local, num_ext = None, 0, 0
         if self._hit is not None and self._hit[0] == rec.rid:
-            _, blocks, num_hit = self._hit
+            _, blocks, num_local, num_ext, _q = self._hit
+            if blocks is None:
+                return False
         new = self.kvm.allocate_slots(
             request,
             first_chunk,
-            num_new_computed_tokens=num_hit,
+            num_new_computed_tokens=num_local,
             new_computed_blocks=blocks,
             num_lookahead_tokens=self.host.num_lookahead_tokens,
+            num_external_computed_tokens=num_ext,
             full_sequence_must_fit=self.host.scheduler_reserve_full_isl,
             has_scheduled_reqs=num_running > 0,
         )
         return new is not None
 
     def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int]) -> None:
-        """The blocks were given by can_admit: move the vLLM request to running, count the prefix lookup."""
+        """The blocks were given by can_admit: tell the KV connector (update_state_after_alloc, its hit
+        statistics), move the vLLM request to running, count the prefix lookup."""
         request = self.host.requests[rec.rid]
-        num_hit = self._hit[2] if self._hit is not None and self._hit[0] == rec.rid else 0
+        num_local = num_ext = queries = 0
+        if self._hit is not None and self._hit[0] == rec.rid:
+            _, _blocks, num_local, num_ext, queries = self._hit
         self._hit = None
-        self.prefix_stats.count(rec, num_hit)
-        self.host._stallfree_admitted(request, num_hit)
+        self.prefix_stats.count(rec, num_local + num_ext)
+        connector = self.host.connector
+        if connector is not None:
+            connector.update_state_after_alloc(request, self.kvm.get_blocks(request.request_id), num_ext)
+            stats = self.host.connector_prefix_cache_stats
+            if stats is not None and queries:
+                preempted = request.num_preemptions > 0
+                stats.record(
+                    num_tokens=queries, num_hits=num_ext, preempted=preempted,
+                    hits_by_source=(
+                        connector.get_external_cache_hit_sources(request, num_ext)
+                        if num_ext and not preempted else None
+                    ),
+                )
+            if num_ext:
+                self.has_sync_kv_loads = True
+        self.host._stallfree_admitted(request, num_local, num_ext)
 
     # ------------------------------------------------------------------ growth
 

@@ -30,7 +30,7 @@ from typing import Any
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
-from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import KVConnectorBlockState, NewRequestData, SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request as VllmRequest
@@ -65,7 +65,7 @@ class SyncScheduler(_VllmScheduler):
 
     Raises:
         InvalidConfig: at construction, a vLLM feature the adapter does not support is on (speculative
-            decoding, multimodal models, LoRA, KV or encoder-cache connectors, encoder-decoder, pooling or
+            decoding, multimodal models, LoRA, encoder-cache connectors, encoder-decoder, pooling or
             diffusion models, hybrid or Mamba KV cache groups, sliding-window attention, pipeline or context
             parallelism, a prefill schedule interval, the adaptive long-prefill threshold; the message names
             each), or a stallfree option is out of range (named).
@@ -164,8 +164,9 @@ class SyncScheduler(_VllmScheduler):
 
     # ------------------------------------------------------------------ the KV manager's callbacks
 
-    def _stallfree_admitted(self, request: VllmRequest, num_computed_tokens: int) -> None:
-        """The core admitted a waiting (or preempted) request whose blocks VLLMKV just allocated."""
+    def _stallfree_admitted(self, request: VllmRequest, num_local: int, num_external: int) -> None:
+        """The core admitted a waiting (or preempted) request whose blocks VLLMKV just allocated, `num_local`
+        tokens of them cached in vLLM's prefix cache and `num_external` loaded by the KV connector."""
         resumed = request.status == RequestStatus.PREEMPTED
         if request in self.kv_holding_waiting:
             self.kv_holding_waiting.remove_request(request)
@@ -175,15 +176,15 @@ class SyncScheduler(_VllmScheduler):
         if request.prefill_stats and request.num_preemptions <= 0:
             request.prefill_stats.set(
                 num_prompt_tokens=request.num_prompt_tokens,
-                num_local_cached_tokens=num_computed_tokens,
-                num_external_cached_tokens=0,
+                num_local_cached_tokens=num_local,
+                num_external_cached_tokens=num_external,
             )
-        self.kv_cache_manager.record_prefix_cache_stats(request, num_computed_tokens)
+        self.kv_cache_manager.record_prefix_cache_stats(request, num_local)
         self.running.append(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.SCHEDULED, self._sf_time)
         request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_computed_tokens
+        request.num_computed_tokens = num_local + num_external
         self._sf_admitted.append((request, resumed))
 
     def _stallfree_preempted(self, request: VllmRequest) -> None:
@@ -209,6 +210,7 @@ class SyncScheduler(_VllmScheduler):
         self.kv_cache_manager.new_step_starts()
         kv = self._sf_kv
         kv.new_blocks = {}
+        kv.has_sync_kv_loads = False
         self._sf_admitted = []
         if self._sf_orphans:
             self._sf_requeue_orphans()
@@ -279,7 +281,16 @@ class SyncScheduler(_VllmScheduler):
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids.clear()
             self.prev_step_scheduled_req_ids.update(num_scheduled)
-        kvm.take_boundary_state_offloads()
+        offloads = kvm.take_boundary_state_offloads()
+        block_state = None
+        if self.connector is not None:
+            # As vLLM: every request scheduled this step may become a connector job (a save lands on the step
+            # that fills a block).
+            block_ids = set(num_scheduled)
+            block_ids.update(rid for rid in offloads if rid in reqs)
+            block_state = KVConnectorBlockState(
+                req_ids=block_ids, resolve_block_ids=kvm.get_block_ids, boundary_state_offloads=offloads,
+            )
         copies, retained = kvm.take_kv_cache_block_copies()
         if copies:
             self._free_cow_retained_blocks(retained, self.sched_step_seq + 1)
@@ -295,11 +306,15 @@ class SyncScheduler(_VllmScheduler):
             free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
             encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_data, {}),
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
+            has_sync_kv_loads=self._sf_kv.has_sync_kv_loads,
             kv_cache_block_copies=copies or None,
+            kv_connector_block_state=block_state,
             num_spec_tokens_to_schedule=self.num_spec_tokens,
             skip_drafts=False,
             ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
         )
+        if self.connector is not None:
+            out.kv_connector_metadata = self._build_kv_connector_meta(self.connector, out)
         if self.aux_output_connector is not None:
             out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(out, reqs)
         return out
