@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.experiment import Experiment, check_options, record_capacity, scheduler_for, study_header
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.loop import Router
@@ -211,7 +211,7 @@ def _prefix_cache_figures(
     st0 = reps[0].inner.stats()
     if not st0.enable_prefix_caching:
         return
-    bs = st0.block_size or 16
+    bs = st0.block_size or DEFAULT_BLOCK_SIZE
     hits = queries = evictions = 0
     for rep, res in zip(reps, results, strict=True):
         st = rep.inner.stats()

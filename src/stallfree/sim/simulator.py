@@ -355,7 +355,7 @@ def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload)
     first = st.prefix_cache_first_queries
     res.prefix_cache_hit_rate_first_admission = st.prefix_cache_first_hits / first if first else 0.0
     res.prefix_cache_evictions = st.num_evictions
-    res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(st.block_size or 16)
+    res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(st.block_size or DEFAULT_BLOCK_SIZE)
     res.kv_tier = tier_figures(inner, st)
 
 
