@@ -51,7 +51,6 @@ from stallfree.sim.routers import (
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import (
     SchedulerConfig,
-    check_stop_after,
     make_scheduler,
     new_result,
     plan_run,
@@ -182,7 +181,6 @@ def _replica(
     labelled "<label>#k"."""
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
-    check_stop_after(sched, target, max_new)
     res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
     return Replica(k, sched, inner, res, cost_model)
 
