@@ -15,7 +15,7 @@ from factories import RandomWorkload
 from stallfree import Request, RequestRejected, Scheduler
 from stallfree.core import scheduler as scheduler_module
 from stallfree.core.invariants import InvariantChecker
-from stallfree.core.kv import NO_HIT, KVManager, PrefixCacheStats, PrefixCacheView
+from stallfree.core.kv import NO_HIT, NO_TRANSFERS, KVManager, PrefixCacheStats, PrefixCacheView, Transfers
 from stallfree.core.live import LiveRequest
 
 
@@ -101,6 +101,9 @@ class DelegatingKV:
 
     def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int]) -> None:
         rec.block_table.extend(self.alloc.allocate(self._blocks(first_chunk)))
+
+    def step_transfers(self) -> Transfers:
+        return NO_TRANSFERS
 
     def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
         return [r for r in self.decodes.values() if self._blocks(r.offset + step + 1) > len(r.block_table)]

@@ -118,7 +118,7 @@ def test_bad_input():
     """P:D must be two integers >= 1; a link needs a positive bandwidth."""
     assert parse_disaggregate("3:5") == (3, 5)
     for text in ("0:2", "2", "a:b", "1:2:3", "2:-1"):
-        with pytest.raises(ClusterError, match="--disaggregate wants P:D"):
+        with pytest.raises(ClusterError, match="`disaggregate` wants P:D"):
             parse_disaggregate(text)
     with pytest.raises(ClusterError, match="link bandwidth must be > 0"):
         Interconnect("x", 0.0, 0.0)

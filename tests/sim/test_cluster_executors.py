@@ -85,7 +85,7 @@ def test_missing_ray_gives_the_install_message(monkeypatch, capsys):
 def test_unreachable_address_fails_fast():
     """A HOST:PORT with nothing listening is refused at once, naming the address."""
     port = _closed_port()
-    with pytest.raises(ExecutorError, match=f"--ray-address 127.0.0.1:{port}: no Ray cluster answers"):
+    with pytest.raises(ExecutorError, match=f"`ray_address` 127.0.0.1:{port}: no Ray cluster answers"):
         _check_reachable(f"127.0.0.1:{port}", 3.0)
     with pytest.raises(ExecutorError, match="wants HOST:PORT"):
         _check_reachable("nonsense", 3.0)
@@ -112,7 +112,7 @@ def test_port_that_is_not_ray_gives_up_after_the_join_timeout(monkeypatch):
         srv.bind(("127.0.0.1", 0))
         srv.listen()
         address = f"127.0.0.1:{srv.getsockname()[1]}"
-        with pytest.raises(ExecutorError, match=f"--ray-address {address}: "):
+        with pytest.raises(ExecutorError, match=f"`ray_address` {address}: "):
             ex.RayExecutor(address).map(abs, [1, 2])
 
 
@@ -122,5 +122,5 @@ def test_bad_executor_options():
         make_executor("dask")
     with pytest.raises(ExecutorError, match="jobs must be an integer >= 1, got 0"):
         ProcessExecutor(0)
-    with pytest.raises(ExecutorError, match="--ray-address applies to --executor ray"):
+    with pytest.raises(ExecutorError, match="`ray_address` applies to `executor`='ray'"):
         make_executor("process", ray_address="127.0.0.1:6379")

@@ -147,5 +147,5 @@ def test_setup_context_length_default_and_override():
     over = Setup(opts, HardwareOptions(max_model_len=200_000))
     assert over.context_length == 200_000
     assert any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n for n in over.header()["notes"])
-    with pytest.raises(SetupError, match="--max-model-len"):
+    with pytest.raises(SetupError, match="`max_model_len`"):
         Setup(opts, HardwareOptions(max_model_len=0))

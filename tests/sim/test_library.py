@@ -9,6 +9,7 @@ import json
 import pytest
 
 from stallfree.cli import main
+from stallfree.sim.commands.common import flag_message, flag_words
 from stallfree.sim.commands.tune import EXIT_NO_CANDIDATE_MEETS_SLO
 from stallfree.sim.experiment import run_experiment
 from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
@@ -52,12 +53,39 @@ def test_sweep_api_rows_in_grid_order():
 
 
 def test_setup_errors_name_the_option():
-    """Contradicting options raise SetupError naming them, marked as a usage error."""
-    with pytest.raises(SetupError, match="--trace and --synthetic") as exc:
+    """Contradicting options raise SetupError naming their fields (not flags), marked as a usage error;
+    the commands word the same error in flags."""
+    with pytest.raises(SetupError, match="^`trace` and `synthetic` are exclusive$") as exc:
         Setup(WorkloadOptions(trace="x.csv", synthetic="poisson"), LINEAR)
-    assert exc.value.usage
+    assert exc.value.usage and exc.value.fields == ("trace", "synthetic")
+    assert flag_message(exc.value) == "--trace and --synthetic are exclusive"
+    with pytest.raises(SetupError) as exc:
+        Setup(_synthetic(), LINEAR, cpu_kv_tokens=4096)
+    assert exc.value.fields == ("cpu_kv_tokens", "prefix_caching", "scheduler")
+    assert flag_message(exc.value) == ("--cpu-kv-tokens: a CPU KV tier keeps prefix-cache blocks: add "
+                                       "--prefix-caching (and --scheduler paged)")
     with pytest.raises(SetupError, match="nonexistent-gpu"):
         Setup(_synthetic(), HardwareOptions(gpu="nonexistent-gpu"))
+
+
+def test_flag_words_maps_fields_to_flags():
+    """Backticked fields become flags, `field`=value becomes "--flag value", other text stays."""
+    assert (flag_words("`linear_cost` and `kernels`='vllm' are exclusive")
+            == "--linear-cost and --kernels vllm are exclusive")
+    assert flag_words("`num_requests`=6,000,000 is more") == "--num-requests 6,000,000 is more"
+    assert flag_words("`kv_offloading_gib`: x") == "--kv-offloading-size: x"
+    assert flag_words("no fields, --as-is, `two words`") == "no fields, --as-is, `two words`"
+
+
+def test_setup_error_names_the_field_and_the_cli_the_flag(capsys):
+    """The library's SetupError says `linear_cost` and `kernels`='vllm'; `stallfree simulate` says
+    --linear-cost and --kernels vllm, as typed."""
+    with pytest.raises(SetupError, match=r"^`linear_cost` and `kernels`='vllm' are exclusive \(both price"):
+        Setup(_synthetic(), HardwareOptions(linear_cost="10,50", kernels="vllm"))
+    code = main(["simulate", "--synthetic", "poisson", "--num-requests", "5", "--linear-cost", "10,50",
+                 "--kernels", "vllm", "--json"])
+    assert code == 2
+    assert "error: --linear-cost and --kernels vllm are exclusive (both price the steps)" in capsys.readouterr().err
 
 
 def test_tune_api_reports_whether_the_slos_are_met():

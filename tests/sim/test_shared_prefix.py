@@ -43,7 +43,7 @@ def test_seeded_and_options():
                                                output_len="fixed:5", rate=1.0))
     assert wl.prefix_ids == _small().prefix_ids and scale == 1.0
     assert parse_shared_prefix("4,16,1024,64") == (4, 16, 1024, 64)
-    with pytest.raises(ValueError, match="--shared-prefix wants GROUPS,PROMPTS"):
+    with pytest.raises(ValueError, match="`shared_prefix` wants GROUPS,PROMPTS"):
         parse_shared_prefix("4,16")
     with pytest.raises(SetupError, match="go together"):
         build_workload(WorkloadOptions(synthetic="shared-prefix"))

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
 
 __all__ = [
-    "NO_HIT", "BlockPool", "CachingBlockPool", "KVManager", "PagedKV", "PrefixCacheStats", "PrefixCacheView",
-    "ReservationKV",
+    "NO_HIT", "NO_TRANSFERS", "BlockPool", "CachingBlockPool", "KVManager", "PagedKV", "PrefixCacheStats",
+    "PrefixCacheView", "ReservationKV", "Transfers",
     "KV_POLICIES", "blocks_for_tokens", "build_kv_manager", "check_kv_options", "check_watermark", "kv_manager_for",
     "KVOptions",
 ]
@@ -471,6 +471,13 @@ class PrefixCacheStats:
 NO_HIT: tuple[int, tuple[int, ...]] = (0, ())
 
 
+#: A step's KV copies between tiers: (offloads as (gpu_block, cpu_block), loads as (cpu_block, gpu_block)).
+Transfers = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
+
+#: The copies of a step without any (every manager with one KV tier).
+NO_TRANSFERS: Transfers = ((), ())
+
+
 class KVManager(Protocol):
     """Everything the scheduler asks of its KV policy, and nothing more (docs/DESIGN.md, "The KV seam").
 
@@ -548,6 +555,9 @@ class KVManager(Protocol):
         """The ids in no table (after every table was read through block_table)."""
     def cache_view(self) -> PrefixCacheView | None:
         """A read-only view of the prefix cache; None without caching."""
+    def step_transfers(self) -> Transfers:
+        """End of schedule(): the step's KV copies between tiers, (offloads as (gpu_block, cpu_block),
+        loads as (cpu_block, gpu_block)), handed over once; NO_TRANSFERS for a manager with one tier."""
 
 
 def _reject_hashes(req: Request, policy: str) -> None:
@@ -659,6 +669,10 @@ class ReservationKV:
     def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
         """(): the reservations already hold every decode's KV."""
         return ()
+
+    def step_transfers(self) -> Transfers:
+        """NO_TRANSFERS: one tier, nothing is copied."""
+        return NO_TRANSFERS
 
     def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
         """True: the reservation covers every token a request computes."""
@@ -867,6 +881,10 @@ class PagedKV:
             return NO_HIT
         hits = self.cache.lookup(hashes, (rec.num_prompt_tokens - 1) // self.block_size)
         return len(hits) * self.block_size, hits
+
+    def step_transfers(self) -> Transfers:
+        """NO_TRANSFERS: one tier, nothing is copied (TieredKV hands over its copies)."""
+        return NO_TRANSFERS
 
     def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
         """Promise, in one count, a block to each decode whose token of step `step` starts one (the

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
-from stallfree.core.kv import NO_HIT, BlockPool, CachingBlockPool, PagedKV
+from stallfree.core.kv import NO_HIT, BlockPool, CachingBlockPool, PagedKV, Transfers
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler
 
@@ -371,7 +371,7 @@ class TieredKV(PagedKV):
         self.prefix_stats.count(rec, h * bs)
         self.tier_stats.count(rec, len(gpu) * bs, len(src) * bs)
 
-    def step_transfers(self) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    def step_transfers(self) -> Transfers:
         """End of schedule(): evict for the blocks promised to decodes now, then hand over the step's
         copies, (offloads as (gpu_block, cpu_block), loads as (cpu_block, gpu_block)), and clear them."""
         pool = self.cache

@@ -24,7 +24,7 @@ from typing import Any
 
 from stallfree.core.config import SchedulerConfig, as_config
 from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
-from stallfree.core.kv import KVManager, kv_manager_for
+from stallfree.core.kv import NO_TRANSFERS, KVManager, kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
@@ -109,8 +109,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
-        # A manager with a second KV tier (core/kv_tier.py) hands over each step's copies.
-        self._kv_transfers = getattr(self._kv, "step_transfers", None)
+        self._kv_transfers = self._kv.step_transfers
         self._init_lifecycle()
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
@@ -224,8 +223,10 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
             decode_tokens,
         )
-        if self._kv_transfers is not None:
-            plan.kv_offloads, plan.kv_loads = self._kv_transfers()
+        # A manager with a second KV tier (core/kv_tier.py) hands over each step's copies.
+        transfers = self._kv_transfers()
+        if transfers is not NO_TRANSFERS:
+            plan.kv_offloads, plan.kv_loads = transfers
         self._inflight = plan
         return plan
 

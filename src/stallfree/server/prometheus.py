@@ -148,13 +148,13 @@ class ServerMetrics:
         if stats.num_preemptions > self._last_preemptions:
             self.preemptions.inc(stats.num_preemptions - self._last_preemptions)
             self._last_preemptions = stats.num_preemptions
-        queries, hits = getattr(stats, "prefix_cache_queries", 0), getattr(stats, "prefix_cache_hits", 0)
+        queries, hits = stats.prefix_cache_queries, stats.prefix_cache_hits
         if queries > self._last_prefix[0]:
             self.prefix_cache_queries.inc(queries - self._last_prefix[0])
             self.prefix_cache_hits.inc(hits - self._last_prefix[1])
             self._last_prefix = (queries, hits)
-        cpu = getattr(stats, "prefix_cache_cpu_hits", 0)
-        now = (hits - cpu, cpu, getattr(stats, "kv_blocks_loaded", 0), getattr(stats, "kv_blocks_offloaded", 0))
+        cpu = stats.prefix_cache_cpu_hits
+        now = (hits - cpu, cpu, stats.kv_blocks_loaded, stats.kv_blocks_offloaded)
         if now != self._last_tier:
             for (name, value), last in zip((("gpu", now[0]), ("cpu", now[1])), self._last_tier[:2], strict=True):
                 if value > last:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.sim.cluster import cluster_summary, make_router, simulate_cluster
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.disagg import run_disagg_experiment
 from stallfree.sim.executors import Executor, SerialExecutor
 from stallfree.sim.experiment import scheduler_for
@@ -279,6 +280,24 @@ class _Search:
             n -= 1
 
 
+def _check_plan_options(slo_ttft: float | None, slo_tpot: float | None, attainment: float,
+                        routers: Sequence[str], max_replicas: int, width: int) -> None:
+    """Refuse plan's options before any simulation (plan's Args).
+
+    Raises:
+        ValueError: no SLO, attainment outside (0, 1], max_replicas < 1, width < 1, no router, or an
+            unknown router; the message names the field and the value.
+    """
+    if slo_ttft is None and slo_tpot is None:
+        raise ValueError("plan needs an SLO: give slo_ttft and/or slo_tpot")
+    if not 0 < attainment <= 1:
+        raise ValueError(f"attainment must be in (0, 1], got {attainment!r}")
+    if max_replicas < 1 or width < 1:
+        raise ValueError(f"max_replicas and width must be >= 1, got {max_replicas!r}, {width!r}")
+    if not routers or any(r not in ROUTERS for r in routers):
+        raise ValueError(f"routers must be names of {', '.join(ROUTERS)}, got {list(routers)!r}")
+
+
 def plan(
     setup: Any,
     slo_ttft: float | None,
@@ -286,7 +305,7 @@ def plan(
     *,
     attainment: float = DEFAULT_ATTAINMENT,
     routers: Sequence[str] = DEFAULT_ROUTERS,
-    budget: int = 2048,
+    budget: int = DEFAULT_TOKEN_BUDGET,
     max_replicas: int = DEFAULT_MAX_REPLICAS,
     executor: Executor | None = None,
     width: int = 1,
@@ -316,14 +335,7 @@ def plan(
         ValueError: no SLO, attainment outside (0, 1], max_replicas < 1, width < 1, no router, or an
             unknown router; SimulationError, SetupError: as the simulations.
     """
-    if slo_ttft is None and slo_tpot is None:
-        raise ValueError("plan needs an SLO: give slo_ttft and/or slo_tpot")
-    if not 0 < attainment <= 1:
-        raise ValueError(f"attainment must be in (0, 1], got {attainment!r}")
-    if max_replicas < 1 or width < 1:
-        raise ValueError(f"max_replicas and width must be >= 1, got {max_replicas!r}, {width!r}")
-    if not routers or any(r not in ROUTERS for r in routers):
-        raise ValueError(f"routers must be names of {', '.join(ROUTERS)}, got {list(routers)!r}")
+    _check_plan_options(slo_ttft, slo_tpot, attainment, routers, max_replicas, width)
     t0 = time.perf_counter()
     opts = setup.workload_options
     mu1 = saturated_throughput(setup.workload, scheduler_for(setup, "chunked", budget, None), setup.cost_model,

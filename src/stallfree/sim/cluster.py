@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.experiment import Experiment, check_options, record_capacity, scheduler_for, study_header
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.loop import Router
@@ -51,7 +51,6 @@ from stallfree.sim.routers import (
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import (
     SchedulerConfig,
-    check_stop_after,
     make_scheduler,
     new_result,
     plan_run,
@@ -182,7 +181,6 @@ def _replica(
     labelled "<label>#k"."""
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
-    check_stop_after(sched, target, max_new)
     res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
     return Replica(k, sched, inner, res, cost_model)
 
@@ -211,7 +209,7 @@ def _prefix_cache_figures(
     st0 = reps[0].inner.stats()
     if not st0.enable_prefix_caching:
         return
-    bs = st0.block_size or 16
+    bs = st0.block_size or DEFAULT_BLOCK_SIZE
     hits = queries = evictions = 0
     for rep, res in zip(reps, results, strict=True):
         st = rep.inner.stats()

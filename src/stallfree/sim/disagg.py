@@ -137,7 +137,7 @@ def parse_disaggregate(text: str) -> tuple[int, int]:
     except ValueError:
         p, d = 0, 0
     if p < 1 or d < 1:
-        raise ClusterError(f"--disaggregate wants P:D with P, D >= 1 replicas, got {text!r}")
+        raise ClusterError(f"`disaggregate` wants P:D with P, D >= 1 replicas, got {text!r}")
     return p, d
 
 
@@ -725,9 +725,9 @@ def search_plan(
     """
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
-        raise ClusterError(f"the P:D search needs --replicas >= 2 (the GPUs to split), got {replicas!r}")
+        raise ClusterError(f"the P:D search needs `replicas` >= 2 (the GPUs to split), got {replicas!r}")
     if slo_ttft is None and slo_tpot is None:
-        raise ClusterError("the P:D search ranks by goodput: give --slo-ttft and/or --slo-tpot")
+        raise ClusterError("the P:D search ranks by goodput: give `slo_ttft` and/or `slo_tpot`")
     agg_grid = _grid("aggregated budgets", aggregated_budgets, DEFAULT_AGGREGATED_BUDGETS)
     pre_grid = _grid("prefill budgets", prefill_budgets, DEFAULT_PREFILL_BUDGETS)
     dec_grid = _grid("decode budgets", decode_budgets, DEFAULT_DECODE_BUDGETS)

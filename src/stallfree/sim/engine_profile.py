@@ -165,7 +165,7 @@ def load_profile(name: str) -> EngineProfile:
         return EngineProfile("none")
     profiles = _shipped()
     if name not in profiles:
-        raise EngineProfileError(f"--engine-profile {name!r}: no such profile; known: {', '.join(profile_names())}")
+        raise EngineProfileError(f"`engine_profile` {name!r}: no such profile; known: {', '.join(profile_names())}")
     return EngineProfile.from_json(name, profiles[name])
 
 

@@ -107,7 +107,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ExecutorError('--executor ray needs Ray: pip install "stallfree[ray]"') from None
+        raise ExecutorError("`executor`='ray' needs Ray: pip install \"stallfree[ray]\"") from None
     return ray
 
 
@@ -118,13 +118,13 @@ def _check_reachable(address: str, timeout: float) -> None:
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = hostport.rpartition(":")
     if not sep or not port.isdigit():
-        raise ExecutorError(f"--ray-address wants HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}")
+        raise ExecutorError(f"`ray_address` wants HOST:PORT, ray://HOST:PORT, 'auto' or 'local', got {address!r}")
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except OSError as exc:
         raise ExecutorError(
-            f"--ray-address {address}: no Ray cluster answers there within {timeout:g} s ({exc})"
+            f"`ray_address` {address}: no Ray cluster answers there within {timeout:g} s ({exc})"
         ) from None
 
 
@@ -213,10 +213,10 @@ def _join(ray: Any, address: str, timeout: float) -> None:
     th.start()
     th.join(timeout)
     if th.is_alive():
-        raise ExecutorError(f"--ray-address {address}: something answers there but no Ray cluster joined within "
+        raise ExecutorError(f"`ray_address` {address}: something answers there but no Ray cluster joined within "
                             f"{timeout:g} s")
     if "exc" in box:
-        raise ExecutorError(f"--ray-address {address}: cannot join the Ray cluster: {box['exc']}")
+        raise ExecutorError(f"`ray_address` {address}: cannot join the Ray cluster: {box['exc']}")
 
 
 def make_executor(name: str, jobs: int | None = None, ray_address: str | None = None) -> Executor:
@@ -234,7 +234,7 @@ def make_executor(name: str, jobs: int | None = None, ray_address: str | None = 
     if name not in EXECUTORS:
         raise ExecutorError(f"unknown executor {name!r} (choose from {', '.join(EXECUTORS)})")
     if ray_address is not None and name != "ray":
-        raise ExecutorError(f"--ray-address applies to --executor ray, not {name!r}")
+        raise ExecutorError(f"`ray_address` applies to `executor`='ray', not {name!r}")
     if name == "serial":
         return SerialExecutor()
     if name == "process":

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.report import summarize_result
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
@@ -59,7 +60,7 @@ def check_options(
     """Refuse options of a run that contradict each other.
 
     Raises:
-        SetupError: an unknown batching mode, --check or --scheduler paged with a baseline, paged-only
+        SetupError: an unknown batching mode, `check` or `scheduler`='paged' with a baseline, paged-only
             options without the paged scheduler, or a step time target with a baseline or with
             partial prefills (usage).
     """
@@ -68,18 +69,20 @@ def check_options(
         if mode not in BATCHING_MODES:
             raise SetupError(f"unknown batching mode {mode!r} (choose from {', '.join(BATCHING_MODES)})", usage=True)
     if check and modes != ["chunked"] and not compare:
-        raise SetupError("--check checks the contract's scheduler: use it with --batching chunked", usage=True)
+        raise SetupError("`check` checks the contract's scheduler: use it with `batching`='chunked'", usage=True)
     if not 0 <= setup.watermark < 1:
-        raise SetupError(f"--watermark must be in [0, 1), got {setup.watermark}", usage=True)
-    if setup.scheduler != "paged" and (setup.block_size != 16 or setup.watermark != 0.01):
-        raise SetupError("--block-size and --watermark apply to --scheduler paged", usage=True)
+        raise SetupError(f"`watermark` must be in [0, 1), got {setup.watermark}", usage=True)
+    paged_defaults = setup.block_size == DEFAULT_BLOCK_SIZE and setup.watermark == CoreSchedulerConfig.watermark
+    if setup.scheduler != "paged" and not paged_defaults:
+        raise SetupError("`block_size` and `watermark` apply to `scheduler`='paged'", usage=True)
     if setup.scheduler == "paged" and modes != ["chunked"] and not compare:
-        raise SetupError("--scheduler paged runs chunked batching: drop --batching", usage=True)
+        raise SetupError("`scheduler`='paged' runs chunked batching: drop `batching`", usage=True)
     if step_time_target is not None and modes != ["chunked"]:
-        raise SetupError("--step-time-target drives the chunked scheduler: drop --compare and --batching", usage=True)
+        raise SetupError("`step_time_target` drives the chunked scheduler: drop `compare` and `batching`",
+                         usage=True)
     if step_time_target is not None and setup.partial_prefills() is not None:
-        raise SetupError("--step-time-target does not take the partial-prefill options in this version: "
-                         "drop --max-num-partial-prefills", usage=True)
+        raise SetupError("`step_time_target` does not take the partial-prefill options in this version: "
+                         "drop `max_num_partial_prefills`", usage=True)
 
 
 def run_experiment(

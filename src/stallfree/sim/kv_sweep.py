@@ -54,7 +54,7 @@ def kv_sweep(
     """
     sizes = sorted(set(kv_sizes))
     if not sizes or sizes[0] < 1:
-        raise ValueError(f"--kv-tokens needs sizes >= 1, got {list(kv_sizes)!r}")
+        raise ValueError(f"`kv_sizes` needs sizes >= 1, got {list(kv_sizes)!r}")
     rows = []
     for k, kv in enumerate(sizes, start=1):
         setup = make_setup(kv)

@@ -117,6 +117,44 @@ def _stats(name: str, values: Any, percentiles: Sequence[float]) -> dict[str, fl
     return out
 
 
+def _throughputs(
+    res: SimResult, lat: dict[str, Any], slo_ttft: float | None, slo_tpot: float | None
+) -> dict[str, Any]:
+    """The totals and rates of a run that completed requests, for summarize_result: completed,
+    total_{input,output}_tokens, duration_s (first arrival to last finish, s), request_, output_ and
+    total_token_throughput (per s), request_goodput and slo_attainment (None without an SLO), and a
+    closed loop's achieved_request_rate. `lat`: latency_arrays(res)."""
+    import numpy as np
+
+    done = lat["rids"]
+    end = np.frombuffer(res.step_end, dtype=np.float64)
+    arrival = np.asarray(res.arrival, dtype=np.float64)
+    fin = np.asarray(res.finish_step, dtype=np.int64)[done]
+    duration = float(end[fin].max() - arrival.min())
+    n_out = int(lat["tokens"].sum())
+    n_in = int(sum(res.prompt_len[r] for r in done.tolist()))
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
+    out: dict[str, Any] = {
+        "completed": len(done),
+        "total_input_tokens": n_in,
+        "total_output_tokens": n_out,
+        "duration_s": duration,
+        "request_throughput": rate(len(done)),
+        "output_throughput": rate(n_out),
+        "total_token_throughput": rate(n_in + n_out),
+        "request_goodput": None,
+        "slo_attainment": None,
+    }
+    if "concurrency" in res.config:
+        # Closed loop: the rate the clients reached, requests sent (refused ones too) per second.
+        out["achieved_request_rate"] = rate(res.num_requests)
+    if slo_ttft is not None or slo_tpot is not None:
+        good = slo_met(lat, slo_ttft, slo_tpot)
+        out["request_goodput"] = rate(int(good.sum()))
+        out["slo_attainment"] = float(good.mean())
+    return out
+
+
 def summarize_result(
     res: SimResult,
     slo_ttft: float | None = None,
@@ -145,8 +183,6 @@ def summarize_result(
         (config concurrency, think_time_s) adds achieved_request_rate: requests sent (refused ones
         included) / duration_s, requests/s.
     """
-    import numpy as np
-
     pcts = tuple(percentiles)
     lat = latency_arrays(res)
     done = lat["rids"]
@@ -158,31 +194,7 @@ def summarize_result(
     if n_done == 0:
         out["completed"] = 0
         return out
-    end = np.frombuffer(res.step_end, dtype=np.float64)
-    arrival = np.asarray(res.arrival, dtype=np.float64)
-    fin = np.asarray(res.finish_step, dtype=np.int64)[done]
-    duration = float(end[fin].max() - arrival.min())
-    n_out = int(lat["tokens"].sum())
-    n_in = int(sum(res.prompt_len[r] for r in done.tolist()))
-    rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
-    out.update(
-        completed=n_done,
-        total_input_tokens=n_in,
-        total_output_tokens=n_out,
-        duration_s=duration,
-        request_throughput=rate(n_done),
-        output_throughput=rate(n_out),
-        total_token_throughput=rate(n_in + n_out),
-        request_goodput=None,
-        slo_attainment=None,
-    )
-    if "concurrency" in res.config:
-        # Closed loop: the rate the clients reached, requests sent (refused ones too) per second.
-        out["achieved_request_rate"] = rate(res.num_requests)
-    if slo_ttft is not None or slo_tpot is not None:
-        good = slo_met(lat, slo_ttft, slo_tpot)
-        out["request_goodput"] = rate(int(good.sum()))
-        out["slo_attainment"] = float(good.mean())
+    out.update(_throughputs(res, lat, slo_ttft, slo_tpot))
     for name, key in (
         ("ttft", "ttft"),
         ("tpot", "tpot"),

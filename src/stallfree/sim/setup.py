@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.errors import StallfreeError
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import choose_cost_model
@@ -77,13 +79,18 @@ MAX_SYNTHETIC_REQUESTS = 5_000_000
 class SetupError(StallfreeError, ValueError):
     """Options that cannot describe a run (conflicting, out of range, or naming nothing known).
 
+    The message names each option by its field in backticks (`token_budget`, `scheduler`='paged'),
+    never by a command-line flag: the commands word those as flags (stallfree.sim.commands.common).
+
     Attributes:
         usage: True when the options contradict each other or are malformed (a command exits 2),
             False when they are well-formed but name something that does not work (exit 1).
+        fields: the fields the message names, in order of first mention.
     """
     def __init__(self, message: str, usage: bool = False) -> None:
         super().__init__(message)
         self.usage = usage
+        self.fields = tuple(dict.fromkeys(re.findall(r"`(\w+)`", message)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,9 +225,9 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         ValueError: a bad length spec or rate.
     """
     if opts.synthetic and opts.trace:
-        raise SetupError("--trace and --synthetic are exclusive", usage=True)
+        raise SetupError("`trace` and `synthetic` are exclusive", usage=True)
     if (opts.synthetic == "shared-prefix") != (opts.shared_prefix is not None):
-        raise SetupError("--synthetic shared-prefix and --shared-prefix G,P,S,Q go together", usage=True)
+        raise SetupError("`synthetic`='shared-prefix' and `shared_prefix` G,P,S,Q go together", usage=True)
     if opts.synthetic == "shared-prefix":
         g, p, s, q = parse_shared_prefix(opts.shared_prefix or "")
         wl = shared_prefix(g, p, s, q, parse_length_spec(opts.output_len), opts.rate,
@@ -233,7 +240,7 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     if opts.synthetic or drawn:
         if (opts.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
             raise SetupError(
-                f"--num-requests {opts.num_requests:,} is more than a synthetic run draws "
+                f"`num_requests`={opts.num_requests:,} is more than a synthetic run draws "
                 f"(at most {MAX_SYNTHETIC_REQUESTS:,}, about a GiB of memory)",
                 usage=True,
             )
@@ -281,7 +288,7 @@ def parse_linear_cost(text: str) -> LinearCostModel:
     except ValueError as exc:
         detail = f": {exc}" if str(exc) else ""
         raise SetupError(
-            f"--linear-cost wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", usage=True
+            f"`linear_cost` wants BASE_MS,PER_TOKEN_US[,PER_CTX_NS], got {text!r}{detail}", usage=True
         ) from None
 
 
@@ -308,7 +315,8 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         SetupError: as build_cost_model.
     """
     if opts.linear_cost and opts.kernels not in (None, "none"):
-        raise SetupError(f"--linear-cost and --kernels {opts.kernels} are exclusive (both price the steps)", usage=True)
+        raise SetupError(f"`linear_cost` and `kernels`={opts.kernels!r} are exclusive (both price the steps)",
+                         usage=True)
     model, gpu, named = _preset_names(opts)
     try:
         # A linear cost replaces the pricing; the KV capacity still comes from today's cost model.
@@ -413,7 +421,7 @@ def context_length(opts: HardwareOptions) -> tuple[int | None, str]:
     """
     if opts.max_model_len is not None:
         if isinstance(opts.max_model_len, bool) or opts.max_model_len < 1:
-            raise SetupError(f"--max-model-len must be >= 1 token, got {opts.max_model_len!r}", usage=True)
+            raise SetupError(f"`max_model_len` must be >= 1 token, got {opts.max_model_len!r}", usage=True)
         return opts.max_model_len, "--max-model-len"
     try:
         spec = get_model(_preset_names(opts)[0])
@@ -458,7 +466,7 @@ class Setup:
     max_seqs: int = DEFAULT_MAX_SEQS
     scheduler: str = "reserve"
     block_size: int = DEFAULT_BLOCK_SIZE
-    watermark: float = 0.01
+    watermark: float = CoreSchedulerConfig.watermark
     prefix_caching: bool = False
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int | None = None
@@ -478,7 +486,8 @@ class Setup:
 
     def __post_init__(self) -> None:
         if self.prefix_caching and self.scheduler != "paged":
-            raise SetupError("--prefix-caching needs --scheduler paged (cached blocks are paged KV blocks)", usage=True)
+            raise SetupError("`prefix_caching` needs `scheduler`='paged' (cached blocks are paged KV blocks)",
+                             usage=True)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
         self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
@@ -490,11 +499,12 @@ class Setup:
     def _add_cpu_tier(self) -> None:
         """Size the CPU KV tier (tokens, or GiB summed over the ranks) and price its copies."""
         if not self.prefix_caching:
-            flag = "--kv-offloading-size" if self.kv_offloading_gib else "--cpu-kv-tokens"
-            raise SetupError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --prefix-caching "
-                             "(and --scheduler paged)", usage=True)
+            name = "kv_offloading_gib" if self.kv_offloading_gib else "cpu_kv_tokens"
+            raise SetupError(f"`{name}`: a CPU KV tier keeps prefix-cache blocks: add `prefix_caching` "
+                             "(and `scheduler`='paged')", usage=True)
         if self.cpu_kv_tokens and self.kv_offloading_gib:
-            raise SetupError("--cpu-kv-tokens and --kv-offloading-size both size the CPU KV tier: give one", usage=True)
+            raise SetupError("`cpu_kv_tokens` and `kv_offloading_gib` both size the CPU KV tier: give one",
+                             usage=True)
         opts = self.hardware_options
         try:
             gpu = get_gpu(opts.gpu)
@@ -538,7 +548,7 @@ class Setup:
         thr = self.long_prefill_token_threshold
         if thr is None and k > 1:
             if self.context_length is None:
-                raise SetupError("--max-num-partial-prefills > 1 needs --long-prefill-token-threshold "
+                raise SetupError("`max_num_partial_prefills` > 1 needs `long_prefill_token_threshold` "
                                  "(the model's context length is unknown)", usage=True)
             thr = max(1, self.context_length * 4 // 100)  # vLLM's default: 4% of max_model_len
         return k, self.max_long_partial_prefills or 1, thr  # type: ignore[return-value]

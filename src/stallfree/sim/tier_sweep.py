@@ -49,7 +49,7 @@ def tier_sweep(
     """
     sizes = sorted(set(cpu_sizes))
     if not sizes or sizes[0] < 0:
-        raise ValueError(f"--cpu-kv-tokens needs sizes >= 0, got {list(cpu_sizes)!r}")
+        raise ValueError(f"`cpu_sizes` needs sizes >= 0, got {list(cpu_sizes)!r}")
     rows = []
     for k, cpu in enumerate(sizes, start=1):
         setup = make_setup(cpu)

@@ -31,13 +31,14 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.errors import check_positive_int
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.costmodel.roofline import largest_fitting
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.defaults import DEFAULT_MAX_SEQS
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
 
 __all__ = [
     "PlanPricer",
@@ -302,8 +303,8 @@ class TimeBudgetConfig:
     max_seqs: int = DEFAULT_MAX_SEQS
     decode_overflow: str = "oldest"
     kv_policy: str = "reserve"
-    block_size: int = 16
-    watermark: float = 0.01
+    block_size: int = DEFAULT_BLOCK_SIZE
+    watermark: float = CoreSchedulerConfig.watermark
     enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:

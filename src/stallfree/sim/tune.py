@@ -50,7 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree._argtypes import partial_prefill_flag_problem
+from stallfree.core.errors import InvalidConfig
+from stallfree.core.policies import check_partial_prefills
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS
 from stallfree.sim.executors import Executor
@@ -113,9 +114,20 @@ ROW_KEYS = (
 def check_partial_prefill_flags(
     k: int, lng: int | None, thr: int | None, block_size: int | None = None
 ) -> str | None:
-    """The partial-prefill flags checked before a tune runs: stallfree._argtypes.partial_prefill_flag_problem
-    (None when fine, else a message naming the flags and values)."""
-    return partial_prefill_flag_problem(k, lng, thr, block_size)
+    """The partial-prefill options of a tune checked as the scheduler will
+    (stallfree.core.policies.check_partial_prefills) before any run: K = max_num_partial_prefills,
+    L = max_long_partial_prefills, T = long_prefill_token_threshold in tokens (a missing T with K > 1
+    passes: the runs then take 4% of the context length), `block_size` the chunk alignment or None.
+
+    Returns:
+        None when they are fine, else the scheduler's message naming the fields and values (the
+        commands word it in flags: stallfree._argtypes.partial_prefill_flag_problem).
+    """
+    try:
+        check_partial_prefills(k, lng, thr if thr is not None or k == 1 else (block_size or 1), block_size)
+    except InvalidConfig as exc:
+        return str(exc)
+    return None
 
 
 def _refined(best: int, tried: Sequence[int]) -> list[int]:
@@ -229,6 +241,27 @@ class TuneResult:
         return bool(self.rows) and (self.best.get("request_goodput") or 0.0) > 0.0
 
 
+def _max_seqs_tried(max_seqs: int, candidates: Sequence[int] | None) -> list[int]:
+    """The max_seqs values of a tune, ascending: the base and `candidates` (default half and double it)."""
+    others = list(candidates) if candidates is not None else [max(1, max_seqs // 2), max_seqs * 2]
+    return sorted({max_seqs, *others})
+
+
+def _grid_stage(runner: _Runner, budgets: Sequence[int], seqs_all: Sequence[int]) -> None:
+    """tune with explicit budgets: every (budget, max_seqs) pair, with no bound and no refinement."""
+    runner.planned = len(budgets) * len(seqs_all)
+    runner.run([(b, m) for b in sorted(set(budgets)) for m in seqs_all])
+
+
+def _partial_prefill_stage(runner: _Runner, tie_tolerance: float, max_seqs: int) -> None:
+    """tune's last stage with search_partial_prefills: each of partial_prefill_candidates(budget) at the
+    best budget and max_seqs ranked so far."""
+    best_row = rank(runner.rows, tie_tolerance, max_seqs)[0]
+    b, m = best_row["token_budget"], best_row["max_seqs"]
+    runner.planned = runner.done + len(partial_prefill_candidates(b))
+    runner.run([(b, m, c) for c in partial_prefill_candidates(b)])
+
+
 def tune(
     workload: Workload, kv_tokens: int, cost_model: StepCostModel, slo_ttft: float, slo_tpot: float, *,
     max_seqs: int = DEFAULT_MAX_SEQS, max_seqs_candidates: Sequence[int] | None = None,
@@ -271,32 +304,21 @@ def tune(
         ValueError: an SLO <= 0, an empty workload, or an empty budget list.
     """
     _check_request(slo_ttft, slo_tpot, budgets)
-    others = list(max_seqs_candidates) if max_seqs_candidates is not None else [max(1, max_seqs // 2), max_seqs * 2]
-    seqs_all = sorted({max_seqs, *others})
+    seqs_all = _max_seqs_tried(max_seqs, max_seqs_candidates)
     runner = _Runner(workload, kv_tokens, cost_model, slo_ttft, slo_tpot, max_tokens, jobs, progress)
     runner.context = (max_model_len, cut_output_to_fit)
     runner.partial_prefills = partial_prefills
     t0 = time.perf_counter()
     bound = None
     if budgets is not None:
-        runner.planned = len(budgets) * len(seqs_all)
-        runner.run([(b, m) for b in sorted(set(budgets)) for m in seqs_all])
+        _grid_stage(runner, budgets, seqs_all)
     else:
         bound = budget_bound(cost_model, workload, slo_tpot, max_seqs, kv_tokens, max_tokens)
         _search_ladder(runner, candidate_budgets(bound.token_budget), max_seqs, seqs_all, tie_tolerance)
     if search_partial_prefills:
-        best_row = rank(runner.rows, tie_tolerance, max_seqs)[0]
-        b, m = best_row["token_budget"], best_row["max_seqs"]
-        runner.planned = runner.done + len(partial_prefill_candidates(b))
-        runner.run([(b, m, c) for c in partial_prefill_candidates(b)])
-    return TuneResult(
-        bound=bound,
-        rows=rank(runner.rows, tie_tolerance, max_seqs),
-        slo_ttft=slo_ttft,
-        slo_tpot=slo_tpot,
-        wall_s=time.perf_counter() - t0,
-        stages=runner.stages,
-    )
+        _partial_prefill_stage(runner, tie_tolerance, max_seqs)
+    return TuneResult(bound=bound, rows=rank(runner.rows, tie_tolerance, max_seqs), slo_ttft=slo_ttft,
+                      slo_tpot=slo_tpot, wall_s=time.perf_counter() - t0, stages=runner.stages)
 
 
 def _check_request(slo_ttft: float, slo_tpot: float, budgets: Sequence[int] | None) -> None:

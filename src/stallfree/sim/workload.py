@@ -430,7 +430,7 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
     cols = _HEADERS[fmt]
     missing = [c for c in cols if c not in header]
     if missing:
-        hint = "; the file looks like JSON lines: use --trace-format jsonl" if header[0].startswith("{") else ""
+        hint = "; the file looks like JSON lines: use `trace_format`='jsonl'" if header[0].startswith("{") else ""
         raise TraceError(
             f"{path}:1: a {fmt} trace needs the column(s) {', '.join(cols)}; {missing} missing from "
             f"the header {header}{hint}"
@@ -473,7 +473,7 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
                     raise TraceError(
                         f"{path}:1: not a jsonl trace (one JSON object per line with arrival_time, "
                         f"prompt_len, output_len); the first line is {text.strip()[:80]!r}"
-                        + ("; for a CSV use --trace-format csv or auto" if "," in text else "")
+                        + ("; for a CSV use `trace_format`='csv' or auto" if "," in text else "")
                     ) from None
                 raise
             if not isinstance(obj, dict):
@@ -644,9 +644,9 @@ def parse_shared_prefix(text: str) -> tuple[int, int, int, int]:
     try:
         g, p, s, q = (int(x) for x in text.split(","))
     except ValueError:
-        raise ValueError(f"--shared-prefix wants GROUPS,PROMPTS,SYSTEM_TOKENS,QUESTION_TOKENS, got {text!r}") from None
+        raise ValueError(f"`shared_prefix` wants GROUPS,PROMPTS,SYSTEM_TOKENS,QUESTION_TOKENS, got {text!r}") from None
     if g < 1 or p < 1 or s < 0 or q < 1 or s + q > MAX_LENGTH or g * p > 5_000_000:
-        raise ValueError(f"--shared-prefix {text!r}: needs GROUPS >= 1, PROMPTS >= 1, SYSTEM_TOKENS >= 0, "
+        raise ValueError(f"`shared_prefix` {text!r}: needs GROUPS >= 1, PROMPTS >= 1, SYSTEM_TOKENS >= 0, "
                          f"QUESTION_TOKENS >= 1, at most 5,000,000 prompts and {MAX_LENGTH:,} tokens per prompt")
     return g, p, s, q
 

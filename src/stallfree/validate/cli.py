@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
+
 __all__ = ["register"]
 
 
@@ -211,8 +213,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "for a benchmark CSV, selects rows of that system)")
     v.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     v.add_argument("--dtype", default="bf16", help="weight dtype (default bf16)")
-    v.add_argument("--max-num-batched-tokens", type=int, default=2048, help="vLLM's token budget (2048)")
-    v.add_argument("--max-num-seqs", type=int, default=256, help="vLLM's max running requests (256)")
+    v.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_TOKEN_BUDGET,
+                   help=f"vLLM's token budget ({DEFAULT_TOKEN_BUDGET})")
+    v.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_SEQS,
+                   help=f"vLLM's max running requests ({DEFAULT_MAX_SEQS})")
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the KV capacity (0.9)")
     v.add_argument("--scheduler", choices=("paged", "reserve"), default="paged", help="KV policy (paged)")
     g = p.add_argument_group("measured runs of someone else's engine (--against)")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import RequestTimeline
+from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
@@ -32,8 +33,8 @@ def validate_vllm(
     gpu: str,
     tp: int = 1,
     dtype: str = "bf16",
-    max_num_batched_tokens: int = 2048,
-    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = DEFAULT_TOKEN_BUDGET,
+    max_num_seqs: int = DEFAULT_MAX_SEQS,
     gpu_memory_utilization: float = 0.9,
     paged: bool = True,
     seed: int = 0,

@@ -17,7 +17,7 @@ from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from stallfree.core.errors import RequestRejected
-from stallfree.core.kv import NO_HIT, PrefixCacheStats, PrefixCacheView
+from stallfree.core.kv import NO_HIT, NO_TRANSFERS, PrefixCacheStats, PrefixCacheView, Transfers
 from stallfree.core.request import Request
 
 if TYPE_CHECKING:
@@ -228,6 +228,10 @@ class VLLMKV:
     def promise_decode_blocks(self, step: int) -> Sequence[LiveRequest]:
         """Every decode: each is grown through allocate_slots, which also caches its full blocks."""
         return list(self.decodes.values())
+
+    def step_transfers(self) -> Transfers:
+        """NO_TRANSFERS: vLLM's own connector moves KV between tiers, not stallfree's plan."""
+        return NO_TRANSFERS
 
     def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
         """allocate_slots for the tokens beyond vLLM's num_computed_tokens; False when vLLM has too few blocks."""

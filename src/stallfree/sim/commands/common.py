@@ -9,14 +9,17 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import add_partial_prefill_args, partial_prefill_flag_problem, positive_float, positive_int
+from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.errors import StallfreeError
 from stallfree.core.metrics import parse_duration
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
 from stallfree.sim.setup import (
     DEFAULT_RATE_SCALE,
@@ -38,6 +41,8 @@ __all__ = [
     "ensure_writable_dir",
     "ensure_writable_file",
     "executor_from_args",
+    "flag_message",
+    "flag_words",
     "guard",
     "hardware_options",
     "modes",
@@ -89,7 +94,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
     _add_workload_args(p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)"))
     _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"))
     s = p.add_argument_group("scheduler")
-    s.add_argument("--max-seqs", type=positive_int, default=256, help="most running requests (default 256)")
+    s.add_argument("--max-seqs", type=positive_int, default=DEFAULT_MAX_SEQS,
+                   help=f"most running requests (default {DEFAULT_MAX_SEQS})")
     add_partial_prefill_args(s, "the context length")
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
@@ -277,8 +283,8 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         hardware_options(args),
         max_seqs=args.max_seqs,
         scheduler=getattr(args, "scheduler", "reserve"),
-        block_size=getattr(args, "block_size", 16),
-        watermark=getattr(args, "watermark", 0.01),
+        block_size=getattr(args, "block_size", DEFAULT_BLOCK_SIZE),
+        watermark=getattr(args, "watermark", CoreSchedulerConfig.watermark),
         prefix_caching=getattr(args, "prefix_caching", False),
         max_num_partial_prefills=getattr(args, "max_num_partial_prefills", 1),
         max_long_partial_prefills=getattr(args, "max_long_partial_prefills", None),
@@ -365,7 +371,35 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
     try:
         return make_executor(args.executor, args.jobs or os.cpu_count() or 1, args.ray_address)
     except ExecutorError as exc:
-        raise CliError(str(exc), 2) from None
+        raise CliError(flag_message(exc), 2) from None
+
+
+#: The flag of each option whose field name is not the flag's name with underscores (the others are
+#: "--" + the field with dashes: `cpu_kv_tokens` is --cpu-kv-tokens).
+_FIELD_FLAGS = {"kv_offloading_gib": "--kv-offloading-size", "kv_sizes": "--kv-tokens",
+                "cpu_sizes": "--cpu-kv-tokens", "address": "--ray-address"}
+
+#: A field named in a library message: `name`, or `name`=value ('quoted' or up to a blank or : ; ).
+_FIELD_MENTION = re.compile(r"`(\w+)`(?:=('[^']*'|[^\s:;)]+))?")
+
+
+def flag_words(message: str) -> str:
+    """A library error's message worded in flags, as a user typed them. The simulator's library names
+    each option by its field in backticks (stallfree.sim.setup.SetupError); each becomes its flag, and
+    `field`=value becomes "--flag value" (`scheduler`='paged' is "--scheduler paged"). The rest of the
+    text is kept, and a message without backticked fields comes back unchanged."""
+
+    def flag(m: re.Match[str]) -> str:
+        name, value = m.group(1), m.group(2)
+        text = _FIELD_FLAGS.get(name, "--" + name.replace("_", "-"))
+        return text if value is None else f"{text} {value.strip(chr(39))}"
+
+    return _FIELD_MENTION.sub(flag, message)
+
+
+def flag_message(exc: BaseException) -> str:
+    """flag_words of an exception's message."""
+    return flag_words(str(exc))
 
 
 def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -379,10 +413,10 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return exc.code
         except SetupError as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 2 if exc.usage else 1
         except (TraceError, SimulationError, ValueError, OSError, ExecutorError) as exc:
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+            print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 1
 
     return run

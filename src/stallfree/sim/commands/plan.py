@@ -31,6 +31,7 @@ from stallfree.sim.commands.common import (
     progress_bar,
     setup_from_args,
 )
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 
 __all__ = ["EXIT_NOT_MET", "register", "run"]
 
@@ -56,8 +57,8 @@ def register(subparsers: Any) -> None:
                    help=f"share of all requests that must meet both SLOs (default {DEFAULT_ATTAINMENT:g})")
     g.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), metavar="LIST",
                    help=f"routers to try, the first leading the search (default {','.join(DEFAULT_ROUTERS)})")
-    g.add_argument("--budget", "--token-budget", dest="budget", type=positive_int, default=2048,
-                   help="token budget per step of every replica (default 2048)")
+    g.add_argument("--budget", "--token-budget", dest="budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
+                   help=f"token budget per step of every replica (default {DEFAULT_TOKEN_BUDGET})")
     g.add_argument("--max-replicas", type=positive_int, default=DEFAULT_MAX_REPLICAS, metavar="N",
                    help=f"the largest count tried (default {DEFAULT_MAX_REPLICAS})")
     g.add_argument("--no-disaggregate", action="store_true",

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_int
+from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.sim.cluster import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
     DEFAULT_AFFINITY_LOAD_MARGIN,
@@ -30,11 +31,13 @@ from stallfree.sim.commands.common import (
     duration,
     ensure_writable_dir,
     ensure_writable_file,
+    flag_message,
     guard,
     positive_duration,
     rejection_warning,
     setup_from_args,
 )
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.disagg import (
     DEFAULT_DECODE_BUDGETS,
     DEFAULT_INTERCONNECT,
@@ -70,30 +73,9 @@ def register(subparsers: Any) -> None:
     sim.set_defaults(func=guard(run))
 
 
-def _add_batching_flags(g: Any) -> None:
-    """The batching, KV and run-mode flags of `simulate` (an argparse argument group)."""
-    g.add_argument(
-        "--batching",
-        choices=BATCHING_MODES,
-        default="chunked",
-        help="chunked (the contract), prefill-first or no-chunk (baselines)",
-    )
-    g.add_argument(
-        "--budget",
-        "--token-budget",
-        dest="budget",
-        type=positive_int,
-        default=None,
-        help="token budget per step (default 2048; with --step-time-target, the cap of each step's "
-        f"budget, default {TIME_BUDGET_CAP:,})",
-    )
-    g.add_argument(
-        "--step-time-target",
-        type=positive_duration,
-        metavar="T",
-        help="time budget mode: each step takes the most tokens whose predicted time stays under T "
-        "(50ms; bare = ms), given the running decodes' context lengths",
-    )
+def _add_kv_flags(g: Any) -> None:
+    """The KV flags of `simulate` (an argparse argument group): the KV policy, its blocks and
+    watermark, prefix caching and the CPU KV tier."""
     g.add_argument(
         "--scheduler",
         choices=["reserve", "paged"],
@@ -101,12 +83,13 @@ def _add_batching_flags(g: Any) -> None:
         help="reserve: KV for prompt + max_new reserved at admission (the contract); paged: KV blocks "
         "taken as tokens are computed, preemption by recompute",
     )
-    g.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
+    g.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
+                   help=f"paged: tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
     g.add_argument(
         "--watermark",
         type=float,
-        default=0.01,
-        help="paged: fraction of KV blocks kept free at admission (default 0.01)",
+        default=CoreSchedulerConfig.watermark,
+        help=f"paged: fraction of KV blocks kept free at admission (default {CoreSchedulerConfig.watermark:g})",
     )
     g.add_argument(
         "--prefix-caching",
@@ -134,14 +117,51 @@ def _add_batching_flags(g: Any) -> None:
         help="prefix caching: the CPU KV tier as vLLM's --kv-offloading-size: GiB of host memory summed "
         "over the tensor-parallel ranks (converted with the model's KV bytes per token)",
     )
+
+
+def _add_batching_flags(g: Any) -> None:
+    """The batching, KV and run-mode flags of `simulate` (an argparse argument group; the KV ones
+    are _add_kv_flags')."""
+    g.add_argument(
+        "--batching",
+        choices=BATCHING_MODES,
+        default="chunked",
+        help="chunked (the contract), prefill-first or no-chunk (baselines)",
+    )
+    g.add_argument(
+        "--budget",
+        "--token-budget",
+        dest="budget",
+        type=positive_int,
+        default=None,
+        help=f"token budget per step (default {DEFAULT_TOKEN_BUDGET}; with --step-time-target, the cap of "
+        f"each step's budget, default {TIME_BUDGET_CAP:,})",
+    )
+    g.add_argument(
+        "--step-time-target",
+        type=positive_duration,
+        metavar="T",
+        help="time budget mode: each step takes the most tokens whose predicted time stays under T "
+        "(50ms; bare = ms), given the running decodes' context lengths",
+    )
+    _add_kv_flags(g)
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run `stallfree simulate` on parsed arguments; returns the exit status."""
+def _has_cpu_tier(args: argparse.Namespace) -> bool:
+    """Whether the command line asks for a CPU KV tier (--cpu-kv-tokens or --kv-offloading-size)."""
+    return args.cpu_kv_tokens is not None or args.kv_offloading_size is not None
 
+
+def _check_mode_flags(args: argparse.Namespace) -> None:
+    """Refuse run-mode and KV flags of `simulate` that contradict each other, before anything loads.
+
+    Raises:
+        CliError: --compare with --batching, caching or a CPU KV tier without what it needs, two sizes
+            of the CPU tier, a CPU tier with --step-time-target, or a bad --kv-offloading-size (exit 2).
+    """
     if args.compare and args.batching != "chunked":
         raise CliError("--compare runs every batching mode: drop --batching", 2)
     if (args.prefix_caching or args.compare_caching) and args.scheduler != "paged":
@@ -149,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{flag} needs --scheduler paged (cached blocks are paged KV blocks)", 2)
     if args.compare_caching and args.compare:
         raise CliError("--compare-caching and --compare are exclusive", 2)
-    tier = args.cpu_kv_tokens is not None or args.kv_offloading_size is not None
+    tier = _has_cpu_tier(args)
     if tier and not (args.prefix_caching or args.compare_caching):
         flag = "--cpu-kv-tokens" if args.cpu_kv_tokens is not None else "--kv-offloading-size"
         raise CliError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --prefix-caching (or "
@@ -160,27 +180,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("a CPU KV tier runs with a token budget: drop --step-time-target", 2)
     if args.kv_offloading_size is not None and not 0 < args.kv_offloading_size < math.inf:
         raise CliError(f"--kv-offloading-size {args.kv_offloading_size:g}: must be a number of GiB > 0", 2)
-    _check_flags(args)
-    # Before the simulation, not after it: a bad output path fails at once.
-    if args.out:
-        ensure_writable_dir(args.out, "--out")
-    if args.records:
-        ensure_writable_file(args.records, "--records")
-    caching = args.prefix_caching or args.compare_caching
-    if args.compare_caching:
-        # With a CPU tier the comparison is GPU-only caching against two tiers; without, off against on.
-        args.prefix_caching = tier
-    setup = setup_from_args(args)
-    if tier:
-        setup = _with_cpu_tier(setup, args)
-    if caching and setup.workload.prefix_ids is None:
-        flag = "--compare-caching" if args.compare_caching else "--prefix-caching"
-        print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
-              "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
-    if args.disaggregate is not None:
-        return _run_disagg(args, setup)
+
+
+def _study(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
+    """The runs of `simulate` on `setup`: one study (_run_once), or with --compare-caching the
+    caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas."""
     cpu_tokens = setup.cpu_kv_tokens
-    if args.compare_caching and tier:
+    if args.compare_caching and _has_cpu_tier(args):
         setup.cpu_kv_tokens = 0  # the GPU-only run first (the copies' pricing has nothing to price there)
     study, clusters = _run_once(args, setup)
     if args.compare_caching:
@@ -191,10 +197,12 @@ def run(args: argparse.Namespace) -> int:
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
         clusters.extend(on_clusters)
-    from stallfree.sim.overload import annotate
+    return study, clusters
 
-    explained = annotate(study.results, study.summaries, study.header, args.replicas)
-    verdict = _verdict(args, study)
+
+def _report(args: argparse.Namespace, study: Experiment, explained: list[str], verdict: dict[str, Any] | None) -> None:
+    """Print a study: JSON or the header and table (and the verdict) on stdout; one line per run
+    with rejections and the overload notes on stderr; with --check, that the invariants held."""
     if args.json:
         print(json.dumps({"header": study.header, "runs": study.summaries}
                          | ({"verdict": verdict} if verdict else {}), indent=1))
@@ -214,6 +222,36 @@ def run(args: argparse.Namespace) -> int:
         for res in study.results:
             if args.check and res.config.get("batching", "chunked") == "chunked":
                 print(f"{res.label}: every scheduler invariant held after each of {res.num_steps:,} steps")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `stallfree simulate` on parsed arguments; returns the exit status."""
+    _check_mode_flags(args)
+    _check_flags(args)
+    # Before the simulation, not after it: a bad output path fails at once.
+    if args.out:
+        ensure_writable_dir(args.out, "--out")
+    if args.records:
+        ensure_writable_file(args.records, "--records")
+    caching, tier = args.prefix_caching or args.compare_caching, _has_cpu_tier(args)
+    if args.compare_caching:
+        # With a CPU tier the comparison is GPU-only caching against two tiers; without, off against on.
+        args.prefix_caching = tier
+    setup = setup_from_args(args)
+    if tier:
+        setup = _with_cpu_tier(setup, args)
+    if caching and setup.workload.prefix_ids is None:
+        flag = "--compare-caching" if args.compare_caching else "--prefix-caching"
+        print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
+              "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
+    if args.disaggregate is not None:
+        return _run_disagg(args, setup)
+    study, clusters = _study(args, setup)
+    from stallfree.sim.overload import annotate
+
+    explained = annotate(study.results, study.summaries, study.header, args.replicas)
+    verdict = _verdict(args, study)
+    _report(args, study, explained, verdict)
     if args.records:
         for res, cluster in zip(study.results, clusters, strict=True):
             path = args.records if len(study.results) == 1 else _suffixed(args.records, run_tag(res))
@@ -244,7 +282,7 @@ def _with_cpu_tier(setup: Any, args: argparse.Namespace) -> Any:
                      long_prefill_token_threshold=setup.long_prefill_token_threshold,
                      cpu_kv_tokens=args.cpu_kv_tokens or 0, kv_offloading_gib=args.kv_offloading_size)
     except SetupError as exc:
-        raise CliError(str(exc), 2) from None
+        raise CliError(flag_message(exc), 2) from None
 
 
 def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
@@ -423,7 +461,7 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     try:
         p, d = parse_disaggregate(args.disaggregate)
     except ClusterError as exc:
-        raise CliError(str(exc), 2) from None
+        raise CliError(flag_message(exc), 2) from None
     side_budgets = []
     for flag, values in (("--prefill-budget", args.prefill_budget), ("--decode-budget", args.decode_budget)):
         if values is not None and len(values) > 1:
@@ -467,7 +505,7 @@ def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
             prefill_budgets=args.prefill_budget or fixed, decode_budgets=args.decode_budget or fixed,
         )
     except ClusterError as exc:
-        raise CliError(str(exc), 2) from None
+        raise CliError(flag_message(exc), 2) from None
     from stallfree.sim.verdict import disagg_verdict
 
     line, verdict = disagg_verdict(aggs[0], rows[0], len(setup.workload))

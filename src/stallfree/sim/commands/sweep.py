@@ -13,25 +13,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import int_list, positive_float_list, positive_int
+from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float_list, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
     add_executor_flags,
     ensure_writable_dir,
     executor_from_args,
+    flag_message,
     guard,
     modes,
     progress_bar,
     setup_from_args,
     warn_rejections,
 )
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.kv_sweep import kv_sweep, kv_sweep_lines, preemption_inflated
 from stallfree.sim.report import console
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.sweep import sweep
-from stallfree.sim.tune import check_partial_prefill_flags
 from stallfree.sim.writers import write_kv_sweep, write_sweep
 
 __all__ = ["register", "run"]
@@ -88,7 +88,8 @@ def register(subparsers: Any) -> None:
                            "--prefix-caching the hit rate, against it")
     p.add_argument("--prefix-caching", action="store_true",
                    help="paged KV with prefix caching (needs a trace with prefix ids: --trace mooncake)")
-    p.add_argument("--block-size", type=positive_int, default=16, help="paged: tokens per KV block (default 16)")
+    p.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
+                   help=f"paged: tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
     p.add_argument("--cpu-kv-tokens", type=_sizes, metavar="LIST",
                    help="with --prefix-caching: sweep the size of a CPU KV tier (tokens, 0 = none) at one KV "
                    "size, budget and rate scale; the table, and with --out cpu_tier_sweep.json and .png")
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"{flag} {_join(values)}: a --kv-tokens list sweeps KV capacity at one value; "
                                "give one", code=2)
     paged = args.prefix_caching or getattr(args, "scheduler", None) == "paged"
-    problem = check_partial_prefill_flags(args.max_num_partial_prefills, args.max_long_partial_prefills,
-                                          args.long_prefill_token_threshold, args.block_size if paged else None)
+    problem = partial_prefill_flag_problem(args.max_num_partial_prefills, args.max_long_partial_prefills,
+                                           args.long_prefill_token_threshold, args.block_size if paged else None)
     if problem is not None:
         raise CliError(problem, code=2)
     if args.out:
@@ -206,7 +207,7 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
                          block_size=base.block_size, watermark=base.watermark, prefix_caching=True,
                          cpu_kv_tokens=cpu)
         except SetupError as exc:
-            raise CliError(str(exc), 2) from None
+            raise CliError(flag_message(exc), 2) from None
 
     with progress_bar() as bar:
         task = bar.add_task("cpu tier sweep", total=len(args.cpu_kv_tokens))

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from stallfree._argtypes import int_list, positive_int
+from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_int
 from stallfree.sim.commands.common import (
     CliError,
     add_common,
@@ -28,7 +28,6 @@ from stallfree.sim.tune import (
     DEFAULT_TIE_TOLERANCE,
     TargetBelowFloor,
     TuneResult,
-    check_partial_prefill_flags,
     serve_command,
     tune,
     tune_report,
@@ -87,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
     if not 0 <= args.tie_tolerance < 1:
         raise CliError(f"--tie-tolerance must be in [0, 1), got {args.tie_tolerance!r}", 2)
-    problem = check_partial_prefill_flags(
+    problem = partial_prefill_flag_problem(
         args.max_num_partial_prefills, args.max_long_partial_prefills, args.long_prefill_token_threshold
     )
     if problem is not None:
