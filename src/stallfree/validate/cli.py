@@ -232,7 +232,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "optional :VERSION (the measured kernel tables, aiconfigurator-core); default: as "
                         "simulate, vllm's current tables where the package has the GPU, else none")
     g.add_argument("--engine", default=None, help="benchmark CSV: rows of this backend (vllm, sglang, trtllm)")
-    g.add_argument("--mode", default=None, help="benchmark CSV: rows of this mode (agg, disagg)")
+    g.add_argument("--mode", default=None, help="benchmark CSV: rows of this mode (agg, disagg, all; default all)")
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",
                    help="benchmark CSV: replay K x concurrency requests per row (default: silicon.REQUESTS_PER_ROW)")
     g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")

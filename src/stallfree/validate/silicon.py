@@ -9,6 +9,15 @@ disagg: prefill and decode workers), isl and osl (tokens; every request of the r
 batch_size, tp_size, pp_size, attention_dp_size, and silicon_ttft_ms / silicon_tpot_ms (the measured
 means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size.
 
+A disaggregated row gives each side's prefill_* / decode_* columns instead (num_workers, tp_size, pp_size,
+attention_dp_size, moe_tp_size, moe_ep_size, batch_size; WorkerGroup). Its concurrency is the requests in
+flight over the whole deployment: silicon_concurrency=N, else decode_batch_size x decode_attention_dp_size x
+decode_num_workers. Why: aiconfigurator-core's batch_size is one attention-DP rank's batch of one worker
+(sdk/backends/base_backend.py: ``global_bs = bs * model.config.attention_dp_size``, ``concurrency =
+global_bs``), its disaggregated summary lists (d)bs, (d)global_bs and (d)workers apart (sdk/common.py,
+ColumnsDisagg), and on every one of the 267 disaggregated rows of the bundled CSV that give all three
+figures silicon_concurrency equals decode_batch_size x decode_attention_dp_size x decode_num_workers.
+
 Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default) under the simulator's
 closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent together at 0 and each later
 one when one finishes (plus the engine profile's front-end time, which the engine sees as a think time).
@@ -24,8 +33,17 @@ max_num_batched_tokens for its API server on a GPU of >= 70 GiB: vllm/engine/arg
 _set_default_args), max_num_seqs the larger of the concurrency and 1,024, KV from the cost model at
 gpu_memory_utilization 0.9 less the activation reserve (validate.hardware).
 
+Disaggregated replay (stallfree.sim.disagg.simulate_disaggregated): prefill_num_workers prefill replicas of
+prefill_tp_size GPUs (ep: prefill_moe_ep_size) and decode_num_workers decode replicas of decode_tp_size, each
+side priced and its KV sized at its own tp and ep as an aggregated row is, under the same closed loop, waves
+rule and token budget. A request's KV crosses the system's intra-node GPU link (the GPU preset's
+link_bw_bytes_per_s, which is aiconfigurator-core's systems/*.yaml intra_node_bw for the systems it has;
+latency that of INTERCONNECTS["nvlink"]): every prefill GPU sends its own shard in parallel, so a transfer
+moves the prefill side's KV bytes per token per GPU. Rows without worker counts, or with pipeline or
+attention data parallel on either side, are skipped with the reason.
+
 Errors, percent: per row, the absolute percentage error |sim - measured| / measured x 100 of TTFT and of
-TPOT; summarised by (model, GPU, engine) as median and p90.
+TPOT; summarised by (model, GPU, engine, mode) as median and p90.
 """
 
 from __future__ import annotations
@@ -43,6 +61,8 @@ from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE
 from stallfree.costmodel.kernel_maps import parse_kernels
+from stallfree.sim.costs import StepCostModel
+from stallfree.sim.disagg import INTERCONNECTS, Interconnect, simulate_disaggregated
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig, simulate
@@ -52,10 +72,13 @@ from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu
 __all__ = [
     "BUDGET",
     "NOT_STEADY",
+    "NO_WORKERS",
     "REQUESTS_PER_ROW",
     "ClosedLoopRow",
+    "WorkerGroup",
     "bundled_csv",
     "closed_loop",
+    "disagg_closed_loop",
     "prefill_load",
     "read_rows",
     "replay_row",
@@ -71,8 +94,35 @@ _CONC = re.compile(r"silicon_concurrency=(\d+)")
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerGroup:
+    """One side of a disaggregated row (its prefill_* or decode_* columns).
+
+    Attributes:
+        workers: replicas on this side (num_workers); 0 when the row does not give it.
+        tp, pp, attention_dp: GPUs per replica are tp x pp x attention_dp.
+        moe_tp, moe_ep: the experts' tensor and expert parallelism (0: not given).
+        batch_size: requests in flight per attention-DP rank of one replica (module docstring); 0: not given.
+    """
+
+    workers: int
+    tp: int
+    pp: int = 1
+    attention_dp: int = 1
+    moe_tp: int = 0
+    moe_ep: int = 1
+    batch_size: int = 0
+
+    def layout(self) -> str:
+        """E.g. "9 x tp8 ep8" (workers x GPUs per replica)."""
+        ep = f" ep{self.moe_ep}" if self.moe_ep > 1 else ""
+        dp = f" dp{self.attention_dp}" if self.attention_dp > 1 else ""
+        return f"{self.workers or '?'} x tp{self.tp}{ep}{dp}"
+
+
+@dataclass(frozen=True, slots=True)
 class ClosedLoopRow:
-    """One benchmark row (module docstring); line is its line in the CSV (the header is line 1)."""
+    """One benchmark row (module docstring); line is its line in the CSV (the header is line 1); prefill and
+    decode: a disaggregated row's two sides (None for an aggregated row)."""
 
     line: int
     row_id: str
@@ -92,6 +142,8 @@ class ClosedLoopRow:
     tpot_ms: float
     moe_ep: int = 1
     moe_tp: int = 0
+    prefill: WorkerGroup | None = None
+    decode: WorkerGroup | None = None
 
 
 def bundled_csv() -> Path:
@@ -137,8 +189,10 @@ _NEEDED = ("backend", "model_path", "system", "mode", "isl", "osl", "batch_size"
 def read_rows(path: str | Path) -> list[ClosedLoopRow]:
     """Read every row of a silicon_sample.csv-style file.
 
-    A disaggregated row (mode disagg) has no batch_size or tp_size of its own: its concurrency is taken from
-    silicon_data_source alone and tp is 1 (such rows are not replayed; see replay_row).
+    A disaggregated row (mode disagg) has no batch_size or tp_size of its own: tp is 1 and its sides are read
+    from the prefill_* / decode_* columns (WorkerGroup; empty fields as 0, pp, attention_dp and moe_ep at
+    least 1); its concurrency is silicon_concurrency=N, else decode_batch_size x decode_attention_dp_size x
+    decode_num_workers (module docstring), else 0 (not replayed).
 
     Raises:
         ValueError: the file cannot be read, a column is missing, or a field is malformed (file, line, field
@@ -159,12 +213,14 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
             where = f"{p}:{i}"
             m = _CONC.search(r.get("silicon_data_source") or "")
             agg = (r["mode"] or "agg") == "agg"
+            sides = None if agg else (_side(where, r, "prefill"), _side(where, r, "decode"))
             if m:
                 conc = int(m.group(1))
             elif agg:
                 conc = _int(where, "batch_size", r["batch_size"])
             else:
-                conc = 0
+                dec = sides[1]  # type: ignore[index]
+                conc = dec.batch_size * dec.attention_dp * dec.workers
             rows.append(ClosedLoopRow(
                 line=i, row_id=r.get("id", "") or f"line {i}", backend=r["backend"],
                 backend_version=r.get("backend_version", "") or "", model=r["model_path"], system=r["system"],
@@ -178,8 +234,21 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
                 tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
                 moe_ep=max(1, _int(where, "moe_ep_size", r.get("moe_ep_size", ""), 1, 0)) if agg else 1,
                 moe_tp=_int(where, "moe_tp_size", r.get("moe_tp_size", ""), 0, 0) if agg else 0,
+                prefill=None if sides is None else sides[0], decode=None if sides is None else sides[1],
             ))
     return rows
+
+
+def _side(where: str, r: dict[str, str], side: str) -> WorkerGroup:
+    """A disaggregated row's `side` ("prefill" or "decode") from its {side}_* columns (absent or empty: 0)."""
+
+    def field(name: str, floor: int = 0) -> int:
+        key = f"{side}_{name}"
+        return max(floor, _int(where, key, r.get(key) or "", 0, 0))
+
+    return WorkerGroup(workers=field("num_workers"), tp=field("tp_size", 1), pp=field("pp_size", 1),
+                       attention_dp=field("attention_dp_size", 1), moe_tp=field("moe_tp_size"),
+                       moe_ep=field("moe_ep_size", 1), batch_size=field("batch_size"))
 
 
 def _norm(s: str) -> str:
@@ -189,8 +258,8 @@ def _norm(s: str) -> str:
 def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | None = None,
            engine: str | None = None, mode: str | None = None) -> list[ClosedLoopRow]:
     """The rows whose model contains `model`, whose system maps to the same preset as `gpu`, of backend
-    `engine` and of `mode` ('-' and '_' alike, any case); None selects all; `model` and `gpu` may be
-    comma-separated lists (any of them)."""
+    `engine` and of `mode` ('-' and '_' alike, any case); None (and mode "all") selects all; `model` and `gpu`
+    may be comma-separated lists (any of them)."""
     models = [_norm(m) for m in model.split(",")] if model else None
     gpus = {gpu_preset(_norm(g)) for g in gpu.split(",")} if gpu else None
     out = []
@@ -201,7 +270,7 @@ def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | N
             continue
         if engine is not None and _norm(engine) != _norm(r.backend):
             continue
-        if mode is not None and _norm(mode) != _norm(r.mode):
+        if mode is not None and _norm(mode) != "all" and _norm(mode) != _norm(r.mode):
             continue
         out.append(r)
     return out
@@ -241,13 +310,49 @@ def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_request
     return out
 
 
+def disagg_closed_loop(prefill: tuple[SchedulerConfig, StepCostModel, int],
+                       decode: tuple[SchedulerConfig, StepCostModel, int], kv_bytes_per_token: int,
+                       link: Interconnect, concurrency: int, num_requests: int, isl: int, osl: int,
+                       think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
+    """closed_loop on disaggregated replicas (stallfree.sim.disagg.simulate_disaggregated): each side given as
+    (scheduler config, step pricing, replicas); a request's prompt KV, `kv_bytes_per_token` bytes per token,
+    crosses `link` from its prefill replica to a decode replica. Other arguments and `spread` as closed_loop.
+
+    Returns:
+        Per request in sending order: (arrival s, first token s, finish s), engine-side times; the first token
+        is the prefill side's, the finish the decode side's last token.
+
+    Raises:
+        ValueError: a count < 1, think_s < 0, or a request that did not finish (refused).
+        stallfree.sim.result.ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
+    """
+    if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
+        raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
+                         f"num_requests={num_requests}, isl={isl}, osl={osl}")
+    outs = [osl] * num_requests
+    if spread:
+        for i in range(min(concurrency, num_requests)):
+            outs[i] = max(1, -(-osl * (i + 1) // concurrency))
+    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
+    res = simulate_disaggregated(wl, prefill[0], decode[0], prefill[1], decode[1], prefill[2], decode[2],
+                                 kv_bytes_per_token, link, closed_loop=ClosedLoop(concurrency, think_s))
+    timelines = {int(t.rid): t for t in res.timelines}
+    out = []
+    for rid in range(num_requests):
+        tl = timelines.get(rid)
+        if tl is None or not tl.token_times:
+            raise ValueError(f"closed loop: request {rid} did not finish ({res.rejected[:1]})")
+        out.append((res.arrival[rid], tl.token_times[0], tl.token_times[-1]))
+    return out
+
+
 #: The skip reason of a row whose measured figures need more prefill time per second than there is.
 NOT_STEADY = ("not a steady state of distinct prompts: at its measured TTFT and TPOT its clients send more prompt "
               "tokens per second than the step pricing can prefill (prefill load > 1; shared prefixes or a partial "
               "mean)")
 
 
-def prefill_load(row: ClosedLoopRow, cost: Any) -> float:
+def prefill_load(row: ClosedLoopRow, cost: Any, workers: int = 1) -> float:
     """The prefill time per second of wall time that a row's measured figures need, by `cost` (its
     `prefill_step_time(num_tokens, start)`, s): the rate concurrency / (TTFT + (OSL - 1) x TPOT) requests
     per second a closed loop runs at, times the time of one prompt's prefill in BUDGET-token chunks with
@@ -255,10 +360,12 @@ def prefill_load(row: ClosedLoopRow, cost: Any) -> float:
     before any decode: the row is not a steady state of distinct prompts (prefix-cache hits on shared
     prompts, or a mean over a partial run). Kernel time is a mean, not a bound, so the rule refuses only
     such rows: on the Llama-3.1-70B fit rows it is at most 0.55, on Qwen3-32B 0.83 (docs/fidelity.md).
+    workers: the replicas that share the prefills (a disaggregated row's prefill_num_workers), >= 1: the load
+    is per replica.
     """
     life_s = (row.ttft_ms + (row.osl - 1) * row.tpot_ms) * 1e-3
     prefill_s = sum(cost.prefill_step_time(min(BUDGET, row.isl - start), start) for start in range(0, row.isl, BUDGET))
-    return row.concurrency / life_s * prefill_s if life_s > 0 else math.inf
+    return row.concurrency / life_s * prefill_s / max(workers, 1) if life_s > 0 else math.inf
 
 
 def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str | None = "none",
@@ -266,12 +373,15 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
     """Replay one row closed-loop (module docstring) and compare its TTFT and TPOT.
 
     Raises:
-        ValueError: a row we do not replay (disaggregated, pipeline or attention data parallel, a model or
-            GPU the cost model cannot price, a prefill load above 1: prefill_load): the message says why.
+        ValueError: a row we do not replay (a mode other than agg and disagg, pipeline or attention data
+            parallel, a disaggregated row without worker counts or concurrency, a model or GPU the cost model
+            cannot price, a prefill load above 1: prefill_load): the message says why.
     """
     where = f"line {row.line}"
+    if row.mode == "disagg":
+        return _replay_disagg(row, profile, kernels, requests_per_row)
     if row.mode != "agg":
-        raise ValueError(f"{where}: mode {row.mode!r}: disaggregated rows are not replayed")
+        raise ValueError(f"{where}: mode {row.mode!r}: only agg and disagg rows are replayed")
     if row.pp > 1 or row.attention_dp > 1:
         raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
     moe_gpus = row.moe_tp * row.moe_ep
@@ -306,22 +416,96 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         "gpu": gpu_preset(_norm(row.system)), "engine": row.backend,
         "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
         "concurrency": row.concurrency, "tp": row.tp, "ep": row.moe_ep, "requests": n, "kv_tokens": kv,
+        "cost_model": price.provenance, "mode": "agg",
+        "layout": f"tp{row.tp}" + (f" ep{row.moe_ep}" if row.moe_ep > 1 else ""),
+        **_figures(row, sim_ttft, sim_tpot),
+    }
+
+
+def _figures(row: ClosedLoopRow, sim_ttft: float, sim_tpot: float) -> dict[str, Any]:
+    return {
         "measured_ttft_ms": row.ttft_ms, "measured_tpot_ms": row.tpot_ms,
         "sim_ttft_ms": sim_ttft, "sim_tpot_ms": sim_tpot,
         "ttft_ape_pct": abs(sim_ttft - row.ttft_ms) / row.ttft_ms * 100.0,
         "tpot_ape_pct": abs(sim_tpot - row.tpot_ms) / row.tpot_ms * 100.0 if row.osl > 1 else None,
-        "cost_model": price.provenance,
+    }
+
+
+#: The skip reason of a disaggregated row without its worker counts.
+NO_WORKERS = ("prefill_num_workers / decode_num_workers not given: a disaggregated row is replayed only with "
+              "its worker counts")
+
+
+def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str | None,
+                   requests_per_row: int) -> dict[str, Any]:
+    """replay_row for a disaggregated row (module docstring)."""
+    where = f"line {row.line}"
+    p, d = row.prefill, row.decode
+    if p is None or d is None or not p.workers or not d.workers:
+        raise ValueError(f"{where}: {NO_WORKERS}")
+    for side, g in (("prefill", p), ("decode", d)):
+        if g.pp > 1 or g.attention_dp > 1:
+            raise ValueError(f"{where}: {side}_pp_size {g.pp}, {side}_attention_dp_size {g.attention_dp}: "
+                             "not replayed")
+        if g.moe_tp and g.moe_tp * g.moe_ep > g.tp:
+            # Experts over more GPUs than the attention's tp: data-parallel attention left implied. Fewer is a
+            # dense model's placeholder figures (Qwen3-32B rows give moe_tp_size 1, moe_ep_size 1 at tp 4).
+            raise ValueError(f"{where}: {side}_moe_tp_size {g.moe_tp} x {side}_moe_ep_size {g.moe_ep} = "
+                             f"{g.moe_tp * g.moe_ep} GPUs against {side}_tp_size {g.tp}: implied attention data "
+                             "parallel, not replayed")
+    if row.concurrency < 1:
+        raise ValueError(f"{where}: no concurrency: neither silicon_concurrency=N nor decode_batch_size x "
+                         "decode_num_workers")
+    name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
+    gpu = gpu_preset(_norm(row.system))
+    sides = []
+    try:
+        engine = parse_kernels(kernels)[0] if kernels is not None else DEFAULT_ENGINE
+        for g in (p, d):
+            price = pricing(name, gpu, g.tp, dtype, profile, kernels,
+                            engine_version=row.backend_version if row.backend.lower() == engine else None,
+                            ep=g.moe_ep)
+            roof = getattr(price.base, "roofline", price.base)
+            kv = derived_kv_tokens(price.base, roof.gpu.mem_bytes, 0.9, 16)
+            sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
+            sides.append((price, roof, kv, sched, g.workers))
+    except CostModelError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    (pre, pre_roof, kv_p, sched_p, _), (dec, _, kv_d, sched_d, _) = sides
+    if prefill_load(row, pre.base, p.workers) > 1.0:
+        raise ValueError(f"{where}: {NOT_STEADY}")
+    link = Interconnect(f"{gpu} GPU link", pre_roof.gpu.link_bw_bytes_per_s, INTERCONNECTS["nvlink"].latency_s)
+    kvb = math.ceil(pre_roof.kv_bytes_per_token_per_gpu)
+    n = requests_per_row * row.concurrency
+    frontend = pre.profile.frontend_s
+    done = disagg_closed_loop((sched_p, pre.cost_model, p.workers), (sched_d, dec.cost_model, d.workers), kvb,
+                              link, row.concurrency, n, row.isl, row.osl, frontend, spread=True)
+    steady = done[row.concurrency:] or done
+    ttft = sum(f - a for a, f, _ in done) / len(done) + frontend
+    tpot = sum((e - f) / (row.osl - 1) for _a, f, e in steady) / len(steady) if row.osl > 1 else float("nan")
+    return {
+        "line": row.line, "id": row.row_id, "model": row.model, "system": row.system, "gpu": gpu,
+        "engine": row.backend, "version": row.backend_version, "precision": row.precision, "isl": row.isl,
+        "osl": row.osl, "concurrency": row.concurrency, "tp": d.tp, "ep": d.moe_ep, "requests": n,
+        "kv_tokens": kv_d, "prefill_kv_tokens": kv_p, "mode": "disagg",
+        "layout": f"P {p.layout()} : D {d.layout()}",
+        "prefill_workers": p.workers, "prefill_tp": p.tp, "prefill_ep": p.moe_ep,
+        "decode_workers": d.workers, "decode_tp": d.tp, "decode_ep": d.moe_ep,
+        "link": link.name, "link_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "kv_bytes_per_token": kvb,
+        "cost_model": pre.provenance if pre.provenance == dec.provenance
+        else f"prefill: {pre.provenance}; decode: {dec.provenance}",
+        **_figures(row, ttft * 1e3, tpot * 1e3),
     }
 
 
 def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["model"], r["system"], r["engine"]), []).append(r)
+        groups.setdefault((r["model"], r["system"], r["engine"], r.get("mode", "agg")), []).append(r)
     out = []
-    for (model, system, engine), rs in sorted(groups.items()):
+    for (model, system, engine, mode), rs in sorted(groups.items()):
         entry: dict[str, Any] = {"model": model, "system": system, "gpu": rs[0]["gpu"], "engine": engine,
-                                 "rows": len(rs)}
+                                 "mode": mode, "rows": len(rs)}
         for m in ("ttft", "tpot"):
             apes = [r[f"{m}_ape_pct"] for r in rs if r[f"{m}_ape_pct"] is not None]
             entry[f"{m}_median_ape_pct"] = percentile(apes, 50.0) if apes else None
@@ -337,7 +521,7 @@ def validate_silicon(path: str, profile: EngineProfile | None, kernels: str | No
 
     Returns:
         {"format": "silicon", "csv", "requests_per_row", "rows": [replay_row results],
-        "skipped": {reason: count}, "summary": [per (model, GPU, engine): rows, median and p90 APE],
+        "skipped": {reason: count}, "summary": [per (model, GPU, engine, mode): rows, median and p90 APE],
         "overall": {...}, "verdict": line, "engine_profile": line}.
 
     Raises:
@@ -391,10 +575,11 @@ def print_silicon(res: dict[str, Any]) -> None:
         tpe = "-" if r["tpot_ape_pct"] is None else f"{r['tpot_ape_pct']:.0f}%"
         print(f"{r['line']:>5} {r['model'][:34]:<34} {r['gpu'][:9]:<9} {r['isl']:>5} {r['osl']:>5} "
               f"{r['concurrency']:>4} {r['tp']:>2} {r['measured_ttft_ms']:>8.1f} {r['sim_ttft_ms']:>8.1f} "
-              f"{r['ttft_ape_pct']:>5.0f}% {r['measured_tpot_ms']:>8.2f} {r['sim_tpot_ms']:>7.2f} {tpe:>6}")
-    print("\nabsolute percentage error by model, GPU and engine (median / p90):")
+              f"{r['ttft_ape_pct']:>5.0f}% {r['measured_tpot_ms']:>8.2f} {r['sim_tpot_ms']:>7.2f} {tpe:>6}"
+              + (f"  {r['layout']}" if r.get("mode") == "disagg" else ""))
+    print("\nabsolute percentage error by model, GPU, engine and mode (median / p90):")
     for s in res["summary"]:
-        print(f"  {s['model']:<34} {s['gpu']:<9} {s['engine']:<7} {s['rows']:>4} rows: TTFT "
+        print(f"  {s['model']:<34} {s['gpu']:<9} {s['engine']:<7} {s.get('mode', 'agg'):<6} {s['rows']:>4} rows: TTFT "
               f"{s['ttft_median_ape_pct']:.1f}% / {s['ttft_p90_ape_pct']:.1f}%, TPOT "
               f"{s['tpot_median_ape_pct']:.1f}% / {s['tpot_p90_ape_pct']:.1f}%")
     for reason, count in sorted(res["skipped"].items(), key=lambda kv: -kv[1]):
