@@ -11,7 +11,7 @@ Also: a least-squares fit over the seconds of timeseries.csv at the run's most r
 simulated seconds from the replay's steps): whether decode steps or prefill chunks are priced short.
 
 Run: PYTHONPATH=src python benchmarks/ttft_parts.py [RUN_FOLDER ...]   (about 5 s a run;
-default: every run folder of ../shared/data/validation/llmservingsim_vllm)
+default: every run folder of data/validation/llmservingsim_vllm)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from stallfree.sim.workload import Workload
 from stallfree.validate.hardware import derived_kv_tokens, gpu_match, model_preset, pricing
 from stallfree.validate.runs import read_run_folder
 
-DEFAULT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "validation" / "llmservingsim_vllm"
+DEFAULT = Path(__file__).resolve().parents[1] / "data" / "validation" / "llmservingsim_vllm"
 
 
 def _replay(folder: Path) -> tuple[Any, Any, list[dict[str, Any]]]:

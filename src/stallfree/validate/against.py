@@ -228,7 +228,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
 #: scheduling tracking issue 27679 after pull requests 31332 and 31373 (late December 2025), and
 #: vLLM-Gaudi adapted to it on 2025-12-31 (its commit 4520274), so 0.13.0 (December 2025) still
 #: defaults off and 0.14.0 (January 2026) is the first release that defaults on. Cross-checked on our
-#: data: the RTX 4090 run of ../shared/data/validation/llmservingsim_vllm (vLLM 0.19.0, engine_kwargs
+#: data: the RTX 4090 run of data/validation/llmservingsim_vllm (vLLM 0.19.0, engine_kwargs
 #: not setting it) resolves scheduler_config.async_scheduling = true. Release months from memory.
 #: What it changes (vLLM pull request 19970, vllm/v1/engine/core.py step_with_batch_queue): the
 #: scheduler plans step n + 1 while step n runs (a batch queue of depth 2) and processes step n's

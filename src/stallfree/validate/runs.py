@@ -1,5 +1,5 @@
 """Per-request run folders of a real vLLM engine (`meta.json` + `requests.jsonl`, the format of
-../shared/data/validation/llmservingsim_vllm/), read into the requests to replay and what was measured.
+data/validation/llmservingsim_vllm/), read into the requests to replay and what was measured.
 
 Imports allowed: the standard library, stallfree.validate.compare.
 
