@@ -276,6 +276,24 @@ def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | N
     return out
 
 
+def _closed_loop_workload(concurrency: int, num_requests: int, isl: int, osl: int, spread: bool) -> Workload:
+    """The closed loop's requests: `num_requests` prompts of `isl` tokens and `osl` outputs, all ready at 0 s;
+    with `spread`, the first wave's outputs staggered (the i-th of `concurrency` gets ceil(osl (i + 1) /
+    concurrency)) so that the waves do not finish in lock-step.
+
+    Raises:
+        ValueError: a count < 1.
+    """
+    if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
+        raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
+                         f"num_requests={num_requests}, isl={isl}, osl={osl}")
+    outs = [osl] * num_requests
+    if spread:
+        for i in range(min(concurrency, num_requests)):
+            outs[i] = max(1, -(-osl * (i + 1) // concurrency))
+    return Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
+
+
 def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
                 think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
     """Run a closed loop through the simulator (stallfree.sim.load.ClosedLoop): `concurrency` requests of
@@ -293,14 +311,7 @@ def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_request
     Raises:
         ValueError: a count < 1 or think_s < 0.
     """
-    if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
-        raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
-                         f"num_requests={num_requests}, isl={isl}, osl={osl}")
-    outs = [osl] * num_requests
-    if spread:
-        for i in range(min(concurrency, num_requests)):
-            outs[i] = max(1, -(-osl * (i + 1) // concurrency))
-    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
+    wl = _closed_loop_workload(concurrency, num_requests, isl, osl, spread)
     res = simulate(wl, sched, cost, closed_loop=ClosedLoop(concurrency, think_s))
     out = []
     for tl in sorted(res.timelines(), key=lambda t: int(t.rid)):
@@ -326,14 +337,7 @@ def disagg_closed_loop(prefill: tuple[SchedulerConfig, StepCostModel, int],
         ValueError: a count < 1, think_s < 0, or a request that did not finish (refused).
         stallfree.sim.result.ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
     """
-    if concurrency < 1 or num_requests < 1 or isl < 1 or osl < 1:
-        raise ValueError(f"closed loop needs counts >= 1, got concurrency={concurrency}, "
-                         f"num_requests={num_requests}, isl={isl}, osl={osl}")
-    outs = [osl] * num_requests
-    if spread:
-        for i in range(min(concurrency, num_requests)):
-            outs[i] = max(1, -(-osl * (i + 1) // concurrency))
-    wl = Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
+    wl = _closed_loop_workload(concurrency, num_requests, isl, osl, spread)
     res = simulate_disaggregated(wl, prefill[0], decode[0], prefill[1], decode[1], prefill[2], decode[2],
                                  kv_bytes_per_token, link, closed_loop=ClosedLoop(concurrency, think_s))
     timelines = {int(t.rid): t for t in res.timelines}
