@@ -61,3 +61,27 @@ def test_plan_refuses_bad_flags(capsys):
     assert "plan needs an SLO" in capsys.readouterr().err
     assert main(["plan", "--slo-ttft", "1s", "--routers", "nearest"]) == 2
     assert "--routers 'nearest': choose from" in capsys.readouterr().err
+
+
+def test_plan_prints_vllm_line_for_a_multi_gpu_replica_and_plain_progress(tmp_path, capsys):
+    """The hand-worked trace above at --tp 4: the answer's serve line is vLLM's (tensor parallelism 4,
+    the budget as --max-num-batched-tokens), stallfree serve being one device; stderr is not a terminal
+    under capsys, so each finished simulation is one plain progress line; --json gains "serve"."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{0.25 * k},10,1\n" for k in range(12)))
+    argv = ["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-seqs", "1", "--slo-ttft", "1s",
+            "--executor", "serial", "--tp", "4", "--budget", "512"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[-2] == ("each replica: vllm serve MODEL --tensor-parallel-size 4 --max-num-batched-tokens 512 "
+                         "--max-num-seqs 1  (MODEL: the checkpoint of llama-3.3-70b)")
+    assert "stallfree serve runs on one device" in lines[-1]
+    progress = captured.err.splitlines()
+    simulations = int(lines[-3].split(";")[1].split()[0])
+    assert len(progress) == simulations
+    assert all(p.startswith(f"plan: simulation {k} done (") for k, p in enumerate(progress, start=1))
+    assert main([*argv, "--tp", "1", "--model", "llama-3.1-8b", "--json"]) == 0
+    serve = json.loads(capsys.readouterr().out)["serve"]
+    assert serve == {"vllm": "vllm serve MODEL --tensor-parallel-size 1 --max-num-batched-tokens 512 --max-num-seqs 1",
+                     "stallfree": "stallfree serve --token-budget 512 --max-seqs 1"}

@@ -81,8 +81,9 @@ def test_records_json(tmp_path):
 
 
 def test_missing_trace_is_one_line(capsys):
-    """A missing trace file is one line on stderr and exit status 1."""
-    assert main(["simulate", "--trace", "/nonexistent/t.csv"]) == 1
+    """A missing trace file is one line on stderr and exit status 2 (a command-line value that cannot
+    be used, as validate --against's)."""
+    assert main(["simulate", "--trace", "/nonexistent/t.csv"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "trace file not found: /nonexistent/t.csv" in err
@@ -243,3 +244,72 @@ def test_unknown_model_is_a_usage_error_naming_it(capsys):
     assert main(["simulate", "--num-requests", "5", "--model", "llama-3.3-70", "--kernels", "none"]) == 2
     assert "'llama-3.3-70'" in capsys.readouterr().err
     assert main(["budget", "--model", "llama-3.3-70"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"arrival_time,prompt_len,output_len\n0,abc,5\n", "prompt_len"),
+        (b"arrival_time,prompt_len,output_len\n0,-3,5\n", "prompt_len"),
+        (b"arrival_time,prompt_len,output_len\nnan,10,5\n", "arrival_time"),
+        (b"", "t.csv"),
+        (b"arrival_time,prompt_len,output_len\n0,10,5\xff\xfe\n", "cannot read trace"),
+    ],
+    ids=["abc", "negative", "nan", "empty", "not-utf8"],
+)
+def test_malformed_trace_contents_exit_1(tmp_path, capsys, body, said):
+    """Bad contents of a trace that exists are a data error: one line, exit 1 (docs/simulator.md)."""
+    path = tmp_path / "t.csv"
+    path.write_bytes(body)
+    assert main(["simulate", "--trace", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert said in err
+
+
+def test_prefix_block_size_at_odds_with_the_trace_is_usage(capsys):
+    """--block-size 7 does not divide Mooncake's 512-token hash blocks: a flag conflict, exit 2, before
+    any run (with --compare-caching too, not after the caching-off run)."""
+    for caching in ("--prefix-caching", "--compare-caching"):
+        argv = ["simulate", "--trace", "mooncake", "--scheduler", "paged", caching, "--block-size", "7",
+                "--num-requests", "10", "--kernels", "none"]
+        assert main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.strip() == ("stallfree simulate: error: --block-size 7 must divide the trace's "
+                                        "prefix block of 512 tokens (its hash_ids; a power of two up to 512)")
+
+
+@pytest.mark.parametrize("flag", ["--slo-ttft", "--slo-tpot"])
+@pytest.mark.parametrize("value", ["0", "0ms", "-1"])
+def test_zero_or_negative_slo_is_refused(capsys, flag, value):
+    """An SLO of 0 (nothing can meet it) or below is a usage error, one line, before any search."""
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", flag + "=" + value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag in err
+
+
+def test_tiny_slo_warns_how_it_was_read():
+    """--slo-ttft 1 is 1 ms (bare = ms): kept, with one warning saying how to write seconds; 10 ms and
+    1 ms (the thresholds) and 1s pass silently."""
+    import contextlib
+    import io
+
+    from stallfree.sim.commands.common import slo_tpot, slo_ttft
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert slo_ttft("1") == pytest.approx(0.001)
+        assert slo_tpot("0.5") == pytest.approx(0.0005)
+    assert err.getvalue().splitlines() == [
+        "warning: --slo-ttft 1 is read as 1 ms (a bare number is ms); write 1s for seconds",
+        "warning: --slo-tpot 0.5 is read as 0.5 ms (a bare number is ms); write 0.5s for seconds",
+    ]
+    quiet = io.StringIO()
+    with contextlib.redirect_stderr(quiet):
+        assert slo_ttft("10") == pytest.approx(0.010)
+        assert slo_tpot("1ms") == pytest.approx(0.001)
+        assert slo_ttft("1s") == 1.0
+    assert quiet.getvalue() == ""

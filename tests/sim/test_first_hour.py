@@ -74,7 +74,7 @@ def test_out_is_checked_before_simulating(tmp_path, monkeypatch, capsys):
 
 def test_trace_directory_is_named(tmp_path, capsys):
     """--trace DIR says it is a directory rather than 'not found'."""
-    assert main(["simulate", "--trace", str(tmp_path)]) == 1
+    assert main(["simulate", "--trace", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from stallfree.sim.workload import (
     TraceError,
+    TraceFileError,
     load_bundled,
     load_trace,
     parse_length_spec,
@@ -72,6 +73,19 @@ def test_generic_csv_jsonl_and_gzip(tmp_path):
         w = load_trace(tmp_path / name)
         assert w.arrivals == (0.0, 0.25, 0.25)
         assert w.prompt_lens == (20, 10, 30)
+        # 0.25 comes after 0.5: one row out of order, sorted and said (the later 0.5 ties, not backwards).
+        assert w.notes == ("sorted by arrival time: 1 of 3 rows arrive earlier than a row above them in the file",)
+
+
+def test_arrivals_in_order_leave_no_note(tmp_path):
+    """A trace whose clock never goes backwards gets no sorting note; 1.0, 0.5, 0.75, 2 has two rows back."""
+    p = tmp_path / "w.csv"
+    p.write_text("arrival_time,prompt_len,output_len\n0,1,1\n0,2,1\n1,3,1\n")
+    assert load_trace(p).notes == ()
+    p.write_text("arrival_time,prompt_len,output_len\n1.0,1,1\n0.5,2,1\n0.75,3,1\n2,4,1\n")
+    w = load_trace(p)
+    assert w.arrivals == (0.0, 0.25, 0.5, 1.5) and w.prompt_lens == (2, 3, 1, 4)
+    assert w.notes == ("sorted by arrival time: 2 of 4 rows arrive earlier than a row above them in the file",)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +120,7 @@ def test_skip_bad_rows_skips_and_counts(tmp_path):
 
 def test_missing_file_and_unknown_header(tmp_path):
     """A missing file and an unrecognised header are TraceErrors with a clear message."""
-    with pytest.raises(TraceError, match="trace file not found"):
+    with pytest.raises(TraceFileError, match="trace file not found"):
         load_trace(tmp_path / "nope.csv")
     p = tmp_path / "odd.csv"
     p.write_text("a,b,c\n1,2,3\n")

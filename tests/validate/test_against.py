@@ -334,3 +334,25 @@ def test_prefill_load_by_hand_and_refused_above_one():
     flood = replace(read_rows(CSV)[0], concurrency=100_000, ttft_ms=1e-3, tpot_ms=1e-3)
     with pytest.raises(ValueError, match="not a steady state of distinct prompts"):
         silicon.replay_row(flood, EngineProfile("none"), "none", 1)
+
+
+def test_typed_model_typo_is_not_blamed_on_the_runs_model(capsys):
+    """--model lama-3.1-8b: the nearest preset is suggested, and the run's own name
+    (meta-llama/Llama-3.1-8B, which does map to a preset) is not said to have none."""
+    assert main(["validate", "--against", str(RUN), "--model", "lama-3.1-8b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "unknown model 'lama-3.1-8b' (did you mean 'llama-3.1-8b'?)" in err
+    assert "has no preset" not in err and "meta-llama/Llama-3.1-8B" not in err
+
+
+def test_silicon_no_match_names_only_the_given_filters_and_lists_the_rows():
+    """No row matches: the message names the filters given (not --gpu None ...), then the models and
+    GPUs the rows have, so the user can pick one."""
+    with pytest.raises(ValueError) as err:
+        validate_silicon(str(CSV), EngineProfile("none"), model="llama-3.1-7b")
+    text = str(err.value)
+    assert text.endswith("no row matches --model 'llama-3.1-7b'; its rows have models Qwen/Qwen3-32B, "
+                         "meta-llama/Llama-3.1-70B, nvidia/Llama-3.1-8B-Instruct-FP8 and GPUs h100_sxm, h200_sxm")
+    assert "None" not in text
+    assert silicon._listed([f"m{k}" for k in range(10)], most=3) == "m0, m1, m2, ... (10 in all)"

@@ -490,11 +490,27 @@ class Setup:
                              usage=True)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
+        if self.prefix_caching:
+            self.check_prefix_block()
         self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         self.context_length, self.context_length_source = context_length(self.hardware_options)
         self.kv_bytes_per_token = 0
         if self.cpu_kv_tokens or self.kv_offloading_gib:
             self._add_cpu_tier()
+
+    def check_prefix_block(self) -> None:
+        """Refuse a `block_size` that does not divide the trace's prefix-id block (Mooncake's 512
+        tokens), which prefix caching needs to split each id into KV blocks; a trace without prefix
+        ids passes.
+
+        Raises:
+            SetupError: the block size does not divide it (usage: a flag at odds with the trace).
+        """
+        wl = self.base_workload
+        if wl.prefix_ids is not None and wl.prefix_block % self.block_size:
+            raise SetupError(f"`block_size`={self.block_size} must divide the trace's prefix block of "
+                             f"{wl.prefix_block} tokens (its hash_ids; a power of two up to "
+                             f"{wl.prefix_block})", usage=True)
 
     def _add_cpu_tier(self) -> None:
         """Size the CPU KV tier (tokens, or GiB summed over the ranks) and price its copies."""

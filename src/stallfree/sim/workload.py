@@ -30,6 +30,7 @@ __all__ = [
     "BUNDLED_TRACE",
     "LengthSpec",
     "TraceError",
+    "TraceFileError",
     "Workload",
     "load_bundled",
     "load_mooncake",
@@ -54,6 +55,11 @@ _KEPT_MESSAGES = 5
 class TraceError(StallfreeError, ValueError):
     """A trace could not be read: a missing file, an unknown format, or a malformed row (the message
     starts with `path:line:` and names the field and the value)."""
+
+
+class TraceFileError(TraceError):
+    """The trace file itself is missing, a directory, or cannot be opened (the commands exit 2, as for
+    any unusable command-line value; malformed contents stay a TraceError, exit 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,15 +258,21 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
         skip_bad_rows: skip and count malformed rows instead of raising at the first one.
 
     Raises:
-        TraceError: the file is missing or unreadable, the format is unknown, or (without
+        TraceFileError: the file is missing, a directory or cannot be opened.
+        TraceError: the format is unknown, the contents cannot be decoded, or (without
             skip_bad_rows) a row is malformed: "path:line: field value: reason"; also when no
             request is left.
     """
     p = Path(path)
     if p.is_dir():
-        raise TraceError(f"trace {path} is a directory: give one trace file (CSV or JSONL, .gz allowed)")
+        raise TraceFileError(f"trace {path} is a directory: give one trace file (CSV or JSONL, .gz allowed)")
     if not p.is_file():
-        raise TraceError(f"trace file not found: {path}")
+        raise TraceFileError(f"trace file not found: {path}")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as exc:
+        raise TraceFileError(f"cannot open trace {path}: {exc.strerror or exc}") from None
     if fmt not in TRACE_FORMATS:
         raise TraceError(f"unknown trace format {fmt!r} (expected auto, azure, burstgpt, csv, jsonl or mooncake)")
     name = p.name.removesuffix(".gz")
@@ -363,6 +375,15 @@ class _Rows:
         rows = sorted(self.rows, key=lambda r: r[0])  # stable: equal arrivals keep file order
         t0 = rows[0][0]
         notes = []
+        # The event loop takes requests in arrival order, so a trace out of order is sorted, not refused;
+        # say so, since a file whose clock goes backwards may be a merge of two traces.
+        latest, back = -math.inf, 0
+        for r in self.rows:
+            back += r[0] < latest
+            latest = max(latest, r[0])
+        if back:
+            notes.append(f"sorted by arrival time: {back} of {len(self.rows)} rows arrive earlier than a row "
+                         "above them in the file")
         if self.bad:
             notes.append(f"skipped {self.bad} malformed rows; first: {self.messages[0]}")
         if self.excluded:

@@ -175,7 +175,9 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
             kv_src = "derived (memory x utilization - weights - activation reserve)"
     except CostModelError as exc:
         hint = ""
-        if "unknown model" in str(exc):
+        if "unknown model" in str(exc) and model is None:
+            # Only for the run's own model name: a --model the user typed is named in `exc` already,
+            # with its nearest preset.
             hint = (f" (model {run.model!r} has no preset and no config.json here or in aiconfigurator-core: "
                     "give --model PATH/config.json, the model's Hugging Face config)")
         elif "unknown GPU" in str(exc):

@@ -255,6 +255,14 @@ def _norm(s: str) -> str:
     return s.lower().replace("_", "-")
 
 
+def _listed(names: Iterable[str], most: int = 8) -> str:
+    """The distinct names, sorted, comma-separated; past `most`, the first ones and how many in all."""
+    found = sorted(set(names))
+    if len(found) <= most:
+        return ", ".join(found)
+    return ", ".join(found[:most]) + f", ... ({len(found)} in all)"
+
+
 def select(rows: Iterable[ClosedLoopRow], model: str | None = None, gpu: str | None = None,
            engine: str | None = None, mode: str | None = None) -> list[ClosedLoopRow]:
     """The rows whose model contains `model`, whose system maps to the same preset as `gpu`, of backend
@@ -537,12 +545,16 @@ def validate_silicon(path: str, profile: EngineProfile | None, kernels: str | No
         raise ValueError(f"--requests-per-row must be >= 1 (1: one wave, all of it measured), got {k}")
     if limit is not None and limit < 1:
         raise ValueError(f"--limit-rows must be >= 1 (the first N selected rows), got {limit}")
-    rows = select(read_rows(csv_path), model, gpu, engine, mode)
+    every = read_rows(csv_path)
+    rows = select(every, model, gpu, engine, mode)
     if limit is not None:
         rows = rows[:limit]
     if not rows:
-        raise ValueError(f"{csv_path}: no row matches --model {model!r} --gpu {gpu!r} --engine {engine!r} "
-                         f"--mode {mode!r}")
+        given = " ".join(f"{flag} {value!r}" for flag, value in
+                         (("--model", model), ("--gpu", gpu), ("--engine", engine), ("--mode", mode))
+                         if value is not None)
+        raise ValueError(f"{csv_path}: no row matches {given}; its rows have models "
+                         f"{_listed(r.model for r in every)} and GPUs {_listed(r.system for r in every)}")
     done: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}
     for r in rows:

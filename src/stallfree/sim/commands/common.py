@@ -30,7 +30,7 @@ from stallfree.sim.setup import (
     WorkloadOptions,
 )
 from stallfree.sim.simulator import BATCHING_MODES, SimulationError
-from stallfree.sim.workload import TraceError
+from stallfree.sim.workload import TraceError, TraceFileError
 
 __all__ = [
     "CliError",
@@ -78,6 +78,33 @@ def positive_duration(text: str) -> float:
     return value
 
 
+#: Below these, an SLO read as milliseconds is likely meant as seconds: warn (TTFT, TPOT), in s.
+_SLO_WARN_BELOW = {"--slo-ttft": 0.010, "--slo-tpot": 0.001}
+
+
+def _slo(flag: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = positive_duration(text)
+        if value < _SLO_WARN_BELOW[flag]:
+            print(f"warning: {flag} {text} is read as {value * 1e3:g} ms (a bare number is ms); "
+                  f"write {text.strip().lower().removesuffix('ms')}s for seconds", file=sys.stderr)
+        return value
+
+    parse.__name__ = "duration"  # argparse names the type in its error: "invalid duration value"
+    return parse
+
+
+def slo_ttft(text: str) -> float:
+    """An argparse type for --slo-ttft: a duration > 0, s; under 10 ms, one warning line on stderr
+    saying how it was read (a bare number is ms), since a TTFT objective that small is seldom meant."""
+    return _slo("--slo-ttft")(text)
+
+
+def slo_tpot(text: str) -> float:
+    """An argparse type for --slo-tpot: a duration > 0, s; under 1 ms, one warning line on stderr."""
+    return _slo("--slo-tpot")(text)
+
+
 def modes(text: str) -> list[str]:
     """An argparse type: a comma-separated list of batching modes."""
     found = [t.strip() for t in text.split(",") if t.strip()]
@@ -98,8 +125,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help=f"most running requests (default {DEFAULT_MAX_SEQS})")
     add_partial_prefill_args(s, "the context length")
     r = p.add_argument_group("report")
-    r.add_argument("--slo-ttft", type=duration, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
-    r.add_argument("--slo-tpot", type=duration, metavar="T", help="TPOT objective for goodput (bare = ms)")
+    r.add_argument("--slo-ttft", type=slo_ttft, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
+    r.add_argument("--slo-tpot", type=slo_tpot, metavar="T", help="TPOT objective for goodput (bare = ms)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
 
@@ -412,6 +439,9 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except CliError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return exc.code
+        except TraceFileError as exc:  # a file named on the command line is missing or unreadable
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return 2
         except SetupError as exc:
             print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 2 if exc.usage else 1

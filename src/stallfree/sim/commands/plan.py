@@ -11,6 +11,9 @@ import argparse
 import json
 import os
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from stallfree._argtypes import positive_int
@@ -85,17 +88,18 @@ def run(args: argparse.Namespace) -> int:
     executor = executor_from_args(args)
     width = args.jobs or os.cpu_count() or 1
     setup = setup_from_args(args)
-    with progress_bar() as bar:
-        task = bar.add_task("plan", total=None)
+    with _progress() as progress:
         result = plan(
             setup, args.slo_ttft, args.slo_tpot, attainment=args.slo_attainment, routers=routers,
             budget=args.budget, max_replicas=args.max_replicas, executor=executor,
             width=width if executor.name != "serial" else 1, disaggregate=not args.no_disaggregate,
-            progress=lambda k, n: bar.update(task, completed=k, total=n),
+            progress=progress,
         )
     header = setup.header()
     if args.json:
-        print(json.dumps(plan_report(result, header, args.slo_ttft, args.slo_tpot), indent=1))
+        report = plan_report(result, header, args.slo_ttft, args.slo_tpot)
+        report["serve"] = serve_commands(args, header) if result.replicas is not None else None
+        print(json.dumps(report, indent=1))
     else:
         print_plan(result, header, args)
     return 0 if result.replicas is not None else EXIT_NOT_MET
@@ -176,5 +180,44 @@ def print_plan(result: PlanResult, header: dict[str, Any], args: argparse.Namesp
     print(f"search: one replica sustains ~{result.single_capacity:,.2f} req/s saturated, so {result.offered_rate:,.2f} "
           f"req/s needs at least ~{result.bound} (the start); {len(result.rows)} simulations in {result.wall_s:,.1f} s")
     if result.replicas is not None:
-        print(f"each replica: stallfree serve --token-budget {args.budget} --max-seqs {header['max_seqs']}",
-              file=sys.stdout)
+        serve = serve_commands(args, header)
+        note = f"  (MODEL: the checkpoint of {args.model})" if "/" not in args.model else ""
+        print(f"each replica: {serve['vllm']}{note}")
+        if serve["stallfree"] is not None:
+            print(f"  or, on stallfree's engine: {serve['stallfree']}")
+        else:
+            print(f"  (stallfree serve runs on one device: a replica of {args.tp} GPUs needs a tensor-parallel "
+                  "engine such as vLLM)")
+
+
+def serve_commands(args: argparse.Namespace, header: dict[str, Any]) -> dict[str, str | None]:
+    """The serve lines of the chosen replica: "vllm" (vLLM's flags: tensor parallelism, token budget as
+    --max-num-batched-tokens, --max-num-seqs; MODEL stands for the checkpoint when --model is a preset
+    name rather than a Hugging Face id) and "stallfree" (`stallfree serve`, None when a replica spans
+    more than one GPU: that engine runs on one device)."""
+    model = args.model if "/" in args.model else "MODEL"
+    vllm = (f"vllm serve {model} --tensor-parallel-size {args.tp} --max-num-batched-tokens {args.budget} "
+            f"--max-num-seqs {header['max_seqs']}")
+    own = f"stallfree serve --token-budget {args.budget} --max-seqs {header['max_seqs']}"
+    return {"vllm": vllm, "stallfree": own if args.tp == 1 else None}
+
+
+@contextmanager
+def _progress() -> Iterator[Callable[[int, int], None]]:
+    """The search's progress callback (finished, planned simulations): a transient bar on a terminal;
+    otherwise (stderr to a file or a pipe, where a bar shows nothing) one plain line per finished
+    simulation, so a long search is seen to move."""
+    if sys.stderr.isatty():
+        with progress_bar() as bar:
+            task = bar.add_task("plan", total=None)
+            yield lambda k, n: bar.update(task, completed=k, total=n)
+        return
+    t0, last = time.perf_counter(), [0]
+
+    def line(k: int, n: int) -> None:
+        if k > last[0]:
+            last[0] = k
+            print(f"plan: simulation {k} done ({n} planned so far; {time.perf_counter() - t0:,.1f} s)",
+                  file=sys.stderr, flush=True)
+
+    yield line

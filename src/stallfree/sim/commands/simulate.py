@@ -186,6 +186,8 @@ def _study(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]
     """The runs of `simulate` on `setup`: one study (_run_once), or with --compare-caching the
     caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas."""
     cpu_tokens = setup.cpu_kv_tokens
+    if args.compare_caching:
+        setup.check_prefix_block()  # before the caching-off run, not after it
     if args.compare_caching and _has_cpu_tier(args):
         setup.cpu_kv_tokens = 0  # the GPU-only run first (the copies' pricing has nothing to price there)
     study, clusters = _run_once(args, setup)
