@@ -94,3 +94,41 @@ class RandomWorkload:
                 raise AssertionError("did not terminate")
         chk.check_final()
         return chk
+
+
+def drive_randomly(chk, sched, reqs: list[Request], arrive: list[int], rng: random.Random, p_abort: float,
+                   p_stop: float, abort_in_flight: bool = False) -> None:
+    """Run `chk` (an invariant checker around `sched`) until every request is done: request i arrives at step
+    arrive[i] (sorted); with probability p_abort per step an arrived request is aborted (a finished rid is a
+    no-op) and, with `abort_in_flight`, one of the plan in flight too (deferred to complete()); each sampled
+    request stops early with probability p_stop. Ends with check_final(). The rng is drawn in that order, so
+    a seeded run is the same run wherever it is driven from."""
+    i = 0
+    while i < len(reqs) or sched.has_unfinished():
+        while i < len(reqs) and arrive[i] <= sched.step:
+            chk.add(reqs[i])
+            i += 1
+        if p_abort and i and rng.random() < p_abort:
+            chk.abort(rng.choice(reqs[:i]).rid)
+        plan = chk.schedule()
+        if abort_in_flight and p_abort and plan and rng.random() < p_abort:
+            chk.abort(rng.choice(list(plan)).rid)
+        chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
+    chk.check_final()
+
+
+def run_engine(eng, schedule, params) -> dict:
+    """schedule: (step, rid, token_ids) triples; add each to `eng` (an LLMEngine) at its step with `params`,
+    step to the end; returns the generated token ids per rid."""
+    out: dict = {}
+    step = 0
+    pending = sorted(schedule, key=lambda x: x[0])
+    while pending or eng.has_unfinished():
+        while pending and pending[0][0] <= step:
+            _, rid, ids = pending.pop(0)
+            eng.add_request(rid, ids, params)
+            out[rid] = []
+        for o in eng.step():
+            out[o.rid].extend(o.new_token_ids)
+        step += 1
+    return out

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from factories import RandomWorkload
+from factories import RandomWorkload, drive_randomly
 from stallfree import Request, RequestRejected, Scheduler
 from stallfree.core import scheduler as scheduler_module
 from stallfree.core.invariants import InvariantChecker
@@ -172,18 +172,7 @@ def _tight_run(seed: int) -> InvariantChecker:
     chk = InvariantChecker(s, table_every=rng.choice([1, 2, 5]))
     arrive = sorted(rng.randint(0, 100) for _ in reqs)
     p_abort, p_stop = rng.choice([0.0, 0.1]), rng.choice([0.0, 0.05])
-    i = 0
-    while i < len(reqs) or s.has_unfinished():
-        while i < len(reqs) and arrive[i] <= s.step:
-            chk.add(reqs[i])
-            i += 1
-        if p_abort and i and rng.random() < p_abort:
-            chk.abort(rng.choice(reqs[:i]).rid)
-        plan = chk.schedule()
-        if p_abort and plan and rng.random() < p_abort:
-            chk.abort(rng.choice(list(plan)).rid)
-        chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
-    chk.check_final()
+    drive_randomly(chk, s, reqs, arrive, rng, p_abort, p_stop, abort_in_flight=True)
     return chk
 
 

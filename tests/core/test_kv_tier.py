@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from factories import drive_randomly
 from stallfree import Request
 from stallfree.core.errors import InvalidConfig
 from stallfree.core.invariants import InvariantViolation
@@ -125,16 +126,7 @@ def random_tiered_run(seed: int, num_requests: int = 24) -> TieredInvariantCheck
     chk = TieredInvariantChecker(s)
     arrive = sorted(rng.randint(0, 40) for _ in reqs)
     p_abort, p_stop = rng.choice([0.0, 0.05]), rng.choice([0.0, 0.05])
-    i = 0
-    while i < len(reqs) or s.has_unfinished():
-        while i < len(reqs) and arrive[i] <= s.step:
-            chk.add(reqs[i])
-            i += 1
-        if p_abort and i and rng.random() < p_abort:
-            chk.abort(rng.choice(reqs[:i]).rid)
-        plan = chk.schedule()
-        chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
-    chk.check_final()
+    drive_randomly(chk, s, reqs, arrive, rng, p_abort, p_stop)
     return chk
 
 

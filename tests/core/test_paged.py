@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from factories import run_to_end
+from factories import drive_randomly, run_to_end
 from stallfree import (
     FinishReason,
     InvalidConfig,
@@ -433,18 +433,7 @@ def random_paged_run(seed: int, num_requests: int = 25) -> tuple[PagedInvariantC
     chk = PagedInvariantChecker(s, table_every=rng.choice([1, 2, 5, 50]))
     arrive = sorted(rng.randint(0, 100) for _ in reqs)
     p_abort, p_stop = rng.choice([0.0, 0.1]), rng.choice([0.0, 0.05])
-    i = 0
-    while i < len(reqs) or s.has_unfinished():
-        while i < len(reqs) and arrive[i] <= s.step:
-            chk.add(reqs[i])
-            i += 1
-        if p_abort and i and rng.random() < p_abort:
-            chk.abort(rng.choice(reqs[:i]).rid)  # finished rids are no-ops
-        plan = chk.schedule()
-        if p_abort and plan and rng.random() < p_abort:
-            chk.abort(rng.choice(list(plan)).rid)  # in flight: deferred to complete()
-        chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
-    chk.check_final()
+    drive_randomly(chk, s, reqs, arrive, rng, p_abort, p_stop, abort_in_flight=True)
     return chk, arrive[-1] + 1 + sum(r.prompt_len + r.max_new - 1 for r in reqs)
 
 

@@ -11,6 +11,7 @@ import pytest
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import CostModel, CostModelError, get_gpu, get_model, load_model_file, model_from_hf_config
 from stallfree.costmodel.hardware import gpu_from_dict, gpu_to_dict
+from stallfree.costmodel.kernel_maps import PACKAGE_CONFIGS
 
 # Published totals and active counts, the precision they were published at (half a unit of the last
 # digit), and whether the publisher's active count includes the input embedding. DeepSeek, Moonshot
@@ -39,18 +40,7 @@ _CONFIGS = (
     if util.find_spec("aiconfigurator_core") is not None
     else None
 )
-BUNDLED = {
-    "deepseek-v3": "deepseek-ai--DeepSeek-V3",
-    "kimi-k2": "moonshotai--Kimi-K2-Instruct",
-    "qwen3-8b": "Qwen--Qwen3-8B",
-    "qwen3-32b": "Qwen--Qwen3-32B",
-    "qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B",
-    "qwen3-235b-a22b": "Qwen--Qwen3-235B-A22B",
-    "gpt-oss-20b": "openai--gpt-oss-20b",
-    "gpt-oss-120b": "openai--gpt-oss-120b",
-    "llama-4-scout": "meta-llama--Llama-4-Scout-17B-16E-Instruct",
-    "llama-4-maverick": "meta-llama--Llama-4-Maverick-17B-128E-Instruct",
-}
+BUNDLED = PACKAGE_CONFIGS  # our presets whose config.json the package bundles
 
 
 @pytest.mark.parametrize("key", sorted(PUBLISHED), ids=str)

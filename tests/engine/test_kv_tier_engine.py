@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from factories import run_engine
 from stallfree.core.errors import InvalidConfig
 from stallfree.engine.kv_cache import HostKVCache, KVCache
 from stallfree.engine.sampling import SamplingParams
@@ -14,19 +15,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 SYSTEM = list(range(100, 164))  # 64 tokens: 4 blocks of 16
 
 
-def run(eng, schedule):
-    out: dict[str, list[int]] = {}
-    step = 0
-    pending = sorted(schedule, key=lambda x: x[0])
-    while pending or eng.has_unfinished():
-        while pending and pending[0][0] <= step:
-            _, rid, ids = pending.pop(0)
-            eng.add_request(rid, ids, GREEDY)
-            out[rid] = []
-        for o in eng.step():
-            out[o.rid].extend(o.new_token_ids)
-        step += 1
-    return out
+def run(eng, schedule, params=GREEDY):
+    """schedule: list of (step, rid, token_ids); add each at its step, run to the end; tokens per rid."""
+    return run_engine(eng, schedule, params)
 
 
 def test_offload_then_load_round_trips_blocks():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from factories import run_engine
 from stallfree.core.errors import InvalidConfig
 from stallfree.engine.sampling import SamplingParams
 
@@ -16,18 +17,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 def run(eng, schedule, params=GREEDY):
     """schedule: list of (step, rid, token_ids); add each at its step, run to the end; tokens per rid."""
-    out: dict[str, list[int]] = {}
-    step = 0
-    pending = sorted(schedule, key=lambda x: x[0])
-    while pending or eng.has_unfinished():
-        while pending and pending[0][0] <= step:
-            _, rid, ids = pending.pop(0)
-            eng.add_request(rid, ids, params)
-            out[rid] = []
-        for o in eng.step():
-            out[o.rid].extend(o.new_token_ids)
-        step += 1
-    return out
+    return run_engine(eng, schedule, params)
 
 
 def both(make_engine, schedule, params=GREEDY, **kw):

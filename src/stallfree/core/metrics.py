@@ -36,6 +36,7 @@ __all__ = [
     "queueing_delay",
     "stats_ms",
     "summarize",
+    "throughput_figures",
     "tpot",
     "ttft",
 ]
@@ -219,6 +220,25 @@ def _duration(timelines: Sequence[RequestTimeline]) -> float:
     return last - first
 
 
+def throughput_figures(completed: int, input_tokens: int, output_tokens: int,
+                       duration: float) -> dict[str, float | int | None]:
+    """The totals and rates of vLLM's serving benchmark, in its key order: completed, total_input_tokens,
+    total_output_tokens, duration_s, request_throughput (req/s), output_throughput and
+    total_token_throughput (tokens/s), each over `duration` s (inf when it is 0), and request_goodput
+    (None here: the caller fills it when an SLO is given)."""
+    rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
+    return {
+        "completed": completed,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": output_tokens,
+        "duration_s": duration,
+        "request_throughput": rate(completed),
+        "output_throughput": rate(output_tokens),
+        "total_token_throughput": rate(input_tokens + output_tokens),
+        "request_goodput": None,
+    }
+
+
 def summarize(
     timelines: Sequence[RequestTimeline],
     slo_ttft: float | None = None,
@@ -244,16 +264,7 @@ def summarize(
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
     n_out = sum(tl.num_generated for tl in done)
     n_in = sum(tl.prompt_len for tl in done)
-    out: dict[str, float | int | None] = {
-        "completed": len(done),
-        "total_input_tokens": n_in,
-        "total_output_tokens": n_out,
-        "duration_s": duration,
-        "request_throughput": rate(len(done)),
-        "output_throughput": rate(n_out),
-        "total_token_throughput": rate(n_in + n_out),
-        "request_goodput": None,
-    }
+    out = throughput_figures(len(done), n_in, n_out, duration)
     if slo_ttft is not None or slo_tpot is not None:
         out["request_goodput"] = rate(sum(1 for tl in done if meets_slo(tl, slo_ttft, slo_tpot)))
     ttfts = [v for tl in done if (v := ttft(tl)) is not None]

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stallfree.core.metrics import DEFAULT_PERCENTILES
+from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
 from stallfree.sim.buckets import bucket_stats, prompt_bucket
 from stallfree.sim.buckets import table_rows as bucket_table_rows
 from stallfree.sim.simulator import SimResult
@@ -134,17 +134,8 @@ def _throughputs(
     n_out = int(lat["tokens"].sum())
     n_in = int(sum(res.prompt_len[r] for r in done.tolist()))
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
-    out: dict[str, Any] = {
-        "completed": len(done),
-        "total_input_tokens": n_in,
-        "total_output_tokens": n_out,
-        "duration_s": duration,
-        "request_throughput": rate(len(done)),
-        "output_throughput": rate(n_out),
-        "total_token_throughput": rate(n_in + n_out),
-        "request_goodput": None,
-        "slo_attainment": None,
-    }
+    out: dict[str, Any] = throughput_figures(len(done), n_in, n_out, duration)
+    out["slo_attainment"] = None
     if "concurrency" in res.config:
         # Closed loop: the rate the clients reached, requests sent (refused ones too) per second.
         out["achieved_request_rate"] = rate(res.num_requests)
