@@ -54,7 +54,8 @@ def test_matches_the_find_reference_fed_in_random_pieces(seed):
 
 def test_many_stops_cost_per_character_not_per_stop():
     """190,000 stop strings: building is linear in their characters and feeding 1,000 characters stays
-    under a few milliseconds per hundred (str.find per stop string took seconds)."""
+    far under a second (str.find per stop string took seconds: 190,000 finds per character). The
+    bound is loose on purpose, a guard against going back to per-stop work, not a speed target."""
     import time
 
     stops = [f"{i:06d}x" for i in range(190_000)]
@@ -62,5 +63,5 @@ def test_many_stops_cost_per_character_not_per_stop():
     t0 = time.perf_counter()
     for ch in "abc def ghi " * 84:
         assert m.feed(ch) == -1
-    assert time.perf_counter() - t0 < 0.05
+    assert time.perf_counter() - t0 < 1.0
     assert m.feed("123456x") == 1008
