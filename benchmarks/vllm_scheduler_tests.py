@@ -1,8 +1,8 @@
 """vLLM's own scheduler tests against vLLM's scheduler and against stallfree's (stallfree.integrations.vllm).
 
 Uses the CPU environment of ../shared/tools/vllm-cpu/ (vLLM 0.33.0, its tests of that version, offline model
-configs): `--build` makes it with make_env.sh when DIR has none. Installs this checkout into DIR/venv
-(`pip install --no-deps -e .`) when stallfree.integrations.vllm is not importable there, then runs
+configs): `--build` makes it with make_env.sh when DIR has none. Puts this checkout's src/ first on
+PYTHONPATH (so two checkouts can share one environment, each testing its own code), then runs
 tests/v1/core/test_scheduler.py and test_async_scheduler.py twice with the pytest plugin
 benchmarks/vllm_sched_plugin.py: once as they are, once with vLLM's `Scheduler` / `AsyncScheduler` names
 replaced by SyncScheduler / Scheduler. `--ours` also runs this project's tests/integrations/ there.
@@ -15,6 +15,7 @@ vLLM's scheduler, the share that pass with ours (with and without the refused on
 
 Usage:
     python benchmarks/vllm_scheduler_tests.py --env ~/.cache/stallfree-vllm-cpu [--build] [--ours] [-k EXPR]
+        [--keep DIR] [--vllm-report VLLM_JSONL]
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def _run(py: Path, vt: Path, env_sh: Path, swap: bool, report: Path, k: str | No
         if "=" in line:
             key, _, value = line.partition("=")
             env[key] = value
-    env["PYTHONPATH"] = str(ROOT / "benchmarks")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")])
     env["STALLFREE_VLLM_REPORT"] = str(report)
     env["STALLFREE_VLLM_SWAP"] = "1" if swap else "0"
     cmd = [str(py), "-m", "pytest", *TESTS, "-q", "-p", "vllm_sched_plugin", "-p", "no:cacheprovider"]
@@ -128,6 +129,8 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="folder for the two JSONL reports (default: a temporary one)")
     ap.add_argument("--from-reports", nargs=2, type=Path, metavar=("VLLM_JSONL", "OURS_JSONL"),
                     help="only count two reports written earlier (no test is run)")
+    ap.add_argument("--vllm-report", type=Path, metavar="VLLM_JSONL",
+                    help="reuse this report of vLLM's own scheduler (written by an earlier run) and run only ours")
     args = ap.parse_args()
     if args.from_reports:
         return _summarize(*args.from_reports)
@@ -140,15 +143,22 @@ def main() -> int:
         subprocess.run(["bash", str(TOOL), str(d)], check=True)
     env_sh, vt = d / "env.sh", d / "vt"
     probe = subprocess.run([str(py), "-c", "import stallfree.integrations.vllm, stallfree; print(stallfree.__file__)"],
-                           capture_output=True, text=True, cwd=vt)
+                           capture_output=True, text=True, cwd=vt, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
     if probe.returncode != 0 or not probe.stdout.startswith(str(ROOT)):
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
+        print(f"cannot import this checkout's stallfree.integrations.vllm with {py}:\n{probe.stderr[-800:]}",
+              file=sys.stderr)
+        return 1
     keep = args.keep or Path(tempfile.mkdtemp(prefix="vllm-sched-tests-"))
     keep.mkdir(parents=True, exist_ok=True)
     rv, ro = keep / "vllm.jsonl", keep / "stallfree.jsonl"
-    for p in (rv, ro):
+    if args.vllm_report:
+        rv = args.vllm_report.resolve()
+    for p in (rv, ro) if not args.vllm_report else (ro,):
         p.unlink(missing_ok=True)
-    print("vLLM's scheduler:      ", _run(py, vt, env_sh, False, rv, args.k))
+    if args.vllm_report:
+        print("vLLM's scheduler:       (reused)", rv)
+    else:
+        print("vLLM's scheduler:      ", _run(py, vt, env_sh, False, rv, args.k))
     print("stallfree's scheduler: ", _run(py, vt, env_sh, True, ro, args.k))
     _summarize(rv, ro)
     if args.ours:
@@ -157,6 +167,7 @@ def main() -> int:
             if "=" in line:
                 key, _, value = line.partition("=")
                 env[key] = value
+        env["PYTHONPATH"] = str(ROOT / "src")
         out = subprocess.run([str(py), "-m", "pytest", "tests/integrations", "-q", "-p", "no:cacheprovider",
                               "--noconftest", "-W", "ignore::DeprecationWarning"], cwd=ROOT, env=env,
                              capture_output=True, text=True)
