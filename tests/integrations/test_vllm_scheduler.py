@@ -271,6 +271,29 @@ def test_async_kv_load_waits_outside_the_core_and_resumes_from_the_loaded_tokens
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1
 
 
+def test_abort_while_loading_frees_the_blocks_and_leaves_nothing_behind():
+    """A request aborted while its asynchronous load is in flight: vLLM finishes it and keeps its 2 blocks until
+    the worker reports the load finished (it may still be writing them), then frees them; the core, which no
+    longer had it, is unaffected, and the request behind it runs."""
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.connector = _Connector([(32, True), (0, False)])
+    a, b = harness.make_request("a", 64, 4), harness.make_request("b", 40, 1)
+    s.add_request(a)
+    s.add_request(b)
+    _step(s)
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert "a" in s.requests and len(s.kv_cache_manager.get_block_ids("a")[0]) == 2
+    out = _step(s, finished_recving={"a"})  # the worker still reports the load it had started
+    assert "a" not in out.num_scheduled_tokens and a.status == RequestStatus.FINISHED_ABORTED
+    while s.has_unfinished_requests():
+        _step(s)
+    assert (s.stallfree.num_waiting, s.stallfree.num_running) == (0, 0)
+    assert list(s.kv_holding_waiting) == [] and "a" not in s.requests
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1
+
+
 def test_async_kv_load_fits_beside_the_reservation_of_in_flight_loads():
     """A load is refused while the blocks an in-flight load still needs are reserved (vLLM's reservation). 9
     blocks of 16: a (128 tokens, 4 loaded) takes 4 blocks and reserves 4 more, so b's 4-block load (80
