@@ -271,6 +271,68 @@ def test_async_kv_load_waits_outside_the_core_and_resumes_from_the_loaded_tokens
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1
 
 
+class _ByRid(_Connector):
+    """A connector stand-in answering each request's rid from a dict (the same answer every time asked)."""
+
+    def __init__(self, answers):
+        super().__init__([])
+        self.by_rid = answers
+
+    def get_num_new_matched_tokens(self, request, num_local):
+        self.asked.append((request.request_id, num_local))
+        return self.by_rid[request.request_id]
+
+
+@pytest.mark.parametrize("cls", [sv.SyncScheduler, sv.Scheduler], ids=["sync", "async"])
+def test_seeded_mix_of_async_loads_completes_in_fcfs_order(cls):
+    """6 seeded workloads, a tight KV cache (15 usable blocks of 16), about a third of the requests loading 1-3 blocks
+    asynchronously, each load reported done 1-3 steps after it started: every request gets all its tokens,
+    every block comes back, a load starts only once every request ahead of it in the queue is admitted or
+    loading, and the requests without a load are admitted in the order they were added (the core's FCFS)."""
+    from vllm.v1.request import RequestStatus
+
+    for seed in range(6):
+        rng = random.Random(seed)
+        s = harness.make_scheduler(cls, num_blocks=16, max_num_batched_tokens=64, max_num_seqs=4,
+                                   max_model_len=256, scheduler_reserve_full_isl=False)
+        reqs, answers = [], {}
+        for i in range(10):
+            rid = f"r{i}"
+            prompt = rng.randint(20, 120)
+            loads = rng.random() < 0.35 and prompt > 16
+            answers[rid] = (16 * rng.randint(1, (prompt - 1) // 16), True) if loads else (0, False)
+            reqs.append(harness.make_request(rid, prompt, rng.randint(1, 16)))
+        s.connector = _ByRid(answers)
+        for r in reqs:
+            s.add_request(r)
+        due: dict[str, int] = {}
+        admitted: list[str] = []
+        started: list[str] = []
+        for step in range(400):
+            if not s.has_unfinished_requests():
+                break
+            done = {rid for rid, at in due.items() if at <= step}
+            for rid in done:
+                del due[rid]
+            out = _step(s, finished_recving=done)
+            admitted += [d.req_id for d in out.scheduled_new_reqs if d.req_id not in admitted]
+            for r in reqs:
+                rid = r.request_id
+                if (r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in due
+                        and rid not in s.finished_recving_kv_req_ids):
+                    due[rid] = step + rng.randint(1, 3)
+                    if rid not in started:
+                        started.append(rid)
+                        ahead = [q.request_id for q in reqs[: reqs.index(r)]]
+                        assert all(q in admitted or q in started for q in ahead), f"seed {seed}: {rid}"
+        assert not s.has_unfinished_requests(), f"seed {seed}: not done"
+        assert all(r.num_output_tokens == r.max_tokens for r in reqs), f"seed {seed}"
+        assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 16 - 1, f"seed {seed}"
+        plain = [rid for rid in admitted if not answers[rid][1]]
+        assert plain == sorted(plain, key=lambda rid: int(rid[1:])), f"seed {seed}: {plain}"
+        assert sorted(started) == sorted(rid for rid, (n, a) in answers.items() if a), f"seed {seed}"
+
+
 def test_abort_while_loading_frees_the_blocks_and_leaves_nothing_behind():
     """A request aborted while its asynchronous load is in flight: vLLM finishes it and keeps its 2 blocks until
     the worker reports the load finished (it may still be writing them), then frees them; the core, which no
