@@ -226,13 +226,15 @@ def test_kv_connector_hooks(answers, scheduled, computed, external, sync_load):
     assert s.stallfree.num_running == 1
 
 
-def _step(s, finished_recving=()):
-    """One step of `s` with a fake model output; the KV connector reports the loads in `finished_recving` done."""
+def _step(s, finished_recving=(), failed_recving=()):
+    """One step of `s` with a fake model output; the KV connector reports the loads in `finished_recving` done,
+    those in `failed_recving` failed."""
     from vllm.v1.outputs import KVConnectorOutput
 
     out = s.schedule()
     result = harness.fake_model_output(out, s.requests)
-    result.kv_connector_output = KVConnectorOutput(finished_recving=set(finished_recving))
+    result.kv_connector_output = KVConnectorOutput(
+        finished_recving=set(finished_recving), failed_recving=set(failed_recving))
     s.update_from_output(out, result)
     return out
 
@@ -331,6 +333,26 @@ def test_seeded_mix_of_async_loads_completes_in_fcfs_order(cls):
         plain = [rid for rid in admitted if not answers[rid][1]]
         assert plain == sorted(plain, key=lambda rid: int(rid[1:])), f"seed {seed}: {plain}"
         assert sorted(started) == sorted(rid for rid, (n, a) in answers.items() if a), f"seed {seed}"
+
+
+def test_a_failed_load_that_kept_no_token_is_looked_up_again():
+    """A load reported failed with no valid token (vLLM's recompute policy): its 2 blocks are freed and the
+    request is looked up again, from the head of the core's queue; the connector now loads it asynchronously
+    again (2 blocks, 32 tokens), and once that load lands the other 32 tokens run."""
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.connector = conn = _Connector([(32, True), (32, True)])
+    a = harness.make_request("a", 64, 2)
+    s.add_request(a)
+    _step(s, finished_recving={"a"}, failed_recving={"a"})
+    assert a.num_computed_tokens == 0
+    out = _step(s)
+    assert out.num_scheduled_tokens == {} and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert conn.allocated == [("a", 2, 32), ("a", 2, 32)] and a.num_computed_tokens == 32
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1 - 2
+    _step(s, finished_recving={"a"})
+    assert _step(s).num_scheduled_tokens == {"a": 32}
 
 
 def test_abort_while_loading_frees_the_blocks_and_leaves_nothing_behind():

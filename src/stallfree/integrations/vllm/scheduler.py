@@ -284,8 +284,9 @@ class SyncScheduler(_VllmScheduler):
             self.aux_output_connector.request_loading(request, request.num_computed_tokens)
         self._inflight_prefills.add(request)
         self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)
-        self.waiting.remove_request(request)
-        self.kv_holding_waiting.add_request(request)
+        if request not in self.kv_holding_waiting:  # there already after a failed load that kept no token
+            self.waiting.remove_request(request)
+            self.kv_holding_waiting.add_request(request)
         self.deferred_waiting.add(request)
         self.stallfree.abort(rid)
         return True
