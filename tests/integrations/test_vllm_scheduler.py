@@ -176,6 +176,24 @@ class _Connector:
     def get_external_cache_hit_sources(self, request, num_hits):
         return None
 
+    def get_loaded_kv_cache_group_ids(self, request):
+        return ()
+
+    def update_connector_output(self, output):
+        pass
+
+    def request_finished(self, request, block_ids):
+        return False, None
+
+    def get_kv_connector_stats(self):
+        return None
+
+    def take_events(self):
+        return ()
+
+    def has_pending_push_work(self):
+        return False
+
     def has_pending_block_frees(self):
         return False
 
@@ -184,7 +202,6 @@ class _Connector:
     ("answers", "scheduled", "computed", "external", "sync_load"),
     [
         ([(32, False)], 32, 32, 32, True),  # a synchronous load of 2 blocks: only the 32 tokens after it run
-        ([(32, True)], 64, 0, 0, False),  # an asynchronous load is not awaited: the prompt is recomputed
         ([(None, False), (0, False)], 64, 0, 0, False),  # no answer yet: the request waits a step, then runs whole
     ],
 )
@@ -207,6 +224,218 @@ def test_kv_connector_hooks(answers, scheduled, computed, external, sync_load):
     assert out.has_sync_kv_loads is sync_load
     assert out.kv_connector_metadata == ("meta", conn.metas)
     assert s.stallfree.num_running == 1
+
+
+def _step(s, finished_recving=(), failed_recving=()):
+    """One step of `s` with a fake model output; the KV connector reports the loads in `finished_recving` done,
+    those in `failed_recving` failed."""
+    from vllm.v1.outputs import KVConnectorOutput
+
+    out = s.schedule()
+    result = harness.fake_model_output(out, s.requests)
+    result.kv_connector_output = KVConnectorOutput(
+        finished_recving=set(finished_recving), failed_recving=set(failed_recving))
+    s.update_from_output(out, result)
+    return out
+
+
+@pytest.mark.parametrize("cls", [sv.SyncScheduler, sv.Scheduler], ids=["sync", "async"])
+def test_async_kv_load_waits_outside_the_core_and_resumes_from_the_loaded_tokens(cls):
+    """A 64-token prompt whose connector loads 32 tokens asynchronously: its 2 blocks are allocated and the
+    connector told (32 external tokens), it waits in vLLM's WAITING_FOR_REMOTE_KVS outside the core while the
+    40-token request behind it runs; once the load is reported done it is admitted, not asked again, with 32
+    tokens computed and the other 32 (4 blocks in all) scheduled."""
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(cls, max_model_len=256)
+    s.connector = conn = _Connector([(32, True), (0, False)])
+    a, b = harness.make_request("a", 64, 4), harness.make_request("b", 40, 4)
+    s.add_request(a)
+    s.add_request(b)
+    out = _step(s)
+    assert out.num_scheduled_tokens == {"b": 40}
+    assert a.status == RequestStatus.WAITING_FOR_REMOTE_KVS and a.num_computed_tokens == 32
+    assert list(s.kv_holding_waiting) == [a] and list(s.waiting) == []
+    assert conn.allocated == [("a", 2, 32), ("b", 3, 0)]
+    assert out.has_sync_kv_loads is False
+    assert (s.stallfree.num_waiting, s.stallfree.num_running) == (0, 1)
+    out = _step(s, finished_recving={"a"})  # the load lands while b decodes
+    assert out.num_scheduled_tokens == {"b": 1}
+    out = _step(s)
+    assert out.num_scheduled_tokens == {"b": 1, "a": 32}
+    assert [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs] == [("a", 32)]
+    assert a.status == RequestStatus.RUNNING and list(s.kv_holding_waiting) == []
+    assert [q for q in conn.asked if q[0] == "a"] == [("a", 0)]
+    assert conn.allocated[-1] == ("a", 4, 0)
+    assert s.stallfree.num_running == 2
+    while s.has_unfinished_requests():
+        _step(s)
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1
+
+
+class _ByRid(_Connector):
+    """A connector stand-in answering each request's rid from a dict (the same answer every time asked)."""
+
+    def __init__(self, answers):
+        super().__init__([])
+        self.by_rid = answers
+
+    def get_num_new_matched_tokens(self, request, num_local):
+        self.asked.append((request.request_id, num_local))
+        return self.by_rid[request.request_id]
+
+
+@pytest.mark.parametrize("cls", [sv.SyncScheduler, sv.Scheduler], ids=["sync", "async"])
+def test_seeded_mix_of_async_loads_completes_in_fcfs_order(cls):
+    """6 seeded workloads, a tight KV cache (15 usable blocks of 16), about a third of the requests loading 1-3 blocks
+    asynchronously, each load reported done 1-3 steps after it started: every request gets all its tokens,
+    every block comes back, a load starts only once every request ahead of it in the queue is admitted or
+    loading, and the requests without a load are admitted in the order they were added (the core's FCFS)."""
+    from vllm.v1.request import RequestStatus
+
+    for seed in range(6):
+        rng = random.Random(seed)
+        s = harness.make_scheduler(cls, num_blocks=16, max_num_batched_tokens=64, max_num_seqs=4,
+                                   max_model_len=256, scheduler_reserve_full_isl=False)
+        reqs, answers = [], {}
+        for i in range(10):
+            rid = f"r{i}"
+            prompt = rng.randint(20, 120)
+            loads = rng.random() < 0.35 and prompt > 16
+            answers[rid] = (16 * rng.randint(1, (prompt - 1) // 16), True) if loads else (0, False)
+            reqs.append(harness.make_request(rid, prompt, rng.randint(1, 16)))
+        s.connector = _ByRid(answers)
+        for r in reqs:
+            s.add_request(r)
+        due: dict[str, int] = {}
+        admitted: list[str] = []
+        started: list[str] = []
+        for step in range(400):
+            if not s.has_unfinished_requests():
+                break
+            done = {rid for rid, at in due.items() if at <= step}
+            for rid in done:
+                del due[rid]
+            out = _step(s, finished_recving=done)
+            admitted += [d.req_id for d in out.scheduled_new_reqs if d.req_id not in admitted]
+            for r in reqs:
+                rid = r.request_id
+                if (r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in due
+                        and rid not in s.finished_recving_kv_req_ids):
+                    due[rid] = step + rng.randint(1, 3)
+                    if rid not in started:
+                        started.append(rid)
+                        ahead = [q.request_id for q in reqs[: reqs.index(r)]]
+                        assert all(q in admitted or q in started for q in ahead), f"seed {seed}: {rid}"
+        assert not s.has_unfinished_requests(), f"seed {seed}: not done"
+        assert all(r.num_output_tokens == r.max_tokens for r in reqs), f"seed {seed}"
+        assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 16 - 1, f"seed {seed}"
+        plain = [rid for rid in admitted if not answers[rid][1]]
+        assert plain == sorted(plain, key=lambda rid: int(rid[1:])), f"seed {seed}: {plain}"
+        assert sorted(started) == sorted(rid for rid, (n, a) in answers.items() if a), f"seed {seed}"
+
+
+def test_a_failed_load_that_kept_no_token_is_looked_up_again():
+    """A load reported failed with no valid token (vLLM's recompute policy): its 2 blocks are freed and the
+    request is looked up again, from the head of the core's queue; the connector now loads it asynchronously
+    again (2 blocks, 32 tokens), and once that load lands the other 32 tokens run."""
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.connector = conn = _Connector([(32, True), (32, True)])
+    a = harness.make_request("a", 64, 2)
+    s.add_request(a)
+    _step(s, finished_recving={"a"}, failed_recving={"a"})
+    assert a.num_computed_tokens == 0
+    out = _step(s)
+    assert out.num_scheduled_tokens == {} and a.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert conn.allocated == [("a", 2, 32), ("a", 2, 32)] and a.num_computed_tokens == 32
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1 - 2
+    _step(s, finished_recving={"a"})
+    assert _step(s).num_scheduled_tokens == {"a": 32}
+
+
+def test_abort_while_loading_frees_the_blocks_and_leaves_nothing_behind():
+    """A request aborted while its asynchronous load is in flight: vLLM finishes it and keeps its 2 blocks until
+    the worker reports the load finished (it may still be writing them), then frees them; the core, which no
+    longer had it, is unaffected, and the request behind it runs."""
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.connector = _Connector([(32, True), (0, False)])
+    a, b = harness.make_request("a", 64, 4), harness.make_request("b", 40, 1)
+    s.add_request(a)
+    s.add_request(b)
+    _step(s)
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert "a" in s.requests and len(s.kv_cache_manager.get_block_ids("a")[0]) == 2
+    out = _step(s, finished_recving={"a"})  # the worker still reports the load it had started
+    assert "a" not in out.num_scheduled_tokens and a.status == RequestStatus.FINISHED_ABORTED
+    while s.has_unfinished_requests():
+        _step(s)
+    assert (s.stallfree.num_waiting, s.stallfree.num_running) == (0, 0)
+    assert list(s.kv_holding_waiting) == [] and "a" not in s.requests
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1
+
+
+def test_async_kv_load_fits_beside_the_reservation_of_in_flight_loads():
+    """A load is refused while the blocks an in-flight load still needs are reserved (vLLM's reservation). 9
+    blocks of 16: a (128 tokens, 4 loaded) takes 4 blocks and reserves 4 more, so b's 4-block load (80
+    tokens) does not fit beside it (9 - 4 - 4 = 1 < 4) and b waits in the queue, holding nothing."""
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, num_blocks=10, max_num_batched_tokens=256, max_model_len=256)
+    s.connector = _Connector([(64, True)] * 8)  # b is asked again each step it heads the queue
+    a, b = harness.make_request("a", 128, 2), harness.make_request("b", 80, 2)
+    s.add_request(a)
+    s.add_request(b)
+    out = _step(s)
+    assert out.total_num_scheduled_tokens == 0
+    assert a.status == RequestStatus.WAITING_FOR_REMOTE_KVS and b.status == RequestStatus.WAITING
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 9 - 4
+    assert s.stallfree.num_waiting == 1  # b, still queued in the core
+    out = _step(s, finished_recving={"a"})
+    out = _step(s)
+    assert out.num_scheduled_tokens == {"a": 64}
+    assert b.status == RequestStatus.WAITING and b.num_computed_tokens == 0
+
+
+def test_paused_new_admits_only_finished_loads():
+    """Under PAUSED_NEW a request whose load finished is admitted (it holds KV blocks, as vLLM drains them),
+    a queued request without KV is not, and no new load starts; unpaused, the queued one's load starts."""
+    from vllm.v1.core.sched.interface import PauseState
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.connector = _Connector([(32, True), (32, True)])
+    a, q = harness.make_request("a", 48, 2), harness.make_request("q", 48, 2)
+    s.add_request(a)
+    _step(s, finished_recving={"a"})
+    s.set_pause_state(PauseState.PAUSED_NEW)
+    s.add_request(q)
+    assert _step(s).num_scheduled_tokens == {"a": 16}
+    assert _step(s).num_scheduled_tokens == {"a": 1}
+    assert _step(s).num_scheduled_tokens == {}
+    assert q.status == RequestStatus.WAITING and list(s.waiting) == [q]
+    s.set_pause_state(PauseState.UNPAUSED)
+    s.schedule()
+    assert q.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+def test_paused_new_runs_the_running_and_admits_no_new_request():
+    """PAUSED_NEW without a connector: the running request decodes, a request added meanwhile waits, in vLLM's
+    waiting queue and in the core's, and runs whole once unpaused."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.add_request(harness.make_request("d", 8, 4))
+    assert _step(s).num_scheduled_tokens == {"d": 8}
+    s.set_pause_state(PauseState.PAUSED_NEW)
+    s.add_request(harness.make_request("p", 20, 2))
+    assert _step(s).num_scheduled_tokens == {"d": 1}
+    assert [r.request_id for r in s.waiting] == ["p"] and s.stallfree.num_waiting == 1
+    s.set_pause_state(PauseState.UNPAUSED)
+    assert _step(s).num_scheduled_tokens == {"d": 1, "p": 20}
 
 
 def test_unsupported_features_are_refused_by_name():

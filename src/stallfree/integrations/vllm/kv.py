@@ -14,7 +14,7 @@ scheduled, as the core's complete() does), so growth to `tokens` tokens is alloc
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from stallfree.core.errors import RequestRejected
 from stallfree.core.kv import NO_HIT, NO_TRANSFERS, PrefixCacheStats, PrefixCacheView, Transfers
@@ -23,7 +23,32 @@ from stallfree.core.request import Request
 if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
 
-__all__ = ["KVHost", "VLLMKV"]
+__all__ = ["Hit", "KVHost", "VLLMKV"]
+
+
+class Hit(NamedTuple):
+    """A request's cached prefix as vLLM sees it at admission (counts in tokens).
+
+    Attributes:
+        blocks: vLLM's KVCacheBlocks of the local hit (None: no local blocks to adopt).
+        num_local: tokens in vLLM's prefix cache (a whole number of blocks, or vLLM's capped partial block).
+        num_external: tokens the KV connector loads after them.
+        queries: tokens the connector was asked about (num_tokens - num_local; 0 without a connector), for
+            its hit statistics.
+        load_async: the connector loads the external tokens asynchronously (vLLM's WAITING_FOR_REMOTE_KVS).
+        resident: tokens already in the request's own blocks (an asynchronous load that finished); the other
+            counts are then 0.
+    """
+
+    blocks: Any
+    num_local: int
+    num_external: int
+    queries: int
+    load_async: bool
+    resident: int = 0
+
+
+NO_EXTERNAL = Hit(None, 0, 0, 0, False)
 
 
 class KVHost(Protocol):
@@ -39,7 +64,8 @@ class KVHost(Protocol):
 
     def _stallfree_admitted(self, request: Any, num_local: int, num_external: int) -> None:
         """A waiting or preempted request was admitted with `num_local` tokens from vLLM's prefix cache and
-        `num_external` loaded by the KV connector (synchronously, in the step it is scheduled)."""
+        `num_external` loaded by the KV connector (synchronously, in the step it is scheduled); both are 0 for a
+        request already in its own blocks (vLLM's num_computed_tokens > 0: an asynchronous load finished)."""
 
     def _stallfree_preempted(self, request: Any) -> None:
         """The core preempted a running request: take it through vLLM's preemption path."""
@@ -76,11 +102,13 @@ class VLLMKV:
         #: New blocks per request in the step being planned (vLLM's KVCacheBlocks, summed).
         self.new_blocks: dict[Any, Any] = {}
         self.in_schedule = False
-        #: The last lookup: (rid, vLLM's cached blocks, local hit, external hit, connector queries), or
-        #: (rid, None, ...) when the KV connector cannot tell its hit yet (the request waits).
-        self._hit: tuple[Hashable, Any, int, int, int] | None = None
+        #: The last lookup: (rid, its Hit), or (rid, None) when the request is not admitted this step (its
+        #: connector load is asynchronous, or the connector cannot tell its hit yet).
+        self._hit: tuple[Hashable, Hit | None] | None = None
         #: Whether a request admitted in this step loads KV through the connector (vLLM's has_sync_kv_loads).
         self.has_sync_kv_loads = False
+        #: The connector's get_num_new_matched_tokens answers in this step, by (rid, local tokens asked with).
+        self._asked: dict[tuple[Hashable, int], tuple[int | None, bool]] = {}
 
     # ------------------------------------------------------------------ figures
 
@@ -135,35 +163,37 @@ class VLLMKV:
 
     # ------------------------------------------------------------------ admission
 
-    def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
-        """vLLM's get_computed_blocks for the request (capped by vLLM at num_tokens - 1), then, with a KV
-        connector, its get_num_new_matched_tokens beyond the block-aligned local hit, as vLLM's scheduler asks
-        it (a remote hit longer than a local partial block replaces that block; the auxiliary-output cap
-        applies). The hit is local + external tokens; the blocks are kept for can_admit, the handle is empty.
+    def external_hit(self, request: Any) -> Hit | None:
+        """vLLM's cached prefix of a request that holds no KV yet, as vLLM's scheduler works it out at admission:
+        get_computed_blocks (capped by vLLM at num_tokens - 1, and by the auxiliary-output connector), then,
+        with a KV connector, its get_num_new_matched_tokens beyond the block-aligned local hit (a remote hit
+        longer than a local partial block replaces that block; a shorter one is not loaded; the
+        auxiliary-output cap and `skip_reading_prefix_cache` apply).
 
-        A connector load the connector wants asynchronous is not awaited: its tokens are recomputed (the core
-        has no state for a request that holds blocks while its KV arrives), and the connector is told of no
-        external tokens. A connector that cannot tell its hit yet (None) holds the request in the queue."""
-        request = self.host.requests[rec.rid]
-        if request.num_computed_tokens:
-            self._hit = None
-            return NO_HIT
+        The connector is asked once per request and step (its answer is kept until `new_step()`), as vLLM
+        asks it once each time its admission loop reaches the request.
+
+        Returns:
+            The Hit (tokens), or None while the connector cannot tell its hit yet (it answered None).
+        """
         aux = self.host.aux_output_connector
         cap = aux.max_cache_hit(request) if aux is not None else None
         blocks, num_local, _boundary = self.kvm.get_computed_blocks(request, cap)
         num_ext = queries = 0
+        load_async = False
         connector = self.host.connector
         if connector is not None:
             tail = num_local % self.block_size
             aligned = num_local - tail
-            got, load_async = connector.get_num_new_matched_tokens(request, aligned)
+            key = (request.request_id, aligned)
+            answer = self._asked.get(key)
+            if answer is None:
+                answer = self._asked[key] = connector.get_num_new_matched_tokens(request, aligned)
+            got, load_async = answer
             if request.skip_reading_prefix_cache:
                 got, load_async = 0, False
             if got is None:
-                self._hit = (rec.rid, None, 0, 0, 0)
-                return NO_HIT
-            if load_async:
-                got = 0
+                return None
             if tail and got > tail:
                 blocks = self.kvm.truncate_computed_blocks(blocks, aligned)
                 num_local, num_ext = aligned, got
@@ -172,26 +202,51 @@ class VLLMKV:
             if aux is not None:
                 num_ext = aux.cap_external_hit(request, num_local, num_ext)
             queries = request.num_tokens - num_local
-        self._hit = (rec.rid, blocks, num_local, num_ext, queries)
-        return num_local + num_ext, ()
+        return Hit(blocks, num_local, num_ext, queries, bool(load_async) and num_ext > 0)
+
+    def new_step(self) -> None:
+        """A step is being planned: forget the last step's new blocks, sync-load flag and connector answers."""
+        self.new_blocks = {}
+        self.has_sync_kv_loads = False
+        self._asked = {}
+
+    def lookup(self, rec: LiveRequest) -> tuple[int, Sequence[int]]:
+        """The request's hit in tokens (the handle is empty; the blocks are kept for can_admit).
+
+        A request that already holds KV (an asynchronous connector load that finished, vLLM's
+        num_computed_tokens > 0) hits those tokens, in its own blocks. Otherwise the hit is external_hit's
+        local + external tokens. A request whose connector load is asynchronous, or whose hit the connector
+        cannot tell yet, is not admitted (can_admit says False): the host starts the load
+        (`_stallfree_start_loads`) once the core's admission stopped at it, or asks again next step.
+        """
+        request = self.host.requests[rec.rid]
+        resident = request.num_computed_tokens
+        if resident:
+            self._hit = (rec.rid, Hit(None, 0, 0, 0, False, resident))
+            return resident, ()
+        hit = self.external_hit(request)
+        if hit is None or hit.load_async:
+            self._hit = (rec.rid, None)
+            return NO_HIT
+        self._hit = (rec.rid, hit)
+        return hit.num_local + hit.num_external, ()
 
     def can_admit(self, rec: LiveRequest, first_chunk: int, num_running: int, hits: Sequence[int]) -> bool:
-        """allocate_slots for the cached prefix (local and external) and a first chunk of `first_chunk` tokens,
-        with vLLM's watermark (when something runs) and scheduler_reserve_full_isl; True when vLLM gave the
-        blocks. False, allocating nothing, while the KV connector cannot tell the request's hit."""
+        """allocate_slots for the cached prefix (local and external; none for a request in its own blocks) and
+        a first chunk of `first_chunk` tokens, with vLLM's watermark (when something runs) and
+        scheduler_reserve_full_isl; True when vLLM gave the blocks. False, allocating nothing, for a request
+        whose connector load is asynchronous or whose hit the connector cannot tell yet."""
         request = self.host.requests[rec.rid]
-        blocks, num_local, num_ext = None, 0, 0
-        if self._hit is not None and self._hit[0] == rec.rid:
-            _, blocks, num_local, num_ext, _q = self._hit
-            if blocks is None:
-                return False
+        hit = self._hit[1] if self._hit is not None and self._hit[0] == rec.rid else NO_EXTERNAL
+        if hit is None:
+            return False
         new = self.kvm.allocate_slots(
             request,
             first_chunk,
-            num_new_computed_tokens=num_local,
-            new_computed_blocks=blocks,
+            num_new_computed_tokens=hit.num_local,
+            new_computed_blocks=hit.blocks,
             num_lookahead_tokens=self.host.num_lookahead_tokens,
-            num_external_computed_tokens=num_ext,
+            num_external_computed_tokens=hit.num_external,
             full_sequence_must_fit=self.host.scheduler_reserve_full_isl,
             has_scheduled_reqs=num_running > 0,
         )
@@ -199,21 +254,22 @@ class VLLMKV:
 
     def admit(self, rec: LiveRequest, first_chunk: int, hits: Sequence[int]) -> None:
         """The blocks were given by can_admit: tell the KV connector (update_state_after_alloc, its hit
-        statistics), move the vLLM request to running, count the prefix lookup."""
+        statistics; a request in its own blocks was counted when its load started), move the vLLM request to
+        running, count the prefix lookup."""
         request = self.host.requests[rec.rid]
-        num_local = num_ext = queries = 0
-        if self._hit is not None and self._hit[0] == rec.rid:
-            _, _blocks, num_local, num_ext, queries = self._hit
+        hit = self._hit[1] if self._hit is not None and self._hit[0] == rec.rid else None
+        hit = hit or NO_EXTERNAL
         self._hit = None
-        self.prefix_stats.count(rec, num_local + num_ext)
+        num_local, num_ext = hit.num_local, hit.num_external
+        self.prefix_stats.count(rec, num_local + num_ext + hit.resident)
         connector = self.host.connector
         if connector is not None:
             connector.update_state_after_alloc(request, self.kvm.get_blocks(request.request_id), num_ext)
             stats = self.host.connector_prefix_cache_stats
-            if stats is not None and queries:
+            if stats is not None and hit.queries:
                 preempted = request.num_preemptions > 0
                 stats.record(
-                    num_tokens=queries, num_hits=num_ext, preempted=preempted,
+                    num_tokens=hit.queries, num_hits=num_ext, preempted=preempted,
                     hits_by_source=(
                         connector.get_external_cache_hit_sources(request, num_ext)
                         if num_ext and not preempted else None

@@ -10,6 +10,11 @@ What each side does in a step:
 - vLLM keeps the blocks: every admission and growth is vLLM's KVCacheManager (get_computed_blocks for the
   prefix-cache hit, allocate_slots for the rest) through stallfree.integrations.vllm.kv.VLLMKV, and a request
   the core preempts goes through vLLM's own `_preempt_request`.
+- A request whose KV connector load is asynchronous waits outside the core while its KV arrives: the adapter
+  allocates the blocks of its hit in vLLM's KV cache manager, puts it in vLLM's WAITING_FOR_REMOTE_KVS state
+  (vLLM's `kv_holding_waiting` queue) and takes it out of the core's queue; when the worker reports the load
+  done (`finished_recving`) it goes back to the front of the core's queue with the loaded tokens as KV it
+  holds (a prefix hit in its own blocks), so the core's FCFS contract holds for everything it schedules.
 - vLLM builds the SchedulerOutput (its NewRequestData, `_make_cached_request_data`, `_update_after_schedule`)
   and handles the model's output (`update_from_output`, unchanged): a stop, an abort or an error vLLM detects
   ends the request in the core (`_free_request`); a request reaching max_tokens ends in both.
@@ -31,6 +36,7 @@ from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
 from vllm.v1.core.sched.output import KVConnectorBlockState, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.scheduler import KV_FETCH_IN_PROGRESS
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.engine import EngineCoreEventType
 from vllm.v1.request import Request as VllmRequest
@@ -38,7 +44,7 @@ from vllm.v1.request import RequestStatus
 
 from stallfree.core.errors import InvalidConfig, RequestRejected
 from stallfree.core.plan import StepPlan
-from stallfree.core.policies import FCFSQueue, PriorityQueue
+from stallfree.core.policies import FCFSQueue
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler as CoreScheduler
 from stallfree.integrations.vllm.config import (
@@ -47,7 +53,7 @@ from stallfree.integrations.vllm.config import (
     refused_features,
     refused_request_features,
 )
-from stallfree.integrations.vllm.kv import VLLMKV
+from stallfree.integrations.vllm.kv import VLLMKV, Hit
 
 __all__ = ["Scheduler", "SyncScheduler"]
 
@@ -173,18 +179,22 @@ class SyncScheduler(_VllmScheduler):
         else:
             self.waiting.remove_request(request)
         self.deferred_waiting.discard(request)
-        if request.prefill_stats and request.num_preemptions <= 0:
-            request.prefill_stats.set(
-                num_prompt_tokens=request.num_prompt_tokens,
-                num_local_cached_tokens=num_local,
-                num_external_cached_tokens=num_external,
-            )
-        self.kv_cache_manager.record_prefix_cache_stats(request, num_local)
+        # A request in its own blocks (an asynchronous load that finished) had its hit counted when its load
+        # started, as vLLM counts it, and keeps its num_computed_tokens.
+        if not request.num_computed_tokens:
+            if request.prefill_stats and request.num_preemptions <= 0:
+                request.prefill_stats.set(
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    num_local_cached_tokens=num_local,
+                    num_external_cached_tokens=num_external,
+                )
+            self.kv_cache_manager.record_prefix_cache_stats(request, num_local)
+            request.num_computed_tokens = num_local + num_external
+        self._set_kv_fetch_stage(request, None)
         self.running.append(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.SCHEDULED, self._sf_time)
         request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = num_local + num_external
         self._sf_admitted.append((request, resumed))
 
     def _stallfree_preempted(self, request: VllmRequest) -> None:
@@ -192,6 +202,124 @@ class SyncScheduler(_VllmScheduler):
         progress, queues it in front)."""
         self.running.remove(request)
         self._preempt_request(request, self._sf_time, drop_stale_output=self.requires_kv_delivery)
+
+    # ------------------------------------------------------------------ asynchronous KV connector loads
+
+    def _sf_start_loads(self, token_budget: int) -> None:
+        """Start the asynchronous KV connector loads at the head of the core's queue, as vLLM's admission loop
+        does when it reaches them: while a running slot and some of the step's `token_budget` (tokens) are
+        left, and the head is a request without KV whose connector loads its hit asynchronously, allocate the
+        blocks of its hit and take it out of the core until its load finishes (`_sf_take_back_loaded`).
+
+        The head is looked at before the core plans the step and again after, so a load behind requests the
+        core admits starts in the same step; the first head that is no such load, or whose blocks do not fit
+        (vLLM's reservation for the in-flight prefills included), stops it, so the loads start in queue order.
+        Nothing starts unless unpaused (vLLM starts none under PAUSED_NEW)."""
+        if self.connector is None or self._pause_state != PauseState.UNPAUSED or token_budget <= 0:
+            return
+        waiting = self.stallfree._waiting
+        kv = self._sf_kv
+        while len(self.running) < self.max_num_active_reqs:
+            head = waiting.head()
+            if head is None:
+                return
+            request = self.requests[head.rid]
+            if request.num_computed_tokens or (request.num_stale_output_tokens and not request.drop_stale_output):
+                return
+            hit = kv.external_hit(request)
+            if hit is None or not hit.load_async or not self._sf_start_load(request, hit):
+                return
+
+    def _sf_start_load(self, request: VllmRequest, hit: Hit) -> bool:
+        """vLLM's admission of an asynchronous load for `request` (its Hit): allocate_slots for the local and
+        external hit and no new token, with vLLM's reservation for the in-flight prefills; on success tell the
+        connector (now, or after the in-flight steps when vLLM defers async loads), count the hits, set
+        WAITING_FOR_REMOTE_KVS and move the request from the core to vLLM's kv_holding_waiting queue.
+
+        Returns:
+            False, allocating nothing, when vLLM has too few blocks.
+        """
+        kvm = self.kv_cache_manager
+        connector = self.connector
+        rid = request.request_id
+        new = kvm.allocate_slots(
+            request, 0,
+            num_new_computed_tokens=hit.num_local,
+            new_computed_blocks=hit.blocks,
+            num_lookahead_tokens=0,
+            num_external_computed_tokens=hit.num_external,
+            delay_cache_blocks=True,
+            skip_zeroing_group_ids=connector.get_loaded_kv_cache_group_ids(request),
+            full_sequence_must_fit=self.scheduler_reserve_full_isl,
+            reserved_blocks=self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks,
+            has_scheduled_reqs=bool(self.running),
+        )
+        if new is None:
+            return False
+        if self.defer_async_loads and self.sched_step_seq > self.processed_step_seq:
+            request.last_sched_seq = self.sched_step_seq
+            self.deferred_loads[rid] = (self.sched_step_seq, hit.num_external, hit.queries, hit.num_external)
+        else:
+            connector.update_state_after_alloc(request, kvm.get_blocks(rid), hit.num_external)
+            stats = self.connector_prefix_cache_stats
+            if stats is not None and hit.queries:
+                preempted = request.num_preemptions > 0
+                stats.record(
+                    num_tokens=hit.queries, num_hits=hit.num_external, preempted=preempted,
+                    hits_by_source=(
+                        connector.get_external_cache_hit_sources(request, hit.num_external)
+                        if not preempted else None
+                    ),
+                )
+        if request.prefill_stats and request.num_preemptions <= 0:
+            request.prefill_stats.set(
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_local_cached_tokens=hit.num_local,
+                num_external_cached_tokens=hit.num_external,
+            )
+        kvm.record_prefix_cache_stats(request, hit.num_local)
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        request.num_computed_tokens = hit.num_local + hit.num_external
+        if self.aux_output_connector is not None:
+            self.aux_output_connector.request_loading(request, request.num_computed_tokens)
+        self._inflight_prefills.add(request)
+        self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)
+        if request not in self.kv_holding_waiting:  # there already after a failed load that kept no token
+            self.waiting.remove_request(request)
+            self.kv_holding_waiting.add_request(request)
+        self.deferred_waiting.add(request)
+        self.stallfree.abort(rid)
+        return True
+
+    def _sf_take_back_loaded(self) -> None:
+        """Requests whose asynchronous load the worker reported finished (`finished_recving`) go back to the
+        core, in front of its queue in the order their loads started, with the tokens loaded as KV they hold
+        (vLLM's _update_waiting_for_remote_kv caches them and, for a load of the whole prompt, leaves the last
+        token to compute; a failed load keeps what was valid, or frees all). A request a caller put in
+        WAITING_FOR_REMOTE_KVS while the core had it queued leaves the core until its load finishes."""
+        core = self.stallfree
+        back: list[VllmRequest] = []
+        for request in list(self.kv_holding_waiting):
+            if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                continue
+            rid = request.request_id
+            if rid in core._live:
+                core.abort(rid)
+            if rid not in self.finished_recving_kv_req_ids:
+                continue
+            self._update_waiting_for_remote_kv(request)
+            request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+            back.append(request)
+        if not back:
+            return
+        for request in back:
+            self._sf_queue(request)
+        waiting = core._waiting
+        if isinstance(waiting, FCFSQueue):
+            objs = [core._live[r.request_id] for r in back]
+            for obj in objs:
+                waiting.remove(obj)
+            waiting.push_front(objs)
 
     # ------------------------------------------------------------------ the step
 
@@ -209,31 +337,54 @@ class SyncScheduler(_VllmScheduler):
         self._sf_time = time.monotonic()
         self.kv_cache_manager.new_step_starts()
         kv = self._sf_kv
-        kv.new_blocks = {}
-        kv.has_sync_kv_loads = False
+        kv.new_step()
         self._sf_admitted = []
         if self._sf_orphans:
             self._sf_requeue_orphans()
         plan: StepPlan | None = None
         core = self.stallfree
+        if self._pause_state != PauseState.PAUSED_ALL:
+            if self.kv_holding_waiting:
+                self._sf_take_back_loaded()
+            self._sf_start_loads(self.max_num_scheduled_tokens)
         if self._pause_state != PauseState.PAUSED_ALL and core.has_unfinished():
             kv.in_schedule = True
-            # PAUSED_NEW: running requests go on, nothing is admitted (vLLM admits only requests that hold KV
-            # blocks then, and none waits holding blocks without a KV connector): the core plans the step with
-            # an empty waiting queue.
-            hold = core._waiting
+            # PAUSED_NEW: running requests go on, and of the waiting only those that hold KV blocks (an
+            # asynchronous load that finished) are admitted, as vLLM does: the others leave the core's queue
+            # for this step and come back in their places.
+            waiting = core._waiting
+            order: list[Any] = []
             if self._pause_state == PauseState.PAUSED_NEW:
-                core._waiting = type(hold)() if isinstance(hold, FCFSQueue) else PriorityQueue(core.priority_key)
+                order = waiting.in_order()
+                for obj in order:
+                    if not self.requests[obj.rid].num_computed_tokens:
+                        waiting.remove(obj)
             try:
                 plan = core.schedule()
             finally:
                 kv.in_schedule = False
-                core._waiting = hold
+                if order:
+                    self._sf_restore_queue(order)
+            if not plan.preempted:
+                self._sf_start_loads(self.max_num_scheduled_tokens - plan.num_tokens)
         out = self._sf_output(plan)
         self._update_after_schedule(out)
         if plan is not None:
             core.complete(plan)
         return out
+
+    def _sf_restore_queue(self, order: list[Any]) -> None:
+        """After a PAUSED_NEW step: the core's queue again in `order` (its order before the step), less the
+        requests admitted, after the requests the step preempted."""
+        waiting = self.stallfree._waiting
+        now = waiting.in_order()
+        before = set(map(id, order))
+        kept = set(map(id, now))
+        for obj in now:
+            waiting.remove(obj)
+        admitted = {id(o) for o in order if id(o) not in kept and self.requests[o.rid].num_computed_tokens}
+        for obj in [o for o in now if id(o) not in before] + [o for o in order if id(o) not in admitted]:
+            waiting.append(obj)
 
     def _sf_output(self, plan: StepPlan | None) -> SchedulerOutput:
         """vLLM's SchedulerOutput for the core's plan (None: an empty step)."""
@@ -256,6 +407,10 @@ class SyncScheduler(_VllmScheduler):
                 if rid not in admitted:
                     running.append(reqs[rid])
                     to_new_blocks[rid] = new_blocks.get(rid, empty)
+                elif not c.is_last:
+                    # vLLM's in-flight prefills: an asynchronous load is admitted only if it fits beside the
+                    # blocks these still need (allocate_slots' reserved_blocks).
+                    self._inflight_prefills.add(reqs[rid])
         new_reqs = [r for r, resumed in self._sf_admitted if not resumed]
         resumed_reqs = [r for r, resumed in self._sf_admitted if resumed]
         for r in self._sf_admitted:
