@@ -64,8 +64,8 @@ class SyncScheduler(_VllmScheduler):
         stallfree_options: the StallfreeOptions read from `additional_config["stallfree"]`.
 
     Raises:
-        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (speculative
-            decoding, multimodal models, LoRA, encoder-cache connectors, encoder-decoder, pooling or
+        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (multimodal
+            models, LoRA, encoder-cache connectors, encoder-decoder, pooling or
             diffusion models, hybrid or Mamba KV cache groups, sliding-window attention, pipeline or context
             parallelism, a prefill schedule interval, the adaptive long-prefill threshold; the message names
             each), or a stallfree option is out of range (named).
@@ -224,6 +224,8 @@ class SyncScheduler(_VllmScheduler):
             hold = core._waiting
             if self._pause_state == PauseState.PAUSED_NEW:
                 core._waiting = type(hold)() if isinstance(hold, FCFSQueue) else PriorityQueue(core.priority_key)
+            if self.num_spec_tokens:
+                self._sf_set_drafts()
             try:
                 plan = core.schedule()
             finally:
@@ -235,6 +237,42 @@ class SyncScheduler(_VllmScheduler):
             core.complete(plan)
         return out
 
+    def _sf_set_drafts(self) -> None:
+        """Speculative decoding: each running decode's drafts (vLLM's `spec_token_ids`, set by
+        update_draft_token_ids, or the async scheduler's placeholders) for the core's next plan."""
+        core, reqs = self.stallfree, self.requests
+        for rid in self._sf_kv.decodes:
+            request = reqs.get(rid)
+            if request is not None and request.spec_token_ids:
+                core.set_draft_tokens(rid, len(request.spec_token_ids))
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        """vLLM's update_from_output; first, each decode's rejected drafts are taken back in the core (vLLM takes
+        them back from the request's num_computed_tokens in the same way), so both count the same tokens."""
+        if scheduler_output.scheduled_spec_decode_tokens:
+            self._sf_take_back(scheduler_output, model_runner_output)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _sf_take_back(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> None:
+        core, reqs = self.stallfree, self.requests
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            request = reqs.get(rid)
+            if not drafts or request is None or request.is_finished() or request.num_stale_output_tokens > 0:
+                continue
+            try:
+                pending = core.unsettled_drafts(rid)
+            except KeyError:  # not in the core (finished there, refused, or set up by hand)
+                continue
+            i = index.get(rid)
+            tokens = sampled[i] if sampled and i is not None else []
+            if not pending or not tokens:
+                continue
+            # As vLLM counts them: tokens sampled = 1 + drafts accepted.
+            rejected = len(drafts) - max(len(tokens) - self.num_sampled_tokens_per_step, 0)
+            core.take_back(rid, min(max(rejected, 0), pending[0]))
+
     def _sf_output(self, plan: StepPlan | None) -> SchedulerOutput:
         """vLLM's SchedulerOutput for the core's plan (None: an empty step)."""
         reqs: dict[Any, Any] = self.requests
@@ -245,10 +283,17 @@ class SyncScheduler(_VllmScheduler):
         new_blocks = self._sf_kv.new_blocks
         empty = kvm.empty_kv_cache_blocks
         admitted = {r.request_id for r, _ in self._sf_admitted}
+        spec_tokens: dict[Any, list[int]] = {}
         if plan is not None:
-            for rid in plan.decode_rids:
-                num_scheduled[rid] = 1
-                running.append(reqs[rid])
+            costs = plan.decode_tokens
+            for i, rid in enumerate(plan.decode_rids):
+                request = reqs[rid]
+                n = num_scheduled[rid] = 1 if costs is None else costs[i]
+                if n > 1:
+                    spec_tokens[rid] = list(request.spec_token_ids[:n - 1])
+                if request.spec_token_ids:
+                    request.spec_token_ids = []  # as vLLM: new drafts come with update_draft_token_ids
+                running.append(request)
                 to_new_blocks[rid] = new_blocks.get(rid, empty)
             for c in plan.prefills:
                 rid = c.rid
@@ -277,7 +322,7 @@ class SyncScheduler(_VllmScheduler):
                     r, to_new_blocks[r.request_id].get_block_ids(), uses_mrope=self.model_uses_mrope)
                 for r in new_reqs
             ]
-        cached = self._make_cached_request_data(running, resumed_reqs, num_scheduled, {}, to_new_blocks)
+        cached = self._make_cached_request_data(running, resumed_reqs, num_scheduled, spec_tokens, to_new_blocks)
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids.clear()
             self.prev_step_scheduled_req_ids.update(num_scheduled)
@@ -299,7 +344,7 @@ class SyncScheduler(_VllmScheduler):
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total,
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=spec_tokens,
             scheduled_encoder_inputs={},
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
