@@ -90,6 +90,7 @@ class SyncScheduler(_VllmScheduler):
         )
         self._sf_admitted: list[tuple[VllmRequest, bool]] = []
         self._sf_orphans: dict[str, VllmRequest] = {}
+        self._sf_stale_victims: list[VllmRequest] = []
         self._sf_time = 0.0
         if not self.scheduler_config.enable_chunked_prefill:
             logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
@@ -192,6 +193,10 @@ class SyncScheduler(_VllmScheduler):
         progress, queues it in front)."""
         self.running.remove(request)
         self._preempt_request(request, self._sf_time, drop_stale_output=self.requires_kv_delivery)
+        if self.num_spec_tokens and request.num_stale_output_tokens > 0:
+            # Its drafts in flight were counted provisionally in the core, and vLLM does not take back a stale
+            # step's rejections: the core requeues it with the tokens vLLM has once that output is back.
+            self._sf_stale_victims.append(request)
 
     # ------------------------------------------------------------------ the step
 
@@ -235,6 +240,11 @@ class SyncScheduler(_VllmScheduler):
         self._update_after_schedule(out)
         if plan is not None:
             core.complete(plan)
+            if self._sf_stale_victims:
+                for request in self._sf_stale_victims:
+                    self._sf_forget(request.request_id)
+                    self._sf_orphans[request.request_id] = request
+                self._sf_stale_victims = []
         return out
 
     def _sf_set_drafts(self) -> None:
@@ -336,6 +346,14 @@ class SyncScheduler(_VllmScheduler):
             block_state = KVConnectorBlockState(
                 req_ids=block_ids, resolve_block_ids=kvm.get_block_ids, boundary_state_offloads=offloads,
             )
+        # Speculative decoding, as vLLM: the drafters' K for the next step (dynamic K by batch size), and
+        # whether no request scheduled now can use the drafts proposed after this step.
+        num_spec = self.num_spec_tokens
+        if self.dynamic_sd_lookup is not None and num_scheduled:
+            num_spec = self.dynamic_sd_lookup[len(num_scheduled)]
+        skip_drafts = self.can_skip_drafts and all(
+            self._drafts_unused(reqs[rid], reqs[rid].num_computed_tokens, n) for rid, n in num_scheduled.items()
+        )
         copies, retained = kvm.take_kv_cache_block_copies()
         if copies:
             self._free_cow_retained_blocks(retained, self.sched_step_seq + 1)
@@ -354,8 +372,8 @@ class SyncScheduler(_VllmScheduler):
             has_sync_kv_loads=self._sf_kv.has_sync_kv_loads,
             kv_cache_block_copies=copies or None,
             kv_connector_block_state=block_state,
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-            skip_drafts=False,
+            num_spec_tokens_to_schedule=num_spec,
+            skip_drafts=skip_drafts,
             ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
         )
         if self.connector is not None:
