@@ -246,12 +246,12 @@ class InvariantChecker(CheckerState):
             free = self._grant_drafts(decodes, drafts, costs, budget, free)
         for c in plan.decodes:
             sh = self._reqs[c.rid]
-            if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != costs[c.rid] or c.is_prefill:
-                self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
-            if c.num_tokens - 1 > max(drafts.get(c.rid, 0), s.num_spec_tokens) or (
+            if not 1 <= c.num_tokens <= 1 + max(drafts.get(c.rid, 0), s.num_spec_tokens) or (
                     sh.generated + c.num_tokens > sh.limit):
                 self._fail("a decode's tokens: 1 + drafts <= 1 + k, never past its last token",
                            f"{c}: k = {drafts.get(c.rid, 0)}, generated {sh.generated} of {sh.limit}")
+            if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != costs[c.rid] or c.is_prefill:
+                self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
