@@ -79,9 +79,9 @@ def test_drafts_never_go_past_the_last_token():
 
 
 def test_drafts_never_preempt():
-    """Paged, 3 blocks of 4 tokens: a and b (prompt 3, max_new 6) hold a block each, one free. Step 1, 4 drafts each: a's
-    token and 4 drafts (positions 3-7) take the free block; b's drafts would need a block: it runs its one
-    token (position 3 fits its block) without drafts, and nobody is preempted."""
+    """Paged, 3 blocks of 4 tokens: a and b (prompt 3, max_new 6) hold a block each, one free. Step 1, 4 drafts
+    each: a's token and 4 drafts (positions 3-7) take the free block; b's drafts would need a block: it runs its
+    one token (position 3 fits its block) without drafts, and nobody is preempted."""
     chk = InvariantChecker(Scheduler(16, 2, 12, kv_policy="paged", block_size=4, watermark=0.0))
     chk.add(Request("a", 3, 6))
     chk.add(Request("b", 3, 6))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -216,7 +217,8 @@ def test_unsupported_features_are_refused_by_name():
     """Each unsupported feature is named in the refusal, with the flag that turns it on."""
     group = SimpleNamespace(kv_cache_spec=SimpleNamespace())
     config = SimpleNamespace(
-        speculative_config=SimpleNamespace(max_num_new_slots_for_drafting=3), lora_config=object(), kv_transfer_config=object(), ec_transfer_config=None,
+        speculative_config=SimpleNamespace(max_num_new_slots_for_drafting=3),
+        lora_config=object(), kv_transfer_config=object(), ec_transfer_config=None,
         model_config=SimpleNamespace(is_multimodal_model=True, is_encoder_decoder=False, runner_type="generate"),
         scheduler_config=SimpleNamespace(prefill_schedule_interval=1),
         parallel_config=SimpleNamespace(pipeline_parallel_size=2),
@@ -291,7 +293,8 @@ def _spec_run(cls: type, seed: int, lag: bool = False) -> tuple[list[tuple[dict,
                 s.add_request(r)
         if s.has_unfinished_requests():
             out = s.schedule()
-            steps.append((dict(out.num_scheduled_tokens), {k: len(v) for k, v in out.scheduled_spec_decode_tokens.items()}))
+            drafts = {k: len(v) for k, v in out.scheduled_spec_decode_tokens.items()}
+            steps.append((dict(out.num_scheduled_tokens), drafts))
             queue.append(out)
             if cls is sv.Scheduler or cls is sv.SyncScheduler:
                 core = s.stallfree

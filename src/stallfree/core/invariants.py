@@ -491,13 +491,13 @@ class InvariantChecker(CheckerState):
         sampled: list[Hashable] = list(plan.decode_rids)
         spec = self.scheduler.num_spec_tokens
         tokens = plan.decode_tokens or (1,) * plan.num_decodes
-        for rid, c in zip(plan.decode_rids, tokens, strict=True):
+        for rid, cost in zip(plan.decode_rids, tokens, strict=True):
             sh = reqs[rid]
             if rid in accepted:
                 n = accepted[rid]
-            elif c > 1 and not spec:  # drafts without a verdict: provisional until take_back()
-                n = c
-                sh.unsettled.append(c - 1)
+            elif cost > 1 and not spec:  # drafts without a verdict: provisional until take_back()
+                n = cost
+                sh.unsettled.append(cost - 1)
             else:
                 n = 1
             sh.generated += n
