@@ -40,7 +40,7 @@ def test_drafts_after_one_token_each_in_batch_order(kw):
     plan = chk.schedule()
     assert plan.decode_rids == ("a", "b")
     assert plan.decode_tokens == (5, 3)
-    assert plan.prefills == () and plan.num_tokens == 8 and plan.num_decode_tokens == 8
+    assert plan.prefills == () and plan.num_tokens == 8 and plan.num_decode_tokens == 8 and plan.num_draft_tokens == 6
     assert chk.complete(plan, num_accepted={"a": 3}) == ("a", "b")
     assert s.request_state("a").num_generated == 4
     assert s.request_state("b").num_generated == 4

@@ -49,7 +49,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     manager; it never sees token ids or tensors. Each step is one `schedule()` (a StepPlan) and one
     `complete(plan)`. The budget (a StepBudget) is spent in a fixed order:
 
-    1. decodes: one token for every running request whose prefill is done, oldest admitted first;
+    1. decodes: one token for every running request whose prefill is done, oldest admitted first; then
+       the draft tokens given by set_draft_tokens, decodes in batch order (speculative decoding: verdicts
+       through complete(num_accepted=) or, later, take_back());
     2. the partial prefill: the rest of a prompt started in an earlier step, up to what is left;
     3. admission: waiting requests strictly in queue order (add() order, or priority order); the head
        needs a free slot (running < max_seqs), budget left and the KV manager's yes (`can_admit`); the
