@@ -217,16 +217,13 @@ def test_unsupported_features_are_refused_by_name():
     """Each unsupported feature is named in the refusal, with the flag that turns it on."""
     group = SimpleNamespace(kv_cache_spec=SimpleNamespace())
     config = SimpleNamespace(
-        speculative_config=SimpleNamespace(max_num_new_slots_for_drafting=3),
-        lora_config=object(), kv_transfer_config=object(), ec_transfer_config=None,
+        speculative_config=object(), lora_config=object(), kv_transfer_config=object(), ec_transfer_config=None,
         model_config=SimpleNamespace(is_multimodal_model=True, is_encoder_decoder=False, runner_type="generate"),
         scheduler_config=SimpleNamespace(prefill_schedule_interval=1),
         parallel_config=SimpleNamespace(pipeline_parallel_size=2),
     )
     got = refused_features(config, SimpleNamespace(kv_cache_groups=[group, group], has_mamba_layers=True))
     assert got == [
-        "speculative decoding with 3 draft slots per scheduled request (parallel drafting, draft models): the core "
-        "does not budget them",
         "multimodal models (a text-only decoder model is supported)",
         "LoRA adapters (--enable-lora)",
         "hybrid or Mamba models (2 KV cache groups, one full-attention group is supported)",
@@ -354,3 +351,17 @@ def test_spec_decode_hand_trace():
     assert s.stallfree.request_state("a").num_generated == 3 and s.stallfree.request_state("b").num_generated == 5
     out = s.schedule()
     assert out.num_scheduled_tokens == {"a": 1, "b": 1, "c": 6}
+
+
+@pytest.mark.parametrize("cls", [VllmScheduler, sv.SyncScheduler])
+def test_draft_slots_come_out_of_the_step_budget(cls):
+    """Parallel drafting with k = 3 charges 2 draft slots per scheduled request: budget 20, two 10-token prompts.
+    vLLM: a gets min(10, 20 - 2) = 10, leaving 20 - 12 = 8 input slots; b min(10, 8 - 2) = 6. stallfree: the
+    step's budget is 20 - 2 x 2 requests that may run = 16: a 10, b 6."""
+    s = harness.make_scheduler(cls, max_num_batched_tokens=20, max_num_seqs=4, max_model_len=256,
+                               num_speculative_tokens=3)
+    s.vllm_config.speculative_config.parallel_drafting = True
+    assert s.vllm_config.speculative_config.max_num_new_slots_for_drafting == 2
+    for rid in ("a", "b"):
+        s.add_request(harness.make_request(rid, 10, 5))
+    assert s.schedule().num_scheduled_tokens == {"a": 10, "b": 6}

@@ -141,12 +141,6 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     mc = vllm_config.model_config
     sc = vllm_config.scheduler_config
     pc = vllm_config.parallel_config
-    spec = vllm_config.speculative_config
-    if spec is not None and int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0):
-        out.append(
-            f"speculative decoding with {spec.max_num_new_slots_for_drafting} draft slots per scheduled request "
-            "(parallel drafting, draft models): the core does not budget them"
-        )
     if getattr(mc, "is_multimodal_model", False):
         out.append("multimodal models (a text-only decoder model is supported)")
     if vllm_config.lora_config is not None:

@@ -229,10 +229,12 @@ class SyncScheduler(_VllmScheduler):
             hold = core._waiting
             if self._pause_state == PauseState.PAUSED_NEW:
                 core._waiting = type(hold)() if isinstance(hold, FCFSQueue) else PriorityQueue(core.priority_key)
+            budget = None
             if self.num_spec_tokens:
                 self._sf_set_drafts()
+                budget = self._sf_budget_with_draft_slots()
             try:
-                plan = core.schedule()
+                plan = core.schedule(budget)
             finally:
                 kv.in_schedule = False
                 core._waiting = hold
@@ -255,6 +257,20 @@ class SyncScheduler(_VllmScheduler):
             request = reqs.get(rid)
             if request is not None and request.spec_token_ids:
                 core.set_draft_tokens(rid, len(request.spec_token_ids))
+
+    def _sf_budget_with_draft_slots(self) -> int | None:
+        """With draft slots per scheduled request (vLLM's `max_num_new_slots_for_drafting`: parallel drafting,
+        draft models), the step's token budget: max_num_batched_tokens less the slots of every request that may
+        run in it (min(max_num_seqs, running + waiting)), so that tokens and slots never exceed vLLM's input
+        budget; None (the configured budget) without slots."""
+        spec = self.vllm_config.speculative_config
+        slots = int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec is not None else 0
+        if not slots:
+            return None
+        core = self.stallfree
+        n = min(core.max_seqs, core.num_running + core.num_waiting)
+        left = int(self.scheduler_config.max_num_batched_tokens) - slots * n
+        return max(1, min(core.token_budget, left))
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         """vLLM's update_from_output; first, each decode's rejected drafts are taken back in the core (vLLM takes
