@@ -71,6 +71,15 @@ BY_DESIGN: dict[str, str] = {
     "test_pending_hisparse_reclamation": "a KV connector's pending block frees are not waited for: when vLLM has "
     "no block the core preempts by its victim rule (a decode never skips a step it fits in)",
     "test_kv_pressure_preempt_mid_handoff[kv_producer-False]": _LAST_TOKEN,
+    "test_spec_decode_padding_first_decode_step": "a request admitted with one token left is not padded to 1 + k "
+    "with placeholder drafts (drafts go to running decodes only)",
+    "test_spec_decode_padding_resumed_request_without_running_requests": "a request admitted with one token left is "
+    "not padded to 1 + k with placeholder drafts (drafts go to running decodes only)",
+    "test_no_spec_decode_padding_up_to_max_model_len": "a request added with num_computed_tokens already set (KV "
+    "placed without a KV connector) is prefilled from its start",
+    "test_reset_prefix_cache_with_inflight_output_under_kv_pressure[3]": "a request preempted outside the core "
+    "(reset_prefix_cache) is queued again once its in-flight output is back, so it is never re-preempted with a "
+    "stale share pending",
     "test_kv_pressure_preempt_mid_handoff[kv_consumer-False]": _LAST_TOKEN,
 }
 

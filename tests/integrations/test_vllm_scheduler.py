@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import random
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 pytest.importorskip("vllm")
+
+from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
 
 from stallfree.core import InvalidConfig, Request, Scheduler  # noqa: E402
 from stallfree.integrations import vllm as sv  # noqa: E402
@@ -449,7 +453,6 @@ def test_unsupported_features_are_refused_by_name():
     )
     got = refused_features(config, SimpleNamespace(kv_cache_groups=[group, group], has_mamba_layers=True))
     assert got == [
-        "speculative decoding (--speculative-config)",
         "multimodal models (a text-only decoder model is supported)",
         "LoRA adapters (--enable-lora)",
         "hybrid or Mamba models (2 KV cache groups, one full-attention group is supported)",
@@ -473,3 +476,121 @@ def test_another_vllm_version_is_refused_with_both_versions_named():
     assert check_vllm("0.33.4") == "0.33.4"
     with pytest.raises(VLLMVersionError, match=r"supports vLLM 0\.33\.x, but vLLM 0\.34\.0 is installed"):
         check_vllm("0.34.0")
+
+
+def _spec_run(cls: type, seed: int, lag: bool = False) -> tuple[list[tuple[dict, dict]], dict]:
+    """A seeded speculative-decoding run: each step a drafter proposes 0 to 3 drafts per decode (never past the
+    request's max_tokens, as a drafter that knows it would), and the fake model accepts a seeded share of them.
+    `lag`: the async order (step N + 1 is scheduled before step N's output). Returns per step (tokens, drafts
+    scheduled) and each request's output length."""
+    rng = random.Random(seed)
+    s = harness.make_scheduler(cls, num_blocks=10_000, max_num_seqs=rng.choice([2, 4, 8]), max_model_len=2048,
+                               num_speculative_tokens=3)
+    # Prompts of 2 tokens or more: vLLM pads a 1-token prefill with placeholder drafts, which the core does not.
+    reqs = [harness.make_request(f"r{i}", rng.randint(2, 60), rng.randint(1, 20)) for i in range(rng.randint(3, 8))]
+    arrive = {r.request_id: rng.randint(0, 6) for r in reqs}
+    steps: list[tuple[dict, dict]] = []
+    queue: list = []
+    step = 0
+
+    def finish(out: Any) -> None:
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            r = s.requests.get(rid)
+            drafts = out.scheduled_spec_decode_tokens.get(rid, [])
+            done = r is not None and (drafts or r.num_computed_tokens >= r.num_tokens)
+            # Seeded by (seed, rid, step), so that the two schedulers' batch orders do not matter.
+            n = random.Random(f"{seed}-{rid}-{step}-a").randint(0, len(drafts))
+            sampled.append([7] * (1 + n) if done else [])
+        s.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled,
+            logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+        if not lag:
+            ids = [rid for rid in ids if rid in s.requests and not s.requests[rid].is_prefill_chunk]
+            proposals = [[5] * min(random.Random(f"{seed}-{rid}-{step}-d").randint(0, 3),
+                                   max(0, s.requests[rid].max_tokens - s.requests[rid].num_output_tokens - 1))
+                         for rid in ids]
+            s.update_draft_token_ids(DraftTokenIds(ids, proposals))
+
+    while any(not r.is_finished() for r in reqs) or queue:
+        for r in reqs:
+            if arrive[r.request_id] == step:
+                s.add_request(r)
+        if s.has_unfinished_requests():
+            out = s.schedule()
+            drafts = {k: len(v) for k, v in out.scheduled_spec_decode_tokens.items()}
+            steps.append((dict(out.num_scheduled_tokens), drafts))
+            queue.append(out)
+            if cls is sv.Scheduler or cls is sv.SyncScheduler:
+                core = s.stallfree
+                for rid in core._live:
+                    st = core.request_state(rid)
+                    if st.status.name == "DECODING":  # the core counts vLLM's tokens, drafts included
+                        assert core._live[rid].num_computed_tokens == s.requests[rid].num_computed_tokens
+        if len(queue) > int(lag) or (queue and not s.has_unfinished_requests()):
+            finish(queue.pop(0))
+        step += 1
+        assert step < 2000
+    return steps, {r.request_id: (r.num_output_tokens, r.max_tokens) for r in reqs}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_spec_decode_plans_equal_vllms_on_seeded_workloads(seed):
+    """With drafts from update_draft_token_ids and an ample budget (where the designs agree: every decode gets
+    1 + its drafts), stallfree's plans and scheduled drafts equal vLLM's step for step, rejections included."""
+    theirs = _spec_run(VllmScheduler, seed)
+    ours = _spec_run(sv.SyncScheduler, seed)
+    assert ours == theirs
+    assert any(d for _, d in ours[0])  # drafts were scheduled
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_async_spec_decode_keeps_the_core_in_step_and_ends_every_request(seed):
+    """Async scheduling: drafts are vLLM's placeholders and their rejections arrive a step late (take_back after
+    the next step was planned); the core's computed tokens equal vLLM's at every step and every request ends
+    with exactly its max_tokens tokens."""
+    steps, lengths = _spec_run(sv.Scheduler, seed, lag=True)
+    assert any(d for _, d in steps)
+    assert all(made == want for made, want in lengths.values())
+
+
+def test_spec_decode_hand_trace():
+    """Budget 8, two decodes with 3 drafts each and a 10-token prompt waiting: one token each, then the drafts in
+    running order (3, then 3), then the prompt gets the 0 left; the rejected drafts are taken back in both."""
+    s = harness.make_scheduler(sv.SyncScheduler, max_num_batched_tokens=8, max_num_seqs=4, max_model_len=256,
+                               num_speculative_tokens=3)
+    a, b = harness.make_request("a", 2, 20), harness.make_request("b", 2, 20)
+    for r in (a, b):
+        s.add_request(r)
+    out = s.schedule()
+    s.update_from_output(out, harness.fake_model_output(out, s.requests))
+    s.add_request(harness.make_request("c", 10, 5))
+    s.update_draft_token_ids(DraftTokenIds(["a", "b"], [[5, 5, 5], [5, 5, 5]]))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 4, "b": 4}
+    assert out.scheduled_spec_decode_tokens == {"a": [5, 5, 5], "b": [5, 5, 5]}
+    assert s.stallfree.unsettled_drafts("a") == (3,)
+    ids = ["a", "b"]
+    s.update_from_output(out, ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[7, 7], [7, 7, 7, 7]],
+        logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+    # a: 1 of 3 drafts accepted (2 taken back); b: all 3.
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (2 + 2, 2 + 4)
+    assert s.stallfree.request_state("a").num_generated == 3 and s.stallfree.request_state("b").num_generated == 5
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1, "c": 6}
+
+
+@pytest.mark.parametrize("cls", [VllmScheduler, sv.SyncScheduler])
+def test_draft_slots_come_out_of_the_step_budget(cls):
+    """Parallel drafting with k = 3 charges 2 draft slots per scheduled request: budget 20, two 10-token prompts.
+    vLLM: a gets min(10, 20 - 2) = 10, leaving 20 - 12 = 8 input slots; b min(10, 8 - 2) = 6. stallfree: the
+    step's budget is 20 - 2 x 2 requests that may run = 16: a 10, b 6."""
+    s = harness.make_scheduler(cls, max_num_batched_tokens=20, max_num_seqs=4, max_model_len=256,
+                               num_speculative_tokens=3)
+    s.vllm_config.speculative_config.parallel_drafting = True
+    assert s.vllm_config.speculative_config.max_num_new_slots_for_drafting == 2
+    for rid in ("a", "b"):
+        s.add_request(harness.make_request(rid, 10, 5))
+    assert s.schedule().num_scheduled_tokens == {"a": 10, "b": 6}

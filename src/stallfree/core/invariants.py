@@ -115,6 +115,48 @@ class InvariantChecker(CheckerState):
         self.scheduler.stop_after(rid, num_tokens)
         self._reqs[rid].limit = num_tokens
 
+    def set_draft_tokens(self, rid: Hashable, num_drafts: int) -> None:
+        """Forward set_draft_tokens(); a decode's drafts are remembered for the next plan."""
+        self.scheduler.set_draft_tokens(rid, num_drafts)
+        sh = self._reqs.get(rid)
+        if sh is not None and rid in self._ready:
+            if num_drafts:
+                self._drafts[rid] = num_drafts
+            else:
+                self._drafts.pop(rid, None)
+
+    def take_back(self, rid: Hashable, num_rejected: int) -> FinishReason | None:
+        """Forward take_back(); the shadow settles the request's oldest provisional step: no more than
+        that step's drafts are taken back, and a held decode whose last verdict takes nothing back ends."""
+        sh = self._reqs.get(rid)
+        reason = self.scheduler.take_back(rid, num_rejected)
+        if sh is None:
+            return reason
+        if not sh.unsettled or not 0 <= num_rejected <= sh.unsettled[0]:
+            self._fail("take back no more than scheduled", f"rid {rid!r}: {num_rejected} of {sh.unsettled}")
+        held = sh.held
+        sh.unsettled.pop(0)
+        sh.generated -= num_rejected
+        sh.drafted -= num_rejected
+        sh.episode_drafted -= num_rejected
+        if self._paged:
+            sh.blocks = min(sh.blocks, self._blocks(sh.computed))
+        ends = held and not num_rejected and not sh.unsettled
+        why = FinishReason.LENGTH if sh.limit == sh.req.max_new else FinishReason.STOP
+        if ends != (reason is not None) or (ends and (reason is not why or self.last_finished.get(rid) is not why)):
+            self._fail("take_back finish", f"rid {rid!r}: returned {reason}, expected {why if ends else None}")
+        if ends:
+            self._end(rid)
+        self._check_state()
+        return reason
+
+    def unsettled_drafts(self, rid: Hashable) -> tuple[int, ...]:
+        """The scheduler's unsettled_drafts(), compared with the shadow's."""
+        got = self.scheduler.unsettled_drafts(rid)
+        if list(got) != self._reqs[rid].unsettled:
+            self._fail("unsettled drafts", f"rid {rid!r}: {got}, shadow {self._reqs[rid].unsettled}")
+        return got
+
     def abort(self, rid: Hashable) -> None:
         """Forward abort(); mirror it (deferred when the rid is in the plan in flight)."""
         self.scheduler.abort(rid)
@@ -182,8 +224,12 @@ class InvariantChecker(CheckerState):
             self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.token_budget} configured")
         oldest = self._running[0] if self._running else None
         budget = plan.token_budget
-        costs = {rid: self._decode_cost(rid, budget) for rid in self._ready}
-        chosen = self._chosen_decodes(plan, costs)
+        reqs = self._reqs
+        held = [r for r in self._ready if reqs[r].held]
+        ready = [r for r in self._ready if not reqs[r].held] if held else self._ready
+        drafts, self._drafts = self._drafts, {}  # consumed by this schedule()
+        costs = {rid: self._decode_cost(rid, budget) for rid in ready}
+        chosen = self._chosen_decodes(plan, costs, ready)
         victims: list[Hashable] = []
         free = s.num_blocks - sum(self._reqs[r].blocks for r in self._running) if self._paged else 0
         if self._caching:
@@ -191,13 +237,19 @@ class InvariantChecker(CheckerState):
         if self._paged:
             # Decodes take their blocks during schedule() with speculative tokens or when they overflow
             # the budget; otherwise they are promised (ids handed out when a table is read).
-            takes = self._caching and (bool(s.num_spec_tokens) or len(self._ready) > budget)
+            takes = self._caching and (bool(s.num_spec_tokens) or len(ready) > budget or bool(drafts or held))
             free = PagedRules.grow_decodes(self, chosen, costs, free, victims, takes)
         decodes = tuple(r for r in chosen if self._reqs[r].running)
         if plan.decode_rids != decodes:
             self._fail("decodes", f"got {plan.decode_rids}, expected {decodes}")
+        if drafts:
+            free = self._grant_drafts(decodes, drafts, costs, budget, free)
         for c in plan.decodes:
             sh = self._reqs[c.rid]
+            if not 1 <= c.num_tokens <= 1 + max(drafts.get(c.rid, 0), s.num_spec_tokens) or (
+                    sh.generated + c.num_tokens > sh.limit):
+                self._fail("a decode's tokens: 1 + drafts <= 1 + k, never past its last token",
+                           f"{c}: k = {drafts.get(c.rid, 0)}, generated {sh.generated} of {sh.limit}")
             if c.start != sh.req.prompt_len + sh.generated - 1 or c.num_tokens != costs[c.rid] or c.is_prefill:
                 self._fail("decode entry", f"{c} for prompt {sh.req.prompt_len}, generated {sh.generated}")
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
@@ -230,14 +282,43 @@ class InvariantChecker(CheckerState):
             self._fail("one partial prefill", f"{plan.prefills}")
         if oldest is not None and self._reqs[oldest].running and not self._in_plan(oldest, plan) and (
                 s.max_num_partial_prefills == 1 and self._paged and len(self._ready) <= budget
-                and not s.num_spec_tokens and not s.align_chunks):
+                and not s.num_spec_tokens and not s.align_chunks and not self._reqs[oldest].held):
             self._fail("the oldest running request progresses", f"{oldest!r} not in {entries}")
 
-    def _chosen_decodes(self, plan: StepPlan, costs: dict[Hashable, int]) -> list[Hashable]:
-        """The decodes that run: every ready one when they fit, else the overflow rule's choice."""
+    def _grant_drafts(
+        self, decodes: tuple[Hashable, ...], drafts: dict[Hashable, int], costs: dict[Hashable, int], budget: int,
+        free: int,
+    ) -> int:
+        """The draft rule in the shadow: after every decode's one token, each decode in batch order gets
+        min(its drafts, the budget left, limit - generated - 1) drafts, fewer while their blocks are not
+        free (drafts never preempt); returns the free blocks left."""
+        left = budget - sum(costs[r] for r in decodes)
+        for rid in decodes:
+            k = drafts.get(rid, 0)
+            if not k or left <= 0:
+                continue
+            sh = self._reqs[rid]
+            d = min(k, left, sh.limit - sh.generated - 1)
+            if self._paged:
+                while d > 0 and self._blocks(sh.computed + 1 + d) - sh.blocks > free:
+                    d -= 1
+                need = max(self._blocks(sh.computed + 1 + d) - sh.blocks, 0) if d > 0 else 0
+                free -= need
+                sh.blocks += need
+                CacheRules.take(self, need)
+            if d > 0:
+                costs[rid] += d
+                left -= d
+        return free
+
+    def _chosen_decodes(
+        self, plan: StepPlan, costs: dict[Hashable, int], ready: list[Hashable] | None = None
+    ) -> list[Hashable]:
+        """The decodes that run: every ready one (not held) when they fit, else the overflow rule's choice."""
         s = self.scheduler
         budget = plan.token_budget
-        ready = self._ready
+        if ready is None:
+            ready = self._ready
         if sum(costs.values()) <= budget:
             return list(ready)
         if s.policy == "priority":
@@ -281,6 +362,8 @@ class InvariantChecker(CheckerState):
         sh.target = sh.req.prompt_len + sh.generated
         sh.preemptions += 1
         sh.episode_decodes = 0
+        sh.episode_drafted = 0
+        sh.unsettled = []
         self.num_preemptions += 1
         self.max_preemptions_of_one = max(self.max_preemptions_of_one, sh.preemptions)
 
@@ -406,9 +489,21 @@ class InvariantChecker(CheckerState):
         reqs = self._reqs
         aborted = self._aborted_in_flight
         sampled: list[Hashable] = list(plan.decode_rids)
-        for rid in plan.decode_rids:
+        spec = self.scheduler.num_spec_tokens
+        tokens = plan.decode_tokens or (1,) * plan.num_decodes
+        for rid, cost in zip(plan.decode_rids, tokens, strict=True):
             sh = reqs[rid]
-            sh.generated += accepted.get(rid, 1)
+            if rid in accepted:
+                n = accepted[rid]
+            elif cost > 1 and not spec:  # drafts without a verdict: provisional until take_back()
+                n = cost
+                sh.unsettled.append(cost - 1)
+            else:
+                n = 1
+            sh.generated += n
+            if not spec:
+                sh.drafted += n - 1
+                sh.episode_drafted += n - 1
             sh.episode_decodes += 1
             if self._paged:
                 sh.blocks = min(sh.blocks, self._blocks(sh.computed))  # rejected speculative tokens
@@ -433,16 +528,20 @@ class InvariantChecker(CheckerState):
         for rid in emitted:
             reqs[rid].emitted += 1
         finished = self.scheduler.last_finished
-        spec = self.scheduler.num_spec_tokens
         for rid in sampled:
             sh = reqs[rid]
-            if not spec and sh.emitted != sh.generated - (rid in aborted):
-                self._fail("each token emitted once", f"rid {rid!r}: {sh.emitted} emitted, {sh.generated} generated")
+            if not spec and sh.emitted + sh.drafted != sh.generated - (rid in aborted):
+                self._fail("each token emitted once", f"rid {rid!r}: {sh.emitted} emitted + {sh.drafted} drafts, "
+                           f"{sh.generated} generated")
             early = rid in aborted or rid in stopped
+            if sh.held and not early:
+                if rid in finished:
+                    self._fail("a decode with unsettled drafts waits for them", f"rid {rid!r} finished: {sh}")
+                continue
             if sh.generated >= sh.limit and not early:
                 gen0 = sh.target - sh.req.prompt_len
                 if sh.generated != sh.limit or sh.prefilled != sh.target or (
-                        not spec and gen0 + 1 + sh.episode_decodes != sh.limit):
+                        not spec and gen0 + 1 + sh.episode_decodes + sh.episode_drafted != sh.limit):
                     self._fail("exact tokens", f"rid {rid!r}: {sh}")
                 why = FinishReason.LENGTH if sh.limit == sh.req.max_new else FinishReason.STOP
                 if rid not in aborted and finished.get(rid) is not why:
@@ -458,6 +557,7 @@ class InvariantChecker(CheckerState):
         self._aborted_in_flight = set()
 
     def _end(self, rid: Hashable) -> None:
+        self._drafts.pop(rid, None)
         sh = self._reqs.pop(rid)
         if sh.running:
             self._running.remove(rid)

@@ -38,6 +38,14 @@ class _Shadow:
     preemptions: int = 0
     emitted: int = 0  # times the rid appeared in complete()'s return value
     limit: int = 0  # tokens after which it ends: max_new, or what stop_after() said
+    unsettled: list[int] = field(default_factory=list)  # drafts counted provisionally, per step, oldest first
+    drafted: int = 0  # accepted draft tokens (provisional ones included), over all episodes
+    episode_drafted: int = 0  # the same in the current episode
+
+    @property
+    def held(self) -> bool:
+        """At its last token through drafts still to settle: not scheduled until take_back()."""
+        return bool(self.unsettled) and self.generated >= self.limit
 
     @property
     def computed(self) -> int:
@@ -67,6 +75,7 @@ class CheckerState:
     _partial: Hashable | None = None
     _plan: StepPlan | None = None
     _aborted_in_flight: set[Hashable] = field(default_factory=set)
+    _drafts: dict[Hashable, int] = field(default_factory=dict)  # draft tokens set for the next step, by decode
     _calls: int = 0
     # Prefix caching: the state before the step being planned (free blocks, evictable ids, tables).
     _pre_free: int = 0

@@ -197,7 +197,9 @@ class RequestLifecycle:
             stopped: rids that sampled a token in `plan` and whose token ended them (EOS, a stop
                 string); they finish now with reason "stop" and their KV is released.
             num_accepted: with speculative decode tokens, tokens each decode emitted (1 to its
-                entry's tokens); a decode not named emitted 1.
+                entry's tokens). A decode not named emitted 1 under num_spec_tokens; one that ran draft
+                tokens (set_draft_tokens) and is not named counts all its tokens provisionally, until
+                take_back() settles them.
 
         Returns:
             The rids that emitted a token this step, in batch order (requests aborted while the
@@ -243,7 +245,10 @@ class RequestLifecycle:
         if due:
             for obj in due:
                 if obj.status is _DECODING and obj.finish_step == due_key:
-                    self._finish(obj, end_reason(obj))
+                    if obj.unsettled:  # its last token may be a draft still to be taken back
+                        self._hold(obj)
+                    else:
+                        self._finish(obj, end_reason(obj))
         emitted = plan.decode_rids + tuple(last_rids) if last_rids else plan.decode_rids
         aborts = self._inflight_aborts
         if aborts:
@@ -285,6 +290,10 @@ class RequestLifecycle:
             when no decode ran.
         """
         return plan.step
+
+    def _hold(self, obj: Any) -> None:
+        """A decode reached its last token through drafts not yet settled: it waits for take_back()."""
+        raise SchedulerStateError(f"{type(self).__name__} has no draft tokens to settle for {obj.rid!r}")
 
     def _sampled_in(self, obj: Any, plan: StepPlan) -> bool:
         return self._decoded_in(obj, plan) or any(c.rid == obj.rid and c.is_last for c in plan.prefills)

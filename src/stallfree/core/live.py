@@ -72,13 +72,16 @@ class LiveRequest:
             so through stop_after() (reason "stop").
         num_cached_tokens: prefix caching: prompt tokens found cached at its first admission (set by
             the KV manager; 0 without caching).
+        drafts: draft tokens set for its next step (Scheduler.set_draft_tokens); 0: none.
+        unsettled: per earlier step whose drafts were counted provisionally (complete() without a
+            verdict), oldest first, the number of those drafts; Scheduler.take_back settles them.
     """
 
     __slots__ = (
         "req", "rid", "seq", "admit_seq", "arrival_step", "num_prompt_tokens", "max_new", "status",
         "num_prefilled", "target", "gen0", "kv", "block_table", "bucket", "offset", "finish_step",
         "admitted_step", "first_token_step", "decode_step", "num_preemptions", "limit", "num_cached_tokens",
-        "_decodes",
+        "drafts", "unsettled", "_decodes",
     )
 
     def __init__(self, req: Request, kv: int, seq: int, arrival_step: int, decodes: DecodeSet) -> None:
@@ -104,6 +107,8 @@ class LiveRequest:
         self.num_preemptions = 0
         self.limit = req.max_new
         self.num_cached_tokens = 0
+        self.drafts = 0
+        self.unsettled: tuple[int, ...] = ()
         self._decodes = decodes
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LiveRequest:

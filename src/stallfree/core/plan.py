@@ -103,7 +103,7 @@ class StepPlan(Sequence[ScheduledChunk]):
             decode_offsets: per decode, start - step (so a decode's start is offset + step); the
                 scheduler shares one tuple across steps while its decodes do not change.
             decode_tokens: per decode, its tokens when some cost more than 1 (speculative
-                decoding); None means every decode costs 1 token.
+                decoding: 1 + its speculative or draft tokens); None means every decode costs 1 token.
             kv_offloads, kv_loads: the step's KV copies between the GPU and a CPU tier (above).
         """
         self.step = step
@@ -157,7 +157,8 @@ class StepPlan(Sequence[ScheduledChunk]):
 
     @property
     def decode_tokens(self) -> tuple[int, ...] | None:
-        """Per decode, its tokens when some cost more than 1 (speculative tokens); None: all cost 1."""
+        """Per decode, in batch order, its tokens when some cost more than 1: 1 + its speculative tokens
+        (num_spec_tokens) or drafts (Scheduler.set_draft_tokens); None: all cost 1."""
         return self._decode_tokens
 
     @property
@@ -169,6 +170,12 @@ class StepPlan(Sequence[ScheduledChunk]):
     def num_decode_tokens(self) -> int:
         """Tokens spent on decodes (num_decodes unless speculative tokens are on)."""
         return self.num_tokens - self.num_prefill_tokens
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens beyond one per decode: speculative tokens (num_spec_tokens) or drafts (set_draft_tokens)
+        to verify in this step; 0 without them."""
+        return 0 if self._decode_tokens is None else sum(self._decode_tokens) - self.num_decodes
 
     @property
     def sampled_rids(self) -> tuple[Hashable, ...]:

@@ -31,7 +31,7 @@ from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillHost, PrefillRule, StepBudget
 from stallfree.core.queries import AdmissionQueries, KVQueries
-from stallfree.core.request import Request, RequestStatus
+from stallfree.core.request import FinishReason, Request, RequestStatus
 
 __all__ = ["Scheduler"]
 
@@ -49,7 +49,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     manager; it never sees token ids or tensors. Each step is one `schedule()` (a StepPlan) and one
     `complete(plan)`. The budget (a StepBudget) is spent in a fixed order:
 
-    1. decodes: one token for every running request whose prefill is done, oldest admitted first;
+    1. decodes: one token for every running request whose prefill is done, oldest admitted first; then
+       the draft tokens given by set_draft_tokens, decodes in batch order (speculative decoding: verdicts
+       through complete(num_accepted=) or, later, take_back());
     2. the partial prefill: the rest of a prompt started in an earlier step, up to what is left;
     3. admission: waiting requests strictly in queue order (add() order, or priority order); the head
        needs a free slot (running < max_seqs), budget left and the KV manager's yes (`can_admit`); the
@@ -118,6 +120,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._seq = 0
         self._admit_seq = 0
         self._skipped: list[LiveRequest] = []
+        self._drafted: dict[Hashable, LiveRequest] = {}  # decodes with draft tokens set for the next step
+        self._held: list[LiveRequest] = []  # decodes at their last token whose drafts are unsettled
         self._partials: list[LiveRequest] = []  # the prompts admitted and still in prefill, admission order
         self._host = PrefillHost(
             self, chunking=self._chunking, kv=self._kv, waiting=self._waiting, live=self._live,
@@ -173,6 +177,125 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
         return (prio - math.floor(waited / self.aging_interval), obj.seq)
 
+    # ------------------------------------------------------------------ draft tokens (speculative decoding)
+
+    def set_draft_tokens(self, rid: Hashable, num_drafts: int) -> None:
+        """Give decode `rid` `num_drafts` draft tokens (a drafter's proposals) to verify in the next step.
+
+        The next schedule() runs each decode's one token first (for every decode, as always), then
+        its drafts, decodes in batch order, from the budget left: min(num_drafts, budget left,
+        limit - generated - 1) of them (a decode never verifies past its last token), fewer when the
+        KV manager cannot hold them without a preemption; then the partial prefills and admissions
+        (docs/scheduling.md, "Draft tokens"). The plan's `decode_tokens` gives each decode's 1 +
+        drafts. The count is for that one schedule(), which consumes it; a later call before it
+        replaces it, 0 clears it. A request that is not decoding (waiting, prefilling) ignores it,
+        as vLLM ignores drafts for a prefill.
+
+        After the step: complete(plan, num_accepted={rid: tokens emitted}) gives the verdict at once;
+        a decode with drafts that num_accepted does not name counts all of them provisionally (its
+        computed tokens and output advance by 1 + drafts, as vLLM counts them when it schedules), and
+        take_back(rid, n) later settles them.
+
+        Args:
+            rid: a live request.
+            num_drafts: draft tokens, an integer >= 0.
+
+        Raises:
+            KeyError: `rid` is not live.
+            SchedulerStateError: num_drafts is not an integer >= 0, or the scheduler prices every
+                decode with num_spec_tokens (the two do not mix); nothing changes.
+        """
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"set_draft_tokens(): unknown rid {rid!r}")
+        if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
+            raise SchedulerStateError(f"set_draft_tokens(): num_drafts must be an integer >= 0, got {num_drafts!r}")
+        if self.num_spec_tokens:
+            raise SchedulerStateError(
+                f"set_draft_tokens(): this scheduler prices every decode with num_spec_tokens = "
+                f"{self.num_spec_tokens}; per-request draft tokens need num_spec_tokens = 0"
+            )
+        if obj.status is not _DECODING or obj.finish_step < 0:
+            return
+        obj.drafts = num_drafts
+        if num_drafts:
+            self._drafted[rid] = obj
+        else:
+            self._drafted.pop(rid, None)
+
+    def take_back(self, rid: Hashable, num_rejected: int) -> FinishReason | None:
+        """Settle the oldest provisional draft step of decode `rid`: `num_rejected` of its drafts were
+        rejected after all.
+
+        The rejected tokens are taken back: the request's computed tokens and output go back by
+        num_rejected (its last token is due that many steps later); the KV manager keeps only the KV
+        of the tokens left (`trim`; vLLM's keeps the blocks it gave, the core's own frees those past
+        them). A decode whose provisional count reached its last token waits, unscheduled, for its
+        verdicts; when the last one takes nothing back it finishes here (reason "length", or "stop"
+        after stop_after()), listed in last_finished.
+
+        Call it between steps (after complete(), before the next schedule()), once per step in which
+        `rid` ran drafts without a verdict, in step order (unsettled_drafts(rid) lists them).
+
+        Args:
+            rid: a live decode with unsettled drafts; a request that finished recently is a no-op.
+            num_rejected: an integer from 0 to that step's drafts.
+
+        Returns:
+            The FinishReason when it finished here, else None.
+
+        Raises:
+            KeyError: `rid` was never added (or finished too long ago to be remembered).
+            SchedulerStateError: a plan is in flight, `rid` has no unsettled drafts, or num_rejected is
+                out of range; nothing changes.
+        """
+        if self._inflight is not None:
+            raise SchedulerStateError(f"take_back() between steps only: step {self._inflight.step} is in flight")
+        obj = self._live.get(rid)
+        if obj is None:
+            if rid in self._recent_finished:
+                return None
+            raise KeyError(f"take_back(): unknown rid {rid!r}")
+        if not obj.unsettled:
+            raise SchedulerStateError(f"take_back(): rid {rid!r} has no unsettled draft tokens")
+        d = obj.unsettled[0]
+        if isinstance(num_rejected, bool) or not isinstance(num_rejected, int) or not 0 <= num_rejected <= d:
+            raise SchedulerStateError(f"take_back(): num_rejected for rid {rid!r} must be an integer from 0 to {d} "
+                                      f"(the drafts of its oldest unsettled step), got {num_rejected!r}")
+        obj.unsettled = obj.unsettled[1:]
+        held = any(o is obj for o in self._held)
+        if num_rejected:
+            self._decodes.shift(obj, -num_rejected)
+            self._kv.moved(obj, self._step)
+            self._kv.trim(obj, obj.offset + self._step)
+        if held and (num_rejected or not obj.unsettled):
+            self._held = [o for o in self._held if o is not obj]
+            if not num_rejected:
+                reason = end_reason(obj)
+                self._finish(obj, reason)
+                return reason
+        return None
+
+    def unsettled_drafts(self, rid: Hashable) -> tuple[int, ...]:
+        """Per step whose drafts live request `rid` counted provisionally, oldest first, the number of
+        drafts take_back() is still to settle; () when none.
+
+        Raises:
+            KeyError: `rid` is not live.
+        """
+        obj = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"no live request with rid {rid!r}")
+        return obj.unsettled
+
+    def _forget_drafts(self, obj: LiveRequest) -> None:
+        """`obj` stops running (finish, abort, preemption): its drafts, set or unsettled, are dropped."""
+        obj.drafts = 0
+        obj.unsettled = ()
+        self._drafted.pop(obj.rid, None)
+        if self._held:
+            self._held = [o for o in self._held if o is not obj]
+
     # ------------------------------------------------------------------ the step
 
     def schedule(self, token_budget: int | None = None) -> StepPlan:
@@ -227,6 +350,10 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         transfers = self._kv_transfers()
         if transfers is not NO_TRANSFERS:
             plan.kv_offloads, plan.kv_loads = transfers
+        if self._drafted:
+            for obj in self._drafted.values():  # draft tokens are for one step
+                obj.drafts = 0
+            self._drafted = {}
         self._inflight = plan
         return plan
 
@@ -250,6 +377,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         if self._skipped:
             self._skipped = []
         k = self.num_spec_tokens
+        if self._drafted or self._held:
+            return self._draft_entries(budget, step, victims)
         if not k and len(dec.recs) <= budget:
             short = self._kv.promise_decode_blocks(step)
             if short:
@@ -276,6 +405,54 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         if n <= budget:
             return rids, offsets, None, n
         return self._with_blocks(*self._overflow((1,) * n, budget), step, victims)
+
+    def _draft_entries(self, budget: int, step: int, victims: list[LiveRequest]) -> _Decodes:
+        """Contract step 1 with draft tokens (set_draft_tokens) or held decodes: one token for every
+        ready decode that is not held (the overflow rule when they exceed the budget), each with its KV
+        (preempting as without drafts); then, in batch order, each decode's drafts from what is left:
+        min(its drafts, the budget left, limit - generated - 1) of them, fewer when the KV manager
+        cannot hold them without a preemption (drafts never preempt)."""
+        dec = self._decodes
+        rids, offsets = dec.tuples()
+        recs = dec.recs
+        if self._held:
+            held = {id(o) for o in self._held}
+            keep = [i for i, o in enumerate(recs) if id(o) not in held]
+            rids = tuple(rids[i] for i in keep)
+            offsets = tuple(offsets[i] for i in keep)
+            recs = [recs[i] for i in keep]
+        n = len(rids)
+        if n <= budget:
+            out = self._with_blocks(rids, offsets, None, n, step, victims)
+        else:
+            out = self._with_blocks(*self._overflow((1,) * n, budget, recs, rids, offsets), step, victims)
+        if self._held:
+            self._skipped = self._skipped + [o for o in self._held if o.status is _DECODING]
+        rids, offsets, costs, used = out
+        drafted = self._drafted
+        left = budget - used
+        if not drafted or left <= 0:
+            return out
+        kv = self._kv
+        tokens = list(costs or (1,) * len(rids))
+        granted = False
+        for i, rid in enumerate(rids):
+            obj = drafted.get(rid)
+            if obj is None:
+                continue
+            d = min(obj.drafts, left, obj.limit - obj.num_output_tokens - 1)
+            start = offsets[i] + step + tokens[i]
+            while d > 0 and not kv.grow(obj, start + d, step):
+                d -= 1
+            if d > 0:
+                tokens[i] += d
+                left -= d
+                granted = True
+                if not left:
+                    break
+        if not granted:
+            return out
+        return rids, offsets, tuple(tokens), budget - left
 
     def _with_blocks(
         self, rids: tuple[Hashable, ...], offsets: tuple[int, ...], costs: tuple[int, ...] | None, total: int,
@@ -325,17 +502,23 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
 
     def _overflow(
-        self, costs: tuple[int, ...], budget: int
+        self, costs: tuple[int, ...], budget: int, recs: list[LiveRequest] | None = None,
+        rids: tuple[Hashable, ...] | None = None, offsets: tuple[int, ...] | None = None,
     ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
-        """Ready decodes exceed the budget: the selection hook picks who runs; the rest skip a step."""
-        recs = self._decodes.recs
+        """Ready decodes exceed the budget: the selection hook picks who runs; the rest skip a step.
+        `recs`, `rids`, `offsets`: the ready decodes when not all of the decode set (held ones left out)."""
+        if recs is None:
+            recs = self._decodes.recs
         order = None
         if self.policy == "priority":
             order = sorted(range(len(costs)), key=lambda i: self.priority_key(recs[i]))
         chosen = self._selection.select(costs, budget, order)
         picked = set(chosen)
         self._skipped = [o for i, o in enumerate(recs) if i not in picked]
-        rids, offsets = self._decodes.offsets_at(chosen)
+        if rids is None or offsets is None:
+            rids, offsets = self._decodes.offsets_at(chosen)
+        else:
+            rids, offsets = tuple(rids[i] for i in chosen), tuple(offsets[i] for i in chosen)
         tokens = tuple(costs[i] for i in chosen)
         return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
 
@@ -393,6 +576,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         # The manager learns which tokens are computed as soon as the chunk that computes them completes.
         for chunk in plan.prefills:
             kv.filled(live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
+        if plan._decode_tokens and not self.num_spec_tokens:
+            # Draft tokens without a verdict count as accepted, provisionally, until take_back().
+            named = {id(o) for o, _ in accepted}
+            for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
+                if c > 1:
+                    obj = live[rid]
+                    if id(obj) not in named:
+                        accepted.append((obj, c))
+                        obj.unsettled = (*obj.unsettled, c - 1)
         if self._skipped or accepted:
             shifts = [(o, -1) for o in self._skipped] + [(o, n - 1) for o, n in accepted]
             for obj, delta in shifts:
@@ -423,11 +615,18 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     def _leave_running(self, obj: LiveRequest) -> None:
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""
         self._kv.free(obj, self._step, self._runs_in_flight(obj))
+        if obj.drafts or obj.unsettled:
+            self._forget_drafts(obj)
         if obj.finish_step >= 0:
             self._decodes.leave(obj)
         elif obj in self._partials:
             self._partials.remove(obj)
         self._num_running -= 1
+
+    def _hold(self, obj: LiveRequest) -> None:
+        """`obj` reached its last token with drafts unsettled: it stays, unscheduled, until take_back()."""
+        if all(o is not obj for o in self._held):
+            self._held.append(obj)
 
     def _validate_accepted(
         self, plan: StepPlan, num_accepted: Mapping[Hashable, int]
@@ -440,8 +639,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
                 raise SchedulerStateError(f"num_accepted names rid {rid!r}, which did not decode in step {plan.step}")
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cost:
                 raise SchedulerStateError(f"num_accepted[{rid!r}] = {n!r}, must be an integer from 1 to {cost}")
-            if n > 1:
-                out.append((self._live[rid], n))
+            if n > 1 or (cost > 1 and not self.num_spec_tokens):
+                out.append((self._live[rid], n))  # a decode with drafts that is named has its verdict
         return out
 
     def _decoded_in(self, obj: LiveRequest, plan: StepPlan) -> bool:

@@ -141,8 +141,6 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     mc = vllm_config.model_config
     sc = vllm_config.scheduler_config
     pc = vllm_config.parallel_config
-    if vllm_config.speculative_config is not None:
-        out.append("speculative decoding (--speculative-config)")
     if getattr(mc, "is_multimodal_model", False):
         out.append("multimodal models (a text-only decoder model is supported)")
     if vllm_config.lora_config is not None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -48,9 +48,12 @@ def make_scheduler(
     long_prefill_token_threshold: int = 0,
     scheduler_reserve_full_isl: bool = True,
     additional_config: Mapping[str, Any] | None = None,
+    num_speculative_tokens: int = 0,
 ) -> Any:
     """Build a vLLM scheduler of class `cls` over `num_blocks` KV blocks of `block_size` tokens (one
-    full-attention group), as vLLM's tests do; max_model_len defaults to max_num_batched_tokens."""
+    full-attention group), as vLLM's tests do; max_model_len defaults to max_num_batched_tokens.
+    num_speculative_tokens > 0: speculative decoding with vLLM's n-gram drafter config (k drafts per step, no
+    draft slots; the GPU n-gram drafter for an async class), as vLLM's tests configure it."""
     model_config = ModelConfig(model=model, dtype="float16", seed=42, max_model_len=max_model_len)
     mml = max_model_len or max_num_batched_tokens
     sched = SchedulerConfig(
@@ -61,8 +64,14 @@ def make_scheduler(
     )
     cache = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                         enable_prefix_caching=enable_prefix_caching)
+    spec_config = None
+    if num_speculative_tokens:
+        # vLLM's async scheduling takes the GPU n-gram drafter (its tests' configuration).
+        extra = ({"method": "ngram_gpu", "prompt_lookup_max": num_speculative_tokens, "prompt_lookup_min": 1}
+                 if issubclass(cls, AsyncScheduler) else {})
+        spec_config = SpeculativeConfig(model="ngram", num_speculative_tokens=num_speculative_tokens, **extra)
     config = VllmConfig(scheduler_config=sched, model_config=model_config, cache_config=cache,
-                        additional_config=dict(additional_config or {}))
+                        additional_config=dict(additional_config or {}), speculative_config=spec_config)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                               kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])

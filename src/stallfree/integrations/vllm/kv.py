@@ -314,7 +314,7 @@ class VLLMKV:
         self.decodes[rec.rid] = rec
 
     def trim(self, rec: LiveRequest, tokens: int) -> None:
-        """Nothing (speculative decoding is refused)."""
+        """Nothing: rejected draft tokens leave vLLM's blocks allocated, as vLLM's own scheduler does."""
 
     def free(self, rec: LiveRequest, step: int, in_flight: bool) -> None:
         """A preemption (during schedule): vLLM's preemption path frees the blocks. Otherwise vLLM frees them

@@ -70,8 +70,8 @@ class SyncScheduler(_VllmScheduler):
         stallfree_options: the StallfreeOptions read from `additional_config["stallfree"]`.
 
     Raises:
-        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (speculative
-            decoding, multimodal models, LoRA, encoder-cache connectors, encoder-decoder, pooling or
+        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (multimodal
+            models, LoRA, encoder-cache connectors, encoder-decoder, pooling or
             diffusion models, hybrid or Mamba KV cache groups, sliding-window attention, pipeline or context
             parallelism, a prefill schedule interval, the adaptive long-prefill threshold; the message names
             each), or a stallfree option is out of range (named).
@@ -96,6 +96,7 @@ class SyncScheduler(_VllmScheduler):
         )
         self._sf_admitted: list[tuple[VllmRequest, bool]] = []
         self._sf_orphans: dict[str, VllmRequest] = {}
+        self._sf_stale_victims: list[VllmRequest] = []
         self._sf_time = 0.0
         if not self.scheduler_config.enable_chunked_prefill:
             logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
@@ -202,6 +203,10 @@ class SyncScheduler(_VllmScheduler):
         progress, queues it in front)."""
         self.running.remove(request)
         self._preempt_request(request, self._sf_time, drop_stale_output=self.requires_kv_delivery)
+        if self.num_spec_tokens and request.num_stale_output_tokens > 0:
+            # Its drafts in flight were counted provisionally in the core, and vLLM does not take back a stale
+            # step's rejections: the core requeues it with the tokens vLLM has once that output is back.
+            self._sf_stale_victims.append(request)
 
     # ------------------------------------------------------------------ asynchronous KV connector loads
 
@@ -359,8 +364,12 @@ class SyncScheduler(_VllmScheduler):
                 for obj in order:
                     if not self.requests[obj.rid].num_computed_tokens:
                         waiting.remove(obj)
+            budget = None
+            if self.num_spec_tokens:
+                self._sf_set_drafts()
+                budget = self._sf_budget_with_draft_slots()
             try:
-                plan = core.schedule()
+                plan = core.schedule(budget)
             finally:
                 kv.in_schedule = False
                 if order:
@@ -371,6 +380,11 @@ class SyncScheduler(_VllmScheduler):
         self._update_after_schedule(out)
         if plan is not None:
             core.complete(plan)
+            if self._sf_stale_victims:
+                for request in self._sf_stale_victims:
+                    self._sf_forget(request.request_id)
+                    self._sf_orphans[request.request_id] = request
+                self._sf_stale_victims = []
         return out
 
     def _sf_restore_queue(self, order: list[Any]) -> None:
@@ -386,6 +400,56 @@ class SyncScheduler(_VllmScheduler):
         for obj in [o for o in now if id(o) not in before] + [o for o in order if id(o) not in admitted]:
             waiting.append(obj)
 
+    def _sf_set_drafts(self) -> None:
+        """Speculative decoding: each running decode's drafts (vLLM's `spec_token_ids`, set by
+        update_draft_token_ids, or the async scheduler's placeholders) for the core's next plan."""
+        core, reqs = self.stallfree, self.requests
+        for rid in self._sf_kv.decodes:
+            request = reqs.get(rid)
+            if request is not None and request.spec_token_ids:
+                core.set_draft_tokens(rid, len(request.spec_token_ids))
+
+    def _sf_budget_with_draft_slots(self) -> int | None:
+        """With draft slots per scheduled request (vLLM's `max_num_new_slots_for_drafting`: parallel drafting,
+        draft models), the step's token budget: max_num_batched_tokens less the slots of every request that may
+        run in it (min(max_num_seqs, running + waiting)), so that tokens and slots never exceed vLLM's input
+        budget; None (the configured budget) without slots."""
+        spec = self.vllm_config.speculative_config
+        slots = int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec is not None else 0
+        if not slots:
+            return None
+        core = self.stallfree
+        n = min(core.max_seqs, core.num_running + core.num_waiting)
+        left = int(self.scheduler_config.max_num_batched_tokens) - slots * n
+        return max(1, min(core.token_budget, left))
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        """vLLM's update_from_output; first, each decode's rejected drafts are taken back in the core (vLLM takes
+        them back from the request's num_computed_tokens in the same way), so both count the same tokens."""
+        if scheduler_output.scheduled_spec_decode_tokens:
+            self._sf_take_back(scheduler_output, model_runner_output)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _sf_take_back(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> None:
+        core, reqs = self.stallfree, self.requests
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            request = reqs.get(rid)
+            if not drafts or request is None or request.is_finished() or request.num_stale_output_tokens > 0:
+                continue
+            try:
+                pending = core.unsettled_drafts(rid)
+            except KeyError:  # not in the core (finished there, refused, or set up by hand)
+                continue
+            i = index.get(rid)
+            tokens = sampled[i] if sampled and i is not None else []
+            if not pending or not tokens:
+                continue
+            # As vLLM counts them: tokens sampled = 1 + drafts accepted.
+            rejected = len(drafts) - max(len(tokens) - self.num_sampled_tokens_per_step, 0)
+            core.take_back(rid, min(max(rejected, 0), pending[0]))
+
     def _sf_output(self, plan: StepPlan | None) -> SchedulerOutput:
         """vLLM's SchedulerOutput for the core's plan (None: an empty step)."""
         reqs: dict[Any, Any] = self.requests
@@ -396,10 +460,17 @@ class SyncScheduler(_VllmScheduler):
         new_blocks = self._sf_kv.new_blocks
         empty = kvm.empty_kv_cache_blocks
         admitted = {r.request_id for r, _ in self._sf_admitted}
+        spec_tokens: dict[Any, list[int]] = {}
         if plan is not None:
-            for rid in plan.decode_rids:
-                num_scheduled[rid] = 1
-                running.append(reqs[rid])
+            costs = plan.decode_tokens
+            for i, rid in enumerate(plan.decode_rids):
+                request = reqs[rid]
+                n = num_scheduled[rid] = 1 if costs is None else costs[i]
+                if n > 1:
+                    spec_tokens[rid] = list(request.spec_token_ids[:n - 1])
+                if request.spec_token_ids:
+                    request.spec_token_ids = []  # as vLLM: new drafts come with update_draft_token_ids
+                running.append(request)
                 to_new_blocks[rid] = new_blocks.get(rid, empty)
             for c in plan.prefills:
                 rid = c.rid
@@ -432,7 +503,7 @@ class SyncScheduler(_VllmScheduler):
                     r, to_new_blocks[r.request_id].get_block_ids(), uses_mrope=self.model_uses_mrope)
                 for r in new_reqs
             ]
-        cached = self._make_cached_request_data(running, resumed_reqs, num_scheduled, {}, to_new_blocks)
+        cached = self._make_cached_request_data(running, resumed_reqs, num_scheduled, spec_tokens, to_new_blocks)
         if not self.use_v2_model_runner:
             self.prev_step_scheduled_req_ids.clear()
             self.prev_step_scheduled_req_ids.update(num_scheduled)
@@ -446,6 +517,14 @@ class SyncScheduler(_VllmScheduler):
             block_state = KVConnectorBlockState(
                 req_ids=block_ids, resolve_block_ids=kvm.get_block_ids, boundary_state_offloads=offloads,
             )
+        # Speculative decoding, as vLLM: the drafters' K for the next step (dynamic K by batch size), and
+        # whether no request scheduled now can use the drafts proposed after this step.
+        num_spec = self.num_spec_tokens
+        if self.dynamic_sd_lookup is not None and num_scheduled:
+            num_spec = self.dynamic_sd_lookup[len(num_scheduled)]
+        skip_drafts = self.can_skip_drafts and all(
+            self._drafts_unused(reqs[rid], reqs[rid].num_computed_tokens, n) for rid, n in num_scheduled.items()
+        )
         copies, retained = kvm.take_kv_cache_block_copies()
         if copies:
             self._free_cow_retained_blocks(retained, self.sched_step_seq + 1)
@@ -454,7 +533,7 @@ class SyncScheduler(_VllmScheduler):
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total,
-            scheduled_spec_decode_tokens={},
+            scheduled_spec_decode_tokens=spec_tokens,
             scheduled_encoder_inputs={},
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
@@ -464,8 +543,8 @@ class SyncScheduler(_VllmScheduler):
             has_sync_kv_loads=self._sf_kv.has_sync_kv_loads,
             kv_cache_block_copies=copies or None,
             kv_connector_block_state=block_state,
-            num_spec_tokens_to_schedule=self.num_spec_tokens,
-            skip_drafts=False,
+            num_spec_tokens_to_schedule=num_spec,
+            skip_drafts=skip_drafts,
             ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
         )
         if self.connector is not None:
