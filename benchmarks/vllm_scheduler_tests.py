@@ -62,11 +62,15 @@ BY_DESIGN: dict[str, str] = {
     "test_long_prefill_threshold": "--long-prefill-token-threshold is T of the K/L/T rules, not a cap on every chunk",
     "test_schedule_order[False]": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
     "test_chunked_prefill_disabled": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
-    "test_schedule_prefills_gating": "prefill runs beside decodes every step (no prefill throttling)",
-    "test_throttle_": "prefill runs beside decodes every step (no prefill throttling)",
+    "test_throttle_prefills_defers_remote_kv_resume_with_local_prefill": _ASYNC_LOAD,
+    "test_throttle_prefills_excludes_fully_transferred_remote_kv": _ASYNC_LOAD,
     "test_schedule_concurrent_batches": "the synchronous class expects each step's output before the next "
     "schedule() (no pipeline parallelism)",
     "test_preempt_during_execution": "the synchronous class expects each step's output before the next schedule()",
+    "test_empty_schedule_does_not_advance_the_prefill_cadence": "the synchronous class expects each step's output "
+    "before the next schedule() (a decode in flight is scheduled again)",
+    "test_prefill_cadence_counts_executed_steps_not_schedule_calls": "the synchronous class expects each step's "
+    "output before the next schedule() (a decode in flight is scheduled again)",
     "test_grammar_compile_error_finishes_only_request": "structured outputs are refused per request",
     "test_pause_new_ignores_streaming_session": "streaming input sessions are refused per request",
     "test_resumable_request": "streaming input sessions are refused per request",
@@ -78,6 +82,7 @@ BY_DESIGN: dict[str, str] = {
     "test_external_prefix_cache_metrics[False-True]": _ASYNC_LOAD,
     "test_external_prefix_cache_metrics[True-True]": _ASYNC_LOAD,
     "test_kv_connector_handles_preemption[False-None-True-": _ASYNC_LOAD,
+    "test_kv_connector_handles_preemption[True-ec_consumer-True-": _ASYNC_LOAD,
     "test_kv_connector_records_external_cache_hit_sources[True]": _ASYNC_LOAD,
     "test_pause_new_drains_async_kv_loads": _ASYNC_LOAD,
     "test_async_load_reservation_prevents_wedge_e2e": _ASYNC_LOAD,
