@@ -127,13 +127,16 @@ class CheckerState:
             m = max(m - (start + m) % b, 0)
         return m
 
-    def _key(self, rid: Hashable) -> tuple[float, int]:
+    def _key(self, rid: Hashable) -> tuple[float, ...]:
         s = self.scheduler
         sh = self._reqs[rid]
-        if s.policy != "priority" or s.aging_interval is None:
-            return (sh.req.priority if s.policy == "priority" else 0, sh.order)
-        waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
-        return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
+        if s.policy != "priority":
+            return (0, sh.order)
+        prio = sh.req.priority
+        if s.aging_interval is not None:
+            waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
+            prio = prio - math.floor(waited / s.aging_interval)
+        return (prio, sh.req.arrival, sh.order) if s.config.priority_ties == "arrival" else (prio, sh.order)
 
     def _queue_order(self) -> list[Hashable]:
         return sorted(self._waiting, key=self._key)

@@ -106,7 +106,7 @@ class PrefillHost:
     def __init__(
         self, counts: _Counts, *, chunking: Chunking, kv: KVManager, waiting: WaitingQueue,
         live: Mapping[Hashable, LiveRequest], partials: list[LiveRequest], max_seqs: int, policy: str,
-        priority_key: Callable[[LiveRequest], tuple[float, int]],
+        priority_key: Callable[[LiveRequest], tuple[float, ...]],
         grow: Callable[[LiveRequest, int, int, list[LiveRequest]], bool],
         can_admit: Callable[[LiveRequest, int, Sequence[int]], bool],
         admit: Callable[[LiveRequest, int, Sequence[int], int], None],

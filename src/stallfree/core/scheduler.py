@@ -102,6 +102,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self.align_chunks = cfg.chunks_aligned
         self.aging_interval, self.clock = cfg.aging_interval, cfg.clock
         self.decode_overflow, self.num_spec_tokens = cfg.decode_overflow, cfg.num_spec_tokens
+        self.priority_ties = cfg.priority_ties
+        self._ties_by_arrival = cfg.priority_ties == "arrival"
         self._chunking, self.policy, self._selection = build_policies(
             cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens)
         k, lng, thr = cfg.partial_prefill_limits
@@ -166,13 +168,16 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
         return self._inflight is not None and obj not in self._skipped
 
-    def priority_key(self, obj: LiveRequest) -> tuple[float, int]:
-        """(effective priority, add order) of a live request; lower runs first under policy="priority"."""
+    def priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
+        """(effective priority, add order) of a live request, or (effective priority, arrival, add order)
+        with priority_ties="arrival"; lower runs first under policy="priority"."""
         prio = obj.req.priority
-        if self.aging_interval is None:
-            return (prio, obj.seq)
-        waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
-        return (prio - math.floor(waited / self.aging_interval), obj.seq)
+        if self.aging_interval is not None:
+            waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
+            prio = prio - math.floor(waited / self.aging_interval)
+        if self._ties_by_arrival:
+            return (prio, obj.req.arrival, obj.seq)
+        return (prio, obj.seq)
 
     # ------------------------------------------------------------------ the step
 

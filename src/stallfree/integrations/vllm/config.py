@@ -102,7 +102,8 @@ def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
     KV ones, which come from vLLM's KV cache manager).
 
     Returns:
-        token_budget, max_seqs, policy, aging_interval, clock, decode_overflow and the partial-prefill K, L, T.
+        token_budget, max_seqs, policy, priority_ties ("arrival", as vLLM), aging_interval, clock,
+        decode_overflow and the partial-prefill K, L, T.
         The core validates them (InvalidConfig naming the option) when the scheduler is built.
     """
     sc = vllm_config.scheduler_config
@@ -113,6 +114,8 @@ def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
         "max_seqs": max_seqs,
         "policy": str(sc.policy),
         "decode_overflow": options.decode_overflow,
+        # vLLM orders equal priorities by arrival_time (which a caller may set out of add order).
+        "priority_ties": "arrival",
     }
     if options.aging_interval is not None:
         kw["aging_interval"] = options.aging_interval
