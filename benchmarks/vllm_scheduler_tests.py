@@ -71,7 +71,6 @@ BY_DESIGN: dict[str, str] = {
     "before the next schedule() (a decode in flight is scheduled again)",
     "test_prefill_cadence_counts_executed_steps_not_schedule_calls": "the synchronous class expects each step's "
     "output before the next schedule() (a decode in flight is scheduled again)",
-    "test_grammar_compile_error_finishes_only_request": "structured outputs are refused per request",
     "test_pause_new_ignores_streaming_session": "streaming input sessions are refused per request",
     "test_resumable_request": "streaming input sessions are refused per request",
     "test_fcfs_mixed_blocked_types": "requests blocked on remote KV loads or grammars (connectors and structured "

@@ -339,3 +339,34 @@ def test_another_vllm_version_is_refused_with_both_versions_named():
     assert check_vllm("0.33.4") == "0.33.4"
     with pytest.raises(VLLMVersionError, match=r"supports vLLM 0\.33\.x, but vLLM 0\.34\.0 is installed"):
         check_vllm("0.34.0")
+
+
+def test_a_structured_output_grammar_that_fails_finishes_only_its_request():
+    """A request whose grammar does not compile is held (nothing runs in its step), finished with vLLM's
+    validation error at the next update_from_output, and the request behind it then runs."""
+    from unittest.mock import Mock
+
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request as VllmRequest
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    manager = s.structured_output_manager
+    manager.backend = Mock()
+    manager.backend_name = "xgrammar"
+    manager.backend.compile_grammar.side_effect = RuntimeError("no such grammar")
+    manager._use_async_grammar_compilation = False
+    so = StructuredOutputsParams(json='{"type": "object"}')
+    so._backend = "xgrammar"
+    params = SamplingParams(max_tokens=4, structured_outputs=so)
+    params.update_from_generation_config({}, harness.EOS)
+    bad = VllmRequest(request_id="g", prompt_token_ids=[5, 6, 7], sampling_params=params, pooling_params=None)
+    manager.grammar_init(bad)
+    s.add_request(bad)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    s.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    assert bad.status == RequestStatus.FINISHED_ERROR and not s.stallfree.has_unfinished()
+    s.add_request(harness.make_request("b", 8, 1))
+    assert s.schedule().num_scheduled_tokens == {"b": 8}

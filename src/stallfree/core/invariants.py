@@ -247,10 +247,11 @@ class InvariantChecker(CheckerState):
             self._fail("admitted / preempted", f"got {plan.admitted} / {plan.preempted}, expected "
                        f"{tuple(admitted)} / {expected_victims}")
         caps = self._caps
-        for c in plan.prefills if caps is not None else ():
-            allowed = [m for (rid, start, _n), m in caps.items() if rid == c.rid and start == c.start]
-            if not allowed or c.num_tokens > max(allowed):
-                self._fail("chunk within its cap", f"{c}, chunk_cap answered {allowed}")
+        if caps is not None:
+            for c in plan.prefills:
+                allowed = [m for (rid, start, _n), m in caps.items() if rid == c.rid and start == c.start]
+                if not allowed or c.num_tokens > max(allowed):
+                    self._fail("chunk within its cap", f"{c}, chunk_cap answered {allowed}")
         b = s.block_size if s.align_chunks else None
         for c in plan.prefills:
             if b and not c.is_last and (c.start + c.num_tokens) % b:

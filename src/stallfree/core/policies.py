@@ -32,10 +32,7 @@ __all__ = [
 
 
 class Chunking(Protocol):
-    """How prompt chunks are cut (the KV policies in core/kv.py count the KV); `block_size`: the
-    alignment of non-final chunks in tokens, None when chunks are exact."""
-
-    block_size: int | None
+    """How prompt chunks are cut (the KV policies in core/kv.py count the KV)."""
 
     def chunk(self, rest: int, left: int) -> int: ...
 

@@ -138,7 +138,7 @@ class PrefillHost:
             raise SchedulerStateError(
                 f"chunk_cap({rec.rid!r}, start={start}, n={n}) returned {m!r}; it must be an integer from 0 to {n}"
             )
-        b = self.chunking.block_size
+        b = getattr(self.chunking, "block_size", None)  # BlockAlignedChunks' alignment
         if b and m < n:
             m = max(m - (start + m) % b, 0)
         return m

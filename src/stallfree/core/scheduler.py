@@ -419,8 +419,10 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             queue = self._waiting
             if self._front_seq < -1:
                 lead = list(victims)
-                while len(queue) and queue.head().seq < 0:
+                head = queue.head()
+                while head is not None and head.seq < 0:
                     lead.append(queue.pop_head())
+                    head = queue.head()
                 queue.push_front(sorted(lead, key=_by_seq))
                 return
             queue.push_front(sorted(victims, key=_by_seq))

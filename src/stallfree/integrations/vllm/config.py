@@ -168,11 +168,9 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
 
 def refused_request_features(request: Any) -> list[str]:
     """The per-request features of a vLLM Request that the adapter does not support; empty when none. Such a
-    request is finished with an error naming them, never scheduled. (Multimodal inputs are supported: their
-    chunks are capped by vLLM's encoder rules.)"""
+    request is finished with an error naming them, never scheduled. (Multimodal inputs and structured outputs
+    are supported: see the scheduler's chunk cap.)"""
     out = []
-    if getattr(request, "use_structured_output", False):
-        out.append("structured outputs (grammars, JSON schemas, regexes)")
     if getattr(request, "lora_request", None) is not None:
         out.append("LoRA adapters")
     if getattr(request, "pooling_params", None) is not None:

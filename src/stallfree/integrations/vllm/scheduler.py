@@ -89,8 +89,10 @@ class SyncScheduler(_VllmScheduler):
         self._sf_admitted: list[tuple[VllmRequest, bool]] = []
         self._sf_orphans: dict[str, VllmRequest] = {}
         self._sf_time = 0.0
-        #: Live requests with multimodal inputs (their chunks are capped by vLLM's encoder rules).
+        #: Live requests with multimodal inputs (their chunks are capped by vLLM's encoder rules), and those
+        #: waiting for their structured-output grammar (held until it is compiled).
         self._sf_mm: set[str] = set()
+        self._sf_fsm: set[str] = set()
         #: The step's encoder compute budget left, and the encoder inputs scheduled per request.
         self._sf_enc_budget = 0
         self._sf_enc_inputs: dict[str, list[int]] = {}
@@ -104,8 +106,8 @@ class SyncScheduler(_VllmScheduler):
 
     def add_request(self, request: VllmRequest) -> None:
         """vLLM's add_request, and the request is queued in the core; one with a feature the adapter does not
-        support (structured outputs, LoRA, pooling, streaming input, KV transfer), or that
-        can never fit in the KV cache, is finished with an error naming why at the next update_from_output."""
+        support (LoRA, pooling, streaming input, KV transfer), or that can never fit in the KV cache, is
+        finished with an error naming why at the next update_from_output."""
         known = request.request_id in self.requests
         super().add_request(request)
         if known:
@@ -133,6 +135,8 @@ class SyncScheduler(_VllmScheduler):
         ), front=front)
         if request.has_encoder_inputs:
             self._sf_mm.add(request.request_id)
+        if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            self._sf_fsm.add(request.request_id)
 
     def _free_request(self, request: VllmRequest, delay_free_blocks: bool = False) -> Any:
         """vLLM finished the request (a stop, max_tokens, an abort, an error): vLLM frees it, the core forgets it."""
@@ -162,6 +166,7 @@ class SyncScheduler(_VllmScheduler):
 
     def _sf_forget(self, rid: str) -> None:
         self._sf_mm.discard(rid)
+        self._sf_fsm.discard(rid)
         try:
             self.stallfree.abort(rid)
         except KeyError:  # finished in the core already (max_tokens), or never queued there (refused)
@@ -216,14 +221,21 @@ class SyncScheduler(_VllmScheduler):
             return 0
         return sum(request.get_num_encoder_embeds(i) for i in pending[1])
 
-    def _sf_chunk_cap(self, rid: str, start: int, n: int) -> int:
+    def _sf_chunk_cap(self, rid: Any, start: int, n: int) -> int:
         """The core's chunk cap (schedule(chunk_cap=...)): the tokens a prompt chunk of `n` tokens from token
-        `start` may take under vLLM's own rules for a request with multimodal inputs: an encoder input still
-        in transit through the encoder-cache connector holds it (0); vLLM's `_try_schedule_encoder_inputs`
-        stops it before an input whose encoder output does not fit the step's encoder budget or the encoder
-        cache; `_reserve_prefill_lookahead` keeps a drafter's look-ahead out of its end. With Mamba's "align"
-        cache mode, `_mamba_block_aligned_split` first ends the chunk where a Mamba state is cached."""
+        `start` may take under vLLM's own rules. A request whose structured-output grammar is still compiling
+        is held (0; vLLM's `_handle_blocked_waiting_request`). Under Mamba's "align" cache mode,
+        `_mamba_block_aligned_split` ends the chunk where a Mamba state is cached. Then, for a request with
+        multimodal inputs: an encoder input still in transit through the encoder-cache connector holds it
+        (0); vLLM's `_try_schedule_encoder_inputs` stops it before an input whose encoder output does not fit
+        the step's encoder budget or the encoder cache; `_reserve_prefill_lookahead` keeps a drafter's
+        look-ahead out of its end."""
         request = self.requests[rid]
+        if rid in self._sf_fsm:
+            # vLLM's check of a grammar still compiling (a failed one is finished with its error).
+            if not self._handle_blocked_waiting_request(request):
+                return 0
+            self._sf_fsm.discard(rid)
         if self.need_mamba_block_aligned_split:
             # Before the encoder caps, as vLLM: the chunk ends where a Mamba state is cached.
             n = self._mamba_block_aligned_split(request, n, start - request.num_computed_tokens)
@@ -240,7 +252,7 @@ class SyncScheduler(_VllmScheduler):
         m = self._reserve_prefill_lookahead(request, start, m)
         if m and (inputs or external or duplicates):
             self._sf_enc_pending = (rid, inputs, external, duplicates, budget_left)
-        return m
+        return int(m)
 
     def _stallfree_preempted(self, request: VllmRequest) -> None:
         """The core preempted a running request: vLLM's preemption path (frees its blocks, resets its
@@ -284,7 +296,7 @@ class SyncScheduler(_VllmScheduler):
             # blocks then, and none waits holding blocks without a KV connector). A deferred prefill: only
             # the decodes run.
             cap = _no_chunk if defer else (
-                self._sf_chunk_cap if self._sf_mm or self.need_mamba_block_aligned_split else None)
+                self._sf_chunk_cap if self._sf_mm or self._sf_fsm or self.need_mamba_block_aligned_split else None)
             try:
                 plan = core.schedule(admit=self._pause_state == PauseState.UNPAUSED and not defer, chunk_cap=cap)
             finally:
