@@ -43,16 +43,8 @@ _LAST_TOKEN = (
 
 #: Tests of vLLM's that fail with our class by design: a name prefix -> the reason (docs/vllm.md).
 BY_DESIGN: dict[str, str] = {
-    "test_priority_scheduling_arrival_time_tiebreaker": "priority ties are broken by add order, not arrival_time",
-    "test_priority_scheduling_mixed_priority_and_arrival": "priority ties are broken by add order, not arrival_time",
-    "test_priority_scheduling_fcfs_fallback": "priority ties are broken by add order, not arrival_time",
     "test_priority_scheduling_preemption": "an older running request is never preempted, even of lower priority",
-    "test_priority_scheduling_equal_priority_preemption": "the victim is the newest admitted, not the latest "
-    "arrival_time",
-    "test_priority_scheduling_no_preemption_when_space_available": "priority ties are broken by add order",
-    "test_priority_scheduling_waiting_queue_order": "priority ties are broken by add order, not arrival_time",
     "test_priority_scheduling_with_limited_slots": "an older running request is never preempted",
-    "test_priority_scheduling_heap_property": "priority ties are broken by add order, not arrival_time",
     "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": "an older running request is never "
     "preempted",
     "test_priority_preemption": "an older running request is never preempted",
@@ -73,8 +65,8 @@ BY_DESIGN: dict[str, str] = {
     "output before the next schedule() (a decode in flight is scheduled again)",
     "test_pause_new_ignores_streaming_session": "streaming input sessions are refused per request",
     "test_resumable_request": "streaming input sessions are refused per request",
-    "test_fcfs_mixed_blocked_types": "requests blocked on remote KV loads or grammars (connectors and structured "
-    "outputs, both refused) are not modelled",
+    "test_fcfs_mixed_blocked_types": "a request blocked at the head (a remote KV load, a grammar) is not passed: "
+    "admission is strictly in queue order (and asynchronous KV loads are not awaited)",
     "test_pending_hisparse_reclamation": "a KV connector's pending block frees are not waited for: when vLLM has "
     "no block the core preempts by its victim rule",
     "test_kv_connector_basic[True]": _ASYNC_LOAD,

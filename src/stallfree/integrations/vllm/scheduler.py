@@ -303,7 +303,7 @@ class SyncScheduler(_VllmScheduler):
                 kv.in_schedule = False
                 self._sf_enc_pending = None
         out = self._sf_output(plan)
-        if not defer:
+        if not defer and self._pause_state != PauseState.PAUSED_ALL:
             self._sf_after_prefills(plan)
         self._update_after_schedule(out)
         if plan is not None:
