@@ -78,6 +78,7 @@ BY_DESIGN: dict[str, str] = {
     "test_pause_new_drains_async_kv_loads": _ASYNC_LOAD,
     "test_async_load_reservation_prevents_wedge_e2e": _ASYNC_LOAD,
     "test_prepend_skipped_requests_order": _ASYNC_LOAD,
+    "test_remote_kv_promotion_drains_before_grammar_prefix": _ASYNC_LOAD,
     "test_kv_pressure_preempt_mid_handoff[kv_producer-False]": _LAST_TOKEN,
     "test_kv_pressure_preempt_mid_handoff[kv_consumer-False]": _LAST_TOKEN,
 }
