@@ -235,11 +235,14 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
         prefills: list[ScheduledChunk] = []
         host = self._host
-        host.admitting, host.chunk_cap = admit, chunk_cap
-        try:
+        if admit and chunk_cap is None:
             admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
-        finally:
-            host.admitting, host.chunk_cap = True, None
+        else:
+            host.admitting, host.chunk_cap = admit, chunk_cap
+            try:
+                admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
+            finally:
+                host.admitting, host.chunk_cap = True, None
         if victims:
             self._requeue(victims)
         dec = self._decodes
