@@ -64,9 +64,9 @@ class SyncScheduler(_VllmScheduler):
 
     Raises:
         InvalidConfig: at construction, a vLLM feature the adapter does not support is on (speculative
-            decoding, LoRA, encoder-decoder, pooling or diffusion models, hybrid or Mamba KV cache groups,
-            sliding-window attention, pipeline or context parallelism, the adaptive long-prefill threshold;
-            the message names each), or a stallfree option is out of range (named).
+            decoding, LoRA, encoder-decoder, pooling or diffusion models, pipeline or context parallelism,
+            the adaptive long-prefill threshold; the message names each), or a stallfree option is out of
+            range (named). Any KV cache groups are accepted (vLLM's KV cache manager keeps them).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -208,10 +208,7 @@ class SyncScheduler(_VllmScheduler):
         if inputs:
             self._sf_enc_inputs.setdefault(rid, []).extend(inputs)
             self._sf_enc_budget = budget_left
-        if inputs or external:
-            self._allocate_encoder_inputs(request, inputs + external, duplicates)
-        elif duplicates:
-            self._allocate_encoder_inputs(request, [], duplicates)
+        self._allocate_encoder_inputs(request, inputs + external, duplicates)
 
     def _stallfree_encoder_tokens(self, request: VllmRequest) -> int:
         """An encoder-decoder model's encoder tokens for the cross-attention blocks of `request`'s admission:
