@@ -39,16 +39,8 @@ _LAST_TOKEN = (
 
 #: Tests of vLLM's that fail with our class by design: a name prefix -> the reason (docs/vllm.md).
 BY_DESIGN: dict[str, str] = {
-    "test_priority_scheduling_arrival_time_tiebreaker": "priority ties are broken by add order, not arrival_time",
-    "test_priority_scheduling_mixed_priority_and_arrival": "priority ties are broken by add order, not arrival_time",
-    "test_priority_scheduling_fcfs_fallback": "priority ties are broken by add order, not arrival_time",
     "test_priority_scheduling_preemption": "an older running request is never preempted, even of lower priority",
-    "test_priority_scheduling_equal_priority_preemption": "the victim is the newest admitted, not the latest "
-    "arrival_time",
-    "test_priority_scheduling_no_preemption_when_space_available": "priority ties are broken by add order",
-    "test_priority_scheduling_waiting_queue_order": "priority ties are broken by add order, not arrival_time",
     "test_priority_scheduling_with_limited_slots": "an older running request is never preempted",
-    "test_priority_scheduling_heap_property": "priority ties are broken by add order, not arrival_time",
     "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": "an older running request is never "
     "preempted",
     "test_priority_preemption": "an older running request is never preempted",
@@ -58,16 +50,17 @@ BY_DESIGN: dict[str, str] = {
     "test_long_prefill_threshold": "--long-prefill-token-threshold is T of the K/L/T rules, not a cap on every chunk",
     "test_schedule_order[False]": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
     "test_chunked_prefill_disabled": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
-    "test_schedule_prefills_gating": "prefill runs beside decodes every step (no prefill throttling)",
-    "test_throttle_": "prefill runs beside decodes every step (no prefill throttling)",
     "test_schedule_concurrent_batches": "the synchronous class expects each step's output before the next "
     "schedule() (no pipeline parallelism)",
     "test_preempt_during_execution": "the synchronous class expects each step's output before the next schedule()",
-    "test_grammar_compile_error_finishes_only_request": "structured outputs are refused per request",
+    "test_empty_schedule_does_not_advance_the_prefill_cadence": "the synchronous class expects each step's output "
+    "before the next schedule() (a decode in flight is scheduled again)",
+    "test_prefill_cadence_counts_executed_steps_not_schedule_calls": "the synchronous class expects each step's "
+    "output before the next schedule() (a decode in flight is scheduled again)",
     "test_pause_new_ignores_streaming_session": "streaming input sessions are refused per request",
     "test_resumable_request": "streaming input sessions are refused per request",
-    "test_fcfs_mixed_blocked_types": "requests blocked on remote KV loads or grammars (connectors and structured "
-    "outputs, both refused) are not modelled",
+    "test_fcfs_mixed_blocked_types": "a request blocked at the head (a remote KV load, a grammar) is not passed: "
+    "admission is strictly in queue order (and asynchronous KV loads are not awaited)",
     "test_pending_hisparse_reclamation": "a KV connector's pending block frees are not waited for: when vLLM has "
     "no block the core preempts by its victim rule (a decode never skips a step it fits in)",
     "test_kv_pressure_preempt_mid_handoff[kv_producer-False]": _LAST_TOKEN,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,47 @@ def test_randomized_simulations_for_every_option_combination(options):
 def test_randomized_simulations_for_every_option_combination_quick(options):
     """One seeded simulation of 15 requests per combination keeps every invariant and option rule."""
     RandomWorkload(0, num_requests=15, options=options, vary_budget=True).run()
+
+
+# ---------------------------------------------------------------- priority ties
+
+
+def test_priority_ties_by_arrival_order_equal_priorities_by_arrival_time():
+    """priority_ties="arrival": four requests of priority 1 added with arrivals 4, 1, 3, 2 s are admitted by
+    arrival (rids 1, 3, 2, 0); a more urgent one (priority 0) still goes first; by add order they run 0..3."""
+    def admitted(ties):
+        chk = InvariantChecker(make_scheduler(token_budget=4, max_seqs=8, policy="priority", priority_ties=ties))
+        for rid, t in enumerate([4.0, 1.0, 3.0, 2.0]):
+            chk.add(Request(rid, 1, 1, priority=1, arrival=t))
+        chk.add(Request(9, 1, 1, priority=0, arrival=9.0))
+        plan = chk.schedule()
+        chk.complete(plan)
+        return plan.admitted
+    assert admitted("arrival") == (9, 1, 3, 2)
+    assert admitted("add") == (9, 0, 1, 2)
+
+
+def test_priority_ties_bad_value_is_refused():
+    with pytest.raises(InvalidConfig, match="priority_ties must be 'add' or 'arrival', got 'time'"):
+        make_scheduler(policy="priority", priority_ties="time")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_priority_ties_by_arrival_keep_every_invariant(seed):
+    """Seeded random arrivals out of add order, paged KV with preemptions, aging on and off: the checker works
+    out each plan (its queue ordered by (effective priority, arrival, add order))."""
+    rng = random.Random(seed)
+    aging = rng.choice([None, 3])
+    s = Scheduler(token_budget=rng.choice([8, 32]), max_seqs=4, kv_tokens=160, kv_policy="paged", block_size=8,
+                  policy="priority", priority_ties="arrival", aging_interval=aging)
+    chk = InvariantChecker(s)
+    reqs = [Request(i, rng.randint(1, 60), rng.randint(1, 20), priority=rng.randint(0, 2),
+                    arrival=float(rng.randint(0, 5))) for i in range(30)]
+    arrive = sorted(rng.randint(0, 40) for _ in reqs)
+    i = 0
+    while i < len(reqs) or s.has_unfinished():
+        while i < len(reqs) and arrive[i] <= s.step:
+            chk.add(reqs[i])
+            i += 1
+        chk.complete(chk.schedule())
+    chk.check_final()

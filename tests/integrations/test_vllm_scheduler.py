@@ -443,21 +443,116 @@ def test_paused_new_runs_the_running_and_admits_no_new_request():
 
 
 def test_unsupported_features_are_refused_by_name():
-    """Each unsupported feature is named in the refusal, with the flag that turns it on."""
+    """Each unsupported feature is named in the refusal, with the flag that turns it on; multimodal models,
+    encoder-cache connectors, hybrid KV cache groups and a prefill schedule interval are not refused."""
     group = SimpleNamespace(kv_cache_spec=SimpleNamespace())
     config = SimpleNamespace(
-        speculative_config=object(), lora_config=object(), kv_transfer_config=object(), ec_transfer_config=None,
+        speculative_config=object(), lora_config=object(), kv_transfer_config=object(), ec_transfer_config=object(),
         model_config=SimpleNamespace(is_multimodal_model=True, is_encoder_decoder=False, runner_type="generate"),
-        scheduler_config=SimpleNamespace(prefill_schedule_interval=1),
+        scheduler_config=SimpleNamespace(prefill_schedule_interval=4),
         parallel_config=SimpleNamespace(pipeline_parallel_size=2),
     )
     got = refused_features(config, SimpleNamespace(kv_cache_groups=[group, group], has_mamba_layers=True))
     assert got == [
-        "multimodal models (a text-only decoder model is supported)",
         "LoRA adapters (--enable-lora)",
-        "hybrid or Mamba models (2 KV cache groups, one full-attention group is supported)",
         "pipeline parallelism (--pipeline-parallel-size > 1)",
     ]
+
+
+def _with_encoder(s, budget: int, cache: int):
+    """Give a text model's scheduler an encoder compute budget and an encoder cache of that many embeddings."""
+    from vllm.v1.core.encoder_cache_manager import EncoderCacheManager
+
+    s.max_num_encoder_input_tokens = budget
+    s.encoder_cache_manager = EncoderCacheManager(cache_size=cache)
+    return s
+
+
+def test_a_chunk_stops_before_an_image_over_the_encoder_budget():
+    """Budget 900 tokens and 900 encoder embeddings: a (1,220 tokens) has images at 10 (600) and 610 (600). Its
+    first chunk would be 900 tokens, but only image 0 fits the encoder budget, so it stops at 610, before
+    image 1, and keeps the rest of the budget (b waits, the K = 1 contract). Next step image 1 is encoded
+    (image 0's output was freed) with a's last 610 tokens, and b's 50 run in the 290 left."""
+    s = _with_encoder(harness.make_scheduler(sv.SyncScheduler, max_num_batched_tokens=900, max_model_len=2048),
+                      900, 900)
+    a = harness.make_request("a", 1220, 1, images=[(10, 600), (610, 600)])
+    b = harness.make_request("b", 50, 1)
+    s.add_request(a)
+    s.add_request(b)
+    encoded = []
+    tokens = []
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        tokens.append(dict(out.num_scheduled_tokens))
+        encoded.append(dict(out.scheduled_encoder_inputs))
+        s.update_from_output(out, harness.fake_model_output(out, s.requests))
+    assert tokens == [{"a": 610}, {"a": 610, "b": 50}]
+    assert encoded == [{"a": [0]}, {"a": [1]}]
+    assert s.encoder_cache_manager.num_freeable_slots == 900
+
+
+def test_an_image_the_encoder_cache_cannot_hold_yet_holds_the_chunk():
+    """An encoder cache of 600: a's image (600) is cached while a decodes; b's image (600) at token 20 does not
+    fit, so b's first chunk is the 20 tokens before it, and the image runs once a finishes and frees it."""
+    s = _with_encoder(harness.make_scheduler(sv.SyncScheduler, max_num_batched_tokens=2048, max_model_len=2048),
+                      2048, 600)
+    a = harness.make_request("a", 700, 3, images=[(50, 600)])
+    s.add_request(a)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 700} and out.scheduled_encoder_inputs == {"a": [0]}
+    s.update_from_output(out, harness.fake_model_output(out, s.requests))
+    # a's image is freed once its tokens are computed, so it is only freeable: b's image evicts it.
+    b = harness.make_request("b", 640, 1, images=[(20, 600)])
+    s.add_request(b)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 1, "b": 640} and out.scheduled_encoder_inputs == {"b": [0]}
+
+
+def test_prefill_schedule_interval_holds_prefill_between_bursts():
+    """--prefill-schedule-interval 2: d's prefill is executed step 1; at step 2 (1 step since) p's prefill is
+    held and d decodes alone; at step 3 p runs beside d's decode."""
+    s = harness.make_scheduler(sv.SyncScheduler, max_num_batched_tokens=64, max_model_len=256,
+                               prefill_schedule_interval=2)
+    records = harness.run_workload(s, {0: [harness.make_request("d", 4, 6)], 1: [harness.make_request("p", 20, 1)]})
+    assert [r.tokens for r in records[:4]] == [{"d": 4}, {"d": 1}, {"d": 1, "p": 20}, {"d": 1}]
+    assert s.last_prefill_step == 3
+
+
+def test_pause_new_admits_nothing_and_running_requests_go_on():
+    """PAUSED_NEW: the decode runs, the waiting request is admitted only once unpaused."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    s.add_request(harness.make_request("d", 4, 6))
+    out = s.schedule()
+    s.update_from_output(out, harness.fake_model_output(out, s.requests))
+    s.add_request(harness.make_request("p", 8, 1))
+    s.set_pause_state(PauseState.PAUSED_NEW)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"d": 1}
+    s.update_from_output(out, harness.fake_model_output(out, s.requests))
+    s.set_pause_state(PauseState.UNPAUSED)
+    assert s.schedule().num_scheduled_tokens == {"d": 1, "p": 8}
+
+
+def test_a_hybrid_model_with_a_sliding_window_group_plans_as_one_group():
+    """Two KV cache groups (full attention and a 32-token sliding window) with blocks to spare: the plans of
+    seeded workloads are those of one group (vLLM's manager keeps each group's blocks), and every block is
+    back in the pool at the end."""
+    for seed in range(3):
+        settings, reqs = _workload(seed)
+        arrivals: dict[int, list] = {}
+        plans = []
+        for window in (None, 32):
+            s = harness.make_scheduler(sv.SyncScheduler, num_blocks=10_000, max_model_len=2048,
+                                       sliding_window=window, **settings)
+            arrivals = {}
+            for step, rid, p, m, _, prio in sorted(reqs):
+                arrivals.setdefault(step, []).append(harness.make_request(rid, p, m, priority=prio, arrival=0.0))
+            stops = {rid: stop for _, rid, _, _, stop, _ in reqs if stop is not None}
+            plans.append([r.tokens for r in harness.run_workload(s, arrivals, stops)])
+            assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 10_000 - 1
+        assert plans[0] == plans[1], f"seed {seed}"
 
 
 def test_stallfree_options_from_additional_config():
@@ -594,3 +689,34 @@ def test_draft_slots_come_out_of_the_step_budget(cls):
     for rid in ("a", "b"):
         s.add_request(harness.make_request(rid, 10, 5))
     assert s.schedule().num_scheduled_tokens == {"a": 10, "b": 6}
+
+
+def test_a_structured_output_grammar_that_fails_finishes_only_its_request():
+    """A request whose grammar does not compile is held (nothing runs in its step), finished with vLLM's
+    validation error at the next update_from_output, and the request behind it then runs."""
+    from unittest.mock import Mock
+
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request as VllmRequest
+    from vllm.v1.request import RequestStatus
+
+    s = harness.make_scheduler(sv.SyncScheduler, max_model_len=256)
+    manager = s.structured_output_manager
+    manager.backend = Mock()
+    manager.backend_name = "xgrammar"
+    manager.backend.compile_grammar.side_effect = RuntimeError("no such grammar")
+    manager._use_async_grammar_compilation = False
+    so = StructuredOutputsParams(json='{"type": "object"}')
+    so._backend = "xgrammar"
+    params = SamplingParams(max_tokens=4, structured_outputs=so)
+    params.update_from_generation_config({}, harness.EOS)
+    bad = VllmRequest(request_id="g", prompt_token_ids=[5, 6, 7], sampling_params=params, pooling_params=None)
+    manager.grammar_init(bad)
+    s.add_request(bad)
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {}
+    s.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    assert bad.status == RequestStatus.FINISHED_ERROR and not s.stallfree.has_unfinished()
+    s.add_request(harness.make_request("b", 8, 1))
+    assert s.schedule().num_scheduled_tokens == {"b": 8}

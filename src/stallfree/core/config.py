@@ -53,6 +53,9 @@ class SchedulerConfig:
             block_size (which also reserves whole blocks), off for "paged". True needs a block_size.
         policy: "fcfs" or "priority": admission, overflowing decodes and victims ordered by (effective
             priority, arrival), effective = priority - floor(waited / aging_interval).
+        priority_ties: "priority": how requests of equal effective priority are ordered: "add" (add()
+            order) or "arrival" (Request.arrival, seconds, then add order; for an engine whose requests
+            are added out of arrival order, as vLLM's). The same order wherever arrivals follow add().
         aging_interval: "priority": steps (or seconds, with `clock`) of waiting that raise a request's
             priority by one; None: no aging. A number > 0.
         clock: "priority": a callable returning seconds, read once per step, for aging in seconds.
@@ -89,6 +92,7 @@ class SchedulerConfig:
     max_num_partial_prefills: int = 1
     max_long_partial_prefills: int | None = None
     long_prefill_token_threshold: int | None = None
+    priority_ties: str = "add"
 
     def __post_init__(self) -> None:
         check_positive_int("token_budget", self.token_budget)
@@ -100,6 +104,8 @@ class SchedulerConfig:
         build_policies(chunk, self.policy, self.aging_interval, self.clock, self.decode_overflow, self.num_spec_tokens)
         check_partial_prefills(
             self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold, chunk)
+        if self.priority_ties not in ("add", "arrival"):
+            raise InvalidConfig(f"priority_ties must be 'add' or 'arrival', got {self.priority_ties!r}")
         bs = self.block_size
         if bs is not None and (self.kv_tokens < bs or (aligned and self.token_budget < bs)):
             raise InvalidConfig(

@@ -26,7 +26,7 @@ blocks and victims, chunks, admissions), and these steps share its state.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from stallfree.core.invariants_cache import CacheRules, block_table
@@ -101,13 +101,21 @@ class InvariantChecker(CheckerState):
 
     # ------------------------------------------------------------------ forwarded calls
 
-    def add(self, req: Request) -> None:
-        """Forward add(); on success, append the request to the shadow queue."""
-        self.scheduler.add(req)
-        self._reqs[req.rid] = _Shadow(
-            req, self.num_requests, self.scheduler.step, target=req.prompt_len, limit=req.max_new
-        )
-        self._waiting.append(req.rid)
+    def add(self, req: Request, *, front: bool = False) -> None:
+        """Forward add(); on success, queue the request in the shadow (front=True: at the head, with an add
+        order counting down from -1, so that it sorts before every request queued so far)."""
+        if front is False:
+            self.scheduler.add(req)
+            order = self.num_requests
+        else:
+            self.scheduler.add(req, front=front)
+            order = self._front_order
+            self._front_order -= 1
+        self._reqs[req.rid] = _Shadow(req, order, self.scheduler.step, target=req.prompt_len, limit=req.max_new)
+        if front:
+            self._waiting.insert(0, req.rid)
+        else:
+            self._waiting.append(req.rid)
         self.num_requests += 1
 
     def stop_after(self, rid: Hashable, num_tokens: int) -> None:
@@ -168,12 +176,31 @@ class InvariantChecker(CheckerState):
         self._end(rid)
         self._check_state(scheduled=self._plan)
 
-    def schedule(self, token_budget: int | None = None) -> StepPlan:
-        """Forward schedule() and compare the plan with the shadow's own."""
+    def schedule(
+        self, token_budget: int | None = None, *, admit: bool = True,
+        chunk_cap: Callable[[Hashable, int, int], int] | None = None,
+    ) -> StepPlan:
+        """Forward schedule() and compare the plan with the shadow's own; the chunk cap's answers are
+        recorded on the way, and every chunk must have been offered to it and stay within its answer."""
         s = self.scheduler
         if self._caching:
             CacheRules.snapshot(self)
-        plan = s.schedule() if token_budget is None else s.schedule(token_budget)
+        caps: dict[tuple[Hashable, int, int], int] | None = None
+        if admit is True and chunk_cap is None:
+            plan = s.schedule() if token_budget is None else s.schedule(token_budget)
+        else:
+            cap = chunk_cap
+            if callable(chunk_cap):
+                caps = {}
+                user = chunk_cap
+
+                def cap(rid: Hashable, start: int, n: int) -> int:
+                    m = user(rid, start, n)
+                    caps[(rid, start, n)] = m
+                    return m
+
+            plan = s.schedule(token_budget, admit=admit, chunk_cap=cap)
+        self._admitting, self._caps = admit, caps
         self._plan = plan
         self._check_plan(plan)
         self._check_state(scheduled=plan)
@@ -259,7 +286,7 @@ class InvariantChecker(CheckerState):
             chunks, admitted = MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
             chunks, left, free = self._partial_chunk(left, free, victims)
-            admitted = self._admissions(left, free, chunks) if not victims else []
+            admitted = self._admissions(left, free, chunks) if not victims and self._admitting else []
         if victims:
             self._waiting.extend(victims)
         got = [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills]
@@ -271,6 +298,12 @@ class InvariantChecker(CheckerState):
         if plan.admitted != tuple(admitted) or plan.preempted != expected_victims:
             self._fail("admitted / preempted", f"got {plan.admitted} / {plan.preempted}, expected "
                        f"{tuple(admitted)} / {expected_victims}")
+        caps = self._caps
+        if caps is not None:
+            for c in plan.prefills:
+                allowed = [m for (rid, start, _n), m in caps.items() if rid == c.rid and start == c.start]
+                if not allowed or c.num_tokens > max(allowed):
+                    self._fail("chunk within its cap", f"{c}, chunk_cap answered {allowed}")
         b = s.block_size if s.align_chunks else None
         for c in plan.prefills:
             if b and not c.is_last and (c.start + c.num_tokens) % b:
@@ -378,6 +411,8 @@ class InvariantChecker(CheckerState):
         sh = self._reqs[rid]
         rest = sh.target - sh.prefilled
         n = self._chunk(rest, left)
+        if n:
+            n = self._capped(rid, sh.prefilled, n)
         if n and self._paged:
             need = self._blocks(sh.prefilled + n) - sh.blocks
             if need > free:
@@ -405,6 +440,9 @@ class InvariantChecker(CheckerState):
             start = h * (s.block_size or 1)
             n = self._chunk(sh.target - start, left)
             if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
+                break
+            n = self._capped(rid, start, n)
+            if n == 0:
                 break
             fits, free, reserved = self._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
             if not fits:

@@ -45,6 +45,8 @@ class MultiRules:
                 continue
             rest = sh.target - sh.prefilled
             n = chk._chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
+            if n:
+                n = chk._capped(rid, sh.prefilled, n)
             if n and chk._paged:
                 need = chk._blocks(sh.prefilled + n) - sh.blocks
                 while need > free:
@@ -70,7 +72,9 @@ class MultiRules:
                 num_long += rest > thr
         if victims:
             return [tuple(r) for r in rows if reqs[r[0]].running], []
-        admitted, left, free = MultiRules.admissions(chk, left, free, rows, num_partial, num_long)
+        admitted: list[Hashable] = []
+        if chk._admitting:
+            admitted, left, free = MultiRules.admissions(chk, left, free, rows, num_partial, num_long)
         for row in rows:  # the budget left goes back to the unfinished chunks, in order
             if left <= 0:
                 break
@@ -82,6 +86,8 @@ class MultiRules:
             end = row[2] + row[1]
             rest = sh.target - end
             n = chk._chunk(rest, left)
+            if n and chk._caps is not None:
+                n = max(chk._capped(row[0], row[2], row[1] + n) - row[1], 0)
             if n == 0:
                 break
             if chk._paged:
@@ -122,6 +128,8 @@ class MultiRules:
             if is_long and num_long >= s.max_long_partial_prefills:
                 continue
             n = chk._chunk(rest, min(left, thr) if is_long else left)
+            if n:
+                n = chk._capped(rid, start, n)
             last = n == rest
             if n == 0 or (not last and num_partial >= s.max_num_partial_prefills):
                 break
@@ -138,10 +146,12 @@ class MultiRules:
 
     @staticmethod
     def queue_order(chk: CheckerState) -> list[Hashable]:
-        """Priority: by key; FCFS: preempted requests first (they return to the front), then add order."""
+        """Priority: by key; FCFS: preempted requests and those queued with add(front=True) first (they go to
+        the front), then add order."""
         if chk.scheduler.policy == "priority":
             return chk._queue_order()
-        return sorted(chk._waiting, key=lambda r: (not chk._reqs[r].preemptions, chk._reqs[r].order))
+        reqs = chk._reqs
+        return sorted(chk._waiting, key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
 
     @staticmethod
     def check_counts(chk: CheckerState, plan: StepPlan) -> None:

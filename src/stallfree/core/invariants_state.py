@@ -91,6 +91,10 @@ class CheckerState:
     _raw: int = 0
     _evicted: set[int] = field(default_factory=set)
     _pinned: set[int] = field(default_factory=set)
+    # The step's options: whether it may admit, and the chunk cap's answers by (rid, start, n) (None: no cap).
+    _admitting: bool = True
+    _caps: dict[tuple[Hashable, int, int], int] | None = None
+    _front_order: int = -1  # add order of the next add(front=True): counts down
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
@@ -114,13 +118,34 @@ class CheckerState:
         b = s.block_size if s.align_chunks else None
         return max(left - left % b, 0) if b else max(left, 0)
 
-    def _key(self, rid: Hashable) -> tuple[float, int]:
+    def _capped(self, rid: Hashable, start: int, n: int) -> int:
+        """The chunk of `n` tokens (>= 1) from `start` under the step's cap: the answer the scheduler got for
+        exactly this chunk (it must have asked), rounded down to a block boundary when chunks are aligned
+        and the answer is short of n."""
+        caps = self._caps
+        if caps is None:
+            return n
+        m = caps.get((rid, start, n))
+        if m is None:
+            self._fail("chunk cap asked", f"rid {rid!r}: a chunk of {n} tokens from {start} was not offered to "
+                       f"chunk_cap (asked: {sorted((k, v) for k, v in caps.items() if k[0] == rid)})")
+            return n
+        s = self.scheduler
+        b = s.block_size if s.align_chunks else None
+        if b and m < n:
+            m = max(m - (start + m) % b, 0)
+        return m
+
+    def _key(self, rid: Hashable) -> tuple[float, ...]:
         s = self.scheduler
         sh = self._reqs[rid]
-        if s.policy != "priority" or s.aging_interval is None:
-            return (sh.req.priority if s.policy == "priority" else 0, sh.order)
-        waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
-        return (sh.req.priority - math.floor(waited / s.aging_interval), sh.order)
+        if s.policy != "priority":
+            return (0, sh.order)
+        prio = sh.req.priority
+        if s.aging_interval is not None:
+            waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
+            prio = prio - math.floor(waited / s.aging_interval)
+        return (prio, sh.req.arrival, sh.order) if s.config.priority_ties == "arrival" else (prio, sh.order)
 
     def _queue_order(self) -> list[Hashable]:
         return sorted(self._waiting, key=self._key)

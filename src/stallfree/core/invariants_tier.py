@@ -15,7 +15,7 @@ stored, and out of which the CPU hits of each admission are taken. Checked with 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from stallfree.core.invariants import InvariantChecker
@@ -71,12 +71,15 @@ class TieredInvariantChecker(InvariantChecker):
 
     # ------------------------------------------------------------------ the step
 
-    def schedule(self, token_budget: int | None = None) -> StepPlan:
+    def schedule(
+        self, token_budget: int | None = None, *, admit: bool = True,
+        chunk_cap: Callable[[Hashable, int, int], int] | None = None,
+    ) -> StepPlan:
         """Snapshot the CPU tier, forward schedule() (the base checker's rules) and check the tier's."""
         cpu = self._kv.tier_view().block_of
         self._tier = _TierModel(lru=OrderedDict(cpu.items()), pre_cpu=dict(cpu))
         self._tier.decode_blocks = {rid: self._reqs[rid].blocks for rid in self._ready}
-        plan = super(TieredInvariantChecker, self).schedule(token_budget)
+        plan = super(TieredInvariantChecker, self).schedule(token_budget, admit=admit, chunk_cap=chunk_cap)
         self._check_transfers(plan)
         return plan
 

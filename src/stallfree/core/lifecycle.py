@@ -111,23 +111,36 @@ class RequestLifecycle:
 
     # ------------------------------------------------------------------ add / abort
 
-    def add(self, req: Request) -> None:
-        """Queue a request at the back of the waiting queue.
+    def add(self, req: Request, *, front: bool = False) -> None:
+        """Queue a request at the back of the waiting queue (front=True: at its front).
+
+        Args:
+            req: the request.
+            front: True: ahead of every waiting request, as the scheduler queues the requests it
+                preempts itself; for an engine that preempted a running request on its own (aborted it
+                here) and queues it again with the tokens it has. Only under policy="fcfs" (a priority
+                queue is ordered by its key).
 
         Raises:
             RequestRejected: `req` is not a Request, a field is out of range (Request.validate), its
-                rid is already live, or it can never fit in the KV cache (the message gives the
-                numbers); nothing is queued.
+                rid is already live, it can never fit in the KV cache (the message gives the
+                numbers), front is not a bool, or front=True under another policy than "fcfs";
+                nothing is queued.
         """
         if not isinstance(req, Request):
             raise RequestRejected(f"add() takes a Request, got {type(req).__name__}: {req!r}")
+        if front is not False:
+            self._check_front(front)
         req.validate()
         if req.rid in self._live:
             raise RequestRejected(f"rid {req.rid!r} is already live (waiting or running)")
         obj = self._new_live(req, self._check_fits(req))
         self._recent_finished.pop(req.rid, None)
         self._live[req.rid] = obj
-        self._waiting.append(obj)
+        if front:
+            self._queue_front(obj)
+        else:
+            self._waiting.append(obj)
 
     def stop_after(self, rid: Hashable, num_tokens: int) -> None:
         """End a waiting request with reason "stop" once it has generated `num_tokens` tokens.
@@ -317,6 +330,13 @@ class RequestLifecycle:
             del recent[next(iter(recent))]
 
     # ------------------------------------------------------------------ hooks
+
+    def _check_front(self, front: object) -> None:
+        """Raise RequestRejected unless add(front=front) is allowed (front is not False)."""
+        raise RequestRejected(f"add(): front=True is not supported by {type(self).__name__}")
+
+    def _queue_front(self, obj: Any) -> None:
+        raise NotImplementedError
 
     def _check_fits(self, req: Request) -> Any:
         raise NotImplementedError

@@ -119,7 +119,7 @@ class PriorityQueue:
     in that window go first, whatever keeps arriving later (tests/core/test_options.py asserts it).
     """
 
-    def __init__(self, key: Callable[[Any], tuple[float, int]]) -> None:
+    def __init__(self, key: Callable[[Any], tuple[float, ...]]) -> None:
         self._items: list[Any] = []
         self.key = key
 

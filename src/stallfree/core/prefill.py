@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from stallfree.core.errors import SchedulerStateError
 from stallfree.core.plan import ScheduledChunk
 from stallfree.core.request import RequestStatus
 
@@ -95,15 +96,17 @@ class PrefillHost:
         preempt(rec, step, victims): preempt a running request by recompute (appended to victims).
         victim(rec, running) -> rec: the one victim rule among `running` (rec itself when none).
         recomputed(tokens): count prefill tokens scheduled in a recompute episode.
+        admitting: whether this step may admit waiting requests (schedule(admit=...); True by default).
+        chunk_cap: the step's chunk cap (schedule(chunk_cap=...)) or None; a rule asks it through `cap`.
     """
 
     __slots__ = ("chunking", "kv", "waiting", "live", "partials", "max_seqs", "policy", "priority_key", "grow",
-                 "can_admit", "admit", "preempt", "victim", "recomputed", "_counts")
+                 "can_admit", "admit", "preempt", "victim", "recomputed", "admitting", "chunk_cap", "_counts")
 
     def __init__(
         self, counts: _Counts, *, chunking: Chunking, kv: KVManager, waiting: WaitingQueue,
         live: Mapping[Hashable, LiveRequest], partials: list[LiveRequest], max_seqs: int, policy: str,
-        priority_key: Callable[[LiveRequest], tuple[float, int]],
+        priority_key: Callable[[LiveRequest], tuple[float, ...]],
         grow: Callable[[LiveRequest, int, int, list[LiveRequest]], bool],
         can_admit: Callable[[LiveRequest, int, Sequence[int]], bool],
         admit: Callable[[LiveRequest, int, Sequence[int], int], None],
@@ -116,6 +119,29 @@ class PrefillHost:
         self.max_seqs, self.policy, self.priority_key = max_seqs, policy, priority_key
         self.grow, self.can_admit, self.admit = grow, can_admit, admit
         self.preempt, self.victim, self.recomputed = preempt, victim, recomputed
+        self.admitting = True
+        self.chunk_cap: Callable[[Hashable, int, int], int] | None = None
+
+    def cap(self, rec: LiveRequest, start: int, n: int) -> int:
+        """The tokens a prompt chunk of `rec` from token `start`, sized `n` (>= 1) by the budget, may take:
+        `n` without a chunk cap, else the cap's answer (an integer from 0 to n); with block-aligned chunks
+        an answer below `n` is rounded down so that the chunk ends on a block boundary.
+
+        Raises:
+            SchedulerStateError: the cap returned something else (named with its arguments).
+        """
+        cap = self.chunk_cap
+        if cap is None:
+            return n
+        m = cap(rec.rid, start, n)
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= n:
+            raise SchedulerStateError(
+                f"chunk_cap({rec.rid!r}, start={start}, n={n}) returned {m!r}; it must be an integer from 0 to {n}"
+            )
+        b = getattr(self.chunking, "block_size", None)  # BlockAlignedChunks' alignment
+        if b and m < n:
+            m = max(m - (start + m) % b, 0)
+        return m
 
     @property
     def step(self) -> int:
@@ -159,7 +185,7 @@ class OnePartialPrefill:
              decoding: bool) -> tuple[Hashable, ...]:
         """Contract step 2, then (unless it preempted) step 3."""
         self._continue(s, budget, out, victims)
-        return () if victims else self._admit(s, budget, out)
+        return () if victims or not s.admitting else self._admit(s, budget, out)
 
     @staticmethod
     def _continue(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest]) -> None:
@@ -170,6 +196,8 @@ class OnePartialPrefill:
         done = obj.num_prefilled
         rest = obj.target - done
         n = s.chunking.chunk(rest, budget.left)
+        if n and s.chunk_cap is not None:
+            n = s.cap(obj, done, n)
         if n and not s.grow(obj, done + n, s.step, victims):
             return  # it was its own victim: nothing was admitted after it
         if n:
@@ -198,6 +226,8 @@ class OnePartialPrefill:
             # A cached prefix (none without caching) is kept; the prefill starts after it.
             start, hits = kv.lookup(obj)
             n = s.chunking.chunk(obj.target - start, budget.left)
+            if n and s.chunk_cap is not None:
+                n = s.cap(obj, start, n)
             if n == 0 or not s.can_admit(obj, n, hits):  # never a 0-token first chunk
                 break
             waiting.pop_head()
@@ -249,6 +279,8 @@ class PartialPrefills:
             rest = obj.target - done
             left = budget.left
             n = chunking.chunk(rest, min(left, thr) if rest > thr else left) if left > 0 else 0
+            if n and s.chunk_cap is not None:
+                n = s.cap(obj, done, n)
             if n and not self._grow(s, obj, done + n, partials, victims):
                 n = 0
             if n:
@@ -262,7 +294,7 @@ class PartialPrefills:
             out[:] = [c for c in out if live[c.rid].status is _PREFILLING]
             s.count_recomputed(out)
             return ()
-        admitted = self._admit(s, budget, out, num_partial, num_long)
+        admitted = self._admit(s, budget, out, num_partial, num_long) if s.admitting else ()
         self._top_up(s, budget, out, thr if decoding else None)
         s.count_recomputed(out)
         return admitted
@@ -303,6 +335,8 @@ class PartialPrefills:
             if is_long and num_long >= self.lng:
                 continue  # the one case where a short prompt may pass a long one
             n = s.chunking.chunk(rest, min(left, thr) if is_long else left)
+            if n and s.chunk_cap is not None:
+                n = s.cap(obj, start, n)
             last = n == rest
             if n == 0 or (not last and num_partial >= self.k) or not s.can_admit(obj, n, hits):
                 break
@@ -339,6 +373,9 @@ class PartialPrefills:
             end = c.start + c.num_tokens
             rest = obj.target - end
             n = s.chunking.chunk(rest, budget.left)
+            if n and s.chunk_cap is not None:
+                # The cap is asked for the whole chunk; an answer below its current length adds nothing.
+                n = max(s.cap(obj, c.start, c.num_tokens + n) - c.num_tokens, 0)
             if n == 0 or not s.kv.grow(obj, end + n, s.step):
                 break
             out[i] = c._replace(num_tokens=c.num_tokens + n, is_last=n == rest)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from stallfree.core.config import SchedulerConfig, as_config
-from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
+from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import NO_TRANSFERS, KVManager, kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
@@ -104,6 +104,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self.align_chunks = cfg.chunks_aligned
         self.aging_interval, self.clock = cfg.aging_interval, cfg.clock
         self.decode_overflow, self.num_spec_tokens = cfg.decode_overflow, cfg.num_spec_tokens
+        self.priority_ties = cfg.priority_ties
+        self._ties_by_arrival = cfg.priority_ties == "arrival"
         self._chunking, self.policy, self._selection = build_policies(
             cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens)
         k, lng, thr = cfg.partial_prefill_limits
@@ -118,6 +120,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._due = self._decodes.due
         self._waiting: WaitingQueue = FCFSQueue() if self.policy == "fcfs" else PriorityQueue(self.priority_key)
         self._seq = 0
+        self._front_seq = -1  # add order of the next add(front=True): counts down
         self._admit_seq = 0
         self._skipped: list[LiveRequest] = []
         self._drafted: dict[Hashable, LiveRequest] = {}  # decodes with draft tokens set for the next step
@@ -169,13 +172,16 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
         return self._inflight is not None and obj not in self._skipped
 
-    def priority_key(self, obj: LiveRequest) -> tuple[float, int]:
-        """(effective priority, add order) of a live request; lower runs first under policy="priority"."""
+    def priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
+        """(effective priority, add order) of a live request, or (effective priority, arrival, add order)
+        with priority_ties="arrival"; lower runs first under policy="priority"."""
         prio = obj.req.priority
-        if self.aging_interval is None:
-            return (prio, obj.seq)
-        waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
-        return (prio - math.floor(waited / self.aging_interval), obj.seq)
+        if self.aging_interval is not None:
+            waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
+            prio = prio - math.floor(waited / self.aging_interval)
+        if self._ties_by_arrival:
+            return (prio, obj.req.arrival, obj.seq)
+        return (prio, obj.seq)
 
     # ------------------------------------------------------------------ draft tokens (speculative decoding)
 
@@ -298,12 +304,28 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     # ------------------------------------------------------------------ the step
 
-    def schedule(self, token_budget: int | None = None) -> StepPlan:
+    def schedule(
+        self, token_budget: int | None = None, *, admit: bool = True,
+        chunk_cap: Callable[[Hashable, int, int], int] | None = None,
+    ) -> StepPlan:
         """Plan the next step: decodes, then the partial prefill, then admissions.
 
         Args:
             token_budget: spend at most this many tokens in this step only (1 to the configured
                 budget; raised to block_size when chunks are aligned); None: the configured budget.
+            admit: False: this step admits no waiting request (running requests go on as usual; an
+                engine pausing new work, or holding prefill back for a step).
+            chunk_cap: an engine's per-request limit on prompt chunks in this step, or None.
+                `chunk_cap(rid, start, n)` is called for each prompt chunk the budget has sized, `n`
+                tokens (>= 1) from token `start` of request `rid`, in the order the budget is spent and
+                before the KV manager is asked for it; it returns the most tokens the chunk may take,
+                an integer from 0 to n. The chunk takes that many (rounded down to a block boundary
+                when chunks are block-aligned and it is short of n); 0: the request takes no chunk in
+                this step, which then goes on as for a prompt that does not fit (a partial prefill
+                keeps the rest of the budget; a queue head stops admission). A top-up of the budget
+                left (max_num_partial_prefills > 1) asks again with the chunk's longer length. For an
+                engine whose chunks must stop at an input it cannot process this step (a multimodal
+                encoder's budget, docs/vllm.md).
 
         Returns:
             The StepPlan of step `self.step`; `plan.preempted` lists the requests preempted in it
@@ -311,12 +333,19 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
         Raises:
             SchedulerStateError: the previous plan has not been completed, or `clock` returned
-                something other than a finite number (nothing changes).
-            InvalidConfig: token_budget is not an integer from 1 to the configured budget.
+                something other than a finite number (nothing changes); chunk_cap returned something
+                other than an integer from 0 to n (the message names the call and the value; the
+                step is then lost and the scheduler must not be used further).
+            InvalidConfig: token_budget is not an integer from 1 to the configured budget, admit is
+                not a bool, or chunk_cap is neither None nor callable (nothing changes).
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
         budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
+        if admit is not True and admit is not False:
+            raise InvalidConfig(f"schedule(): admit must be a bool, got {admit!r}")
+        if chunk_cap is not None and not callable(chunk_cap):
+            raise InvalidConfig(f"schedule(): chunk_cap must be None or callable, got {chunk_cap!r}")
         if self.clock is not None:
             # One reading per step, checked before anything changes.
             now = self.clock()
@@ -328,7 +357,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         left = StepBudget(budget)
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
         prefills: list[ScheduledChunk] = []
-        admitted = self._prefill.plan(self._host, left, prefills, victims, used > 0)
+        host = self._host
+        if admit and chunk_cap is None:
+            admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
+        else:
+            host.admitting, host.chunk_cap = admit, chunk_cap
+            try:
+                admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
+            finally:
+                host.admitting, host.chunk_cap = True, None
         if victims:
             self._requeue(victims)
         dec = self._decodes
@@ -561,9 +598,20 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             self._skipped.remove(obj)
 
     def _requeue(self, victims: list[LiveRequest]) -> None:
-        """Victims go back to the queue: FCFS, in front of every never-started request, oldest first."""
+        """Victims go back to the queue: FCFS, in front of every never-started request, oldest first
+        (requests queued with add(front=True), whose add order counts down from -1, are ordered with
+        them by add order, so those still waiting at the head stay there)."""
         if isinstance(self._waiting, FCFSQueue):
-            self._waiting.push_front(sorted(victims, key=_by_seq))
+            queue = self._waiting
+            if self._front_seq < -1:
+                lead = list(victims)
+                head = queue.head()
+                while head is not None and head.seq < 0:
+                    lead.append(queue.pop_head())
+                    head = queue.head()
+                queue.push_front(sorted(lead, key=_by_seq))
+                return
+            queue.push_front(sorted(victims, key=_by_seq))
         else:
             for obj in victims:
                 self._waiting.append(obj)
@@ -600,6 +648,21 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         return plan.step
 
     # ------------------------------------------------------------------ lifecycle hooks
+
+    def _check_front(self, front: object) -> None:
+        if not isinstance(front, bool):
+            raise RequestRejected(f"add(): front must be a bool, got {front!r}")
+        if self.policy != "fcfs":
+            raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self.policy!r}")
+
+    def _queue_front(self, obj: LiveRequest) -> None:
+        """Queue `obj` at the head: its add order (`seq`) is the next of a count down from -1, so it sorts
+        before every request added before it, as the victims of a step are sorted."""
+        obj.seq = self._front_seq
+        self._front_seq -= 1
+        fcfs = self._waiting
+        assert isinstance(fcfs, FCFSQueue)
+        fcfs.push_front([obj])
 
     def _check_fits(self, req: Request) -> int:
         return self._kv.check_fits(req)

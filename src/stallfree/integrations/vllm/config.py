@@ -102,7 +102,8 @@ def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
     KV ones, which come from vLLM's KV cache manager).
 
     Returns:
-        token_budget, max_seqs, policy, aging_interval, clock, decode_overflow and the partial-prefill K, L, T.
+        token_budget, max_seqs, policy, priority_ties ("arrival", as vLLM), aging_interval, clock,
+        decode_overflow and the partial-prefill K, L, T.
         The core validates them (InvalidConfig naming the option) when the scheduler is built.
     """
     sc = vllm_config.scheduler_config
@@ -113,6 +114,8 @@ def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
         "max_seqs": max_seqs,
         "policy": str(sc.policy),
         "decode_overflow": options.decode_overflow,
+        # vLLM orders equal priorities by arrival_time (which a caller may set out of add order).
+        "priority_ties": "arrival",
     }
     if options.aging_interval is not None:
         kw["aging_interval"] = options.aging_interval
@@ -136,34 +139,26 @@ def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
 
 def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     """The vLLM features in use that the adapter does not support, each named with the flag that turns it on;
-    empty when none. The scheduler refuses to build with any of them (InvalidConfig listing them all)."""
+    empty when none. The scheduler refuses to build with any of them (InvalidConfig listing them all).
+    `kv_cache_config` (vLLM's KVCacheConfig) is accepted with any KV cache groups."""
     out = []
     mc = vllm_config.model_config
     sc = vllm_config.scheduler_config
     pc = vllm_config.parallel_config
-    if getattr(mc, "is_multimodal_model", False):
-        out.append("multimodal models (a text-only decoder model is supported)")
     if vllm_config.lora_config is not None:
         out.append("LoRA adapters (--enable-lora)")
-    if getattr(vllm_config, "ec_transfer_config", None) is not None:
-        out.append("encoder-cache connectors (--ec-transfer-config)")
     if getattr(mc, "is_encoder_decoder", False):
         out.append("encoder-decoder models")
     if getattr(mc, "is_diffusion", False):
         out.append("diffusion models")
     elif getattr(mc, "runner_type", "generate") != "generate":
         out.append(f"runner {getattr(mc, 'runner_type', '?')!r} (pooling; only generating models are supported)")
-    groups = kv_cache_config.kv_cache_groups
-    if getattr(kv_cache_config, "has_mamba_layers", False) or len(groups) != 1:
-        out.append(f"hybrid or Mamba models ({len(groups)} KV cache groups, one full-attention group is supported)")
-    elif type(groups[0].kv_cache_spec).__name__ not in ("FullAttentionSpec", "MLAAttentionSpec"):
-        out.append(f"KV cache spec {type(groups[0].kv_cache_spec).__name__} (sliding window or chunked attention)")
+    # Any KV cache groups (hybrid, Mamba, sliding-window or chunked attention): vLLM's KV cache manager, which
+    # the core asks for every admission and growth, allocates and frees their blocks.
     if pc.pipeline_parallel_size > 1:
         out.append("pipeline parallelism (--pipeline-parallel-size > 1)")
     if getattr(pc, "decode_context_parallel_size", 1) > 1 or getattr(pc, "prefill_context_parallel_size", 1) > 1:
         out.append("context parallelism (--decode-context-parallel-size / --prefill-context-parallel-size)")
-    if getattr(sc, "prefill_schedule_interval", 1) > 1:
-        out.append("--prefill-schedule-interval > 1 (stallfree runs prefill chunks beside decodes every step)")
     if getattr(sc, "long_prefill_token_threshold_adaptive", False):
         out.append("--long-prefill-token-threshold-adaptive")
     return out
@@ -171,14 +166,11 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
 
 def refused_request_features(request: Any) -> list[str]:
     """The per-request features of a vLLM Request that the adapter does not support; empty when none. Such a
-    request is finished with an error naming them, never scheduled."""
+    request is finished with an error naming them, never scheduled. (Multimodal inputs and structured outputs
+    are supported: see the scheduler's chunk cap.)"""
     out = []
-    if getattr(request, "use_structured_output", False):
-        out.append("structured outputs (grammars, JSON schemas, regexes)")
     if getattr(request, "lora_request", None) is not None:
         out.append("LoRA adapters")
-    if getattr(request, "mm_features", None):
-        out.append("multimodal inputs")
     if getattr(request, "pooling_params", None) is not None:
         out.append("pooling")
     if getattr(request, "resumable", False):

@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+from vllm.multimodal.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.structured_output import StructuredOutputManager
@@ -49,9 +50,12 @@ def make_scheduler(
     scheduler_reserve_full_isl: bool = True,
     additional_config: Mapping[str, Any] | None = None,
     num_speculative_tokens: int = 0,
+    prefill_schedule_interval: int = 1,
+    sliding_window: int | None = None,
 ) -> Any:
     """Build a vLLM scheduler of class `cls` over `num_blocks` KV blocks of `block_size` tokens (one
-    full-attention group), as vLLM's tests do; max_model_len defaults to max_num_batched_tokens.
+    full-attention group, and a second, sliding-window group of `sliding_window` tokens when given: a hybrid
+    model), as vLLM's tests do; max_model_len defaults to max_num_batched_tokens.
     num_speculative_tokens > 0: speculative decoding with vLLM's n-gram drafter config (k drafts per step, no
     draft slots; the GPU n-gram drafter for an async class), as vLLM's tests configure it."""
     model_config = ModelConfig(model=model, dtype="float16", seed=42, max_model_len=max_model_len)
@@ -60,7 +64,7 @@ def make_scheduler(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, max_model_len=mml,
         long_prefill_token_threshold=long_prefill_token_threshold, async_scheduling=issubclass(cls, AsyncScheduler),
         is_encoder_decoder=False, watermark=0.0, policy=policy,
-        scheduler_reserve_full_isl=scheduler_reserve_full_isl,
+        scheduler_reserve_full_isl=scheduler_reserve_full_isl, prefill_schedule_interval=prefill_schedule_interval,
     )
     cache = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                         enable_prefix_caching=enable_prefix_caching)
@@ -73,8 +77,12 @@ def make_scheduler(
     config = VllmConfig(scheduler_config=sched, model_config=model_config, cache_config=cache,
                         additional_config=dict(additional_config or {}), speculative_config=spec_config)
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                              kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    groups = [KVCacheGroupSpec(["layer"], spec)]
+    if sliding_window is not None:
+        window = SlidingWindowSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32,
+                                   sliding_window=sliding_window)
+        groups.append(KVCacheGroupSpec(["window_layer"], window))
+    kv_config = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     cache.num_gpu_blocks = num_blocks
     s = cls(vllm_config=config, kv_cache_config=kv_config, block_size=block_size, log_stats=False,
             structured_output_manager=StructuredOutputManager(config))
@@ -85,9 +93,12 @@ def make_scheduler(
 def make_request(
     rid: str, prompt_len: int, max_tokens: int, *, priority: int = 0, arrival: float | None = None,
     prompt_token_ids: list[int] | None = None, block_size: int = 16,
+    images: Iterable[tuple[int, int]] = (),
 ) -> VllmRequest:
     """A vLLM request of `prompt_len` tokens (by default one token id repeated, derived from the rid by CRC-32,
-    so that requests with different rids share no prefix) generating at most `max_tokens` tokens; EOS stops it."""
+    so that requests with different rids share no prefix) generating at most `max_tokens` tokens; EOS stops it.
+    `images`: (offset, length) in tokens of each multimodal placeholder (an image whose encoder output has
+    `length` embeddings, identified by rid and index)."""
     global _hash_ready
     if not _hash_ready:
         init_none_hash(sha256)
@@ -95,10 +106,15 @@ def make_request(
     params = SamplingParams(max_tokens=max_tokens)
     params.update_from_generation_config({}, EOS)
     ids = prompt_token_ids if prompt_token_ids is not None else [10 + zlib.crc32(rid.encode()) % 30_000] * prompt_len
+    features = [
+        MultiModalFeatureSpec(data=MultiModalKwargsItem.dummy(), mm_position=PlaceholderRange(offset=o, length=n),
+                              identifier=f"{rid}-image{i}", modality="image")
+        for i, (o, n) in enumerate(images)
+    ]
     return VllmRequest(
         request_id=rid, prompt_token_ids=list(ids), sampling_params=params, pooling_params=None,
         block_hasher=get_request_block_hasher(block_size, sha256), priority=priority,
-        arrival_time=time.time() if arrival is None else arrival,
+        arrival_time=time.time() if arrival is None else arrival, mm_features=features or None,
     )
 
 

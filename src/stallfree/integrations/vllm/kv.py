@@ -70,9 +70,19 @@ class KVHost(Protocol):
     def _stallfree_preempted(self, request: Any) -> None:
         """The core preempted a running request: take it through vLLM's preemption path."""
 
+    def _get_local_prefix_cache_hit(self, request: Any, max_cache_hit_length: int | None) -> Any:
+        """vLLM's local prefix-cache lookup: (blocks, tokens, shared-prefix boundary, hybrid hit diverged)."""
+
+    def _stallfree_encoder_tokens(self, request: Any) -> int:
+        """Encoder tokens of the chunk last capped, for an encoder-decoder model's cross-attention blocks."""
+
+    def _stallfree_chunk_taken(self, request: Any) -> None:
+        """The KV of the prompt chunk last capped (schedule(chunk_cap=...)) was given: its encoder inputs run."""
+
 
 class VLLMKV:
-    """The core's KV manager over vLLM's KVCacheManager (one full-attention KV cache group).
+    """The core's KV manager over vLLM's KVCacheManager (any KV cache groups: vLLM allocates and frees each
+    group's blocks; the counts here are of its shared block pool).
 
     Args:
         host: the vLLM scheduler whose requests and KV cache manager are used.
@@ -178,7 +188,8 @@ class VLLMKV:
         """
         aux = self.host.aux_output_connector
         cap = aux.max_cache_hit(request) if aux is not None else None
-        blocks, num_local, _boundary = self.kvm.get_computed_blocks(request, cap)
+        blocks, num_local, boundary, diverged = self.host._get_local_prefix_cache_hit(request, cap)
+        request.shared_prefix_boundary = boundary
         num_ext = queries = 0
         load_async = False
         connector = self.host.connector
@@ -201,6 +212,10 @@ class VLLMKV:
                 num_ext = got
             if aux is not None:
                 num_ext = aux.cap_external_hit(request, num_local, num_ext)
+            if diverged and num_ext == 0:
+                # A hybrid model's deeper full-attention hit has no Mamba state without external tokens: the
+                # hit every group agrees on, as vLLM.
+                blocks, num_local, request.shared_prefix_boundary = self.kvm.get_computed_blocks(request, cap)
             queries = request.num_tokens - num_local
         return Hit(blocks, num_local, num_ext, queries, bool(load_async) and num_ext > 0)
 
@@ -247,6 +262,7 @@ class VLLMKV:
             new_computed_blocks=hit.blocks,
             num_lookahead_tokens=self.host.num_lookahead_tokens,
             num_external_computed_tokens=hit.num_external,
+            num_encoder_tokens=self.host._stallfree_encoder_tokens(request),
             full_sequence_must_fit=self.host.scheduler_reserve_full_isl,
             has_scheduled_reqs=num_running > 0,
         )
@@ -278,6 +294,7 @@ class VLLMKV:
             if num_ext:
                 self.has_sync_kv_loads = True
         self.host._stallfree_admitted(request, num_local, num_ext)
+        self.host._stallfree_chunk_taken(request)
 
     # ------------------------------------------------------------------ growth
 
@@ -290,7 +307,8 @@ class VLLMKV:
         return NO_TRANSFERS
 
     def grow(self, rec: LiveRequest, tokens: int, step: int) -> bool:
-        """allocate_slots for the tokens beyond vLLM's num_computed_tokens; False when vLLM has too few blocks."""
+        """allocate_slots for the tokens beyond vLLM's num_computed_tokens; False when vLLM has too few blocks.
+        The encoder inputs of a prompt chunk whose cap counted them run once its blocks are given."""
         request = self.host.requests[rec.rid]
         num_new = tokens - request.num_computed_tokens
         if num_new <= 0:
@@ -301,6 +319,7 @@ class VLLMKV:
         rid = request.request_id
         got = self.new_blocks.get(rid)
         self.new_blocks[rid] = new if got is None else got + new
+        self.host._stallfree_chunk_taken(request)
         return True
 
     def filled(self, rec: LiveRequest, start: int, end: int) -> None:
@@ -328,7 +347,7 @@ class VLLMKV:
     # ------------------------------------------------------------------ reads
 
     def block_table(self, rec: LiveRequest, tokens: int) -> tuple[int, ...]:
-        """vLLM's block ids of the request (its one KV cache group)."""
+        """vLLM's block ids of the request (its first KV cache group)."""
         ids = self.kvm.get_block_ids(rec.rid)
         return tuple(ids[0]) if ids else ()
 

@@ -44,7 +44,6 @@ from vllm.v1.request import RequestStatus
 
 from stallfree.core.errors import InvalidConfig, RequestRejected
 from stallfree.core.plan import StepPlan
-from stallfree.core.policies import FCFSQueue
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler as CoreScheduler
 from stallfree.integrations.vllm.config import (
@@ -70,11 +69,10 @@ class SyncScheduler(_VllmScheduler):
         stallfree_options: the StallfreeOptions read from `additional_config["stallfree"]`.
 
     Raises:
-        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (multimodal
-            models, LoRA, encoder-cache connectors, encoder-decoder, pooling or
-            diffusion models, hybrid or Mamba KV cache groups, sliding-window attention, pipeline or context
-            parallelism, a prefill schedule interval, the adaptive long-prefill threshold; the message names
-            each), or a stallfree option is out of range (named).
+        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (LoRA,
+            encoder-decoder, pooling or diffusion models, pipeline or context parallelism, the adaptive
+            long-prefill threshold; the message names each), or a stallfree option is out of range (named).
+            Any KV cache groups are accepted (vLLM's KV cache manager keeps them).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -98,6 +96,16 @@ class SyncScheduler(_VllmScheduler):
         self._sf_orphans: dict[str, VllmRequest] = {}
         self._sf_stale_victims: list[VllmRequest] = []
         self._sf_time = 0.0
+        #: Live requests with multimodal inputs (their chunks are capped by vLLM's encoder rules), and those
+        #: waiting for their structured-output grammar (held until it is compiled).
+        self._sf_mm: set[str] = set()
+        self._sf_fsm: set[str] = set()
+        #: The step's encoder compute budget left, and the encoder inputs scheduled per request.
+        self._sf_enc_budget = 0
+        self._sf_enc_inputs: dict[str, list[int]] = {}
+        #: The encoder inputs of the chunk last capped, allocated once its KV is given (VLLMKV calls
+        #: _stallfree_chunk_taken): (rid, inputs, external loads, duplicates, the budget left after it).
+        self._sf_enc_pending: tuple[str, list[int], list[int], list[int], int] | None = None
         if not self.scheduler_config.enable_chunked_prefill:
             logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
 
@@ -105,8 +113,8 @@ class SyncScheduler(_VllmScheduler):
 
     def add_request(self, request: VllmRequest) -> None:
         """vLLM's add_request, and the request is queued in the core; one with a feature the adapter does not
-        support (structured outputs, LoRA, multimodal inputs, pooling, streaming input, KV transfer), or that
-        can never fit in the KV cache, is finished with an error naming why at the next update_from_output."""
+        support (LoRA, pooling, streaming input, KV transfer), or that can never fit in the KV cache, is
+        finished with an error naming why at the next update_from_output."""
         known = request.request_id in self.requests
         super().add_request(request)
         if known:
@@ -123,14 +131,19 @@ class SyncScheduler(_VllmScheduler):
                 message="stallfree's vLLM scheduler does not support: " + "; ".join(refused),
             )
 
-    def _sf_queue(self, request: VllmRequest) -> None:
+    def _sf_queue(self, request: VllmRequest, front: bool = False) -> None:
         """Queue `request` in the core: its known tokens (prompt, plus output before a preemption the core did
-        not make) are the prompt the core prefills, up to max_tokens and max_model_len in all."""
+        not make) are the prompt the core prefills, up to max_tokens and max_model_len in all; `front`: at the
+        head of the queue (FCFS only)."""
         prompt = request.num_tokens
         max_new = min(request.max_tokens - request.num_output_tokens, self.max_model_len - prompt)
         self.stallfree.add(Request(
             request.request_id, prompt, max(max_new, 1), int(request.priority), float(request.arrival_time),
-        ))
+        ), front=front)
+        if request.has_encoder_inputs:
+            self._sf_mm.add(request.request_id)
+        if request.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR:
+            self._sf_fsm.add(request.request_id)
 
     def _free_request(self, request: VllmRequest, delay_free_blocks: bool = False) -> Any:
         """vLLM finished the request (a stop, max_tokens, an abort, an error): vLLM frees it, the core forgets it."""
@@ -154,16 +167,13 @@ class SyncScheduler(_VllmScheduler):
                 continue
             del self._sf_orphans[rid]
             if not request.is_finished() and rid in self.requests:
-                self._sf_queue(request)
                 # In front of the never-started requests, as the core queues its own victims (and vLLM
-                # prepends a preempted request).
-                waiting = self.stallfree._waiting
-                if isinstance(waiting, FCFSQueue):
-                    obj = self.stallfree._live[rid]
-                    waiting.remove(obj)
-                    waiting.push_front([obj])
+                # prepends a preempted request); a priority queue orders it by its key.
+                self._sf_queue(request, front=self.stallfree.policy == "fcfs")
 
     def _sf_forget(self, rid: str) -> None:
+        self._sf_mm.discard(rid)
+        self._sf_fsm.discard(rid)
         try:
             self.stallfree.abort(rid)
         except KeyError:  # finished in the core already (max_tokens), or never queued there (refused)
@@ -197,6 +207,60 @@ class SyncScheduler(_VllmScheduler):
             request.record_event(EngineCoreEventType.SCHEDULED, self._sf_time)
         request.status = RequestStatus.RUNNING
         self._sf_admitted.append((request, resumed))
+
+    def _stallfree_chunk_taken(self, request: VllmRequest) -> None:
+        """VLLMKV gave the KV of a prompt chunk of `request`: the encoder inputs its cap counted are scheduled
+        (vLLM's `_allocate_encoder_inputs`) and the step's encoder budget is spent."""
+        pending = self._sf_enc_pending
+        if pending is None or pending[0] != request.request_id:
+            return
+        self._sf_enc_pending = None
+        rid, inputs, external, duplicates, budget_left = pending
+        if inputs:
+            self._sf_enc_inputs.setdefault(rid, []).extend(inputs)
+            self._sf_enc_budget = budget_left
+        self._allocate_encoder_inputs(request, inputs + external, duplicates)
+
+    def _stallfree_encoder_tokens(self, request: VllmRequest) -> int:
+        """An encoder-decoder model's encoder tokens for the cross-attention blocks of `request`'s admission:
+        those of the encoder inputs its capped first chunk schedules (vLLM's admission); 0 otherwise."""
+        pending = self._sf_enc_pending
+        if not self.is_encoder_decoder or pending is None or pending[0] != request.request_id:
+            return 0
+        return sum(request.get_num_encoder_embeds(i) for i in pending[1])
+
+    def _sf_chunk_cap(self, rid: Any, start: int, n: int) -> int:
+        """The core's chunk cap (schedule(chunk_cap=...)): the tokens a prompt chunk of `n` tokens from token
+        `start` may take under vLLM's own rules. A request whose structured-output grammar is still compiling
+        is held (0; vLLM's `_handle_blocked_waiting_request`). Under Mamba's "align" cache mode,
+        `_mamba_block_aligned_split` ends the chunk where a Mamba state is cached. Then, for a request with
+        multimodal inputs: an encoder input still in transit through the encoder-cache connector holds it
+        (0); vLLM's `_try_schedule_encoder_inputs` stops it before an input whose encoder output does not fit
+        the step's encoder budget or the encoder cache; `_reserve_prefill_lookahead` keeps a drafter's
+        look-ahead out of its end."""
+        request = self.requests[rid]
+        if rid in self._sf_fsm:
+            # vLLM's check of a grammar still compiling (a failed one is finished with its error).
+            if not self._handle_blocked_waiting_request(request):
+                return 0
+            self._sf_fsm.discard(rid)
+        if self.need_mamba_block_aligned_split:
+            # Before the encoder caps, as vLLM: the chunk ends where a Mamba state is cached.
+            n = self._mamba_block_aligned_split(request, n, start - request.num_computed_tokens)
+            if n == 0:
+                return 0
+        if rid not in self._sf_mm:
+            return n
+        self._sf_enc_pending = None
+        if self._ec_transfer_pending(request, start):
+            return 0
+        inputs, m, budget_left, external, duplicates = self._try_schedule_encoder_inputs(
+            request, start, n, self._sf_enc_budget, shift_computed_tokens=self.num_prefill_lookahead,
+        )
+        m = self._reserve_prefill_lookahead(request, start, m)
+        if m and (inputs or external or duplicates):
+            self._sf_enc_pending = (rid, inputs, external, duplicates, budget_left)
+        return int(m)
 
     def _stallfree_preempted(self, request: VllmRequest) -> None:
         """The core preempted a running request: vLLM's preemption path (frees its blocks, resets its
@@ -317,14 +381,10 @@ class SyncScheduler(_VllmScheduler):
             back.append(request)
         if not back:
             return
-        for request in back:
-            self._sf_queue(request)
-        waiting = core._waiting
-        if isinstance(waiting, FCFSQueue):
-            objs = [core._live[r.request_id] for r in back]
-            for obj in objs:
-                waiting.remove(obj)
-            waiting.push_front(objs)
+        # Each add(front=True) goes to the head: added last to first, they keep the order their loads started.
+        fcfs = core.policy == "fcfs"
+        for request in reversed(back) if fcfs else back:
+            self._sf_queue(request, front=fcfs)
 
     # ------------------------------------------------------------------ the step
 
@@ -332,11 +392,14 @@ class SyncScheduler(_VllmScheduler):
         """Plan one step with stallfree's core and return vLLM's SchedulerOutput for it.
 
         Args:
-            throttle_prefills: vLLM's data-parallel prefill balancing; ignored (prefill runs every step).
+            throttle_prefills: vLLM's data-parallel prefill balancing: when True and the last step that
+                admitted prefills was not capacity-bound, a step with running decodes carries no prefill
+                (as vLLM's; `--prefill-schedule-interval` holds prefill the same way between bursts).
 
         Returns:
             The SchedulerOutput of the step: new and resumed requests with their block ids, running ones with
-            their new blocks, num_scheduled_tokens in the core's batch order (decodes, then prefill chunks).
+            their new blocks, num_scheduled_tokens in the core's batch order (decodes, then prefill chunks),
+            the encoder inputs the chunks need.
         """
         self.current_step += 1
         self._sf_time = time.monotonic()
@@ -344,22 +407,27 @@ class SyncScheduler(_VllmScheduler):
         kv = self._sf_kv
         kv.new_step()
         self._sf_admitted = []
+        self._sf_enc_budget = self.max_num_encoder_input_tokens
+        self._sf_enc_inputs = {}
+        self._sf_enc_pending = None
         if self._sf_orphans:
             self._sf_requeue_orphans()
         plan: StepPlan | None = None
         core = self.stallfree
+        defer = self._sf_defer_prefills(throttle_prefills)
         if self._pause_state != PauseState.PAUSED_ALL:
             if self.kv_holding_waiting:
                 self._sf_take_back_loaded()
-            self._sf_start_loads(self.max_num_scheduled_tokens)
+            if not defer:
+                self._sf_start_loads(self.max_num_scheduled_tokens)
         if self._pause_state != PauseState.PAUSED_ALL and core.has_unfinished():
             kv.in_schedule = True
             # PAUSED_NEW: running requests go on, and of the waiting only those that hold KV blocks (an
             # asynchronous load that finished) are admitted, as vLLM does: the others leave the core's queue
-            # for this step and come back in their places.
+            # for this step and come back in their places. A deferred prefill: only the decodes run.
             waiting = core._waiting
             order: list[Any] = []
-            if self._pause_state == PauseState.PAUSED_NEW:
+            if self._pause_state == PauseState.PAUSED_NEW and not defer:
                 order = waiting.in_order()
                 for obj in order:
                     if not self.requests[obj.rid].num_computed_tokens:
@@ -368,15 +436,20 @@ class SyncScheduler(_VllmScheduler):
             if self.num_spec_tokens:
                 self._sf_set_drafts()
                 budget = self._sf_budget_with_draft_slots()
+            cap = _no_chunk if defer else (
+                self._sf_chunk_cap if self._sf_mm or self._sf_fsm or self.need_mamba_block_aligned_split else None)
             try:
-                plan = core.schedule(budget)
+                plan = core.schedule(budget, admit=not defer, chunk_cap=cap)
             finally:
                 kv.in_schedule = False
+                self._sf_enc_pending = None
                 if order:
                     self._sf_restore_queue(order)
-            if not plan.preempted:
+            if not plan.preempted and not defer:
                 self._sf_start_loads(self.max_num_scheduled_tokens - plan.num_tokens)
         out = self._sf_output(plan)
+        if not defer and self._pause_state != PauseState.PAUSED_ALL:
+            self._sf_after_prefills(plan)
         self._update_after_schedule(out)
         if plan is not None:
             core.complete(plan)
@@ -449,6 +522,28 @@ class SyncScheduler(_VllmScheduler):
             # As vLLM counts them: tokens sampled = 1 + drafts accepted.
             rejected = len(drafts) - max(len(tokens) - self.num_sampled_tokens_per_step, 0)
             core.take_back(rid, min(max(rejected, 0), pending[0]))
+
+    def _sf_defer_prefills(self, throttle_prefills: bool) -> bool:
+        """vLLM's two prefill holds (its schedule()): data-parallel balancing (`throttle_prefills`) and the
+        local `--prefill-schedule-interval` cadence (executed steps since the last one that carried prefill),
+        each only while decodes run and the last releasing step was not capacity-bound."""
+        interval = self.local_prefill_interval
+        if not throttle_prefills and (interval <= 1 or (self.num_executed_steps + 1) - self.last_prefill_step
+                                      >= interval):
+            return False
+        return not self.prefill_capacity_bound and any(not r.is_prefill_chunk for r in self.running)
+
+    def _sf_after_prefills(self, plan: StepPlan | None) -> None:
+        """After a step that could carry prefill: vLLM's capacity-bound flag (requests still waiting) and the
+        cadence's last prefill step (a step with a chunk that computes more than a prompt's last token)."""
+        self.prefill_capacity_bound = len(self.waiting) + len(self.kv_holding_waiting) > len(self.deferred_waiting)
+        if plan is None or self.local_prefill_interval <= 1:
+            return
+        reqs = self.requests
+        admitted = {r.request_id for r, _ in self._sf_admitted}
+        if any(
+                c.rid not in admitted or c.start < reqs[c.rid].num_tokens - 1 for c in plan.prefills):
+            self.last_prefill_step = self.num_executed_steps
 
     def _sf_output(self, plan: StepPlan | None) -> SchedulerOutput:
         """vLLM's SchedulerOutput for the core's plan (None: an empty step)."""
@@ -525,6 +620,8 @@ class SyncScheduler(_VllmScheduler):
         skip_drafts = self.can_skip_drafts and all(
             self._drafts_unused(reqs[rid], reqs[rid].num_computed_tokens, n) for rid, n in num_scheduled.items()
         )
+        # A victim of the step (preempted after its chunk was capped) runs no encoder input.
+        encoder_inputs = {rid: ids for rid, ids in self._sf_enc_inputs.items() if rid in num_scheduled}
         copies, retained = kvm.take_kv_cache_block_copies()
         if copies:
             self._free_cow_retained_blocks(retained, self.sched_step_seq + 1)
@@ -534,11 +631,11 @@ class SyncScheduler(_VllmScheduler):
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=total,
             scheduled_spec_decode_tokens=spec_tokens,
-            scheduled_encoder_inputs={},
+            scheduled_encoder_inputs=encoder_inputs,
             preempted_req_ids=self.reset_preempted_req_ids,
             finished_req_ids=self.finished_req_ids,
             free_encoder_mm_hashes=self.encoder_cache_manager.get_freed_mm_hashes(),
-            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_data, {}),
+            encoder_input_updates=self._get_encoder_input_updates(num_scheduled, new_data, encoder_inputs),
             new_block_ids_to_zero=self._get_new_block_ids_to_zero(),
             has_sync_kv_loads=self._sf_kv.has_sync_kv_loads,
             kv_cache_block_copies=copies or None,
@@ -551,7 +648,14 @@ class SyncScheduler(_VllmScheduler):
             out.kv_connector_metadata = self._build_kv_connector_meta(self.connector, out)
         if self.aux_output_connector is not None:
             out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(out, reqs)
+        if self.ec_connector is not None:
+            out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
         return out
+
+
+def _no_chunk(rid: Any, start: int, n: int) -> int:
+    """A chunk cap that holds every prompt chunk (a step whose prefill vLLM would defer)."""
+    return 0
 
 
 class Scheduler(SyncScheduler, _VllmAsyncScheduler):
