@@ -65,3 +65,25 @@ def test_a_dense_row_with_moe_sizes_one_is_replayed(tmp_path: Path) -> None:
     (row,) = read_rows(csv)
     out = replay_row(row, load_profile("none"), "none", requests_per_row=1)
     assert out["tp"] == 2 and out["sim_ttft_ms"] > 0
+
+
+def test_a_row_with_attention_data_parallel_is_replayed(tmp_path: Path) -> None:
+    """DeepSeek-R1 on 8 H200s as attention_dp_size 8 of tp_size 1, moe_ep_size 8 (TensorRT-LLM's layout): the
+    row is replayed, not skipped, on one replica priced at dp_attention 8 and ep 8, whose KV capacity is the
+    8 ranks' (derived_kv_tokens of that cost model)."""
+    from stallfree.costmodel import CostModel, get_gpu, get_model
+    from stallfree.validate.hardware import derived_kv_tokens
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER + "a,src; silicon_concurrency=16,trtllm,1.3.0rc20,deepseek-ai/DeepSeek-R1,h200_sxm,fp8,agg,"
+                   "512,4,fp8_block,fp8_block,2,1,1,8,1,8,300.0,20.0\n", encoding="utf-8")
+    (row,) = read_rows(csv)
+    assert (row.tp, row.attention_dp, row.moe_ep, row.concurrency) == (1, 8, 8, 16)
+    none = load_profile("none")
+    price = pricing("deepseek-v3", "h200", 1, "fp8", none, "none", ep=8, dp_attention=8)
+    assert (price.base.dp_attention, price.base.ep) == (8, 8)
+    out = replay_row(row, none, "none", requests_per_row=1)
+    cm = CostModel(get_model("deepseek-v3"), get_gpu("h200"), 1, "fp8", ep=8, dp_attention=8)
+    assert out["kv_tokens"] == derived_kv_tokens(cm, cm.gpu.mem_bytes, 0.9, 16)
+    assert (out["dp_attention"], out["layout"]) == (8, "tp1 ep8 dp8")
+    assert out["sim_ttft_ms"] > 0 and out["sim_tpot_ms"] > 0

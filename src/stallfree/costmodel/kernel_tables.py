@@ -46,6 +46,9 @@ __all__ = [
 _SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch",
                          "OverlapOp"})
 
+# The shared op classes whose tokens are every attention rank's (the package scales them by attention_dp_size).
+_MOE_OPS = frozenset({"MoE", "MoEDispatch"})
+
 # Bumped when the meaning of a cached entry changes, so that older entries are built afresh.
 _FORMAT = "3"
 
@@ -85,6 +88,9 @@ class KernelTables:
         decode_shared: generation-op indices priced at B tokens for a step of decodes only, where the
             package's decode graph differs from its prefill graph (DeepSeek's shared experts overlap
             the routed ones in decode: OverlapOp); None where the context ops serve both.
+        moe_shared: the context-op indices among `shared` that see every attention rank's tokens (the
+            package's MoE and MoEDispatch ops, whose tokens it scales by attention_dp_size); () for tables
+            built with one attention rank, where the split is not used.
     """
 
     handle: Any
@@ -99,6 +105,7 @@ class KernelTables:
     chunk_attentions: tuple[int, ...] = ()
     decode_attentions: tuple[int, ...] = ()
     decode_shared: tuple[int, ...] | None = None
+    moe_shared: tuple[int, ...] = ()
 
 
 _TABLES: dict[tuple[str, ...], KernelTables] = {}
@@ -209,11 +216,14 @@ def _package_version() -> str:
 
 def load_tables(
     config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str,
-    ep: int = 1,
+    ep: int = 1, dp_attention: int = 1,
 ) -> KernelTables:
-    """Return the compiled engine for a model config, system, engine version, TP degree and expert
-    parallelism `ep` (the package's moe_ep_size; moe_tp_size = tp / ep): built once per process per
-    key, then shared.
+    """Return the compiled engine for a model config, system, engine version, TP degree, expert
+    parallelism `ep` and data-parallel attention ranks `dp_attention` (the package's moe_ep_size and
+    attention_dp_size; moe_tp_size = tp x dp_attention / ep): built once per process per key, then shared.
+    With dp_attention > 1 the package's op list is one attention rank's: its attention, dense GEMMs and
+    all-reduces are asked at that rank's tokens, its MoE ops count every rank's (the package scales the
+    tokens of its MoE and dispatch ops by attention_dp_size itself).
 
     Building asks the package to resolve the version slot, load its database and compile the model
     (3 to 5 s on a 2-core machine); the compiled spec is then kept on disk (cache_dir(), keyed by every
@@ -226,15 +236,18 @@ def load_tables(
             model holds an op the composition does not price.
     """
     text = json.dumps(config, sort_keys=True)
-    key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ())
+    key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ()) + (
+        (f"dp{dp_attention}",) if dp_attention > 1 else ())
     found = _TABLES.get(key)
     if found is not None:
         return found
     digest = hashlib.sha256(json.dumps([*key, _package_version(), _FORMAT]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{digest}.json"
     tables = _load_cached(path)
+    if tables is not None and dp_attention > 1 and not tables.moe_shared:
+        tables = None  # an entry written before the MoE ops were told apart: build afresh
     if tables is None:
-        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep)
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep, dp_attention)
         _store(path, tables, spec)
     _TABLES[key] = tables
     return tables
@@ -245,7 +258,8 @@ def _store(path: Path, tables: KernelTables, spec: str) -> None:
             "shared": list(tables.shared), "logits": tables.logits, "chunk_attention": tables.chunk_attention,
             "decode_attention": tables.decode_attention, "logits_json": tables.logits_json,
             "chunk_attentions": list(tables.chunk_attentions), "decode_attentions": list(tables.decode_attentions),
-            "decode_shared": None if tables.decode_shared is None else list(tables.decode_shared)}
+            "decode_shared": None if tables.decode_shared is None else list(tables.decode_shared),
+            "moe_shared": list(tables.moe_shared)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -275,14 +289,15 @@ def _load_cached(path: Path) -> KernelTables | None:
                             int(meta["logits"]), int(meta["chunk_attention"]), int(meta["decode_attention"]),
                             meta["logits_json"], tuple(int(i) for i in meta.get("chunk_attentions", ())),
                             tuple(int(i) for i in meta.get("decode_attentions", ())),
-                            None if ds is None else tuple(int(i) for i in ds))
+                            None if ds is None else tuple(int(i) for i in ds),
+                            tuple(int(i) for i in meta.get("moe_shared", ())))
     except Exception:  # a stale or damaged entry: build afresh
         return None
 
 
 def _build_tables(
     config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
-    kv_dtype: str, ep: int = 1,
+    kv_dtype: str, ep: int = 1, dp_attention: int = 1,
 ) -> tuple[KernelTables, str]:
     literal = resolve_version(system, engine, version)
     aic = _import_package()
@@ -302,7 +317,8 @@ def _build_tables(
             moe = _is_moe(config)
             gemm_mode, moe_mode = quant_modes(dtype, config, moe)
             mc = build_model_config(
-                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp // ep if moe else 1, moe_ep_size=ep,
+                tp_size=tp, pp_size=1, attention_dp_size=dp_attention,
+                moe_tp_size=tp * dp_attention // ep if moe else 1, moe_ep_size=ep,
                 gemm_quant_mode=gemm_mode, kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
                 fmha_quant_mode=None, moe_quant_mode=moe_mode,
                 comm_quant_mode=None, forward_model=None, attention_backend=None,
@@ -325,6 +341,8 @@ def _build_tables(
             shared, logits, chunk = _index_ops(model.context_ops, owner)
             gen_shared, _, decode = _index_ops(model.generation_ops, owner)
             overlapped = any(type(model.generation_ops[i]).__name__ == "OverlapOp" for i in gen_shared)
+            moe_shared = tuple(i for i in shared if type(model.context_ops[i]).__name__ in _MOE_OPS) \
+                if dp_attention > 1 else ()
             logits_json = None
             if logits < 0:  # the package's MoE models leave out the lm_head: the Llama family's GEMM
                 from aiconfigurator_core.sdk import common
@@ -346,7 +364,7 @@ def _build_tables(
         quiet.setLevel(level)
     tables = KernelTables(handle, system, engine, literal, shared, logits, chunk[0], decode[0], logits_json,
                           chunk if len(chunk) > 1 else (), decode if len(decode) > 1 else (),
-                          gen_shared if overlapped else None)
+                          gen_shared if overlapped else None, moe_shared)
     return tables, str(spec)
 
 
