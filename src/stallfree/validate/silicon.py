@@ -407,8 +407,9 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
 
     Raises:
         ValueError: a row we do not replay (a mode other than agg and disagg, pipeline parallel, experts
-            over more GPUs than tp x attention_dp (implied attention data parallel), a disaggregated row without worker counts or concurrency, a model or GPU the cost model
-            cannot price, a prefill load above 1: prefill_load): the message says why.
+            over more GPUs than tp x attention_dp (implied attention data parallel), a disaggregated row
+            without worker counts or concurrency, a model or GPU the cost model cannot price, a prefill load
+            above 1: prefill_load): the message says why.
     """
     where = f"line {row.line}"
     if row.mode == "disagg":
