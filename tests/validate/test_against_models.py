@@ -87,3 +87,23 @@ def test_a_row_with_attention_data_parallel_is_replayed(tmp_path: Path) -> None:
     assert out["kv_tokens"] == derived_kv_tokens(cm, cm.gpu.mem_bytes, 0.9, 16)
     assert (out["dp_attention"], out["layout"]) == (8, "tp1 ep8 dp8")
     assert out["sim_ttft_ms"] > 0 and out["sim_tpot_ms"] > 0
+
+
+def test_fp4_rows_are_priced_in_nvfp4_and_a_dp_rows_batch_is_per_rank(tmp_path: Path) -> None:
+    """precision fp4 is NVFP4 (DeepSeek-R1's NVFP4 checkpoint) except where the name fixes MXFP4 (gpt-oss); fp8
+    stays the checkpoint's FP8. Without silicon_concurrency an aggregated row's concurrency is batch_size x
+    attention_dp_size (the package's batch is one rank's): 3 x 4 = 12."""
+    from stallfree.validate.silicon import row_weights
+
+    assert model_preset("nvidia/DeepSeek-R1-NVFP4") == ("deepseek-v3", "nvfp4")
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER
+                   + "a,src,trtllm,1.0,deepseek-ai/DeepSeek-R1,b200_sxm,fp4,agg,512,8,nvfp4,nvfp4,3,1,1,4,1,4,1,1\n"
+                   + "b,src,trtllm,1.0,openai/gpt-oss-120b,b200_sxm,fp4,agg,512,8,fp4,fp4,3,1,1,,1,1,1,1\n"
+                   + "c,src,trtllm,1.0,deepseek-ai/DeepSeek-R1,b200_sxm,fp8,agg,512,8,fp8,fp8,3,8,1,,1,8,1,1\n",
+                   encoding="utf-8")
+    dsr1, oss, fp8 = read_rows(csv)
+    assert row_weights(dsr1) == ("deepseek-v3", "nvfp4")
+    assert row_weights(oss) == ("gpt-oss-120b", "mxfp4")
+    assert row_weights(fp8) == ("deepseek-v3", "fp8")
+    assert (dsr1.concurrency, oss.concurrency, fp8.concurrency) == (12, 3, 3)

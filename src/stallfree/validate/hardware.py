@@ -57,6 +57,9 @@ MODEL_NAMES: dict[str, tuple[str, str | None]] = {
     "openai/gpt-oss-120b": ("gpt-oss-120b", "mxfp4"),
     "openai/gpt-oss-20b": ("gpt-oss-20b", "mxfp4"),
     "moonshotai/kimi-k2-instruct": ("kimi-k2", "fp8"),
+    # NVIDIA's NVFP4 quantizations of DeepSeek-R1 and -V3.1 (DeepSeek-V3's architecture).
+    "nvidia/deepseek-r1-nvfp4": ("deepseek-v3", "nvfp4"),
+    "nvidia/deepseek-v3.1-nvfp4": ("deepseek-v3", "nvfp4"),
 }
 
 #: GPU memory vLLM keeps off the KV cache beyond the weights, bytes per GPU: the forward pass's

@@ -7,7 +7,8 @@ stallfree.validate; matplotlib for the plot.
 A row gives: backend and backend_version, model_path, system (a GPU), precision, mode (agg: one engine;
 disagg: prefill and decode workers), isl and osl (tokens; every request of the row has exactly these),
 batch_size, tp_size, pp_size, attention_dp_size, and silicon_ttft_ms / silicon_tpot_ms (the measured
-means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size.
+means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size x
+attention_dp_size (batch_size is one attention-DP rank's; below).
 
 A disaggregated row gives each side's prefill_* / decode_* columns instead (num_workers, tp_size, pp_size,
 attention_dp_size, moe_tp_size, moe_ep_size, batch_size; WorkerGroup). Its concurrency is the requests in
@@ -91,6 +92,7 @@ __all__ = [
     "prefill_load",
     "read_rows",
     "replay_row",
+    "row_weights",
     "validate_silicon",
 ]
 
@@ -201,7 +203,8 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
     A disaggregated row (mode disagg) has no batch_size or tp_size of its own: tp is 1 and its sides are read
     from the prefill_* / decode_* columns (WorkerGroup; empty fields as 0, pp, attention_dp and moe_ep at
     least 1); its concurrency is silicon_concurrency=N, else decode_batch_size x decode_attention_dp_size x
-    decode_num_workers (module docstring), else 0 (not replayed).
+    decode_num_workers (module docstring), else 0 (not replayed); an aggregated row's is silicon_concurrency=N,
+    else batch_size x attention_dp_size.
 
     Raises:
         ValueError: the file cannot be read, a column is missing, or a field is malformed (file, line, field
@@ -225,8 +228,9 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
             sides = None if agg else (_side(where, r, "prefill"), _side(where, r, "decode"))
             if m:
                 conc = int(m.group(1))
-            elif agg:
-                conc = _int(where, "batch_size", r["batch_size"])
+            elif agg:  # batch_size is one attention-DP rank's (module docstring)
+                conc = _int(where, "batch_size", r["batch_size"]) * max(
+                    1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
             else:
                 dec = sides[1]  # type: ignore[index]
                 conc = dec.batch_size * dec.attention_dp * dec.workers
@@ -401,6 +405,22 @@ def prefill_load(row: ClosedLoopRow, cost: Any, workers: int = 1) -> float:
     return row.concurrency / life_s * prefill_s / max(workers, 1) if life_s > 0 else math.inf
 
 
+def row_weights(row: ClosedLoopRow) -> tuple[str, str]:
+    """Return (our model name or config path, weight dtype) for a row: model_preset of its model_path with its
+    precision column (fp8 as fp8, anything else as bf16 unless the name fixes the checkpoint's format), except
+    that precision fp4 is priced in nvfp4 (the NVFP4 checkpoints these rows serve, e.g. DeepSeek-R1's: GEMMs
+    and experts in NVFP4) wherever the name does not fix MXFP4 (gpt-oss, whose own FP4 is MXFP4 experts).
+
+    Raises:
+        ValueError: as model_preset.
+    """
+    precision = row.precision.lower()
+    name, dtype = model_preset(row.model, "fp8" if precision == "fp8" else "bf16")
+    if precision in ("fp4", "nvfp4") and dtype != "mxfp4":
+        dtype = "nvfp4"
+    return name, dtype
+
+
 def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str | None = "none",
                requests_per_row: int = REQUESTS_PER_ROW) -> dict[str, Any]:
     """Replay one row closed-loop (module docstring) and compare its TTFT and TPOT.
@@ -424,7 +444,7 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         # Fewer is not that: a dense model's rows carry moe_tp_size 1 x moe_ep_size 1 at every tp.
         raise ValueError(f"{where}: moe_tp_size {row.moe_tp} x moe_ep_size {row.moe_ep} = {moe_gpus} GPUs against "
                          f"tp_size {row.tp}: implied attention data parallel, not replayed")
-    name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
+    name, dtype = row_weights(row)
     try:
         engine = parse_kernels(kernels)[0] if kernels is not None else DEFAULT_ENGINE
         price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels,
@@ -491,7 +511,7 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
     if row.concurrency < 1:
         raise ValueError(f"{where}: no concurrency: neither silicon_concurrency=N nor decode_batch_size x "
                          "decode_num_workers")
-    name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
+    name, dtype = row_weights(row)
     gpu = gpu_preset(_norm(row.system))
     sides = []
     try:
