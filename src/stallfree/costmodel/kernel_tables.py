@@ -46,9 +46,6 @@ __all__ = [
 _SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", "P2P", "NCCL", "MoE", "MoEDispatch",
                          "OverlapOp"})
 
-# The shared op classes whose tokens are every attention rank's (the package scales them by attention_dp_size).
-_MOE_OPS = frozenset({"MoE", "MoEDispatch"})
-
 # Bumped when the meaning of a cached entry changes, so that older entries are built afresh.
 _FORMAT = "3"
 
@@ -88,9 +85,6 @@ class KernelTables:
         decode_shared: generation-op indices priced at B tokens for a step of decodes only, where the
             package's decode graph differs from its prefill graph (DeepSeek's shared experts overlap
             the routed ones in decode: OverlapOp); None where the context ops serve both.
-        moe_shared: the context-op indices among `shared` that see every attention rank's tokens (the
-            package's MoE and MoEDispatch ops, whose tokens it scales by attention_dp_size); () for tables
-            built with one attention rank, where the split is not used.
     """
 
     handle: Any
@@ -105,7 +99,6 @@ class KernelTables:
     chunk_attentions: tuple[int, ...] = ()
     decode_attentions: tuple[int, ...] = ()
     decode_shared: tuple[int, ...] | None = None
-    moe_shared: tuple[int, ...] = ()
 
 
 _TABLES: dict[tuple[str, ...], KernelTables] = {}
@@ -244,8 +237,6 @@ def load_tables(
     digest = hashlib.sha256(json.dumps([*key, _package_version(), _FORMAT]).encode()).hexdigest()[:32]
     path = cache_dir() / f"{digest}.json"
     tables = _load_cached(path)
-    if tables is not None and dp_attention > 1 and not tables.moe_shared:
-        tables = None  # an entry written before the MoE ops were told apart: build afresh
     if tables is None:
         tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep, dp_attention)
         _store(path, tables, spec)
@@ -258,8 +249,7 @@ def _store(path: Path, tables: KernelTables, spec: str) -> None:
             "shared": list(tables.shared), "logits": tables.logits, "chunk_attention": tables.chunk_attention,
             "decode_attention": tables.decode_attention, "logits_json": tables.logits_json,
             "chunk_attentions": list(tables.chunk_attentions), "decode_attentions": list(tables.decode_attentions),
-            "decode_shared": None if tables.decode_shared is None else list(tables.decode_shared),
-            "moe_shared": list(tables.moe_shared)}
+            "decode_shared": None if tables.decode_shared is None else list(tables.decode_shared)}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -289,8 +279,7 @@ def _load_cached(path: Path) -> KernelTables | None:
                             int(meta["logits"]), int(meta["chunk_attention"]), int(meta["decode_attention"]),
                             meta["logits_json"], tuple(int(i) for i in meta.get("chunk_attentions", ())),
                             tuple(int(i) for i in meta.get("decode_attentions", ())),
-                            None if ds is None else tuple(int(i) for i in ds),
-                            tuple(int(i) for i in meta.get("moe_shared", ())))
+                            None if ds is None else tuple(int(i) for i in ds))
     except Exception:  # a stale or damaged entry: build afresh
         return None
 
@@ -341,8 +330,6 @@ def _build_tables(
             shared, logits, chunk = _index_ops(model.context_ops, owner)
             gen_shared, _, decode = _index_ops(model.generation_ops, owner)
             overlapped = any(type(model.generation_ops[i]).__name__ == "OverlapOp" for i in gen_shared)
-            moe_shared = tuple(i for i in shared if type(model.context_ops[i]).__name__ in _MOE_OPS) \
-                if dp_attention > 1 else ()
             logits_json = None
             if logits < 0:  # the package's MoE models leave out the lm_head: the Llama family's GEMM
                 from aiconfigurator_core.sdk import common
@@ -364,7 +351,7 @@ def _build_tables(
         quiet.setLevel(level)
     tables = KernelTables(handle, system, engine, literal, shared, logits, chunk[0], decode[0], logits_json,
                           chunk if len(chunk) > 1 else (), decode if len(decode) > 1 else (),
-                          gen_shared if overlapped else None, moe_shared)
+                          gen_shared if overlapped else None)
     return tables, str(spec)
 
 

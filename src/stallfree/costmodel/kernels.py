@@ -40,22 +40,21 @@ Data-parallel attention (dp_attention = D > 1; an MoE model): the replica is D a
 run in lockstep (every MoE layer exchanges tokens between all of them), simulated as one replica whose
 scheduler holds every rank's sequences (KV capacity, the roofline's, is D ranks' worth). The tables are
 the package's for attention_dp_size D (moe_tp_size = tp x D / ep): one rank's op list, its MoE and dispatch
-ops counting the tokens of all D ranks (the package scales them by D itself). A step is priced as its
-busiest rank, the step's sequences split evenly over the ranks (ceil(x / D) of each count) except that a
-prefill chunk is not split (it runs on one rank); with T, S, B as above, C the chunks' tokens, c_max the
-largest chunk and ceil(.) rounding up:
-    T_rank   = max(ceil(T / D), c_max + ceil((T - C) / D))   tokens of the busiest rank
-    step_s   = shared_rank(T_rank) + shared_moe(ceil(T / D)) + logits(ceil(S / D))
-             + max(sum over chunks of chunk(c, p) / D, the dearest chunk)
+ops counting the tokens of all D ranks (the package scales them by D itself). A step is priced as one
+rank's even share of it, each count rounded up (ceil(x / D)):
+    step_s = shared(ceil(T / D)) + logits(ceil(S / D)) + sum over chunks of chunk(c, p) / D
              + (1 / B) sum_i decode(ceil(B / D), s_i)
-shared_rank is shared(.) less the MoE and dispatch ops, shared_moe those ops (with every rank at
-ceil(T / D) tokens, all T tokens reach the experts); without chunks both are at ceil(T / D), from the
-decode graph. Why the busiest rank and not the mean one (the roofline's, a floor): lockstep ranks wait for
-the slowest at every MoE layer. Why one replica: the ranks share one engine's KV-free MoE weights and a
-front end that balances requests over them; routing imbalance between ranks is not priced. The package's
-estimator, whose batch is one rank's (bs per rank, every rank alike), is matched exactly where the shapes
-agree: B = b x D decodes of equal contexts against its decode of b, and D whole prompts of p tokens
-against its prefill of one prompt of p (benchmarks/kernels_vs_estimator.py --dp).
+so the attention kernels see one rank's batch, the experts all T tokens, and the ranks' prefill work is
+spread evenly over them. Why an even share, prefill chunks included: the engines balance the ranks
+(requests assigned to the least loaded rank; TensorRT-LLM's and SGLang's attention-DP schedulers hold
+prompts back so that the ranks prefill together), so over a run every rank carries 1 / D of the prefill
+work; pricing a chunk as one rank's alone while the others wait prices the unbalanced engine, and on the
+package's attention-DP rows (DeepSeek-R1 on 8 H200s as 8 ranks, TensorRT-LLM, 6 rows) it left a median
+TPOT error of 60%, the even share 10% (docs/fidelity.md). What it leaves out: the wait of a prompt held
+back for balancing (its TTFT) and imbalance between ranks. The package's estimator, whose batch is one
+rank's (bs per rank, every rank alike), is matched exactly where the shapes agree: B = b x D decodes of
+equal contexts against its decode of b, and D whole prompts of p tokens against its prefill of one prompt
+of p (benchmarks/kernels_vs_estimator.py --dp).
 
 Buckets (the cache): the chunk offset p and the decode keys s are priced by linear interpolation
 between KNOTS (every CONTEXT_BUCKET = 256 tokens up to 1,024, then two per doubling), the package
@@ -154,9 +153,9 @@ class KernelCostModel:
         ep: expert parallelism: the routed experts split over ep of the tp GPUs, each expert over
             tp / ep of them (the package's moe_ep_size and moe_tp_size).
         dp_attention: data-parallel attention ranks D of an MoE model, each of tp GPUs (the package's
-            attention_dp_size); the replica is tp x D GPUs, a step priced as its busiest rank (module
-            docstring). The split is checked by the roofline (CostModel: a dense model, ep not dividing
-            tp x D, pp > 1 are refused, naming the field and the value).
+            attention_dp_size); the replica is tp x D GPUs, a step priced as one rank's even share of it
+            (module docstring). The split is checked by the roofline (CostModel: a dense model, ep not
+            dividing tp x D, pp > 1 are refused, naming the field and the value).
         config: the model's config.json as a dict (a user's file), or None: the public config.json the
             package bundles for a preset that has one (kernel_maps.PACKAGE_CONFIGS: DeepSeek-V3,
             Kimi-K2, Qwen3, gpt-oss, Llama 4), else one written from `model`.
@@ -222,7 +221,6 @@ class KernelCostModel:
         self._chunk_c: dict[int, float] = {}
         self._decode_c: dict[int, float] = {}
         self._decode_shared_c: dict[int, float] = {}
-        self._split_c: dict[int, float] = {}
         self._sorted: tuple[Any, list[int], list[int]] | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -265,7 +263,6 @@ class KernelCostModel:
         self._chunk_c.clear()
         self._decode_c.clear()
         self._decode_shared_c.clear()
-        self._split_c.clear()
         self._sorted = None
 
     # ---- the package's tables, in seconds --------------------------------------------------------
@@ -286,24 +283,6 @@ class KernelCostModel:
             scale = _at(self._ar_curves[0], x) / _at(self._ar_curves[1], x)
             ms += (scale - 1.0) * sum(v[1] for v in ops if _ALLREDUCE_OP.search(str(v[0])))
         return ms
-
-    def split_shared_s(self, rank_tokens: int, moe_tokens: int) -> float:
-        """Return shared_rank(rank_tokens) + shared_moe(moe_tokens) of the module docstring, seconds: with
-        data-parallel attention, the ops of the busiest rank at its `rank_tokens` and the MoE and dispatch
-        ops at `moe_tokens` per rank (the package counts D times that through the experts); shared_s when
-        the two are equal or the tables have no such split (cached, exact)."""
-        moe = self.tables.moe_shared
-        if rank_tokens == moe_tokens or not moe:
-            return self.shared_s(rank_tokens)
-        key = rank_tokens * (1 << 32) + moe_tokens
-        t = self._split_c.get(key)
-        if t is None:
-            h, tb = self.tables.handle, self.tables
-            rank = h.evaluate_context_ops([i for i in tb.shared if i not in moe], batch_size=1, s=rank_tokens)
-            ms = self._with_run_allreduce(rank, rank_tokens)
-            ms += self._with_run_allreduce(h.evaluate_context_ops(list(moe), batch_size=1, s=moe_tokens), moe_tokens)
-            t = self._split_c[key] = ms * 1e-3
-        return t
 
     def decode_shared_s(self, tokens: int) -> float:
         """Return shared(T) of a step of decodes only, seconds: the package's decode graph where it
@@ -373,8 +352,8 @@ class KernelCostModel:
 
     def decode_attention_s(self, plan: StepPlan) -> float:
         """Return sum_i decode(B, s_i) / B of the module docstring, seconds, with s_i = start_i + 1 and
-        decode(B, .) linear between KNOTS (with D attention ranks, decode(ceil(B / D), .): the busiest
-        rank's batch); O(B log B + knots spanned x log B) per step, the sorted starts being kept while
+        decode(B, .) linear between KNOTS (with D attention ranks, decode(ceil(B / D), .): one rank's
+        batch); O(B log B + knots spanned x log B) per step, the sorted starts being kept while
         the scheduler reuses its tuple of decode offsets."""
         nd = plan.num_decodes
         if not nd:
@@ -431,17 +410,15 @@ class KernelCostModel:
         return t + self.shared_s(tokens) + self.logits_s(sampled)
 
     def _ranks_s(self, plan: StepPlan, chunks: list[float]) -> float:
-        """With D > 1 attention ranks: every term of the module docstring's busiest rank but the decode
-        attention, seconds, given each prefill chunk's attention (`chunks`, seconds, in plan order)."""
-        d, tokens = self.dp_attention, plan.num_tokens
-        per = -(-tokens // d)
+        """With D > 1 attention ranks: every term of the module docstring's step but the decode attention,
+        seconds, given each prefill chunk's attention (`chunks`, seconds)."""
+        d = self.dp_attention
         sampled = plan.num_decodes + sum(c.is_last for c in plan.prefills)
-        head = self.logits_s(-(-sampled // d))
+        t = self.logits_s(-(-sampled // d))
+        per = -(-plan.num_tokens // d)
         if not plan.prefills:
-            return self.decode_shared_s(per) + head
-        in_chunks = sum(c.num_tokens for c in plan.prefills)
-        rank = max(per, max(c.num_tokens for c in plan.prefills) + -(-(tokens - in_chunks) // d))
-        return self.split_shared_s(rank, per) + head + max(sum(chunks) / d, max(chunks))
+            return t + self.decode_shared_s(per)
+        return t + self.shared_s(per) + sum(chunks) / d
 
     def step_time_exact(self, plan: StepPlan) -> float:
         """Return step_time(plan) without buckets: every chunk and every decode's keys asked of the
@@ -467,7 +444,7 @@ class KernelCostModel:
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
         """Return the time of a decode-only step of `num_decodes` decodes, each with `context_len`
         tokens already in the KV cache, seconds (0.0 for none; exact, no buckets). With D attention ranks
-        the decodes are the replica's, split evenly: the busiest rank's ceil(num_decodes / D) are priced.
+        the decodes are the replica's, split evenly: one rank's ceil(num_decodes / D) are priced.
 
         Raises:
             CostModelError: a negative count or context.
@@ -484,8 +461,8 @@ class KernelCostModel:
     ) -> float:
         """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`
         plus `num_decodes` decodes with `context_len` tokens each in the KV cache, seconds (exact, no
-        buckets; the arguments of CostModel.prefill_step_time). With D attention ranks the chunk runs on
-        one rank and the decodes are the replica's, split evenly (the module docstring's busiest rank).
+        buckets; the arguments of CostModel.prefill_step_time). With D attention ranks the step is the
+        replica's, priced as one rank's even share (module docstring).
 
         Raises:
             CostModelError: num_tokens < 1, or a negative start, count or context.
@@ -496,12 +473,10 @@ class KernelCostModel:
                 f"{num_tokens}, {start}, {num_decodes}, {context_len}"
             )
         d = self.dp_attention
-        nb = -(-num_decodes // d)
-        total = num_tokens + num_decodes
-        t = self.split_shared_s(num_tokens + nb, -(-total // d)) + self.logits_s(-(-(num_decodes + int(is_last)) // d))
+        t = self.shared_s(-(-(num_tokens + num_decodes) // d)) + self.logits_s(-(-(num_decodes + int(is_last)) // d))
         if num_decodes:
-            t += self.decode_exact_s(nb, context_len + 1)
-        return t + self.chunk_exact_s(num_tokens, start)
+            t += self.decode_exact_s(-(-num_decodes // d), context_len + 1)
+        return t + self.chunk_exact_s(num_tokens, start) / d
 
 
 def _config_for(model: ModelSpec, dtype: str = "bf16") -> dict[str, Any]:

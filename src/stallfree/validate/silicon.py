@@ -46,7 +46,7 @@ skipped with the reason.
 
 Attention data parallel (attention_dp_size D > 1, aggregated or either side of a disaggregated row): a replica
 (or worker) is D attention ranks of tp_size GPUs, priced by the cost model's dp_attention D with ep from
-moe_ep_size (the kernel tables: KernelCostModel's busiest rank; the roofline: the mean one), its KV capacity
+moe_ep_size (one rank's even share of each step: KernelCostModel's module docstring), its KV capacity
 D ranks' worth, and its token budget D x BUDGET: vLLM and TensorRT-LLM run one scheduler per attention rank,
 each with its own token budget (vLLM's data-parallel engines, TensorRT-LLM's attention-DP ranks). A row whose
 experts span more GPUs than tp_size x attention_dp_size (implied attention data parallel) is still skipped.
