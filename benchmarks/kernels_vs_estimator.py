@@ -12,6 +12,10 @@ whose s = isl + osl // 2 + 1 keys equal a decode at `start`; predict_prefill_lat
 bundles (DeepSeek-V3 and Kimi-K2: MLA and shared experts; gpt-oss: windowed layers and MXFP4 experts;
 Qwen3-235B-A22B, Llama 4 Scout; DeepSeek-V3 in NVFP4 on B200). Where the package's MoE graph has no
 lm_head, a prefill's ratio is taken less our lm_head GEMM (column `less lm_head`).
+
+--dp: data-parallel attention (DP_CASES: D attention ranks of tp GPUs, experts over ep), where the
+estimator's batch is one rank's: our decode_step_time of D x b decodes against its decode step of b, and our
+step of D whole prompts of p tokens (one per rank) against its prefill of one prompt of p.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--new", action="store_true", help="the newer decoders (MLA, windows, 4-bit)")
+    ap.add_argument("--dp", action="store_true", help="data-parallel attention (DP_CASES)")
     a = ap.parse_args()
+    if a.dp:
+        return _report(_dp_rows(), a.json)
     if a.new:
         return _report(_new_rows(), a.json)
     qwen, qcfg = _qwen3_32b()
@@ -87,6 +94,38 @@ def _new_rows() -> list[dict[str, Any]]:
         for p in PROMPTS:
             ours, est = km.prefill_step_time(p), h.predict_prefill_latency(1, p) * 1e-3
             rows.append({"gpu": gpu, "model": label, "tp": tp, "shape": f"prefill {p}", "ours_ms": ours * 1e3,
+                         "estimator_ms": est * 1e3, "ratio": ours / est, "less_lm_head": (ours - head) / est})
+    return rows
+
+
+#: (model, gpu, tp, dp_attention, ep, dtype, engine) of the data-parallel attention checks.
+DP_CASES = (
+    ("deepseek-v3", "h200", 1, 8, 8, "fp8", "sglang"),
+    ("deepseek-v3", "h200", 1, 8, 8, "fp8", "trtllm"),
+    ("deepseek-v3", "h200", 1, 8, 8, "fp8", "vllm"),
+    ("deepseek-v3", "b200", 1, 8, 8, "nvfp4", "trtllm"),
+    ("kimi-k2", "h200", 2, 4, 8, "fp8", "vllm"),
+    ("qwen3-235b-a22b", "h200", 1, 8, 8, "fp8", "vllm"),
+    ("gpt-oss-120b", "h200", 1, 4, 4, "mxfp4", "vllm"),
+)
+
+
+def _dp_rows() -> list[dict[str, Any]]:
+    from stallfree.core.plan import ScheduledChunk, StepPlan
+
+    rows = []
+    for name, gpu, tp, dp, ep, dtype, engine in DP_CASES:
+        km = KernelCostModel(get_model(name), get_gpu(gpu), tp, dtype, engine=engine, ep=ep, dp_attention=dp)
+        h, label = km.tables.handle, f"{name} {dtype} {engine} dp{dp} ep{ep}"
+        for b, start in DECODES:
+            ours, est = km.decode_step_time(dp * b, start), h.decode_step_latency(b, start - 1, 2) * 1e-3
+            rows.append({"gpu": gpu, "model": label, "tp": tp, "shape": f"decode {dp} x {b} x {start}",
+                         "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
+        head = km.logits_s(1) if km.tables.logits < 0 else 0.0
+        for p in PROMPTS:
+            plan = StepPlan(0, (), (), tuple(ScheduledChunk(i, p, True, 0, True) for i in range(dp)), dp * p, 0, dp * p)
+            ours, est = km.step_time(plan), h.predict_prefill_latency(1, p) * 1e-3
+            rows.append({"gpu": gpu, "model": label, "tp": tp, "shape": f"prefill {dp} x {p}", "ours_ms": ours * 1e3,
                          "estimator_ms": est * 1e3, "ratio": ours / est, "less_lm_head": (ours - head) / est})
     return rows
 

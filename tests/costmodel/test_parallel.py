@@ -87,11 +87,14 @@ def test_dp_attention_keeps_the_work_per_gpu_and_reads_the_dense_weights_per_ran
     assert b.memory_s - a.memory_s == pytest.approx(extra, rel=1e-9)
 
 
-def test_kernels_refuse_dp_attention_and_the_default_falls_back() -> None:
-    """The kernel composition prices one attention rank; the default prices dp_attention by the roofline
-    and says why (no package needed: the refusal comes first)."""
+def test_the_default_prices_dp_attention_from_the_kernels_where_installed() -> None:
+    """The default prices dp_attention from the kernel tables where the package is installed (the split
+    is the roofline's, checked first), else by the roofline saying why."""
+    from stallfree.costmodel.kernels import kernels_installed
+
     chosen = choose_cost_model("deepseek-v3", "h200", tp=1, dtype="fp8", ep=8, dp_attention=8)
-    assert chosen.name in ("floor", "calibrated")
-    if "fallback_reason" in chosen.source and "not installed" not in chosen.source["fallback_reason"]:
-        assert "dp_attention 8" in chosen.source["fallback_reason"]
     assert chosen.cost_model.dp_attention == 8
+    if kernels_installed():
+        assert chosen.name == "kernels" and chosen.cost_model.ep == 8
+    else:
+        assert chosen.name in ("floor", "calibrated") and "not installed" in chosen.source["fallback_reason"]

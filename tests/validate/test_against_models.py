@@ -65,3 +65,45 @@ def test_a_dense_row_with_moe_sizes_one_is_replayed(tmp_path: Path) -> None:
     (row,) = read_rows(csv)
     out = replay_row(row, load_profile("none"), "none", requests_per_row=1)
     assert out["tp"] == 2 and out["sim_ttft_ms"] > 0
+
+
+def test_a_row_with_attention_data_parallel_is_replayed(tmp_path: Path) -> None:
+    """DeepSeek-R1 on 8 H200s as attention_dp_size 8 of tp_size 1, moe_ep_size 8 (TensorRT-LLM's layout): the
+    row is replayed, not skipped, on one replica priced at dp_attention 8 and ep 8, whose KV capacity is the
+    8 ranks' (derived_kv_tokens of that cost model)."""
+    from stallfree.costmodel import CostModel, get_gpu, get_model
+    from stallfree.validate.hardware import derived_kv_tokens
+
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER + "a,src; silicon_concurrency=16,trtllm,1.3.0rc20,deepseek-ai/DeepSeek-R1,h200_sxm,fp8,agg,"
+                   "512,4,fp8_block,fp8_block,2,1,1,8,1,8,300.0,20.0\n", encoding="utf-8")
+    (row,) = read_rows(csv)
+    assert (row.tp, row.attention_dp, row.moe_ep, row.concurrency) == (1, 8, 8, 16)
+    none = load_profile("none")
+    price = pricing("deepseek-v3", "h200", 1, "fp8", none, "none", ep=8, dp_attention=8)
+    assert (price.base.dp_attention, price.base.ep) == (8, 8)
+    out = replay_row(row, none, "none", requests_per_row=1)
+    cm = CostModel(get_model("deepseek-v3"), get_gpu("h200"), 1, "fp8", ep=8, dp_attention=8)
+    assert out["kv_tokens"] == derived_kv_tokens(cm, cm.gpu.mem_bytes, 0.9, 16)
+    assert (out["dp_attention"], out["layout"]) == (8, "tp1 ep8 dp8")
+    assert out["sim_ttft_ms"] > 0 and out["sim_tpot_ms"] > 0
+
+
+def test_fp4_rows_are_priced_in_nvfp4_and_a_dp_rows_batch_is_per_rank(tmp_path: Path) -> None:
+    """precision fp4 is NVFP4 (DeepSeek-R1's NVFP4 checkpoint) except where the name fixes MXFP4 (gpt-oss); fp8
+    stays the checkpoint's FP8. Without silicon_concurrency an aggregated row's concurrency is batch_size x
+    attention_dp_size (the package's batch is one rank's): 3 x 4 = 12."""
+    from stallfree.validate.silicon import row_weights
+
+    assert model_preset("nvidia/DeepSeek-R1-NVFP4") == ("deepseek-v3", "nvfp4")
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER
+                   + "a,src,trtllm,1.0,deepseek-ai/DeepSeek-R1,b200_sxm,fp4,agg,512,8,nvfp4,nvfp4,3,1,1,4,1,4,1,1\n"
+                   + "b,src,trtllm,1.0,openai/gpt-oss-120b,b200_sxm,fp4,agg,512,8,fp4,fp4,3,1,1,,1,1,1,1\n"
+                   + "c,src,trtllm,1.0,deepseek-ai/DeepSeek-R1,b200_sxm,fp8,agg,512,8,fp8,fp8,3,8,1,,1,8,1,1\n",
+                   encoding="utf-8")
+    dsr1, oss, fp8 = read_rows(csv)
+    assert row_weights(dsr1) == ("deepseek-v3", "nvfp4")
+    assert row_weights(oss) == ("gpt-oss-120b", "mxfp4")
+    assert row_weights(fp8) == ("deepseek-v3", "fp8")
+    assert (dsr1.concurrency, oss.concurrency, fp8.concurrency) == (12, 3, 3)

@@ -51,8 +51,9 @@ def test_disagg_rows_by_hand(tmp_path):
 
 
 def test_disagg_skip_reasons_name_the_figures(tmp_path):
-    """No worker counts, attention DP on a side, or experts over more GPUs than the side's tp: refused with
-    the reason, before any pricing. Fewer expert GPUs than tp (a dense model's moe_tp 1 x moe_ep 1 at tp 4)
+    """No worker counts, pipeline parallel on a side, or experts over more GPUs than the side's tp x
+    attention_dp: refused with the reason, before any pricing; attention DP on a dense model by the cost
+    model, naming the field. Fewer expert GPUs than tp (a dense model's moe_tp 1 x moe_ep 1 at tp 4)
     is not a refusal."""
     rows = read_rows(_csv(tmp_path,
                           _row("a; silicon_concurrency=5", ",,4,1,1,4,1", ",,8,1,1,8,1"),
@@ -61,11 +62,15 @@ def test_disagg_skip_reasons_name_the_figures(tmp_path):
     none = EngineProfile("none")
     with pytest.raises(ValueError, match="prefill_num_workers / decode_num_workers not given"):
         silicon.replay_row(rows[0], none, "none", 1)
-    with pytest.raises(ValueError, match="prefill_pp_size 1, prefill_attention_dp_size 4: not replayed"):
+    with pytest.raises(ValueError, match="line 3: ep 4: qwen3-32b has no experts"):  # DP attention is priced now
         silicon.replay_row(rows[1], none, "none", 1)
     with pytest.raises(ValueError, match=r"decode_moe_tp_size 2 x decode_moe_ep_size 8 = 16 GPUs against "
-                                         r"decode_tp_size 8: implied attention data parallel"):
+                                         r"decode_tp_size 8 x decode_attention_dp_size 1: implied attention data "
+                                         "parallel"):
         silicon.replay_row(rows[2], none, "none", 1)
+    piped = read_rows(_csv(tmp_path, _row("p; silicon_concurrency=5", "1,1,4,2,1,1,1", "1,1,4,1,1,1,1")))[0]
+    with pytest.raises(ValueError, match="prefill_pp_size 2: pipeline parallel, not replayed"):
+        silicon.replay_row(piped, none, "none", 1)
     dense = read_rows(_csv(tmp_path, _row("d; silicon_concurrency=1", "1,1,1,1,1,1,1", "1,1,4,1,1,1,1")))[0]
     assert silicon.replay_row(dense, none, "none", 1)["layout"] == "P 1 x tp1 : D 1 x tp4"
     assert NO_WORKERS.startswith("prefill_num_workers")

@@ -94,7 +94,7 @@ def choose_cost_model(
             tables then price its all-reduces from the package's table of that version where the
             system has one (KernelCostModel's comm_version).
         ep, dp_attention: expert parallelism and data-parallel attention ranks of an MoE model
-            (CostModel's; the kernel tables price ep, and dp_attention 1 only, falling back otherwise).
+            (CostModel's; the kernel tables price both: KernelCostModel's module docstring).
 
     Raises:
         CostModelError: a bad `kernels` value; `kernels` given (not 'none') and it cannot be

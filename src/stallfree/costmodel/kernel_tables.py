@@ -209,11 +209,14 @@ def _package_version() -> str:
 
 def load_tables(
     config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str,
-    ep: int = 1,
+    ep: int = 1, dp_attention: int = 1,
 ) -> KernelTables:
-    """Return the compiled engine for a model config, system, engine version, TP degree and expert
-    parallelism `ep` (the package's moe_ep_size; moe_tp_size = tp / ep): built once per process per
-    key, then shared.
+    """Return the compiled engine for a model config, system, engine version, TP degree, expert
+    parallelism `ep` and data-parallel attention ranks `dp_attention` (the package's moe_ep_size and
+    attention_dp_size; moe_tp_size = tp x dp_attention / ep): built once per process per key, then shared.
+    With dp_attention > 1 the package's op list is one attention rank's: its attention, dense GEMMs and
+    all-reduces are asked at that rank's tokens, its MoE ops count every rank's (the package scales the
+    tokens of its MoE and dispatch ops by attention_dp_size itself).
 
     Building asks the package to resolve the version slot, load its database and compile the model
     (3 to 5 s on a 2-core machine); the compiled spec is then kept on disk (cache_dir(), keyed by every
@@ -226,7 +229,8 @@ def load_tables(
             model holds an op the composition does not price.
     """
     text = json.dumps(config, sort_keys=True)
-    key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ())
+    key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ()) + (
+        (f"dp{dp_attention}",) if dp_attention > 1 else ())
     found = _TABLES.get(key)
     if found is not None:
         return found
@@ -234,7 +238,7 @@ def load_tables(
     path = cache_dir() / f"{digest}.json"
     tables = _load_cached(path)
     if tables is None:
-        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep)
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep, dp_attention)
         _store(path, tables, spec)
     _TABLES[key] = tables
     return tables
@@ -282,7 +286,7 @@ def _load_cached(path: Path) -> KernelTables | None:
 
 def _build_tables(
     config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
-    kv_dtype: str, ep: int = 1,
+    kv_dtype: str, ep: int = 1, dp_attention: int = 1,
 ) -> tuple[KernelTables, str]:
     literal = resolve_version(system, engine, version)
     aic = _import_package()
@@ -302,7 +306,8 @@ def _build_tables(
             moe = _is_moe(config)
             gemm_mode, moe_mode = quant_modes(dtype, config, moe)
             mc = build_model_config(
-                tp_size=tp, pp_size=1, attention_dp_size=1, moe_tp_size=tp // ep if moe else 1, moe_ep_size=ep,
+                tp_size=tp, pp_size=1, attention_dp_size=dp_attention,
+                moe_tp_size=tp * dp_attention // ep if moe else 1, moe_ep_size=ep,
                 gemm_quant_mode=gemm_mode, kvcache_quant_mode=KV_DTYPE_MODES[kv_dtype],
                 fmha_quant_mode=None, moe_quant_mode=moe_mode,
                 comm_quant_mode=None, forward_model=None, attention_backend=None,

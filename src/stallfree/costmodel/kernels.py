@@ -36,6 +36,26 @@ The package's own step estimator prices all decodes of a step at one context and
 prompt split evenly; the composition above agrees with it exactly where the shapes agree (decodes of
 equal contexts; one whole prompt), which the tests check.
 
+Data-parallel attention (dp_attention = D > 1; an MoE model): the replica is D attention ranks of tp GPUs
+run in lockstep (every MoE layer exchanges tokens between all of them), simulated as one replica whose
+scheduler holds every rank's sequences (KV capacity, the roofline's, is D ranks' worth). The tables are
+the package's for attention_dp_size D (moe_tp_size = tp x D / ep): one rank's op list, its MoE and dispatch
+ops counting the tokens of all D ranks (the package scales them by D itself). A step is priced as one
+rank's even share of it, each count rounded up (ceil(x / D)):
+    step_s = shared(ceil(T / D)) + logits(ceil(S / D)) + sum over chunks of chunk(c, p) / D
+             + (1 / B) sum_i decode(ceil(B / D), s_i)
+so the attention kernels see one rank's batch, the experts all T tokens, and the ranks' prefill work is
+spread evenly over them. Why an even share, prefill chunks included: the engines balance the ranks
+(requests assigned to the least loaded rank; TensorRT-LLM's and SGLang's attention-DP schedulers hold
+prompts back so that the ranks prefill together), so over a run every rank carries 1 / D of the prefill
+work; pricing a chunk as one rank's alone while the others wait prices the unbalanced engine, and on the
+package's attention-DP rows (DeepSeek-R1 on 8 H200s as 8 ranks, TensorRT-LLM, 6 rows) it left a median
+TPOT error of 60%, the even share 10% (docs/fidelity.md). What it leaves out: the wait of a prompt held
+back for balancing (its TTFT) and imbalance between ranks. The package's estimator, whose batch is one
+rank's (bs per rank, every rank alike), is matched exactly where the shapes agree: B = b x D decodes of
+equal contexts against its decode of b, and D whole prompts of p tokens against its prefill of one prompt
+of p (benchmarks/kernels_vs_estimator.py --dp).
+
 Buckets (the cache): the chunk offset p and the decode keys s are priced by linear interpolation
 between KNOTS (every CONTEXT_BUCKET = 256 tokens up to 1,024, then two per doubling), the package
 being asked at the knots only; T, S, B and the chunk length c are exact. The error this adds is measured in
@@ -132,7 +152,10 @@ class KernelCostModel:
             the version; None when unchanged).
         ep: expert parallelism: the routed experts split over ep of the tp GPUs, each expert over
             tp / ep of them (the package's moe_ep_size and moe_tp_size).
-        dp_attention: data-parallel attention ranks; only 1 here (more is refused, the roofline prices it).
+        dp_attention: data-parallel attention ranks D of an MoE model, each of tp GPUs (the package's
+            attention_dp_size); the replica is tp x D GPUs, a step priced as one rank's even share of it
+            (module docstring). The split is checked by the roofline (CostModel: a dense model, ep not
+            dividing tp x D, pp > 1 are refused, naming the field and the value).
         config: the model's config.json as a dict (a user's file), or None: the public config.json the
             package bundles for a preset that has one (kernel_maps.PACKAGE_CONFIGS: DeepSeek-V3,
             Kimi-K2, Qwen3, gpt-oss, Llama 4), else one written from `model`.
@@ -159,12 +182,7 @@ class KernelCostModel:
     ) -> None:
         self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype, ep=ep, dp_attention=dp_attention)
         self.model, self.gpu, self.tp = model, gpu, tp
-        self.ep, self.dp_attention = ep, dp_attention
-        if dp_attention > 1:
-            raise CostModelError(
-                f"dp_attention {dp_attention}: the kernel composition prices one attention rank per replica; "
-                "data-parallel attention is priced by the roofline (use --kernels none)"
-            )
+        self.ep, self.dp_attention = self.roofline.ep, self.roofline.dp_attention
         self.dtype, self.kv_dtype = self.roofline.dtype, self.roofline.kv_dtype
         if engine not in ENGINES:
             raise CostModelError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
@@ -179,7 +197,7 @@ class KernelCostModel:
         self.engine, self.requested_version = engine, version
         self._config = dict(config) if config is not None else _config_for(model, self.dtype)
         self.tables = load_tables(
-            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep
+            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep, self.dp_attention
         )
         self.version = self.tables.version
         self.comm_version = comm_version
@@ -209,13 +227,15 @@ class KernelCostModel:
         return (
             _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
-             self._config, self.comm_version, self.ep),
+             self._config, self.comm_version, self.ep, self.dp_attention),
         )
 
     def __repr__(self) -> str:
         return (
             f"KernelCostModel({self.model.key}, {self.gpu.key}, tp={self.tp}, dtype={self.dtype}, "
-            f"kv_dtype={self.kv_dtype}, {self.engine} {self.version} on {self.tables.system})"
+            f"kv_dtype={self.kv_dtype}, "
+            + (f"ep={self.ep}, dp_attention={self.dp_attention}, " if self.ep > 1 or self.dp_attention > 1 else "")
+            + f"{self.engine} {self.version} on {self.tables.system})"
         )
 
     @property
@@ -332,11 +352,13 @@ class KernelCostModel:
 
     def decode_attention_s(self, plan: StepPlan) -> float:
         """Return sum_i decode(B, s_i) / B of the module docstring, seconds, with s_i = start_i + 1 and
-        decode(B, .) linear between KNOTS; O(B log B + knots spanned x log B) per step, the sorted
-        starts being kept while the scheduler reuses its tuple of decode offsets."""
+        decode(B, .) linear between KNOTS (with D attention ranks, decode(ceil(B / D), .): one rank's
+        batch); O(B log B + knots spanned x log B) per step, the sorted starts being kept while
+        the scheduler reuses its tuple of decode offsets."""
         nd = plan.num_decodes
         if not nd:
             return 0.0
+        nb = -(-nd // self.dp_attention)  # the batch the attention kernels see: one rank's
         offs = plan.decode_offsets
         cached = self._sorted
         if cached is None or cached[0] is not offs:
@@ -344,17 +366,17 @@ class KernelCostModel:
             cached = self._sorted = (offs, ordered, [0, *accumulate(ordered)])
         _, ordered, prefix = cached
         shift = plan.step + 1  # keys of a decode = its start + 1 = offset + step + 1
-        knots, cache, base = KNOTS, self._decode_c, nd * _KEY
+        knots, cache, base = KNOTS, self._decode_c, nb * _KEY
         k = bisect_right(knots, ordered[0] + shift) - 1
         last = bisect_right(knots, ordered[-1] + shift) - 1
         total, i = 0.0, 0
         lo = cache.get(base + k)
         if lo is None:
-            lo = self._decode_knot(nd, k)
+            lo = self._decode_knot(nb, k)
         while True:
             hi = cache.get(base + k + 1)
             if hi is None:
-                hi = self._decode_knot(nd, k + 1)
+                hi = self._decode_knot(nb, k + 1)
             j = nd if k == last else bisect_left(ordered, knots[k + 1] - shift, i)
             if j > i:
                 n, at = j - i, knots[k]
@@ -377,12 +399,26 @@ class KernelCostModel:
             return 0.0
         sampled = plan.num_decodes
         t = self.decode_attention_s(plan)
+        d = self.dp_attention
+        if d > 1:
+            return t + self._ranks_s(plan, [self.chunk_s(c.num_tokens, c.start) for c in plan.prefills])
         if not plan.prefills:
             return t + self.decode_shared_s(tokens) + self.logits_s(sampled)
         for c in plan.prefills:
             t += self.chunk_s(c.num_tokens, c.start)
             sampled += c.is_last
         return t + self.shared_s(tokens) + self.logits_s(sampled)
+
+    def _ranks_s(self, plan: StepPlan, chunks: list[float]) -> float:
+        """With D > 1 attention ranks: every term of the module docstring's step but the decode attention,
+        seconds, given each prefill chunk's attention (`chunks`, seconds)."""
+        d = self.dp_attention
+        sampled = plan.num_decodes + sum(c.is_last for c in plan.prefills)
+        t = self.logits_s(-(-sampled // d))
+        per = -(-plan.num_tokens // d)
+        if not plan.prefills:
+            return t + self.decode_shared_s(per)
+        return t + self.shared_s(per) + sum(chunks) / d
 
     def step_time_exact(self, plan: StepPlan) -> float:
         """Return step_time(plan) without buckets: every chunk and every decode's keys asked of the
@@ -394,7 +430,10 @@ class KernelCostModel:
         sampled = nd
         t = 0.0
         if nd:
-            t += sum(self.decode_exact_s(nd, s + 1) for s in plan.decode_starts) / nd
+            nb = -(-nd // self.dp_attention)
+            t += sum(self.decode_exact_s(nb, s + 1) for s in plan.decode_starts) / nd
+        if self.dp_attention > 1:
+            return t + self._ranks_s(plan, [self.chunk_exact_s(c.num_tokens, c.start) for c in plan.prefills])
         if not plan.prefills:
             return t + self.decode_shared_s(tokens) + self.logits_s(sampled)
         for c in plan.prefills:
@@ -404,7 +443,8 @@ class KernelCostModel:
 
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
         """Return the time of a decode-only step of `num_decodes` decodes, each with `context_len`
-        tokens already in the KV cache, seconds (0.0 for none; exact, no buckets).
+        tokens already in the KV cache, seconds (0.0 for none; exact, no buckets). With D attention ranks
+        the decodes are the replica's, split evenly: one rank's ceil(num_decodes / D) are priced.
 
         Raises:
             CostModelError: a negative count or context.
@@ -413,17 +453,16 @@ class KernelCostModel:
             raise CostModelError(f"num_decodes and context_len must be >= 0, got {num_decodes}, {context_len}")
         if not num_decodes:
             return 0.0
-        return (
-            self.decode_shared_s(num_decodes) + self.logits_s(num_decodes)
-            + self.decode_exact_s(num_decodes, context_len + 1)
-        )
+        nb = -(-num_decodes // self.dp_attention)
+        return self.decode_shared_s(nb) + self.logits_s(nb) + self.decode_exact_s(nb, context_len + 1)
 
     def prefill_step_time(
         self, num_tokens: int, start: int = 0, num_decodes: int = 0, context_len: int = 0, is_last: bool = True
     ) -> float:
         """Return the time of a step holding one prefill chunk of `num_tokens` tokens at offset `start`
         plus `num_decodes` decodes with `context_len` tokens each in the KV cache, seconds (exact, no
-        buckets; the arguments of CostModel.prefill_step_time).
+        buckets; the arguments of CostModel.prefill_step_time). With D attention ranks the step is the
+        replica's, priced as one rank's even share (module docstring).
 
         Raises:
             CostModelError: num_tokens < 1, or a negative start, count or context.
@@ -433,10 +472,11 @@ class KernelCostModel:
                 f"num_tokens must be >= 1 and start, num_decodes, context_len >= 0, got "
                 f"{num_tokens}, {start}, {num_decodes}, {context_len}"
             )
-        t = self.shared_s(num_tokens + num_decodes) + self.logits_s(num_decodes + int(is_last))
+        d = self.dp_attention
+        t = self.shared_s(-(-(num_tokens + num_decodes) // d)) + self.logits_s(-(-(num_decodes + int(is_last)) // d))
         if num_decodes:
-            t += self.decode_exact_s(num_decodes, context_len + 1)
-        return t + self.chunk_exact_s(num_tokens, start)
+            t += self.decode_exact_s(-(-num_decodes // d), context_len + 1)
+        return t + self.chunk_exact_s(num_tokens, start) / d
 
 
 def _config_for(model: ModelSpec, dtype: str = "bf16") -> dict[str, Any]:
@@ -454,13 +494,14 @@ _MODELS: dict[str, KernelCostModel] = {}
 
 def _rebuild(
     model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
-    config: dict[str, Any], comm_version: str | None = None, ep: int = 1,
+    config: dict[str, Any], comm_version: str | None = None, ep: int = 1, dp_attention: int = 1,
 ) -> KernelCostModel:
     """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
     process running many sweep points loads the tables once and keeps its price caches warm."""
-    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), comm_version, ep))
+    key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), comm_version, ep,
+                dp_attention))
     found = _MODELS.get(key)
     if found is None:
         found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config, comm_version,
-                                                   ep=ep)
+                                                   ep=ep, dp_attention=dp_attention)
     return found

@@ -57,6 +57,9 @@ MODEL_NAMES: dict[str, tuple[str, str | None]] = {
     "openai/gpt-oss-120b": ("gpt-oss-120b", "mxfp4"),
     "openai/gpt-oss-20b": ("gpt-oss-20b", "mxfp4"),
     "moonshotai/kimi-k2-instruct": ("kimi-k2", "fp8"),
+    # NVIDIA's NVFP4 quantizations of DeepSeek-R1 and -V3.1 (DeepSeek-V3's architecture).
+    "nvidia/deepseek-r1-nvfp4": ("deepseek-v3", "nvfp4"),
+    "nvidia/deepseek-v3.1-nvfp4": ("deepseek-v3", "nvfp4"),
 }
 
 #: GPU memory vLLM keeps off the KV cache beyond the weights, bytes per GPU: the forward pass's
@@ -196,7 +199,7 @@ def _config(model: str) -> dict[str, Any] | None:
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,
             kernels: str | None = "none", engine_version: str | None = None,
-            kv_dtype: str | None = None, ep: int = 1) -> Pricing:
+            kv_dtype: str | None = None, ep: int = 1, dp_attention: int = 1) -> Pricing:
     """Return the pricing of `model` on `tp` x `gpu` in `dtype` with `profile`'s terms.
 
     kernels: "none" (today's pricing: calibrated where the GPU has a calibration, else the floor),
@@ -204,6 +207,7 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     config.json model is handed to the tables as is), or None for the commands' default (vLLM's `current`
     tables where the package has the GPU, else today's pricing).
     ep: the run's expert parallelism (a row's moe_ep_size; CostModel's ep).
+    dp_attention: the run's data-parallel attention ranks (a row's attention_dp_size; CostModel's dp_attention).
     profile: the engine profile, or None for the one fitted on the engine whose tables priced the steps
     (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
     engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
@@ -220,13 +224,15 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
             asked = f"{DEFAULT_ENGINE}:{nearest}"
     try:
         chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, kernels=asked,
-                                   config=_config(model), engine_version=engine_version, ep=ep)
+                                   config=_config(model), engine_version=engine_version, ep=ep,
+                                   dp_attention=dp_attention)
     except CostModelError as exc:
         if asked == kernels:
             raise
         note += f"; those tables cannot price it ({exc}), so the current ones do"
         chosen = choose_cost_model(model, gpu, tp=tp, dtype=dtype, kv_dtype=kv_dtype, kernels=kernels,
-                                   config=_config(model), engine_version=engine_version, ep=ep)
+                                   config=_config(model), engine_version=engine_version, ep=ep,
+                                   dp_attention=dp_attention)
     base = chosen.cost_model
     if chosen.source.get("kind") == "kernels" and engine_version:
         ar = chosen.source.get("allreduce_version")

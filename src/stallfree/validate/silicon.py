@@ -7,7 +7,8 @@ stallfree.validate; matplotlib for the plot.
 A row gives: backend and backend_version, model_path, system (a GPU), precision, mode (agg: one engine;
 disagg: prefill and decode workers), isl and osl (tokens; every request of the row has exactly these),
 batch_size, tp_size, pp_size, attention_dp_size, and silicon_ttft_ms / silicon_tpot_ms (the measured
-means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size.
+means, ms). The concurrency is the ``silicon_concurrency=N`` inside silicon_data_source, else batch_size x
+attention_dp_size (batch_size is one attention-DP rank's; below).
 
 A disaggregated row gives each side's prefill_* / decode_* columns instead (num_workers, tp_size, pp_size,
 attention_dp_size, moe_tp_size, moe_ep_size, batch_size; WorkerGroup). Its concurrency is the requests in
@@ -39,8 +40,16 @@ side priced and its KV sized at its own tp and ep as an aggregated row is, under
 rule and token budget. A request's KV crosses the system's intra-node GPU link (the GPU preset's
 link_bw_bytes_per_s, which is aiconfigurator-core's systems/*.yaml intra_node_bw for the systems it has;
 latency that of INTERCONNECTS["nvlink"]): every prefill GPU sends its own shard in parallel, so a transfer
-moves the prefill side's KV bytes per token per GPU. Rows without worker counts, or with pipeline or
-attention data parallel on either side, are skipped with the reason.
+moves the prefill side's KV bytes per token per GPU (with attention data parallel, one rank's GPU's: a
+request's KV lives on one rank). Rows without worker counts, or with pipeline parallel on either side, are
+skipped with the reason.
+
+Attention data parallel (attention_dp_size D > 1, aggregated or either side of a disaggregated row): a replica
+(or worker) is D attention ranks of tp_size GPUs, priced by the cost model's dp_attention D with ep from
+moe_ep_size (one rank's even share of each step: KernelCostModel's module docstring), its KV capacity
+D ranks' worth, and its token budget D x BUDGET: vLLM and TensorRT-LLM run one scheduler per attention rank,
+each with its own token budget (vLLM's data-parallel engines, TensorRT-LLM's attention-DP ranks). A row whose
+experts span more GPUs than tp_size x attention_dp_size (implied attention data parallel) is still skipped.
 
 Errors, percent: per row, the absolute percentage error |sim - measured| / measured x 100 of TTFT and of
 TPOT; summarised by (model, GPU, engine, mode) as median and p90.
@@ -58,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import percentile
+from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE
 from stallfree.costmodel.kernel_maps import parse_kernels
@@ -82,6 +92,7 @@ __all__ = [
     "prefill_load",
     "read_rows",
     "replay_row",
+    "row_weights",
     "validate_silicon",
 ]
 
@@ -192,7 +203,8 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
     A disaggregated row (mode disagg) has no batch_size or tp_size of its own: tp is 1 and its sides are read
     from the prefill_* / decode_* columns (WorkerGroup; empty fields as 0, pp, attention_dp and moe_ep at
     least 1); its concurrency is silicon_concurrency=N, else decode_batch_size x decode_attention_dp_size x
-    decode_num_workers (module docstring), else 0 (not replayed).
+    decode_num_workers (module docstring), else 0 (not replayed); an aggregated row's is silicon_concurrency=N,
+    else batch_size x attention_dp_size.
 
     Raises:
         ValueError: the file cannot be read, a column is missing, or a field is malformed (file, line, field
@@ -216,8 +228,9 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
             sides = None if agg else (_side(where, r, "prefill"), _side(where, r, "decode"))
             if m:
                 conc = int(m.group(1))
-            elif agg:
-                conc = _int(where, "batch_size", r["batch_size"])
+            elif agg:  # batch_size is one attention-DP rank's (module docstring)
+                conc = _int(where, "batch_size", r["batch_size"]) * max(
+                    1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
             else:
                 dec = sides[1]  # type: ignore[index]
                 conc = dec.batch_size * dec.attention_dp * dec.workers
@@ -364,6 +377,17 @@ NOT_STEADY = ("not a steady state of distinct prompts: at its measured TTFT and 
               "mean)")
 
 
+def _prefill_s(cost: Any, num_tokens: int, start: int) -> float:
+    """Time of one chunk of a prompt's prefill, s: cost.prefill_step_time; with D > 1 attention ranks
+    (cost.dp_attention) the step of D such chunks at once, one per rank, over D (the ranks prefill side by
+    side and every chunk's tokens reach the experts)."""
+    ranks = int(getattr(cost, "dp_attention", 1))
+    if ranks <= 1:
+        return float(cost.prefill_step_time(num_tokens, start))
+    chunks = tuple(ScheduledChunk(i, num_tokens, True, start, True) for i in range(ranks))
+    return float(cost.step_time(StepPlan(0, (), (), chunks, num_tokens * ranks, 0, num_tokens * ranks))) / ranks
+
+
 def prefill_load(row: ClosedLoopRow, cost: Any, workers: int = 1) -> float:
     """The prefill time per second of wall time that a row's measured figures need, by `cost` (its
     `prefill_step_time(num_tokens, start)`, s): the rate concurrency / (TTFT + (OSL - 1) x TPOT) requests
@@ -373,11 +397,28 @@ def prefill_load(row: ClosedLoopRow, cost: Any, workers: int = 1) -> float:
     prompts, or a mean over a partial run). Kernel time is a mean, not a bound, so the rule refuses only
     such rows: on the Llama-3.1-70B fit rows it is at most 0.55, on Qwen3-32B 0.83 (docs/fidelity.md).
     workers: the replicas that share the prefills (a disaggregated row's prefill_num_workers), >= 1: the load
-    is per replica.
+    is per replica. With attention data parallel a prompt's chunk is priced as one of D side by side
+    (_prefill_s).
     """
     life_s = (row.ttft_ms + (row.osl - 1) * row.tpot_ms) * 1e-3
-    prefill_s = sum(cost.prefill_step_time(min(BUDGET, row.isl - start), start) for start in range(0, row.isl, BUDGET))
+    prefill_s = sum(_prefill_s(cost, min(BUDGET, row.isl - start), start) for start in range(0, row.isl, BUDGET))
     return row.concurrency / life_s * prefill_s / max(workers, 1) if life_s > 0 else math.inf
+
+
+def row_weights(row: ClosedLoopRow) -> tuple[str, str]:
+    """Return (our model name or config path, weight dtype) for a row: model_preset of its model_path with its
+    precision column (fp8 as fp8, anything else as bf16 unless the name fixes the checkpoint's format), except
+    that precision fp4 is priced in nvfp4 (the NVFP4 checkpoints these rows serve, e.g. DeepSeek-R1's: GEMMs
+    and experts in NVFP4) wherever the name does not fix MXFP4 (gpt-oss, whose own FP4 is MXFP4 experts).
+
+    Raises:
+        ValueError: as model_preset.
+    """
+    precision = row.precision.lower()
+    name, dtype = model_preset(row.model, "fp8" if precision == "fp8" else "bf16")
+    if precision in ("fp4", "nvfp4") and dtype != "mxfp4":
+        dtype = "nvfp4"
+    return name, dtype
 
 
 def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str | None = "none",
@@ -385,36 +426,37 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
     """Replay one row closed-loop (module docstring) and compare its TTFT and TPOT.
 
     Raises:
-        ValueError: a row we do not replay (a mode other than agg and disagg, pipeline or attention data
-            parallel, a disaggregated row without worker counts or concurrency, a model or GPU the cost model
-            cannot price, a prefill load above 1: prefill_load): the message says why.
+        ValueError: a row we do not replay (a mode other than agg and disagg, pipeline parallel, experts
+            over more GPUs than tp x attention_dp (implied attention data parallel), a disaggregated row
+            without worker counts or concurrency, a model or GPU the cost model cannot price, a prefill load
+            above 1: prefill_load): the message says why.
     """
     where = f"line {row.line}"
     if row.mode == "disagg":
         return _replay_disagg(row, profile, kernels, requests_per_row)
     if row.mode != "agg":
         raise ValueError(f"{where}: mode {row.mode!r}: only agg and disagg rows are replayed")
-    if row.pp > 1 or row.attention_dp > 1:
-        raise ValueError(f"{where}: pp_size {row.pp}, attention_dp_size {row.attention_dp}: not replayed")
+    if row.pp > 1:
+        raise ValueError(f"{where}: pp_size {row.pp}: pipeline parallel, not replayed")
     moe_gpus = row.moe_tp * row.moe_ep
     if row.moe_tp and moe_gpus > row.tp * row.attention_dp:
         # The experts span more GPUs than the attention's tp: data-parallel attention the row leaves implied.
         # Fewer is not that: a dense model's rows carry moe_tp_size 1 x moe_ep_size 1 at every tp.
         raise ValueError(f"{where}: moe_tp_size {row.moe_tp} x moe_ep_size {row.moe_ep} = {moe_gpus} GPUs against "
                          f"tp_size {row.tp}: implied attention data parallel, not replayed")
-    name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
+    name, dtype = row_weights(row)
     try:
         engine = parse_kernels(kernels)[0] if kernels is not None else DEFAULT_ENGINE
         price = pricing(name, gpu_preset(_norm(row.system)), row.tp, dtype, profile, kernels,
                         engine_version=row.backend_version if row.backend.lower() == engine else None,
-                        ep=row.moe_ep)
+                        ep=row.moe_ep, dp_attention=row.attention_dp)
         kv = derived_kv_tokens(price.base, getattr(price.base, "roofline", price.base).gpu.mem_bytes, 0.9, 16)
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
     load = prefill_load(row, price.base)
     if load > 1.0:
         raise ValueError(f"{where}: {NOT_STEADY}")
-    sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
+    sched = SchedulerConfig(kv, BUDGET * row.attention_dp, max(row.concurrency, 1024), kv="paged", block_size=16)
     n = requests_per_row * row.concurrency
     frontend = price.profile.frontend_s
     done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, frontend,
@@ -427,9 +469,10 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         "line": row.line, "id": row.row_id, "model": row.model, "system": row.system,
         "gpu": gpu_preset(_norm(row.system)), "engine": row.backend,
         "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
-        "concurrency": row.concurrency, "tp": row.tp, "ep": row.moe_ep, "requests": n, "kv_tokens": kv,
-        "cost_model": price.provenance, "mode": "agg",
-        "layout": f"tp{row.tp}" + (f" ep{row.moe_ep}" if row.moe_ep > 1 else ""),
+        "concurrency": row.concurrency, "tp": row.tp, "ep": row.moe_ep, "dp_attention": row.attention_dp,
+        "requests": n, "kv_tokens": kv, "cost_model": price.provenance, "mode": "agg",
+        "layout": f"tp{row.tp}" + (f" ep{row.moe_ep}" if row.moe_ep > 1 else "")
+        + (f" dp{row.attention_dp}" if row.attention_dp > 1 else ""),
         **_figures(row, sim_ttft, sim_tpot),
     }
 
@@ -456,19 +499,19 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
     if p is None or d is None or not p.workers or not d.workers:
         raise ValueError(f"{where}: {NO_WORKERS}")
     for side, g in (("prefill", p), ("decode", d)):
-        if g.pp > 1 or g.attention_dp > 1:
-            raise ValueError(f"{where}: {side}_pp_size {g.pp}, {side}_attention_dp_size {g.attention_dp}: "
-                             "not replayed")
-        if g.moe_tp and g.moe_tp * g.moe_ep > g.tp:
+        if g.pp > 1:
+            raise ValueError(f"{where}: {side}_pp_size {g.pp}: pipeline parallel, not replayed")
+        if g.moe_tp and g.moe_tp * g.moe_ep > g.tp * g.attention_dp:
             # Experts over more GPUs than the attention's tp: data-parallel attention left implied. Fewer is a
             # dense model's placeholder figures (Qwen3-32B rows give moe_tp_size 1, moe_ep_size 1 at tp 4).
             raise ValueError(f"{where}: {side}_moe_tp_size {g.moe_tp} x {side}_moe_ep_size {g.moe_ep} = "
-                             f"{g.moe_tp * g.moe_ep} GPUs against {side}_tp_size {g.tp}: implied attention data "
-                             "parallel, not replayed")
+                             f"{g.moe_tp * g.moe_ep} GPUs against {side}_tp_size {g.tp} x "
+                             f"{side}_attention_dp_size {g.attention_dp}: implied attention data parallel, "
+                             "not replayed")
     if row.concurrency < 1:
         raise ValueError(f"{where}: no concurrency: neither silicon_concurrency=N nor decode_batch_size x "
                          "decode_num_workers")
-    name, dtype = model_preset(row.model, "fp8" if row.precision.lower() == "fp8" else "bf16")
+    name, dtype = row_weights(row)
     gpu = gpu_preset(_norm(row.system))
     sides = []
     try:
@@ -476,10 +519,11 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
         for g in (p, d):
             price = pricing(name, gpu, g.tp, dtype, profile, kernels,
                             engine_version=row.backend_version if row.backend.lower() == engine else None,
-                            ep=g.moe_ep)
+                            ep=g.moe_ep, dp_attention=g.attention_dp)
             roof = getattr(price.base, "roofline", price.base)
             kv = derived_kv_tokens(price.base, roof.gpu.mem_bytes, 0.9, 16)
-            sched = SchedulerConfig(kv, BUDGET, max(row.concurrency, 1024), kv="paged", block_size=16)
+            sched = SchedulerConfig(kv, BUDGET * g.attention_dp, max(row.concurrency, 1024), kv="paged",
+                                    block_size=16)
             sides.append((price, roof, kv, sched, g.workers))
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None
@@ -487,7 +531,8 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
     if prefill_load(row, pre.base, p.workers) > 1.0:
         raise ValueError(f"{where}: {NOT_STEADY}")
     link = Interconnect(f"{gpu} GPU link", pre_roof.gpu.link_bw_bytes_per_s, INTERCONNECTS["nvlink"].latency_s)
-    kvb = math.ceil(pre_roof.kv_bytes_per_token_per_gpu)
+    # A request's KV is on one attention rank: its GPUs' bytes, not the mean over the ranks' GPUs.
+    kvb = math.ceil(pre_roof.kv_bytes_per_token_per_gpu * p.attention_dp)
     n = requests_per_row * row.concurrency
     frontend = pre.profile.frontend_s
     done = disagg_closed_loop((sched_p, pre.cost_model, p.workers), (sched_d, dec.cost_model, d.workers), kvb,
@@ -502,7 +547,8 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
         "kv_tokens": kv_d, "prefill_kv_tokens": kv_p, "mode": "disagg",
         "layout": f"P {p.layout()} : D {d.layout()}",
         "prefill_workers": p.workers, "prefill_tp": p.tp, "prefill_ep": p.moe_ep,
-        "decode_workers": d.workers, "decode_tp": d.tp, "decode_ep": d.moe_ep,
+        "prefill_dp_attention": p.attention_dp, "decode_workers": d.workers, "decode_tp": d.tp, "decode_ep": d.moe_ep,
+        "decode_dp_attention": d.attention_dp, "dp_attention": d.attention_dp,
         "link": link.name, "link_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "kv_bytes_per_token": kvb,
         "cost_model": pre.provenance if pre.provenance == dec.provenance
         else f"prefill: {pre.provenance}; decode: {dec.provenance}",
