@@ -246,7 +246,9 @@ class SyncScheduler(_VllmScheduler):
             self._sf_fsm.discard(rid)
         if self.need_mamba_block_aligned_split:
             # Before the encoder caps, as vLLM: the chunk ends where a Mamba state is cached.
-            n = self._mamba_block_aligned_split(request, n, start - request.num_computed_tokens)
+            # min: with drafts vLLM's split may answer 1 + k for a 1-token chunk (its padding), which the core
+            # does not schedule on a prompt.
+            n = min(n, self._mamba_block_aligned_split(request, n, start - request.num_computed_tokens))
             if n == 0:
                 return 0
         if rid not in self._sf_mm:
@@ -261,6 +263,13 @@ class SyncScheduler(_VllmScheduler):
         if m and (inputs or external or duplicates):
             self._sf_enc_pending = (rid, inputs, external, duplicates, budget_left)
         return int(m)
+
+    def _sf_deferred_cap(self, rid: Any, start: int, n: int) -> int:
+        """The chunk cap of a step whose prefill vLLM defers (`--prefill-schedule-interval`, throttle_prefills):
+        every chunk that computes prompt tokens is held (0); a chunk of only the prompt's last token (a request
+        whose KV was all loaded, as on the decode side of a disaggregated deployment) runs, as vLLM lets it:
+        it has no prefill compute to defer."""
+        return min(n, 1) if start >= self.requests[rid].num_tokens - 1 else 0
 
     def _stallfree_preempted(self, request: VllmRequest) -> None:
         """The core preempted a running request: vLLM's preemption path (frees its blocks, resets its
@@ -436,10 +445,10 @@ class SyncScheduler(_VllmScheduler):
             if self.num_spec_tokens:
                 self._sf_set_drafts()
                 budget = self._sf_budget_with_draft_slots()
-            cap = _no_chunk if defer else (
+            cap = self._sf_deferred_cap if defer else (
                 self._sf_chunk_cap if self._sf_mm or self._sf_fsm or self.need_mamba_block_aligned_split else None)
             try:
-                plan = core.schedule(budget, admit=not defer, chunk_cap=cap)
+                plan = core.schedule(budget, chunk_cap=cap)
             finally:
                 kv.in_schedule = False
                 self._sf_enc_pending = None
@@ -653,9 +662,6 @@ class SyncScheduler(_VllmScheduler):
         return out
 
 
-def _no_chunk(rid: Any, start: int, n: int) -> int:
-    """A chunk cap that holds every prompt chunk (a step whose prefill vLLM would defer)."""
-    return 0
 
 
 class Scheduler(SyncScheduler, _VllmAsyncScheduler):
