@@ -40,16 +40,12 @@ _LAST_TOKEN = (
 #: Tests of vLLM's that fail with our class by design: a name prefix -> the reason (docs/vllm.md).
 BY_DESIGN: dict[str, str] = {
     "test_priority_scheduling_preemption": "an older running request is never preempted, even of lower priority",
-    "test_priority_scheduling_with_limited_slots": "an older running request is never preempted",
     "test_priority_scheduling_preemption_and_resumption_when_out_of_kv": "an older running request is never "
     "preempted",
-    "test_priority_preemption": "an older running request is never preempted",
     "test_schedule_concurrent_partial_requests": "one partial prefill at a time (K = 1) unless "
     "max_num_partial_prefills is raised",
-    "test_schedule_partial_requests": "one partial prefill at a time (K = 1)",
     "test_long_prefill_threshold": "--long-prefill-token-threshold is T of the K/L/T rules, not a cap on every chunk",
     "test_schedule_order[False]": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
-    "test_chunked_prefill_disabled": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
     "test_schedule_concurrent_batches": "the synchronous class expects each step's output before the next "
     "schedule() (no pipeline parallelism)",
     "test_preempt_during_execution": "the synchronous class expects each step's output before the next schedule()",
@@ -57,10 +53,8 @@ BY_DESIGN: dict[str, str] = {
     "before the next schedule() (a decode in flight is scheduled again)",
     "test_prefill_cadence_counts_executed_steps_not_schedule_calls": "the synchronous class expects each step's "
     "output before the next schedule() (a decode in flight is scheduled again)",
-    "test_pause_new_ignores_streaming_session": "streaming input sessions are refused per request",
-    "test_resumable_request": "streaming input sessions are refused per request",
-    "test_fcfs_mixed_blocked_types": "a request blocked at the head (a remote KV load, a grammar) is not passed: "
-    "admission is strictly in queue order (and asynchronous KV loads are not awaited)",
+    "test_fcfs_mixed_blocked_types": "a request blocked at the head (a grammar still compiling) is not passed: "
+    "admission is strictly in queue order",
     "test_pending_hisparse_reclamation": "a KV connector's pending block frees are not waited for: when vLLM has "
     "no block the core preempts by its victim rule (a decode never skips a step it fits in)",
     "test_kv_pressure_preempt_mid_handoff[kv_producer-False]": _LAST_TOKEN,
@@ -68,8 +62,6 @@ BY_DESIGN: dict[str, str] = {
     "with placeholder drafts (drafts go to running decodes only)",
     "test_spec_decode_padding_resumed_request_without_running_requests": "a request admitted with one token left is "
     "not padded to 1 + k with placeholder drafts (drafts go to running decodes only)",
-    "test_no_spec_decode_padding_up_to_max_model_len": "a request added with num_computed_tokens already set (KV "
-    "placed without a KV connector) is prefilled from its start",
     "test_reset_prefix_cache_with_inflight_output_under_kv_pressure[3]": "a request preempted outside the core "
     "(reset_prefix_cache) is queued again once its in-flight output is back, so it is never re-preempted with a "
     "stale share pending",
