@@ -163,3 +163,15 @@ def test_command_line_flag(capsys):
     off = capsys.readouterr().out
     assert "/async" in on and "/async" not in off
     json.loads(off)
+
+
+def test_command_line_refuses_async_with_disaggregation(capsys):
+    """simulate --disaggregate and plan (which searches disaggregated splits) refuse --async-scheduling
+    (exit 2, the error naming the flags) rather than run the splits synchronously."""
+    from stallfree.cli import main
+
+    common = ["--num-requests", "4", "--linear-cost", "5,50", "--async-scheduling"]
+    assert main(["simulate", *common, "--disaggregate", "1:1"]) == 2
+    assert "--async-scheduling is not modelled with --disaggregate" in capsys.readouterr().err
+    assert main(["plan", *common, "--slo-ttft", "1s"]) == 2
+    assert "add --no-disaggregate" in capsys.readouterr().err
