@@ -175,3 +175,15 @@ def test_command_line_refuses_async_with_disaggregation(capsys):
     assert "--async-scheduling is not modelled with --disaggregate" in capsys.readouterr().err
     assert main(["plan", *common, "--slo-ttft", "1s"]) == 2
     assert "add --no-disaggregate" in capsys.readouterr().err
+
+
+def test_tune_runs_its_candidates_with_the_option():
+    """tune(async_scheduling=True) simulates each candidate with it: on the first trace above the mean
+    TTFT is (2.0 + 3.6) / 2 = 2.8 s without and (2.0 + 4.7) / 2 = 3.35 s with it."""
+    from stallfree.sim.tune import tune
+
+    wl = Workload([0.0, 0.5], [10, 10], [3, 3], name="t")
+    off = tune(wl, 10_000, COST, 100.0, 100.0, budgets=[64], max_seqs=8).rows[0]
+    on = tune(wl, 10_000, COST, 100.0, 100.0, budgets=[64], max_seqs=8, async_scheduling=True).rows[0]
+    assert (off["mean_ttft_ms"], on["mean_ttft_ms"]) == pytest.approx((2800.0, 3350.0))
+    assert on["label"] == "chunked/64/async"
