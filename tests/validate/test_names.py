@@ -143,22 +143,6 @@ def test_nearest_served_version():
     assert nearest_served_version("rtx-4090", "vllm", "0.19.0") == (None, "")
 
 
-def test_async_scheduling_lag_by_hand():
-    """Steps [0, 1), [1, 3), [3, 4) s. Request 0 arrives at 0 and starts step 0: the engine was idle, no lag.
-    Request 1 arrives at 0.5, is admitted in step 1 (start 1 > 0.5): vLLM's asynchronous scheduler had
-    already planned step 1 without it, so it joins one step later: + the 1 s of step 0."""
-    from types import SimpleNamespace
-
-    from stallfree.validate.against import _with_async_lag
-    from stallfree.validate.compare import Latencies
-
-    res = SimpleNamespace(admit_step=[0, 1], step_start=[0.0, 1.0, 3.0], step_end=[1.0, 3.0, 4.0], arrival=[0.0, 0.5])
-    sim = {0: Latencies(1.0, 1.0, 3.0, 1.0, ()), 1: Latencies(2.5, 1.0, 3.5, 1.0, ())}
-    out = _with_async_lag(sim, res)  # type: ignore[arg-type]
-    assert (out[0].ttft, out[0].e2e) == (1.0, 3.0)
-    assert (out[1].ttft, out[1].e2e, out[1].tpot) == pytest.approx((3.5, 4.5, 1.0))
-
-
 def test_async_scheduling_taken_from_config_else_version(tmp_path):
     """The resolved configuration decides where meta.json has one; else the version's default."""
     from stallfree.validate.against import async_lag
@@ -186,25 +170,26 @@ def test_async_scheduling_default_from_0_14_0():
     assert async_default("0.13.0")[1] == "vLLM 0.13.0's default (off; on by default since 0.14.0)"
 
 
-def test_async_lag_adds_one_step_on_a_linear_cost_model():
-    """Step time 1 s + 0.1 s a token, budget 64. Request 0 (10 prompt tokens) arrives at 0 to an idle
-    engine: step 0 is [0, 2.0) s, TTFT 2.0 with or without the lag. Request 1 arrives at 0.5, while step 0
-    runs; the replay admits it in step 1 ([2.0, 4.1): 10 + 1 tokens), TTFT 4.1 - 0.5 = 3.6 s. vLLM's
-    asynchronous scheduler has already planned step 1 when it arrives, so it joins one step later:
-    + step 0's 2.0 s, TTFT 5.6 and E2E 5.9 + 2.0 = 7.9 s; its TPOT stays 1.15 s."""
-    from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.simulator import SchedulerConfig, simulate
-    from stallfree.sim.workload import Workload
-    from stallfree.validate.against import _with_async_lag
-    from stallfree.validate.compare import latencies
-
-    res = simulate(Workload([0.0, 0.5], [10, 10], [3, 3], name="t"), SchedulerConfig(10_000, 64, 8),
-                   LinearCostModel(1.0, 0.1))
-    sim = latencies(res.timelines())
-    assert (sim[0].ttft, sim[1].ttft, sim[1].e2e) == pytest.approx((2.0, 3.6, 5.9))
-    out = _with_async_lag(sim, res)
-    assert (out[0].ttft, out[0].e2e) == pytest.approx((2.0, 5.3))
-    assert (out[1].ttft, out[1].e2e, out[1].tpot) == pytest.approx((5.6, 7.9, 1.15))
+def test_async_run_is_replayed_with_the_in_loop_model(tmp_path):
+    """A run whose engine scheduled asynchronously is replayed with SchedulerConfig.async_scheduling (the
+    event loop's model, tests/sim/test_async_scheduling.py): its simulated TTFT is the synchronous
+    replay's or more, never less, and the figures record it; forced off by the resolved configuration,
+    the replay is synchronous. Requests r2 and r1 are moved to 1 and 2 ms after r0, into its first step
+    (about 4.5 ms on the floor), so that the asynchronous replay takes them one step later."""
+    folder = _run(tmp_path / "a", "meta-llama/Llama-3.1-8B", "NVIDIA H100 80GB HBM3", 85_028_896_768)
+    lines = [json.loads(x) for x in (folder / "requests.jsonl").read_text().splitlines()]
+    for rec in lines:
+        rec["queued_ts"] = {"r0": 10.0, "r1": 10.002, "r2": 10.001}[rec["request_id"]]
+    (folder / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    on = replay_run(read_run_folder(folder), EngineProfile("none"))
+    meta = json.loads((folder / "meta.json").read_text())
+    meta["resolved_config"] = {"scheduler_config": {"async_scheduling": False}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    off = replay_run(read_run_folder(folder), EngineProfile("none"))
+    assert on["config"]["async_scheduling_lag"] is True and off["config"]["async_scheduling_lag"] is False
+    pairs = [(a[2], b[2]) for a, b in zip(on["per_request"], off["per_request"], strict=True)]
+    assert all(a >= b - 1e-9 for a, b in pairs)
+    assert sum(a > b + 1e-6 for a, b in pairs) == 2  # r1 and r2 arrived while step 0 ran
 
 
 def test_simulate_takes_hugging_face_and_device_names(capsys):

@@ -51,6 +51,7 @@ from stallfree.sim.routers import (
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import (
     SchedulerConfig,
+    async_of,
     make_scheduler,
     new_result,
     plan_run,
@@ -182,7 +183,7 @@ def _replica(
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
     res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
-    return Replica(k, sched, inner, res, cost_model)
+    return Replica(k, sched, inner, res, cost_model, async_of(scheduler))
 
 
 def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:

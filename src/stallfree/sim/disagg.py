@@ -234,10 +234,15 @@ def simulate_disaggregated(
         A DisaggResult.
 
     Raises:
-        ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
+        ClusterError: a replica count < 1 or kv_bytes_per_token < 0, or a SchedulerConfig with
+            async_scheduling (not modelled under disaggregation: its gate hands requests over itself).
         SimulationError, InvariantViolation: as simulate.
     """
     _check_counts(num_prefill, num_decode, kv_bytes_per_token)
+    for side, sc in (("prefill", prefill_scheduler), ("decode", decode_scheduler)):
+        if isinstance(sc, SchedulerConfig) and sc.async_scheduling:
+            raise ClusterError(f"{side}_scheduler: async_scheduling=True is not modelled under disaggregated "
+                               "prefill and decode; give async_scheduling=False")
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
     n = len(workload)
     plens = workload.prompt_lens

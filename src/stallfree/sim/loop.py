@@ -21,6 +21,23 @@ arriving by t arrives, in workload order; then every idle replica with work, in 
 gets its pending requests and starts a step at t. A request arriving during a replica's step
 waits for the step's end, so one replica reproduces the classic loop (add the arrivals, run a step,
 repeat) step for step.
+
+Asynchronous scheduling (a replica's `async_scheduling`, vLLM's `--async-scheduling`). vLLM's engine
+core with a batch queue of two (step_with_batch_queue in vllm/v1/engine/core.py) plans step k + 1
+as soon as step k is launched, with the requests it has taken in by then, and processes step k's
+outputs only after that; when step k's outputs are processed it plans step k + 2 at once. So the
+plan of the step that starts when step k ends was made when step k started. The loop models it at
+admission (admit_async): when a replica starts a step at the instant its previous step ended, the
+scheduler gets only the pending requests that arrived strictly before that previous step started
+(a request sent at a step's end, as closed-loop load sends one, comes after the plan made then);
+the others stay pending for the next step. A replica that was idle takes every pending request at
+once (vLLM's engine core waits on its input queue and plans as soon as a request comes), and so
+does one whose scheduler would have nothing else to run (the plan made at the previous step's
+start was empty and took no time). A request that arrives while step k runs therefore first runs
+in step k + 2, one step later than without the option. Not modelled: vLLM frees a finished
+request's KV blocks and seat when the step's outputs are processed, after the next step was planned,
+so a request waiting for that seat joins one step later too; here the freed seat is reused by the
+very next step.
 """
 
 from __future__ import annotations
@@ -44,6 +61,7 @@ __all__ = [
     "FinishHook",
     "PassGate",
     "Router",
+    "admit_async",
     "route_to",
 ]
 
@@ -88,6 +106,32 @@ class PassGate:
 
     def recorded(self, replica: Replica) -> None:
         """Nothing to correct."""
+
+
+def admit_async(gate: AdmissionGate, replica: Replica, now: float) -> None:
+    """Admission under asynchronous scheduling (module docstring): hand `replica`'s scheduler, through
+    `gate`, the pending requests that the engine had taken in when it planned the step starting at
+    `now`, s.
+
+    When the replica's last step ended at `now` (a step back to back), that plan was made when the last
+    step started (replica.last_start): only requests with arrival < last_start go to the gate, the
+    others stay pending (in order, after any the gate kept); if the scheduler then has nothing to run,
+    they go too (that plan was empty). Otherwise (the replica was idle) every pending request goes.
+    A request's arrival is its Request.arrival, s (when it reached the group; routing is at arrival).
+    """
+    pend = replica.pending
+    if replica.last_end == now:
+        cut = replica.last_start
+        late = [r for r in pend if not r.arrival < cut]
+        if late:
+            pend[:] = [r for r in pend if r.arrival < cut]
+            if pend:
+                gate.admit(replica, now)
+            pend.extend(late)
+            if replica.inner.has_unfinished():
+                return
+    if pend:
+        gate.admit(replica, now)
 
 
 class Router(Protocol):
@@ -247,7 +291,10 @@ class EventLoop:
                 if rep.busy or rep.stalled:
                     continue
                 if rep.pending:
-                    gate.admit(rep, now)
+                    if rep.async_scheduling:
+                        admit_async(gate, rep, now)
+                    else:
+                        gate.admit(rep, now)
                 if not rep.inner.has_unfinished():
                     continue
                 end = rep.start_step(now)
@@ -273,7 +320,8 @@ class EventLoop:
         heap, rep, times = self.heap, self.replicas[0], self.arrivals.times
         arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
         recorded = None if type(gate) is PassGate else gate.recorded
-        lazy = self.arrivals_at_step_ends and self.arrivals.closed is None
+        lazy = self.arrivals_at_step_ends and self.arrivals.closed is None and not rep.async_scheduling
+        admit = gate.admit if not rep.async_scheduling else lambda r, t: admit_async(gate, r, t)
         if lazy and on_finish is None and recorded is None and not heap:
             self._run_steps()
             return
@@ -302,7 +350,7 @@ class EventLoop:
                 i += 1
             if end is None and not rep.stalled:
                 if rep.pending:
-                    gate.admit(rep, now)
+                    admit(rep, now)
                 if has_unfinished():
                     end = start_step(now)
                     if end is None and recorded is not None:

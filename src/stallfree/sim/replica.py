@@ -42,6 +42,9 @@ class Replica:
         inner: the scheduler itself (its kv_free, num_waiting, last_finished are read).
         res: the SimResult it fills (n requests long).
         cost: prices its steps, s.
+        async_scheduling: the engine plans each step while the previous one runs (vLLM's
+            asynchronous scheduling): the event loop then hands the scheduler only the requests that
+            arrived before the plan was made (stallfree.sim.loop.admit_async). Default off.
 
     Attributes:
         num_outstanding: requests routed here and not finished or rejected.
@@ -51,17 +54,20 @@ class Replica:
         busy: a step is in flight.
         stalled: the last step was empty; waits for a request routed here.
         step: steps recorded so far.
+        last_start, last_end: start and end, s, of the last step finished (-inf before the first).
     """
 
     __slots__ = (
-        "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "busy", "cost", "decoding", "inner",
-        "index", "num_outstanding", "num_routed", "pending", "res", "sched", "seg_open", "stalled", "state",
-        "step", "tick",
+        "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
+        "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
+        "sched", "seg_open", "stalled", "state", "step", "tick",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
-                 cost: StepCostModel) -> None:
+                 cost: StepCostModel, async_scheduling: bool = False) -> None:
         self.index = index
+        self.async_scheduling = bool(async_scheduling)
+        self.last_start = self.last_end = float("-inf")
         self.sched, self.inner, self.res, self.cost = sched, inner, res, cost
         self.num_outstanding = 0
         self.num_routed = 0
@@ -162,6 +168,7 @@ class Replica:
             raise SimulationError(f"replica {self.index}: finish_step without a step in flight")
         start = self._start
         self._plan = None
+        self.last_start, self.last_end = start, end
         self._complete(plan)
         if plan.num_decodes:
             self.tick += 1

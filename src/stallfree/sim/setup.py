@@ -456,6 +456,8 @@ class Setup:
             its copies priced over the GPU's host link (stallfree.costmodel.host_link.KVTransferCost).
         kv_offloading_gib: instead, the tier's size as vLLM's --kv-offloading-size: GiB of host
             memory summed over the tensor-parallel ranks, converted with the model's KV bytes per token.
+        async_scheduling: each scheduler config's async_scheduling (vLLM's asynchronous scheduling,
+            stallfree.sim.simulator.SchedulerConfig); not modelled under disaggregation.
 
     Raises:
         SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
@@ -473,6 +475,7 @@ class Setup:
     long_prefill_token_threshold: int | None = None
     cpu_kv_tokens: int = 0
     kv_offloading_gib: float | None = None
+    async_scheduling: bool = False
     base_workload: Workload = field(init=False)
     rate_scale: float = field(init=False)
     workload: Workload = field(init=False)
@@ -550,6 +553,7 @@ class Setup:
             self.prefix_caching and kv == "paged",
             self.partial_prefills(),
             self.cpu_kv_tokens if self.prefix_caching and kv == "paged" else 0,
+            self.async_scheduling,
         )
 
     def partial_prefills(self) -> tuple[int, int, int] | None:

@@ -51,6 +51,7 @@ __all__ = [
     "SchedulerLike",
     "SimResult",
     "SimulationError",
+    "async_of",
     "make_scheduler",
     "new_result",
     "plan_run",
@@ -87,6 +88,10 @@ class SchedulerConfig:
         cpu_kv_tokens: prefix caching only: a CPU KV tier of cpu_kv_tokens // block_size blocks
             (stallfree.core.kv_tier.TieredKV: blocks the GPU evicts are kept there and loaded back on
             a hit); 0: none.
+        async_scheduling: the engine plans each step while the previous one runs, as vLLM's
+            `--async-scheduling` does (on by default from vLLM 0.14.0): a request that arrives while
+            step k runs first runs in step k + 2 instead of k + 1 (stallfree.sim.loop, "Asynchronous
+            scheduling"; docs/simulator.md). Default False: a synchronous scheduler.
 
     Raises:
         ValueError: an unknown batching or kv mode, kv="paged" with a baseline, or prefix_caching
@@ -103,6 +108,7 @@ class SchedulerConfig:
     prefix_caching: bool = False
     partial_prefills: tuple[int, int, int] | None = None
     cpu_kv_tokens: int = 0
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING_MODES:
@@ -120,6 +126,8 @@ class SchedulerConfig:
                              "needs prefix_caching=True")
         if self.cpu_kv_tokens and self.cpu_kv_tokens < self.block_size:
             raise ValueError(f"cpu_kv_tokens ({self.cpu_kv_tokens}) holds no block of {self.block_size} tokens")
+        if not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
 
     @property
     def cpu_blocks(self) -> int:
@@ -171,7 +179,14 @@ class SchedulerConfig:
         base = f"{kind}/{self.token_budget}"
         if self.partial_prefills is not None:
             base += "/K{}L{}T{}".format(*self.partial_prefills)
+        if self.async_scheduling:
+            base += "/async"
         return base
+
+
+def async_of(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> bool:
+    """Whether `scheduler` schedules asynchronously: a SchedulerConfig's async_scheduling; False for a factory."""
+    return isinstance(scheduler, SchedulerConfig) and scheduler.async_scheduling
 
 
 def make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> SchedulerLike:
@@ -309,7 +324,7 @@ def simulate(
         workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
     res = new_result(label or type(inner).__name__, workload, config, target, max_new, inner)
-    reps = [Replica(0, sched, inner, res, cost_model)]
+    reps = [Replica(0, sched, inner, res, cost_model, async_of(scheduler))]
     arrivals, entry, res.wall_s = run_group(reps, None, workload, max_new, too_long, closed_loop)
     _close_run(res, entry, tuple(arrivals.times) if closed_loop is not None else None, reps[0], workload, check)
     return res
@@ -439,6 +454,8 @@ def plan_run(
         )
         if scheduler.cpu_kv_tokens:
             config["cpu_kv_tokens"] = scheduler.cpu_blocks * scheduler.block_size
+        if scheduler.async_scheduling:
+            config["async_scheduling"] = True
         label = label or scheduler.label
     return max_new, too_long, target, config, label
 

@@ -269,7 +269,7 @@ def tune(
     max_tokens: int | None = None, jobs: int | Executor = 1, tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     progress: Callable[[int, int], None] | None = None, max_model_len: int | None = None,
     cut_output_to_fit: bool = False, search_partial_prefills: bool = False,
-    partial_prefills: tuple[int, int, int] | None = None,
+    partial_prefills: tuple[int, int, int] | None = None, async_scheduling: bool = False,
 ) -> TuneResult:
     """Find the token budget and max_seqs with the highest goodput under the SLOs (module docstring).
 
@@ -295,6 +295,8 @@ def tune(
             and max_seqs found (one more stage; rows carry partial_prefills = (K, L, T) or None).
         partial_prefills: (K, L, T) of every run but those of that stage, or None (one partial
             prefill, the contract).
+        async_scheduling: every run's SchedulerConfig.async_scheduling (vLLM's asynchronous
+            scheduling, docs/simulator.md); default off.
 
     Returns:
         A TuneResult; its rows are ranked, the chosen one first.
@@ -308,6 +310,7 @@ def tune(
     runner = _Runner(workload, kv_tokens, cost_model, slo_ttft, slo_tpot, max_tokens, jobs, progress)
     runner.context = (max_model_len, cut_output_to_fit)
     runner.partial_prefills = partial_prefills
+    runner.async_scheduling = async_scheduling
     t0 = time.perf_counter()
     bound = None
     if budgets is not None:
@@ -367,12 +370,14 @@ class _Runner:
         self.stages: list[int] = []
         self.context: tuple[int | None, bool] = (None, False)
         self.partial_prefills: tuple[int, int, int] | None = None
+        self.async_scheduling = False
 
     def run(self, pairs: Sequence[tuple[int, int] | tuple[int, int, tuple[int, int, int]]]) -> None:
         """Simulate (budget, max_seqs[, (K, L, T)]) candidates and keep their summaries."""
         configs = [
             SchedulerConfig(self.kv_tokens, p[0], p[1],
-                            partial_prefills=p[2] if len(p) > 2 else self.partial_prefills)
+                            partial_prefills=p[2] if len(p) > 2 else self.partial_prefills,
+                            async_scheduling=self.async_scheduling)
             for p in pairs
         ]
         points = [

@@ -22,7 +22,6 @@ import json
 import math
 import re
 from collections.abc import Hashable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +149,8 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     The engine profile's step terms price the steps; its front-end term is not added (a run folder's
     times are the engine's own timestamps, taken after the front end). KV capacity: the folder's
     num_gpu_blocks x block_size, else derived (hardware.derived_kv_tokens). Scheduler: paged, vLLM's
-    max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0.01.
+    max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0.01, and asynchronous
+    scheduling in the event loop where async_lag says the run's engine scheduled ahead.
 
     Raises:
         ValueError: a run we cannot replay (an unknown model or GPU), named.
@@ -184,7 +184,11 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
             hint = f" (device {device!r} matches no GPU preset: give --gpu PRESET)"
         raise ValueError(f"{where}: {exc}{hint}") from None
     wl = Workload(run.arrivals, run.prompt_lens, run.output_lens, name=run.path.name)
-    sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size)
+    lagged, lag_why = async_lag(run)
+    # vLLM's asynchronous scheduling is modelled in the event loop (stallfree.sim.loop, "Asynchronous
+    # scheduling"): a request that arrives while a step runs joins the batch one step later.
+    sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size,
+                            async_scheduling=lagged)
     dp_note = None
     if run.dp > 1:
         # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind
@@ -197,10 +201,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
                       "ranks' lock-step are not priced)" if run.expert_parallel else ""))
     else:
         res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
-    lagged, lag_why = async_lag(run)
     sim = latencies(res.timelines())
-    if lagged:
-        sim = _with_async_lag(sim, res)
     measured: dict[Hashable, Latencies] = dict(enumerate(run.measured))
     fig = figures(measured, sim)
     fig.update({
@@ -261,28 +262,6 @@ def async_default(vllm_version: str) -> tuple[bool, str]:
     on = nums >= ASYNC_SCHEDULING_DEFAULT_SINCE
     since = ".".join(map(str, ASYNC_SCHEDULING_DEFAULT_SINCE))
     return on, f"vLLM {vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
-
-
-def _with_async_lag(sim: dict[Hashable, Latencies], res: Any) -> dict[Hashable, Latencies]:
-    """Each request's first and later tokens one engine step later where the engine was busy at its
-    arrival or admission (vLLM's asynchronous scheduling: the scheduler has already planned the step
-    after the running one when the request arrives, or when a finished request frees its slot, so the
-    request joins the step after that). The step added is the one running when the simulated request
-    was taken in (the step before its admission step): a sample of the engine's step time without it.
-    A request that found the engine idle starts a step at its arrival and waits no extra step. TPOT is
-    unchanged (one token per step either way). `res` needs admit_step, step_start, step_end and
-    arrival (a SimResult); latencies in s."""
-    out = dict(sim)
-    for rid, lat in sim.items():
-        i = int(rid)  # type: ignore[call-overload]
-        a = res.admit_step[i]
-        if a <= 0 or lat.ttft is None:
-            continue
-        if res.step_start[a] <= res.arrival[i] + 1e-9:
-            continue  # the engine was idle when it arrived: scheduled at once
-        lag = res.step_end[a - 1] - res.step_start[a - 1]
-        out[rid] = replace(lat, ttft=lat.ttft + lag, e2e=None if lat.e2e is None else lat.e2e + lag)
-    return out
 
 
 def _model_label(name: str) -> str:
@@ -351,8 +330,8 @@ def print_runs(res: dict[str, Any]) -> None:
         if c.get("gpu_note"):
             print(f"  GPU {c['gpu_device']!r}: {c['gpu_note']}")
         if c.get("async_scheduling_lag"):
-            print(f"  asynchronous scheduling ({c['async_scheduling_why']}): a request admitted while the engine "
-                  "runs joins the batch one step later (one step added to its TTFT and E2E)")
+            print(f"  asynchronous scheduling ({c['async_scheduling_why']}): replayed with the step planned while "
+                  "the previous one runs (a request arriving during a step joins one step later)")
         if c.get("dp_note"):
             print(f"  {c['dp_note']}")
         if c.get("kernels_version_note"):

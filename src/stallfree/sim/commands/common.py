@@ -123,6 +123,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("scheduler")
     s.add_argument("--max-seqs", type=positive_int, default=DEFAULT_MAX_SEQS,
                    help=f"most running requests (default {DEFAULT_MAX_SEQS})")
+    s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
+                   help="plan each step while the previous one runs, as vLLM's --async-scheduling (its default "
+                   "from 0.14.0): a request arriving during a step joins one step later (default: off, a "
+                   "synchronous scheduler; docs/simulator.md)")
     add_partial_prefill_args(s, "the context length")
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=slo_ttft, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
@@ -313,6 +317,7 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
         block_size=getattr(args, "block_size", DEFAULT_BLOCK_SIZE),
         watermark=getattr(args, "watermark", CoreSchedulerConfig.watermark),
         prefix_caching=getattr(args, "prefix_caching", False),
+        async_scheduling=getattr(args, "async_scheduling", False),
         max_num_partial_prefills=getattr(args, "max_num_partial_prefills", 1),
         max_long_partial_prefills=getattr(args, "max_long_partial_prefills", None),
         long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", None),

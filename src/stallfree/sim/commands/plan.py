@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     executor = executor_from_args(args)
     width = args.jobs or os.cpu_count() or 1
     setup = setup_from_args(args)
+    if setup.async_scheduling and not args.no_disaggregate:
+        raise CliError("--async-scheduling is not modelled for the disaggregated splits plan searches: add "
+                       "--no-disaggregate", 2)
     with _progress() as progress:
         result = plan(
             setup, args.slo_ttft, args.slo_tpot, attainment=args.slo_attainment, routers=routers,

@@ -247,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
               "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
     if args.disaggregate is not None:
+        if args.async_scheduling:
+            raise CliError("--async-scheduling is not modelled with --disaggregate: drop one of them", 2)
         return _run_disagg(args, setup)
     study, clusters = _study(args, setup)
     from stallfree.sim.overload import annotate

@@ -115,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
                 cut_output_to_fit=setup.workload_options.cut_output_to_fit,
                 search_partial_prefills=args.search_partial_prefills,
                 partial_prefills=fixed_pp,
+                async_scheduling=setup.async_scheduling,
             )
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
