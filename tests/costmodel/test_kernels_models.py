@@ -108,6 +108,15 @@ def _minimax_config():  # type: ignore[no-untyped-def]
     return resources.files("aiconfigurator_core").joinpath("model_configs/MiniMaxAI--MiniMax-M2.5_config.json")
 
 
+def test_int4_keeps_bf16_gemms_where_the_checkpoint_quantizes_experts_only() -> None:
+    """A compressed-tensors INT4 checkpoint whose ignore list holds the attention (Kimi-K2.5: routed experts
+    only) keeps bf16 GEMMs; without such a list int4 is weight-only INT4 everywhere."""
+    kimi = {"text_config": {"quantization_config": {"quant_method": "compressed-tensors",
+                                                    "ignore": ["lm_head", "re:.*self_attn.*"]}}}
+    assert quant_modes("int4", kimi, True, "h200_sxm", "vllm") == ("bfloat16", "int4_wo")
+    assert quant_modes("int4", {}, True, "h200_sxm", "vllm") == ("int4_wo", "int4_wo")
+
+
 def test_every_package_config_names_a_preset() -> None:
     """Each preset handed the package's bundled config is one of ours."""
     for key in PACKAGE_CONFIGS:

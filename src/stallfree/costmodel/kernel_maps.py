@@ -153,7 +153,9 @@ def quant_modes(dtype: str, config: dict[str, Any], moe: bool, system: str | Non
     quantization_config says so (DeepSeek-V3, Kimi-K2 ship that way), else per-tensor; under engine 'vllm'
     a model without MLA prices its block-FP8 dense GEMMs by VLLM_BLOCK_FP8_GEMM. mxfp4 experts
     under engine 'trtllm' on a Blackwell `system` (the package's system name, BLACKWELL_SYSTEMS) are
-    MXFP4_ON_BLACKWELL_TRTLLM, elsewhere w4a16_mxfp4. The MoE mode is None for a dense model.
+    MXFP4_ON_BLACKWELL_TRTLLM, elsewhere w4a16_mxfp4. int4 on an MoE model whose compressed-tensors config
+    leaves the attention unquantized (Kimi-K2.5) keeps bf16 GEMMs with int4_wo experts. The MoE mode is None
+    for a dense model.
 
     Raises:
         CostModelError: a dtype the package has no mode for here (int8, the package's W8A8 INT8 is
@@ -175,9 +177,20 @@ def quant_modes(dtype: str, config: dict[str, Any], moe: bool, system: str | Non
     if dtype == "mxfp4" and engine == "trtllm" and system in BLACKWELL_SYSTEMS:
         expert = MXFP4_ON_BLACKWELL_TRTLLM
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if dtype == "int4" and moe and _dense_layers_unquantized(qc):
+        gemm = "bfloat16"
     if gemm == "fp8_block" and engine == "vllm" and not text.get("kv_lora_rank"):
         gemm = VLLM_BLOCK_FP8_GEMM
     return gemm, (expert if moe else None)
+
+def _dense_layers_unquantized(qc: Any) -> bool:
+    """Whether a compressed-tensors quantization_config leaves the attention out of its 4-bit layers (its
+    `ignore` list names self_attn, as Kimi-K2.5's INT4 checkpoint does: only the routed experts are INT4,
+    attention, shared experts and dense MLPs stay bf16)."""
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return False
+    return any("self_attn" in str(name) for name in qc.get("ignore") or ())
+
 
 #: Our KV cache dtypes onto the package's KV cache modes.
 KV_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8"}
