@@ -76,38 +76,6 @@ def test_gpt_oss_on_b200_trtllm_decodes_near_the_measured_tpot() -> None:
     assert km.decode_step_time(4, 8704) == pytest.approx(3.568e-3, rel=0.10)
 
 
-def test_vllm_block_fp8_dense_gemms_take_the_per_tensor_table() -> None:
-    """Under vLLM a block-FP8 checkpoint without MLA prices its dense GEMMs from the per-tensor fp8 table (the
-    block table's small-batch floor is the collection's host time) and keeps fp8_block experts; SGLang and
-    TensorRT-LLM, and MLA models under vLLM, keep fp8_block GEMMs."""
-    block = {"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
-    mla = {**block, "kv_lora_rank": 512}
-    assert quant_modes("fp8", block, True, "h100_sxm", "vllm") == ("fp8", "fp8_block")
-    assert quant_modes("fp8", block, False, "h200_sxm", "vllm") == ("fp8", None)
-    assert quant_modes("fp8", block, True, "h100_sxm", "sglang") == ("fp8_block", "fp8_block")
-    assert quant_modes("fp8", block, True, "h100_sxm", "trtllm") == ("fp8_block", "fp8_block")
-    assert quant_modes("fp8", mla, True, "h200_sxm", "vllm") == ("fp8_block", "fp8_block")
-    assert quant_modes("fp8", {}, True, "h100_sxm", "vllm") == ("fp8", "fp8")
-
-
-@needs_kernels
-def test_minimax_on_h100_vllm_decodes_near_the_measured_tpot() -> None:
-    """MiniMax-M2.5 (the package's bundled config, block FP8) at tp 4, ep 4 on H100 SXM under vLLM: a step of
-    4 decodes at 1,536 tokens of context against the TPOT the bundled closed-loop row measured at concurrency 4
-    (silicon_sample.csv line 1953, 1,024 + 1,024 tokens: 10.12 ms, which also holds the engine's per-step
-    host time). With the block-FP8 GEMM table the step is priced at 15.18 ms, with the per-tensor one 8.61."""
-    from stallfree.validate.hardware import pricing
-
-    price = pricing(str(_minimax_config()), "h100-sxm", 4, "fp8", None, "vllm", ep=4)
-    assert price.base.decode_step_time(4, 1536) == pytest.approx(10.12e-3, rel=0.2)
-
-
-def _minimax_config():  # type: ignore[no-untyped-def]
-    from importlib import resources
-
-    return resources.files("aiconfigurator_core").joinpath("model_configs/MiniMaxAI--MiniMax-M2.5_config.json")
-
-
 def test_int4_keeps_bf16_gemms_where_the_checkpoint_quantizes_experts_only() -> None:
     """A compressed-tensors INT4 checkpoint whose ignore list holds the attention (Kimi-K2.5: routed experts
     only) keeps bf16 GEMMs; without such a list int4 is weight-only INT4 everywhere."""

@@ -24,7 +24,6 @@ __all__ = [
     "KV_DTYPE_MODES",
     "MOE_DTYPE_MODES",
     "MXFP4_ON_BLACKWELL_TRTLLM",
-    "VLLM_BLOCK_FP8_GEMM",
     "NO_TABLES",
     "PCIE_ONLY_SYSTEMS",
     "PACKAGE_CONFIGS",
@@ -133,25 +132,12 @@ BLACKWELL_SYSTEMS = frozenset({"b200_sxm", "gb200", "rtx_pro_6000_server"})
 MXFP4_ON_BLACKWELL_TRTLLM = "w4a8_mxfp4_mxfp8"
 
 
-#: The GEMM mode that prices vLLM's block-scaled FP8 dense GEMMs (the package's per-tensor fp8 table, the same
-#: collection's CUTLASS FP8 kernels). Why: the package's vLLM fp8_block GEMM tables (0.24.0, every system)
-#: hold a shape-independent floor at small batches: on H100 SXM at m = 4, 59 us for 2,048 x 3,072 and 64 us
-#: for 16,384 x 7,168, where the per-tensor fp8 table gives 8.0 and 51.8 us and SGLang's and TensorRT-LLM's
-#: block-FP8 tables of the same system (DeepGEMM) 9.2 / 8.5 and 45.0 / 45.9 us; on B200 170 against 7.3 us,
-#: on GB200 323 us. The floor is host time of the collection, not the GPU's: at m = 8,192 the block and
-#: per-tensor tables agree (1,432 against 1,354 us at 16,384 x 7,168 on H100). Both kernels read the same
-#: FP8 weights (plus one scale per 128 x 128 block) and do the same work. MLA models (DeepSeek, Kimi) keep
-#: fp8_block: the package keys their MLA module tables on the GEMM mode too.
-VLLM_BLOCK_FP8_GEMM = "fp8"
-
-
 def quant_modes(dtype: str, config: dict[str, Any], moe: bool, system: str | None = None,
                 engine: str | None = None) -> tuple[str, str | None]:
     """Return the package's (GEMM, MoE) quantization modes for our weight `dtype` and a config.json.
 
     fp8 is block-scaled (the package's fp8_block, 128 x 128 blocks) where the config's
-    quantization_config says so (DeepSeek-V3, Kimi-K2 ship that way), else per-tensor; under engine 'vllm'
-    a model without MLA prices its block-FP8 dense GEMMs by VLLM_BLOCK_FP8_GEMM. mxfp4 experts
+    quantization_config says so (DeepSeek-V3, Kimi-K2 ship that way), else per-tensor. mxfp4 experts
     under engine 'trtllm' on a Blackwell `system` (the package's system name, BLACKWELL_SYSTEMS) are
     MXFP4_ON_BLACKWELL_TRTLLM, elsewhere w4a16_mxfp4. int4 on an MoE model whose compressed-tensors config
     leaves the attention unquantized (Kimi-K2.5) keeps bf16 GEMMs with int4_wo experts. The MoE mode is None
@@ -176,11 +162,8 @@ def quant_modes(dtype: str, config: dict[str, Any], moe: bool, system: str | Non
         gemm = expert = "fp8_block"
     if dtype == "mxfp4" and engine == "trtllm" and system in BLACKWELL_SYSTEMS:
         expert = MXFP4_ON_BLACKWELL_TRTLLM
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     if dtype == "int4" and moe and _dense_layers_unquantized(qc):
         gemm = "bfloat16"
-    if gemm == "fp8_block" and engine == "vllm" and not text.get("kv_lora_rank"):
-        gemm = VLLM_BLOCK_FP8_GEMM
     return gemm, (expert if moe else None)
 
 def _dense_layers_unquantized(qc: Any) -> bool:

@@ -47,7 +47,7 @@ _SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", 
                          "OverlapOp"})
 
 # Bumped when the meaning of a cached entry changes, so that older entries are built afresh.
-_FORMAT = "5"
+_FORMAT = "6"
 
 
 class KernelsUnavailable(CostModelError):
