@@ -56,6 +56,35 @@ def test_quant_modes_follow_the_checkpoint() -> None:
         quant_modes("int8", {}, False)
 
 
+def test_mxfp4_experts_under_trtllm_on_blackwell_take_mxfp8_activations() -> None:
+    """TensorRT-LLM runs MXFP4 experts with MXFP8 activations on SM >= 100 (its get_mxfp4_quant_algo), with
+    bf16 activations below; the other engines keep the checkpoint's w4a16_mxfp4."""
+    assert quant_modes("mxfp4", {}, True, "b200_sxm", "trtllm") == ("bfloat16", "w4a8_mxfp4_mxfp8")
+    assert quant_modes("mxfp4", {}, True, "gb200", "trtllm") == ("bfloat16", "w4a8_mxfp4_mxfp8")
+    assert quant_modes("mxfp4", {}, True, "h200_sxm", "trtllm") == ("bfloat16", "w4a16_mxfp4")
+    assert quant_modes("mxfp4", {}, True, "b200_sxm", "vllm") == ("bfloat16", "w4a16_mxfp4")
+    assert quant_modes("nvfp4", {}, True, "b200_sxm", "trtllm") == ("nvfp4", "nvfp4")
+
+
+@needs_kernels
+def test_gpt_oss_on_b200_trtllm_decodes_near_the_measured_tpot() -> None:
+    """gpt-oss-120b on one B200 under TensorRT-LLM: a step of 4 decodes at 8,704 tokens of context (the middle
+    of an 8,192 + 1,024 request) against the TPOT the package's bundled closed-loop row measured at
+    concurrency 4 (silicon_sample.csv line 2715: 3.568 ms). With bf16-activation experts (w4a16_mxfp4) the
+    tables price it at 8.03 ms; with TensorRT-LLM's MXFP8 activations at 3.43 ms."""
+    km = _km("gpt-oss-120b", "b200", 1, "mxfp4", engine="trtllm")
+    assert km.decode_step_time(4, 8704) == pytest.approx(3.568e-3, rel=0.10)
+
+
+def test_int4_keeps_bf16_gemms_where_the_checkpoint_quantizes_experts_only() -> None:
+    """A compressed-tensors INT4 checkpoint whose ignore list holds the attention (Kimi-K2.5: routed experts
+    only) keeps bf16 GEMMs; without such a list int4 is weight-only INT4 everywhere."""
+    kimi = {"text_config": {"quantization_config": {"quant_method": "compressed-tensors",
+                                                    "ignore": ["lm_head", "re:.*self_attn.*"]}}}
+    assert quant_modes("int4", kimi, True, "h200_sxm", "vllm") == ("bfloat16", "int4_wo")
+    assert quant_modes("int4", {}, True, "h200_sxm", "vllm") == ("int4_wo", "int4_wo")
+
+
 def test_every_package_config_names_a_preset() -> None:
     """Each preset handed the package's bundled config is one of ours."""
     for key in PACKAGE_CONFIGS:

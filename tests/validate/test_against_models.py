@@ -107,3 +107,31 @@ def test_fp4_rows_are_priced_in_nvfp4_and_a_dp_rows_batch_is_per_rank(tmp_path: 
     assert row_weights(oss) == ("gpt-oss-120b", "mxfp4")
     assert row_weights(fp8) == ("deepseek-v3", "fp8")
     assert (dsr1.concurrency, oss.concurrency, fp8.concurrency) == (12, 3, 3)
+
+
+def test_an_int4_kimi_k25_row_is_kernel_priced_from_its_nested_config(tmp_path: Path) -> None:
+    """Kimi-K2.5's bundled config.json nests its DeepSeek-V3-shaped language model under text_config: the row's
+    precision int4 is priced in int4 and the whole file is handed to the package, whose DeepSeek class builds its
+    MLA graph (before, the backend wrote a config from the spec and refused MLA). Its step equals the package's
+    own estimator of the same tables; its checkpoint leaves attention in bf16 (INT4 routed experts only)."""
+    import pytest
+
+    from stallfree.costmodel.kernels import kernels_installed
+    from stallfree.validate.silicon import row_weights
+
+    if not kernels_installed():
+        pytest.skip("the optional package aiconfigurator-core is not installed")
+    csv = tmp_path / "rows.csv"
+    csv.write_text(HEADER + "a,src; silicon_concurrency=4,vllm,0.18.0,moonshotai/Kimi-K2.5,h200_sxm,int4,agg,1024,"
+                   "1024,int4_wo,int4_wo,4,8,1,1,8,1,124.3,10.31\n", encoding="utf-8")
+    (row,) = read_rows(csv)
+    name, dtype = row_weights(row)
+    assert name.endswith("moonshotai--Kimi-K2.5_config.json") and dtype == "int4"
+    price = pricing(name, "h200", 8, dtype, load_profile("none"), "vllm")
+    km = price.base
+    assert price.provenance.startswith("measured vllm")
+    handle = km.tables.handle
+    assert km.decode_step_time(4, 1536) == pytest.approx(handle.decode_step_latency(4, 1535, 2) * 1e-3, rel=1e-6)
+    # 1.03e12 parameters, 3.29e10 active: the published 1T / 32B
+    assert round(km.roofline.model.total_params / 1e9) == 1026
+    assert round(km.roofline.model.active_params / 1e9) == 33

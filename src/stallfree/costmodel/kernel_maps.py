@@ -19,9 +19,11 @@ from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.model import ModelSpec
 
 __all__ = [
+    "BLACKWELL_SYSTEMS",
     "ENGINES",
     "KV_DTYPE_MODES",
     "MOE_DTYPE_MODES",
+    "MXFP4_ON_BLACKWELL_TRTLLM",
     "NO_TABLES",
     "PCIE_ONLY_SYSTEMS",
     "PACKAGE_CONFIGS",
@@ -114,12 +116,32 @@ PACKAGE_FP8_CONFIGS: dict[str, str] = {
 }
 
 
-def quant_modes(dtype: str, config: dict[str, Any], moe: bool) -> tuple[str, str | None]:
+#: The package's systems of our presets whose GPUs are SM >= 100 (its systems/*.yaml sm_version: b200_sxm and
+#: gb200 100, rtx_pro_6000_server 120): TensorRT-LLM runs MXFP4 experts there with MXFP8
+#: activations (MXFP4_ON_BLACKWELL_TRTLLM).
+BLACKWELL_SYSTEMS = frozenset({"b200_sxm", "gb200", "rtx_pro_6000_server"})
+
+#: The MoE mode of MXFP4 experts (gpt-oss) under TensorRT-LLM on a Blackwell system: MXFP4 weights with
+#: MXFP8 activations, the package's w4a8_mxfp4_mxfp8. Why: TensorRT-LLM's
+#: ModelConfig.get_mxfp4_quant_algo (tensorrt_llm/_torch/model_config.py) returns W4A8_MXFP4_MXFP8 on
+#: SM >= 100 for every MoE backend but Triton unless OVERRIDE_QUANT_ALGO is set, and W4A16_MXFP4 below SM
+#: 100. The package's default for an mxfp4 checkpoint, w4a16_mxfp4, is the bf16-activation path; on B200
+#: its TensorRT-LLM 1.3.0rc20 table prices gpt-oss-120b's experts at 6.40 ms a step of 4 decodes at tp 1,
+#: against 1.80 ms for w4a8_mxfp4_mxfp8 (the whole step 8.03 against 3.43 ms; the bundled row at
+#: concurrency 4, ISL 8,192, measured a TPOT of 3.57 ms).
+MXFP4_ON_BLACKWELL_TRTLLM = "w4a8_mxfp4_mxfp8"
+
+
+def quant_modes(dtype: str, config: dict[str, Any], moe: bool, system: str | None = None,
+                engine: str | None = None) -> tuple[str, str | None]:
     """Return the package's (GEMM, MoE) quantization modes for our weight `dtype` and a config.json.
 
     fp8 is block-scaled (the package's fp8_block, 128 x 128 blocks) where the config's
-    quantization_config says so (DeepSeek-V3, Kimi-K2 ship that way), else per-tensor. The MoE mode is
-    None for a dense model.
+    quantization_config says so (DeepSeek-V3, Kimi-K2 ship that way), else per-tensor. mxfp4 experts
+    under engine 'trtllm' on a Blackwell `system` (the package's system name, BLACKWELL_SYSTEMS) are
+    MXFP4_ON_BLACKWELL_TRTLLM, elsewhere w4a16_mxfp4. int4 on an MoE model whose compressed-tensors config
+    leaves the attention unquantized (Kimi-K2.5) keeps bf16 GEMMs with int4_wo experts. The MoE mode is None
+    for a dense model.
 
     Raises:
         CostModelError: a dtype the package has no mode for here (int8, the package's W8A8 INT8 is
@@ -138,7 +160,20 @@ def quant_modes(dtype: str, config: dict[str, Any], moe: bool) -> tuple[str, str
     qc = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config") or {}
     if dtype == "fp8" and isinstance(qc, dict) and qc.get("weight_block_size"):
         gemm = expert = "fp8_block"
+    if dtype == "mxfp4" and engine == "trtllm" and system in BLACKWELL_SYSTEMS:
+        expert = MXFP4_ON_BLACKWELL_TRTLLM
+    if dtype == "int4" and moe and _dense_layers_unquantized(qc):
+        gemm = "bfloat16"
     return gemm, (expert if moe else None)
+
+def _dense_layers_unquantized(qc: Any) -> bool:
+    """Whether a compressed-tensors quantization_config leaves the attention out of its 4-bit layers (its
+    `ignore` list names self_attn, as Kimi-K2.5's INT4 checkpoint does: only the routed experts are INT4,
+    attention, shared experts and dense MLPs stay bf16)."""
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        return False
+    return any("self_attn" in str(name) for name in qc.get("ignore") or ())
+
 
 #: Our KV cache dtypes onto the package's KV cache modes.
 KV_DTYPE_MODES: dict[str, str] = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "int8": "int8"}

@@ -47,7 +47,7 @@ _SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", 
                          "OverlapOp"})
 
 # Bumped when the meaning of a cached entry changes, so that older entries are built afresh.
-_FORMAT = "3"
+_FORMAT = "6"
 
 
 class KernelsUnavailable(CostModelError):
@@ -304,7 +304,7 @@ def _build_tables(
             with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
                 f.write(text)
             moe = _is_moe(config)
-            gemm_mode, moe_mode = quant_modes(dtype, config, moe)
+            gemm_mode, moe_mode = quant_modes(dtype, config, moe, system, engine)
             mc = build_model_config(
                 tp_size=tp, pp_size=1, attention_dp_size=dp_attention,
                 moe_tp_size=tp * dp_attention // ep if moe else 1, moe_ep_size=ep,

@@ -194,7 +194,12 @@ def _config(model: str) -> dict[str, Any] | None:
         data = json.loads(Path(model).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # get_model reports the unreadable file
-    return data if isinstance(data, dict) and "num_hidden_layers" in data else None
+    if not isinstance(data, dict):
+        return None
+    # A multimodal checkpoint nests its language model under text_config (Kimi-K2.5, Llama 4): the package's
+    # model classes read it there, so the file is handed over whole.
+    text = data.get("text_config")
+    return data if "num_hidden_layers" in data or (isinstance(text, dict) and "num_hidden_layers" in text) else None
 
 
 def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | None,

@@ -409,7 +409,9 @@ def row_weights(row: ClosedLoopRow) -> tuple[str, str]:
     """Return (our model name or config path, weight dtype) for a row: model_preset of its model_path with its
     precision column (fp8 as fp8, anything else as bf16 unless the name fixes the checkpoint's format), except
     that precision fp4 is priced in nvfp4 (the NVFP4 checkpoints these rows serve, e.g. DeepSeek-R1's: GEMMs
-    and experts in NVFP4) wherever the name does not fix MXFP4 (gpt-oss, whose own FP4 is MXFP4 experts).
+    and experts in NVFP4) wherever the name does not fix MXFP4 (gpt-oss, whose own FP4 is MXFP4 experts), and
+    precision int4 in int4 (Kimi-K2.5's INT4 checkpoint; which layers are 4-bit its config.json says:
+    kernel_maps.quant_modes).
 
     Raises:
         ValueError: as model_preset.
@@ -418,6 +420,8 @@ def row_weights(row: ClosedLoopRow) -> tuple[str, str]:
     name, dtype = model_preset(row.model, "fp8" if precision == "fp8" else "bf16")
     if precision in ("fp4", "nvfp4") and dtype != "mxfp4":
         dtype = "nvfp4"
+    elif precision == "int4" and dtype == "bf16":
+        dtype = "int4"
     return name, dtype
 
 
