@@ -208,7 +208,7 @@ def test_add_front_bad_input_is_refused_and_nothing_is_queued(front, policy, mat
 def test_schedule_bad_hook_arguments_are_refused_with_nothing_in_flight():
     s = make_scheduler()
     s.add(Request("A", 3, 1))
-    with pytest.raises(InvalidConfig, match="admit must be a bool, got 'no'"):
+    with pytest.raises(InvalidConfig, match="admit must be a bool or callable, got 'no'"):
         s.schedule(admit="no")  # type: ignore[arg-type]
     with pytest.raises(InvalidConfig, match="chunk_cap must be None or callable, got 5"):
         s.schedule(chunk_cap=5)  # type: ignore[arg-type]
@@ -278,3 +278,176 @@ def test_random_caps_admits_and_front_adds_keep_every_invariant(options):
         assert s.step < 20_000
     chk.check_final()
     assert chk.num_preemptions > 0 or not options  # the paged runs preempt
+
+
+# ---------------------------------------------------------------- the queue's read-only view, and membership
+
+
+def test_waiting_order_peek_and_membership_by_hand():
+    """FCFS, budget 3, prompts of 3 tokens: A, B, then C at the front. The queue reads C, A, B; C is admitted
+    first, and once its one token is out it is no longer a member."""
+    s = make_scheduler(token_budget=3)
+    assert s.waiting_order() == () and s.peek_waiting() is None and not s.has_request("A")
+    s.add(Request("A", 3, 1))
+    s.add(Request("B", 3, 1))
+    s.add(Request("C", 3, 1), front=True)
+    assert s.waiting_order() == ("C", "A", "B") and s.peek_waiting() == "C"
+    assert s.has_request("A") and "B" in s and "Z" not in s and [1] not in s
+    plan = s.schedule()
+    assert plan.admitted == ("C",) and s.waiting_order() == ("A", "B") and s.peek_waiting() == "A"
+    assert "C" in s  # running while its step is in flight
+    s.complete(plan)
+    assert "C" not in s and not s.has_request("C") and s.waiting_order() == ("A", "B")
+    s.abort("B")
+    assert s.waiting_order() == ("A",) and "B" not in s
+
+
+def test_waiting_order_under_priority():
+    """policy="priority": the order is (priority, add order); a copy, so changing it changes nothing."""
+    s = make_scheduler(policy="priority")
+    s.add(Request("A", 3, 1, priority=2))
+    s.add(Request("B", 3, 1, priority=0))
+    s.add(Request("C", 3, 1, priority=2))
+    order = s.waiting_order()
+    assert order == ("B", "A", "C") and s.peek_waiting() == "B"
+    assert isinstance(order, tuple) and s.waiting_order() == order
+
+
+# ---------------------------------------------------------------- schedule(admit=filter)
+
+
+class _Filter:
+    """An admission filter refusing the rids in `refuse`, recording every call."""
+
+    def __init__(self, refuse=()):
+        self.refuse = set(refuse)
+        self.calls = []
+
+    def __call__(self, rid):
+        self.calls.append(rid)
+        return rid not in self.refuse
+
+
+@pytest.mark.parametrize("options", [{}, {"max_num_partial_prefills": 2, "max_long_partial_prefills": 1,
+                                          "long_prefill_token_threshold": 100}], ids=["K1", "K2"])
+def test_an_admission_filter_passes_over_the_refused_who_keep_their_places(options):
+    """Budget 8; A (4 tokens), B (3), C (2) wait. The filter refuses A: B and C are admitted (3 + 2 tokens, both
+    whole), A stays at the head. The next step (no filter) runs B's and C's decodes and admits A (4 tokens)."""
+    chk = InvariantChecker(make_scheduler(token_budget=8, **options))
+    for rid, n in (("A", 4), ("B", 3), ("C", 2)):
+        chk.add(Request(rid, n, 2))
+    flt = _Filter({"A"})
+    plan = chk.schedule(admit=flt)
+    assert flt.calls == ["A", "B", "C"]
+    assert _chunks(plan) == [("B", 3, 0, True), ("C", 2, 0, True)] and plan.admitted == ("B", "C")
+    assert chk.scheduler.waiting_order() == ("A",)
+    chk.complete(plan)
+    plan = chk.schedule()
+    assert plan.decode_rids == ("B", "C") and _chunks(plan) == [("A", 4, 0, True)] and plan.admitted == ("A",)
+    chk.complete(plan)
+
+
+def test_a_refused_head_keeps_its_place_ahead_of_later_adds():
+    """A is refused in step 0 while B is admitted; D is added after. A is still the head: order A, D."""
+    s = make_scheduler(token_budget=3)
+    s.add(Request("A", 3, 1))
+    s.add(Request("B", 3, 1))
+    plan = s.schedule(admit=_Filter({"A"}))
+    assert plan.admitted == ("B",)
+    s.complete(plan)
+    s.add(Request("D", 3, 1))
+    assert s.waiting_order() == ("A", "D")
+    plan = s.schedule()
+    assert plan.admitted == ("A",)
+
+
+def test_a_filter_that_refuses_everyone_admits_nothing_and_decodes_go_on():
+    chk = InvariantChecker(make_scheduler(token_budget=8))
+    chk.add(Request("D", 2, 4))
+    chk.complete(chk.schedule())
+    chk.add(Request("B", 3, 2))
+    plan = chk.schedule(admit=lambda rid: False)
+    assert plan.decode_rids == ("D",) and _chunks(plan) == [] and chk.scheduler.waiting_order() == ("B",)
+    chk.complete(plan)
+
+
+@pytest.mark.parametrize("answer", ["yes", None, 1, 0])
+def test_a_filter_answer_that_is_not_a_bool_is_refused_and_nothing_changes(answer):
+    """The filter's answers are checked before anything changes: the error names the rid and the value, no plan
+    is in flight, and the next schedule() plans what it would have planned anyway."""
+    def build():
+        s = make_scheduler(token_budget=8, kv_policy="paged", block_size=4)
+        s.add(Request("D", 5, 4))
+        s.complete(s.schedule())
+        s.add(Request("A", 4, 2))
+        s.add(Request("B", 6, 2))
+        return s
+    s, twin = build(), build()
+    free = s.num_free_blocks
+    with pytest.raises(InvalidConfig, match=rf"admit\('B'\) must return a bool, got {answer!r}"):
+        s.schedule(admit=lambda rid: True if rid == "A" else answer)
+    assert s.waiting_order() == ("A", "B") and s.num_free_blocks == free and s.step == twin.step
+    got, want = s.schedule(), twin.schedule()
+    assert (got.decode_rids, _chunks(got), got.admitted) == (want.decode_rids, _chunks(want), want.admitted)
+    assert _chunks(got) == [("A", 4, 0, True), ("B", 3, 0, False)]
+
+
+def test_a_filter_refusing_nothing_changes_no_plan():
+    """A filter that always admits gives the same plans as admit=True (seeded random workload, paged, K = 1)."""
+    def run(with_filter):
+        rng = random.Random(5)
+        s = make_scheduler(token_budget=16, max_seqs=4, kv_tokens=400, kv_policy="paged", block_size=8)
+        out = []
+        for i in range(30):
+            s.add(Request(i, rng.randint(1, 60), rng.randint(1, 12)))
+        while s.has_unfinished():
+            plan = s.schedule(admit=(lambda rid: True)) if with_filter else s.schedule()
+            out.append((tuple(plan.decode_rids), _chunks(plan), plan.preempted))
+            s.complete(plan)
+        return out
+    assert run(True) == run(False)
+
+
+class _IgnoresFilter(Scheduler):
+    def schedule(self, token_budget=None, *, admit=True, chunk_cap=None):
+        if callable(admit):
+            for rid in self.waiting_order():
+                admit(rid)
+            admit = True
+        return super().schedule(token_budget, admit=admit, chunk_cap=chunk_cap)
+
+
+def test_the_checker_catches_an_admission_the_filter_refused():
+    chk = InvariantChecker(_IgnoresFilter(token_budget=8, max_seqs=4, kv_tokens=1000))
+    chk.add(Request("A", 4, 1))
+    chk.add(Request("B", 4, 1))
+    with pytest.raises(InvariantViolation, match="prefill chunks"):
+        chk.schedule(admit=lambda rid: rid != "A")
+
+
+@pytest.mark.parametrize("options", [
+    {"kv_policy": "paged", "block_size": 4},
+    {"max_num_partial_prefills": 2, "max_long_partial_prefills": 1, "long_prefill_token_threshold": 16,
+     "kv_policy": "paged", "block_size": 4},
+    {"kv_policy": "paged", "block_size": 4, "policy": "priority"},
+], ids=["paged", "multi", "priority"])
+def test_random_admission_filters_keep_every_invariant(options):
+    """Seeded: a filter refusing by a hash of (rid, step) in one step of three, tight KV so that requests are
+    preempted, some adds at the front (fcfs); the checker works out every plan."""
+    rng = random.Random(13)
+    s = Scheduler(token_budget=24, max_seqs=5, kv_tokens=240, **options)
+    chk = InvariantChecker(s)
+    reqs = [Request(i, rng.randint(1, 80), rng.randint(1, 30), priority=rng.randint(0, 2)) for i in range(40)]
+    arrive = sorted(rng.randint(0, 60) for _ in reqs)
+    i = 0
+    while i < len(reqs) or s.has_unfinished():
+        while i < len(reqs) and arrive[i] <= s.step:
+            chk.add(reqs[i], front=options.get("policy") != "priority" and rng.random() < 0.2)
+            i += 1
+        step = s.step
+        flt = (lambda rid, step=step: zlib.crc32(f"{rid}/{step}".encode()) % 2 == 0) if rng.random() < 0.35 else True
+        plan = chk.schedule(admit=flt)
+        chk.complete(plan)
+        assert s.step < 20_000
+    chk.check_final()
+    assert chk.num_preemptions > 0

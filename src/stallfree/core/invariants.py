@@ -177,15 +177,18 @@ class InvariantChecker(CheckerState):
         self._check_state(scheduled=self._plan)
 
     def schedule(
-        self, token_budget: int | None = None, *, admit: bool = True,
+        self, token_budget: int | None = None, *, admit: bool | Callable[[Hashable], bool] = True,
         chunk_cap: Callable[[Hashable, int, int], int] | None = None,
     ) -> StepPlan:
         """Forward schedule() and compare the plan with the shadow's own; the chunk cap's answers are
-        recorded on the way, and every chunk must have been offered to it and stay within its answer."""
+        recorded on the way, and every chunk must have been offered to it and stay within its answer.
+        An admission filter's answers are recorded too: the shadow admits in queue order passing over
+        the rids it refused, and every waiting request must have been asked once."""
         s = self.scheduler
         if self._caching:
             CacheRules.snapshot(self)
         caps: dict[tuple[Hashable, int, int], int] | None = None
+        self._refused = frozenset()
         if admit is True and chunk_cap is None:
             plan = s.schedule() if token_budget is None else s.schedule(token_budget)
         else:
@@ -199,8 +202,22 @@ class InvariantChecker(CheckerState):
                     caps[(rid, start, n)] = m
                     return m
 
-            plan = s.schedule(token_budget, admit=admit, chunk_cap=cap)
-        self._admitting, self._caps = admit, caps
+            flt: bool | Callable[[Hashable], bool] = admit
+            answers: dict[Hashable, object] = {}
+            if callable(admit):
+                pred = admit
+
+                def flt(rid: Hashable) -> bool:
+                    ok = pred(rid)
+                    answers[rid] = ok
+                    return ok
+
+            plan = s.schedule(token_budget, admit=flt, chunk_cap=cap)
+            if callable(admit) and set(answers) != set(self._waiting):
+                self._fail("admission filter asked once per waiting request",
+                           f"asked {sorted(map(repr, answers))}, waiting {sorted(map(repr, self._waiting))}")
+            self._refused = frozenset(r for r, ok in answers.items() if ok is False)
+        self._admitting, self._caps = admit is not False, caps
         self._plan = plan
         self._check_plan(plan)
         self._check_state(scheduled=plan)

@@ -151,7 +151,9 @@ class MultiRules:
         if chk.scheduler.policy == "priority":
             return chk._queue_order()
         reqs = chk._reqs
-        return sorted(chk._waiting, key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
+        refused = chk._refused
+        return sorted((r for r in chk._waiting if r not in refused),
+                      key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
 
     @staticmethod
     def check_counts(chk: CheckerState, plan: StepPlan) -> None:

@@ -93,6 +93,8 @@ class CheckerState:
     _pinned: set[int] = field(default_factory=set)
     # The step's options: whether it may admit, and the chunk cap's answers by (rid, start, n) (None: no cap).
     _admitting: bool = True
+    # The rids the step's admission filter refused (schedule(admit=callable)); admission passes over them.
+    _refused: frozenset[Hashable] = frozenset()
     _caps: dict[tuple[Hashable, int, int], int] | None = None
     _front_order: int = -1  # add order of the next add(front=True): counts down
 
@@ -148,7 +150,16 @@ class CheckerState:
         return (prio, sh.req.arrival, sh.order) if s.config.priority_ties == "arrival" else (prio, sh.order)
 
     def _queue_order(self) -> list[Hashable]:
-        return sorted(self._waiting, key=self._key)
+        """The waiting rids admission tries in this step, in queue order (those the filter refused left out).
+        FCFS: preempted requests and those queued with add(front=True) first, then add order (under strict
+        admission in queue order this is add order; an admission filter may let a request be admitted, and
+        preempted, past an older one it refused)."""
+        if self.scheduler.policy != "priority":
+            reqs = self._reqs
+            order = sorted(self._waiting, key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
+        else:
+            order = sorted(self._waiting, key=self._key)
+        return [r for r in order if r not in self._refused] if self._refused else order
 
     def _victim_for(self, rid: Hashable) -> Hashable:
         """Paged: the victim when `rid` needs a block and none is free."""

@@ -72,7 +72,7 @@ class TieredInvariantChecker(InvariantChecker):
     # ------------------------------------------------------------------ the step
 
     def schedule(
-        self, token_budget: int | None = None, *, admit: bool = True,
+        self, token_budget: int | None = None, *, admit: bool | Callable[[Hashable], bool] = True,
         chunk_cap: Callable[[Hashable, int, int], int] | None = None,
     ) -> StepPlan:
         """Snapshot the CPU tier, forward schedule() (the base checker's rules) and check the tier's."""

@@ -90,6 +90,31 @@ class RequestLifecycle:
         """True while any request is waiting or running."""
         return bool(self._live)
 
+    def has_request(self, rid: Hashable) -> bool:
+        """True while `rid` is live here: added and neither finished (reported by complete()) nor aborted.
+        `rid in scheduler` asks the same. O(1)."""
+        return rid in self._live
+
+    def __contains__(self, rid: object) -> bool:
+        """`rid in scheduler`: has_request(rid)."""
+        try:
+            return rid in self._live
+        except TypeError:  # an unhashable value is never a rid
+            return False
+
+    def waiting_order(self) -> tuple[Hashable, ...]:
+        """The rids of the waiting requests (never admitted, or preempted) in the order admission takes them,
+        head first: add order with add(front=True) and preempted requests in front under policy="fcfs", the
+        effective priority then add order under "priority" (read at the scheduler's current clock reading).
+        A read-only copy: O(waiting), O(waiting log waiting) under "priority"."""
+        return tuple(o.rid for o in self._waiting.in_order())
+
+    def peek_waiting(self) -> Hashable | None:
+        """The rid at the head of the waiting queue (the request admission tries first), or None when none
+        waits: waiting_order()[0] without the copy; O(1) under policy="fcfs", O(waiting) under "priority"."""
+        obj = self._waiting.head()
+        return None if obj is None else obj.rid
+
     def request_state(self, rid: Hashable) -> RequestState:
         """Return a snapshot of a live (waiting or running) request.
 

@@ -98,10 +98,13 @@ class PrefillHost:
         recomputed(tokens): count prefill tokens scheduled in a recompute episode.
         admitting: whether this step may admit waiting requests (schedule(admit=...); True by default).
         chunk_cap: the step's chunk cap (schedule(chunk_cap=...)) or None; a rule asks it through `cap`.
+        refused: None, or the ids (`id(rec)`) of the waiting records the step's admission filter
+            (schedule(admit=callable)) refused: admission passes over them, leaving them queued.
     """
 
     __slots__ = ("chunking", "kv", "waiting", "live", "partials", "max_seqs", "policy", "priority_key", "grow",
-                 "can_admit", "admit", "preempt", "victim", "recomputed", "admitting", "chunk_cap", "_counts")
+                 "can_admit", "admit", "preempt", "victim", "recomputed", "admitting", "chunk_cap", "refused",
+                 "_counts")
 
     def __init__(
         self, counts: _Counts, *, chunking: Chunking, kv: KVManager, waiting: WaitingQueue,
@@ -121,6 +124,7 @@ class PrefillHost:
         self.preempt, self.victim, self.recomputed = preempt, victim, recomputed
         self.admitting = True
         self.chunk_cap: Callable[[Hashable, int, int], int] | None = None
+        self.refused: frozenset[int] | None = None
 
     def cap(self, rec: LiveRequest, start: int, n: int) -> int:
         """The tokens a prompt chunk of `rec` from token `start`, sized `n` (>= 1) by the budget, may take:
@@ -219,8 +223,10 @@ class OnePartialPrefill:
             return ()
         admitted: list[Hashable] = []
         kv = s.kv
+        refused = s.refused
+        order = iter([o for o in waiting.in_order() if id(o) not in refused]) if refused else None
         while budget.left > 0 and len(waiting):
-            obj: LiveRequest | None = waiting.head()
+            obj: LiveRequest | None = waiting.head() if order is None else next(order, None)
             if obj is None or s.num_running >= s.max_seqs:
                 break
             # A cached prefix (none without caching) is kept; the prefill starts after it.
@@ -230,7 +236,10 @@ class OnePartialPrefill:
                 n = s.cap(obj, start, n)
             if n == 0 or not s.can_admit(obj, n, hits):  # never a 0-token first chunk
                 break
-            waiting.pop_head()
+            if order is None:
+                waiting.pop_head()
+            else:
+                waiting.remove(obj)
             s.admit(obj, n, hits, start)
             if obj.num_preemptions:
                 s.recomputed(n)
@@ -323,7 +332,10 @@ class PartialPrefills:
         thr = self.thr
         kv = s.kv
         admitted: list[Hashable] = []
+        refused = s.refused
         for obj in waiting.in_order():
+            if refused and id(obj) in refused:
+                continue  # passed over by the step's admission filter; it keeps its place
             left = budget.left
             if left <= 0 or s.num_running >= s.max_seqs:
                 break

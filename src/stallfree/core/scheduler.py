@@ -305,7 +305,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     # ------------------------------------------------------------------ the step
 
     def schedule(
-        self, token_budget: int | None = None, *, admit: bool = True,
+        self, token_budget: int | None = None, *, admit: bool | Callable[[Hashable], bool] = True,
         chunk_cap: Callable[[Hashable, int, int], int] | None = None,
     ) -> StepPlan:
         """Plan the next step: decodes, then the partial prefill, then admissions.
@@ -314,7 +314,14 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             token_budget: spend at most this many tokens in this step only (1 to the configured
                 budget; raised to block_size when chunks are aligned); None: the configured budget.
             admit: False: this step admits no waiting request (running requests go on as usual; an
-                engine pausing new work, or holding prefill back for a step).
+                engine pausing new work, or holding prefill back for a step). Or an admission filter,
+                `admit(rid) -> bool`: it is asked once for each waiting request, in queue order, before
+                anything changes; the requests it refuses (False) are passed over in this step's
+                admission and keep their places in the queue, and the others are admitted by the usual
+                rules in queue order among themselves. This is the one place the core admits out of
+                queue order, and only when the engine asks (vLLM's PAUSED_NEW, which admits only the
+                waiting requests that already hold KV, docs/vllm.md). True (the default) and a filter
+                that refuses nothing plan the same step.
             chunk_cap: an engine's per-request limit on prompt chunks in this step, or None.
                 `chunk_cap(rid, start, n)` is called for each prompt chunk the budget has sized, `n`
                 tokens (>= 1) from token `start` of request `rid`, in the order the budget is spent and
@@ -337,13 +344,19 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
                 other than an integer from 0 to n (the message names the call and the value; the
                 step is then lost and the scheduler must not be used further).
             InvalidConfig: token_budget is not an integer from 1 to the configured budget, admit is
-                not a bool, or chunk_cap is neither None nor callable (nothing changes).
+                neither a bool nor callable, the filter returned something other than a bool (the
+                message names the rid and the value), or chunk_cap is neither None nor callable
+                (nothing changes).
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
         budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
+        refused: frozenset[int] | None = None
         if admit is not True and admit is not False:
-            raise InvalidConfig(f"schedule(): admit must be a bool, got {admit!r}")
+            if not callable(admit):
+                raise InvalidConfig(f"schedule(): admit must be a bool or callable, got {admit!r}")
+            refused = self._refused_by(admit)
+            admit = True
         if chunk_cap is not None and not callable(chunk_cap):
             raise InvalidConfig(f"schedule(): chunk_cap must be None or callable, got {chunk_cap!r}")
         if self.clock is not None:
@@ -358,16 +371,16 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
         prefills: list[ScheduledChunk] = []
         host = self._host
-        if admit and chunk_cap is None:
+        if admit and chunk_cap is None and not refused:
             admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
         else:
-            host.admitting, host.chunk_cap = admit, chunk_cap
+            host.admitting, host.chunk_cap, host.refused = admit, chunk_cap, refused or None
             try:
                 admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
             finally:
-                host.admitting, host.chunk_cap = True, None
+                host.admitting, host.chunk_cap, host.refused = True, None, None
         if victims:
-            self._requeue(victims)
+            self._requeue(victims, bool(refused))
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -393,6 +406,18 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             self._drafted = {}
         self._inflight = plan
         return plan
+
+    def _refused_by(self, admit: Callable[[Hashable], bool]) -> frozenset[int]:
+        """The ids of the waiting records that the admission filter `admit` refuses, asked once each in queue
+        order; raises InvalidConfig (before anything changes) for an answer that is not a bool."""
+        refused = []
+        for obj in self._waiting.in_order():
+            ok = admit(obj.rid)
+            if ok is not True and ok is not False:
+                raise InvalidConfig(f"schedule(): admit({obj.rid!r}) must return a bool, got {ok!r}")
+            if not ok:
+                refused.append(id(obj))
+        return frozenset(refused)
 
     def _step_budget(self, token_budget: int) -> int:
         check_positive_int("token_budget", token_budget)
@@ -597,12 +622,22 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         if obj in self._skipped:
             self._skipped.remove(obj)
 
-    def _requeue(self, victims: list[LiveRequest]) -> None:
+    def _requeue(self, victims: list[LiveRequest], filtered: bool = False) -> None:
         """Victims go back to the queue: FCFS, in front of every never-started request, oldest first
         (requests queued with add(front=True), whose add order counts down from -1, are ordered with
-        them by add order, so those still waiting at the head stay there)."""
+        them by add order, so those still waiting at the head stay there). `filtered`: the step's
+        admission filter may have passed over preempted requests at the head, so the victims are
+        ordered by add order with every preempted or front-added request leading the queue."""
         if isinstance(self._waiting, FCFSQueue):
             queue = self._waiting
+            if filtered:
+                lead = list(victims)
+                head = queue.head()
+                while head is not None and (head.seq < 0 or head.status is _PREEMPTED):
+                    lead.append(queue.pop_head())
+                    head = queue.head()
+                queue.push_front(sorted(lead, key=_by_seq))
+                return
             if self._front_seq < -1:
                 lead = list(victims)
                 head = queue.head()

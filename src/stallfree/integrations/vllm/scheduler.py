@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from vllm.outputs import RequestError
@@ -295,13 +296,13 @@ class SyncScheduler(_VllmScheduler):
         Nothing starts unless unpaused (vLLM starts none under PAUSED_NEW)."""
         if self.connector is None or self._pause_state != PauseState.UNPAUSED or token_budget <= 0:
             return
-        waiting = self.stallfree._waiting
+        core = self.stallfree
         kv = self._sf_kv
         while len(self.running) < self.max_num_active_reqs:
-            head = waiting.head()
+            head = core.peek_waiting()
             if head is None:
                 return
-            request = self.requests[head.rid]
+            request = self.requests[head]
             if request.num_computed_tokens or (request.num_stale_output_tokens and not request.drop_stale_output):
                 return
             hit = kv.external_hit(request)
@@ -381,7 +382,7 @@ class SyncScheduler(_VllmScheduler):
             if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
                 continue
             rid = request.request_id
-            if rid in core._live:
+            if core.has_request(rid):
                 core.abort(rid)
             if rid not in self.finished_recving_kv_req_ids:
                 continue
@@ -432,28 +433,24 @@ class SyncScheduler(_VllmScheduler):
         if self._pause_state != PauseState.PAUSED_ALL and core.has_unfinished():
             kv.in_schedule = True
             # PAUSED_NEW: running requests go on, and of the waiting only those that hold KV blocks (an
-            # asynchronous load that finished) are admitted, as vLLM does: the others leave the core's queue
-            # for this step and come back in their places. A deferred prefill: only the decodes run.
-            waiting = core._waiting
-            order: list[Any] = []
+            # asynchronous load that finished) are admitted, as vLLM does: the core's admission filter passes
+            # over the others, which keep their places. A deferred prefill: only the decodes run.
+            admit: bool | Callable[[Hashable], bool] = True
+            num_waiting = core.num_waiting
             if self._pause_state == PauseState.PAUSED_NEW and not defer:
-                order = waiting.in_order()
-                for obj in order:
-                    if not self.requests[obj.rid].num_computed_tokens:
-                        waiting.remove(obj)
+                admit = self._sf_holds_kv
+                num_waiting = sum(map(self._sf_holds_kv, core.waiting_order()))
             budget = None
             if self.num_spec_tokens:
                 self._sf_set_drafts()
-                budget = self._sf_budget_with_draft_slots()
+                budget = self._sf_budget_with_draft_slots(num_waiting)
             cap = self._sf_deferred_cap if defer else (
                 self._sf_chunk_cap if self._sf_mm or self._sf_fsm or self.need_mamba_block_aligned_split else None)
             try:
-                plan = core.schedule(budget, chunk_cap=cap)
+                plan = core.schedule(budget, admit=admit, chunk_cap=cap)
             finally:
                 kv.in_schedule = False
                 self._sf_enc_pending = None
-                if order:
-                    self._sf_restore_queue(order)
             if not plan.preempted and not defer:
                 self._sf_start_loads(self.max_num_scheduled_tokens - plan.num_tokens)
         out = self._sf_output(plan)
@@ -469,18 +466,10 @@ class SyncScheduler(_VllmScheduler):
                 self._sf_stale_victims = []
         return out
 
-    def _sf_restore_queue(self, order: list[Any]) -> None:
-        """After a PAUSED_NEW step: the core's queue again in `order` (its order before the step), less the
-        requests admitted, after the requests the step preempted."""
-        waiting = self.stallfree._waiting
-        now = waiting.in_order()
-        before = set(map(id, order))
-        kept = set(map(id, now))
-        for obj in now:
-            waiting.remove(obj)
-        admitted = {id(o) for o in order if id(o) not in kept and self.requests[o.rid].num_computed_tokens}
-        for obj in [o for o in now if id(o) not in before] + [o for o in order if id(o) not in admitted]:
-            waiting.append(obj)
+    def _sf_holds_kv(self, rid: Hashable) -> bool:
+        """PAUSED_NEW's admission filter: whether waiting request `rid` already holds KV (computed tokens, as
+        after an asynchronous load that finished); vLLM admits only those while paused."""
+        return bool(self.requests[rid].num_computed_tokens)
 
     def _sf_set_drafts(self) -> None:
         """Speculative decoding: each running decode's drafts (vLLM's `spec_token_ids`, set by
@@ -491,17 +480,17 @@ class SyncScheduler(_VllmScheduler):
             if request is not None and request.spec_token_ids:
                 core.set_draft_tokens(rid, len(request.spec_token_ids))
 
-    def _sf_budget_with_draft_slots(self) -> int | None:
+    def _sf_budget_with_draft_slots(self, num_waiting: int) -> int | None:
         """With draft slots per scheduled request (vLLM's `max_num_new_slots_for_drafting`: parallel drafting,
         draft models), the step's token budget: max_num_batched_tokens less the slots of every request that may
-        run in it (min(max_num_seqs, running + waiting)), so that tokens and slots never exceed vLLM's input
-        budget; None (the configured budget) without slots."""
+        run in it (min(max_num_seqs, running + `num_waiting`, the waiting requests the step may admit)), so
+        that tokens and slots never exceed vLLM's input budget; None (the configured budget) without slots."""
         spec = self.vllm_config.speculative_config
         slots = int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0) if spec is not None else 0
         if not slots:
             return None
         core = self.stallfree
-        n = min(core.max_seqs, core.num_running + core.num_waiting)
+        n = min(core.max_seqs, core.num_running + num_waiting)
         left = int(self.scheduler_config.max_num_batched_tokens) - slots * n
         return max(1, min(core.token_budget, left))
 
