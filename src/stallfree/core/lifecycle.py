@@ -15,7 +15,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from stallfree.core.errors import RequestRejected, SchedulerStateError
-from stallfree.core.live import position_of
+from stallfree.core.live import LiveRequest, position_of
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request, RequestState, RequestStatus
 
@@ -115,15 +115,20 @@ class RequestLifecycle:
         obj = self._waiting.head()
         return None if obj is None else obj.rid
 
+    def _live_request(self, rid: Hashable) -> LiveRequest:
+        """The record of live request `rid`; KeyError naming it when it is not live."""
+        obj: LiveRequest | None = self._live.get(rid)
+        if obj is None:
+            raise KeyError(f"no live request with rid {rid!r}")
+        return obj
+
     def request_state(self, rid: Hashable) -> RequestState:
         """Return a snapshot of a live (waiting or running) request.
 
         Raises:
             KeyError: `rid` is not live (never added, or already reported finished).
         """
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"no live request with rid {rid!r}")
+        obj = self._live_request(rid)
         return RequestState(
             rid=rid,
             status=obj.status,

@@ -39,6 +39,8 @@ class KVQueries:
     _skipped: list[LiveRequest]
     _step: int
 
+    _live_request: Callable[[Hashable], LiveRequest]  # RequestLifecycle's (an annotation: no attribute here)
+
     # ------------------------------------------------------------------ configuration
 
     @property
@@ -120,9 +122,7 @@ class KVQueries:
         return self._block_table if self._kv.has_block_ids else None
 
     def _block_table(self, rid: Hashable) -> tuple[int, ...]:
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"no live request with rid {rid!r}")
+        obj = self._live_request(rid)
         return self._kv.block_table(obj, self._table_tokens(obj))
 
     def _table_tokens(self, obj: LiveRequest) -> int:
@@ -195,9 +195,7 @@ class KVQueries:
         Raises:
             KeyError: `rid` is not live.
         """
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"no live request with rid {rid!r}")
+        obj = self._live_request(rid)
         return obj.num_cached_tokens
 
 

@@ -289,9 +289,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         Raises:
             KeyError: `rid` is not live.
         """
-        obj = self._live.get(rid)
-        if obj is None:
-            raise KeyError(f"no live request with rid {rid!r}")
+        obj = self._live_request(rid)
         return obj.unsettled
 
     def _forget_drafts(self, obj: LiveRequest) -> None:
