@@ -313,3 +313,38 @@ def test_tiny_slo_warns_how_it_was_read():
         assert slo_tpot("1ms") == pytest.approx(0.001)
         assert slo_ttft("1s") == 1.0
     assert quiet.getvalue() == ""
+
+
+def test_out_dir_is_not_left_behind_by_a_failed_or_interrupted_run(tmp_path, capsys, monkeypatch):
+    """simulate --out DIR creates DIR only when it writes the first file: a bad trace (exit 1) or a
+    Ctrl-C during the run (exit 130) leaves no empty DIR, nor the missing parents it checked."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    out = tmp_path / "new" / "o1"
+    assert main(["simulate", "--trace", str(bad), "--out", str(out)]) == 1
+    assert "unrecognised header" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+    import stallfree.sim.commands.simulate as simulate_cmd
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate_cmd, "run_experiment", interrupted)
+    assert main([*_SIM, "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert not (tmp_path / "new").exists()
+
+
+def test_out_dir_check_keeps_an_existing_dir_and_refuses_a_file(tmp_path):
+    """The --out check leaves a directory that was there (and its files) and names a file in the way."""
+    from stallfree.sim.commands.common import CliError, ensure_writable_dir
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "x").write_text("1")
+    ensure_writable_dir(kept, "--out")
+    assert sorted(p.name for p in kept.iterdir()) == ["x"]
+    with pytest.raises(CliError, match=r"--out .*x/y: cannot write there"):
+        ensure_writable_dir(kept / "x" / "y", "--out")
+    assert sorted(p.name for p in kept.iterdir()) == ["x"]
