@@ -31,9 +31,9 @@ from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import SchedulerConfig, simulate
-from stallfree.validate.errors import ValidateDataError
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
+from stallfree.validate.errors import ValidateDataError
 from stallfree.validate.hardware import (
     derived_kv_tokens,
     describe_profile,

@@ -77,8 +77,8 @@ from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
-from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
 from stallfree.validate.errors import ValidateDataError
+from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
 
 __all__ = [
     "BUDGET",
