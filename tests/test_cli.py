@@ -58,3 +58,19 @@ def test_file_errors_are_usage_and_contents_errors_are_data_in_every_command(tmp
         assert main(argv) == code, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, (argv, err)
+
+
+def test_version_and_an_unknown_flag_named_by_its_subcommand(capsys):
+    """`stallfree --version` prints the package version; an unknown flag of a subcommand points at that
+    subcommand's --help."""
+    import stallfree
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"stallfree {stallfree.__version__}\n"
+    with pytest.raises(SystemExit) as exc:
+        main(["specs", "--bogus-flag"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("stallfree specs: error: unrecognized arguments: --bogus-flag "
+                                       "(see stallfree specs --help)\n")

@@ -348,3 +348,39 @@ def test_out_dir_check_keeps_an_existing_dir_and_refuses_a_file(tmp_path):
     with pytest.raises(CliError, match=r"--out .*x/y: cannot write there"):
         ensure_writable_dir(kept / "x" / "y", "--out")
     assert sorted(p.name for p in kept.iterdir()) == ["x"]
+
+
+def test_sweep_refuses_a_value_given_twice(capsys):
+    """sweep --budgets 512,512 would run the same budget twice: refused naming the value, exit 2."""
+    assert main(["sweep", "--budgets", "512,512", "--num-requests", "10", "--kernels", "none"]) == 2
+    assert capsys.readouterr().err == ("stallfree sweep: error: --budgets 512,512: 512 is given twice; "
+                                       "give each value once\n")
+
+
+def test_sweep_error_has_no_blank_line_before_it(capsys, monkeypatch):
+    """An error raised while the progress bar runs is the first line on stderr (the bar is off when
+    stderr is not a terminal, so it leaves no blank line)."""
+    import stallfree.sim.commands.sweep as sweep_cmd
+
+    def failing(*_a: object, **_k: object) -> None:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(sweep_cmd, "sweep", failing)
+    assert main(["sweep", "--budgets", "512", "--num-requests", "10", "--kernels", "none"]) == 1
+    assert capsys.readouterr().err == "stallfree sweep: error: boom\n"
+
+
+def test_plan_answer_line_counts_one_replica_in_the_singular():
+    """The answer line says "1 replica reaches", not "1 replicas reach"."""
+    from types import SimpleNamespace
+
+    from stallfree.sim.commands.plan import answer_line
+
+    row = {"kind": "aggregated", "replicas": 2, "num_gpus": 8, "attainment": 0.9991, "router": "least-outstanding"}
+    below = {"kind": "aggregated", "replicas": 1, "num_gpus": 4, "attainment": 0.7542, "router": "none"}
+    result = SimpleNamespace(attainment=0.99, replicas=2, rows=[row, below], answer_row=row,
+                             router="least-outstanding", disagg_tried=True, disaggregated=None, gpus_per_replica=4)
+    line = answer_line(result, SimpleNamespace(slo_ttft=1.0, slo_tpot=0.05))  # type: ignore[arg-type]
+    assert "; 1 replica reaches 75.42% (none). " in line
+    assert line.endswith("Disaggregation cannot beat it on fewer GPUs: 1 replica cannot be split into prefill "
+                         "and decode.")

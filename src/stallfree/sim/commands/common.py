@@ -474,7 +474,9 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 
 def progress_bar() -> Any:
-    """A transient rich progress bar on stderr ("simulating", bar, done/total, elapsed)."""
+    """A transient rich progress bar on stderr ("simulating", bar, done/total, elapsed); off when stderr
+    is not a terminal, where the bar could not be erased and would leave a blank line before whatever
+    the command prints next (an error, the report)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -485,4 +487,5 @@ def progress_bar() -> Any:
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
+        disable=not sys.stderr.isatty(),
     )

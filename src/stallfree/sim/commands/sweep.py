@@ -99,6 +99,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree sweep` on parsed arguments; returns the exit status."""
     kv_list = args.kv_tokens
+    for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales),
+                         ("--batching", args.batching), ("--kv-tokens", kv_list)):
+        if isinstance(values, list):
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:
+                raise CliError(f"{flag} {_join(values)}: {twice} is given twice; give each value once", code=2)
     if isinstance(kv_list, list) and len(kv_list) > 1:
         for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales),
                              ("--batching", args.batching)):
