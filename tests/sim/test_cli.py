@@ -384,3 +384,15 @@ def test_plan_answer_line_counts_one_replica_in_the_singular():
     assert "; 1 replica reaches 75.42% (none). " in line
     assert line.endswith("Disaggregation cannot beat it on fewer GPUs: 1 replica cannot be split into prefill "
                          "and decode.")
+
+
+def test_sweep_table_explains_a_budget_use_above_100_percent(capsys):
+    """A prefill-first row using 115% of its budget gets the caption that says why; 60% gets none."""
+    from stallfree.sim.commands.sweep import print_rows
+
+    row = {"batching": "prefill-first", "rate_scale": 1.0, "token_budget": 256, "budget_utilization": 1.15}
+    print_rows([row])
+    out = capsys.readouterr().out
+    assert "115%" in out and "budget use: mean tokens per step / budget; above 100% where prefill-first" in out
+    print_rows([{**row, "budget_utilization": 0.6}])
+    assert "budget use:" not in capsys.readouterr().out
