@@ -229,6 +229,7 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
     else:
         print("\n".join(tier_sweep_lines(rows, title)))
     if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cpu_tier_sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         plot_tier_sweep(rows, args.out / "cpu_tier_sweep.png", title)
         print(f"wrote {args.out}/cpu_tier_sweep.json, cpu_tier_sweep.png", file=sys.stderr if args.json else sys.stdout)
