@@ -35,3 +35,42 @@ def test_missing_library_at_import_keeps_the_command(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fastapi", None)
     assert main(["serve", "--port", "1"]) == 1
     assert "pip install 'stallfree[server]'" in capsys.readouterr().err
+
+
+def test_file_errors_are_usage_and_contents_errors_are_data_in_every_command(tmp_path, capsys):
+    """A missing input file is a usage error (exit 2) and malformed contents a data error (exit 1), in
+    calibrate and validate as in simulate (docs/simulator.md); a bad --prompt-len is a usage error naming it."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    missing = str(tmp_path / "missing.csv")
+    cal = ["calibrate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--csv"]
+    cases = [
+        ([*cal, missing], 2, "No such file or directory"),
+        ([*cal, str(bad)], 1, "missing column 'num_tokens'"),
+        (["validate", "--against", missing], 2, "no such file or folder"),
+        (["validate", "--against", str(bad)], 1, "not a run folder"),
+        (["simulate", "--trace", missing], 2, "missing.csv"),
+        (["simulate", "--trace", str(bad)], 1, "unrecognised header"),
+        (["simulate", "--concurrency", "2", "--prompt-len", "fixed:abc", "--kernels", "none"], 2,
+         "--prompt-len: bad length distribution 'fixed:abc'"),
+    ]
+    for argv, code, said in cases:
+        assert main(argv) == code, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, (argv, err)
+
+
+def test_version_and_an_unknown_flag_named_by_its_subcommand(capsys):
+    """`stallfree --version` prints the package version; an unknown flag of a subcommand points at that
+    subcommand's --help."""
+    import stallfree
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"stallfree {stallfree.__version__}\n"
+    with pytest.raises(SystemExit) as exc:
+        main(["specs", "--bogus-flag"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("stallfree specs: error: unrecognized arguments: --bogus-flag "
+                                       "(see stallfree specs --help)\n")

@@ -75,6 +75,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Continuous batching with a token budget and chunked prefill: "
         "cost model, simulator, engine and server.",
     )
+    from stallfree import __version__
+
+    parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, _extra, commands in _COMMAND_MODULES:
         if owner is not None and name != owner:
@@ -103,11 +106,23 @@ def _explain_missing(command: str, missing: str) -> typing.Callable[[argparse.Na
     return run
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of `command` under `parser`, or `parser` itself when there is none."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code (0 ok, 1 failure, 2 usage error)."""
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_command_of(words))
-    args = parser.parse_args(words)
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        # Named by the subcommand's own parser, so that the error points at `stallfree CMD --help`.
+        _subparser(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(extra)}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -76,11 +76,11 @@ def test_budget_ttft_design_by_hand():
         (["--model", "gpt-9"], "unknown model 'gpt-9'; known models:", 2),
         (["--gpu", "tpu"], "unknown GPU 'tpu'; known GPUs:", 2),
         (["--tp", "3"], "does not divide the 64 attention heads", 2),
-        (["--budgets", "64"], "budget 64 leaves no room", 2),
+        (["--budgets", "64"], "--budgets 64: leaves no room", 2),
         (["--budgets", "512,x"], "'x' is not an integer", 2),
         (["--budgets", "0"], "0 is not a positive number", 2),
-        (["--prompt", "0"], "prompt must be an integer >= 1", 2),
-        (["--decodes", "-1"], "decodes must be an integer >= 0", 2),
+        (["--prompt", "0"], "--prompt 0: must be an integer >= 1", 2),
+        (["--decodes", "-1"], "--decodes -1: must be an integer >= 0", 2),
     ],
     ids=["model", "gpu", "tp", "budget-small", "budget-text", "budget-zero", "prompt", "decodes"],
 )
@@ -179,3 +179,26 @@ def test_specs_lists_every_accepted_alias_and_the_kernel_system(capsys):
     assert main(["specs"]) == 0
     text = capsys.readouterr().out
     assert any(line.startswith("h100-sxm") and line.endswith("h100, h100-sxm5") for line in text.splitlines())
+
+
+def test_budget_names_a_bad_flag_before_the_model_fit(capsys):
+    """--decodes -1 is named even though llama-3.3-70b in bf16 does not fit one H100 (that check comes after)."""
+    assert main(["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--decodes", "-1"]) == 2
+    assert capsys.readouterr().err.strip() == "stallfree budget: error: --decodes -1: must be an integer >= 0"
+
+
+def test_budget_refuses_a_budget_beyond_the_context_or_the_kv_cache(capsys):
+    """A budget whose prompt chunk exceeds the 131,072-token context (limit 131,072 + 64 decodes) or whose
+    tokens exceed the KV cache is refused naming the flag, the value and the limit."""
+    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "4", "--dtype", "fp8"]
+    assert main([*argv, "--budgets", "1000000000"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "stallfree budget: error: --budgets 1,000,000,000: more tokens in one step than llama-3.3-70b's "
+        "context of 131,072 tokens plus --decodes 64; at most 131,136")
+    assert main([*argv, "--budgets", "131136", "--json"]) == 0
+    capsys.readouterr()
+    from stallfree.costmodel import get_gpu, get_model
+
+    capacity = CostModel(get_model("llama-3.3-70b"), get_gpu("h100-sxm"), tp=4, dtype="fp8").kv_capacity_tokens(0.3)
+    assert main([*argv, "--budgets", str(capacity + 1), "--gpu-memory-utilization", "0.3"]) == 2
+    assert f"than the {capacity:,}-token KV cache of this replica; at most {capacity:,}" in capsys.readouterr().err

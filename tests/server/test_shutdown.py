@@ -83,16 +83,22 @@ def test_drain_refuses_new_work_finishes_short_aborts_long():
     assert (s["finished"], s["aborted"], s["refused"], s["in_flight_left"]) == (1.0, 1.0, 1.0, 0.0)
 
 
-def test_drain_with_nothing_in_flight_ends_at_once():
-    """With no request in flight the drain takes well under its timeout."""
+def test_drain_with_nothing_in_flight_ends_at_once(caplog):
+    """With no request in flight the drain takes well under its timeout; the requests served before
+    the signal (2 here) are counted as such, not lost in a bare "0 finished"."""
     with OpsLiveServer(FakeEngine(), OpsConfig(shutdown_timeout_s=30.0, log_access=False)) as srv:
-        assert httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
-                          timeout=WAIT_S).status_code == 200
+        for _ in range(2):
+            assert httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                              timeout=WAIT_S).status_code == 200
         t0 = time.monotonic()
-        srv.shutdown()
-        srv.join()
+        with caplog.at_level("INFO", logger="stallfree.server"):
+            srv.shutdown()
+            srv.join()
         assert time.monotonic() - t0 < 5.0
-        assert srv.app.state.drain.summary["aborted"] == 0.0
+        s = srv.app.state.drain.summary
+        assert (s["served_before"], s["finished"], s["aborted"]) == (2.0, 0.0, 0.0)
+        line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("shutdown: drained"))
+        assert ": 2 served before the signal; during the drain 0 finished, 0 aborted" in line
 
 
 def test_drain_options_are_checked():
@@ -172,7 +178,7 @@ def test_sigterm_under_load_drains_and_exits_0():
     assert refused >= 1 and set(codes) == {(503, "1")}  # the socket still listens; every new request is refused
     s = final["summary"]
     assert (s["finished"], s["aborted"], s["refused"]) == (4.0, 4.0, float(refused))
-    assert "shutdown: drained in" in err and "4 finished, 4 aborted at the deadline" in err
+    assert "shutdown: drained in" in err and "during the drain 4 finished, 4 aborted at the deadline" in err
 
 
 @pytest.mark.slow

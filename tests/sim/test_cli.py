@@ -313,3 +313,86 @@ def test_tiny_slo_warns_how_it_was_read():
         assert slo_tpot("1ms") == pytest.approx(0.001)
         assert slo_ttft("1s") == 1.0
     assert quiet.getvalue() == ""
+
+
+def test_out_dir_is_not_left_behind_by_a_failed_or_interrupted_run(tmp_path, capsys, monkeypatch):
+    """simulate --out DIR creates DIR only when it writes the first file: a bad trace (exit 1) or a
+    Ctrl-C during the run (exit 130) leaves no empty DIR, nor the missing parents it checked."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    out = tmp_path / "new" / "o1"
+    assert main(["simulate", "--trace", str(bad), "--out", str(out)]) == 1
+    assert "unrecognised header" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+    import stallfree.sim.commands.simulate as simulate_cmd
+
+    def interrupted(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(simulate_cmd, "run_experiment", interrupted)
+    assert main([*_SIM, "--out", str(out)]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert not (tmp_path / "new").exists()
+
+
+def test_out_dir_check_keeps_an_existing_dir_and_refuses_a_file(tmp_path):
+    """The --out check leaves a directory that was there (and its files) and names a file in the way."""
+    from stallfree.sim.commands.common import CliError, ensure_writable_dir
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "x").write_text("1")
+    ensure_writable_dir(kept, "--out")
+    assert sorted(p.name for p in kept.iterdir()) == ["x"]
+    with pytest.raises(CliError, match=r"--out .*x/y: cannot write there"):
+        ensure_writable_dir(kept / "x" / "y", "--out")
+    assert sorted(p.name for p in kept.iterdir()) == ["x"]
+
+
+def test_sweep_refuses_a_value_given_twice(capsys):
+    """sweep --budgets 512,512 would run the same budget twice: refused naming the value, exit 2."""
+    assert main(["sweep", "--budgets", "512,512", "--num-requests", "10", "--kernels", "none"]) == 2
+    assert capsys.readouterr().err == ("stallfree sweep: error: --budgets 512,512: 512 is given twice; "
+                                       "give each value once\n")
+
+
+def test_sweep_error_has_no_blank_line_before_it(capsys, monkeypatch):
+    """An error raised while the progress bar runs is the first line on stderr (the bar is off when
+    stderr is not a terminal, so it leaves no blank line)."""
+    import stallfree.sim.commands.sweep as sweep_cmd
+
+    def failing(*_a: object, **_k: object) -> None:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(sweep_cmd, "sweep", failing)
+    assert main(["sweep", "--budgets", "512", "--num-requests", "10", "--kernels", "none"]) == 1
+    assert capsys.readouterr().err == "stallfree sweep: error: boom\n"
+
+
+def test_plan_answer_line_counts_one_replica_in_the_singular():
+    """The answer line says "1 replica reaches", not "1 replicas reach"."""
+    from types import SimpleNamespace
+
+    from stallfree.sim.commands.plan import answer_line
+
+    row = {"kind": "aggregated", "replicas": 2, "num_gpus": 8, "attainment": 0.9991, "router": "least-outstanding"}
+    below = {"kind": "aggregated", "replicas": 1, "num_gpus": 4, "attainment": 0.7542, "router": "none"}
+    result = SimpleNamespace(attainment=0.99, replicas=2, rows=[row, below], answer_row=row,
+                             router="least-outstanding", disagg_tried=True, disaggregated=None, gpus_per_replica=4)
+    line = answer_line(result, SimpleNamespace(slo_ttft=1.0, slo_tpot=0.05))  # type: ignore[arg-type]
+    assert "; 1 replica reaches 75.42% (none). " in line
+    assert line.endswith("Disaggregation cannot beat it on fewer GPUs: 1 replica cannot be split into prefill "
+                         "and decode.")
+
+
+def test_sweep_table_explains_a_budget_use_above_100_percent(capsys):
+    """A prefill-first row using 115% of its budget gets the caption that says why; 60% gets none."""
+    from stallfree.sim.commands.sweep import print_rows
+
+    row = {"batching": "prefill-first", "rate_scale": 1.0, "token_budget": 256, "budget_utilization": 1.15}
+    print_rows([row])
+    out = capsys.readouterr().out
+    assert "115%" in out and "budget use: mean tokens per step / budget; above 100% where prefill-first" in out
+    print_rows([{**row, "budget_utilization": 0.6}])
+    assert "budget use:" not in capsys.readouterr().out

@@ -26,7 +26,7 @@ from stallfree.costmodel.calibrate import (
     fit_steps,
     read_steps_csv,
 )
-from stallfree.costmodel.errors import CostModelError, CostModelWarning
+from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
 from stallfree.costmodel.kernel_maps import SYSTEMS
 from stallfree.costmodel.model import get_model, list_models
@@ -115,7 +115,9 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
             try:
                 code = func(a)
             except CostModelError as exc:
-                code = 1 if "cannot read" in str(exc) else 2
+                # Malformed contents of a data file are a data error (1); a missing file, like any
+                # other unusable value, is a usage error (2), as the simulator's commands answer them.
+                code = 1 if isinstance(exc, CostModelDataError) else 2
                 print(f"stallfree {a.command}: error: {exc}", file=sys.stderr)
         for w in caught:
             print(f"stallfree {a.command}: warning: {w.message}", file=sys.stderr)
@@ -155,9 +157,44 @@ def _kernel_column(a: argparse.Namespace, full: CostModel, budgets: list[int]) -
     return chosen, kernel_figures(chosen.cost_model, budgets, a.decodes, a.context, a.prompt)
 
 
+def _check_budget_flags(a: argparse.Namespace, budgets: list[int]) -> None:
+    """The values of budget's own flags, checked before the model and GPU, so that a bad one is named first.
+
+    Raises:
+        CostModelError: --decodes or --context < 0, --prompt < 1, or a budget <= --decodes (flag and value named).
+    """
+    for flag, value, low in (("--decodes", a.decodes, 0), ("--context", a.context, 0), ("--prompt", a.prompt, 1)):
+        if value < low:
+            raise CostModelError(f"{flag} {value}: must be an integer >= {low}")
+    for b in budgets:
+        if b <= a.decodes:
+            raise CostModelError(f"--budgets {b:,}: leaves no room for the prompt after --decodes {a.decodes}; "
+                                 "each budget must exceed --decodes")
+
+
+def _check_budget_limit(full: CostModel, budgets: list[int], decodes: int, capacity: int) -> None:
+    """Refuse a budget no step can use: one whose prompt chunk (budget - decodes) is longer than the
+    model's context length (no prompt is longer), or one with more tokens than the KV cache holds
+    (capacity, tokens; every scheduled token's KV must fit).
+
+    Raises:
+        CostModelError: naming --budgets, the value and the limit.
+    """
+    limits = [(capacity, f"the {capacity:,}-token KV cache of this replica")]
+    if full.model.context_length:
+        ctx = full.model.context_length
+        limits.append((ctx + decodes, f"{full.model.key}'s context of {ctx:,} tokens plus --decodes {decodes}"))
+    limit, why = min(limits)
+    for b in budgets:
+        if b > limit:
+            raise CostModelError(f"--budgets {b:,}: more tokens in one step than {why}; at most {limit:,}")
+
+
 def _budget(a: argparse.Namespace) -> int:
     budgets = _parse_budgets(a.budgets)
+    _check_budget_flags(a, budgets)
     full = _cost_model(a)
+    _check_budget_limit(full, budgets, a.decodes, full.kv_capacity_tokens(a.gpu_memory_utilization))
     rows = budget_rows(full, budgets, a.decodes, a.context, a.prompt)
     capacity = full.kv_capacity_tokens(a.gpu_memory_utilization)
     chosen, kern = _kernel_column(a, full, budgets)

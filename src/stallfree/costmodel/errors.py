@@ -7,6 +7,9 @@ Hierarchy::
     CostModelError (ValueError)    an unknown model or GPU name (the message lists the known ones), a
                                    configuration that cannot run (weights that do not fit, a TP degree
                                    that does not divide the heads), a bad size, a bad data file
+      CostModelFileError           a data file named on the command line is missing or cannot be opened
+                                   (the commands exit 2, a usage error)
+      CostModelDataError           a data file's contents are malformed (the commands exit 1)
     CostModelWarning (UserWarning) a configuration the cost model prices with a stated simplification
                                    (FP8 weights on a GPU without FP8 units run at the BF16 peak)
 """
@@ -15,11 +18,21 @@ from __future__ import annotations
 
 from stallfree.core.errors import StallfreeError
 
-__all__ = ["CostModelError", "CostModelWarning"]
+__all__ = ["CostModelDataError", "CostModelError", "CostModelFileError", "CostModelWarning"]
 
 
 class CostModelError(StallfreeError, ValueError):
     """A bad name, size or configuration; the message names the field and the value."""
+
+
+class CostModelFileError(CostModelError):
+    """A data file (a step CSV, a model or GPU JSON) is missing, a directory or cannot be opened; the
+    message names the path and the reason."""
+
+
+class CostModelDataError(CostModelError):
+    """A data file could be opened but its contents are malformed (not UTF-8, not CSV or JSON, a missing
+    column, a bad value); the message names the path and, where there is one, the line and column."""
 
 
 class CostModelWarning(UserWarning):

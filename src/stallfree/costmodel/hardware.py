@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
 
 __all__ = [
     "CALIBRATION_KEYWORDS",
@@ -418,16 +418,21 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
     """Read a JSON file that must hold one object (a user's GPU or model spec).
 
     Raises:
-        CostModelError: the file cannot be read or parsed, or does not hold a JSON object; the message
-            names `what` and the path.
+        CostModelFileError: the file is missing or cannot be opened.
+        CostModelDataError: it is not UTF-8 JSON or does not hold a JSON object.
+        (Both are CostModelError; the message names `what` and the path.)
     """
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CostModelError(f"cannot read {what} file {str(p)!r}: {exc}") from None
+        text = p.read_bytes()
+    except OSError as exc:
+        raise CostModelFileError(f"cannot read {what} file {str(p)!r}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CostModelDataError(f"cannot read {what} file {str(p)!r}: {exc}") from None
     if not isinstance(data, dict):
-        raise CostModelError(f"{what} file {str(p)!r} must hold a JSON object")
+        raise CostModelDataError(f"{what} file {str(p)!r} must hold a JSON object")
     return data
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
 
 __all__ = ["BUCKETS", "ErrorStats", "MeasuredStep", "read_steps_csv", "split_rows"]
 
@@ -129,15 +129,21 @@ def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     """Read a CSV (or .csv.gz) file into its header and rows.
 
     Raises:
-        CostModelError: the file cannot be read or parsed (the message says 'cannot read' and the path).
+        CostModelFileError: the file is missing, a directory or cannot be opened (the message says
+            'cannot read', the path and the reason).
+        CostModelDataError: it opens but cannot be parsed (not UTF-8, not gzip, bad CSV quoting).
     """
     try:
-        with _open_text(path) as f:
+        f = _open_text(path)
+    except OSError as exc:
+        raise CostModelFileError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        with f:
             reader = csv.DictReader(f)
             rows = list(reader)
             return list(reader.fieldnames or ()), rows
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise CostModelError(f"cannot read {str(path)!r}: {exc}") from None
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise CostModelDataError(f"cannot read {str(path)!r}: {exc}") from None
 
 
 def _cell(where: str, row: dict[str, str], col: str, default: float | None, integer: bool) -> Any:
@@ -145,15 +151,15 @@ def _cell(where: str, row: dict[str, str], col: str, default: float | None, inte
     raw = row.get(col)
     if raw is None or raw == "":
         if default is None:
-            raise CostModelError(f"{where}: column {col!r} is empty")
+            raise CostModelDataError(f"{where}: column {col!r} is empty")
         return default
     try:
         value: float = int(raw) if integer else float(raw)
     except ValueError:
-        raise CostModelError(f"{where}: column {col!r} is not a number: {raw!r}") from None
+        raise CostModelDataError(f"{where}: column {col!r} is not a number: {raw!r}") from None
     # Finite, and below 1e12 (tokens or seconds): a measured step never comes near it.
     if not 0 <= value < 1e12 or (col == "seconds" and not value > 0):
-        raise CostModelError(f"{where}: column {col!r} out of range: {raw!r}")
+        raise CostModelDataError(f"{where}: column {col!r} out of range: {raw!r}")
     return value
 
 
@@ -161,14 +167,15 @@ def read_steps_csv(path: str | Path) -> list[MeasuredStep]:
     """Read measured steps from a CSV with the columns of the module docstring.
 
     Raises:
-        CostModelError: the file cannot be read, a required column is missing (named), or a value is
+        CostModelFileError: the file is missing or cannot be opened.
+        CostModelDataError: it cannot be parsed, a required column is missing (named), or a value is
             not a number or out of range (the row and column are named).
     """
     p = Path(path)
     header, rows = read_rows(p)
     for col in ("num_tokens", "num_decodes", "decode_context_sum", "seconds"):
         if col not in header:
-            raise CostModelError(f"{str(p)!r}: missing column {col!r} (have: {', '.join(header)})")
+            raise CostModelDataError(f"{str(p)!r}: missing column {col!r} (have: {', '.join(header)})")
     out = []
     for i, row in enumerate(rows, start=2):
         where = f"{str(p)!r} line {i}"
@@ -185,7 +192,7 @@ def read_steps_csv(path: str | Path) -> list[MeasuredStep]:
         tokens, nd = num("num_tokens"), num("num_decodes")
         prefill = num("num_prefill_tokens", tokens - nd)
         if prefill < 0 or prefill > tokens or nd > tokens - prefill:
-            raise CostModelError(
+            raise CostModelDataError(
                 f"{where}: num_decodes {nd} + num_prefill_tokens {prefill} exceed num_tokens {tokens}"
             )
         sampled = row.get("num_sampled")
@@ -201,5 +208,5 @@ def read_steps_csv(path: str | Path) -> list[MeasuredStep]:
             )
         )
     if not out:
-        raise CostModelError(f"{str(p)!r} holds no rows")
+        raise CostModelDataError(f"{str(p)!r} holds no rows")
     return out

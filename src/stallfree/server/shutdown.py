@@ -6,7 +6,8 @@ Every request the engine accepted ends in exactly one counted outcome (stallfree
 stop or length when it finished, abort when the deadline cut it, as when a client leaves), every
 request that arrived during the drain is counted refused (stallfree_requests_refused_total), and the
 engine's KV is all returned (AsyncEngine.stop aborts what is left in the engine). One log line at the
-end says how many finished, were aborted and were refused.
+end says how many were served before the signal and, during the drain, how many finished, were
+aborted and were refused.
 
 A second signal cuts the wait (the rest is aborted at once); a third is uvicorn's own forced exit.
 
@@ -105,8 +106,10 @@ class Drain:
             state: the app's shared state (app.state.server): its async_engine and metrics are read.
 
         Returns:
-            {"drain_s", "finished", "aborted", "refused", "in_flight_left"}: seconds, and counts of
-            requests that ended during the drain.
+            {"drain_s", "served_before", "finished", "aborted", "client_left", "errors", "refused",
+            "in_flight_left"}: seconds; served_before counts the requests that finished (stop, length)
+            before the signal, the others count requests that ended, were refused or were still in
+            flight during the drain.
         """
         self.draining = True
         t0 = self.clock()
@@ -126,6 +129,7 @@ class Drain:
         done = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         self.summary = {
             "drain_s": round(self.clock() - t0, 3),
+            "served_before": before.get("stop", 0.0) + before.get("length", 0.0),
             "finished": done.get("stop", 0.0) + done.get("length", 0.0),
             "aborted": float(num_cut),
             "client_left": done.get("abort", 0.0) - num_cut,
@@ -134,9 +138,10 @@ class Drain:
             "in_flight_left": float(self.in_flight),
         }
         s = self.summary
-        logger.info("shutdown: drained in %.2f s: %d finished, %d aborted at the deadline, %d refused (503), "
-                    "%d left by their clients, %d failed", s["drain_s"], s["finished"], s["aborted"],
-                    s["refused"], s["client_left"], s["errors"])
+        logger.info("shutdown: drained in %.2f s: %d served before the signal; during the drain %d finished, "
+                    "%d aborted at the deadline, %d refused (503), %d left by their clients, %d failed",
+                    s["drain_s"], s["served_before"], s["finished"], s["aborted"], s["refused"],
+                    s["client_left"], s["errors"])
         return self.summary
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
 from stallfree.core.errors import StallfreeError
-from stallfree.costmodel import CostModelError
+from stallfree.costmodel import CostModelDataError, CostModelError
 from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
@@ -36,6 +36,7 @@ from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, 
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig
 from stallfree.sim.workload import (
+    LengthSpec,
     Workload,
     load_bundled,
     load_mooncake,
@@ -216,6 +217,18 @@ class HardwareOptions:
     engine_profile: str | None = "none"
 
 
+def _length_spec(text: str, field: str) -> LengthSpec:
+    """parse_length_spec, with a bad spec a usage error naming its option (`field`) and the text.
+
+    Raises:
+        SetupError (usage): the spec is malformed.
+    """
+    try:
+        return parse_length_spec(text)
+    except ValueError as exc:
+        raise SetupError(f"`{field}`: {exc}", usage=True) from None
+
+
 def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     """Return the workload the options describe (at its own rate) and the rate scale to apply.
 
@@ -230,7 +243,7 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         raise SetupError("`synthetic`='shared-prefix' and `shared_prefix` G,P,S,Q go together", usage=True)
     if opts.synthetic == "shared-prefix":
         g, p, s, q = parse_shared_prefix(opts.shared_prefix or "")
-        wl = shared_prefix(g, p, s, q, parse_length_spec(opts.output_len), opts.rate,
+        wl = shared_prefix(g, p, s, q, _length_spec(opts.output_len, "output_len"), opts.rate,
                            block=opts.shared_prefix_block, seed=opts.seed)
         if opts.num_requests:
             wl = wl.head(opts.num_requests)
@@ -247,8 +260,8 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         wl = synthetic(
             opts.num_requests or 1000,
             opts.rate,
-            parse_length_spec(opts.prompt_len),
-            parse_length_spec(opts.output_len),
+            _length_spec(opts.prompt_len, "prompt_len"),
+            _length_spec(opts.output_len, "output_len"),
             opts.synthetic or "poisson",  # closed loop: the arrival process is unused
             opts.burstiness,
             opts.seed,
@@ -330,7 +343,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
     except (CostModelError, ValueError) as exc:
         # An unknown model, GPU, dtype or kernel engine/version, or a pricing the tables cannot give:
         # each is an option's value (exit 2, as `stallfree budget` answers the same values).
-        raise SetupError(str(exc), usage=True) from None
+        raise SetupError(str(exc), usage=not isinstance(exc, CostModelDataError)) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += "".join(f" ({n})" for n in named)
     if opts.ep > 1 or opts.dp_attention > 1:

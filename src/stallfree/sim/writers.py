@@ -122,8 +122,9 @@ def write_kv_sweep(out: Path, rows: Sequence[dict[str, Any]], title: str) -> lis
     `out`; return the names written.
 
     Raises:
-        OSError: `out` cannot be written.
+        OSError: `out` cannot be created or written.
     """
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "kv_sweep.json", list(rows))
     plots.plot_kv_sweep(rows, out / "kv_sweep.png", kv_sweep_title(rows, title))
     return ["kv_sweep.json", "kv_sweep.png"]

@@ -33,6 +33,7 @@ from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
+from stallfree.validate.errors import ValidateDataError
 from stallfree.validate.hardware import (
     derived_kv_tokens,
     describe_profile,
@@ -80,14 +81,16 @@ def detect(path: str) -> str:
     try:
         with p.open(encoding="utf-8") as fh:
             head = fh.read(4096)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ValueError(f"--against {path!r}: cannot read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValidateDataError(f"--against {path!r}: cannot read: {exc}") from None
     first = head.splitlines()[0] if head else ""
     if "silicon_ttft_ms" in first and "isl" in first.split(","):
         return "silicon"
     if head.lstrip().startswith("{") and '"input_lens"' in p.read_text(encoding="utf-8"):
         return "vllm-result"
-    raise ValueError(f"--against {path!r}: not a run folder, a silicon_sample.csv-style CSV (header with isl, "
+    raise ValidateDataError(f"--against {path!r}: not a run folder, a silicon_sample.csv-style CSV (header with isl, "
                      "silicon_ttft_ms) or a vllm bench serve result (JSON with input_lens)")
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import RequestTimeline, percentile
+from stallfree.validate.errors import ValidateDataError
 
 __all__ = [
     "METRICS",
@@ -180,7 +181,7 @@ def _list(data: dict[str, Any], where: str, *names: str) -> list[Any]:
         value = data.get(name)
         if isinstance(value, list):
             return value
-    raise ValueError(f"{where}: no per-request list {' or '.join(repr(n) for n in names)} (save the result "
+    raise ValidateDataError(f"{where}: no per-request list {' or '.join(repr(n) for n in names)} (save the result "
                      "with per-request details: vllm bench serve --save-result --save-detailed)")
 
 
@@ -199,17 +200,19 @@ def read_vllm_result(path: str | Path) -> VllmResult:
     where = f"--vllm-result {str(p)!r}"
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise ValueError(f"{where}: cannot read: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidateDataError(f"{where}: cannot read: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{where}: must hold a JSON object")
+        raise ValidateDataError(f"{where}: must hold a JSON object")
     ins, outs = _list(data, where, "input_lens"), _list(data, where, "output_lens")
     ttfts, itls = _list(data, where, "ttfts"), _list(data, where, "itls")
     starts = data.get("start_times")
     n = len(ins)
     for name, lst in (("output_lens", outs), ("ttfts", ttfts), ("itls", itls)):
         if len(lst) != n:
-            raise ValueError(f"{where}: {name} has {len(lst)} entries, input_lens {n}")
+            raise ValidateDataError(f"{where}: {name} has {len(lst)} entries, input_lens {n}")
     rate_raw = data.get("request_rate", "inf")
     try:
         rate = float(rate_raw)
@@ -227,9 +230,9 @@ def read_vllm_result(path: str | Path) -> VllmResult:
             else tuple(float(starts[i]) - float(min(starts)) for i in keep),
         )
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: a value is not a number ({exc})") from None
+        raise ValidateDataError(f"{where}: a value is not a number ({exc})") from None
     if not res.prompt_lens:
-        raise ValueError(f"{where}: no successful request")
+        raise ValidateDataError(f"{where}: no successful request")
     if not rate > 0:
-        raise ValueError(f"{where}: request_rate must be > 0, got {rate_raw!r}")
+        raise ValidateDataError(f"{where}: request_rate must be > 0, got {rate_raw!r}")
     return res

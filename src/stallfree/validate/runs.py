@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.validate.compare import Latencies
+from stallfree.validate.errors import ValidateDataError
 
 __all__ = ["RunFolder", "is_run_folder", "read_run_folder"]
 
@@ -89,23 +90,25 @@ def is_run_folder(path: Path) -> bool:
 
 def _int(where: str, name: str, v: Any, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v or v < minimum:
-        raise ValueError(f"{where}: field {name!r} must be an integer >= {minimum}, got {v!r}")
+        raise ValidateDataError(f"{where}: field {name!r} must be an integer >= {minimum}, got {v!r}")
     return int(v)
 
 
 def _num(where: str, name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ValueError(f"{where}: field {name!r} must be a number, got {v!r}")
+        raise ValidateDataError(f"{where}: field {name!r} must be a number, got {v!r}")
     return float(v)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise ValueError(f"{path}: cannot read: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValidateDataError(f"{path}: cannot read: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: must hold a JSON object")
+        raise ValidateDataError(f"{path}: must hold a JSON object")
     return data
 
 
@@ -125,21 +128,21 @@ def _request(where: str, line: str) -> tuple[str, int, int, float, float, float]
     try:
         r = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+        raise ValidateDataError(f"{where}: not JSON ({exc.msg})") from None
     if not isinstance(r, dict):
-        raise ValueError(f"{where}: must be a JSON object")
+        raise ValidateDataError(f"{where}: must be a JSON object")
     for key in ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts"):
         if key not in r:
-            raise ValueError(f"{where}: no field {key!r}")
+            raise ValidateDataError(f"{where}: no field {key!r}")
     plen = _int(where, "input_toks", r["input_toks"])
     olen = _int(where, "output_toks", r["output_toks"])
     q = _num(where, "queued_ts", r["queued_ts"])
     first = _num(where, "first_token_ts", r["first_token_ts"])
     last = _num(where, "last_token_ts", r["last_token_ts"])
     if first < q:
-        raise ValueError(f"{where}: first_token_ts {first!r} is before queued_ts {q!r}")
+        raise ValidateDataError(f"{where}: first_token_ts {first!r} is before queued_ts {q!r}")
     if last < first:
-        raise ValueError(f"{where}: last_token_ts {last!r} is before first_token_ts {first!r}")
+        raise ValidateDataError(f"{where}: last_token_ts {last!r} is before first_token_ts {first!r}")
     return str(r.get("request_id", "")), plen, olen, q, first, last
 
 
@@ -160,10 +163,10 @@ def read_run_folder(path: str | Path) -> RunFolder:
     kv = meta.get("kv_cache") or {}
     hw = meta.get("hardware") or {}
     if not isinstance(kw, dict) or not isinstance(kv, dict) or not isinstance(hw, dict):
-        raise ValueError(f"{where}: engine_kwargs, kv_cache and hardware must be objects")
+        raise ValidateDataError(f"{where}: engine_kwargs, kv_cache and hardware must be objects")
     model = meta.get("model", kw.get("model"))
     if not isinstance(model, str) or not model:
-        raise ValueError(f"{where}: field 'model' must name the model, got {model!r}")
+        raise ValidateDataError(f"{where}: field 'model' must name the model, got {model!r}")
     resolved = meta.get("resolved_config")
     resolved = resolved if isinstance(resolved, dict) else {}
 
@@ -211,14 +214,16 @@ def read_run_folder(path: str | Path) -> RunFolder:
     req_path = folder / "requests.jsonl"
     try:
         lines = req_path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ValueError(f"{req_path}: cannot read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValidateDataError(f"{req_path}: cannot read: {exc}") from None
     for i, line in enumerate(lines, start=1):
         if line.strip():
             rid, plen, olen, q, first, last = _request(f"{req_path}:{i}", line)
             rows.append((q, rid or f"line {i}", plen, olen, first, last))
     if not rows:
-        raise ValueError(f"{req_path}: no request")
+        raise ValidateDataError(f"{req_path}: no request")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
     measured = tuple(

@@ -77,6 +77,7 @@ from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import SchedulerConfig, simulate
 from stallfree.sim.workload import Workload
+from stallfree.validate.errors import ValidateDataError
 from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
 
 __all__ = [
@@ -177,9 +178,9 @@ def _int(where: str, name: str, text: str, default: int | None = None, minimum: 
     try:
         v = float(t)
     except ValueError:
-        raise ValueError(f"{where}: field {name!r} must be a number, got {text!r}") from None
+        raise ValidateDataError(f"{where}: field {name!r} must be a number, got {text!r}") from None
     if not math.isfinite(v) or v != int(v) or v < minimum:
-        raise ValueError(f"{where}: field {name!r} must be an integer >= {minimum}, got {text!r}")
+        raise ValidateDataError(f"{where}: field {name!r} must be an integer >= {minimum}, got {text!r}")
     return int(v)
 
 
@@ -187,9 +188,9 @@ def _ms(where: str, name: str, text: str) -> float:
     try:
         v = float(text)
     except (TypeError, ValueError):
-        raise ValueError(f"{where}: field {name!r} must be a number of ms, got {text!r}") from None
+        raise ValidateDataError(f"{where}: field {name!r} must be a number of ms, got {text!r}") from None
     if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{where}: field {name!r} must be > 0 ms, got {text!r}")
+        raise ValidateDataError(f"{where}: field {name!r} must be > 0 ms, got {text!r}")
     return v
 
 
@@ -219,7 +220,7 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
         reader = csv.DictReader(fh)
         missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{p}: no column {', '.join(repr(c) for c in missing)}")
+            raise ValidateDataError(f"{p}: no column {', '.join(repr(c) for c in missing)}")
         rows = []
         for i, r in enumerate(reader, start=2):
             where = f"{p}:{i}"

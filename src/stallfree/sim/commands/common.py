@@ -349,20 +349,36 @@ _REASON_TEXT = {
 
 
 def ensure_writable_dir(path: Path, flag: str) -> None:
-    """Create `path` (with parents) and check that a file can be written in it.
+    """Check that `path` can be created (with parents) and a file written in it, leaving nothing behind.
+
+    The directories it makes for the check are removed again, so that a run which then fails, is
+    interrupted (Ctrl-C) or is killed (SIGTERM) leaves no empty `path`: the writers create it when they
+    write the first file.
 
     Raises:
         CliError: it is a file, or cannot be created or written (exit 1), naming the flag and the reason.
     """
     if path.exists() and not path.is_dir():
         raise CliError(f"{flag} {path}: exists and is not a directory")
+    made: list[Path] = []  # the missing directories, outermost first
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            break
+        made.insert(0, parent)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        for d in made:
+            d.mkdir()
         probe = path / ".stallfree-write-check"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
         raise CliError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    finally:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def ensure_writable_file(path: Path, flag: str) -> None:
@@ -458,7 +474,9 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
 
 
 def progress_bar() -> Any:
-    """A transient rich progress bar on stderr ("simulating", bar, done/total, elapsed)."""
+    """A transient rich progress bar on stderr ("simulating", bar, done/total, elapsed); off when stderr
+    is not a terminal, where the bar could not be erased and would leave a blank line before whatever
+    the command prints next (an error, the report)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -469,4 +487,5 @@ def progress_bar() -> Any:
         TimeElapsedColumn(),
         console=Console(stderr=True),
         transient=True,
+        disable=not sys.stderr.isatty(),
     )

@@ -130,7 +130,8 @@ def answer_line(result: PlanResult, args: argparse.Namespace) -> str:
     below_text = ""
     if below:
         b = max(below, key=lambda r: r["attainment"])
-        below_text = f"; {result.replicas - 1} replicas reach {b['attainment']:.2%} ({b['router']})"
+        n = result.replicas - 1
+        below_text = f"; {n} replica{'s reach' if n != 1 else ' reaches'} {b['attainment']:.2%} ({b['router']})"
     line = (f"answer: {result.replicas} replica{'s' if result.replicas != 1 else ''} ({row['num_gpus']} GPUs), "
             f"router {result.router}: {row['attainment']:.2%} of requests within {slo}{below_text}. ")
     return line + _disagg_text(result)
@@ -149,7 +150,7 @@ def _disagg_text(result: PlanResult) -> str:
     n = result.replicas - 1
     tried = [r for r in result.rows if r["kind"] == "disaggregated" and r["replicas"] == n]
     if not tried:
-        return "Disaggregation cannot beat it: one replica cannot be split."
+        return "Disaggregation cannot beat it on fewer GPUs: 1 replica cannot be split into prefill and decode."
     best = max(tried, key=lambda r: r["attainment"])
     return (f"Disaggregation does not beat it per GPU: no P:D split of {n} replicas meets the SLOs "
             f"(best {best['label']}: {best['attainment']:.2%}).")

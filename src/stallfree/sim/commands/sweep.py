@@ -99,6 +99,12 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree sweep` on parsed arguments; returns the exit status."""
     kv_list = args.kv_tokens
+    for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales),
+                         ("--batching", args.batching), ("--kv-tokens", kv_list)):
+        if isinstance(values, list):
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:
+                raise CliError(f"{flag} {_join(values)}: {twice} is given twice; give each value once", code=2)
     if isinstance(kv_list, list) and len(kv_list) > 1:
         for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales),
                              ("--batching", args.batching)):
@@ -153,9 +159,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_rows(rows: Sequence[dict[str, Any]]) -> None:
-    """Print the sweep's table (latencies in ms)."""
+    """Print the sweep's table (latencies in ms); a caption explains a "budget use" above 100%."""
     from rich.table import Table
-
 
     cols = (
         ("batching", "batching", "{}"),
@@ -171,7 +176,11 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
         ("budget_utilization", "budget use", "{:.0%}"),
         ("rejected", "rejected", "{:,}"),
     )
-    table = Table(title="sweep (latencies in ms)", title_justify="left")
+    over = any((row.get("budget_utilization") or 0) > 1 for row in rows)
+    # Only prefill-first and no-chunk batching exceed the budget: they run a whole prompt in one step.
+    caption = ("budget use: mean tokens per step / budget; above 100% where prefill-first or no-chunk "
+               "runs a whole prompt longer than the budget in one step") if over else None
+    table = Table(title="sweep (latencies in ms)", title_justify="left", caption=caption, caption_justify="left")
     for _, name, _ in cols:
         table.add_column(name, justify="left" if name == "batching" else "right", no_wrap=True)
     for row in rows:
@@ -220,6 +229,7 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
     else:
         print("\n".join(tier_sweep_lines(rows, title)))
     if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cpu_tier_sweep.json").write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         plot_tier_sweep(rows, args.out / "cpu_tier_sweep.png", title)
         print(f"wrote {args.out}/cpu_tier_sweep.json, cpu_tier_sweep.png", file=sys.stderr if args.json else sys.stdout)
