@@ -205,6 +205,16 @@ _SIM = ["simulate", "--num-requests", "10", "--linear-cost", "5,50"]
         (["--replicas", "2", "--affinity-load-factor", "2"],
          "--affinity-load-factor applies to --router prefix-affinity"),
         (["--router-seed", "3"], "--router-seed applies to --router random"),
+        (["--prompt-len", "fixed:abc"], "--prompt-len applies to synthetic load"),
+        (["--prompt-len", "fixed:512"], "--prompt-len applies to synthetic load"),
+        (["--output-len", "uniform:5"], "--output-len applies to synthetic load"),
+        (["--rate", "5"], "--rate applies to synthetic arrivals"),
+        (["--burstiness", "0.5"], "--burstiness applies to --synthetic gamma"),
+        (["--synthetic", "poisson", "--burstiness", "0.5"], "--burstiness applies to --synthetic gamma"),
+        (["--synthetic", "shared-prefix", "--shared-prefix", "2,2,8,4", "--prompt-len", "fixed:9"],
+         "--prompt-len applies to synthetic load"),
+        (["--concurrency", "2", "--trace", "mooncake", "--output-len", "fixed:9"],
+         "--output-len applies to synthetic load"),
         (["--prefill-tp", "2"], "--prefill-tp applies to --disaggregate"),
         (["--decode-budget", "64"], "--decode-budget applies to --disaggregate"),
         (["--interconnect", "nvlink"], "--interconnect applies to --disaggregate"),
@@ -396,3 +406,24 @@ def test_sweep_table_explains_a_budget_use_above_100_percent(capsys):
     assert "115%" in out and "budget use: mean tokens per step / budget; above 100% where prefill-first" in out
     print_rows([{**row, "budget_utilization": 0.6}])
     assert "budget use:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--budgets", "512", "--jobs", "1"],
+    ["tune", "--slo-ttft", "1s", "--slo-tpot", "50ms"],
+    ["plan", "--slo-ttft", "1s"],
+])
+@pytest.mark.parametrize("flag", [["--prompt-len", "fixed:abc"], ["--output-len", "fixed:5"], ["--rate", "5"],
+                                  ["--burstiness", "0.5"]])
+def test_synthetic_flags_on_a_trace_replay_are_refused(command, flag, capsys):
+    """sweep, tune and plan share the workload flags: a synthetic-only one on a trace replay, where it would
+    be ignored, exits 2 naming it, before anything runs."""
+    assert main([*command, "--num-requests", "10", "--linear-cost", "5,50", *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[0]} applies to " in err[0] and "--synthetic" in err[0]
+
+
+def test_num_requests_still_cuts_a_trace(capsys):
+    """--num-requests is not synthetic-only: it keeps the first N requests of a trace."""
+    assert main(["simulate", "--num-requests", "7", "--linear-cost", "5,50", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["header"]["requests"] == 7

@@ -37,6 +37,7 @@ __all__ = [
     "add_common",
     "add_executor_flags",
     "check_partial_prefill_flags",
+    "check_synthetic_flags",
     "duration",
     "ensure_writable_dir",
     "ensure_writable_file",
@@ -154,20 +155,23 @@ def _add_workload_args(w: Any) -> None:
                    help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
                         "within a group, a question of Q tokens (outputs: --output-len; hits need --scheduler "
                         "paged --prefix-caching)")
-    w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
+    # The synthetic-only options default to None (their values: WorkloadOptions's defaults), so that
+    # one given on a trace replay, where it would be ignored, is refused (check_synthetic_flags).
+    w.add_argument("--rate", type=positive_float, default=None, help="synthetic: mean requests/s (default 5)")
     w.add_argument(
         "--burstiness",
         type=positive_float,
-        default=1.0,
+        default=None,
         help="synthetic gamma: shape of the gaps (1 = Poisson, < 1 burstier)",
     )
     w.add_argument(
         "--prompt-len",
-        default="trace",
+        default=None,
         metavar="DIST",
         help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH",
     )
-    w.add_argument("--output-len", default="trace", metavar="DIST", help="synthetic: as --prompt-len")
+    w.add_argument("--output-len", default=None, metavar="DIST",
+                   help="synthetic: as --prompt-len (with --synthetic shared-prefix: the outputs)")
     w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
     w.add_argument(
         "--num-requests",
@@ -249,10 +253,6 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         trace_format=args.trace_format,
         skip_bad_rows=args.skip_bad_rows,
         synthetic=args.synthetic,
-        rate=args.rate,
-        burstiness=args.burstiness,
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
         seed=args.seed,
         num_requests=args.num_requests,
         start=args.start,
@@ -264,7 +264,42 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         shared_prefix_block=getattr(args, "block_size", None) or 16,
         concurrency=getattr(args, "concurrency", None),
         think_time=getattr(args, "think_time", 0.0),
+        # The synthetic-only options as given; one left out takes WorkloadOptions's default.
+        **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len")
+           if (value := getattr(args, name, None)) is not None},
     )
+
+
+def check_synthetic_flags(args: argparse.Namespace) -> None:
+    """Refuse a synthetic-load option given where nothing would read it, naming the flag (a flag that would
+    be ignored is never silent). --rate is read by a synthetic arrival process (--synthetic poisson, gamma
+    or shared-prefix), --burstiness by --synthetic gamma alone; --prompt-len by --synthetic poisson or gamma
+    and --output-len by any --synthetic, both also by --concurrency N without --trace (closed-loop load on
+    drawn lengths; stallfree.sim.setup). --num-requests is not one of them: it cuts a trace too.
+
+    Raises:
+        CliError: such an option given explicitly without the mode that reads it (exit 2).
+    """
+    synthetic = getattr(args, "synthetic", None)
+    closed_drawn = getattr(args, "concurrency", None) is not None and not getattr(args, "trace", None)
+    closed = "concurrency" in vars(args)
+    needs = " or --concurrency N" if closed else ""
+    read = {
+        "--rate": (getattr(args, "rate", None), synthetic is not None,
+                   "synthetic arrivals: add --synthetic poisson, gamma or shared-prefix"),
+        "--burstiness": (getattr(args, "burstiness", None), synthetic == "gamma",
+                         "--synthetic gamma (the shape of its gaps): add it"),
+        "--prompt-len": (getattr(args, "prompt_len", None), synthetic in ("poisson", "gamma") or closed_drawn,
+                         f"synthetic load: add --synthetic poisson or gamma{needs}"
+                         + (" without --trace" if closed else "")),
+        "--output-len": (getattr(args, "output_len", None), synthetic is not None or closed_drawn,
+                         f"synthetic load: add --synthetic{needs}" + (" without --trace" if closed else "")),
+    }
+    for flag, (value, used, where) in read.items():
+        if value is not None and not used:
+            why = "" if synthetic else (" (a trace replay has its own "
+                                        f"{'arrivals' if flag in ('--rate', '--burstiness') else 'lengths'})")
+            raise CliError(f"{flag} applies to {where}, or drop {flag}{why}", 2)
 
 
 def hardware_options(args: argparse.Namespace) -> HardwareOptions:
@@ -306,9 +341,11 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
     """The Setup of a parsed command line (scheduler options default where a command has none).
 
     Raises:
-        CliError: contradictory partial-prefill options (check_partial_prefill_flags).
+        CliError: contradictory partial-prefill options (check_partial_prefill_flags), or a synthetic-load
+            option without the mode that reads it (check_synthetic_flags).
     """
     check_partial_prefill_flags(args)
+    check_synthetic_flags(args)
     return Setup(
         workload_options(args),
         hardware_options(args),

@@ -28,6 +28,7 @@ from stallfree.sim.commands.common import (
     CliError,
     add_common,
     check_partial_prefill_flags,
+    check_synthetic_flags,
     duration,
     ensure_writable_dir,
     ensure_writable_file,
@@ -335,6 +336,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Refuse, before anything runs or is written, values out of range and flags of another mode
     given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
     check_partial_prefill_flags(args)
+    check_synthetic_flags(args)
     if args.concurrency is None and args.think_time:
         raise CliError("--think-time applies to closed-loop load: add --concurrency N", 2)
     if args.concurrency is not None and args.rate_scale is not None:
