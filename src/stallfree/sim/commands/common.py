@@ -7,6 +7,7 @@ Imports allowed: the standard library, stallfree._argtypes, stallfree.core and s
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 import os
 import re
@@ -41,6 +42,8 @@ __all__ = [
     "duration",
     "ensure_writable_dir",
     "ensure_writable_file",
+    "OUT_FILES",
+    "refuse_writing_the_trace",
     "executor_from_args",
     "flag_message",
     "flag_words",
@@ -431,6 +434,48 @@ def ensure_writable_file(path: Path, flag: str) -> None:
         raise CliError(f"{flag} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise CliError(f"{flag} {path}: not writable")
+
+
+#: The files each command's --out DIR may write (shell patterns: a tag names the run).
+OUT_FILES = {
+    "simulate": ("summary.json", "requests-*.csv", "steps-*.csv", "cdf.png", "timeline.png"),
+    "sweep": ("sweep.csv", "sweep.json", "tradeoff.png", "cdf.png", "kv_sweep.json", "kv_sweep.png",
+              "cpu_tier_sweep.json", "cpu_tier_sweep.png"),
+    "tune": ("tune.json", "tune.png"),
+}
+
+
+def refuse_writing_the_trace(args: argparse.Namespace, path: Path, flag: str,
+                             names: tuple[str, ...] | None = None) -> None:
+    """Refuse an output path that would overwrite the --trace file, before anything runs.
+
+    Args:
+        path: the file an option writes (`names` None), or the directory it writes `names` in (shell
+            patterns, as OUT_FILES).
+        flag: the option, as the message names it.
+
+    Raises:
+        CliError: the file written (or one of `names` in the directory) is the --trace file, the same
+            file by another path or link included (exit 2).
+    """
+    trace = getattr(args, "trace", None)
+    if not trace or not Path(trace).is_file():
+        return  # no trace file: the bundled trace, a name such as 'mooncake', or a missing file
+    trace_path = Path(trace)
+
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+        except OSError:
+            return False
+
+    if names is None:
+        hit = same(path, trace_path)
+    else:
+        hit = same(path, trace_path.parent) and any(fnmatch.fnmatchcase(trace_path.name, n) for n in names)
+    if hit:
+        where = "is the --trace file" if names is None else f"would overwrite the --trace file {trace}"
+        raise CliError(f"{flag} {path}: {where}; give another path", 2)
 
 
 def add_executor_flags(p: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ from stallfree.sim.cluster import (
     run_cluster_study,
 )
 from stallfree.sim.commands.common import (
+    OUT_FILES,
     CliError,
     add_common,
     check_partial_prefill_flags,
@@ -35,6 +36,7 @@ from stallfree.sim.commands.common import (
     flag_message,
     guard,
     positive_duration,
+    refuse_writing_the_trace,
     rejection_warning,
     setup_from_args,
 )
@@ -233,8 +235,10 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
     # Before the simulation, not after it: a bad output path fails at once.
     if args.out:
+        refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["simulate"])
         ensure_writable_dir(args.out, "--out")
     if args.records:
+        refuse_writing_the_trace(args, args.records, "--records")
         ensure_writable_file(args.records, "--records")
     caching, tier = args.prefix_caching or args.compare_caching, _has_cpu_tier(args)
     if args.compare_caching:
