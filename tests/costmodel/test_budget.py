@@ -202,3 +202,34 @@ def test_budget_refuses_a_budget_beyond_the_context_or_the_kv_cache(capsys):
     capacity = CostModel(get_model("llama-3.3-70b"), get_gpu("h100-sxm"), tp=4, dtype="fp8").kv_capacity_tokens(0.3)
     assert main([*argv, "--budgets", str(capacity + 1), "--gpu-memory-utilization", "0.3"]) == 2
     assert f"than the {capacity:,}-token KV cache of this replica; at most {capacity:,}" in capsys.readouterr().err
+
+
+def test_budget_refuses_a_prompt_or_context_no_server_runs(capsys):
+    """--prompt or --context past llama-3.3-70b's 131,072-token context, and --decodes x --context past the
+    KV cache, are refused naming the flag, the value and the limit; at the limits they are priced."""
+    from stallfree.costmodel import get_gpu, get_model
+
+    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "4", "--dtype", "fp8",
+            "--budgets", "512"]
+    capacity = CostModel(get_model("llama-3.3-70b"), get_gpu("h100-sxm"), tp=4, dtype="fp8").kv_capacity_tokens(0.9)
+    most = capacity // 64  # the longest context 64 decodes can hold together
+    for flag in ("--prompt", "--context"):
+        assert main([*argv, flag, "131073"]) == 2
+        assert capsys.readouterr().err.strip() == (
+            f"stallfree budget: error: {flag} 131,073: longer than llama-3.3-70b's context of 131,072 tokens; "
+            "at most 131,072")
+    assert main([*argv, "--prompt", "131072", "--context", str(most), "--json"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--context", str(most + 1)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"stallfree budget: error: --context {most + 1:,}: --decodes 64 x {most + 1:,} = {64 * (most + 1):,} KV "
+        f"tokens, more than the {capacity:,}-token KV cache of this replica; at most {most:,}")
+    assert main([*argv, "--decodes", "0", "--context", str(most + 1), "--json"]) == 0  # no decodes: no KV held
+
+
+def test_budget_refuses_a_budget_given_twice(capsys):
+    """--budgets 512,512 is refused as sweep refuses it, instead of printing the row twice."""
+    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "4", "--dtype", "fp8"]
+    assert main([*argv, "--budgets", "512,2048,512"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "stallfree budget: error: --budgets 512,2048,512: 512 is given twice; give each value once")

@@ -205,6 +205,16 @@ _SIM = ["simulate", "--num-requests", "10", "--linear-cost", "5,50"]
         (["--replicas", "2", "--affinity-load-factor", "2"],
          "--affinity-load-factor applies to --router prefix-affinity"),
         (["--router-seed", "3"], "--router-seed applies to --router random"),
+        (["--prompt-len", "fixed:abc"], "--prompt-len applies to synthetic load"),
+        (["--prompt-len", "fixed:512"], "--prompt-len applies to synthetic load"),
+        (["--output-len", "uniform:5"], "--output-len applies to synthetic load"),
+        (["--rate", "5"], "--rate applies to synthetic arrivals"),
+        (["--burstiness", "0.5"], "--burstiness applies to --synthetic gamma"),
+        (["--synthetic", "poisson", "--burstiness", "0.5"], "--burstiness applies to --synthetic gamma"),
+        (["--synthetic", "shared-prefix", "--shared-prefix", "2,2,8,4", "--prompt-len", "fixed:9"],
+         "--prompt-len applies to synthetic load"),
+        (["--concurrency", "2", "--trace", "mooncake", "--output-len", "fixed:9"],
+         "--output-len applies to synthetic load"),
         (["--prefill-tp", "2"], "--prefill-tp applies to --disaggregate"),
         (["--decode-budget", "64"], "--decode-budget applies to --disaggregate"),
         (["--interconnect", "nvlink"], "--interconnect applies to --disaggregate"),
@@ -396,3 +406,59 @@ def test_sweep_table_explains_a_budget_use_above_100_percent(capsys):
     assert "115%" in out and "budget use: mean tokens per step / budget; above 100% where prefill-first" in out
     print_rows([{**row, "budget_utilization": 0.6}])
     assert "budget use:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--budgets", "512", "--jobs", "1"],
+    ["tune", "--slo-ttft", "1s", "--slo-tpot", "50ms"],
+    ["plan", "--slo-ttft", "1s"],
+])
+@pytest.mark.parametrize("flag", [["--prompt-len", "fixed:abc"], ["--output-len", "fixed:5"], ["--rate", "5"],
+                                  ["--burstiness", "0.5"]])
+def test_synthetic_flags_on_a_trace_replay_are_refused(command, flag, capsys):
+    """sweep, tune and plan share the workload flags: a synthetic-only one on a trace replay, where it would
+    be ignored, exits 2 naming it, before anything runs."""
+    assert main([*command, "--num-requests", "10", "--linear-cost", "5,50", *flag]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag[0]} applies to " in err[0] and "--synthetic" in err[0]
+
+
+def test_num_requests_still_cuts_a_trace(capsys):
+    """--num-requests is not synthetic-only: it keeps the first N requests of a trace."""
+    assert main(["simulate", "--num-requests", "7", "--linear-cost", "5,50", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["header"]["requests"] == 7
+
+
+_TRACE = "arrival_time,prompt_len,output_len\n0,10,5\n0.1,20,3\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["simulate", "--trace", "{t}", "--records", "{t}"], "--records {t}: is the --trace file"),
+        (["simulate", "--trace", "{t}", "--records", "{d}/sub/../trace.csv"], "is the --trace file"),
+        (["simulate", "--trace", "{d}/steps-x.csv", "--out", "{d}"], "would overwrite the --trace file"),
+        (["sweep", "--trace", "{d}/sweep.csv", "--budgets", "512", "--jobs", "1", "--out", "{d}"],
+         "would overwrite the --trace file"),
+        (["tune", "--trace", "{d}/tune.json", "--trace-format", "csv", "--slo-ttft", "1s", "--slo-tpot", "50ms",
+          "--out", "{d}"], "would overwrite the --trace file"),
+    ],
+    ids=["records", "records-other-spelling", "simulate-out", "sweep-out", "tune-out"],
+)
+def test_an_output_path_that_is_the_trace_is_refused(argv, needle, tmp_path, capsys):
+    """An output flag that resolves to the --trace file exits 2 naming the flag, and the trace is left as it was."""
+    for name in ("trace.csv", "steps-x.csv", "sweep.csv", "tune.json"):
+        (tmp_path / name).write_text(_TRACE)
+    fill = {"t": str(tmp_path / "trace.csv"), "d": str(tmp_path)}
+    assert main([a.format(**fill) for a in argv] + ["--linear-cost", "5,50"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle.format(**fill) in err[0]
+    assert all((tmp_path / n).read_text() == _TRACE for n in ("trace.csv", "steps-x.csv", "sweep.csv", "tune.json"))
+
+
+def test_out_beside_the_trace_is_allowed(tmp_path, capsys):
+    """A trace in the --out directory under a name the command does not write is kept and read."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text(_TRACE)
+    assert main(["simulate", "--trace", str(trace), "--out", str(tmp_path), "--linear-cost", "5,50"]) == 0
+    assert trace.read_text() == _TRACE and (tmp_path / "summary.json").is_file()

@@ -138,6 +138,9 @@ def _parse_budgets(text: str) -> list[int]:
     for b in out:
         if b < 1:
             raise CostModelError(f"--budgets: {b} is not a positive number of tokens")
+    twice = next((b for i, b in enumerate(out) if b in out[:i]), None)
+    if twice is not None:
+        raise CostModelError(f"--budgets {text}: {twice} is given twice; give each value once")
     return out
 
 
@@ -190,11 +193,31 @@ def _check_budget_limit(full: CostModel, budgets: list[int], decodes: int, capac
             raise CostModelError(f"--budgets {b:,}: more tokens in one step than {why}; at most {limit:,}")
 
 
+def _check_request_limit(full: CostModel, a: argparse.Namespace, capacity: int) -> None:
+    """Refuse a --prompt or --context no server would run: a prompt longer than the model's context
+    length (a server refuses it at arrival), a decode context longer than it, or --decodes decodes
+    whose contexts (decodes x context tokens of KV) do not fit the KV cache (capacity, tokens).
+
+    Raises:
+        CostModelError: naming the flag, the value and the limit.
+    """
+    ctx = full.model.context_length
+    for flag, value in (("--prompt", a.prompt), ("--context", a.context)):
+        if ctx and value > ctx:
+            raise CostModelError(f"{flag} {value:,}: longer than {full.model.key}'s context of {ctx:,} tokens; "
+                                 f"at most {ctx:,}")
+    if a.decodes and a.decodes * a.context > capacity:
+        raise CostModelError(
+            f"--context {a.context:,}: --decodes {a.decodes} x {a.context:,} = {a.decodes * a.context:,} KV tokens, "
+            f"more than the {capacity:,}-token KV cache of this replica; at most {capacity // a.decodes:,}")
+
+
 def _budget(a: argparse.Namespace) -> int:
     budgets = _parse_budgets(a.budgets)
     _check_budget_flags(a, budgets)
     full = _cost_model(a)
     _check_budget_limit(full, budgets, a.decodes, full.kv_capacity_tokens(a.gpu_memory_utilization))
+    _check_request_limit(full, a, full.kv_capacity_tokens(a.gpu_memory_utilization))
     rows = budget_rows(full, budgets, a.decodes, a.context, a.prompt)
     capacity = full.kv_capacity_tokens(a.gpu_memory_utilization)
     chosen, kern = _kernel_column(a, full, budgets)

@@ -7,6 +7,7 @@ Imports allowed: the standard library, stallfree._argtypes, stallfree.core and s
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 import os
 import re
@@ -37,9 +38,12 @@ __all__ = [
     "add_common",
     "add_executor_flags",
     "check_partial_prefill_flags",
+    "check_synthetic_flags",
     "duration",
     "ensure_writable_dir",
     "ensure_writable_file",
+    "OUT_FILES",
+    "refuse_writing_the_trace",
     "executor_from_args",
     "flag_message",
     "flag_words",
@@ -154,20 +158,23 @@ def _add_workload_args(w: Any) -> None:
                    help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
                         "within a group, a question of Q tokens (outputs: --output-len; hits need --scheduler "
                         "paged --prefix-caching)")
-    w.add_argument("--rate", type=positive_float, default=5.0, help="synthetic: mean requests/s (default 5)")
+    # The synthetic-only options default to None (their values: WorkloadOptions's defaults), so that
+    # one given on a trace replay, where it would be ignored, is refused (check_synthetic_flags).
+    w.add_argument("--rate", type=positive_float, default=None, help="synthetic: mean requests/s (default 5)")
     w.add_argument(
         "--burstiness",
         type=positive_float,
-        default=1.0,
+        default=None,
         help="synthetic gamma: shape of the gaps (1 = Poisson, < 1 burstier)",
     )
     w.add_argument(
         "--prompt-len",
-        default="trace",
+        default=None,
         metavar="DIST",
         help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH",
     )
-    w.add_argument("--output-len", default="trace", metavar="DIST", help="synthetic: as --prompt-len")
+    w.add_argument("--output-len", default=None, metavar="DIST",
+                   help="synthetic: as --prompt-len (with --synthetic shared-prefix: the outputs)")
     w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
     w.add_argument(
         "--num-requests",
@@ -249,10 +256,6 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         trace_format=args.trace_format,
         skip_bad_rows=args.skip_bad_rows,
         synthetic=args.synthetic,
-        rate=args.rate,
-        burstiness=args.burstiness,
-        prompt_len=args.prompt_len,
-        output_len=args.output_len,
         seed=args.seed,
         num_requests=args.num_requests,
         start=args.start,
@@ -264,7 +267,42 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         shared_prefix_block=getattr(args, "block_size", None) or 16,
         concurrency=getattr(args, "concurrency", None),
         think_time=getattr(args, "think_time", 0.0),
+        # The synthetic-only options as given; one left out takes WorkloadOptions's default.
+        **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len")
+           if (value := getattr(args, name, None)) is not None},
     )
+
+
+def check_synthetic_flags(args: argparse.Namespace) -> None:
+    """Refuse a synthetic-load option given where nothing would read it, naming the flag (a flag that would
+    be ignored is never silent). --rate is read by a synthetic arrival process (--synthetic poisson, gamma
+    or shared-prefix), --burstiness by --synthetic gamma alone; --prompt-len by --synthetic poisson or gamma
+    and --output-len by any --synthetic, both also by --concurrency N without --trace (closed-loop load on
+    drawn lengths; stallfree.sim.setup). --num-requests is not one of them: it cuts a trace too.
+
+    Raises:
+        CliError: such an option given explicitly without the mode that reads it (exit 2).
+    """
+    synthetic = getattr(args, "synthetic", None)
+    closed_drawn = getattr(args, "concurrency", None) is not None and not getattr(args, "trace", None)
+    closed = "concurrency" in vars(args)
+    needs = " or --concurrency N" if closed else ""
+    read = {
+        "--rate": (getattr(args, "rate", None), synthetic is not None,
+                   "synthetic arrivals: add --synthetic poisson, gamma or shared-prefix"),
+        "--burstiness": (getattr(args, "burstiness", None), synthetic == "gamma",
+                         "--synthetic gamma (the shape of its gaps): add it"),
+        "--prompt-len": (getattr(args, "prompt_len", None), synthetic in ("poisson", "gamma") or closed_drawn,
+                         f"synthetic load: add --synthetic poisson or gamma{needs}"
+                         + (" without --trace" if closed else "")),
+        "--output-len": (getattr(args, "output_len", None), synthetic is not None or closed_drawn,
+                         f"synthetic load: add --synthetic{needs}" + (" without --trace" if closed else "")),
+    }
+    for flag, (value, used, where) in read.items():
+        if value is not None and not used:
+            why = "" if synthetic else (" (a trace replay has its own "
+                                        f"{'arrivals' if flag in ('--rate', '--burstiness') else 'lengths'})")
+            raise CliError(f"{flag} applies to {where}, or drop {flag}{why}", 2)
 
 
 def hardware_options(args: argparse.Namespace) -> HardwareOptions:
@@ -306,9 +344,11 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
     """The Setup of a parsed command line (scheduler options default where a command has none).
 
     Raises:
-        CliError: contradictory partial-prefill options (check_partial_prefill_flags).
+        CliError: contradictory partial-prefill options (check_partial_prefill_flags), or a synthetic-load
+            option without the mode that reads it (check_synthetic_flags).
     """
     check_partial_prefill_flags(args)
+    check_synthetic_flags(args)
     return Setup(
         workload_options(args),
         hardware_options(args),
@@ -394,6 +434,48 @@ def ensure_writable_file(path: Path, flag: str) -> None:
         raise CliError(f"{flag} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise CliError(f"{flag} {path}: not writable")
+
+
+#: The files each command's --out DIR may write (shell patterns: a tag names the run).
+OUT_FILES = {
+    "simulate": ("summary.json", "requests-*.csv", "steps-*.csv", "cdf.png", "timeline.png"),
+    "sweep": ("sweep.csv", "sweep.json", "tradeoff.png", "cdf.png", "kv_sweep.json", "kv_sweep.png",
+              "cpu_tier_sweep.json", "cpu_tier_sweep.png"),
+    "tune": ("tune.json", "tune.png"),
+}
+
+
+def refuse_writing_the_trace(args: argparse.Namespace, path: Path, flag: str,
+                             names: tuple[str, ...] | None = None) -> None:
+    """Refuse an output path that would overwrite the --trace file, before anything runs.
+
+    Args:
+        path: the file an option writes (`names` None), or the directory it writes `names` in (shell
+            patterns, as OUT_FILES).
+        flag: the option, as the message names it.
+
+    Raises:
+        CliError: the file written (or one of `names` in the directory) is the --trace file, the same
+            file by another path or link included (exit 2).
+    """
+    trace = getattr(args, "trace", None)
+    if not trace or not Path(trace).is_file():
+        return  # no trace file: the bundled trace, a name such as 'mooncake', or a missing file
+    trace_path = Path(trace)
+
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+        except OSError:
+            return False
+
+    if names is None:
+        hit = same(path, trace_path)
+    else:
+        hit = same(path, trace_path.parent) and any(fnmatch.fnmatchcase(trace_path.name, n) for n in names)
+    if hit:
+        where = "is the --trace file" if names is None else f"would overwrite the --trace file {trace}"
+        raise CliError(f"{flag} {path}: {where}; give another path", 2)
 
 
 def add_executor_flags(p: argparse.ArgumentParser) -> None:

@@ -25,15 +25,18 @@ from stallfree.sim.cluster import (
     run_cluster_study,
 )
 from stallfree.sim.commands.common import (
+    OUT_FILES,
     CliError,
     add_common,
     check_partial_prefill_flags,
+    check_synthetic_flags,
     duration,
     ensure_writable_dir,
     ensure_writable_file,
     flag_message,
     guard,
     positive_duration,
+    refuse_writing_the_trace,
     rejection_warning,
     setup_from_args,
 )
@@ -232,8 +235,10 @@ def run(args: argparse.Namespace) -> int:
     _check_flags(args)
     # Before the simulation, not after it: a bad output path fails at once.
     if args.out:
+        refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["simulate"])
         ensure_writable_dir(args.out, "--out")
     if args.records:
+        refuse_writing_the_trace(args, args.records, "--records")
         ensure_writable_file(args.records, "--records")
     caching, tier = args.prefix_caching or args.compare_caching, _has_cpu_tier(args)
     if args.compare_caching:
@@ -335,6 +340,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     """Refuse, before anything runs or is written, values out of range and flags of another mode
     given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
     check_partial_prefill_flags(args)
+    check_synthetic_flags(args)
     if args.concurrency is None and args.think_time:
         raise CliError("--think-time applies to closed-loop load: add --concurrency N", 2)
     if args.concurrency is not None and args.rate_scale is not None:

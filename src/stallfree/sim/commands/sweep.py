@@ -15,6 +15,7 @@ from typing import Any
 
 from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float_list, positive_int
 from stallfree.sim.commands.common import (
+    OUT_FILES,
     CliError,
     add_common,
     add_executor_flags,
@@ -24,6 +25,7 @@ from stallfree.sim.commands.common import (
     guard,
     modes,
     progress_bar,
+    refuse_writing_the_trace,
     setup_from_args,
     warn_rejections,
 )
@@ -117,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         raise CliError(problem, code=2)
     if args.out:
+        refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["sweep"])
         ensure_writable_dir(args.out, "--out")
     if args.cpu_kv_tokens is not None:
         return _run_tier_sweep(args)

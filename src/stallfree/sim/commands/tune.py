@@ -13,6 +13,7 @@ from typing import Any
 
 from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_int
 from stallfree.sim.commands.common import (
+    OUT_FILES,
     CliError,
     add_common,
     add_executor_flags,
@@ -20,6 +21,7 @@ from stallfree.sim.commands.common import (
     executor_from_args,
     guard,
     progress_bar,
+    refuse_writing_the_trace,
     setup_from_args,
     warn_rejections,
 )
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         raise CliError(problem, 2)
     if args.out:
+        refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["tune"])
         ensure_writable_dir(args.out, "--out")
     setup = setup_from_args(args)
     fixed_pp = setup.partial_prefills()  # (K, L, T) of every run; T defaults to 4% of the context length
