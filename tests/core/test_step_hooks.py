@@ -104,20 +104,23 @@ def test_chunk_cap_is_rounded_to_blocks_when_chunks_are_aligned():
     chk.complete(plan)
 
 
+def _plans_of_a_random_run(seed: int, **hooks) -> list:
+    """The plans of a seeded random workload (30 requests, paged, K = 1), each step scheduled with `hooks`."""
+    rng = random.Random(seed)
+    s = make_scheduler(token_budget=16, max_seqs=4, kv_tokens=400, kv_policy="paged", block_size=8)
+    out = []
+    for i in range(30):
+        s.add(Request(i, rng.randint(1, 60), rng.randint(1, 12)))
+    while s.has_unfinished():
+        plan = s.schedule(**hooks)
+        out.append((tuple(plan.decode_rids), _chunks(plan), plan.preempted))
+        s.complete(plan)
+    return out
+
+
 def test_an_identity_cap_changes_no_plan():
     """A cap that always answers n gives the same plans as no cap (seeded random workload, paged, K = 1)."""
-    def run(with_cap):
-        rng = random.Random(7)
-        s = make_scheduler(token_budget=16, max_seqs=4, kv_tokens=400, kv_policy="paged", block_size=8)
-        out = []
-        for i in range(30):
-            s.add(Request(i, rng.randint(1, 60), rng.randint(1, 12)))
-        while s.has_unfinished():
-            plan = s.schedule(chunk_cap=(lambda r, st, n: n)) if with_cap else s.schedule()
-            out.append((tuple(plan.decode_rids), _chunks(plan), plan.preempted))
-            s.complete(plan)
-        return out
-    assert run(True) == run(False)
+    assert _plans_of_a_random_run(7, chunk_cap=lambda r, st, n: n) == _plans_of_a_random_run(7)
 
 
 # ---------------------------------------------------------------- admit=False
@@ -394,18 +397,7 @@ def test_a_filter_answer_that_is_not_a_bool_is_refused_and_nothing_changes(answe
 
 def test_a_filter_refusing_nothing_changes_no_plan():
     """A filter that always admits gives the same plans as admit=True (seeded random workload, paged, K = 1)."""
-    def run(with_filter):
-        rng = random.Random(5)
-        s = make_scheduler(token_budget=16, max_seqs=4, kv_tokens=400, kv_policy="paged", block_size=8)
-        out = []
-        for i in range(30):
-            s.add(Request(i, rng.randint(1, 60), rng.randint(1, 12)))
-        while s.has_unfinished():
-            plan = s.schedule(admit=(lambda rid: True)) if with_filter else s.schedule()
-            out.append((tuple(plan.decode_rids), _chunks(plan), plan.preempted))
-            s.complete(plan)
-        return out
-    assert run(True) == run(False)
+    assert _plans_of_a_random_run(5, admit=lambda rid: True) == _plans_of_a_random_run(5)
 
 
 class _IgnoresFilter(Scheduler):
