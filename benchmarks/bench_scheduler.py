@@ -52,7 +52,6 @@ from baseline_scheduler import ScanScheduler  # noqa: E402
 
 from stallfree import PagedScheduler, Request, Scheduler  # noqa: E402
 from stallfree.core.kv import CachingBlockPool  # noqa: E402
-from stallfree.core.kv_tier import tiered_scheduler  # noqa: E402
 
 ARRIVAL_EVERY = 4
 PROMPT = 256
@@ -90,7 +89,8 @@ def make(kind: str, n: int, **kw):
                               enable_prefix_caching=True, **kw)
     if kind == "tiered":
         blocks = int(kw.pop("num_blocks"))
-        return tiered_scheduler(budget, seqs, blocks * BLOCK_SIZE, BLOCK_SIZE, cpu_blocks=blocks, **kw)
+        return Scheduler(budget, seqs, blocks * BLOCK_SIZE, kv_policy="paged", block_size=BLOCK_SIZE,
+                         enable_prefix_caching=True, cpu_kv_tokens=blocks * BLOCK_SIZE, **kw)
     if kind == "spec2":
         budget = 3 * n + 512
     return Scheduler(token_budget=budget, max_seqs=seqs, kv_tokens=kv, **OPTIONS[kind], **kw)

@@ -20,6 +20,7 @@ def test_top_level_exports_the_public_core():
     promised = {
         "Request",
         "Scheduler",
+        "SchedulerConfig",
         "PagedScheduler",
         "StepPlan",
         "ScheduledChunk",

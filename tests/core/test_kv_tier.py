@@ -8,13 +8,18 @@ import random
 import pytest
 
 from factories import drive_randomly
-from stallfree import Request
+from stallfree import Request, Scheduler
 from stallfree.core.errors import InvalidConfig
 from stallfree.core.invariants import InvariantViolation
 from stallfree.core.invariants_tier import TieredInvariantChecker
-from stallfree.core.kv_tier import CpuTier, TieredKV, tiered_scheduler
+from stallfree.core.kv_tier import CpuTier, TieredKV
 from stallfree.core.prefix_cache import hash_blocks
 
+
+def tiered(budget: int, seqs: int, kv_tokens: int, bs: int, cpu_blocks: int, **options: object) -> Scheduler:
+    """A paged, caching Scheduler whose config has a CPU tier of cpu_blocks blocks (its manager a TieredKV)."""
+    return Scheduler(budget, seqs, kv_tokens, kv_policy="paged", block_size=bs, enable_prefix_caching=True,
+                     cpu_kv_tokens=cpu_blocks * bs if not isinstance(cpu_blocks, bool) else cpu_blocks, **options)
 
 def run_to_end(s):
     plans = []
@@ -29,7 +34,7 @@ def test_evicted_blocks_move_to_the_cpu_tier_and_load_back_on_a_hit():
     """4 GPU blocks of 4 tokens, 8 CPU blocks. 'a' (13 tokens, hashes x y z) fills GPU 0-2; 'b' evicts
     them (tail first: z, y, x to CPU 0, 1, 2). 'c' (= 'a') hits all three in the CPU tier: 12 tokens,
     one token computed, three loads, and b's three cached blocks offloaded first."""
-    s = tiered_scheduler(64, 8, 16, 4, cpu_blocks=8)
+    s = tiered(64, 8, 16, 4, cpu_blocks=8)
     kv = s.kv_manager
     assert isinstance(kv, TieredKV)
     s.add(Request("a", 13, 2, block_hashes=("x", "y", "z")))
@@ -76,7 +81,7 @@ def test_lookup_spans_both_tiers_and_admission_counts_a_load_as_a_block():
     blocks (8 tokens). Admitting c needs x pinned (1, it is evictable), a block for y's load (1) and
     one for its first chunk (1): 3. While 'hog' holds a block only 2 are free, so c waits, and
     nothing changes; then it is admitted with one load, from CPU block 0."""
-    s = tiered_scheduler(64, 8, 12, 4, cpu_blocks=4, watermark=0.0)
+    s = tiered(64, 8, 12, 4, cpu_blocks=4, watermark=0.0)
     kv = s.kv_manager
     assert isinstance(kv, TieredKV)
     s.add(Request("a", 5, 1, block_hashes=("x",)))
@@ -101,8 +106,12 @@ def test_lookup_spans_both_tiers_and_admission_counts_a_load_as_a_block():
 def test_bad_tier_sizes_are_named():
     with pytest.raises(InvalidConfig, match="cpu_blocks"):
         TieredKV(8, 4, 0.0, 0)
-    with pytest.raises(InvalidConfig, match="cpu_blocks"):
-        tiered_scheduler(64, 8, 16, 4, cpu_blocks=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfig, match="cpu_kv_tokens"):
+        tiered(64, 8, 16, 4, cpu_blocks=True)  # type: ignore[arg-type]
+    with pytest.raises(InvalidConfig, match="cpu_kv_tokens=2 holds no block of block_size=4"):
+        Scheduler(64, 8, 16, kv_policy="paged", block_size=4, enable_prefix_caching=True, cpu_kv_tokens=2)
+    with pytest.raises(InvalidConfig, match="needs kv_policy='paged' and enable_prefix_caching=True"):
+        Scheduler(64, 8, 16, kv_policy="paged", block_size=4, cpu_kv_tokens=8)
 
 
 # ---------------------------------------------------------------- randomized
@@ -121,8 +130,8 @@ def random_tiered_run(seed: int, num_requests: int = 24) -> TieredInvariantCheck
         reqs.append(Request(i, len(toks), rng.randint(1, 16), block_hashes=hash_blocks(toks, bs)))
     largest = max(-(-(r.prompt_len + r.max_new - 1) // bs) for r in reqs)
     num_blocks = rng.choice([largest, largest + rng.randint(0, largest // 2 + 1), largest * 2])
-    s = tiered_scheduler(budget, rng.randint(1, 6), num_blocks * bs, bs, rng.choice([1, 3, largest, 4 * largest]),
-                         watermark=rng.choice([0.0, 0.01, 0.1]), policy=rng.choice(["fcfs", "fcfs", "priority"]))
+    s = tiered(budget, rng.randint(1, 6), num_blocks * bs, bs, rng.choice([1, 3, largest, 4 * largest]),
+               watermark=rng.choice([0.0, 0.01, 0.1]), policy=rng.choice(["fcfs", "fcfs", "priority"]))
     chk = TieredInvariantChecker(s)
     arrive = sorted(rng.randint(0, 40) for _ in reqs)
     p_abort, p_stop = rng.choice([0.0, 0.05]), rng.choice([0.0, 0.05])

@@ -67,8 +67,15 @@ class SchedulerConfig:
             Request(block_hashes=...) (docs/prefix_caching.md).
         max_num_partial_prefills: K, an integer >= 1: up to K prompts partially prefilled at once.
         max_long_partial_prefills: L, 1 to K (default 1 when K > 1): at most L of them long.
-        long_prefill_token_threshold: T, tokens (required when K > 1, >= block_size when chunks are
-            aligned): a prompt is long while more than T of its tokens are still to compute.
+        long_prefill_token_threshold: T, tokens (>= block_size when chunks are aligned): a prompt is
+            long while more than T of its tokens are still to compute. With K > 1 and T None, T is 4%
+            of max_model_len, at least 1 token (vLLM's default, SchedulerConfig.long_prefill_token_threshold
+            in vllm/config/scheduler.py); with neither, InvalidConfig.
+        max_model_len: the context length in tokens, or None: read only for T's default (the core
+            does not refuse requests by it; the engines and the simulator do).
+        cpu_kv_tokens: "paged" with prefix caching: a CPU KV tier of cpu_kv_tokens // block_size
+            blocks (stallfree.core.kv_tier.TieredKV: blocks the GPU evicts are kept in host memory and
+            loaded back on a hit); 0, the default: none. An integer >= 0, >= block_size when > 0.
 
     Raises:
         InvalidConfig: any field out of range or of the wrong type, or options that do not go together
@@ -93,17 +100,22 @@ class SchedulerConfig:
     max_long_partial_prefills: int | None = None
     long_prefill_token_threshold: int | None = None
     priority_ties: str = "add"
+    max_model_len: int | None = None
+    cpu_kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_positive_int("token_budget", self.token_budget)
         check_positive_int("max_seqs", self.max_seqs)
         check_positive_int("kv_tokens", self.kv_tokens)
+        if self.max_model_len is not None:
+            check_positive_int("max_model_len", self.max_model_len)
         aligned, _ = check_kv_options(
             self.kv_policy, self.block_size, self.align_chunks, self.watermark, self.enable_prefix_caching)
         chunk = self.block_size if aligned else None
         build_policies(chunk, self.policy, self.aging_interval, self.clock, self.decode_overflow, self.num_spec_tokens)
         check_partial_prefills(
-            self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold, chunk)
+            self.max_num_partial_prefills, self.max_long_partial_prefills, self._threshold(), chunk)
+        self._check_cpu_tier()
         if self.priority_ties not in ("add", "arrival"):
             raise InvalidConfig(f"priority_ties must be 'add' or 'arrival', got {self.priority_ties!r}")
         bs = self.block_size
@@ -111,6 +123,32 @@ class SchedulerConfig:
             raise InvalidConfig(
                 f"token_budget ({self.token_budget}) and kv_tokens ({self.kv_tokens}) must be >= block_size ({bs})"
             )
+
+    def _threshold(self) -> int | None:
+        """T as given, or its default: 4% of max_model_len (at least 1) when K > 1 and T is None."""
+        t = self.long_prefill_token_threshold
+        if t is None and self.max_num_partial_prefills != 1 and self.max_model_len is not None:
+            return max(1, self.max_model_len * 4 // 100)
+        return t
+
+    def _check_cpu_tier(self) -> None:
+        tier = self.cpu_kv_tokens
+        if isinstance(tier, bool) or not isinstance(tier, int) or tier < 0:
+            raise InvalidConfig(f"cpu_kv_tokens must be an integer >= 0, got {tier!r}")
+        if not tier:
+            return
+        if self.kv_policy != "paged" or not self.enable_prefix_caching:
+            raise InvalidConfig(f"cpu_kv_tokens={tier} (a CPU KV tier of prefix-cache blocks) needs "
+                                f"kv_policy='paged' and enable_prefix_caching=True, got "
+                                f"kv_policy={self.kv_policy!r}, enable_prefix_caching={self.enable_prefix_caching!r}")
+        assert self.block_size is not None  # "paged" has one (check_kv_options)
+        if tier < self.block_size:
+            raise InvalidConfig(f"cpu_kv_tokens={tier} holds no block of block_size={self.block_size} tokens")
+
+    @property
+    def cpu_blocks(self) -> int:
+        """Blocks of the CPU KV tier: cpu_kv_tokens // block_size (0: none)."""
+        return self.cpu_kv_tokens // self.block_size if self.cpu_kv_tokens and self.block_size else 0
 
     @property
     def chunks_aligned(self) -> bool:
@@ -127,8 +165,7 @@ class SchedulerConfig:
     def partial_prefill_limits(self) -> tuple[int, int, int | None]:
         """(K, L, T) with the defaults filled in: (1, 1, None) for the contract's one partial prefill."""
         return check_partial_prefills(
-            self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold,
-            self.chunk_alignment)
+            self.max_num_partial_prefills, self.max_long_partial_prefills, self._threshold(), self.chunk_alignment)
 
     def replace(self, **changes: Any) -> SchedulerConfig:
         """A copy with `changes` applied, checked again.
@@ -142,6 +179,16 @@ class SchedulerConfig:
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, as given (align_chunks and the partial-prefill limits unresolved)."""
         return dict(vars(self))
+
+    def resolved(self) -> dict[str, Any]:
+        """The fields with every derived default filled in (align_chunks, L and T), for reports and
+        `--json` (`scheduler_config`); `clock` as its name, or None. JSON-serialisable."""
+        out = self.as_dict()
+        k, lng, thr = self.partial_prefill_limits
+        out.update(align_chunks=self.chunks_aligned, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
+        if self.clock is not None:
+            out["clock"] = getattr(self.clock, "__qualname__", repr(self.clock))
+        return out
 
 
 def as_config(

@@ -35,8 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "NO_HIT", "NO_TRANSFERS", "BlockPool", "CachingBlockPool", "KVManager", "PagedKV", "PrefixCacheStats",
     "PrefixCacheView", "ReservationKV", "Transfers",
-    "KV_POLICIES", "blocks_for_tokens", "build_kv_manager", "check_kv_options", "check_watermark", "kv_manager_for",
-    "KVOptions",
+    "KV_POLICIES", "blocks_for_tokens", "build_kv_manager", "check_kv_options", "check_watermark",
 ]
 
 
@@ -1060,30 +1059,3 @@ def build_kv_manager(
         assert block_size is not None
         return PagedKV(kv_tokens // block_size, block_size, watermark, enable_prefix_caching)
     return ReservationKV(kv_tokens, block_size)
-
-
-class KVOptions(Protocol):
-    """The KV fields of a SchedulerConfig (core/config.py), as kv_manager_for reads them."""
-
-    @property
-    def kv_policy(self) -> str: ...
-    @property
-    def kv_tokens(self) -> int: ...
-    @property
-    def block_size(self) -> int | None: ...
-    @property
-    def watermark(self) -> float: ...
-    @property
-    def enable_prefix_caching(self) -> bool: ...
-
-
-def kv_manager_for(config: KVOptions) -> ReservationKV | PagedKV:
-    """The KV manager a SchedulerConfig names (Scheduler builds it unless given one): ReservationKV for
-    kv_policy="reserve", PagedKV (with prefix caching when enabled) for "paged".
-
-    Args:
-        config: a validated SchedulerConfig (kv_policy, kv_tokens, block_size, watermark,
-            enable_prefix_caching are read).
-    """
-    return build_kv_manager(
-        config.kv_policy, config.kv_tokens, config.block_size, config.watermark, config.enable_prefix_caching)

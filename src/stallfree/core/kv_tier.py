@@ -33,15 +33,14 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from stallfree.core.errors import InvalidConfig, SchedulerStateError, check_positive_int
+from stallfree.core.errors import SchedulerStateError, check_positive_int
 from stallfree.core.kv import NO_HIT, BlockPool, CachingBlockPool, PagedKV, Transfers
 from stallfree.core.request import Request
-from stallfree.core.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
 
-__all__ = ["CpuTier", "CpuTierView", "TierStats", "TieredBlockPool", "TieredKV", "tiered_scheduler"]
+__all__ = ["CpuTier", "CpuTierView", "TierStats", "TieredBlockPool", "TieredKV"]
 
 
 class CpuTier:
@@ -259,10 +258,10 @@ class TieredKV(PagedKV):
     """Paged KV with prefix caching and a CPU tier of `cpu_blocks` blocks (module docstring).
 
     Use it as Scheduler(kv_manager=...) with kv_policy="paged", enable_prefix_caching=True and the
-    same block_size and kv_tokens (`tiered_scheduler` builds one). Everything PagedKV answers is about
-    the GPU pool; the CPU tier adds hits (lookup, cached_prefix_len, can_admit and admit count a CPU
-    hit as a GPU block to allocate) and each step's copies (step_transfers, which the scheduler puts
-    in StepPlan.kv_offloads and kv_loads).
+    same block_size and kv_tokens (Scheduler builds one for a config with cpu_kv_tokens). Everything
+    PagedKV answers is about the GPU pool; the CPU tier adds hits (lookup, cached_prefix_len, can_admit
+    and admit count a CPU hit as a GPU block to allocate) and each step's copies (step_transfers, which
+    the scheduler puts in StepPlan.kv_offloads and kv_loads).
 
     The lookup handle lists, per hit block in token order, its GPU block id (>= 0) or ~cpu_block (< 0).
 
@@ -384,29 +383,3 @@ class TieredKV(PagedKV):
         self._loads.clear()
         self.tier.end_step()
         return out
-
-
-def tiered_scheduler(
-    token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, cpu_blocks: int,
-    watermark: float = 0.01, **options: object,
-) -> Scheduler:
-    """A Scheduler(kv_policy="paged", enable_prefix_caching=True) over a TieredKV of kv_tokens //
-    block_size GPU blocks and `cpu_blocks` CPU blocks (the manager is then Scheduler.kv_manager).
-
-    Args:
-        token_budget, max_seqs, kv_tokens, block_size, watermark: as Scheduler's.
-        cpu_blocks: CPU-tier blocks, >= 1.
-        **options: any other option keyword of Scheduler.
-
-    Raises:
-        InvalidConfig: an argument out of range; the message names it.
-    """
-    check_positive_int("block_size", block_size)
-    check_positive_int("kv_tokens", kv_tokens)
-    if kv_tokens < block_size:
-        raise InvalidConfig(f"kv_tokens ({kv_tokens}) must be >= block_size ({block_size})")
-    kv = TieredKV(kv_tokens // block_size, block_size, watermark, cpu_blocks)
-    return Scheduler(
-        token_budget, max_seqs, kv_tokens, kv_policy="paged", block_size=block_size, watermark=watermark,
-        enable_prefix_caching=True, kv_manager=kv, **options,
-    )
