@@ -34,7 +34,7 @@ def main() -> None:
     p.add_argument("--caps", default=f"{DEFAULT_AFFINITY_LOAD_FACTOR:g}:{DEFAULT_AFFINITY_LOAD_MARGIN},inf:0")
     args = p.parse_args()
     workload = WorkloadOptions(trace="mooncake", num_requests=args.num_requests, rate_scale=args.rate_scale)
-    setup = Setup(workload, HardwareOptions(), scheduler="paged", prefix_caching=True)
+    setup = Setup(workload, HardwareOptions(), {"kv_policy": "paged", "enable_prefix_caching": True})
     wl = setup.workload
     print(f"{wl.name}: {len(wl):,} requests, {wl.mean_rate:.2f} req/s; {args.replicas} x {setup.hardware}; "
           "paged KV, prefix caching on\n")

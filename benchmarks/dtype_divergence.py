@@ -16,7 +16,7 @@ sys.path.insert(0, "benchmarks")  # engine_vs_hf sits beside this file
 torch.set_num_threads(1)
 from engine_vs_hf import first_difference, hf_generate, load_hf  # noqa: E402
 
-from stallfree.engine import LLMEngine, SamplingParams  # noqa: E402
+from stallfree.engine import LLMEngine, SamplingParams, engine_config  # noqa: E402
 from stallfree.engine.model import LlamaModel  # noqa: E402
 from stallfree.engine.weights import load_checkpoint  # noqa: E402
 
@@ -27,7 +27,7 @@ N = 24
 hf32 = hf_generate(load_hf("cpu", torch.float32), prompts, N)
 for dt in (torch.float32, torch.bfloat16, torch.float16):
     m = LlamaModel(ck.config, ck.tensors, dtype=dt)
-    eng = LLMEngine(m, ck.tokenizer, token_budget=512, max_seqs=4, kv_tokens=1024)
+    eng = LLMEngine(m, ck.tokenizer, scheduler=engine_config(512, 4, 1024))
     for i, p in enumerate(prompts):
         eng.add_request(i, p, SamplingParams(max_tokens=N, temperature=0, ignore_eos=True))
     got = {i: [] for i in range(4)}

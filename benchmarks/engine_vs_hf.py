@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams, engine_config
 
 
 def load_hf(device: str, dtype: torch.dtype) -> Any:
@@ -70,8 +70,8 @@ def run_ours(base: LLMEngine, work: list[tuple[list[int], int, float]], max_seqs
     """Run `work` (prompt, max_new, arrival s) continuously batched; return (wall s, tokens, e2e s)."""
     # Room for every request at once: the scheduler reserves prompt + max_new in whole blocks.
     bs = base.block_size
-    eng = LLMEngine(base.model, base.tokenizer, base.model_name, token_budget=512, max_seqs=max_seqs,
-                    kv_tokens=sum(-(-(len(p) + n) // bs) * bs for p, n, _ in work))
+    kv = sum(-(-(len(p) + n) // bs) * bs for p, n, _ in work)
+    eng = LLMEngine(base.model, base.tokenizer, base.model_name, scheduler=engine_config(512, max_seqs, kv))
     toks: list[list[int]] = [[] for _ in work]
     done = [0.0] * len(work)
     pending = sorted(range(len(work)), key=lambda i: work[i][2])

@@ -35,7 +35,8 @@ import numpy as np
 from stallfree.core.plan import StepPlan
 from stallfree.sim.report import latency_arrays
 from stallfree.sim.setup import default_cost_model
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.simulator import simulate
 from stallfree.sim.workload import Workload, load_bundled, load_mooncake
 
 MAX_MODEL_LEN = 131_072  # Llama 3.3 70B's context length, tokens (the default cost model's model)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams, engine_config
 
 LINEAR = {"aten::linear", "mkldnn::_linear_pointwise"}  # the latter: weights pre-packed (16-bit on a CPU)
 ATTENTION = {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math",
@@ -90,8 +90,8 @@ def main() -> None:
     out = []
     for n, plen in zip(args.running, lens, strict=True):
         # Room for every request's reservation (prompt + 64 tokens, in whole blocks of 16).
-        eng = LLMEngine(base.model, base.tokenizer, base.model_name, token_budget=512, max_seqs=n,
-                        kv_tokens=n * -(-(plen + 64) // 16) * 16)
+        eng = LLMEngine(base.model, base.tokenizer, base.model_name,
+                        scheduler=engine_config(512, n, n * -(-(plen + 64) // 16) * 16))
         rng = random.Random(n)
         for i in range(n):
             eng.add_request(i, [rng.randrange(300, 40000) for _ in range(plen)],

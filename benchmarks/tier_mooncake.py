@@ -26,16 +26,19 @@ from stallfree.sim.simulator import simulate
 
 def make_setup(kv: int | None, cpu: int, cli: bool) -> Setup:
     if not cli:
-        return Setup(WorkloadOptions(trace="mooncake", rate_scale=0.5), HardwareOptions(kv_tokens=kv),
-                     scheduler="paged", block_size=128, prefix_caching=True, cpu_kv_tokens=cpu)
+        return Setup(WorkloadOptions(trace="mooncake", rate_scale=0.5), HardwareOptions(kv_tokens=kv), TIERED(cpu))
     from stallfree.cli import build_parser
     from stallfree.sim.commands.common import hardware_options, workload_options
 
-    argv = ["simulate", "--trace", "mooncake", "--rate-scale", "0.5", "--scheduler", "paged", "--block-size", "128",
-            "--prefix-caching"] + (["--kv-tokens", str(kv)] if kv else [])
+    argv = ["simulate", "--trace", "mooncake", "--rate-scale", "0.5", "--kv-policy", "paged", "--block-size", "128",
+            "--enable-prefix-caching"] + (["--kv-tokens", str(kv)] if kv else [])
     args = build_parser().parse_args(argv)
-    return Setup(workload_options(args), hardware_options(args), scheduler="paged", block_size=128,
-                 prefix_caching=True, cpu_kv_tokens=cpu)
+    return Setup(workload_options(args), hardware_options(args), TIERED(cpu))
+
+
+def TIERED(cpu: int) -> dict[str, object]:  # noqa: N802 - reads as the constant it stands for
+    """The scheduler fields of this benchmark: paged, 128-token blocks, caching, a CPU tier of `cpu` tokens."""
+    return {"kv_policy": "paged", "block_size": 128, "enable_prefix_caching": True, "cpu_kv_tokens": cpu}
 
 
 def run(kv: int | None, cpu: int, cli: bool = False) -> dict[str, object]:

@@ -8,13 +8,14 @@ import random
 
 import pytest
 
-from stallfree.sim import LinearCostModel, SchedulerConfig, Workload
+from stallfree.sim import LinearCostModel, Workload
 from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.disagg import simulate_disaggregated
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, PassGate
 from stallfree.sim.replica import Replica
 from stallfree.sim.result import ClusterError
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.simulator import make_scheduler, new_result, plan_run, request_maker, simulate
 from stallfree.validate.compare import latencies
 

@@ -105,7 +105,8 @@ def test_summary_and_records_carry_the_buckets():
     prefilled in step 1 (first tokens at 1 s), then decode one token each in step 2 (E2E 2 s)."""
     from stallfree.sim.costs import LinearCostModel
     from stallfree.sim.report import request_records, summarize_result
-    from stallfree.sim.simulator import SchedulerConfig, simulate
+    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.simulator import simulate
     from stallfree.sim.workload import Workload
 
     res = simulate(Workload((0.0, 0.0), (100, 5000), (2, 2)), SchedulerConfig(10_000, 8000, 4),
@@ -130,7 +131,7 @@ def test_simulate_warns_once_when_overloaded(tmp_path, capsys):
     from stallfree.cli import main
 
     trace = _trace(tmp_path, [0.1 * k for k in range(20)])
-    assert main(["simulate", "--trace", trace, "--linear-cost", "1000,0", "--max-seqs", "1"]) == 0
+    assert main(["simulate", "--trace", trace, "--linear-cost", "1000,0", "--max-num-seqs", "1"]) == 0
     err = [line for line in capsys.readouterr().err.splitlines() if "overloaded" in line]
     assert err == ["warning: chunked/2048: overloaded: 10.00 req/s offered, the replica sustains ~1.00 (1000%); the "
                    "queue grows through the run, so TTFT is mostly waiting: use --rate-scale below 0.1 or --replicas "
@@ -144,7 +145,7 @@ def test_simulate_names_the_burst_of_a_ttft_tail(tmp_path, capsys):
     from stallfree.cli import main
 
     trace = _trace(tmp_path, [0.01 * k for k in range(100)] + [100.0 * k for k in range(1, 11)])
-    assert main(["simulate", "--trace", trace, "--linear-cost", "100,0", "--max-seqs", "1", "--json"]) == 0
+    assert main(["simulate", "--trace", trace, "--linear-cost", "100,0", "--max-num-seqs", "1", "--json"]) == 0
     captured = capsys.readouterr()
     run = json.loads(captured.out)["runs"][0]
     assert run["overload"] is None

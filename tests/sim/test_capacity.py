@@ -40,7 +40,7 @@ def test_plan_finds_four_replicas_on_a_hand_worked_trace(tmp_path, capsys):
     so only each replica's first is within 1 s: 3 of 12 = 25%."""
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{0.25 * k},10,1\n" for k in range(12)))
-    code = main(["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-seqs", "1", "--slo-ttft", "1s",
+    code = main(["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-num-seqs", "1", "--slo-ttft", "1s",
                  "--executor", "serial", "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
@@ -69,8 +69,8 @@ def test_plan_prints_vllm_line_for_a_multi_gpu_replica_and_plain_progress(tmp_pa
     under capsys, so each finished simulation is one plain progress line; --json gains "serve"."""
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{0.25 * k},10,1\n" for k in range(12)))
-    argv = ["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-seqs", "1", "--slo-ttft", "1s",
-            "--executor", "serial", "--tp", "4", "--budget", "512"]
+    argv = ["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-num-seqs", "1", "--slo-ttft", "1s",
+            "--executor", "serial", "--tp", "4", "--max-num-batched-tokens", "512"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
@@ -84,4 +84,4 @@ def test_plan_prints_vllm_line_for_a_multi_gpu_replica_and_plain_progress(tmp_pa
     assert main([*argv, "--tp", "1", "--model", "llama-3.1-8b", "--json"]) == 0
     serve = json.loads(capsys.readouterr().out)["serve"]
     assert serve == {"vllm": "vllm serve MODEL --tensor-parallel-size 1 --max-num-batched-tokens 512 --max-num-seqs 1",
-                     "stallfree": "stallfree serve --token-budget 512 --max-seqs 1"}
+                     "stallfree": "stallfree serve --max-num-batched-tokens 512 --max-num-seqs 1"}

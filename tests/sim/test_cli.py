@@ -92,11 +92,11 @@ def test_missing_trace_is_one_line(capsys):
 def test_bad_value_is_one_line(capsys):
     """A bad option value is one line on stderr and exit status 2."""
     with pytest.raises(SystemExit) as exc:
-        main(["simulate", "--budget", "lots"])
+        main(["simulate", "--max-num-batched-tokens", "lots"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "--budget" in err and "lots" in err
+    assert "--max-num-batched-tokens" in err and "lots" in err
 
 
 def test_malformed_trace_stops_before_simulating(tmp_path, capsys):
@@ -172,7 +172,7 @@ def test_sweep_writes_rows_and_plots(tmp_path, capsys):
         (["simulate", "--synthetic", "poisson", "--num-requests", "10", "--linear-cost", "nan,1"], "finite"),
         (["simulate", "--synthetic", "poisson", "--num-requests", "1000000000000"], "at most"),
         (["simulate", "--synthetic", "poisson", "--prompt-len", "lognormal:1e308,100"], "finite"),
-        (["demo", "--token-budget", "0"], "--token-budget"),
+        (["demo", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
     ],
     ids=["empty-budgets", "empty-modes", "nan-cost", "too-many", "overflowing-length", "demo-budget-0"],
 )
@@ -221,8 +221,8 @@ _SIM = ["simulate", "--num-requests", "10", "--linear-cost", "5,50"]
         (["--link-latency", "5"], "--link-latency applies to --disaggregate"),
         (["--disaggregate", "1:1", "--link-bandwidth", "-5"], "--link-bandwidth -5: must be a number of GB/s > 0"),
         (["--disaggregate", "1:1", "--link-latency", "-1"], "--link-latency -1: must be a number of us >= 0"),
-        (["--disaggregate", "1:1", "--scheduler", "paged", "--prefix-caching"],
-         "--disaggregate does not take --prefix-caching"),
+        (["--disaggregate", "1:1", "--kv-policy", "paged", "--enable-prefix-caching"],
+         "--disaggregate does not take --enable-prefix-caching"),
         (["--disaggregate", "1:1", "--max-num-partial-prefills", "2", "--long-prefill-token-threshold", "100"],
          "--disaggregate does not take --max-num-partial-prefills"),
     ],
@@ -280,8 +280,8 @@ def test_malformed_trace_contents_exit_1(tmp_path, capsys, body, said):
 def test_prefix_block_size_at_odds_with_the_trace_is_usage(capsys):
     """--block-size 7 does not divide Mooncake's 512-token hash blocks: a flag conflict, exit 2, before
     any run (with --compare-caching too, not after the caching-off run)."""
-    for caching in ("--prefix-caching", "--compare-caching"):
-        argv = ["simulate", "--trace", "mooncake", "--scheduler", "paged", caching, "--block-size", "7",
+    for caching in ("--enable-prefix-caching", "--compare-caching"):
+        argv = ["simulate", "--trace", "mooncake", "--kv-policy", "paged", caching, "--block-size", "7",
                 "--num-requests", "10", "--kernels", "none"]
         assert main(argv) == 2
         captured = capsys.readouterr()

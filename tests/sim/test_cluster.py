@@ -22,7 +22,8 @@ from stallfree.sim.cluster import (
 )
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.report import summarize_result
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.simulator import simulate
 from stallfree.sim.workload import Workload
 
 ONE_SECOND = LinearCostModel(base_s=1.0, per_token_s=0.0)

@@ -12,7 +12,7 @@ from stallfree.cli import main
 from stallfree.sim.cluster import ClusterError
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.disagg import Interconnect, disagg_summary, parse_disaggregate, simulate_disaggregated
-from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.workload import Workload
 
 PREFILL = LinearCostModel(base_s=0.010, per_token_s=0.001)

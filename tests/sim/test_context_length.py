@@ -10,9 +10,10 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.costmodel.model import get_model, list_models, model_from_hf_config
-from stallfree.sim import LinearCostModel, SchedulerConfig, Workload, simulate
+from stallfree.sim import LinearCostModel, Workload, simulate
 from stallfree.sim.report import request_records, summarize_result
 from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 
 # Three requests at t = 0, context length 100 tokens:
 #   r0: 50 + 50 = 100, within the limit;  r1: 60 + 41 = 101, one token over;  r2: the prompt alone (120) is over.
@@ -95,7 +96,8 @@ def three_csv(tmp_path):
 
 
 def _argv(trace, *extra):
-    return ["simulate", "--trace", str(trace), "--linear-cost", "10,0", "--kv-tokens", "1000", "--budget", "256",
+    return ["simulate", "--trace", str(trace), "--linear-cost", "10,0", "--kv-tokens", "1000",
+            "--max-num-batched-tokens", "256",
             "--max-model-len", "100", *extra]
 
 

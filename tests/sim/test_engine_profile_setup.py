@@ -33,7 +33,8 @@ def test_profile_defaults_and_errors():
 def _one_request_run(profile):
     """One request of an 8-token prompt and 3 output tokens, every step 10 ms (hand-priced)."""
     from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.simulator import SchedulerConfig, simulate
+    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.simulator import simulate
     from stallfree.sim.workload import Workload
 
     wl = Workload((0.0,), (8,), (3,), name="one")
@@ -100,7 +101,7 @@ def test_cluster_runs_add_the_front_end_by_hand():
     from stallfree.sim.cluster import RoundRobinRouter, cluster_summary, simulate_cluster
     from stallfree.sim.costs import LinearCostModel
     from stallfree.sim.engine_profile import EngineProfile
-    from stallfree.sim.simulator import SchedulerConfig
+    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
     from stallfree.sim.workload import Workload
 
     cost = ProfiledCostModel(LinearCostModel(0.010, 0.0), EngineProfile("t", frontend_s=0.050))

@@ -12,7 +12,8 @@ from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import HostLink, KVTransferCost, host_link, kv_offloading_tokens
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.report import request_records
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.simulator import simulate
 from stallfree.sim.workload import load_trace
 
 COST = LinearCostModel(base_s=0.5, per_token_s=1e-4)
@@ -93,14 +94,14 @@ def test_scheduler_config_tier_needs_caching_and_a_block():
         SchedulerConfig(1536, kv="paged", block_size=512, cpu_kv_tokens=1024)
     with pytest.raises(ValueError, match="no block"):
         SchedulerConfig(1536, kv="paged", block_size=512, prefix_caching=True, cpu_kv_tokens=100)
-    assert SchedulerConfig(1536, kv="paged", block_size=512, prefix_caching=True, cpu_kv_tokens=1100).cpu_blocks == 2
+    cfg = SchedulerConfig(1536, kv="paged", block_size=512, prefix_caching=True, cpu_kv_tokens=1100)
+    assert cfg.scheduler.cpu_blocks == 2
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cpu-kv-tokens", "1000"], "add --prefix-caching"),
-    (["--scheduler", "paged", "--prefix-caching", "--cpu-kv-tokens", "1000", "--kv-offloading-size", "1"],
+    (["--cpu-kv-tokens", "1000"], "add --enable-prefix-caching"),
+    (["--kv-policy", "paged", "--enable-prefix-caching", "--cpu-kv-tokens", "1000", "--kv-offloading-size", "1"],
      "give one"),
-    (["--scheduler", "paged", "--prefix-caching", "--kv-offloading-size", "-2"], "GiB > 0"),
 ])
 def test_simulate_tier_flags_are_checked_before_running(capsys, argv, message):
     from stallfree.cli import main
@@ -109,8 +110,17 @@ def test_simulate_tier_flags_are_checked_before_running(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_simulate_tier_size_must_be_positive(capsys):
+    from stallfree.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--kv-policy", "paged", "--enable-prefix-caching", "--kv-offloading-size", "-2"])
+    assert exc.value.code == 2
+    assert "--kv-offloading-size: expected a number > 0, got '-2'" in capsys.readouterr().err
+
+
 def test_sweep_cpu_tier_needs_prefix_caching(capsys):
     from stallfree.cli import main
 
     assert main(["sweep", "--cpu-kv-tokens", "0,1000"]) == 2
-    assert "add --prefix-caching" in capsys.readouterr().err
+    assert "add --enable-prefix-caching" in capsys.readouterr().err

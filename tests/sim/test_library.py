@@ -28,11 +28,11 @@ def _synthetic(n: int = 120) -> WorkloadOptions:
 
 def test_setup_from_options_matches_the_command_line(capsys):
     """run_experiment on a Setup gives the figures of `stallfree simulate --json` with the same options."""
-    setup = Setup(_synthetic(), LINEAR, max_seqs=32)
+    setup = Setup(_synthetic(), LINEAR, {"max_seqs": 32})
     study = run_experiment(setup, budget=512, slo_ttft=0.5, slo_tpot=0.05)
     argv = ["simulate", "--synthetic", "poisson", "--rate", "8", "--prompt-len", "uniform:100,900",
             "--output-len", "uniform:5,60", "--num-requests", "120", "--linear-cost", "10,50",
-            "--kv-tokens", "200000", "--max-seqs", "32", "--budget", "512", "--slo-ttft", "500ms",
+            "--kv-tokens", "200000", "--max-num-seqs", "32", "--max-num-batched-tokens", "512", "--slo-ttft", "500ms",
             "--slo-tpot", "50ms", "--json"]
     assert main(argv) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]
@@ -43,7 +43,7 @@ def test_setup_from_options_matches_the_command_line(capsys):
 
 def test_sweep_api_rows_in_grid_order():
     """sweep() runs one point per (mode, budget), in grid order, with the budgets asked for."""
-    setup = Setup(_synthetic(), LINEAR, max_seqs=32)
+    setup = Setup(_synthetic(), LINEAR, {"max_seqs": 32})
     grid = sweep(setup, [256, 1024], batching=["chunked", "no-chunk"], slo_ttft=0.5, slo_tpot=0.05)
     assert [(r["batching"], r["token_budget"]) for r in grid.table_rows] == [
         ("chunked", 256), ("chunked", 1024), ("no-chunk", 256), ("no-chunk", 1024)
@@ -60,10 +60,12 @@ def test_setup_errors_name_the_option():
     assert exc.value.usage and exc.value.fields == ("trace", "synthetic")
     assert flag_message(exc.value) == "--trace and --synthetic are exclusive"
     with pytest.raises(SetupError) as exc:
-        Setup(_synthetic(), LINEAR, cpu_kv_tokens=4096)
-    assert exc.value.fields == ("cpu_kv_tokens", "prefix_caching", "scheduler")
+        Setup(_synthetic(), LINEAR, {"cpu_kv_tokens": 4096})
+    assert exc.value.fields == ("cpu_kv_tokens", "enable_prefix_caching", "kv_policy")
     assert flag_message(exc.value) == ("--cpu-kv-tokens: a CPU KV tier keeps prefix-cache blocks: add "
-                                       "--prefix-caching (and --scheduler paged)")
+                                       "--enable-prefix-caching (and --kv-policy paged)")
+    with pytest.warns(DeprecationWarning, match="Setup"):  # the former keyword form, for one release
+        assert Setup(_synthetic(), LINEAR, max_seqs=32).scheduler_config.max_seqs == 32
     with pytest.raises(SetupError, match="nonexistent-gpu"):
         Setup(_synthetic(), HardwareOptions(gpu="nonexistent-gpu"))
 
@@ -90,7 +92,7 @@ def test_setup_error_names_the_field_and_the_cli_the_flag(capsys):
 
 def test_tune_api_reports_whether_the_slos_are_met():
     """tune() with a reachable SLO has slo_met True; with a TTFT objective below any prefill, False."""
-    setup = Setup(_synthetic(), LINEAR, max_seqs=32)
+    setup = Setup(_synthetic(), LINEAR, {"max_seqs": 32})
     ok = tune(setup.workload, setup.kv_tokens, setup.cost_model, 2.0, 0.1, max_seqs=32, budgets=[512])
     assert ok.slo_met and ok.best["request_goodput"] > 0
     # Every first token needs at least one 10 ms step: a 1 ms TTFT objective can never be met.
@@ -126,7 +128,7 @@ def test_tune_table_explains_the_tie_tolerance(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "within 0.1% of the highest are tied" in out
-    assert "stallfree serve --token-budget 512" in out
+    assert "stallfree serve --max-num-batched-tokens 512" in out
 
 
 def test_metric_units_and_goodput_by_hand(tmp_path, capsys):
@@ -141,8 +143,9 @@ def test_metric_units_and_goodput_by_hand(tmp_path, capsys):
     """
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n0.0,4,3\n0.0,4,1\n")
-    argv = ["simulate", "--trace", str(trace), "--linear-cost", "10,0", "--kv-tokens", "100", "--budget", "16",
-            "--max-seqs", "4", "--slo-ttft", "20ms", "--slo-tpot", "5ms", "--json"]
+    argv = ["simulate", "--trace", str(trace), "--linear-cost", "10,0", "--kv-tokens", "100",
+            "--max-num-batched-tokens", "16",
+            "--max-num-seqs", "4", "--slo-ttft", "20ms", "--slo-tpot", "5ms", "--json"]
     assert main(argv) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]
     assert run["mean_ttft_ms"] == pytest.approx(10.0)

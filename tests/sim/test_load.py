@@ -25,7 +25,7 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.core import metrics
-from stallfree.sim import LinearCostModel, SchedulerConfig, SimResult, Workload, simulate
+from stallfree.sim import LinearCostModel, SimResult, Workload, simulate
 from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.disagg import Interconnect, simulate_disaggregated
 from stallfree.sim.experiment import run_experiment
@@ -33,6 +33,7 @@ from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.report import summarize_result
 from stallfree.sim.routers import RoundRobinRouter
 from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 CFG = SchedulerConfig(kv_tokens=10_000, token_budget=8, max_seqs=16)
@@ -180,7 +181,7 @@ def test_cli_concurrency_json(capsys: pytest.CaptureFixture[str]) -> None:
     """`simulate --concurrency 1 --think-time 250ms` on fixed lengths prints the N = 1 figures as JSON."""
     argv = ["simulate", "--concurrency", "1", "--think-time", "250ms", "--num-requests", "3",
             "--prompt-len", "fixed:4", "--output-len", "fixed:3", "--linear-cost", "500,125000",
-            "--kv-tokens", "10000", "--budget", "8", "--json"]
+            "--kv-tokens", "10000", "--max-num-batched-tokens", "8", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     run = out["runs"][0]

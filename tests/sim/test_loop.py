@@ -8,11 +8,12 @@ import random
 import pytest
 
 from stallfree.core.request import Request
-from stallfree.sim import LinearCostModel, SchedulerConfig, SimResult, Workload
+from stallfree.sim import LinearCostModel, SimResult, Workload
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, PassGate
 from stallfree.sim.replica import Replica
 from stallfree.sim.result import ClusterError, SimulationError
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.simulator import make_scheduler, new_result, plan_run, request_maker
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)

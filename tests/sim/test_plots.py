@@ -18,7 +18,7 @@ def _setup(scheduler: str = "reserve") -> Setup:
         WorkloadOptions(synthetic="poisson", rate=5.0, prompt_len="uniform:50,400", output_len="uniform:5,40",
                         num_requests=60),
         HardwareOptions(),
-        scheduler=scheduler,
+        {"kv_policy": scheduler},
     )
 
 
@@ -179,8 +179,9 @@ def test_tune_names_the_choice_and_keeps_markers_visible(tmp_path, monkeypatch):
 
 def test_timeline_says_baselines_run_past_the_budget(tmp_path, monkeypatch):
     """The tokens-per-step panel draws the token budget and says the baselines' whole prompts exceed it."""
-    from stallfree.sim import LinearCostModel, SchedulerConfig, parse_length_spec, simulate, synthetic
+    from stallfree.sim import LinearCostModel, parse_length_spec, simulate, synthetic
     from stallfree.sim.plots import plot_timeline
+    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 
     wl = synthetic(30, 50.0, parse_length_spec("uniform:150,300"), parse_length_spec("fixed:4"), seed=1)
     cost = LinearCostModel(5e-3, 20e-6)

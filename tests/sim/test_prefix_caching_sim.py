@@ -10,7 +10,8 @@ from importlib import resources
 import pytest
 
 from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.simulator import simulate
 from stallfree.sim.workload import TraceError, Workload, load_mooncake, load_trace
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
@@ -129,15 +130,15 @@ def test_prefix_caching_needs_paged():
 
 
 def test_cli_prefix_caching_needs_paged_and_compare_caching_runs_both(tmp_path, capsys):
-    """--prefix-caching without --scheduler paged is a one-line error (exit 2); --compare-caching gives two
+    """--prefix-caching without --kv-policy paged is a one-line error (exit 2); --compare-caching gives two
     runs, the second with the hit rate and its bound."""
     from stallfree.cli import main
 
     p = write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
                          for i in range(6)])
-    assert main(["simulate", "--trace", str(p), "--prefix-caching"]) == 2
-    assert "--prefix-caching needs --scheduler paged" in capsys.readouterr().err
-    assert main(["simulate", "--trace", str(p), "--scheduler", "paged", "--compare-caching", "--json",
+    assert main(["simulate", "--trace", str(p), "--enable-prefix-caching"]) == 2
+    assert "--enable-prefix-caching needs --kv-policy paged" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(p), "--kv-policy", "paged", "--compare-caching", "--json",
                  "--linear-cost", "10,100"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [r["prefix_cache_hit_rate"] is None for r in runs] == [True, False]
@@ -152,7 +153,7 @@ def test_step_time_target_keeps_prefix_caching(tmp_path, capsys):
 
     p = write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
                          for i in range(6)])
-    assert main(["simulate", "--trace", str(p), "--scheduler", "paged", "--prefix-caching", "--json",
+    assert main(["simulate", "--trace", str(p), "--kv-policy", "paged", "--enable-prefix-caching", "--json",
                  "--linear-cost", "10,100", "--step-time-target", "100ms"]) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]
     assert run["prefix_cache_hit_rate"] == pytest.approx(5 * 512 / 3600)
@@ -167,7 +168,7 @@ def test_sweep_over_kv_capacity_writes_rows_and_plot(tmp_path, capsys):
             for i in range(6)]
     p = write(tmp_path, rows)
     out = tmp_path / "out"
-    assert main(["sweep", "--trace", str(p), "--prefix-caching", "--kv-tokens", "100000,1000",
+    assert main(["sweep", "--trace", str(p), "--enable-prefix-caching", "--kv-tokens", "100000,1000",
                  "--budgets", "2048", "--linear-cost", "10,100", "--out", str(out), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["rows"]
     assert [r["kv_tokens"] for r in got] == [1000, 100000]
@@ -212,7 +213,7 @@ def test_cli_compare_caching_on_a_cluster_writes_both_runs_and_shows_the_cache(t
         monkeypatch.setattr(plots, name, lambda *a, **kw: None)
     p = write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
                          for i in range(6)])
-    base = ["simulate", "--trace", str(p), "--scheduler", "paged", "--compare-caching", "--linear-cost", "10,100",
+    base = ["simulate", "--trace", str(p), "--kv-policy", "paged", "--compare-caching", "--linear-cost", "10,100",
             "--replicas", "2", "--router", "round-robin"]
     assert main([*base, "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["runs"]
@@ -235,9 +236,10 @@ def test_cli_prefix_caching_without_block_hashes_says_nothing_can_hit(tmp_path, 
     from stallfree.cli import main
 
     p = write(tmp_path, ["arrival_time,prompt_len,output_len", "0,100,2", "1,100,2"], name="t.csv")
-    assert main(["simulate", "--trace", str(p), "--trace-format", "csv", "--scheduler", "paged", "--prefix-caching",
+    assert main(["simulate", "--trace", str(p), "--trace-format", "csv", "--kv-policy", "paged",
+                 "--enable-prefix-caching",
                  "--linear-cost", "10,100", "--json"]) == 0
-    assert "note: --prefix-caching: " in capsys.readouterr().err
+    assert "note: --enable-prefix-caching: " in capsys.readouterr().err
 
 def _kv_trace(tmp_path):
     return write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
@@ -251,7 +253,7 @@ def test_kv_sweep_with_a_size_too_small_prints_dashes_and_warns(tmp_path, capsys
     from stallfree.cli import main
 
     out = tmp_path / "out"
-    assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--prefix-caching", "--kv-tokens", "100,100000",
+    assert main(["sweep", "--trace", str(_kv_trace(tmp_path)), "--enable-prefix-caching", "--kv-tokens", "100,100000",
                  "--linear-cost", "10,100", "--out", str(out)]) == 0
     cap = capsys.readouterr()
     lines = cap.out.splitlines()
@@ -314,7 +316,7 @@ def test_kv_sweep_first_admission_hit_rate_leaves_readmissions_out(capsys):
     evicted that a first admission needed). The row is marked; with no preemption the two rates agree."""
     from stallfree.cli import main
 
-    assert main(["sweep", "--trace", "mooncake", "--num-requests", "20", "--prefix-caching",
+    assert main(["sweep", "--trace", "mooncake", "--num-requests", "20", "--enable-prefix-caching",
                  "--kv-tokens", "200000,4000000", "--json"]) == 0
     small, large = json.loads(capsys.readouterr().out)["rows"]
     assert small["num_preemptions"] > 0 and small["hit_rate_inflated_by_preemption"]

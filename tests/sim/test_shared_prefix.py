@@ -6,7 +6,8 @@ import pytest
 
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.setup import SetupError, WorkloadOptions, build_workload
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.simulator import simulate
 from stallfree.sim.workload import parse_length_spec, parse_shared_prefix, shared_prefix
 
 

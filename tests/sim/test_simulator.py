@@ -10,13 +10,13 @@ from stallfree.core.metrics import summarize
 from stallfree.sim import (
     BATCHING_MODES,
     LinearCostModel,
-    SchedulerConfig,
     Workload,
     parse_length_spec,
     simulate,
     synthetic,
 )
 from stallfree.sim.report import summarize_result
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 
 # Step time = 0.5 s + 0.125 s per token: exact in binary floating point, so times compare with ==.
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)

@@ -9,6 +9,7 @@ import pytest
 
 from stallfree import Request, Scheduler
 from stallfree.cli import main
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.request import RequestStatus
 from stallfree.costmodel import CostModel
 from stallfree.sim import LinearCostModel, Workload, parse_length_spec, simulate, synthetic
@@ -222,7 +223,8 @@ def test_roofline_steps_never_exceed_the_target(prompts, outputs, rate, target):
     """On the roofline model, every step with more than one token is predicted within the target."""
     cm = CostModel.from_names(model="llama-3.3-70b", gpu="h100-sxm", tp=4, dtype="fp8")
     wl = synthetic(400, rate, parse_length_spec(prompts), parse_length_spec(outputs), "poisson", 1.0, 3)
-    res = simulate(wl, TimeBudgetConfig(cm.kv_capacity_tokens(), target, cm, max_seqs=512), cm, check=True)
+    cfg = TimeBudgetConfig(SchedulerConfig(65536, 512, cm.kv_capacity_tokens()), target, cm)
+    res = simulate(wl, cfg, cm, check=True)
     dur, tokens = _step_times(res)
     assert res.num_steps > 40
     assert not np.any((dur > target) & (tokens > 1))
@@ -235,7 +237,7 @@ def test_linear_steps_never_exceed_the_target_and_fill_it():
         300, 200.0, parse_length_spec("uniform:50,400"), parse_length_spec("uniform:2,60"), "poisson", 1.0, 5
     )
     model = HandModel()
-    res = simulate(wl, TimeBudgetConfig(10**6, 0.030, model, max_seqs=64), model)
+    res = simulate(wl, TimeBudgetConfig(SchedulerConfig(65536, 64, 10**6), 0.030, model), model)
     dur, tokens = _step_times(res)
     assert dur.max() <= 0.030 + 1e-12
     # A step whose queue was not empty afterwards could not take one more token.
@@ -249,8 +251,10 @@ def test_time_budget_config_is_picklable_and_labelled():
     """The config pickles (worker processes) and labels runs by their target."""
     import pickle
 
-    cfg = TimeBudgetConfig(1000, 0.05, LinearCostModel(0.01, 1e-4))
+    cfg = TimeBudgetConfig(SchedulerConfig(65536, 256, 1000), 0.05, LinearCostModel(0.01, 1e-4))
     assert pickle.loads(pickle.dumps(cfg)) == cfg
+    with pytest.warns(DeprecationWarning, match="TimeBudgetConfig"):  # the former form, for one release
+        assert TimeBudgetConfig(1000, 0.05, cfg.cost_model) == cfg
     assert cfg.label == "time/50ms"
     assert isinstance(cfg(), TimeBudgetScheduler)
 
@@ -280,6 +284,6 @@ def test_workload_of_one_request_is_exact():
     """One 10-token prompt with a 20 ms target on the hand model: a single 10-token step, 11 ms."""
     wl = Workload((0.0,), (10,), (1,), "one")
     model = HandModel()
-    res = simulate(wl, TimeBudgetConfig(1000, 0.020, model, max_seqs=4), model)
+    res = simulate(wl, TimeBudgetConfig(SchedulerConfig(65536, 4, 1000), 0.020, model), model)
     assert list(res.step_tokens) == [10]
     assert res.step_end[0] == pytest.approx(0.011)

@@ -192,13 +192,13 @@ def _write_pairs(path):
 def test_tune_cli_prints_choice_and_serve_line(tmp_path, capsys):
     """`stallfree tune` prints the bound, the chosen budget and the serve flags; --out writes a plot."""
     trace = _write_pairs(tmp_path / "pairs.csv")
-    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-seqs", "8"]
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-num-seqs", "8"]
     args += ["--slo-ttft", "350ms", "--slo-tpot", "16.52ms", "--jobs", "1", "--out", str(tmp_path / "out")]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "cost-model bound: token budget 130" in out
     assert "chosen: token budget 130, max_seqs 8" in out
-    assert "stallfree serve --token-budget 130 --max-seqs 8" in out
+    assert "stallfree serve --max-num-batched-tokens 130 --max-num-seqs 8" in out
     report = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert report["chosen"]["token_budget"] == 130 and report["bound"]["token_budget"] == 130
     assert (tmp_path / "out" / "tune.png").stat().st_size > 10_000
@@ -261,8 +261,9 @@ def test_tune_searches_partial_prefills_when_asked():
     for pp in [p for p in by_pp if p]:
         assert by_pp[pp]["request_goodput"] == pytest.approx(3 / 0.15075, rel=1e-9), pp
     assert result.best["partial_prefills"] == (2, 2, 10)
-    assert serve_command(result.best) == ("stallfree serve --token-budget 80 --max-seqs 8 --max-num-partial-prefills "
-                                          "2 --max-long-partial-prefills 2 --long-prefill-token-threshold 10")
+    assert serve_command(result.best) == ("stallfree serve --max-num-batched-tokens 80 --max-num-seqs 8 "
+                                          "--max-num-partial-prefills 2 --max-long-partial-prefills 2 "
+                                          "--long-prefill-token-threshold 10")
     # Off by default: one row, no partial prefills.
     plain = tune(_long_then_short(), KV, COST, 0.145, 0.05, max_seqs=8, max_seqs_candidates=[], budgets=[80])
     assert [r["partial_prefills"] for r in plain.rows] == [None]
@@ -272,7 +273,7 @@ def test_tune_cli_search_partial_prefills(tmp_path, capsys):
     """`tune --search-partial-prefills` prints a K/L/T column and the chosen setting's serve flags."""
     trace = tmp_path / "ls.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n0,800,1\n0.001,5,1\n0.001,5,1\n0.001,5,1\n")
-    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-seqs", "8",
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-num-seqs", "8",
             "--max-seqs-candidates", "8", "--budgets", "80", "--slo-ttft", "145ms", "--slo-tpot", "50ms",
             "--jobs", "1", "--search-partial-prefills"]
     assert main(args) == 0
@@ -287,7 +288,7 @@ def test_tune_cli_honours_fixed_partial_prefill_flags(tmp_path, capsys):
     works out) and the serve line carries them; L > K is a one-line usage error before anything runs."""
     trace = tmp_path / "ls.csv"
     trace.write_text("arrival_time,prompt_len,output_len\n0,800,1\n0.001,5,1\n0.001,5,1\n0.001,5,1\n")
-    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-seqs", "8",
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-num-seqs", "8",
             "--max-seqs-candidates", "8", "--budgets", "80", "--slo-ttft", "145ms", "--slo-tpot", "50ms",
             "--jobs", "1", "--json"]
     assert main([*args, "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "2",

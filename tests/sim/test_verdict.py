@@ -66,7 +66,8 @@ def test_compare_verdict_on_two_runs_of_one_workload():
     """Steps of 1 s: caching-free runs of budget 8 and budget 4 on one 8-token prompt (1 then 2 steps to
     its first token): TTFT 1 s -> 2 s on the one request, +100%; a single request is its own resample."""
     from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.simulator import SchedulerConfig, simulate
+    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.simulator import simulate
     from stallfree.sim.verdict import compare_verdict
     from stallfree.sim.workload import Workload
 

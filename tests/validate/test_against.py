@@ -15,7 +15,7 @@ from stallfree.cli import main
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.engine_profile import EngineProfile, EngineProfileError, ProfiledCostModel, load_profile
-from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 from stallfree.validate import silicon
 from stallfree.validate.against import detect, figures, replay_run, validate_runs, verdict
 from stallfree.validate.compare import Latencies

@@ -11,7 +11,7 @@ import pytest
 from stallfree.sim.costs import LinearCostModel
 from stallfree.sim.disagg import Interconnect
 from stallfree.sim.engine_profile import EngineProfile
-from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
 from stallfree.validate import silicon
 from stallfree.validate.silicon import NO_WORKERS, WorkerGroup, disagg_closed_loop, read_rows, select
 

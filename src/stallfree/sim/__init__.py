@@ -8,7 +8,7 @@ from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.simulator import (
     BATCHING_MODES,
-    SchedulerConfig,
+    ReplicaConfig,
     SchedulerLike,
     SimResult,
     SimulationError,
@@ -30,7 +30,7 @@ __all__ = [
     "LinearCostModel",
     "NoChunkScheduler",
     "PrefillFirstScheduler",
-    "SchedulerConfig",
+    "ReplicaConfig",
     "SchedulerLike",
     "SimResult",
     "SimulationError",
@@ -43,3 +43,16 @@ __all__ = [
     "simulate",
     "synthetic",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`stallfree.sim.SchedulerConfig`, the former name of the replica record: a function with its old
+    arguments that returns a ReplicaConfig (legacy_scheduler_config), warning once. Removed in the next
+    release; the core's configuration is stallfree.SchedulerConfig."""
+    if name == "SchedulerConfig":
+        from stallfree.sim.simulator import legacy_scheduler_config, warn_deprecated
+
+        warn_deprecated("stallfree.sim.SchedulerConfig",
+                        "stallfree.sim.ReplicaConfig (holding a stallfree.SchedulerConfig)")
+        return legacy_scheduler_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

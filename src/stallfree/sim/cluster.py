@@ -50,7 +50,7 @@ from stallfree.sim.routers import (
 )
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import (
-    SchedulerConfig,
+    ReplicaConfig,
     async_of,
     make_scheduler,
     new_result,
@@ -111,7 +111,7 @@ class ClusterResult:
 
 def simulate_cluster(
     workload: Workload,
-    scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
     cost_model: StepCostModel,
     num_replicas: int,
     router: Router | None = None,
@@ -126,7 +126,7 @@ def simulate_cluster(
 
     Args:
         workload: the requests (arrival s, prompt and output lengths, tokens).
-        scheduler: each replica's scheduler: a SchedulerConfig or a zero-argument factory (called
+        scheduler: each replica's scheduler: a ReplicaConfig or a zero-argument factory (called
             once per replica), as for stallfree.sim.simulator.simulate.
         cost_model: prices each replica's steps, s.
         num_replicas: N >= 1.
@@ -175,7 +175,7 @@ def _check_replicas(replicas: int) -> None:
 
 
 def _replica(
-    k: int, scheduler: SchedulerConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
+    k: int, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
     workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
 ) -> Replica:
     """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result

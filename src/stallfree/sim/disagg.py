@@ -61,7 +61,7 @@ from stallfree.sim.result import (
 )
 from stallfree.sim.routers import LeastOutstandingRouter, make_router
 from stallfree.sim.setup import SetupError, build_cost_model
-from stallfree.sim.simulator import SchedulerConfig, context_overflows, make_scheduler, new_result, wrap_checker
+from stallfree.sim.simulator import ReplicaConfig, context_overflows, make_scheduler, new_result, wrap_checker
 from stallfree.sim.workload import Workload
 
 __all__ = [
@@ -78,7 +78,6 @@ __all__ = [
     "parse_disaggregate",
     "run_disagg_experiment",
     "search_plan",
-    "search_ratio",
     "simulate_disaggregated",
 ]
 
@@ -208,8 +207,8 @@ class DisaggResult:
 
 
 def simulate_disaggregated(
-    workload: Workload, prefill_scheduler: SchedulerConfig | Callable[[], SchedulerLike],
-    decode_scheduler: SchedulerConfig | Callable[[], SchedulerLike], prefill_cost: StepCostModel,
+    workload: Workload, prefill_scheduler: ReplicaConfig | Callable[[], SchedulerLike],
+    decode_scheduler: ReplicaConfig | Callable[[], SchedulerLike], prefill_cost: StepCostModel,
     decode_cost: StepCostModel, num_prefill: int, num_decode: int, kv_bytes_per_token: int,
     link: Interconnect | None = None, prefill_router: Router | None = None, decode_router: Router | None = None,
     max_tokens: int | None = None, check: bool = False, max_model_len: int | None = None,
@@ -234,13 +233,13 @@ def simulate_disaggregated(
         A DisaggResult.
 
     Raises:
-        ClusterError: a replica count < 1 or kv_bytes_per_token < 0, or a SchedulerConfig with
+        ClusterError: a replica count < 1 or kv_bytes_per_token < 0, or a ReplicaConfig with
             async_scheduling (not modelled under disaggregation: its gate hands requests over itself).
         SimulationError, InvariantViolation: as simulate.
     """
     _check_counts(num_prefill, num_decode, kv_bytes_per_token)
     for side, sc in (("prefill", prefill_scheduler), ("decode", decode_scheduler)):
-        if isinstance(sc, SchedulerConfig) and sc.async_scheduling:
+        if isinstance(sc, ReplicaConfig) and sc.async_scheduling:
             raise ClusterError(f"{side}_scheduler: async_scheduling=True is not modelled under disaggregated "
                                "prefill and decode; give async_scheduling=False")
     link = link or INTERCONNECTS[DEFAULT_INTERCONNECT]
@@ -312,7 +311,7 @@ def _result(
 
 
 def _group(
-    role: str, wl: Workload, scheduler: SchedulerConfig | Callable[[], SchedulerLike], cost: StepCostModel,
+    role: str, wl: Workload, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost: StepCostModel,
     count: int, max_tokens: int | None, check: bool,
 ) -> list[Replica]:
     """One side's replicas, each with a SchedulerResult of the side's view of the requests."""
@@ -631,7 +630,7 @@ def run_disagg_experiment(
 
 def _describe_run(
     summary: dict[str, Any], setup: Any, prefill: int, decode: int, router: str, budgets: tuple[int, int],
-    sides: list[tuple[StepCostModel, SchedulerConfig, str, int, int]],
+    sides: list[tuple[StepCostModel, ReplicaConfig, str, int, int]],
 ) -> None:
     """Add to a P:D run's summary its label, router, GPUs, each side's budget, tp and KV tokens, the
     goodput per GPU and, under closed-loop load, the achieved request rate (requests/s)."""
@@ -652,7 +651,7 @@ def _describe_run(
 
 def _sides(
     setup: Any, tps: tuple[int, int], budgets: tuple[int, int]
-) -> list[tuple[StepCostModel, SchedulerConfig, str, int, int]]:
+) -> list[tuple[StepCostModel, ReplicaConfig, str, int, int]]:
     """Per side (prefill, decode): (step pricing, scheduler config, hardware text, tp, KV tokens) of
     the setup's replica rebuilt at that side's tensor parallelism and token budget.
 
@@ -665,8 +664,10 @@ def _sides(
     sides = []
     for tp, side_budget in zip(tps, budgets, strict=True):
         cost, kv, desc = build_cost_model(replace(setup.hardware_options, tp=tp))
-        cfg = SchedulerConfig(kv, side_budget, setup.max_seqs, "chunked", setup.scheduler, setup.block_size,
-                              setup.watermark)
+        core = setup.scheduler_config
+        cfg = ReplicaConfig(core.replace(
+            kv_tokens=kv, token_budget=side_budget, enable_prefix_caching=False, cpu_kv_tokens=0,
+            max_num_partial_prefills=1, max_long_partial_prefills=None, long_prefill_token_threshold=None))
         sides.append((cost, cfg, desc, tp, kv))
     return sides
 
@@ -764,26 +765,3 @@ def _aggregated(
                goodput_per_gpu=(agg.get("request_goodput") or 0) / gpus)
     return agg
 
-
-def search_ratio(
-    setup: Any,
-    replicas: int,
-    *,
-    slo_ttft: float | None,
-    slo_tpot: float | None,
-    link: Interconnect | None = None,
-    router: str = "least-outstanding",
-    budget: int | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """search_plan with one token budget everywhere (default 2048): only the P:D ratio is searched.
-
-    Returns:
-        (the aggregated summary, disaggregated summaries best first), as search_plan.
-
-    Raises:
-        ClusterError: as search_plan.
-    """
-    b = (budget or DEFAULT_TOKEN_BUDGET,)
-    aggs, rows = search_plan(setup, replicas, slo_ttft=slo_ttft, slo_tpot=slo_tpot, link=link, router=router,
-                             aggregated_budgets=b, prefill_budgets=b, decode_budgets=b)
-    return aggs[0], rows

@@ -19,8 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.report import summarize_result
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
@@ -70,17 +69,12 @@ def check_options(
             raise SetupError(f"unknown batching mode {mode!r} (choose from {', '.join(BATCHING_MODES)})", usage=True)
     if check and modes != ["chunked"] and not compare:
         raise SetupError("`check` checks the contract's scheduler: use it with `batching`='chunked'", usage=True)
-    if not 0 <= setup.watermark < 1:
-        raise SetupError(f"`watermark` must be in [0, 1), got {setup.watermark}", usage=True)
-    paged_defaults = setup.block_size == DEFAULT_BLOCK_SIZE and setup.watermark == CoreSchedulerConfig.watermark
-    if setup.scheduler != "paged" and not paged_defaults:
-        raise SetupError("`block_size` and `watermark` apply to `scheduler`='paged'", usage=True)
-    if setup.scheduler == "paged" and modes != ["chunked"] and not compare:
-        raise SetupError("`scheduler`='paged' runs chunked batching: drop `batching`", usage=True)
+    if setup.paged and modes != ["chunked"] and not compare:
+        raise SetupError("`kv_policy`='paged' runs chunked batching: drop `batching`", usage=True)
     if step_time_target is not None and modes != ["chunked"]:
         raise SetupError("`step_time_target` drives the chunked scheduler: drop `compare` and `batching`",
                          usage=True)
-    if step_time_target is not None and setup.partial_prefills() is not None:
+    if step_time_target is not None and setup.scheduler_config.max_num_partial_prefills != 1:
         raise SetupError("`step_time_target` does not take the partial-prefill options in this version: "
                          "drop `max_num_partial_prefills`", usage=True)
 
@@ -190,21 +184,12 @@ def offered_rate(setup: Setup, summary: dict[str, Any]) -> float:
 
 
 def scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float | None) -> Any:
-    """The scheduler of one run: a SchedulerConfig, or a TimeBudgetConfig with a step time target."""
+    """The scheduler of one run: a ReplicaConfig, or a TimeBudgetConfig with a step time target."""
     if step_time_target is None:
         return setup.config(mode, budget)
 
     sched: SchedulerLike | Any = TimeBudgetConfig(
-        setup.kv_tokens,
-        step_time_target,
-        setup.cost_model,
-        budget,
-        setup.max_seqs,
-        kv_policy=setup.scheduler,
-        block_size=setup.block_size,
-        watermark=setup.watermark,
-        enable_prefix_caching=setup.prefix_caching and setup.scheduler == "paged",
-    )
+        setup.scheduler_config.replace(token_budget=budget), step_time_target, setup.cost_model)
     return sched
 
 

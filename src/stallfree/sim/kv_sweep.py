@@ -7,12 +7,11 @@ below stallfree.sim.writers, which writes its rows and plot (plots.plot_kv_sweep
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from stallfree.sim.experiment import run_experiment
-from stallfree.sim.setup import HardwareOptions, Setup
+from stallfree.sim.setup import Setup
 
 __all__ = ["KV_SWEEP_KEYS", "kv_sweep", "kv_sweep_lines", "kv_sweep_title", "preemption_inflated"]
 
@@ -72,11 +71,6 @@ def kv_sweep(
         if progress:
             progress(k, len(sizes))
     return rows
-
-
-def with_kv_tokens(setup_options: HardwareOptions, kv: int) -> HardwareOptions:
-    """`setup_options` with its KV capacity override set to `kv` tokens."""
-    return dataclasses.replace(setup_options, kv_tokens=kv)
 
 
 def kv_sweep_title(rows: Sequence[dict[str, Any]], title: str) -> str:

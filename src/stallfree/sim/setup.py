@@ -9,19 +9,20 @@ Example (the default replica on the first 500 requests of the bundled trace)::
     from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
 
     setup = Setup(WorkloadOptions(num_requests=500), HardwareOptions())
-    config = setup.config("chunked", 2048)       # a SchedulerConfig for simulate()
+    config = setup.config("chunked", 2048)       # a ReplicaConfig for simulate()
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import StallfreeError
 from stallfree.costmodel import CostModelDataError, CostModelError
 from stallfree.costmodel.choice import choose_cost_model
@@ -31,10 +32,10 @@ from stallfree.costmodel.model import get_model
 from stallfree.costmodel.names import gpu_match, resolve_model
 from stallfree.costmodel.roofline import CostModel
 from stallfree.sim.costs import LinearCostModel, StepCostModel
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE
+from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
-from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.simulator import ReplicaConfig, warn_deprecated
 from stallfree.sim.workload import (
     LengthSpec,
     Workload,
@@ -449,70 +450,144 @@ def default_cost_model() -> tuple[StepCostModel, int]:
     return cost, kv
 
 
-@dataclass(slots=True)
+#: The former keyword forms of Setup(...) (deprecated) and the SchedulerConfig field each one sets.
+_LEGACY_SETUP = {"max_seqs": "max_seqs", "scheduler": "kv_policy", "block_size": "block_size",
+                 "watermark": "watermark", "prefix_caching": "enable_prefix_caching",
+                 "max_num_partial_prefills": "max_num_partial_prefills",
+                 "max_long_partial_prefills": "max_long_partial_prefills",
+                 "long_prefill_token_threshold": "long_prefill_token_threshold", "cpu_kv_tokens": "cpu_kv_tokens"}
+
+#: SchedulerConfig fields that the simulator applies under kv_policy "paged" only (a reservation
+#: scheduler in the simulator reserves exact token counts and does not align chunks).
+_PAGED_ONLY = ("block_size", "watermark", "enable_prefix_caching", "cpu_kv_tokens")
+
+
+@dataclass(slots=True, init=False)
 class Setup:
-    """The workload, the cost model and the KV capacity of a run, and the scheduler configs on them.
+    """The workload, the cost model and the KV capacity of a run, and the scheduler config on them.
 
     Args:
         workload_options: which requests, how fast.
         hardware_options: the replica.
-        max_seqs: most running requests.
-        scheduler: "reserve" (KV reserved at admission, the contract) or "paged".
-        block_size: paged: tokens per KV block.
-        watermark: paged: fraction of KV blocks kept free at admission, in [0, 1).
-        prefix_caching: paged: reuse cached prompt blocks (the workload's prefix ids; a workload
-            without them simply never hits).
-        max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
-            Scheduler options of the same names (K, L, T); with K > 1 and T None, T is 4% of the
-            model's context length (vLLM's default), at least 1 token.
-        cpu_kv_tokens: prefix caching: a CPU KV tier of this many tokens (whole blocks; 0: none),
-            its copies priced over the GPU's host link (stallfree.costmodel.host_link.KVTransferCost).
-        kv_offloading_gib: instead, the tier's size as vLLM's --kv-offloading-size: GiB of host
-            memory summed over the tensor-parallel ranks, converted with the model's KV bytes per token.
-        async_scheduling: each scheduler config's async_scheduling (vLLM's asynchronous scheduling,
-            stallfree.sim.simulator.SchedulerConfig); not modelled under disaggregation.
+        scheduler: the scheduler's options as stallfree.SchedulerConfig fields by name (token_budget,
+            max_seqs, kv_policy, block_size, watermark, enable_prefix_caching, the partial-prefill
+            limits, cpu_kv_tokens, ...), or a SchedulerConfig whose fields are taken so. The Setup fills
+            in kv_tokens (the replica's KV capacity) and max_model_len (the context length, from which a
+            missing long_prefill_token_threshold is 4%) and keeps the result as `scheduler_config`; the
+            simulator's defaults apply to what is not given (budget 2,048, 256 sequences, 16-token blocks
+            under "paged"). Under "reserve" the block size, watermark, caching and CPU tier do not apply.
+        kv_offloading_gib: instead of cpu_kv_tokens, the CPU tier's size as vLLM's --kv-offloading-size:
+            GiB of host memory summed over the tensor-parallel ranks, converted with the model's KV bytes
+            per token; its copies are priced over the GPU's host link (KVTransferCost).
+        async_scheduling: vLLM's asynchronous scheduling for every run (ReplicaConfig.async_scheduling);
+            not modelled under disaggregation.
+        **legacy: the former keyword forms (max_seqs, scheduler="paged", block_size, watermark,
+            prefix_caching, the partial-prefill limits, cpu_kv_tokens): deprecated, one warning.
 
     Raises:
         SetupError, TraceError, ValueError: as build_workload and build_cost_model; SetupError for
-            prefix_caching without the paged scheduler.
+            prefix caching without the paged scheduler, a CPU tier without caching, two tier sizes.
+        InvalidConfig: a scheduler field out of range (named).
     """
-    workload_options: WorkloadOptions = field(default_factory=WorkloadOptions)
-    hardware_options: HardwareOptions = field(default_factory=HardwareOptions)
-    max_seqs: int = DEFAULT_MAX_SEQS
-    scheduler: str = "reserve"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    watermark: float = CoreSchedulerConfig.watermark
-    prefix_caching: bool = False
-    max_num_partial_prefills: int = 1
-    max_long_partial_prefills: int | None = None
-    long_prefill_token_threshold: int | None = None
-    cpu_kv_tokens: int = 0
-    kv_offloading_gib: float | None = None
-    async_scheduling: bool = False
-    base_workload: Workload = field(init=False)
-    rate_scale: float = field(init=False)
-    workload: Workload = field(init=False)
-    cost_model: StepCostModel = field(init=False)
-    kv_tokens: int = field(init=False)
-    hardware: str = field(init=False)
-    pricing: dict[str, Any] = field(init=False)
-    context_length: int | None = field(init=False)
-    context_length_source: str = field(init=False)
-    kv_bytes_per_token: int = field(init=False)
+    workload_options: WorkloadOptions
+    hardware_options: HardwareOptions
+    kv_offloading_gib: float | None
+    async_scheduling: bool
+    scheduler_config: SchedulerConfig
+    base_workload: Workload
+    rate_scale: float
+    workload: Workload
+    cost_model: StepCostModel
+    kv_tokens: int
+    hardware: str
+    pricing: dict[str, Any]
+    context_length: int | None
+    context_length_source: str
+    kv_bytes_per_token: int
 
-    def __post_init__(self) -> None:
-        if self.prefix_caching and self.scheduler != "paged":
-            raise SetupError("`prefix_caching` needs `scheduler`='paged' (cached blocks are paged KV blocks)",
+    def __init__(self, workload_options: WorkloadOptions | None = None,
+                 hardware_options: HardwareOptions | None = None,
+                 scheduler: SchedulerConfig | dict[str, Any] | str | None = None, *,
+                 kv_offloading_gib: float | None = None, async_scheduling: bool = False, **legacy: Any) -> None:
+        self.workload_options = workload_options or WorkloadOptions()
+        self.hardware_options = hardware_options or HardwareOptions()
+        self.kv_offloading_gib = kv_offloading_gib
+        self.async_scheduling = async_scheduling
+        if isinstance(scheduler, str):  # the former Setup(scheduler="paged"), the KV policy
+            legacy["scheduler"], scheduler = scheduler, None
+        opts = dict(scheduler.as_dict() if isinstance(scheduler, SchedulerConfig) else scheduler or {})
+        for name, value in legacy.items():
+            if name not in _LEGACY_SETUP:
+                raise TypeError(f"Setup() got an unexpected keyword argument {name!r}")
+            warn_deprecated(f"Setup({name}=...)", "Setup(scheduler={...SchedulerConfig fields...})")
+            opts[_LEGACY_SETUP[name]] = value
+        opts.setdefault("token_budget", DEFAULT_TOKEN_BUDGET)
+        opts.setdefault("max_seqs", DEFAULT_MAX_SEQS)
+        paged = opts.get("kv_policy", "reserve") == "paged"
+        if paged:
+            opts.setdefault("block_size", DEFAULT_BLOCK_SIZE)
+        if opts.get("enable_prefix_caching") and not paged:
+            raise SetupError("`enable_prefix_caching` needs `kv_policy`='paged' (cached blocks are paged KV blocks)",
                              usage=True)
+        if (opts.get("cpu_kv_tokens") or self.kv_offloading_gib) and not opts.get("enable_prefix_caching"):
+            name = "kv_offloading_gib" if self.kv_offloading_gib else "cpu_kv_tokens"
+            raise SetupError(f"`{name}`: a CPU KV tier keeps prefix-cache blocks: add `enable_prefix_caching` "
+                             "(and `kv_policy`='paged')", usage=True)
+        if not paged:
+            for name in _PAGED_ONLY:
+                opts.pop(name, None)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
-        if self.prefix_caching:
-            self.check_prefix_block()
         self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         self.context_length, self.context_length_source = context_length(self.hardware_options)
         self.kv_bytes_per_token = 0
-        if self.cpu_kv_tokens or self.kv_offloading_gib:
-            self._add_cpu_tier()
+        if opts.get("max_model_len") is None:
+            opts["max_model_len"] = self.context_length
+        if opts.get("max_num_partial_prefills", 1) > 1 and opts.get("long_prefill_token_threshold") is None \
+                and self.context_length is None:
+            raise SetupError("`max_num_partial_prefills` > 1 needs `long_prefill_token_threshold` "
+                             "(the model's context length is unknown)", usage=True)
+        if opts.get("cpu_kv_tokens") or self.kv_offloading_gib:
+            opts["cpu_kv_tokens"] = self._add_cpu_tier(opts)
+        self.scheduler_config = SchedulerConfig(**{**opts, "kv_tokens": self.kv_tokens})
+        if self.scheduler_config.enable_prefix_caching:
+            self.check_prefix_block()
+
+    @property
+    def max_seqs(self) -> int:
+        """The scheduler's most running requests (scheduler_config.max_seqs)."""
+        return self.scheduler_config.max_seqs
+
+    @property
+    def paged(self) -> bool:
+        """Whether the scheduler pages its KV (scheduler_config.kv_policy == "paged")."""
+        return self.scheduler_config.kv_policy == "paged"
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per KV block under "paged"; the simulator's default (16) otherwise (shared-prefix blocks)."""
+        return self.scheduler_config.block_size or DEFAULT_BLOCK_SIZE
+
+    @property
+    def prefix_caching(self) -> bool:
+        """scheduler_config.enable_prefix_caching."""
+        return self.scheduler_config.enable_prefix_caching
+
+    @property
+    def cpu_kv_tokens(self) -> int:
+        """scheduler_config.cpu_kv_tokens: the CPU KV tier, tokens (whole blocks; 0: none)."""
+        return self.scheduler_config.cpu_kv_tokens
+
+    def with_scheduler(self, **changes: Any) -> Setup:
+        """A copy on the same workload and pricing whose scheduler_config has `changes` applied
+        (SchedulerConfig fields), e.g. enable_prefix_caching=False for the caching-off side of a comparison.
+
+        Raises:
+            InvalidConfig: the result is not a valid configuration.
+        """
+        new = copy.copy(self)
+        new.scheduler_config = self.scheduler_config.replace(**changes)
+        return new
 
     def check_prefix_block(self) -> None:
         """Refuse a `block_size` that does not divide the trace's prefix-id block (Mooncake's 512
@@ -528,63 +603,45 @@ class Setup:
                              f"{wl.prefix_block} tokens (its hash_ids; a power of two up to "
                              f"{wl.prefix_block})", usage=True)
 
-    def _add_cpu_tier(self) -> None:
-        """Size the CPU KV tier (tokens, or GiB summed over the ranks) and price its copies."""
-        if not self.prefix_caching:
-            name = "kv_offloading_gib" if self.kv_offloading_gib else "cpu_kv_tokens"
-            raise SetupError(f"`{name}`: a CPU KV tier keeps prefix-cache blocks: add `prefix_caching` "
-                             "(and `scheduler`='paged')", usage=True)
-        if self.cpu_kv_tokens and self.kv_offloading_gib:
+    def _add_cpu_tier(self, opts: dict[str, Any]) -> int:
+        """Size the CPU KV tier (tokens, or GiB summed over the ranks) and price its copies; its tokens."""
+        tokens = int(opts.get("cpu_kv_tokens") or 0)
+        if tokens and self.kv_offloading_gib:
             raise SetupError("`cpu_kv_tokens` and `kv_offloading_gib` both size the CPU KV tier: give one",
                              usage=True)
-        opts = self.hardware_options
+        block_size = int(opts["block_size"])
+        opts_hw = self.hardware_options
         try:
-            gpu = get_gpu(opts.gpu)
-            roof = CostModel(get_model(opts.model), gpu, tp=opts.tp, dtype=opts.dtype, kv_dtype=opts.kv_dtype)
+            gpu = get_gpu(opts_hw.gpu)
+            roof = CostModel(get_model(opts_hw.model), gpu, tp=opts_hw.tp, dtype=opts_hw.dtype,
+                             kv_dtype=opts_hw.kv_dtype)
             per_gpu = float(roof.kv_bytes_per_token_per_gpu)
             if self.kv_offloading_gib:
-                self.cpu_kv_tokens = kv_offloading_tokens(self.kv_offloading_gib, per_gpu, opts.tp)
+                tokens = kv_offloading_tokens(self.kv_offloading_gib, per_gpu, opts_hw.tp)
             link = host_link(gpu)
         except (CostModelError, ValueError) as exc:
             raise SetupError(str(exc), usage=True) from None
-        if self.cpu_kv_tokens < self.block_size:
-            raise SetupError(f"the CPU KV tier holds {self.cpu_kv_tokens:,} tokens, not one block of "
-                             f"{self.block_size}: make it larger", usage=True)
-        self.cpu_kv_tokens -= self.cpu_kv_tokens % self.block_size
-        self.kv_bytes_per_token = int(per_gpu) * opts.tp
-        self.cost_model = KVTransferCost(self.cost_model, link, self.block_size * per_gpu)
-        gib = self.cpu_kv_tokens * self.kv_bytes_per_token / 2**30
-        self.hardware += (f"; CPU KV tier {self.cpu_kv_tokens:,} tokens ({gib:,.1f} GiB host memory over "
-                          f"{opts.tp} ranks), host link {link.bandwidth_bytes_per_s / 1e9:g} GB/s, "
+        if tokens < block_size:
+            raise SetupError(f"the CPU KV tier holds {tokens:,} tokens, not one block of "
+                             f"{block_size}: make it larger", usage=True)
+        tokens -= tokens % block_size
+        self.kv_bytes_per_token = int(per_gpu) * opts_hw.tp
+        self.cost_model = KVTransferCost(self.cost_model, link, block_size * per_gpu)
+        gib = tokens * self.kv_bytes_per_token / 2**30
+        self.hardware += (f"; CPU KV tier {tokens:,} tokens ({gib:,.1f} GiB host memory over "
+                          f"{opts_hw.tp} ranks), host link {link.bandwidth_bytes_per_s / 1e9:g} GB/s, "
                           f"{link.latency_s * 1e6:g} us")
+        return tokens
 
-    def config(self, batching: str, budget: int) -> SchedulerConfig:
-        """Return the scheduler config of one run (paged KV applies to chunked batching; baselines reserve)."""
-        kv = self.scheduler if batching == "chunked" else "reserve"
-        return SchedulerConfig(
-            self.kv_tokens, budget, self.max_seqs, batching, kv, self.block_size, self.watermark,
-            self.prefix_caching and kv == "paged",
-            self.partial_prefills(),
-            self.cpu_kv_tokens if self.prefix_caching and kv == "paged" else 0,
-            self.async_scheduling,
-        )
-
-    def partial_prefills(self) -> tuple[int, int, int] | None:
-        """(K, L, T) of the partial-prefill options, or None when K = 1 (the contract).
-
-        Raises:
-            SetupError: K > 1 with neither a threshold nor a known context length to take 4% of.
-        """
-        k = self.max_num_partial_prefills
-        if k == 1 and self.max_long_partial_prefills is None and self.long_prefill_token_threshold is None:
-            return None
-        thr = self.long_prefill_token_threshold
-        if thr is None and k > 1:
-            if self.context_length is None:
-                raise SetupError("`max_num_partial_prefills` > 1 needs `long_prefill_token_threshold` "
-                                 "(the model's context length is unknown)", usage=True)
-            thr = max(1, self.context_length * 4 // 100)  # vLLM's default: 4% of max_model_len
-        return k, self.max_long_partial_prefills or 1, thr  # type: ignore[return-value]
+    def config(self, batching: str, budget: int) -> ReplicaConfig:
+        """The replica config of one run at token budget `budget`: scheduler_config with that budget;
+        the baselines (batching other than "chunked") reserve KV, with the same budget, sequences and
+        capacity."""
+        core = self.scheduler_config.replace(token_budget=budget)
+        if batching != "chunked" and self.paged:
+            core = core.replace(kv_policy="reserve", **{n: SchedulerConfig.__dataclass_fields__[n].default
+                                                       for n in _PAGED_ONLY})
+        return ReplicaConfig(core, batching, self.async_scheduling)
 
     def header(self) -> dict[str, Any]:
         """Return the facts of the report's header (workload, rate, hardware, capacities, notes)."""
@@ -604,6 +661,7 @@ class Setup:
             "max_model_len": self.context_length,
             "max_model_len_source": self.context_length_source,
             "notes": list(wl.notes) + self._context_notes(),
+            "scheduler_config": self.scheduler_config.resolved(),
         } | self._load_header() | self._tier_header()
 
     def _tier_header(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The simulator's single-replica entry point: replays a Workload through a scheduler, pricing each
 StepPlan with a cost model, and records when every request arrived, was admitted, and emitted each
-token. Also the scheduler configs (SchedulerConfig) and what every run decides before its loop.
+token. Also the replica's scheduler record (ReplicaConfig) and what every run decides before its loop.
 
 Imports allowed: the standard library, stallfree.core and stallfree.sim (its stdlib modules only).
 
@@ -16,11 +16,12 @@ same loop with N replicas, disaggregation (stallfree.sim.disagg) two groups and 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_tier import TieredInvariantChecker
 from stallfree.core.kv_tier import TieredKV
@@ -47,7 +48,7 @@ __all__ = [
     "BATCHING_MODES",
     "CONTEXT_LENGTH",
     "KV_CAPACITY",
-    "SchedulerConfig",
+    "ReplicaConfig",
     "SchedulerLike",
     "SimResult",
     "SimulationError",
@@ -59,6 +60,8 @@ __all__ = [
     "run_group",
     "saturated_throughput",
     "simulate",
+    "legacy_scheduler_config",
+    "warn_deprecated",
     "wrap_checker",
 ]
 
@@ -67,103 +70,77 @@ BATCHING_MODES = ("chunked", "prefill-first", "no-chunk")
 
 
 @dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    """The simulator's record of a scheduler: a batching mode plus what makes the core's SchedulerConfig
-    (core_config()); picklable, so that a worker process can build its own.
+class ReplicaConfig:
+    """The simulator's record of one replica's scheduler: the core's SchedulerConfig plus what is the
+    simulator's own (the batching mode, asynchronous scheduling); picklable, so that a worker process
+    can build its own.
 
     Args:
-        kv_tokens: KV cache capacity, tokens.
-        token_budget: tokens per step, >= 1.
-        max_seqs: the most running requests, >= 1.
-        batching: "chunked" (stallfree.Scheduler, the contract), "prefill-first" or "no-chunk".
-        kv: "reserve" (prompt_len + max_new reserved at admission) or "paged" (stallfree.PagedScheduler:
-            blocks of `block_size` tokens taken as tokens are computed, `watermark` of the blocks kept
-            free at admission, preemption by recompute); "paged" applies to chunked batching only.
-        block_size: tokens per KV block (paged).
-        watermark: fraction of blocks kept free at admission (paged), in [0, 1).
-        prefix_caching: paged only: enable_prefix_caching=True; requests carry the workload's
-            prefix blocks as block hashes (Workload.block_hashes).
-        partial_prefills: None (the contract), or (K, L, T): Scheduler's max_num_partial_prefills,
-            max_long_partial_prefills and long_prefill_token_threshold (chunked batching only).
-        cpu_kv_tokens: prefix caching only: a CPU KV tier of cpu_kv_tokens // block_size blocks
-            (stallfree.core.kv_tier.TieredKV: blocks the GPU evicts are kept there and loaded back on
-            a hit); 0: none.
+        scheduler: the stallfree.core SchedulerConfig (token budget, sequences, KV capacity and policy,
+            prefix caching, partial prefills, CPU tier, ...). The baselines read only its token_budget,
+            max_seqs and kv_tokens and need kv_policy "reserve".
+        batching: "chunked" (stallfree.Scheduler, the contract), "prefill-first" or "no-chunk"
+            (stallfree.sim.baselines).
         async_scheduling: the engine plans each step while the previous one runs, as vLLM's
             `--async-scheduling` does (on by default from vLLM 0.14.0): a request that arrives while
             step k runs first runs in step k + 2 instead of k + 1 (stallfree.sim.loop, "Asynchronous
             scheduling"; docs/simulator.md). Default False: a synchronous scheduler.
 
     Raises:
-        ValueError: an unknown batching or kv mode, kv="paged" with a baseline, or prefix_caching
-            without kv="paged" (the numbers are checked by the scheduler at build()).
+        ValueError: an unknown batching mode, a baseline with kv_policy "paged", scheduler not a
+            SchedulerConfig, or async_scheduling not a bool.
     """
 
-    kv_tokens: int
-    token_budget: int = DEFAULT_TOKEN_BUDGET
-    max_seqs: int = DEFAULT_MAX_SEQS
+    scheduler: SchedulerConfig
     batching: str = "chunked"
-    kv: str = "reserve"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    watermark: float = CoreSchedulerConfig.watermark
-    prefix_caching: bool = False
-    partial_prefills: tuple[int, int, int] | None = None
-    cpu_kv_tokens: int = 0
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise ValueError(f"scheduler must be a stallfree.core.SchedulerConfig, got {type(self.scheduler).__name__}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {', '.join(BATCHING_MODES)}; got {self.batching!r}")
-        if self.kv not in ("reserve", "paged"):
-            raise ValueError(f"kv must be 'reserve' or 'paged'; got {self.kv!r}")
-        if self.kv == "paged" and self.batching != "chunked":
+        if self.scheduler.kv_policy == "paged" and self.batching != "chunked":
             raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
-        if self.prefix_caching and self.kv != "paged":
-            raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={self.kv!r}")
-        if isinstance(self.cpu_kv_tokens, bool) or not isinstance(self.cpu_kv_tokens, int) or self.cpu_kv_tokens < 0:
-            raise ValueError(f"cpu_kv_tokens must be an integer >= 0, got {self.cpu_kv_tokens!r}")
-        if self.cpu_kv_tokens and not self.prefix_caching:
-            raise ValueError(f"a CPU KV tier (cpu_kv_tokens={self.cpu_kv_tokens}) keeps prefix-cache blocks: it "
-                             "needs prefix_caching=True")
-        if self.cpu_kv_tokens and self.cpu_kv_tokens < self.block_size:
-            raise ValueError(f"cpu_kv_tokens ({self.cpu_kv_tokens}) holds no block of {self.block_size} tokens")
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
 
-    @property
-    def cpu_blocks(self) -> int:
-        """Blocks of the CPU KV tier (0: none)."""
-        return self.cpu_kv_tokens // self.block_size
-
-    def core_config(self) -> CoreSchedulerConfig:
-        """The stallfree.core SchedulerConfig of chunked batching: the budget, the sequence limit and the
-        KV capacity, under "paged" the block size, watermark and prefix caching, and the partial-prefill
-        limits (for the baselines, only the first three apply).
+    @classmethod
+    def of(cls, kv_tokens: int, token_budget: int = DEFAULT_TOKEN_BUDGET, max_seqs: int = DEFAULT_MAX_SEQS, *,
+           batching: str = "chunked", async_scheduling: bool = False, **options: Any) -> ReplicaConfig:
+        """A ReplicaConfig over SchedulerConfig(token_budget, max_seqs, kv_tokens, **options), with the
+        simulator's defaults (budget 2,048, 256 sequences).
 
         Raises:
-            InvalidConfig: a number is out of range (the core's check names the field).
+            InvalidConfig: a SchedulerConfig field out of range (named).
+            ValueError: as ReplicaConfig.
         """
-        opts: dict[str, Any] = {}
-        if self.partial_prefills is not None:
-            k, lng, thr = self.partial_prefills
-            opts.update(max_num_partial_prefills=k, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
-        if self.kv == "paged":
-            opts.update(kv_policy="paged", block_size=self.block_size, watermark=self.watermark,
-                        enable_prefix_caching=self.prefix_caching)
-        return CoreSchedulerConfig(self.token_budget, self.max_seqs, self.kv_tokens, **opts)
+        core = SchedulerConfig(token_budget, max_seqs, kv_tokens, **options)
+        return cls(core, batching, async_scheduling)
+
+    @property
+    def token_budget(self) -> int:
+        """The scheduler's token budget, tokens."""
+        return self.scheduler.token_budget
+
+    @property
+    def max_seqs(self) -> int:
+        """The scheduler's most running requests."""
+        return self.scheduler.max_seqs
+
+    @property
+    def kv_tokens(self) -> int:
+        """The scheduler's KV capacity, tokens."""
+        return self.scheduler.kv_tokens
 
     def build(self) -> SchedulerLike:
-        """Make a fresh scheduler: stallfree.Scheduler(core_config()) for chunked batching, else the baseline.
+        """Make a fresh scheduler: stallfree.Scheduler(scheduler) for chunked batching, else the baseline.
 
         Raises:
             InvalidConfig: a number is out of range.
         """
         if self.batching == "chunked":
-            config = self.core_config()
-            if self.cpu_blocks:
-                # The tier lives under paged KV with prefix caching (Setup refuses it otherwise).
-                kv = TieredKV(config.kv_tokens // self.block_size, self.block_size, config.watermark, self.cpu_blocks)
-                return Scheduler(config, kv_manager=kv)
-            return Scheduler(config)
+            return Scheduler(self.scheduler)
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
             "prefill-first": PrefillFirstScheduler,
             "no-chunk": NoChunkScheduler,
@@ -173,25 +150,66 @@ class SchedulerConfig:
     @property
     def label(self) -> str:
         """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
-        kind = ("paged+cache" if self.prefix_caching else "paged") if self.kv == "paged" else self.batching
-        if self.cpu_blocks:
+        core = self.scheduler
+        caching = core.enable_prefix_caching
+        kind = ("paged+cache" if caching else "paged") if core.kv_policy == "paged" else self.batching
+        if core.cpu_blocks:
             kind += "+cpu"
         base = f"{kind}/{self.token_budget}"
-        if self.partial_prefills is not None:
-            base += "/K{}L{}T{}".format(*self.partial_prefills)
+        k, lng, thr = core.partial_prefill_limits
+        if k > 1:
+            base += f"/K{k}L{lng}T{thr}"
         if self.async_scheduling:
             base += "/async"
         return base
 
 
-def async_of(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> bool:
-    """Whether `scheduler` schedules asynchronously: a SchedulerConfig's async_scheduling; False for a factory."""
-    return isinstance(scheduler, SchedulerConfig) and scheduler.async_scheduling
+_WARNED: set[str] = set()
 
 
-def make_scheduler(scheduler: SchedulerConfig | Callable[[], SchedulerLike]) -> SchedulerLike:
-    """A fresh scheduler from a SchedulerConfig (its build()) or a zero-argument factory."""
-    if isinstance(scheduler, SchedulerConfig):
+def warn_deprecated(old: str, new: str) -> None:
+    """One DeprecationWarning per process for `old`, naming `new` (the release after next removes `old`)."""
+    if old not in _WARNED:
+        _WARNED.add(old)
+        warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
+
+
+def legacy_scheduler_config(
+    kv_tokens: int, token_budget: int = DEFAULT_TOKEN_BUDGET, max_seqs: int = DEFAULT_MAX_SEQS,
+    batching: str = "chunked", kv: str = "reserve", block_size: int = DEFAULT_BLOCK_SIZE,
+    watermark: float = SchedulerConfig.watermark, prefix_caching: bool = False,
+    partial_prefills: tuple[int, int, int] | None = None, cpu_kv_tokens: int = 0, async_scheduling: bool = False,
+) -> ReplicaConfig:
+    """The ReplicaConfig of the former stallfree.sim.SchedulerConfig(...)'s arguments (deprecated:
+    `stallfree.sim.SchedulerConfig` resolves to this and warns once). Block size, watermark, caching and
+    the tier apply under kv="paged" only, as they did.
+
+    Raises:
+        InvalidConfig, ValueError: as ReplicaConfig.of.
+    """
+    opts: dict[str, Any] = {}
+    if partial_prefills is not None:
+        k, lng, thr = partial_prefills
+        opts.update(max_num_partial_prefills=k, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
+    if kv == "paged":
+        opts.update(kv_policy="paged", block_size=block_size, watermark=watermark,
+                    enable_prefix_caching=prefix_caching, cpu_kv_tokens=cpu_kv_tokens)
+    elif kv != "reserve":
+        raise ValueError(f"kv must be 'reserve' or 'paged'; got {kv!r}")
+    elif prefix_caching:
+        raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={kv!r}")
+    return ReplicaConfig.of(kv_tokens, token_budget, max_seqs, batching=batching, async_scheduling=async_scheduling,
+                            **opts)
+
+
+def async_of(scheduler: ReplicaConfig | Callable[[], SchedulerLike]) -> bool:
+    """Whether `scheduler` schedules asynchronously: a ReplicaConfig's async_scheduling; False for a factory."""
+    return isinstance(scheduler, ReplicaConfig) and scheduler.async_scheduling
+
+
+def make_scheduler(scheduler: ReplicaConfig | Callable[[], SchedulerLike]) -> SchedulerLike:
+    """A fresh scheduler from a ReplicaConfig (its build()) or a zero-argument factory."""
+    if isinstance(scheduler, ReplicaConfig):
         return scheduler.build()
     return scheduler()
 
@@ -274,7 +292,7 @@ def request_maker(
 
 def simulate(
     workload: Workload,
-    scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
     cost_model: StepCostModel,
     max_tokens: int | None = None,
     check: bool = False,
@@ -287,9 +305,9 @@ def simulate(
 
     Args:
         workload: the requests (arrival s, prompt and output lengths in tokens).
-        scheduler: a SchedulerConfig, or a zero-argument factory returning any object with the
+        scheduler: a ReplicaConfig, or a zero-argument factory returning any object with the
             add()/schedule()/complete() interface and last_finished, kv_free, num_waiting,
-            has_unfinished(). (Picklable when it is a SchedulerConfig, for worker processes.)
+            has_unfinished(). (Picklable when it is a ReplicaConfig, for worker processes.)
         cost_model: anything with step_time(plan) -> seconds.
         max_tokens: each request's max_new (its KV reservation); a request whose real output is
             shorter stops early (the scheduler's stop_after(), finish reason "stop"), a longer one is cut
@@ -416,7 +434,7 @@ def context_overflows(
 
 def plan_run(
     workload: Workload,
-    scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
     cost_model: StepCostModel,
     max_tokens: int | None,
     max_model_len: int | None,
@@ -444,16 +462,16 @@ def plan_run(
         config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
     if closed_loop is not None:
         config.update(concurrency=closed_loop.concurrency, think_time_s=closed_loop.think_time)
-    if isinstance(scheduler, SchedulerConfig):
+    if isinstance(scheduler, ReplicaConfig):
         config.update(
             batching=scheduler.batching,
             token_budget=scheduler.token_budget,
             max_seqs=scheduler.max_seqs,
             kv_tokens=scheduler.kv_tokens,
-            kv=scheduler.kv,
+            kv=scheduler.scheduler.kv_policy,
         )
-        if scheduler.cpu_kv_tokens:
-            config["cpu_kv_tokens"] = scheduler.cpu_blocks * scheduler.block_size
+        if scheduler.scheduler.cpu_blocks:
+            config["cpu_kv_tokens"] = scheduler.scheduler.cpu_blocks * (scheduler.scheduler.block_size or 1)
         if scheduler.async_scheduling:
             config["async_scheduling"] = True
         label = label or scheduler.label
@@ -462,7 +480,7 @@ def plan_run(
 
 def saturated_throughput(
     workload: Workload,
-    scheduler: SchedulerConfig | Callable[[], SchedulerLike],
+    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
     cost_model: StepCostModel,
     max_tokens: int | None = None,
     sample: int = 5000,

@@ -27,7 +27,7 @@ from stallfree.sim.costs import StepCostModel
 from stallfree.sim.executors import Executor
 from stallfree.sim.report import latency_arrays, summarize_result
 from stallfree.sim.setup import Setup
-from stallfree.sim.simulator import BATCHING_MODES, SchedulerConfig, simulate
+from stallfree.sim.simulator import BATCHING_MODES, ReplicaConfig, simulate
 from stallfree.sim.workload import Workload
 
 __all__ = ["ROW_KEYS", "SweepPoint", "SweepResult", "run_points", "sweep"]
@@ -75,7 +75,7 @@ class SweepPoint:
     """
     workload: Workload
     rate_scale: float
-    config: SchedulerConfig
+    config: ReplicaConfig
     cost_model: StepCostModel
     max_tokens: int | None = None
     slo_ttft: float | None = None

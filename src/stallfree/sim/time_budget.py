@@ -31,14 +31,14 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import check_positive_int
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.costmodel.roofline import largest_fitting
 from stallfree.sim.costs import StepCostModel
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
+from stallfree.sim.defaults import DEFAULT_MAX_SEQS
 
 __all__ = [
     "PlanPricer",
@@ -275,51 +275,54 @@ class TimeBudgetScheduler:
         return largest_fitting(fits, 1, cap=num_decodes - 1) if num_decodes > 1 else 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class TimeBudgetConfig:
     """A picklable factory of a time-budget scheduler, for simulate() and worker processes.
 
     Args:
-        kv_tokens: KV cache capacity, tokens.
+        scheduler: the inner scheduler's stallfree.SchedulerConfig; its token_budget caps every step's
+            budget (tokens). (The former form TimeBudgetConfig(kv_tokens, target_s, cost_model,
+            token_budget=65536, max_seqs=256, decode_overflow=, kv_policy=, block_size=, watermark=,
+            enable_prefix_caching=) is deprecated: one warning.)
         target_s: the step time target, seconds.
         cost_model: prices steps (the simulator's own cost model, so that both agree).
-        token_budget: the cap of every step's budget, tokens.
-        max_seqs: the most running requests.
-        decode_overflow: "oldest" or "rotate" (Scheduler's option).
-        kv_policy, block_size, watermark: Scheduler's KV policy ("reserve": block_size unused here;
-            "paged": blocks of block_size tokens, kv_tokens // block_size of them).
-        enable_prefix_caching: "paged" only: Scheduler's prefix caching (the simulator then gives
-            requests the workload's block hashes).
 
     Raises:
-        ValueError: target_s is not a finite number > 0 (numbers of the scheduler are checked when
-            it is built).
+        ValueError: target_s is not a finite number > 0.
+        InvalidConfig: a scheduler field out of range (named).
     """
 
-    kv_tokens: int
+    scheduler: SchedulerConfig
     target_s: float
     cost_model: StepCostModel
-    token_budget: int = 65536
-    max_seqs: int = DEFAULT_MAX_SEQS
-    decode_overflow: str = "oldest"
-    kv_policy: str = "reserve"
-    block_size: int = DEFAULT_BLOCK_SIZE
-    watermark: float = CoreSchedulerConfig.watermark
-    enable_prefix_caching: bool = False
 
-    def __post_init__(self) -> None:
-        _check_target(self.target_s)
-        check_positive_int("token_budget", self.token_budget)
+    def __init__(self, scheduler: SchedulerConfig | int, target_s: float, cost_model: StepCostModel,
+                 token_budget: int = 65536, max_seqs: int = DEFAULT_MAX_SEQS, **legacy: Any) -> None:
+        _check_target(target_s)
+        if not isinstance(scheduler, SchedulerConfig):
+            from stallfree.sim.simulator import warn_deprecated
+
+            warn_deprecated("TimeBudgetConfig(kv_tokens, ...)",
+                            "TimeBudgetConfig(SchedulerConfig(...), target_s, cost_model)")
+            check_positive_int("token_budget", token_budget)
+            if legacy.get("kv_policy", "reserve") != "paged":
+                legacy.pop("block_size", None)
+            scheduler = SchedulerConfig(token_budget, max_seqs, scheduler, **legacy)
+        object.__setattr__(self, "scheduler", scheduler)
+        object.__setattr__(self, "target_s", target_s)
+        object.__setattr__(self, "cost_model", cost_model)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TimeBudgetConfig, (self.scheduler, self.target_s, self.cost_model))
 
     def __call__(self) -> TimeBudgetScheduler:
         """Build a fresh wrapped scheduler."""
-        paged = self.kv_policy == "paged"
-        inner = Scheduler(
-            self.token_budget, self.max_seqs, self.kv_tokens, decode_overflow=self.decode_overflow,
-            kv_policy=self.kv_policy, block_size=self.block_size if paged else None, watermark=self.watermark,
-            enable_prefix_caching=self.enable_prefix_caching,
-        )
-        return TimeBudgetScheduler(inner, self.cost_model, self.target_s)
+        return TimeBudgetScheduler(Scheduler(self.scheduler), self.cost_model, self.target_s)
+
+    @property
+    def token_budget(self) -> int:
+        """The cap of every step's budget, tokens."""
+        return self.scheduler.token_budget
 
     @property
     def label(self) -> str:

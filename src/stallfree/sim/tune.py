@@ -50,12 +50,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import InvalidConfig
 from stallfree.core.policies import check_partial_prefills
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS
 from stallfree.sim.executors import Executor
-from stallfree.sim.simulator import SchedulerConfig
+from stallfree.sim.simulator import ReplicaConfig
 from stallfree.sim.sweep import SweepPoint, run_points
 from stallfree.sim.tune_bound import (
     LADDER_EXPONENTS,
@@ -270,6 +271,7 @@ def tune(
     progress: Callable[[int, int], None] | None = None, max_model_len: int | None = None,
     cut_output_to_fit: bool = False, search_partial_prefills: bool = False,
     partial_prefills: tuple[int, int, int] | None = None, async_scheduling: bool = False,
+    scheduler: SchedulerConfig | None = None,
 ) -> TuneResult:
     """Find the token budget and max_seqs with the highest goodput under the SLOs (module docstring).
 
@@ -295,8 +297,11 @@ def tune(
             and max_seqs found (one more stage; rows carry partial_prefills = (K, L, T) or None).
         partial_prefills: (K, L, T) of every run but those of that stage, or None (one partial
             prefill, the contract).
-        async_scheduling: every run's SchedulerConfig.async_scheduling (vLLM's asynchronous
+        async_scheduling: every run's ReplicaConfig.async_scheduling (vLLM's asynchronous
             scheduling, docs/simulator.md); default off.
+        scheduler: the SchedulerConfig every run starts from (its budget, max_seqs, KV capacity and
+            partial-prefill limits are each run's; its other fields, e.g. the KV policy, are kept), or
+            None for the contract's defaults.
 
     Returns:
         A TuneResult; its rows are ranked, the chosen one first.
@@ -311,6 +316,7 @@ def tune(
     runner.context = (max_model_len, cut_output_to_fit)
     runner.partial_prefills = partial_prefills
     runner.async_scheduling = async_scheduling
+    runner.base = scheduler or SchedulerConfig(1, 1, kv_tokens)
     t0 = time.perf_counter()
     bound = None
     if budgets is not None:
@@ -371,13 +377,15 @@ class _Runner:
         self.context: tuple[int | None, bool] = (None, False)
         self.partial_prefills: tuple[int, int, int] | None = None
         self.async_scheduling = False
+        self.base = SchedulerConfig(1, 1, kv_tokens)
 
     def run(self, pairs: Sequence[tuple[int, int] | tuple[int, int, tuple[int, int, int]]]) -> None:
         """Simulate (budget, max_seqs[, (K, L, T)]) candidates and keep their summaries."""
         configs = [
-            SchedulerConfig(self.kv_tokens, p[0], p[1],
-                            partial_prefills=p[2] if len(p) > 2 else self.partial_prefills,
-                            async_scheduling=self.async_scheduling)
+            ReplicaConfig(self.base.replace(
+                token_budget=p[0], max_seqs=p[1], kv_tokens=self.kv_tokens,
+                **partial_prefill_options(p[2] if len(p) > 2 else self.partial_prefills)),
+                async_scheduling=self.async_scheduling)
             for p in pairs
         ]
         points = [
@@ -403,7 +411,8 @@ class _Runner:
         for config, row in zip(configs, run_points(points, self.jobs, tick), strict=True):
             row.pop("ttft_ms", None)
             row.pop("tpot_ms", None)
-            row["partial_prefills"] = config.partial_prefills
+            limits = config.scheduler.partial_prefill_limits
+            row["partial_prefills"] = limits if limits[0] > 1 else None
             self.rows.append(row)
         self.done = base + len(points)
         self.stages.append(len(points))
@@ -411,7 +420,7 @@ class _Runner:
 
 def serve_command(row: dict[str, Any]) -> str:
     """The `stallfree serve` flags of a chosen candidate (with the partial-prefill flags when it has them)."""
-    line = f"stallfree serve --token-budget {row['token_budget']} --max-seqs {row['max_seqs']}"
+    line = f"stallfree serve --max-num-batched-tokens {row['token_budget']} --max-num-seqs {row['max_seqs']}"
     pp = row.get("partial_prefills")
     if pp:
         k, lng, thr = pp
@@ -477,3 +486,11 @@ def best_by_kind(rows: Sequence[dict[str, Any]], base_max_seqs: int) -> list[dic
     pp = [r for r in rows if r.get("partial_prefills")]
     add("partial_prefills", pp, "partial_prefills", {tuple(r["partial_prefills"]) for r in pp})
     return out
+
+
+def partial_prefill_options(limits: tuple[int, int, int] | None) -> dict[str, Any]:
+    """SchedulerConfig's partial-prefill fields of (K, L, T), or the contract's (K = 1) for None."""
+    if limits is None:
+        return {"max_num_partial_prefills": 1, "max_long_partial_prefills": None, "long_prefill_token_threshold": None}
+    k, lng, thr = limits
+    return {"max_num_partial_prefills": k, "max_long_partial_prefills": lng, "long_prefill_token_threshold": thr}

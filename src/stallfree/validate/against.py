@@ -30,7 +30,7 @@ from stallfree.costmodel import CostModelError
 from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.routers import VllmDPRouter
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import ReplicaConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.compare import Latencies, latencies
 from stallfree.validate.errors import ValidateDataError
@@ -190,8 +190,8 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     lagged, lag_why = async_lag(run)
     # vLLM's asynchronous scheduling is modelled in the event loop (stallfree.sim.loop, "Asynchronous
     # scheduling"): a request that arrives while a step runs joins the batch one step later.
-    sched = SchedulerConfig(kv, run.max_num_batched_tokens, run.max_num_seqs, kv="paged", block_size=run.block_size,
-                            async_scheduling=lagged)
+    sched = ReplicaConfig.of(kv, run.max_num_batched_tokens, run.max_num_seqs, async_scheduling=lagged,
+                             kv_policy="paged", block_size=run.block_size)
     dp_note = None
     if run.dp > 1:
         # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stallfree._argtypes import positive_int
+from stallfree.flags import add_renamed, add_scheduler_flags
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 from stallfree.validate.errors import ValidateDataError
 
@@ -139,8 +141,8 @@ def _run(a: argparse.Namespace) -> int:
             from stallfree.sim.engine_profile import default_profile, load_profile
             from stallfree.validate.vllm import validate_vllm
 
-            res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.max_num_batched_tokens,
-                                a.max_num_seqs, a.gpu_memory_utilization, paged=a.scheduler == "paged",
+            res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.token_budget,
+                                a.max_seqs, a.gpu_memory_utilization, paged=a.kv_policy == "paged",
                                 seed=a.seed, kernels=a.kernels,
                                 profile=load_profile(a.engine_profile) if a.engine_profile
                                 else None if a.kernels is None else default_profile(a.kernels))
@@ -155,8 +157,8 @@ def _run(a: argparse.Namespace) -> int:
                 return 1
             from stallfree.validate.run import ValidateConfig, run_validate
 
-            cfg = ValidateConfig(num_requests=a.num_requests, load=a.load, token_budget=a.token_budget,
-                                 max_seqs=a.max_seqs, kv_tokens=a.kv_tokens, threads=a.threads, seed=a.seed,
+            cfg = ValidateConfig(num_requests=a.num_requests, load=a.load, token_budget=a.engine_token_budget,
+                                 max_seqs=a.engine_max_seqs, kv_tokens=a.kv_tokens, threads=a.threads, seed=a.seed,
                                  engine_model=a.engine_model, device=a.device, dtype=a.engine_dtype,
                                  prompt_scale=a.prompt_scale, output_scale=a.output_scale,
                                  max_prompt=a.max_prompt, max_output=a.max_output)
@@ -193,8 +195,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e.add_argument("--engine-model", default=None, help="engine checkpoint (default: bundled SmolLM2-135M)")
     e.add_argument("--num-requests", type=int, default=24, help="requests from the bundled trace (default 24)")
     e.add_argument("--load", type=float, default=0.7, help="offered work over the engine's speed (default 0.7)")
-    e.add_argument("--token-budget", type=int, default=128, help="tokens per step (default 128)")
-    e.add_argument("--max-seqs", type=int, default=16, help="running requests at most (default 16)")
+    add_renamed(e, "--engine-max-num-batched-tokens", "--token-budget", dest="engine_token_budget", type=positive_int,
+                default=128, metavar="N", help="the engine run's token budget (default 128: a step of the bundled "
+                "135M model on one CPU thread stays near 0.1 s)")
+    add_renamed(e, "--engine-max-num-seqs", "--max-seqs", dest="engine_max_seqs", type=positive_int, default=16,
+                metavar="N", help="the engine run's most running requests (default 16)")
     e.add_argument("--kv-tokens", type=int, default=16384, help="KV capacity, tokens (default 16384)")
     e.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     e.add_argument("--device", default="cpu", help="cpu (default) or cuda")
@@ -215,12 +220,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "for a benchmark CSV, selects rows of that system)")
     v.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
     v.add_argument("--dtype", default="bf16", help="weight dtype (default bf16)")
-    v.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_TOKEN_BUDGET,
-                   help=f"vLLM's token budget ({DEFAULT_TOKEN_BUDGET})")
-    v.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_SEQS,
-                   help=f"vLLM's max running requests ({DEFAULT_MAX_SEQS})")
-    v.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="for the KV capacity (0.9)")
-    v.add_argument("--scheduler", choices=("paged", "reserve"), default="paged", help="KV policy (paged)")
+    # The replay's knobs carry the vocabulary's names; their older short names belong to the engine run here.
+    add_scheduler_flags(v, {"token_budget": DEFAULT_TOKEN_BUDGET, "max_seqs": DEFAULT_MAX_SEQS,
+                            "gpu_memory_utilization": 0.9}, with_aliases=False, shared=False)
+    add_scheduler_flags(v, {"kv_policy": "paged"}, why={"kv_policy": "default paged, as vLLM"}, shared=False)
     g = p.add_argument_group("measured runs of someone else's engine (--against)")
     g.add_argument("--against", default=None, metavar="PATH",
                    help="a run folder (meta.json + requests.jsonl) or a folder of them, a vllm bench serve result, "

@@ -27,7 +27,7 @@ from stallfree.core.metrics import RequestTimeline
 from stallfree.costmodel import CostModel, GPUSpec, ModelSpec
 from stallfree.costmodel.calibrate import PROFILE_FIT, MeasuredStep, fit_steps
 from stallfree.costmodel.hardware import GPUCalibration
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import ReplicaConfig, simulate
 from stallfree.sim.workload import Workload, load_bundled
 from stallfree.validate.compare import compare, latencies, summary
 
@@ -339,14 +339,15 @@ def run_validate(cfg: ValidateConfig, out: Path | None = None, save_gpu: Path | 
 
 
 def _run_validate(cfg: ValidateConfig, out: Path | None, save_gpu: Path | None) -> dict[str, Any]:
-    from stallfree.engine import LLMEngine
+    from stallfree.engine import LLMEngine, engine_config
 
     t_start = time.perf_counter()
     base = LLMEngine.from_pretrained(cfg.engine_model, token_budget=cfg.token_budget, max_seqs=cfg.max_seqs,
                                      kv_tokens=cfg.kv_tokens, device=cfg.device, dtype=cfg.dtype)
 
     def make() -> Any:
-        return LLMEngine(base.model, base.tokenizer, base.model_name, cfg.token_budget, cfg.max_seqs, cfg.kv_tokens)
+        return LLMEngine(base.model, base.tokenizer, base.model_name,
+                         scheduler=engine_config(cfg.token_budget, cfg.max_seqs, cfg.kv_tokens))
 
     per_token = _warm_up(make)
     workload = _workload(cfg, per_token, base.max_model_len)
@@ -371,7 +372,7 @@ def _run_validate(cfg: ValidateConfig, out: Path | None, save_gpu: Path | None) 
     notes.append("fitted " + ", ".join(k for k, v in cal.kwargs().items() if v != getattr(cm0, k)) + "; "
                  + "; ".join(cal.notes))
     cm = cm0.replace(**cal.kwargs())
-    sched = SchedulerConfig(kv_tokens=cfg.kv_tokens, token_budget=cfg.token_budget, max_seqs=cfg.max_seqs)
+    sched = ReplicaConfig.of(cfg.kv_tokens, cfg.token_budget, cfg.max_seqs)
     sim = simulate(workload, sched, cm)
     eng_lat, sim_lat = latencies(run.timelines), latencies(sim.timelines())
     held = list(range(half, len(workload)))

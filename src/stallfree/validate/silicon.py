@@ -75,7 +75,7 @@ from stallfree.sim.costs import StepCostModel
 from stallfree.sim.disagg import INTERCONNECTS, Interconnect, simulate_disaggregated
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.load import ClosedLoop
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import ReplicaConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.errors import ValidateDataError
 from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
@@ -316,7 +316,7 @@ def _closed_loop_workload(concurrency: int, num_requests: int, isl: int, osl: in
     return Workload((0.0,) * num_requests, (isl,) * num_requests, tuple(outs), name="closed loop")
 
 
-def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
+def closed_loop(sched: ReplicaConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
                 think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
     """Run a closed loop through the simulator (stallfree.sim.load.ClosedLoop): `concurrency` requests of
     `isl` prompt and `osl` output tokens sent at 0, and each later one `think_s` after one ends, until
@@ -343,8 +343,8 @@ def closed_loop(sched: SchedulerConfig, cost: Any, concurrency: int, num_request
     return out
 
 
-def disagg_closed_loop(prefill: tuple[SchedulerConfig, StepCostModel, int],
-                       decode: tuple[SchedulerConfig, StepCostModel, int], kv_bytes_per_token: int,
+def disagg_closed_loop(prefill: tuple[ReplicaConfig, StepCostModel, int],
+                       decode: tuple[ReplicaConfig, StepCostModel, int], kv_bytes_per_token: int,
                        link: Interconnect, concurrency: int, num_requests: int, isl: int, osl: int,
                        think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
     """closed_loop on disaggregated replicas (stallfree.sim.disagg.simulate_disaggregated): each side given as
@@ -461,7 +461,8 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
     load = prefill_load(row, price.base)
     if load > 1.0:
         raise ValueError(f"{where}: {NOT_STEADY}")
-    sched = SchedulerConfig(kv, BUDGET * row.attention_dp, max(row.concurrency, 1024), kv="paged", block_size=16)
+    sched = ReplicaConfig.of(kv, BUDGET * row.attention_dp, max(row.concurrency, 1024), kv_policy="paged",
+                             block_size=16)
     n = requests_per_row * row.concurrency
     frontend = price.profile.frontend_s
     done = closed_loop(sched, price.cost_model, row.concurrency, n, row.isl, row.osl, frontend,
@@ -527,8 +528,8 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
                             ep=g.moe_ep, dp_attention=g.attention_dp)
             roof = getattr(price.base, "roofline", price.base)
             kv = derived_kv_tokens(price.base, roof.gpu.mem_bytes, 0.9, 16)
-            sched = SchedulerConfig(kv, BUDGET * g.attention_dp, max(row.concurrency, 1024), kv="paged",
-                                    block_size=16)
+            sched = ReplicaConfig.of(kv, BUDGET * g.attention_dp, max(row.concurrency, 1024), kv_policy="paged",
+                                     block_size=16)
             sides.append((price, roof, kv, sched, g.workers))
     except CostModelError as exc:
         raise ValueError(f"{where}: {exc}") from None

@@ -18,7 +18,7 @@ from typing import Any
 from stallfree.core.metrics import RequestTimeline
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.engine_profile import EngineProfile
-from stallfree.sim.simulator import SchedulerConfig, simulate
+from stallfree.sim.simulator import ReplicaConfig, simulate
 from stallfree.sim.workload import Workload
 from stallfree.validate.against import verdict
 from stallfree.validate.compare import compare, latencies, read_vllm_result, summary
@@ -61,7 +61,8 @@ def validate_vllm(
     kv = chosen.base.kv_capacity_tokens(gpu_memory_utilization)
     arrivals = res.arrival_times(seed)
     wl = Workload(arrivals, res.prompt_lens, res.output_lens, name=f"vllm result {Path(path).name}")
-    sched = SchedulerConfig(kv, max_num_batched_tokens, max_num_seqs, kv="paged" if paged else "reserve")
+    paging: dict[str, Any] = {"kv_policy": "paged", "block_size": 16} if paged else {}
+    sched = ReplicaConfig.of(kv, max_num_batched_tokens, max_num_seqs, **paging)
     sim = simulate(wl, sched, chosen.cost_model)
     measured = []
     for i, (ttft, gaps) in enumerate(zip(res.ttfts, res.itls, strict=True)):

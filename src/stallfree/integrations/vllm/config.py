@@ -32,9 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import InvalidConfig
 
-__all__ = ["StallfreeOptions", "core_kwargs", "refused_features", "refused_request_features"]
+__all__ = ["StallfreeOptions", "core_config", "refused_features", "refused_request_features"]
 
 _KEYS = (
     "max_num_partial_prefills", "max_long_partial_prefills", "long_prefill_token_threshold", "aging_interval",
@@ -97,26 +98,22 @@ class StallfreeOptions:
         )
 
 
-def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
-    """The keyword arguments of stallfree.core.Scheduler that vLLM's config and `options` give (all but the
-    KV ones, which come from vLLM's KV cache manager).
+def core_config(vllm_config: Any, options: StallfreeOptions, kv_tokens: int, block_size: int) -> SchedulerConfig:
+    """The stallfree.core SchedulerConfig that vLLM's config and `options` give: vLLM's budget and sequence
+    limit, its policy (priority ties by arrival_time, as vLLM orders them), paged KV in vLLM's blocks with no
+    watermark of our own (vLLM's KV cache manager, which the adapter's KV manager asks, keeps its own), and
+    the additional_config options (aging, decode overflow, partial prefills; T's default is 4% of vLLM's
+    max_model_len, the config's own rule).
 
-    Returns:
-        token_budget, max_seqs, policy, priority_ties ("arrival", as vLLM), aging_interval, clock,
-        decode_overflow and the partial-prefill K, L, T.
-        The core validates them (InvalidConfig naming the option) when the scheduler is built.
+    Args:
+        kv_tokens: the KV capacity, tokens (vLLM's free blocks x block_size).
+        block_size: vLLM's KV block size, tokens.
+
+    Raises:
+        InvalidConfig: a field out of range, naming it (additional_config "stallfree": L or T with K = 1).
     """
     sc = vllm_config.scheduler_config
-    budget = sc.max_num_scheduled_tokens or sc.max_num_batched_tokens
-    max_seqs = sc.max_num_active_seqs or sc.max_num_seqs
-    kw: dict[str, Any] = {
-        "token_budget": budget,
-        "max_seqs": max_seqs,
-        "policy": str(sc.policy),
-        "decode_overflow": options.decode_overflow,
-        # vLLM orders equal priorities by arrival_time (which a caller may set out of add order).
-        "priority_ties": "arrival",
-    }
+    kw: dict[str, Any] = {}
     if options.aging_interval is not None:
         kw["aging_interval"] = options.aging_interval
         if options.aging_clock == "wall":
@@ -125,16 +122,18 @@ def core_kwargs(vllm_config: Any, options: StallfreeOptions) -> dict[str, Any]:
     if options.max_num_partial_prefills != 1:
         kw["max_num_partial_prefills"] = options.max_num_partial_prefills
         kw["max_long_partial_prefills"] = options.max_long_partial_prefills
-        thr = options.long_prefill_token_threshold
-        if thr is None:
-            thr = sc.long_prefill_token_threshold or max(1, vllm_config.model_config.max_model_len * 4 // 100)
-        kw["long_prefill_token_threshold"] = thr
+        kw["long_prefill_token_threshold"] = options.long_prefill_token_threshold or sc.long_prefill_token_threshold \
+            or None
     elif options.max_long_partial_prefills is not None or options.long_prefill_token_threshold is not None:
         raise InvalidConfig(
             'additional_config "stallfree": max_long_partial_prefills and long_prefill_token_threshold apply '
             "when max_num_partial_prefills > 1; got max_num_partial_prefills = 1"
         )
-    return kw
+    return SchedulerConfig(
+        token_budget=sc.max_num_scheduled_tokens or sc.max_num_batched_tokens,
+        max_seqs=sc.max_num_active_seqs or sc.max_num_seqs, kv_tokens=kv_tokens, kv_policy="paged",
+        block_size=block_size, watermark=0.0, policy=str(sc.policy), decode_overflow=options.decode_overflow,
+        priority_ties="arrival", max_model_len=vllm_config.model_config.max_model_len, **kw)
 
 
 def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:

@@ -49,7 +49,7 @@ from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler as CoreScheduler
 from stallfree.integrations.vllm.config import (
     StallfreeOptions,
-    core_kwargs,
+    core_config,
     refused_features,
     refused_request_features,
 )
@@ -85,14 +85,11 @@ class SyncScheduler(_VllmScheduler):
                 + ". Use vLLM's own scheduler for these (no --scheduler-cls)."
             )
         self.stallfree_options = StallfreeOptions.from_additional_config(self.vllm_config.additional_config)
-        kw = core_kwargs(self.vllm_config, self.stallfree_options)
         pool = self.kv_cache_manager.block_pool
         num_blocks = int(pool.get_num_free_blocks())
         self._sf_kv = VLLMKV(self, self.block_size, num_blocks)
-        self.stallfree = CoreScheduler(
-            kv_tokens=num_blocks * self.block_size, kv_policy="paged", block_size=self.block_size, watermark=0.0,
-            kv_manager=self._sf_kv, **kw,
-        )
+        config = core_config(self.vllm_config, self.stallfree_options, num_blocks * self.block_size, self.block_size)
+        self.stallfree = CoreScheduler(config, kv_manager=self._sf_kv)
         self._sf_admitted: list[tuple[VllmRequest, bool]] = []
         self._sf_orphans: dict[str, VllmRequest] = {}
         self._sf_stale_victims: list[VllmRequest] = []

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import add_partial_prefill_args, partial_prefill_flag_problem, positive_float, positive_int
-from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
-from stallfree.core.errors import StallfreeError
+from stallfree._argtypes import partial_prefill_flag_problem, positive_float, positive_int
+from stallfree.core.errors import InvalidConfig, StallfreeError
 from stallfree.core.metrics import parse_duration
+from stallfree.flags import KNOBS, add_scheduler_flags, flag_text, scheduler_options
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
 from stallfree.sim.setup import (
@@ -125,13 +125,14 @@ def add_common(p: argparse.ArgumentParser) -> None:
     _add_workload_args(p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)"))
     _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"))
     s = p.add_argument_group("scheduler")
-    s.add_argument("--max-seqs", type=positive_int, default=DEFAULT_MAX_SEQS,
-                   help=f"most running requests (default {DEFAULT_MAX_SEQS})")
-    s.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
-                   help="plan each step while the previous one runs, as vLLM's --async-scheduling (its default "
-                   "from 0.14.0): a request arriving during a step joins one step later (default: off, a "
-                   "synchronous scheduler; docs/simulator.md)")
-    add_partial_prefill_args(s, "the context length")
+    add_scheduler_flags(s, {"max_seqs": DEFAULT_MAX_SEQS, "async_scheduling": False, "enable_chunked_prefill": True,
+                            "max_num_partial_prefills": 1, "max_long_partial_prefills": None,
+                            "long_prefill_token_threshold": None},
+                        why={"async_scheduling": "default off: a synchronous scheduler; docs/simulator.md"})
+    # What a command without these flags reads (argparse defaults with no flag): one place, not getattr.
+    # (Set before a command adds its own flags, so a flag's default wins where it has one.)
+    p.set_defaults(concurrency=None, think_time=0.0, closed_loop_flags=False, kv_policy="reserve", block_size=None,
+                   enable_prefix_caching=False, cpu_kv_tokens=None, kv_offloading_size=None)
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=slo_ttft, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=slo_tpot, metavar="T", help="TPOT objective for goodput (bare = ms)")
@@ -156,8 +157,8 @@ def _add_workload_args(w: Any) -> None:
                    help="draw synthetic arrivals instead of a trace (shared-prefix: with --shared-prefix)")
     w.add_argument("--shared-prefix", default=None, metavar="G,P,S,Q",
                    help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
-                        "within a group, a question of Q tokens (outputs: --output-len; hits need --scheduler "
-                        "paged --prefix-caching)")
+                        "within a group, a question of Q tokens (outputs: --output-len; hits need --kv-policy "
+                        "paged --enable-prefix-caching)")
     # The synthetic-only options default to None (their values: WorkloadOptions's defaults), so that
     # one given on a trace replay, where it would be ignored, is refused (check_synthetic_flags).
     w.add_argument("--rate", type=positive_float, default=None, help="synthetic: mean requests/s (default 5)")
@@ -211,15 +212,9 @@ def _add_hardware_args(m: Any) -> None:
     m.add_argument("--dp-attention", type=positive_int, default=1, metavar="N",
                    help="data-parallel attention ranks of an MoE model, each of --tp GPUs (SGLang's "
                    "--enable-dp-attention --dp-size N, vLLM's --data-parallel-size N; default 1)")
-    m.add_argument("--gpu-memory-utilization", type=positive_float, default=0.9, metavar="F")
-    m.add_argument("--kv-tokens", type=positive_int, metavar="N", help="KV capacity override, tokens")
-    m.add_argument(
-        "--max-model-len",
-        type=positive_int,
-        metavar="N",
-        help="context length, tokens (default: the model's): a request whose prompt + max_new exceeds it "
-        "is refused at arrival, as vLLM's server refuses it",
-    )
+    add_scheduler_flags(m, {"gpu_memory_utilization": 0.9, "kv_tokens": None, "max_model_len": None},
+                        why={"max_model_len": "default: the model's; a request whose prompt + max_new exceeds "
+                             "it is refused at arrival, as vLLM's server refuses it"})
     m.add_argument(
         "--cut-output-to-fit",
         action="store_true",
@@ -263,13 +258,13 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         rate_scale=args.rate_scale,
         max_tokens=args.max_tokens,
         cut_output_to_fit=args.cut_output_to_fit,
-        shared_prefix=getattr(args, "shared_prefix", None),
-        shared_prefix_block=getattr(args, "block_size", None) or 16,
-        concurrency=getattr(args, "concurrency", None),
-        think_time=getattr(args, "think_time", 0.0),
+        shared_prefix=args.shared_prefix,
+        shared_prefix_block=args.block_size or DEFAULT_BLOCK_SIZE,
+        concurrency=args.concurrency,
+        think_time=args.think_time,
         # The synthetic-only options as given; one left out takes WorkloadOptions's default.
         **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len")
-           if (value := getattr(args, name, None)) is not None},
+           if (value := vars(args)[name]) is not None},
     )
 
 
@@ -283,19 +278,19 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
     Raises:
         CliError: such an option given explicitly without the mode that reads it (exit 2).
     """
-    synthetic = getattr(args, "synthetic", None)
-    closed_drawn = getattr(args, "concurrency", None) is not None and not getattr(args, "trace", None)
-    closed = "concurrency" in vars(args)
+    synthetic = args.synthetic
+    closed_drawn = args.concurrency is not None and not args.trace
+    closed = args.closed_loop_flags
     needs = " or --concurrency N" if closed else ""
     read = {
-        "--rate": (getattr(args, "rate", None), synthetic is not None,
+        "--rate": (args.rate, synthetic is not None,
                    "synthetic arrivals: add --synthetic poisson, gamma or shared-prefix"),
-        "--burstiness": (getattr(args, "burstiness", None), synthetic == "gamma",
+        "--burstiness": (args.burstiness, synthetic == "gamma",
                          "--synthetic gamma (the shape of its gaps): add it"),
-        "--prompt-len": (getattr(args, "prompt_len", None), synthetic in ("poisson", "gamma") or closed_drawn,
+        "--prompt-len": (args.prompt_len, synthetic in ("poisson", "gamma") or closed_drawn,
                          f"synthetic load: add --synthetic poisson or gamma{needs}"
                          + (" without --trace" if closed else "")),
-        "--output-len": (getattr(args, "output_len", None), synthetic is not None or closed_drawn,
+        "--output-len": (args.output_len, synthetic is not None or closed_drawn,
                          f"synthetic load: add --synthetic{needs}" + (" without --trace" if closed else "")),
     }
     for flag, (value, used, where) in read.items():
@@ -313,14 +308,14 @@ def hardware_options(args: argparse.Namespace) -> HardwareOptions:
         tp=args.tp,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
-        ep=getattr(args, "ep", 1),
-        dp_attention=getattr(args, "dp_attention", 1),
+        ep=args.ep,
+        dp_attention=args.dp_attention,
         gpu_memory_utilization=args.gpu_memory_utilization,
         kv_tokens=args.kv_tokens,
         linear_cost=args.linear_cost,
         max_model_len=args.max_model_len,
-        kernels=getattr(args, "kernels", None),
-        engine_profile=getattr(args, "engine_profile", None),
+        kernels=args.kernels,
+        engine_profile=args.engine_profile,
     )
 
 
@@ -332,10 +327,7 @@ def check_partial_prefill_flags(args: argparse.Namespace) -> None:
             while --max-num-partial-prefills is 1 (exit 2).
     """
     problem = partial_prefill_flag_problem(
-        getattr(args, "max_num_partial_prefills", 1),
-        getattr(args, "max_long_partial_prefills", None),
-        getattr(args, "long_prefill_token_threshold", None),
-    )
+        args.max_num_partial_prefills, args.max_long_partial_prefills, args.long_prefill_token_threshold)
     if problem is not None:
         raise CliError(problem, 2)
 
@@ -349,19 +341,12 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
     """
     check_partial_prefill_flags(args)
     check_synthetic_flags(args)
-    return Setup(
-        workload_options(args),
-        hardware_options(args),
-        max_seqs=args.max_seqs,
-        scheduler=getattr(args, "scheduler", "reserve"),
-        block_size=getattr(args, "block_size", DEFAULT_BLOCK_SIZE),
-        watermark=getattr(args, "watermark", CoreSchedulerConfig.watermark),
-        prefix_caching=getattr(args, "prefix_caching", False),
-        async_scheduling=getattr(args, "async_scheduling", False),
-        max_num_partial_prefills=getattr(args, "max_num_partial_prefills", 1),
-        max_long_partial_prefills=getattr(args, "max_long_partial_prefills", None),
-        long_prefill_token_threshold=getattr(args, "long_prefill_token_threshold", None),
-    )
+    options = scheduler_options(args)
+    options.pop("kv_tokens", None)  # the replica's capacity: HardwareOptions.kv_tokens, else the cost model's
+    if options.get("token_budget") is None:
+        options.pop("token_budget", None)
+    return Setup(workload_options(args), hardware_options(args), options,
+                 kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling)
 
 
 def rejection_warning(label: str, num_requests: int, by_reason: dict[str, int], first: str | None) -> str:
@@ -516,12 +501,12 @@ _FIELD_MENTION = re.compile(r"`(\w+)`(?:=('[^']*'|[^\s:;)]+))?")
 def flag_words(message: str) -> str:
     """A library error's message worded in flags, as a user typed them. The simulator's library names
     each option by its field in backticks (stallfree.sim.setup.SetupError); each becomes its flag, and
-    `field`=value becomes "--flag value" (`scheduler`='paged' is "--scheduler paged"). The rest of the
+    `field`=value becomes "--flag value" (`kv_policy`='paged' is "--kv-policy paged"). The rest of the
     text is kept, and a message without backticked fields comes back unchanged."""
 
     def flag(m: re.Match[str]) -> str:
         name, value = m.group(1), m.group(2)
-        text = _FIELD_FLAGS.get(name, "--" + name.replace("_", "-"))
+        text = _FIELD_FLAGS.get(name) or (KNOBS[name].flag if name in KNOBS else "--" + name.replace("_", "-"))
         return text if value is None else f"{text} {value.strip(chr(39))}"
 
     return _FIELD_MENTION.sub(flag, message)
@@ -548,6 +533,9 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except SetupError as exc:
             print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 2 if exc.usage else 1
+        except InvalidConfig as exc:  # a scheduler field out of range: the flags as typed
+            print(f"{prog}: error: {flag_text(str(exc))}", file=sys.stderr)
+            return 2
         except (TraceError, SimulationError, ValueError, OSError, ExecutorError) as exc:
             print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 1

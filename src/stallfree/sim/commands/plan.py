@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from stallfree._argtypes import positive_int
+from stallfree.flags import add_scheduler_flags
 from stallfree.sim.capacity import (
     DEFAULT_ATTAINMENT,
     DEFAULT_MAX_REPLICAS,
@@ -60,8 +61,8 @@ def register(subparsers: Any) -> None:
                    help=f"share of all requests that must meet both SLOs (default {DEFAULT_ATTAINMENT:g})")
     g.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), metavar="LIST",
                    help=f"routers to try, the first leading the search (default {','.join(DEFAULT_ROUTERS)})")
-    g.add_argument("--budget", "--token-budget", dest="budget", type=positive_int, default=DEFAULT_TOKEN_BUDGET,
-                   help=f"token budget per step of every replica (default {DEFAULT_TOKEN_BUDGET})")
+    add_scheduler_flags(g, {"token_budget": DEFAULT_TOKEN_BUDGET},
+                        why={"token_budget": f"default {DEFAULT_TOKEN_BUDGET:,}: every replica's, as simulate's"})
     g.add_argument("--max-replicas", type=positive_int, default=DEFAULT_MAX_REPLICAS, metavar="N",
                    help=f"the largest count tried (default {DEFAULT_MAX_REPLICAS})")
     g.add_argument("--no-disaggregate", action="store_true",
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     with _progress() as progress:
         result = plan(
             setup, args.slo_ttft, args.slo_tpot, attainment=args.slo_attainment, routers=routers,
-            budget=args.budget, max_replicas=args.max_replicas, executor=executor,
+            budget=args.token_budget, max_replicas=args.max_replicas, executor=executor,
             width=width if executor.name != "serial" else 1, disaggregate=not args.no_disaggregate,
             progress=progress,
         )
@@ -165,7 +166,7 @@ def print_plan(result: PlanResult, header: dict[str, Any], args: argparse.Namesp
     rate = header["offered_rate"]
     offered = f"{rate:,.2f} req/s offered" if rate is not None else "closed loop"
     print(f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} ({offered}); "
-          f"{header['hardware']}; budget {args.budget:,}; max_seqs {header['max_seqs']}")
+          f"{header['hardware']}; budget {args.token_budget:,}; max_seqs {header['max_seqs']}")
     print(answer_line(result, args))
     cols = (("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
             ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
@@ -200,9 +201,9 @@ def serve_commands(args: argparse.Namespace, header: dict[str, Any]) -> dict[str
     name rather than a Hugging Face id) and "stallfree" (`stallfree serve`, None when a replica spans
     more than one GPU: that engine runs on one device)."""
     model = args.model if "/" in args.model else "MODEL"
-    vllm = (f"vllm serve {model} --tensor-parallel-size {args.tp} --max-num-batched-tokens {args.budget} "
+    vllm = (f"vllm serve {model} --tensor-parallel-size {args.tp} --max-num-batched-tokens {args.token_budget} "
             f"--max-num-seqs {header['max_seqs']}")
-    own = f"stallfree serve --token-budget {args.budget} --max-seqs {header['max_seqs']}"
+    own = f"stallfree serve --max-num-batched-tokens {args.token_budget} --max-num-seqs {header['max_seqs']}"
     return {"vllm": vllm, "stallfree": own if args.tp == 1 else None}
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import int_list, positive_int
-from stallfree.core.config import SchedulerConfig as CoreSchedulerConfig
+from stallfree.core.config import SchedulerConfig
+from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.cluster import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
     DEFAULT_AFFINITY_LOAD_MARGIN,
@@ -54,7 +55,7 @@ from stallfree.sim.disagg import (
 from stallfree.sim.experiment import Experiment, run_experiment, run_tag
 from stallfree.sim.report import print_table
 from stallfree.sim.result import ClusterError
-from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
+from stallfree.sim.setup import TIME_BUDGET_CAP
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.writers import write_disagg_out, write_disagg_records, write_experiment, write_records
 
@@ -72,6 +73,7 @@ def register(subparsers: Any) -> None:
     add_common(sim)
     _add_batching_flags(sim.add_argument_group("batching"))
     _add_load_flags(sim)
+    sim.set_defaults(closed_loop_flags=True)
     _add_cluster_flags(sim)
     sim.set_defaults(func=guard(run))
 
@@ -79,46 +81,18 @@ def register(subparsers: Any) -> None:
 def _add_kv_flags(g: Any) -> None:
     """The KV flags of `simulate` (an argparse argument group): the KV policy, its blocks and
     watermark, prefix caching and the CPU KV tier."""
-    g.add_argument(
-        "--scheduler",
-        choices=["reserve", "paged"],
-        default="reserve",
-        help="reserve: KV for prompt + max_new reserved at admission (the contract); paged: KV blocks "
-        "taken as tokens are computed, preemption by recompute",
-    )
-    g.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
-                   help=f"paged: tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
-    g.add_argument(
-        "--watermark",
-        type=float,
-        default=CoreSchedulerConfig.watermark,
-        help=f"paged: fraction of KV blocks kept free at admission (default {CoreSchedulerConfig.watermark:g})",
-    )
-    g.add_argument(
-        "--prefix-caching",
-        action="store_true",
-        help="paged: reuse computed prompt blocks across requests (needs a trace with prefix ids: "
-        "--trace mooncake or a Mooncake JSONL)",
-    )
+    add_scheduler_flags(
+        g, {"kv_policy": "reserve", "block_size": DEFAULT_BLOCK_SIZE, "watermark": SchedulerConfig.watermark,
+            "enable_prefix_caching": False, "cpu_kv_tokens": None, "kv_offloading_size": None},
+        why={"kv_policy": "default reserve, the contract; vLLM pages",
+             "block_size": f"paged; default {DEFAULT_BLOCK_SIZE}",
+             "watermark": f"default {SchedulerConfig.watermark:g}",
+             "enable_prefix_caching": "needs a trace with prefix ids: --trace mooncake or a Mooncake JSONL"})
     g.add_argument(
         "--compare-caching",
         action="store_true",
         help="paged: run with prefix caching off and on, side by side; with a CPU KV tier, the GPU-only "
         "cache against the two tiers",
-    )
-    g.add_argument(
-        "--cpu-kv-tokens",
-        type=positive_int,
-        metavar="N",
-        help="prefix caching: a CPU KV tier of N tokens (whole blocks): blocks the GPU evicts are kept in "
-        "host memory and loaded back on a hit, the copies priced over the GPU's host link",
-    )
-    g.add_argument(
-        "--kv-offloading-size",
-        type=float,
-        metavar="GiB",
-        help="prefix caching: the CPU KV tier as vLLM's --kv-offloading-size: GiB of host memory summed "
-        "over the tensor-parallel ranks (converted with the model's KV bytes per token)",
     )
 
 
@@ -131,15 +105,9 @@ def _add_batching_flags(g: Any) -> None:
         default="chunked",
         help="chunked (the contract), prefill-first or no-chunk (baselines)",
     )
-    g.add_argument(
-        "--budget",
-        "--token-budget",
-        dest="budget",
-        type=positive_int,
-        default=None,
-        help=f"token budget per step (default {DEFAULT_TOKEN_BUDGET}; with --step-time-target, the cap of "
-        f"each step's budget, default {TIME_BUDGET_CAP:,})",
-    )
+    add_scheduler_flags(g, {"token_budget": None}, why={
+        "token_budget": f"default {DEFAULT_TOKEN_BUDGET:,}, a GPU's; with --step-time-target, the cap of each "
+        f"step's budget, default {TIME_BUDGET_CAP:,}"})
     g.add_argument(
         "--step-time-target",
         type=positive_duration,
@@ -167,16 +135,20 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
     """
     if args.compare and args.batching != "chunked":
         raise CliError("--compare runs every batching mode: drop --batching", 2)
-    if (args.prefix_caching or args.compare_caching) and args.scheduler != "paged":
-        flag = "--prefix-caching" if args.prefix_caching else "--compare-caching"
-        raise CliError(f"{flag} needs --scheduler paged (cached blocks are paged KV blocks)", 2)
+    if (args.enable_prefix_caching or args.compare_caching) and args.kv_policy != "paged":
+        flag = given(args, "enable_prefix_caching") if args.enable_prefix_caching else "--compare-caching"
+        raise CliError(f"{flag} needs --kv-policy paged (cached blocks are paged KV blocks)", 2)
+    if args.kv_policy != "paged":
+        typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
+        if typed:
+            raise CliError(f"{' and '.join(typed)} apply to --kv-policy paged", 2)
     if args.compare_caching and args.compare:
         raise CliError("--compare-caching and --compare are exclusive", 2)
     tier = _has_cpu_tier(args)
-    if tier and not (args.prefix_caching or args.compare_caching):
+    if tier and not (args.enable_prefix_caching or args.compare_caching):
         flag = "--cpu-kv-tokens" if args.cpu_kv_tokens is not None else "--kv-offloading-size"
-        raise CliError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --prefix-caching (or "
-                       "--compare-caching) and --scheduler paged", 2)
+        raise CliError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --enable-prefix-caching (or "
+                       "--compare-caching) and --kv-policy paged", 2)
     if args.cpu_kv_tokens is not None and args.kv_offloading_size is not None:
         raise CliError("--cpu-kv-tokens and --kv-offloading-size both size the CPU KV tier: give one", 2)
     if tier and args.step_time_target is not None:
@@ -188,17 +160,17 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
 def _study(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
     """The runs of `simulate` on `setup`: one study (_run_once), or with --compare-caching the
     caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas."""
-    cpu_tokens = setup.cpu_kv_tokens
+    on_setup = setup
     if args.compare_caching:
         setup.check_prefix_block()  # before the caching-off run, not after it
-    if args.compare_caching and _has_cpu_tier(args):
-        setup.cpu_kv_tokens = 0  # the GPU-only run first (the copies' pricing has nothing to price there)
+        # The GPU-only run first with a CPU tier (the copies' pricing has nothing to price there),
+        # else caching off.
+        off = {"cpu_kv_tokens": 0} if _has_cpu_tier(args) else {"enable_prefix_caching": False}
+        setup = setup.with_scheduler(**off)
     study, clusters = _run_once(args, setup)
     if args.compare_caching:
         # The same replicas and router as the caching-off run: only the cache differs.
-        setup.prefix_caching = True
-        setup.cpu_kv_tokens = cpu_tokens
-        on, on_clusters = _run_once(args, setup)
+        on, on_clusters = _run_once(args, on_setup)
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
         clusters.extend(on_clusters)
@@ -240,15 +212,12 @@ def run(args: argparse.Namespace) -> int:
     if args.records:
         refuse_writing_the_trace(args, args.records, "--records")
         ensure_writable_file(args.records, "--records")
-    caching, tier = args.prefix_caching or args.compare_caching, _has_cpu_tier(args)
+    caching = args.enable_prefix_caching or args.compare_caching
     if args.compare_caching:
-        # With a CPU tier the comparison is GPU-only caching against two tiers; without, off against on.
-        args.prefix_caching = tier
+        args.enable_prefix_caching = True  # the caching-on run's setup; _study makes the other one
     setup = setup_from_args(args)
-    if tier:
-        setup = _with_cpu_tier(setup, args)
     if caching and setup.workload.prefix_ids is None:
-        flag = "--compare-caching" if args.compare_caching else "--prefix-caching"
+        flag = "--compare-caching" if args.compare_caching else given(args, "enable_prefix_caching")
         print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
               "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
     if args.disaggregate is not None:
@@ -279,21 +248,6 @@ def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | No
     what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
     line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
     return {"line": line, "figures": figures}
-def _with_cpu_tier(setup: Any, args: argparse.Namespace) -> Any:
-    """`setup` rebuilt with the CPU KV tier of --cpu-kv-tokens or --kv-offloading-size."""
-    from stallfree.sim.setup import SetupError
-
-    try:
-        return Setup(setup.workload_options, setup.hardware_options, max_seqs=setup.max_seqs,
-                     scheduler=setup.scheduler, block_size=setup.block_size, watermark=setup.watermark,
-                     prefix_caching=True, max_num_partial_prefills=setup.max_num_partial_prefills,
-                     max_long_partial_prefills=setup.max_long_partial_prefills,
-                     long_prefill_token_threshold=setup.long_prefill_token_threshold,
-                     cpu_kv_tokens=args.cpu_kv_tokens or 0, kv_offloading_gib=args.kv_offloading_size)
-    except SetupError as exc:
-        raise CliError(flag_message(exc), 2) from None
-
-
 def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
     """The study of the setup as it stands (one replica or the cluster), and per result its
     ClusterResult (None for a single replica). A run with prefix caching is marked
@@ -306,7 +260,7 @@ def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[An
         study = run_experiment(
             setup,
             batching=list(BATCHING_MODES) if args.compare else args.batching,
-            budget=args.budget,
+            budget=args.token_budget,
             step_time_target=args.step_time_target,
             check=args.check,
             slo_ttft=args.slo_ttft,
@@ -379,13 +333,13 @@ def _check_flags(args: argparse.Namespace) -> None:
     if search and (args.records or args.out):
         raise CliError("--records and --out write one run: give --disaggregate P:D, not search", 2)
     unsupported = [
-        ("--prefix-caching", args.prefix_caching), ("--compare-caching", args.compare_caching),
+        ("--enable-prefix-caching", args.enable_prefix_caching), ("--compare-caching", args.compare_caching),
         ("--max-num-partial-prefills", args.max_num_partial_prefills != 1),
         ("--cpu-kv-tokens", args.cpu_kv_tokens is not None),
         ("--kv-offloading-size", args.kv_offloading_size is not None),
     ]
-    for flag, given in unsupported:
-        if given:
+    for flag, asked in unsupported:
+        if asked:
             raise CliError(f"--disaggregate does not take {flag} in this version: drop {flag}", 2)
 
 
@@ -433,7 +387,7 @@ def _add_cluster_flags(sim: Any) -> None:
         "--disaggregate", metavar="P:D",
         help="P prefill replicas and D decode replicas (KV moved between); 'search' with --replicas N and an SLO: "
         "every P:D with P + D = N against N aggregated replicas, each over a small grid of token budgets "
-        "(--budget N: that budget only), in goodput per GPU",
+        "(--max-num-batched-tokens N: that budget only), in goodput per GPU",
     )
     c.add_argument("--prefill-tp", type=positive_int, help="GPUs per prefill replica (default: --tp)")
     c.add_argument("--decode-tp", type=positive_int, help="GPUs per decode replica (default: --tp)")
@@ -446,8 +400,9 @@ def _add_cluster_flags(sim: Any) -> None:
 
     c.add_argument(
         "--prefill-budget", type=int_list, metavar="N[,N...]",
-        help="prefill side's token budget per step (default: --budget); with --disaggregate search, the grid "
-        f"searched (default {','.join(map(str, DEFAULT_PREFILL_BUDGETS))}; --budget N: N only)",
+        help="prefill side's token budget per step (default: --max-num-batched-tokens); with --disaggregate "
+        f"search, the grid searched (default {','.join(map(str, DEFAULT_PREFILL_BUDGETS))}; "
+        "--max-num-batched-tokens N: N only)",
     )
     c.add_argument(
         "--decode-budget", type=int_list, metavar="N[,N...]",
@@ -480,7 +435,7 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
         side_budgets.append(values[0] if values else None)
     header, summary, res = run_disagg_experiment(
         setup, prefill=p, decode=d, prefill_tp=args.prefill_tp, decode_tp=args.decode_tp, link=link,
-        router=args.router or "least-outstanding", budget=args.budget, check=args.check,
+        router=args.router or "least-outstanding", budget=args.token_budget, check=args.check,
         slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, prefill_budget=side_budgets[0],
         decode_budget=side_budgets[1],
     )
@@ -507,7 +462,7 @@ def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
 
     if args.prefill_tp is not None or args.decode_tp is not None:
         raise CliError("--disaggregate search splits replicas of --tp GPUs: drop --prefill-tp and --decode-tp", 2)
-    fixed = (args.budget,) if args.budget is not None else None
+    fixed = (args.token_budget,) if args.token_budget is not None else None
     try:
         aggs, rows = search_plan(
             setup, args.replicas, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, link=link,
@@ -558,7 +513,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
     study, cluster = run_cluster_study(
-        setup, replicas=args.replicas, router=router, budget=args.budget, step_time_target=args.step_time_target,
+        setup, replicas=args.replicas, router=router, budget=args.token_budget, step_time_target=args.step_time_target,
         check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
     )
     study.header["router"] = name

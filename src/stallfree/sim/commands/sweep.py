@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float_list, positive_int
+from stallfree.flags import add_scheduler_flags
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
@@ -87,13 +88,13 @@ def register(subparsers: Any) -> None:
             action.metavar = "LIST"
             action.help = ("KV capacity, tokens; a comma-separated list sweeps capacity (one run per size at "
                            "one --budgets value, default 2048, chunked batching) and plots TTFT, and with "
-                           "--prefix-caching the hit rate, against it")
-    p.add_argument("--prefix-caching", action="store_true",
-                   help="paged KV with prefix caching (needs a trace with prefix ids: --trace mooncake)")
-    p.add_argument("--block-size", type=positive_int, default=DEFAULT_BLOCK_SIZE,
-                   help=f"paged: tokens per KV block (default {DEFAULT_BLOCK_SIZE})")
+                           "--enable-prefix-caching the hit rate, against it")
+    add_scheduler_flags(p, {"kv_policy": "reserve", "enable_prefix_caching": False, "block_size": DEFAULT_BLOCK_SIZE},
+                        why={"kv_policy": "default reserve; paged with --enable-prefix-caching",
+                             "enable_prefix_caching": "paged KV; needs a trace with prefix ids: --trace mooncake",
+                             "block_size": f"paged; default {DEFAULT_BLOCK_SIZE}"})
     p.add_argument("--cpu-kv-tokens", type=_sizes, metavar="LIST",
-                   help="with --prefix-caching: sweep the size of a CPU KV tier (tokens, 0 = none) at one KV "
+                   help="with --enable-prefix-caching: sweep the size of a CPU KV tier (tokens, 0 = none) at one KV "
                    "size, budget and rate scale; the table, and with --out cpu_tier_sweep.json and .png")
     p.set_defaults(func=guard(run))
 
@@ -113,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
             if values is not None and len(values) > 1:
                 raise CliError(f"{flag} {_join(values)}: a --kv-tokens list sweeps KV capacity at one value; "
                                "give one", code=2)
-    paged = args.prefix_caching or getattr(args, "scheduler", None) == "paged"
+    if args.enable_prefix_caching:
+        args.kv_policy = "paged"
+    paged = args.kv_policy == "paged"
     problem = partial_prefill_flag_problem(args.max_num_partial_prefills, args.max_long_partial_prefills,
                                            args.long_prefill_token_threshold, args.block_size if paged else None)
     if problem is not None:
@@ -130,8 +133,6 @@ def run(args: argparse.Namespace) -> int:
     if args.batching is None:
         args.batching = list(BATCHING_MODES)
     args.kv_tokens = kv_list[0] if isinstance(kv_list, list) else kv_list
-    if args.prefix_caching:
-        args.scheduler = "paged"
     setup = setup_from_args(args)
     with progress_bar() as bar:
         task = bar.add_task("sweep", total=None)
@@ -192,12 +193,13 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
 
 
 def _run_tier_sweep(args: argparse.Namespace) -> int:
-    """`sweep --prefix-caching --cpu-kv-tokens LIST`: one run per CPU tier size, the rest fixed."""
+    """`sweep --enable-prefix-caching --cpu-kv-tokens LIST`: one run per CPU tier size, the rest fixed."""
     from stallfree.sim.setup import Setup, SetupError
     from stallfree.sim.tier_sweep import plot_tier_sweep, tier_sweep, tier_sweep_lines
 
-    if not args.prefix_caching:
-        raise CliError("--cpu-kv-tokens sweeps a CPU tier of prefix-cache blocks: add --prefix-caching", code=2)
+    if not args.enable_prefix_caching:
+        raise CliError("--cpu-kv-tokens sweeps a CPU tier of prefix-cache blocks: add --enable-prefix-caching",
+                       code=2)
     if isinstance(args.kv_tokens, list) and len(args.kv_tokens) > 1:
         raise CliError("--cpu-kv-tokens sweeps the CPU tier at one --kv-tokens size: give one", code=2)
     for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales)):
@@ -210,20 +212,19 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
         args.rate_scale = args.rate_scales[0]
     if isinstance(args.kv_tokens, list):
         args.kv_tokens = args.kv_tokens[0]
-    args.scheduler = "paged"
+    tiers, args.cpu_kv_tokens = args.cpu_kv_tokens, None
     base = setup_from_args(args)
 
     def make(cpu: int) -> Any:
         try:
-            return Setup(base.workload_options, base.hardware_options, max_seqs=base.max_seqs, scheduler="paged",
-                         block_size=base.block_size, watermark=base.watermark, prefix_caching=True,
-                         cpu_kv_tokens=cpu)
+            return Setup(base.workload_options, base.hardware_options,
+                         {**base.scheduler_config.as_dict(), "cpu_kv_tokens": cpu})
         except SetupError as exc:
             raise CliError(flag_message(exc), 2) from None
 
     with progress_bar() as bar:
-        task = bar.add_task("cpu tier sweep", total=len(args.cpu_kv_tokens))
-        rows = tier_sweep(make, args.cpu_kv_tokens, budget,
+        task = bar.add_task("cpu tier sweep", total=len(tiers))
+        rows = tier_sweep(make, tiers, budget,
                           progress=lambda k, n: bar.update(task, completed=k, total=n))
     title = (f"{base.workload.name}: {len(base.workload):,} requests, rate x{base.rate_scale:g}, budget {budget:,}, "
              f"GPU KV {base.kv_tokens:,} tokens, {base.block_size}-token blocks")
@@ -246,9 +247,6 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
     batching = args.batching[0] if args.batching else "chunked"
     if args.rate_scales:
         args.rate_scale = args.rate_scales[0]
-    if args.prefix_caching:
-        args.scheduler = "paged"
-
     made: list[Any] = []
 
     def make(kv: int) -> Any:
@@ -261,12 +259,12 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
         rows = kv_sweep(make, sizes, budget, progress=lambda k, n: bar.update(task, completed=k, total=n),
                         batching=batching)
     requests = rows[0].get("num_requests") if rows else None
-    trace = made[0].workload.name if made else Path(str(getattr(args, "trace", None) or "workload")).name
+    trace = made[0].workload.name if made else Path(str(args.trace or "workload")).name
     title = f"{trace}: {requests:,} requests" if requests else trace
     title += f", rate x{made[0].rate_scale if made else args.rate_scale or 1:g}, budget {budget:,}"
     if batching != "chunked":
         title += f", {batching}"
-    if args.prefix_caching:
+    if args.enable_prefix_caching:
         title += f", prefix caching, {args.block_size}-token blocks"
     if args.json:
         print(json.dumps({"token_budget": budget, "batching": batching, "rows": rows}, indent=1))

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["tune"])
         ensure_writable_dir(args.out, "--out")
     setup = setup_from_args(args)
-    fixed_pp = setup.partial_prefills()  # (K, L, T) of every run; T defaults to 4% of the context length
+    limits = setup.scheduler_config.partial_prefill_limits  # T defaults to 4% of the context length
+    fixed_pp = (limits[0], limits[1], int(limits[2] or 1)) if limits[0] > 1 else None  # (K, L, T) of every run
     with progress_bar() as bar:
         task = bar.add_task("tune", total=None)
         try:
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 search_partial_prefills=args.search_partial_prefills,
                 partial_prefills=fixed_pp,
                 async_scheduling=setup.async_scheduling,
+                scheduler=setup.scheduler_config,
             )
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
