@@ -21,7 +21,7 @@ elif not _HAS_MODEL:
 if _HAS_TORCH:
     import torch
 
-    from stallfree.engine.engine import LLMEngine
+    from stallfree.engine.engine import LLMEngine, engine_config
     from stallfree.engine.model import LlamaModel
     from stallfree.engine.weights import load_checkpoint
 
@@ -52,8 +52,8 @@ def make_engine(model, checkpoint):
     """Build engines that share the session's weights: make_engine(token_budget, max_seqs, kv_tokens)."""
 
     def make(token_budget=64, max_seqs=8, kv_tokens=4096, **kw):
-        return LLMEngine(model, checkpoint.tokenizer, checkpoint.name, token_budget, max_seqs,
-                         kv_tokens, **kw)
+        return LLMEngine(model, checkpoint.tokenizer, checkpoint.name,
+                         scheduler=engine_config(token_budget, max_seqs, kv_tokens, **kw))
 
     return make
 

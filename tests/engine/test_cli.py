@@ -24,7 +24,7 @@ def test_generate_prompts_file_prints_in_order(tmp_path, capsys):
     f = tmp_path / "p.txt"
     f.write_text("The capital of France is\n\n1, 2, 3, 4,\n")
     rc = main(["generate", "--prompts", str(f), "--raw", "--max-tokens", "3", "--threads", "1",
-               "--device", "cpu", "--token-budget", "4"])
+               "--device", "cpu", "--max-num-batched-tokens", "4"])
     assert rc == 0
     assert capsys.readouterr().out == "[0]  Paris.\n\n[1]  5,\n"
 

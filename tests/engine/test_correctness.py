@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams, engine_config
 from stallfree.engine.batch import BatchEntry, build_flat_batch
 from stallfree.engine.kv_cache import KVCache
 
@@ -53,7 +53,7 @@ def alone(model, checkpoint, prompt_ids):
     """Greedy tokens of each prompt run alone: one slot, a budget that never chunks."""
     out = []
     for ids in prompt_ids:
-        eng = LLMEngine(model, checkpoint.tokenizer, token_budget=4096, max_seqs=1, kv_tokens=256)
+        eng = LLMEngine(model, checkpoint.tokenizer, scheduler=engine_config(4096, 1, 256))
         eng.add_request(0, ids, SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True))
         toks = []
         while eng.has_unfinished():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams, engine_config
 from stallfree.engine import engine as engine_mod
 from stallfree.engine.engine import default_dtype
 from stallfree.engine.model import LlamaModel
@@ -21,7 +21,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 def generate(model, tokenizer, prompts, max_tokens, fill=None, **kw):
     """Greedy tokens of `prompts` run together (budget 16, so prompts are chunked)."""
-    eng = LLMEngine(model, tokenizer, token_budget=16, max_seqs=len(prompts), kv_tokens=1024, **kw)
+    eng = LLMEngine(model, tokenizer, scheduler=engine_config(16, len(prompts), 1024, **kw))
     if fill is not None:
         eng.kv.k[:, : eng.kv.num_slots] = fill
         eng.kv.v[:, : eng.kv.num_slots] = fill

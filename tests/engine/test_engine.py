@@ -102,11 +102,13 @@ def test_context_length_exceeded_names_both_numbers(make_engine):
 
 
 def test_never_fits_kv_is_rejected(make_engine):
-    """A request larger than the KV cache is rejected at add, as both engine and core errors."""
+    """A request larger than the KV cache is rejected at add with the core's RequestRejected (one class, the
+    engine's name for it the same), and nothing is queued."""
     eng = make_engine(kv_tokens=64)
-    with pytest.raises(RequestRejected, match="kv_tokens = 64") as err:
+    with pytest.raises(CoreRequestRejected, match="kv_tokens = 64"):
         eng.add_request("a", [100] * 60, SamplingParams(max_tokens=10))
-    assert isinstance(err.value, CoreRequestRejected) and isinstance(err.value, EngineError)
+    assert RequestRejected is CoreRequestRejected
+    assert not eng.has_unfinished()
     assert not eng.has_unfinished()
 
 
@@ -227,9 +229,13 @@ def test_default_kv_tokens_fit_two_gib(model, checkpoint):
     in ceil(46,603 / 16) = 2,913 blocks of 16 = 46,608 tokens."""
     from stallfree.engine import LLMEngine
 
-    eng = LLMEngine(model, checkpoint.tokenizer, token_budget=16, max_seqs=64)
+    eng = LLMEngine(model, checkpoint.tokenizer)
     assert min(8192 * 64, 2**31 // (2 * 30 * 3 * 64 * 4)) == 46603
     assert eng.scheduler.kv_total == 2913 * 16 and eng.kv.num_blocks == 2913
+    assert (eng.info.token_budget, eng.info.max_seqs) == (512, 64)
+    with pytest.warns(DeprecationWarning, match="LLMEngine"):  # the former keyword form, one release more
+        old = LLMEngine(model, checkpoint.tokenizer, token_budget=16, max_seqs=64)
+    assert old.scheduler.kv_total == 2913 * 16 and old.info.token_budget == 16
 
 
 def test_device_and_dtype_names_are_checked():

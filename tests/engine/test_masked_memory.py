@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from stallfree import PagedScheduler
-from stallfree.engine import LLMEngine, SamplingParams
+from stallfree.engine import LLMEngine, SamplingParams, engine_config
 from stallfree.engine.batch import BatchEntry, build_flat_batch
 from stallfree.engine.kv_cache import KVCache
 
@@ -31,7 +31,7 @@ def alone(model, checkpoint):
     """Greedy tokens (8 each) of each prompt run alone on a zero-filled cache."""
     out = {}
     for i, p in enumerate(PROMPTS):
-        eng = LLMEngine(model, checkpoint.tokenizer, token_budget=4096, max_seqs=1, kv_tokens=256)
+        eng = LLMEngine(model, checkpoint.tokenizer, scheduler=engine_config(4096, 1, 256))
         fill_unwritten(eng.kv, 0.0)
         eng.add_request(i, p, SamplingParams(max_tokens=8, **GREEDY))
         toks = []
@@ -75,7 +75,7 @@ def test_forward_logits_ignore_unwritten_slots(model, fill):
 def test_engine_outputs_ignore_unwritten_slots(model, checkpoint, alone, fill, budget):
     """Four requests of different lengths, arriving at steps 0, 2, 4, 6 into a cache full of
     garbage, with chunked prefill: each gets exactly its greedy tokens alone on a clean cache."""
-    eng = LLMEngine(model, checkpoint.tokenizer, token_budget=budget, max_seqs=3, kv_tokens=512)
+    eng = LLMEngine(model, checkpoint.tokenizer, scheduler=engine_config(budget, 3, 512))
     fill_unwritten(eng.kv, FILLS[fill])
     got: dict[int, list[int]] = {i: [] for i in range(len(PROMPTS))}
     step = 0

@@ -91,9 +91,9 @@ def test_bad_flags_refused_before_loading(monkeypatch, capsys, argv, needle):
 def test_policies_and_block_size_reach_the_engine(monkeypatch):
     """--kv-policy (default paged), --block-size (16) and --scheduling-policy reach build_engine's call."""
     a = _parse([])
-    assert (a.kv_policy, a.block_size, a.scheduling_policy, a.max_request_bytes) == ("paged", 16, "fcfs", 2**21)
+    assert (a.kv_policy, a.block_size, a.policy, a.max_request_bytes) == ("paged", 16, "fcfs", 2**21)
     a = _parse(["--kv-policy", "reserve", "--block-size", "32", "--scheduling-policy", "priority"])
-    assert (a.kv_policy, a.block_size, a.scheduling_policy) == ("reserve", 32, "priority")
+    assert (a.kv_policy, a.block_size, a.policy) == ("reserve", 32, "priority")
 
 
 def test_banner_names_what_is_served():

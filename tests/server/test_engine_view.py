@@ -32,7 +32,7 @@ def _real(base, **kw):
     """A real engine over the shared weights: budget 64, 4 seqs, 2048 KV tokens unless given."""
     args = dict(token_budget=64, max_seqs=4, kv_tokens=2048)
     args.update(kw)
-    return engine_mod.LLMEngine(base.model, base.tokenizer, base.model_name, **args)
+    return engine_mod.LLMEngine(base.model, base.tokenizer, base.model_name, scheduler=engine_mod.engine_config(**args))
 
 
 @pytest.fixture(params=["real", "fake"])

@@ -36,7 +36,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stallfree.engine.engine import LLMEngine
+    from stallfree.engine.engine import LLMEngine, default_kv_tokens, engine_config
     from stallfree.engine.errors import (
         ContextLengthExceeded,
         EngineError,
@@ -60,10 +60,14 @@ __all__ = [
     "RequestRejected",
     "SamplingParams",
     "StepFailed",
+    "default_kv_tokens",
+    "engine_config",
 ]
 
 _WHERE = {
     "LLMEngine": "engine",
+    "default_kv_tokens": "engine",
+    "engine_config": "engine",
     "RequestOutput": "outputs",
     "SamplingParams": "sampling",
     "ContextLengthExceeded": "errors",

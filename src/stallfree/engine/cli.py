@@ -15,7 +15,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import add_partial_prefill_args, positive_int
+from stallfree._argtypes import positive_int
+from stallfree.flags import add_scheduler_flags, scheduler_options
+
+#: Why the engine's scheduler defaults differ from the simulator's (generate, bench engine, serve).
+ENGINE_WHY = {
+    "token_budget": "default 512: on a CPU a step of 512 tokens already takes a good part of a second; the "
+    "simulator's 2,048 is a GPU's",
+    "max_seqs": "default 64: running requests at most",
+    "kv_tokens": "default: min(max_model_len x max_seqs, 2 GiB of KV on a CPU or half the free GPU memory)",
+}
 
 __all__ = [
     "DEFAULT_DTYPE_RULE", "DTYPE_NAMES", "check_model_flags", "check_scheduler_flags", "describe_model", "register",
@@ -125,10 +134,9 @@ def _bench_subparsers(subparsers: Any) -> Any:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a .gguf file or Hugging Face directory (default: bundled SmolLM2-135M-Instruct)")
-    p.add_argument("--token-budget", type=positive_int, default=512, help="tokens per step (512)")
-    add_partial_prefill_args(p, "max_model_len")
-    p.add_argument("--max-seqs", type=positive_int, default=64, help="running requests at most (64)")
-    p.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity in tokens (auto)")
+    add_scheduler_flags(p, {"token_budget": 512, "max_seqs": 64, "kv_tokens": None, "max_num_partial_prefills": 1,
+                            "max_long_partial_prefills": None, "long_prefill_token_threshold": None,
+                            "enable_chunked_prefill": True}, why=ENGINE_WHY)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if present)")
     p.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="compute dtype: float32, bfloat16 (bf16) or float16 (fp16); default: "
@@ -182,12 +190,7 @@ def _load(args: argparse.Namespace) -> Any:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return LLMEngine.from_pretrained(args.model, token_budget=args.token_budget,
-                                     max_seqs=args.max_seqs, kv_tokens=args.kv_tokens,
-                                     device=args.device, dtype=args.dtype,
-                                     max_num_partial_prefills=args.max_num_partial_prefills,
-                                     max_long_partial_prefills=args.max_long_partial_prefills,
-                                     long_prefill_token_threshold=args.long_prefill_token_threshold)
+    return LLMEngine.from_pretrained(args.model, device=args.device, dtype=args.dtype, **scheduler_options(args))
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -262,7 +265,7 @@ def _bench(args: argparse.Namespace) -> int:
         import torch
     except ModuleNotFoundError:
         return _fail("`bench engine` needs the engine extra: pip install 'stallfree[engine]'", 1, "bench engine")
-    from stallfree.engine import LLMEngine
+    from stallfree.engine import LLMEngine, engine_config
     from stallfree.engine.bench import run_engine_bench
 
     try:
@@ -271,8 +274,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _fail(str(exc), 1, "bench engine")
 
     def make(token_budget: int, max_seqs: int, kv_tokens: int) -> LLMEngine:
-        return LLMEngine(base.model, base.tokenizer, base.model_name, token_budget, max_seqs,
-                         kv_tokens)
+        return LLMEngine(base.model, base.tokenizer, base.model_name,
+                         scheduler=engine_config(token_budget, max_seqs, kv_tokens))
 
     res = run_engine_bench(make, args.out, long_len=args.long_prompt, quick=args.quick)
     res["model"] = base.model_name

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import math
 import time
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,14 @@ from typing import Any
 import torch
 
 from stallfree.core import FinishReason, InvalidConfig, Request, RequestStatus, Scheduler, SchedulerConfig, StepPlan
-from stallfree.core import RequestRejected as CoreRequestRejected
 from stallfree.core.errors import check_positive_int
-from stallfree.core.kv_tier import TieredKV, tiered_scheduler
+from stallfree.core.kv_tier import TieredKV
 from stallfree.core.prefix_cache import hash_blocks
 from stallfree.engine.batch import BatchBuilder
 from stallfree.engine.errors import (
     ContextLengthExceeded,
     EngineError,
     InvalidPrompt,
-    RequestRejected,
     StepFailed,
 )
 from stallfree.engine.kv_cache import HostKVCache, KVCache
@@ -40,15 +39,14 @@ from stallfree.engine.stops import StopMatcher
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from stallfree.engine.weights import load_checkpoint
 
-__all__ = ["KV_POLICIES", "SCHEDULING_POLICIES", "LLMEngine", "RequestOutput", "resolve_device", "resolve_dtype"]
+__all__ = ["KV_POLICIES", "SCHEDULING_POLICIES", "LLMEngine", "RequestOutput", "default_kv_tokens", "engine_config",
+           "resolve_device", "resolve_dtype"]
 
 #: The KV policies (docs/engine.md): "reserve" keeps prompt + max_tokens of KV per request from admission;
 #: "paged" takes blocks as tokens are computed and preempts by recompute when they run out (vLLM).
 KV_POLICIES = ("reserve", "paged")
 #: The scheduling policies: "fcfs" (arrival order) and "priority" (lower priority values first, with aging).
 SCHEDULING_POLICIES = ("fcfs", "priority")
-# The fraction of KV blocks kept free at admission under "paged" (vLLM's default watermark).
-_WATERMARK = 0.01
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -147,59 +145,65 @@ def _check_policies(kv_policy: str, scheduling_policy: str) -> None:
         raise InvalidConfig(f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, got {scheduling_policy!r}")
 
 
-def _build_scheduler(token_budget: int, max_seqs: int, kv_tokens: int, block_size: int, kv_policy: str,
-                     scheduling_policy: str, enable_prefix_caching: bool = False,
-                     partial: dict[str, Any] | None = None, max_model_len: int = 0,
-                     cpu_blocks: int = 0) -> Scheduler:
-    """The scheduler for a pair of policies (see LLMEngine): one Scheduler with the KV policy as an option.
+def engine_config(token_budget: int = 512, max_seqs: int = 64, kv_tokens: int = 16, block_size: int = 16,
+                  kv_policy: str = "reserve", scheduling_policy: str | None = None, **options: Any) -> SchedulerConfig:
+    """A SchedulerConfig with the engine's defaults (LLMEngine, `generate`, `serve`): budget 512 and 64
+    sequences (a CPU's), 16-token blocks, under "reserve" whole-block reservations with unaligned chunks
+    (as under "paged"); `scheduling_policy` is SchedulerConfig.policy (either name may be given).
 
-    Under either policy the pool holds ceil(kv_tokens / block_size) blocks, so that kv_tokens is never
-    rounded below what the cache was sized for. `partial`: the partial-prefill keywords of Scheduler; with
-    max_num_partial_prefills > 1 and no long_prefill_token_threshold, the threshold is 4% of
-    `max_model_len` (vLLM's default), at least 1 token. `cpu_blocks` > 0 (paged, prefix caching): a
-    CPU KV tier of that many blocks (stallfree.core.kv_tier.TieredKV).
-
-    Raises:
-        InvalidConfig: a value the scheduler refuses (it names the field).
-    """
-    opts = dict(partial or {})
-    if opts.get("max_num_partial_prefills", 1) > 1 and opts.get("long_prefill_token_threshold") is None:
-        opts["long_prefill_token_threshold"] = max(1, max_model_len * 4 // 100)
-    num_blocks = -(-kv_tokens // block_size)
-    # Under "reserve": reservations in whole blocks (the engine follows the scheduler's block tables);
-    # chunks are not aligned to blocks, as under "paged".
-    paged = kv_policy == "paged"
-    if paged and cpu_blocks:
-        return tiered_scheduler(token_budget, max_seqs, num_blocks * block_size, block_size, cpu_blocks,
-                                watermark=_WATERMARK, policy=scheduling_policy, **opts)
-    config = SchedulerConfig(
-        token_budget, max_seqs, num_blocks * block_size, kv_policy=kv_policy, block_size=block_size,
-        watermark=_WATERMARK if paged else SchedulerConfig.watermark, align_chunks=None if paged else False,
-        policy=scheduling_policy, enable_prefix_caching=enable_prefix_caching if paged else False, **opts)
-    return Scheduler(config)
-
-
-def _check_cpu_tier(cpu_kv_tokens: object, block_size: int, kv_policy: str, caching: bool, scheduler: Any) -> int:
-    """The CPU tier's blocks for LLMEngine(cpu_kv_tokens=...): cpu_kv_tokens // block_size.
+    Args:
+        token_budget, max_seqs, kv_tokens (tokens), block_size (tokens), kv_policy: as SchedulerConfig.
+        scheduling_policy: "fcfs" or "priority" (default fcfs).
+        **options: any other SchedulerConfig field by name (enable_prefix_caching, the partial-prefill
+            limits, cpu_kv_tokens, max_model_len, policy, ...).
 
     Raises:
-        InvalidConfig: cpu_kv_tokens not an integer >= 0, or > 0 with a given scheduler, without
-            kv_policy="paged" and prefix caching, or below one block; the message names it.
+        InvalidConfig: a value the scheduler refuses, or an unknown policy; the message names the field.
     """
-    if isinstance(cpu_kv_tokens, bool) or not isinstance(cpu_kv_tokens, int) or cpu_kv_tokens < 0:
-        raise InvalidConfig(f"cpu_kv_tokens must be an integer >= 0, got {cpu_kv_tokens!r}")
-    if not cpu_kv_tokens:
-        return 0
-    if scheduler is not None:
-        raise InvalidConfig("cpu_kv_tokens sizes the scheduler the engine builds: with scheduler=, give it a "
-                            "TieredKV manager (stallfree.core.kv_tier.tiered_scheduler) instead")
-    if kv_policy != "paged" or not caching:
-        raise InvalidConfig(f"cpu_kv_tokens={cpu_kv_tokens} (a CPU KV tier of prefix-cache blocks) needs "
-                            f"kv_policy='paged' and enable_prefix_caching=True, got kv_policy={kv_policy!r}, "
-                            f"enable_prefix_caching={caching!r}")
-    if cpu_kv_tokens < block_size:
-        raise InvalidConfig(f"cpu_kv_tokens={cpu_kv_tokens} holds no block of {block_size} tokens")
-    return cpu_kv_tokens // block_size
+    policy = options.pop("policy", None) or scheduling_policy or "fcfs"
+    _check_policies(kv_policy, policy)
+    options.setdefault("align_chunks", None if kv_policy == "paged" else False)
+    return SchedulerConfig(token_budget, max_seqs, kv_tokens, kv_policy=kv_policy, block_size=block_size,
+                           policy=policy, **options)
+
+
+def default_kv_tokens(model: LlamaModel, max_seqs: int) -> int:
+    """The engine's KV capacity when none is given, tokens: min(max_model_len x max_seqs, what fits in 2 GiB
+    on a CPU or half the free memory on a GPU), at least max_model_len. Bytes per token: 2 (K and V) x
+    layers x KV heads x head_dim x the model dtype's element size."""
+    cfg = model.config
+    elem = torch.tensor([], dtype=model.dtype).element_size()
+    per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
+    if model.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(model.device)
+        memory = int(free * _GPU_KV_FRACTION)
+    else:
+        memory = _CPU_KV_BYTES
+    return min(cfg.max_model_len * max_seqs, max(cfg.max_model_len, memory // per_token))
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(old: str, new: str) -> None:
+    if old not in _WARNED:
+        _WARNED.add(old)
+        warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=4)
+
+
+def _fit_config(config: SchedulerConfig, max_model_len: int) -> SchedulerConfig:
+    """`config` as the engine runs it: 16-token blocks when it names none (the engine follows block
+    tables), kv_tokens rounded up to whole blocks (never below what the cache was sized for), the
+    model's context length when it gives none (T's default is 4% of it).
+
+    Raises:
+        InvalidConfig: the result is not a valid configuration.
+    """
+    if not isinstance(config, SchedulerConfig):
+        raise InvalidConfig(f"scheduler must be a SchedulerConfig or a Scheduler, got {type(config).__name__}")
+    bs = config.block_size or 16
+    return config.replace(block_size=bs, kv_tokens=-(-config.kv_tokens // bs) * bs,
+                          max_model_len=config.max_model_len or max_model_len)
 
 
 def _tier_stats(s: Any) -> dict[str, int]:
@@ -273,30 +277,19 @@ class LLMEngine:
         model: the decoder.
         tokenizer: its tokenizer.
         model_name: the name reported to clients.
-        token_budget: the most tokens in one step (>= 1).
-        max_seqs: the most running requests (>= 1).
-        kv_tokens: KV capacity in tokens; None = min(max_model_len * max_seqs, 2 GiB of KV on
-            CPU or half the free GPU memory), at least max_model_len.
-        block_size: tokens per KV block.
-        scheduler: a scheduler to use instead of building one from the arguments (its own
-            policies then apply; kv_policy and scheduling_policy only describe it). It must hand
-            out block tables: a `block_table` function rid -> block ids, `block_size`, and
-            `num_blocks` or `kv_total` (a multiple of block_size).
-        kv_policy: "reserve" (default; Scheduler with block_size, reservations in whole blocks,
-            chunks not aligned) or "paged" (Scheduler(kv_policy="paged") with a 1% watermark);
-            either with ceil(kv_tokens / block_size) blocks.
-        scheduling_policy: "fcfs" (default; a request's priority has no effect, so a server refuses
-            any but 0) or "priority" (Scheduler(policy="priority"), under either KV policy).
-        enable_prefix_caching: "paged" only: each prompt's full blocks are hashed from its token ids
-            (hash_blocks) and the scheduler reuses cached KV blocks, so a prefill starts after the
-            longest cached prefix (docs/prefix_caching.md).
-        max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold: the
-            Scheduler options of the same names (default 1, None, None: the contract); with more
-            than one partial prefill the threshold defaults to 4% of the model's max_model_len.
-        cpu_kv_tokens: "paged" with prefix caching: a CPU KV tier of cpu_kv_tokens // block_size
-            blocks in host memory (stallfree.core.kv_tier): blocks the cache evicts are copied there
-            and copied back on a hit (each plan's kv_offloads, then kv_loads, before its forward
-            pass); 0: none. On a CPU-only machine both tiers are host memory.
+        scheduler: a stallfree.SchedulerConfig (the engine builds Scheduler(config) with 16-token blocks
+            when it names none, kv_tokens rounded up to whole blocks, the model's context length as
+            max_model_len when it gives none; `engine_config(...)` makes one with the engine's defaults:
+            budget 512, 64 sequences, reserve KV in whole blocks with unaligned chunks, FCFS), or a
+            scheduler to use as it is (it must hand out block tables: `block_table` rid -> block ids,
+            `block_size`, and `num_blocks` or `kv_total`), or None: engine_config() with the KV capacity
+            of default_kv_tokens (min(max_model_len x 64, 2 GiB of KV on a CPU or half the free GPU
+            memory)). Under kv_policy "paged" the engine reads and writes KV where the block tables say;
+            with prefix caching each prompt's full blocks are hashed (hash_blocks); with cpu_kv_tokens a
+            CPU KV tier's copies run before each forward pass (plan.kv_offloads, then kv_loads).
+        *legacy, **legacy_options: the former form (token_budget, max_seqs, kv_tokens, block_size,
+            scheduler, kv_policy, scheduling_policy, enable_prefix_caching, the partial-prefill limits,
+            cpu_kv_tokens): deprecated, one warning; the same engine.
 
     Raises:
         InvalidConfig (a ValueError): token_budget, max_seqs, kv_tokens or block_size is not an
@@ -306,47 +299,23 @@ class LLMEngine:
             below one block.
     """
 
-    def __init__(
-        self,
-        model: LlamaModel,
-        tokenizer: Tokenizer,
-        model_name: str = "model",
-        token_budget: int = 512,
-        max_seqs: int = 64,
-        kv_tokens: int | None = None,
-        block_size: int = 16,
-        scheduler: Any = None,
-        kv_policy: str = "reserve",
-        scheduling_policy: str = "fcfs",
-        enable_prefix_caching: bool = False,
-        max_num_partial_prefills: int = 1,
-        max_long_partial_prefills: int | None = None,
-        long_prefill_token_threshold: int | None = None,
-        cpu_kv_tokens: int = 0,
-    ) -> None:
-        _check_policies(kv_policy, scheduling_policy)
-        cpu_blocks = _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
-        if enable_prefix_caching and kv_policy != "paged" and scheduler is None:
-            raise InvalidConfig(f"enable_prefix_caching=True needs kv_policy='paged', got kv_policy={kv_policy!r}")
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, model_name: str = "model", *legacy: Any,
+                 scheduler: Any = None, **legacy_options: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
         cfg = model.config
         self.max_model_len = cfg.max_model_len
         self.eos_token_ids = tokenizer.eos_token_ids
-        elem = torch.tensor([], dtype=model.dtype).element_size()
-        per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem
+        if legacy or legacy_options:
+            scheduler = self._legacy_config(legacy, legacy_options, scheduler)
         if scheduler is None:
-            if kv_tokens is None:
-                kv_tokens = self._default_kv_tokens(per_token, max_seqs)
-            partial = {"max_num_partial_prefills": max_num_partial_prefills,
-                       "max_long_partial_prefills": max_long_partial_prefills,
-                       "long_prefill_token_threshold": long_prefill_token_threshold}
-            scheduler = _build_scheduler(token_budget, max_seqs, kv_tokens, block_size, kv_policy,
-                                         scheduling_policy, enable_prefix_caching, partial, cfg.max_model_len,
-                                         cpu_blocks)
-        else:
-            kv_policy = str(scheduler.kv_policy)
+            scheduler = engine_config(kv_tokens=default_kv_tokens(model, 64))
+        if not hasattr(scheduler, "schedule"):
+            scheduler = Scheduler(_fit_config(scheduler, cfg.max_model_len))
+        kv_policy = str(scheduler.kv_policy)
+        config = getattr(scheduler, "config", None)
+        scheduling_policy = config.policy if isinstance(config, SchedulerConfig) else "fcfs"
         self.scheduler = scheduler
         #: Prefix caching: prompts are hashed (hash_blocks) and cached KV blocks reused.
         self.enable_prefix_caching = bool(scheduler.enable_prefix_caching)
@@ -459,15 +428,26 @@ class LLMEngine:
         """Running requests preempted so far (0 under the reservation scheduler)."""
         return int(self.scheduler.num_preemptions)
 
-    def _default_kv_tokens(self, per_token_bytes: int, max_seqs: int) -> int:
-        dev = self.model.device
-        if dev.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(dev)
-            budget = int(free * _GPU_KV_FRACTION)
-        else:
-            budget = _CPU_KV_BYTES
-        fit = budget // per_token_bytes
-        return min(self.max_model_len * max_seqs, max(self.max_model_len, fit))
+    def _legacy_config(self, args: tuple[Any, ...], options: dict[str, Any], scheduler: Any) -> Any:
+        """The former keyword form LLMEngine(model, tokenizer, name, token_budget, max_seqs, kv_tokens, block_size,
+        scheduler, kv_policy, ...): its SchedulerConfig (engine_config), or the Scheduler it was given; warns once."""
+        names = ("token_budget", "max_seqs", "kv_tokens", "block_size", "scheduler", "kv_policy", "scheduling_policy",
+                 "enable_prefix_caching", "max_num_partial_prefills", "max_long_partial_prefills",
+                 "long_prefill_token_threshold", "cpu_kv_tokens")
+        if len(args) > len(names):
+            raise TypeError(f"LLMEngine() takes at most {3 + len(names)} positional arguments")
+        given = dict(zip(names, args, strict=False))
+        for name, value in options.items():
+            if name not in names or name in given:
+                raise TypeError(f"LLMEngine() got an unexpected or repeated argument {name!r}")
+            given[name] = value
+        _warn_once("LLMEngine(token_budget=..., max_seqs=..., ...)",
+                   "LLMEngine(model, tokenizer, name, scheduler=engine_config(...) or a SchedulerConfig)")
+        if given.pop("scheduler", None) is not None or scheduler is not None:
+            return scheduler if scheduler is not None else args[4]
+        if given.get("kv_tokens") is None:
+            given["kv_tokens"] = default_kv_tokens(self.model, given.get("max_seqs", 64))
+        return engine_config(**given)
 
     @classmethod
     def from_pretrained(
@@ -490,6 +470,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         cpu_kv_tokens: int = 0,
         kv_offloading_size: float | None = None,
+        **options: Any,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
 
@@ -513,7 +494,10 @@ class LLMEngine:
             kv_offloading_size: instead of cpu_kv_tokens, the CPU KV tier in GiB of host memory (vLLM's
                 --kv-offloading-size; one rank here), converted with the model's KV bytes per token:
                 floor(GiB x 2^30 / (2 x layers x KV heads x head_dim x bytes per element)) tokens.
-            Others: as in LLMEngine.
+            scheduler: a SchedulerConfig or a scheduler (as LLMEngine's); None: engine_config() of the
+                scheduler keywords here (token_budget, max_seqs, kv_tokens (None: default_kv_tokens),
+                block_size, kv_policy, scheduling_policy, enable_prefix_caching, the partial-prefill limits,
+                cpu_kv_tokens) and **options (any other SchedulerConfig field by name).
 
         Raises:
             ModelLoadError: the checkpoint cannot be found or read (see load_checkpoint).
@@ -526,15 +510,27 @@ class LLMEngine:
         if kv_tokens is not None:
             check_positive_int("kv_tokens", kv_tokens)
         check_positive_int("block_size", block_size)
-        _check_policies(kv_policy, scheduling_policy)
-        _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
+
+        def config_for(tier_tokens: int) -> SchedulerConfig:  # kv_tokens as given, or one block to check with
+            return engine_config(token_budget, max_seqs, kv_tokens or block_size, block_size, kv_policy,
+                                 scheduling_policy, enable_prefix_caching=enable_prefix_caching,
+                                 max_num_partial_prefills=max_num_partial_prefills,
+                                 max_long_partial_prefills=max_long_partial_prefills,
+                                 long_prefill_token_threshold=long_prefill_token_threshold,
+                                 cpu_kv_tokens=tier_tokens, **options)
+
+        if scheduler is None:
+            config_for(cpu_kv_tokens)
+        elif cpu_kv_tokens or kv_offloading_size is not None or options:
+            raise InvalidConfig("cpu_kv_tokens, kv_offloading_size and other scheduler fields size the scheduler the "
+                                "engine builds: with scheduler=, give them in its SchedulerConfig instead")
         if kv_offloading_size is not None:
             if isinstance(kv_offloading_size, bool) or not isinstance(kv_offloading_size, (int, float)) or not (
                     0 < kv_offloading_size < math.inf):
                 raise InvalidConfig(f"kv_offloading_size must be a number of GiB > 0, got {kv_offloading_size!r}")
             if cpu_kv_tokens:
                 raise InvalidConfig("cpu_kv_tokens and kv_offloading_size both size the CPU KV tier: give one")
-            _check_cpu_tier(block_size, block_size, kv_policy, enable_prefix_caching, scheduler)
+            config_for(block_size)
         dev = resolve_device(device)
         dt = default_dtype(dev) if dtype is None else resolve_dtype(dtype)
         if max_model_len is not None:
@@ -550,11 +546,11 @@ class LLMEngine:
         if kv_offloading_size is not None:
             per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dt).element_size()
             cpu_kv_tokens = int(kv_offloading_size * 2**30 // per_token)
-            _check_cpu_tier(cpu_kv_tokens, block_size, kv_policy, enable_prefix_caching, scheduler)
-        return cls(model, ckpt.tokenizer, ckpt.name, token_budget, max_seqs, kv_tokens,
-                   block_size, scheduler, kv_policy, scheduling_policy, enable_prefix_caching,
-                   max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshold,
-                   cpu_kv_tokens)
+            config_for(cpu_kv_tokens)
+        if scheduler is None:
+            scheduler = config_for(cpu_kv_tokens).replace(
+                kv_tokens=kv_tokens or default_kv_tokens(model, max_seqs))
+        return cls(model, ckpt.tokenizer, ckpt.name, scheduler=scheduler)
 
     # ------------------------------------------------------------------ requests
 
@@ -615,12 +611,9 @@ class LLMEngine:
             else:
                 gen.seed()
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
-        try:
-            hashes = self._hashes(ids, cache_salt)
-            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
-                                       arrival=time.monotonic(), block_hashes=hashes))
-        except CoreRequestRejected as exc:
-            raise RequestRejected(str(exc)) from None
+        hashes = self._hashes(ids, cache_salt)
+        self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
+                                   arrival=time.monotonic(), block_hashes=hashes))
         self._seqs[rid] = seq
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:

@@ -9,11 +9,12 @@ Hierarchy (StallfreeError, from stallfree.core.errors, is the base of every proj
     │   ├── ContextLengthExceeded       prompt + max_tokens is longer than the model's context
     │   ├── InvalidSamplingParams       a SamplingParams field is out of range (names field and value)
     │   ├── InvalidPrompt               an empty prompt, a token id outside the vocabulary, a duplicate rid
-    │   ├── RequestRejected (also core's RequestRejected)
-    │   │                               the scheduler can never fit it in the KV cache
     │   └── ModelLoadError              a checkpoint is missing, malformed or of an unsupported kind
-    └── StepFailed (RuntimeError)       a forward pass or sampling raised; see LLMEngine.step (the
-                                        server raises the same class to the requests of that step)
+    ├── StepFailed (RuntimeError)       a forward pass or sampling raised; see LLMEngine.step (the
+    │                                   server raises the same class to the requests of that step)
+    └── SchedulerError
+        └── RequestRejected (ValueError) the scheduler can never fit it in the KV cache: the core's own
+                                        class, re-exported here (one class, stallfree.RequestRejected)
 
 Every EngineError is raised before any state changes, so the caller may catch it and carry on.
 """
@@ -68,8 +69,8 @@ class InvalidPrompt(EngineError):
     """A prompt is empty, holds a token id outside the vocabulary, or its rid is already live."""
 
 
-class RequestRejected(EngineError, _CoreRequestRejected):
-    """The scheduler refused the request: it can never fit in the KV cache (kv_tokens)."""
+#: The scheduler refused the request: it can never fit in the KV cache (kv_tokens). The core's class itself.
+RequestRejected = _CoreRequestRejected
 
 
 class ModelLoadError(EngineError):

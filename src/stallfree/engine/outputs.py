@@ -7,13 +7,13 @@ Imports allowed: the standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from stallfree.core import Request as CoreRequest
 
-__all__ = ["Admission", "EngineClient", "EngineInfo", "EngineStats", "Headroom", "RequestOutput", "estimate_headroom"]
+__all__ = ["Admission", "EngineClient", "EngineInfo", "EngineStats", "Headroom", "RequestOutput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,49 +158,6 @@ class Headroom:
         if self.reserve:
             return prompt_tokens + max_tokens
         return -(-chunk_tokens // self.block_size) * self.block_size
-
-
-def estimate_headroom(
-    *,
-    max_seqs: int,
-    token_budget: int,
-    num_running: int,
-    partial_rest: Sequence[int],
-    kv_free_tokens: int,
-    reserve: bool,
-    block_size: int,
-    waiting: Iterable[tuple[int, int, bool]],
-) -> Headroom:
-    """Walk the next step's admission over public numbers (contract step 3), as a Headroom.
-
-    The budget first goes to one token per running request that decodes (those not in `partial_rest`)
-    and to the rest of each unfinished prompt; admission then takes `waiting` in order, each needing a
-    free slot, budget left, and KV: its reservation under "reserve"; under "paged" the blocks of its
-    first chunk (its whole recompute when preempted). The first that does not fit and all behind it wait.
-
-    Args:
-        partial_rest: per prompt left unfinished by the last step, its tokens still to prefill.
-        kv_free_tokens: KV free for admission, in tokens (under "paged": above the watermark).
-        waiting: per waiting request in queue order, (tokens to prefill, KV it reserves under
-            "reserve", True if it was never preempted).
-    """
-    slots = max_seqs - num_running
-    budget = max(0, token_budget - (num_running - len(partial_rest)) - sum(partial_rest))
-    kv = kv_free_tokens
-    will_wait = 0
-    for target, reserved, fresh in waiting:
-        if will_wait:
-            will_wait += 1
-            continue
-        chunk = min(target, budget)
-        need = reserved if reserve else -(-(chunk if fresh else target) // block_size) * block_size
-        if slots < 1 or chunk < 1 or need > kv:
-            will_wait = 1
-            continue
-        slots -= 1
-        kv -= need
-        budget = budget - chunk if chunk == target else 0
-    return Headroom(will_wait, slots, kv, budget, reserve, block_size)
 
 
 class Admission:

@@ -15,7 +15,7 @@ import torch
 
 from stallfree.engine.errors import InvalidSamplingParams
 
-__all__ = ["GREEDY_BELOW", "NO_TOKEN", "SamplingParams", "greedy_tokens", "sample_one", "sample_tokens"]
+__all__ = ["GREEDY_BELOW", "NO_TOKEN", "SamplingParams", "sample_one", "sample_tokens"]
 
 #: Temperatures below this are sampled greedily (argmax), as in vLLM (its _SAMPLING_EPS, 1e-5): dividing
 #: float32 logits by a smaller temperature overflows them to inf for any logit gap above about 1e33 * t,
@@ -132,11 +132,6 @@ def sample_one(
         drop = (torch.cumsum(sorted_p, dim=0) - sorted_p) >= params.top_p
         probs = probs.scatter(0, order[drop], 0.0)
     return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def greedy_tokens(logits: torch.Tensor) -> Sequence[int]:
-    """Return the argmax of each row. Shapes: logits [S, V] -> S ints."""
-    return torch.argmax(logits, dim=-1).tolist()
 
 
 def sample_tokens(
