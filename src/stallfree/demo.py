@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from stallfree._argtypes import positive_int
 from stallfree.core import Request, Scheduler
+from stallfree.flags import add_scheduler_flags
 
 __all__ = ["register", "run_demo"]
 
@@ -44,5 +44,6 @@ def run_demo(token_budget: int = 8) -> list[str]:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `demo` subcommand."""
     p = sub.add_parser("demo", help="print each step's plan for a small scripted workload")
-    p.add_argument("--token-budget", type=positive_int, default=8, help="tokens per step (default 8)")
+    add_scheduler_flags(p, {"token_budget": 8}, why={"token_budget": "default 8: small enough to read every chunk"},
+                        shared=False)
     p.set_defaults(func=lambda a: print("\n".join(run_demo(a.token_budget))) or 0)

