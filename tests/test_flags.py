@@ -153,3 +153,19 @@ def test_the_walk_of_one_option(monkeypatch):
     assert flags.scheduler_options(parser.parse_args(["tune"]))["decode_overflow"] == "oldest"
     with pytest.raises(SystemExit):  # validate's replay and demo build fixed schedulers: not there
         parser.parse_args(["demo", "--decode-overflow", "rotate"])
+
+
+@pytest.mark.parametrize("text, tokens", [("2M", 2 * 2**20), ("2m", 2_000_000), ("1.5k", 1500), ("32K", 32768),
+                                          ("512", 512)])
+def test_token_counts_take_vllms_suffixes(text, tokens):
+    """k, m, g are decimal and K, M, G binary, as vLLM reads them; on every token knob."""
+    a = build_parser().parse_args(["simulate", "--kv-tokens", text, "--max-num-batched-tokens", text])
+    assert a.kv_tokens == a.token_budget == tokens
+
+
+@pytest.mark.parametrize("text", ["1.5K2", "2MB", "0.0001k", "-3", "k"])
+def test_bad_token_counts_are_usage_errors(text, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["simulate", "--kv-tokens", text])
+    assert exc.value.code == 2
+    assert "--kv-tokens" in capsys.readouterr().err

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 __all__ = [
     "add_partial_prefill_args",
+    "parse_token_count",
+    "token_count",
+    "token_count_list",
     "int_list",
     "non_negative_float",
     "partial_prefill_flag_problem",
@@ -35,6 +39,60 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+#: Token-count suffixes, vLLM's rule (its human-readable integers): lowercase decimal, uppercase binary.
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+_COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]?)\s*$")
+
+
+def parse_token_count(text: str) -> int:
+    """A count of tokens with an optional suffix, as vLLM reads one: k, m, g multiply by 10^3, 10^6, 10^9 and
+    K, M, G by 2^10, 2^20, 2^30 ("2M" = 2,097,152; "2m" = 2,000,000; "1.5k" = 1,500). A fraction must
+    come to a whole number of tokens.
+
+    Raises:
+        ValueError: not such a count, or a fraction that is not a whole number of tokens.
+    """
+    m = _COUNT.match(text)
+    if m is None:
+        raise ValueError(f"expected a whole number of tokens (suffixes k, m, g = 10^3, 10^6, 10^9; K, M, G = 2^10, "
+                         f"2^20, 2^30), got {text!r}")
+    digits, suffix = m.groups()
+    from fractions import Fraction
+
+    value = Fraction(digits) * _SUFFIXES.get(suffix, 1)
+    if value.denominator != 1:
+        raise ValueError(f"{text!r} is not a whole number of tokens")
+    return int(value)
+
+
+def token_count(text: str) -> int:
+    """An argparse type: a count of tokens >= 1, with vLLM's suffixes (parse_token_count).
+
+    Raises:
+        argparse.ArgumentTypeError: not such a count, or < 1.
+    """
+    try:
+        value = parse_token_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of tokens >= 1, got {text!r}")
+    return value
+
+
+def token_count_list(text: str) -> list[int]:
+    """An argparse type: a comma-separated, non-empty list of token counts >= 1, each with vLLM's suffixes
+    ("512,2k,8K").
+
+    Raises:
+        argparse.ArgumentTypeError: an item is not such a count, or the list is empty.
+    """
+    out = [token_count(t) for t in text.split(",") if t.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of token counts >= 1, got {text!r}")
+    return out
 
 
 def _number(text: str) -> float:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree._argtypes import non_negative_float, positive_float, positive_int
+from stallfree._argtypes import non_negative_float, positive_float, positive_int, token_count
 from stallfree.core.config import SchedulerConfig
 
 __all__ = [
@@ -46,7 +46,8 @@ class Knob:
         dest: the SchedulerConfig field it sets, or the command's own name for a knob that is not a field
             (async_scheduling, kv_tokens sizing, GiB of host memory); the attribute on the parsed namespace.
         help: what it means everywhere (a command adds why its default is what it is).
-        kind: "int" (>= 1), "float" (> 0), "fraction" (>= 0), "bool" (--flag / --no-flag) or "choice".
+        kind: "int" (>= 1), "tokens" (a count of tokens >= 1 with vLLM's suffixes: k, m, g decimal; K, M,
+            G binary), "float" (> 0), "fraction" (>= 0), "bool" (--flag / --no-flag) or "choice".
         choices: the values of a "choice" knob.
         aliases: older names, accepted with one deprecation line naming `flag`.
         core: True when dest is a SchedulerConfig field.
@@ -69,7 +70,7 @@ class Knob:
 
 _KNOB_LIST = (
     Knob("--max-num-batched-tokens", "token_budget", "token budget: the most tokens in one step", metavar="N",
-         aliases=("--token-budget", "--budget")),
+         kind="tokens", aliases=("--token-budget", "--budget")),
     Knob("--max-num-seqs", "max_seqs", "the most running requests", metavar="N", aliases=("--max-seqs",)),
     Knob("--kv-policy", "kv_policy", "reserve: KV for prompt + max_new reserved at admission (the contract); "
          "paged: KV blocks taken as tokens are computed, preemption by recompute",
@@ -86,12 +87,13 @@ _KNOB_LIST = (
     Knob("--max-long-partial-prefills", "max_long_partial_prefills", "of those, at most L long ones "
          "(default 1)", metavar="L"),
     Knob("--long-prefill-token-threshold", "long_prefill_token_threshold", "a prompt is long while more than T "
-         "of its tokens are left (default: 4%% of --max-model-len)", metavar="T"),
+         "of its tokens are left (default: 4%% of --max-model-len)", metavar="T", kind="tokens"),
     Knob("--max-model-len", "max_model_len", "context length, tokens: prompt + max_new at most this "
-         "(default: the model's)", metavar="N"),
-    Knob("--kv-tokens", "kv_tokens", "KV cache capacity, tokens (overrides the sizing from memory)", metavar="N"),
+         "(default: the model's)", metavar="N", kind="tokens"),
+    Knob("--kv-tokens", "kv_tokens", "KV cache capacity, tokens (overrides the sizing from memory)", metavar="N",
+         kind="tokens"),
     Knob("--cpu-kv-tokens", "cpu_kv_tokens", "prefix caching: a CPU KV tier of N tokens (whole blocks): blocks "
-         "the GPU evicts are kept in host memory and loaded back on a hit", metavar="N"),
+         "the GPU evicts are kept in host memory and loaded back on a hit", metavar="N", kind="tokens"),
     Knob("--kv-offloading-size", "kv_offloading_size", "prefix caching: the CPU KV tier in GiB of host memory "
          "summed over the tensor-parallel ranks (converted with the model's KV bytes per token)", kind="float",
          core=False, metavar="GiB"),
@@ -107,7 +109,7 @@ _KNOB_LIST = (
 #: Every knob by its dest.
 KNOBS: Mapping[str, Knob] = {k.dest: k for k in _KNOB_LIST}
 
-_TYPES = {"int": positive_int, "float": positive_float, "fraction": non_negative_float}
+_TYPES = {"int": positive_int, "tokens": token_count, "float": positive_float, "fraction": non_negative_float}
 
 
 def knob_flag(dest: str) -> str:
@@ -207,6 +209,8 @@ def add_scheduler_flags(
             text += f" ({why[dest]})"
         elif knob.kind != "bool" and default is not None:
             text += f" (default {default})"
+        if knob.kind == "tokens":
+            text += "; k, m, g = 10^3, 10^6, 10^9 and K, M, G = 2^10, 2^20, 2^30 tokens, as vLLM"
         if knob.aliases:
             text += f"; formerly {', '.join(knob.aliases)}"
         common: dict[str, Any] = {"dest": dest, "default": default, "help": text,

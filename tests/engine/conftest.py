@@ -52,8 +52,9 @@ def make_engine(model, checkpoint):
     """Build engines that share the session's weights: make_engine(token_budget, max_seqs, kv_tokens)."""
 
     def make(token_budget=64, max_seqs=8, kv_tokens=4096, **kw):
+        given = kw.pop("scheduler", None)  # a scheduler to use as it is
         return LLMEngine(model, checkpoint.tokenizer, checkpoint.name,
-                         scheduler=engine_config(token_budget, max_seqs, kv_tokens, **kw))
+                         scheduler=given or engine_config(token_budget, max_seqs, kv_tokens, **kw))
 
     return make
 

@@ -103,7 +103,7 @@ def test_malformed_trace_stops_before_simulating(tmp_path, capsys):
     """A malformed row stops the run with file and line; --skip-bad-rows skips and reports it."""
     p = tmp_path / "t.csv"
     p.write_text("arrival_time,prompt_len,output_len\n0,10,5\n1,ten,5\n2,10,5\n")
-    assert main(["simulate", "--trace", str(p)]) == 1
+    assert main(["simulate", "--trace", str(p)]) == 2
     err = capsys.readouterr().err
     assert f"{p}:3: prompt_len 'ten' is not an integer" in err
     assert main(["simulate", "--trace", str(p), "--skip-bad-rows"]) == 0
@@ -267,11 +267,12 @@ def test_unknown_model_is_a_usage_error_naming_it(capsys):
     ],
     ids=["abc", "negative", "nan", "empty", "not-utf8"],
 )
-def test_malformed_trace_contents_exit_1(tmp_path, capsys, body, said):
-    """Bad contents of a trace that exists are a data error: one line, exit 1 (docs/simulator.md)."""
+def test_malformed_trace_contents_exit_2(tmp_path, capsys, body, said):
+    """Bad contents of a trace that exists are an input error: one line, exit 2 (the commands' rule: 2 for
+    any input error, 1 for a failure while running; docs/simulator.md)."""
     path = tmp_path / "t.csv"
     path.write_bytes(body)
-    assert main(["simulate", "--trace", str(path)]) == 1
+    assert main(["simulate", "--trace", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert said in err
@@ -326,12 +327,12 @@ def test_tiny_slo_warns_how_it_was_read():
 
 
 def test_out_dir_is_not_left_behind_by_a_failed_or_interrupted_run(tmp_path, capsys, monkeypatch):
-    """simulate --out DIR creates DIR only when it writes the first file: a bad trace (exit 1) or a
+    """simulate --out DIR creates DIR only when it writes the first file: a bad trace (exit 2) or a
     Ctrl-C during the run (exit 130) leaves no empty DIR, nor the missing parents it checked."""
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     out = tmp_path / "new" / "o1"
-    assert main(["simulate", "--trace", str(bad), "--out", str(out)]) == 1
+    assert main(["simulate", "--trace", str(bad), "--out", str(out)]) == 2
     assert "unrecognised header" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
 

@@ -51,6 +51,7 @@ from stallfree.sim.workload import (
 __all__ = [
     "DEFAULTS",
     "DEFAULT_RATE_SCALE",
+    "MAX_OFFERED_RATE",
     "MAX_SYNTHETIC_REQUESTS",
     "TIME_BUDGET_CAP",
     "HardwareOptions",
@@ -76,6 +77,10 @@ TIME_BUDGET_CAP = 65536
 #: The most requests a synthetic workload draws: each costs a few hundred bytes here and a step or
 #: more of simulation, so more would take minutes and GiBs without telling anything new.
 MAX_SYNTHETIC_REQUESTS = 5_000_000
+#: The most requests per second a run may offer (mean arrival rate, after the rate scale): past any fleet one
+#: simulation prices (a large deployment serves thousands per second); beyond it a run is a typo
+#: (`--rate-scale 1e9`), whose arrivals collapse into microseconds and whose figures mean nothing.
+MAX_OFFERED_RATE = 100_000.0
 
 
 class SetupError(StallfreeError, ValueError):
@@ -538,6 +543,13 @@ class Setup:
                 opts.pop(name, None)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
         self.workload = self.base_workload.scale_rate(self.rate_scale)
+        rate = self.workload.mean_rate
+        if math.isfinite(rate) and rate > MAX_OFFERED_RATE:
+            wo = self.workload_options
+            what = (f"`rate`={wo.rate:g}" if wo.synthetic and not wo.rate_scale
+                    else f"`rate_scale`={self.rate_scale:g} on {self.base_workload.mean_rate:,.3g} requests/s")
+            raise SetupError(f"{what} offers {rate:,.0f} requests/s, past the bound of {MAX_OFFERED_RATE:,.0f} "
+                             "requests/s of one simulation", usage=True)
         self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         self.context_length, self.context_length_source = context_length(self.hardware_options)
         self.kv_bytes_per_token = 0

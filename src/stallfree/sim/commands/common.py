@@ -51,7 +51,9 @@ __all__ = [
     "hardware_options",
     "modes",
     "positive_duration",
+    "EXIT_SERVED_NOTHING",
     "rejection_warning",
+    "served_nothing",
     "warn_rejections",
     "setup_from_args",
     "workload_options",
@@ -59,7 +61,8 @@ __all__ = [
 
 
 class CliError(StallfreeError):
-    """A user error to print as one line; `code` is the exit status (1, or 2 for usage)."""
+    """A user error to print as one line; `code` is the exit status (the commands' rule: 2 for any input
+    error, 1 for a failure while running, 3 for SLOs missed, 4 for a run that served nothing)."""
 
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
@@ -349,6 +352,23 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
                  kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling)
 
 
+#: The exit status of a run that served no request (every one rejected or refused): the figures describe nothing.
+EXIT_SERVED_NOTHING = 4
+
+
+def served_nothing(command: str, rows: list[dict[str, Any]]) -> int | None:
+    """EXIT_SERVED_NOTHING, with one line on stderr saying why, when no run of `rows` (summaries or sweep rows)
+    completed a request; None when any did. The report has been printed by then: its rejection lines name
+    the reasons (over the context length, never fits the KV cache)."""
+    if not rows or any(r.get("completed") for r in rows):
+        return None
+    rejected = sum(int(r.get("rejected") or 0) for r in rows)
+    why = f" ({rejected:,} requests rejected: see the lines above)" if rejected else ""
+    print(f"stallfree {command}: error: no run served any request{why}; nothing to report (exit "
+          f"{EXIT_SERVED_NOTHING})", file=sys.stderr)
+    return EXIT_SERVED_NOTHING
+
+
 def rejection_warning(label: str, num_requests: int, by_reason: dict[str, int], first: str | None) -> str:
     """The one-line warning for rejected requests: how many, of how many, by reason, and the first reason."""
     total = sum(by_reason.values())
@@ -527,8 +547,8 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except CliError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return exc.code
-        except TraceFileError as exc:  # a file named on the command line is missing or unreadable
-            print(f"{prog}: error: {exc}", file=sys.stderr)
+        except (TraceFileError, TraceError) as exc:  # a trace file missing, unreadable or malformed: input
+            print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 2
         except SetupError as exc:
             print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
@@ -536,7 +556,7 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except InvalidConfig as exc:  # a scheduler field out of range: the flags as typed
             print(f"{prog}: error: {flag_text(str(exc))}", file=sys.stderr)
             return 2
-        except (TraceError, SimulationError, ValueError, OSError, ExecutorError) as exc:
+        except (SimulationError, ValueError, OSError, ExecutorError) as exc:
             print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 1
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import int_list, positive_int
+from stallfree._argtypes import positive_int, token_count_list
 from stallfree.core.config import SchedulerConfig
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.cluster import (
@@ -39,6 +39,7 @@ from stallfree.sim.commands.common import (
     positive_duration,
     refuse_writing_the_trace,
     rejection_warning,
+    served_nothing,
     setup_from_args,
 )
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
@@ -236,7 +237,7 @@ def run(args: argparse.Namespace) -> int:
             write_records(res, path, cluster.routed if cluster is not None else None)
     if args.out:
         _write_out(args.out, study, clusters, quiet_stdout=args.json)
-    return 0
+    return served_nothing("simulate", study.summaries) or 0
 
 
 def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | None:
@@ -399,13 +400,13 @@ def _add_cluster_flags(sim: Any) -> None:
     )
 
     c.add_argument(
-        "--prefill-budget", type=int_list, metavar="N[,N...]",
+        "--prefill-budget", type=token_count_list, metavar="N[,N...]",
         help="prefill side's token budget per step (default: --max-num-batched-tokens); with --disaggregate "
         f"search, the grid searched (default {','.join(map(str, DEFAULT_PREFILL_BUDGETS))}; "
         "--max-num-batched-tokens N: N only)",
     )
     c.add_argument(
-        "--decode-budget", type=int_list, metavar="N[,N...]",
+        "--decode-budget", type=token_count_list, metavar="N[,N...]",
         help="decode side's, as --prefill-budget (search default "
         f"{','.join(map(str, DEFAULT_DECODE_BUDGETS))})",
     )
@@ -455,7 +456,7 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
     if args.out:
         names = write_disagg_out(args.out, header, summary, res, setup.workload)
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
-    return 0
+    return served_nothing("simulate", [summary]) or 0
 
 
 def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float_list, positive_int
+from stallfree._argtypes import (
+    parse_token_count,
+    partial_prefill_flag_problem,
+    positive_float_list,
+    positive_int,
+    token_count_list,
+)
 from stallfree.flags import add_scheduler_flags
 from stallfree.sim.commands.common import (
     OUT_FILES,
@@ -27,6 +33,7 @@ from stallfree.sim.commands.common import (
     modes,
     progress_bar,
     refuse_writing_the_trace,
+    served_nothing,
     setup_from_args,
     warn_rejections,
 )
@@ -45,11 +52,11 @@ KV_SWEEP_BUDGET = DEFAULT_TOKEN_BUDGET
 
 
 def _sizes(text: str) -> list[int]:
-    """A comma-separated list of integers >= 0 (CPU tier sizes, tokens; 0: no tier)."""
+    """A comma-separated list of token counts >= 0 (CPU tier sizes; 0: no tier), with vLLM's suffixes."""
     try:
-        values = [int(v) for v in text.split(",")]
+        values = [parse_token_count(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts >= 0, got {text!r}") from None
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
     return values
@@ -66,7 +73,7 @@ def register(subparsers: Any) -> None:
     add_common(p)
     p.add_argument(
         "--budgets",
-        type=int_list,
+        type=token_count_list,
         metavar="LIST",
         help="token budgets to simulate (default 256,512,1024,2048,4096,8192; with a --kv-tokens list, "
         "one budget, default 2048)",
@@ -84,7 +91,7 @@ def register(subparsers: Any) -> None:
     for action in p._actions:
         if action.dest == "kv_tokens":
             # Here a list: with more than one size, sweep KV capacity instead of budgets.
-            action.type = int_list
+            action.type = token_count_list
             action.metavar = "LIST"
             action.help = ("KV capacity, tokens; a comma-separated list sweeps capacity (one run per size at "
                            "one --budgets value, default 2048, chunked batching) and plots TTFT, and with "
@@ -159,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         names = write_sweep(args.out, result)
         print(f"wrote {args.out}/" + ", ".join(names), file=sys.stderr if args.json else sys.stdout)
-    return 0
+    return served_nothing("sweep", result.table_rows) or 0
 
 
 def print_rows(rows: Sequence[dict[str, Any]]) -> None:

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_int
+from stallfree._argtypes import partial_prefill_flag_problem, positive_int, token_count_list
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
@@ -22,6 +22,7 @@ from stallfree.sim.commands.common import (
     guard,
     progress_bar,
     refuse_writing_the_trace,
+    served_nothing,
     setup_from_args,
     warn_rejections,
 )
@@ -55,10 +56,10 @@ def register(subparsers: Any) -> None:
     )
     add_common(p)
     t = p.add_argument_group("search")
-    t.add_argument("--budgets", type=int_list, metavar="LIST", help="simulate these budgets only (no bound)")
+    t.add_argument("--budgets", type=token_count_list, metavar="LIST", help="simulate these budgets only (no bound)")
     t.add_argument(
         "--max-seqs-candidates",
-        type=int_list,
+        type=token_count_list,
         metavar="LIST",
         help="max_seqs values tried at the best budget (default: half and double --max-seqs)",
     )
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         names = write_tune(args.out, result, header)
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
-    return 0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO
+    return served_nothing("tune", result.rows) or (0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO)
 
 
 def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_tolerance: float) -> None:
