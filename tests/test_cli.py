@@ -37,20 +37,20 @@ def test_missing_library_at_import_keeps_the_command(monkeypatch, capsys):
     assert "pip install 'stallfree[server]'" in capsys.readouterr().err
 
 
-def test_file_errors_are_usage_and_contents_errors_are_data_in_every_command(tmp_path, capsys):
-    """A missing input file is a usage error (exit 2) and malformed contents a data error (exit 1), in
-    calibrate and validate as in simulate (docs/simulator.md); a bad --prompt-len is a usage error naming it."""
+def test_every_input_error_exits_2_in_every_command(tmp_path, capsys):
+    """One rule: a missing input file, malformed contents and a bad flag are all input errors, exit 2, one
+    line, in calibrate and validate as in simulate (README, "Exit codes")."""
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     missing = str(tmp_path / "missing.csv")
     cal = ["calibrate", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--csv"]
     cases = [
         ([*cal, missing], 2, "No such file or directory"),
-        ([*cal, str(bad)], 1, "missing column 'num_tokens'"),
+        ([*cal, str(bad)], 2, "missing column 'num_tokens'"),
         (["validate", "--against", missing], 2, "no such file or folder"),
-        (["validate", "--against", str(bad)], 1, "not a run folder"),
+        (["validate", "--against", str(bad)], 2, "not a run folder"),
         (["simulate", "--trace", missing], 2, "missing.csv"),
-        (["simulate", "--trace", str(bad)], 1, "unrecognised header"),
+        (["simulate", "--trace", str(bad)], 2, "unrecognised header"),
         (["simulate", "--concurrency", "2", "--prompt-len", "fixed:abc", "--kernels", "none"], 2,
          "--prompt-len: bad length distribution 'fixed:abc'"),
     ]

@@ -26,7 +26,7 @@ from stallfree.costmodel.calibrate import (
     fit_steps,
     read_steps_csv,
 )
-from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelWarning
+from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
 from stallfree.costmodel.kernel_maps import SYSTEMS
 from stallfree.costmodel.model import get_model, list_models
@@ -115,9 +115,9 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
             try:
                 code = func(a)
             except CostModelError as exc:
-                # Malformed contents of a data file are a data error (1); a missing file, like any
-                # other unusable value, is a usage error (2), as the simulator's commands answer them.
-                code = 1 if isinstance(exc, CostModelDataError) else 2
+                # Any input error is 2, as the simulator's commands answer them: a missing file, malformed
+                # contents of a data file (CostModelDataError), any other unusable value.
+                code = 2
                 print(f"stallfree {a.command}: error: {exc}", file=sys.stderr)
         for w in caught:
             print(f"stallfree {a.command}: warning: {w.message}", file=sys.stderr)

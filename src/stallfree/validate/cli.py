@@ -14,7 +14,6 @@ from typing import Any
 from stallfree._argtypes import positive_int
 from stallfree.flags import add_renamed, add_scheduler_flags
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
-from stallfree.validate.errors import ValidateDataError
 
 __all__ = ["register"]
 
@@ -170,9 +169,10 @@ def _run(a: argparse.Namespace) -> int:
                      f"compared on the second half ({res['error']['requests']:.0f} requests); "
                      f"{c['total_wall_s']:.0f} s")
     except ValueError as exc:
-        # Malformed contents of a file it read are a data error (1); a missing path or a bad option, 2.
+        # Any input error, 2 (the commands' rule): a bad option, a missing path, or malformed contents of a
+        # file it read (ValidateDataError).
         print(f"stallfree validate: error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, ValidateDataError) else 2
+        return 2
     add_verdict(res, "vllm" if a.vllm_result is not None else "engine")
     if a.json:
         print(json.dumps(res, indent=1))
