@@ -99,7 +99,8 @@ def test_scheduler_config_tier_needs_caching_and_a_block():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cpu-kv-tokens", "1000"], "add --enable-prefix-caching"),
+    (["--cpu-kv-tokens", "1000", "--kernels", "none"], "add --enable-prefix-caching"),
+    (["--cpu-kv-tokens", "1000", "--no-enable-prefix-caching"], "add --enable-prefix-caching"),
     (["--kv-policy", "paged", "--enable-prefix-caching", "--cpu-kv-tokens", "1000", "--kv-offloading-size", "1"],
      "give one"),
 ])

@@ -130,13 +130,16 @@ def test_prefix_caching_needs_paged():
 
 
 def test_cli_prefix_caching_needs_paged_and_compare_caching_runs_both(tmp_path, capsys):
-    """--prefix-caching without --kv-policy paged is a one-line error (exit 2); --compare-caching gives two
-    runs, the second with the hit rate and its bound."""
+    """--enable-prefix-caching on a run that reserves its KV (--kv-policy reserve typed, or the contract's
+    default under --kernels none) is a one-line error (exit 2); --compare-caching gives two runs, the second
+    with the hit rate and its bound."""
     from stallfree.cli import main
 
     p = write(tmp_path, [{"timestamp": i * 100, "input_length": 600, "output_length": 2, "hash_ids": [1, 100 + i]}
                          for i in range(6)])
-    assert main(["simulate", "--trace", str(p), "--enable-prefix-caching"]) == 2
+    assert main(["simulate", "--trace", str(p), "--enable-prefix-caching", "--kernels", "none"]) == 2
+    assert "--enable-prefix-caching needs --kv-policy paged" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(p), "--enable-prefix-caching", "--kv-policy", "reserve"]) == 2
     assert "--enable-prefix-caching needs --kv-policy paged" in capsys.readouterr().err
     assert main(["simulate", "--trace", str(p), "--kv-policy", "paged", "--compare-caching", "--json",
                  "--linear-cost", "10,100"]) == 0

@@ -625,7 +625,30 @@ def run_disagg_experiment(
         link_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, link_latency_s=link.latency_s,
         kv_bytes_per_token=kvb,
     )
+    header["behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(setup)
     return header, summary, res
+
+
+def sides_behaviour(setup: Any) -> tuple[str, list[str]]:
+    """How each side of a disaggregated run schedules, in words, and what of the setup's scheduling is
+    not modelled under disaggregation and so left out on both sides (asynchronous scheduling, prefix
+    caching, several partial prefills, a CPU KV tier), each named with where it came from (the pricing
+    engine's default or the caller's)."""
+    core = setup.scheduler_config
+    kv = (f"paged KV in {core.block_size}-token blocks, watermark {core.watermark:g}" if core.kv_policy == "paged"
+          else "KV reserved at admission")
+    engine = getattr(setup, "engine_behaviour", {}) or {}
+    left = []
+    for name, on, what in (("async_scheduling", setup.async_scheduling, "asynchronous scheduling"),
+                           ("enable_prefix_caching", core.enable_prefix_caching, "prefix caching"),
+                           ("max_num_partial_prefills", core.max_num_partial_prefills > 1, "several partial prefills"),
+                           ("cpu_kv_tokens", bool(core.cpu_kv_tokens), "a CPU KV tier")):
+        if on:
+            left.append(f"{what} ({engine[name]['source']})" if name in engine else what)
+    text = f"each side: synchronous scheduling, {kv}, no prefix caching"
+    if left:
+        text += "; not modelled under disaggregation, left out: " + ", ".join(left)
+    return text, left
 
 
 def _describe_run(

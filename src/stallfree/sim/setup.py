@@ -33,6 +33,7 @@ from stallfree.costmodel.names import gpu_match, resolve_model
 from stallfree.costmodel.roofline import CostModel
 from stallfree.sim.costs import LinearCostModel, StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, engine_defaults
 from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.simulator import ReplicaConfig, warn_deprecated
@@ -481,11 +482,16 @@ class Setup:
             missing long_prefill_token_threshold is 4%) and keeps the result as `scheduler_config`; the
             simulator's defaults apply to what is not given (budget 2,048, 256 sequences, 16-token blocks
             under "paged"). Under "reserve" the block size, watermark, caching and CPU tier do not apply.
+            kv_policy, block_size, watermark and enable_prefix_caching left out (or None) take the
+            defaults of the engine whose kernel tables price the run (stallfree.sim.engine_behaviour:
+            vLLM >= 0.14.0 pages its KV in 16-token blocks without a watermark and caches prefixes), or
+            the contract's under other pricing; `engine_behaviour` records which the engine set.
         kv_offloading_gib: instead of cpu_kv_tokens, the CPU tier's size as vLLM's --kv-offloading-size:
             GiB of host memory summed over the tensor-parallel ranks, converted with the model's KV bytes
             per token; its copies are priced over the GPU's host link (KVTransferCost).
         async_scheduling: vLLM's asynchronous scheduling for every run (ReplicaConfig.async_scheduling);
-            not modelled under disaggregation.
+            None: the pricing engine's default (on for vLLM >= 0.14.0, SGLang and TensorRT-LLM; off
+            under other pricing). Not modelled under disaggregation (its sides run synchronously).
         **legacy: the former keyword forms (max_seqs, scheduler="paged", block_size, watermark,
             prefix_caching, the partial-prefill limits, cpu_kv_tokens): deprecated, one warning.
 
@@ -498,6 +504,7 @@ class Setup:
     hardware_options: HardwareOptions
     kv_offloading_gib: float | None
     async_scheduling: bool
+    engine_behaviour: dict[str, dict[str, Any]]
     scheduler_config: SchedulerConfig
     base_workload: Workload
     rate_scale: float
@@ -513,11 +520,11 @@ class Setup:
     def __init__(self, workload_options: WorkloadOptions | None = None,
                  hardware_options: HardwareOptions | None = None,
                  scheduler: SchedulerConfig | dict[str, Any] | str | None = None, *,
-                 kv_offloading_gib: float | None = None, async_scheduling: bool = False, **legacy: Any) -> None:
+                 kv_offloading_gib: float | None = None, async_scheduling: bool | None = None,
+                 **legacy: Any) -> None:
         self.workload_options = workload_options or WorkloadOptions()
         self.hardware_options = hardware_options or HardwareOptions()
         self.kv_offloading_gib = kv_offloading_gib
-        self.async_scheduling = async_scheduling
         if isinstance(scheduler, str):  # the former Setup(scheduler="paged"), the KV policy
             legacy["scheduler"], scheduler = scheduler, None
         opts = dict(scheduler.as_dict() if isinstance(scheduler, SchedulerConfig) else scheduler or {})
@@ -526,8 +533,21 @@ class Setup:
                 raise TypeError(f"Setup() got an unexpected keyword argument {name!r}")
             warn_deprecated(f"Setup({name}=...)", "Setup(scheduler={...SchedulerConfig fields...})")
             opts[_LEGACY_SETUP[name]] = value
+        opts = {k: v for k, v in opts.items() if v is not None or k not in BEHAVIOUR_FIELDS}
         opts.setdefault("token_budget", DEFAULT_TOKEN_BUDGET)
         opts.setdefault("max_seqs", DEFAULT_MAX_SEQS)
+        self.base_workload, self.rate_scale = build_workload(self.workload_options)
+        self.workload = self.base_workload.scale_rate(self.rate_scale)
+        rate = self.workload.mean_rate
+        if math.isfinite(rate) and rate > MAX_OFFERED_RATE:
+            wo = self.workload_options
+            what = (f"`rate`={wo.rate:g}" if wo.synthetic and not wo.rate_scale
+                    else f"`rate_scale`={self.rate_scale:g} on {self.base_workload.mean_rate:,.3g} requests/s")
+            raise SetupError(f"{what} offers {rate:,.0f} requests/s, past the bound of {MAX_OFFERED_RATE:,.0f} "
+                             "requests/s of one simulation", usage=True)
+        self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
+        # What the user left open takes the pricing engine's default (stallfree.sim.engine_behaviour).
+        self.engine_behaviour = self._engine_defaults(opts, async_scheduling)
         paged = opts.get("kv_policy", "reserve") == "paged"
         if paged:
             opts.setdefault("block_size", DEFAULT_BLOCK_SIZE)
@@ -541,16 +561,6 @@ class Setup:
         if not paged:
             for name in _PAGED_ONLY:
                 opts.pop(name, None)
-        self.base_workload, self.rate_scale = build_workload(self.workload_options)
-        self.workload = self.base_workload.scale_rate(self.rate_scale)
-        rate = self.workload.mean_rate
-        if math.isfinite(rate) and rate > MAX_OFFERED_RATE:
-            wo = self.workload_options
-            what = (f"`rate`={wo.rate:g}" if wo.synthetic and not wo.rate_scale
-                    else f"`rate_scale`={self.rate_scale:g} on {self.base_workload.mean_rate:,.3g} requests/s")
-            raise SetupError(f"{what} offers {rate:,.0f} requests/s, past the bound of {MAX_OFFERED_RATE:,.0f} "
-                             "requests/s of one simulation", usage=True)
-        self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         self.context_length, self.context_length_source = context_length(self.hardware_options)
         self.kv_bytes_per_token = 0
         if opts.get("max_model_len") is None:
@@ -564,6 +574,40 @@ class Setup:
         self.scheduler_config = SchedulerConfig(**{**opts, "kv_tokens": self.kv_tokens})
         if self.scheduler_config.enable_prefix_caching:
             self.check_prefix_block()
+
+    def _engine_defaults(self, opts: dict[str, Any], async_scheduling: bool | None) -> dict[str, dict[str, Any]]:
+        """Fill the behaviour fields the caller left open (absent from `opts`, async_scheduling None) with
+        the defaults of the engine whose kernels price the run (engine_behaviour.engine_defaults; none
+        under other pricing), set self.async_scheduling, and return the fields the engine set as
+        {field: {"value", "source"}}. The paged-only fields are taken only where the run pages."""
+        source = self.pricing.get("cost_model_source") or {}
+        if self.pricing.get("cost_model") == "linear":
+            source = {}
+        engine = engine_defaults(source)
+        taken: dict[str, dict[str, Any]] = {}
+        if async_scheduling is None and "async_scheduling" in engine:
+            async_scheduling = bool(engine["async_scheduling"]["value"])
+            taken["async_scheduling"] = engine["async_scheduling"]
+        self.async_scheduling = bool(async_scheduling)
+        if "kv_policy" not in opts and "kv_policy" in engine:
+            opts["kv_policy"] = engine["kv_policy"]["value"]
+            taken["kv_policy"] = engine["kv_policy"]
+        paged = opts.get("kv_policy", "reserve") == "paged"
+        for name in ("block_size", "watermark", "enable_prefix_caching"):
+            if name not in opts and name in engine and (paged or name == "enable_prefix_caching"):
+                if name == "enable_prefix_caching" and engine[name]["value"] and not paged:
+                    continue
+                opts[name] = engine[name]["value"]
+                taken[name] = engine[name]
+        return taken
+
+    def behaviour(self) -> str:
+        """The header's words on how the run schedules (engine_behaviour.behaviour_line)."""
+        resolved = {"async_scheduling": self.async_scheduling, **self.scheduler_config.as_dict()}
+        if not self.paged:
+            resolved["block_size"] = resolved["watermark"] = None
+        source = {} if self.pricing.get("cost_model") == "linear" else self.pricing.get("cost_model_source") or {}
+        return behaviour_line(resolved, self.engine_behaviour, source)
 
     @property
     def max_seqs(self) -> int:
@@ -664,6 +708,9 @@ class Setup:
             "rate_scale": self.rate_scale,
             "offered_rate": wl.mean_rate,
             "hardware": self.hardware,
+            "behaviour": self.behaviour(),
+            "engine_behaviour": self.engine_behaviour,
+            "async_scheduling": self.async_scheduling,
             "cost_model": self.pricing["cost_model"],
             "cost_model_source": self.pricing["cost_model_source"],
             "engine_profile": self.pricing.get("engine_profile"),

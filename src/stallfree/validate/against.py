@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
 from stallfree.sim.cluster import simulate_cluster
+from stallfree.sim.engine_behaviour import ASYNC_SCHEDULING_DEFAULT_SINCE, async_default, engine_defaults
 from stallfree.sim.engine_profile import EngineProfile
 from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import ReplicaConfig, simulate
@@ -45,10 +45,13 @@ from stallfree.validate.hardware import (
 from stallfree.validate.runs import RunFolder, is_run_folder, read_run_folder
 
 __all__ = [
+    "ASYNC_SCHEDULING_DEFAULT_SINCE",
     "GOALS",
     "RUN_METRICS",
     "detect",
     "figures",
+    "async_default",
+    "async_lag",
     "replay_run",
     "validate_runs",
     "verdict",
@@ -152,7 +155,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     The engine profile's step terms price the steps; its front-end term is not added (a run folder's
     times are the engine's own timestamps, taken after the front end). KV capacity: the folder's
     num_gpu_blocks x block_size, else derived (hardware.derived_kv_tokens). Scheduler: paged, vLLM's
-    max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0.01, and asynchronous
+    max_num_batched_tokens and max_num_seqs, the folder's block size, watermark 0 (vLLM v1's), and asynchronous
     scheduling in the event loop where async_lag says the run's engine scheduled ahead.
 
     Raises:
@@ -190,8 +193,10 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     lagged, lag_why = async_lag(run)
     # vLLM's asynchronous scheduling is modelled in the event loop (stallfree.sim.loop, "Asynchronous
     # scheduling"): a request that arrives while a step runs joins the batch one step later.
+    # vLLM v1's admission (stallfree.sim.engine_behaviour.VLLM_ADMISSION_RULE): no watermark, as simulate's default.
+    watermark = engine_defaults({"kind": "kernels", "engine": "vllm", "version": run.vllm_version})["watermark"]
     sched = ReplicaConfig.of(kv, run.max_num_batched_tokens, run.max_num_seqs, async_scheduling=lagged,
-                             kv_policy="paged", block_size=run.block_size)
+                             kv_policy="paged", block_size=run.block_size, watermark=watermark["value"])
     dp_note = None
     if run.dp > 1:
         # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind
@@ -224,24 +229,6 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     return fig
 
 
-#: The first vLLM release whose default is asynchronous scheduling. vLLM's SchedulerConfig.async_scheduling
-#: (`--async-scheduling` / `--no-async-scheduling`) became a tri-state (None = decide) with an
-#: "Enable async scheduling unless there is an incompatible option" branch in VllmConfig (vllm/config/vllm.py)
-#: that, in the releases before the switch, was not reached (SchedulerConfig.async_scheduling: bool =
-#: False, and the branch's note "we won't reach here until async scheduling is enabled by default", as
-#: vLLM-Ascend's copy of VllmConfig.__post_init__ quotes it). vLLM pull request
-#: 27614 ("Enable async scheduling by default") made None the default; it is ticked in vLLM's async
-#: scheduling tracking issue 27679 after pull requests 31332 and 31373 (late December 2025), and
-#: vLLM-Gaudi adapted to it on 2025-12-31 (its commit 4520274), so 0.13.0 (December 2025) still
-#: defaults off and 0.14.0 (January 2026) is the first release that defaults on. Cross-checked on our
-#: data: the RTX 4090 run of data/validation/llmservingsim_vllm (vLLM 0.19.0, engine_kwargs
-#: not setting it) resolves scheduler_config.async_scheduling = true. Release months from memory.
-#: What it changes (vLLM pull request 19970, vllm/v1/engine/core.py step_with_batch_queue): the
-#: scheduler plans step n + 1 while step n runs (a batch queue of depth 2) and processes step n's
-#: outputs after that, so a request that arrives, or finds a freed slot, while a step runs is first
-#: scheduled in the step after the one already planned: one step later than a synchronous engine
-#: would take it. Later tokens are not delayed (one per step either way).
-ASYNC_SCHEDULING_DEFAULT_SINCE = (0, 14, 0)
 
 
 def async_lag(run: RunFolder) -> tuple[bool, str]:
@@ -253,18 +240,6 @@ def async_lag(run: RunFolder) -> tuple[bool, str]:
     if run.async_scheduling is not None:
         return run.async_scheduling, f"resolved_config.scheduler_config.async_scheduling = {run.async_scheduling}"
     return async_default(run.vllm_version)
-
-
-def async_default(vllm_version: str) -> tuple[bool, str]:
-    """vLLM's default for asynchronous scheduling at `vllm_version` ("0.19.0", "v0.14.1", "0.12.0rc1"),
-    and the reason as a line: on from ASYNC_SCHEDULING_DEFAULT_SINCE (0.14.0) on; off before it and
-    where no version is given (nothing says the engine scheduled ahead)."""
-    nums = tuple(int(n) for n in re.findall(r"\d+", vllm_version or "")[:3])
-    if not nums:
-        return False, "no vLLM version given: taken as synchronous scheduling"
-    on = nums >= ASYNC_SCHEDULING_DEFAULT_SINCE
-    since = ".".join(map(str, ASYNC_SCHEDULING_DEFAULT_SINCE))
-    return on, f"vLLM {vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
 
 
 def _model_label(name: str) -> str:

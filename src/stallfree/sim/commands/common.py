@@ -34,6 +34,7 @@ from stallfree.sim.simulator import BATCHING_MODES, SimulationError
 from stallfree.sim.workload import TraceError, TraceFileError
 
 __all__ = [
+    "ENGINE_DEFAULT_WHY",
     "CliError",
     "add_common",
     "add_executor_flags",
@@ -58,6 +59,11 @@ __all__ = [
     "setup_from_args",
     "workload_options",
 ]
+
+
+#: How a behaviour knob's default is worded in --help: the pricing engine's (docs/simulator.md).
+ENGINE_DEFAULT_WHY = ("the engine whose kernel tables price the run (vLLM >= 0.14.0: on); the contract's "
+                      "(off) under --kernels none")
 
 
 class CliError(StallfreeError):
@@ -128,14 +134,15 @@ def add_common(p: argparse.ArgumentParser) -> None:
     _add_workload_args(p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)"))
     _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"))
     s = p.add_argument_group("scheduler")
-    add_scheduler_flags(s, {"max_seqs": DEFAULT_MAX_SEQS, "async_scheduling": False, "enable_chunked_prefill": True,
+    add_scheduler_flags(s, {"max_seqs": DEFAULT_MAX_SEQS, "async_scheduling": None, "enable_chunked_prefill": True,
                             "max_num_partial_prefills": 1, "max_long_partial_prefills": None,
                             "long_prefill_token_threshold": None},
-                        why={"async_scheduling": "default off: a synchronous scheduler; docs/simulator.md"})
+                        why={"async_scheduling": f"default: {ENGINE_DEFAULT_WHY}; docs/simulator.md"})
     # What a command without these flags reads (argparse defaults with no flag): one place, not getattr.
-    # (Set before a command adds its own flags, so a flag's default wins where it has one.)
-    p.set_defaults(concurrency=None, think_time=0.0, closed_loop_flags=False, kv_policy="reserve", block_size=None,
-                   enable_prefix_caching=False, cpu_kv_tokens=None, kv_offloading_size=None)
+    # (Set before a command adds its own flags, so a flag's default wins where it has one.) None: the
+    # pricing engine's default, resolved by Setup once the pricing is known (stallfree.sim.engine_behaviour).
+    p.set_defaults(concurrency=None, think_time=0.0, closed_loop_flags=False, kv_policy=None, block_size=None,
+                   watermark=None, enable_prefix_caching=None, cpu_kv_tokens=None, kv_offloading_size=None)
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=slo_ttft, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=slo_tpot, metavar="T", help="TPOT objective for goodput (bare = ms)")

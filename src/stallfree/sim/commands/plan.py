@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from stallfree._argtypes import positive_int
-from stallfree.flags import add_scheduler_flags
+from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.capacity import (
     DEFAULT_ATTAINMENT,
     DEFAULT_MAX_REPLICAS,
@@ -36,6 +36,7 @@ from stallfree.sim.commands.common import (
     setup_from_args,
 )
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.disagg import sides_behaviour
 
 __all__ = ["EXIT_NOT_MET", "register", "run"]
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     executor = executor_from_args(args)
     width = args.jobs or os.cpu_count() or 1
     setup = setup_from_args(args)
-    if setup.async_scheduling and not args.no_disaggregate:
+    if given(args, "async_scheduling") and args.async_scheduling and not args.no_disaggregate:
         raise CliError("--async-scheduling is not modelled for the disaggregated splits plan searches: add "
                        "--no-disaggregate", 2)
     with _progress() as progress:
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     header = setup.header()
+    if not args.no_disaggregate:
+        header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(setup)
     if args.json:
         report = plan_report(result, header, args.slo_ttft, args.slo_tpot)
         report["serve"] = serve_commands(args, header) if result.replicas is not None else None
@@ -167,6 +170,9 @@ def print_plan(result: PlanResult, header: dict[str, Any], args: argparse.Namesp
     offered = f"{rate:,.2f} req/s offered" if rate is not None else "closed loop"
     print(f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} ({offered}); "
           f"{header['hardware']}; budget {args.token_budget:,}; max_seqs {header['max_seqs']}")
+    print(f"aggregated replicas: {header['behaviour']}"
+          + (f"; disaggregated splits, {header['disaggregated_behaviour']}" if "disaggregated_behaviour" in header
+             else ""))
     print(answer_line(result, args))
     cols = (("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
             ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),

@@ -52,6 +52,7 @@ from stallfree.sim.disagg import (
     parse_disaggregate,
     run_disagg_experiment,
     search_plan,
+    sides_behaviour,
 )
 from stallfree.sim.experiment import Experiment, run_experiment, run_tag
 from stallfree.sim.report import print_table
@@ -83,12 +84,15 @@ def _add_kv_flags(g: Any) -> None:
     """The KV flags of `simulate` (an argparse argument group): the KV policy, its blocks and
     watermark, prefix caching and the CPU KV tier."""
     add_scheduler_flags(
-        g, {"kv_policy": "reserve", "block_size": DEFAULT_BLOCK_SIZE, "watermark": SchedulerConfig.watermark,
-            "enable_prefix_caching": False, "cpu_kv_tokens": None, "kv_offloading_size": None},
-        why={"kv_policy": "default reserve, the contract; vLLM pages",
+        g, {"kv_policy": None, "block_size": None, "watermark": None,
+            "enable_prefix_caching": None, "cpu_kv_tokens": None, "kv_offloading_size": None},
+        why={"kv_policy": "default: the pricing engine's (vLLM, SGLang: paged; TensorRT-LLM: reserve); reserve, "
+                          "the contract, under --kernels none",
              "block_size": f"paged; default {DEFAULT_BLOCK_SIZE}",
-             "watermark": f"default {SchedulerConfig.watermark:g}",
-             "enable_prefix_caching": "needs a trace with prefix ids: --trace mooncake or a Mooncake JSONL"})
+             "watermark": f"default: the pricing engine's (vLLM: 0), else {SchedulerConfig.watermark:g}",
+             "enable_prefix_caching": "default: on where the pricing engine pages and caches (vLLM, SGLang), "
+                                      "else off; hits need a trace with prefix ids: --trace mooncake or a "
+                                      "Mooncake JSONL"})
     g.add_argument(
         "--compare-caching",
         action="store_true",
@@ -136,17 +140,23 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
     """
     if args.compare and args.batching != "chunked":
         raise CliError("--compare runs every batching mode: drop --batching", 2)
-    if (args.enable_prefix_caching or args.compare_caching) and args.kv_policy != "paged":
+    if args.step_time_target is not None and (args.compare or args.batching != "chunked"):
+        raise CliError("--step-time-target drives the chunked scheduler: drop --compare and --batching", 2)
+    # A KV policy left open is the pricing engine's (Setup resolves it; _check_resolved refuses what then
+    # does not go together): only the one typed is checked here.
+    if (args.enable_prefix_caching or args.compare_caching) and args.kv_policy == "reserve":
         flag = given(args, "enable_prefix_caching") if args.enable_prefix_caching else "--compare-caching"
         raise CliError(f"{flag} needs --kv-policy paged (cached blocks are paged KV blocks)", 2)
-    if args.kv_policy != "paged":
+    if args.kv_policy == "reserve":
         typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
         if typed:
             raise CliError(f"{' and '.join(typed)} apply to --kv-policy paged", 2)
     if args.compare_caching and args.compare:
         raise CliError("--compare-caching and --compare are exclusive", 2)
     tier = _has_cpu_tier(args)
-    if tier and not (args.enable_prefix_caching or args.compare_caching):
+    caching_off = args.enable_prefix_caching is False or (args.enable_prefix_caching is None
+                                                         and args.kv_policy == "reserve")
+    if tier and caching_off and not args.compare_caching:
         flag = "--cpu-kv-tokens" if args.cpu_kv_tokens is not None else "--kv-offloading-size"
         raise CliError(f"{flag}: a CPU KV tier keeps prefix-cache blocks: add --enable-prefix-caching (or "
                        "--compare-caching) and --kv-policy paged", 2)
@@ -156,6 +166,27 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
         raise CliError("a CPU KV tier runs with a token budget: drop --step-time-target", 2)
     if args.kv_offloading_size is not None and not 0 < args.kv_offloading_size < math.inf:
         raise CliError(f"--kv-offloading-size {args.kv_offloading_size:g}: must be a number of GiB > 0", 2)
+
+
+def _check_resolved(args: argparse.Namespace, setup: Any) -> None:
+    """Refuse paged-only flags typed for a run that, by the pricing engine's default, reserves its KV.
+
+    Raises:
+        CliError: --block-size or --watermark typed and the run does not page (exit 2).
+    """
+    typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
+    if typed and not setup.paged:
+        raise CliError(f"{' and '.join(typed)} apply to --kv-policy paged (this run reserves its KV: "
+                       f"{setup.behaviour()}): add --kv-policy paged", 2)
+    if args.step_time_target is not None and setup.async_scheduling:
+        # A time budget per step plans each step from the step before it: not modelled with the step
+        # planned ahead. Typed, refused; the engine's default is left out, and said.
+        if given(args, "async_scheduling"):
+            raise CliError("--async-scheduling is not modelled with --step-time-target: drop one of them", 2)
+        why = setup.engine_behaviour.pop("async_scheduling", {}).get("source", "")
+        setup.async_scheduling = False
+        print(f"note: asynchronous scheduling ({why}) is not modelled with --step-time-target: the run schedules "
+              "synchronously", file=sys.stderr)
 
 
 def _study(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
@@ -213,16 +244,18 @@ def run(args: argparse.Namespace) -> int:
     if args.records:
         refuse_writing_the_trace(args, args.records, "--records")
         ensure_writable_file(args.records, "--records")
-    caching = args.enable_prefix_caching or args.compare_caching
+    caching = bool(given(args, "enable_prefix_caching") and args.enable_prefix_caching) or args.compare_caching
     if args.compare_caching:
         args.enable_prefix_caching = True  # the caching-on run's setup; _study makes the other one
     setup = setup_from_args(args)
+    _check_resolved(args, setup)
     if caching and setup.workload.prefix_ids is None:
         flag = "--compare-caching" if args.compare_caching else given(args, "enable_prefix_caching")
         print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
               "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
     if args.disaggregate is not None:
-        if args.async_scheduling:
+        # Typed, it is refused; the pricing engine's default is left out on both sides, and said.
+        if given(args, "async_scheduling") and args.async_scheduling:
             raise CliError("--async-scheduling is not modelled with --disaggregate: drop one of them", 2)
         return _run_disagg(args, setup)
     study, clusters = _study(args, setup)
@@ -447,6 +480,7 @@ def _run_disagg(args: argparse.Namespace, setup: Any) -> int:
               f"{summary['prefill_tp']} GPUs, {d} decode x {summary['decode_tp']} GPUs ({summary['num_gpus']} GPUs)")
         print(f"KV moved over {link.name}: {link.bandwidth_bytes_per_s / 1e9:g} GB/s, {link.latency_s * 1e6:g} us "
               f"per transfer, {header['kv_bytes_per_token']:,} bytes per token")
+        print(f"{header['hardware']}; {header['behaviour']}")
         print_table([summary])
     if res.rejected:
         print(rejection_warning(summary["label"], len(setup.workload), summary["rejected_by_reason"],
@@ -475,13 +509,16 @@ def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
     from stallfree.sim.verdict import disagg_verdict
 
     line, verdict = disagg_verdict(aggs[0], rows[0], len(setup.workload))
+    sides, left = sides_behaviour(setup)
     if args.json:
-        print(json.dumps({"header": setup.header() | {"offered_rate": None}, "runs": [*aggs, *rows],
-                          "verdict": verdict | {"line": line}}, indent=1))
+        print(json.dumps({"header": setup.header() | {"offered_rate": None, "disaggregated_behaviour": sides,
+                                                      "disaggregation_not_modelled": left},
+                          "runs": [*aggs, *rows], "verdict": verdict | {"line": line}}, indent=1))
         return 0
     agg, best = aggs[0], rows[0]
     print(f"{setup.workload.name}: {len(setup.workload):,} requests on {agg['num_gpus']} GPUs; goodput per GPU "
           f"({len(aggs)} aggregated and {len(rows)} disaggregated configurations):")
+    print(f"aggregated: {setup.behaviour()}; disaggregated, {sides}")
     for s in [*aggs, *rows]:
         print(f"  {s['label']:>30}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
               f"req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT {s.get('p99_tpot_ms') or 0:.1f} ms)")
@@ -564,6 +601,7 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         f"{header['hardware']}; KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; "
         + _budget_text(header) + (f"; max_tokens {header['max_tokens']}" if header["max_tokens"] else "")
         + (f"; context {header['max_model_len']:,} tokens" if header.get("max_model_len") else "")
+        + (f"; {header['behaviour']}" if header.get("behaviour") else "")
     )
     for s in summaries:
         print(

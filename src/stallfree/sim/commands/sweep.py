@@ -96,9 +96,12 @@ def register(subparsers: Any) -> None:
             action.help = ("KV capacity, tokens; a comma-separated list sweeps capacity (one run per size at "
                            "one --budgets value, default 2048, chunked batching) and plots TTFT, and with "
                            "--enable-prefix-caching the hit rate, against it")
-    add_scheduler_flags(p, {"kv_policy": "reserve", "enable_prefix_caching": False, "block_size": DEFAULT_BLOCK_SIZE},
-                        why={"kv_policy": "default reserve; paged with --enable-prefix-caching",
-                             "enable_prefix_caching": "paged KV; needs a trace with prefix ids: --trace mooncake",
+    add_scheduler_flags(p, {"kv_policy": None, "enable_prefix_caching": None, "block_size": None},
+                        why={"kv_policy": "default: the pricing engine's (vLLM: paged), reserve under --kernels none; "
+                                          "paged with --enable-prefix-caching",
+                             "enable_prefix_caching": "paged KV; default: on where the pricing engine caches "
+                                                      "prefixes (vLLM); hits need a trace with prefix ids: --trace "
+                                                      "mooncake",
                              "block_size": f"paged; default {DEFAULT_BLOCK_SIZE}"})
     p.add_argument("--cpu-kv-tokens", type=_sizes, metavar="LIST",
                    help="with --enable-prefix-caching: sweep the size of a CPU KV tier (tokens, 0 = none) at one KV "
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(
             f"{header['workload']}: {header['requests']:,} requests; {header['hardware']}; "
-            f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}"
+            f"KV {header['kv_tokens']:,} tokens; max_seqs {header['max_seqs']}; {header['behaviour']}"
         )
         print_rows(result.table_rows)
     warn_rejections(result.table_rows, header["requests"])
@@ -271,8 +274,8 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
     title += f", rate x{made[0].rate_scale if made else args.rate_scale or 1:g}, budget {budget:,}"
     if batching != "chunked":
         title += f", {batching}"
-    if args.enable_prefix_caching:
-        title += f", prefix caching, {args.block_size}-token blocks"
+    if made and made[0].prefix_caching:
+        title += f", prefix caching, {made[0].block_size}-token blocks"
     if args.json:
         print(json.dumps({"token_budget": budget, "batching": batching, "rows": rows}, indent=1))
     else:

@@ -155,7 +155,8 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
     """
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
-        f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens"
+        f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens; "
+        f"{header['behaviour']}"
     )
     print(f"SLOs: TTFT <= {result.slo_ttft * 1e3:g} ms, TPOT <= {result.slo_tpot * 1e3:g} ms")
     if result.bound is not None:
