@@ -301,24 +301,36 @@ def _check_containers(data: dict[str, Any]) -> None:
                 stack.append((v, f"{where}.{k}" if isinstance(value, dict) else f"{where}[{k}]"))
 
 
-def min_tokens(text: str, max_token_chars: int, max_token_alnum: int = 0) -> int:
+def min_tokens(text: str, max_token_chars: int, max_token_alnum: int = 0, max_token_bytes: int = 0) -> int:
     """A lower bound on the tokens `text` tokenizes to, computed without tokenizing (about 1 ms per MB).
 
-    Every token decodes to at most `max_token_chars` characters, and to at most `max_token_alnum` ASCII
-    letters and digits (25 for SmolLM2's vocabulary, whose longest token is 81 characters of '#'):
-    so the text has at least ceil(len / max_token_chars) tokens and at least ceil(alnum / max_token_alnum),
-    where alnum counts its ASCII letters and digits. The second bound refuses a 663,000-character
-    prompt without spaces (26,520 tokens at least) that the first let through to a 499,000-token encode.
+    Every token decodes to at most `max_token_chars` characters, to at most `max_token_alnum` ASCII
+    letters and digits (25 for SmolLM2's vocabulary, whose longest token is 81 characters of '#'), and
+    stands for at most `max_token_bytes` UTF-8 bytes of text: so the text has at least
+    ceil(len / max_token_chars) tokens, at least ceil(alnum / max_token_alnum), where alnum counts its
+    ASCII letters and digits, and at least ceil(utf8_len / max_token_bytes). The second bound refuses a
+    663,000-character prompt without spaces (26,520 tokens at least) that the first let through to a
+    499,000-token encode; the third a 660,000-character prompt of a three-byte CJK character (1.98 MB,
+    24,445 tokens at least for SmolLM2) that the first two let through to a 1.98 M-token encode.
 
     Args:
+        text: the prompt text.
         max_token_chars: the most characters one token decodes to (EngineInfo.max_token_chars), >= 1.
         max_token_alnum: the most ASCII letters and digits in one token; 0 (unknown) skips that bound.
+        max_token_bytes: the most UTF-8 bytes of text one token stands for (EngineInfo.max_token_bytes);
+            0 (unknown) skips that bound.
+
+    Returns:
+        The bound, in tokens.
     """
     bound = -(-len(text) // max(1, max_token_chars))
-    if max_token_alnum > 0:
+    if max_token_alnum > 0 or max_token_bytes > 0:
         data = text.encode("utf-8", "surrogatepass")
-        alnum = len(data) - len(data.translate(None, _ALNUM))
-        bound = max(bound, -(-alnum // max_token_alnum))
+        if max_token_bytes > 0:
+            bound = max(bound, -(-len(data) // max_token_bytes))
+        if max_token_alnum > 0:
+            alnum = len(data) - len(data.translate(None, _ALNUM))
+            bound = max(bound, -(-alnum // max_token_alnum))
     return bound
 
 
