@@ -26,7 +26,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
-from stallfree.server.body import BodyError, BodyLimits, check_framing, min_tokens, short_repr
+from stallfree.server.body import (
+    BodyError,
+    BodyLimits,
+    check_framing,
+    check_json_content_type,
+    min_tokens,
+    short_repr,
+)
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
@@ -181,6 +188,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         check_framing(request.headers)
+        check_json_content_type(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
         req, ids = await asyncio.to_thread(_prepare_completion, state, raw)
         return await _serve(state, request, req, ids, chat=False)
@@ -188,6 +196,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         check_framing(request.headers)
+        check_json_content_type(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
         req, ids = await asyncio.to_thread(_prepare_chat, state, raw)
         return await _serve(state, request, req, ids, chat=True)
@@ -272,7 +281,8 @@ def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
     try:
         text = state.engine.apply_chat_template(messages)
     except (ValueError, TypeError, KeyError) as exc:
-        raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
+        raise ApiError(400, f"messages: the chat template rejected them: {short_repr(str(exc), 200)}",
+                       "messages") from None
     _check_text_length(state, text, "messages")
     return req, _encode(state, text, "messages")
 
@@ -372,7 +382,7 @@ async def _log_stats(state: _State) -> None:
 
 def _check_model(state: _State, model: str | None) -> None:
     if model is not None and model not in state.names:
-        raise ApiError(404, f"The model `{model}` does not exist; this server serves {list(state.names)}.",
+        raise ApiError(404, f"The model {short_repr(model)} does not exist; this server serves {list(state.names)}.",
                        "model", code="model_not_found")
 
 
@@ -451,6 +461,8 @@ def _build_params(state: _State, req: Any, max_tokens: int) -> Any:
     except ValueError as exc:
         msg = str(exc)
         param = next((f for f in _PARAM_FIELDS if f in msg), None)
+        if len(msg) > 200:  # the engine's message may quote the value: never echo a whole input
+            msg = f"{msg[:200]}... ({len(msg)} characters)"
         raise ApiError(400, msg, param) from None
 
 

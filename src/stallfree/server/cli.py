@@ -12,7 +12,7 @@ from typing import Any
 
 from stallfree._argtypes import add_partial_prefill_args, non_negative_float, port, positive_float, positive_int
 from stallfree.engine.cli import DEFAULT_DTYPE_RULE
-from stallfree.server.options import add_ops_args, configure_logging, ops_banner, ops_from_args
+from stallfree.server.options import add_ops_args, configure_logging, isolate_metrics, ops_banner, ops_from_args
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
 
@@ -147,6 +147,8 @@ def run_serve(args: argparse.Namespace) -> int:
     ops = None
     if problem is None:
         ops, problem = ops_from_args(args)
+    if problem is None and ops is not None:
+        ops, problem = isolate_metrics(ops, args.prefix_cache_isolation)
     if problem is not None or ops is None:
         _error(problem or "bad options")
         return 2
