@@ -141,6 +141,7 @@ class FakeEngine:
         self._lock = threading.Lock()  # detects calls that overlap step(), which the server must never make
         self._info = EngineInfo(
             model_name="fake-model", vocab_size=0x110000, max_model_len=max_model_len, max_token_chars=4,
+            max_token_bytes=4,
             token_budget=token_budget, max_seqs=max_seqs, kv_total_tokens=self.scheduler.kv_total,
             num_blocks=self.scheduler.kv_total // block_size, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy,

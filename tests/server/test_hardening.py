@@ -186,7 +186,7 @@ def test_deeply_nested_json_is_400():
 
     async def go():
         async with asgi_client(FakeEngine()) as c:
-            r = await c.post("/v1/completions", content=b"[" * 100_000)
+            r = await c.post("/v1/completions", content=b"[" * 100_000, headers={"content-type": "application/json"})
             assert r.status_code == 400
 
     run(go())
@@ -210,12 +210,13 @@ def test_body_over_the_limit_is_413_before_parsing():
                 for i in range(0, len(big), 100):
                     yield big[i:i + 100]
 
-            r = await c.post("/v1/chat/completions", content=chunks())
+            r = await c.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
             assert r.status_code == 413
             assert eng.added == []
             ok = json.dumps({"prompt": "a" * 400, "max_tokens": 2, "user": "u" * 500}).encode()
             assert len(ok) <= 1000
-            assert (await c.post("/v1/completions", content=ok)).status_code == 200
+            r = await c.post("/v1/completions", content=ok, headers={"content-type": "application/json"})
+            assert r.status_code == 200
 
     run(go())
 
@@ -225,7 +226,8 @@ def test_huge_body_on_a_live_server_is_refused_quickly():
     eng = FakeEngine()
     with LiveServer(eng, max_request_bytes=2 * 1024 * 1024) as srv:
         raw = b'{"prompt": "' + b"a " * 2_500_000 + b'", "max_tokens": 4}'
-        r = httpx.post(srv.url + "/v1/completions", content=raw, timeout=WAIT_S)
+        r = httpx.post(srv.url + "/v1/completions", content=raw, timeout=WAIT_S,
+                       headers={"content-type": "application/json"})
         assert r.status_code == 413
         assert eng.added == []
 

@@ -252,16 +252,21 @@ def _sample_rows_alone(logits: torch.Tensor, params: Sequence[SamplingParams],
     return torch.tensor(out, dtype=torch.int64)
 
 
-def _max_token_chars(tokenizer: Tokenizer) -> tuple[int, int]:
-    """The most characters any token of `tokenizer` decodes to (at least 1), and the most ASCII letters and
-    digits in any one token (at least 1), from its vocabulary strings: a byte-level token's string has one
-    character per byte (ASCII letters and digits stand for themselves), so both bound the decoded text."""
-    longest = alnum = 1
+def _max_token_chars(tokenizer: Tokenizer) -> tuple[int, int, int]:
+    """The most characters any token of `tokenizer` decodes to (at least 1), the most ASCII letters and
+    digits in any one token (at least 1), and the most UTF-8 bytes of text any one token stands for (at
+    least 1), from its vocabulary strings: a byte-level token's string has one character per byte (ASCII
+    letters and digits stand for themselves), and a vocabulary string's UTF-8 length is never less than
+    the bytes it stands for (a byte-level character is 1 or 2 bytes for 1; SentencePiece's U+2581 is 3
+    for a space, "<0xAB>" 6 for one byte; a special token's string is what it matches in a prompt), so
+    all three bound the text."""
+    longest = alnum = most_bytes = 1
     for i in range(tokenizer.vocab_size):
         piece = tokenizer.token_str(i)
         longest = max(longest, len(piece))
         alnum = max(alnum, sum(c.isascii() and c.isalnum() for c in piece))
-    return longest, alnum
+        most_bytes = max(most_bytes, len(piece.encode("utf-8", "surrogatepass")))
+    return longest, alnum, most_bytes
 
 
 class LLMEngine:
@@ -344,10 +349,11 @@ class LLMEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
-        max_chars, max_alnum = _max_token_chars(tokenizer)
+        max_chars, max_alnum, max_bytes = _max_token_chars(tokenizer)
         self._info = EngineInfo(
             model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
-            max_token_chars=max_chars, max_token_alnum=max_alnum, token_budget=int(scheduler.token_budget),
+            max_token_chars=max_chars, max_token_alnum=max_alnum, max_token_bytes=max_bytes,
+            token_budget=int(scheduler.token_budget),
             max_seqs=int(scheduler.max_seqs), kv_total_tokens=int(scheduler.kv_total),
             num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy, device=str(model.device),

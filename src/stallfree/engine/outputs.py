@@ -70,6 +70,9 @@ class EngineInfo:
         max_token_alnum: the most ASCII letters and digits one token decodes to; a text with more than
             max_model_len * max_token_alnum of them cannot fit the context either (a tighter bound for
             text without spaces); 0 when not known.
+        max_token_bytes: the most UTF-8 bytes of prompt text one token stands for; a text of more than
+            max_model_len * max_token_bytes bytes cannot fit the context (the bound for text of
+            multi-byte characters, where the character count says too little); 0 when not known.
     """
 
     model_name: str
@@ -86,6 +89,7 @@ class EngineInfo:
     device: str = "cpu"
     dtype: str = "float32"
     max_token_alnum: int = 0
+    max_token_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
-from stallfree.server.body import BodyError, BodyLimits, check_framing, min_tokens
+from stallfree.server.body import (
+    BodyError,
+    BodyLimits,
+    check_framing,
+    check_json_content_type,
+    min_tokens,
+    short_repr,
+)
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
@@ -181,6 +188,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         check_framing(request.headers)
+        check_json_content_type(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
         req, ids = await asyncio.to_thread(_prepare_completion, state, raw)
         return await _serve(state, request, req, ids, chat=False)
@@ -188,6 +196,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         check_framing(request.headers)
+        check_json_content_type(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
         req, ids = await asyncio.to_thread(_prepare_chat, state, raw)
         return await _serve(state, request, req, ids, chat=True)
@@ -272,20 +281,30 @@ def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
     try:
         text = state.engine.apply_chat_template(messages)
     except (ValueError, TypeError, KeyError) as exc:
-        raise ApiError(400, f"messages: the chat template rejected them: {exc}", "messages") from None
+        raise ApiError(400, f"messages: the chat template rejected them: {short_repr(str(exc), 200)}",
+                       "messages") from None
     _check_text_length(state, text, "messages")
-    return req, _encode(state.engine, text, "messages")
+    return req, _encode(state, text, "messages")
 
 
 def _check_text_length(state: _State, text: str, where: str) -> None:
     """Refuse, without tokenizing, a text too long to fit the context whatever its tokens: each token
-    decodes to at most info.max_token_chars characters, and to at most info.max_token_alnum ASCII
-    letters and digits (body.min_tokens)."""
+    decodes to at most info.max_token_chars characters, to at most info.max_token_alnum ASCII letters
+    and digits, and stands for at most info.max_token_bytes UTF-8 bytes (body.min_tokens).
+
+    Raises:
+        ApiError(400, code context_length_exceeded): the bound is past the context length.
+    """
     info = state.info
     alnum = getattr(info, "max_token_alnum", 0)
-    bound = min_tokens(text, info.max_token_chars, alnum)
+    nbytes = getattr(info, "max_token_bytes", 0)
+    bound = min_tokens(text, info.max_token_chars, alnum, nbytes)
     if bound > info.max_model_len:
-        per = f"at most {info.max_token_chars} characters" + (f" and {alnum} ASCII letters or digits" if alnum else "")
+        per = f"at most {info.max_token_chars} characters"
+        if alnum:
+            per += f", {alnum} ASCII letters or digits"
+        if nbytes:
+            per += f" and {nbytes} UTF-8 bytes"
         raise ApiError(
             400,
             f"This model's maximum context length is {info.max_model_len} tokens. However, the {where} "
@@ -295,12 +314,58 @@ def _check_text_length(state: _State, text: str, where: str) -> None:
         )
 
 
-def _encode(engine: EngineClient, text: str, where: str) -> list[int]:
+# A text longer than the context in UTF-8 bytes is first tokenized in pieces of about this many
+# characters, cut after a whitespace character where there is one, stopping once the count is past
+# the context: no prompt costs much more than a context's worth of tokenizing before its 400.
+_PIECE_CHARS = 8192
+# Tokens a cut between two pieces may add to the sum of the pieces' counts over the count of the whole
+# (a BOS that each piece gets, a merge across the cut, SentencePiece's dummy prefix): the sum, less this
+# per piece, is still a lower bound of the whole's count.
+_PIECE_SLACK = 4
+
+
+def _encode(state: _State, text: str, where: str) -> list[int]:
+    """Tokenize `text`; refuse it when it is longer than the context.
+
+    A text longer than one piece and of more UTF-8 bytes than the context has tokens is first counted
+    in pieces (_PIECE_CHARS characters each), and refused as soon as the pieces' count, less
+    _PIECE_SLACK per piece, is past the context; only a text that may fit is tokenized whole.
+
+    Raises:
+        ApiError(400): the tokenizer library refused the text (naming `where`), or (code
+            context_length_exceeded) the pieces already hold more tokens than the context.
+    """
+    limit = state.info.max_model_len
+    if len(text) > _PIECE_CHARS and len(text.encode("utf-8", "surrogatepass")) > limit:
+        counted = pieces = 0
+        start = 0
+        while start < len(text):
+            end = min(len(text), start + _PIECE_CHARS)
+            if end < len(text):
+                cut = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+                end = cut + 1 if cut > start else end
+            counted += len(_encode_whole(state.engine, text[start:end], where))
+            pieces += 1
+            start = end
+            at_least = counted - _PIECE_SLACK * pieces
+            if at_least > limit:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {limit} tokens. However, the {where} holds "
+                    f"{len(text)} characters, and its first {start} characters already hold at least "
+                    f"{at_least} tokens. Please reduce the length of the {where}.",
+                    where, code="context_length_exceeded",
+                )
+    return _encode_whole(state.engine, text, where)
+
+
+def _encode_whole(engine: EngineClient, text: str, where: str) -> list[int]:
     """Tokenize `text`; any error of the tokenizer library is the client's 400, naming `where`."""
     try:
         return engine.encode(text)
     except Exception as exc:  # noqa: BLE001 - a library error on client input is a 400, never a 500
-        raise ApiError(400, f"{where}: the text cannot be tokenized ({type(exc).__name__}: {exc})", where) from None
+        raise ApiError(400, f"{where}: the text cannot be tokenized ({type(exc).__name__}: "
+                       f"{short_repr(str(exc))})", where) from None
 
 
 async def _log_stats(state: _State) -> None:
@@ -317,7 +382,7 @@ async def _log_stats(state: _State) -> None:
 
 def _check_model(state: _State, model: str | None) -> None:
     if model is not None and model not in state.names:
-        raise ApiError(404, f"The model `{model}` does not exist; this server serves {list(state.names)}.",
+        raise ApiError(404, f"The model {short_repr(model)} does not exist; this server serves {list(state.names)}.",
                        "model", code="model_not_found")
 
 
@@ -330,7 +395,7 @@ def _completion_prompt_ids(state: _State, prompt: Any) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         _check_text_length(state, prompt, "prompt")
-        ids = _encode(state.engine, prompt, "prompt")
+        ids = _encode(state, prompt, "prompt")
     else:
         ids = list(prompt)
         vocab = state.info.vocab_size
@@ -396,6 +461,8 @@ def _build_params(state: _State, req: Any, max_tokens: int) -> Any:
     except ValueError as exc:
         msg = str(exc)
         param = next((f for f in _PARAM_FIELDS if f in msg), None)
+        if len(msg) > 200:  # the engine's message may quote the value: never echo a whole input
+            msg = f"{msg[:200]}... ({len(msg)} characters)"
         raise ApiError(400, msg, param) from None
 
 

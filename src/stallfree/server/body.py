@@ -42,6 +42,7 @@ from stallfree.core.errors import StallfreeError
 __all__ = [
     "MAX_CONTAINERS",
     "MAX_CONTENT_PARTS",
+    "MAX_INT_DIGITS",
     "MAX_ITEMS",
     "MAX_MESSAGES",
     "MAX_PROMPTS",
@@ -51,6 +52,7 @@ __all__ = [
     "BodyError",
     "BodyLimits",
     "check_framing",
+    "check_json_content_type",
     "check_sizes",
     "check_value_count",
     "decode_json",
@@ -68,6 +70,20 @@ MAX_ITEMS = 256
 MAX_CONTAINERS = 4096
 # JSON values a body may hold beyond the prompt's token ids (BodyLimits.max_values).
 EXTRA_VALUES = 16384
+
+# The most digits of an integer in a body: every integer field fits 64 bits (20 digits); a longer one
+# is refused while parsing, before Python builds, compares or prints it.
+MAX_INT_DIGITS = 20
+_LONG_DIGITS = re.compile(rb"[0-9]{21}")
+
+
+def _bounded_int(digits: str) -> int:
+    """json.loads's parse_int: the integer, or BodyError(400) for more than MAX_INT_DIGITS digits."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise BodyError(400, f"the request body holds an integer of {len(digits.lstrip('-'))} digits; integers "
+                       f"may have at most {MAX_INT_DIGITS} digits")
+    return int(digits)
+
 
 # The most characters of a value quoted back in an error message: an error never echoes the input.
 _QUOTE_CHARS = 60
@@ -143,6 +159,27 @@ def check_framing(headers: Mapping[str, str]) -> None:
                        "UTF-8 only (RFC 8259 section 8.1)", headers={"Connection": "close"})
 
 
+def check_json_content_type(headers: Mapping[str, str]) -> None:
+    """Refuse a body not declared as JSON, before reading it.
+
+    Without an API key a server on localhost can be driven by any web page the user opens: a browser
+    sends a cross-origin POST without asking first only when its Content-Type is text/plain, a form
+    type or absent, so requiring `application/json` (or a `+json` type) makes the browser ask
+    (CORS preflight), which this server never allows.
+
+    Raises:
+        BodyError(415): the Content-Type header is absent or another media type; the message names it
+            (at most 60 characters) and what to send.
+    """
+    ctype = headers.get("content-type")
+    media = (ctype or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return
+    got = "no Content-Type header" if ctype is None else f"Content-Type {short_repr(ctype)}"
+    raise BodyError(415, f"the request has {got}; request bodies are JSON: send `Content-Type: "
+                   "application/json`", code="unsupported_media_type")
+
+
 def check_value_count(raw: bytes, max_values: int) -> None:
     """Refuse, before parsing, a body holding more than `max_values` JSON values, from its raw bytes.
 
@@ -184,7 +221,8 @@ def decode_json(raw: bytes, max_values: int | None = None) -> dict[str, Any]:
     Raises:
         BodyError(400): the bytes are not UTF-8 (the offset of the first bad byte is given), the text
             starts with a byte order mark, it holds more than max_values values, it is not JSON, it is
-            nested too deeply, or it is not an object.
+            nested too deeply, it holds an integer of more than MAX_INT_DIGITS (20) digits, or it is
+            not an object.
     """
     if max_values is not None:
         check_value_count(raw, max_values)
@@ -197,7 +235,11 @@ def decode_json(raw: bytes, max_values: int | None = None) -> dict[str, Any]:
         raise BodyError(400, "the request body starts with a byte order mark; send JSON without one "
                        "(RFC 8259 section 8.1)")
     try:
-        data = json.loads(text)
+        # A digit run longer than any 64-bit integer sends the parse through the slow, checking path:
+        # Python's int of 4,300 digits parses, but printing it in a message raises (a 500 before).
+        data = json.loads(text, parse_int=_bounded_int) if _LONG_DIGITS.search(raw) else json.loads(text)
+    except BodyError:
+        raise
     except RecursionError:
         raise BodyError(400, "malformed JSON in the request body: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, an integer with too many digits
@@ -301,24 +343,36 @@ def _check_containers(data: dict[str, Any]) -> None:
                 stack.append((v, f"{where}.{k}" if isinstance(value, dict) else f"{where}[{k}]"))
 
 
-def min_tokens(text: str, max_token_chars: int, max_token_alnum: int = 0) -> int:
+def min_tokens(text: str, max_token_chars: int, max_token_alnum: int = 0, max_token_bytes: int = 0) -> int:
     """A lower bound on the tokens `text` tokenizes to, computed without tokenizing (about 1 ms per MB).
 
-    Every token decodes to at most `max_token_chars` characters, and to at most `max_token_alnum` ASCII
-    letters and digits (25 for SmolLM2's vocabulary, whose longest token is 81 characters of '#'):
-    so the text has at least ceil(len / max_token_chars) tokens and at least ceil(alnum / max_token_alnum),
-    where alnum counts its ASCII letters and digits. The second bound refuses a 663,000-character
-    prompt without spaces (26,520 tokens at least) that the first let through to a 499,000-token encode.
+    Every token decodes to at most `max_token_chars` characters, to at most `max_token_alnum` ASCII
+    letters and digits (25 for SmolLM2's vocabulary, whose longest token is 81 characters of '#'), and
+    stands for at most `max_token_bytes` UTF-8 bytes of text: so the text has at least
+    ceil(len / max_token_chars) tokens, at least ceil(alnum / max_token_alnum), where alnum counts its
+    ASCII letters and digits, and at least ceil(utf8_len / max_token_bytes). The second bound refuses a
+    663,000-character prompt without spaces (26,520 tokens at least) that the first let through to a
+    499,000-token encode; the third a 660,000-character prompt of a three-byte CJK character (1.98 MB,
+    24,445 tokens at least for SmolLM2) that the first two let through to a 1.98 M-token encode.
 
     Args:
+        text: the prompt text.
         max_token_chars: the most characters one token decodes to (EngineInfo.max_token_chars), >= 1.
         max_token_alnum: the most ASCII letters and digits in one token; 0 (unknown) skips that bound.
+        max_token_bytes: the most UTF-8 bytes of text one token stands for (EngineInfo.max_token_bytes);
+            0 (unknown) skips that bound.
+
+    Returns:
+        The bound, in tokens.
     """
     bound = -(-len(text) // max(1, max_token_chars))
-    if max_token_alnum > 0:
+    if max_token_alnum > 0 or max_token_bytes > 0:
         data = text.encode("utf-8", "surrogatepass")
-        alnum = len(data) - len(data.translate(None, _ALNUM))
-        bound = max(bound, -(-alnum // max_token_alnum))
+        if max_token_bytes > 0:
+            bound = max(bound, -(-len(data) // max_token_bytes))
+        if max_token_alnum > 0:
+            alnum = len(data) - len(data.translate(None, _ALNUM))
+            bound = max(bound, -(-alnum // max_token_alnum))
     return bound
 
 

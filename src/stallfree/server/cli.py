@@ -13,7 +13,7 @@ from typing import Any
 from stallfree._argtypes import non_negative_float, port, positive_int
 from stallfree.engine.cli import DEFAULT_DTYPE_RULE, ENGINE_WHY
 from stallfree.flags import add_scheduler_flags, scheduler_options
-from stallfree.server.options import add_ops_args, configure_logging, ops_banner, ops_from_args
+from stallfree.server.options import add_ops_args, configure_logging, isolate_metrics, ops_banner, ops_from_args
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
 
@@ -121,6 +121,8 @@ def run_serve(args: argparse.Namespace) -> int:
     ops = None
     if problem is None:
         ops, problem = ops_from_args(args)
+    if problem is None and ops is not None:
+        ops, problem = isolate_metrics(ops, args.prefix_cache_isolation)
     if problem is not None or ops is None:
         _error(problem or "bad options")
         return 2

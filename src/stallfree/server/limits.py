@@ -13,6 +13,18 @@ So a request may take up to twice the timeout to arrive: the headers within it, 
 it. Idle keep-alive connections are uvicorn's --timeout-keep-alive; --limit-concurrency is uvicorn's
 cap on connections (503 past it).
 
+Every state a connection can idle in has a deadline:
+
+- before a request's headers are in: the header timer (above);
+- while the app reads the body: BodyReadTimeout (above);
+- after a response, between requests: uvicorn's keep-alive timer. uvicorn cancels it on any byte and
+  re-arms nothing while h11 still expects the body of the request answered, so a response that
+  completes before its request's body has arrived (a 401, 404, 405, /health, /metrics, /v1/models,
+  uvicorn's own 503 past --limit-concurrency: answers that never read the body) is sent with
+  `Connection: close` and the connection is closed after it (RFC 9112 section 9.6);
+- while a response is being sent to a client that reads nothing (the send buffer full): the write
+  timer; after the read timeout without progress the connection is aborted.
+
 Sources: RFC 9110 section 15.5.9 (408 Request Timeout, "the server did not receive a complete request
 message within the time that it was prepared to wait", with the "close" connection option); the
 slowloris attack and the defence of Apache's mod_reqtimeout (a header and a body timeout) and nginx's
@@ -24,6 +36,7 @@ Imports allowed: the standard library, h11, uvicorn, stallfree.server.options an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -54,7 +67,10 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     The timer starts when the connection opens and again with the first byte of each later request
     on it; it stops when the headers are parsed. Between requests an idle keep-alive connection is
-    uvicorn's own timeout_keep_alive. Use header_timeout_protocol(s) to get a class with s set.
+    uvicorn's own timeout_keep_alive. A response that starts before its request's body has arrived
+    carries `Connection: close` and the connection closes after it; a client that reads nothing of a
+    response for header_timeout_s seconds while the send buffer is full is dropped
+    (num_write_timeouts counts them). Use header_timeout_protocol(s) to get a class with s set.
     """
 
     header_timeout_s: float = 30.0
@@ -62,6 +78,8 @@ class HeaderTimeoutH11Protocol(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self.num_write_timeouts = 0
 
     def connection_made(self, transport: Any) -> None:
         """uvicorn's, then start the header timer (a connection that sends nothing is bounded too)."""
@@ -78,9 +96,60 @@ class HeaderTimeoutH11Protocol(H11Protocol):
             self._disarm()  # the headers are in; the body's deadline is BodyReadTimeout's
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the timer, then uvicorn's."""
+        """Stop the timers, then uvicorn's."""
         self._disarm()
+        self._disarm_write()
         super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        """uvicorn's; then make a new request's response close the connection when it starts before the
+        request's body has all arrived (the app answered without reading it)."""
+        super().handle_events()
+        cycle = self.cycle
+        if cycle is not None and not getattr(cycle, "_stallfree_close_unread", False):
+            cycle._stallfree_close_unread = True  # type: ignore[attr-defined]
+            send = cycle.send
+            conn = self.conn
+
+            async def send_closing_if_unread(message: Any) -> None:
+                if message["type"] == "http.response.start" and conn.their_state is h11.SEND_BODY:
+                    headers = list(message.get("headers", ()))
+                    if not any(k.lower() == b"connection" and v.lower() == b"close" for k, v in headers):
+                        message = {**message, "headers": [*headers, (b"connection", b"close")]}
+                await send(message)
+
+            cycle.send = send_closing_if_unread  # type: ignore[method-assign]
+
+    def on_response_complete(self) -> None:
+        """Close the connection when the request's body has not all arrived (nothing would bound the
+        wait for the rest: uvicorn's keep-alive timer stops at the next byte); else uvicorn's."""
+        if self.conn.their_state is not h11.DONE and not self.transport.is_closing():
+            with contextlib.suppress(h11.LocalProtocolError):
+                self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+        super().on_response_complete()
+
+    def pause_writing(self) -> None:
+        """uvicorn's, and start the write timer: a client that reads nothing for header_timeout_s seconds
+        while the send buffer is full is dropped (abort: close() would wait for the buffer to drain)."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.header_timeout_s, self._on_write_timeout)
+
+    def resume_writing(self) -> None:
+        """Stop the write timer, then uvicorn's."""
+        self._disarm_write()
+        super().resume_writing()
+
+    def _on_write_timeout(self) -> None:
+        self._write_timer = None
+        self.num_write_timeouts += 1
+        self.transport.abort()
+
+    def _disarm_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
 
     def _arm(self) -> None:
         self._disarm()

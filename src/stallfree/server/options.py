@@ -12,6 +12,7 @@ Imports allowed: the standard library, stallfree._argtypes and stallfree.core.er
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from stallfree._argtypes import non_negative_float, positive_float, positive_int
 from stallfree.core.errors import StallfreeError
 
 __all__ = ["API_KEY_ENV", "OpsConfig", "ServerConfigError", "add_ops_args", "check_api_key", "configure_logging",
-           "ops_banner", "ops_from_args", "resolve_api_key"]
+           "isolate_metrics", "ops_banner", "ops_from_args", "resolve_api_key"]
 
 #: The environment variable read when --api-key is not given (it keeps the key out of `ps`).
 API_KEY_ENV = "STALLFREE_API_KEY"
@@ -175,6 +176,27 @@ def ops_from_args(
                          limit_concurrency=args.limit_concurrency), None
     except ValueError as exc:
         return None, str(exc)
+
+
+def isolate_metrics(ops: OpsConfig, prefix_cache_isolation: str) -> tuple[OpsConfig | None, str | None]:
+    """Under prefix-cache isolation "salt", /metrics needs the key: its per-request prompt lengths and
+    cached shares would tell one tenant about the others' prompts.
+
+    Args:
+        ops: the operator's options.
+        prefix_cache_isolation: "none" or "salt" (serve --prefix-cache-isolation).
+
+    Returns:
+        (ops, None) unchanged under "none"; (ops with protect_metrics, None) under "salt" with a key;
+        (None, a message naming the options) under "salt" without a key.
+    """
+    if prefix_cache_isolation != "salt":
+        return ops, None
+    if ops.api_key is None:
+        return None, (f"--prefix-cache-isolation salt needs --api-key or {API_KEY_ENV}: it keeps tenants apart, "
+                      "and /metrics (which shows per-request prompt lengths and cached shares) must then need "
+                      "the key")
+    return dataclasses.replace(ops, protect_metrics=True), None
 
 
 def ops_banner(ops: OpsConfig) -> str:

@@ -22,6 +22,8 @@ __all__ = [
     "ApiError",
     "ChatCompletionRequest",
     "ChatMessage",
+    "MAX_INT32",
+    "MAX_PRIORITY",
     "CompletionRequest",
     "StreamOptions",
     "error_body",
@@ -85,6 +87,12 @@ def error_body(
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 
 
+#: The largest max_tokens, top_k or stop token id accepted (2**31 - 1).
+MAX_INT32 = 2**31 - 1
+#: The bound of a request's priority: -MAX_PRIORITY to MAX_PRIORITY (vLLM takes any integer).
+MAX_PRIORITY = 1_000_000
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -100,7 +108,7 @@ class _SamplingFields(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
@@ -109,11 +117,12 @@ class _SamplingFields(_Strict):
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     user: str | None = None
     # vLLM's extras
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_INT32)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = Field(default=None, max_length=256)  # body.MAX_STOP_TOKEN_IDS
-    priority: int = 0
+    # Bounded, so that no value is first forever under --scheduling-policy priority (-10**4000 was).
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # vLLM's: mixed into the prefix-cache block hashes, so requests with different salts share no KV.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     # OpenAI/vLLM fields we do not implement: accepted only at their neutral values (see _UNSUPPORTED).
@@ -160,7 +169,7 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions: messages rendered by the model's chat template."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)  # body.MAX_MESSAGES
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -235,15 +244,16 @@ def parse_request(raw: bytes, model_cls: type[_SamplingFields], limits: Any = No
                            "participant's name); leave it out or put it in the content", "messages")
     for name, (ok, why) in _UNSUPPORTED.items():
         if name in req.model_fields_set and not ok(getattr(req, name)):
-            raise ApiError(400, f"{name}={getattr(req, name)!r}: {why}", name)
+            raise ApiError(400, f"{name}={short_repr(getattr(req, name))}: {why}", name)
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options may only be set when stream is true", "stream_options")
-    if req.stop_token_ids is not None and any(t < 0 for t in req.stop_token_ids):
-        raise ApiError(400, f"stop_token_ids must be >= 0, got {req.stop_token_ids}", "stop_token_ids")
+    if req.stop_token_ids is not None and any(not 0 <= t <= MAX_INT32 for t in req.stop_token_ids):
+        raise ApiError(400, f"stop_token_ids must be >= 0 and <= {MAX_INT32}, got {short_repr(req.stop_token_ids)}",
+                       "stop_token_ids")
     stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
     if any(s == "" for s in stops):
         # An empty stop string would match at once: refused, whether alone ("") or in a list ([""]).
-        raise ApiError(400, f"stop must hold non-empty strings, got {req.stop!r}", "stop")
+        raise ApiError(400, f"stop must hold non-empty strings, got {short_repr(req.stop)}", "stop")
     return req
 
 

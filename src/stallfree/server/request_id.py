@@ -16,6 +16,7 @@ Imports allowed: the standard library.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import time
 import uuid
@@ -31,6 +32,7 @@ MAX_REQUEST_ID_CHARS = 128
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("stallfree_request_id", default="-")
 
 access_logger = logging.getLogger("stallfree.server.access")
+logger = logging.getLogger("stallfree.server")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -60,7 +62,9 @@ class RequestIdMiddleware:
     """Give each HTTP request an id, return it as X-Request-Id and log one access line when it ends.
 
     The access line (logger "stallfree.server.access", INFO): `<id> <client> "<METHOD> <path>" <status>
-    <seconds>s`; status 0 when the client left before any response started.
+    <seconds>s`; status 0 when the client left before any response started. An exception out of the
+    app before any response started is logged under the request's id and answered as a JSON 500 that
+    carries the id (access status 500); after a response started it propagates.
 
     Args:
         app: the ASGI app.
@@ -93,6 +97,18 @@ class RequestIdMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if status != 0:
+                raise  # a response had started: nothing else can be sent; the server drops the connection
+            # A bug on some input: logged here, under this request's id, and answered as a JSON 500 with
+            # the id (the framework's own handler, outside this layer, knew neither).
+            logger.error("unhandled error in %s %s", scope.get("method", "-"),
+                         str(scope.get("path", "-")).encode("unicode_escape").decode("ascii"), exc_info=exc)
+            body = json.dumps({"error": {"message": f"internal server error ({type(exc).__name__}); the server "
+                               "log has the details", "type": "server_error", "param": None, "code": None}}).encode()
+            await send_with_id({"type": "http.response.start", "status": 500, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send_with_id({"type": "http.response.body", "body": body})
         finally:
             if self.log_access:
                 client = scope.get("client")

@@ -21,6 +21,7 @@ Imports allowed: the standard library, uvicorn, prometheus_client and stallfree.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import signal
@@ -50,6 +51,9 @@ _PROBES = ("/health", "/metrics")
 # take to go out before the server closes, in seconds.
 _FLUSH_S = 5.0
 _POLL_S = 0.05
+# The shutdown's log lines belong to no request: the signal handler may run in the middle of one, whose
+# id would otherwise be the current one (RequestIdFilter keeps a request_id given here).
+_NO_REQUEST = {"request_id": "-"}
 
 
 class Drain:
@@ -141,7 +145,7 @@ class Drain:
         logger.info("shutdown: drained in %.2f s: %d served before the signal; during the drain %d finished, "
                     "%d aborted at the deadline, %d refused (503), %d left by their clients, %d failed",
                     s["drain_s"], s["served_before"], s["finished"], s["aborted"], s["refused"],
-                    s["client_left"], s["errors"])
+                    s["client_left"], s["errors"], extra=_NO_REQUEST)
         return self.summary
 
 
@@ -231,7 +235,7 @@ class GracefulServer(uvicorn.Server):
             self.drain.cut = True
             return
         self.drain.draining = True  # at once, before the loop runs the drain: no request slips in
-        self._loop.call_soon_threadsafe(self._begin, signal.Signals(sig).name)
+        self._loop.call_soon_threadsafe(self._begin, signal.Signals(sig).name, context=contextvars.Context())
 
     def shutdown_gracefully(self) -> None:
         """From any thread, do what a SIGTERM does: the first call begins the drain, a second cuts it."""
@@ -241,12 +245,13 @@ class GracefulServer(uvicorn.Server):
         if self._drain_task is not None:
             return
         logger.info("shutdown: %s received; refusing new requests, waiting up to %g s for %d in flight",
-                    why, self.drain.timeout_s, self.drain.in_flight)
-        self._drain_task = asyncio.get_running_loop().create_task(self._drain_then_exit())
+                    why, self.drain.timeout_s, self.drain.in_flight, extra=_NO_REQUEST)
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain_then_exit(),
+                                                                  context=contextvars.Context())
 
     async def _drain_then_exit(self) -> None:
         try:
             await self.drain.drain(self.state)
         except Exception:  # noqa: BLE001 - a bug in the drain must not keep the server up forever
-            logger.exception("shutdown: the drain failed; exiting")
+            logger.exception("shutdown: the drain failed; exiting", extra=_NO_REQUEST)
         self.should_exit = True
