@@ -677,14 +677,16 @@ def test_spec_decode_hand_trace():
 
 
 @pytest.mark.parametrize("cls", [VllmScheduler, sv.SyncScheduler])
-def test_draft_slots_come_out_of_the_step_budget(cls):
-    """Parallel drafting with k = 3 charges 2 draft slots per scheduled request: budget 20, two 10-token prompts.
-    vLLM: a gets min(10, 20 - 2) = 10, leaving 20 - 12 = 8 input slots; b min(10, 8 - 2) = 6. stallfree: the
-    step's budget is 20 - 2 x 2 requests that may run = 16: a 10, b 6."""
+def test_draft_slots_come_out_of_the_step_budget(cls, monkeypatch):
+    """A drafter with 2 draft slots per scheduled request (as parallel drafting with k = 3): budget 20, two
+    10-token prompts. vLLM: a gets min(10, 20 - 2) = 10, leaving 20 - 12 = 8 input slots; b min(10, 8 - 2) = 6.
+    stallfree: the step's budget is 20 - 2 x 2 requests that may run = 16: a 10, b 6. (The slots are set on the
+    config's property: vLLM 0.33 derives them from `parallel_drafting`, 0.34 from the drafter's own config.)"""
     s = harness.make_scheduler(cls, max_num_batched_tokens=20, max_num_seqs=4, max_model_len=256,
                                num_speculative_tokens=3)
-    s.vllm_config.speculative_config.parallel_drafting = True
-    assert s.vllm_config.speculative_config.max_num_new_slots_for_drafting == 2
+    spec = s.vllm_config.speculative_config
+    monkeypatch.setattr(type(spec), "max_num_new_slots_for_drafting", property(lambda self: 2))
+    assert spec.max_num_new_slots_for_drafting == 2
     for rid in ("a", "b"):
         s.add_request(harness.make_request(rid, 10, 5))
     assert s.schedule().num_scheduled_tokens == {"a": 10, "b": 6}
