@@ -576,6 +576,22 @@ def test_another_vllm_version_is_refused_with_both_versions_named():
         check_vllm("0.32.1")
 
 
+@pytest.mark.skipif(
+    "cache_aware_admission_window" not in getattr(__import__("vllm.config").config.SchedulerConfig,
+                                                  "__dataclass_fields__", {}),
+    reason="vLLM 0.34's admission knobs")
+def test_vllm_034_admission_knobs_are_refused_by_flag():
+    """Cache-aware admission reorders the waiting queue and --max-num-inflight-kv-loads gives loads a queue of
+    their own: both are refused at build, the flag named; a window vLLM itself ignores (no prefix caching) is
+    not."""
+    with pytest.raises(InvalidConfig, match="--cache-aware-admission-window"):
+        harness.make_scheduler(sv.SyncScheduler, enable_prefix_caching=True,
+                               scheduler_kwargs={"cache_aware_admission_window": 8})
+    harness.make_scheduler(sv.SyncScheduler, scheduler_kwargs={"cache_aware_admission_window": 8})
+    with pytest.raises(InvalidConfig, match="--max-num-inflight-kv-loads"):
+        harness.make_scheduler(sv.SyncScheduler, scheduler_kwargs={"max_num_inflight_kv_loads": 2})
+
+
 def _spec_run(cls: type, seed: int, lag: bool = False) -> tuple[list[tuple[dict, dict]], dict]:
     """A seeded speculative-decoding run: each step a drafter proposes 0 to 3 drafts per decode (never past the
     request's max_tokens, as a drafter that knows it would), and the fake model accepts a seeded share of them.

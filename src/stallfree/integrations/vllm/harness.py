@@ -53,12 +53,14 @@ def make_scheduler(
     num_speculative_tokens: int = 0,
     prefill_schedule_interval: int = 1,
     sliding_window: int | None = None,
+    scheduler_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
     """Build a vLLM scheduler of class `cls` over `num_blocks` KV blocks of `block_size` tokens (one
     full-attention group, and a second, sliding-window group of `sliding_window` tokens when given: a hybrid
     model), as vLLM's tests do; max_model_len defaults to max_num_batched_tokens.
     num_speculative_tokens > 0: speculative decoding with vLLM's n-gram drafter config (k drafts per step, no
-    draft slots; the GPU n-gram drafter for an async class), as vLLM's tests configure it."""
+    draft slots; the GPU n-gram drafter for an async class), as vLLM's tests configure it.
+    scheduler_kwargs: more fields of vLLM's SchedulerConfig (e.g. a knob only one vLLM version has)."""
     model_config = ModelConfig(model=model, dtype="float16", seed=42, max_model_len=max_model_len)
     mml = max_model_len or max_num_batched_tokens
     sched = SchedulerConfig(
@@ -66,6 +68,7 @@ def make_scheduler(
         long_prefill_token_threshold=long_prefill_token_threshold, async_scheduling=issubclass(cls, AsyncScheduler),
         is_encoder_decoder=False, watermark=0.0, policy=policy,
         scheduler_reserve_full_isl=scheduler_reserve_full_isl, prefill_schedule_interval=prefill_schedule_interval,
+        **dict(scheduler_kwargs or {}),
     )
     cache = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                         enable_prefix_caching=enable_prefix_caching)
