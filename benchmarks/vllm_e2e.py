@@ -13,7 +13,8 @@ Usage (everything under DIR, default ~/.cache/stallfree-vllm-e2e; servers on 127
     python3.11 benchmarks/vllm_e2e.py setup --vllm 0.33.0     # venv, overlay, models (idempotent; minutes)
     python3.11 benchmarks/vllm_e2e.py run --vllm 0.33.0 [--parts basic,kvp] [--n 8]
 Parts: `basic` (1 GiB of KV): 4 short prompts one at a time; a 1,500-token prompt arriving beside 4 streams;
-a client that disconnects mid-stream; an abort (/inference/v1/abort_requests) mid-stream; a short prompt after
+a client that disconnects mid-stream; an abort (/inference/v1/abort_requests, served with --enable-scale-out)
+mid-stream; a short prompt after
 them. `kvp` (9 MiB of KV, 2,304 tokens): N concurrent streams (64-400-token prompts, 48-96 tokens out) that do not
 fit together, so requests are preempted and recomputed. Prints per scheduler and part the outputs that are
 identical, the preemptions (vLLM's metric) and what the disconnect and abort did; writes DIR/results/VERSION/.
@@ -36,7 +37,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PORT = 8001
 KERNELS = ("_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so", "fs_io_C.abi3.so", "spinloop.abi3.so")
-SCHEDULERS = {"vllm": [], "stallfree": ["--scheduler-cls", "stallfree.integrations.vllm.Scheduler"]}
+#: Prompts are token ids 3 .. VOCAB_HI - 1 (below the tokenizer's vocabulary of a few hundred).
+VOCAB_HI = 400
+SF = ["--scheduler-cls", "stallfree.integrations.vllm.Scheduler"]
+SCHEDULERS = {"vllm": [], "stallfree": SF}
+#: The `mixed` part's variants: each scheduler as configured by default, and with its partial-prefill limits
+#: (vLLM: a per-chunk cap of T tokens; stallfree: K = 4 prompts at once, at most L = 1 longer than T).
+T = 128
+MIXED = {
+    "vllm": [], f"vllm-T{T}": ["--long-prefill-token-threshold", str(T)], "stallfree": SF,
+    "stallfree-KLT": SF + ["--additional-config", json.dumps({"stallfree": {
+        "max_num_partial_prefills": 4, "max_long_partial_prefills": 1, "long_prefill_token_threshold": T}})],
+}
 
 # ----------------------------------------------------------------------------------------------- setup
 
@@ -74,6 +86,7 @@ def setup(w: Path, version: str) -> None:
         site = next((venv / "lib").glob("python3*/site-packages"))
         for f in KERNELS:
             shutil.copy(site / "vllm" / f, overlay / "vllm" / f)
+        _no_triton(overlay / "vllm" / "platforms" / "cpu.py")
         # This version's pure-Python requirements that 0.32.0's do not meet (pip reads them from its metadata).
         reqs = _missing_requirements(py, src / f"vllm-{version}.dist-info" / "METADATA")
         if reqs:
@@ -81,6 +94,18 @@ def setup(w: Path, version: str) -> None:
     model = w / "tiny-llama-rw"
     if not (model / "model.safetensors").exists():
         _sh([str(py), str(Path(__file__)), "_model", str(model)])
+
+
+def _no_triton(cpu_py: Path) -> None:
+    """vLLM 0.34 runs x86 CPUs only with triton-cpu (not on the package index) and keeps its standalone CPU model
+    runner, which needs no Triton, for other CPUs: in the overlay, x86 takes that runner too."""
+    text = cpu_py.read_text()
+    refuse = 'raise RuntimeError("vLLM on x86 CPUs requires Triton (triton-cpu).")'
+    standalone = "return not HAS_TRITON and cls.get_cpu_architecture() != CpuArchEnum.X86"
+    if refuse in text:
+        cpu_py.write_text(text.replace(refuse, "pass  # overlay: the standalone CPU model runner")
+                          .replace(standalone, "return not HAS_TRITON  # overlay: x86 included"))
+        print("overlay:", cpu_py, "patched: x86 uses the standalone CPU model runner")
 
 
 _GPU = ("torch", "torchaudio", "torchvision", "torchcodec", "pynvvideocodec", "flashinfer-python", "apache-tvm-ffi",
@@ -93,13 +118,14 @@ def _missing_requirements(py: Path, metadata: Path) -> list[str]:
     reqs = []
     for line in metadata.read_text().splitlines():
         if line.startswith("Requires-Dist: ") and "extra ==" not in line:
-            req = line.split(": ", 1)[1].split(";")[0].strip()
+            req = line.split(": ", 1)[1].strip()
             if not req.lower().replace("_", "-").startswith(_GPU):
                 reqs.append(req)
     probe = (
         "import sys, importlib.metadata as m\nfrom packaging.requirements import Requirement\n"
-        "for r in sys.argv[1:]:\n q = Requirement(r)\n try:\n  v = m.version(q.name)\n except Exception:\n"
-        "  print(r); continue\n if not q.specifier.contains(v, prereleases=True): print(r)\n"
+        "for r in sys.argv[1:]:\n q = Requirement(r)\n if q.marker is not None and not q.marker.evaluate(): continue\n"
+        " try:\n  v = m.version(q.name)\n except Exception:\n  print(str(q).split(';')[0]); continue\n"
+        " if not q.specifier.contains(v, prereleases=True): print(str(q).split(';')[0])\n"
     )
     out = subprocess.run([str(py), "-c", probe, *reqs], capture_output=True, text=True, check=True)
     return [r for r in out.stdout.splitlines() if r]
@@ -128,6 +154,7 @@ def make_model(out: Path) -> None:
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     tok.save(str(out / "tokenizer.json"))
     vocab = tok.get_vocab_size()
+    assert vocab > VOCAB_HI, vocab
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
         "model_max_length": 4096, "add_bos_token": True, "clean_up_tokenization_spaces": False}))
@@ -166,9 +193,25 @@ def make_model(out: Path) -> None:
 # ----------------------------------------------------------------------------------------------- servers
 
 
+#: --installed: the vLLM of the Python running this script (a GPU machine), no overlay, no venv.
+INSTALLED = {"on": False}
+#: --serve-arg: more `vllm serve` arguments for every server (e.g. --enforce-eager on a GPU).
+SERVE_ARGS: list[str] = []
+
+
+def _bin(w: Path, name: str) -> str:
+    if INSTALLED["on"]:
+        return name if name != "python" else sys.executable
+    return str(w / "venv" / "bin" / name)
+
+
 def _env(w: Path, version: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the KV size is --kv-cache-memory-bytes
+    if INSTALLED["on"]:
+        env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", VLLM_HOST_IP="127.0.0.1",
+                   PYTHONPATH=os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")]))
+        return env
     env.update(
         VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1", HF_HOME=str(w / "hf"), VLLM_CACHE_ROOT=str(w / "vcache"), VLLM_HOST_IP="127.0.0.1",
@@ -183,10 +226,10 @@ def _get(path: str, timeout: float = 5.0) -> str:
 
 
 def serve(w: Path, version: str, log: Path, kv_bytes: int, extra: list[str]) -> subprocess.Popen[bytes] | None:
-    cmd = [str(w / "venv" / "bin" / "vllm"), "serve", str(w / "tiny-llama-rw"), "--served-model-name", "tiny",
+    cmd = [_bin(w, "vllm"), "serve", str(w / "tiny-llama-rw"), "--served-model-name", "tiny",
            "--seed", "0", "--dtype", "float32", "--max-model-len", "2048", "--max-num-batched-tokens", "64",
            "--enable-chunked-prefill", "--max-num-seqs", "32", "--kv-cache-memory-bytes", str(kv_bytes),
-           "--host", "127.0.0.1", "--port", str(PORT), *extra]
+           "--enable-scale-out", "--host", "127.0.0.1", "--port", str(PORT), *SERVE_ARGS, *extra]
     proc = subprocess.Popen(cmd, env=_env(w, version), stdout=log.open("w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     for _ in range(200):
@@ -205,17 +248,20 @@ def serve(w: Path, version: str, log: Path, kv_bytes: int, extra: list[str]) -> 
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGINT to the server, then SIGTERM to its process group (it started its own session) if it lingers."""
+    """SIGINT to the server, then SIGTERM and at last SIGKILL to its process group (it started its own session,
+    so the group is the server and its engine processes) if they linger."""
     proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    proc.wait(30)
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30), (None, 30)):
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
+        if sig is None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
 
 
 def metrics() -> dict[str, float]:
@@ -236,13 +282,28 @@ def _prompts(n_kvp: int) -> dict[str, object]:
     rng = random.Random(0)
 
     def prompt(n: int) -> list[int]:
-        return [0] + [rng.randrange(3, 553) for _ in range(n - 1)]
+        return [0] + [rng.randrange(3, VOCAB_HI) for _ in range(n - 1)]
 
     return {
         "short": [prompt(n) for n in (8, 16, 32, 48)], "long": prompt(1500), "ls_short": [prompt(16) for _ in range(4)],
         "disc": prompt(64), "abort": prompt(64),
         "kvp": [(prompt(rng.randint(64, 400)), rng.randint(48, 96)) for _ in range(n_kvp)],
+        # 4 streams (16-token prompts, 160 tokens out), 3 long prompts (1,500 tokens) 2 s apart, 24 short
+        # prompts (16-32 tokens) 0.25 s apart, from their own seed so the prompts above do not change
+        "mixed": _mixed_prompts(),
     }
+
+
+def _mixed_prompts() -> dict[str, list[list[int]]]:
+    import random
+
+    rng = random.Random(1)
+
+    def prompt(n: int) -> list[int]:
+        return [0] + [rng.randrange(3, VOCAB_HI) for _ in range(n - 1)]
+
+    return {"streams": [prompt(16) for _ in range(4)], "long": [prompt(1500) for _ in range(3)],
+            "short": [prompt(rng.randint(16, 32)) for _ in range(24)]}
 
 
 def client(part: str, out: Path, n_kvp: int) -> None:
@@ -302,7 +363,8 @@ def client(part: str, out: Path, n_kvp: int) -> None:
         finally:
             r.close() if disconnected else r.release()
         return {"status": r.status, "error": err, "token_ids": toks, "finish_reason": finish,
-                "ttft": times[0] if times else None, "disconnected": disconnected}
+                "ttft": times[0] if times else None, "disconnected": disconnected,
+                "gaps": [round(b - a, 5) for a, b in zip(times, times[1:], strict=False)]}
 
     async def run() -> dict[str, object]:
         res: dict[str, object] = {}
@@ -339,8 +401,24 @@ def client(part: str, out: Path, n_kvp: int) -> None:
                 res["abort"] = {"client": a, "abort_call": sent,
                                 "running_after": metrics().get("vllm:num_requests_running")}
                 res["after"] = await complete(s, P["short"][0], 32)  # type: ignore[index]
-            else:
+            elif part == "kvp":
                 res["kvp"] = await asyncio.gather(*[stream(s, p, n) for p, n in P["kvp"]])  # type: ignore[attr-defined]
+            else:  # mixed: short prompts arriving while long prompts prefill, beside decoding streams
+                async def later(delay: float, p: list[int], n: int) -> dict[str, object]:
+                    await asyncio.sleep(delay)
+                    return await stream(s, p, n)
+
+                mixed = P["mixed"]
+                tasks = [asyncio.create_task(later(0.0, p, 160)) for p in mixed["streams"]]  # type: ignore[index]
+                tasks += [asyncio.create_task(later(1.0 + 2.0 * i, p, 8))
+                          for i, p in enumerate(mixed["long"])]  # type: ignore[index]
+                tasks += [asyncio.create_task(later(1.0 + 0.25 * i, p, 8))
+                          for i, p in enumerate(mixed["short"])]  # type: ignore[index]
+                got = await asyncio.gather(*tasks)
+                n_streams, n_long = len(mixed["streams"]), len(mixed["long"])  # type: ignore[index]
+                res["streams"] = got[:n_streams]
+                res["long"] = got[n_streams:n_streams + n_long]
+                res["short_mixed"] = got[n_streams + n_long:]
             res["metrics"] = metrics()
         return res
 
@@ -362,12 +440,18 @@ def outputs(res: dict) -> dict[str, list[int] | None]:
         out["long"] = ls["long"]["token_ids"]
     if "after" in res:
         out["after"] = res["after"].get("token_ids")
+    for key in ("streams", "long", "short_mixed"):
+        if isinstance(res.get(key), list):
+            for i, x in enumerate(res[key]):
+                out[f"{key}[{i}]"] = x["token_ids"] if x["status"] == 200 and not x["error"] else None
     for i, x in enumerate(res.get("kvp", [])):
         out[f"kvp[{i}]"] = x["token_ids"] if x["status"] == 200 and not x["error"] else None
     return out
 
 
 def compare(rdir: Path, parts: list[str]) -> int:
+    """Per part: the requests whose greedy outputs are identical under both schedulers, the preemptions, and
+    what the disconnect and the abort did. Returns the number of requests that differ or are missing."""
     bad = 0
     for part in parts:
         runs = {s: json.loads((rdir / f"{part}_{s}.json").read_text())
@@ -388,11 +472,61 @@ def compare(rdir: Path, parts: list[str]) -> int:
         for s, r in runs.items():
             if "disconnect" in r:
                 d, ab = r["disconnect"], r["abort"]
-                print(f"  {s}: disconnect: {len(d['client']['token_ids'])} tokens seen, running after "
-                      f"{d['running_after']}; abort: HTTP {ab['abort_call'].get('status')}, "
+                print(f"  {s}: disconnect: {len(d['client']['token_ids'])} tokens seen, "
+                      f"{d['generated']:.0f} of 1000 generated, running after {d['running_after']}; abort: HTTP "
+                      f"{ab['abort_call'].get('status')}, "
                       f"{len(ab['client']['token_ids'])} tokens, finish {ab['client']['finish_reason']!r}, running "
                       f"after {ab['running_after']}; then a short prompt: HTTP {r['after'].get('status')}")
-    return 1 if bad else 0
+    return bad
+
+
+def run(w: Path, version: str, rdir: Path, parts: list[str], n: int, rounds: int) -> None:
+    rdir.mkdir(parents=True, exist_ok=True)
+    kv = {"basic": 1 << 30, "kvp": 9 << 20, "mixed": 1 << 30}  # 9 MiB = 2,304 tokens (4 KiB a token in fp32)
+    for part in parts:
+        variants = MIXED if part == "mixed" else SCHEDULERS
+        for r in range(rounds if part == "mixed" else 1):
+            for name, flags in variants.items():
+                tag = f"{part}_{name}" + (f"_r{r}" if part == "mixed" else "")
+                t = time.time()
+                print(f"== {version} {tag}", flush=True)
+                proc = serve(w, version, rdir / f"{tag}.log", kv[part], flags)
+                if proc is None:
+                    continue
+                try:
+                    subprocess.run([_bin(w, "python"), str(Path(__file__)), "_client", part, str(rdir / f"{tag}.json"),
+                                    "--n", str(n)], env=_env(w, version), check=False)
+                finally:
+                    stop(proc)
+                print(f"   {time.time() - t:.0f} s", flush=True)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def compare_mixed(rdir: Path) -> int:
+    """Short prompts' TTFT and streams' inter-token gaps per variant and round, and outputs against vLLM's."""
+    print("mixed: short-prompt TTFT p50 / p99, long-prompt TTFT p50, streams' inter-token gap p50 / p99 (ms); "
+          "outputs identical to vLLM's (default) in the same round")
+    bad = 0
+    for f in sorted(rdir.glob("mixed_*_r*.json")):
+        res = json.loads(f.read_text())
+        name, rnd = f.stem[len("mixed_"):].rsplit("_r", 1)
+        ttft = [x["ttft"] * 1e3 for x in res["short_mixed"] if x["ttft"] is not None]
+        longt = [x["ttft"] * 1e3 for x in res["long"] if x["ttft"] is not None]
+        gaps = [g * 1e3 for x in res["streams"] for g in x["gaps"]]
+        base = rdir / f"mixed_vllm_r{rnd}.json"
+        same = "-"
+        if base.exists():
+            a, b = outputs(json.loads(base.read_text())), outputs(res)
+            k = sum(1 for key in a if a[key] is not None and a[key] == b.get(key))
+            bad += len(a) - k
+            same = f"{k}/{len(a)}"
+        print(f"  round {rnd} {name:15s} short {_pct(ttft, 0.5):7.0f} / {_pct(ttft, 0.99):7.0f}   long "
+              f"{_pct(longt, 0.5):7.0f}   ITL {_pct(gaps, 0.5):6.0f} / {_pct(gaps, 0.99):6.0f}   identical {same}")
+    return bad
 
 
 def main() -> int:
@@ -401,12 +535,18 @@ def main() -> int:
     ap.add_argument("args", nargs="*")
     ap.add_argument("--vllm", default="0.33.0", help="the vLLM version whose Python is laid over vllm-cpu 0.32.0")
     ap.add_argument("--dir", type=Path, default=Path.home() / ".cache" / "stallfree-vllm-e2e")
-    ap.add_argument("--parts", default="basic,kvp")
+    ap.add_argument("--parts", default="basic,kvp", help="basic, kvp, mixed (comma-separated)")
     ap.add_argument("--n", type=int, default=8, help="concurrent streams of the kvp part")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the mixed part (its variants in turn)")
+    ap.add_argument("--installed", action="store_true",
+                    help="serve with the vLLM installed for this Python (e.g. on a GPU machine): no venv, no overlay")
+    ap.add_argument("--serve-arg", action="append", default=[], help="one more `vllm serve` argument (repeatable)")
     args = ap.parse_args()
+    INSTALLED["on"] = args.installed
+    SERVE_ARGS.extend(args.serve_arg)
     w = args.dir.expanduser().resolve()
     parts = args.parts.split(",")
-    rdir = w / "results" / args.vllm
+    rdir = w / "results" / ("installed" if args.installed else args.vllm)
     if args.cmd == "_model":
         make_model(Path(args.args[0]))
         return 0
@@ -414,26 +554,18 @@ def main() -> int:
         client(args.args[0], Path(args.args[1]), args.n)
         return 0
     if args.cmd == "setup":
-        setup(w, args.vllm)
+        if args.installed:
+            if not (w / "tiny-llama-rw" / "model.safetensors").exists():
+                make_model(w / "tiny-llama-rw")
+        else:
+            setup(w, args.vllm)
         return 0
     if args.cmd == "run":
-        rdir.mkdir(parents=True, exist_ok=True)
-        kv = {"basic": 1 << 30, "kvp": 9 << 20}  # 9 MiB = 2,304 tokens (4 KiB a token in fp32)
-        for part in parts:
-            for name, flags in SCHEDULERS.items():
-                t = time.time()
-                print(f"== {args.vllm} {part} {name}", flush=True)
-                proc = serve(w, args.vllm, rdir / f"{part}_{name}.log", kv[part], flags)
-                if proc is None:
-                    continue
-                try:
-                    subprocess.run([str(w / "venv" / "bin" / "python"), str(Path(__file__)), "_client", part,
-                                    str(rdir / f"{part}_{name}.json"), "--n", str(args.n)],
-                                   env=_env(w, args.vllm), check=False)
-                finally:
-                    stop(proc)
-                print(f"   {time.time() - t:.0f} s", flush=True)
-    return compare(rdir, parts)
+        run(w, args.vllm, rdir, parts, args.n, args.rounds)
+    bad = compare(rdir, [p for p in parts if p != "mixed"])
+    if "mixed" in parts:
+        bad += compare_mixed(rdir)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -110,6 +110,10 @@ class SyncScheduler(_VllmScheduler):
         self._sf_enc_pending: tuple[str, list[int], list[int], list[int], int] | None = None
         if not self.scheduler_config.enable_chunked_prefill:
             logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
+        # Under vLLM's logger, so that the line is in vLLM's log with its handlers and level.
+        logging.getLogger("vllm.stallfree").info(
+            "stallfree's vLLM scheduler: %s, async_scheduling=%s", type(self).__name__,
+            bool(self.scheduler_config.async_scheduling))
 
     # ------------------------------------------------------------------ requests in and out
 
