@@ -39,6 +39,8 @@ PORT = 8001
 KERNELS = ("_C.abi3.so", "_C_AVX2.abi3.so", "_C_AVX512.abi3.so", "fs_io_C.abi3.so", "spinloop.abi3.so")
 #: Prompts are token ids 3 .. VOCAB_HI - 1 (below the tokenizer's vocabulary of a few hundred).
 VOCAB_HI = 400
+#: max_tokens of the request whose client disconnects after 5 tokens (more than a few seconds of decoding here).
+DISCONNECT_MAX = 1900
 SF = ["--scheduler-cls", "stallfree.integrations.vllm.Scheduler"]
 SCHEDULERS = {"vllm": [], "stallfree": SF}
 #: The `mixed` part's variants: each scheduler as configured by default, and with its partial-prefill limits
@@ -357,8 +359,10 @@ def client(part: str, out: Path, n_kvp: int) -> None:
                         finish = c.get("finish_reason") or finish
                         if on_chunk is not None:
                             await on_chunk(len(times))  # type: ignore[operator]
-                    if stop_after is not None and len(times) >= stop_after:
-                        disconnected = True
+                        if stop_after is not None and len(times) >= stop_after:
+                            disconnected = True
+                            break
+                    if disconnected:
                         break
         finally:
             r.close() if disconnected else r.release()
@@ -381,7 +385,7 @@ def client(part: str, out: Path, n_kvp: int) -> None:
                 got = await asyncio.gather(*first, long_t, *later)
                 res["long_and_short"] = {"short_before": got[:2], "long": got[2], "short_after": got[3:]}
                 before = metrics()
-                d = await stream(s, P["disc"], 1000, stop_after=5)  # type: ignore[arg-type]
+                d = await stream(s, P["disc"], DISCONNECT_MAX, stop_after=5)  # type: ignore[arg-type]
                 await asyncio.sleep(3.0)
                 after = metrics()
                 res["disconnect"] = {"client": d, "running_after": after.get("vllm:num_requests_running"),
@@ -473,7 +477,8 @@ def compare(rdir: Path, parts: list[str]) -> int:
             if "disconnect" in r:
                 d, ab = r["disconnect"], r["abort"]
                 print(f"  {s}: disconnect: {len(d['client']['token_ids'])} tokens seen, "
-                      f"{d['generated']:.0f} of 1000 generated, running after {d['running_after']}; abort: HTTP "
+                      f"{d['generated']:.0f} of {DISCONNECT_MAX} generated, running after {d['running_after']}; "
+                      f"abort: HTTP "
                       f"{ab['abort_call'].get('status')}, "
                       f"{len(ab['client']['token_ids'])} tokens, finish {ab['client']['finish_reason']!r}, running "
                       f"after {ab['running_after']}; then a short prompt: HTTP {r['after'].get('status')}")
