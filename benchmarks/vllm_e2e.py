@@ -6,7 +6,11 @@ How vLLM runs on a CPU here: the newest CPU build on the package index is `vllm-
 Python code of the vLLM version under test (its CUDA wheel, unpacked without the `.so` files) is laid over it as a
 PYTHONPATH overlay with 0.32.0's compiled CPU kernels (`_C*.so`, `fs_io_C`, `spinloop`). The model (2 layers,
 hidden 256, an offline byte-level BPE tokenizer, seeded random weights) needs only the attention, norm and
-activation kernels. vLLM forces asynchronous scheduling off on a CPU, so the synchronous engine loop is exercised
+activation kernels. That works for vLLM 0.33. vLLM 0.34 does not start this way: on x86 it wants triton-cpu (on
+no package index), and its standalone CPU model runner, which the overlay lets x86 take instead, calls compiled
+ops 0.32.0's kernels do not have (`gumbel_sample_cpu`, `prepare_prefill_inputs_cpu`, `post_update_cpu`, ...): the
+engine fails at start and `run` prints the error. vLLM 0.34 end to end needs a GPU (`gpu_vllm_async.sh`) or a
+0.34 CPU build. vLLM forces asynchronous scheduling off on a CPU, so the synchronous engine loop is exercised
 (stallfree's Scheduler is an AsyncScheduler subclass, which vLLM runs synchronously there).
 
 Usage (everything under DIR, default ~/.cache/stallfree-vllm-e2e; servers on 127.0.0.1, stopped by PID):
@@ -241,7 +245,8 @@ def serve(w: Path, version: str, log: Path, kv_bytes: int, extra: list[str]) -> 
         except OSError:
             pass
         if proc.poll() is not None:
-            print(f"  server died (exit {proc.returncode}); see {log}")
+            errors = [ln for ln in log.read_text(errors="replace").splitlines() if "Error:" in ln]
+            print(f"  server died (exit {proc.returncode}); see {log}" + (f"\n  {errors[0][-300:]}" if errors else ""))
             return None
         time.sleep(3)
     print(f"  server not up after 600 s; see {log}")
