@@ -639,6 +639,9 @@ class SyncScheduler(_VllmScheduler):
             out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(out, reqs)
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
+        # As vLLM: the block state is the scheduler-side connectors' (its resolver reads the KV cache manager)
+        # and never goes to a worker.
+        out.kv_connector_block_state = None
         return out
 
 
