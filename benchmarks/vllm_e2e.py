@@ -14,14 +14,19 @@ engine fails at start and `run` prints the error. vLLM 0.34 end to end needs a G
 (stallfree's Scheduler is an AsyncScheduler subclass, which vLLM runs synchronously there).
 
 Usage (everything under DIR, default ~/.cache/stallfree-vllm-e2e; servers on 127.0.0.1, stopped by PID):
-    python3.11 benchmarks/vllm_e2e.py setup --vllm 0.33.0     # venv, overlay, models (idempotent; minutes)
-    python3.11 benchmarks/vllm_e2e.py run --vllm 0.33.0 [--parts basic,kvp] [--n 8]
-Parts: `basic` (1 GiB of KV): 4 short prompts one at a time; a 1,500-token prompt arriving beside 4 streams;
-a client that disconnects mid-stream; an abort (/inference/v1/abort_requests, served with --enable-scale-out)
-mid-stream; a short prompt after
-them. `kvp` (9 MiB of KV, 2,304 tokens): N concurrent streams (64-400-token prompts, 48-96 tokens out) that do not
-fit together, so requests are preempted and recomputed. Prints per scheduler and part the outputs that are
-identical, the preemptions (vLLM's metric) and what the disconnect and abort did; writes DIR/results/VERSION/.
+    python3.11 benchmarks/vllm_e2e.py setup --vllm 0.33.0     # venv, overlay, model (idempotent; minutes)
+    python3.11 benchmarks/vllm_e2e.py run --vllm 0.33.0 [--parts basic,kvp,mixed] [--n 16] [--rounds 2]
+    python3.11 benchmarks/vllm_e2e.py compare --vllm 0.33.0 --parts basic,kvp,mixed   # the saved runs again
+    python benchmarks/vllm_e2e.py run --installed --serve-arg=--enforce-eager ...      # the installed vLLM (GPU)
+Parts: `basic` (1 GiB of KV): 4 short prompts one at a time; a 1,500-token prompt arriving beside 4 streams; a
+client that disconnects after 5 tokens of 1,900; an abort (/inference/v1/abort_requests, served with
+--enable-scale-out) after 5 tokens; a short prompt after them. `kvp` (9 MiB of KV, 2,304 tokens): N concurrent
+streams (64-400-token prompts, 48-96 tokens out) that do not fit together, so requests are preempted and
+recomputed. `mixed`: short prompts arriving while long prompts prefill, beside streams, under four servers
+(each scheduler with and without its partial-prefill limits), in `--rounds` rounds. Prints per part the
+requests whose greedy outputs are identical, the preemptions (vLLM's metric), what the disconnect and the abort
+did, and for `mixed` the short prompts' TTFT and the streams' gaps; exits 1 if any output differs. Writes
+DIR/results/VERSION/ (a JSON and the server log per run).
 The checkout's src/ is put on PYTHONPATH, so the code under test is this checkout's.
 """
 
