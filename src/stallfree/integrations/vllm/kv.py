@@ -2,7 +2,8 @@
 are vLLM's KVCacheManager.get_computed_blocks / allocate_slots (prefix-cache hits, the watermark and
 scheduler_reserve_full_isl included), a preemption is vLLM's own preemption path.
 
-Imports allowed: the standard library, stallfree.core and vLLM 0.33 (through the objects it is handed).
+Imports allowed: the standard library, stallfree.core and vLLM 0.33 or 0.34 (through the objects it is handed, and
+stallfree.integrations.vllm._compat for what differs between them).
 
 The core's scheduler decides who runs and who is preempted; this manager only asks vLLM's KV cache manager
 whether the blocks are there. Counts are tokens unless they say blocks. A vLLM request's
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from stallfree.core.errors import RequestRejected
 from stallfree.core.kv import NO_HIT, NO_TRANSFERS, PrefixCacheStats, PrefixCacheView, Transfers
 from stallfree.core.request import Request
+from stallfree.integrations.vllm import _compat
 
 if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
@@ -178,7 +180,7 @@ class VLLMKV:
         get_computed_blocks (capped by vLLM at num_tokens - 1, and by the auxiliary-output connector), then,
         with a KV connector, its get_num_new_matched_tokens beyond the block-aligned local hit (a remote hit
         longer than a local partial block replaces that block; a shorter one is not loaded; the
-        auxiliary-output cap and `skip_reading_prefix_cache` apply).
+        auxiliary-output cap and vLLM's bound on reading external KV apply).
 
         The connector is asked once per request and step (its answer is kept until `new_step()`), as vLLM
         asks it once each time its admission loop reaches the request.
@@ -201,7 +203,7 @@ class VLLMKV:
             if answer is None:
                 answer = self._asked[key] = connector.get_num_new_matched_tokens(request, aligned)
             got, load_async = answer
-            if request.skip_reading_prefix_cache:
+            if _compat.skips_external_kv(request):
                 got, load_async = 0, False
             if got is None:
                 return None

@@ -36,7 +36,7 @@ from typing import Any
 from vllm.outputs import RequestError
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
 from vllm.v1.core.sched.interface import PauseState
-from vllm.v1.core.sched.output import KVConnectorBlockState, NewRequestData, SchedulerOutput
+from vllm.v1.core.sched.output import KVConnectorBlockState, SchedulerOutput
 from vllm.v1.core.sched.scheduler import KV_FETCH_IN_PROGRESS
 from vllm.v1.core.sched.scheduler import Scheduler as _VllmScheduler
 from vllm.v1.engine import EngineCoreEventType
@@ -47,6 +47,7 @@ from stallfree.core.errors import InvalidConfig, RequestRejected
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler as CoreScheduler
+from stallfree.integrations.vllm import _compat
 from stallfree.integrations.vllm.config import (
     StallfreeOptions,
     core_config,
@@ -78,7 +79,7 @@ class SyncScheduler(_VllmScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        refused = refused_features(self.vllm_config, self.kv_cache_config)
+        refused = refused_features(self.vllm_config, self.kv_cache_config) + _compat.refused_features(self)
         if refused:
             raise InvalidConfig(
                 f"{type(self).__name__} (stallfree's vLLM scheduler) does not support: " + "; ".join(refused)
@@ -106,6 +107,10 @@ class SyncScheduler(_VllmScheduler):
         self._sf_enc_pending: tuple[str, list[int], list[int], list[int], int] | None = None
         if not self.scheduler_config.enable_chunked_prefill:
             logger.warning("stallfree's scheduler always chunks prompts: --no-enable-chunked-prefill is ignored")
+        # Under vLLM's logger, so that the line is in vLLM's log with its handlers and level.
+        logging.getLogger("vllm.stallfree").info(
+            "stallfree's vLLM scheduler: %s, async_scheduling=%s", type(self).__name__,
+            bool(self.scheduler_config.async_scheduling))
 
     # ------------------------------------------------------------------ requests in and out
 
@@ -200,6 +205,7 @@ class SyncScheduler(_VllmScheduler):
             self.kv_cache_manager.record_prefix_cache_stats(request, num_local)
             request.num_computed_tokens = num_local + num_external
         self._set_kv_fetch_stage(request, None)
+        _compat.unpark_async_load(self, request)
         self.running.append(request)
         if self.log_stats:
             request.record_event(EngineCoreEventType.SCHEDULED, self._sf_time)
@@ -358,7 +364,7 @@ class SyncScheduler(_VllmScheduler):
         request.num_computed_tokens = hit.num_local + hit.num_external
         if self.aux_output_connector is not None:
             self.aux_output_connector.request_loading(request, request.num_computed_tokens)
-        self._inflight_prefills.add(request)
+        _compat.park_async_load(self, request)
         self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)
         if request not in self.kv_holding_waiting:  # there already after a failed load that kept no token
             self.waiting.remove_request(request)
@@ -384,6 +390,7 @@ class SyncScheduler(_VllmScheduler):
             if rid not in self.finished_recving_kv_req_ids:
                 continue
             self._update_waiting_for_remote_kv(request)
+            _compat.refresh_parked_load(self, request)
             request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
             back.append(request)
         if not back:
@@ -501,7 +508,7 @@ class SyncScheduler(_VllmScheduler):
     def _sf_take_back(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> None:
         core, reqs = self.stallfree, self.requests
         sampled = model_runner_output.sampled_token_ids
-        index = model_runner_output.req_id_to_index
+        index = _compat.output_index(model_runner_output)
         for rid, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
             request = reqs.get(rid)
             if not drafts or request is None or request.is_finished() or request.num_stale_output_tokens > 0:
@@ -579,24 +586,8 @@ class SyncScheduler(_VllmScheduler):
         total = sum(num_scheduled.values())
         if total > 0:
             self.num_executed_steps += 1
-        if self.use_v2_model_runner:
-            new_reqs += resumed_reqs
-            resumed_reqs = []
-            new_data = [
-                NewRequestData.from_request(
-                    r, to_new_blocks[r.request_id].get_block_ids(), r._all_token_ids, uses_mrope=self.model_uses_mrope)
-                for r in new_reqs
-            ]
-        else:
-            new_data = [
-                NewRequestData.from_request(
-                    r, to_new_blocks[r.request_id].get_block_ids(), uses_mrope=self.model_uses_mrope)
-                for r in new_reqs
-            ]
-        cached = self._make_cached_request_data(running, resumed_reqs, num_scheduled, spec_tokens, to_new_blocks)
-        if not self.use_v2_model_runner:
-            self.prev_step_scheduled_req_ids.clear()
-            self.prev_step_scheduled_req_ids.update(num_scheduled)
+        new_data, cached = _compat.request_data(
+            self, new_reqs, resumed_reqs, running, num_scheduled, spec_tokens, to_new_blocks)
         offloads = kvm.take_boundary_state_offloads()
         block_state = None
         if self.connector is not None:
@@ -637,7 +628,7 @@ class SyncScheduler(_VllmScheduler):
             kv_connector_block_state=block_state,
             num_spec_tokens_to_schedule=num_spec,
             skip_drafts=skip_drafts,
-            ec_manager_metadata=self.encoder_cache_manager.get_manager_metadata(),
+            **_compat.output_kwargs(self),
         )
         if self.connector is not None:
             out.kv_connector_metadata = self._build_kv_connector_meta(self.connector, out)
@@ -645,6 +636,9 @@ class SyncScheduler(_VllmScheduler):
             out.aux_output_connector_metadata = self.aux_output_connector.build_connector_meta(out, reqs)
         if self.ec_connector is not None:
             out.ec_connector_metadata = self.ec_connector.build_connector_meta(out)
+        # As vLLM: the block state is the scheduler-side connectors' (its resolver reads the KV cache manager)
+        # and never goes to a worker.
+        out.kv_connector_block_state = None
         return out
 
 
