@@ -272,6 +272,8 @@ def test_vllm_result_has_a_verdict_and_the_front_end():
     front = validate_vllm(path, "llama-3.1-8b", "h100-sxm", profile=EngineProfile("f", frontend_s=0.01))
     assert plain["verdict"].startswith("verdict: ")
     assert front["simulator"]["mean_ttft_ms"] == pytest.approx(plain["simulator"]["mean_ttft_ms"] + 10.0)
+    sc = plain["scheduler_config"]  # the replay's resolved scheduler, as every --json echoes it
+    assert (sc["token_budget"], sc["max_seqs"], sc["kv_policy"], sc["block_size"]) == (2048, 256, "paged", 16)
 
 
 def test_default_pricing_takes_the_matching_profile():

@@ -380,6 +380,7 @@ def _run_validate(cfg: ValidateConfig, out: Path | None, save_gpu: Path | None) 
         "engine": summary(eng_lat, held),
         "simulator": summary(sim_lat, held),
         "error": compare(eng_lat, sim_lat, held),
+        "scheduler_config": sched.scheduler.resolved(),
         "calibration": {**cal.kwargs(), "fit_steps": len(first),
                         "step_test_median_pct": cal.test.median * 100, "step_test_p90_pct": cal.test.p90 * 100},
         "config": {"requests": len(workload), "token_budget": cfg.token_budget, "max_seqs": cfg.max_seqs,

@@ -93,6 +93,7 @@ def validate_vllm(
         "mean_error_pct": mean_err,
         "verdict": verdict(mean_err),
         "error": compare(eng, simlat, rids),
+        "scheduler_config": sched.scheduler.resolved(),
         "config": {
             "requests": len(wl),
             "model": model,
