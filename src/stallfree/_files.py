@@ -97,21 +97,23 @@ def open_text(path: str | Path, encoding: str = "utf-8-sig") -> IO[str]:
     return fh
 
 
-def bounded_lines(fh: IO[str], path: str | Path, max_line: int = MAX_LINE_CHARS,
-                  max_total: int = MAX_FILE_CHARS) -> Iterator[str]:
+def bounded_lines(fh: IO[str], path: str | Path, max_line: int | None = None,
+                  max_total: int | None = None) -> Iterator[str]:
     """Yield the lines of an open text file (newlines kept), holding at most one line in memory.
 
     Args:
         fh: the open file (see open_text()).
         path: its name, for messages.
-        max_line: most characters in one line.
-        max_total: most characters in the whole file (after decompression).
+        max_line: most characters in one line (None: MAX_LINE_CHARS).
+        max_total: most characters in the whole file, after decompression (None: MAX_FILE_CHARS).
 
     Raises:
         FileLimitError: a line over max_line characters ("path:line: ...") or a file over max_total;
             raised on reaching the limit, so at most max_line + 1 characters are held.
         (and whatever reading fh raises: see READ_ERRORS)
     """
+    max_line = MAX_LINE_CHARS if max_line is None else max_line
+    max_total = MAX_FILE_CHARS if max_total is None else max_total
     total = 0
     line_no = 0
     while True:
@@ -133,12 +135,12 @@ def bounded_lines(fh: IO[str], path: str | Path, max_line: int = MAX_LINE_CHARS,
         yield text
 
 
-def read_json(path: str | Path, max_chars: int = MAX_JSON_CHARS) -> Any:
+def read_json(path: str | Path, max_chars: int | None = None) -> Any:
     """Read and parse a whole JSON file (UTF-8), at most max_chars characters.
 
     Args:
         path: the file (a device such as /dev/zero is read only up to the limit).
-        max_chars: most characters read.
+        max_chars: most characters read (None: MAX_JSON_CHARS).
 
     Returns:
         The parsed value (any JSON type; the caller checks it).
@@ -150,6 +152,7 @@ def read_json(path: str | Path, max_chars: int = MAX_JSON_CHARS) -> Any:
         FileLimitError: it is longer than max_chars characters, or nested too deeply for Python's json
             module (about 1,000 levels).
     """
+    max_chars = MAX_JSON_CHARS if max_chars is None else max_chars
     with open(path, encoding="utf-8") as fh:
         text = fh.read(max_chars + 1)
     if len(text) > max_chars:
