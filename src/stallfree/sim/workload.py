@@ -299,8 +299,10 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
             obj = loads_line(first)
             if isinstance(obj, dict) and "hash_ids" in obj and "input_length" in obj:
                 fmt = "mooncake"
-        except (*READ_ERRORS, ValueError):
+        except READ_ERRORS:
             pass  # the jsonl reader reports it
+        except ValueError:
+            pass  # likewise
     try:
         with open_text(p) as fh:
             if fmt == "mooncake":
