@@ -9,7 +9,8 @@ Hierarchy::
                                    that does not divide the heads), a bad size, a bad data file
       CostModelFileError           a data file named on the command line is missing or cannot be opened
                                    (the commands exit 2, a usage error)
-      CostModelDataError           a data file's contents are malformed (the commands exit 1)
+      CostModelDataError           a data file's contents are malformed or past a size limit (the commands
+                                   exit 2, as for any unusable input)
     CostModelWarning (UserWarning) a configuration the cost model prices with a stated simplification
                                    (FP8 weights on a GPU without FP8 units run at the BF16 peak)
 """

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import FileLimitError, read_json
 from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
 
 __all__ = [
@@ -419,16 +420,18 @@ def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
 
     Raises:
         CostModelFileError: the file is missing or cannot be opened.
-        CostModelDataError: it is not UTF-8 JSON or does not hold a JSON object.
+        CostModelDataError: it is not UTF-8 JSON, does not hold a JSON object, is longer than
+            stallfree._files.MAX_JSON_CHARS (256 MiB; /dev/zero is read only that far) or nested
+            deeper than about 1,000 levels.
         (Both are CostModelError; the message names `what` and the path.)
     """
     p = Path(path)
     try:
-        text = p.read_bytes()
+        data = read_json(p)
+    except FileLimitError as exc:
+        raise CostModelDataError(f"cannot read {what} file: {exc}") from None
     except OSError as exc:
         raise CostModelFileError(f"cannot read {what} file {str(p)!r}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CostModelDataError(f"cannot read {what} file {str(p)!r}: {exc}") from None
     if not isinstance(data, dict):

@@ -19,14 +19,13 @@ P x p + P(P + 1)/2 for P prefill tokens at offset p = prefill_context_sum.
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, open_text
 from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
 
 __all__ = ["BUCKETS", "ErrorStats", "MeasuredStep", "read_steps_csv", "split_rows"]
@@ -119,30 +118,32 @@ def split_rows(n: int, holdout: float, seed: int) -> tuple[list[int], list[int]]
     return sorted(idx[n_test:]), sorted(idx[:n_test])
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 - the caller closes it
-
-
 def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     """Read a CSV (or .csv.gz) file into its header and rows.
 
     Raises:
         CostModelFileError: the file is missing, a directory or cannot be opened (the message says
             'cannot read', the path and the reason).
-        CostModelDataError: it opens but cannot be parsed (not UTF-8, not gzip, bad CSV quoting).
+        CostModelDataError: it opens but cannot be parsed (not UTF-8, not gzip or a corrupt gzip
+            stream, bad CSV quoting, a field over the csv module's 128 KiB), or it is past the limits
+            of stallfree._files (1 GiB decompressed, 1 MiB a line).
     """
     try:
-        f = _open_text(path)
+        f = open_text(path, encoding="utf-8")
+    except FileLimitError as exc:
+        raise CostModelDataError(f"cannot read {exc}") from None
     except OSError as exc:
         raise CostModelFileError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
     try:
         with f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(bounded_lines(f, path))
             rows = list(reader)
             return list(reader.fieldnames or ()), rows
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+    except FileLimitError as exc:
+        raise CostModelDataError(f"cannot read {exc}") from None
+    except READ_ERRORS as exc:
+        raise CostModelDataError(f"cannot read {str(path)!r}: {exc}") from None
+    except csv.Error as exc:
         raise CostModelDataError(f"cannot read {str(path)!r}: {exc}") from None
 
 

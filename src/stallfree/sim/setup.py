@@ -15,16 +15,16 @@ Example (the default replica on the first 500 requests of the bundled trace)::
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import read_json
 from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import StallfreeError
-from stallfree.costmodel import CostModelDataError, CostModelError
+from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
@@ -349,8 +349,9 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         kv = opts.kv_tokens or real.kv_capacity_tokens(gpu_memory_utilization=opts.gpu_memory_utilization)
     except (CostModelError, ValueError) as exc:
         # An unknown model, GPU, dtype or kernel engine/version, or a pricing the tables cannot give:
-        # each is an option's value (exit 2, as `stallfree budget` answers the same values).
-        raise SetupError(str(exc), usage=not isinstance(exc, CostModelDataError)) from None
+        # each is an option's value (exit 2, as `stallfree budget` answers the same values); so is a
+        # malformed or oversized spec file named by --model or --gpu (README, "Exit codes").
+        raise SetupError(str(exc), usage=True) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += "".join(f" ({n})" for n in named)
     if opts.ep > 1 or opts.dp_attention > 1:
@@ -422,8 +423,8 @@ def _user_config(model: str) -> dict[str, Any] | None:
     if not str(model).endswith(".json"):
         return None
     try:
-        data = json.loads(Path(model).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(model)
+    except (OSError, ValueError):  # FileLimitError is a ValueError
         return None  # get_model reports the unreadable file with its own message
     if isinstance(data, dict) and "num_hidden_layers" in data and "architectures" in data:
         return data

@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO
 
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text
 from stallfree.core.errors import StallfreeError
 
 __all__ = [
@@ -51,6 +52,17 @@ MOONCAKE_BLOCK = 512
 # How many bad-row messages a skipping load keeps for its report.
 _KEPT_MESSAGES = 5
 
+#: How far an arrival time may lie from the trace's first one (in file order), s: 10^8 s, about 3.2
+#: years. The longest public LLM traces span weeks to a few months (10^6-10^7 s); a time further out
+#: is a typo or a unit error (ms or us read as s), and 1e308 would leave the simulated clock unable to
+#: tell a step apart (it stands still past 2^53 s), giving figures such as a TTFT of 6 ms and a TPOT of
+#: 0 that enter the averages. Within it, times relative to the start resolve to 15 ns.
+MAX_ARRIVAL_SPAN_S = 1e8
+#: The largest arrival time a trace may state at all, s: 10^12 s (about 31,700 years since its
+#: epoch), which holds Unix times and Azure's wall clock (seconds since year 1, about 6.4e10) while
+#: keeping their differences resolved to 0.1 ms or better.
+MAX_ARRIVAL_S = 1e12
+
 
 class TraceError(StallfreeError, ValueError):
     """A trace could not be read: a missing file, an unknown format, or a malformed row (the message
@@ -59,7 +71,7 @@ class TraceError(StallfreeError, ValueError):
 
 class TraceFileError(TraceError):
     """The trace file itself is missing, a directory, or cannot be opened (the commands exit 2, as for
-    any unusable command-line value; malformed contents stay a TraceError, exit 1)."""
+    any unusable command-line value, and as for a TraceError)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,9 +271,12 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
 
     Raises:
         TraceFileError: the file is missing, a directory or cannot be opened.
-        TraceError: the format is unknown, the contents cannot be decoded, or (without
-            skip_bad_rows) a row is malformed: "path:line: field value: reason"; also when no
-            request is left.
+        TraceError: the format is unknown, the contents cannot be decoded (not UTF-8, a corrupt or
+            truncated gzip stream), the file or a line is past its limit (stallfree._files: 1 GiB
+            decompressed, 1 MiB a line; never skipped), or (without skip_bad_rows) a row is
+            malformed: "path:line: field value: reason" (a time not finite, negative, over
+            MAX_ARRIVAL_S or more than MAX_ARRIVAL_SPAN_S from the first row's among them); also when
+            no request is left.
     """
     p = Path(path)
     if p.is_dir():
@@ -279,21 +294,25 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
     if fmt == "auto" and name.endswith((".jsonl", ".json")):
         fmt = "jsonl"
         try:
-            with _open_text(p) as fh:
-                first = next((ln for ln in fh if ln.strip()), "")
-            obj = json.loads(first)
+            with open_text(p) as fh:
+                first = next((ln for ln in bounded_lines(fh, path) if ln.strip()), "")
+            obj = loads_line(first)
             if isinstance(obj, dict) and "hash_ids" in obj and "input_length" in obj:
                 fmt = "mooncake"
-        except (OSError, UnicodeDecodeError, EOFError, ValueError):
+        except READ_ERRORS:
             pass  # the jsonl reader reports it
+        except ValueError:
+            pass  # likewise
     try:
-        with _open_text(p) as fh:
+        with open_text(p) as fh:
             if fmt == "mooncake":
                 return _load_mooncake(fh, str(path), skip_bad_rows, name)
             if fmt == "jsonl":
                 return _load_jsonl(fh, str(path), skip_bad_rows, name)
             return _load_csv(fh, str(path), fmt, skip_bad_rows, name)
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
+    except FileLimitError as exc:
+        raise TraceError(f"trace {exc}") from None
+    except READ_ERRORS as exc:
         raise TraceError(f"cannot read trace {path}: {exc}") from None
 
 
@@ -305,17 +324,18 @@ def _load_mooncake(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
     """Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (ceil(input / 512))."""
     rows = _Rows(path, skip)
     ids: list[tuple[int, ...]] = []
-    for line, text in enumerate(fh, start=1):
+    for line, text in enumerate(bounded_lines(fh, path), start=1):
         if not text.strip():
             continue
         try:
-            obj = json.loads(text)
+            obj = loads_line(text)
             if not isinstance(obj, dict):
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
             for key in ("timestamp", "input_length", "output_length", "hash_ids"):
                 if key not in obj:
                     raise ValueError(f"missing field {key!r}")
-            t = _float_field("timestamp", str(obj["timestamp"])) / 1000.0
+            t = rows.time(_float_field("timestamp", str(obj["timestamp"])) / 1000.0, "timestamp",
+                          str(obj["timestamp"]), line)
             plen = _int_field("input_length", str(obj["input_length"]), 1)
             olen = _int_field("output_length", str(obj["output_length"]), 1)
             hid = obj["hash_ids"]
@@ -338,12 +358,6 @@ def _load_mooncake(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
     return replace(wl, prefix_ids=tuple(ids[k] for k in order))
 
 
-def _open_text(p: Path) -> IO[str]:
-    if p.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(p, "rb"), encoding="utf-8-sig", newline="")
-    return open(p, encoding="utf-8-sig", newline="")
-
-
 _HEADERS = {
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
@@ -360,6 +374,24 @@ class _Rows:
         self.bad = 0
         self.messages: list[str] = []
         self.excluded = 0
+        self.first: tuple[float, int] | None = None  # the first accepted row's time, s, and line
+
+    def time(self, t: float, field_name: str, text: str, line: int) -> float:
+        """Return t (s, already finite and >= 0), or raise ValueError when it is past MAX_ARRIVAL_S
+        or more than MAX_ARRIVAL_SPAN_S from the first accepted row's time (which it becomes when
+        it is the first)."""
+        if t > MAX_ARRIVAL_S:
+            raise ValueError(f"{field_name} {text!r} is past {MAX_ARRIVAL_S:g} s (a trace's times must lie "
+                             "within about 31,700 years of its epoch)")
+        if self.first is None:
+            self.first = (t, line)
+        elif abs(t - self.first[0]) > MAX_ARRIVAL_SPAN_S:
+            raise ValueError(
+                f"{field_name} {text!r} is {abs(t - self.first[0]):.3g} s from the first row's (line "
+                f"{self.first[1]}); arrival times must lie within {MAX_ARRIVAL_SPAN_S:g} s (about 3.2 years) "
+                "of it"
+            )
+        return t
 
     def error(self, line: int, message: str) -> None:
         text = f"{self.path}:{line}: {message}"
@@ -436,8 +468,11 @@ def _wall_clock(text: str) -> float:
 
 
 def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Workload:
-    reader = csv.reader(fh)
-    header = next(reader, None)
+    reader = csv.reader(bounded_lines(fh, path))
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise TraceError(f"{path}:{reader.line_num}: cannot read the header: {exc}") from None
     if header is None:
         raise TraceError(f"{path}: empty file")
     header = [h.strip() for h in header]
@@ -460,7 +495,14 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
     width = len(header)
     rows = _Rows(path, skip)
     min_out = 0 if fmt == "burstgpt" else 1
-    for row in reader:
+    while True:
+        try:
+            row = next(reader, None)
+        except csv.Error as exc:  # a field over the csv module's 128 KiB, a stray quote: a malformed row
+            rows.error(reader.line_num, str(exc))
+            continue
+        if row is None:
+            break
         line = reader.line_num
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
@@ -468,6 +510,7 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
             if len(row) != width:
                 raise ValueError(f"expected {width} fields, got {len(row)}")
             t = _wall_clock(row[ia].strip()) if fmt == "azure" else _float_field(cols[0], row[ia])
+            t = rows.time(t, cols[0], row[ia].strip(), line)
             plen = _int_field(cols[1], row[ip].strip(), 1)
             olen = _int_field(cols[2], row[io_].strip(), min_out)
         except ValueError as exc:
@@ -482,13 +525,13 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
 
 def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
     rows = _Rows(path, skip)
-    for line, text in enumerate(fh, start=1):
+    for line, text in enumerate(bounded_lines(fh, path), start=1):
         if not text.strip():
             continue
         try:
             try:
-                obj = json.loads(text)
-            except ValueError:
+                obj = loads_line(text)
+            except json.JSONDecodeError:
                 if not rows.rows and line == 1:
                     # The very first line is not JSON: the wrong format, not a bad row.
                     raise TraceError(
@@ -502,7 +545,8 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
             for key in ("arrival_time", "prompt_len", "output_len"):
                 if key not in obj:
                     raise ValueError(f"missing field {key!r}")
-            t = _float_field("arrival_time", str(obj["arrival_time"]))
+            t = rows.time(_float_field("arrival_time", str(obj["arrival_time"])), "arrival_time",
+                          str(obj["arrival_time"]), line)
             plen = _int_field("prompt_len", str(obj["prompt_len"]), 1)
             olen = _int_field("output_len", str(obj["output_len"]), 1)
         except TraceError:

@@ -24,6 +24,7 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import MAX_JSON_CHARS
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
 from stallfree.sim.cluster import simulate_cluster
@@ -91,10 +92,26 @@ def detect(path: str) -> str:
     first = head.splitlines()[0] if head else ""
     if "silicon_ttft_ms" in first and "isl" in first.split(","):
         return "silicon"
-    if head.lstrip().startswith("{") and '"input_lens"' in p.read_text(encoding="utf-8"):
+    if head.lstrip().startswith("{") and _mentions(p, '"input_lens"'):
         return "vllm-result"
     raise ValidateDataError(f"--against {path!r}: not a run folder, a silicon_sample.csv-style CSV (header with isl, "
                      "silicon_ttft_ms) or a vllm bench serve result (JSON with input_lens)")
+
+
+def _mentions(p: Path, word: str) -> bool:
+    """Whether the first MAX_JSON_CHARS characters of a text file hold `word`, read 1 MiB at a time."""
+    tail, read = "", 0
+    try:
+        with p.open(encoding="utf-8") as fh:
+            while read < MAX_JSON_CHARS and (chunk := fh.read(1 << 20)):
+                if word in tail + chunk:
+                    return True
+                tail, read = chunk[-len(word):], read + len(chunk)
+    except UnicodeDecodeError as exc:
+        raise ValidateDataError(f"--against {str(p)!r}: cannot read: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"--against {str(p)!r}: cannot read: {exc}") from None
+    return False
 
 
 def _stat(vals: list[float], stat: str) -> float | None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import FileLimitError, read_json
 from stallfree.core.metrics import RequestTimeline, percentile
 from stallfree.validate.errors import ValidateDataError
 
@@ -199,7 +200,9 @@ def read_vllm_result(path: str | Path) -> VllmResult:
     p = Path(path)
     where = f"--vllm-result {str(p)!r}"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = read_json(p)
+    except FileLimitError as exc:
+        raise ValidateDataError(f"{where}: {exc}") from None
     except OSError as exc:
         raise ValueError(f"{where}: cannot read: {exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

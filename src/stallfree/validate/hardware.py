@@ -7,13 +7,13 @@ Imports allowed: the standard library, stallfree.core, stallfree.costmodel, stal
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import read_json
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE, choose_cost_model
 from stallfree.costmodel.model import get_model
@@ -191,8 +191,8 @@ def _config(model: str) -> dict[str, Any] | None:
     if not model.endswith(".json"):
         return None
     try:
-        data = json.loads(Path(model).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(model)
+    except (OSError, ValueError):  # FileLimitError is a ValueError
         return None  # get_model reports the unreadable file
     if not isinstance(data, dict):
         return None

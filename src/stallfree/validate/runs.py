@@ -21,10 +21,12 @@ The format (one folder per run):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text, read_json
 from stallfree.validate.compare import Latencies
 from stallfree.validate.errors import ValidateDataError
 
@@ -97,12 +99,20 @@ def _int(where: str, name: str, v: Any, minimum: int = 1) -> int:
 def _num(where: str, name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise ValidateDataError(f"{where}: field {name!r} must be a number, got {v!r}")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # an integer past 1.8e308
+        f = math.inf
+    if not math.isfinite(f):  # JSON's 1e309, NaN, Infinity
+        raise ValidateDataError(f"{where}: field {name!r} must be a finite number, got {v!r}")
+    return f
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
+    except FileLimitError as exc:
+        raise ValidateDataError(str(exc)) from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot read: {exc}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -126,9 +136,11 @@ def _device_from_config(folder: Path) -> str:
 
 def _request(where: str, line: str) -> tuple[str, int, int, float, float, float]:
     try:
-        r = json.loads(line)
+        r = loads_line(line)
     except json.JSONDecodeError as exc:
         raise ValidateDataError(f"{where}: not JSON ({exc.msg})") from None
+    except ValueError as exc:  # nested too deeply
+        raise ValidateDataError(f"{where}: {exc}") from None
     if not isinstance(r, dict):
         raise ValidateDataError(f"{where}: must be a JSON object")
     for key in ("input_toks", "output_toks", "queued_ts", "first_token_ts", "last_token_ts"):
@@ -213,15 +225,17 @@ def read_run_folder(path: str | Path) -> RunFolder:
     rows = []
     req_path = folder / "requests.jsonl"
     try:
-        lines = req_path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"{req_path}: cannot read: {exc}") from None
-    except UnicodeDecodeError as exc:
+        with open_text(req_path, encoding="utf-8") as fh:
+            for i, line in enumerate(bounded_lines(fh, req_path), start=1):
+                if line.strip():
+                    rid, plen, olen, q, first, last = _request(f"{req_path}:{i}", line)
+                    rows.append((q, rid or f"line {i}", plen, olen, first, last))
+    except FileLimitError as exc:
+        raise ValidateDataError(str(exc)) from None
+    except (UnicodeDecodeError, EOFError) as exc:
         raise ValidateDataError(f"{req_path}: cannot read: {exc}") from None
-    for i, line in enumerate(lines, start=1):
-        if line.strip():
-            rid, plen, olen, q, first, last = _request(f"{req_path}:{i}", line)
-            rows.append((q, rid or f"line {i}", plen, olen, first, last))
+    except READ_ERRORS as exc:
+        raise ValueError(f"{req_path}: cannot read: {exc}") from None
     if not rows:
         raise ValidateDataError(f"{req_path}: no request")
     rows.sort(key=lambda r: r[0])

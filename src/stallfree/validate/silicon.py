@@ -66,6 +66,7 @@ from importlib import util as import_util
 from pathlib import Path
 from typing import Any
 
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, open_text
 from stallfree.core.metrics import percentile
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import CostModelError
@@ -213,43 +214,55 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
     """
     p = Path(path)
     try:
-        fh = p.open(encoding="utf-8", newline="")
+        fh = open_text(p, encoding="utf-8")
+    except FileLimitError as exc:
+        raise ValidateDataError(str(exc)) from None
     except OSError as exc:
         raise ValueError(f"{p}: cannot read: {exc}") from None
-    with fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValidateDataError(f"{p}: no column {', '.join(repr(c) for c in missing)}")
-        rows = []
-        for i, r in enumerate(reader, start=2):
-            where = f"{p}:{i}"
-            m = _CONC.search(r.get("silicon_data_source") or "")
-            agg = (r["mode"] or "agg") == "agg"
-            sides = None if agg else (_side(where, r, "prefill"), _side(where, r, "decode"))
-            if m:
-                conc = int(m.group(1))
-            elif agg:  # batch_size is one attention-DP rank's (module docstring)
-                conc = _int(where, "batch_size", r["batch_size"]) * max(
-                    1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
-            else:
-                dec = sides[1]  # type: ignore[index]
-                conc = dec.batch_size * dec.attention_dp * dec.workers
-            rows.append(ClosedLoopRow(
-                line=i, row_id=r.get("id", "") or f"line {i}", backend=r["backend"],
-                backend_version=r.get("backend_version", "") or "", model=r["model_path"], system=r["system"],
-                precision=r.get("precision", "") or "", mode=r["mode"] or "agg",
-                isl=_int(where, "isl", r["isl"]), osl=_int(where, "osl", r["osl"]), concurrency=conc,
-                tp=_int(where, "tp_size", r["tp_size"], 1) if agg else 1,
-                pp=max(1, _int(where, "pp_size", r.get("pp_size", ""), 1, 0)) if agg else 1,
-                attention_dp=max(1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
-                if agg else 1,
-                ttft_ms=_ms(where, "silicon_ttft_ms", r["silicon_ttft_ms"]),
-                tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
-                moe_ep=max(1, _int(where, "moe_ep_size", r.get("moe_ep_size", ""), 1, 0)) if agg else 1,
-                moe_tp=_int(where, "moe_tp_size", r.get("moe_tp_size", ""), 0, 0) if agg else 0,
-                prefill=None if sides is None else sides[0], decode=None if sides is None else sides[1],
-            ))
+    try:
+        with fh:
+            return _read_rows(p, csv.DictReader(bounded_lines(fh, p)))
+    except (FileLimitError, csv.Error, UnicodeDecodeError, EOFError) as exc:
+        raise ValidateDataError(f"{p}: cannot read: {exc}" if not isinstance(exc, FileLimitError) else str(exc)) \
+            from None
+    except READ_ERRORS as exc:
+        raise ValueError(f"{p}: cannot read: {exc}") from None
+
+
+def _read_rows(p: Path, reader: csv.DictReader[str]) -> list[ClosedLoopRow]:
+    """The rows of read_rows(), from its open reader."""
+    missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValidateDataError(f"{p}: no column {', '.join(repr(c) for c in missing)}")
+    rows = []
+    for i, r in enumerate(reader, start=2):
+        where = f"{p}:{i}"
+        m = _CONC.search(r.get("silicon_data_source") or "")
+        agg = (r["mode"] or "agg") == "agg"
+        sides = None if agg else (_side(where, r, "prefill"), _side(where, r, "decode"))
+        if m:
+            conc = int(m.group(1))
+        elif agg:  # batch_size is one attention-DP rank's (module docstring)
+            conc = _int(where, "batch_size", r["batch_size"]) * max(
+                1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
+        else:
+            dec = sides[1]  # type: ignore[index]
+            conc = dec.batch_size * dec.attention_dp * dec.workers
+        rows.append(ClosedLoopRow(
+            line=i, row_id=r.get("id", "") or f"line {i}", backend=r["backend"],
+            backend_version=r.get("backend_version", "") or "", model=r["model_path"], system=r["system"],
+            precision=r.get("precision", "") or "", mode=r["mode"] or "agg",
+            isl=_int(where, "isl", r["isl"]), osl=_int(where, "osl", r["osl"]), concurrency=conc,
+            tp=_int(where, "tp_size", r["tp_size"], 1) if agg else 1,
+            pp=max(1, _int(where, "pp_size", r.get("pp_size", ""), 1, 0)) if agg else 1,
+            attention_dp=max(1, _int(where, "attention_dp_size", r.get("attention_dp_size", ""), 1, 0))
+            if agg else 1,
+            ttft_ms=_ms(where, "silicon_ttft_ms", r["silicon_ttft_ms"]),
+            tpot_ms=_ms(where, "silicon_tpot_ms", r["silicon_tpot_ms"]),
+            moe_ep=max(1, _int(where, "moe_ep_size", r.get("moe_ep_size", ""), 1, 0)) if agg else 1,
+            moe_tp=_int(where, "moe_tp_size", r.get("moe_tp_size", ""), 0, 0) if agg else 0,
+            prefill=None if sides is None else sides[0], decode=None if sides is None else sides[1],
+        ))
     return rows
 
 
