@@ -247,6 +247,12 @@ def run(args: argparse.Namespace) -> int:
     caching = bool(given(args, "enable_prefix_caching") and args.enable_prefix_caching) or args.compare_caching
     if args.compare_caching:
         args.enable_prefix_caching = True  # the caching-on run's setup; _study makes the other one
+    if (args.compare or args.batching != "chunked") and args.kv_policy is None:
+        # The baselines reserve KV and cache nothing: a comparison of batching modes runs every mode so,
+        # rather than the pricing engine's paged, caching default for chunked batching alone.
+        args.kv_policy = "reserve"
+        if args.enable_prefix_caching is None:
+            args.enable_prefix_caching = False
     setup = setup_from_args(args)
     _check_resolved(args, setup)
     if caching and setup.workload.prefix_ids is None:
