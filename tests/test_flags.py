@@ -169,3 +169,22 @@ def test_bad_token_counts_are_usage_errors(text, capsys):
         build_parser().parse_args(["simulate", "--kv-tokens", text])
     assert exc.value.code == 2
     assert "--kv-tokens" in capsys.readouterr().err
+
+
+def test_an_absurd_offered_rate_is_refused(capsys):
+    """--rate-scale 1e9 on the bundled trace (about 1.85e9 requests/s) is past the stated bound: exit 2, one
+    line naming the flag, the rate and the bound, before anything runs."""
+    assert main(["simulate", "--rate-scale", "1e9", "--num-requests", "50", "--kernels", "none"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--rate-scale 1e+09" in err and "past the bound of 100,000 requests/s" in err
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep"])
+def test_a_run_that_served_nothing_exits_4(command, capsys):
+    """--kv-tokens 10 rejects every request: the report is printed, then one line saying why, exit 4."""
+    extra = ["--budgets", "256", "--batching", "chunked", "--jobs", "1", "--executor", "serial"] if command == "sweep" \
+        else []
+    rc = main([command, "--kv-tokens", "10", "--num-requests", "20", "--kernels", "none", *extra])
+    assert rc == 4
+    err = capsys.readouterr().err
+    assert "no run served any request (20 requests rejected" in err
