@@ -53,11 +53,18 @@ def test_library_setup_without_kernels_keeps_the_contract():
 
 
 def test_behaviour_line_words_what_the_engine_set():
-    line = behaviour_line({"async_scheduling": True, "kv_policy": "paged", "block_size": 16, "watermark": 0.0,
-                           "enable_prefix_caching": True}, {"async_scheduling": {}},
-                          {"kind": "kernels", "engine": "vllm", "version": "0.24.0"})
+    """All three set by the engine: its name leads the line; only some: the line says which were its."""
+    resolved = {"async_scheduling": True, "kv_policy": "paged", "block_size": 16, "watermark": 0.0,
+                "enable_prefix_caching": True}
+    vllm = {"kind": "kernels", "engine": "vllm", "version": "0.24.0"}
+    line = behaviour_line(resolved, dict.fromkeys(("async_scheduling", "kv_policy", "enable_prefix_caching"), {}),
+                          vllm)
     assert line.startswith("scheduling as vllm 0.24.0 does by default: asynchronous scheduling, paged KV in "
                            "16-token blocks, watermark 0, prefix caching")
+    line = behaviour_line({**resolved, "kv_policy": "reserve", "enable_prefix_caching": False},
+                          {"async_scheduling": {}}, vllm)
+    assert line == ("scheduling: asynchronous scheduling, KV reserved at admission, no prefix caching "
+                    "(asynchronous scheduling as vllm 0.24.0 does by default; the rest as given)")
 
 
 @needs_kernels

@@ -153,7 +153,11 @@ def behaviour_line(resolved: Mapping[str, Any], by_engine: Mapping[str, Mapping[
     text = ", ".join(parts)
     if by_engine:
         engine = f"{source.get('engine')} {source.get('version')}"
-        return f"scheduling as {engine} does by default: {text} (engine defaults; flags override)"
+        named = {"async_scheduling": parts[0], "kv_policy": kv, "enable_prefix_caching": parts[2]}
+        taken = [named[f] for f in named if f in by_engine]
+        if len(taken) == len(named):
+            return f"scheduling as {engine} does by default: {text} (engine defaults; flags override)"
+        return f"scheduling: {text} ({', '.join(taken)} as {engine} does by default; the rest as given)"
     if source.get("kind") == "kernels":
         return f"scheduling: {text} (as given)"
     return f"scheduling: {text} (no engine's kernel tables price the run: the contract's defaults)"
