@@ -1,7 +1,8 @@
 """Bounded reading of the files a user names on the command line: traces, run folders, vLLM result and
 model or GPU spec JSON, calibration CSVs.
 
-Imports allowed: the standard library only (every subpackage's readers share it, like _argtypes).
+Imports allowed: the standard library and stallfree.core.errors (every subpackage's readers share it,
+like _argtypes).
 
 Every such file is read line by line (or, for a JSON document, up to a size), never whole, so that a
 huge or hostile file ends in one line naming the file and the limit instead of a MemoryError after
@@ -33,6 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from stallfree.core.errors import StallfreeError
+
 __all__ = [
     "MAX_FILE_CHARS",
     "MAX_JSON_CHARS",
@@ -58,7 +61,7 @@ MAX_JSON_CHARS = 256 << 20
 READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, UnicodeDecodeError)
 
 
-class FileLimitError(ValueError):
+class FileLimitError(StallfreeError, ValueError):
     """A file, a line or a JSON document is past its limit (or nested too deeply); the message names
     the file (and line) and the limit. Readers turn it into their own input error (exit 2)."""
 
