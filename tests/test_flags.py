@@ -188,3 +188,17 @@ def test_a_run_that_served_nothing_exits_4(command, capsys):
     assert rc == 4
     err = capsys.readouterr().err
     assert "no run served any request (20 requests rejected" in err
+
+
+def test_a_kv_cache_smaller_than_one_block_names_only_the_kv_flags(capsys):
+    """--kv-tokens 10 under paged KV: exit 2, naming --kv-tokens and --block-size, not the budget the user
+    never typed."""
+    rc = main(["simulate", "--kv-policy", "paged", "--kv-tokens", "10", "--num-requests", "5", "--kernels", "none"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--kv-tokens (10) must be >= --block-size (16)" in err and "--max-num-batched-tokens" not in err
+
+
+def test_the_simulator_takes_the_scheduling_policy():
+    a = build_parser().parse_args(["simulate", "--scheduling-policy", "priority"])
+    assert scheduler_config(a, kv_tokens=1000).policy == "priority"

@@ -88,8 +88,8 @@ _KNOB_LIST = (
          "(default 1)", metavar="L"),
     Knob("--long-prefill-token-threshold", "long_prefill_token_threshold", "a prompt is long while more than T "
          "of its tokens are left (default: 4%% of --max-model-len)", metavar="T", kind="tokens"),
-    Knob("--max-model-len", "max_model_len", "context length, tokens: prompt + max_new at most this "
-         "(default: the model's)", metavar="N", kind="tokens"),
+    Knob("--max-model-len", "max_model_len", "context length, tokens: prompt + max_new at most this",
+         metavar="N", kind="tokens"),
     Knob("--kv-tokens", "kv_tokens", "KV cache capacity, tokens (overrides the sizing from memory)", metavar="N",
          kind="tokens"),
     Knob("--cpu-kv-tokens", "cpu_kv_tokens", "prefix caching: a CPU KV tier of N tokens (whole blocks): blocks "

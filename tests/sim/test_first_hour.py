@@ -57,7 +57,7 @@ def test_header_never_prints_nan_or_inf(trace, rows, kv, capsys):
 
 
 def test_out_is_checked_before_simulating(tmp_path, monkeypatch, capsys):
-    """--out naming a file fails at once, one line, exit 1, before any simulation runs."""
+    """--out naming a file fails at once, one line, exit 2 (an input error), before any simulation runs."""
     import stallfree.sim.commands.simulate as command
 
     def boom(*args, **kwargs):
@@ -66,10 +66,10 @@ def test_out_is_checked_before_simulating(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(command, "run_experiment", boom)
     target = tmp_path / "file"
     target.write_text("")
-    assert main(["simulate", "--num-requests", "5", "--out", str(target)]) == 1
+    assert main(["simulate", "--num-requests", "5", "--out", str(target)]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "not a directory" in err
-    assert main(["simulate", "--num-requests", "5", "--records", str(tmp_path / "missing" / "r.csv")]) == 1
+    assert main(["simulate", "--num-requests", "5", "--records", str(tmp_path / "missing" / "r.csv")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 

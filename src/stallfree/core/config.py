@@ -119,10 +119,12 @@ class SchedulerConfig:
         if self.priority_ties not in ("add", "arrival"):
             raise InvalidConfig(f"priority_ties must be 'add' or 'arrival', got {self.priority_ties!r}")
         bs = self.block_size
-        if bs is not None and (self.kv_tokens < bs or (aligned and self.token_budget < bs)):
-            raise InvalidConfig(
-                f"token_budget ({self.token_budget}) and kv_tokens ({self.kv_tokens}) must be >= block_size ({bs})"
-            )
+        if bs is not None and self.kv_tokens < bs:
+            raise InvalidConfig(f"kv_tokens ({self.kv_tokens}) must be >= block_size ({bs}): the KV cache holds "
+                                "no block")
+        if bs is not None and aligned and self.token_budget < bs:
+            raise InvalidConfig(f"token_budget ({self.token_budget}) must be >= block_size ({bs}) when chunks are "
+                                "aligned to blocks")
 
     def _threshold(self) -> int | None:
         """T as given, or its default: 4% of max_model_len (at least 1) when K > 1 and T is None."""

@@ -134,9 +134,9 @@ def add_common(p: argparse.ArgumentParser) -> None:
     _add_workload_args(p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)"))
     _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"))
     s = p.add_argument_group("scheduler")
-    add_scheduler_flags(s, {"max_seqs": DEFAULT_MAX_SEQS, "async_scheduling": None, "enable_chunked_prefill": True,
-                            "max_num_partial_prefills": 1, "max_long_partial_prefills": None,
-                            "long_prefill_token_threshold": None},
+    add_scheduler_flags(s, {"max_seqs": DEFAULT_MAX_SEQS, "policy": "fcfs", "async_scheduling": None,
+                            "enable_chunked_prefill": True, "max_num_partial_prefills": 1,
+                            "max_long_partial_prefills": None, "long_prefill_token_threshold": None},
                         why={"async_scheduling": f"default: {ENGINE_DEFAULT_WHY}; docs/simulator.md"})
     # What a command without these flags reads (argparse defaults with no flag): one place, not getattr.
     # (Set before a command adds its own flags, so a flag's default wins where it has one.) None: the
@@ -411,7 +411,7 @@ def ensure_writable_dir(path: Path, flag: str) -> None:
         CliError: it is a file, or cannot be created or written (exit 1), naming the flag and the reason.
     """
     if path.exists() and not path.is_dir():
-        raise CliError(f"{flag} {path}: exists and is not a directory")
+        raise CliError(f"{flag} {path}: exists and is not a directory", 2)
     made: list[Path] = []  # the missing directories, outermost first
     for parent in [path, *path.parents]:
         if parent.exists():
@@ -424,7 +424,7 @@ def ensure_writable_dir(path: Path, flag: str) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise CliError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+        raise CliError(f"{flag} {path}: cannot write there ({exc.strerror or exc})", 2) from None
     finally:
         for d in reversed(made):
             try:
@@ -441,11 +441,11 @@ def ensure_writable_file(path: Path, flag: str) -> None:
     """
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
-        raise CliError(f"{flag} {path}: is a directory; give a file name (.csv or .json)")
+        raise CliError(f"{flag} {path}: is a directory; give a file name (.csv or .json)", 2)
     if not parent.is_dir():
-        raise CliError(f"{flag} {path}: the directory {parent} does not exist")
+        raise CliError(f"{flag} {path}: the directory {parent} does not exist", 2)
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise CliError(f"{flag} {path}: not writable")
+        raise CliError(f"{flag} {path}: not writable", 2)
 
 
 #: The files each command's --out DIR may write (shell patterns: a tag names the run).

@@ -150,7 +150,7 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
     if args.kv_policy == "reserve":
         typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
         if typed:
-            raise CliError(f"{' and '.join(typed)} apply to --kv-policy paged", 2)
+            raise CliError(f"{' and '.join(typed)} {'apply' if len(typed) > 1 else 'applies'} to --kv-policy paged", 2)
     if args.compare_caching and args.compare:
         raise CliError("--compare-caching and --compare are exclusive", 2)
     tier = _has_cpu_tier(args)

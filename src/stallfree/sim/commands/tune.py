@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
         "--max-seqs-candidates",
         type=token_count_list,
         metavar="LIST",
-        help="max_seqs values tried at the best budget (default: half and double --max-seqs)",
+        help="max_seqs values tried at the best budget (default: half and double --max-num-seqs)",
     )
     t.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     t.add_argument(
