@@ -201,4 +201,4 @@ def test_a_kv_cache_smaller_than_one_block_names_only_the_kv_flags(capsys):
 
 def test_the_simulator_takes_the_scheduling_policy():
     a = build_parser().parse_args(["simulate", "--scheduling-policy", "priority"])
-    assert scheduler_config(a, kv_tokens=1000).policy == "priority"
+    assert scheduler_config(a, token_budget=2048, kv_tokens=1000).policy == "priority"
