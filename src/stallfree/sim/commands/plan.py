@@ -33,6 +33,7 @@ from stallfree.sim.commands.common import (
     executor_from_args,
     guard,
     progress_bar,
+    served_nothing,
     setup_from_args,
 )
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=1))
     else:
         print_plan(result, header, args)
-    return 0 if result.replicas is not None else EXIT_NOT_MET
+    return served_nothing("plan", result.rows) or (0 if result.replicas is not None else EXIT_NOT_MET)
 
 
 def _slo_text(args: argparse.Namespace) -> str:
