@@ -53,6 +53,20 @@ def test_non_finite_timestamp(tmp_path, value):
         read_run_folder(folder)
 
 
+@pytest.mark.parametrize("value, said", [("1e308", r"field 'last_token_ts' 1e\+308 is past 1e\+12 s"),
+                                         ("2e8", r"the request spans 2e\+08 s from queued_ts to last_token_ts")])
+def test_absurd_finite_timestamp(tmp_path, value, said):
+    """A finite but absurd time (past any clock, or a request spanning years) is refused as a trace's is,
+    rather than entering the averages."""
+    folder = _copy(tmp_path)
+    p = folder / "requests.jsonl"
+    lines = p.read_text().splitlines()
+    lines[0] = lines[0].replace('"last_token_ts": 10.32', f'"last_token_ts": {value}')
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValidateDataError, match=r"requests\.jsonl:1: " + said):
+        read_run_folder(folder)
+
+
 def test_deep_vllm_result(tmp_path):
     p = tmp_path / "r.json"
     p.write_text("[" * 100_000 + "]" * 100_000)

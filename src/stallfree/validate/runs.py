@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text, read_json
+from stallfree.sim.workload import MAX_ARRIVAL_S, MAX_ARRIVAL_SPAN_S
 from stallfree.validate.compare import Latencies
 from stallfree.validate.errors import ValidateDataError
 
@@ -151,6 +152,12 @@ def _request(where: str, line: str) -> tuple[str, int, int, float, float, float]
     q = _num(where, "queued_ts", r["queued_ts"])
     first = _num(where, "first_token_ts", r["first_token_ts"])
     last = _num(where, "last_token_ts", r["last_token_ts"])
+    for name, t in (("queued_ts", q), ("first_token_ts", first), ("last_token_ts", last)):
+        if abs(t) > MAX_ARRIVAL_S:  # the traces' bound: past any wall clock (Unix time is ~1.8e9 s)
+            raise ValidateDataError(f"{where}: field {name!r} {t!r} is past {MAX_ARRIVAL_S:g} s: not a time")
+    if last - q > MAX_ARRIVAL_SPAN_S:
+        raise ValidateDataError(f"{where}: the request spans {last - q:g} s from queued_ts to last_token_ts, "
+                                f"more than {MAX_ARRIVAL_SPAN_S:g} s (about 3.2 years)")
     if first < q:
         raise ValidateDataError(f"{where}: first_token_ts {first!r} is before queued_ts {q!r}")
     if last < first:
