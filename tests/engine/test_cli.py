@@ -37,8 +37,9 @@ def test_generate_prompts_file_prints_in_order(tmp_path, capsys):
      (["--prompt", "x", "--dtype", "fp64"], 2, "--dtype must be one of"),
      (["--prompt", "x", "--top-p", "0"], 2, "--top-p must be in (0, 1], got 0.0"),
      (["--prompt", "x", "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "5"], 2,
-      "--max-long-partial-prefills 5 must be <= --max-num-partial-prefills 2")],
-    ids=["temperature", "prompts_file", "model_path", "dtype", "top_p", "partial_prefills"],
+      "--max-long-partial-prefills 5 must be <= --max-num-partial-prefills 2"),
+     (["--prompts", "/dev/zero"], 2, "/dev/zero:1: a line longer than 1,048,576 characters")],
+    ids=["temperature", "prompts_file", "model_path", "dtype", "top_p", "partial_prefills", "endless_prompts"],
 )
 def test_generate_errors_are_one_line(capsys, argv, code, needle):
     """Each bad argument ends with one stderr line naming it, prefixed with the command, no traceback."""

@@ -18,6 +18,10 @@ from typing import Any
 from stallfree._argtypes import positive_int
 from stallfree.flags import add_scheduler_flags, scheduler_options
 
+#: The most characters a --prompts file may hold: 64 MiB is about 16 M tokens of prompts, far more than one
+#: `generate` run on a CPU gets through, and small enough to hold as a list of strings.
+_PROMPTS_CHARS = 64 << 20
+
 #: Why the engine's scheduler defaults differ from the simulator's (generate, bench engine, serve).
 ENGINE_WHY = {
     "token_budget": "default 512: on a CPU a step of 512 tokens already takes a good part of a second; the "
@@ -204,10 +208,17 @@ def _generate(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         prompts = [args.prompt]
     else:
+        from stallfree._files import FileLimitError, bounded_lines, open_text
+
         try:
-            prompts = [ln for ln in args.prompts.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            with open_text(args.prompts) as fh:
+                # One prompt a line, each at most MAX_LINE_CHARS; at most _PROMPTS_CHARS in all.
+                prompts = [ln.rstrip("\r\n") for ln in bounded_lines(fh, args.prompts, max_total=_PROMPTS_CHARS)
+                           if ln.strip()]
+        except FileLimitError as exc:
+            return _fail(f"--prompts {exc}", 2)
         except OSError as exc:
-            return _fail(f"--prompts {str(args.prompts)!r}: {exc.strerror}", 2)
+            return _fail(f"--prompts {str(args.prompts)!r}: {exc.strerror or exc}", 2)
         except UnicodeDecodeError as exc:
             return _fail(f"--prompts {str(args.prompts)!r} is not UTF-8 text (byte {exc.start})", 2)
         if not prompts:
