@@ -104,12 +104,46 @@ def async_default(vllm_version: str) -> tuple[bool, str]:
     return on, f"vLLM {vllm_version}'s default ({'on' if on else 'off'}; on by default since {since})"
 
 
+#: Each engine's scheduler defaults as (field, value, where it comes from), the engine's name put before the
+#: reason. vLLM's asynchronous scheduling depends on its version (async_default) and is added there.
+_ENGINE_DEFAULTS: dict[str, tuple[tuple[str, Any, str], ...]] = {
+    "vllm": (
+        ("kv_policy", "paged", "the v1 engine's paged KV cache"),
+        ("block_size", 16, "CacheConfig.block_size on CUDA"),
+        ("watermark", 0.0, "SchedulerConfig.watermark 0.0 (none)"),
+        ("enable_prefix_caching", True, "CacheConfig.enable_prefix_caching"),
+    ),
+    "sglang": (
+        ("async_scheduling", True, "overlap scheduling (on by default)"),
+        ("kv_policy", "paged", "the radix cache's paged KV"),
+        ("block_size", 16, "page size 1, modelled in 16-token blocks"),
+        ("watermark", 0.0, "no free-block watermark"),
+        ("enable_prefix_caching", True, "the radix cache (on by default)"),
+    ),
+    "trtllm": (
+        ("async_scheduling", True, "the PyTorch backend's overlap scheduler"),
+        ("kv_policy", "reserve", "capacity scheduler GUARANTEED_NO_EVICT"),
+        ("enable_prefix_caching", False, "KV block reuse is not modelled under reservation"),
+    ),
+}
+
+
 def engine_defaults(source: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """The scheduler defaults of the engine whose kernels priced a run: {field: {"value", "source"}} for
-    each field of BEHAVIOUR_FIELDS the engine sets; {} for a run not priced by an engine's kernels
-    (`source` is build_priced's cost_model_source: kind "kernels" with engine and version)."""
+    each field of BEHAVIOUR_FIELDS the engine sets; {} for a run not priced by an engine's kernels or by an
+    engine without a table here (`source` is build_priced's cost_model_source: kind "kernels" with engine
+    and version)."""
     if source.get("kind") != "kernels":
         return {}
+    engine, version = str(source.get("engine") or ""), str(source.get("version") or "")
+    name = f"{engine} {version}".strip()
+    out: dict[str, dict[str, Any]] = {}
+    if engine == "vllm":
+        on, why = async_default(version)
+        out["async_scheduling"] = {"value": on, "source": why}
+    for field, value, why in _ENGINE_DEFAULTS.get(engine, ()):
+        out[field] = {"value": value, "source": f"{name}: {why}"}
+    return out
     engine, version = str(source.get("engine") or ""), str(source.get("version") or "")
     name = f"{engine} {version}".strip()
     if engine == "vllm":
