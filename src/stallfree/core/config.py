@@ -76,6 +76,15 @@ class SchedulerConfig:
         cpu_kv_tokens: "paged" with prefix caching: a CPU KV tier of cpu_kv_tokens // block_size
             blocks (stallfree.core.kv_tier.TieredKV: blocks the GPU evicts are kept in host memory and
             loaded back on a hit); 0, the default: none. An integer >= 0, >= block_size when > 0.
+        max_loras: the most distinct LoRA adapters (Request.lora) among the running requests, so in
+            any one step's plan (vLLM's max_loras), an integer >= 1; None, the default: no limit, and
+            plans are those without adapters (stallfree.core.lora, docs/scheduling.md).
+        max_lora_passes: with max_loras: the most steps, over a request's life, in which a waiting
+            request whose adapter cannot join may be passed over by later requests whose adapters
+            can; then it stops admission until its adapter can join. An integer >= 0 (0: strict
+            queue order, a blocked adapter blocks the queue). Default 32 steps: our choice, a few
+            decode steps' worth of TTFT (a decode step is tens of milliseconds) traded for keeping
+            the warm adapters' requests flowing.
 
     Raises:
         InvalidConfig: any field out of range or of the wrong type, or options that do not go together
@@ -102,6 +111,8 @@ class SchedulerConfig:
     priority_ties: str = "add"
     max_model_len: int | None = None
     cpu_kv_tokens: int = 0
+    max_loras: int | None = None
+    max_lora_passes: int = 32
 
     def __post_init__(self) -> None:
         check_positive_int("token_budget", self.token_budget)
@@ -116,6 +127,11 @@ class SchedulerConfig:
         check_partial_prefills(
             self.max_num_partial_prefills, self.max_long_partial_prefills, self._threshold(), chunk)
         self._check_cpu_tier()
+        if self.max_loras is not None:
+            check_positive_int("max_loras", self.max_loras)
+        mp = self.max_lora_passes
+        if isinstance(mp, bool) or not isinstance(mp, int) or mp < 0:
+            raise InvalidConfig(f"max_lora_passes must be an integer >= 0 (steps), got {mp!r}")
         if self.priority_ties not in ("add", "arrival"):
             raise InvalidConfig(f"priority_ties must be 'add' or 'arrival', got {self.priority_ties!r}")
         bs = self.block_size
@@ -190,6 +206,9 @@ class SchedulerConfig:
         out.update(align_chunks=self.chunks_aligned, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
         if self.clock is not None:
             out["clock"] = getattr(self.clock, "__qualname__", repr(self.clock))
+        if self.max_loras is None:
+            # Without adapters the record is the one it was before LoRA existed.
+            del out["max_loras"], out["max_lora_passes"]
         return out
 
 

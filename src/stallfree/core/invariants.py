@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from stallfree.core.invariants_cache import CacheRules, block_table
 from stallfree.core.invariants_kv import PagedRules, ReserveRules
+from stallfree.core.invariants_lora import LoraRules
 from stallfree.core.invariants_multi import MultiRules
 from stallfree.core.invariants_state import CheckerState, InvariantViolation, _Shadow
 from stallfree.core.plan import StepPlan
@@ -52,7 +53,10 @@ class InvariantChecker(CheckerState):
     computed tokens (never more than its reservation) and no block is in two tables.
     Paged: free + used blocks == num_blocks, each running request holds ceil(tokens in KV /
     block_size) blocks, no block in two tables, victims by the rule of Scheduler's docstring,
-    recomputed tokens and preemptions add up. At the end: nothing left, all KV returned.
+    recomputed tokens and preemptions add up. LoRA (max_loras): every plan and the running requests
+    hold at most max_loras adapters, and admission passes over a request whose adapter cannot join
+    at most max_lora_passes times (core/lora.py), as the shadow works out. At the end: nothing left,
+    all KV returned.
 
     Block ids (which materializes every table) are checked after every `table_every`-th call, so that
     a table lagging several promised blocks behind is exercised too.
@@ -63,6 +67,8 @@ class InvariantChecker(CheckerState):
             (1: always).
         num_steps, num_requests, num_preemptions, max_preemptions_of_one, num_recomputed_tokens:
             what the run covered, as the shadow counted it.
+        max_lora_passes_of_one: with max_loras, the most steps any request was passed over because
+            its LoRA adapter could not join (never above max_lora_passes, a checked rule).
 
     Raises:
         InvariantViolation: from any call, when the scheduler broke a rule; the message names it.
@@ -321,6 +327,7 @@ class InvariantChecker(CheckerState):
                 allowed = [m for (rid, start, _n), m in caps.items() if rid == c.rid and start == c.start]
                 if not allowed or c.num_tokens > max(allowed):
                     self._fail("chunk within its cap", f"{c}, chunk_cap answered {allowed}")
+        LoraRules.check_plan(self, entries)
         b = s.block_size if s.align_chunks else None
         for c in plan.prefills:
             if b and not c.is_last and (c.start + c.num_tokens) % b:
@@ -450,13 +457,22 @@ class InvariantChecker(CheckerState):
         admitted: list[Hashable] = []
         reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
         pinned = self._pinned
+        passed: list[Hashable] = []
         for rid in self._queue_order():
             sh = self._reqs[rid]
+            if left <= 0 or len(self._running) >= s.max_seqs:
+                break
+            rule = self._lora_rule(rid)
+            if rule == "stop":
+                break
+            if rule == "pass":
+                passed.append(rid)
+                continue
             hits = CacheRules.hits(self, sh) if self._caching else []
             h = len(hits)
             start = h * (s.block_size or 1)
             n = self._chunk(sh.target - start, left)
-            if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
+            if n == 0:
                 break
             n = self._capped(rid, start, n)
             if n == 0:
@@ -464,6 +480,7 @@ class InvariantChecker(CheckerState):
             fits, free, reserved = self._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
             if not fits:
                 break
+            passed = self._lora_passed(passed)
             chunks.append((rid, n, start, n == sh.target - start))
             admitted.append(rid)
             left = left - n if n == sh.target - start else 0
@@ -515,6 +532,7 @@ class InvariantChecker(CheckerState):
             PagedRules.check(self, scheduled)
         else:
             ReserveRules.check(self, scheduled)
+        LoraRules.check_running(self)
         for rid in self._running:
             sh = reqs[rid]
             st = s.request_state(rid)

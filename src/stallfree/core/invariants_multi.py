@@ -116,10 +116,17 @@ class MultiRules:
         reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running) if not chk._paged else 0
         bs = s.block_size or 1
         pinned = chk._pinned
+        passed: list[Hashable] = []
         for rid in MultiRules.queue_order(chk):
             sh = chk._reqs[rid]
             if left <= 0 or len(chk._running) >= s.max_seqs:
                 break
+            rule = chk._lora_rule(rid)
+            if rule == "stop":
+                break
+            if rule == "pass":
+                passed.append(rid)
+                continue
             hits = CacheRules.hits(chk, sh) if chk._caching else []
             h = len(hits)
             start = h * bs
@@ -136,6 +143,7 @@ class MultiRules:
             fits, free, reserved = chk._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
             if not fits:
                 break
+            passed = chk._lora_passed(passed)
             rows.append([rid, n, start, last])
             admitted.append(rid)
             if not last:

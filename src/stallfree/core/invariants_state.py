@@ -41,6 +41,7 @@ class _Shadow:
     unsettled: list[int] = field(default_factory=list)  # drafts counted provisionally, per step, oldest first
     drafted: int = 0  # accepted draft tokens (provisional ones included), over all episodes
     episode_drafted: int = 0  # the same in the current episode
+    lora_passes: int = 0  # steps a later request was admitted past it while its adapter could not join
 
     @property
     def held(self) -> bool:
@@ -68,6 +69,7 @@ class CheckerState:
     num_preemptions: int = 0
     max_preemptions_of_one: int = 0
     num_recomputed_tokens: int = 0
+    max_lora_passes_of_one: int = 0
     _reqs: dict[Hashable, _Shadow] = field(default_factory=dict)
     _waiting: list[Hashable] = field(default_factory=list)
     _running: list[Hashable] = field(default_factory=list)  # admission order of the current episodes
@@ -160,6 +162,29 @@ class CheckerState:
         else:
             order = sorted(self._waiting, key=self._key)
         return [r for r in order if r not in self._refused] if self._refused else order
+
+    def _lora_rule(self, rid: Hashable) -> str:
+        """Admission's LoRA rule for waiting `rid` at its place in the step (core/lora.py): "join" (no
+        adapter, its adapter running, or fewer than max_loras running: the usual checks follow), "pass"
+        (passed over; it keeps its place) or "stop" (passed max_lora_passes times already: admission stops)."""
+        cfg = self.scheduler.config
+        sh = self._reqs[rid]
+        lora = sh.req.lora
+        if cfg.max_loras is None or lora is None:
+            return "join"
+        reqs = self._reqs
+        running = {reqs[r].req.lora for r in self._running} - {None}
+        if lora in running or len(running) < cfg.max_loras:
+            return "join"
+        return "pass" if sh.lora_passes < cfg.max_lora_passes else "stop"
+
+    def _lora_passed(self, passed: list[Hashable]) -> list[Hashable]:
+        """A request was admitted past the rids in `passed`: one pass each; returns a fresh empty list."""
+        for rid in passed:
+            sh = self._reqs[rid]
+            sh.lora_passes += 1
+            self.max_lora_passes_of_one = max(self.max_lora_passes_of_one, sh.lora_passes)
+        return []
 
     def _victim_for(self, rid: Hashable) -> Hashable:
         """Paged: the victim when `rid` needs a block and none is free."""

@@ -75,13 +75,15 @@ class LiveRequest:
         drafts: draft tokens set for its next step (Scheduler.set_draft_tokens); 0: none.
         unsettled: per earlier step whose drafts were counted provisionally (complete() without a
             verdict), oldest first, the number of those drafts; Scheduler.take_back settles them.
+        lora_passes: steps in which a later request was admitted past it while its LoRA adapter could
+            not join (core/lora.py); 0 without max_loras.
     """
 
     __slots__ = (
         "req", "rid", "seq", "admit_seq", "arrival_step", "num_prompt_tokens", "max_new", "status",
         "num_prefilled", "target", "gen0", "kv", "block_table", "bucket", "offset", "finish_step",
         "admitted_step", "first_token_step", "decode_step", "num_preemptions", "limit", "num_cached_tokens",
-        "drafts", "unsettled", "_decodes",
+        "drafts", "unsettled", "_decodes", "lora_passes",
     )
 
     def __init__(self, req: Request, kv: int, seq: int, arrival_step: int, decodes: DecodeSet) -> None:
@@ -110,6 +112,7 @@ class LiveRequest:
         self.drafts = 0
         self.unsettled: tuple[int, ...] = ()
         self._decodes = decodes
+        self.lora_passes = 0
 
     def __deepcopy__(self, memo: dict[int, Any]) -> LiveRequest:
         # Scheduler.snapshot(): the Request is immutable and shared, the block table (ints) copied flat;

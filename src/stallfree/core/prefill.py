@@ -32,6 +32,7 @@ from stallfree.core.request import RequestStatus
 if TYPE_CHECKING:
     from stallfree.core.kv import KVManager
     from stallfree.core.live import LiveRequest
+    from stallfree.core.lora import LoraSlots
     from stallfree.core.policies import Chunking, WaitingQueue
 
 __all__ = ["OnePartialPrefill", "PartialPrefills", "PrefillHost", "PrefillRule", "StepBudget"]
@@ -100,11 +101,13 @@ class PrefillHost:
         chunk_cap: the step's chunk cap (schedule(chunk_cap=...)) or None; a rule asks it through `cap`.
         refused: None, or the ids (`id(rec)`) of the waiting records the step's admission filter
             (schedule(admit=callable)) refused: admission passes over them, leaving them queued.
+        lora: None, or the LoRA adapter slots (core/lora.py, max_loras): admission passes over a
+            request whose adapter cannot join while `lora.may_pass` allows, else stops at it.
     """
 
     __slots__ = ("chunking", "kv", "waiting", "live", "partials", "max_seqs", "policy", "priority_key", "grow",
                  "can_admit", "admit", "preempt", "victim", "recomputed", "admitting", "chunk_cap", "refused",
-                 "_counts")
+                 "_counts", "lora")
 
     def __init__(
         self, counts: _Counts, *, chunking: Chunking, kv: KVManager, waiting: WaitingQueue,
@@ -115,7 +118,7 @@ class PrefillHost:
         admit: Callable[[LiveRequest, int, Sequence[int], int], None],
         preempt: Callable[[LiveRequest, int, list[LiveRequest]], None],
         victim: Callable[[LiveRequest, list[LiveRequest]], LiveRequest],
-        recomputed: Callable[[int], None],
+        recomputed: Callable[[int], None], lora: LoraSlots | None = None,
     ) -> None:
         self._counts = counts
         self.chunking, self.kv, self.waiting, self.live, self.partials = chunking, kv, waiting, live, partials
@@ -125,6 +128,7 @@ class PrefillHost:
         self.admitting = True
         self.chunk_cap: Callable[[Hashable, int, int], int] | None = None
         self.refused: frozenset[int] | None = None
+        self.lora = lora
 
     def cap(self, rec: LiveRequest, start: int, n: int) -> int:
         """The tokens a prompt chunk of `rec` from token `start`, sized `n` (>= 1) by the budget, may take:
@@ -224,11 +228,21 @@ class OnePartialPrefill:
         admitted: list[Hashable] = []
         kv = s.kv
         refused = s.refused
+        lora = s.lora
+        passed: list[LiveRequest] = []  # passed over for their adapters, until a later admission
         order = iter([o for o in waiting.in_order() if id(o) not in refused]) if refused else None
         while budget.left > 0 and len(waiting):
             obj: LiveRequest | None = waiting.head() if order is None else next(order, None)
             if obj is None or s.num_running >= s.max_seqs:
                 break
+            if lora is not None and not lora.can_join(obj.req.lora):
+                # The one pass-over of the contract's own (core/lora.py): bounded per request.
+                if not lora.may_pass(obj):
+                    break
+                passed.append(obj)
+                if order is None:
+                    order = iter(waiting.in_order()[1:])  # obj was the head; walk on behind it
+                continue
             # A cached prefix (none without caching) is kept; the prefill starts after it.
             start, hits = kv.lookup(obj)
             n = s.chunking.chunk(obj.target - start, budget.left)
@@ -241,6 +255,10 @@ class OnePartialPrefill:
             else:
                 waiting.remove(obj)
             s.admit(obj, n, hits, start)
+            if passed:
+                assert lora is not None
+                lora.passed(passed)
+                passed = []
             if obj.num_preemptions:
                 s.recomputed(n)
             last = n == obj.target - start
@@ -333,12 +351,19 @@ class PartialPrefills:
         kv = s.kv
         admitted: list[Hashable] = []
         refused = s.refused
+        lora = s.lora
+        passed: list[LiveRequest] = []  # passed over for their adapters, until a later admission
         for obj in waiting.in_order():
             if refused and id(obj) in refused:
                 continue  # passed over by the step's admission filter; it keeps its place
             left = budget.left
             if left <= 0 or s.num_running >= s.max_seqs:
                 break
+            if lora is not None and not lora.can_join(obj.req.lora):
+                if not lora.may_pass(obj):
+                    break
+                passed.append(obj)  # bounded per request (core/lora.py)
+                continue
             # As with one partial prefill: a cached prefix is kept at admission, the prefill starts
             # after it, and long or short is judged on the tokens left to compute.
             start, hits = kv.lookup(obj)
@@ -354,6 +379,10 @@ class PartialPrefills:
                 break
             waiting.remove(obj)
             s.admit(obj, n, hits, start)
+            if passed:
+                assert lora is not None
+                lora.passed(passed)
+                passed = []
             out.append(ScheduledChunk(obj.rid, n, True, start, last))
             admitted.append(obj.rid)
             if not last:

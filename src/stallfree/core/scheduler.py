@@ -28,6 +28,7 @@ from stallfree.core.kv import NO_TRANSFERS, KVManager
 from stallfree.core.kv_factory import kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
+from stallfree.core.lora import LoraSlots
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
 from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillHost, PrefillRule, StepBudget
@@ -115,6 +116,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
         self._kv_transfers = self._kv.step_transfers
+        # LoRA adapters (core/lora.py): None without max_loras, so admission is the contract's.
+        self._lora = LoraSlots(cfg.max_loras, cfg.max_lora_passes) if cfg.max_loras is not None else None
         self._init_lifecycle()
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
@@ -131,7 +134,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             self, chunking=self._chunking, kv=self._kv, waiting=self._waiting, live=self._live,
             partials=self._partials, max_seqs=self.max_seqs, policy=self.policy, priority_key=self.priority_key,
             grow=self._grow, can_admit=self._kv_admits, admit=self._take_in, preempt=self._preempt,
-            victim=self._victim, recomputed=self._recomputed,
+            victim=self._victim, recomputed=self._recomputed, lora=self._lora,
         )
         #: Preemptions so far, over all requests.
         self.num_preemptions = 0
@@ -379,7 +382,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             finally:
                 host.admitting, host.chunk_cap, host.refused = True, None, None
         if victims:
-            self._requeue(victims, bool(refused))
+            # Passing over a request (a filter's refusal or an adapter that cannot join) may let a
+            # newer request be admitted, and preempted, ahead of it.
+            self._requeue(victims, bool(refused) or self._lora is not None)
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -592,6 +597,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """Admit `obj` (already out of the queue): its KV (`hits`: the handle of its lookup; the
         prefill starts at token `start`), its status and admission order; it joins the partial prefills."""
         self._kv.admit(obj, first_chunk, hits)
+        if self._lora is not None:
+            self._lora.join(obj.req.lora)
         self._partials.append(obj)
         obj.num_prefilled = start
         self._num_running += 1
@@ -712,6 +719,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     def _leave_running(self, obj: LiveRequest) -> None:
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""
         self._kv.free(obj, self._step, self._runs_in_flight(obj))
+        if self._lora is not None:
+            self._lora.leave(obj.req.lora)
         if obj.drafts or obj.unsettled:
             self._forget_drafts(obj)
         if obj.finish_step >= 0:

@@ -1,0 +1,267 @@
+"""LoRA adapters in the core: at most max_loras adapters per step, bounded pass-over, and a checker that can fail."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from factories import make_scheduler
+from stallfree import Request, Scheduler
+from stallfree.core.config import SchedulerConfig
+from stallfree.core.errors import InvalidConfig, RequestRejected
+from stallfree.core.invariants import InvariantChecker, InvariantViolation
+from stallfree.core.lora import LoraSlots
+
+
+def _step(s, stopped=()):
+    plan = s.schedule()
+    s.complete(plan, stopped)
+    return plan
+
+
+def test_keyword_and_config_forms_build_the_same_limit():
+    """Scheduler(..., max_loras=N) and Scheduler(SchedulerConfig(..., max_loras=N)) carry the same limit."""
+    a = Scheduler(token_budget=64, max_seqs=8, kv_tokens=1000, max_loras=2)
+    b = Scheduler(SchedulerConfig(64, 8, 1000, max_loras=2, max_lora_passes=5))
+    assert a.config.max_loras == 2 and a.config.max_lora_passes == 32
+    assert b.config.max_loras == 2 and b.config.max_lora_passes == 5
+
+
+def test_passed_over_then_admitted_when_its_adapter_can_join():
+    """max_loras=1: A runs, B cannot join and is passed by a later A and a base request; B runs after A ends.
+
+    Worked out by hand: budget 64, prompts of 4 tokens; step 0 admits r0 (A), passes r1 (B), admits r2 (A)
+    and r3 (base); r0 and r2 (max_new 2) finish at step 1, so step 2 admits r1.
+    """
+    s = InvariantChecker(make_scheduler(64, 8, 1000, max_loras=1))
+    s.add(Request(rid=0, prompt_len=4, max_new=2, lora="A"))
+    s.add(Request(rid=1, prompt_len=4, max_new=2, lora="B"))
+    s.add(Request(rid=2, prompt_len=4, max_new=2, lora="A"))
+    s.add(Request(rid=3, prompt_len=4, max_new=5))
+    assert _step(s).admitted == (0, 2, 3)
+    assert s.max_lora_passes_of_one == 1
+    assert _step(s).admitted == ()  # nothing admitted past r1: no second pass
+    assert s.max_lora_passes_of_one == 1
+    assert set(s.last_finished) == {0, 2}
+    assert _step(s).admitted == (1,)
+    while s.has_unfinished():
+        _step(s)
+    s.check_final()
+
+
+def test_the_bound_makes_it_block_the_queue():
+    """max_lora_passes=1: after one pass, B stops admission; a later A waits behind it until A drains."""
+    s = InvariantChecker(make_scheduler(64, 8, 1000, max_loras=1, max_lora_passes=1))
+    s.add(Request(rid=0, prompt_len=4, max_new=3, lora="A"))
+    s.add(Request(rid=1, prompt_len=4, max_new=2, lora="B"))
+    s.add(Request(rid=2, prompt_len=4, max_new=2, lora="A"))
+    assert _step(s).admitted == (0, 2)  # r1 passed once
+    s.add(Request(rid=3, prompt_len=4, max_new=2, lora="A"))
+    assert _step(s).admitted == ()  # r1 has used its pass: r3 (A, which could join) waits behind it
+    assert _step(s).admitted == ()  # r0 finishes in this step (3 tokens: steps 0, 1, 2)
+    assert 0 in s.last_finished and 2 in s.last_finished or 0 in s.last_finished
+    assert _step(s).admitted == (1,)  # A drained: B joins; r3 (A) cannot join behind it and r1 has
+    # no passes left, so r3 is not passed either: strict order again
+    assert s.scheduler.request_state(3).status.name == "WAITING"
+    while s.has_unfinished():
+        _step(s)
+    s.check_final()
+    assert s.max_lora_passes_of_one == 1
+
+
+def test_zero_passes_is_strict_queue_order():
+    """max_lora_passes=0: an adapter that cannot join stops admission at once (the contract's strict FCFS)."""
+    s = InvariantChecker(make_scheduler(64, 8, 1000, max_loras=1, max_lora_passes=0))
+    s.add(Request(rid=0, prompt_len=4, max_new=2, lora="A"))
+    s.add(Request(rid=1, prompt_len=4, max_new=2, lora="B"))
+    s.add(Request(rid=2, prompt_len=4, max_new=2))
+    assert _step(s).admitted == (0,)
+    assert _step(s).admitted == ()
+    assert _step(s).admitted == (1, 2)
+    while s.has_unfinished():
+        _step(s)
+    s.check_final()
+
+
+def test_base_model_requests_take_no_slot():
+    """Requests without an adapter never count against max_loras: 5 base requests run beside one adapter."""
+    s = make_scheduler(64, 8, 1000, max_loras=1)
+    s.add(Request(rid="a", prompt_len=4, max_new=2, lora="A"))
+    for i in range(5):
+        s.add(Request(rid=i, prompt_len=4, max_new=2))
+    assert s.schedule().admitted == ("a", 0, 1, 2, 3, 4)
+
+
+def test_without_max_loras_plans_are_unchanged():
+    """max_loras=None: plans with adapter names equal the plans of the same requests without them."""
+    rng = random.Random(7)
+    specs = [(i, rng.randint(1, 90), rng.randint(1, 20), rng.choice([None, "A", "B", "C"])) for i in range(60)]
+    runs = []
+    for named in (True, False):
+        s = make_scheduler(32, 5, 600, kv_policy="paged", block_size=4)
+        plans = []
+        for rid, p, m, lora in specs:
+            s.add(Request(rid=rid, prompt_len=p, max_new=m, lora=lora if named else None))
+        while s.has_unfinished():
+            plan = s.schedule()
+            plans.append([(c.rid, c.num_tokens, c.start) for c in plan])
+            s.complete(plan)
+        runs.append(plans)
+    assert runs[0] == runs[1]
+
+
+def test_resolved_config_has_no_lora_fields_without_the_limit():
+    """The `--json` record of a configuration without max_loras is the one before adapters existed."""
+    assert "max_loras" not in SchedulerConfig(8, 4, 100).resolved()
+    assert SchedulerConfig(8, 4, 100, max_loras=3).resolved()["max_loras"] == 3
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "4"], ids=["zero", "neg", "bool", "float", "str"])
+def test_bad_max_loras_is_refused(bad):
+    """max_loras must be None or an integer >= 1; the error names the field and the value."""
+    with pytest.raises(InvalidConfig, match=r"max_loras.*" + repr(bad).replace(".", r"\.")):
+        Scheduler(token_budget=8, max_seqs=4, kv_tokens=100, max_loras=bad)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0, None], ids=["neg", "bool", "float", "none"])
+def test_bad_max_lora_passes_is_refused(bad):
+    """max_lora_passes must be an integer >= 0."""
+    with pytest.raises(InvalidConfig, match="max_lora_passes"):
+        SchedulerConfig(8, 4, 100, max_loras=2, max_lora_passes=bad)
+
+
+@pytest.mark.parametrize("bad", ["", ["A"], True, float("nan")], ids=["empty", "list", "bool", "nan"])
+def test_bad_adapter_name_is_refused_and_nothing_changes(bad):
+    """Request(lora=...) refuses an empty, unhashable, bool or NaN name, naming the field."""
+    s = make_scheduler(max_loras=2)
+    with pytest.raises(RequestRejected, match="lora"):
+        s.add(Request(rid=1, prompt_len=4, max_new=2, lora=bad))
+    assert not s.has_request(1) and s.num_waiting == 0 and s.kv_free == s.kv_total
+
+
+def test_lora_slots_count_each_adapter_until_its_last_request_leaves():
+    """LoraSlots: an adapter holds its slot while any running request holds it; None takes none."""
+    slots = LoraSlots(max_loras=2, max_lora_passes=3)
+    slots.join("A")
+    slots.join("A")
+    slots.join(None)
+    slots.join("B")
+    assert not slots.can_join("C") and slots.can_join("A") and slots.can_join(None)
+    slots.leave("A")
+    assert not slots.can_join("C")
+    slots.leave("A")
+    assert slots.can_join("C") and slots.running == {"B": 1}
+
+
+class _NoCount(LoraSlots):
+    def join(self, lora):
+        pass
+
+
+class _NoPasses(LoraSlots):
+    def passed(self, recs):
+        pass
+
+
+class _IgnoresAdapters(Scheduler):
+    """A deliberately broken scheduler: it never counts running adapters (every adapter can join)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._lora = self._host.lora = _NoCount(self.config.max_loras, self.config.max_lora_passes)
+
+
+class _PassesForever(Scheduler):
+    """A deliberately broken scheduler: passes are never counted, so a blocked adapter is passed forever."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self._lora = self._host.lora = _NoPasses(self.config.max_loras, self.config.max_lora_passes)
+
+
+@pytest.mark.parametrize("broken", [_IgnoresAdapters, _PassesForever], ids=["no-limit", "unbounded-pass"])
+def test_checker_catches_broken_adapter_rules(broken):
+    """The checker raises on a scheduler that runs too many adapters or passes a request too often."""
+    chk = InvariantChecker(broken(token_budget=64, max_seqs=8, kv_tokens=1000, max_loras=1, max_lora_passes=2))
+    with pytest.raises(InvariantViolation):
+        chk.add(Request("a0", 4, 30, lora="A"))
+        chk.add(Request("b", 4, 3, lora="B"))
+        for i in range(30):
+            chk.add(Request(f"a{i + 1}", 4, 30, lora="A"))
+            chk.complete(chk.schedule())
+
+
+def random_lora_run(seed: int, kv_policy: str, num_requests: int = 40) -> InvariantChecker:
+    """One seeded random run with adapters under the checker: a budget, slots, KV (tight to generous),
+    max_loras 1-4 over 1-8 adapters (some requests on the base model), max_lora_passes 0-8, and per seed
+    one of: plain FCFS, priority with aging, K=3 partial prefills, block-aligned chunks, prefix caching
+    (paged); random aborts and early stops. Returns the checker after check_final()."""
+    rng = random.Random(seed)
+    budget = rng.choice([1, 3, rng.randint(4, 16), rng.randint(16, 256)])
+    max_seqs = rng.randint(1, 11)
+    names = [f"L{i}" for i in range(rng.randint(1, 8))]
+    reqs = [Request(rid=i, prompt_len=rng.randint(1, 200), max_new=rng.randint(1, 40),
+                    priority=rng.randint(0, 3), lora=rng.choice([None, *names, *names]))
+            for i in range(num_requests)]
+    opts: dict[str, object] = dict(max_loras=rng.randint(1, 4), max_lora_passes=rng.randint(0, 8))
+    variant = rng.choice(["fcfs", "priority", "partial", "aligned", "cache"])
+    bs = 4
+    if kv_policy == "paged":
+        opts.update(kv_policy="paged", block_size=bs)
+    if variant == "priority":
+        opts.update(policy="priority", aging_interval=rng.choice([None, 3]))
+    elif variant == "partial":
+        opts.update(max_num_partial_prefills=3, long_prefill_token_threshold=rng.randint(4, 64))
+    elif variant == "aligned" or (variant == "cache" and kv_policy != "paged"):
+        opts.update(block_size=bs, align_chunks=True)
+        budget = max(budget, bs)
+    elif variant == "cache":
+        opts.update(enable_prefix_caching=True)
+        reqs = [Request(r.rid, r.prompt_len, r.max_new, lora=r.lora,
+                        block_hashes=tuple(range(r.prompt_len // bs))) for r in reqs]
+    largest = max(-(-(r.prompt_len + r.max_new) // bs) * bs for r in reqs)
+    kv = rng.choice([largest, largest + rng.randint(0, largest), largest * 20])
+    chk = InvariantChecker(Scheduler(token_budget=budget, max_seqs=max_seqs, kv_tokens=kv, **opts))
+    arrive = sorted(rng.randint(0, 150) for _ in reqs)
+    p_abort, p_stop = rng.choice([0.0, 0.05]), rng.choice([0.0, 0.05])
+    i = 0
+    while i < len(reqs) or chk.has_unfinished():
+        while i < len(reqs) and arrive[i] <= chk.scheduler.step:
+            chk.add(reqs[i])
+            i += 1
+        if p_abort and i and rng.random() < p_abort:
+            chk.abort(rng.choice(reqs[:i]).rid)
+        plan = chk.schedule()
+        chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
+        assert chk.scheduler.step < 200_000, "did not terminate"
+    chk.check_final()
+    assert all(not chk.scheduler.has_request(r.rid) for r in reqs)
+    return chk
+
+
+@pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
+def test_random_runs_with_adapters_hold_every_invariant_quick(kv_policy):
+    """8 seeded random runs per KV policy: the adapter limit and the pass bound hold (checked every step),
+    every request finishes and all KV is returned."""
+    for seed in range(8):
+        chk = random_lora_run(seed, kv_policy)
+        assert chk.max_lora_passes_of_one <= chk.scheduler.config.max_lora_passes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
+def test_random_runs_with_adapters_hold_every_invariant(kv_policy, capsys):
+    """300 seeded random runs per KV policy under the checker; prints the longest pass-over against its bound."""
+    steps = passes = at_bound = 0
+    for seed in range(300):
+        chk = random_lora_run(1000 + seed, kv_policy)
+        steps += chk.num_steps
+        bound = chk.scheduler.config.max_lora_passes
+        assert chk.max_lora_passes_of_one <= bound
+        passes = max(passes, chk.max_lora_passes_of_one)
+        at_bound += chk.max_lora_passes_of_one == bound and bound > 0
+    with capsys.disabled():
+        print(f"\n[lora {kv_policy}] 300 runs, 12000 requests finished, {steps} steps checked; longest pass-over "
+              f"{passes} steps; {at_bound} runs reached their bound")
+    assert at_bound > 0  # the bound is exercised, not only respected
