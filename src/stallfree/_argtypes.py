@@ -22,6 +22,7 @@ __all__ = [
     "port",
     "positive_float",
     "positive_float_list",
+    "non_negative_int",
     "positive_int",
 ]
 
@@ -38,6 +39,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (a count that may be zero, e.g. steps).
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is not an integer, or is < 0.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree._argtypes import non_negative_float, positive_float, positive_int, token_count
+from stallfree._argtypes import non_negative_float, non_negative_int, positive_float, positive_int, token_count
 from stallfree.core.config import SchedulerConfig
 
 __all__ = [
@@ -46,8 +46,8 @@ class Knob:
         dest: the SchedulerConfig field it sets, or the command's own name for a knob that is not a field
             (async_scheduling, kv_tokens sizing, GiB of host memory); the attribute on the parsed namespace.
         help: what it means everywhere (a command adds why its default is what it is).
-        kind: "int" (>= 1), "tokens" (a count of tokens >= 1 with vLLM's suffixes: k, m, g decimal; K, M,
-            G binary), "float" (> 0), "fraction" (>= 0), "bool" (--flag / --no-flag) or "choice".
+        kind: "int" (>= 1), "count" (>= 0), "tokens" (a count of tokens >= 1 with vLLM's suffixes: k, m, g
+            decimal; K, M, G binary), "float" (> 0), "fraction" (>= 0), "bool" (--flag / --no-flag) or "choice".
         choices: the values of a "choice" knob.
         aliases: older names, accepted with one deprecation line naming `flag`.
         core: True when dest is a SchedulerConfig field.
@@ -102,6 +102,15 @@ _KNOB_LIST = (
     Knob("--async-scheduling", "async_scheduling", "plan each step while the previous one runs, as vLLM's "
          "--async-scheduling (its default from 0.14.0): a request arriving during a step joins one step later",
          kind="bool", core=False),
+    Knob("--max-loras", "max_loras", "the most distinct LoRA adapters among the running requests, so in one "
+         "step (vLLM's --max-loras); none: no limit", metavar="N"),
+    Knob("--max-lora-passes", "max_lora_passes", "with --max-loras: the most steps a request whose adapter "
+         "cannot join may be passed over by later requests before it blocks the queue (0: strict FCFS)",
+         kind="count", metavar="N"),
+    Knob("--max-cpu-loras", "max_cpu_loras", "with --max-loras: LoRA adapters kept in host memory per replica "
+         "(vLLM's --max-cpu-loras; default: --max-loras)", core=False, metavar="N"),
+    Knob("--lora-rank", "lora_rank", "with --max-loras: the adapters' rank r, which sizes their loads and GEMMs "
+         "(vLLM's --max-lora-rank bounds it; default 16)", core=False, metavar="R"),
     Knob("--enable-chunked-prefill", "enable_chunked_prefill", "accepted for vLLM's command lines: chunked "
          "prefill is always on here (the token budget is spent in chunks)", kind="bool", core=False),
 )
@@ -109,7 +118,8 @@ _KNOB_LIST = (
 #: Every knob by its dest.
 KNOBS: Mapping[str, Knob] = {k.dest: k for k in _KNOB_LIST}
 
-_TYPES = {"int": positive_int, "tokens": token_count, "float": positive_float, "fraction": non_negative_float}
+_TYPES = {"int": positive_int, "count": non_negative_int, "tokens": token_count, "float": positive_float,
+          "fraction": non_negative_float}
 
 
 def knob_flag(dest: str) -> str:

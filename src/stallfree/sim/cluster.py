@@ -265,6 +265,8 @@ def _merge(
             v = getattr(r, name)[rid]
             getattr(m, name)[rid] = v + b if v >= 0 else -1
         m.finish_reason[rid] = r.finish_reason[rid]
+        if m.lora_load_s is not None and r.lora_load_s is not None:
+            m.lora_load_s[rid] = r.lora_load_s[rid]
     for k, r in enumerate(results):
         b = base[k]
         m.rejected.extend(r.rejected)
@@ -275,6 +277,8 @@ def _merge(
             m.segments[rid] = [(a + b, c + b) for a, c in segs]
         m.num_preemptions += r.num_preemptions
         m.num_recomputed_tokens += r.num_recomputed_tokens
+        m.lora_loads += r.lora_loads
+        m.lora_storage_loads += r.lora_storage_loads
     for rid, why in too_long.items():
         m.rejected.append((rid, why))
         m.rejected_kind[rid] = CONTEXT_LENGTH

@@ -68,6 +68,10 @@ class Replica:
         self.index = index
         self.async_scheduling = bool(async_scheduling)
         self.last_start = self.last_end = float("-inf")
+        # A cost model with per-replica state (LoRA adapter residency, stallfree.sim.lora) binds to this one.
+        bind = getattr(cost, "bind_replica", None)
+        if bind is not None:
+            cost = bind(res)
         self.sched, self.inner, self.res, self.cost = sched, inner, res, cost
         self.num_outstanding = 0
         self.num_routed = 0

@@ -196,6 +196,10 @@ def summarize_result(
         out.update(_stats(name, lat[key], pcts))
     out["by_prompt_len"] = bucket_stats(lat, res.prompt_len)
     out.update(_step_figures(res))
+    if res.lora is not None:
+        from stallfree.sim.lora import lora_summary
+
+        out["lora"] = lora_summary(res, lat)
     return out
 
 
@@ -250,7 +254,8 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
 def request_records(res: SimResult, replica: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """One dict per request: rid, arrival_s, prompt_len, prompt_bucket (stallfree.sim.buckets),
     max_new, output_tokens, admitted_s, first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms,
-    queue_ms, finish_reason, rejected (the message), rejected_reason ("context_length", "kv_capacity" or None).
+    queue_ms, finish_reason, rejected (the message), rejected_reason ("context_length", "kv_capacity" or None),
+    and with LoRA adapters (res.lora) lora (the adapter's name, None: the base model) and lora_load_s.
     Times are None for rejected requests; tpot_ms is None below 2 tokens. With `replica` (a
     cluster's replica per request, -1 for one refused at arrival) a `replica` column follows rid
     (None where -1). ttft_ms and e2el_ms include the engine profile's front end (config frontend_s,
@@ -283,6 +288,9 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
         row["queue_ms"] = (start[adm] - arr) * 1e3 if adm >= 0 else None
         n = row["output_tokens"]
         row["tpot_ms"] = (end[f] - end[a]) / (n - 1) * 1e3 if f >= 0 and n > 1 else None
+        if res.lora is not None and res.lora_load_s is not None:
+            row["lora"] = res.lora[r]
+            row["lora_load_s"] = res.lora_load_s[r]
         rows.append(row)
     return rows
 
@@ -397,6 +405,10 @@ _TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
     ("kv_tier.first_admission_hit_rate_cpu", "1st-admission hit rate, CPU tier", "{:.1%}"),
     ("kv_tier.kv_loads", "KV blocks loaded from CPU", "{:,}"),
     ("kv_tier.kv_offloads", "KV blocks offloaded to CPU", "{:,}"),
+    ("lora.lora_loads", "LoRA adapter loads", "{:,}"),
+    ("lora.lora_storage_loads", "LoRA loads from storage", "{:,}"),
+    ("lora.mean_ttft_ms_cold", "TTFT mean, cold adapter (ms)", "{:,.1f}"),
+    ("lora.mean_ttft_ms_warm", "TTFT mean, warm adapter (ms)", "{:,.1f}"),
     ("num_steps", "steps", "{:,}"),
     ("sim_wall_s", "simulation wall time (s)", "{:,.2f}"),
 )
@@ -437,6 +449,8 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         if all(s.get(key) is None for s in summaries) and key in ("request_goodput", "slo_attainment"):
             continue
         if key.startswith("kv_tier.") and all(s.get("kv_tier") is None for s in summaries):
+            continue
+        if key.startswith("lora.") and all(s.get("lora") is None for s in summaries):
             continue
         # The cache rows when caching is on in any run; "-" in a run without it.
         if key.startswith("prefix_cache_") and all(s.get("prefix_cache_hit_rate") is None for s in summaries):

@@ -96,6 +96,9 @@ class SimResult:
     module docstring). `rejected` lists (rid, reason); `rejected_kind` maps each rejected rid to
     its kind: "context_length" (prompt plus reserved output over the model's context length,
     refused at arrival) or "kv_capacity" (its reservation can never fit the KV cache).
+    With LoRA adapters (stallfree.sim.lora): `lora` names each request's adapter (None: the base
+    model), `lora_load_s` the seconds its adapter's loads took for it (0: a warm start), and
+    lora_loads / lora_storage_loads count the adapters loaded into GPU slots / read from storage.
     """
 
     label: str
@@ -134,6 +137,10 @@ class SimResult:
     #: A CPU KV tier's figures (stallfree.sim.simulator.tier_figures), None without one.
     kv_tier: dict[str, Any] | None = None
     rejected_kind: dict[int, str] = field(default_factory=dict)
+    lora: tuple[str | None, ...] | None = None
+    lora_load_s: list[float] | None = None
+    lora_loads: int = 0
+    lora_storage_loads: int = 0
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from stallfree.core.request import Request
@@ -20,6 +21,8 @@ from stallfree.sim.replica import Replica
 from stallfree.sim.result import ClusterError
 
 __all__ = [
+    "DEFAULT_ADAPTER_SLOTS",
+    "AdapterAffinityRouter",
     "DEFAULT_AFFINITY_LOAD_FACTOR",
     "DEFAULT_AFFINITY_LOAD_MARGIN",
     "DEFAULT_PREFIX_THRESHOLD",
@@ -47,6 +50,9 @@ DEFAULT_PREFIX_THRESHOLD = 256
 #: rather than the candidate and the least loaded.
 DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
 DEFAULT_AFFINITY_LOAD_MARGIN = 4
+#: adapter-affinity: adapters a replica is taken to hold when the replicas' max_loras is not given to
+#: make_router (the command line gives it: --max-loras).
+DEFAULT_ADAPTER_SLOTS = 4
 #: random router: the default seed.
 DEFAULT_ROUTER_SEED = 0
 
@@ -179,8 +185,69 @@ class RandomRouter:
         return self.rng.randrange(len(replicas))
 
 
+@dataclass(slots=True)
+class AdapterAffinityRouter:
+    """LoRA adapter affinity: a request goes to a replica that holds its adapter, so that adapters are
+    loaded on few replicas rather than on all of them.
+
+    Each replica is taken to hold the last `slots` distinct adapters routed to it (the router's own
+    record, least recently routed out first: what a replica with `slots` GPU slots keeps under LRU when
+    it runs what it is sent). Among the replicas under the load cap that hold the request's adapter the
+    least loaded wins (then the lower index); when none does, or the request has no adapter, the least
+    loaded replica (LeastOutstandingRouter). The load cap is PrefixAffinityRouter's: with `low` the fewest
+    unfinished requests on any replica, a replica may win on its adapter only while its unfinished
+    requests are <= max(load_factor x low, low + load_margin), so a popular adapter spreads over more
+    replicas as it loads them rather than piling onto one. The rule has the shape of the LoRA affinity
+    of Kubernetes' Gateway API inference extension (prefer a server with the adapter active, else one
+    with room), with the load cap in place of its queue-depth thresholds.
+
+    Args:
+        slots: adapters per replica, >= 1 (the replicas' max_loras).
+        load_factor: the relative cap, >= 1 (may be math.inf).
+        load_margin: the absolute cap, requests, >= 0.
+
+    Raises:
+        ClusterError: slots < 1, load_factor < 1 (or nan), load_margin < 0.
+    """
+
+    slots: int = DEFAULT_ADAPTER_SLOTS
+    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR
+    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN
+    fallback: LeastOutstandingRouter = field(default_factory=LeastOutstandingRouter)
+    held: list[OrderedDict[Hashable, None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ClusterError(f"adapter-affinity slots must be an integer >= 1, got {self.slots!r}")
+        PrefixAffinityRouter(0, self.load_factor, self.load_margin)  # the same checks of the load cap
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the least loaded replica under the cap holding the request's adapter, else the least loaded."""
+        if len(self.held) != len(replicas):
+            self.held = [OrderedDict() for _ in replicas]
+        lora = request.lora
+        if lora is None:
+            return self.fallback.route(request, replicas)
+        low = min(r.num_outstanding for r in replicas)
+        cap = math.inf if self.load_factor == math.inf else max(low * self.load_factor, low + self.load_margin)
+        best = -1
+        for k, r in enumerate(replicas):
+            if lora in self.held[k] and r.num_outstanding <= cap and (
+                    best < 0 or r.num_outstanding < replicas[best].num_outstanding):
+                best = k
+        if best < 0:
+            best = self.fallback.route(request, replicas)
+        held = self.held[best]
+        held[lora] = None
+        held.move_to_end(lora)
+        if len(held) > self.slots:
+            held.popitem(last=False)
+        return best
+
+
 #: Router names for the command line.
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp")
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp",
+           "adapter-affinity")
 
 
 def make_router(
@@ -189,6 +256,7 @@ def make_router(
     threshold: int = DEFAULT_PREFIX_THRESHOLD,
     load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR,
     load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN,
+    adapter_slots: int = DEFAULT_ADAPTER_SLOTS,
 ) -> Router:
     """Build a router by name (one of ROUTERS).
 
@@ -196,7 +264,8 @@ def make_router(
         name: the router.
         seed: random: the RNG seed.
         threshold: prefix-affinity: tokens of cached prefix needed to win, >= 0.
-        load_factor, load_margin: prefix-affinity: its load cap (PrefixAffinityRouter).
+        load_factor, load_margin: prefix-affinity and adapter-affinity: the load cap (PrefixAffinityRouter).
+        adapter_slots: adapter-affinity: adapters per replica (the replicas' max_loras).
 
     Raises:
         ClusterError: an unknown name, or a prefix-affinity option out of range.
@@ -213,4 +282,6 @@ def make_router(
         return RandomRouter(seed)
     if name == "vllm-dp":
         return VllmDPRouter()
+    if name == "adapter-affinity":
+        return AdapterAffinityRouter(adapter_slots, load_factor, load_margin)
     raise ClusterError(f"unknown router {name!r} (choose from {', '.join(ROUTERS)})")

@@ -28,6 +28,7 @@ from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloading_tokens
+from stallfree.costmodel.lora import lora_shape
 from stallfree.costmodel.model import get_model
 from stallfree.costmodel.names import gpu_match, resolve_model
 from stallfree.costmodel.roofline import CostModel
@@ -36,6 +37,7 @@ from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT
 from stallfree.sim.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, engine_defaults
 from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
+from stallfree.sim.lora import DEFAULT_LORA_RANK, LoraCost, assign_loras, parse_popularity
 from stallfree.sim.simulator import ReplicaConfig, warn_deprecated
 from stallfree.sim.workload import (
     LengthSpec,
@@ -136,6 +138,9 @@ class WorkloadOptions:
             output_len: a length spec other than "trace" draws synthetic lengths without
             `synthetic` set); their arrival times are ignored, so rate_scale must stay None.
         think_time: closed loop: seconds from a request's end to its client's next request, >= 0.
+        loras: None, or N: each request names one of N LoRA adapters, drawn with `lora_popularity`
+            (stallfree.sim.lora.assign_loras; seeded by `seed`), in place of a trace's own `lora` column.
+        lora_popularity: "zipf:S": adapter k drawn with probability proportional to 1 / (k + 1)^S.
     """
     trace: str | None = None
     trace_format: str = "auto"
@@ -156,6 +161,8 @@ class WorkloadOptions:
     shared_prefix_block: int = 16
     concurrency: int | None = None
     think_time: float = 0.0
+    loras: int | None = None
+    lora_popularity: str = "zipf:1"
 
     @property
     def closed_loop(self) -> ClosedLoop | None:
@@ -237,13 +244,21 @@ def _length_spec(text: str, field: str) -> LengthSpec:
 
 
 def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
-    """Return the workload the options describe (at its own rate) and the rate scale to apply.
+    """Return the workload the options describe (at its own rate) and the rate scale to apply; with
+    `loras`, each request names an adapter drawn with `lora_popularity`.
 
     Raises:
         SetupError: conflicting options, too many synthetic requests, or an empty time window.
         TraceError: an unreadable trace.
-        ValueError: a bad length spec or rate.
+        ValueError: a bad length spec, rate or adapter popularity.
     """
+    wl, scale = _build_workload(opts)
+    if opts.loras is not None:
+        wl = assign_loras(wl, opts.loras, parse_popularity(opts.lora_popularity), opts.seed)
+    return wl, scale
+
+
+def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     if opts.synthetic and opts.trace:
         raise SetupError("`trace` and `synthetic` are exclusive", usage=True)
     if (opts.synthetic == "shared-prefix") != (opts.shared_prefix is not None):
@@ -490,6 +505,10 @@ class Setup:
         kv_offloading_gib: instead of cpu_kv_tokens, the CPU tier's size as vLLM's --kv-offloading-size:
             GiB of host memory summed over the tensor-parallel ranks, converted with the model's KV bytes
             per token; its copies are priced over the GPU's host link (KVTransferCost).
+        lora_rank: with max_loras in `scheduler`: the adapters' rank (stallfree.costmodel.lora).
+        max_cpu_loras: with max_loras: adapters kept in host memory per replica, >= max_loras; None:
+            max_loras (vLLM's default). Steps are priced with LoRA (stallfree.sim.lora.LoraCost); a
+            workload that names adapters without max_loras in `scheduler` runs on the base model.
         async_scheduling: vLLM's asynchronous scheduling for every run (ReplicaConfig.async_scheduling);
             None: the pricing engine's default (on for vLLM >= 0.14.0, SGLang and TensorRT-LLM; off
             under other pricing). Not modelled under disaggregation (its sides run synchronously).
@@ -517,11 +536,13 @@ class Setup:
     context_length: int | None
     context_length_source: str
     kv_bytes_per_token: int
+    lora: dict[str, Any] | None
 
     def __init__(self, workload_options: WorkloadOptions | None = None,
                  hardware_options: HardwareOptions | None = None,
                  scheduler: SchedulerConfig | dict[str, Any] | str | None = None, *,
                  kv_offloading_gib: float | None = None, async_scheduling: bool | None = None,
+                 lora_rank: int = DEFAULT_LORA_RANK, max_cpu_loras: int | None = None,
                  **legacy: Any) -> None:
         self.workload_options = workload_options or WorkloadOptions()
         self.hardware_options = hardware_options or HardwareOptions()
@@ -575,6 +596,43 @@ class Setup:
         self.scheduler_config = SchedulerConfig(**{**opts, "kv_tokens": self.kv_tokens})
         if self.scheduler_config.enable_prefix_caching:
             self.check_prefix_block()
+        self.lora = None
+        if self.scheduler_config.max_loras is not None:
+            self._add_lora(self.scheduler_config.max_loras, lora_rank, max_cpu_loras)
+        elif max_cpu_loras is not None:
+            raise SetupError("`max_cpu_loras` keeps LoRA adapters in host memory: add `max_loras`", usage=True)
+        elif self.workload.loras is not None:
+            # Adapters without a limit are not modelled: the run is the base model's, and says so.
+            self.base_workload = replace(self.base_workload, loras=None)
+            self.workload = replace(self.workload, loras=None,
+                                    notes=(*self.workload.notes, "LoRA adapters named by the workload are "
+                                           "ignored without max_loras (--max-loras)"))
+
+    def _add_lora(self, max_loras: int, rank: int, max_cpu_loras: int | None) -> None:
+        """Price steps with LoRA (LoraCost over the cost model): adapter loads over the host link and the
+        LoRA GEMMs, for adapters of rank `rank`; record the figures in self.lora."""
+        cpu = max_loras if max_cpu_loras is None else max_cpu_loras
+        if cpu < max_loras:
+            raise SetupError(f"`max_cpu_loras`={cpu} must be >= `max_loras`={max_loras} (adapters in GPU slots "
+                             "are kept in host memory too, as vLLM requires)", usage=True)
+        if self.workload.loras is None:
+            raise SetupError("`max_loras` limits LoRA adapters, but the workload names none: add `loras` N "
+                             "(--loras N) or a trace with a `lora` column", usage=True)
+        hw = self.hardware_options
+        try:
+            gpu = get_gpu(hw.gpu)
+            shape = lora_shape(get_model(hw.model), gpu, hw.tp, rank)
+            link = host_link(gpu)
+        except (CostModelError, ValueError) as exc:
+            raise SetupError(str(exc), usage=True) from None
+        self.cost_model = LoraCost(self.cost_model, shape, link, max_loras, cpu)
+        self.lora = {"max_loras": max_loras, "max_cpu_loras": cpu, "lora_rank": rank,
+                     "max_lora_passes": self.scheduler_config.max_lora_passes,
+                     "target_modules": list(shape.modules), "adapter_bytes": shape.bytes_total,
+                     "adapter_bytes_per_gpu": shape.bytes_per_gpu}
+        self.hardware += (f"; LoRA rank {rank} ({shape.bytes_total / 1e6:,.0f} MB an adapter, "
+                          f"{shape.bytes_per_gpu / 1e6:,.0f} MB per GPU), {max_loras} GPU slots, {cpu} in host "
+                          f"memory")
 
     def _engine_defaults(self, opts: dict[str, Any], async_scheduling: bool | None) -> dict[str, dict[str, Any]]:
         """Fill the behaviour fields the caller left open (absent from `opts`, async_scheduling None) with
@@ -722,7 +780,7 @@ class Setup:
             "max_model_len_source": self.context_length_source,
             "notes": list(wl.notes) + self._context_notes(),
             "scheduler_config": self.scheduler_config.resolved(),
-        } | self._load_header() | self._tier_header()
+        } | self._load_header() | self._tier_header() | ({"lora": self.lora} if self.lora else {})
 
     def _tier_header(self) -> dict[str, Any]:
         """A CPU KV tier: its tokens, the KV bytes per token (all ranks) and the host memory it takes."""

@@ -247,6 +247,8 @@ def new_result(
         finish_reason=[""] * n,
         rejected=[],
         kv_total=0 if inner is None else _stats(inner).kv_total,
+        lora=wl.loras,
+        lora_load_s=[0.0] * n if wl.loras is not None else None,
     )
 
 
@@ -279,10 +281,16 @@ def request_maker(
 ) -> Callable[[int], Request]:
     """make(rid) -> the Request a scheduler like `inner` sees for request rid: its prompt, max_new
     and arrival (times[rid], s), and its prompt's block hashes when `inner` caches prefixes and the
-    workload has prefix ids."""
+    workload has prefix ids, and its LoRA adapter when the workload names them."""
     st = _stats(inner)
     caching = st.enable_prefix_caching and wl.prefix_ids is not None
     hashes, bs, plens = wl.block_hashes, st.block_size or 1, wl.prompt_lens
+    loras = wl.loras
+    if loras is not None:
+        def with_lora(i: int) -> Request:
+            return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None, loras[i])
+
+        return with_lora
 
     def make(i: int) -> Request:
         return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None)
@@ -502,7 +510,7 @@ def saturated_throughput(
             f"saturated_throughput needs requests and sample >= 1, got {len(workload)}, {sample}"
         )
     head = workload.head(sample)
-    burst = Workload((0.0,) * len(head), head.prompt_lens, head.output_lens, head.name)
+    burst = Workload((0.0,) * len(head), head.prompt_lens, head.output_lens, head.name, loras=head.loras)
     res = simulate(
         burst, scheduler, cost_model, max_tokens, max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit
     )

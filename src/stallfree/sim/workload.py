@@ -92,6 +92,8 @@ class Workload:
             (ceil(prompt_len / prefix_block) of them, the last one covering a partial block), equal
             ids meaning equal prefixes up to and including that block (Mooncake's hash_ids).
         prefix_block: tokens per block of prefix_ids.
+        loras: None, or per request the name of its LoRA adapter (None: the base model); a trace's
+            `lora` column or field (empty: the base model), or drawn (stallfree.sim.lora.assign_loras).
 
     Raises:
         ValueError: the three sequences differ in length, or a length is < 1.
@@ -105,9 +107,12 @@ class Workload:
     notes: tuple[str, ...] = field(default=())
     prefix_ids: tuple[tuple[int, ...], ...] | None = None
     prefix_block: int = MOONCAKE_BLOCK
+    loras: tuple[str | None, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrivals)
+        if self.loras is not None and len(self.loras) != n:
+            raise ValueError(f"workload {self.name!r}: {n} arrivals, {len(self.loras)} loras")
         if len(self.prompt_lens) != n or len(self.output_lens) != n:
             raise ValueError(
                 f"workload {self.name!r}: {n} arrivals, {len(self.prompt_lens)} prompt_lens, "
@@ -171,6 +176,7 @@ class Workload:
             prompt_lens=tuple(self.prompt_lens[i] for i in idx),
             output_lens=tuple(self.output_lens[i] for i in idx),
             prefix_ids=tuple(ids[i] for i in idx) if ids is not None else None,
+            loras=tuple(self.loras[i] for i in idx) if self.loras is not None else None,
         )
 
     def block_hashes(self, i: int, block_size: int) -> tuple[tuple[int, int], ...] | None:
@@ -258,8 +264,10 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
         azure: Azure LLM inference trace 2023 CSV: TIMESTAMP (wall clock), ContextTokens, GeneratedTokens.
         burstgpt: BurstGPT CSV: Timestamp (s), Request tokens, Response tokens (other columns ignored;
             rows with 0 response tokens are failed requests in the trace: excluded and counted).
-        csv: arrival_time (s), prompt_len, output_len.
-        jsonl: one object per line with arrival_time, prompt_len, output_len.
+        csv: arrival_time (s), prompt_len, output_len; optionally lora (a LoRA adapter's name, empty:
+            the base model).
+        jsonl: one object per line with arrival_time, prompt_len, output_len and optionally lora (a
+            string, or null or "" for the base model).
         mooncake: Mooncake's JSONL: timestamp (ms), input_length, output_length, hash_ids (one id
             per 512-token prompt block; equal ids, equal prefixes); auto picks it for a .jsonl whose
             first object has hash_ids and input_length.
@@ -371,6 +379,7 @@ class _Rows:
     def __init__(self, path: str, skip: bool) -> None:
         self.path, self.skip = path, skip
         self.rows: list[tuple[float, int, int]] = []
+        self.loras: dict[int, str] = {}  # row index -> its LoRA adapter (rows without one: the base model)
         self.bad = 0
         self.messages: list[str] = []
         self.excluded = 0
@@ -420,6 +429,10 @@ class _Rows:
             notes.append(f"skipped {self.bad} malformed rows; first: {self.messages[0]}")
         if self.excluded:
             notes.append(f"excluded {self.excluded} rows with 0 output tokens (failed in the trace)")
+        loras = None
+        if self.loras:
+            order = sorted(range(len(self.rows)), key=lambda k: self.rows[k][0])
+            loras = tuple(self.loras.get(k) for k in order)
         return Workload(
             arrivals=tuple(r[0] - t0 for r in rows),
             prompt_lens=tuple(r[1] for r in rows),
@@ -427,6 +440,7 @@ class _Rows:
             name=name,
             skipped_rows=self.bad,
             notes=tuple(notes),
+            loras=loras,
         )
 
 
@@ -492,6 +506,7 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
             f"the header {header}{hint}"
         )
     ia, ip, io_ = (header.index(c) for c in cols)
+    il = header.index("lora") if "lora" in header else -1  # optional: a request's LoRA adapter
     width = len(header)
     rows = _Rows(path, skip)
     min_out = 0 if fmt == "burstgpt" else 1
@@ -519,6 +534,8 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
         if olen == 0:
             rows.excluded += 1
             continue
+        if il >= 0 and row[il].strip():
+            rows.loras[len(rows.rows)] = row[il].strip()
         rows.rows.append((t, plen, olen))
     return rows.finish(name)
 
@@ -549,11 +566,16 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
                           str(obj["arrival_time"]), line)
             plen = _int_field("prompt_len", str(obj["prompt_len"]), 1)
             olen = _int_field("output_len", str(obj["output_len"]), 1)
+            lora = obj.get("lora")
+            if lora is not None and not isinstance(lora, str):
+                raise ValueError(f"lora must be a string (an adapter's name) or null, got {str(lora)[:60]}")
         except TraceError:
             raise
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             rows.error(line, str(exc))
             continue
+        if lora:
+            rows.loras[len(rows.rows)] = lora
         rows.rows.append((t, plen, olen))
     return rows.finish(name)
 

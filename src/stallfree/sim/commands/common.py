@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import partial_prefill_flag_problem, positive_float, positive_int
+from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import InvalidConfig, StallfreeError
 from stallfree.core.metrics import parse_duration
 from stallfree.flags import KNOBS, add_scheduler_flags, flag_text, scheduler_options
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
+from stallfree.sim.lora import DEFAULT_LORA_RANK
 from stallfree.sim.setup import (
     DEFAULT_RATE_SCALE,
     DEFAULTS,
@@ -143,11 +145,25 @@ def add_common(p: argparse.ArgumentParser) -> None:
     # pricing engine's default, resolved by Setup once the pricing is known (stallfree.sim.engine_behaviour).
     p.set_defaults(concurrency=None, think_time=0.0, closed_loop_flags=False, kv_policy=None, block_size=None,
                    watermark=None, enable_prefix_caching=None, cpu_kv_tokens=None, kv_offloading_size=None)
+    _add_lora_args(p.add_argument_group("LoRA adapters (docs/simulator.md, \"LoRA adapters\")"))
     r = p.add_argument_group("report")
     r.add_argument("--slo-ttft", type=slo_ttft, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=slo_tpot, metavar="T", help="TPOT objective for goodput (bare = ms)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
+
+
+def _add_lora_args(g: Any) -> None:
+    """The LoRA options (an argparse argument group): the scheduler's adapter limit, the replica's
+    adapter memory and rank, and adapters drawn for the workload."""
+    add_scheduler_flags(g, {"max_loras": None, "max_lora_passes": None, "max_cpu_loras": None, "lora_rank": None},
+                        why={"max_lora_passes": f"default {SchedulerConfig.max_lora_passes}",
+                             "max_cpu_loras": "default: --max-loras", "lora_rank": f"default {DEFAULT_LORA_RANK}"})
+    g.add_argument("--loras", type=positive_int, metavar="N",
+                   help="each request names one of N adapters (lora-0 .. lora-N-1), drawn with --lora-popularity "
+                   "(seeded by --seed); in place of a trace's lora column")
+    g.add_argument("--lora-popularity", default=None, metavar="zipf:S",
+                   help="with --loras: adapter k drawn with probability proportional to 1/(k+1)^S (default zipf:1)")
 
 
 def _add_workload_args(w: Any) -> None:
@@ -272,8 +288,9 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         shared_prefix_block=args.block_size or DEFAULT_BLOCK_SIZE,
         concurrency=args.concurrency,
         think_time=args.think_time,
+        loras=args.loras,
         # The synthetic-only options as given; one left out takes WorkloadOptions's default.
-        **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len")
+        **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len", "lora_popularity")
            if (value := vars(args)[name]) is not None},
     )
 
@@ -355,8 +372,16 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
     options.pop("kv_tokens", None)  # the replica's capacity: HardwareOptions.kv_tokens, else the cost model's
     if options.get("token_budget") is None:
         options.pop("token_budget", None)
+    if args.lora_popularity is not None and args.loras is None:
+        raise CliError("--lora-popularity draws adapters for --loras N: add it", 2)
+    if args.max_loras is None:
+        for flag, value in (("--max-cpu-loras", args.max_cpu_loras), ("--lora-rank", args.lora_rank),
+                            ("--max-lora-passes", args.max_lora_passes)):
+            if value is not None:
+                raise CliError(f"{flag} applies to LoRA adapters: add --max-loras N", 2)
     return Setup(workload_options(args), hardware_options(args), options,
-                 kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling)
+                 kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling,
+                 lora_rank=args.lora_rank or DEFAULT_LORA_RANK, max_cpu_loras=args.max_cpu_loras)
 
 
 #: The exit status of a run that served no request (every one rejected or refused): the figures describe nothing.

@@ -57,6 +57,7 @@ from stallfree.sim.disagg import (
 from stallfree.sim.experiment import Experiment, run_experiment, run_tag
 from stallfree.sim.report import print_table
 from stallfree.sim.result import ClusterError
+from stallfree.sim.routers import DEFAULT_ADAPTER_SLOTS
 from stallfree.sim.setup import TIME_BUDGET_CAP
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.writers import write_disagg_out, write_disagg_records, write_experiment, write_records
@@ -355,9 +356,15 @@ def _check_flags(args: argparse.Namespace) -> None:
                 raise CliError(f"{flag} applies to --disaggregate P:D (or search): add it or drop {flag}", 2)
     router = args.router or ("least-outstanding" if disagg or args.replicas > 1 else None)
     for flag, name, _ in _AFFINITY_FLAGS:
-        if getattr(args, name) is not None and (router != "prefix-affinity" or disagg):
+        # The load cap is adapter-affinity's too; the cached-prefix threshold is prefix-affinity's alone.
+        routers = ("prefix-affinity",) if name == "prefix_affinity_threshold" else ("prefix-affinity",
+                                                                                  "adapter-affinity")
+        if getattr(args, name) is not None and (router not in routers or disagg):
             where = "without --disaggregate" if disagg else f"(the router is {router or 'none: one replica'})"
-            raise CliError(f"{flag} applies to --router prefix-affinity {where}: drop {flag}", 2)
+            raise CliError(f"{flag} applies to --router {' or '.join(routers)} {where}: drop {flag}", 2)
+    if args.max_loras is not None and (disagg or args.compare or args.batching != "chunked"):
+        raise CliError("--max-loras (LoRA adapters) runs chunked batching on one or more replicas: drop "
+                       "--disaggregate, --compare and --batching", 2)
     if args.router_seed is not None and router != "random":
         raise CliError(f"--router-seed applies to --router random (the router is {router or 'none: one replica'})"
                        ": drop --router-seed", 2)
@@ -553,6 +560,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]
             given(args.prefix_affinity_threshold, DEFAULT_PREFIX_THRESHOLD),
             given(args.affinity_load_factor, DEFAULT_AFFINITY_LOAD_FACTOR),
             given(args.affinity_load_margin, DEFAULT_AFFINITY_LOAD_MARGIN),
+            given(args.max_loras, DEFAULT_ADAPTER_SLOTS),
         )
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
