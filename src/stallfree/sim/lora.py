@@ -117,12 +117,13 @@ class AdapterCache:
                 self.cpu.move_to_end(a)
                 continue
             cold = a not in self.cpu
+            # The GPU slot first: its adapter then stays in host memory only, where it may be evicted.
+            self._evict(self.gpu, self.gpu_slots, adapters)
             if cold:
                 self._evict(self.cpu, self.cpu_slots, adapters | set(self.gpu))
                 self.storage_loads += 1
             self.cpu[a] = None
             self.cpu.move_to_end(a)
-            self._evict(self.gpu, self.gpu_slots, adapters)
             self.gpu[a] = None
             self.loads += 1
             out.append((a, cold))

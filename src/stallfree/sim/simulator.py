@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -281,14 +281,20 @@ def request_maker(
 ) -> Callable[[int], Request]:
     """make(rid) -> the Request a scheduler like `inner` sees for request rid: its prompt, max_new
     and arrival (times[rid], s), and its prompt's block hashes when `inner` caches prefixes and the
-    workload has prefix ids, and its LoRA adapter when the workload names them."""
+    workload has prefix ids, and its LoRA adapter when the workload names them (then a request's block
+    hashes carry its adapter, so that only requests on the same adapter, or the base model, share KV)."""
     st = _stats(inner)
     caching = st.enable_prefix_caching and wl.prefix_ids is not None
     hashes, bs, plens = wl.block_hashes, st.block_size or 1, wl.prompt_lens
     loras = wl.loras
     if loras is not None:
         def with_lora(i: int) -> Request:
-            return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None, loras[i])
+            a = loras[i]
+            h: tuple[Hashable, ...] | None = hashes(i, bs) if caching else None
+            if h is not None and a is not None:
+                # KV computed under an adapter is that adapter's: its blocks hash apart, as in vLLM.
+                h = tuple((a, x) for x in h)
+            return Request(i, plens[i], max_new[i], 0, times[i], h, a)
 
         return with_lora
 

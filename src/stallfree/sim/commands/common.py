@@ -23,7 +23,7 @@ from stallfree.core.metrics import parse_duration
 from stallfree.flags import KNOBS, add_scheduler_flags, flag_text, scheduler_options
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
-from stallfree.sim.lora import DEFAULT_LORA_RANK
+from stallfree.sim.lora import DEFAULT_LORA_RANK, parse_popularity
 from stallfree.sim.setup import (
     DEFAULT_RATE_SCALE,
     DEFAULTS,
@@ -162,8 +162,17 @@ def _add_lora_args(g: Any) -> None:
     g.add_argument("--loras", type=positive_int, metavar="N",
                    help="each request names one of N adapters (lora-0 .. lora-N-1), drawn with --lora-popularity "
                    "(seeded by --seed); in place of a trace's lora column")
-    g.add_argument("--lora-popularity", default=None, metavar="zipf:S",
+    g.add_argument("--lora-popularity", default=None, metavar="zipf:S", type=_popularity,
                    help="with --loras: adapter k drawn with probability proportional to 1/(k+1)^S (default zipf:1)")
+
+
+def _popularity(text: str) -> str:
+    """--lora-popularity's value, checked (stallfree.sim.lora.parse_popularity); a usage error otherwise."""
+    try:
+        parse_popularity(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _add_workload_args(w: Any) -> None:
