@@ -231,3 +231,14 @@ def test_cached_kv_is_shared_only_on_the_same_adapter(names, hits):
     cost = LoraCost(LinearCostModel(0.01, 0.0), SHAPE, LINK, 2, 2)
     res = simulate(wl, cfg, cost, check=True)
     assert (res.prefix_cache_hit_rate > 0) is hits
+
+
+def test_sweep_with_adapters_runs_chunked_batching_only(capsys):
+    """sweep --max-loras sweeps chunked batching (the baselines have no adapter limit); asking for a baseline
+    with it is an input error (exit 2)."""
+    base = ["sweep", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none",
+            "--loras", "4", "--max-loras", "2", "--budgets", "512", "--jobs", "1", "--json"]
+    assert main(base) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["batching"] for r in rows["rows"]} == {"chunked"}
+    assert main([*base, "--batching", "chunked,no-chunk"]) == 2

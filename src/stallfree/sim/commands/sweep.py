@@ -141,7 +141,11 @@ def run(args: argparse.Namespace) -> int:
     if args.budgets is None:
         args.budgets = list(DEFAULT_BUDGETS)
     if args.batching is None:
-        args.batching = list(BATCHING_MODES)
+        # The baselines have no adapter limit: with LoRA adapters the sweep is chunked batching's alone.
+        args.batching = ["chunked"] if args.max_loras is not None else list(BATCHING_MODES)
+    elif args.max_loras is not None and args.batching != ["chunked"]:
+        raise CliError("--max-loras (LoRA adapters) runs chunked batching only: drop --batching or give "
+                       "--batching chunked", 2)
     args.kv_tokens = kv_list[0] if isinstance(kv_list, list) else kv_list
     setup = setup_from_args(args)
     with progress_bar() as bar:
