@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from factories import make_scheduler, random_lora_run
 from stallfree import Request, Scheduler
@@ -192,6 +194,37 @@ def test_checker_catches_broken_adapter_rules(broken):
             chk.complete(chk.schedule())
 
 
+_REQS = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12), st.sampled_from([None, "a", "b", "c", "d", "e"]),
+                           st.integers(0, 30)), min_size=1, max_size=30)
+
+
+@settings(max_examples=60)
+@given(reqs=_REQS, max_loras=st.integers(1, 3), budget=st.integers(1, 48), paged=st.booleans(),
+       passes=st.integers(0, 5))
+def test_public_api_keeps_the_adapter_limit_and_finishes(reqs, max_loras, budget, paged, passes):
+    """Driven through the public API alone (Request(lora=), Scheduler(max_loras=), schedule, complete,
+    has_request), with requests arriving at random steps: every plan holds at most max_loras distinct adapters
+    (counted here from the requests' own names) and at most the budget, and every request finishes."""
+    kw = dict(kv_policy="paged", block_size=4) if paged else {}
+    s = Scheduler(token_budget=budget, max_seqs=6, kv_tokens=400, max_loras=max_loras, max_lora_passes=passes, **kw)
+    lora = {}
+    pending = sorted(((at, i, p, m, a) for i, (p, m, a, at) in enumerate(reqs)))
+    steps = 0
+    while pending or s.has_unfinished():
+        while pending and pending[0][0] <= steps:
+            _, i, p, m, a = pending.pop(0)
+            s.add(Request(rid=i, prompt_len=p, max_new=m, lora=a))
+            lora[i] = a
+        plan = s.schedule()
+        assert plan.num_tokens <= budget
+        assert len({lora[c.rid] for c in plan} - {None}) <= max_loras
+        s.complete(plan)
+        steps += 1
+        assert steps < 20_000
+    assert not any(s.has_request(i) for i in lora)
+    assert s.kv_free == s.kv_total
+
+
 @pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
 def test_random_runs_with_adapters_hold_every_invariant_quick(kv_policy):
     """8 seeded random runs per KV policy: the adapter limit and the pass bound hold (checked every step),
@@ -204,10 +237,10 @@ def test_random_runs_with_adapters_hold_every_invariant_quick(kv_policy):
 @pytest.mark.slow
 @pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
 def test_random_runs_with_adapters_hold_every_invariant(kv_policy, capsys):
-    """60 more seeded random runs per KV policy under the checker (benchmarks/lora_sim.py --core runs 300);
+    """30 more seeded random runs per KV policy under the checker (benchmarks/lora_sim.py --core runs 300);
     prints the longest pass-over against its bound, which some runs reach."""
     steps = passes = at_bound = 0
-    for seed in range(60):
+    for seed in range(30):
         chk = random_lora_run(1000 + seed, kv_policy)
         steps += chk.num_steps
         bound = chk.scheduler.config.max_lora_passes
@@ -215,6 +248,6 @@ def test_random_runs_with_adapters_hold_every_invariant(kv_policy, capsys):
         passes = max(passes, chk.max_lora_passes_of_one)
         at_bound += chk.max_lora_passes_of_one == bound and bound > 0
     with capsys.disabled():
-        print(f"\n[lora {kv_policy}] 60 runs, 2400 requests finished, {steps} steps checked; longest pass-over "
+        print(f"\n[lora {kv_policy}] 30 runs, 1200 requests finished, {steps} steps checked; longest pass-over "
               f"{passes} steps; {at_bound} runs reached their bound")
     assert at_bound > 0  # the bound is exercised, not only respected
