@@ -133,13 +133,22 @@ def test_bad_max_lora_passes_is_refused(bad):
         SchedulerConfig(8, 4, 100, max_loras=2, max_lora_passes=bad)
 
 
-@pytest.mark.parametrize("bad", ["", ["A"], True, float("nan")], ids=["empty", "list", "bool", "nan"])
+@pytest.mark.parametrize("bad", [["A"], True, float("nan")], ids=["list", "bool", "nan"])
 def test_bad_adapter_name_is_refused_and_nothing_changes(bad):
-    """Request(lora=...) refuses an empty, unhashable, bool or NaN name, naming the field."""
+    """Request(lora=...) refuses an unhashable, bool or NaN name, naming the field."""
     s = make_scheduler(max_loras=2)
     with pytest.raises(RequestRejected, match="lora"):
         s.add(Request(rid=1, prompt_len=4, max_new=2, lora=bad))
     assert not s.has_request(1) and s.num_waiting == 0 and s.kv_free == s.kv_total
+
+
+def test_an_empty_adapter_name_is_the_base_model():
+    """lora="" is the base model (a trace's empty column): stored as None, it takes no slot."""
+    assert Request(rid=1, prompt_len=4, max_new=2, lora="").lora is None
+    s = make_scheduler(64, 8, 1000, max_loras=1)
+    s.add(Request(rid="a", prompt_len=4, max_new=2, lora="A"))
+    s.add(Request(rid="b", prompt_len=4, max_new=2, lora=""))
+    assert s.schedule().admitted == ("a", "b")
 
 
 def test_lora_slots_count_each_adapter_until_its_last_request_leaves():

@@ -236,7 +236,8 @@ class OnePartialPrefill:
             if obj is None or s.num_running >= s.max_seqs:
                 break
             if lora is not None and not lora.can_join(obj.req.lora):
-                # The one pass-over of the contract's own (core/lora.py): bounded per request.
+                # The contract's one exception to queue order (core/lora.py): an adapter that cannot
+                # join is passed over, at most max_lora_passes steps in a request's life.
                 if not lora.may_pass(obj):
                     break
                 passed.append(obj)

@@ -52,16 +52,17 @@ class Request:
             Stored as a tuple. Only a Scheduler with enable_prefix_caching=True accepts them; it
             checks the length against its block_size at add().
         lora: None (the base model), or the name of the LoRA adapter the request runs with: any
-            hashable value equal to itself (a str, or vLLM's integer lora_int_id), not "". A
-            Scheduler with max_loras runs at most that many distinct adapters at once
-            (stallfree.core.lora); without it the name is carried and nothing changes.
+            hashable value equal to itself (a str, or vLLM's integer lora_int_id); "" is the base
+            model too, as in a trace's empty lora column (stored as None). A Scheduler with
+            max_loras runs at most that many distinct adapters at once (stallfree.core.lora);
+            without it the name is carried and nothing changes.
 
     Raises:
         RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), priority
             is not an integer, rid is unhashable or not equal to itself (NaN), or arrival is not a
             finite number, or block_hashes is not None nor a sequence of hashables (a str or bytes
-            is refused), or lora is unhashable, not equal to itself, a bool or ""; the message names
-            the field and the value.
+            is refused), or lora is unhashable, not equal to itself or a bool; the message names the
+            field and the value.
     """
 
     rid: Hashable
@@ -113,15 +114,17 @@ class Request:
                 object.__setattr__(self, "block_hashes", tuple(hashes))
         if self.lora is not None:
             _check_lora(self.lora)
+            if self.lora == "":
+                object.__setattr__(self, "lora", None)
 
 
 def _check_lora(lora: object) -> None:
-    """Refuse an adapter name the scheduler could not count: unhashable, NaN, a bool, or ""."""
+    """Refuse an adapter name the scheduler could not count: unhashable, NaN or a bool."""
     try:
         hash(lora)
     except TypeError:
         raise RequestRejected(f"lora must be None or a hashable adapter name, got {lora!r}") from None
-    if isinstance(lora, bool) or lora == "" or lora != lora:
+    if isinstance(lora, bool) or lora != lora:
         raise RequestRejected(f"lora must be None (the base model) or an adapter name, got {lora!r}")
 
 

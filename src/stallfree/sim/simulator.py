@@ -294,7 +294,7 @@ def request_maker(
             if h is not None and a is not None:
                 # KV computed under an adapter is that adapter's: its blocks hash apart, as in vLLM.
                 h = tuple((a, x) for x in h)
-            return Request(i, plens[i], max_new[i], 0, times[i], h, a)
+            return Request(i, plens[i], max_new[i], 0, times[i], h, lora=a)
 
         return with_lora
 
