@@ -43,6 +43,7 @@ def test_passed_over_then_admitted_when_its_adapter_can_join():
     s.add(Request(rid=3, prompt_len=4, max_new=5))
     assert _step(s).admitted == (0, 2, 3)
     assert s.max_lora_passes_of_one == 1
+    assert s.scheduler.request_state(1).num_lora_passes == 1
     assert _step(s).admitted == ()  # nothing admitted past r1: no second pass
     assert s.max_lora_passes_of_one == 1
     assert set(s.last_finished) == {0, 2}

@@ -32,8 +32,9 @@ class LoraRules:
 
     @staticmethod
     def check_running(chk: CheckerState) -> None:
-        """The running requests hold at most max_loras distinct adapters, and no request was passed
-        over for its adapter more than max_lora_passes times."""
+        """The running requests hold at most max_loras distinct adapters, no request was passed over for
+        its adapter more than max_lora_passes times, and each waiting request the shadow saw passed has
+        the scheduler's count (RequestState.num_lora_passes) of passes."""
         cfg = chk.scheduler.config
         if cfg.max_loras is None:
             return
@@ -42,6 +43,14 @@ class LoraRules:
             chk._fail("at most max_loras adapters running", f"{sorted(map(repr, names))} > {cfg.max_loras}")
         if chk.max_lora_passes_of_one > cfg.max_lora_passes:
             chk._fail("passes bounded", f"{chk.max_lora_passes_of_one} > max_lora_passes {cfg.max_lora_passes}")
+        if chk.max_lora_passes_of_one:
+            # The requests the shadow saw passed over (few): the scheduler's count is the same.
+            s = chk.scheduler
+            for rid in chk._waiting:
+                sh = chk._reqs[rid]
+                if sh.lora_passes and s.request_state(rid).num_lora_passes != sh.lora_passes:
+                    chk._fail("passes counted", f"rid {rid!r}: scheduler "
+                              f"{s.request_state(rid).num_lora_passes}, shadow {sh.lora_passes}")
 
 
 def running_adapters(chk: CheckerState) -> set[Hashable]:

@@ -137,6 +137,7 @@ class RequestLifecycle:
             admitted_step=obj.admitted_step,
             first_token_step=obj.first_token_step,
             num_preemptions=getattr(obj, "num_preemptions", 0),
+            num_lora_passes=getattr(obj, "lora_passes", 0),
         )
 
     # ------------------------------------------------------------------ add / abort

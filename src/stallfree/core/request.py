@@ -132,7 +132,9 @@ def _check_lora(lora: object) -> None:
 class RequestState:
     """A snapshot of one live request, from Scheduler.request_state(rid).
 
-    Units: counts are tokens; steps are scheduler step numbers (from 0), None until it happened.
+    Units: counts are tokens; steps are scheduler step numbers (from 0), None until it happened;
+    num_lora_passes counts steps in which a later request was admitted past it because its LoRA adapter
+    could not join (max_loras; core/lora.py), at most max_lora_passes.
     """
 
     rid: Hashable
@@ -142,6 +144,7 @@ class RequestState:
     admitted_step: int | None
     first_token_step: int | None
     num_preemptions: int = 0
+    num_lora_passes: int = 0
 
     @property
     def num_output_tokens(self) -> int:
