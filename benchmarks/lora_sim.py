@@ -9,6 +9,7 @@ Usage: python benchmarks/lora_sim.py [--core N] [--limits] [--routers]
 --limits: 32 adapters with Zipf(1) popularity, max_loras 4, 8 and 16 (and 16 with all 32 adapters in host
     memory) on the default replica (Llama 3.3 70B, 4 x H100 SXM): loads, TTFT cold and warm, throughput.
 --routers: the same adapters on 4 replicas, max_loras 4, round-robin against adapter-affinity.
+--passes: max_loras 4 at 2 and 3.5 requests/s, max_lora_passes 0, 32, 256 (the default) and 4,096.
 """
 
 from __future__ import annotations
@@ -94,11 +95,26 @@ def routers() -> None:
         print(row(r, simulate([*base, "--router", r])), flush=True)
 
 
+def passes() -> None:
+    """What the pass-over bound costs: max_loras 4, max_lora_passes 0 to 4,096."""
+    print("| rate (requests/s) | max_lora_passes | adapter loads | TTFT mean (ms) | TTFT p99 (ms) | TTFT cold mean | "
+          "TTFT cold p99 | TTFT warm mean | capacity (requests/s) |\n" + "|---" * 9 + "|")
+    for rate in ("2", "3.5"):
+        for p in ("0", "32", "256", "4096"):
+            run = simulate([*WORKLOAD, "--rate", rate, "--num-requests", "1000", "--max-loras", "4",
+                            "--max-lora-passes", p])
+            lora = run["lora"]
+            print(f"| {rate} | {int(p):,} | {lora['lora_loads']:,} | {run['mean_ttft_ms']:,.0f} | "
+                  f"{run['p99_ttft_ms']:,.0f} | {lora['mean_ttft_ms_cold']:,.0f} | {lora['p99_ttft_ms_cold']:,.0f} | "
+                  f"{lora['mean_ttft_ms_warm']:,.0f} | {run['capacity_req_s']:.2f} |", flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--core", type=int, metavar="N", help="N random scheduler runs per KV policy")
     ap.add_argument("--limits", action="store_true")
     ap.add_argument("--routers", action="store_true")
+    ap.add_argument("--passes", action="store_true")
     a = ap.parse_args()
     if a.core:
         core(a.core)
@@ -106,3 +122,5 @@ if __name__ == "__main__":
         limits()
     if a.routers:
         routers()
+    if a.passes:
+        passes()

@@ -26,7 +26,7 @@ def test_keyword_and_config_forms_build_the_same_limit():
     """Scheduler(..., max_loras=N) and Scheduler(SchedulerConfig(..., max_loras=N)) carry the same limit."""
     a = Scheduler(token_budget=64, max_seqs=8, kv_tokens=1000, max_loras=2)
     b = Scheduler(SchedulerConfig(64, 8, 1000, max_loras=2, max_lora_passes=5))
-    assert a.config.max_loras == 2 and a.config.max_lora_passes == 32
+    assert a.config.max_loras == 2 and a.config.max_lora_passes == 256
     assert b.config.max_loras == 2 and b.config.max_lora_passes == 5
 
 
