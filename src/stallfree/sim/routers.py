@@ -31,6 +31,7 @@ __all__ = [
     "RandomRouter",
     "RoundRobinRouter",
     "Router",
+    "SessionAffinityRouter",
     "VllmDPRouter",
     "make_router",
 ]
@@ -165,6 +166,62 @@ class PrefixAffinityRouter:
 
 
 @dataclass(slots=True)
+class SessionAffinityRouter:
+    """Each session's turns to the replica its first turn went to (the one that holds its history's
+    KV), unless that replica is overloaded; a session's first turn, and a turn whose replica is
+    overloaded, go to the least loaded replica (LeastOutstandingRouter), which the session then
+    follows.
+
+    Overloaded, the stated rule: with `low` the fewest unfinished requests on any replica, the
+    session's replica has more than max(load_factor x low, low + load_margin) unfinished requests,
+    the load cap of PrefixAffinityRouter (defaults 1.5 and 4 requests; docs/cluster.md). The session
+    of each request comes from `sessions` (a session workload's per-turn session index, set by the
+    session run: stallfree.sim.sessions.run_sessions); without it every request is its own session,
+    so the router routes as least-outstanding.
+
+    Args:
+        load_factor: the relative cap, >= 1 (may be math.inf: never move a session).
+        load_margin: the absolute cap, requests, >= 0.
+
+    Raises:
+        ClusterError: load_factor < 1 (or nan), load_margin < 0.
+    """
+
+    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR
+    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN
+    sessions: Sequence[int] = ()
+    home: dict[int, int] = field(default_factory=dict)
+    fallback: LeastOutstandingRouter = field(default_factory=LeastOutstandingRouter)
+    #: Turns moved off their session's replica by the load cap.
+    num_moved: int = 0
+
+    def __post_init__(self) -> None:
+        f = self.load_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1:
+            raise ClusterError(f"session-affinity load factor must be a number >= 1, got {f!r}")
+        m = self.load_margin
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ClusterError(f"session-affinity load margin must be an integer >= 0 requests, got {m!r}")
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the session's replica while it is not overloaded, else the least loaded one."""
+        rid = request.rid
+        if not isinstance(rid, int) or not 0 <= rid < len(self.sessions):
+            return self.fallback.route(request, replicas)
+        s = self.sessions[rid]
+        k = self.home.get(s)
+        if k is not None and k < len(replicas):
+            low = min(r.num_outstanding for r in replicas)
+            cap = math.inf if self.load_factor == math.inf else max(low * self.load_factor, low + self.load_margin)
+            if replicas[k].num_outstanding <= cap:
+                return k
+            self.num_moved += 1
+        k = self.fallback.route(request, replicas)
+        self.home[s] = k
+        return k
+
+
+@dataclass(slots=True)
 class RandomRouter:
     """A replica drawn uniformly with Python's random.Random(seed): the same seed, the same routes."""
 
@@ -180,7 +237,8 @@ class RandomRouter:
 
 
 #: Router names for the command line.
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp")
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp",
+           "session-affinity")
 
 
 def make_router(
@@ -196,7 +254,8 @@ def make_router(
         name: the router.
         seed: random: the RNG seed.
         threshold: prefix-affinity: tokens of cached prefix needed to win, >= 0.
-        load_factor, load_margin: prefix-affinity: its load cap (PrefixAffinityRouter).
+        load_factor, load_margin: prefix-affinity and session-affinity: their load cap
+            (PrefixAffinityRouter, SessionAffinityRouter).
 
     Raises:
         ClusterError: an unknown name, or a prefix-affinity option out of range.
@@ -213,4 +272,6 @@ def make_router(
         return RandomRouter(seed)
     if name == "vllm-dp":
         return VllmDPRouter()
+    if name == "session-affinity":
+        return SessionAffinityRouter(load_factor, load_margin)
     raise ClusterError(f"unknown router {name!r} (choose from {', '.join(ROUTERS)})")

@@ -1,0 +1,786 @@
+"""Sessions: multi-turn conversations and agents, each turn sent its think or tool time after the
+previous turn's last token, its prompt the whole conversation so far plus its own new input.
+
+Imports allowed: the standard library and stallfree.sim (workload, load, loop, replica, result).
+
+The workload (SessionWorkload) is a Workload with one request per turn, in the order (session start,
+session, turn), so a session's turns are consecutive rids; its `arrivals` hold each turn's session
+start (what --rate-scale scales; the think times `delay_s` are never scaled). Turn k's prompt is
+
+    system_prompt_tokens + sum over j < k of (input_tokens[j] + output_tokens[j]) + input_tokens[k]
+
+tokens: one growing token stream per session, so stream block b (tokens [b*B, (b+1)*B)) has one
+identity for every turn that holds it, and a turn's block hashes (the prompt's full blocks, then the
+full blocks of its own output, which the scheduler caches when the turn finishes) make its history a
+cached prefix. A block wholly inside a system prompt is named by that prompt's id, so sessions that
+share a system prompt share its blocks.
+
+The run (run_sessions) is the event loop (stallfree.sim.loop) with three parts of its own: the
+arrivals (SessionArrivals: the turn-0 times known in advance, each later turn inserted when its
+predecessor finishes, at end + delay_s), the entry (SessionEntry: slot -> turn, refusals for the
+context length) and the gate (SessionGate: a turn the KV cache can never hold is refused). A refused
+turn ends its session: its later turns are never sent; they are recorded as rejected with kind
+"session_ended" at the instant the session ended.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text
+from stallfree.core.request import FinishReason, Request
+from stallfree.sim.load import Arrivals
+from stallfree.sim.loop import Entry, EventLoop, Router, route_to
+from stallfree.sim.replica import Replica
+from stallfree.sim.result import SimResult
+from stallfree.sim.workload import (
+    MAX_ARRIVAL_S,
+    MAX_ARRIVAL_SPAN_S,
+    MAX_LENGTH,
+    LengthSpec,
+    TraceError,
+    TraceFileError,
+    Workload,
+    _sample_lengths,
+)
+
+__all__ = [
+    "SESSION_ENDED",
+    "SessionArrivals",
+    "SessionEntry",
+    "SessionGate",
+    "SessionWorkload",
+    "ThinkSpec",
+    "close_sessions",
+    "is_session_trace",
+    "load_sessions",
+    "looks_like_sessions",
+    "parse_system_prompt",
+    "parse_think_spec",
+    "run_sessions",
+    "synthetic_sessions",
+]
+
+#: Rejection kind of a turn never sent because an earlier turn of its session was refused.
+SESSION_ENDED = "session_ended"
+#: The most turns one session may have (a guard against a typo such as --turns fixed:1e6).
+MAX_TURNS = 10_000
+# Stream block identities: session s's block b is s << 32 | b; system prompt p's block b is
+# ~(p << 32 | b) (negative), so the two never meet. 2**32 blocks of >= 1 token exceed any context.
+_SHIFT = 32
+_KEPT_MESSAGES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWorkload(Workload):
+    """A Workload of sessions: one request per turn, a session's turns consecutive (module docstring).
+
+    Attributes (per turn, aligned with arrivals, prompt_lens and output_lens):
+        session: the session's index, 0 .. num_sessions - 1, in start order.
+        turn: the turn's number in its session, 0, 1, ...
+        delay_s: think or tool time before the turn, s (0.0 for turn 0).
+        input_lens: the turn's new tokens (turn 0's without its system prompt).
+    Attributes (per session):
+        session_ids: the session's id as the trace names it (a string or an integer).
+        system_ids: index of its system prompt, or -1 for none.
+        system_lens: its system prompt's tokens (0 for none).
+
+    Raises:
+        ValueError: the per-turn tuples differ in length, or a session's turns are not consecutive
+            and numbered 0, 1, ...
+    """
+
+    session: tuple[int, ...] = ()
+    turn: tuple[int, ...] = ()
+    delay_s: tuple[float, ...] = ()
+    input_lens: tuple[int, ...] = ()
+    session_ids: tuple[str | int, ...] = ()
+    system_ids: tuple[int, ...] = ()
+    system_lens: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        Workload.__post_init__(self)
+        n = len(self.arrivals)
+        if not len(self.session) == len(self.turn) == len(self.delay_s) == len(self.input_lens) == n:
+            raise ValueError(f"session workload {self.name!r}: per-turn fields differ in length from {n} turns")
+        for i in range(n):
+            first = i == 0 or self.session[i - 1] != self.session[i]
+            if self.turn[i] != (0 if first else self.turn[i - 1] + 1):
+                raise ValueError(f"session workload {self.name!r}: turn {i} is turn {self.turn[i]} of session "
+                                 f"{self.session[i]}; a session's turns must be consecutive, from 0")
+
+    @property
+    def num_sessions(self) -> int:
+        """Sessions with at least one turn in the workload."""
+        return sum(1 for t in self.turn if t == 0)
+
+    def next_turn(self, rid: int) -> int:
+        """The rid of the turn after `rid` in its session, or -1 for its last turn."""
+        nxt = rid + 1
+        return nxt if nxt < len(self.turn) and self.turn[nxt] else -1
+
+    def stream_hashes(self, rid: int, block_size: int, num_output: int) -> tuple[int, ...]:
+        """Turn `rid`'s block hashes: one per full block of its prompt, then one per full block of its
+        first `num_output` generated tokens whose KV is computed (prompt_len + num_output - 1 tokens:
+        the last sampled token is never fed back), each block named by its place in the session's
+        stream (module docstring)."""
+        plen = self.prompt_lens[rid]
+        n = (plen + max(num_output, 1) - 1) // block_size
+        s = self.session[rid]
+        sys_id, sys_blocks = self.system_ids[s], self.system_lens[s] // block_size
+        base = s << _SHIFT
+        if sys_id < 0 or not sys_blocks:
+            return tuple(range(base, base + n))
+        sys_base = sys_id << _SHIFT
+        k = min(sys_blocks, n)
+        return tuple(~(sys_base + b) for b in range(k)) + tuple(range(base + k, base + n))
+
+    def history_lens(self) -> list[int]:
+        """Per turn, the tokens before its new input: its system prompt and every earlier turn's input
+        and output."""
+        return [p - x for p, x in zip(self.prompt_lens, self.input_lens, strict=True)]
+
+    def prefix_hit_bound(self, block_size: int) -> float | None:
+        """The hit rate an infinite prefix cache reaches on these sessions: per turn, the full blocks of
+        everything before its new input (for turn 0, its system prompt when an earlier-starting session
+        used it), capped at prompt_len - 1 tokens as the scheduler computes the last token; hit prompt
+        tokens / prompt tokens."""
+        return self.subset_bound(range(len(self)), block_size)
+
+    def subset_bound(self, rids: Sequence[int] | range, block_size: int) -> float:
+        """prefix_hit_bound over the turns `rids` only (the turns a replica served): a turn 0 counts its
+        system prompt as hit when a turn 0 earlier among `rids` used the same one."""
+        seen: set[int] = set()
+        hits = total = 0
+        plens, hist = self.prompt_lens, self.history_lens()
+        for i in rids:
+            plen = plens[i]
+            total += plen
+            h = hist[i]
+            if self.turn[i] == 0:
+                s = self.session[i]
+                sid = self.system_ids[s]
+                h = h if sid >= 0 and sid in seen else 0
+                seen.add(sid)
+            hits += min(h // block_size, (plen - 1) // block_size) * block_size
+        return hits / total if total else 0.0
+
+    def head(self, n: int) -> SessionWorkload:
+        """The first n sessions (all of them when n >= num_sessions), every turn of each.
+
+        Raises:
+            ValueError: n < 1.
+        """
+        if n < 1:
+            raise ValueError(f"number of sessions must be >= 1, got {n!r}")
+        return self._select([i for i in range(len(self)) if self.session[i] < n], shift=0.0)
+
+    def _select(self, idx: range | list[int], shift: float) -> SessionWorkload:
+        """The turns `idx` (whole sessions: a window selects by session start, which every turn holds)."""
+        idx = list(idx)
+        keep = sorted({self.session[i] for i in idx})
+        new = {s: k for k, s in enumerate(keep)}
+        return replace(
+            self,
+            arrivals=tuple(self.arrivals[i] - shift for i in idx),
+            prompt_lens=tuple(self.prompt_lens[i] for i in idx),
+            output_lens=tuple(self.output_lens[i] for i in idx),
+            session=tuple(new[self.session[i]] for i in idx),
+            turn=tuple(self.turn[i] for i in idx),
+            delay_s=tuple(self.delay_s[i] for i in idx),
+            input_lens=tuple(self.input_lens[i] for i in idx),
+            session_ids=tuple(self.session_ids[s] for s in keep),
+            system_ids=tuple(self.system_ids[s] for s in keep),
+            system_lens=tuple(self.system_lens[s] for s in keep),
+        )
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn as read, before the sessions are laid out."""
+
+    line: int
+    key: str | int
+    turn: int
+    start: float
+    delay: float
+    input_len: int
+    output_len: int
+    system: str | int | None = None
+    system_len: int = 0
+
+
+@dataclass(slots=True)
+class _Session:
+    turns: list[_Turn] = field(default_factory=list)
+
+
+def _build(sessions: list[_Session], name: str, skipped: int, notes: list[str]) -> SessionWorkload:
+    """Lay sessions out in (start, first appearance) order, turns in order; compute the prompts."""
+    order = sorted(range(len(sessions)), key=lambda k: sessions[k].turns[0].start)
+    t0 = min(s.turns[0].start for s in sessions)
+    sys_index: dict[str | int, int] = {}
+    cols: dict[str, list[Any]] = {k: [] for k in ("arr", "plen", "olen", "sess", "turn", "delay", "inp")}
+    ids: list[str | int] = []
+    sys_ids: list[int] = []
+    sys_lens: list[int] = []
+    for new, k in enumerate(order):
+        turns = sessions[k].turns
+        first = turns[0]
+        sid = -1 if first.system is None else sys_index.setdefault(first.system, len(sys_index))
+        ids.append(first.key)
+        sys_ids.append(sid)
+        sys_lens.append(first.system_len)
+        context = first.system_len
+        for t in turns:
+            plen = context + t.input_len
+            cols["arr"].append(first.start - t0)
+            cols["plen"].append(plen)
+            cols["olen"].append(t.output_len)
+            cols["sess"].append(new)
+            cols["turn"].append(t.turn)
+            cols["delay"].append(t.delay)
+            cols["inp"].append(t.input_len)
+            context = plen + t.output_len
+    return SessionWorkload(
+        arrivals=tuple(cols["arr"]), prompt_lens=tuple(cols["plen"]), output_lens=tuple(cols["olen"]), name=name,
+        skipped_rows=skipped, notes=tuple(notes), session=tuple(cols["sess"]), turn=tuple(cols["turn"]),
+        delay_s=tuple(cols["delay"]), input_lens=tuple(cols["inp"]), session_ids=tuple(ids),
+        system_ids=tuple(sys_ids), system_lens=tuple(sys_lens),
+    )
+
+
+# ---------------------------------------------------------------------------------- trace
+
+
+def looks_like_sessions(obj: object) -> bool:
+    """Whether a trace's first JSON object is a session turn (it has a `session_id` key)."""
+    return isinstance(obj, dict) and "session_id" in obj
+
+
+def _count(obj: dict[str, Any], key: str, minimum: int, required: bool = True) -> int:
+    v = obj.get(key)
+    if v is None:
+        if required:
+            raise ValueError(f"missing field {key!r}")
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise ValueError(f"{key} {v!r} is not an integer")
+    if v < minimum or v > MAX_LENGTH:
+        raise ValueError(f"{key} {v!r} must be an integer in [{minimum}, {MAX_LENGTH:,}]")
+    return v
+
+
+def _seconds(obj: dict[str, Any], key: str, limit: float) -> float:
+    v = obj.get(key)
+    if v is None:
+        raise ValueError(f"missing field {key!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{key} {v!r} must be a finite number >= 0 s")
+    if v > limit:
+        raise ValueError(f"{key} {v!r} is past {limit:g} s")
+    return float(v)
+
+
+def _key(v: object, what: str) -> str | int:
+    if isinstance(v, bool) or not isinstance(v, str | int) or (isinstance(v, str) and not v):
+        raise ValueError(f"{what} {v!r} must be a non-empty string or an integer")
+    return v
+
+
+def _parse_turn(obj: object, line: int) -> _Turn:
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    if "session_id" not in obj:
+        raise ValueError("missing field 'session_id'")
+    key = _key(obj["session_id"], "session_id")
+    turn = _count(obj, "turn", 0)
+    if turn == 0:
+        start = _seconds(obj, "start_s", MAX_ARRIVAL_S)
+        delay = 0.0
+        if obj.get("delay_s") not in (None, 0, 0.0):
+            raise ValueError(f"delay_s {obj['delay_s']!r} on turn 0: a session's first turn starts at start_s")
+    else:
+        if "start_s" in obj:
+            raise ValueError(f"start_s on turn {turn}: only turn 0 has it (later turns follow delay_s)")
+        start = 0.0
+        delay = _seconds(obj, "delay_s", MAX_ARRIVAL_SPAN_S)
+    t = _Turn(line, key, turn, start, delay, _count(obj, "input_tokens", 1), _count(obj, "output_tokens", 1))
+    if turn == 0 and ("system_prompt_id" in obj or "system_prompt_tokens" in obj):
+        t.system = _key(obj.get("system_prompt_id"), "system_prompt_id")
+        t.system_len = _count(obj, "system_prompt_tokens", 1)
+    elif "system_prompt_id" in obj or "system_prompt_tokens" in obj:
+        raise ValueError(f"system_prompt_id / system_prompt_tokens on turn {turn}: only turn 0 has a system prompt")
+    return t
+
+
+def is_session_trace(path: str | Path) -> bool:
+    """Whether `path` (a .jsonl or .json file, .gz allowed) starts with a session turn (a first object
+    with a `session_id` key); False for anything else or a file that cannot be read (its reader then
+    says why)."""
+    name = Path(path).name.removesuffix(".gz")
+    if not name.endswith((".jsonl", ".json")) or not Path(path).is_file():
+        return False
+    try:
+        with open_text(path) as fh:
+            first = next((ln for ln in bounded_lines(fh, path) if ln.strip()), "")
+        return looks_like_sessions(loads_line(first))
+    except READ_ERRORS:
+        return False
+    except ValueError:  # not JSON, or past the line limit: the trace's reader says why
+        return False
+
+
+def load_sessions(path: str | Path, skip_bad_rows: bool = False) -> SessionWorkload:
+    """Read a session trace: JSONL, one object per turn (docs/simulator.md, "Sessions"): session_id (a
+    string or an integer), turn (0, 1, ...), start_s (turn 0 only: the session's start, s), delay_s
+    (turns >= 1: think or tool time, s), input_tokens (the turn's new tokens), output_tokens, and on
+    turn 0 optionally system_prompt_id and system_prompt_tokens. `.gz` files are decompressed.
+
+    A session's turns come in order in the file (turn k after turn k - 1), a (session, turn) once.
+
+    Args:
+        path: the file.
+        skip_bad_rows: skip and count a malformed turn (and every later turn of its session, which
+            can no longer be laid out) instead of raising at the first one.
+
+    Raises:
+        TraceFileError: the file is missing, a directory or cannot be opened.
+        TraceError: "path:line: field value: reason" for a malformed turn (a missing or negative
+            field, a turn before its session's turn 0 or out of order, a repeated (session, turn), a
+            system prompt id reused with another length); the file past its limits; no turn left.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise TraceFileError(f"trace {path} is a directory: give one session trace file (JSONL, .gz allowed)")
+    if not p.is_file():
+        raise TraceFileError(f"trace file not found: {path}")
+    try:
+        with open_text(p) as fh:
+            return _read(fh, str(path), skip_bad_rows, p.name.removesuffix(".gz"))
+    except FileLimitError as exc:
+        raise TraceError(f"trace {exc}") from None
+    except READ_ERRORS as exc:
+        raise TraceError(f"cannot read trace {path}: {exc}") from None
+
+
+def _read(fh: IO[str], path: str, skip: bool, name: str) -> SessionWorkload:
+    sessions: dict[str | int, _Session] = {}
+    broken: set[str | int] = set()
+    system_lens: dict[str | int, tuple[int, int]] = {}
+    bad, messages = 0, list[str]()
+    for line, text in enumerate(bounded_lines(fh, path), start=1):
+        if not text.strip():
+            continue
+        key: str | int | None = None
+        try:
+            obj = loads_line(text)
+            if isinstance(obj, dict) and isinstance(obj.get("session_id"), str | int):
+                key = obj["session_id"]
+            t = _parse_turn(obj, line)
+            s = sessions.get(t.key)
+            if t.key in broken:
+                raise ValueError(f"session_id {t.key!r}: an earlier turn of this session was skipped")
+            have = len(s.turns) if s is not None else 0
+            if t.turn < have:
+                raise ValueError(f"session_id {t.key!r} turn {t.turn}: repeated (first on line {s.turns[t.turn].line})"
+                                 if s is not None else "")
+            if t.turn > have:
+                what = "before its session's turn 0" if not have else f"after turn {have - 1}: turns go in order"
+                raise ValueError(f"session_id {t.key!r} turn {t.turn}: {what}")
+            if t.system is not None:
+                known = system_lens.setdefault(t.system, (t.system_len, line))
+                if known[0] != t.system_len:
+                    raise ValueError(f"system_prompt_tokens {t.system_len} for system_prompt_id {t.system!r}, "
+                                     f"which line {known[1]} gives {known[0]} tokens")
+            if s is None:
+                if sessions and abs(t.start - next(iter(sessions.values())).turns[0].start) > MAX_ARRIVAL_SPAN_S:
+                    raise ValueError(f"start_s {t.start!r} is more than {MAX_ARRIVAL_SPAN_S:g} s from the first "
+                                     "session's")
+                s = sessions[t.key] = _Session()
+            s.turns.append(t)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            msg = f"{path}:{line}: {exc}"
+            if not skip:
+                raise TraceError(msg) from None
+            bad += 1
+            if len(messages) < _KEPT_MESSAGES:
+                messages.append(msg)
+            if key is not None and key in sessions:
+                broken.add(key)
+            continue
+    if not sessions:
+        raise TraceError(f"{path}: no session turns in the trace")
+    notes = [f"skipped {bad} malformed turns (a later turn of a broken session among them); first: {messages[0]}"
+             ] if bad else []
+    return _build(list(sessions.values()), name, bad, notes)
+
+
+# ------------------------------------------------------------------------------ synthetic
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkSpec:
+    """A think or tool time distribution, s: fixed:S, uniform:LO,HI, exponential:MEAN or
+    lognormal:MEDIAN,SIGMA (parse_think_spec)."""
+
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+
+    def __str__(self) -> str:
+        if self.kind in ("fixed", "exponential"):
+            return f"{self.kind}:{self.a:g}"
+        return f"{self.kind}:{self.a:g},{self.b:g}"
+
+    def draw(self, rng: random.Random) -> float:
+        """One think time, s (>= 0)."""
+        if self.kind == "fixed":
+            return self.a
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b)
+        if self.kind == "exponential":
+            return rng.expovariate(1.0 / self.a) if self.a > 0 else 0.0
+        return rng.lognormvariate(math.log(self.a), self.b)
+
+
+#: The longest think time a distribution may name, s (a day).
+MAX_THINK_S = 86_400.0
+
+
+def parse_think_spec(text: str | float) -> ThinkSpec:
+    """Parse a think time: a number of seconds, or fixed:S, uniform:LO,HI, exponential:MEAN,
+    lognormal:MEDIAN,SIGMA (seconds; 0 <= LO <= HI, MEDIAN > 0, SIGMA in [0, 10]).
+
+    Raises:
+        ValueError: anything else; the message quotes the text.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        if not (math.isfinite(text) and 0 <= text <= MAX_THINK_S):
+            raise ValueError(f"think time {text!r} must be a finite number of seconds in [0, {MAX_THINK_S:g}]")
+        return ThinkSpec("fixed", float(text))
+    kind, _, rest = str(text).strip().partition(":")
+    try:
+        nums = [float(x) for x in rest.split(",")] if rest else []
+    except ValueError:
+        nums = [math.nan]
+    ok = all(math.isfinite(x) and 0 <= x <= MAX_THINK_S for x in nums)
+    if ok and kind in ("fixed", "exponential") and len(nums) == 1:
+        return ThinkSpec(kind, nums[0])
+    if ok and kind == "uniform" and len(nums) == 2 and nums[0] <= nums[1]:
+        return ThinkSpec(kind, nums[0], nums[1])
+    if ok and kind == "lognormal" and len(nums) == 2 and nums[0] > 0 and nums[1] <= 10:
+        return ThinkSpec(kind, nums[0], nums[1])
+    raise ValueError(f"bad think time {text!r}; expected seconds, fixed:S, uniform:LO,HI (0 <= LO <= HI), "
+                     f"exponential:MEAN or lognormal:MEDIAN,SIGMA (MEDIAN > 0, SIGMA <= 10), at most {MAX_THINK_S:g} s")
+
+
+def parse_system_prompt(text: str) -> tuple[int, int]:
+    """Parse "TOKENS" or "TOKENS,COUNT": a system prompt of TOKENS tokens, COUNT distinct ones (default
+    1), each session drawing one.
+
+    Raises:
+        ValueError: not one or two integers, TOKENS >= 0 and COUNT >= 1; the message quotes the text.
+    """
+    parts = text.split(",")
+    try:
+        nums = [int(x) for x in parts]
+    except ValueError:
+        nums = []
+    if len(nums) == 1:
+        nums.append(1)
+    if len(nums) != 2 or not 0 <= nums[0] <= MAX_LENGTH or not 1 <= nums[1] <= 1_000_000:
+        raise ValueError(f"`system_prompt` wants TOKENS[,COUNT] (0 <= TOKENS <= {MAX_LENGTH:,}, "
+                         f"1 <= COUNT <= 1,000,000), got {text!r}")
+    return nums[0], nums[1]
+
+
+def synthetic_sessions(
+    num_sessions: int,
+    rate: float,
+    turns: LengthSpec,
+    input_len: LengthSpec,
+    output_len: LengthSpec,
+    think: ThinkSpec,
+    system_tokens: int = 0,
+    num_system_prompts: int = 1,
+    seed: int = 0,
+) -> SessionWorkload:
+    """Draw conversations: sessions start as a Poisson process at `rate`, each with a number of turns
+    drawn from `turns`, each turn's new input and output drawn from `input_len` and `output_len` and
+    its think time (turns >= 1) from `think`; with system_tokens > 0 every session opens with one of
+    `num_system_prompts` system prompts of that many tokens, drawn uniformly.
+
+    Args:
+        num_sessions: sessions, >= 1.
+        rate: session starts per second, > 0.
+        turns: turns per session (a length spec; capped at MAX_TURNS).
+        input_len, output_len: tokens per turn.
+        think: think time before each turn after the first, s.
+        system_tokens, num_system_prompts: the shared system prompts (0 tokens: none).
+        seed: seeds everything (same seed, same workload).
+
+    Raises:
+        ValueError: a count or rate out of range.
+        TraceError: a `trace:PATH` spec names an unreadable trace.
+    """
+    if isinstance(num_sessions, bool) or not isinstance(num_sessions, int) or num_sessions < 1:
+        raise ValueError(f"num_sessions must be an integer >= 1, got {num_sessions!r}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a finite number > 0 (sessions/s), got {rate!r}")
+    rng = random.Random(seed)
+    start, sessions = 0.0, []
+    counts = [min(MAX_TURNS, max(1, c)) for c in _sample_lengths(turns, rng, num_sessions, 0)]
+    for k in range(num_sessions):
+        if k:
+            start += rng.expovariate(rate)
+        n = counts[k]
+        ins = _sample_lengths(input_len, rng, n, 0)
+        outs = _sample_lengths(output_len, rng, n, 1)
+        sys_id = rng.randrange(num_system_prompts) if system_tokens else None
+        s = _Session()
+        for t in range(n):
+            s.turns.append(_Turn(0, k, t, start, think.draw(rng) if t else 0.0, ins[t], outs[t],
+                                 sys_id if t == 0 else None, system_tokens if t == 0 and sys_id is not None else 0))
+        sessions.append(s)
+    sys_text = f"; system {system_tokens}x{num_system_prompts}" if system_tokens else ""
+    name = (f"sessions(rate={rate:g}/s, turns {turns}; input {input_len}; output {output_len}; think {think}"
+            f"{sys_text}; seed {seed})")
+    return _build(sessions, name, 0, [])
+
+
+# ------------------------------------------------------------------------------------ run
+
+
+class SessionArrivals(Arrivals):
+    """The arrivals of a session run, filled in as it goes (module docstring).
+
+    The event loop reads `times` by slot: slots [0, sent) hold the arrival times known so far,
+    sorted; the rest are math.inf. `order[slot]` is the rid (turn) that arrives in that slot.
+    A new turn is inserted after every slot due by its time, so never before a slot the loop has
+    already taken (its time is at least the loop's clock).
+
+    Attributes:
+        order: rid per slot (-1 while unsent).
+        sent_at: per rid, when it was sent (or its session ended), s; math.inf until then.
+        ended: rid -> why its session ended before it was sent.
+    """
+
+    __slots__ = ("ended_why", "order", "sent_at", "wl")
+
+    def __init__(self, wl: SessionWorkload) -> None:
+        n = len(wl)
+        firsts = [i for i in range(n) if wl.turn[i] == 0]
+        self.wl = wl
+        self.closed = None
+        self.think = 0.0
+        self.times = [wl.arrivals[i] for i in firsts] + [math.inf] * (n - len(firsts))
+        self.order = firsts + [-1] * (n - len(firsts))
+        self.sent = len(firsts)
+        self.sent_at = [math.inf] * n
+        for i in firsts:
+            self.sent_at[i] = wl.arrivals[i]
+        self.ended_why: dict[int, str] = {}
+
+    def send(self, rid: int, when: float) -> None:
+        """Turn `rid` arrives at `when`, s (>= the loop's clock)."""
+        times, order = self.times, self.order
+        pos = bisect_right(times, when, 0, self.sent)
+        times.insert(pos, when)
+        times.pop()
+        order.insert(pos, rid)
+        order.pop()
+        self.sent += 1
+        self.sent_at[rid] = when
+
+    def ended(self, now: float) -> None:
+        """Not used: a session's next turn follows its own turn's finish (on_finish, end_session)."""
+
+    def end_session(self, rid: int, now: float, why: str) -> None:
+        """Turn `rid` was refused at `now`, s: its session's later turns are never sent; each takes a
+        slot at `now` and is recorded as ended (SessionEntry)."""
+        wl = self.wl
+        nxt = wl.next_turn(rid)
+        while nxt >= 0:
+            self.ended_why[nxt] = (f"session {wl.session_ids[wl.session[nxt]]!r} turn {wl.turn[nxt]}: not sent, "
+                                   f"its session ended at turn {wl.turn[rid]} ({why})")
+            self.send(nxt, now)
+            nxt = wl.next_turn(nxt)
+
+    def on_finish(self, replica: object, finished: dict[Hashable, FinishReason], end: float) -> None:  # type: ignore[override]
+        """The finish hook: each finished turn sends its session's next one, delay_s after `end`, s."""
+        wl = self.wl
+        for rid in finished:
+            nxt = wl.next_turn(rid)  # type: ignore[arg-type]
+            if nxt >= 0:
+                self.send(nxt, end + wl.delay_s[nxt])
+
+
+class SessionEntry(Entry):
+    """Entry for sessions: slot -> turn (SessionArrivals.order); a turn too long for the context is
+    refused (Entry.refused) and ends its session; a turn of an ended session is recorded in `ended`."""
+
+    def __init__(self, replicas: Sequence[Replica], router: Router | None, make_request: Callable[[int], Request],
+                 too_long: dict[int, str], arrivals: SessionArrivals) -> None:
+        super().__init__(replicas, router, make_request, too_long, arrivals, track_imbalance=router is not None)
+        self.sessions = arrivals
+        self.ended: list[tuple[int, str]] = []
+
+    def __call__(self, slot: int, now: float) -> None:
+        """The turn of `slot` arrives at `now`, s."""
+        arr = self.sessions
+        rid = arr.order[slot]
+        why = arr.ended_why.get(rid)
+        if why is not None:
+            self.ended.append((rid, why))
+            return
+        if rid in self.too_long:
+            self.refused.append((rid, self.too_long[rid]))
+            arr.end_session(rid, now, "context_length")
+            return
+        req = self.make_request(rid)
+        reps = self.replicas
+        if self.router is None:
+            rep = reps[0]
+            rep.num_routed += 1
+            rep.num_outstanding += 1
+            rep.pending.append(req)
+            rep.stalled = False
+            self.routed[rid] = 0
+            return
+        total = sum(r.num_outstanding for r in reps)
+        if total >= len(reps):
+            self.ratios.append(max(r.num_outstanding for r in reps) * len(reps) / total)
+        self.routed[rid] = route_to(self.router, req, reps).index
+
+
+class SessionGate:
+    """Admission gate for sessions: every pending turn goes to the scheduler, in order; a turn it
+    rejects (it can never fit the KV cache) ends its session."""
+
+    def __init__(self, arrivals: SessionArrivals) -> None:
+        self.arrivals = arrivals
+
+    def admit(self, replica: Replica, now: float) -> None:
+        """Add every pending turn, then clear the list."""
+        for req in replica.pending:
+            if not replica.add(req):
+                self.arrivals.end_session(req.rid, now, "kv_capacity")  # type: ignore[arg-type]
+        replica.pending.clear()
+
+    def recorded(self, replica: Replica) -> None:
+        """Nothing to correct."""
+
+
+def run_sessions(
+    reps: list[Replica], router: Router | None, wl: SessionWorkload, max_new: list[int], too_long: dict[int, str]
+) -> tuple[SessionArrivals, SessionEntry, float]:
+    """Run the event loop over sessions (module docstring); return (arrivals, entry, wall time, s).
+    A session-affinity router is told each turn's session. Turns carry their stream's block hashes
+    when the replicas cache prefixes.
+
+    Raises:
+        SimulationError, ClusterError: as EventLoop.run and route_to.
+    """
+    arrivals = SessionArrivals(wl)
+    st = reps[0].inner.stats()
+    caching, bs = st.enable_prefix_caching, st.block_size or 1
+    targets = reps[0].res.target
+    plens, sent = wl.prompt_lens, arrivals.sent_at
+    hashes = wl.stream_hashes
+
+    def make(i: int) -> Request:
+        return Request(i, plens[i], max_new[i], 0, sent[i], hashes(i, bs, targets[i]) if caching else None)
+
+    if router is not None and hasattr(router, "sessions"):
+        router.sessions = wl.session
+    entry = SessionEntry(reps, router, make, too_long, arrivals)
+    loop = EventLoop(reps, arrivals, entry, arrivals.on_finish, SessionGate(arrivals))
+    t0 = time.perf_counter()
+    loop.run()
+    return arrivals, entry, time.perf_counter() - t0
+
+
+def close_sessions(res: SimResult, wl: SessionWorkload, arrivals: SessionArrivals, entry: SessionEntry) -> None:
+    """After a session run: each turn's arrival is when it was sent (or its session ended), s; the turns
+    never sent join the rejected (kind SESSION_ENDED); each turn's (session_id, turn) is recorded."""
+    res.arrival = tuple(arrivals.sent_at)
+    for rid, why in entry.ended:
+        res.rejected.append((rid, why))
+        res.rejected_kind[rid] = SESSION_ENDED
+    res.rejected.sort()
+    res.session_keys = tuple((wl.session_ids[s], t) for s, t in zip(wl.session, wl.turn, strict=True))
+
+
+def session_summary(res: SimResult, frontend_s: float = 0.0) -> dict[str, Any]:
+    """The session figures of a run with session_keys: ttft_by_turn (per turn number: requests, mean,
+    median and p99 TTFT, ms, over the turns that emitted), and `sessions`: how many, how many completed
+    every turn, ended early by reason, duration (first arrival to last finish of a completed session,
+    s: mean, median, max) and KV held per session (its last turn's prompt plus output, tokens: the
+    history a cache keeps for the next turn; mean and max)."""
+    keys = res.session_keys
+    assert keys is not None
+    end = res.step_end
+    by_turn: dict[int, list[float]] = {}
+    per_session: dict[Any, list[int]] = {}
+    for rid, (sid, t) in enumerate(keys):
+        per_session.setdefault(sid, []).append(rid)
+        a = res.first_step[rid]
+        if a >= 0:
+            by_turn.setdefault(t, []).append((end[a] - res.arrival[rid] + frontend_s) * 1e3)
+    rows = []
+    for t in sorted(by_turn):
+        v = sorted(by_turn[t])
+        rows.append({"turn": t, "num_requests": len(v), "mean_ttft_ms": sum(v) / len(v),
+                     "median_ttft_ms": _pct(v, 50), "p99_ttft_ms": _pct(v, 99)})
+    durations, kv = [], []
+    ended: dict[str, int] = {}
+    rejected = dict(res.rejected)
+    for rids in per_session.values():
+        last = rids[-1]
+        kv.append(res.prompt_len[last] + res.target[last])
+        bad = [r for r in rids if r in rejected]
+        if bad:
+            kind = res.rejected_kind.get(bad[0], "kv_capacity")
+            ended[kind] = ended.get(kind, 0) + 1
+        elif res.finish_step[last] >= 0:
+            durations.append(end[res.finish_step[last]] - res.arrival[rids[0]])
+    durations.sort()
+    return {
+        "ttft_by_turn": rows,
+        "sessions": {
+            "num_sessions": len(per_session),
+            "completed": len(durations),
+            "ended_by_reason": ended,
+            "mean_duration_s": sum(durations) / len(durations) if durations else None,
+            "median_duration_s": _pct(durations, 50) if durations else None,
+            "max_duration_s": durations[-1] if durations else None,
+            "mean_kv_tokens_per_session": sum(kv) / len(kv) if kv else None,
+            "max_kv_tokens_per_session": max(kv) if kv else None,
+        },
+    }
+
+
+def _pct(sorted_values: list[float], p: float) -> float:
+    """The p-th percentile of sorted values, linear interpolation (numpy's default)."""
+    n = len(sorted_values)
+    x = (n - 1) * p / 100
+    lo = int(x)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (x - lo)
+
+
+def dump_turn(obj: dict[str, Any]) -> str:
+    """One session-trace line (tests and docs write traces with it)."""
+    return json.dumps(obj, separators=(",", ":"))
