@@ -48,7 +48,8 @@ from stallfree.sim.routers import (
     RoundRobinRouter,
     make_router,
 )
-from stallfree.sim.sessions import SessionArrivals, SessionEntry, SessionWorkload, close_sessions
+from stallfree.sim.session_run import SessionArrivals, SessionEntry, close_sessions
+from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import (
     ReplicaConfig,

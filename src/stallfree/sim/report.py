@@ -21,7 +21,7 @@ from typing import Any
 from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
 from stallfree.sim.buckets import bucket_stats, prompt_bucket
 from stallfree.sim.buckets import table_rows as bucket_table_rows
-from stallfree.sim.sessions import session_summary
+from stallfree.sim.session_run import session_summary
 from stallfree.sim.simulator import SimResult
 
 __all__ = [

@@ -42,7 +42,8 @@ from stallfree.sim.result import (
     SimulationError,
     verify_tokens,
 )
-from stallfree.sim.sessions import SessionArrivals, SessionEntry, SessionWorkload, close_sessions, run_sessions
+from stallfree.sim.session_run import SessionArrivals, SessionEntry, close_sessions, run_sessions
+from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.workload import Workload
 
 __all__ = [
