@@ -258,7 +258,8 @@ def test_parse_think_spec() -> None:
 
 
 def test_session_affinity_overload_rule() -> None:
-    """A session stays on its replica while its unfinished requests are <= max(1.5 x low, low + 4);
+    """With a cap of (1.5, 4), a session stays on its replica while its unfinished requests are
+    <= max(1.5 x low, low + 4);
     past it the turn goes to the least loaded replica, which the session then follows."""
 
     class Rep:
@@ -267,7 +268,7 @@ def test_session_affinity_overload_rule() -> None:
 
     from stallfree.core.request import Request
 
-    r = SessionAffinityRouter(sessions=(0, 0, 0))
+    r = SessionAffinityRouter(1.5, 4, sessions=(0, 0, 0))
     reps = [Rep(2), Rep(0)]
     assert r.route(Request(0, 4, 1), reps) == 1  # type: ignore[arg-type]  # first turn: least loaded
     reps[1].num_outstanding = 4  # low 2: cap max(3, 6) = 6 >= 4, stays

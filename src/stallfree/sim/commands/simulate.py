@@ -57,6 +57,7 @@ from stallfree.sim.disagg import (
 from stallfree.sim.experiment import Experiment, run_experiment, run_tag
 from stallfree.sim.report import print_table
 from stallfree.sim.result import ClusterError
+from stallfree.sim.routers import DEFAULT_SESSION_LOAD_FACTOR, DEFAULT_SESSION_LOAD_MARGIN
 from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.setup import TIME_BUDGET_CAP
 from stallfree.sim.simulator import BATCHING_MODES
@@ -432,12 +433,13 @@ def _add_cluster_flags(sim: Any) -> None:
         "--affinity-load-factor", type=float, default=None, metavar="F",
         help="prefix-affinity, session-affinity: a replica wins on its cache only while its unfinished requests are <= "
         f"max(F x the least loaded's, that + --affinity-load-margin) (default {DEFAULT_AFFINITY_LOAD_FACTOR:g}; "
+        f"session-affinity: a session leaves its replica past it, default {DEFAULT_SESSION_LOAD_FACTOR:g}; "
         "inf: no cap)",
     )
     c.add_argument(
         "--affinity-load-margin", type=int, default=None, metavar="N",
         help="prefix-affinity, session-affinity: the cap's absolute margin, requests "
-        f"(default {DEFAULT_AFFINITY_LOAD_MARGIN})",
+        f"(default {DEFAULT_AFFINITY_LOAD_MARGIN}; session-affinity {DEFAULT_SESSION_LOAD_MARGIN})",
     )
 
     c.add_argument(
@@ -568,8 +570,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]
         router = make_router(
             name, given(args.router_seed, DEFAULT_ROUTER_SEED),
             given(args.prefix_affinity_threshold, DEFAULT_PREFIX_THRESHOLD),
-            given(args.affinity_load_factor, DEFAULT_AFFINITY_LOAD_FACTOR),
-            given(args.affinity_load_margin, DEFAULT_AFFINITY_LOAD_MARGIN),
+            args.affinity_load_factor, args.affinity_load_margin,  # None: the router's own default
         )
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
