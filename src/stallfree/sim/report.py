@@ -200,6 +200,9 @@ def summarize_result(
     out.update(_step_figures(res))
     if res.session_keys is not None:
         out.update(session_summary(res, float(res.config.get("frontend_s", 0.0))))
+        # As under closed-loop load, the replica sets the request rate: turns sent / duration.
+        sent = res.num_requests - res.rejected_by_reason.get("session_ended", 0)
+        out["achieved_request_rate"] = sent / out["duration_s"] if out.get("duration_s") else None
     return out
 
 

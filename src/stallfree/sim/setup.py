@@ -37,6 +37,7 @@ from stallfree.sim.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, eng
 from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
 from stallfree.sim.sessions import (
+    SessionWorkload,
     is_session_trace,
     load_sessions,
     parse_system_prompt,
@@ -803,8 +804,17 @@ class Setup:
         return replace(closed, think_time=closed.think_time + frontend)
 
     def _load_header(self) -> dict[str, Any]:
-        """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time."""
+        """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time; sessions:
+        no offered rate either, the number of sessions and their start rate (sessions/s)."""
         closed = self.closed_loop
+        wl = self.workload
+        if isinstance(wl, SessionWorkload):
+            # A turn is sent after the last one's answer: the request rate follows the replica, as in a
+            # closed loop; what is fixed in advance is the rate of session starts.
+            starts = [wl.arrivals[i] for i in range(len(wl)) if wl.turn[i] == 0]
+            span = starts[-1] - starts[0]
+            return {"offered_rate": None, "sessions": len(starts),
+                    "session_rate": (len(starts) - 1) / span if span > 0 else None}
         if closed is None:
             return {}
         return {"offered_rate": None, "concurrency": closed.concurrency, "think_time_s": closed.think_time}

@@ -616,6 +616,10 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     rate = header["offered_rate"]
     offered = f"{rate:,.2f} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
     scale = f"rate scale {header['rate_scale']:g} ({offered})"
+    if header.get("sessions") is not None:
+        srate = header["session_rate"]
+        scale = (f"{header['sessions']:,} sessions" + (f" starting at {srate:,.3g}/s" if srate else "")
+                 + ", each turn sent after the last one's answer")
     if header.get("concurrency") is not None:
         think = header["think_time_s"]
         scale = f"closed loop: {header['concurrency']} in flight"
