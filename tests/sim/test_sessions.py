@@ -278,6 +278,7 @@ def test_session_affinity_overload_rule() -> None:
     assert isinstance(make_router("session-affinity"), SessionAffinityRouter)
 
 
+@pytest.mark.slow
 def test_session_affinity_keeps_each_session_on_one_replica() -> None:
     """With the cap off every turn of a session runs where its first turn ran, and the hit rate reaches the
     bound, while round-robin scatters turns and loses hits."""
@@ -324,3 +325,40 @@ def test_turns_follow_their_delay_and_never_beat_the_bound(
             assert res.arrival[i] == res.step_end[res.finish_step[i - 1]] + wl.delay_s[i]
     assert res.prefix_cache_hit_rate is not None and res.prefix_cache_hit_rate_bound is not None
     assert res.prefix_cache_hit_rate <= res.prefix_cache_hit_rate_bound + 1e-12
+
+
+@pytest.mark.slow
+def test_cpu_tier_keeps_histories_a_small_gpu_cache_evicts() -> None:
+    """Sessions whose histories overflow a small GPU cache between turns: the CPU tier brings the hit rate
+    at first admission back to the bound, the GPU alone falls short of it."""
+    spec = LengthSpec("fixed", 96, 96)
+    wl = synthetic_sessions(16, 4.0, LengthSpec("fixed", 3, 3), spec, spec, ThinkSpec("fixed", 2.0), seed=2)
+    cost = LinearCostModel(base_s=0.01, per_token_s=1e-4)
+    opts = dict(kv_tokens=1024, token_budget=256, max_seqs=8, kv="paged", block_size=16, prefix_caching=True)
+    gpu = simulate(wl, legacy_scheduler_config(**opts), cost, check=True)  # type: ignore[arg-type]
+    tier = simulate(wl, legacy_scheduler_config(**opts, cpu_kv_tokens=8192), cost, check=True)  # type: ignore[arg-type]
+    bound = tier.prefix_cache_hit_rate_bound
+    assert bound is not None and gpu.prefix_cache_hit_rate_first_admission is not None
+    assert gpu.prefix_cache_hit_rate_first_admission < bound - 0.1
+    assert tier.prefix_cache_hit_rate_first_admission == pytest.approx(bound, abs=1e-12)
+
+
+@pytest.mark.parametrize("command", [["plan", "--slo-ttft", "1s"], ["tune", "--slo-ttft", "1s", "--slo-tpot", "50ms"]])
+def test_plan_and_tune_refuse_sessions(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """plan and tune search at an offered request rate, which sessions do not have: exit 2, saying so."""
+    assert main([*command, "--synthetic", "sessions", "--linear-cost", "1,1"]) == 2
+    assert "sessions have none in advance" in capsys.readouterr().err
+
+
+def test_cli_cluster_session_affinity(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--synthetic sessions` on 2 replicas behind session-affinity: every turn served, the summary per turn."""
+    code = main(["simulate", "--synthetic", "sessions", "--num-requests", "6", "--rate", "2", "--turns", "fixed:3",
+                 "--prompt-len", "fixed:64", "--output-len", "fixed:16", "--think-time", "uniform:0.5,1",
+                 "--system-prompt", "128,2", "--linear-cost", "10,100", "--replicas", "2",
+                 "--router", "session-affinity", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["header"]["sessions"] == 6 and out["header"]["offered_rate"] is None
+    run = out["runs"][0]
+    assert run["completed"] == 18 and [t["num_requests"] for t in run["ttft_by_turn"]] == [6, 6, 6]
+    assert run["sessions"]["completed"] == 6
