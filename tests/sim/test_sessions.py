@@ -362,3 +362,14 @@ def test_cli_cluster_session_affinity(capsys: pytest.CaptureFixture[str]) -> Non
     run = out["runs"][0]
     assert run["completed"] == 18 and [t["num_requests"] for t in run["ttft_by_turn"]] == [6, 6, 6]
     assert run["sessions"]["completed"] == 6
+
+
+def test_cli_table_shows_ttft_by_turn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The terminal table of a session run has a TTFT row per turn and the sessions completed."""
+    path = write(tmp_path / "two.jsonl", TWO)
+    assert main(["simulate", "--trace", str(path), "--linear-cost", "500,125000", "--kv-tokens", "4096",
+                 "--max-num-batched-tokens", "64", "--kv-policy", "paged", "--block-size", "4",
+                 "--enable-prefix-caching"]) == 0
+    out = capsys.readouterr().out
+    assert "TTFT mean | p99 (ms), turn 1" in out and "1,187.5 |" in out
+    assert "2 sessions starting at 0.1/s" in out and "2 of 2" in out

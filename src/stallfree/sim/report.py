@@ -460,4 +460,29 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         if key == "p99_queue_ms":
             for title, cells in bucket_table_rows(summaries):
                 table.add_row(title, *cells)
+            for title, cells in _session_rows(summaries):
+                table.add_row(title, *cells)
     console().print(table)
+
+
+#: The most turns whose TTFT the table shows one row each (the JSON has every turn).
+_TABLE_TURNS = 10
+
+
+def _session_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """Rows of a session run (ttft_by_turn, sessions): mean | p99 TTFT by turn for the first turns, the
+    sessions completed and those ended early; none when no run has sessions."""
+    if all(s.get("ttft_by_turn") is None for s in summaries):
+        return []
+    turns = sorted({t["turn"] for s in summaries for t in s.get("ttft_by_turn") or ()})[:_TABLE_TURNS]
+    rows = []
+    for k in turns:
+        cells = []
+        for s in summaries:
+            t = next((t for t in s.get("ttft_by_turn") or () if t["turn"] == k), None)
+            cells.append("-" if t is None else f"{t['mean_ttft_ms']:,.1f} | {t['p99_ttft_ms']:,.1f}")
+        rows.append((f"TTFT mean | p99 (ms), turn {k}", cells))
+    for name, fn in (("sessions completed", lambda x: f"{x['completed']:,} of {x['num_sessions']:,}"),
+                     ("sessions ended early", lambda x: f"{sum(x['ended_by_reason'].values()):,}")):
+        rows.append((name, ["-" if s.get("sessions") is None else fn(s["sessions"]) for s in summaries]))
+    return rows
