@@ -166,6 +166,8 @@ def test_kv_rejection_ends_the_session(tmp_path: Path) -> None:
         ([{"session_id": "x", "turn": 0, "start_s": 0, "input_tokens": -3, "output_tokens": 1}], 1,
          "input_tokens -3"),
         ([{"session_id": "x", "turn": 0, "input_tokens": 1, "output_tokens": 1}], 1, "'start_s'"),
+        ([{"session_id": "x", "turn": 0, "start_s": 0, "input_tokens": 0, "output_tokens": 1}], 1,
+         "input_tokens 0 on turn 0 without a system prompt"),
         ([{"session_id": "x", "turn": 0, "start_s": 0, "input_tokens": 1, "output_tokens": 1,
            "system_prompt_id": 1, "system_prompt_tokens": 8},
           {"session_id": "y", "turn": 0, "start_s": 0, "input_tokens": 1, "output_tokens": 1,
@@ -373,3 +375,13 @@ def test_cli_table_shows_ttft_by_turn(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "TTFT mean | p99 (ms), turn 1" in out and "1,187.5 |" in out
     assert "2 sessions starting at 0.1/s" in out and "2 of 2" in out
+
+
+def test_fields_outside_their_turn_are_ignored(tmp_path: Path) -> None:
+    """start_s and the system prompt are read on turn 0 only, delay_s on later turns only; a later turn may
+    bring no new tokens (its prompt is its history): 12 + 6 + 0 = 18 tokens."""
+    rows = [TWO[0] | {"delay_s": 5.0},
+            {"session_id": "a", "turn": 1, "start_s": 99.0, "delay_s": 1.0, "input_tokens": 0, "output_tokens": 2,
+             "system_prompt_id": "q", "system_prompt_tokens": 3}]
+    wl = load_sessions(write(tmp_path / "f.jsonl", rows))
+    assert wl.arrivals == (0.0, 0.0) and wl.delay_s == (0.0, 1.0) and wl.prompt_lens == (12, 18)

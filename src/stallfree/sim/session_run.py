@@ -73,13 +73,15 @@ class SessionArrivals(Arrivals):
 
     def send(self, rid: int, when: float) -> None:
         """Turn `rid` arrives at `when`, s (>= the loop's clock)."""
-        times, order = self.times, self.order
-        pos = bisect_right(times, when, 0, self.sent)
-        times.insert(pos, when)
-        times.pop()
-        order.insert(pos, rid)
-        order.pop()
-        self.sent += 1
+        times, order, k = self.times, self.order, self.sent
+        pos = bisect_right(times, when, 0, k)
+        if pos < k:
+            # Only the turns sent but not yet arrived move (a session's think time ahead): O(those), not O(n).
+            times[pos + 1:k + 1] = times[pos:k]
+            order[pos + 1:k + 1] = order[pos:k]
+        times[pos] = when
+        order[pos] = rid
+        self.sent = k + 1
         self.sent_at[rid] = when
 
     def ended(self, now: float) -> None:

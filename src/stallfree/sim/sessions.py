@@ -291,22 +291,18 @@ def _parse_turn(obj: object, line: int) -> _Turn:
         raise ValueError("missing field 'session_id'")
     key = _key(obj["session_id"], "session_id")
     turn = _count(obj, "turn", 0)
+    # Each field is read where the format defines it (start_s and the system prompt on turn 0, delay_s on
+    # later turns) and ignored elsewhere, so a converter that writes every field on every line is read.
     if turn == 0:
-        start = _seconds(obj, "start_s", MAX_ARRIVAL_S)
-        delay = 0.0
-        if obj.get("delay_s") not in (None, 0, 0.0):
-            raise ValueError(f"delay_s {obj['delay_s']!r} on turn 0: a session's first turn starts at start_s")
+        start, delay = _seconds(obj, "start_s", MAX_ARRIVAL_S), 0.0
     else:
-        if "start_s" in obj:
-            raise ValueError(f"start_s on turn {turn}: only turn 0 has it (later turns follow delay_s)")
-        start = 0.0
-        delay = _seconds(obj, "delay_s", MAX_ARRIVAL_SPAN_S)
-    t = _Turn(line, key, turn, start, delay, _count(obj, "input_tokens", 1), _count(obj, "output_tokens", 1))
-    if turn == 0 and ("system_prompt_id" in obj or "system_prompt_tokens" in obj):
+        start, delay = 0.0, _seconds(obj, "delay_s", MAX_ARRIVAL_SPAN_S)
+    t = _Turn(line, key, turn, start, delay, _count(obj, "input_tokens", 0), _count(obj, "output_tokens", 1))
+    if turn == 0 and (obj.get("system_prompt_id") is not None or obj.get("system_prompt_tokens") is not None):
         t.system = _key(obj.get("system_prompt_id"), "system_prompt_id")
         t.system_len = _count(obj, "system_prompt_tokens", 1)
-    elif "system_prompt_id" in obj or "system_prompt_tokens" in obj:
-        raise ValueError(f"system_prompt_id / system_prompt_tokens on turn {turn}: only turn 0 has a system prompt")
+    if turn == 0 and not t.input_len and not t.system_len:
+        raise ValueError("input_tokens 0 on turn 0 without a system prompt: the prompt would be empty")
     return t
 
 
@@ -331,7 +327,9 @@ def load_sessions(path: str | Path, skip_bad_rows: bool = False) -> SessionWorkl
     """Read a session trace: JSONL, one object per turn (docs/simulator.md, "Sessions"): session_id (a
     string or an integer), turn (0, 1, ...), start_s (turn 0 only: the session's start, s), delay_s
     (turns >= 1: think or tool time, s), input_tokens (the turn's new tokens), output_tokens, and on
-    turn 0 optionally system_prompt_id and system_prompt_tokens. `.gz` files are decompressed.
+    turn 0 optionally system_prompt_id and system_prompt_tokens. Each field is read on the turns that
+    define it and ignored on the others; input_tokens may be 0 where the prompt is not empty. `.gz` files
+    are decompressed.
 
     A session's turns come in order in the file (turn k after turn k - 1), a (session, turn) once.
 
