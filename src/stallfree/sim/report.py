@@ -482,7 +482,9 @@ def _session_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[s
             t = next((t for t in s.get("ttft_by_turn") or () if t["turn"] == k), None)
             cells.append("-" if t is None else f"{t['mean_ttft_ms']:,.1f} | {t['p99_ttft_ms']:,.1f}")
         rows.append((f"TTFT mean | p99 (ms), turn {k}", cells))
-    for name, fn in (("sessions completed", lambda x: f"{x['completed']:,} of {x['num_sessions']:,}"),
-                     ("sessions ended early", lambda x: f"{sum(x['ended_by_reason'].values()):,}")):
-        rows.append((name, ["-" if s.get("sessions") is None else fn(s["sessions"]) for s in summaries]))
+    done = [None if s.get("sessions") is None else s["sessions"] for s in summaries]
+    rows.append(("sessions completed", ["-" if x is None else f"{x['completed']:,} of {x['num_sessions']:,}"
+                                        for x in done]))
+    rows.append(("sessions ended early", ["-" if x is None else f"{sum(x['ended_by_reason'].values()):,}"
+                                          for x in done]))
     return rows
