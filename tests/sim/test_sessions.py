@@ -88,6 +88,14 @@ def test_two_sessions_read_in_turn_order(two: SessionWorkload) -> None:
     assert two.prefix_hit_bound(4) == 40 / 69
 
 
+def test_subset_bound_counts_only_what_that_replica_saw(two: SessionWorkload) -> None:
+    """A replica's bound: a/1 alone saw neither the system prompt nor a/0 (0 of 22); a/0 then a/1 hit 16 of
+    34; session 7 alone: 7/0 misses its system prompt, 7/1 hits 16, of 35."""
+    assert two.subset_bound([1], 4) == 0.0
+    assert two.subset_bound([0, 1], 4) == 16 / 34
+    assert two.subset_bound([2, 3], 4) == 16 / 35
+
+
 def test_two_sessions_by_hand(two: SessionWorkload) -> None:
     """Arrivals, cached tokens and TTFT of each turn as worked out in the module docstring."""
     res = simulate(two, CFG, COST, check=True)
@@ -293,6 +301,8 @@ def test_session_affinity_keeps_each_session_on_one_replica() -> None:
     for s in range(wl.num_sessions):
         assert len({aff.routed[i] for i in range(len(wl)) if wl.session[i] == s}) == 1
     assert aff.merged.prefix_cache_hit_rate == aff.merged.prefix_cache_hit_rate_bound
+    for res in aff.replicas:  # each replica reaches the bound of the turns it served
+        assert res.prefix_cache_hit_rate == pytest.approx(res.prefix_cache_hit_rate_bound, abs=1e-12)
     rr = simulate_cluster(wl, cfg, cost, 3, RoundRobinRouter(), check=True)
     assert rr.merged.prefix_cache_hit_rate is not None and aff.merged.prefix_cache_hit_rate is not None
     assert rr.merged.prefix_cache_hit_rate < aff.merged.prefix_cache_hit_rate

@@ -140,21 +140,25 @@ class SessionWorkload(Workload):
         return self.subset_bound(range(len(self)), block_size)
 
     def subset_bound(self, rids: Sequence[int] | range, block_size: int) -> float:
-        """prefix_hit_bound over the turns `rids` only (the turns a replica served): a turn 0 counts its
-        system prompt as hit when a turn 0 earlier among `rids` used the same one."""
+        """prefix_hit_bound over the turns `rids` only (the turns one replica served, in rid order): a turn
+        can hit its system prompt once an earlier turn among `rids` used it, and its session's stream up to
+        what the latest earlier turn of its session among `rids` computed (that turn's prompt and output
+        but the output's last token). Over every turn this is everything before the turn's new input but
+        the previous answer's last token."""
         seen: set[int] = set()
+        computed: dict[int, int] = {}
         hits = total = 0
-        plens, hist = self.prompt_lens, self.history_lens()
+        plens, outs = self.prompt_lens, self.output_lens
         for i in rids:
             plen = plens[i]
             total += plen
-            if self.turn[i] == 0:
-                s = self.session[i]
-                sid = self.system_ids[s]
-                h = hist[i] if sid >= 0 and sid in seen else 0
+            s = self.session[i]
+            sid = self.system_ids[s]
+            h = self.system_lens[s] if sid >= 0 and sid in seen else 0
+            if sid >= 0:
                 seen.add(sid)
-            else:
-                h = hist[i] - 1  # the previous answer's last token: sampled, never fed back, so never in KV
+            h = max(h, computed.get(s, 0))
+            computed[s] = plen + outs[i] - 1
             hits += min(h // block_size, (plen - 1) // block_size) * block_size
         return hits / total if total else 0.0
 
