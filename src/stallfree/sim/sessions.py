@@ -16,6 +16,10 @@ cached prefix. A block wholly inside a system prompt is named by that prompt's i
 share a system prompt share its blocks.
 
 The run is stallfree.sim.session_run.
+
+Why one module of over 400 lines: the trace reader and the synthetic generator build sessions the same
+way (_Turn, _Session, _build) and produce the same SessionWorkload; split apart, each half would import
+the other's internals.
 """
 
 from __future__ import annotations
