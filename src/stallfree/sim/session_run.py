@@ -39,8 +39,6 @@ __all__ = [
 SESSION_ENDED = "session_ended"
 
 
-
-
 class SessionArrivals(Arrivals):
     """The arrivals of a session run, filled in as it goes (module docstring).
 
@@ -49,15 +47,22 @@ class SessionArrivals(Arrivals):
     A new turn is inserted after every slot due by its time, so never before a slot the loop has
     already taken (its time is at least the loop's clock).
 
+    Args:
+        wl: the sessions.
+        frontend_s: the engine profile's front end, s: a turn reaches the engine that much after its
+            client sent it, so its successor's delay runs from that much after its last token (as a
+            closed-loop client's think time does: stallfree.sim.setup.Setup.engine_closed_loop).
+
     Attributes:
         order: rid per slot (-1 while unsent).
-        sent_at: per rid, when it was sent (or its session ended), s; math.inf until then.
-        ended: rid -> why its session ended before it was sent.
+        sent_at: per rid, when it reached the engine (or its session ended), s; math.inf until then.
+        ended_why: rid -> why its session ended before it was sent.
     """
 
-    __slots__ = ("ended_why", "order", "sent_at", "wl")
+    __slots__ = ("ended_why", "frontend_s", "order", "sent_at", "wl")
 
-    def __init__(self, wl: SessionWorkload) -> None:
+    def __init__(self, wl: SessionWorkload, frontend_s: float = 0.0) -> None:
+        self.frontend_s = float(frontend_s)
         n = len(wl)
         firsts = [i for i in range(n) if wl.turn[i] == 0]
         self.wl = wl
@@ -99,12 +104,13 @@ class SessionArrivals(Arrivals):
             nxt = wl.next_turn(nxt)
 
     def on_finish(self, replica: object, finished: dict[Hashable, FinishReason], end: float) -> None:  # type: ignore[override]
-        """The finish hook: each finished turn sends its session's next one, delay_s after `end`, s."""
+        """The finish hook: each finished turn sends its session's next one, delay_s (plus the front end)
+        after `end`, s."""
         wl = self.wl
         for rid in finished:
             nxt = wl.next_turn(rid)  # type: ignore[arg-type]
             if nxt >= 0:
-                self.send(nxt, end + wl.delay_s[nxt])
+                self.send(nxt, end + wl.delay_s[nxt] + self.frontend_s)
 
 
 class SessionEntry(Entry):
@@ -173,7 +179,7 @@ def run_sessions(
     Raises:
         SimulationError, ClusterError: as EventLoop.run and route_to.
     """
-    arrivals = SessionArrivals(wl)
+    arrivals = SessionArrivals(wl, float(getattr(reps[0].cost, "frontend_s", 0.0)))
     st = reps[0].inner.stats()
     caching, bs = st.enable_prefix_caching, st.block_size or 1
     targets = reps[0].res.target
