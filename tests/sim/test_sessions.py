@@ -395,3 +395,17 @@ def test_fields_outside_their_turn_are_ignored(tmp_path: Path) -> None:
              "system_prompt_id": "q", "system_prompt_tokens": 3}]
     wl = load_sessions(write(tmp_path / "f.jsonl", rows))
     assert wl.arrivals == (0.0, 0.0) and wl.delay_s == (0.0, 1.0) and wl.prompt_lens == (12, 18)
+
+
+def test_front_end_delays_the_next_turn(two: SessionWorkload) -> None:
+    """With an engine front end of 0.25 s a turn reaches the engine 0.25 s after its client sends it: a/1
+    arrives at 5.125 + 1.0 + 0.25 = 6.375 s (a closed-loop client's think time is lengthened the same way)."""
+
+    class Fronted:
+        frontend_s = 0.25
+
+        def step_time(self, plan: object) -> float:
+            return COST.step_time(plan)  # type: ignore[arg-type]
+
+    res = simulate(two, CFG, Fronted(), check=True)  # type: ignore[arg-type]
+    assert res.arrival[:2] == (0.0, 6.375)
