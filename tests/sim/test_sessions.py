@@ -103,6 +103,8 @@ def test_two_sessions_by_hand(two: SessionWorkload) -> None:
     ttft = [res.step_end[res.first_step[r]] - res.arrival[r] for r in range(4)]
     assert ttft == [2.0, 1.25, 1.25, 1.125]
     assert [res.step_end[res.finish_step[r]] for r in range(4)] == [5.125, 8.0, 13.75, 15.375]
+    # Each turn's prefill runs alone in one step: the prompt tokens it did not compute were cached.
+    assert [res.prompt_len[r] - res.step_tokens[res.first_step[r]] for r in range(4)] == [0, 16, 8, 16]
     assert res.prefix_cache_hit_rate == 40 / 69
     assert res.prefix_cache_hit_rate_bound == 40 / 69
     summary = summarize_result(res)
