@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_cache import CacheRules
 from stallfree.core.invariants_state import _Shadow
-from stallfree.core.kv_tier import TieredBlockPool, TieredKV
+from stallfree.core.kv.tier import TieredBlockPool, TieredKV
 from stallfree.core.plan import StepPlan
 
 __all__ = ["TieredInvariantChecker"]

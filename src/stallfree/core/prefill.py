@@ -76,7 +76,7 @@ class PrefillHost:
 
     Attributes:
         chunking: the chunking hook (core/policies.py): chunk(rest, left) -> tokens of the next chunk.
-        kv: the KV manager (core/kv.py); a rule asks it `lookup(rec)` and, for a top-up that never
+        kv: the KV manager (core/kv/); a rule asks it `lookup(rec)` and, for a top-up that never
             preempts, `grow(rec, tokens, step)`.
         waiting: the waiting queue in admission order (head, pop_head, remove, in_order).
         live: rid -> record of every live request (read only).

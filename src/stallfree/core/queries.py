@@ -5,7 +5,7 @@ Imports allowed: the standard library and stallfree.core only.
 Scheduler (core/scheduler.py) inherits these; none of them changes scheduling state (reading a block
 table gives a decode the ids already promised to it, which counts nothing). They are apart from the
 scheduler so that it plans steps without naming a KV policy or prefix caching: every figure here comes
-from the KVManager (core/kv.py) or the SchedulerConfig (core/config.py).
+from the KVManager (core/kv/) or the SchedulerConfig (core/config.py).
 """
 
 from __future__ import annotations

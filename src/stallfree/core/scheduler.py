@@ -4,7 +4,7 @@ then strict admission in queue order; its KV memory is a collaborator behind the
 Imports allowed: the standard library and stallfree.core only.
 
 The options are a SchedulerConfig (core/config.py); the KV manager is built by core/kv.py's
-kv_manager_for (core/kv_factory.py; or given), and the scheduler only asks it (core/kv.py, docs/DESIGN.md "The KV
+kv_manager_for (core/kv/factory.py; or given), and the scheduler only asks it (core/kv.py, docs/DESIGN.md "The KV
 manager's contract"); the prefill phases are strategies in core/prefill.py acting through a narrow
 PrefillHost view; the KV figures are KVQueries (core/queries.py); the decode bookkeeping is in
 core/live.py, the option hooks in core/policies.py and add/abort/complete in core/lifecycle.py. What is
@@ -25,7 +25,7 @@ from typing import Any
 from stallfree.core.config import SchedulerConfig, as_config
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import NO_TRANSFERS, KVManager
-from stallfree.core.kv_factory import kv_manager_for
+from stallfree.core.kv.factory import kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
@@ -79,7 +79,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             **options), the token budget.
         max_seqs, kv_tokens, **options: the keyword form: SchedulerConfig's fields by name (block_size=,
             policy=, num_spec_tokens=, max_num_partial_prefills=, ...).
-        kv_manager: None (build the manager the config names, core/kv_factory.py's kv_manager_for), or a
+        kv_manager: None (build the manager the config names, core/kv/factory.py's kv_manager_for), or a
             stallfree.core.kv.KVManager to ask instead, e.g. one delegating to another engine's block
             allocator; the config's KV fields then describe the rules it follows (the invariant
             checker models those), and its kv_total is the scheduler's.
