@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+from stallfree.core.aliases import SchedulerAliases
 from stallfree.core.config import SchedulerConfig, as_config
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import NO_TRANSFERS, KVManager
@@ -43,7 +44,7 @@ _PREEMPTED = RequestStatus.PREEMPTED
 _Decodes = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]
 
 
-class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
+class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases):
     """A continuous batching scheduler with a token budget and chunked prefill (docs/DESIGN.md section 1).
 
     It owns the waiting queue, the running set (a DecodeSet and the partial prefills) and its KV
@@ -101,16 +102,16 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         kv_tokens: int | None = None, *, kv_manager: KVManager | None = None, **options: Any,
     ) -> None:
         cfg = self.config = as_config(config, max_seqs, kv_tokens, options)
-        self.token_budget, self.max_seqs, self.block_size = cfg.token_budget, cfg.max_seqs, cfg.block_size
-        self.align_chunks = cfg.chunks_aligned
-        self.aging_interval, self.clock = cfg.aging_interval, cfg.clock
-        self.decode_overflow, self.num_spec_tokens = cfg.decode_overflow, cfg.num_spec_tokens
-        self.priority_ties = cfg.priority_ties
+        # The options the step reads, resolved once (config's chunks_aligned and partial_prefill_limits
+        # recompute their checks on each read).
+        self._token_budget, self._max_seqs, self._block_size = cfg.token_budget, cfg.max_seqs, cfg.block_size
+        self._align_chunks = cfg.chunks_aligned
+        self._aging_interval, self._clock = cfg.aging_interval, cfg.clock
+        self._num_spec_tokens = cfg.num_spec_tokens
         self._ties_by_arrival = cfg.priority_ties == "arrival"
-        self._chunking, self.policy, self._selection = build_policies(
+        self._chunking, self._policy, self._selection = build_policies(
             cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens)
         k, lng, thr = cfg.partial_prefill_limits
-        self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold = k, lng, thr
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
@@ -119,7 +120,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
         self._due = self._decodes.due
-        self._waiting: WaitingQueue = FCFSQueue() if self.policy == "fcfs" else PriorityQueue(self.priority_key)
+        self._waiting: WaitingQueue = FCFSQueue() if self._policy == "fcfs" else PriorityQueue(self._priority_key)
         self._seq = 0
         self._front_seq = -1  # add order of the next add(front=True): counts down
         self._admit_seq = 0
@@ -129,21 +130,16 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._partials: list[LiveRequest] = []  # the prompts admitted and still in prefill, admission order
         self._host = PrefillHost(
             self, chunking=self._chunking, kv=self._kv, waiting=self._waiting, live=self._live,
-            partials=self._partials, max_seqs=self.max_seqs, policy=self.policy, priority_key=self.priority_key,
+            partials=self._partials, max_seqs=self._max_seqs, policy=self._policy, priority_key=self._priority_key,
             grow=self._grow, can_admit=self._kv_admits, admit=self._take_in, preempt=self._preempt,
             victim=self._victim, recomputed=self._recomputed,
         )
-        #: Preemptions so far, over all requests.
-        self.num_preemptions = 0
-        #: Prefill tokens scheduled in episodes after a preemption (prompt + generated, recomputed).
-        self.num_recomputed_tokens = 0
+        # Counters reported by stats(): preemptions so far, and prefill tokens scheduled in episodes after
+        # a preemption (prompt + generated, recomputed).
+        self._num_preemptions = 0
+        self._num_recomputed_tokens = 0
 
     # ------------------------------------------------------------------ public state
-
-    @property
-    def now(self) -> float:
-        """The clock's reading for the step being planned (or last planned), seconds; 0.0 without a clock."""
-        return self._now
 
     @property
     def partial_prefills(self) -> tuple[Hashable, ...]:
@@ -173,13 +169,13 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
         return self._inflight is not None and obj not in self._skipped
 
-    def priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
+    def _priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
         """(effective priority, add order) of a live request, or (effective priority, arrival, add order)
         with priority_ties="arrival"; lower runs first under policy="priority"."""
         prio = obj.req.priority
-        if self.aging_interval is not None:
-            waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
-            prio = prio - math.floor(waited / self.aging_interval)
+        if self._aging_interval is not None:
+            waited = self._now - obj.req.arrival if self._clock is not None else self._step - obj.arrival_step
+            prio = prio - math.floor(waited / self._aging_interval)
         if self._ties_by_arrival:
             return (prio, obj.req.arrival, obj.seq)
         return (prio, obj.seq)
@@ -217,10 +213,10 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             raise KeyError(f"set_draft_tokens(): unknown rid {rid!r}")
         if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
             raise SchedulerStateError(f"set_draft_tokens(): num_drafts must be an integer >= 0, got {num_drafts!r}")
-        if self.num_spec_tokens:
+        if self._num_spec_tokens:
             raise SchedulerStateError(
                 f"set_draft_tokens(): this scheduler prices every decode with num_spec_tokens = "
-                f"{self.num_spec_tokens}; per-request draft tokens need num_spec_tokens = 0"
+                f"{self._num_spec_tokens}; per-request draft tokens need num_spec_tokens = 0"
             )
         if obj.status is not _DECODING or obj.finish_step < 0:
             return
@@ -349,7 +345,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
-        budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
+        budget = self._token_budget if token_budget is None else self._step_budget(token_budget)
         refused: frozenset[int] | None = None
         if admit is not True and admit is not False:
             if not callable(admit):
@@ -358,9 +354,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             admit = True
         if chunk_cap is not None and not callable(chunk_cap):
             raise InvalidConfig(f"schedule(): chunk_cap must be None or callable, got {chunk_cap!r}")
-        if self.clock is not None:
+        if self._clock is not None:
             # One reading per step, checked before anything changes.
-            now = self.clock()
+            now = self._clock()
             if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
                 raise SchedulerStateError(f"clock() must return a finite number of seconds, got {now!r}")
             self._now = float(now)
@@ -420,11 +416,11 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     def _step_budget(self, token_budget: int) -> int:
         check_positive_int("token_budget", token_budget)
-        if token_budget > self.token_budget:
+        if token_budget > self._token_budget:
             raise InvalidConfig(
-                f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self.token_budget})"
+                f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self._token_budget})"
             )
-        return max(token_budget, self.block_size or 1) if self.align_chunks else token_budget
+        return max(token_budget, self._block_size or 1) if self._align_chunks else token_budget
 
     def _schedule_decodes(self, left: StepBudget, step: int, victims: list[LiveRequest]) -> _Decodes:
         """Contract step 1, spending `left`: one entry per ready decode, oldest admitted first, up to
@@ -437,7 +433,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         dec = self._decodes
         if self._skipped:
             self._skipped = []
-        k = self.num_spec_tokens
+        k = self._num_spec_tokens
         if self._drafted or self._held:
             return self._draft_entries(budget, step, victims)
         if not k and len(dec.recs) <= budget:
@@ -558,9 +554,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         later = [o for o in running if o.admit_seq > obj.admit_seq]
         if not later:
             return obj
-        if self.policy != "priority":
+        if self._policy != "priority":
             return max(later, key=_by_admission)
-        return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
+        return max(later, key=lambda o: (self._priority_key(o)[0], o.admit_seq))
 
     def _overflow(
         self, costs: tuple[int, ...], budget: int, recs: list[LiveRequest] | None = None,
@@ -571,8 +567,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         if recs is None:
             recs = self._decodes.recs
         order = None
-        if self.policy == "priority":
-            order = sorted(range(len(costs)), key=lambda i: self.priority_key(recs[i]))
+        if self._policy == "priority":
+            order = sorted(range(len(costs)), key=lambda i: self._priority_key(recs[i]))
         chosen = self._selection.select(costs, budget, order)
         picked = set(chosen)
         self._skipped = [o for i, o in enumerate(recs) if i not in picked]
@@ -581,7 +577,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         else:
             rids, offsets = tuple(rids[i] for i in chosen), tuple(offsets[i] for i in chosen)
         tokens = tuple(costs[i] for i in chosen)
-        return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
+        return rids, offsets, tokens if self._num_spec_tokens else None, sum(tokens)
 
     def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool:
         """Whether the KV manager admits `obj` with a first chunk of `first_chunk` tokens (`hits`: the
@@ -603,7 +599,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     def _recomputed(self, tokens: int) -> None:
         """Count prefill tokens scheduled in a recompute episode (after a preemption)."""
-        self.num_recomputed_tokens += tokens
+        self._num_recomputed_tokens += tokens
 
     def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None:
         """Preempt a running request by recompute: free its KV, queue it to prefill prompt + generated."""
@@ -616,7 +612,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         obj.decode_step = -1
         obj.admit_seq = -1
         obj.num_preemptions += 1
-        self.num_preemptions += 1
+        self._num_preemptions += 1
         victims.append(obj)
         if obj in self._skipped:
             self._skipped.remove(obj)
@@ -658,7 +654,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         # The manager learns which tokens are computed as soon as the chunk that computes them completes.
         for chunk in plan.prefills:
             kv.filled(live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
-        if plan._decode_tokens and not self.num_spec_tokens:
+        if plan._decode_tokens and not self._num_spec_tokens:
             # Draft tokens without a verdict count as accepted, provisionally, until take_back().
             named = {id(o) for o, _ in accepted}
             for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
@@ -686,8 +682,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     def _check_front(self, front: object) -> None:
         if not isinstance(front, bool):
             raise RequestRejected(f"add(): front must be a bool, got {front!r}")
-        if self.policy != "fcfs":
-            raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self.policy!r}")
+        if self._policy != "fcfs":
+            raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self._policy!r}")
 
     def _queue_front(self, obj: LiveRequest) -> None:
         """Queue `obj` at the head: its add order (`seq`) is the next of a count down from -1, so it sorts
@@ -736,7 +732,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
                 raise SchedulerStateError(f"num_accepted names rid {rid!r}, which did not decode in step {plan.step}")
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cost:
                 raise SchedulerStateError(f"num_accepted[{rid!r}] = {n!r}, must be an integer from 1 to {cost}")
-            if n > 1 or (cost > 1 and not self.num_spec_tokens):
+            if n > 1 or (cost > 1 and not self._num_spec_tokens):
                 out.append((self._live[rid], n))  # a decode with drafts that is named has its verdict
         return out
 
