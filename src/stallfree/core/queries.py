@@ -21,6 +21,7 @@ from stallfree.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from stallfree.core.config import SchedulerConfig
+    from stallfree.core.decode import PlainDecodes
     from stallfree.core.kv import KVManager, PrefixCacheView
     from stallfree.core.live import LiveRequest
     from stallfree.core.plan import StepPlan
@@ -30,13 +31,14 @@ __all__ = ["AdmissionQueries", "KVQueries", "SchedulerHeadroom", "SchedulerStats
 
 class KVQueries:
     """The KV and prefix-cache figures of a scheduler (a mixin of Scheduler: it reads `config`, `_kv` and
-    `_live`, and for the tokens a table must cover the plan in flight, `_inflight`, `_skipped` and `_step`)."""
+    `_live`, and for the tokens a table must cover the plan in flight, `_inflight`, the decode phase's
+    skipped decodes and `_step`)."""
 
     config: SchedulerConfig
     _kv: KVManager
     _live: dict[Hashable, LiveRequest]
     _inflight: StepPlan | None
-    _skipped: list[LiveRequest]
+    _decode: PlainDecodes
     _step: int
 
     _live_request: Callable[[Hashable], LiveRequest]  # RequestLifecycle's (an annotation: no attribute here)
@@ -68,7 +70,7 @@ class KVQueries:
         plan = self._inflight
         if obj.finish_step >= 0:  # decoding: its entry of this step starts at offset + step
             tokens = obj.offset + self._step
-            if plan is not None and obj not in self._skipped:
+            if plan is not None and obj not in self._decode.skipped:
                 costs = plan._decode_tokens
                 tokens += 1 if costs is None else costs[plan.decode_rids.index(obj.rid)]
             return tokens

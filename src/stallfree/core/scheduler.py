@@ -24,6 +24,7 @@ from typing import Any
 
 from stallfree.core.aliases import SchedulerAliases
 from stallfree.core.config import SchedulerConfig, as_config
+from stallfree.core.decode import DecodeHost, PlainDecodes, SpeculativeDecodes
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import NO_TRANSFERS, KVManager
 from stallfree.core.kv.factory import kv_manager_for
@@ -31,7 +32,15 @@ from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
-from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillHost, PrefillRule, StepBudget
+from stallfree.core.prefill import (
+    NO_LIMITS,
+    OnePartialPrefill,
+    PartialPrefills,
+    PrefillHost,
+    PrefillRule,
+    StepBudget,
+    StepLimits,
+)
 from stallfree.core.queries import AdmissionQueries, KVQueries
 from stallfree.core.request import FinishReason, Request, RequestStatus
 
@@ -41,7 +50,6 @@ _PREFILLING = RequestStatus.PREFILLING
 _DECODING = RequestStatus.DECODING
 _PREEMPTED = RequestStatus.PREEMPTED
 
-_Decodes = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]
 
 
 class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases):
@@ -124,9 +132,11 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
         self._seq = 0
         self._front_seq = -1  # add order of the next add(front=True): counts down
         self._admit_seq = 0
-        self._skipped: list[LiveRequest] = []
-        self._drafted: dict[Hashable, LiveRequest] = {}  # decodes with draft tokens set for the next step
-        self._held: list[LiveRequest] = []  # decodes at their last token whose drafts are unsettled
+        self._decode: PlainDecodes = SpeculativeDecodes(cfg.num_spec_tokens) if cfg.num_spec_tokens else PlainDecodes()
+        self._decode_host = DecodeHost(
+            self._decodes, self._kv, self._live, self._grow, self._selection,
+            self._priority_key if self._policy == "priority" else None, self._multi)
+        self._limits = NO_LIMITS  # what this step's schedule() asks of the prefill phase beyond its budget
         self._partials: list[LiveRequest] = []  # the prompts admitted and still in prefill, admission order
         self._host = PrefillHost(
             self, chunking=self._chunking, kv=self._kv, waiting=self._waiting, live=self._live,
@@ -167,7 +177,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
 
     def _runs_in_flight(self, obj: LiveRequest) -> bool:
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
-        return self._inflight is not None and obj not in self._skipped
+        return self._inflight is not None and obj not in self._decode.skipped
 
     def _priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
         """(effective priority, add order) of a live request, or (effective priority, arrival, add order)
@@ -220,11 +230,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
             )
         if obj.status is not _DECODING or obj.finish_step < 0:
             return
-        obj.drafts = num_drafts
-        if num_drafts:
-            self._drafted[rid] = obj
-        else:
-            self._drafted.pop(rid, None)
+        self._speculative().set_drafts(obj, num_drafts)
 
     def take_back(self, rid: Hashable, num_rejected: int) -> FinishReason | None:
         """Settle the oldest provisional draft step of decode `rid`: `num_rejected` of its drafts were
@@ -266,13 +272,14 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
             raise SchedulerStateError(f"take_back(): num_rejected for rid {rid!r} must be an integer from 0 to {d} "
                                       f"(the drafts of its oldest unsettled step), got {num_rejected!r}")
         obj.unsettled = obj.unsettled[1:]
-        held = any(o is obj for o in self._held)
+        spec = self._speculative()
+        held = spec.is_held(obj)
         if num_rejected:
             self._decodes.shift(obj, -num_rejected)
             self._kv.moved(obj, self._step)
             self._kv.trim(obj, obj.offset + self._step)
         if held and (num_rejected or not obj.unsettled):
-            self._held = [o for o in self._held if o is not obj]
+            spec.release(obj)
             if not num_rejected:
                 reason = end_reason(obj)
                 self._finish(obj, reason)
@@ -289,13 +296,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
         obj = self._live_request(rid)
         return obj.unsettled
 
-    def _forget_drafts(self, obj: LiveRequest) -> None:
-        """`obj` stops running (finish, abort, preemption): its drafts, set or unsettled, are dropped."""
-        obj.drafts = 0
-        obj.unsettled = ()
-        self._drafted.pop(obj.rid, None)
-        if self._held:
-            self._held = [o for o in self._held if o is not obj]
+    def _speculative(self) -> SpeculativeDecodes:
+        """The decode phase as SpeculativeDecodes: a plain one becomes one (its skipped decodes kept) the
+        first time a decode is given draft tokens, so a scheduler that never drafts never pays for them."""
+        dec = self._decode
+        if not isinstance(dec, SpeculativeDecodes):
+            spec = SpeculativeDecodes(self._num_spec_tokens)
+            spec.skipped = dec.skipped
+            self._decode = dec = spec
+        return dec
 
     # ------------------------------------------------------------------ the step
 
@@ -362,18 +371,13 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
             self._now = float(now)
         step = self._step
         victims: list[LiveRequest] = []
-        left = StepBudget(budget)
-        decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
+        decode_rids, decode_offsets, decode_tokens, used = self._decode.plan(self._decode_host, budget, step, victims)
         prefills: list[ScheduledChunk] = []
-        host = self._host
         if admit and chunk_cap is None and not refused:
-            admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
+            self._limits = NO_LIMITS
         else:
-            host.admitting, host.chunk_cap, host.refused = admit, chunk_cap, refused or None
-            try:
-                admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
-            finally:
-                host.admitting, host.chunk_cap, host.refused = True, None, None
+            self._limits = StepLimits(admit, chunk_cap, refused or None)
+        admitted = self._prefill.plan(self._host, StepBudget(budget - used), prefills, victims, used > 0)
         if victims:
             self._requeue(victims, bool(refused))
         dec = self._decodes
@@ -395,10 +399,6 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
         transfers = self._kv_transfers()
         if transfers is not NO_TRANSFERS:
             plan.kv_offloads, plan.kv_loads = transfers
-        if self._drafted:
-            for obj in self._drafted.values():  # draft tokens are for one step
-                obj.drafts = 0
-            self._drafted = {}
         self._inflight = plan
         return plan
 
@@ -421,115 +421,6 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
                 f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self._token_budget})"
             )
         return max(token_budget, self._block_size or 1) if self._align_chunks else token_budget
-
-    def _schedule_decodes(self, left: StepBudget, step: int, victims: list[LiveRequest]) -> _Decodes:
-        """Contract step 1, spending `left`: one entry per ready decode, oldest admitted first, up to
-        the budget, each with the KV of its tokens (preempting when the manager has none)."""
-        out = self._decode_entries(left.left, step, victims)
-        left.spend(out[3])
-        return out
-
-    def _decode_entries(self, budget: int, step: int, victims: list[LiveRequest]) -> _Decodes:
-        dec = self._decodes
-        if self._skipped:
-            self._skipped = []
-        k = self._num_spec_tokens
-        if self._drafted or self._held:
-            return self._draft_entries(budget, step, victims)
-        if not k and len(dec.recs) <= budget:
-            short = self._kv.promise_decode_blocks(step)
-            if short:
-                # In decode order, as _with_blocks and the checker: with K > 1 prompts may finish
-                # out of admission order, so the decode list is then not in admission order.
-                order: Callable[[LiveRequest], int] = _by_admission
-                if self._multi:
-                    pos = {id(o): i for i, o in enumerate(dec.recs)}
-                    order = lambda o: pos[id(o)]  # noqa: E731
-                for obj in sorted(short, key=order):
-                    if obj.status is _DECODING:  # not a victim of an older decode in this loop
-                        self._grow(obj, obj.offset + step + 1, step, victims)
-        if dec._stale or dec._dirty:
-            rids, offsets = dec.tuples()
-        else:
-            rids, offsets = dec._rids_t, dec._offsets_t
-        n = len(rids)
-        if k:
-            # The verification pass never goes past max_new, and a decode never costs more than the budget.
-            costs, total = dec.spec_costs(min(k, budget - 1), step)
-            if total > budget:
-                return self._with_blocks(*self._overflow(costs, budget), step, victims)
-            return self._with_blocks(rids, offsets, costs, total, step, victims)
-        if n <= budget:
-            return rids, offsets, None, n
-        return self._with_blocks(*self._overflow((1,) * n, budget), step, victims)
-
-    def _draft_entries(self, budget: int, step: int, victims: list[LiveRequest]) -> _Decodes:
-        """Contract step 1 with draft tokens (set_draft_tokens) or held decodes: one token for every
-        ready decode that is not held (the overflow rule when they exceed the budget), each with its KV
-        (preempting as without drafts); then, in batch order, each decode's drafts from what is left:
-        min(its drafts, the budget left, limit - generated - 1) of them, fewer when the KV manager
-        cannot hold them without a preemption (drafts never preempt)."""
-        dec = self._decodes
-        rids, offsets = dec.tuples()
-        recs = dec.recs
-        if self._held:
-            held = {id(o) for o in self._held}
-            keep = [i for i, o in enumerate(recs) if id(o) not in held]
-            rids = tuple(rids[i] for i in keep)
-            offsets = tuple(offsets[i] for i in keep)
-            recs = [recs[i] for i in keep]
-        n = len(rids)
-        if n <= budget:
-            out = self._with_blocks(rids, offsets, None, n, step, victims)
-        else:
-            out = self._with_blocks(*self._overflow((1,) * n, budget, recs, rids, offsets), step, victims)
-        if self._held:
-            self._skipped = self._skipped + [o for o in self._held if o.status is _DECODING]
-        rids, offsets, costs, used = out
-        drafted = self._drafted
-        left = budget - used
-        if not drafted or left <= 0:
-            return out
-        kv = self._kv
-        tokens = list(costs or (1,) * len(rids))
-        granted = False
-        for i, rid in enumerate(rids):
-            obj = drafted.get(rid)
-            if obj is None:
-                continue
-            d = min(obj.drafts, left, obj.limit - obj.num_output_tokens - 1)
-            start = offsets[i] + step + tokens[i]
-            while d > 0 and not kv.grow(obj, start + d, step):
-                d -= 1
-            if d > 0:
-                tokens[i] += d
-                left -= d
-                granted = True
-                if not left:
-                    break
-        if not granted:
-            return out
-        return rids, offsets, tuple(tokens), budget - left
-
-    def _with_blocks(
-        self, rids: tuple[Hashable, ...], offsets: tuple[int, ...], costs: tuple[int, ...] | None, total: int,
-        step: int, victims: list[LiveRequest],
-    ) -> _Decodes:
-        """When decodes did not all get one token: each chosen decode, oldest first, gets the KV of its
-        tokens, preempting as needed; victims leave the plan."""
-        live = self._live
-        tokens = costs or (1,) * len(rids)
-        for rid, off, c in zip(rids, offsets, tokens, strict=True):
-            obj = live[rid]
-            if obj.status is _DECODING:
-                self._grow(obj, off + step + c, step, victims)
-        if not victims:
-            return rids, offsets, costs, total
-        keep = [i for i, rid in enumerate(rids) if live[rid].status is _DECODING]
-        rids = tuple(rids[i] for i in keep)
-        offsets = tuple(offsets[i] for i in keep)
-        kept = tuple(tokens[i] for i in keep)
-        return rids, offsets, kept if costs else None, sum(kept)
 
     def _grow(self, obj: LiveRequest, tokens: int, step: int, victims: list[LiveRequest]) -> bool:
         """Give a running request the blocks for `tokens` tokens, preempting others (or, when none
@@ -557,27 +448,6 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
         if self._policy != "priority":
             return max(later, key=_by_admission)
         return max(later, key=lambda o: (self._priority_key(o)[0], o.admit_seq))
-
-    def _overflow(
-        self, costs: tuple[int, ...], budget: int, recs: list[LiveRequest] | None = None,
-        rids: tuple[Hashable, ...] | None = None, offsets: tuple[int, ...] | None = None,
-    ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
-        """Ready decodes exceed the budget: the selection hook picks who runs; the rest skip a step.
-        `recs`, `rids`, `offsets`: the ready decodes when not all of the decode set (held ones left out)."""
-        if recs is None:
-            recs = self._decodes.recs
-        order = None
-        if self._policy == "priority":
-            order = sorted(range(len(costs)), key=lambda i: self._priority_key(recs[i]))
-        chosen = self._selection.select(costs, budget, order)
-        picked = set(chosen)
-        self._skipped = [o for i, o in enumerate(recs) if i not in picked]
-        if rids is None or offsets is None:
-            rids, offsets = self._decodes.offsets_at(chosen)
-        else:
-            rids, offsets = tuple(rids[i] for i in chosen), tuple(offsets[i] for i in chosen)
-        tokens = tuple(costs[i] for i in chosen)
-        return rids, offsets, tokens if self._num_spec_tokens else None, sum(tokens)
 
     def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool:
         """Whether the KV manager admits `obj` with a first chunk of `first_chunk` tokens (`hits`: the
@@ -614,8 +484,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
         obj.num_preemptions += 1
         self._num_preemptions += 1
         victims.append(obj)
-        if obj in self._skipped:
-            self._skipped.remove(obj)
+        skipped = self._decode.skipped
+        if obj in skipped:
+            skipped.remove(obj)
 
     def _requeue(self, victims: list[LiveRequest], filtered: bool = False) -> None:
         """Victims go back to the queue: FCFS, in front of every never-started request, oldest first
@@ -647,34 +518,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
                 self._waiting.append(obj)
 
     def _before_apply(self, plan: StepPlan, accepted: list[tuple[LiveRequest, int]]) -> int:
-        """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
+        """Tell the KV manager which prompt tokens the step computed, then let the decode phase move the
+        progress of skipped decodes back a step and of multi-token decodes forward."""
         self._decodes.clock = self._step
         kv = self._kv
         live = self._live
         # The manager learns which tokens are computed as soon as the chunk that computes them completes.
         for chunk in plan.prefills:
             kv.filled(live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
-        if plan._decode_tokens and not self._num_spec_tokens:
-            # Draft tokens without a verdict count as accepted, provisionally, until take_back().
-            named = {id(o) for o, _ in accepted}
-            for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
-                if c > 1:
-                    obj = live[rid]
-                    if id(obj) not in named:
-                        accepted.append((obj, c))
-                        obj.unsettled = (*obj.unsettled, c - 1)
-        if self._skipped or accepted:
-            shifts = [(o, -1) for o in self._skipped] + [(o, n - 1) for o, n in accepted]
-            for obj, delta in shifts:
-                self._decodes.shift(obj, delta)
-                kv.moved(obj, self._step)
-            self._skipped = []
-        if plan._decode_tokens:
-            # Rejected speculative tokens: their KV goes back.
-            for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
-                if c > 1:
-                    obj = live[rid]
-                    kv.trim(obj, obj.offset + self._step)
+        self._decode.after_step(self._decode_host, plan, accepted, self._step)
         return plan.step
 
     # ------------------------------------------------------------------ lifecycle hooks
@@ -709,7 +561,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""
         self._kv.free(obj, self._step, self._runs_in_flight(obj))
         if obj.drafts or obj.unsettled:
-            self._forget_drafts(obj)
+            self._decode.forget(obj)
         if obj.finish_step >= 0:
             self._decodes.leave(obj)
         elif obj in self._partials:
@@ -718,29 +570,18 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases)
 
     def _hold(self, obj: LiveRequest) -> None:
         """`obj` reached its last token with drafts unsettled: it stays, unscheduled, until take_back()."""
-        if all(o is not obj for o in self._held):
-            self._held.append(obj)
+        self._speculative().hold(obj)
 
     def _validate_accepted(
         self, plan: StepPlan, num_accepted: Mapping[Hashable, int]
     ) -> list[tuple[LiveRequest, int]]:
-        tokens = dict(zip(plan.decode_rids, plan._decode_tokens or (1,) * plan.num_decodes, strict=True))
-        out = []
-        for rid, n in num_accepted.items():
-            cost = tokens.get(rid)
-            if cost is None:
-                raise SchedulerStateError(f"num_accepted names rid {rid!r}, which did not decode in step {plan.step}")
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cost:
-                raise SchedulerStateError(f"num_accepted[{rid!r}] = {n!r}, must be an integer from 1 to {cost}")
-            if n > 1 or (cost > 1 and not self._num_spec_tokens):
-                out.append((self._live[rid], n))  # a decode with drafts that is named has its verdict
-        return out
+        return self._decode.validate_accepted(plan, num_accepted, self._live)
 
     def _decoded_in(self, obj: LiveRequest, plan: StepPlan) -> bool:
         return (
             obj.status is _DECODING
             and 0 <= obj.decode_step < plan.step
-            and obj not in self._skipped
+            and obj not in self._decode.skipped
         )
 
     def _first_token(self, obj: LiveRequest, step: int) -> None:
