@@ -3,13 +3,14 @@ then strict admission in queue order; its KV memory is a collaborator behind the
 
 Imports allowed: the standard library and stallfree.core only.
 
-The options are a SchedulerConfig (core/config.py); the KV manager is built by core/kv.py's
-kv_manager_for (core/kv/factory.py; or given), and the scheduler only asks it (core/kv.py, docs/DESIGN.md "The KV
-manager's contract"); the prefill phases are strategies in core/prefill.py acting through a narrow
-PrefillHost view; the KV figures are KVQueries (core/queries.py); the decode bookkeeping is in
-core/live.py, the option hooks in core/policies.py and add/abort/complete in core/lifecycle.py. What is
-left here is the decode phase, the one victim rule and preemption, and the complete() hooks, which read
-best together.
+The options are a SchedulerConfig (core/config.py); the KV manager is built by kv_manager_for
+(core/kv/factory.py; or given), and the scheduler only asks it (core/kv/protocol.py, docs/DESIGN.md "The KV
+manager's contract"). The decode phase is a strategy in core/decode.py and the prefill phases strategies in
+core/prefill.py, each acting through a narrow view made once; the figures are read through stats() and the
+KV queries (core/queries.py), the former spellings kept as deprecated aliases (core/aliases.py); the decode
+bookkeeping is in core/live.py, the option hooks in core/policies.py and add/abort/complete in
+core/lifecycle.py. What is left here is the order of a step, the one victim rule and preemption, the
+draft-token verbs and the complete() hooks, which read best together.
 
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
 iteration-level scheduling (Orca, Yu et al., OSDI'22); preemption by recompute (vLLM, Kwon et al.,
