@@ -90,6 +90,12 @@ class RequestLifecycle:
         """True while any request is waiting or running."""
         return bool(self._live)
 
+    def has_request(self, rid: Hashable) -> bool:
+        """True while `rid` is live here: added and neither finished (reported by complete()) nor aborted.
+        `rid in scheduler` asks the same (Scheduler keeps only that spelling; this one is its deprecated
+        alias there). O(1)."""
+        return rid in self._live
+
     def __contains__(self, rid: object) -> bool:
         """`rid in scheduler`: True while `rid` is live here: added and neither finished (reported by
         complete()) nor aborted. O(1)."""

@@ -53,7 +53,7 @@ _PREEMPTED = RequestStatus.PREEMPTED
 
 
 
-class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle, SchedulerAliases):
+class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle):
     """A continuous batching scheduler with a token budget and chunked prefill (docs/DESIGN.md section 1).
 
     It owns the waiting queue, the running set (a DecodeSet and the partial prefills) and its KV
