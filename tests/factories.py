@@ -178,5 +178,5 @@ def random_lora_run(seed: int, kv_policy: str, num_requests: int = 40) -> Invari
         chk.complete(plan, [r for r in plan.sampled_rids if rng.random() < p_stop])
         assert chk.scheduler.step < 200_000, "did not terminate"
     chk.check_final()
-    assert all(not chk.scheduler.has_request(r.rid) for r in reqs)
+    assert all(r.rid not in chk.scheduler for r in reqs)
     return chk

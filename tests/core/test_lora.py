@@ -140,7 +140,7 @@ def test_bad_adapter_name_is_refused_and_nothing_changes(bad):
     s = make_scheduler(max_loras=2)
     with pytest.raises(RequestRejected, match="lora"):
         s.add(Request(rid=1, prompt_len=4, max_new=2, lora=bad))
-    assert not s.has_request(1) and s.num_waiting == 0 and s.kv_free == s.kv_total
+    assert 1 not in s and s.num_waiting == 0 and s.kv_free == s.stats().kv_total
 
 
 def test_an_empty_adapter_name_is_the_base_model():
@@ -212,9 +212,10 @@ _REQS = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 12), st.sampled_fr
 @given(reqs=_REQS, max_loras=st.integers(1, 3), budget=st.integers(1, 48), paged=st.booleans(),
        passes=st.integers(0, 5))
 def test_public_api_keeps_the_adapter_limit_and_finishes(reqs, max_loras, budget, paged, passes):
-    """Driven through the public API alone (Request(lora=), Scheduler(max_loras=), schedule, complete,
-    has_request), with requests arriving at random steps: every plan holds at most max_loras distinct adapters
-    (counted here from the requests' own names) and at most the budget, and every request finishes."""
+    """Driven through the public API alone (Request(lora=), Scheduler(max_loras=), schedule, complete and
+    `rid in scheduler`, has_request's replacement), with requests arriving at random steps: every plan holds
+    at most max_loras distinct adapters (counted here from the requests' own names) and at most the budget,
+    and every request finishes."""
     kw = dict(kv_policy="paged", block_size=4) if paged else {}
     s = Scheduler(token_budget=budget, max_seqs=6, kv_tokens=400, max_loras=max_loras, max_lora_passes=passes, **kw)
     lora = {}
@@ -231,8 +232,8 @@ def test_public_api_keeps_the_adapter_limit_and_finishes(reqs, max_loras, budget
         s.complete(plan)
         steps += 1
         assert steps < 20_000
-    assert not any(s.has_request(i) for i in lora)
-    assert s.kv_free == s.kv_total
+    assert not any(i in s for i in lora)
+    assert s.kv_free == s.stats().kv_total
 
 
 @pytest.mark.parametrize("kv_policy", ["reserve", "paged"])
