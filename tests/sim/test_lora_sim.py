@@ -193,8 +193,9 @@ def test_adapter_affinity_router_keeps_an_adapter_on_its_replica():
     ["--loras", "4", "--max-loras", "0"],
     ["--loras", "4", "--max-loras", "2", "--compare"],
     ["--loras", "4", "--max-loras", "2", "--max-lora-passes", "-1"],
+    ["--loras", "4", "--max-loras", "2", "--synthetic", "sessions"],
 ], ids=["popularity-alone", "bad-popularity", "cpu-below-gpu", "cpu-alone", "no-adapters", "zero", "compare",
-        "negative-passes"])
+        "negative-passes", "sessions"])
 def test_lora_flag_errors_exit_2(argv, capsys):
     """Each LoRA flag out of range or without what it applies to is an input error (exit 2)."""
     with pytest.raises(SystemExit) as info:
