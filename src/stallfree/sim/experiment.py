@@ -88,6 +88,7 @@ def run_experiment(
     check: bool = False,
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
+    capacity: bool = True,
 ) -> Experiment:
     """Simulate the setup's workload under each batching mode asked for.
 
@@ -101,6 +102,8 @@ def run_experiment(
         check: check the scheduler's invariants after every step (chunked only).
         slo_ttft: TTFT objective for goodput, s, or None.
         slo_tpot: TPOT objective for goodput, s, or None.
+        capacity: measure each run's capacity (capacity_req_s, load); False leaves both keys out (a
+            replay whose latencies alone are read, as stallfree.sim.ranges' scaled replays).
 
     Returns:
         An Experiment with one result and summary per mode.
@@ -115,7 +118,7 @@ def run_experiment(
         budget = DEFAULT_TOKEN_BUDGET if step_time_target is None else TIME_BUDGET_CAP
     results, summaries = [], []
     for mode in modes:
-        res, summary = _run_mode(setup, mode, budget, step_time_target, check, slo_ttft, slo_tpot)
+        res, summary = _run_mode(setup, mode, budget, step_time_target, check, slo_ttft, slo_tpot, capacity)
         results.append(res)
         summaries.append(summary)
     header = study_header(setup)
@@ -126,7 +129,7 @@ def run_experiment(
 
 def _run_mode(
     setup: Setup, mode: str, budget: int, step_time_target: float | None, check: bool,
-    slo_ttft: float | None, slo_tpot: float | None,
+    slo_ttft: float | None, slo_tpot: float | None, capacity: bool = True,
 ) -> tuple[SimResult, dict[str, Any]]:
     """One mode of run_experiment: its SimResult and its summary with capacity_req_s and load."""
     max_tokens = setup.workload_options.max_tokens
@@ -145,7 +148,9 @@ def _run_mode(
     if step_time_target is not None:
         res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
     summary = summarize_result(res, slo_ttft, slo_tpot)
-    capacity = saturated_throughput(
+    if not capacity:
+        return res, summary
+    saturated = saturated_throughput(
         setup.workload,
         sched,
         setup.cost_model,
@@ -153,7 +158,7 @@ def _run_mode(
         max_model_len=setup.context_length,
         cut_output_to_fit=setup.workload_options.cut_output_to_fit,
     )
-    record_capacity(setup, summary, capacity)
+    record_capacity(setup, summary, saturated)
     return res, summary
 
 
