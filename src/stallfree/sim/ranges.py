@@ -24,6 +24,7 @@ The error model (docs/simulator.md, "Ranges"):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,19 +96,21 @@ def error_model() -> dict[str, Any]:
             "source": "measured / simulated mean TPOT over the dev runs (benchmarks/step_time_error.py)"}
 
 
-def run_range(base: dict[str, Any], scaled: list[dict[str, Any]]) -> dict[str, list[float] | None]:
+def run_range(base: dict[str, Any], scaled: list[dict[str, Any]],
+              keys: Sequence[str] = RANGE_KEYS) -> dict[str, list[float] | None]:
     """The range of each latency key: [min, max] over the run's summary and its scaled replays'.
 
     Args:
         base: the run's summary (stallfree.sim.report.summarize_result's keys).
         scaled: the summaries of the same run replayed with ScaledCost(STEP_TIME_LOW) and
             ScaledCost(STEP_TIME_HIGH).
+        keys: the latency keys to range (default RANGE_KEYS, the summary's).
 
     Returns:
-        {key: [low, high] (ms) or None where the run has no value} for every key of RANGE_KEYS.
+        {key: [low, high] (ms) or None where the run has no value} for every key of `keys`.
     """
     out: dict[str, list[float] | None] = {}
-    for key in RANGE_KEYS:
+    for key in keys:
         raw = [s.get(key) for s in (base, *scaled)]
         if any(v is None for v in raw):
             out[key] = None

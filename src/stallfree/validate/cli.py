@@ -115,7 +115,7 @@ def _against(a: argparse.Namespace) -> int:
         a.vllm_result = Path(a.against)
         return _run(a)
     else:
-        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu)
+        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu, ranges=a.range)
         printer, plotter = against.print_runs, against.plot_runs
     add_verdict(res, "runs" if printer is against.print_runs else "silicon")
     if a.json:
@@ -241,4 +241,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",
                    help="benchmark CSV: replay K x concurrency requests per row (default: silicon.REQUESTS_PER_ROW)")
     g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")
+    g.add_argument("--range", action="store_true",
+                   help="run folders: replay each run twice more, every step at the 10th and 90th percentile of the "
+                   "measured step-time error (stallfree.sim.ranges), and report whether each measured figure lies "
+                   "in the range, their coverage and median width")
     p.set_defaults(func=_run)
