@@ -52,8 +52,9 @@ def add_verdict(res: dict[str, Any], kind: str) -> None:
         errs = {f"mean_{m}": (sim[f"mean_{m}_ms"] - eng[f"mean_{m}_ms"]) / eng[f"mean_{m}_ms"] * 100.0
                 for m in GOALS if eng.get(f"mean_{m}_ms") and sim.get(f"mean_{m}_ms") is not None}
         drift = res.get("config", {}).get("engine_speed_drift_pct")
-        note = None if drift is None else (f"the engine's own decode speed moved {drift:+.0f}% between the run's "
-                                           "halves; an error smaller than that is within it")
+        note = None if drift is None else (f"the engine's steps of equal shape (decode count and chunk sizes) "
+                                           f"moved {drift:+.0f}% between the run's halves; an error smaller than "
+                                           "that is machine drift, a larger one is the model's")
         res["verdict"] = validate_verdict(errs, GOALS, noise_note=note)
         return
     if kind != "runs":
