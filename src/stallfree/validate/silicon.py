@@ -676,8 +676,8 @@ def validate_silicon(path: str, profile: EngineProfile | None, kernels: str | No
         raise ValueError(f"{csv_path}: none of the {len(rows)} selected rows can be replayed: "
                          + "; ".join(skipped))
     fit = fit_rows(profile)
-    for r in done:
-        r["fitted"] = is_fitted(r, fit)
+    for replayed in done:
+        replayed["fitted"] = is_fitted(replayed, fit)
     summary = _summary(done)
     overall: dict[str, Any] = {"rows": len(done)}
     for m in ("ttft", "tpot"):
