@@ -95,3 +95,26 @@ def test_the_table_shows_each_range(tmp_path, capsys):
     assert main(["simulate", "--trace", _trace(tmp_path), "--linear-cost", "100,0"]) == 0
     out = capsys.readouterr().out
     assert "100.0 [93.9-123.1]" in out
+
+
+def test_sweep_range_brackets_each_point_by_the_factors(tmp_path, capsys):
+    """sweep --range on the unloaded trace: each point's TTFT range is [93.9, 123.1] ms; without it, no key."""
+    from stallfree.cli import main
+
+    base = ["sweep", "--trace", _trace(tmp_path), "--linear-cost", "100,0", "--budgets", "64",
+            "--batching", "chunked", "--jobs", "1", "--json"]
+    assert main([*base, "--range"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    row = out["rows"][0]
+    assert row["range"]["median_ttft_ms"] == [pytest.approx(93.9), pytest.approx(123.1)]
+    assert out["header"]["range_model"]["step_time_low"] == STEP_TIME_LOW
+    assert main(base) == 0
+    assert "range" not in json.loads(capsys.readouterr().out)["rows"][0]
+
+
+def test_scaled_cost_pickles_for_worker_processes():
+    """A ScaledCost crosses to a worker process and prices as before."""
+    import pickle
+
+    cost = pickle.loads(pickle.dumps(ScaledCost(LinearCostModel(0.1, 0.0), 1.5)))
+    assert (cost.factor, cost.inner) == (1.5, LinearCostModel(0.1, 0.0))

@@ -85,7 +85,10 @@ class ScaledCost:
 
     def __getattr__(self, name: str) -> Any:
         # What the simulator reads besides step_time (the KV tier's copy pricing, batch pricing helpers)
-        # is the inner model's; only whole steps are scaled.
+        # is the inner model's; only whole steps are scaled. `inner` itself missing (an object being
+        # unpickled) is an AttributeError, not a recursion.
+        if name == "inner":
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
