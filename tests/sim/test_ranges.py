@@ -118,3 +118,16 @@ def test_scaled_cost_pickles_for_worker_processes():
 
     cost = pickle.loads(pickle.dumps(ScaledCost(LinearCostModel(0.1, 0.0), 1.5)))
     assert (cost.factor, cost.inner) == (1.5, LinearCostModel(0.1, 0.0))
+
+
+def test_tune_range_is_the_chosen_candidates(tmp_path, capsys):
+    """tune --range on the unloaded trace: the chosen candidate's TTFT range is [93.9, 123.1] ms."""
+    from stallfree.cli import main
+
+    args = ["tune", "--trace", _trace(tmp_path), "--linear-cost", "100,0", "--budgets", "64", "--slo-ttft", "1s",
+            "--slo-tpot", "1s", "--jobs", "1", "--range"]
+    assert main([*args, "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)["chosen"]
+    assert chosen["range"]["median_ttft_ms"] == [pytest.approx(93.9), pytest.approx(123.1)]
+    assert main(args) == 0
+    assert "range of the chosen (every step x0.939 to x1.231): TTFT p99 93.9-123.1 ms" in capsys.readouterr().out
