@@ -131,3 +131,24 @@ def test_tune_range_is_the_chosen_candidates(tmp_path, capsys):
     assert chosen["range"]["median_ttft_ms"] == [pytest.approx(93.9), pytest.approx(123.1)]
     assert main(args) == 0
     assert "range of the chosen (every step x0.939 to x1.231): TTFT p99 93.9-123.1 ms" in capsys.readouterr().out
+
+
+def test_plan_range_is_the_answers_cluster(tmp_path, capsys):
+    """plan --range: twelve one-token requests 0.25 s apart, 1 s steps of one request, four replicas (the
+    answer): each request finds a free replica, TTFT one step; at 0.939 x every step still so (939 ms, the
+    low end), at 1.231 x the replicas fall behind, so the high end is at least 1,231 ms."""
+    from stallfree.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{0.25 * k},10,1\n" for k in range(12)))
+    args = ["plan", "--trace", str(trace), "--linear-cost", "1000,0", "--max-num-seqs", "1", "--slo-ttft", "1s",
+            "--executor", "serial", "--no-disaggregate", "--range"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    span = report["answer"]["row"]["range"]
+    assert report["answer"]["replicas"] == 4
+    assert span["median_ttft_ms"][0] == pytest.approx(939.0)
+    assert span["p99_ttft_ms"][1] >= 1231.0 - 1e-6
+    assert "p99_tpot_ms" in span and "mean_ttft_ms" not in span  # the row's own keys only
+    assert main(args) == 0
+    assert "range of the answer (every step at the 10th to 90th percentile" in capsys.readouterr().out
