@@ -152,3 +152,16 @@ def test_plan_range_is_the_answers_cluster(tmp_path, capsys):
     assert "p99_tpot_ms" in span and "mean_ttft_ms" not in span  # the row's own keys only
     assert main(args) == 0
     assert "range of the answer (every step at the 10th to 90th percentile" in capsys.readouterr().out
+
+
+def test_a_time_budget_plans_with_the_unscaled_model():
+    """With --step-time-target the scheduler sizes each step by the model's prediction; a range's replay
+    scales the steps as run, not that prediction (the planner does not know the error)."""
+    from stallfree.sim.experiment import scheduler_for
+    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+
+    setup = Setup(WorkloadOptions(num_requests=10), HardwareOptions(linear_cost="10,50"))
+    base = setup.cost_model
+    setup.cost_model = ScaledCost(base, 1.231)
+    sched = scheduler_for(setup, "chunked", 2048, 0.05)
+    assert sched.cost_model is base

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.ranges import ScaledCost
 from stallfree.sim.report import summarize_result
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
@@ -193,8 +194,11 @@ def scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float 
     if step_time_target is None:
         return setup.config(mode, budget)
 
+    # The time budget plans with the model's prediction: a range's replay scales the steps as run (the
+    # engine's real time), never the planner's estimate (stallfree.sim.ranges).
+    planning = setup.cost_model.inner if isinstance(setup.cost_model, ScaledCost) else setup.cost_model
     sched: SchedulerLike | Any = TimeBudgetConfig(
-        setup.scheduler_config.replace(token_budget=budget), step_time_target, setup.cost_model)
+        setup.scheduler_config.replace(token_budget=budget), step_time_target, planning)
     return sched
 
 
