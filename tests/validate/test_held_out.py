@@ -101,3 +101,18 @@ def test_cli_range_flag_prints_the_coverage(capsys):
     assert main(["validate", "--against", str(Path(__file__).parent / "data" / "run_small"), "--range",
                  "--kernels", "none"]) == 0
     assert "ranges (every step at x0.939 and x1.231): measured inside on mean_ttft" in capsys.readouterr().out
+
+
+def test_cli_ranges_are_on_by_default_and_no_range_drops_them(capsys):
+    """`validate --against RUN --json` carries each run's range; --no-range leaves range and coverage out."""
+    import json
+
+    from stallfree.cli import main
+
+    run = str(Path(__file__).parent / "data" / "run_small")
+    assert main(["validate", "--against", run, "--kernels", "none", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "range" in out["runs"][0] and "range_coverage" in out["summary"]
+    assert main(["validate", "--against", run, "--kernels", "none", "--json", "--no-range"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "range" not in out["runs"][0] and "range_coverage" not in out["summary"]

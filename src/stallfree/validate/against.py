@@ -376,12 +376,17 @@ def print_runs(res: dict[str, Any]) -> None:
             print(f"  {c['dp_note']}")
         if c.get("kernels_version_note"):
             print(f"  {c['kernels_version_note']}")
-        print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}")
+        spans = r.get("range") or {}
+        print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}"
+              + (f" {'range ms':>23}" if spans else ""))
         for m in RUN_METRICS:
             for st in _STATS:
                 k = f"{st}_{m}"
+                span = spans.get(k + "_ms")
+                inside = "" if span is None else ("" if r["inside_range"].get(k + "_ms") else " (outside)")
                 print(f"  {m.upper() + ' ' + st:<10} {_fmt(r['measured'][k + '_ms']):>12} "
-                      f"{_fmt(r['simulated'][k + '_ms']):>13} {_fmt(r['error_pct'][k], '%'):>8}")
+                      f"{_fmt(r['simulated'][k + '_ms']):>13} {_fmt(r['error_pct'][k], '%'):>8}"
+                      + ("" if span is None else f" {_fmt(span[0]) + '-' + _fmt(span[1]):>23}{inside}"))
     for s in res["skipped"]:
         print(f"\nskipped {s['run']}: {s['reason']}")
     if len(res["runs"]) > 1:

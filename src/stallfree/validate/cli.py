@@ -242,8 +242,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",
                    help="benchmark CSV: replay K x concurrency requests per row (default: silicon.REQUESTS_PER_ROW)")
     g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")
-    g.add_argument("--range", action="store_true",
+    g.add_argument("--range", action=argparse.BooleanOptionalAction, default=True,
                    help="run folders: replay each run twice more, every step at the 10th and 90th percentile of the "
                    "measured step-time error (stallfree.sim.ranges), and report whether each measured figure lies "
-                   "in the range, their coverage and median width")
+                   "in the range, their coverage and median width (default on; --no-range: one replay a run)")
     p.set_defaults(func=_run)
