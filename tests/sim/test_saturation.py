@@ -102,3 +102,19 @@ def test_saturation_line_names_the_window_and_the_reason():
     line = saturation_line("x", {"saturated_window_s": [0.0, 9.0], "saturated_by": "load", "load": 0.9})
     assert line.startswith(f"warning: x: saturated through the run (offered 90% of capacity, at or above "
                            f"{SATURATION_LOAD:.0%})")
+
+
+def test_a_burst_the_batch_absorbs_is_not_a_saturated_window():
+    """50 arrivals 20 ms apart, then lone ones 100 s apart; capacity 10 req/s. Against 10 / STEP_TIME_HIGH
+    req/s the fluid backlog peaks at 50 x STEP_TIME_HIGH / 10 - 0.98 s (over 1 s), but where the replay never
+    queued (every wait 0: the batch took the burst in) the window is not saturated; where its requests waited
+    2 s it is, from the first arrival to the drain at 50 x STEP_TIME_HIGH / 10 s."""
+    arrivals = [0.02 * k for k in range(50)] + [100.0 * k for k in range(1, 11)]
+    n = len(arrivals)
+    lat = _lat(n)
+    offered = n / arrivals[-1]
+    assert saturation(_Res(arrivals), lat, {"capacity_req_s": 10.0}, offered, None)["saturated"] is False
+    lat["queue"] = np.where(np.arange(n) < 50, 2.0, 0.0)
+    s = saturation(_Res(arrivals), lat, {"capacity_req_s": 10.0}, offered, None)
+    assert (s["saturated"], s["saturated_by"]) == (True, "window")
+    assert s["saturated_window_s"] == [0.0, pytest.approx(50 * STEP_TIME_HIGH / 10)]

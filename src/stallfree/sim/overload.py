@@ -27,9 +27,12 @@ Definitions (docs/simulator.md, "Overload and bursts"):
   90th percentile measured on the dev data), so its tails cannot be trusted: it is overloaded, or its
   offered rate is at least mu / STEP_TIME_HIGH (SATURATION_LOAD of mu), or in some window the queue
   grows through it: a burst against the fluid server of rate mu / STEP_TIME_HIGH whose backlog peaks
-  at QUEUE_GROWTH_MIN_S or more. Every overloaded run is saturated; a saturated run need not be
-  overloaded (a run at 90% of mu, or one burst past it, keeps up on average). `saturated_window_s` is
-  [first, last arrival] when the whole run is saturated, else the worst window's [start, drain], s.
+  at QUEUE_GROWTH_MIN_S or more, in which the replay itself queued (the requests arriving in its busy
+  period waited for admission QUEUE_GROWTH_MIN_S or more at p90: a batching server absorbs a burst
+  into its batch, and the fluid server alone would call that a queue). Every overloaded run is
+  saturated; a saturated run need not be overloaded (a run at 90% of mu, or one burst past it, keeps
+  up on average). `saturated_window_s` is [first, last arrival] when the whole run is saturated, else
+  the worst window's [start, drain], s.
 """
 
 from __future__ import annotations
@@ -294,8 +297,14 @@ def saturation(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: 
         return {"saturated": True, "saturated_window_s": whole, "saturated_by": "load"}
     dur = np.frombuffer(res.step_end, dtype=np.float64) - np.frombuffer(res.step_start, dtype=np.float64)
     min_duration = BURST_MIN_STEPS * float(np.median(dur)) if len(dur) else 0.0
+    rids, waits = lat["rids"], lat["queue"]
+
+    def queued(b: Burst) -> bool:
+        mine = waits[(rids >= b.first) & (rids < b.first + b.busy_requests)]
+        return bool(len(mine)) and float(np.percentile(mine, 90)) >= QUEUE_GROWTH_MIN_S
+
     bursts = [b for b in fluid_bursts(res.arrival, capacity * SATURATION_LOAD, min_duration)
-              if b.peak_backlog_s >= QUEUE_GROWTH_MIN_S]
+              if b.peak_backlog_s >= QUEUE_GROWTH_MIN_S and queued(b)]
     if not bursts:
         return {"saturated": False, "saturated_window_s": None, "saturated_by": None}
     worst = max(bursts, key=lambda b: b.peak_backlog_s)
