@@ -827,11 +827,13 @@ class PagedKV:
             if self.cache is None:
                 _reject_hashes(req, "paged")
             want = req.prompt_len // self.block_size
-            if len(hashes) != want:
+            most = (req.prompt_len + req.max_new - 1) // self.block_size
+            if not want <= len(hashes) <= most:
                 raise RequestRejected(
                     f"request {req.rid!r}: block_hashes has {len(hashes)} hashes, expected one per full "
                     f"block of the prompt: prompt_len // block_size = {req.prompt_len} // "
-                    f"{self.block_size} = {want}"
+                    f"{self.block_size} = {want} (up to (prompt_len + max_new - 1) // block_size = {most} "
+                    "with the output's blocks)"
                 )
         need = self.blocks_needed(req)
         if need > self.num_blocks:
@@ -950,6 +952,26 @@ class PagedKV:
         self.pool.allocate(rec.block_table, need)
         return True
 
+    def _register_output(self, rec: LiveRequest, step: int, in_flight: bool, unclaimed: int) -> int:
+        """Cache the full blocks of `rec`'s generated tokens that its block hashes name (hashes past the
+        prompt's full blocks: a conversation's next turn resends this output as its history), as vLLM
+        caches a request's decode blocks; return the promised blocks still unclaimed (0: claimed here).
+
+        Only blocks whose every token's KV is computed are cached: the decode's tokens in KV are
+        offset + step (the last sampled token is never fed back), less the token of a plan in flight.
+        """
+        hashes = rec.req.block_hashes
+        assert hashes is not None and self.cache is not None
+        if unclaimed:
+            self.pool.claim(rec.block_table, unclaimed)
+        bs = self.block_size
+        computed = rec.offset + step
+        last = min(len(hashes), computed // bs, len(rec.block_table))
+        first = rec.num_prompt_tokens // bs
+        if last > first:
+            self.cache.register(rec.block_table, hashes, first, last)
+        return 0
+
     def file_decode(self, rec: LiveRequest) -> None:
         """File a new decode under the residue at which its next token starts a block."""
         rec.bucket = -rec.offset % self.block_size
@@ -992,8 +1014,11 @@ class PagedKV:
             del self.buckets[rec.bucket][rec.rid]
             rec.bucket = -1
         if self.cache is not None:
-            # Only the prompt's hashed blocks may be cached: the rest is freed without a look at each.
-            self.cache.release(rec.block_table, unclaimed, len(rec.req.block_hashes or ()))
+            hashes = rec.req.block_hashes
+            if hashes and len(hashes) > rec.num_prompt_tokens // self.block_size and rec.finish_step >= 0:
+                unclaimed = self._register_output(rec, step, in_flight, unclaimed)
+            # Only the hashed blocks may be cached: the rest is freed without a look at each.
+            self.cache.release(rec.block_table, unclaimed, len(hashes or ()))
         else:
             self.pool.release(rec.block_table, unclaimed)
 
