@@ -243,3 +243,16 @@ def test_sweep_with_adapters_runs_chunked_batching_only(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert {r["batching"] for r in rows["rows"]} == {"chunked"}
     assert main([*base, "--batching", "chunked,no-chunk"]) == 2
+
+
+def test_a_scaled_replay_keeps_the_adapter_loads():
+    """The range's replays (ScaledCost around LoraCost) bind each replica's adapter cache and scale the whole
+    step, loads included: a cold step under factor 1.231 takes 1.231 x the unscaled cold step."""
+    from stallfree.sim.ranges import ScaledCost
+
+    cost, bound, _ = _bound(["A"])
+    _, _, res = _bound(["A"])
+    scaled = ScaledCost(cost, 1.231).bind_replica(res)
+    plan = _plan(0, prefills=[ScheduledChunk(0, 4, True, 0, True)])
+    assert scaled.step_time(plan) == pytest.approx(1.231 * bound.step_time(plan))
+    assert res.lora_loads == 1
