@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from stallfree.core.invariants_cache import CacheRules, block_table
+from stallfree.core.invariants_fair import FairRules
 from stallfree.core.invariants_kv import PagedRules, ReserveRules
 from stallfree.core.invariants_multi import MultiRules
 from stallfree.core.invariants_state import CheckerState, InvariantViolation, _Shadow
@@ -112,6 +113,8 @@ class InvariantChecker(CheckerState):
             order = self._front_order
             self._front_order -= 1
         self._reqs[req.rid] = _Shadow(req, order, self.scheduler.step, target=req.prompt_len, limit=req.max_new)
+        if FairRules.on(self):
+            FairRules.lift(self, req.rid)
         if front:
             self._waiting.insert(0, req.rid)
         else:
@@ -232,6 +235,9 @@ class InvariantChecker(CheckerState):
         """Forward complete() and check what was emitted and finished."""
         stopped = tuple(stopped)
         emitted = self.scheduler.complete(plan, stopped, num_accepted)
+        shed = {r for r, why in self.scheduler.last_finished.items() if why is FinishReason.TIMEOUT}
+        if shed != set(plan.timed_out):
+            self._fail("timed-out requests finish with reason timeout", f"{shed} != {set(plan.timed_out)}")
         self._plan = None
         self._apply(plan, set(stopped), emitted, num_accepted or {})
         self.num_steps += 1
@@ -266,6 +272,7 @@ class InvariantChecker(CheckerState):
             self._fail("plan total", f"entries {entries} sum to {total}, plan says {plan.num_tokens}")
         if total > plan.token_budget or plan.token_budget > s.token_budget:
             self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.token_budget} configured")
+        FairRules.timeouts(self, plan)
         oldest = self._running[0] if self._running else None
         budget = plan.token_budget
         reqs = self._reqs
@@ -299,6 +306,9 @@ class InvariantChecker(CheckerState):
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
+        fair = FairRules.on(self)
+        if fair:
+            FairRules.charge_plan(self, plan, after_admission=False)
         if s.max_num_partial_prefills > 1:
             chunks, admitted = MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
@@ -306,6 +316,8 @@ class InvariantChecker(CheckerState):
             admitted = self._admissions(left, free, chunks) if not victims and self._admitting else []
         if victims:
             self._waiting.extend(victims)
+        if fair:
+            FairRules.charge_plan(self, plan, after_admission=True)
         got = [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills]
         if got != chunks:
             self._fail("prefill chunks (rid, tokens, start, is_last)", f"got {got}, expected {chunks}")
@@ -450,7 +462,8 @@ class InvariantChecker(CheckerState):
         admitted: list[Hashable] = []
         reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
         pinned = self._pinned
-        for rid in self._queue_order():
+        fair = FairRules.on(self)
+        for rid in self._admission_order():
             sh = self._reqs[rid]
             hits = CacheRules.hits(self, sh) if self._caching else []
             h = len(hits)
@@ -466,6 +479,8 @@ class InvariantChecker(CheckerState):
                 break
             chunks.append((rid, n, start, n == sh.target - start))
             admitted.append(rid)
+            if fair:
+                FairRules.charge(self, rid, n)
             left = left - n if n == sh.target - start else 0
         return admitted
 
@@ -522,6 +537,8 @@ class InvariantChecker(CheckerState):
             if st.num_preemptions != sh.preemptions or st.num_generated != sh.generated or (
                     st.status is not (RequestStatus.DECODING if decoding else RequestStatus.PREFILLING)):
                 self._fail("running state", f"{st}, shadow {sh}")
+        if FairRules.on(self):
+            FairRules.check_counters(self)
         if s.num_preemptions != self.num_preemptions:
             self._fail("preemption count", f"scheduler {s.num_preemptions}, shadow {self.num_preemptions}")
         in_flight = sum(c.num_tokens for c in scheduled.prefills if reqs[c.rid].preemptions) if scheduled else 0

@@ -8,10 +8,11 @@ Imports allowed: the standard library and stallfree.core only.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
 from stallfree.core.errors import StallfreeError
+from stallfree.core.invariants_fair import FairRules
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler
@@ -97,6 +98,9 @@ class CheckerState:
     _refused: frozenset[Hashable] = frozenset()
     _caps: dict[tuple[Hashable, int, int], int] | None = None
     _front_order: int = -1  # add order of the next add(front=True): counts down
+    # fairness="vtc": the shadow's virtual token counters and tokens served, by tenant.
+    _service: dict[str, float] = field(default_factory=dict)
+    _served: dict[str, int] = field(default_factory=dict)
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
@@ -154,12 +158,22 @@ class CheckerState:
         FCFS: preempted requests and those queued with add(front=True) first, then add order (under strict
         admission in queue order this is add order; an admission filter may let a request be admitted, and
         preempted, past an older one it refused)."""
+        if self.scheduler.config.fairness == "vtc":
+            return FairRules.static_order(self)
         if self.scheduler.policy != "priority":
             reqs = self._reqs
             order = sorted(self._waiting, key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
         else:
             order = sorted(self._waiting, key=self._key)
         return [r for r in order if r not in self._refused] if self._refused else order
+
+    def _admission_order(self) -> Iterator[Hashable]:
+        """The waiting rids admission tries in this step, one at a time: _queue_order(), or under
+        fairness="vtc" each pick worked out from the counters when asked (the caller charges each admission
+        with FairRules.charge before asking for the next)."""
+        if self.scheduler.config.fairness == "vtc":
+            return FairRules.picks(self)
+        return iter(self._queue_order())
 
     def _victim_for(self, rid: Hashable) -> Hashable:
         """Paged: the victim when `rid` needs a block and none is free."""

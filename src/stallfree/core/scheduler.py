@@ -24,6 +24,7 @@ from typing import Any
 
 from stallfree.core.config import SchedulerConfig, as_config
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
+from stallfree.core.fairness import VTCQueue, queue_limit_of
 from stallfree.core.kv import NO_TRANSFERS, KVManager
 from stallfree.core.kv_factory import kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
@@ -108,7 +109,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self.priority_ties = cfg.priority_ties
         self._ties_by_arrival = cfg.priority_ties == "arrival"
         self._chunking, self.policy, self._selection = build_policies(
-            cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens)
+            cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens,
+            clock_needed=cfg.max_queue_time_s is not None)
         k, lng, thr = cfg.partial_prefill_limits
         self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold = k, lng, thr
         self._multi = k > 1
@@ -119,7 +121,13 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
         self._due = self._decodes.due
-        self._waiting: WaitingQueue = FCFSQueue() if self.policy == "fcfs" else PriorityQueue(self.priority_key)
+        self.fairness = cfg.fairness
+        self._fair: VTCQueue | None = VTCQueue(cfg.tenant_weights) if cfg.fairness == "vtc" else None
+        self._waiting: WaitingQueue = (
+            self._fair if self._fair is not None
+            else FCFSQueue() if self.policy == "fcfs" else PriorityQueue(self.priority_key))
+        self._queue_limit = queue_limit_of(cfg.max_queue_time_s)
+        self._has_queue_limits = cfg.max_queue_time_s is not None
         self._seq = 0
         self._front_seq = -1  # add order of the next add(front=True): counts down
         self._admit_seq = 0
@@ -168,6 +176,25 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """
         dec = self._decodes
         return len(dec), dec.context_sum(self._step)
+
+    def tenant_service(self) -> dict[str, int]:
+        """fairness="vtc": tenant -> tokens planned for its requests so far (prefill chunks and decodes,
+        recomputed tokens included; unweighted), for every tenant that had a request; {} under "fcfs"."""
+        return dict(self._fair.served_tokens) if self._fair is not None else {}
+
+    def tenant_counters(self) -> dict[str, float]:
+        """fairness="vtc": tenant -> its virtual token counter (weighted service with lifts, the figure
+        admission compares; stallfree.core.fairness); {} under "fcfs"."""
+        return dict(self._fair.service) if self._fair is not None else {}
+
+    def waiting_tokens_by_tenant(self) -> dict[str, int]:
+        """tenant -> prompt tokens still to prefill of its waiting requests (never admitted, or preempted:
+        its recompute), for the tenants with any waiting; O(waiting)."""
+        out: dict[str, int] = {}
+        for obj in self._waiting.in_order():
+            tenant = obj.req.tenant_name
+            out[tenant] = out.get(tenant, 0) + obj.target
+        return out
 
     def _runs_in_flight(self, obj: LiveRequest) -> bool:
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
@@ -364,10 +391,14 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
                 raise SchedulerStateError(f"clock() must return a finite number of seconds, got {now!r}")
             self._now = float(now)
+        timed_out = self._expire_waiting() if self._has_queue_limits else ()
         step = self._step
         victims: list[LiveRequest] = []
         left = StepBudget(budget)
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
+        fair = self._fair
+        if fair is not None:
+            self._charge(fair, decode_rids, decode_tokens or (1,) * len(decode_rids))
         prefills: list[ScheduledChunk] = []
         host = self._host
         if admit and chunk_cap is None and not refused:
@@ -380,6 +411,10 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
                 host.admitting, host.chunk_cap, host.refused = True, None, None
         if victims:
             self._requeue(victims, bool(refused))
+        if fair is not None and prefills:
+            # The continuing partial prefill; each admission's first chunk was charged when admitted.
+            cont = [c for c in prefills if c.rid not in admitted]
+            self._charge(fair, [c.rid for c in cont], [c.num_tokens for c in cont])
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -399,12 +434,36 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         transfers = self._kv_transfers()
         if transfers is not NO_TRANSFERS:
             plan.kv_offloads, plan.kv_loads = transfers
+        if timed_out:
+            plan.timed_out = timed_out
         if self._drafted:
             for obj in self._drafted.values():  # draft tokens are for one step
                 obj.drafts = 0
             self._drafted = {}
         self._inflight = plan
         return plan
+
+    def _charge(self, fair: VTCQueue, rids: Sequence[Hashable], tokens: Sequence[int]) -> None:
+        """fairness="vtc": count the planned tokens of `rids` against their tenants."""
+        live = self._live
+        for rid, n in zip(rids, tokens, strict=True):
+            fair.charge(live[rid].req.tenant_name, n)
+
+    def _expire_waiting(self) -> tuple[Hashable, ...]:
+        """Finish, with reason "timeout", every never-admitted waiting request that has waited longer than
+        its tenant's max_queue_time_s (now minus its arrival, seconds); their places are freed. O(waiting)."""
+        now, limit_of = self._now, self._queue_limit
+        expired = []
+        for obj in self._waiting.in_order():
+            if obj.status is not RequestStatus.WAITING:
+                continue  # a preempted request has produced tokens: it is never shed
+            limit = limit_of(obj.req.tenant_name)
+            if limit is not None and now - obj.req.arrival > limit:
+                expired.append(obj)
+        for obj in expired:
+            self._waiting.remove(obj)
+            self._forget(obj, RequestStatus.FINISHED)
+        return tuple(o.rid for o in expired)
 
     def _refused_by(self, admit: Callable[[Hashable], bool]) -> frozenset[int]:
         """The ids of the waiting records that the admission filter `admit` refuses, asked once each in queue
@@ -592,6 +651,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """Admit `obj` (already out of the queue): its KV (`hits`: the handle of its lookup; the
         prefill starts at token `start`), its status and admission order; it joins the partial prefills."""
         self._kv.admit(obj, first_chunk, hits)
+        if self._fair is not None:  # charged now, so that the next pick of this step sees it
+            self._fair.charge(obj.req.tenant_name, first_chunk)
         self._partials.append(obj)
         obj.num_prefilled = start
         self._num_running += 1
@@ -688,6 +749,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             raise RequestRejected(f"add(): front must be a bool, got {front!r}")
         if self.policy != "fcfs":
             raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self.policy!r}")
+        if self._fair is not None:
+            raise RequestRejected("add(): front=True needs fairness='fcfs' (one queue); under 'vtc' a request "
+                                  "goes to its tenant's queue")
 
     def _queue_front(self, obj: LiveRequest) -> None:
         """Queue `obj` at the head: its add order (`seq`) is the next of a count down from -1, so it sorts
