@@ -26,7 +26,7 @@ from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_tier import TieredInvariantChecker
 from stallfree.core.kv_tier import TieredKV
 from stallfree.core.queries import SchedulerStats
-from stallfree.core.request import Request
+from stallfree.core.request import DEFAULT_TENANT, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.costs import StepCostModel
@@ -247,6 +247,7 @@ def new_result(
         finish_reason=[""] * n,
         rejected=[],
         kv_total=0 if inner is None else _stats(inner).kv_total,
+        tenant=None if wl.tenants is None else tuple(t or DEFAULT_TENANT for t in wl.tenants),
     )
 
 
@@ -282,10 +283,11 @@ def request_maker(
     workload has prefix ids."""
     st = _stats(inner)
     caching = st.enable_prefix_caching and wl.prefix_ids is not None
-    hashes, bs, plens = wl.block_hashes, st.block_size or 1, wl.prompt_lens
+    hashes, bs, plens, tenants = wl.block_hashes, st.block_size or 1, wl.prompt_lens, wl.tenants
 
     def make(i: int) -> Request:
-        return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None)
+        return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None,
+                       tenants[i] if tenants is not None else None)
 
     return make
 
