@@ -14,6 +14,7 @@ from factories import drive_randomly, make_scheduler, run_to_end
 from stallfree import Request, Scheduler
 from stallfree.core.errors import InvalidConfig, RequestRejected
 from stallfree.core.invariants import InvariantChecker
+from stallfree.core.prefix_cache import hash_blocks
 from stallfree.core.request import FinishReason
 
 
@@ -28,7 +29,7 @@ def _admissions(sched: Scheduler, steps: int) -> list[object]:
 
 def test_light_tenant_is_admitted_before_the_flood():
     """Budget 8: tenant a's first 8-token prompt runs in step 0 (a: 8 tokens); b's request, added behind a's
-    three others, is admitted in step 1 since b has 0 against a's 8 + 1 decode."""
+    three others, is admitted in step 1 since b has 0 tokens of service against a's 8."""
     s = make_scheduler(8, 4, 200, fairness="vtc")
     for i in range(4):
         s.add(Request(("a", i), 8, 3, tenant="a"))
@@ -94,14 +95,23 @@ def test_tenants_are_ignored_under_fcfs():
     assert run(True) == run(False)
 
 
+_TENANT_TOKEN = {"t0": 1, "t1": 2, "t2": 3, None: 4}
+
+
 def _vtc_run(seed: int, kv_policy: str, n: int = 40) -> InvariantChecker:
     rng = random.Random(seed)
     budget = rng.choice([4, 16, 64])
     opts: dict[str, object] = {"fairness": "vtc", "tenant_weights": {"t0": rng.choice([0.5, 1.0, 3.0])}}
-    if kv_policy == "paged":
-        opts.update(kv_policy="paged", block_size=4)
-    reqs = [Request(i, rng.randint(1, 120), rng.randint(1, 30), tenant=rng.choice(["t0", "t1", "t2", None]))
-            for i in range(n)]
+    caching = kv_policy == "paged+cache"
+    if kv_policy != "reserve":
+        opts.update(kv_policy="paged", block_size=4, enable_prefix_caching=caching)
+    reqs = []
+    for i in range(n):
+        tenant = rng.choice(["t0", "t1", "t2", None])
+        p = rng.randint(1, 120)
+        # Prompts of one tenant share a prefix of its name's tokens, so that cached blocks are hit.
+        hashes = hash_blocks([_TENANT_TOKEN[tenant]] * (p // 2) + [i] * (p - p // 2), 4)[: p // 4] if caching else None
+        reqs.append(Request(i, p, rng.randint(1, 30), tenant=tenant, block_hashes=hashes))
     kv = max(r.prompt_len + r.max_new for r in reqs) + 3
     kv = kv + rng.choice([0, kv, 10 * kv])
     sched = make_scheduler(budget, rng.randint(1, 6), kv, **opts)
@@ -114,9 +124,10 @@ def _vtc_run(seed: int, kv_policy: str, n: int = 40) -> InvariantChecker:
 
 @pytest.mark.parametrize(
     ("kv_policy", "runs"),
-    [("reserve", 6), ("paged", 6),
-     pytest.param("reserve", 30, marks=pytest.mark.slow), pytest.param("paged", 30, marks=pytest.mark.slow)],
-    ids=["reserve-6", "paged-6", "reserve-30", "paged-30"],
+    [("reserve", 6), ("paged", 6), ("paged+cache", 6),
+     pytest.param("reserve", 30, marks=pytest.mark.slow), pytest.param("paged", 30, marks=pytest.mark.slow),
+     pytest.param("paged+cache", 30, marks=pytest.mark.slow)],
+    ids=["reserve-6", "paged-6", "cache-6", "reserve-30", "paged-30", "cache-30"],
 )
 def test_vtc_random_runs_keep_every_invariant(kv_policy, runs):
     """Seeded runs with three tenants and the default one, random weights, arrivals, aborts and early
@@ -126,7 +137,7 @@ def test_vtc_random_runs_keep_every_invariant(kv_policy, runs):
     for seed in range(runs):
         chk = _vtc_run(seed, kv_policy)
         preempted += chk.num_preemptions
-    if kv_policy == "paged":
+    if kv_policy != "reserve":
         assert preempted > 0  # the victim rule was exercised
 
 
@@ -333,3 +344,47 @@ def test_caller_dict_cannot_change_a_checked_config():
     s = make_scheduler(8, 1, 100, fairness="vtc", tenant_weights=weights)
     weights["a"] = -1.0
     assert s.config.tenant_weights == {"a": 2.0}
+
+
+def _plans(sched: Scheduler, late: Request, steps: int) -> list[list[tuple[object, int, int]]]:
+    out = []
+    for step in range(steps):
+        if step == 1:
+            sched.add(late)
+        plan = sched.schedule()
+        out.append([(c.rid, c.num_tokens, c.start) for c in plan])
+        sched.complete(plan)
+    return out
+
+
+def test_a_less_served_head_goes_beside_the_partial_prefill():
+    """Budget 8, reserve: tenant a's 30-token prompt starts in step 0 (a: 8 tokens). b's 3-token prompt
+    arrives at step 1 with 0 service: its whole prompt is set aside from the budget (its chunk first), the
+    partial prefill takes the other 5, and b's first token comes out of step 1. Under FCFS b waits for a's
+    prefill (8, 8, 8, 6) and starts in step 3 with the 2 tokens left."""
+    late = Request("b", 3, 1, tenant="b")
+    s = make_scheduler(8, 4, 100, fairness="vtc")
+    s.add(Request("a", 30, 2, tenant="a"))
+    vtc = _plans(s, late, 3)
+    assert vtc == [[("a", 8, 0)], [("b", 3, 0), ("a", 5, 8)], [("a", 8, 13)]]
+    f = make_scheduler(8, 4, 100)
+    f.add(Request("a", 30, 2, tenant="a"))
+    fcfs = _plans(f, late, 5)
+    assert fcfs == [[("a", 8, 0)], [("a", 8, 8)], [("a", 8, 16)], [("a", 6, 24), ("b", 2, 0)],
+                    [("a", 1, 30), ("b", 1, 2)]]
+
+
+def test_set_aside_under_paged_kv():
+    """Under kv_policy="paged" the same step: b's 3-token prompt beside a's partial prefill."""
+    s = make_scheduler(8, 4, 128, fairness="vtc", kv_policy="paged", block_size=4)
+    s.add(Request("a", 30, 2, tenant="a"))
+    plans = _plans(s, Request("b", 3, 1, tenant="b"), 3)
+    assert plans[1] == [("b", 3, 0), ("a", 5, 8)]
+
+
+def test_no_set_aside_when_it_would_stop_the_partial_prefill():
+    """b's 8-token prompt would take the whole budget of 8: the partial prefill goes on, b waits for it."""
+    s = make_scheduler(8, 4, 100, fairness="vtc")
+    s.add(Request("a", 30, 2, tenant="a"))
+    plans = _plans(s, Request("b", 8, 1, tenant="b"), 4)
+    assert plans[1] == [("a", 8, 8)] and plans[3] == [("a", 6, 24), ("b", 2, 0)]

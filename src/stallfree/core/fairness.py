@@ -10,12 +10,27 @@ tokens after a preemption included), divided by the tenant's weight (tenant_weig
 Everything else in the contract is unchanged: decodes go first, the budget holds, a head that does not
 fit stops admission (nothing skips it), so "admission order equals arrival order" holds within a tenant.
 
-Counting, in the order the scheduler does it (and the invariant checker replays): a step's decodes are
-charged once decode selection is done, each admitted request's first chunk when it is admitted (so the
-next pick in the same step sees it), and the continuing partial prefill once the plan is built.
-A tenant whose queue was empty and gets a new request is lifted to the least counter of the tenants
-with waiting requests (if above its own), so a tenant that was idle does not bank service it never asked
-for (VTC's counter lift). Ties go to the tenant whose head was added first.
+A partial prefill does not make a less-served tenant wait (FairOnePartialPrefill): when the prompt
+started in an earlier step belongs to a tenant with more service than the head's, the head's whole
+prompt is set aside from the budget left after the decodes before the partial prefill takes the rest,
+if it fits whole and leaves the partial prefill a chunk, a slot is free and the KV manager admits it
+after the partial prefill's chunk; the head is admitted (its chunk placed before that one, so that an
+unfinished prompt's chunk is still the plan's last) and finishes its prefill in this step, so at most
+one prompt is still partially prefilled. One such head per step; then admission goes on as usual. Without it a short
+request of a light tenant waits for a flood's long prompt to finish its prefill (many steps). The head's
+cached prefix (prefix caching) is looked up after the partial prefill's chunk took its blocks. Under
+"paged", a partial prefill that cannot get a block is its own victim (preempted by recompute) even when
+requests were admitted beside it: they may already be decodes of the plan. Not with a CPU KV tier, a
+chunk cap or an admission filter: there the contract's order applies.
+
+Counting, in the order the scheduler does it (and the invariant checker replays): a step's decodes
+once decode selection is done, before admission (a flood's running decodes count against it at once),
+each admitted request's first chunk when it is admitted (so the next pick in the same step sees it),
+and the continuing partial prefill once the plan is built. A tenant whose queue was empty and
+gets a new request is lifted to the least counter of the tenants with waiting requests (if above its
+own), so a tenant that was idle does not bank service it never asked for (VTC's counter lift). Ties go
+to the tenant with less service before lifts (its tokens / weight), then to the one whose head was added
+first: a light tenant lifted to a flood's counter goes before the flood, not behind it.
 
 Fairness bound (checked in tests/core/test_fairness.py): let U be the most tokens the running requests
 of one tenant can still be charged: each running request at most prompt_len + max_new (its prefill,
@@ -38,9 +53,11 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from stallfree.core.errors import InvalidConfig
+from stallfree.core.plan import ScheduledChunk
+from stallfree.core.prefill import OnePartialPrefill, PrefillHost, StepBudget
 from stallfree.core.request import RequestStatus
 
-__all__ = ["FAIRNESS", "VTCQueue", "check_fairness", "queue_limit_of"]
+__all__ = ["FAIRNESS", "FairOnePartialPrefill", "VTCQueue", "check_fairness", "queue_limit_of"]
 
 #: The fairness rules between tenants: "fcfs" (tenants ignored, one queue: the contract) and "vtc".
 FAIRNESS = ("fcfs", "vtc")
@@ -104,15 +121,13 @@ class VTCQueue:
             if low > own:
                 self.service[tenant] = low
 
+    def _key(self, tenant: str) -> tuple[float, float, int]:
+        """A waiting tenant's order: (counter, tokens / weight before lifts, its head's add order)."""
+        w = self.weights.get(tenant, 1.0)
+        return (self.service.get(tenant, 0.0), self.served_tokens.get(tenant, 0) / w, self._queues[tenant][0].seq)
+
     def _head_tenant(self) -> str | None:
-        best: tuple[float, int] | None = None
-        pick = None
-        service = self.service
-        for tenant, q in self._queues.items():
-            key = (service.get(tenant, 0.0), q[0].seq)
-            if best is None or key < best:
-                best, pick = key, tenant
-        return pick
+        return min(self._queues, key=self._key) if self._queues else None
 
     def head(self) -> Any | None:
         """The oldest waiting request of the tenant with the least counter; None when none waits. O(tenants)."""
@@ -136,9 +151,9 @@ class VTCQueue:
 
     def in_order(self) -> list[Any]:
         """The waiting requests in the order admission would take them if admitting cost nothing: the
-        tenants by (counter, head's add order), each tenant's queue in add order. O(queue)."""
-        service = self.service
-        tenants = sorted(self._queues, key=lambda t: (service.get(t, 0.0), self._queues[t][0].seq))
+        tenants by their order (counter, then service before lifts, then head's add order), each tenant's
+        queue in add order. O(queue)."""
+        tenants = sorted(self._queues, key=self._key)
         return [obj for t in tenants for obj in self._queues[t]]
 
     def tenants_waiting(self) -> dict[str, int]:
@@ -147,6 +162,90 @@ class VTCQueue:
 
     def __len__(self) -> int:
         return self._n
+
+
+class FairOnePartialPrefill(OnePartialPrefill):
+    """Contract steps 2 and 3 under fairness="vtc" with one partial prefill: a less-served tenant's head
+    whose whole prompt fits goes in the same step as the partial prefill (module docstring), then the
+    contract's admission."""
+
+    def plan(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any],
+             decoding: bool) -> tuple[Hashable, ...]:
+        """The partial prefill's chunk, spending the budget left after a set-aside head; the head; then
+        (unless it preempted) admission in queue order."""
+        head = self._set_aside(s, budget) if not victims else None
+        if head is None:
+            return super().plan(s, budget, out, victims, decoding)
+        budget.spend(head.target)
+        self._continue(s, budget, out, victims)
+        partial_done = bool(out) and out[-1].is_last
+        if victims:
+            return ()  # a step that preempted admits nothing
+        # Looked up after the partial prefill's blocks are taken, which may evict cached blocks.
+        start, hits = s.kv.lookup(head)
+        n = head.target - start
+        if not s.can_admit(head, n, hits):
+            if partial_done:
+                budget.left += head.target  # the head's share goes back; admission stops at it as usual
+                return self._admit(s, budget, out)
+            return ()
+        s.waiting.remove(head)
+        s.admit(head, n, hits, start)
+        if head.num_preemptions:
+            s.recomputed(n)
+        # Ahead of the partial prefill's chunk, which stays the plan's last when it does not finish.
+        out.insert(0, ScheduledChunk(head.rid, n, True, start, True))
+        if not partial_done:
+            return (head.rid,)  # the partial prefill keeps what is left: nothing behind it this step
+        budget.left += head.target - n  # a cached prefix leaves its tokens to the next admissions
+        return (head.rid, *self._admit(s, budget, out))
+
+    @staticmethod
+    def _continue(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any]) -> None:
+        """Contract step 2, except that a partial prefill short of KV blocks is its own victim even when
+        requests were admitted beside it (after it): they may be decodes of this very plan already."""
+        obj = s.partials[0] if s.partials else None
+        if obj is None or budget.left <= 0:
+            return
+        done = obj.num_prefilled
+        rest = obj.target - done
+        n = s.chunking.chunk(rest, budget.left)
+        if n and s.chunk_cap is not None:
+            n = s.cap(obj, done, n)
+        if n and not s.kv.grow(obj, done + n, s.step):
+            s.preempt(obj, s.step, victims)
+            return
+        if n:
+            if obj.num_preemptions:
+                s.recomputed(n)
+            out.append(ScheduledChunk(obj.rid, n, True, done, n == rest))
+        if n == rest:
+            budget.spend(n)
+        else:
+            budget.close()
+
+    @staticmethod
+    def _set_aside(s: PrefillHost, budget: StepBudget) -> Any | None:
+        """The head to serve beside the partial prefill, or None: a partial prefill continues, the head's
+        tenant has less service than its tenant, its whole prompt fits the budget left with room for a
+        chunk of the partial prefill, and a slot is free."""
+        if not s.partials or not s.admitting or s.chunk_cap is not None or s.refused or budget.left <= 0:
+            return None
+        queue = s.waiting
+        if not isinstance(queue, VTCQueue):
+            return None
+        head = queue.head()
+        partial = s.partials[0]
+        if head is None or s.num_running >= s.max_seqs or head.target > budget.left:
+            return None
+        service = queue.service
+        if service.get(head.req.tenant_name, 0.0) >= service.get(partial.req.tenant_name, 0.0):
+            return None
+        if s.chunking.chunk(head.target, budget.left) != head.target:
+            return None
+        if not s.chunking.chunk(partial.target - partial.num_prefilled, budget.left - head.target):
+            return None  # the partial prefill (maybe the oldest running request) still progresses
+        return head
 
 
 def _check_seconds_or_weight(name: str, value: object) -> float:

@@ -312,8 +312,12 @@ class InvariantChecker(CheckerState):
         if s.max_num_partial_prefills > 1:
             chunks, admitted = MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
-            chunks, left, free = self._partial_chunk(left, free, victims)
-            admitted = self._admissions(left, free, chunks) if not victims and self._admitting else []
+            head = FairRules.set_aside(self, left) if fair and not victims else None
+            if head is None:
+                chunks, left, free = self._partial_chunk(left, free, victims)
+                admitted = self._admissions(left, free, chunks) if not victims and self._admitting else []
+            else:
+                chunks, admitted, free = self._beside_partial(head, left, free, victims)
         if victims:
             self._waiting.extend(victims)
         if fair:
@@ -445,7 +449,7 @@ class InvariantChecker(CheckerState):
         if n and self._paged:
             need = self._blocks(sh.prefilled + n) - sh.blocks
             if need > free:
-                if self._victim_for(rid) != rid:
+                if self._victim_for(rid) != rid and not FairRules.on(self):  # vtc: beside-admitted ones stay
                     self._fail("the partial prefill is the newest running", f"{rid!r} in {self._running}")
                 self._preempt(rid, victims)
                 return chunks, left, free
@@ -455,6 +459,31 @@ class InvariantChecker(CheckerState):
         if n:
             chunks.append((rid, n, sh.prefilled, n == rest))
         return chunks, (left - n if n == rest else 0), free
+
+    def _beside_partial(
+        self, head: Hashable, left: int, free: int, victims: list[Hashable]
+    ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable], int]:
+        """fairness="vtc": a less-served tenant's head set aside beside the partial prefill
+        (stallfree.core.fairness.FairOnePartialPrefill): the partial prefill's chunk from the budget left
+        without the head's prompt, then the head if the KV admits it, then (if the partial prefill finished)
+        admission as usual."""
+        s = self.scheduler
+        sh = self._reqs[head]
+        whole = sh.target
+        chunks, rest, free = self._partial_chunk(left - whole, free, victims)
+        if victims:
+            return chunks, [], free
+        done = bool(chunks) and chunks[-1][3]
+        hits = CacheRules.hits(self, sh) if self._caching else []
+        start = len(hits) * (s.block_size or 1)
+        n = whole - start
+        reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
+        fits, free, _ = self._admit_shadow(head, sh, hits, start, n, free, reserved, self._pinned)
+        if not fits:
+            return chunks, (self._admissions(rest + whole, free, chunks) if done else []), free
+        chunks.insert(0, (head, n, start, True))
+        FairRules.charge(self, head, n)
+        return chunks, [head, *(self._admissions(rest + start, free, chunks) if done else [])], free
 
     def _admissions(self, left: int, free: int, chunks: list[tuple[Hashable, int, int, bool]]) -> list[Hashable]:
         """Contract step 3 in the shadow: the queue's head while it fits."""

@@ -4,7 +4,7 @@ and which waiting requests time out.
 
 Imports allowed: the standard library and stallfree.core only.
 
-Counting follows stallfree.core.fairness's order: a step's decodes once they are chosen, each admission's
+Counting follows stallfree.core.fairness's order: a step's decodes before its admissions, each admission's
 first chunk as it is admitted, the continuing partial prefill after the plan; a tenant with nothing waiting
 that gets a request is lifted to the least counter of the tenants with waiting requests.
 """
@@ -54,8 +54,10 @@ class FairRules:
         chk._served[tenant] = chk._served.get(tenant, 0) + tokens
 
     @staticmethod
-    def _key(chk: CheckerState, tenant: str, queue: list[Hashable]) -> tuple[float, int]:
-        return (chk._service.get(tenant, 0.0), min(chk._reqs[r].order for r in queue))
+    def _key(chk: CheckerState, tenant: str, queue: list[Hashable]) -> tuple[float, float, int]:
+        weights = chk.scheduler.config.tenant_weights or {}
+        return (chk._service.get(tenant, 0.0), chk._served.get(tenant, 0) / weights.get(tenant, 1.0),
+                min(chk._reqs[r].order for r in queue))
 
     @staticmethod
     def _by_tenant(chk: CheckerState) -> dict[str, list[Hashable]]:
@@ -90,8 +92,32 @@ class FairRules:
             yield queues[tenant][0]
 
     @staticmethod
+    def set_aside(chk: CheckerState, left: int) -> Hashable | None:
+        """FairOnePartialPrefill's head: with a partial prefill from an earlier step, the first pick when its
+        tenant has less service than the partial prefill's, a slot is free and its whole prompt fits `left`."""
+        s = chk.scheduler
+        partial = chk._partial
+        if (partial is None or not chk._admitting or chk._caps is not None or chk._refused or left <= 0
+                or s.config.cpu_kv_tokens or s.max_num_partial_prefills != 1):
+            return None
+        head = next(FairRules.picks(chk), None)
+        if head is None or len(chk._running) >= s.max_seqs:
+            return None
+        target = chk._reqs[head].target
+        if target > left or chk._chunk(target, left) != target:
+            return None
+        psh = chk._reqs[partial]
+        if not chk._chunk(psh.target - psh.prefilled, left - target):
+            return None
+        service = chk._service
+        if service.get(FairRules.tenant(chk, head), 0.0) >= service.get(FairRules.tenant(chk, partial), 0.0):
+            return None
+        return head
+
+    @staticmethod
     def charge_plan(chk: CheckerState, plan: StepPlan, after_admission: bool) -> None:
-        """Charge the plan's decodes (`after_admission` False) or its continuing partial prefills (True)."""
+        """Charge the plan's decodes (before the admissions, `after_admission` False) or its continuing
+        partial prefill (after them)."""
         if not after_admission:
             for c in plan.decodes:
                 FairRules.charge(chk, c.rid, c.num_tokens)

@@ -24,7 +24,7 @@ from typing import Any
 
 from stallfree.core.config import SchedulerConfig, as_config
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
-from stallfree.core.fairness import VTCQueue, queue_limit_of
+from stallfree.core.fairness import FairOnePartialPrefill, VTCQueue, queue_limit_of
 from stallfree.core.kv import NO_TRANSFERS, KVManager
 from stallfree.core.kv_factory import kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
@@ -115,6 +115,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold = k, lng, thr
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
+        if cfg.fairness == "vtc" and thr is None and not cfg.cpu_kv_tokens:
+            self._prefill = FairOnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
         self._kv_transfers = self._kv.step_transfers
         self._init_lifecycle()
@@ -396,9 +398,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         victims: list[LiveRequest] = []
         left = StepBudget(budget)
         decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
-        fair = self._fair
-        if fair is not None:
-            self._charge(fair, decode_rids, decode_tokens or (1,) * len(decode_rids))
+        if self._fair is not None:
+            self._charge(self._fair, decode_rids, decode_tokens or (1,) * len(decode_rids))
         prefills: list[ScheduledChunk] = []
         host = self._host
         if admit and chunk_cap is None and not refused:
@@ -411,10 +412,13 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
                 host.admitting, host.chunk_cap, host.refused = True, None, None
         if victims:
             self._requeue(victims, bool(refused))
-        if fair is not None and prefills:
-            # The continuing partial prefill; each admission's first chunk was charged when admitted.
-            cont = [c for c in prefills if c.rid not in admitted]
-            self._charge(fair, [c.rid for c in cont], [c.num_tokens for c in cont])
+        fair = self._fair
+        if fair is not None:
+            # The continuing partial prefill; the decodes were charged before admission, each admission's
+            # first chunk when admitted.
+            if prefills:
+                cont = [c for c in prefills if c.rid not in admitted]
+                self._charge(fair, [c.rid for c in cont], [c.num_tokens for c in cont])
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
