@@ -37,6 +37,7 @@ from stallfree.server.body import (
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
+from stallfree.server.tenants import TENANT_SCOPE_KEY
 
 __all__ = ["ServerConfig", "create_app"]
 
@@ -58,6 +59,8 @@ class ServerConfig:
             bounded by the context length and the KV capacity left after the prompt. The reservation
             scheduler reserves KV for prompt + max_tokens, so this is what such a request reserves.
         max_waiting: the most requests waiting for admission; more are answered 429. None: unbounded.
+        max_waiting_tokens: the most prompt tokens waiting to be prefilled (requests added and not yet at
+            their first token); a request that would pass it is answered 429 (queue_full). None: unbounded.
         log_interval_s: seconds between stats log lines (0 disables).
         sampling_params_cls: the engine's SamplingParams class (default stallfree.engine.SamplingParams).
         max_request_bytes: the largest request body, in bytes; a larger one is answered 413 before it is
@@ -73,6 +76,7 @@ class ServerConfig:
     served_model_names: tuple[str, ...] = ()
     default_max_tokens: int = 256
     max_waiting: int | None = 1024
+    max_waiting_tokens: int | None = None
     log_interval_s: float = 10.0
     sampling_params_cls: Any = None
     max_request_bytes: int = 2 * 1024 * 1024
@@ -107,7 +111,9 @@ class _State:
         self.config = config
         self.names = config.served_model_names or (self.info.model_name,)
         self.metrics = ServerMetrics(self.names[0])
-        self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics)
+        self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics,
+                                        max_waiting_tokens=config.max_waiting_tokens)
+        self.metrics.queued_by_tenant = self.async_engine.queued_tokens_by_tenant
         self.params_cls = _sampling_params_cls(config)
         self.limits = BodyLimits(max_prompt_tokens=self.info.max_model_len)
         if config.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -481,7 +487,10 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
                        "every request must send a cache_salt (a non-empty string; requests share cached "
                        "prefixes only with requests of the same salt)", "cache_salt")
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    salt = {} if req.cache_salt is None else {"cache_salt": req.cache_salt}
+    salt: dict[str, Any] = {} if req.cache_salt is None else {"cache_salt": req.cache_salt}
+    tenant = request.scope.get(TENANT_SCOPE_KEY)
+    if tenant is not None:
+        salt["tenant"] = tenant
     try:
         stream = await state.async_engine.add_request(rid, ids, params, num_prompt_tokens=len(ids),
                                                       max_tokens=max_tokens, priority=req.priority, **salt)
@@ -513,6 +522,9 @@ async def _stream_body(
             yield sse(completion_chunk(rid, created, model, True, "", None, role=True,
                                        with_usage_field=include_usage))
         async for out in stream:
+            if out.finished and out.finish_reason == "timeout":
+                yield sse(_queue_timeout().body())
+                break
             prompt_tokens, completion_tokens = out.num_prompt_tokens, out.num_generated
             cached = getattr(out, "num_cached_tokens", None)
             if out.text or out.finished:
@@ -562,6 +574,8 @@ async def _whole_response(
         raise ApiError(503, str(exc))
     if exc is not None:
         raise ApiError(500, str(exc))
+    if last is not None and last.finish_reason == "timeout":
+        raise _queue_timeout()
     text = "".join(parts)
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
     if chat:
@@ -576,6 +590,18 @@ async def _whole_response(
         "choices": [choice],
         "usage": usage_dict(last.num_prompt_tokens, last.num_generated, getattr(last, "num_cached_tokens", None)),
     })
+
+
+#: Retry-After of a request shed by the queue time limit, seconds: one limit's wait is a fair first guess.
+_RETRY_AFTER_S = 1
+
+
+def _queue_timeout() -> ApiError:
+    """429 for a request that waited longer than the queue time limit (serve --max-queue-time) and was shed
+    before any token (SchedulerConfig.max_queue_time_s)."""
+    return ApiError(429, "the request waited longer than the server's queue time limit (--max-queue-time) "
+                    "without being admitted; retry later", code="queue_timeout",
+                    headers={"Retry-After": str(_RETRY_AFTER_S)})
 
 
 async def _wait_disconnect(request: Request) -> None:
