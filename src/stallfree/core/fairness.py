@@ -11,7 +11,8 @@ Everything else in the contract is unchanged: decodes go first, the budget holds
 fit stops admission (nothing skips it), so "admission order equals arrival order" holds within a tenant.
 
 A partial prefill does not make a less-served tenant wait (FairOnePartialPrefill): when the prompt
-started in an earlier step belongs to a tenant with more service than the head's, the head's whole
+started in an earlier step belongs to a tenant ranked after the head's (counter, then service before
+lifts), the head's whole
 prompt is set aside from the budget left after the decodes before the partial prefill takes the rest,
 if it fits whole and leaves the partial prefill a chunk, a slot is free and the KV manager admits it
 after the partial prefill's chunk; the head is admitted (its chunk placed before that one, so that an
@@ -121,10 +122,13 @@ class VTCQueue:
             if low > own:
                 self.service[tenant] = low
 
+    def rank(self, tenant: str) -> tuple[float, float]:
+        """A tenant's standing, lower first: (counter, tokens / weight before lifts)."""
+        return (self.service.get(tenant, 0.0), self.served_tokens.get(tenant, 0) / self.weights.get(tenant, 1.0))
+
     def _key(self, tenant: str) -> tuple[float, float, int]:
-        """A waiting tenant's order: (counter, tokens / weight before lifts, its head's add order)."""
-        w = self.weights.get(tenant, 1.0)
-        return (self.service.get(tenant, 0.0), self.served_tokens.get(tenant, 0) / w, self._queues[tenant][0].seq)
+        """A waiting tenant's order: its rank, then its head's add order."""
+        return (*self.rank(tenant), self._queues[tenant][0].seq)
 
     def _head_tenant(self) -> str | None:
         return min(self._queues, key=self._key) if self._queues else None
@@ -238,8 +242,7 @@ class FairOnePartialPrefill(OnePartialPrefill):
         partial = s.partials[0]
         if head is None or s.num_running >= s.max_seqs or head.target > budget.left:
             return None
-        service = queue.service
-        if service.get(head.req.tenant_name, 0.0) >= service.get(partial.req.tenant_name, 0.0):
+        if queue.rank(head.req.tenant_name) >= queue.rank(partial.req.tenant_name):
             return None
         if s.chunking.chunk(head.target, budget.left) != head.target:
             return None

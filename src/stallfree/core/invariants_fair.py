@@ -54,10 +54,13 @@ class FairRules:
         chk._served[tenant] = chk._served.get(tenant, 0) + tokens
 
     @staticmethod
-    def _key(chk: CheckerState, tenant: str, queue: list[Hashable]) -> tuple[float, float, int]:
+    def _rank(chk: CheckerState, tenant: str) -> tuple[float, float]:
         weights = chk.scheduler.config.tenant_weights or {}
-        return (chk._service.get(tenant, 0.0), chk._served.get(tenant, 0) / weights.get(tenant, 1.0),
-                min(chk._reqs[r].order for r in queue))
+        return (chk._service.get(tenant, 0.0), chk._served.get(tenant, 0) / weights.get(tenant, 1.0))
+
+    @staticmethod
+    def _key(chk: CheckerState, tenant: str, queue: list[Hashable]) -> tuple[float, float, int]:
+        return (*FairRules._rank(chk, tenant), min(chk._reqs[r].order for r in queue))
 
     @staticmethod
     def _by_tenant(chk: CheckerState) -> dict[str, list[Hashable]]:
@@ -109,8 +112,7 @@ class FairRules:
         psh = chk._reqs[partial]
         if not chk._chunk(psh.target - psh.prefilled, left - target):
             return None
-        service = chk._service
-        if service.get(FairRules.tenant(chk, head), 0.0) >= service.get(FairRules.tenant(chk, partial), 0.0):
+        if FairRules._rank(chk, FairRules.tenant(chk, head)) >= FairRules._rank(chk, FairRules.tenant(chk, partial)):
             return None
         return head
 
