@@ -75,7 +75,7 @@ def test_idle_tenant_is_lifted_to_the_least_waiting_counter():
     assert s.tenant_counters() == {"a": 16.0}
     s.add(Request(("b", 0), 8, 1, tenant="b"))
     assert s.tenant_counters()["b"] == 16.0
-    _admissions(s, 3)  # a's third (tie, a's head older), then b's
+    _admissions(s, 3)  # b's (a tie at 16: b has less service before lifts), then a's third
     s.add(Request(("c", 0), 4, 1, tenant="c"))  # nobody waits: c starts from 0
     assert s.tenant_counters()["c"] == 0.0
 
