@@ -26,7 +26,7 @@ blocks and victims, chunks, admissions), and these steps share its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from stallfree.core.invariants_cache import CacheRules, block_table
@@ -459,6 +459,19 @@ class InvariantChecker(CheckerState):
         if n:
             chunks.append((rid, n, sh.prefilled, n == rest))
         return chunks, (left - n if n == rest else 0), free
+
+    def _queue_order(self) -> list[Hashable]:
+        """CheckerState's queue order; under fairness="vtc" the order at the current counters."""
+        if FairRules.on(self):
+            return FairRules.static_order(self)
+        return super()._queue_order()
+
+    def _admission_order(self) -> Iterator[Hashable]:
+        """The waiting rids admission tries, one at a time: under fairness="vtc" each pick worked out from the
+        counters when asked (the caller charges each admission with FairRules.charge before the next)."""
+        if FairRules.on(self):
+            return FairRules.picks(self)
+        return super()._admission_order()
 
     def _beside_partial(
         self, head: Hashable, left: int, free: int, victims: list[Hashable]

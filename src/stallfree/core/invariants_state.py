@@ -12,7 +12,6 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
 from stallfree.core.errors import StallfreeError
-from stallfree.core.invariants_fair import FairRules
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import Request
 from stallfree.core.scheduler import Scheduler
@@ -158,8 +157,6 @@ class CheckerState:
         FCFS: preempted requests and those queued with add(front=True) first, then add order (under strict
         admission in queue order this is add order; an admission filter may let a request be admitted, and
         preempted, past an older one it refused)."""
-        if self.scheduler.config.fairness == "vtc":
-            return FairRules.static_order(self)
         if self.scheduler.policy != "priority":
             reqs = self._reqs
             order = sorted(self._waiting, key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
@@ -168,11 +165,8 @@ class CheckerState:
         return [r for r in order if r not in self._refused] if self._refused else order
 
     def _admission_order(self) -> Iterator[Hashable]:
-        """The waiting rids admission tries in this step, one at a time: _queue_order(), or under
-        fairness="vtc" each pick worked out from the counters when asked (the caller charges each admission
-        with FairRules.charge before asking for the next)."""
-        if self.scheduler.config.fairness == "vtc":
-            return FairRules.picks(self)
+        """The waiting rids admission tries in this step, one at a time (InvariantChecker's: fairness="vtc"
+        works each pick out when asked)."""
         return iter(self._queue_order())
 
     def _victim_for(self, rid: Hashable) -> Hashable:

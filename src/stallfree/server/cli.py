@@ -130,8 +130,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is None and args.kv_offloading_size is not None and not prefix_caching(args):
         problem = "--kv-offloading-size keeps prefix-cache blocks: it needs --kv-policy paged with prefix caching"
     ops = None
+    keys = None
+    if problem is None and args.api_keys_file is not None:
+        from stallfree.server.tenants import load_api_keys_file
+
+        try:
+            keys = load_api_keys_file(args.api_keys_file)
+        except ValueError as exc:
+            problem = str(exc)
     if problem is None:
-        ops, problem = ops_from_args(args)
+        ops, problem = ops_from_args(args, api_keys=None if keys is None else keys.keys,
+                                     tenant_weights=None if keys is None else keys.weights)
     if problem is None and ops is not None:
         ops, problem = isolate_metrics(ops, args.prefix_cache_isolation)
     if problem is not None or ops is None:

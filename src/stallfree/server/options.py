@@ -166,38 +166,37 @@ def add_ops_args(p: argparse.ArgumentParser) -> None:
 
 
 def ops_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None,
+    api_keys: Mapping[str, str] | None = None, tenant_weights: Mapping[str, float] | None = None,
 ) -> tuple[OpsConfig | None, str | None]:
     """The OpsConfig of parsed `serve` options, or (None, a message naming the option) when one is wrong.
 
+    Args:
+        args: the parsed options.
+        environ: the environment (os.environ by default).
+        api_keys, tenant_weights: the keys file's keys (key -> tenant) and weights, already read
+            (stallfree.server.tenants.load_api_keys_file), or None.
+
     The message never holds the key.
     """
-    from stallfree.server.tenants import load_api_keys_file  # it imports this module
-
     try:
         key, _ = resolve_api_key(args.api_key, environ)
     except ValueError as exc:
         return None, str(exc)
-    keys_file = getattr(args, "api_keys_file", None)
-    tenants = None
-    if keys_file is not None:
+    if api_keys is not None:
         if args.api_key is not None:
             return None, ("--api-key and --api-keys-file: give one (a key of the tenant default can be a row of "
                           "the file)")
         key = None  # the file's keys replace the environment's single key
-        try:
-            tenants = load_api_keys_file(keys_file)
-        except ValueError as exc:
-            return None, str(exc)
-    if args.protect_metrics and key is None and tenants is None:
+    if args.protect_metrics and key is None and api_keys is None:
         return None, f"--protect-metrics needs --api-key or {API_KEY_ENV}"
     try:
         return OpsConfig(api_key=key, protect_metrics=args.protect_metrics,
                          shutdown_timeout_s=args.shutdown_timeout, request_read_timeout_s=args.request_read_timeout,
                          timeout_keep_alive_s=args.timeout_keep_alive,
                          limit_concurrency=args.limit_concurrency,
-                         api_keys=None if tenants is None else dict(tenants.keys),
-                         tenant_weights=None if tenants is None else dict(tenants.weights)), None
+                         api_keys=None if api_keys is None else dict(api_keys),
+                         tenant_weights=None if tenant_weights is None else dict(tenant_weights)), None
     except ValueError as exc:
         return None, str(exc)
 

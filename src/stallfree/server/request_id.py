@@ -23,9 +23,12 @@ import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from stallfree.server.tenants import TENANT_SCOPE_KEY
+__all__ = ["MAX_REQUEST_ID_CHARS", "TENANT_SCOPE_KEY", "RequestIdFilter", "RequestIdMiddleware", "current_request_id",
+           "valid_request_id"]
 
-__all__ = ["MAX_REQUEST_ID_CHARS", "RequestIdFilter", "RequestIdMiddleware", "current_request_id", "valid_request_id"]
+#: The ASGI scope key under which the API-key middleware leaves the tenant of the request's key
+#: (stallfree.server.tenants); the access line names it.
+TENANT_SCOPE_KEY = "stallfree.tenant"
 
 #: The longest client request id kept, in characters.
 MAX_REQUEST_ID_CHARS = 128

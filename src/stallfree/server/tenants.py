@@ -7,7 +7,7 @@ number > 0; every row of a tenant gives the same one). `--api-key KEY` alone is 
 in the request's ASGI scope (TENANT_SCOPE_KEY); the route passes it to the engine as Request.tenant, the
 access log line names it, and the metrics count tokens per tenant under a bounded set of labels.
 
-Imports allowed: the standard library, stallfree.core and stallfree.server.options.
+Imports allowed: the standard library, stallfree.core, stallfree.server.options and .request_id.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ from pathlib import Path
 
 from stallfree.core.request import DEFAULT_TENANT, MAX_TENANT_CHARS
 from stallfree.server.options import ServerConfigError, check_api_key
+from stallfree.server.request_id import TENANT_SCOPE_KEY
 
 __all__ = ["MAX_TENANT_LABELS", "OTHER_TENANT", "TENANT_SCOPE_KEY", "TenantKeys", "load_api_keys_file",
            "tenant_label"]
 
-#: The ASGI scope key under which the API-key middleware leaves the tenant of the request's key.
-TENANT_SCOPE_KEY = "stallfree.tenant"
 #: The most tenant label values the metrics use; tenants past them are counted under OTHER_TENANT.
 MAX_TENANT_LABELS = 64
 #: The label of the tenants past MAX_TENANT_LABELS.
