@@ -12,17 +12,17 @@ fit stops admission (nothing skips it), so "admission order equals arrival order
 
 A partial prefill does not make a less-served tenant wait (FairOnePartialPrefill): when the prompt
 started in an earlier step belongs to a tenant ranked after the head's (counter, then service before
-lifts), the head's whole
-prompt is set aside from the budget left after the decodes before the partial prefill takes the rest,
-if it fits whole and leaves the partial prefill a chunk, a slot is free and the KV manager admits it
-after the partial prefill's chunk; the head is admitted (its chunk placed before that one, so that an
-unfinished prompt's chunk is still the plan's last) and finishes its prefill in this step, so at most
-one prompt is still partially prefilled. One such head per step; then admission goes on as usual. Without it a short
-request of a light tenant waits for a flood's long prompt to finish its prefill (many steps). The head's
-cached prefix (prefix caching) is looked up after the partial prefill's chunk took its blocks. Under
-"paged", a partial prefill that cannot get a block is its own victim (preempted by recompute) even when
-requests were admitted beside it: they may already be decodes of the plan. Not with a CPU KV tier, a
-chunk cap or an admission filter: there the contract's order applies.
+lifts), the head's whole prompt is set aside from the budget left after the decodes before the partial
+prefill takes the rest, if it fits whole and leaves the partial prefill a chunk, a slot is free and the
+KV manager admits it after the partial prefill's chunk. The head is admitted (its chunk placed before
+that one, so that an unfinished prompt's chunk is still the plan's last) and finishes its prefill in
+this step, so at most one prompt is still partially prefilled. One such head per step; then admission
+goes on as usual. Without it a short request of a light tenant waits for a flood's long prompt to finish
+its prefill (many steps). The head's cached prefix (prefix caching) is looked up after the partial
+prefill's chunk took its blocks. Under "paged", a partial prefill that cannot get a block is its own
+victim (preempted by recompute) even when requests were admitted beside it: they may already be decodes
+of the plan. Not with a CPU KV tier, a chunk cap or an admission filter: there the contract's order
+applies.
 
 Counting, in the order the scheduler does it (and the invariant checker replays): a step's decodes
 once decode selection is done, before admission (a flood's running decodes count against it at once),
@@ -41,6 +41,7 @@ a and b both have waiting requests at every step since their counters were equal
 b's by at most U / w_a: after the last admission of a (when a's counter was the least, so at most b's)
 a is charged only by the requests it had running then. The service two backlogged tenants receive over
 an interval therefore differs by at most 2 U / min(w) weighted tokens, the form of Sheng et al.'s bound.
+(An admission filter, schedule(admit=f), takes the queue's order at the step's start and so is outside it.)
 
 Source: Sheng et al., "Fairness in Serving Large Language Models", OSDI'24 (the virtual token counter,
 its lift on arrival, and the bound in memory-capacity tokens).
