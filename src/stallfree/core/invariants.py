@@ -464,14 +464,14 @@ class InvariantChecker(CheckerState):
         """CheckerState's queue order; under fairness="vtc" the order at the current counters."""
         if FairRules.on(self):
             return FairRules.static_order(self)
-        return super()._queue_order()
+        return CheckerState._queue_order(self)  # slots dataclass: no zero-argument super()
 
     def _admission_order(self) -> Iterator[Hashable]:
         """The waiting rids admission tries, one at a time: under fairness="vtc" each pick worked out from the
         counters when asked (the caller charges each admission with FairRules.charge before the next)."""
         if FairRules.on(self):
             return FairRules.picks(self)
-        return super()._admission_order()
+        return CheckerState._admission_order(self)
 
     def _beside_partial(
         self, head: Hashable, left: int, free: int, victims: list[Hashable]
