@@ -90,3 +90,22 @@ def test_cli_fairness_and_weights(tmp_path, capsys):
         main(["simulate", "--trace", str(f), "--tenant-weights", "flood=0"])
     assert e.value.code == 2
     assert "weight of tenant 'flood'" in capsys.readouterr().err
+
+
+def test_queue_time_limit_sheds_and_reports_apart():
+    """Budget 16, 10 ms steps, FCFS, a 0.05 s queue limit: flood prompts 0-2 are admitted in steps 0, 2 and 5
+    (t = 0.05 s: waited exactly the limit, not past it); at step 6 (t = 0.06 s) prompts 3-5 and the light
+    request (waited 0.059 s) are shed: reason "timeout", no token, counted in `shed`, in no latency figure,
+    and the run's token check still holds."""
+    wl = _flood()
+    res = simulate(wl, ReplicaConfig(ReplicaConfig.of(1000, 16, 8).scheduler, max_queue_time_s=0.05), _Flat())
+    by = summarize_result(res)["by_tenant"]
+    shed = [r for r in range(len(wl)) if res.finish_reason[r] == "timeout"]
+    assert shed == [3, 4, 5, 6] and all(res.first_step[r] < 0 for r in shed)
+    assert [res.admit_step[r] for r in range(3)] == [0, 2, 5]
+    assert (by["flood"]["shed"], by["flood"]["completed"], by["light"]["shed"]) == (3, 3, 1)
+    assert by["light"]["median_ttft_ms"] is None
+    rows = request_records(res)
+    assert [row["output_tokens"] for row in rows if row["finish_reason"] == "timeout"] == [0] * len(shed)
+    with pytest.raises(ValueError, match="max_queue_time_s must be a finite number of seconds > 0, got 0"):
+        ReplicaConfig(ReplicaConfig.of(1000, 16, 8).scheduler, max_queue_time_s=0)

@@ -308,7 +308,7 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
             "prompt_len": res.prompt_len[r],
             "prompt_bucket": prompt_bucket(res.prompt_len[r]),
             "max_new": res.max_new[r],
-            "output_tokens": res.target[r] if f >= 0 else 0,
+            "output_tokens": res.target[r] if f >= 0 and res.finish_reason[r] != "timeout" else 0,
             "admitted_s": start[adm] if adm >= 0 else None,
             "first_token_s": end[a] if a >= 0 else None,
             "finish_s": end[f] if f >= 0 else None,
