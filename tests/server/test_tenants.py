@@ -13,7 +13,13 @@ from server.fake_engine import FakeEngine
 from server.helpers import asgi_client, run
 from server.ops_helpers import ops_client
 from stallfree.server.options import OpsConfig, ServerConfigError
-from stallfree.server.tenants import MAX_TENANT_LABELS, OTHER_TENANT, load_api_keys_file, tenant_label
+from stallfree.server.tenants import (
+    MAX_TENANT_LABELS,
+    OTHER_TENANT,
+    TokenRateLimiter,
+    load_api_keys_file,
+    tenant_label,
+)
 
 KEYS = {"sk-alice-1": "alice", "sk-alice-2": "alice", "sk-bob": "bob"}
 
@@ -149,3 +155,35 @@ def test_queue_timeout_is_429_with_retry_after():
     assert second.status_code == 429
     assert second.json()["error"]["code"] == "queue_timeout"
     assert second.headers["retry-after"] == "1"
+
+
+def test_token_bucket_by_hand():
+    """600 tokens a minute (10 a second): a full bucket gives 500 then 100; the next 50 wait 5 s; after 5 s
+    they pass; a request over a minute's allowance passes on a full bucket; tenants have their own."""
+    now = [0.0]
+    lim = TokenRateLimiter(600, clock=lambda: now[0])
+    assert lim.take("a", 500) is None and lim.take("a", 100) is None
+    assert lim.take("a", 50) == pytest.approx(5.0)
+    assert lim.take("b", 600) is None
+    now[0] = 5.0
+    assert lim.take("a", 50) is None
+    now[0] = 200.0
+    assert lim.take("a", 10_000) is None
+    with pytest.raises(ServerConfigError, match="tenant_tokens_per_minute must be an integer >= 1, got 0"):
+        TokenRateLimiter(0)
+
+
+def test_tenant_rate_limit_answers_429_rate_limited():
+    """--tenant-tokens-per-minute 10: alice's first request (2 prompt + 3 max_tokens) and her second (with her
+    other key) empty her bucket, her third is refused (429 rate_limited, Retry-After), bob's bucket is his own."""
+    async def go():
+        async with ops_client(FakeEngine(), OpsConfig(api_keys=KEYS), tenant_tokens_per_minute=10) as c:
+            out = []
+            body = {"model": "fake-model", "prompt": "hi", "max_tokens": 3}
+            for key in ("sk-alice-1", "sk-alice-2", "sk-alice-1", "sk-bob"):
+                out.append(await c.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}))
+            return out
+
+    a1, a2, a3, b = run(go())
+    assert [r.status_code for r in (a1, a2, a3, b)] == [200, 200, 429, 200]
+    assert a3.json()["error"]["code"] == "rate_limited" and int(a3.headers["retry-after"]) >= 1

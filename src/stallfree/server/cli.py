@@ -70,6 +70,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-waiting-tokens", type=positive_int, default=None, metavar="N",
                    help="most prompt tokens waiting to be prefilled (requests added and not yet at their first "
                    "token); a request that would pass it is answered 429 (default: no limit)")
+    p.add_argument("--tenant-tokens-per-minute", type=positive_int, default=None, metavar="N",
+                   help="each tenant's allowance of prompt + max_tokens tokens a minute (a token bucket); past it "
+                   "a request gets 429 rate_limited with Retry-After (default: no limit)")
     p.add_argument("--max-queue-time", type=positive_float, default=None, metavar="S",
                    help="seconds a request may wait for admission; one that waits longer is shed with 429 "
                    "(code queue_timeout, Retry-After) and no token (default: no limit)")
@@ -182,6 +185,7 @@ def run_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         max_waiting=args.max_waiting,
         max_waiting_tokens=args.max_waiting_tokens,
+        tenant_tokens_per_minute=args.tenant_tokens_per_minute,
         log_interval_s=args.log_interval,
         max_request_bytes=args.max_request_bytes,
         prefix_cache_isolation=args.prefix_cache_isolation,

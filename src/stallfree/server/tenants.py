@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +23,8 @@ from stallfree.core.request import DEFAULT_TENANT, MAX_TENANT_CHARS
 from stallfree.server.options import ServerConfigError, check_api_key
 from stallfree.server.request_id import TENANT_SCOPE_KEY
 
-__all__ = ["MAX_TENANT_LABELS", "OTHER_TENANT", "TENANT_SCOPE_KEY", "TenantKeys", "load_api_keys_file",
-           "tenant_label"]
+__all__ = ["MAX_TENANT_LABELS", "OTHER_TENANT", "TENANT_SCOPE_KEY", "TenantKeys", "TokenRateLimiter",
+           "load_api_keys_file", "tenant_label"]
 
 #: The most tenant label values the metrics use; tenants past them are counted under OTHER_TENANT.
 MAX_TENANT_LABELS = 64
@@ -124,3 +125,42 @@ def tenant_label(tenant: str, known: set[str]) -> str:
         known.add(tenant)
         return tenant
     return OTHER_TENANT
+
+
+class TokenRateLimiter:
+    """Per-tenant token rate limits (serve --tenant-tokens-per-minute): a token bucket per tenant.
+
+    Each tenant's bucket holds at most `tokens_per_minute` tokens and refills at tokens_per_minute / 60
+    tokens a second; a request takes its prompt tokens plus its max_tokens (what it may cost), at most a
+    full bucket, so that a request larger than a minute's allowance still passes on a full bucket.
+
+    Args:
+        tokens_per_minute: the allowance, tokens, an integer >= 1.
+        clock: seconds (time.monotonic).
+
+    Raises:
+        ServerConfigError: tokens_per_minute is not an integer >= 1.
+
+    Source: the token bucket (Turner, 1986), as API gateways meter tokens per minute.
+    """
+
+    def __init__(self, tokens_per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(tokens_per_minute, bool) or not isinstance(tokens_per_minute, int) or tokens_per_minute < 1:
+            raise ServerConfigError(f"tenant_tokens_per_minute must be an integer >= 1, got {tokens_per_minute!r}")
+        self.capacity = float(tokens_per_minute)
+        self.rate_per_s = tokens_per_minute / 60.0
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, when)
+
+    def take(self, tenant: str, tokens: int) -> float | None:
+        """Take `tokens` from the tenant's bucket: None when it had them, else the seconds until it will
+        (nothing is taken then)."""
+        now = self.clock()
+        level, then = self._buckets.get(tenant, (self.capacity, now))
+        level = min(self.capacity, level + (now - then) * self.rate_per_s)
+        need = min(float(tokens), self.capacity)
+        if level >= need:
+            self._buckets[tenant] = (level - need, now)
+            return None
+        self._buckets[tenant] = (level, now)
+        return (need - level) / self.rate_per_s
