@@ -104,7 +104,8 @@ def test_a_keys_tenant_reaches_the_scheduler_the_log_and_the_metrics(caplog):
     with caplog.at_level(logging.INFO, logger="stallfree.server.access"):
         metrics = run(go())
     assert list(engine.tenants.values()) == ["bob"]
-    assert engine.scheduler.tenant_service() == {"bob": 4}  # planned: 2 prefill + 2 decodes (token 1: prefill)
+    # Planned by the core: 2 prefill + 2 decodes (the first token comes from the prefill).
+    assert engine.scheduler.stats().tenant_served_tokens == {"bob": 4}
     assert 'stallfree_tenant_served_tokens_total{model_name="fake-model",tenant="bob"} 5.0' in metrics
     assert 'stallfree_tenant_queued_tokens{model_name="fake-model",tenant="bob"} 0.0' in metrics
     lines = [r.getMessage() for r in caplog.records if "/v1/completions" in r.getMessage()]

@@ -101,10 +101,10 @@ class FairRules:
         s = chk.scheduler
         partial = chk._partial
         if (partial is None or not chk._admitting or chk._caps is not None or chk._refused or left <= 0
-                or s.config.cpu_kv_tokens or s.max_num_partial_prefills != 1):
+                or s.config.cpu_kv_tokens or s.config.max_num_partial_prefills != 1):
             return None
         head = next(FairRules.picks(chk), None)
-        if head is None or len(chk._running) >= s.max_seqs:
+        if head is None or len(chk._running) >= s.config.max_seqs:
             return None
         target = chk._reqs[head].target
         if target > left or chk._chunk(target, left) != target:
@@ -131,7 +131,7 @@ class FairRules:
     @staticmethod
     def check_counters(chk: CheckerState) -> None:
         """The scheduler's tokens per tenant equal the shadow's."""
-        got = chk.scheduler.tenant_service()
+        got = chk.scheduler.stats().tenant_served_tokens
         if got != chk._served:
             chk._fail("tokens served per tenant", f"scheduler {got}, shadow {chk._served}")
 
@@ -140,6 +140,7 @@ class FairRules:
         """The plan's timed_out are exactly the never-admitted waiting requests past their limit (now minus
         arrival, at the step's clock reading); they leave the shadow."""
         s = chk.scheduler
+        now = s.stats().now
         limits = s.config.max_queue_time_s
         expected: list[Hashable] = []
         if limits is not None:
@@ -148,11 +149,11 @@ class FairRules:
                 if sh.preemptions:
                     continue
                 lim = limits.get(sh.req.tenant_name) if isinstance(limits, Mapping) else limits
-                if lim is not None and s.now - sh.req.arrival > lim:
+                if lim is not None and now - sh.req.arrival > lim:
                     expected.append(r)
         if set(plan.timed_out) != set(expected) or len(plan.timed_out) != len(expected):
             chk._fail("timed out (never admitted, waited past max_queue_time_s)",
-                      f"got {plan.timed_out}, expected {tuple(expected)} at now={s.now}")
+                      f"got {plan.timed_out}, expected {tuple(expected)} at now={now}")
         for r in expected:
             chk._reqs.pop(r)
             chk._waiting.remove(r)

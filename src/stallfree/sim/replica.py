@@ -95,7 +95,7 @@ class Replica:
         self._plan: StepPlan | None = None  # the step in flight
         self._start = 0.0  # when it started, s
         # A queue time limit reads the simulated clock (SimClock), set before each schedule().
-        clock = getattr(inner, "clock", None)
+        clock = getattr(getattr(inner, "config", None), "clock", None)
         self._clock = clock if isinstance(clock, SimClock) else None
         # Bound once: the per-step path is the simulator's hot loop.
         self._schedule, self._complete, self._step_time = sched.schedule, sched.complete, cost.step_time

@@ -87,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     """Run `stallfree tune` on parsed arguments; returns the exit status (3: no candidate meets the SLOs)."""
     if args.slo_ttft is None or args.slo_tpot is None:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
+    if args.synthetic == "sessions" or args.trace_format == "sessions":
+        raise CliError("tune searches at an offered request rate; sessions have none in advance (each turn "
+                       "waits for the last one's answer): run `stallfree simulate` on them", 2)
     if not 0 <= args.tie_tolerance < 1:
         raise CliError(f"--tie-tolerance must be in [0, 1), got {args.tie_tolerance!r}", 2)
     problem = partial_prefill_flag_problem(
