@@ -13,6 +13,13 @@ bundles (DeepSeek-V3 and Kimi-K2: MLA and shared experts; gpt-oss: windowed laye
 Qwen3-235B-A22B, Llama 4 Scout; DeepSeek-V3 in NVFP4 on B200). Where the package's MoE graph has no
 lm_head, a prefill's ratio is taken less our lm_head GEMM (column `less lm_head`).
 
+--moe: the MoE models of the held-out list at TP 1, 2, 4 and 8 (MOE_CASES: Mixtral-8x7B, Mixtral-8x22B,
+Qwen3-30B-A3B, bf16, vLLM's current tables, where the weights fit), against the package's estimator built
+with its own default MoE routing (power law, alpha 1.2), where ours prices an MoE of at most
+BALANCED_ROUTING_MAX_EXPERTS experts on balanced routing: decode-only steps as above, and mixed steps
+(b decodes at `start` plus one chunk of c prompt tokens) against the estimator's decode step plus its
+prefill of the chunk (two steps' fixed costs: a bound, read for how it moves with tp, not its level).
+
 --dp: data-parallel attention (DP_CASES: D attention ranks of tp GPUs, experts over ep), where the
 estimator's batch is one rank's: our decode_step_time of D x b decodes against its decode step of b, and our
 step of D whole prompts of p tokens (one per rank) against its prefill of one prompt of p.
@@ -43,7 +50,11 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--new", action="store_true", help="the newer decoders (MLA, windows, 4-bit)")
     ap.add_argument("--dp", action="store_true", help="data-parallel attention (DP_CASES)")
+    ap.add_argument("--moe", action="store_true", help="the MoE models at TP 1, 2, 4, 8 (MOE_CASES)")
+    ap.add_argument("--gpu", default="h100-sxm", help="--moe: the GPU (default h100-sxm)")
     a = ap.parse_args()
+    if a.moe:
+        return _report(_moe_rows(a.gpu), a.json)
     if a.dp:
         return _report(_dp_rows(), a.json)
     if a.new:
@@ -95,6 +106,56 @@ def _new_rows() -> list[dict[str, Any]]:
             ours, est = km.prefill_step_time(p), h.predict_prefill_latency(1, p) * 1e-3
             rows.append({"gpu": gpu, "model": label, "tp": tp, "shape": f"prefill {p}", "ours_ms": ours * 1e3,
                          "estimator_ms": est * 1e3, "ratio": ours / est, "less_lm_head": (ours - head) / est})
+    return rows
+
+
+#: The MoE models of the held-out list, each at every tp its bf16 weights fit.
+MOE_CASES = (("mixtral-8x7b", (1, 2, 4, 8)), ("mixtral-8x22b", (4, 8)), ("qwen3-30b-a3b", (1, 2, 4, 8)))
+#: (decodes, their context) of the MoE decode steps: a serving batch's sizes, where the routing matters.
+MOE_DECODES = ((1, 512), (32, 1024), (64, 2048), (96, 2048), (128, 2048), (128, 4096))
+#: (decodes, their context, prefill chunk tokens) of the mixed steps.
+MIXED = ((32, 1024, 512), (128, 2048, 1024))
+
+
+def _default_routing_handle(km: KernelCostModel, tp: int) -> Any:
+    """The package's estimator of km's configuration with its default MoE routing (power law): built
+    afresh, past the tables' caches, with the balanced-routing rule off."""
+    import json as _json
+    from unittest import mock
+
+    from stallfree.costmodel import kernel_tables
+
+    config = km._config  # the config.json handed to the package
+    with mock.patch.object(kernel_tables, "BALANCED_ROUTING_MAX_EXPERTS", 0):
+        tables, _ = kernel_tables._build_tables(config, _json.dumps(config, sort_keys=True), km.tables.system,
+                                                "vllm", km.version, tp, km.dtype, km.kv_dtype)
+    return tables.handle
+
+
+def _moe_rows(gpu: str) -> list[dict[str, Any]]:
+    from stallfree.core.plan import ScheduledChunk, StepPlan
+
+    rows = []
+    for name, tps in MOE_CASES:
+        for tp in tps:
+            try:
+                km = KernelCostModel(get_model(name), get_gpu(gpu), tp, "bf16", engine="vllm")
+            except ValueError as exc:
+                rows.append({"gpu": gpu, "model": name, "tp": tp, "shape": f"not priced: {exc}"[:60],
+                             "ours_ms": 0.0, "estimator_ms": 0.0, "ratio": float("nan")})
+                continue
+            h = _default_routing_handle(km, tp)
+            for b, start in MOE_DECODES:
+                ours, est = km.decode_step_time(b, start), h.decode_step_latency(b, start - 1, 2) * 1e-3
+                rows.append({"gpu": gpu, "model": name, "tp": tp, "shape": f"decode {b} x {start}",
+                             "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
+            for b, start, c in MIXED:
+                plan = StepPlan(0, tuple(range(b)), (start,) * b, (ScheduledChunk(b, c, True, 0, True),), b + c,
+                                b * start, b + c)
+                ours = km.step_time(plan)
+                est = (h.decode_step_latency(b, start - 1, 2) + h.predict_prefill_latency(1, c)) * 1e-3
+                rows.append({"gpu": gpu, "model": name, "tp": tp, "shape": f"mixed {b} x {start} + {c}",
+                             "ours_ms": ours * 1e3, "estimator_ms": est * 1e3, "ratio": ours / est})
     return rows
 
 

@@ -169,14 +169,19 @@ def test_bucketing_error_is_small_on_scheduler_plans(llama8b) -> None:  # type: 
 
 @needs_kernels
 def test_mixtral_moe_matches_the_estimator_on_decodes() -> None:
-    """Mixtral-8x22B at tp 8: decode steps equal the estimator; a prefill adds only our lm_head GEMM
-    (the package's MoE family leaves it out of its prefill)."""
+    """Mixtral-8x22B at tp 8: decode steps equal the estimator, with its default (power-law) routing below
+    8 tokens and balanced routing from 8 tokens on (kernel_tables.BALANCED_ROUTING_MAX_EXPERTS); a prefill
+    adds only our lm_head GEMM (the package's MoE family leaves it out of its prefill)."""
     from stallfree.costmodel.kernels import KernelCostModel
 
     km = KernelCostModel(get_model("mixtral-8x22b"), get_gpu("h100-sxm"), 8, "bf16", engine="vllm")
     h = km.tables.handle
-    assert km.decode_step_time(32, 1025) == pytest.approx(h.decode_step_latency(32, 1024, 2) * 1e-3, rel=1e-9)
-    est = h.predict_prefill_latency(1, 2048) * 1e-3
+    assert km._balanced is not None
+    balanced = km._balanced.handle
+    assert km.decode_step_time(4, 1025) == pytest.approx(h.decode_step_latency(4, 1024, 2) * 1e-3, rel=1e-9)
+    assert km.decode_step_time(32, 1025) == pytest.approx(balanced.decode_step_latency(32, 1024, 2) * 1e-3,
+                                                          rel=1e-9)
+    est = balanced.predict_prefill_latency(1, 2048) * 1e-3
     assert km.prefill_step_time(2048) == pytest.approx(est + km.logits_s(1), rel=1e-9)
 
 

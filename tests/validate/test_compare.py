@@ -110,3 +110,20 @@ def test_speed_drift_by_hand():
     steps.append((7.0, 7.5, MeasuredStep(10, 0, 0, 0.5, 10)))  # a prefill step does not count
     assert _speed_drift(EngineRun(steps=steps), split_t=3.0) == pytest.approx(-50.0)
     assert _speed_drift(EngineRun(steps=steps[:2]), split_t=3.0) is None
+
+
+def test_drift_is_measured_on_steps_of_equal_shape():
+    """The batches grow in the second half (1 decode at 0.1 s, then 4 decodes at 0.15 s), but the one shape
+    run in both halves, 2 decodes, took 0.2 s before and 0.21 s after: drift +5%, step growth +50%. A miss
+    of 32% is then not drift."""
+    from stallfree.costmodel.calibrate import MeasuredStep
+    from stallfree.validate.run import EngineRun, _speed_drift, _step_growth
+
+    steps = [(t, t + 0.1, MeasuredStep(1, 1, 10, 0.1)) for t in (0.0, 0.2)]
+    steps += [(0.5, 0.7, MeasuredStep(2, 2, 20, 0.2))]
+    steps += [(t, t + 0.15, MeasuredStep(4, 4, 40, 0.15)) for t in (5.0, 5.5, 6.0)]
+    steps += [(7.0, 7.21, MeasuredStep(2, 2, 20, 0.21))]
+    run = EngineRun(steps=steps)
+    assert _speed_drift(run, split_t=3.0) == pytest.approx(5.0)
+    # Medians: first half (0.1, 0.1, 0.2) -> 0.1 s; second (0.15, 0.15, 0.15, 0.21) -> 0.15 s.
+    assert _step_growth(run, split_t=3.0) == pytest.approx(50.0)

@@ -26,9 +26,11 @@ from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.kernel_maps import KV_DTYPE_MODES, PACKAGE_CONFIGS, PACKAGE_FP8_CONFIGS, quant_modes
 
 __all__ = [
+    "BALANCED_ROUTING_MAX_EXPERTS",
     "KernelTables",
     "KernelsUnavailable",
     "allreduce_curve",
+    "balanced_from",
     "cache_dir",
     "comm_version_at_or_below",
     "kernels_installed",
@@ -48,6 +50,18 @@ _SHARED_OPS = frozenset({"Embedding", "ElementWise", "GEMM", "CustomAllReduce", 
 
 # Bumped when the meaning of a cached entry changes, so that older entries are built afresh.
 _FORMAT = "6"
+
+#: An MoE with at most this many routed experts (Mixtral-8x7B and -8x22B) has a second set of tables with the
+#: package's "balanced" routing beside its default power-law skew (alpha 1.2, aiconfigurator-core
+#: sdk/models/moe.py `_power_law_alpha = 1.2`); stallfree.costmodel.kernels prices a step's MoE from it once
+#: the step routes at least 2 tokens to each expert on average (tokens x top-k >= 2 x experts). Why: with 8
+#: experts a serving batch reaches every one of them, and the package's skewed rows for Mixtral's shape at
+#: TP 2 (H100, vLLM 0.24.0 moe_perf) are 1.15-1.38 times its balanced rows at 48-192 tokens, against
+#: 1.03-1.14 at TP 4 and 0.99-1.15 at TP 8: the power law priced Mixtral's TP 2 decode steps up to 23% above
+#: balanced routing where TP 4 and 8 move 0-8% (benchmarks/kernels_vs_estimator.py --moe). Below that many
+#: tokens a batch cannot spread (at 1-4 tokens the balanced rows are the slower ones), so the skewed rows stay.
+#: Many-expert routers (Qwen3-30B-A3B: 128 experts, top-8) keep the power law throughout.
+BALANCED_ROUTING_MAX_EXPERTS = 8
 
 
 class KernelsUnavailable(CostModelError):
@@ -188,6 +202,26 @@ def _is_moe(config: dict[str, Any]) -> bool:
     return any(_text_config(config).get(k) for k in ("num_local_experts", "n_routed_experts", "num_experts"))
 
 
+def balanced_from(config: dict[str, Any]) -> int | None:
+    """The least tokens of a step whose MoE is priced on balanced routing (BALANCED_ROUTING_MAX_EXPERTS):
+    ceil(2 x experts / top-k) for an MoE of at most that many experts, else None (the power law always)."""
+    experts = _num_experts(config)
+    topk = _text_config(config).get("num_experts_per_tok")
+    if not 0 < experts <= BALANCED_ROUTING_MAX_EXPERTS or not isinstance(topk, int) or topk < 1:
+        return None
+    return -(-2 * experts // topk)
+
+
+def _num_experts(config: dict[str, Any]) -> int:
+    """The routed experts of an MoE config (0 when it names none)."""
+    text = _text_config(config)
+    for k in ("num_local_experts", "n_routed_experts", "num_experts"):
+        v = text.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return 0
+
+
 def cache_dir() -> Path:
     """Return the folder of compiled engines kept between processes: $STALLFREE_CACHE_DIR/kernels,
     else $XDG_CACHE_HOME/stallfree/kernels, else ~/.cache/stallfree/kernels."""
@@ -209,7 +243,7 @@ def _package_version() -> str:
 
 def load_tables(
     config: dict[str, Any], system: str, engine: str, version: str, tp: int, dtype: str, kv_dtype: str,
-    ep: int = 1, dp_attention: int = 1,
+    ep: int = 1, dp_attention: int = 1, routing: str | None = None,
 ) -> KernelTables:
     """Return the compiled engine for a model config, system, engine version, TP degree, expert
     parallelism `ep` and data-parallel attention ranks `dp_attention` (the package's moe_ep_size and
@@ -230,7 +264,7 @@ def load_tables(
     """
     text = json.dumps(config, sort_keys=True)
     key = (text, system, engine, version, str(tp), dtype, kv_dtype) + ((f"ep{ep}",) if ep > 1 else ()) + (
-        (f"dp{dp_attention}",) if dp_attention > 1 else ())
+        (f"dp{dp_attention}",) if dp_attention > 1 else ()) + ((f"routing-{routing}",) if routing else ())
     found = _TABLES.get(key)
     if found is not None:
         return found
@@ -238,7 +272,8 @@ def load_tables(
     path = cache_dir() / f"{digest}.json"
     tables = _load_cached(path)
     if tables is None:
-        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep, dp_attention)
+        tables, spec = _build_tables(config, text, system, engine, version, tp, dtype, kv_dtype, ep, dp_attention,
+                                     routing)
         _store(path, tables, spec)
     _TABLES[key] = tables
     return tables
@@ -286,7 +321,7 @@ def _load_cached(path: Path) -> KernelTables | None:
 
 def _build_tables(
     config: dict[str, Any], text: str, system: str, engine: str, version: str, tp: int, dtype: str,
-    kv_dtype: str, ep: int = 1, dp_attention: int = 1,
+    kv_dtype: str, ep: int = 1, dp_attention: int = 1, routing: str | None = None,
 ) -> tuple[KernelTables, str]:
     literal = resolve_version(system, engine, version)
     aic = _import_package()
@@ -312,6 +347,8 @@ def _build_tables(
                 fmha_quant_mode=None, moe_quant_mode=moe_mode,
                 comm_quant_mode=None, forward_model=None, attention_backend=None,
             )
+            if moe and routing:
+                mc.workload_distribution = routing  # the package's MoE routing ("balanced"), not its default
             database = perf_database.get_database(system, engine, literal)
             # The package's own guard: an FP8 attention inferred from the checkpoint (DeepSeek's) where
             # the tables hold bf16 attention only is priced in bf16, as its estimator does.

@@ -85,6 +85,7 @@ from stallfree.costmodel.kernel_tables import (
     KernelsUnavailable,
     KernelTables,
     allreduce_curve,
+    balanced_from,
     comm_version_at_or_below,
     kernels_installed,
     load_tables,
@@ -200,6 +201,12 @@ class KernelCostModel:
             self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep, self.dp_attention
         )
         self.version = self.tables.version
+        # A few-expert MoE (Mixtral) prices a step that spreads over every expert from balanced routing
+        # (kernel_tables.BALANCED_ROUTING_MAX_EXPERTS says why); smaller steps keep the package's skew.
+        self.balanced_from = balanced_from(self._config)
+        self._balanced = None if self.balanced_from is None else load_tables(
+            self._config, system_for(gpu.key), engine, version, tp, self.dtype, self.kv_dtype, ep, self.dp_attention,
+            routing="balanced")
         self.comm_version = comm_version
         self.comm_table: str | None = None
         self._ar_curves: tuple[Any, Any] | None = None
@@ -270,7 +277,10 @@ class KernelCostModel:
         """Return shared(T) of the module docstring, seconds, for T = `tokens` >= 1 (cached, exact)."""
         t = self._shared_c.get(tokens)
         if t is None:
-            r = self.tables.handle.evaluate_context_ops(list(self.tables.shared), batch_size=1, s=tokens)
+            tb = self.tables
+            if self._balanced is not None and self.balanced_from is not None and tokens >= self.balanced_from:
+                tb = self._balanced
+            r = tb.handle.evaluate_context_ops(list(tb.shared), batch_size=1, s=tokens)
             t = self._shared_c[tokens] = self._with_run_allreduce(r, tokens) * 1e-3
         return t
 

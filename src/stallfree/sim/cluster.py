@@ -364,6 +364,7 @@ def run_cluster_study(
     check: bool = False,
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
+    capacity: bool = True,
 ) -> tuple[Experiment, ClusterResult]:
     """The setup's workload on N replicas of its scheduler: (Experiment, ClusterResult), the latter
     with each replica's own SimResult (for a per-replica timeline).
@@ -372,7 +373,7 @@ def run_cluster_study(
         setup: a stallfree.sim.setup.Setup (each replica is its hardware, KV and scheduler).
         replicas: N >= 1.
         router: a Router or one of ROUTERS (default least-outstanding).
-        budget, step_time_target, check, slo_ttft, slo_tpot: as experiment.run_experiment.
+        budget, step_time_target, check, slo_ttft, slo_tpot, capacity: as experiment.run_experiment.
 
     Returns:
         (a stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
@@ -406,11 +407,12 @@ def run_cluster_study(
     result.merged.config.update(router=router if isinstance(router, str) else type(router).__name__)
     summary = cluster_summary(result, slo_ttft, slo_tpot)
     summary["router"] = result.merged.config["router"]
-    one = saturated_throughput(
-        setup.workload, sched, setup.cost_model, opts.max_tokens,
-        max_model_len=setup.context_length, cut_output_to_fit=opts.cut_output_to_fit,
-    )
-    record_capacity(setup, summary, one * replicas)
+    if capacity:
+        one = saturated_throughput(
+            setup.workload, sched, setup.cost_model, opts.max_tokens,
+            max_model_len=setup.context_length, cut_output_to_fit=opts.cut_output_to_fit,
+        )
+        record_capacity(setup, summary, one * replicas)
     header = study_header(setup)
     header.update(token_budget=budget, step_time_target_s=step_time_target, replicas=replicas,
                   router=summary["router"])

@@ -41,6 +41,7 @@ __all__ = [
     "EngineProfileError",
     "ProfiledCostModel",
     "default_profile",
+    "fit_rows",
     "load_profile",
     "profile_names",
 ]
@@ -167,6 +168,17 @@ def load_profile(name: str) -> EngineProfile:
     if name not in profiles:
         raise EngineProfileError(f"`engine_profile` {name!r}: no such profile; known: {', '.join(profile_names())}")
     return EngineProfile.from_json(name, profiles[name])
+
+
+def fit_rows(profile: EngineProfile | None) -> dict[str, Any] | None:
+    """The benchmark rows a shipped profile was fitted on, as its data file's `fit_rows` selection
+    ({"engine", "mode", "model_contains", "gpu": [presets]}), or None: no profile, an empty one, or one
+    the data file does not describe (a profile built by hand fits nothing of the package's)."""
+    if profile is None or profile.is_empty:
+        return None
+    entry = _shipped().get(profile.name)
+    found = entry.get("fit_rows") if isinstance(entry, dict) else None
+    return dict(found) if isinstance(found, dict) else None
 
 
 def default_profile(kernels: str | None) -> EngineProfile:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.ranges import ScaledCost
 from stallfree.sim.report import summarize_result
 from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
@@ -89,6 +90,7 @@ def run_experiment(
     check: bool = False,
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
+    capacity: bool = True,
 ) -> Experiment:
     """Simulate the setup's workload under each batching mode asked for.
 
@@ -102,6 +104,8 @@ def run_experiment(
         check: check the scheduler's invariants after every step (chunked only).
         slo_ttft: TTFT objective for goodput, s, or None.
         slo_tpot: TPOT objective for goodput, s, or None.
+        capacity: measure each run's capacity (capacity_req_s, load); False leaves both keys out (a
+            replay whose latencies alone are read, as stallfree.sim.ranges' scaled replays).
 
     Returns:
         An Experiment with one result and summary per mode.
@@ -116,7 +120,7 @@ def run_experiment(
         budget = DEFAULT_TOKEN_BUDGET if step_time_target is None else TIME_BUDGET_CAP
     results, summaries = [], []
     for mode in modes:
-        res, summary = _run_mode(setup, mode, budget, step_time_target, check, slo_ttft, slo_tpot)
+        res, summary = _run_mode(setup, mode, budget, step_time_target, check, slo_ttft, slo_tpot, capacity)
         results.append(res)
         summaries.append(summary)
     header = study_header(setup)
@@ -127,7 +131,7 @@ def run_experiment(
 
 def _run_mode(
     setup: Setup, mode: str, budget: int, step_time_target: float | None, check: bool,
-    slo_ttft: float | None, slo_tpot: float | None,
+    slo_ttft: float | None, slo_tpot: float | None, capacity: bool = True,
 ) -> tuple[SimResult, dict[str, Any]]:
     """One mode of run_experiment: its SimResult and its summary with capacity_req_s and load."""
     max_tokens = setup.workload_options.max_tokens
@@ -146,7 +150,9 @@ def _run_mode(
     if step_time_target is not None:
         res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
     summary = summarize_result(res, slo_ttft, slo_tpot)
-    capacity = saturated_throughput(
+    if not capacity:
+        return res, summary
+    saturated = saturated_throughput(
         setup.workload,
         sched,
         setup.cost_model,
@@ -154,7 +160,7 @@ def _run_mode(
         max_model_len=setup.context_length,
         cut_output_to_fit=setup.workload_options.cut_output_to_fit,
     )
-    record_capacity(setup, summary, capacity)
+    record_capacity(setup, summary, saturated)
     return res, summary
 
 
@@ -189,8 +195,11 @@ def scheduler_for(setup: Setup, mode: str, budget: int, step_time_target: float 
     if step_time_target is None:
         return setup.config(mode, budget)
 
+    # The time budget plans with the model's prediction: a range's replay scales the steps as run (the
+    # engine's real time), never the planner's estimate (stallfree.sim.ranges).
+    planning = setup.cost_model.inner if isinstance(setup.cost_model, ScaledCost) else setup.cost_model
     sched: SchedulerLike | Any = TimeBudgetConfig(
-        setup.scheduler_config.replace(token_budget=budget), step_time_target, setup.cost_model)
+        setup.scheduler_config.replace(token_budget=budget), step_time_target, planning)
     return sched
 
 

@@ -22,6 +22,17 @@ Definitions (docs/simulator.md, "Overload and bursts"):
   least BURST_MIN_STEPS median step times of the run.
 - The TTFT tail comes from a burst when at least half of the requests with TTFT >= the run's p99
   arrived within that burst's busy period (the stretch plus its drain).
+- Saturated: the run is at or past what the replicas sustain once the simulator's own step-time error
+  is allowed for (stallfree.sim.ranges: real steps up to STEP_TIME_HIGH times the simulated ones, the
+  90th percentile measured on the dev data), so its tails cannot be trusted: it is overloaded, or its
+  offered rate is at least mu / STEP_TIME_HIGH (SATURATION_LOAD of mu), or in some window the queue
+  grows through it: a burst against the fluid server of rate mu / STEP_TIME_HIGH whose backlog peaks
+  at QUEUE_GROWTH_MIN_S or more, in which the replay itself queued (the requests arriving in its busy
+  period waited for admission QUEUE_GROWTH_MIN_S or more at p90: a batching server absorbs a burst
+  into its batch, and the fluid server alone would call that a queue). Every overloaded run is
+  saturated; a saturated run need not be overloaded (a run at 90% of mu, or one burst past it, keeps
+  up on average). `saturated_window_s` is [first, last arrival] when the whole run is saturated, else
+  the worst window's [start, drain], s.
 """
 
 from __future__ import annotations
@@ -31,11 +42,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from stallfree.sim.ranges import STEP_TIME_HIGH
 from stallfree.sim.report import latency_arrays
 
 __all__ = [
     "BURST_MIN_STEPS",
     "QUEUE_GROWTH_MIN_S",
+    "SATURATION_LOAD",
     "Burst",
     "annotate",
     "burst_line",
@@ -43,6 +56,8 @@ __all__ = [
     "overload",
     "overload_line",
     "queue_grows",
+    "saturation",
+    "saturation_line",
     "tail_burst",
 ]
 
@@ -50,6 +65,9 @@ __all__ = [
 BURST_MIN_STEPS = 8
 #: The last quarter's median wait must exceed this, s, for the queue to count as growing.
 QUEUE_GROWTH_MIN_S = 1.0
+#: Saturated at this share of the sustained rate or above: 1 / STEP_TIME_HIGH, the rate the replicas
+#: sustain when every step takes the 90th percentile of the measured step-time error longer.
+SATURATION_LOAD = 1.0 / STEP_TIME_HIGH
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,22 +265,82 @@ def burst_line(label: str, b: dict[str, Any], rate_scale: float) -> str:
             f"backlog drained at {b['end_s']:,.1f} s")
 
 
+def saturation(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: float | None,
+               over: dict[str, Any] | None) -> dict[str, Any]:
+    """Whether the run is saturated, and where (module docstring).
+
+    Args:
+        res: the run's SimResult (merged, for a cluster).
+        lat: its stallfree.sim.report.latency_arrays.
+        summary: its summary (capacity_req_s: the replicas' saturated throughput, req/s, or None).
+        offered: the offered rate, requests/s (None or inf: every request at one instant).
+        over: overload's dict for the run, or None.
+
+    Returns:
+        {"saturated" (bool), "saturated_window_s" ([start, end] s, or None), "saturated_by" ("overload",
+        "load", "window", "one instant" or None)}.
+    """
+    import numpy as np
+
+    arrival = np.asarray(res.arrival, dtype=np.float64)
+    whole = [float(arrival.min()), float(arrival.max())] if len(arrival) else None
+    if not len(lat["rids"]):
+        return {"saturated": False, "saturated_window_s": None, "saturated_by": None}
+    if offered is None or not math.isfinite(offered):
+        return {"saturated": True, "saturated_window_s": whole, "saturated_by": "one instant"}
+    if over is not None:
+        return {"saturated": True, "saturated_window_s": whole, "saturated_by": "overload"}
+    capacity = summary.get("capacity_req_s")
+    if capacity is None or not capacity > 0:
+        return {"saturated": False, "saturated_window_s": None, "saturated_by": None}
+    if offered >= SATURATION_LOAD * capacity:
+        return {"saturated": True, "saturated_window_s": whole, "saturated_by": "load"}
+    dur = np.frombuffer(res.step_end, dtype=np.float64) - np.frombuffer(res.step_start, dtype=np.float64)
+    min_duration = BURST_MIN_STEPS * float(np.median(dur)) if len(dur) else 0.0
+    rids, waits = lat["rids"], lat["queue"]
+
+    def queued(b: Burst) -> bool:
+        mine = waits[(rids >= b.first) & (rids < b.first + b.busy_requests)]
+        return bool(len(mine)) and float(np.percentile(mine, 90)) >= QUEUE_GROWTH_MIN_S
+
+    bursts = [b for b in fluid_bursts(res.arrival, capacity * SATURATION_LOAD, min_duration)
+              if b.peak_backlog_s >= QUEUE_GROWTH_MIN_S and queued(b)]
+    if not bursts:
+        return {"saturated": False, "saturated_window_s": None, "saturated_by": None}
+    worst = max(bursts, key=lambda b: b.peak_backlog_s)
+    return {"saturated": True, "saturated_window_s": [worst.start_s, worst.end_s], "saturated_by": "window"}
+
+
+def saturation_line(label: str, s: dict[str, Any]) -> str:
+    """The header line of a saturated run (a summary with saturation's keys)."""
+    a, b = s["saturated_window_s"] or (0.0, 0.0)
+    why = {"overload": "overloaded", "one instant": "every request arrives at one instant",
+           "load": f"offered {s.get('load') or 0:.0%} of capacity, at or above {SATURATION_LOAD:.0%}",
+           "window": f"the queue grows through it at {SATURATION_LOAD:.0%} of capacity"}[s["saturated_by"]]
+    where = f"at {a:,.1f}-{b:,.1f} s" if s["saturated_by"] == "window" else "through the run"
+    return (f"warning: {label}: saturated {where} ({why}): TTFT and queueing tails there are unreliable, "
+            f"as steps {STEP_TIME_HIGH - 1:.1%} slower (the 90th percentile of the measured step-time error) "
+            "would queue there; read the range")
+
+
 def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header: dict[str, Any],
              replicas: int = 1) -> list[str]:
-    """Add "overload" and "tail_burst" (None or their dicts) to each summary; return the lines to
-    print: one overload warning for the study (its first overloaded run, "(k of n runs)" when
-    several are) and a burst note per run whose TTFT tail comes from a burst."""
+    """Add "overload" and "tail_burst" (None or their dicts) and saturation's keys to each summary;
+    return the lines to print: one overload warning for the study (its first overloaded run, "(k of n
+    runs)" when several are) and a burst note per run whose TTFT tail comes from a burst."""
     rate_scale = float(header.get("rate_scale") or 1.0)
     offered = header.get("offered_rate")
     warn: list[str] = []
     notes: list[str] = []
     for res, s in zip(results, summaries, strict=True):
         if s.get("achieved_request_rate") is not None:  # closed loop: the clients set the rate
-            s["overload"] = s["tail_burst"] = None
+            s["overload"] = s["tail_burst"] = s["saturated_window_s"] = s["saturated_by"] = None
+            s["saturated"] = False
             continue
         lat = latency_arrays(res)
         o = overload(res, lat, s, offered, rate_scale, replicas)
         s["overload"] = o
+        s.update(saturation(res, lat, s, offered, o))
         if o is not None:
             warn.append(overload_line(s["label"], o, replicas))
             s["tail_burst"] = None

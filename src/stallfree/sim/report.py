@@ -468,6 +468,14 @@ def _fmt(value: Any, spec: str) -> str:
     return spec.format(value)
 
 
+def _range_text(summary: dict[str, Any], key: str, spec: str) -> str:
+    """" [low-high]" of a latency key when the run carries its range (stallfree.sim.ranges), else ""."""
+    span = (summary.get("range") or {}).get(key)
+    if not span:
+        return ""
+    return f" [{spec.format(span[0])}-{spec.format(span[1])}]"
+
+
 def console() -> Any:
     """A rich Console for stdout; wide when stdout is not a terminal, so piped tables are not cut."""
     from rich.console import Console
@@ -496,7 +504,7 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
             table.add_row(name, *(_fmt(_value(s, key) if s.get("prefix_cache_hit_rate") is not None else None, spec)
                                   for s in summaries))
             continue
-        table.add_row(name, *(_fmt(_value(s, key), spec) for s in summaries))
+        table.add_row(name, *(_fmt(_value(s, key), spec) + _range_text(s, key, spec) for s in summaries))
         if key == "p99_queue_ms":
             for title, cells in bucket_table_rows(summaries):
                 table.add_row(title, *cells)

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.executors import Executor
+from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, error_model, run_range
 from stallfree.sim.report import latency_arrays, summarize_result
 from stallfree.sim.setup import Setup
 from stallfree.sim.simulator import BATCHING_MODES, ReplicaConfig, simulate
@@ -164,6 +165,7 @@ def sweep(
     slo_tpot: float | None = None,
     jobs: int | Executor = 1,
     progress: Callable[[int, int], None] | None = None,
+    ranges: bool = False,
 ) -> SweepResult:
     """Simulate every (rate scale, batching mode, token budget) of the grid on the setup's workload.
 
@@ -176,6 +178,8 @@ def sweep(
         slo_tpot: TPOT objective for goodput, s, or None.
         jobs: worker processes (1 runs in this process), or an executor (run_points).
         progress: called with (finished, total) points after each one.
+        ranges: replay every point twice more with each step scaled by stallfree.sim.ranges'
+            STEP_TIME_LOW and STEP_TIME_HIGH, and give each row (and table row) its "range" (3x the work).
 
     Returns:
         A SweepResult, its rows in grid order.
@@ -204,7 +208,18 @@ def sweep(
         for mode in batching
         for budget in budgets
     ]
+    n = len(points)
+    if ranges:
+        points += [replace(p, cost_model=ScaledCost(p.cost_model, f)) for f in (STEP_TIME_LOW, STEP_TIME_HIGH)
+                   for p in points[:n]]
     total = len(points)
     rows = run_points(points, jobs, (lambda k: progress(k, total)) if progress else None)
-    table_rows = [{k: r.get(k) for k in ROW_KEYS} for r in rows]
-    return SweepResult(setup.header(), rows, table_rows)
+    header = setup.header()
+    if ranges:
+        low, high = rows[n:2 * n], rows[2 * n:]
+        rows = rows[:n]
+        for k, row in enumerate(rows):
+            row["range"] = run_range(row, [low[k], high[k]])
+        header["range_model"] = error_model()
+    table_rows = [{k: r.get(k) for k in ROW_KEYS} | ({"range": r["range"]} if ranges else {}) for r in rows]
+    return SweepResult(header, rows, table_rows)

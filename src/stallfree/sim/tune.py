@@ -429,6 +429,44 @@ def serve_command(row: dict[str, Any]) -> str:
     return line
 
 
+def chosen_range(
+    result: TuneResult,
+    workload: Workload,
+    kv_tokens: int,
+    cost_model: StepCostModel,
+    *,
+    max_tokens: int | None = None,
+    jobs: int | Executor = 1,
+    max_model_len: int | None = None,
+    cut_output_to_fit: bool = False,
+    async_scheduling: bool = False,
+    scheduler: SchedulerConfig | None = None,
+) -> dict[str, list[float] | None]:
+    """The range of the chosen candidate's latencies (stallfree.sim.ranges): the same configuration replayed
+    with every step scaled by STEP_TIME_LOW and STEP_TIME_HIGH; arguments as tune's.
+
+    Returns:
+        {key: [low, high] (ms) or None} for each key of stallfree.sim.ranges.RANGE_KEYS.
+    """
+    from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
+
+    best = result.best
+    pp = best.get("partial_prefills")
+    pair: tuple[int, int] | tuple[int, int, tuple[int, int, int]] = (
+        (best["token_budget"], best["max_seqs"], (int(pp[0]), int(pp[1]), int(pp[2] or 1))) if pp
+        else (best["token_budget"], best["max_seqs"]))
+    scaled = []
+    for factor in (STEP_TIME_LOW, STEP_TIME_HIGH):
+        runner = _Runner(workload, kv_tokens, ScaledCost(cost_model, factor), result.slo_ttft, result.slo_tpot,
+                         max_tokens, jobs, None)
+        runner.context = (max_model_len, cut_output_to_fit)
+        runner.async_scheduling = async_scheduling
+        runner.base = scheduler or SchedulerConfig(1, 1, kv_tokens)
+        runner.run([pair])
+        scaled.append(runner.rows[0])
+    return run_range(best, scaled)
+
+
 def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
     """Return the JSON report of a tune: header, SLOs (s), the bound, the chosen row, the serve line
     (None when no candidate meets the SLOs: `slo_met` is then false), every row, the wall time (s)."""
@@ -448,7 +486,8 @@ def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
         "slo_ttft_s": result.slo_ttft,
         "slo_tpot_s": result.slo_tpot,
         "bound": bound,
-        "chosen": {k: result.best.get(k) for k in ROW_KEYS},
+        "chosen": {k: result.best.get(k) for k in ROW_KEYS}
+        | ({"range": result.best["range"]} if "range" in result.best else {}),
         "slo_met": result.slo_met,
         "serve": serve_command(result.best) if result.slo_met else None,
         "rows": [{k: r.get(k) for k in ROW_KEYS} for r in result.rows],

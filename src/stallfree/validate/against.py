@@ -30,6 +30,7 @@ from stallfree.costmodel import CostModelError
 from stallfree.sim.cluster import simulate_cluster
 from stallfree.sim.engine_behaviour import ASYNC_SCHEDULING_DEFAULT_SINCE, async_default, engine_defaults
 from stallfree.sim.engine_profile import EngineProfile
+from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
 from stallfree.sim.routers import VllmDPRouter
 from stallfree.sim.simulator import ReplicaConfig, simulate
 from stallfree.sim.workload import Workload
@@ -166,7 +167,7 @@ def verdict(errors: dict[str, float | None], signed: bool = True) -> str:
 
 
 def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | None = "none", model: str | None = None,
-               gpu: str | None = None) -> dict[str, Any]:
+               gpu: str | None = None, ranges: bool = False) -> dict[str, Any]:
     """Replay one run folder open-loop (each request at its queued_ts) and compare.
 
     The engine profile's step terms price the steps; its front-end term is not added (a run folder's
@@ -180,6 +181,10 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
 
     A run with data_parallel_size > 1 is replayed as that many replicas, each with the folder's KV and
     scheduler limits, behind VllmDPRouter (vLLM's front-end load balancing).
+
+    With `ranges`, the run is replayed twice more with every step scaled by stallfree.sim.ranges'
+    STEP_TIME_LOW and STEP_TIME_HIGH: the result gains "range" ({"mean_ttft_ms": [low, high], ...} over
+    the three replays, ms) and "inside_range" (whether each measured figure lies in its range).
     """
     where = str(run.path)
     name, dtype = model_preset(run.model, run.dtype) if model is None else model_preset(model, run.dtype)
@@ -215,20 +220,30 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     sched = ReplicaConfig.of(kv, run.max_num_batched_tokens, run.max_num_seqs, async_scheduling=lagged,
                              kv_policy="paged", block_size=run.block_size, watermark=watermark["value"])
     dp_note = None
+
+    def replay(cost: Any) -> Any:
+        if run.dp > 1:
+            # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind
+            # one front end that routes each request by its load balancing (VllmDPRouter).
+            return simulate_cluster(wl, sched, cost, run.dp, VllmDPRouter(), max_model_len=run.max_model_len).merged
+        return simulate(wl, sched, cost, max_model_len=run.max_model_len)
+
+    res = replay(price.cost_model)
     if run.dp > 1:
-        # vLLM runs data_parallel_size engines, each with its own scheduler, KV cache and TP group, behind
-        # one front end that routes each request by its load balancing (VllmDPRouter).
-        cres = simulate_cluster(wl, sched, price.cost_model, run.dp, VllmDPRouter(), max_model_len=run.max_model_len)
-        res = cres.merged
         dp_note = (f"{run.dp} data-parallel replicas behind vLLM's load balancing (4 x waiting + running); each "
                    "replica priced as the whole model on its own TP group"
                    + (" (its experts not split across the replicas: the expert-parallel all-to-all and the "
                       "ranks' lock-step are not priced)" if run.expert_parallel else ""))
-    else:
-        res = simulate(wl, sched, price.cost_model, max_model_len=run.max_model_len)
     sim = latencies(res.timelines())
     measured: dict[Hashable, Latencies] = dict(enumerate(run.measured))
     fig = figures(measured, sim)
+    if ranges:
+        scaled = [figures(measured, latencies(replay(ScaledCost(price.cost_model, f)).timelines()))["simulated"]
+                  for f in (STEP_TIME_LOW, STEP_TIME_HIGH)]
+        fig["range"] = run_range(fig["simulated"], scaled, list(fig["simulated"]))
+        fig["inside_range"] = {k: span[0] <= fig["measured"][k] <= span[1]
+                               for k, span in fig["range"].items()
+                               if span is not None and fig["measured"][k] is not None}
     fig.update({
         "run": run.path.name,
         "config": {"model": run.model, "cost_model_name": _model_label(name),
@@ -272,14 +287,21 @@ def _runs(path: Path) -> list[Path]:
 
 
 def validate_runs(path: str | Path, profile: EngineProfile | None, kernels: str | None = "none",
-                  model: str | None = None, gpu: str | None = None) -> dict[str, Any]:
+                  model: str | None = None, gpu: str | None = None, ranges: bool = False) -> dict[str, Any]:
     """Replay a run folder, or every run folder inside `path`, and summarise.
 
     A run that cannot be replayed (replay_run's ValueError) is listed under "skipped" with the reason.
+    No run folder is fitted on: the engine profiles are fitted on benchmark rows (their `fitted_on`) and
+    no calibration reads run folders, so every run is held out and the verdict is theirs. The signed
+    bias (the mean signed error over the runs, percent) stands beside each median |error|: a replay that
+    is fast on every run says so where a median |error| would not.
 
     Returns:
         {"format": "runs", "runs": [replay_run results], "skipped": [{"run", "reason"}],
-        "summary": {"median_abs_error_pct": {"mean_ttft", ...}}, "verdict": line, "engine_profile": ...}.
+        "summary": {"median_abs_error_pct": {"mean_ttft", ...}, "mean_signed_error_pct": {...},
+        "held_out_runs", "fitted_runs" (0), and with `ranges` "range_coverage" (the share of runs whose
+        measured figure lies in its range, per figure) and "range_median_rel_width" (the median over runs
+        of (high - low) / simulated)}, "verdict": line, "engine_profile": ...}.
 
     Raises:
         ValueError: a malformed folder (file and line named), or no run could be replayed.
@@ -288,22 +310,45 @@ def validate_runs(path: str | Path, profile: EngineProfile | None, kernels: str 
     for folder in _runs(Path(path)):
         run = read_run_folder(folder)
         try:
-            runs.append(replay_run(run, profile, kernels, model, gpu))
+            runs.append(replay_run(run, profile, kernels, model, gpu, ranges))
         except ValueError as exc:
             skipped.append({"run": folder.name, "reason": str(exc)})
     if not runs:
         raise ValueError(f"--against {str(path)!r}: no run could be replayed: "
                          + "; ".join(s["reason"] for s in skipped))
     summary: dict[str, float | None] = {}
+    bias: dict[str, float | None] = {}
     for m in RUN_METRICS:
         for st in _STATS:
-            errs = [abs(r["error_pct"][f"{st}_{m}"]) for r in runs if r["error_pct"][f"{st}_{m}"] is not None]
-            summary[f"{st}_{m}"] = percentile(errs, 50.0) if errs else None
+            errs = [r["error_pct"][f"{st}_{m}"] for r in runs if r["error_pct"][f"{st}_{m}"] is not None]
+            summary[f"{st}_{m}"] = percentile([abs(e) for e in errs], 50.0) if errs else None
+            bias[f"{st}_{m}"] = sum(errs) / len(errs) if errs else None
     signed = runs[0]["error_pct"] if len(runs) == 1 else summary
-    return {"format": "runs", "runs": runs, "skipped": skipped, "summary": {"median_abs_error_pct": summary},
-            "verdict": verdict(signed, len(runs) == 1)
-            + ("" if len(runs) == 1 else f" (median |error| over {len(runs)} runs)"),
+    line = verdict(signed, len(runs) == 1)
+    if len(runs) > 1:
+        line += (f" (median |error| over {len(runs)} held-out runs; signed bias TTFT {bias['mean_ttft']:+.1f}%, "
+                 f"TPOT {bias['mean_tpot']:+.1f}%, E2E {bias['mean_e2e']:+.1f}%)")
+    out_summary: dict[str, Any] = {"median_abs_error_pct": summary, "mean_signed_error_pct": bias,
+                                   "held_out_runs": len(runs), "fitted_runs": 0}
+    if ranges:
+        out_summary.update(_coverage(runs))
+    return {"format": "runs", "runs": runs, "skipped": skipped, "summary": out_summary, "verdict": line,
             "engine_profile": describe_profile(profile), "kernels": kernels}
+
+
+def _coverage(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranges' coverage (share of runs whose measured figure is inside) and median relative width."""
+    coverage: dict[str, float] = {}
+    width: dict[str, float] = {}
+    for key in runs[0]["range"]:
+        inside = [r["inside_range"][key] for r in runs if key in r.get("inside_range", {})]
+        widths = [(r["range"][key][1] - r["range"][key][0]) / r["simulated"][key] for r in runs
+                  if r["range"].get(key) and r["simulated"].get(key)]
+        if inside:
+            coverage[key] = sum(inside) / len(inside)
+        if widths:
+            width[key] = percentile(widths, 50.0)
+    return {"range_coverage": coverage, "range_median_rel_width": width}
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -331,18 +376,32 @@ def print_runs(res: dict[str, Any]) -> None:
             print(f"  {c['dp_note']}")
         if c.get("kernels_version_note"):
             print(f"  {c['kernels_version_note']}")
-        print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}")
+        spans = r.get("range") or {}
+        print(f"  {'figure':<10} {'measured ms':>12} {'simulated ms':>13} {'error':>8}"
+              + (f" {'range ms':>23}" if spans else ""))
         for m in RUN_METRICS:
             for st in _STATS:
                 k = f"{st}_{m}"
+                span = spans.get(k + "_ms")
+                inside = "" if span is None else ("" if r["inside_range"].get(k + "_ms") else " (outside)")
                 print(f"  {m.upper() + ' ' + st:<10} {_fmt(r['measured'][k + '_ms']):>12} "
-                      f"{_fmt(r['simulated'][k + '_ms']):>13} {_fmt(r['error_pct'][k], '%'):>8}")
+                      f"{_fmt(r['simulated'][k + '_ms']):>13} {_fmt(r['error_pct'][k], '%'):>8}"
+                      + ("" if span is None else f" {_fmt(span[0]) + '-' + _fmt(span[1]):>23}{inside}"))
     for s in res["skipped"]:
         print(f"\nskipped {s['run']}: {s['reason']}")
     if len(res["runs"]) > 1:
         med = res["summary"]["median_abs_error_pct"]
-        print("\nmedian |error| over runs: " + ", ".join(
-            f"{m.upper()} mean {_fmt(med[f'mean_{m}'])}% p99 {_fmt(med[f'p99_{m}'])}%" for m in RUN_METRICS))
+        bias = res["summary"].get("mean_signed_error_pct", {})
+        print("\nmedian |error| over runs (signed bias): " + ", ".join(
+            f"{m.upper()} mean {_fmt(med[f'mean_{m}'])}% ({_fmt(bias.get(f'mean_{m}'), '%')}) p99 "
+            f"{_fmt(med[f'p99_{m}'])}% ({_fmt(bias.get(f'p99_{m}'), '%')})" for m in RUN_METRICS))
+    cov = res["summary"].get("range_coverage")
+    if cov:
+        width = res["summary"]["range_median_rel_width"]
+        print("ranges (every step at x" + f"{STEP_TIME_LOW:g} and x{STEP_TIME_HIGH:g}): measured inside on "
+              + ", ".join(f"{k.removesuffix('_ms')} {cov[k]:.0%} (median width {width.get(k, 0):.0%})"
+                          for k in ("mean_ttft_ms", "mean_tpot_ms", "mean_e2e_ms", "p99_ttft_ms") if k in cov)
+              + " of runs")
     print(res["verdict"])
 
 

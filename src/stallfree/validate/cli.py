@@ -52,8 +52,9 @@ def add_verdict(res: dict[str, Any], kind: str) -> None:
         errs = {f"mean_{m}": (sim[f"mean_{m}_ms"] - eng[f"mean_{m}_ms"]) / eng[f"mean_{m}_ms"] * 100.0
                 for m in GOALS if eng.get(f"mean_{m}_ms") and sim.get(f"mean_{m}_ms") is not None}
         drift = res.get("config", {}).get("engine_speed_drift_pct")
-        note = None if drift is None else (f"the engine's own decode speed moved {drift:+.0f}% between the run's "
-                                           "halves; an error smaller than that is within it")
+        note = None if drift is None else (f"the engine's steps of equal shape (decode count and chunk sizes) "
+                                           f"moved {drift:+.0f}% between the run's halves; an error smaller than "
+                                           "that is machine drift, a larger one is the model's")
         res["verdict"] = validate_verdict(errs, GOALS, noise_note=note)
         return
     if kind != "runs":
@@ -115,7 +116,7 @@ def _against(a: argparse.Namespace) -> int:
         a.vllm_result = Path(a.against)
         return _run(a)
     else:
-        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu)
+        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu, ranges=a.range)
         printer, plotter = against.print_runs, against.plot_runs
     add_verdict(res, "runs" if printer is against.print_runs else "silicon")
     if a.json:
@@ -241,4 +242,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",
                    help="benchmark CSV: replay K x concurrency requests per row (default: silicon.REQUESTS_PER_ROW)")
     g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")
+    g.add_argument("--range", action=argparse.BooleanOptionalAction, default=True,
+                   help="run folders: replay each run twice more, every step at the 10th and 90th percentile of the "
+                   "measured step-time error (stallfree.sim.ranges), and report whether each measured figure lies "
+                   "in the range, their coverage and median width (default on; --no-range: one replay a run)")
     p.set_defaults(func=_run)

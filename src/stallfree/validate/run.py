@@ -282,19 +282,39 @@ def _best_fit(base: CostModel, steps: list[MeasuredStep], seed: int) -> Any:
     return best
 
 
+def _shape_ratios(run: EngineRun, split_t: float) -> list[float]:
+    """Per step shape (decode count, prefill chunk tokens) that ran in both halves: the median seconds of
+    its second-half steps over its first-half steps."""
+    import statistics
+
+    by_shape: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+    for _start, end, s in run.steps:
+        by_shape.setdefault((s.num_decodes, s.num_prefill_tokens), ([], []))[end > split_t].append(s.seconds)
+    return [statistics.median(b) / statistics.median(a) for a, b in by_shape.values() if a and b]
+
+
 def _speed_drift(run: EngineRun, split_t: float) -> float | None:
-    """Percent change of the median seconds per token of decode-only steps, second half over first
-    (None when a half has none): how much the machine itself sped up or slowed down."""
+    """How much the machine itself sped up or slowed down between the halves, percent: the median over step
+    shapes (decode count and prefill chunk tokens) run in both halves of the change in their median time,
+    second half over first. Steps of one shape do the same work, so only the machine moves them; steps that
+    grew because the batches grew are not drift. None when no shape ran in both halves."""
+    import statistics
+
+    ratios = _shape_ratios(run, split_t)
+    return (statistics.median(ratios) - 1.0) * 100.0 if ratios else None
+
+
+def _step_growth(run: EngineRun, split_t: float) -> float | None:
+    """Percent change of the median step time, second half over first, whatever the steps' shapes (None
+    when a half has no step): the growth the drift is told apart from."""
     import statistics
 
     halves: tuple[list[float], list[float]] = ([], [])
     for _start, end, s in run.steps:
-        if not s.num_prefill_tokens:
-            halves[end > split_t].append(s.seconds / s.num_tokens)
+        halves[end > split_t].append(s.seconds)
     if not halves[0] or not halves[1]:
         return None
-    first, second = statistics.median(halves[0]), statistics.median(halves[1])
-    return (second - first) / first * 100.0
+    return (statistics.median(halves[1]) / statistics.median(halves[0]) - 1.0) * 100.0
 
 
 def _warm_up(make: Any) -> float:
@@ -361,10 +381,16 @@ def _run_validate(cfg: ValidateConfig, out: Path | None, save_gpu: Path | None) 
         first = [s for (_, _, s) in run.steps]
         notes = [f"too few steps in the first half: calibrated on all {len(first)} steps, so the errors "
                  "below are NOT on held-out data"]
-    drift = _speed_drift(run, split_t)
+    drift, growth = _speed_drift(run, split_t), _step_growth(run, split_t)
+    shapes = len(_shape_ratios(run, split_t))
     if drift is not None and abs(drift) > 20:
-        notes.append(f"the engine's decode steps took {drift:+.0f}% per token in the second half against the "
-                     "first: the machine's speed changed (other jobs), and the errors below include that drift")
+        notes.append(f"the engine's steps of equal shape (decode count and chunk sizes; {shapes} shapes) took "
+                     f"{drift:+.0f}% longer in the second half than in the first: the machine's speed changed "
+                     "(other jobs), and the errors below include that drift")
+    elif growth is not None and abs(growth) > 20:
+        notes.append(f"the engine's steps took {growth:+.0f}% longer at the median in the second half, but steps "
+                     f"of equal shape only {drift or 0:+.0f}% ({shapes} shapes): the batches changed, not the "
+                     "machine, so a miss here is the model's, not drift")
     gpu = local_gpu(cfg.threads, cfg.device, cfg.dtype)
     spec = model_spec(base)
     cm0 = CostModel(spec, gpu, 1, "bf16")
@@ -388,7 +414,8 @@ def _run_validate(cfg: ValidateConfig, out: Path | None, save_gpu: Path | None) 
                    "device": cfg.device, "dtype": cfg.dtype,
                    "model": str(base.model_name), "offered_rate": workload.mean_rate, "load": cfg.load,
                    "engine_steps": len(run.steps), "engine_wall_s": run.wall_s,
-                   "engine_speed_drift_pct": drift},
+                   "engine_speed_drift_pct": drift, "engine_step_growth_pct": growth,
+                   "engine_drift_shapes": shapes},
         "notes": notes,
     }
     gpu_cal = replace(gpu, calibration=GPUCalibration(

@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
     g.add_argument("--no-disaggregate", action="store_true",
                    help="skip the disaggregated prefill/decode splits")
     g.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    g.add_argument("--range", action="store_true",
+                   help="a range on the answer's latencies: its cluster replayed twice more, each step at the 10th "
+                   "and 90th percentile of the measured step-time error (docs/simulator.md, \"Ranges\")")
     add_executor_flags(p)
     p.set_defaults(func=guard(run))
 
@@ -105,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     header = setup.header()
+    if args.range and result.answer_row is not None:
+        _add_range(setup, result, args)
+        from stallfree.sim.ranges import error_model
+
+        header["range_model"] = error_model()
     if not args.no_disaggregate:
         header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(setup)
     if args.json:
@@ -114,6 +122,25 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_plan(result, header, args)
     return served_nothing("plan", result.rows) or (0 if result.replicas is not None else EXIT_NOT_MET)
+
+
+def _add_range(setup: Any, result: Any, args: argparse.Namespace) -> None:
+    """Give the answer's row its "range" (stallfree.sim.ranges): its cluster replayed with every step at the
+    error model's low and high factor."""
+    import copy
+
+    from stallfree.sim.capacity import PlanPoint, run_plan_point
+    from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
+
+    row = result.answer_row
+    scaled = []
+    for factor in (STEP_TIME_LOW, STEP_TIME_HIGH):
+        other = copy.copy(setup)
+        other.cost_model = ScaledCost(setup.cost_model, factor)
+        scaled.append(run_plan_point(PlanPoint(other, result.replicas, result.router, args.token_budget,
+                                               args.slo_ttft, args.slo_tpot)))
+    span = run_range(row, scaled)
+    row["range"] = {k: v for k, v in span.items() if k in row}
 
 
 def _slo_text(args: argparse.Namespace) -> str:
@@ -178,6 +205,12 @@ def print_plan(result: PlanResult, header: dict[str, Any], args: argparse.Namesp
           + (f"; disaggregated splits, {header['disaggregated_behaviour']}" if "disaggregated_behaviour" in header
              else ""))
     print(answer_line(result, args))
+    span = (result.answer_row or {}).get("range")
+    if span:
+        print("range of the answer (every step at the 10th to 90th percentile of the measured step-time error): "
+              + ", ".join(f"{name} {span[k][0]:,.1f}-{span[k][1]:,.1f} ms" for k, name in (
+                  ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_tpot_ms", "TPOT p50"),
+                  ("p99_tpot_ms", "TPOT p99")) if span.get(k)))
     cols = (("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
             ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
             ("p99_ttft_ms", "TTFT p99", "{:,.0f}"), ("median_tpot_ms", "TPOT p50", "{:,.1f}"),

@@ -132,6 +132,11 @@ def _add_batching_flags(g: Any) -> None:
     _add_kv_flags(g)
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
+    g.add_argument(
+        "--no-range", dest="range", action="store_false",
+        help="leave out the range of each latency (by default two more replays, every step scaled to the "
+        "10th and 90th percentile of the measured step-time error: docs/simulator.md, \"Ranges\")",
+    )
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
 
 
@@ -198,9 +203,10 @@ def _check_resolved(args: argparse.Namespace, setup: Any) -> None:
               "synchronously", file=sys.stderr)
 
 
-def _study(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
+def _study(args: argparse.Namespace, setup: Any, capacity: bool = True) -> tuple[Experiment, list[Any]]:
     """The runs of `simulate` on `setup`: one study (_run_once), or with --compare-caching the
-    caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas."""
+    caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas
+    (capacity: as run_experiment's)."""
     on_setup = setup
     if args.compare_caching:
         setup.check_prefix_block()  # before the caching-off run, not after it
@@ -208,10 +214,10 @@ def _study(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]
         # else caching off.
         off = {"cpu_kv_tokens": 0} if _has_cpu_tier(args) else {"enable_prefix_caching": False}
         setup = setup.with_scheduler(**off)
-    study, clusters = _run_once(args, setup)
+    study, clusters = _run_once(args, setup, capacity)
     if args.compare_caching:
         # The same replicas and router as the caching-off run: only the cache differs.
-        on, on_clusters = _run_once(args, on_setup)
+        on, on_clusters = _run_once(args, on_setup, capacity)
         study.results.extend(on.results)
         study.summaries.extend(on.summaries)
         clusters.extend(on_clusters)
@@ -283,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError("--async-scheduling is not modelled with --disaggregate: drop one of them", 2)
         return _run_disagg(args, setup)
     study, clusters = _study(args, setup)
+    if args.range:
+        _add_ranges(args, setup, study)
     from stallfree.sim.overload import annotate
 
     explained = annotate(study.results, study.summaries, study.header, args.replicas)
@@ -306,13 +314,33 @@ def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | No
     what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
     line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
     return {"line": line, "figures": figures}
-def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[Any]]:
+def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment) -> None:
+    """Give each run of the study its "range" (stallfree.sim.ranges): the same study replayed with every
+    step scaled to the error model's low and high factor (no capacity measured), and the error model
+    in the header."""
+    import copy
+
+    from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, error_model, run_range
+
+    quiet = copy.copy(args)
+    quiet.check = False  # the run itself was checked; its scaled replays run the same scheduler
+    scaled = []
+    for factor in (STEP_TIME_LOW, STEP_TIME_HIGH):
+        other = copy.copy(setup)
+        other.cost_model = ScaledCost(setup.cost_model, factor)
+        scaled.append(_study(quiet, other, capacity=False)[0].summaries)
+    for i, summary in enumerate(study.summaries):
+        summary["range"] = run_range(summary, [runs[i] for runs in scaled])
+    study.header["range_model"] = error_model()
+
+
+def _run_once(args: argparse.Namespace, setup: Any, capacity: bool = True) -> tuple[Experiment, list[Any]]:
     """The study of the setup as it stands (one replica or the cluster), and per result its
     ClusterResult (None for a single replica). A run with prefix caching is marked
     config["prefix_caching"], which gives its files the "-cache" tag."""
     clusters: list[Any]
     if _is_cluster(args):
-        study, cluster = _run_cluster(args, setup)
+        study, cluster = _run_cluster(args, setup, capacity)
         clusters = [cluster]
     else:
         study = run_experiment(
@@ -323,6 +351,7 @@ def _run_once(args: argparse.Namespace, setup: Any) -> tuple[Experiment, list[An
             check=args.check,
             slo_ttft=args.slo_ttft,
             slo_tpot=args.slo_tpot,
+            capacity=capacity,
         )
         clusters = [None] * len(study.results)
     if setup.prefix_caching:
@@ -569,7 +598,7 @@ def _is_cluster(args: argparse.Namespace) -> bool:
     return args.replicas > 1 or args.router is not None
 
 
-def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]:
+def _run_cluster(args: argparse.Namespace, setup: Any, capacity: bool = True) -> tuple[Experiment, Any]:
 
     name = args.router or "least-outstanding"
 
@@ -587,7 +616,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]
         raise CliError(f"--router: {exc}", 2) from None
     study, cluster = run_cluster_study(
         setup, replicas=args.replicas, router=router, budget=args.token_budget, step_time_target=args.step_time_target,
-        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot,
+        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, capacity=capacity,
     )
     study.header["router"] = name
     study.summaries[0]["label"] = study.results[0].label = f"{study.results[0].label} {name}"
@@ -647,6 +676,10 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
             f"{s['label']}: {_load_text(s)}; requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
             + (f"; {s['budget_utilization']:.0%} of the token budget used" if s.get("budget_utilization") else "")
         )
+        if s.get("saturated"):
+            from stallfree.sim.overload import saturation_line
+
+            print(saturation_line(s["label"], s))
     for note in header["notes"]:
         print(f"note: {note}")
 

@@ -87,6 +87,10 @@ def register(subparsers: Any) -> None:
         help="comma-separated modes (default all three; with a --kv-tokens list, one, default chunked)",
     )
     p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    p.add_argument("--range", action="store_true",
+                   help="a range on each point's latencies: every point replayed twice more, each step at the "
+                   "10th and 90th percentile of the measured step-time error (3x the work; docs/simulator.md, "
+                   "\"Ranges\")")
     add_executor_flags(p)
     for action in p._actions:
         if action.dest == "kv_tokens":
@@ -155,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
             slo_tpot=args.slo_tpot,
             jobs=executor_from_args(args),
             progress=lambda k, n: bar.update(task, completed=k, total=n),
+            ranges=args.range,
         )
     header = result.header
     if args.json:
@@ -198,8 +203,15 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     for _, name, _ in cols:
         table.add_column(name, justify="left" if name == "batching" else "right", no_wrap=True)
     for row in rows:
-        table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols))
+        table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) + _span(row, k, spec)
+                        for k, _, spec in cols))
     console().print(table)
+
+
+def _span(row: dict[str, Any], key: str, spec: str) -> str:
+    """" [low-high]" of a latency with --range, else ""."""
+    span = (row.get("range") or {}).get(key)
+    return f" [{spec.format(span[0])}-{spec.format(span[1])}]" if span else ""
 
 
 def _run_tier_sweep(args: argparse.Namespace) -> int:

@@ -79,6 +79,9 @@ def register(subparsers: Any) -> None:
         "budget/4 (docs/tuning.md)",
     )
     t.add_argument("--top", type=positive_int, default=6, metavar="N", help="rows to print (default 6)")
+    t.add_argument("--range", action="store_true",
+                   help="a range on the chosen candidate's latencies: it is replayed twice more, each step at the "
+                   "10th and 90th percentile of the measured step-time error (docs/simulator.md, \"Ranges\")")
     add_executor_flags(p)
     p.set_defaults(func=guard(run))
 
@@ -129,6 +132,16 @@ def run(args: argparse.Namespace) -> int:
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
     header = setup.header()
+    if args.range:
+        from stallfree.sim.ranges import error_model
+        from stallfree.sim.tune import chosen_range
+
+        result.best["range"] = chosen_range(
+            result, setup.workload, setup.kv_tokens, setup.cost_model, max_tokens=args.max_tokens,
+            jobs=executor_from_args(args), max_model_len=setup.context_length,
+            cut_output_to_fit=setup.workload_options.cut_output_to_fit, async_scheduling=setup.async_scheduling,
+            scheduler=setup.scheduler_config)
+        header["range_model"] = error_model()
     warn_rejections(result.rows, header["requests"])
     from stallfree.sim.tune import best_by_kind
 
@@ -144,6 +157,13 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         print_result(result, header, args.top, args.tie_tolerance)
+        if args.range:
+            span = result.best["range"]
+            print("range of the chosen (every step x"
+                  f"{header['range_model']['step_time_low']:g} to x{header['range_model']['step_time_high']:g}): "
+                  + ", ".join(f"{name} {span[key][0]:,.1f}-{span[key][1]:,.1f} ms" for key, name in (
+                      ("p99_ttft_ms", "TTFT p99"), ("p99_tpot_ms", "TPOT p99"), ("mean_e2el_ms", "E2E mean"))
+                              if span.get(key)))
         print("best of each kind searched: " + "; ".join(_kind_text(k) for k in kinds))
     if args.out:
         names = write_tune(args.out, result, header)
