@@ -24,6 +24,7 @@ __all__ = [
     "positive_float_list",
     "non_negative_int",
     "positive_int",
+    "tenant_weights",
 ]
 
 
@@ -143,6 +144,28 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+def tenant_weights(text: str) -> dict[str, float]:
+    """Tenant weights as NAME=WEIGHT pairs separated by commas ("a=2,b=0.5"): each weight a finite number > 0.
+
+    Raises:
+        argparse.ArgumentTypeError: a pair without '=', an empty name, a name given twice, or a weight that is
+            not a finite number > 0 (the message names the pair).
+    """
+    out: dict[str, float] = {}
+    for pair in text.split(","):
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"expected NAME=WEIGHT pairs separated by commas, got {pair!r}")
+        if name in out:
+            raise argparse.ArgumentTypeError(f"tenant {name!r} is given twice in {text!r}")
+        try:
+            out[name] = positive_float(value.strip())
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"weight of tenant {name!r}: {exc}") from None
+    return out
 
 
 def port(text: str) -> int:

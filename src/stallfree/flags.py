@@ -21,7 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stallfree._argtypes import non_negative_float, non_negative_int, positive_float, positive_int, token_count
+from stallfree._argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    tenant_weights,
+    token_count,
+)
 from stallfree.core.config import SchedulerConfig
 
 __all__ = [
@@ -47,7 +54,8 @@ class Knob:
             (async_scheduling, kv_tokens sizing, GiB of host memory); the attribute on the parsed namespace.
         help: what it means everywhere (a command adds why its default is what it is).
         kind: "int" (>= 1), "count" (>= 0), "tokens" (a count of tokens >= 1 with vLLM's suffixes: k, m, g
-            decimal; K, M, G binary), "float" (> 0), "fraction" (>= 0), "bool" (--flag / --no-flag) or "choice".
+            decimal; K, M, G binary), "float" (> 0), "fraction" (>= 0), "weights" (NAME=WEIGHT,... each > 0),
+            "bool" (--flag / --no-flag) or "choice".
         choices: the values of a "choice" knob.
         aliases: older names, accepted with one deprecation line naming `flag`.
         core: True when dest is a SchedulerConfig field.
@@ -111,6 +119,11 @@ _KNOB_LIST = (
          "(vLLM's --max-cpu-loras; default: --max-loras)", core=False, metavar="N"),
     Knob("--lora-rank", "lora_rank", "with --max-loras: the adapters' rank r, which sizes their loads and GEMMs "
          "(vLLM's --max-lora-rank bounds it; default 16)", core=False, metavar="R"),
+    Knob("--fairness", "fairness", "fcfs: one queue, first come first served (the contract); vtc: admission takes "
+         "the oldest request of the tenant with the least weighted service in tokens (virtual token counter), "
+         "FCFS within a tenant", kind="choice", choices=("fcfs", "vtc"), everywhere=True),
+    Knob("--tenant-weights", "tenant_weights", "vtc: tenant weights as NAME=WEIGHT,... (each > 0; a tenant not "
+         "named weighs 1)", kind="weights", metavar="NAME=W,...", everywhere=True),
     Knob("--enable-chunked-prefill", "enable_chunked_prefill", "accepted for vLLM's command lines: chunked "
          "prefill is always on here (the token budget is spent in chunks)", kind="bool", core=False),
 )
@@ -119,7 +132,7 @@ _KNOB_LIST = (
 KNOBS: Mapping[str, Knob] = {k.dest: k for k in _KNOB_LIST}
 
 _TYPES = {"int": positive_int, "count": non_negative_int, "tokens": token_count, "float": positive_float,
-          "fraction": non_negative_float}
+          "fraction": non_negative_float, "weights": tenant_weights}
 
 
 def knob_flag(dest: str) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -426,3 +428,22 @@ def test_sampling_fault_fails_one_request_and_not_the_step(make_engine, run_to_e
     assert (last.finished, last.finish_reason, last.new_token_ids) == (True, "error", [])
     assert "sampling failed" in last.error and "temperature=1.3" in last.error
     assert eng.scheduler.kv_free == eng.scheduler.stats().kv_total and not eng.has_unfinished()
+
+
+def test_tenant_reaches_the_scheduler_and_a_queue_timeout_ends_with_no_token(make_engine, run_to_end):
+    """Under fairness="vtc" a request's tenant is counted by the scheduler; with one slot and a 1 s queue
+    limit on a clock the test moves, a request still waiting 2 s after its arrival ends with one output:
+    no token, finish_reason "timeout"; its neighbour finishes as usual and nothing is left."""
+    now = [0.0]
+    eng = make_engine(max_seqs=1, fairness="vtc", max_queue_time_s=1.0, clock=lambda: now[0])
+    now[0] = time.monotonic()  # the engine stamps arrivals with time.monotonic()
+    eng.add_request("a", PARIS, SamplingParams(max_tokens=3, **GREEDY), tenant="alice")
+    eng.add_request("b", PARIS, SamplingParams(max_tokens=2, **GREEDY), tenant="bob")
+    first = eng.step()  # a's prefill; b waits for the slot
+    assert [o.rid for o in first] == ["a"]
+    now[0] += 2.0
+    outs = run_to_end(eng)
+    assert [(o.new_token_ids, o.finish_reason) for o in outs["b"]] == [([], "timeout")]
+    assert outs["a"][-1].finish_reason == "length"
+    assert eng.scheduler.stats().tenant_served_tokens == {"alice": 7}  # 5 prompt tokens + 2 decodes
+    assert not eng.has_unfinished()

@@ -134,6 +134,7 @@ class FakeEngine:
         self.priorities: dict[Hashable, int] = {}
         self.params: dict[Hashable, FakeSamplingParams] = {}
         self.salts: dict[Hashable, str] = {}
+        self.tenants: dict[Hashable, str | None] = {}
         self.aborted: list[Hashable] = []
         self.num_steps = 0
         self._seqs: dict[Hashable, _Seq] = {}
@@ -184,9 +185,9 @@ class FakeEngine:
             return Admission(self.scheduler.snapshot(), self._core_request)
 
     def _core_request(self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, priority: int,
-                      cache_salt: str | None) -> Request | None:
+                      cache_salt: str | None, tenant: str | None = None) -> Request | None:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return Request(rid, len(ids), params.max_tokens, priority=priority) if ids else None
+        return Request(rid, len(ids), params.max_tokens, priority=priority, tenant=tenant) if ids else None
 
     def encode(self, text: str) -> list[int]:
         """Tokenize with the fake tokenizer (thread-safe: no engine state)."""
@@ -196,18 +197,20 @@ class FakeEngine:
 
     def add_request(
         self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0,
-        cache_salt: str | None = None,
+        cache_salt: str | None = None, tenant: str | None = None,
     ) -> None:
         """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit.
-        `cache_salt` is recorded in `salts` (the fake has no prefix cache)."""
+        `cache_salt` is recorded in `salts` (the fake has no prefix cache), `tenant` in `tenants`."""
         with self._guard():
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             if not ids:
                 raise InvalidPrompt("prompt must not be empty")
             if len(ids) + params.max_tokens > self.max_model_len:
                 raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
-            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority))
+            self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
+                                       arrival=time.monotonic(), tenant=tenant))
             self._seqs[rid] = _Seq(rid, ids, params)
+            self.tenants[rid] = tenant
             self.added.append(rid)
             self.priorities[rid] = priority
             self.params[rid] = params
@@ -259,6 +262,9 @@ class FakeEngine:
             errors = [RequestOutput(rid, [], "", True, "error", len(self._seqs[rid].prompt),
                                     len(self._seqs.pop(rid).generated), error="injected sampling failure")
                       for rid in failed]
+            # Shed by the queue time limit (SchedulerConfig.max_queue_time_s): no token, as LLMEngine.
+            errors += [RequestOutput(rid, [], "", True, "timeout", len(self._seqs.pop(rid).prompt), 0)
+                       for rid in plan.timed_out if rid in self._seqs]
             return errors + self._outputs(emitted, set(stopped))
 
     def _outputs(self, emitted: Sequence[Hashable], stopped: set[Hashable]) -> list[RequestOutput]:

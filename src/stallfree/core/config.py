@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.errors import InvalidConfig, check_positive_int
+from stallfree.core.fairness import check_fairness
 from stallfree.core.kv import check_kv_options
 from stallfree.core.policies import build_policies, check_partial_prefills
 
@@ -87,6 +88,16 @@ class SchedulerConfig:
             with max_loras 4 it is never reached at 2 or 3.5 requests/s (the runs equal those with
             4,096 steps, in effect vLLM's unbounded pass-over), and it keeps 77% of that rule's burst
             capacity (32 steps: 46%; 0: 21%).
+        fairness: "fcfs" (the default: one queue, tenants ignored, the contract) or "vtc": admission takes
+            the oldest waiting request of the tenant (Request.tenant) with the least weighted service in
+            tokens (stallfree.core.fairness, Sheng et al., OSDI'24); FCFS within a tenant. Needs
+            policy="fcfs", max_num_partial_prefills=1 and no max_loras.
+        tenant_weights: "vtc": tenant name -> weight (a finite number > 0); a tenant with weight 2 is
+            served twice the tokens of one with weight 1 while both wait. None: every tenant 1.0.
+        max_queue_time_s: None (no limit), seconds for every request, or tenant name -> seconds (tenants
+            not named: no limit). A request never admitted that has waited longer (clock() minus its
+            arrival, read once per step) is finished with FinishReason "timeout", named in the plan's
+            `timed_out`; a preempted request is never timed out. Needs `clock`; any policy.
 
     Raises:
         InvalidConfig: any field out of range or of the wrong type, or options that do not go together
@@ -115,6 +126,9 @@ class SchedulerConfig:
     cpu_kv_tokens: int = 0
     max_loras: int | None = None
     max_lora_passes: int = 256
+    fairness: str = "fcfs"
+    tenant_weights: Mapping[str, float] | None = None
+    max_queue_time_s: float | Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("token_budget", self.token_budget)
@@ -125,7 +139,14 @@ class SchedulerConfig:
         aligned, _ = check_kv_options(
             self.kv_policy, self.block_size, self.align_chunks, self.watermark, self.enable_prefix_caching)
         chunk = self.block_size if aligned else None
-        build_policies(chunk, self.policy, self.aging_interval, self.clock, self.decode_overflow, self.num_spec_tokens)
+        build_policies(chunk, self.policy, self.aging_interval, self.clock, self.decode_overflow, self.num_spec_tokens,
+                       clock_needed=self.max_queue_time_s is not None)
+        check_fairness(self.fairness, self.tenant_weights, self.max_queue_time_s, policy=self.policy,
+                       max_num_partial_prefills=self.max_num_partial_prefills, clock=self.clock)
+        for name in ("tenant_weights", "max_queue_time_s"):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):  # a copy, so that the caller's dict cannot change a checked config
+                object.__setattr__(self, name, {str(k): float(v) for k, v in value.items()})
         check_partial_prefills(
             self.max_num_partial_prefills, self.max_long_partial_prefills, self._threshold(), chunk)
         self._check_cpu_tier()
@@ -134,6 +155,11 @@ class SchedulerConfig:
         mp = self.max_lora_passes
         if isinstance(mp, bool) or not isinstance(mp, int) or mp < 0:
             raise InvalidConfig(f"max_lora_passes must be an integer >= 0 (steps), got {mp!r}")
+        if self.max_loras is not None and self.fairness != "fcfs":
+            # VTC picks the next request by tenant service and LoRA passes over requests whose adapter
+            # cannot join: two reorderings of one queue whose bounds were each proved alone.
+            raise InvalidConfig(f"max_loras={self.max_loras!r} (the LoRA adapter limit) does not go with "
+                                f"fairness={self.fairness!r}; use fairness='fcfs' with adapters")
         if self.priority_ties not in ("add", "arrival"):
             raise InvalidConfig(f"priority_ties must be 'add' or 'arrival', got {self.priority_ties!r}")
         bs = self.block_size
@@ -202,8 +228,12 @@ class SchedulerConfig:
 
     def resolved(self) -> dict[str, Any]:
         """The fields with every derived default filled in (align_chunks, L and T), for reports and
-        `--json` (`scheduler_config`); `clock` as its name, or None. JSON-serialisable."""
+        `--json` (`scheduler_config`); `clock` as its name, or None; the tenant options (fairness,
+        tenant_weights, max_queue_time_s) only when set. JSON-serialisable."""
         out = self.as_dict()
+        for name, default in _LEFT_OUT_AT_DEFAULT.items():
+            if out[name] == default:
+                del out[name]  # a run without tenants reports the configuration it always did
         k, lng, thr = self.partial_prefill_limits
         out.update(align_chunks=self.chunks_aligned, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
         if self.clock is not None:
@@ -212,6 +242,10 @@ class SchedulerConfig:
             # Without adapters the record is the one it was before LoRA existed.
             del out["max_loras"], out["max_lora_passes"]
         return out
+
+
+#: Fields left out of resolved() while at their default: the tenant options.
+_LEFT_OUT_AT_DEFAULT: dict[str, Any] = {"fairness": "fcfs", "tenant_weights": None, "max_queue_time_s": None}
 
 
 def as_config(

@@ -26,10 +26,11 @@ blocks and victims, chunks, admissions), and these steps share its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from stallfree.core.invariants_cache import CacheRules, block_table
+from stallfree.core.invariants_fair import FairRules
 from stallfree.core.invariants_kv import PagedRules, ReserveRules
 from stallfree.core.invariants_lora import LoraRules
 from stallfree.core.invariants_multi import MultiRules
@@ -118,6 +119,8 @@ class InvariantChecker(CheckerState):
             order = self._front_order
             self._front_order -= 1
         self._reqs[req.rid] = _Shadow(req, order, self.scheduler.step, target=req.prompt_len, limit=req.max_new)
+        if FairRules.on(self):
+            FairRules.lift(self, req.rid)
         if front:
             self._waiting.insert(0, req.rid)
         else:
@@ -238,6 +241,9 @@ class InvariantChecker(CheckerState):
         """Forward complete() and check what was emitted and finished."""
         stopped = tuple(stopped)
         emitted = self.scheduler.complete(plan, stopped, num_accepted)
+        shed = {r for r, why in self.scheduler.last_finished.items() if why is FinishReason.TIMEOUT}
+        if shed != set(plan.timed_out):
+            self._fail("timed-out requests finish with reason timeout", f"{shed} != {set(plan.timed_out)}")
         self._plan = None
         self._apply(plan, set(stopped), emitted, num_accepted or {})
         self.num_steps += 1
@@ -272,6 +278,7 @@ class InvariantChecker(CheckerState):
             self._fail("plan total", f"entries {entries} sum to {total}, plan says {plan.num_tokens}")
         if total > plan.token_budget or plan.token_budget > s.config.token_budget:
             self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.config.token_budget} configured")
+        FairRules.timeouts(self, plan)
         oldest = self._running[0] if self._running else None
         budget = plan.token_budget
         reqs = self._reqs
@@ -305,13 +312,22 @@ class InvariantChecker(CheckerState):
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
+        fair = FairRules.on(self)
+        if fair:
+            FairRules.charge_plan(self, plan, after_admission=False)
         if s.config.max_num_partial_prefills > 1:
             chunks, admitted = MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
-            chunks, left, free = self._partial_chunk(left, free, victims)
-            admitted = self._admissions(left, free, chunks) if not victims and self._admitting else []
+            head = FairRules.set_aside(self, left) if fair and not victims else None
+            if head is None:
+                chunks, left, free = self._partial_chunk(left, free, victims)
+                admitted = self._admissions(left, free, chunks) if not victims and self._admitting else []
+            else:
+                chunks, admitted, free = self._beside_partial(head, left, free, victims)
         if victims:
             self._waiting.extend(victims)
+        if fair:
+            FairRules.charge_plan(self, plan, after_admission=True)
         got = [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills]
         if got != chunks:
             self._fail("prefill chunks (rid, tokens, start, is_last)", f"got {got}, expected {chunks}")
@@ -440,7 +456,7 @@ class InvariantChecker(CheckerState):
         if n and self._paged:
             need = self._blocks(sh.prefilled + n) - sh.blocks
             if need > free:
-                if self._victim_for(rid) != rid:
+                if self._victim_for(rid) != rid and not FairRules.on(self):  # vtc: beside-admitted ones stay
                     self._fail("the partial prefill is the newest running", f"{rid!r} in {self._running}")
                 self._preempt(rid, victims)
                 return chunks, left, free
@@ -451,6 +467,44 @@ class InvariantChecker(CheckerState):
             chunks.append((rid, n, sh.prefilled, n == rest))
         return chunks, (left - n if n == rest else 0), free
 
+    def _queue_order(self) -> list[Hashable]:
+        """CheckerState's queue order; under fairness="vtc" the order at the current counters."""
+        if FairRules.on(self):
+            return FairRules.static_order(self)
+        return CheckerState._queue_order(self)  # slots dataclass: no zero-argument super()
+
+    def _admission_order(self) -> Iterator[Hashable]:
+        """The waiting rids admission tries, one at a time: under fairness="vtc" each pick worked out from the
+        counters when asked (the caller charges each admission with FairRules.charge before the next)."""
+        if FairRules.on(self):
+            return FairRules.picks(self)
+        return CheckerState._admission_order(self)
+
+    def _beside_partial(
+        self, head: Hashable, left: int, free: int, victims: list[Hashable]
+    ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable], int]:
+        """fairness="vtc": a less-served tenant's head set aside beside the partial prefill
+        (stallfree.core.fairness.FairOnePartialPrefill): the partial prefill's chunk from the budget left
+        without the head's prompt, then the head if the KV admits it, then (if the partial prefill finished)
+        admission as usual."""
+        s = self.scheduler
+        sh = self._reqs[head]
+        whole = sh.target
+        chunks, rest, free = self._partial_chunk(left - whole, free, victims)
+        if victims:
+            return chunks, [], free
+        done = bool(chunks) and chunks[-1][3]
+        hits = CacheRules.hits(self, sh) if self._caching else []
+        start = len(hits) * (s.config.block_size or 1)
+        n = whole - start
+        reserved = sum(s.kv_manager.kv_needed_for(self._reqs[r].req) for r in self._running) if not self._paged else 0
+        fits, free, _ = self._admit_shadow(head, sh, hits, start, n, free, reserved, self._pinned)
+        if not fits:
+            return chunks, (self._admissions(rest + whole, free, chunks) if done else []), free
+        chunks.insert(0, (head, n, start, True))
+        FairRules.charge(self, head, n)
+        return chunks, [head, *(self._admissions(rest + start, free, chunks) if done else [])], free
+
     def _admissions(self, left: int, free: int, chunks: list[tuple[Hashable, int, int, bool]]) -> list[Hashable]:
         """Contract step 3 in the shadow: the queue's head while it fits."""
         s = self.scheduler
@@ -458,7 +512,8 @@ class InvariantChecker(CheckerState):
         reserved = sum(s.kv_manager.kv_needed_for(self._reqs[r].req) for r in self._running) if not self._paged else 0
         pinned = self._pinned
         passed: list[Hashable] = []
-        for rid in self._queue_order():
+        fair = FairRules.on(self)
+        for rid in self._admission_order():
             sh = self._reqs[rid]
             if left <= 0 or len(self._running) >= s.config.max_seqs:
                 break
@@ -483,6 +538,8 @@ class InvariantChecker(CheckerState):
             passed = self._lora_passed(passed)
             chunks.append((rid, n, start, n == sh.target - start))
             admitted.append(rid)
+            if fair:
+                FairRules.charge(self, rid, n)
             left = left - n if n == sh.target - start else 0
         return admitted
 
@@ -540,6 +597,8 @@ class InvariantChecker(CheckerState):
             if st.num_preemptions != sh.preemptions or st.num_generated != sh.generated or (
                     st.status is not (RequestStatus.DECODING if decoding else RequestStatus.PREFILLING)):
                 self._fail("running state", f"{st}, shadow {sh}")
+        if FairRules.on(self):
+            FairRules.check_counters(self)
         if s.stats().num_preemptions != self.num_preemptions:
             self._fail("preemption count", f"scheduler {s.stats().num_preemptions}, shadow {self.num_preemptions}")
         in_flight = sum(c.num_tokens for c in scheduled.prefills if reqs[c.rid].preemptions) if scheduled else 0

@@ -8,7 +8,7 @@ Imports allowed: the standard library and stallfree.core only.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
 from stallfree.core.errors import StallfreeError
@@ -99,6 +99,9 @@ class CheckerState:
     _refused: frozenset[Hashable] = frozenset()
     _caps: dict[tuple[Hashable, int, int], int] | None = None
     _front_order: int = -1  # add order of the next add(front=True): counts down
+    # fairness="vtc": the shadow's virtual token counters and tokens served, by tenant.
+    _service: dict[str, float] = field(default_factory=dict)
+    _served: dict[str, int] = field(default_factory=dict)
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")
@@ -186,6 +189,11 @@ class CheckerState:
             sh.lora_passes += 1
             self.max_lora_passes_of_one = max(self.max_lora_passes_of_one, sh.lora_passes)
         return []
+
+    def _admission_order(self) -> Iterator[Hashable]:
+        """The waiting rids admission tries in this step, one at a time (InvariantChecker's: fairness="vtc"
+        works each pick out when asked)."""
+        return iter(self._queue_order())
 
     def _victim_for(self, rid: Hashable) -> Hashable:
         """Paged: the victim when `rid` needs a block and none is free."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_cache import CacheRules
+from stallfree.core.invariants_fair import FairRules
 from stallfree.core.invariants_state import _Shadow
 from stallfree.core.kv.tier import TieredBlockPool, TieredKV
 from stallfree.core.plan import StepPlan
@@ -147,7 +148,8 @@ class TieredInvariantChecker(InvariantChecker):
         decodes' promised blocks (TieredKV.step_transfers)."""
         s = self.scheduler
         admitted: list[Hashable] = []
-        for rid in self._queue_order():
+        fair = self.scheduler.config.fairness == "vtc"
+        for rid in self._admission_order():
             self._sync()
             sh = self._reqs[rid]
             hits = self._tier_hits(sh)
@@ -160,6 +162,8 @@ class TieredInvariantChecker(InvariantChecker):
                 break
             chunks.append((rid, n, start, n == sh.target - start))
             admitted.append(rid)
+            if fair:
+                FairRules.charge(self, rid, n)
             left = left - n if n == sh.target - start else 0
         self._sync()
         promised = 0

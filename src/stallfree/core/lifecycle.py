@@ -272,6 +272,9 @@ class RequestLifecycle:
         self._inflight = None
         self._step = step + 1
         self.last_finished = {}
+        if plan.timed_out:
+            for rid in plan.timed_out:
+                self.last_finished[rid] = FinishReason.TIMEOUT
         due_key = self._before_apply(plan, accepted)
         last_rids: list[Hashable] = []
         for chunk in plan.prefills:

@@ -64,6 +64,9 @@ class StepPlan(Sequence[ScheduledChunk]):
             the offloads, as (cpu_block, gpu_block) pairs: the CPU-tier hits of the requests
             admitted in it, whose chunks read them (() without a CPU tier). An engine performs the
             offloads, then the loads, then the forward pass; a cost model prices them.
+        timed_out: the rids of the waiting requests finished in this step with FinishReason "timeout"
+            (SchedulerConfig.max_queue_time_s), in queue order; they hold no KV and have no entry in
+            the plan; complete() lists them in last_finished. () without queue time limits.
     """
 
     __slots__ = (
@@ -78,6 +81,7 @@ class StepPlan(Sequence[ScheduledChunk]):
         "preempted",
         "kv_offloads",
         "kv_loads",
+        "timed_out",
         "_decode_offsets",
         "_decode_tokens",
     )
@@ -119,6 +123,7 @@ class StepPlan(Sequence[ScheduledChunk]):
         self._decode_tokens = decode_tokens
         self.kv_offloads = kv_offloads
         self.kv_loads = kv_loads
+        self.timed_out: tuple[Hashable, ...] = ()
 
     @property
     def decodes(self) -> tuple[ScheduledChunk, ...]:

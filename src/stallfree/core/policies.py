@@ -193,8 +193,13 @@ def build_policies(
     clock: Callable[[], float] | None,
     decode_overflow: str,
     num_spec_tokens: int,
+    clock_needed: bool = False,
 ) -> tuple[Chunking, str, DecodeSelection]:
     """Validate the option keywords of Scheduler(...) and build the chunking and selection hooks.
+
+    Args:
+        clock_needed: a clock is wanted for another option (max_queue_time_s), so it is allowed under
+            policy="fcfs" too.
 
     Returns:
         (chunking, policy, decode selection); the waiting queue is built by the scheduler, which owns
@@ -215,9 +220,10 @@ def build_policies(
         or aging_interval <= 0
     ):
         raise InvalidConfig(f"aging_interval must be a number > 0, got {aging_interval!r}")
-    if policy == "fcfs" and (aging_interval is not None or clock is not None):
+    if policy == "fcfs" and (aging_interval is not None or (clock is not None and not clock_needed)):
         raise InvalidConfig(
-            f"aging_interval ({aging_interval!r}) and clock apply to policy='priority' only; got policy='fcfs'"
+            f"aging_interval ({aging_interval!r}) and clock apply to policy='priority' only (a clock also to "
+            "max_queue_time_s); got policy='fcfs'"
         )
     if clock is not None and not callable(clock):
         raise InvalidConfig(f"clock must be callable, got {clock!r}")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from stallfree.core.errors import RequestRejected
@@ -117,6 +118,10 @@ class KVQueries:
         return obj.num_cached_tokens
 
 
+#: The per-tenant figures of a scheduler without tenants (fairness="fcfs"): empty, shared, read-only.
+_NO_TENANTS: Mapping[str, Any] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
     """A snapshot of a scheduler's queues, KV memory and counters (Scheduler.stats()).
@@ -135,6 +140,10 @@ class SchedulerStats:
         watermark_blocks: "paged": floor(watermark x num_blocks), the blocks admission keeps free; 0 under
             "reserve".
         now: the clock's reading for the step planned last, seconds; 0.0 without a clock.
+        tenant_served_tokens: fairness="vtc": tenant -> tokens planned for its requests so far (prefill
+            chunks and decodes, recomputed ones included; unweighted); empty under "fcfs".
+        tenant_counters: fairness="vtc": tenant -> its virtual token counter (weighted service with lifts,
+            what admission compares; stallfree.core.fairness); empty under "fcfs".
     """
 
     num_waiting: int
@@ -156,6 +165,8 @@ class SchedulerStats:
     num_blocks: int = 0
     watermark_blocks: int = 0
     now: float = 0.0
+    tenant_served_tokens: Mapping[str, int] = field(default_factory=lambda: _NO_TENANTS)
+    tenant_counters: Mapping[str, float] = field(default_factory=lambda: _NO_TENANTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,14 +190,22 @@ class SchedulerHeadroom:
     num_admitted: int
 
 
+def _tenant_figures(fair: Any) -> tuple[Mapping[str, int], Mapping[str, float]]:
+    """A VTC queue's (served tokens, counters) by tenant, copied; the shared empty mapping without one."""
+    if fair is None:
+        return _NO_TENANTS, _NO_TENANTS
+    return MappingProxyType(dict(fair.served_tokens)), MappingProxyType(dict(fair.service))
+
+
 class AdmissionQueries:
     """stats(), headroom() and would_wait() of a scheduler (a mixin of Scheduler). headroom and would_wait
     plan the next step on a copy of the scheduler (`snapshot`), so they walk the real admission rule:
     the KV manager's answers, priority order, cached prefixes, partial prefills, preemption."""
 
     def stats(self) -> SchedulerStats:
-        """The queues, KV figures and counters now, as a frozen SchedulerStats; O(1). The one place a
-        scheduler's figures are read (the former properties of the same names are deprecated aliases)."""
+        """The queues, KV figures and counters now, as a frozen SchedulerStats; O(1) (O(tenants) under
+        fairness="vtc", whose per-tenant figures it copies). The one place a scheduler's figures are read
+        (the former properties of the same names are deprecated aliases)."""
         s: Any = self
         kv = s._kv
         ps = kv.prefix_stats
@@ -197,7 +216,7 @@ class AdmissionQueries:
             s.num_waiting, s.num_running, kv.kv_total, kv.kv_free, kv.num_used_blocks, kv.num_free_blocks,
             kv.num_evictable_blocks, s._num_preemptions, s._num_recomputed_tokens, cfg.enable_prefix_caching,
             cfg.block_size, ps.queries, ps.hits, ps.first_queries, ps.first_hits, kv.num_evictions, num_blocks,
-            wm_blocks, s._now)
+            wm_blocks, s._now, *_tenant_figures(getattr(s, "_fair", None)))
 
     def snapshot(self) -> Any:
         """A detached copy of the scheduler (its KV manager included), which may be queried or stepped from

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from stallfree.core.errors import RequestRejected, check_positive_int
 
-__all__ = ["FinishReason", "Request", "RequestState", "RequestStatus"]
+__all__ = ["DEFAULT_TENANT", "FinishReason", "Request", "RequestState", "RequestStatus"]
+
+#: The tenant of a request whose `tenant` is None.
+DEFAULT_TENANT = "default"
+#: The longest tenant name (characters): names label metrics and log lines.
+MAX_TENANT_CHARS = 128
 
 
 class RequestStatus(enum.Enum):
@@ -28,11 +33,13 @@ class RequestStatus(enum.Enum):
 
 class FinishReason(enum.StrEnum):
     """Why a request ended, with OpenAI's strings: "length" (max_new reached), "stop" (EOS or a
-    stop string, through complete(stopped=...)), "abort" (abort())."""
+    stop string, through complete(stopped=...)), "abort" (abort()), "timeout" (it waited in the queue
+    longer than SchedulerConfig.max_queue_time_s allows, never admitted; listed in the plan's `timed_out`)."""
 
     LENGTH = "length"
     STOP = "stop"
     ABORT = "abort"
+    TIMEOUT = "timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +67,16 @@ class Request:
             model too, as in a trace's empty lora column (stored as None). A Scheduler with
             max_loras runs at most that many distinct adapters at once (stallfree.core.lora);
             without it the name is carried and nothing changes.
+        tenant: None (the tenant "default") or the name of the client the request is served for, a
+            non-empty str of at most 128 characters; read only under SchedulerConfig(fairness="vtc"),
+            which shares admission fairly between tenants, and by max_queue_time_s given per tenant.
 
     Raises:
         RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), priority
             is not an integer, rid is unhashable or not equal to itself (NaN), or arrival is not a
             finite number, or block_hashes is not None nor a sequence of hashables (a str or bytes
-            is refused), or lora is unhashable, not equal to itself or a bool; the message names the
-            field and the value.
+            is refused), or lora is unhashable, not equal to itself or a bool, or tenant is neither
+            None nor a non-empty str of at most 128 characters; the message names the field and the value.
     """
 
     rid: Hashable
@@ -76,6 +86,7 @@ class Request:
     arrival: float = 0.0
     block_hashes: tuple[Hashable, ...] | None = None
     lora: Hashable | None = None
+    tenant: str | None = None
 
     def __deepcopy__(self, memo: dict[int, object]) -> Request:
         return self  # frozen and never mutated: a copy of a scheduler shares its requests
@@ -120,6 +131,15 @@ class Request:
             _check_lora(self.lora)
             if self.lora == "":
                 object.__setattr__(self, "lora", None)
+        tenant = self.tenant
+        if tenant is not None and (not isinstance(tenant, str) or not 1 <= len(tenant) <= MAX_TENANT_CHARS):
+            raise RequestRejected(
+                f"tenant must be None or a non-empty str of at most {MAX_TENANT_CHARS} characters, got {tenant!r}")
+
+    @property
+    def tenant_name(self) -> str:
+        """The tenant the request is served for: `tenant`, or "default" when it is None."""
+        return DEFAULT_TENANT if self.tenant is None else self.tenant
 
 
 def _check_lora(lora: object) -> None:

@@ -27,6 +27,7 @@ from stallfree.core.aliases import SchedulerAliases
 from stallfree.core.config import SchedulerConfig, as_config
 from stallfree.core.decode import DecodeHost, PlainDecodes, SpeculativeDecodes
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
+from stallfree.core.fairness import FairOnePartialPrefill, VTCQueue, queue_limit_of
 from stallfree.core.kv import NO_TRANSFERS, KVManager
 from stallfree.core.kv.factory import kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
@@ -120,10 +121,13 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         self._num_spec_tokens = cfg.num_spec_tokens
         self._ties_by_arrival = cfg.priority_ties == "arrival"
         self._chunking, self._policy, self._selection = build_policies(
-            cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens)
+            cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens,
+            clock_needed=cfg.max_queue_time_s is not None)
         k, lng, thr = cfg.partial_prefill_limits
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
+        if cfg.fairness == "vtc" and thr is None and not cfg.cpu_kv_tokens:
+            self._prefill = FairOnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
         self._kv_transfers = self._kv.step_transfers
         # LoRA adapters (core/lora.py): None without max_loras, so admission is the contract's.
@@ -132,7 +136,12 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
         self._due = self._decodes.due
-        self._waiting: WaitingQueue = FCFSQueue() if self._policy == "fcfs" else PriorityQueue(self._priority_key)
+        self._fair: VTCQueue | None = VTCQueue(cfg.tenant_weights) if cfg.fairness == "vtc" else None
+        self._waiting: WaitingQueue = (
+            self._fair if self._fair is not None
+            else FCFSQueue() if self._policy == "fcfs" else PriorityQueue(self._priority_key))
+        self._queue_limit = queue_limit_of(cfg.max_queue_time_s)
+        self._has_queue_limits = cfg.max_queue_time_s is not None
         self._seq = 0
         self._front_seq = -1  # add order of the next add(front=True): counts down
         self._admit_seq = 0
@@ -373,9 +382,12 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
                 raise SchedulerStateError(f"clock() must return a finite number of seconds, got {now!r}")
             self._now = float(now)
+        timed_out = self._expire_waiting() if self._has_queue_limits else ()
         step = self._step
         victims: list[LiveRequest] = []
         decode_rids, decode_offsets, decode_tokens, used = self._decode.plan(self._decode_host, budget, step, victims)
+        if self._fair is not None:
+            self._charge(self._fair, decode_rids, decode_tokens or (1,) * len(decode_rids))
         prefills: list[ScheduledChunk] = []
         if admit and chunk_cap is None and not refused:
             self._limits = NO_LIMITS
@@ -386,6 +398,13 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             # Passing over a request (a filter's refusal or an adapter that cannot join) may let a
             # newer request be admitted, and preempted, ahead of it.
             self._requeue(victims, bool(refused) or self._lora is not None)
+        fair = self._fair
+        if fair is not None:
+            # The continuing partial prefill; the decodes were charged before admission, each admission's
+            # first chunk when admitted.
+            if prefills:
+                cont = [c for c in prefills if c.rid not in admitted]
+                self._charge(fair, [c.rid for c in cont], [c.num_tokens for c in cont])
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
         ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
@@ -405,8 +424,32 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         transfers = self._kv_transfers()
         if transfers is not NO_TRANSFERS:
             plan.kv_offloads, plan.kv_loads = transfers
+        if timed_out:
+            plan.timed_out = timed_out
         self._inflight = plan
         return plan
+
+    def _charge(self, fair: VTCQueue, rids: Sequence[Hashable], tokens: Sequence[int]) -> None:
+        """fairness="vtc": count the planned tokens of `rids` against their tenants."""
+        live = self._live
+        for rid, n in zip(rids, tokens, strict=True):
+            fair.charge(live[rid].req.tenant_name, n)
+
+    def _expire_waiting(self) -> tuple[Hashable, ...]:
+        """Finish, with reason "timeout", every never-admitted waiting request that has waited longer than
+        its tenant's max_queue_time_s (now minus its arrival, seconds); their places are freed. O(waiting)."""
+        now, limit_of = self._now, self._queue_limit
+        expired = []
+        for obj in self._waiting.in_order():
+            if obj.status is not RequestStatus.WAITING:
+                continue  # a preempted request has produced tokens: it is never shed
+            limit = limit_of(obj.req.tenant_name)
+            if limit is not None and now - obj.req.arrival > limit:
+                expired.append(obj)
+        for obj in expired:
+            self._waiting.remove(obj)
+            self._forget(obj, RequestStatus.FINISHED)
+        return tuple(o.rid for o in expired)
 
     def _refused_by(self, admit: Callable[[Hashable], bool]) -> frozenset[int]:
         """The ids of the waiting records that the admission filter `admit` refuses, asked once each in queue
@@ -466,6 +509,8 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         self._kv.admit(obj, first_chunk, hits)
         if self._lora is not None:
             self._lora.join(obj.req.lora)
+        if self._fair is not None:  # charged now, so that the next pick of this step sees it
+            self._fair.charge(obj.req.tenant_name, first_chunk)
         self._partials.append(obj)
         obj.num_prefilled = start
         self._num_running += 1
@@ -544,6 +589,9 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             raise RequestRejected(f"add(): front must be a bool, got {front!r}")
         if self._policy != "fcfs":
             raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self._policy!r}")
+        if self._fair is not None:
+            raise RequestRejected("add(): front=True needs fairness='fcfs' (one queue); under 'vtc' a request "
+                                  "goes to its tenant's queue")
 
     def _queue_front(self, obj: LiveRequest) -> None:
         """Queue `obj` at the head: its add order (`seq`) is the next of a count down from -1, so it sorts

@@ -402,15 +402,18 @@ class LLMEngine:
         return Admission(self.scheduler.snapshot(), self._core_request)
 
     def _core_request(self, rid: Hashable, prompt: str | Sequence[int], params: Any, priority: int,
-                      cache_salt: str | None) -> Request | None:
+                      cache_salt: str | None, tenant: str | None = None) -> Request | None:
         """The scheduler's Request for a prompt (thread-safe: reads only the tokenizer and fixed facts);
         None when add_request would refuse the prompt."""
         try:
             ids = self._prompt_ids(prompt)
         except InvalidPrompt:
             return None
-        return Request(rid, len(ids), params.max_tokens, priority=priority, arrival=time.monotonic(),
-                       block_hashes=self._hashes(ids, cache_salt))
+        try:
+            return Request(rid, len(ids), params.max_tokens, priority=priority, arrival=time.monotonic(),
+                           block_hashes=self._hashes(ids, cache_salt), tenant=tenant)
+        except ValueError:
+            return None
 
     def _hashes(self, ids: Sequence[int], cache_salt: str | None) -> Sequence[int] | None:
         if not self.enable_prefix_caching:
@@ -571,7 +574,7 @@ class LLMEngine:
 
     def add_request(
         self, rid: Hashable, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
-        priority: int | None = None, cache_salt: str | None = None,
+        priority: int | None = None, cache_salt: str | None = None, tenant: str | None = None,
     ) -> None:
         """Queue a request.
 
@@ -584,6 +587,8 @@ class LLMEngine:
             cache_salt: with prefix caching, a string mixed into every block hash of the prompt (vLLM's
                 cache_salt): requests share cached blocks only when their salts are equal (None is its
                 own salt, the unsalted hashes), so different salts share nothing.
+            tenant: the client it is served for (Request.tenant; None: "default"); read by the scheduler
+                under fairness="vtc" and by per-tenant queue time limits.
 
         Raises:
             InvalidPrompt: the prompt is empty, not text or ids, holds an id outside the
@@ -604,6 +609,8 @@ class LLMEngine:
             raise InvalidPrompt(f"priority must be an integer, got {priority!r}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise InvalidPrompt(f"cache_salt must be a non-empty string, got {cache_salt!r:.80}")
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise InvalidPrompt(f"tenant must be None or a non-empty string, got {tenant!r:.80}")
         ids = self._prompt_ids(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
@@ -619,7 +626,7 @@ class LLMEngine:
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         hashes = self._hashes(ids, cache_salt)
         self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
-                                   arrival=time.monotonic(), block_hashes=hashes))
+                                   arrival=time.monotonic(), block_hashes=hashes, tenant=tenant))
         self._seqs[rid] = seq
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -687,7 +694,9 @@ class LLMEngine:
             (aborted requests emit nothing). A request whose own sampling failed (its logits or
             probabilities are not finite, or sampling its row alone raised) is aborted, its KV
             released, and gets one last output with no token, finish_reason "error" and `error`
-            saying why; the other requests of the step go on as if it had not been there.
+            saying why; the other requests of the step go on as if it had not been there. A request
+            that waited longer than max_queue_time_s (SchedulerConfig) gets one output with no token
+            and finish_reason "timeout".
 
         Raises:
             StepFailed: building the batch, the forward pass or sampling raised (the cause is
@@ -715,6 +724,11 @@ class LLMEngine:
         self.scheduler.complete(plan, stopped)
         finished = self.scheduler.last_finished
         outputs = [self._failed_output(seq) for seq in failed]
+        for rid in plan.timed_out:  # waited past max_queue_time_s: ends with no token
+            shed = self._seqs.get(rid)
+            if shed is not None:
+                outputs.append(RequestOutput(rid, [], "", True, str(FinishReason.TIMEOUT), shed.num_prompt, 0,
+                                             shed.cached))
         stop_set = set(stopped)
         for seq, tok in zip(samplers, tokens, strict=True):
             if tok == NO_TOKEN:

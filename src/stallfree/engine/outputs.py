@@ -182,9 +182,11 @@ class Admission:
         self._make = make_request
 
     def request(self, rid: Hashable, prompt: Any, params: Any, priority: int = 0,
-                cache_salt: str | None = None) -> CoreRequest | None:
+                cache_salt: str | None = None, tenant: str | None = None) -> CoreRequest | None:
         """The scheduler's Request for a request not yet added (None: the engine would refuse it)."""
-        return self._make(rid, prompt, params, priority, cache_salt)
+        if tenant is None:  # builders written before tenants take five arguments
+            return self._make(rid, prompt, params, priority, cache_salt)
+        return self._make(rid, prompt, params, priority, cache_salt, tenant)
 
     def waiting_after(self, requests: Sequence[CoreRequest]) -> int:
         """Requests waiting after the next step if `requests` were added now, in this order, those already

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from stallfree.core.request import DEFAULT_TENANT
 from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
 from stallfree.server.body import (
@@ -37,6 +39,7 @@ from stallfree.server.body import (
 from stallfree.server.prometheus import ServerMetrics
 from stallfree.server.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from stallfree.server.streaming import DONE, SSEResponse, completion_chunk, sse, usage_dict
+from stallfree.server.tenants import TENANT_SCOPE_KEY, TokenRateLimiter
 
 __all__ = ["ServerConfig", "create_app"]
 
@@ -58,6 +61,11 @@ class ServerConfig:
             bounded by the context length and the KV capacity left after the prompt. The reservation
             scheduler reserves KV for prompt + max_tokens, so this is what such a request reserves.
         max_waiting: the most requests waiting for admission; more are answered 429. None: unbounded.
+        max_waiting_tokens: the most prompt tokens waiting to be prefilled (requests added and not yet at
+            their first token); a request that would pass it is answered 429 (queue_full). None: unbounded.
+        tenant_tokens_per_minute: each tenant's allowance of prompt + max_tokens tokens a minute
+            (stallfree.server.tenants.TokenRateLimiter); past it a request is answered 429 (rate_limited,
+            Retry-After). None: no limit.
         log_interval_s: seconds between stats log lines (0 disables).
         sampling_params_cls: the engine's SamplingParams class (default stallfree.engine.SamplingParams).
         max_request_bytes: the largest request body, in bytes; a larger one is answered 413 before it is
@@ -73,6 +81,8 @@ class ServerConfig:
     served_model_names: tuple[str, ...] = ()
     default_max_tokens: int = 256
     max_waiting: int | None = 1024
+    max_waiting_tokens: int | None = None
+    tenant_tokens_per_minute: int | None = None
     log_interval_s: float = 10.0
     sampling_params_cls: Any = None
     max_request_bytes: int = 2 * 1024 * 1024
@@ -107,7 +117,11 @@ class _State:
         self.config = config
         self.names = config.served_model_names or (self.info.model_name,)
         self.metrics = ServerMetrics(self.names[0])
-        self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics)
+        self.async_engine = AsyncEngine(engine, max_waiting=config.max_waiting, observer=self.metrics,
+                                        max_waiting_tokens=config.max_waiting_tokens)
+        self.metrics.queued_by_tenant = self.async_engine.queued_tokens_by_tenant
+        self.rate_limiter = (None if config.tenant_tokens_per_minute is None
+                             else TokenRateLimiter(config.tenant_tokens_per_minute))
         self.params_cls = _sampling_params_cls(config)
         self.limits = BodyLimits(max_prompt_tokens=self.info.max_model_len)
         if config.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -481,7 +495,17 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
                        "every request must send a cache_salt (a non-empty string; requests share cached "
                        "prefixes only with requests of the same salt)", "cache_salt")
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    salt = {} if req.cache_salt is None else {"cache_salt": req.cache_salt}
+    salt: dict[str, Any] = {} if req.cache_salt is None else {"cache_salt": req.cache_salt}
+    tenant = request.scope.get(TENANT_SCOPE_KEY)
+    if tenant is not None:
+        salt["tenant"] = tenant
+    if state.rate_limiter is not None:
+        wait = state.rate_limiter.take(tenant or DEFAULT_TENANT, len(ids) + max_tokens)
+        if wait is not None:
+            retry = max(1, math.ceil(wait))
+            raise ApiError(429, f"tenant {tenant or DEFAULT_TENANT!r} is over its token rate "
+                           f"(--tenant-tokens-per-minute {state.config.tenant_tokens_per_minute}); retry in "
+                           f"{retry} s", code="rate_limited", headers={"Retry-After": str(retry)})
     try:
         stream = await state.async_engine.add_request(rid, ids, params, num_prompt_tokens=len(ids),
                                                       max_tokens=max_tokens, priority=req.priority, **salt)
@@ -513,6 +537,9 @@ async def _stream_body(
             yield sse(completion_chunk(rid, created, model, True, "", None, role=True,
                                        with_usage_field=include_usage))
         async for out in stream:
+            if out.finished and out.finish_reason == "timeout":
+                yield sse(_queue_timeout().body())
+                break
             prompt_tokens, completion_tokens = out.num_prompt_tokens, out.num_generated
             cached = getattr(out, "num_cached_tokens", None)
             if out.text or out.finished:
@@ -562,6 +589,8 @@ async def _whole_response(
         raise ApiError(503, str(exc))
     if exc is not None:
         raise ApiError(500, str(exc))
+    if last is not None and last.finish_reason == "timeout":
+        raise _queue_timeout()
     text = "".join(parts)
     choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": last.finish_reason}
     if chat:
@@ -576,6 +605,18 @@ async def _whole_response(
         "choices": [choice],
         "usage": usage_dict(last.num_prompt_tokens, last.num_generated, getattr(last, "num_cached_tokens", None)),
     })
+
+
+#: Retry-After of a request shed by the queue time limit, seconds: one limit's wait is a fair first guess.
+_RETRY_AFTER_S = 1
+
+
+def _queue_timeout() -> ApiError:
+    """429 for a request that waited longer than the queue time limit (serve --max-queue-time) and was shed
+    before any token (SchedulerConfig.max_queue_time_s)."""
+    return ApiError(429, "the request waited longer than the server's queue time limit (--max-queue-time) "
+                    "without being admitted; retry later", code="queue_timeout",
+                    headers={"Retry-After": str(_RETRY_AFTER_S)})
 
 
 async def _wait_disconnect(request: Request) -> None:

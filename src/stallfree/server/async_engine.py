@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from stallfree.core import Request as CoreRequest
 from stallfree.core.errors import StallfreeError
+from stallfree.core.request import DEFAULT_TENANT
 from stallfree.engine.errors import StepFailed
 from stallfree.engine.outputs import Admission, EngineClient, EngineStats
 
@@ -72,6 +73,7 @@ class RequestRecord:
     last_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: str | None = None
+    tenant: str = DEFAULT_TENANT
 
 
 class StepObserver(Protocol):
@@ -103,6 +105,7 @@ class _Pending:
     future: asyncio.Future[None]
     cache_salt: str | None = None
     core: CoreRequest | None = None  # the scheduler's Request for it, for the admission test (max_waiting)
+    tenant: str | None = None
 
 
 @dataclass(slots=True)
@@ -168,6 +171,9 @@ class AsyncEngine:
             next step will admit is never refused. None means unbounded.
         observer: receives per-token, per-request and per-step events (metrics).
         clock: the time source in seconds (time.perf_counter).
+        max_waiting_tokens: the most prompt tokens of requests added and not yet at their first token
+            (waiting, or in prefill); a request whose prompt would take them past it is refused with
+            QueueFull. None means unbounded.
     """
 
     def __init__(
@@ -176,9 +182,14 @@ class AsyncEngine:
         max_waiting: int | None = None,
         observer: StepObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        max_waiting_tokens: int | None = None,
     ) -> None:
         self.engine = engine
         self.max_waiting = max_waiting
+        self.max_waiting_tokens = max_waiting_tokens
+        #: Prompt tokens of the requests added and not yet at their first token, in all and per tenant.
+        self.queued_tokens = 0
+        self.queued_tokens_by_tenant: dict[str, int] = {}
         self.observer = observer
         self.clock = clock
         self.num_steps = 0
@@ -259,7 +270,7 @@ class AsyncEngine:
 
     async def add_request(
         self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, max_tokens: int = 0,
-        priority: int = 0, cache_salt: str | None = None,
+        priority: int = 0, cache_salt: str | None = None, tenant: str | None = None,
     ) -> RequestStream:
         """Queue a request for the next step boundary; return its stream once the engine accepted it.
 
@@ -272,9 +283,11 @@ class AsyncEngine:
                 admission rule's answer, Admission).
             priority: passed to engine.add_request.
             cache_salt: passed to engine.add_request (its prefix-cache salt) when not None.
+            tenant: passed to engine.add_request (the API key's tenant) when not None.
 
         Raises:
-            QueueFull: max_waiting requests will wait already and this one would too; nothing was queued.
+            QueueFull: max_waiting requests will wait already and this one would too, or its prompt tokens
+                would take the prompt tokens not yet prefilled past max_waiting_tokens; nothing was queued.
             EngineDead: the loop has stopped.
             Exception: whatever engine.add_request raised (ValueError for a bad request).
         """
@@ -282,7 +295,14 @@ class AsyncEngine:
             raise EngineDead(self.dead_reason or "the server is shutting down")
         if rid in self._pending or rid in self._live:
             raise ValueError(f"request id {rid!r} is already in use")
-        core = self._admission.request(rid, prompt, params, priority, cache_salt)
+        core = self._admission.request(rid, prompt, params, priority, cache_salt,
+                                       **({} if tenant is None else {"tenant": tenant}))
+        mwt = self.max_waiting_tokens
+        if mwt is not None and self.queued_tokens + num_prompt_tokens > mwt:
+            raise QueueFull(
+                f"the server is overloaded: {self.queued_tokens} prompt tokens wait to be prefilled and this "
+                f"request brings {num_prompt_tokens} (--max-waiting-tokens {mwt}); retry later"
+            )
         if self.max_waiting is not None:
             ahead, waits = self._pending_waiting(core)
             if waits and ahead >= self.max_waiting:
@@ -293,9 +313,11 @@ class AsyncEngine:
         self.start()
         assert self._wake is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens)
+        record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens,
+                               tenant=tenant or DEFAULT_TENANT)
         self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future,
-                                      cache_salt, core)
+                                      cache_salt, core, tenant)
+        self._queue_tokens(record, num_prompt_tokens)
         live = _Live(record)
         self._live[rid] = live
         self._wake.set()
@@ -386,10 +408,14 @@ class AsyncEngine:
         pending, self._pending = self._pending, {}
         for p in pending.values():
             try:
-                salt = {} if p.cache_salt is None else {"cache_salt": p.cache_salt}
-                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority, **salt)
+                extra: dict[str, Any] = {} if p.cache_salt is None else {"cache_salt": p.cache_salt}
+                if p.tenant is not None:
+                    extra["tenant"] = p.tenant
+                self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority, **extra)
             except Exception as exc:  # noqa: BLE001 - the handler turns it into an HTTP error
-                self._live.pop(p.rid, None)
+                gone = self._live.pop(p.rid, None)
+                if gone is not None:
+                    self._queue_tokens(gone.record, -gone.record.num_prompt_tokens)
                 if not p.future.done():
                     p.future.set_exception(exc)
                 continue
@@ -416,6 +442,12 @@ class AsyncEngine:
             return ahead, False
         return ahead, adm.waiting_after([*queued, new]) > ahead
 
+    def _queue_tokens(self, rec: RequestRecord, delta: int) -> None:
+        """Count prompt tokens not yet prefilled (added, no first token yet), in all and per tenant."""
+        self.queued_tokens += delta
+        by = self.queued_tokens_by_tenant
+        by[rec.tenant] = by.get(rec.tenant, 0) + delta
+
     def _dispatch(self, outputs: list[Any], now: float) -> None:
         obs = self.observer
         for out in outputs:
@@ -433,6 +465,7 @@ class AsyncEngine:
                     obs.on_tokens(rec, n_new, now)
                 if rec.first_token_time is None:
                     rec.first_token_time = now
+                    self._queue_tokens(rec, -rec.num_prompt_tokens)
                 rec.last_token_time = now
             rec.num_generated = out.num_generated
             if out.finished and out.finish_reason == "error":
@@ -495,6 +528,8 @@ class AsyncEngine:
         live = self._live.pop(rid, None)
         if live is not None:
             rec = live.record
+            if rec.first_token_time is None:
+                self._queue_tokens(rec, -rec.num_prompt_tokens)
             rec.finish_time = self.clock() if now is None else now
             rec.finish_reason = reason
             if self.observer is not None:

@@ -11,7 +11,12 @@ the Bearer scheme of RFC 6750 (section 2.1, the header; section 3, `WWW-Authenti
 `error="invalid_token"` for a wrong key); the scheme name is case-insensitive (RFC 9110 section 11.1);
 OpenAI's 401 error object (type "invalid_request_error", code "invalid_api_key").
 
-Imports allowed: the standard library, stallfree.server.options and stallfree.server.protocol (the error body).
+With several keys (`serve --api-keys-file`), each key belongs to a tenant: the middleware leaves the tenant
+of the key a request carries in its ASGI scope under stallfree.server.tenants.TENANT_SCOPE_KEY ("default"
+for `--api-key`), for the route (Request.tenant) and the access log.
+
+Imports allowed: the standard library, stallfree.core, stallfree.server.options, stallfree.server.tenants
+and stallfree.server.protocol (the error body).
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+from stallfree.core.request import DEFAULT_TENANT
 from stallfree.server.options import API_KEY_ENV, ServerConfigError, check_api_key, resolve_api_key
 from stallfree.server.protocol import error_body
+from stallfree.server.tenants import TENANT_SCOPE_KEY
 
 __all__ = ["API_KEY_ENV", "ApiKeyMiddleware", "check_api_key", "resolve_api_key"]
 
@@ -44,19 +51,29 @@ class ApiKeyMiddleware:
 
     Args:
         app: the ASGI app it guards.
-        api_key: the key (visible ASCII; see check_api_key).
+        api_key: the key (visible ASCII; see check_api_key), of the tenant "default"; or None with `tenants`.
         protect_metrics: also require the key for /metrics (Prometheus can send a bearer token).
+        tenants: more keys, key -> tenant (serve --api-keys-file); each checked as api_key.
 
     Protected paths: /v1 and everything under it, and /metrics when protect_metrics; /health (and
     the OpenAPI schema) stay open, so that probes need no key.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str, protect_metrics: bool = False) -> None:
-        problem = check_api_key(api_key, "api_key")
-        if problem is not None:
-            raise ServerConfigError(problem)
+    def __init__(self, app: ASGIApp, api_key: str | None, protect_metrics: bool = False,
+                 tenants: Mapping[str, str] | None = None) -> None:
+        keys = dict(tenants or {})
+        if api_key is not None:
+            keys[api_key] = DEFAULT_TENANT
+        if not keys:
+            raise ServerConfigError("ApiKeyMiddleware needs api_key or tenants")
+        for key in keys:
+            problem = check_api_key(key, "api_key")
+            if problem is not None:
+                raise ServerConfigError(problem)
         self.app = app
-        self._digest = _digest(api_key.encode("ascii"))
+        # Digests only: a key is looked up by the SHA-256 of the token sent, never compared as text.
+        self._tenants = {_digest(k.encode("ascii")): t for k, t in keys.items()}
+        self._digest = next(iter(self._tenants))
         self.protect_metrics = protect_metrics
 
     def protects(self, path: str) -> bool:
@@ -74,6 +91,10 @@ class ApiKeyMiddleware:
         if problem is None:
             await self.app(scope, receive, send)
             return
+        if problem[0] == "":
+            scope[TENANT_SCOPE_KEY] = problem[1].decode()
+            await self.app(scope, receive, send)
+            return
         message, challenge = problem
         body = json.dumps(error_body(message, "invalid_request_error", None, "invalid_api_key")).encode()
         await send({"type": "http.response.start", "status": 401, "headers": [
@@ -82,7 +103,8 @@ class ApiKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     def _problem(self, scope: Scope) -> tuple[str, bytes] | None:
-        """None when the request carries the key; else (the 401 message, the WWW-Authenticate value)."""
+        """("", the key's tenant) when the request carries a key; else (the 401 message, the WWW-Authenticate
+        value)."""
         values = [v for k, v in scope.get("headers", ()) if k == b"authorization"]
         if not values:
             return ("Missing API key: send the header `Authorization: Bearer <key>` (the server was started "
@@ -94,6 +116,12 @@ class ApiKeyMiddleware:
         if scheme.lower() != b"bearer":
             return ("The Authorization header must use the Bearer scheme: `Authorization: Bearer <key>`",
                     b'Bearer realm="stallfree", error="invalid_request"')
-        if not hmac.compare_digest(_digest(token.strip()), self._digest):
+        sent = _digest(token.strip())
+        if len(self._tenants) == 1:
+            if not hmac.compare_digest(sent, self._digest):
+                return ("Incorrect API key provided", b'Bearer realm="stallfree", error="invalid_token"')
+            return ("", next(iter(self._tenants.values())).encode())
+        tenant = self._tenants.get(sent)
+        if tenant is None:
             return ("Incorrect API key provided", b'Bearer realm="stallfree", error="invalid_token"')
-        return None
+        return ("", tenant.encode())

@@ -10,7 +10,7 @@ import socket
 import sys
 from typing import Any
 
-from stallfree._argtypes import non_negative_float, port, positive_int
+from stallfree._argtypes import non_negative_float, port, positive_float, positive_int
 from stallfree.engine.cli import DEFAULT_DTYPE_RULE, ENGINE_WHY
 from stallfree.flags import add_scheduler_flags, scheduler_options
 from stallfree.server.options import add_ops_args, configure_logging, isolate_metrics, ops_banner, ops_from_args
@@ -67,6 +67,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         why={"max_model_len": "default: the model's; at most the model's own"})
     p.add_argument("--max-waiting", type=positive_int, default=1024,
                    help="most requests waiting for admission; more are answered 429 (default 1024)")
+    p.add_argument("--max-waiting-tokens", type=positive_int, default=None, metavar="N",
+                   help="most prompt tokens waiting to be prefilled (requests added and not yet at their first "
+                   "token); a request that would pass it is answered 429 (default: no limit)")
+    p.add_argument("--tenant-tokens-per-minute", type=positive_int, default=None, metavar="N",
+                   help="each tenant's allowance of prompt + max_tokens tokens a minute (a token bucket); past it "
+                   "a request gets 429 rate_limited with Retry-After (default: no limit)")
+    p.add_argument("--max-queue-time", type=positive_float, default=None, metavar="S",
+                   help="seconds a request may wait for admission; one that waits longer is shed with 429 "
+                   "(code queue_timeout, Retry-After) and no token (default: no limit)")
     p.add_argument("--max-request-bytes", type=positive_int, default=2 * 1024 * 1024,
                    help="largest request body in bytes; larger ones are answered 413 before parsing "
                    "(default 2 MiB, room for a 128k-token prompt)")
@@ -96,6 +105,11 @@ def build_engine(args: argparse.Namespace) -> Any:
     from stallfree.engine import LLMEngine
 
     options = scheduler_options(args) | {"enable_prefix_caching": prefix_caching(args)}
+    if getattr(args, "max_queue_time", None) is not None:
+        import time
+
+        # The engine stamps Request.arrival with time.monotonic(): the scheduler reads the same clock.
+        options |= {"max_queue_time_s": args.max_queue_time, "clock": time.monotonic}
     return LLMEngine.from_pretrained(path=args.model, device=args.device, dtype=args.dtype,
                                      kv_offloading_size=args.kv_offloading_size, **options)
 
@@ -119,8 +133,17 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is None and args.kv_offloading_size is not None and not prefix_caching(args):
         problem = "--kv-offloading-size keeps prefix-cache blocks: it needs --kv-policy paged with prefix caching"
     ops = None
+    keys = None
+    if problem is None and args.api_keys_file is not None:
+        from stallfree.server.tenants import load_api_keys_file
+
+        try:
+            keys = load_api_keys_file(args.api_keys_file)
+        except ValueError as exc:
+            problem = str(exc)
     if problem is None:
-        ops, problem = ops_from_args(args)
+        ops, problem = ops_from_args(args, api_keys=None if keys is None else keys.keys,
+                                     tenant_weights=None if keys is None else keys.weights)
     if problem is None and ops is not None:
         ops, problem = isolate_metrics(ops, args.prefix_cache_isolation)
     if problem is not None or ops is None:
@@ -146,6 +169,8 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"stallfree serve: loading {describe_model(args.model)} on {args.device} as "
           f"{dtype_label(args.dtype, args.device)}",
           file=sys.stderr, flush=True)
+    if ops.tenant_weights and args.fairness == "vtc" and args.tenant_weights is None:
+        args.tenant_weights = dict(ops.tenant_weights)  # the keys file's weights are the tenants' shares
     try:
         engine = build_engine(args)
     except ImportError as exc:
@@ -159,6 +184,8 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_names=tuple(args.served_model_name or ()),
         default_max_tokens=args.default_max_tokens,
         max_waiting=args.max_waiting,
+        max_waiting_tokens=args.max_waiting_tokens,
+        tenant_tokens_per_minute=args.tenant_tokens_per_minute,
         log_interval_s=args.log_interval,
         max_request_bytes=args.max_request_bytes,
         prefix_cache_isolation=args.prefix_cache_isolation,

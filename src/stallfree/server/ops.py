@@ -34,8 +34,9 @@ def install_ops(app: Any, ops: OpsConfig) -> Drain:
     app.state.drain = drain
     # add_middleware puts each new layer outside the ones before it: innermost first.
     app.add_middleware(BodyReadTimeout, timeout_s=ops.request_read_timeout_s)
-    if ops.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, api_key=ops.api_key, protect_metrics=ops.protect_metrics)
+    if ops.api_key is not None or ops.api_keys:
+        app.add_middleware(ApiKeyMiddleware, api_key=ops.api_key, protect_metrics=ops.protect_metrics,
+                           tenants=ops.api_keys)
     app.add_middleware(DrainGate, drain=drain)
     app.add_middleware(RequestIdMiddleware, log_access=ops.log_access)
     return drain

@@ -93,6 +93,9 @@ class OpsConfig:
         timeout_keep_alive_s: seconds an idle keep-alive connection is kept (> 0; 5, as vLLM).
         limit_concurrency: the most connections (and tasks) before uvicorn answers 503; None: no limit.
         log_access: one access line per request (logger stallfree.server.access), with its id.
+        api_keys: more keys, key -> tenant (serve --api-keys-file), or None; every /v1 route then needs
+            one of them (or api_key, the tenant "default").
+        tenant_weights: tenant -> weight from the keys file (for --fairness vtc), or None.
 
     Raises:
         ServerConfigError (a ValueError): an option out of range, naming it and its value (never the key itself).
@@ -105,13 +108,15 @@ class OpsConfig:
     timeout_keep_alive_s: float = 5.0
     limit_concurrency: int | None = None
     log_access: bool = True
+    api_keys: Mapping[str, str] | None = None
+    tenant_weights: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.api_key is not None:
             problem = check_api_key(self.api_key, "api_key")
             if problem is not None:
                 raise ServerConfigError(problem)
-        if self.protect_metrics and self.api_key is None:
+        if self.protect_metrics and self.api_key is None and not self.api_keys:
             raise ServerConfigError("protect_metrics=True needs an api_key (--protect-metrics needs --api-key or "
                              "STALLFREE_API_KEY)")
         for name, low, strict in (("shutdown_timeout_s", 0, False), ("request_read_timeout_s", 0, True),
@@ -128,7 +133,7 @@ class OpsConfig:
 
     def __repr__(self) -> str:
         # The key never reaches a log line or a traceback through this object.
-        key = None if self.api_key is None else "<set>"
+        key = None if self.api_key is None and not self.api_keys else "<set>"
         return (f"OpsConfig(api_key={key}, protect_metrics={self.protect_metrics}, "
                 f"shutdown_timeout_s={self.shutdown_timeout_s}, request_read_timeout_s="
                 f"{self.request_read_timeout_s}, timeout_keep_alive_s={self.timeout_keep_alive_s}, "
@@ -142,6 +147,10 @@ def add_ops_args(p: argparse.ArgumentParser) -> None:
                    help=f"require `Authorization: Bearer KEY` on every /v1 route (default: the environment "
                    f"variable {API_KEY_ENV}, which keeps the key out of process listings; none when unset); "
                    "/health stays open")
+    p.add_argument("--api-keys-file", default=None, metavar="FILE",
+                   help="API keys of several tenants: a CSV with the header key,tenant,weight (weight: the "
+                   "tenant's share under --fairness vtc, > 0); every /v1 route needs one of the keys, and the "
+                   "request is served for its tenant (docs/server.md, Tenants)")
     p.add_argument("--protect-metrics", action="store_true",
                    help="require the API key for /metrics too (default: /metrics is open)")
     p.add_argument("--shutdown-timeout", type=non_negative_float, default=30.0, metavar="S",
@@ -157,9 +166,16 @@ def add_ops_args(p: argparse.ArgumentParser) -> None:
 
 
 def ops_from_args(
-    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None,
+    api_keys: Mapping[str, str] | None = None, tenant_weights: Mapping[str, float] | None = None,
 ) -> tuple[OpsConfig | None, str | None]:
     """The OpsConfig of parsed `serve` options, or (None, a message naming the option) when one is wrong.
+
+    Args:
+        args: the parsed options.
+        environ: the environment (os.environ by default).
+        api_keys, tenant_weights: the keys file's keys (key -> tenant) and weights, already read
+            (stallfree.server.tenants.load_api_keys_file), or None.
 
     The message never holds the key.
     """
@@ -167,13 +183,20 @@ def ops_from_args(
         key, _ = resolve_api_key(args.api_key, environ)
     except ValueError as exc:
         return None, str(exc)
-    if args.protect_metrics and key is None:
+    if api_keys is not None:
+        if args.api_key is not None:
+            return None, ("--api-key and --api-keys-file: give one (a key of the tenant default can be a row of "
+                          "the file)")
+        key = None  # the file's keys replace the environment's single key
+    if args.protect_metrics and key is None and api_keys is None:
         return None, f"--protect-metrics needs --api-key or {API_KEY_ENV}"
     try:
         return OpsConfig(api_key=key, protect_metrics=args.protect_metrics,
                          shutdown_timeout_s=args.shutdown_timeout, request_read_timeout_s=args.request_read_timeout,
                          timeout_keep_alive_s=args.timeout_keep_alive,
-                         limit_concurrency=args.limit_concurrency), None
+                         limit_concurrency=args.limit_concurrency,
+                         api_keys=None if api_keys is None else dict(api_keys),
+                         tenant_weights=None if tenant_weights is None else dict(tenant_weights)), None
     except ValueError as exc:
         return None, str(exc)
 
@@ -192,7 +215,7 @@ def isolate_metrics(ops: OpsConfig, prefix_cache_isolation: str) -> tuple[OpsCon
     """
     if prefix_cache_isolation != "salt":
         return ops, None
-    if ops.api_key is None:
+    if ops.api_key is None and not ops.api_keys:
         return None, (f"--prefix-cache-isolation salt needs --api-key or {API_KEY_ENV}: it keeps tenants apart, "
                       "and /metrics (which shows per-request prompt lengths and cached shares) must then need "
                       "the key")
@@ -201,7 +224,10 @@ def isolate_metrics(ops: OpsConfig, prefix_cache_isolation: str) -> tuple[OpsCon
 
 def ops_banner(ops: OpsConfig) -> str:
     """The banner's line about the operator's options (whether a key is required, never the key)."""
-    if ops.api_key is None:
+    if ops.api_keys:
+        key = f"API keys of {len(set(ops.api_keys.values()))} tenant(s) required on /v1" + (
+            " and /metrics" if ops.protect_metrics else "")
+    elif ops.api_key is None:
         key = "no API key (anyone who can reach the port can use it)"
     else:
         key = "API key required on /v1" + (" and /metrics" if ops.protect_metrics else "")

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from stallfree.engine.outputs import EngineStats
 from stallfree.server.async_engine import RequestRecord
+from stallfree.server.tenants import MAX_TENANT_LABELS, OTHER_TENANT, tenant_label
 
 __all__ = ["ServerMetrics"]
 
@@ -91,6 +93,18 @@ class ServerMetrics:
             "stallfree_kv_tier_blocks",
             "KV blocks copied between the cache and a CPU KV tier, by direction (load: into the cache; "
             "offload: out of it).", ["model_name", "direction"], registry=r)
+        self._tenant_queued = Gauge(
+            "stallfree_tenant_queued_tokens",
+            "Prompt tokens of a tenant's requests not yet at their first token (waiting or in prefill); at most "
+            f"{MAX_TENANT_LABELS} tenant labels, the rest as \"{OTHER_TENANT}\".", ["model_name", "tenant"], registry=r)
+        self._tenant_served = Counter(
+            "stallfree_tenant_served_tokens",
+            "Tokens served to a tenant: prompt tokens at its requests' first token, then generated tokens; at "
+            f"most {MAX_TENANT_LABELS} tenant labels, the rest as \"{OTHER_TENANT}\".", ["model_name", "tenant"],
+            registry=r)
+        self._tenant_labels: set[str] = set()
+        #: tenant -> prompt tokens queued (the AsyncEngine's count, read at render time); {} when unset.
+        self.queued_by_tenant: Mapping[str, int] = {}
         self._last_prefix = (0, 0)
         self._last_tier = (0, 0, 0, 0)  # gpu hits, cpu hits, blocks loaded, offloaded
         self._model_name = model_name
@@ -120,6 +134,9 @@ class ServerMetrics:
             self.itl.observe(now - record.last_token_time)
         self.generation_tokens.inc(num_new)
         self.num_generation_tokens += num_new
+        first = record.num_prompt_tokens if record.first_token_time is None else 0
+        label = tenant_label(record.tenant, self._tenant_labels)
+        self._tenant_served.labels(self._model_name, label).inc(first + num_new)
 
     def on_finish(self, record: RequestRecord) -> None:
         """Count the request's outcome (finished_reason stop, length, abort or error); for a request
@@ -167,7 +184,13 @@ class ServerMetrics:
     # ------------------------------------------------------------------ export and log
 
     def render(self) -> bytes:
-        """The registry in the Prometheus text format."""
+        """The registry in the Prometheus text format (the per-tenant queued tokens sampled now)."""
+        totals: dict[str, int] = {}
+        for tenant, tokens in list(self.queued_by_tenant.items()):
+            label = tenant_label(tenant, self._tenant_labels)
+            totals[label] = totals.get(label, 0) + tokens
+        for label, tokens in totals.items():
+            self._tenant_queued.labels(self._model_name, label).set(tokens)
         return generate_latest(self.registry)
 
     def stats_line(self, num_pending: int = 0, now: float | None = None) -> str:

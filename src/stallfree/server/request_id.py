@@ -23,7 +23,12 @@ import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["MAX_REQUEST_ID_CHARS", "RequestIdFilter", "RequestIdMiddleware", "current_request_id", "valid_request_id"]
+__all__ = ["MAX_REQUEST_ID_CHARS", "TENANT_SCOPE_KEY", "RequestIdFilter", "RequestIdMiddleware", "current_request_id",
+           "valid_request_id"]
+
+#: The ASGI scope key under which the API-key middleware leaves the tenant of the request's key
+#: (stallfree.server.tenants); the access line names it.
+TENANT_SCOPE_KEY = "stallfree.tenant"
 
 #: The longest client request id kept, in characters.
 MAX_REQUEST_ID_CHARS = 128
@@ -62,7 +67,8 @@ class RequestIdMiddleware:
     """Give each HTTP request an id, return it as X-Request-Id and log one access line when it ends.
 
     The access line (logger "stallfree.server.access", INFO): `<id> <client> "<METHOD> <path>" <status>
-    <seconds>s`; status 0 when the client left before any response started. An exception out of the
+    <seconds>s`, then ` tenant=<name>` when the request's API key belongs to a tenant (stallfree.server.tenants);
+    status 0 when the client left before any response started. An exception out of the
     app before any response started is logged under the request's id and answered as a JSON 500 that
     carries the id (access status 500); after a response started it propagates.
 
@@ -114,6 +120,12 @@ class RequestIdMiddleware:
                 client = scope.get("client")
                 where = f"{client[0]}:{client[1]}" if client else "-"
                 path = str(scope.get("path", "-")).encode("unicode_escape").decode("ascii")  # no forged lines
-                access_logger.info('%s %s "%s %s" %d %.3fs', rid, where, scope.get("method", "-"), path, status,
-                                   time.perf_counter() - start)
+                tenant = scope.get(TENANT_SCOPE_KEY)
+                if tenant is None:
+                    access_logger.info('%s %s "%s %s" %d %.3fs', rid, where, scope.get("method", "-"), path,
+                                       status, time.perf_counter() - start)
+                else:  # a key's tenant (names from the keys file: no spaces or control characters checked)
+                    access_logger.info('%s %s "%s %s" %d %.3fs tenant=%s', rid, where, scope.get("method", "-"),
+                                       path, status, time.perf_counter() - start,
+                                       str(tenant).encode("unicode_escape").decode("ascii"))
             current_request_id.reset(token)

@@ -235,6 +235,7 @@ def _prefix_cache_figures(
             tuple(wl.arrivals[i] for i in mine), tuple(wl.prompt_lens[i] for i in mine),
             tuple(wl.output_lens[i] for i in mine), wl.name,
             prefix_ids=tuple(ids[i] for i in mine) if ids is not None else None, prefix_block=wl.prefix_block,
+            tenants=tuple(wl.tenants[i] for i in mine) if wl.tenants is not None else None,
         )
         res.prefix_cache_hit_rate_bound = sub.prefix_hit_bound(bs)
     merged.prefix_cache_hit_rate = hits / queries if queries else 0.0

@@ -29,6 +29,19 @@ _DECODING = int(RequestState.DECODING)
 _DONE = int(RequestState.DONE)
 
 
+class SimClock:
+    """The simulated time, seconds, as a scheduler's clock: the replica sets `t` before each schedule()
+    (ReplicaConfig(max_queue_time_s=...) gives its scheduler one). Picklable."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class Replica:
     """One replica as the event loop drives it and as a router sees it.
 
@@ -60,7 +73,7 @@ class Replica:
     __slots__ = (
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
-        "sched", "seg_open", "stalled", "state", "step", "tick",
+        "sched", "seg_open", "stalled", "state", "step", "tick", "_clock",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -85,6 +98,9 @@ class Replica:
         self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
         self._plan: StepPlan | None = None  # the step in flight
         self._start = 0.0  # when it started, s
+        # A queue time limit reads the simulated clock (SimClock), set before each schedule().
+        clock = getattr(getattr(inner, "config", None), "clock", None)
+        self._clock = clock if isinstance(clock, SimClock) else None
         # Bound once: the per-step path is the simulator's hot loop.
         self._schedule, self._complete, self._step_time = sched.schedule, sched.complete, cost.step_time
         self._append = (res.step_start.append, res.step_end.append, res.step_tokens.append,
@@ -140,6 +156,8 @@ class Replica:
     def start_step(self, now: float) -> float | None:
         """Schedule one step at `now`, s; return its end time, s, or None for an empty plan (which
         is completed and recorded at once, with no duration: the replica stalls)."""
+        if self._clock is not None:
+            self._clock.t = now
         plan = self._schedule()
         if not plan.num_tokens and not plan.preempted:
             self._complete(plan)
@@ -214,8 +232,11 @@ class Replica:
         kv_total, admit_step = res.kv_total, res.admit_step
         a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
         step, tick = self.step, self.tick
+        clock = self._clock
         try:
             while now < until and has_unfinished():
+                if clock is not None:
+                    clock.t = now
                 plan = schedule()
                 if not plan.num_tokens and not plan.preempted:
                     complete(plan)

@@ -197,6 +197,8 @@ def summarize_result(
     ):
         out.update(_stats(name, lat[key], pcts))
     out["by_prompt_len"] = bucket_stats(lat, res.prompt_len)
+    if res.tenant is not None:
+        out["by_tenant"] = tenant_stats(res, lat)
     out.update(_step_figures(res))
     if res.session_keys is not None:
         out.update(session_summary(res, float(res.config.get("frontend_s", 0.0))))
@@ -207,6 +209,41 @@ def summarize_result(
         from stallfree.sim.lora import lora_summary
 
         out["lora"] = lora_summary(res, lat)
+    return out
+
+
+def tenant_stats(res: SimResult, lat: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per tenant (res.tenant), sorted by name: num_requests, completed, shed (finished by a queue time
+    limit, reason "timeout": never served, so in no latency figure), rejected, output_tokens (of the
+    completed), and the median and p99 of TTFT and TPOT in ms (None without a value).
+
+    Args:
+        res: a simulation whose workload names tenants.
+        lat: latency_arrays(res).
+    """
+    import numpy as np
+
+    assert res.tenant is not None
+    tenant = res.tenant
+    rejected = {r for r, _ in res.rejected}
+    out: dict[str, dict[str, Any]] = {}
+    names = sorted(set(tenant))
+    done, ttft = lat["rids"].tolist(), lat["ttft"]
+    tpot_rids, tpot = lat["tpot_rids"].tolist(), lat["tpot"]
+    for name in names:
+        mine = [i for i, r in enumerate(done) if tenant[r] == name]
+        mine_tpot = [i for i, r in enumerate(tpot_rids) if tenant[r] == name]
+        row: dict[str, Any] = {
+            "num_requests": sum(1 for t in tenant if t == name),
+            "completed": len(mine),
+            "shed": sum(1 for r, t in enumerate(tenant) if t == name and res.finish_reason[r] == "timeout"),
+            "rejected": sum(1 for r in rejected if tenant[r] == name),
+            "output_tokens": int(sum(res.target[done[i]] for i in mine)),
+        }
+        for key, values in (("ttft", ttft[mine] if mine else None), ("tpot", tpot[mine_tpot] if mine_tpot else None)):
+            row[f"median_{key}_ms"] = float(np.median(values)) * 1e3 if values is not None else None
+            row[f"p99_{key}_ms"] = float(np.percentile(values, 99)) * 1e3 if values is not None else None
+        out[name] = row
     return out
 
 
@@ -262,7 +299,8 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
     """One dict per request: rid, arrival_s, prompt_len, prompt_bucket (stallfree.sim.buckets),
     max_new, output_tokens, admitted_s, first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms,
     queue_ms, finish_reason, rejected (the message), rejected_reason ("context_length", "kv_capacity" or None),
-    and with LoRA adapters (res.lora) lora (the adapter's name, None: the base model) and lora_load_s.
+    with LoRA adapters (res.lora) lora (the adapter's name, None: the base model) and lora_load_s, and,
+    last, tenant when the workload names tenants.
     Times are None for rejected requests; tpot_ms is None below 2 tokens. With `replica` (a
     cluster's replica per request, -1 for one refused at arrival) a `replica` column follows rid
     (None where -1). A session run's rows end with session_id and turn. ttft_ms and e2el_ms include
@@ -284,7 +322,7 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
             "prompt_len": res.prompt_len[r],
             "prompt_bucket": prompt_bucket(res.prompt_len[r]),
             "max_new": res.max_new[r],
-            "output_tokens": res.target[r] if f >= 0 else 0,
+            "output_tokens": res.target[r] if f >= 0 and res.finish_reason[r] != "timeout" else 0,
             "admitted_s": start[adm] if adm >= 0 else None,
             "first_token_s": end[a] if a >= 0 else None,
             "finish_s": end[f] if f >= 0 else None,
@@ -302,6 +340,8 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
         if res.lora is not None and res.lora_load_s is not None:
             row["lora"] = res.lora[r]
             row["lora_load_s"] = res.lora_load_s[r]
+        if res.tenant is not None:
+            row["tenant"] = res.tenant[r]
         rows.append(row)
     return rows
 

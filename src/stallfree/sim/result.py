@@ -143,6 +143,8 @@ class SimResult:
     lora_load_s: list[float] | None = None
     lora_loads: int = 0
     lora_storage_loads: int = 0
+    #: Per request its tenant ("default" for none), when the workload names tenants; else None.
+    tenant: tuple[str, ...] | None = None
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -215,13 +217,14 @@ class SimResult:
 
 
 def verify_tokens(res: SimResult) -> None:
-    """Check that every request that finished (not aborted) emitted exactly its target tokens.
+    """Check that every request that finished (not aborted, not shed by a queue time limit) emitted exactly
+    its target tokens.
 
     Raises:
         SimulationError: a request emitted more or fewer tokens than res.target says.
     """
     for r in range(res.num_requests):
-        if res.finish_step[r] >= 0 and res.finish_reason[r] != "abort":
+        if res.finish_step[r] >= 0 and res.finish_reason[r] not in ("abort", "timeout"):
             got = res.num_tokens(r)
             if got != res.target[r]:
                 raise SimulationError(

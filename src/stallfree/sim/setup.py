@@ -595,6 +595,8 @@ class Setup:
     context_length_source: str
     kv_bytes_per_token: int
     lora: dict[str, Any] | None
+    #: Seconds a request may wait for admission before it is shed (ReplicaConfig.max_queue_time_s); None.
+    max_queue_time_s: float | None
 
     def __init__(self, workload_options: WorkloadOptions | None = None,
                  hardware_options: HardwareOptions | None = None,
@@ -604,6 +606,7 @@ class Setup:
                  **legacy: Any) -> None:
         self.workload_options = workload_options or WorkloadOptions()
         self.hardware_options = hardware_options or HardwareOptions()
+        self.max_queue_time_s = None
         self.kv_offloading_gib = kv_offloading_gib
         if isinstance(scheduler, str):  # the former Setup(scheduler="paged"), the KV policy
             legacy["scheduler"], scheduler = scheduler, None
@@ -814,7 +817,8 @@ class Setup:
         if batching != "chunked" and self.paged:
             core = core.replace(kv_policy="reserve", **{n: SchedulerConfig.__dataclass_fields__[n].default
                                                        for n in _PAGED_ONLY})
-        return ReplicaConfig(core, batching, self.async_scheduling)
+        return ReplicaConfig(core, batching, self.async_scheduling,
+                             self.max_queue_time_s if batching == "chunked" else None)
 
     def header(self) -> dict[str, Any]:
         """Return the facts of the report's header (workload, rate, hardware, capacities, notes)."""

@@ -15,6 +15,7 @@ same loop with N replicas, disaggregation (stallfree.sim.disagg) two groups and 
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable, Hashable
@@ -26,14 +27,14 @@ from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_tier import TieredInvariantChecker
 from stallfree.core.kv_tier import TieredKV
 from stallfree.core.queries import SchedulerStats
-from stallfree.core.request import Request
+from stallfree.core.request import DEFAULT_TENANT, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.load import Arrivals, ClosedLoop
 from stallfree.sim.loop import Entry, EventLoop, PassGate, Router
-from stallfree.sim.replica import Replica
+from stallfree.sim.replica import Replica, SimClock
 from stallfree.sim.result import (
     CONTEXT_LENGTH,
     KV_CAPACITY,
@@ -87,15 +88,20 @@ class ReplicaConfig:
             `--async-scheduling` does (on by default from vLLM 0.14.0): a request that arrives while
             step k runs first runs in step k + 2 instead of k + 1 (stallfree.sim.loop, "Asynchronous
             scheduling"; docs/simulator.md). Default False: a synchronous scheduler.
+        max_queue_time_s: None, or seconds a request may wait for admission: one that waits longer, never
+            admitted, is shed (finish reason "timeout", no token; SchedulerConfig.max_queue_time_s on the
+            simulated clock, stallfree.sim.replica.SimClock). Chunked batching only.
 
     Raises:
         ValueError: an unknown batching mode, a baseline with kv_policy "paged", scheduler not a
-            SchedulerConfig, or async_scheduling not a bool.
+            SchedulerConfig, async_scheduling not a bool, or max_queue_time_s not a finite number > 0
+            (or given with a baseline).
     """
 
     scheduler: SchedulerConfig
     batching: str = "chunked"
     async_scheduling: bool = False
+    max_queue_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.scheduler, SchedulerConfig):
@@ -106,6 +112,12 @@ class ReplicaConfig:
             raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
+        limit = self.max_queue_time_s
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int | float) or not math.isfinite(limit) or limit <= 0:
+                raise ValueError(f"max_queue_time_s must be a finite number of seconds > 0, got {limit!r}")
+            if self.batching != "chunked":
+                raise ValueError(f"max_queue_time_s applies to chunked batching, got batching={self.batching!r}")
 
     @classmethod
     def of(cls, kv_tokens: int, token_budget: int = DEFAULT_TOKEN_BUDGET, max_seqs: int = DEFAULT_MAX_SEQS, *,
@@ -142,6 +154,8 @@ class ReplicaConfig:
             InvalidConfig: a number is out of range.
         """
         if self.batching == "chunked":
+            if self.max_queue_time_s is not None:
+                return Scheduler(self.scheduler.replace(max_queue_time_s=self.max_queue_time_s, clock=SimClock()))
             return Scheduler(self.scheduler)
         classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
             "prefill-first": PrefillFirstScheduler,
@@ -251,6 +265,7 @@ def new_result(
         kv_total=0 if inner is None else _stats(inner).kv_total,
         lora=wl.loras,
         lora_load_s=[0.0] * n if wl.loras is not None else None,
+        tenant=None if wl.tenants is None else tuple(t or DEFAULT_TENANT for t in wl.tenants),
     )
 
 
@@ -292,7 +307,7 @@ def request_maker(
     hashes carry its adapter, so that only requests on the same adapter, or the base model, share KV)."""
     st = _stats(inner)
     caching = st.enable_prefix_caching and wl.prefix_ids is not None
-    hashes, bs, plens = wl.block_hashes, st.block_size or 1, wl.prompt_lens
+    hashes, bs, plens, tenants = wl.block_hashes, st.block_size or 1, wl.prompt_lens, wl.tenants
     loras = wl.loras
     if loras is not None:
         def with_lora(i: int) -> Request:
@@ -301,12 +316,14 @@ def request_maker(
             if h is not None and a is not None:
                 # KV computed under an adapter is that adapter's: its blocks hash apart, as in vLLM.
                 h = tuple((a, x) for x in h)
-            return Request(i, plens[i], max_new[i], 0, times[i], h, lora=a)
+            return Request(i, plens[i], max_new[i], 0, times[i], h, lora=a,
+                           tenant=tenants[i] if tenants is not None else None)
 
         return with_lora
 
     def make(i: int) -> Request:
-        return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None)
+        return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None,
+                       tenant=tenants[i] if tenants is not None else None)
 
     return make
 

@@ -26,6 +26,7 @@ from typing import IO
 
 from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text
 from stallfree.core.errors import StallfreeError
+from stallfree.core.request import MAX_TENANT_CHARS
 
 __all__ = [
     "BUNDLED_TRACE",
@@ -94,6 +95,9 @@ class Workload:
         prefix_block: tokens per block of prefix_ids.
         loras: None, or per request the name of its LoRA adapter (None: the base model); a trace's
             `lora` column or field (empty: the base model), or drawn (stallfree.sim.lora.assign_loras).
+        tenants: None (no tenant column: every request the tenant "default"), or per request the
+            client it is served for, None for "default" (a `tenant` CSV column or JSONL field; an
+            empty value is "default"); read by SchedulerConfig(fairness="vtc") and `by_tenant`.
 
     Raises:
         ValueError: the three sequences differ in length, or a length is < 1.
@@ -108,9 +112,12 @@ class Workload:
     prefix_ids: tuple[tuple[int, ...], ...] | None = None
     prefix_block: int = MOONCAKE_BLOCK
     loras: tuple[str | None, ...] | None = None
+    tenants: tuple[str | None, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrivals)
+        if self.tenants is not None and len(self.tenants) != n:
+            raise ValueError(f"workload {self.name!r}: {n} arrivals, {len(self.tenants)} tenants")
         if self.loras is not None and len(self.loras) != n:
             raise ValueError(f"workload {self.name!r}: {n} arrivals, {len(self.loras)} loras")
         if len(self.prompt_lens) != n or len(self.output_lens) != n:
@@ -177,7 +184,12 @@ class Workload:
             output_lens=tuple(self.output_lens[i] for i in idx),
             prefix_ids=tuple(ids[i] for i in idx) if ids is not None else None,
             loras=tuple(self.loras[i] for i in idx) if self.loras is not None else None,
+            tenants=tuple(self.tenants[i] for i in idx) if self.tenants is not None else None,
         )
+
+    def tenant(self, i: int) -> str | None:
+        """Request i's tenant (None: "default")."""
+        return self.tenants[i] if self.tenants is not None else None
 
     def block_hashes(self, i: int, block_size: int) -> tuple[tuple[int, int], ...] | None:
         """Request i's prompt as a scheduler's block hashes (prompt_len // block_size of them), or None
@@ -265,9 +277,9 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
         burstgpt: BurstGPT CSV: Timestamp (s), Request tokens, Response tokens (other columns ignored;
             rows with 0 response tokens are failed requests in the trace: excluded and counted).
         csv: arrival_time (s), prompt_len, output_len; optionally lora (a LoRA adapter's name, empty:
-            the base model).
+            the base model) and tenant (the client's name; empty: "default").
         jsonl: one object per line with arrival_time, prompt_len, output_len and optionally lora (a
-            string, or null or "" for the base model).
+            string, or null or "" for the base model) and tenant (a string, or null for "default").
         mooncake: Mooncake's JSONL: timestamp (ms), input_length, output_length, hash_ids (one id
             per 512-token prompt block; equal ids, equal prefixes); auto picks it for a .jsonl whose
             first object has hash_ids and input_length.
@@ -380,6 +392,7 @@ class _Rows:
         self.path, self.skip = path, skip
         self.rows: list[tuple[float, int, int]] = []
         self.loras: dict[int, str] = {}  # row index -> its LoRA adapter (rows without one: the base model)
+        self.tenants: list[str | None] | None = None  # per row, when the trace has a tenant column
         self.bad = 0
         self.messages: list[str] = []
         self.excluded = 0
@@ -413,7 +426,9 @@ class _Rows:
     def finish(self, name: str) -> Workload:
         if not self.rows:
             raise TraceError(f"{self.path}: no requests in the trace")
-        rows = sorted(self.rows, key=lambda r: r[0])  # stable: equal arrivals keep file order
+        order = sorted(range(len(self.rows)), key=lambda i: self.rows[i][0])  # stable: equal arrivals keep file order
+        rows = [self.rows[i] for i in order]
+        tenants = tuple(self.tenants[i] for i in order) if self.tenants is not None else None
         t0 = rows[0][0]
         notes = []
         # The event loop takes requests in arrival order, so a trace out of order is sorted, not refused;
@@ -441,7 +456,32 @@ class _Rows:
             skipped_rows=self.bad,
             notes=tuple(notes),
             loras=loras,
+            tenants=tenants,
         )
+
+    def add(self, row: tuple[float, int, int], tenant: str | None, has_tenant: bool) -> None:
+        """Keep a parsed row (and its tenant when the trace has a tenant column or field)."""
+        if has_tenant and self.tenants is None:
+            self.tenants = [None] * len(self.rows)
+        self.rows.append(row)
+        if self.tenants is not None:
+            self.tenants.append(tenant)
+
+
+def _tenant_field(value: object) -> str | None:
+    """A trace's tenant value: None for null or empty (the tenant "default"), else the stripped name.
+
+    Raises:
+        ValueError: not a string (nor null), or longer than MAX_TENANT_CHARS characters.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"tenant {value!r} is not a string")
+    text = value.strip()
+    if len(text) > MAX_TENANT_CHARS:
+        raise ValueError(f"tenant {text[:40]!r}... is longer than {MAX_TENANT_CHARS} characters")
+    return text or None
 
 
 def _int_field(field_name: str, text: str, minimum: int) -> int:
@@ -507,6 +547,7 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
         )
     ia, ip, io_ = (header.index(c) for c in cols)
     il = header.index("lora") if "lora" in header else -1  # optional: a request's LoRA adapter
+    it = header.index("tenant") if fmt == "csv" and "tenant" in header else -1
     width = len(header)
     rows = _Rows(path, skip)
     min_out = 0 if fmt == "burstgpt" else 1
@@ -528,6 +569,7 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
             t = rows.time(t, cols[0], row[ia].strip(), line)
             plen = _int_field(cols[1], row[ip].strip(), 1)
             olen = _int_field(cols[2], row[io_].strip(), min_out)
+            tenant = _tenant_field(row[it]) if it >= 0 else None
         except ValueError as exc:
             rows.error(line, str(exc))
             continue
@@ -536,7 +578,7 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
             continue
         if il >= 0 and row[il].strip():
             rows.loras[len(rows.rows)] = row[il].strip()
-        rows.rows.append((t, plen, olen))
+        rows.add((t, plen, olen), tenant, it >= 0)
     return rows.finish(name)
 
 
@@ -569,6 +611,7 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
             lora = obj.get("lora")
             if lora is not None and not isinstance(lora, str):
                 raise ValueError(f"lora must be a string (an adapter's name) or null, got {str(lora)[:60]}")
+            tenant = _tenant_field(obj.get("tenant"))
         except TraceError:
             raise
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
@@ -576,7 +619,7 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
             continue
         if lora:
             rows.loras[len(rows.rows)] = lora
-        rows.rows.append((t, plen, olen))
+        rows.add((t, plen, olen), tenant, "tenant" in obj)
     return rows.finish(name)
 
 

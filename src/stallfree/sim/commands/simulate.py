@@ -122,6 +122,13 @@ def _add_batching_flags(g: Any) -> None:
         help="time budget mode: each step takes the most tokens whose predicted time stays under T "
         "(50ms; bare = ms), given the running decodes' context lengths",
     )
+    g.add_argument(
+        "--max-queue-time",
+        type=positive_duration,
+        metavar="T",
+        help="chunked batching: shed a request still waiting T after its arrival (bare = ms; reason timeout, "
+        "no token; by_tenant's shed, in no latency figure). Default: no limit",
+    )
     _add_kv_flags(g)
     g.add_argument("--compare", action="store_true", help="run all three batching modes side by side")
     g.add_argument("--check", action="store_true", help="check the scheduler's invariants after every step")
@@ -263,6 +270,10 @@ def run(args: argparse.Namespace) -> int:
             args.enable_prefix_caching = False
     setup = setup_from_args(args)
     _check_resolved(args, setup)
+    if args.max_queue_time is not None:
+        if args.compare or args.batching != "chunked" or args.step_time_target is not None:
+            raise CliError("--max-queue-time applies to chunked batching without --compare or --step-time-target", 2)
+        setup.max_queue_time_s = args.max_queue_time
     sessions = isinstance(setup.workload, SessionWorkload)
     if caching and setup.workload.prefix_ids is None and not sessions:
         flag = "--compare-caching" if args.compare_caching else given(args, "enable_prefix_caching")
