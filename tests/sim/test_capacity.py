@@ -85,3 +85,59 @@ def test_plan_prints_vllm_line_for_a_multi_gpu_replica_and_plain_progress(tmp_pa
     serve = json.loads(capsys.readouterr().out)["serve"]
     assert serve == {"vllm": "vllm serve MODEL --tensor-parallel-size 1 --max-num-batched-tokens 512 --max-num-seqs 1",
                      "stallfree": "stallfree serve --max-num-batched-tokens 512 --max-num-seqs 1"}
+
+
+def _prefill_heavy_trace(tmp_path):
+    """Twenty requests 1 s apart, each a 1,500-token prompt and 201 output tokens."""
+    trace = tmp_path / "prefill_heavy.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{k}.0,1500,201\n" for k in range(20)))
+    return trace
+
+
+def test_split_order_and_bound_by_hand():
+    """The bound of the hand-worked trace below: mu_p = 1/1.51 req/s, mu_d = 5 req/s at 1 req/s offered,
+    so P >= 2, D >= 1; of 3 replicas only 2:1 is allowed, of 6 the splits nearest the balance first."""
+    from stallfree.sim.capacity import SplitBound, split_order
+
+    b = SplitBound(1 / 1.51, 5.0, 1.0)
+    assert (b.p_min, b.d_min) == (2, 1)
+    assert b.share == pytest.approx(1.51 / (1.51 + 0.2))
+    assert split_order(3, b) == [2]
+    assert split_order(2, b) == []  # 2 + 1 replicas at least
+    assert split_order(6, b) == [5, 4, 3, 2]  # balance at 5.30 prefill replicas of 6
+    assert split_order(4, None) == [2, 1, 3]  # no bound: every split, 2:2 first
+    assert SplitBound(1.0, 1.0, 2.0).p_min == 2  # an exact multiple needs that multiple
+
+
+def test_plan_finds_a_prefill_heavy_split_by_hand(tmp_path, capsys):
+    """--linear-cost 10,1000: a step costs 10 ms + 1 ms per token; 20 requests 1 s apart, 1,500-token
+    prompts, 201 output tokens; SLOs TTFT 2 s, TPOT 15 ms.
+
+    Aggregated, a request's prefill step takes 1.51 s and its 200 decode steps ~11 ms each (2.2 s), so a
+    replica is busy ~3.7 s per request. With 3 replicas each replica's next request arrives 3 s after
+    the last, while it still decodes: the 1.5 s prefill step lands among its decode steps and its TPOT
+    becomes ~(2.2 + 1.5) / 200 = 18.5 ms > 15 ms (all but the last 3 requests miss: 15%); with 4 the
+    next arrives at 4 s > 3.7 s, no step mixes them, TPOT ~11 ms: 4 replicas is the aggregated answer.
+
+    Disaggregated, one prefill replica takes 1.51 s per request arriving each second: its queue grows
+    (TTFT of request k ~1.51 + 0.51 k s), so the bound asks P >= 2 (mu_p = 1 / 1.51 req/s); two take
+    turns, TTFT 1.51 s. One decode replica holds at most 3 requests (each ~2.2-2.6 s, one a second):
+    steps of 10 + k <= 13 ms plus the KV move, TPOT < 15 ms. So 2P:1D meets the SLOs on 3 replicas,
+    one fewer than aggregated, with more prefill than decode replicas."""
+    trace = _prefill_heavy_trace(tmp_path)
+    code = main(["plan", "--trace", str(trace), "--linear-cost", "10,1000", "--slo-ttft", "2s", "--slo-tpot", "15ms",
+                 "--executor", "serial", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["answer"]["replicas"] == 4
+    rows = {r["label"]: r for r in report["rows"]}
+    assert rows["x3 least-outstanding"]["attainment"] == pytest.approx(0.15)
+    assert rows["x4 least-outstanding"]["attainment"] == 1.0
+    best = report["disaggregation"]["best"]
+    assert best["label"] == "disagg 2P:1D"
+    assert (best["prefill"], best["decode"]) == (2, 1)
+    assert best["attainment"] == 1.0
+    assert best["p99_ttft_ms"] == pytest.approx(1510, abs=1)
+    assert 11 < best["p99_tpot_ms"] < 15
+    # Only 2:1 is simulated: 1:2 (one prefill replica) and every split of 2 replicas are below the bound.
+    assert [r["label"] for r in report["rows"] if r["kind"] == "disaggregated"] == ["disagg 2P:1D"]

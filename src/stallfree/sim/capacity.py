@@ -18,10 +18,17 @@ The search (`plan`), assuming attainment does not fall as replicas are added:
    (`width`), spread over the interval, so a pool of workers shortens the search rather than idling.
    All with the first router (least-outstanding by default).
 3. The other routers one count below the answer (and lower while one passes there).
-4. Disaggregation: P:D splits with P + D = the answer - 1 replicas (fewer GPUs; P from
-   DISAGG_PREFILL_SHARES of them), each side the setup's replica; if one meets the SLOs, one count
-   lower again, and so on. Disaggregation beats the aggregated answer when some split meets the SLOs
-   on fewer replicas.
+4. Disaggregation: P:D splits on fewer replicas than the answer (fewer GPUs), each side the setup's
+   replica, P over the whole range 1..N-1. Each side's capacity bounds the splits before any is
+   simulated (`split_bound`): one prefill replica's saturated throughput mu_p (the prompts with one
+   output token each) and one decode replica's mu_d (the outputs after the first, priced at their true
+   context) give P >= ceil(rate / mu_p) and D >= ceil(rate / mu_d); a split below either side's mean
+   load is not simulated. The counts N = P + D are searched as in step 2, from the bound's
+   P_min + D_min up to the answer - 1; at each count the allowed splits are tried nearest the balanced
+   share first (P / N = (1 / mu_p) / (1 / mu_p + 1 / mu_d): both sides equally loaded), at most
+   SPLITS_PER_COUNT of them, and a count passes when one of them meets the SLOs. Disaggregation beats
+   the aggregated answer when some split meets the SLOs on fewer replicas; a split may put more
+   replicas on prefill than on decode (a prefill-heavy workload).
 """
 
 from __future__ import annotations
@@ -45,20 +52,29 @@ __all__ = [
     "DEFAULT_MAX_REPLICAS",
     "DEFAULT_ROUTERS",
     "DISAGG_PREFILL_SHARES",
+    "SPLITS_PER_COUNT",
     "PlanPoint",
     "PlanResult",
+    "SplitBound",
     "attainment_of",
     "disagg_splits",
     "next_counts",
     "plan",
     "plan_report",
+    "split_bound",
+    "split_order",
 ]
 
 DEFAULT_ATTAINMENT = 0.99
 DEFAULT_MAX_REPLICAS = 64
 DEFAULT_ROUTERS = ("least-outstanding", "round-robin", "least-kv")
-#: The prefill shares of the P:D splits tried: P = round(share x replicas), within [1, replicas - 1].
+#: The prefill shares of disagg_splits: P = round(share x replicas), within [1, replicas - 1] (kept for
+#: callers; plan itself tries every split its capacity bound allows, split_order).
 DISAGG_PREFILL_SHARES = (1 / 6, 1 / 4, 1 / 3, 1 / 2)
+#: The most P:D splits plan simulates at one replica count, nearest the balanced share first: the
+#: capacity bound says where the balance lies, so a split far from it is not expected to pass where
+#: the three nearest do not (this project's choice, to keep the search a few simulations per count).
+SPLITS_PER_COUNT = 3
 #: The per-run keys a plan keeps (its table and --json rows).
 ROW_KEYS = (
     "label", "kind", "replicas", "prefill", "decode", "router", "num_gpus", "attainment", "slo_attainment",
@@ -170,12 +186,100 @@ def next_counts(fail: int | None, ok: int | None, start: int, tried: set[int], w
     return [n for n in picks if n not in tried]
 
 
+@dataclass(frozen=True, slots=True)
+class SplitBound:
+    """The capacity bound of P:D splits on a workload (module docstring, step 4).
+
+    Attributes:
+        prefill_capacity: mu_p, one prefill replica's saturated throughput, requests/s.
+        decode_capacity: mu_d, one decode replica's, requests/s.
+        offered_rate: the workload's mean arrival rate, requests/s.
+    """
+
+    prefill_capacity: float
+    decode_capacity: float
+    offered_rate: float
+
+    @property
+    def p_min(self) -> int:
+        """The fewest prefill replicas whose capacity covers the mean rate: ceil(rate / mu_p), >= 1."""
+        return _replicas_for(self.offered_rate, self.prefill_capacity)
+
+    @property
+    def d_min(self) -> int:
+        """The fewest decode replicas whose capacity covers the mean rate: ceil(rate / mu_d), >= 1."""
+        return _replicas_for(self.offered_rate, self.decode_capacity)
+
+    @property
+    def share(self) -> float:
+        """The balanced prefill share P / N, both sides equally loaded: (1/mu_p) / (1/mu_p + 1/mu_d)."""
+        wp = 1 / self.prefill_capacity if self.prefill_capacity > 0 else math.inf
+        wd = 1 / self.decode_capacity if self.decode_capacity > 0 else math.inf
+        if math.isinf(wp) or math.isinf(wd):
+            return 0.5
+        return wp / (wp + wd)
+
+
+def _replicas_for(rate: float, capacity: float) -> int:
+    """ceil(rate / capacity) replicas, at least 1 (1 when either figure is not finite and positive)."""
+    if not (math.isfinite(rate) and math.isfinite(capacity) and capacity > 0 and rate > 0):
+        return 1
+    # 1e-9: a rate that is an exact multiple of the capacity needs that multiple, not one more.
+    return max(1, math.ceil(rate / capacity - 1e-9))
+
+
+def split_order(replicas: int, bound: SplitBound | None) -> list[int]:
+    """The prefill counts P of the P:D splits of `replicas` that the bound allows (P >= p_min and
+    replicas - P >= d_min), nearest the balanced share (bound.share x replicas) first, ties to the
+    smaller P; every P in 1..replicas-1 without a bound; [] below 2 replicas."""
+    if replicas < 2:
+        return []
+    lo, hi = (1, replicas - 1) if bound is None else (bound.p_min, replicas - bound.d_min)
+    target = replicas * (0.5 if bound is None else bound.share)
+    return sorted(range(max(1, lo), min(replicas - 1, hi) + 1), key=lambda p: (abs(p - target), p))
+
+
 def disagg_splits(replicas: int) -> list[int]:
-    """The prefill counts P of the P:D splits tried on `replicas` (DISAGG_PREFILL_SHARES), ascending;
+    """The prefill counts P of the P:D splits at DISAGG_PREFILL_SHARES of `replicas`, ascending;
     [] below 2 replicas."""
     if replicas < 2:
         return []
     return sorted({min(replicas - 1, max(1, round(f * replicas))) for f in DISAGG_PREFILL_SHARES})
+
+
+def split_bound(setup: Any, budget: int) -> SplitBound:
+    """Each side's saturated throughput on the setup's workload (module docstring, step 4).
+
+    The prefill side replays the prompts with one output token each; the decode side the outputs after
+    the first (a 1-token prompt, target - 1 to generate) priced at their true context (prompt_len more),
+    both as stallfree.sim.disagg builds its sides, all arriving at 0 s (simulator.saturated_throughput).
+
+    Args:
+        setup: a stallfree.sim.setup.Setup.
+        budget: token budget per step on both sides, tokens.
+
+    Returns:
+        A SplitBound.
+
+    Raises:
+        SetupError, SimulationError: as the simulations.
+    """
+    from stallfree.sim.disagg import _ShiftedCost, _sides
+    from stallfree.sim.workload import Workload
+
+    wl = setup.workload.head(5000)
+    opts = setup.workload_options
+    tp = setup.hardware_options.tp
+    (pcost, pcfg, *_), (dcost, dcfg, *_) = _sides(setup, (tp, tp), (budget, budget))
+    n = len(wl)
+    target = [o if opts.max_tokens is None else min(o, opts.max_tokens) for o in wl.output_lens]
+    prefill = Workload(wl.arrivals, wl.prompt_lens, (1,) * n, wl.name)
+    decode = Workload(wl.arrivals, (1,) * n, tuple(max(t - 1, 1) for t in target), wl.name)
+    offset: dict[Any, int] = dict(enumerate(wl.prompt_lens))
+    mu_p = saturated_throughput(prefill, pcfg, pcost, None, max_model_len=setup.context_length,
+                                cut_output_to_fit=opts.cut_output_to_fit)
+    mu_d = saturated_throughput(decode, dcfg, _ShiftedCost(dcost, offset), None)
+    return SplitBound(mu_p, mu_d, setup.workload.mean_rate)
 
 
 @dataclass(slots=True)
@@ -193,6 +297,8 @@ class PlanResult:
         attainment: the target share.
         wall_s: the search's wall time, s.
         gpus_per_replica: the setup's tensor parallelism.
+        split_bound: the P:D splits' capacity bound (SplitBound), or None when splits were not searched.
+        splits_bounded: P:D splits of the counts searched that the bound ruled out unsimulated.
     """
 
     replicas: int | None
@@ -206,6 +312,8 @@ class PlanResult:
     attainment: float = DEFAULT_ATTAINMENT
     wall_s: float = 0.0
     gpus_per_replica: int = 1
+    split_bound: SplitBound | None = None
+    splits_bounded: int = 0
 
     @property
     def answer_row(self) -> dict[str, Any] | None:
@@ -244,13 +352,19 @@ class _Search:
 
     def smallest(self, router: str, start: int, width: int, max_replicas: int) -> int | None:
         """Step 2: the smallest passing count with `router` (gallop, then bisection), or None."""
+        return self._search(lambda counts: [self.passes(r) for r in self.run([(n, router, None) for n in counts])],
+                            start, width, max_replicas)
+
+    def _search(self, verdicts: Callable[[list[int]], list[bool]], start: int, width: int,
+                max_replicas: int) -> int | None:
+        """The smallest count that `verdicts` passes (gallop from `start`, then bisection), or None."""
         fail: int | None = None
         ok: int | None = None
         tried: set[int] = set()
         while counts := next_counts(fail, ok, start, tried, width, max_replicas):
-            for n, row in zip(counts, self.run([(n, router, None) for n in counts]), strict=True):
+            for n, passed in zip(counts, verdicts(counts), strict=True):
                 tried.add(n)
-                if self.passes(row):
+                if passed:
                     ok = n if ok is None else min(ok, n)
                 else:
                     fail = n if fail is None else max(fail, n)
@@ -266,18 +380,34 @@ class _Search:
             result.replicas, result.router = result.replicas - 1, best["router"]
             others = [r["router"] for r in winners]
 
-    def disaggregation(self, result: PlanResult, router: str) -> None:
-        """Step 4: P:D splits on fewer replicas than the answer, one fewer while one passes."""
-        if result.replicas is None:
+    def disaggregation(self, result: PlanResult, router: str, bound: SplitBound, most: int, width: int) -> None:
+        """Step 4: the fewest replicas, at most `most`, on which a P:D split meets the SLOs; its best
+        row (highest attainment, then goodput per GPU) becomes result.disaggregated."""
+        result.disagg_tried, result.split_bound = True, bound
+        if most < 2:
             return
-        result.disagg_tried = True
-        n = result.replicas - 1
-        while splits := disagg_splits(n):
-            winners = [r for r in self.run([(n, router, p) for p in splits]) if self.passes(r)]
-            if not winners:
-                return
-            result.disaggregated = max(winners, key=lambda r: (r["attainment"], r["goodput_per_gpu"]))
-            n -= 1
+        found: dict[int, dict[str, Any]] = {}
+
+        def verdicts(counts: list[int]) -> list[bool]:
+            points, bounded = [], 0
+            for n in counts:
+                order = split_order(n, bound)
+                points += [(n, router, p) for p in order[:SPLITS_PER_COUNT]]
+                bounded += (n - 1) - len(order[:SPLITS_PER_COUNT])
+            result.splits_bounded += bounded
+            rows = self.run(points) if points else []
+            out = []
+            for n in counts:
+                winners = [r for r in rows if r["replicas"] == n and self.passes(r)]
+                if winners:
+                    found[n] = max(winners, key=lambda r: (r["attainment"], r["goodput_per_gpu"]))
+                out.append(bool(winners))
+            return out
+
+        start = min(max(2, bound.p_min + bound.d_min), most)
+        per_round = max(1, width // SPLITS_PER_COUNT)
+        n = self._search(verdicts, start, per_round, most)
+        result.disaggregated = found.get(n) if n is not None else None
 
 
 def _check_plan_options(slo_ttft: float | None, slo_tpot: float | None, attainment: float,
@@ -312,6 +442,7 @@ def plan(
     disaggregate: bool = True,
     link: Any = None,
     progress: Callable[[int, int], None] | None = None,
+    disagg_max_replicas: int | None = None,
 ) -> PlanResult:
     """The smallest replica count and router meeting the SLOs on the setup's workload (module docstring).
 
@@ -327,6 +458,8 @@ def plan(
         disaggregate: also search P:D splits on fewer replicas.
         link: the disaggregated KV link (None: the default interconnect).
         progress: called with (finished, planned) simulations.
+        disagg_max_replicas: the most replicas a P:D split may use (None: one fewer than the aggregated
+            answer; no split is searched when there is no answer).
 
     Returns:
         A PlanResult.
@@ -350,8 +483,10 @@ def plan(
     result = PlanResult(ok, lead if ok is not None else None, n0, mu1, offered, attainment=attainment,
                         gpus_per_replica=setup.hardware_options.tp)
     search.other_routers(result, list(routers[1:]))
-    if disaggregate:
-        search.disaggregation(result, lead)
+    most = disagg_max_replicas if disagg_max_replicas is not None else (
+        result.replicas - 1 if result.replicas is not None else 0)
+    if disaggregate and (result.replicas is not None or disagg_max_replicas is not None):
+        search.disaggregation(result, lead, split_bound(setup, budget), most, width)
     result.rows = search.rows
     result.wall_s = time.perf_counter() - t0
     return result

@@ -153,11 +153,15 @@ def _disagg_text(result: PlanResult) -> str:
                 f"{saved} fewer.")
     assert result.replicas is not None
     n = result.replicas - 1
-    tried = [r for r in result.rows if r["kind"] == "disaggregated" and r["replicas"] == n]
-    if not tried:
+    tried = [r for r in result.rows if r["kind"] == "disaggregated"]
+    if n < 2:
         return "Disaggregation cannot beat it on fewer GPUs: 1 replica cannot be split into prefill and decode."
+    if not tried:
+        b = result.split_bound
+        need = f" (prefill needs {b.p_min}, decode {b.d_min} at the mean rate)" if b is not None else ""
+        return f"Disaggregation cannot beat it: no P:D split of at most {n} replicas has the capacity{need}."
     best = max(tried, key=lambda r: r["attainment"])
-    return (f"Disaggregation does not beat it per GPU: no P:D split of {n} replicas meets the SLOs "
+    return (f"Disaggregation does not beat it per GPU: no P:D split of at most {n} replicas meets the SLOs "
             f"(best {best['label']}: {best['attainment']:.2%}).")
 
 
