@@ -129,12 +129,18 @@ def test_plan_finds_a_prefill_heavy_split_by_hand(tmp_path, capsys):
                  "--executor", "serial", "--json"])
     assert code == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["answer"]["replicas"] == 4
+    answer = report["answer"]
+    assert (answer["kind"], answer["replicas"], answer["prefill"], answer["decode"]) == ("disaggregated", 3, 2, 1)
+    assert (answer["gpu"], answer["tp"], answer["num_gpus"]) == ("h100-sxm", 4, 12)
+    assert answer["usd_per_hour"] is None  # no prices: the fewest GPUs
+    assert report["serve"]["prefill"]["replicas"] == 2 and report["serve"]["decode"]["replicas"] == 1
     rows = {r["label"]: r for r in report["rows"]}
     assert rows["x3 least-outstanding"]["attainment"] == pytest.approx(0.15)
     assert rows["x4 least-outstanding"]["attainment"] == 1.0
+    assert report["disaggregation"]["beats_aggregated"] is True
     best = report["disaggregation"]["best"]
     assert best["label"] == "disagg 2P:1D"
+    assert report["runner_ups"][0]["label"] == "x4 least-outstanding"  # the best aggregated, 16 GPUs
     assert (best["prefill"], best["decode"]) == (2, 1)
     assert best["attainment"] == 1.0
     assert best["p99_ttft_ms"] == pytest.approx(1510, abs=1)

@@ -443,6 +443,7 @@ def plan(
     link: Any = None,
     progress: Callable[[int, int], None] | None = None,
     disagg_max_replicas: int | None = None,
+    single_capacity: float | None = None,
 ) -> PlanResult:
     """The smallest replica count and router meeting the SLOs on the setup's workload (module docstring).
 
@@ -458,8 +459,10 @@ def plan(
         disaggregate: also search P:D splits on fewer replicas.
         link: the disaggregated KV link (None: the default interconnect).
         progress: called with (finished, planned) simulations.
-        disagg_max_replicas: the most replicas a P:D split may use (None: one fewer than the aggregated
-            answer; no split is searched when there is no answer).
+        disagg_max_replicas: the most replicas a P:D split may use, besides fewer than the aggregated
+            answer (None: no other limit, and no split is searched when there is no aggregated answer).
+        single_capacity: mu_1, one replica's saturated throughput, requests/s, when the caller has it
+            (stallfree.sim.fleet bounds every shape first); None: simulated here.
 
     Returns:
         A PlanResult.
@@ -471,9 +474,9 @@ def plan(
     _check_plan_options(slo_ttft, slo_tpot, attainment, routers, max_replicas, width)
     t0 = time.perf_counter()
     opts = setup.workload_options
-    mu1 = saturated_throughput(setup.workload, scheduler_for(setup, "chunked", budget, None), setup.cost_model,
-                               opts.max_tokens, max_model_len=setup.context_length,
-                               cut_output_to_fit=opts.cut_output_to_fit)
+    mu1 = single_capacity if single_capacity is not None else saturated_throughput(
+        setup.workload, scheduler_for(setup, "chunked", budget, None), setup.cost_model, opts.max_tokens,
+        max_model_len=setup.context_length, cut_output_to_fit=opts.cut_output_to_fit)
     offered = setup.workload.mean_rate
     n0 = math.ceil(offered / mu1) if math.isfinite(offered) and mu1 > 0 and math.isfinite(mu1) else 1
     n0 = min(max(1, n0), max_replicas)
@@ -483,9 +486,10 @@ def plan(
     result = PlanResult(ok, lead if ok is not None else None, n0, mu1, offered, attainment=attainment,
                         gpus_per_replica=setup.hardware_options.tp)
     search.other_routers(result, list(routers[1:]))
-    most = disagg_max_replicas if disagg_max_replicas is not None else (
-        result.replicas - 1 if result.replicas is not None else 0)
-    if disaggregate and (result.replicas is not None or disagg_max_replicas is not None):
+    most = result.replicas - 1 if result.replicas is not None else None
+    if disagg_max_replicas is not None:
+        most = disagg_max_replicas if most is None else min(most, disagg_max_replicas)
+    if disaggregate and most is not None:
         search.disaggregation(result, lead, split_bound(setup, budget), most, width)
     result.rows = search.rows
     result.wall_s = time.perf_counter() - t0

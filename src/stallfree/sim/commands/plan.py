@@ -1,6 +1,8 @@
-"""`stallfree plan`: how many replicas, behind which router, meet the SLOs on a workload, and whether
-disaggregated prefill/decode does it on fewer GPUs; the answer in one line above the table of every
-cluster simulated. Exits 3 when no count up to --max-replicas meets the SLOs.
+"""`stallfree plan`: the cheapest fleet meeting the SLOs on a workload: how many replicas, behind which
+router, aggregated or as a P:D split, of which GPU type and tensor parallelism (--gpu and --tp lists),
+in dollars per hour with prices (--gpu-price, --prices) or in GPUs without; the answer in one line, why
+(the mean load and the busiest minute against the capacity), the table of every cluster simulated and the
+runner-ups. Exits 3 when no fleet up to --max-replicas (and --max-gpus) meets the SLOs.
 
 Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; rich lazily.
 """
@@ -8,10 +10,12 @@ Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; ri
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,25 +27,37 @@ from stallfree.sim.capacity import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_ROUTERS,
     PlanResult,
-    plan,
     plan_report,
 )
 from stallfree.sim.commands.common import (
+    OUT_FILES,
     CliError,
     add_common,
     add_executor_flags,
+    ensure_writable_dir,
     executor_from_args,
     guard,
     progress_bar,
+    refuse_writing_the_trace,
     served_nothing,
     setup_from_args,
 )
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.disagg import sides_behaviour
+from stallfree.sim.fleet import (
+    FleetResult,
+    Shape,
+    answer_record,
+    explain_load,
+    plan_fleet,
+    shape_records,
+)
+from stallfree.sim.prices import GpuPrice, PriceError, gpu_key, load_prices, parse_gpu_prices, parse_max_gpus
+from stallfree.sim.setup import SetupError
 
 __all__ = ["EXIT_NOT_MET", "register", "run"]
 
-#: No replica count up to --max-replicas meets the SLOs (as tune's 3).
+#: No fleet up to --max-replicas meets the SLOs (as tune's 3).
 EXIT_NOT_MET = 3
 
 
@@ -49,15 +65,17 @@ def register(subparsers: Any) -> None:
     """Add the `plan` subcommand."""
     p = subparsers.add_parser(
         "plan",
-        help="the fewest replicas, and the router, that meet the SLOs on a workload (and whether "
-        "disaggregated prefill/decode needs fewer)",
-        description="Find the smallest number of replicas whose cluster serves at least --slo-attainment of the "
-        "requests within both SLOs: start from the count one replica's saturated throughput implies, gallop up or "
-        "down, then bisect; then try the other routers one count lower, and disaggregated P:D splits on fewer "
-        "replicas (docs/cluster.md, 'How many replicas'). Simulations run on --executor. "
-        f"Exits {EXIT_NOT_MET} when no count up to --max-replicas meets the SLOs.",
+        help="the cheapest fleet (replicas, router, GPU type, tensor parallelism, aggregated or P:D) that "
+        "meets the SLOs on a workload",
+        description="Find the cheapest fleet whose cluster serves at least --slo-attainment of the requests "
+        "within both SLOs, over the GPU types of --gpu and the tensor parallelism of --tp (lists): bound each "
+        "shape by one replica's saturated throughput, search the cheapest bound first, gallop up or down the "
+        "replica count then bisect; try the other routers one count lower, and P:D splits (P from 1 to N-1, "
+        "bounded by each side's capacity) on fewer replicas (docs/cluster.md, 'How many replicas'). With "
+        "--gpu-price or --prices the cost is US dollars per hour, else GPUs. Simulations run on --executor. "
+        f"Exits {EXIT_NOT_MET} when no fleet up to --max-replicas meets the SLOs.",
     )
-    add_common(p)
+    add_common(p, hardware_lists=True)
     g = p.add_argument_group("plan")
     g.add_argument("--slo-attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
                    help=f"share of all requests that must meet both SLOs (default {DEFAULT_ATTAINMENT:g})")
@@ -66,16 +84,22 @@ def register(subparsers: Any) -> None:
     add_scheduler_flags(g, {"token_budget": DEFAULT_TOKEN_BUDGET},
                         why={"token_budget": f"default {DEFAULT_TOKEN_BUDGET:,}: every replica's, as simulate's"})
     g.add_argument("--max-replicas", type=positive_int, default=DEFAULT_MAX_REPLICAS, metavar="N",
-                   help=f"the largest count tried (default {DEFAULT_MAX_REPLICAS})")
+                   help=f"the largest count tried per shape (default {DEFAULT_MAX_REPLICAS})")
     g.add_argument("--no-disaggregate", action="store_true",
                    help="skip the disaggregated prefill/decode splits")
+    g.add_argument("--gpu-price", metavar="NAME=USD,...",
+                   help="US dollars per GPU-hour of each GPU searched (h100-sxm=2.99,h200=3.79): the answer is "
+                   "then the cheapest fleet in dollars; no price is built in")
+    g.add_argument("--prices", metavar="FILE",
+                   help='prices from a file: CSV gpu,usd_per_hour[,source,date] or JSON {"h100-sxm": 2.99}')
+    g.add_argument("--max-gpus", metavar="NAME=N,...", help="the most GPUs of a type a fleet may use")
     g.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     add_executor_flags(p)
     p.set_defaults(func=guard(run))
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `stallfree plan` on parsed arguments; returns the exit status (3: no count meets the SLOs)."""
+    """Run `stallfree plan` on parsed arguments; returns the exit status (3: no fleet meets the SLOs)."""
     from stallfree.sim.routers import ROUTERS
 
     if args.slo_ttft is None and args.slo_tpot is None:
@@ -86,31 +110,152 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in routers if r not in ROUTERS]
     if not routers or bad:
         raise CliError(f"--routers {args.routers!r}: choose from {', '.join(ROUTERS)}", 2)
+    shapes = _shapes(args)
+    prices, max_gpus = _prices(args, shapes)
     if args.out:
-        raise CliError("plan writes no files: drop --out (--json prints the report)", 2)
+        refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["plan"])
+        ensure_writable_dir(args.out, "--out")
     executor = executor_from_args(args)
     width = args.jobs or os.cpu_count() or 1
-    setup = setup_from_args(args)
+    setups, skipped, notes = _setups(args, shapes)
+    first = setups[0][1]
     if given(args, "async_scheduling") and args.async_scheduling and not args.no_disaggregate:
         raise CliError("--async-scheduling is not modelled for the disaggregated splits plan searches: add "
                        "--no-disaggregate", 2)
     with _progress() as progress:
-        result = plan(
-            setup, args.slo_ttft, args.slo_tpot, attainment=args.slo_attainment, routers=routers,
-            budget=args.token_budget, max_replicas=args.max_replicas, executor=executor,
-            width=width if executor.name != "serial" else 1, disaggregate=not args.no_disaggregate,
-            progress=progress,
+        fleet = plan_fleet(
+            setups, args.slo_ttft, args.slo_tpot, prices={k: v.usd_per_hour for k, v in prices.items()} or None,
+            max_gpus=max_gpus or None, attainment=args.slo_attainment, routers=routers, budget=args.token_budget,
+            max_replicas=args.max_replicas, executor=executor, width=width if executor.name != "serial" else 1,
+            disaggregate=not args.no_disaggregate, progress=progress, skipped=skipped, notes=notes,
         )
-    header = setup.header()
+    answer_setup = next((st for sh, st in setups if fleet.answer is not None
+                         and sh == Shape(fleet.answer["gpu"], fleet.answer["tp"])), first)
+    header = answer_setup.header()
     if not args.no_disaggregate:
-        header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(setup)
+        header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(answer_setup)
+    report = _report(fleet, header, args, prices, answer_setup)
     if args.json:
-        report = plan_report(result, header, args.slo_ttft, args.slo_tpot)
-        report["serve"] = serve_commands(args, header) if result.replicas is not None else None
         print(json.dumps(report, indent=1))
     else:
-        print_plan(result, header, args)
-    return served_nothing("plan", result.rows) or (0 if result.replicas is not None else EXIT_NOT_MET)
+        print_plan(fleet, report, header, args)
+    if args.out:
+        from stallfree.sim.writers import write_plan
+
+        names = write_plan(args.out, report, fleet.rows, args.slo_attainment)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr)
+        if not args.json:
+            _print_serve(report["serve"], args, report["gpus_per_replica"])
+    return served_nothing("plan", fleet.rows) or (0 if fleet.answer is not None else EXIT_NOT_MET)
+
+
+def _shapes(args: argparse.Namespace) -> list[Shape]:
+    """The (GPU, TP) shapes of --gpu and --tp, each GPU a known preset (or a spec file) and each TP a
+    divisor of the model's attention heads, refused before anything runs.
+
+    Raises:
+        CliError: an unknown GPU, a TP that does not divide the heads, a GPU or TP given twice (exit 2).
+    """
+    from stallfree.costmodel import CostModelError
+    from stallfree.costmodel.model import get_model
+    from stallfree.costmodel.names import gpu_match, resolve_model
+
+    names = [g.strip() for g in str(args.gpu).split(",") if g.strip()]
+    if not names:
+        raise CliError(f"--gpu {args.gpu!r}: give one or more GPU names", 2)
+    tps = list(args.tp)
+    if len(set(tps)) != len(tps):
+        raise CliError(f"--tp {','.join(map(str, tps))}: a value given twice", 2)
+    gpus = []
+    for name in names:
+        if name.endswith(".json") or len(names) == 1:
+            gpus.append(name)  # one GPU: as simulate reads it (a spec file, a device name); Setup names errors
+            continue
+        try:
+            gpus.append(gpu_key(gpu_match(name)[0]))
+        except PriceError as exc:
+            raise CliError(f"--gpu {name}: {exc}", 2) from None
+    if len(set(gpus)) != len(gpus):
+        raise CliError(f"--gpu {args.gpu}: a GPU given twice", 2)
+    try:
+        heads = get_model(resolve_model(str(args.model))[0]).num_heads
+    except (CostModelError, ValueError):
+        heads = None  # an unknown model: Setup names it, with the known ones
+    if heads is not None:
+        for tp in tps:
+            if heads % tp:
+                raise CliError(f"--tp {tp} does not divide the {heads} attention heads of {args.model}; use a "
+                               f"divisor of {heads}", 2)
+    return [Shape(g, tp) for g in gpus for tp in tps]
+
+
+def _prices(args: argparse.Namespace, shapes: list[Shape]) -> tuple[dict[str, GpuPrice], dict[str, int]]:
+    """--gpu-price or --prices, and --max-gpus, by preset name; every GPU searched priced when any is.
+
+    Raises:
+        CliError: both price options, an unknown GPU, a bad price or cap, a file without a needed column,
+            a GPU searched without a price (exit 2).
+    """
+    if args.gpu_price and args.prices:
+        raise CliError("--gpu-price and --prices both give prices: use one", 2)
+    try:
+        prices = (parse_gpu_prices(args.gpu_price) if args.gpu_price
+                  else load_prices(args.prices) if args.prices else {})
+        caps = parse_max_gpus(args.max_gpus) if args.max_gpus else {}
+    except PriceError as exc:
+        raise CliError(str(exc), 2) from None
+    if prices:
+        missing = sorted({s.gpu for s in shapes if _key_or_name(s.gpu) not in prices})
+        if missing:
+            flag = "--gpu-price" if args.gpu_price else f"--prices {args.prices}"
+            raise CliError(f"{flag}: no price for {', '.join(missing)} (every GPU in --gpu needs one)", 2)
+    return prices, caps
+
+
+def _key_or_name(gpu: str) -> str:
+    """Our preset name of `gpu` (a device name mapped as simulate maps it), or `gpu` itself (a spec file)."""
+    from stallfree.costmodel.names import gpu_match
+
+    try:
+        return gpu_key(gpu_match(gpu)[0])
+    except PriceError:
+        return gpu
+
+
+def _setups(args: argparse.Namespace, shapes: list[Shape]) -> tuple[
+        list[tuple[Shape, Any]], list[tuple[Shape, str]], dict[Shape, str]]:
+    """A Setup per shape whose weights and KV fit, the shapes that do not (with the reason), and what each
+    shape's pricing says (fp8 weights on a GPU without FP8 units run as the GPU can: said).
+
+    Raises:
+        CliError, SetupError: as setup_from_args, when no shape can be set up (the first shape's error).
+    """
+    setups: list[tuple[Shape, Any]] = []
+    skipped: list[tuple[Shape, str]] = []
+    notes: dict[Shape, str] = {}
+    first_error: SetupError | None = None
+    for shape in shapes:
+        one = copy.copy(args)
+        one.gpu, one.tp = shape.gpu, shape.tp
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                setup = setup_from_args(one)
+            except SetupError as exc:
+                if len(shapes) == 1:
+                    raise
+                first_error = first_error or exc
+                skipped.append((Shape(_key_or_name(shape.gpu), shape.tp), f"skipped: {exc}"))
+                continue
+        key = Shape(_key_or_name(shape.gpu), shape.tp)
+        said = sorted({str(w.message) for w in caught})
+        if said:
+            notes[key] = "; ".join(said)
+        setups.append((key, setup))
+    if not setups:
+        assert first_error is not None
+        raise first_error
+    return setups, skipped, notes
 
 
 def _slo_text(args: argparse.Namespace) -> str:
@@ -165,57 +310,212 @@ def _disagg_text(result: PlanResult) -> str:
             f"(best {best['label']}: {best['attainment']:.2%}).")
 
 
-def print_plan(result: PlanResult, header: dict[str, Any], args: argparse.Namespace) -> None:
-    """Print the workload line, the answer line, the table of every cluster simulated and how the search went."""
+def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace, prices: dict[str, GpuPrice],
+            setup: Any) -> dict[str, Any]:
+    """plan's --json report: today's keys (plan_report of the answer's shape: answer, bound,
+    disaggregation, rows, simulations, wall_s, ...) with `answer` grown by the fleet's keys (answer_record),
+    every simulated row with its gpu, tp and cost, and `runner_ups`, `shapes`, `load`, `priced`, `prices`,
+    `bound_simulations` and `serve` (each side's lines for a split)."""
+    outcome = _answer_outcome(fleet)
+    result = outcome.result if outcome is not None and outcome.result is not None else PlanResult(
+        None, None, 0, 0.0, fleet.offered_rate, attainment=fleet.attainment)
+    report = plan_report(result, header, args.slo_ttft, args.slo_tpot)
+    report.update(
+        answer=answer_record(fleet.answer), rows=fleet.rows, simulations=fleet.simulations,
+        bound_simulations=fleet.bound_simulations, wall_s=fleet.wall_s, runner_ups=fleet.runner_ups,
+        shapes=shape_records(fleet), load=explain_load(fleet, setup.workload.arrivals), priced=fleet.priced,
+        prices={k: {"usd_per_hour": v.usd_per_hour, "source": v.source, "date": v.date} for k, v in prices.items()},
+        cost_unit="usd_per_hour" if fleet.priced else "gpus",
+        tokens_per_s={"input": fleet.input_tokens_per_s, "output": fleet.output_tokens_per_s},
+    )
+    report["gpus_per_replica"] = fleet.answer["tp"] if fleet.answer is not None else result.gpus_per_replica
+    report["serve"] = serve_commands(args, header, fleet.answer) if fleet.answer is not None else None
+    return report
+
+
+def _answer_outcome(fleet: FleetResult) -> Any:
+    """The ShapeOutcome of the answer's shape (of the first searched shape without an answer)."""
+    if fleet.answer is not None:
+        return next(o for o in fleet.outcomes if o.shape == Shape(fleet.answer["gpu"], fleet.answer["tp"]))
+    return next((o for o in fleet.outcomes if o.result is not None), None)
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
+    """The answer in one line: the fleet (kind, counts, router, GPU type and TP, GPUs), its attainment,
+    and its cost (dollars per hour and per million output and input tokens at the trace's load; or GPUs,
+    saying that no prices were given)."""
+    slo = f"{_slo_text(args)} (target {fleet.attainment:.2%})"
+    row = fleet.answer
+    if row is None:
+        best = max(fleet.rows, key=lambda r: r["attainment"]) if fleet.rows else None
+        got = f"; best {best['label']} on {best['gpu']} x{best['tp']}: {best['attainment']:.2%}" if best else ""
+        return (f"answer: no fleet up to {args.max_replicas} replicas per shape meets {slo}{got} "
+                f"(exit {EXIT_NOT_MET})")
+    what = (f"{row['replicas']} replica{'s' if row['replicas'] != 1 else ''}" if row["kind"] == "aggregated"
+            else f"disaggregated {row['prefill']} prefill + {row['decode']} decode replicas")
+    line = (f"answer: {what} of {row['gpu']} x{row['tp']} ({row['num_gpus']} GPUs), router {row['router']}: "
+            f"{row['attainment']:.2%} of requests within {slo}; ")
+    if fleet.priced:
+        return line + (f"{_money(row['usd_per_hour'])}/h, {_money(row['usd_per_mtok_output'])} per million output "
+                       f"tokens ({_money(row['usd_per_mtok_input'])} per million input) at the trace's load.")
+    return line + "the fewest GPUs (no prices given: --gpu-price or --prices for dollars)."
+
+
+def why_line(load: dict[str, Any] | None, fleet: FleetResult) -> str | None:
+    """Why the answer's count: the mean load against the capacity, the busiest minute against the mean."""
+    if load is None or fleet.answer is None:
+        return None
+    cap = load["capacity_req_s"]
+    row = fleet.answer
+    if isinstance(cap, dict):
+        capacity = (f"one prefill replica sustains ~{cap['prefill']:,.2f} req/s and one decode replica "
+                    f"~{cap['decode']:,.2f} req/s")
+    else:
+        capacity = (f"one replica sustains ~{cap:,.2f} req/s "
+                    f"(the mean load is {load['mean_rate'] / cap:.0%} of it)")
+    ratio = f", {load['burst_ratio']:.1f}x the mean" if load["burst_ratio"] else ""
+    verdict = {"mean load": "the mean load sets the count",
+               "bursts": "bursts, not the mean load, set the count",
+               "latency": "the SLOs, not the load, set the count: it needs headroom past the busiest minute"}
+    return (f"why: {load['mean_rate']:,.2f} req/s offered on average; {capacity}: {load['replicas_at_mean']} "
+            f"replica{'s' if load['replicas_at_mean'] != 1 else ''} at the mean; the busiest "
+            f"{load['busiest_window_s']:g} s bring {load['busiest_rate']:,.2f} req/s{ratio}: "
+            f"{load['replicas_at_busiest']} at that rate; the answer's {row['replicas']}: {verdict[load['set_by']]}.")
+
+
+def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the workload line, the answer, why, the table of every cluster simulated, the runner-ups,
+    the shapes skipped and how the search went, then the serve lines."""
+    rate = header["offered_rate"]
+    offered = f"{rate:,.2f} req/s offered" if rate is not None else "closed loop"
+    many = len(fleet.outcomes) > 1
+    hardware = (f"shapes {', '.join(o.shape.label for o in fleet.outcomes)} of {args.model}" if many
+                else header["hardware"])
+    print(f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} ({offered}); "
+          f"{hardware}; budget {args.token_budget:,}; max_seqs {header['max_seqs']}")
+    print(f"aggregated replicas: {header['behaviour']}"
+          + (f"; disaggregated splits, {header['disaggregated_behaviour']}" if "disaggregated_behaviour" in header
+             else ""))
+    print(fleet_answer_line(fleet, args))
+    outcome = _answer_outcome(fleet)
+    if outcome is not None and outcome.result is not None and outcome.result.replicas is not None:
+        print(f"  {outcome.shape.label}: " + answer_line(outcome.result, args).removeprefix("answer: "))
+    why = why_line(report["load"], fleet)
+    if why:
+        print(why)
+    _print_rows(fleet, many)
+    if fleet.runner_ups:
+        _print_runner_ups(fleet)
+    for o in fleet.outcomes:
+        if o.skipped:
+            print(f"{o.shape.label}: {o.skipped}")
+        if o.note:
+            print(f"{o.shape.label}: {o.note}")
+    if not many and outcome is not None and outcome.result is not None:
+        res = outcome.result
+        print(f"search: one replica sustains ~{res.single_capacity:,.2f} req/s saturated, so {res.offered_rate:,.2f} "
+              f"req/s needs at least ~{res.bound} (the start); {fleet.simulations} simulations in "
+              f"{fleet.wall_s:,.1f} s (and {fleet.bound_simulations} saturated runs for the bounds)")
+    else:
+        print(f"search: {len(fleet.outcomes)} shapes bounded by their saturated throughput; {fleet.simulations} "
+              f"simulations in {fleet.wall_s:,.1f} s (and {fleet.bound_simulations} saturated runs for the bounds)")
+    if report["serve"] is not None and not args.out:
+        _print_serve(report["serve"], args, report["gpus_per_replica"])
+
+
+def _print_rows(fleet: FleetResult, many: bool) -> None:
+    """The table of every cluster simulated."""
     from rich.table import Table
 
     from stallfree.sim.report import console
 
-    rate = header["offered_rate"]
-    offered = f"{rate:,.2f} req/s offered" if rate is not None else "closed loop"
-    print(f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} ({offered}); "
-          f"{header['hardware']}; budget {args.token_budget:,}; max_seqs {header['max_seqs']}")
-    print(f"aggregated replicas: {header['behaviour']}"
-          + (f"; disaggregated splits, {header['disaggregated_behaviour']}" if "disaggregated_behaviour" in header
-             else ""))
-    print(answer_line(result, args))
-    cols = (("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
-            ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-            ("p99_ttft_ms", "TTFT p99", "{:,.0f}"), ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
-            ("p99_tpot_ms", "TPOT p99", "{:,.1f}"))
+    cols: tuple[tuple[str, str, str], ...] = (
+        ("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
+        ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"), ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"))
+    if fleet.priced:
+        cols = (("usd_per_hour", "$/h", "{:,.2f}"), *cols)
     table = Table(title="clusters simulated (goodput in req/s, latencies in ms)", title_justify="left")
-    for name in ("cluster", "GPUs", *(c[1] for c in cols), ""):
-        table.add_column(name, justify="left" if name == "cluster" else "right", no_wrap=True)
-    rows = sorted(result.rows, key=lambda r: (r["kind"] != "aggregated", r["replicas"], r["router"], r["label"]))
+    names = ("cluster", *(("shape",) if many else ()), "GPUs", *(c[1] for c in cols), "")
+    for name in names:
+        table.add_column(name, justify="left" if name in ("cluster", "shape") else "right", no_wrap=True)
+    rows = sorted(fleet.rows, key=lambda r: (r["gpu"], r["tp"], r["kind"] != "aggregated", r["replicas"],
+                                             r["router"], r["label"]))
+    chosen = {id(r) for o in fleet.outcomes if o.result is not None
+              for r in (o.result.answer_row, o.result.disaggregated) if r is not None}
     for r in rows:
-        met = "meets" if r["attainment"] >= result.attainment else ""
-        chosen = r is result.answer_row or r is result.disaggregated
+        met = "meets" if r["attainment"] >= fleet.attainment else ""
+        mark = "answer" if r is fleet.answer else ("chosen" if id(r) in chosen else met)
         cells = ["-" if r.get(k) is None else spec.format(r[k]) for k, _, spec in cols]
-        table.add_row(r["label"], str(r["num_gpus"]), *cells, ("chosen" if chosen else met))
+        table.add_row(r["label"], *((f"{r['gpu']} x{r['tp']}",) if many else ()), str(r["num_gpus"]), *cells, mark)
     console().print(table)
-    print(f"search: one replica sustains ~{result.single_capacity:,.2f} req/s saturated, so {result.offered_rate:,.2f} "
-          f"req/s needs at least ~{result.bound} (the start); {len(result.rows)} simulations in {result.wall_s:,.1f} s")
-    if result.replicas is not None:
-        serve = serve_commands(args, header)
-        note = f"  (MODEL: the checkpoint of {args.model})" if "/" not in args.model else ""
-        print(f"each replica: {serve['vllm']}{note}")
-        if serve["stallfree"] is not None:
-            print(f"  or, on stallfree's engine: {serve['stallfree']}")
+
+
+def _print_runner_ups(fleet: FleetResult) -> None:
+    """The runner-ups' table: best aggregated, best disaggregated, best per GPU type, with the cost."""
+    from rich.table import Table
+
+    from stallfree.sim.report import console
+
+    table = Table(title="runner-ups (meeting the SLOs; the answer excluded)", title_justify="left")
+    for name in ("", "cluster", "shape", "GPUs", "in SLO", "$/h", "$/M out", "$/M in"):
+        table.add_column(name, justify="left" if name in ("", "cluster", "shape") else "right", no_wrap=True)
+    for r in fleet.runner_ups:
+        table.add_row(r["runner_up"], r["label"], f"{r['gpu']} x{r['tp']}", str(r["num_gpus"]),
+                      f"{r['attainment']:.2%}", _money(r["usd_per_hour"]), _money(r["usd_per_mtok_output"]),
+                      _money(r["usd_per_mtok_input"]))
+    console().print(table)
+
+
+def _print_serve(serve: dict[str, Any] | None, args: argparse.Namespace, tp: int) -> None:
+    """The serve lines of the answer: one per replica kind (a split's prefill and decode sides)."""
+    if serve is None:
+        return
+    note = f"  (MODEL: the checkpoint of {args.model})" if "/" not in args.model else ""
+    sides = [("each replica", serve)] if "vllm" in serve else [
+        (_each(serve["prefill"]["replicas"], "prefill"), serve["prefill"]),
+        (_each(serve["decode"]["replicas"], "decode"), serve["decode"])]
+    for k, (who, lines) in enumerate(sides):
+        print(f"{who}: {lines['vllm']}{note if k == 0 else ''}")
+        if lines["stallfree"] is not None:
+            print(f"  or, on stallfree's engine: {lines['stallfree']}")
         else:
-            print(f"  (stallfree serve runs on one device: a replica of {args.tp} GPUs needs a tensor-parallel "
+            print(f"  (stallfree serve runs on one device: a replica of {tp} GPUs needs a tensor-parallel "
                   "engine such as vLLM)")
+    if "vllm" not in serve:
+        print("  (the two sides pass each request's KV from prefill to decode: vLLM's --kv-transfer-config with a "
+              "KV connector)")
 
 
-def serve_commands(args: argparse.Namespace, header: dict[str, Any]) -> dict[str, str | None]:
-    """The serve lines of the chosen replica: "vllm" (vLLM's flags: tensor parallelism, token budget as
+def _each(n: int, side: str) -> str:
+    return f"the {side} replica" if n == 1 else f"each of the {n} {side} replicas"
+
+
+def serve_commands(args: argparse.Namespace, header: dict[str, Any],
+                   answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serve lines of the answer's replica: "vllm" (vLLM's flags: tensor parallelism, token budget as
     --max-num-batched-tokens, --max-num-seqs; MODEL stands for the checkpoint when --model is a preset
     name rather than a Hugging Face id) and "stallfree" (`stallfree serve`, None when a replica spans
-    more than one GPU: that engine runs on one device)."""
+    more than one GPU: that engine runs on one device), with "tp"; for a P:D split, {"prefill": ...,
+    "decode": ...}, each those keys plus "replicas"."""
+    tp = int(answer["tp"]) if answer is not None else int(args.tp[0] if isinstance(args.tp, list) else args.tp)
     model = args.model if "/" in args.model else "MODEL"
-    vllm = (f"vllm serve {model} --tensor-parallel-size {args.tp} --max-num-batched-tokens {args.token_budget} "
-            f"--max-num-seqs {header['max_seqs']}")
-    own = f"stallfree serve --max-num-batched-tokens {args.token_budget} --max-num-seqs {header['max_seqs']}"
-    return {"vllm": vllm, "stallfree": own if args.tp == 1 else None}
+
+    def lines(budget: int) -> dict[str, Any]:
+        vllm = (f"vllm serve {model} --tensor-parallel-size {tp} --max-num-batched-tokens {budget} "
+                f"--max-num-seqs {header['max_seqs']}")
+        own = f"stallfree serve --max-num-batched-tokens {budget} --max-num-seqs {header['max_seqs']}"
+        return {"vllm": vllm, "stallfree": own if tp == 1 else None}
+
+    if answer is None or answer["kind"] == "aggregated":
+        return lines(args.token_budget)
+    return {"prefill": lines(args.token_budget) | {"replicas": answer["prefill"]},
+            "decode": lines(args.token_budget) | {"replicas": answer["decode"]}}
 
 
 @contextmanager
