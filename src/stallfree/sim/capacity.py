@@ -490,7 +490,10 @@ def plan(
     if disagg_max_replicas is not None:
         most = disagg_max_replicas if most is None else min(most, disagg_max_replicas)
     if disaggregate and most is not None:
-        search.disaggregation(result, lead, split_bound(setup, budget), most, width)
+        if most >= 2:
+            search.disaggregation(result, lead, split_bound(setup, budget), most, width)
+        else:
+            result.disagg_tried = True  # nothing to split: 1 replica cannot be prefill and decode
     result.rows = search.rows
     result.wall_s = time.perf_counter() - t0
     return result
