@@ -19,8 +19,9 @@ The search (`plan_fleet`), over shapes (GPU type, TP) whose weights and KV fit:
    GPU type, each with its cost.
 
 Cost per token at the trace's load: usd_per_mtok_output = usd_per_hour / (output tokens per hour at the
-mean rate / 1e6), all of the fleet's cost charged to output tokens; usd_per_mtok_input likewise for input
-(prompt) tokens. They are two views of one bill, not two parts of it.
+mean rate / 1e6), the output tokens per second being the mean rate x the mean tokens generated per
+request, all of the fleet's cost charged to output tokens; usd_per_mtok_input likewise for input (prompt)
+tokens. They are two views of one bill, not two parts of it.
 """
 
 from __future__ import annotations
@@ -206,9 +207,10 @@ def plan_fleet(
     rate = wl.mean_rate
     opts = setups[0][1].workload_options
     targets = [o if opts.max_tokens is None else min(o, opts.max_tokens) for o in wl.output_lens]
-    duration = wl.duration if len(wl) > 1 and wl.duration > 0 else math.inf
-    in_per_s = sum(wl.prompt_lens) / duration if math.isfinite(duration) else 0.0
-    out_per_s = sum(targets) / duration if math.isfinite(duration) else 0.0
+    # Tokens per second at the mean rate: the mean request's tokens x requests per second.
+    known = math.isfinite(rate) and rate > 0 and len(wl) > 0
+    in_per_s = rate * sum(wl.prompt_lens) / len(wl) if known else 0.0
+    out_per_s = rate * sum(targets) / len(wl) if known else 0.0
     outcomes = [ShapeOutcome(s, 1.0, why) for s, why in skipped]
     searched: list[tuple[ShapeOutcome, Any]] = []
     for shape, setup in setups:
