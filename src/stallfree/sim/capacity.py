@@ -517,6 +517,11 @@ def plan_report(result: PlanResult, header: dict[str, Any], slo_ttft: float | No
             "searched": result.disagg_tried,
             "beats_aggregated": result.disaggregated is not None,
             "best": result.disaggregated,
+            "splits_not_simulated": result.splits_bounded,
+            "bound": None if result.split_bound is None else {
+                "prefill_capacity_req_s": result.split_bound.prefill_capacity,
+                "decode_capacity_req_s": result.split_bound.decode_capacity,
+                "min_prefill": result.split_bound.p_min, "min_decode": result.split_bound.d_min},
         },
         "rows": result.rows,
         "simulations": len(result.rows),
