@@ -5,11 +5,14 @@ For X = 0, 1x, 4x, 16x of the default GPU cache G (the default replica's KV, Lla
 a run with GPU cache G and a CPU tier of X tokens (its copies priced over the host link), and beside
 it a GPU-only run with G + X tokens. Prints one JSON line per run and writes them all to OUT.
 
-    python benchmarks/tier_mooncake.py [OUT.json] [--cli]
+    python benchmarks/tier_mooncake.py [OUT.json] [--cli] [--rate-scale X]
 
 --cli prices steps as `stallfree simulate` does by default (vLLM's measured kernel tables and engine
-profile where aiconfigurator-core is installed); without it, as the library's Setup does (the floor
-roofline, or the GPU's calibration). Runs one after another (each replays the whole trace; minutes
+profile where aiconfigurator-core is installed, and that engine's default scheduling behaviour);
+without it, as the library's Setup does (the floor roofline, or the GPU's calibration). --rate-scale
+(default 0.5) replays the trace at that share of its rate: under --cli the replica sustains about 0.92
+requests/s on this trace, so 0.2 (0.68 requests/s) keeps it loaded but not saturated.
+Runs one after another (each replays the whole trace; minutes
 each on a loaded machine).
 """
 
@@ -24,14 +27,15 @@ from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
 from stallfree.sim.simulator import simulate
 
 
-def make_setup(kv: int | None, cpu: int, cli: bool) -> Setup:
+def make_setup(kv: int | None, cpu: int, cli: bool, rate_scale: float = 0.5) -> Setup:
     if not cli:
-        return Setup(WorkloadOptions(trace="mooncake", rate_scale=0.5), HardwareOptions(kv_tokens=kv), TIERED(cpu))
+        return Setup(WorkloadOptions(trace="mooncake", rate_scale=rate_scale), HardwareOptions(kv_tokens=kv),
+                     TIERED(cpu))
     from stallfree.cli import build_parser
     from stallfree.sim.commands.common import hardware_options, workload_options
 
-    argv = ["simulate", "--trace", "mooncake", "--rate-scale", "0.5", "--kv-policy", "paged", "--block-size", "128",
-            "--enable-prefix-caching"] + (["--kv-tokens", str(kv)] if kv else [])
+    argv = ["simulate", "--trace", "mooncake", "--rate-scale", str(rate_scale), "--kv-policy", "paged",
+            "--block-size", "128", "--enable-prefix-caching"] + (["--kv-tokens", str(kv)] if kv else [])
     args = build_parser().parse_args(argv)
     return Setup(workload_options(args), hardware_options(args), TIERED(cpu))
 
@@ -41,8 +45,8 @@ def TIERED(cpu: int) -> dict[str, object]:  # noqa: N802 - reads as the constant
     return {"kv_policy": "paged", "block_size": 128, "enable_prefix_caching": True, "cpu_kv_tokens": cpu}
 
 
-def run(kv: int | None, cpu: int, cli: bool = False) -> dict[str, object]:
-    setup = make_setup(kv, cpu, cli)
+def run(kv: int | None, cpu: int, cli: bool = False, rate_scale: float = 0.5) -> dict[str, object]:
+    setup = make_setup(kv, cpu, cli, rate_scale)
     t0 = time.perf_counter()
     res = simulate(setup.workload, setup.config("chunked", 2048), setup.cost_model,
                    max_model_len=setup.context_length)
@@ -69,14 +73,19 @@ def run(kv: int | None, cpu: int, cli: bool = False) -> dict[str, object]:
 def main() -> None:
     cli = "--cli" in sys.argv
     rest = [a for a in sys.argv[1:] if a != "--cli"]
+    rate_scale = 0.5
+    if "--rate-scale" in rest:
+        i = rest.index("--rate-scale")
+        rate_scale = float(rest[i + 1])
+        del rest[i:i + 2]
     out = rest[0] if rest else "tier_mooncake.json"
-    g = make_setup(None, 0, cli).kv_tokens
+    g = make_setup(None, 0, cli, rate_scale).kv_tokens
     plan = [(g, 0)]
     for k in (1, 4, 16):
         plan += [(g, k * g), (g + k * g - (k * g) % 128, 0)]
     rows = []
     for kv, cpu in plan:
-        rows.append(run(kv, cpu, cli))
+        rows.append(run(kv, cpu, cli, rate_scale))
         print(json.dumps(rows[-1]), flush=True)
         with open(out, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)

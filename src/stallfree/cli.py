@@ -27,6 +27,7 @@ _COMMAND_MODULES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("stallfree.server.cli", "server", ("serve",)),
     ("stallfree.validate.cli", None, ("validate",)),
     ("stallfree.demo", None, ("demo",)),
+    ("stallfree.cli_reference", None, ("help-all",)),
 )
 _EXTRA_OF = {cmd: extra for _, extra, cmds in _COMMAND_MODULES for cmd in cmds}
 
