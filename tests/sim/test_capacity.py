@@ -14,7 +14,8 @@ def test_next_counts_gallops_then_bisects():
     # Nothing known: N0, N0 + 1, N0 + 3 (gaps doubling), `width` at a time.
     assert next_counts(None, None, 6, set(), 3, 64) == [6, 7, 9]
     assert next_counts(9, None, 6, {6, 7, 9}, 2, 64) == [13, 21]
-    assert next_counts(9, None, 6, {6, 7, 9}, 2, 14) == [13]  # capped by max_replicas
+    assert next_counts(9, None, 6, {6, 7, 9}, 2, 14) == [13, 14]  # capped: max_replicas is the last tried
+    assert next_counts(2, None, 1, {1, 2}, 1, 3) == [3]  # 1 + 3 = 4 overshoots the cap of 3: try 3
     # N0 passed: downward, N0 - 1, N0 - 2, N0 - 4, then 1.
     assert next_counts(None, 6, 6, {6}, 4, 64) == [5, 4, 2, 1]
     assert next_counts(None, 1, 1, {1}, 2, 64) == []

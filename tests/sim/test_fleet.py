@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stallfree.cli import main
 from stallfree.sim.fleet import busiest_window, row_cost
@@ -145,3 +147,50 @@ def test_out_writes_the_table_plot_and_serve_lines(tmp_path, capsys):
     assert json.loads((out / "plan.json").read_text())["answer"]["usd_per_hour"] == 48.0
     assert "vllm serve MODEL --tensor-parallel-size 4" in captured.out
     assert f"wrote {out}/plan.json, plan.csv, plan.png" in captured.err
+
+
+@settings(max_examples=200)
+@given(st.lists(st.floats(0, 500, allow_nan=False), max_size=60), st.floats(0.5, 120))
+def test_busiest_window_equals_a_brute_force_count(times, window):
+    """The two-pointer rate equals counting, for every arrival, the arrivals in [t, t + window)."""
+    times = sorted(times)
+    brute = max((sum(1 for u in times if t <= u < t + window) for t in times), default=0)
+    assert busiest_window(times, window) == pytest.approx(brute / window)
+
+
+@settings(max_examples=200)
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 6), st.integers(1, 40))
+def test_count_search_finds_the_smallest_passing_count(threshold, start, width, most):
+    """With a monotone verdict (counts >= threshold pass), the gallop-and-bisect search returns the
+    threshold when it is within [1, most], else None; a count is never simulated twice."""
+    from stallfree.sim.capacity import _Search
+    from stallfree.sim.executors import SerialExecutor
+
+    search = _Search(None, (1.0, None), 0.99, 2048, None, SerialExecutor(), None)
+    seen: list[int] = []
+
+    def verdicts(counts):
+        seen.extend(counts)
+        return [n >= threshold for n in counts]
+
+    found = search._search(verdicts, min(start, most), width, most)
+    assert found == (threshold if threshold <= most else None)
+    assert len(seen) == len(set(seen))
+
+
+@settings(max_examples=200)
+@given(st.integers(2, 30), st.floats(0.05, 50), st.floats(0.05, 50), st.floats(0.05, 20))
+def test_split_order_is_every_allowed_split_nearest_the_balance_first(n, mu_p, mu_d, rate):
+    """split_order holds each P with P >= ceil(rate / mu_p) and n - P >= ceil(rate / mu_d) once, in
+    order of distance to the balanced P* = n (1/mu_p) / (1/mu_p + 1/mu_d)."""
+    import math
+
+    from stallfree.sim.capacity import SplitBound, split_order
+
+    b = SplitBound(mu_p, mu_d, rate)
+    order = split_order(n, b)
+    p_min, d_min = math.ceil(rate / mu_p - 1e-9), math.ceil(rate / mu_d - 1e-9)
+    assert sorted(order) == [p for p in range(1, n) if p >= p_min and n - p >= d_min]
+    target = n * (1 / mu_p) / (1 / mu_p + 1 / mu_d)
+    dist = [abs(p - target) for p in order]
+    assert all(a <= b + 1e-9 for a, b in zip(dist, dist[1:], strict=False))  # ties at .5 round either way

@@ -160,6 +160,10 @@ def next_counts(fail: int | None, ok: int | None, start: int, tried: set[int], w
         while len(out) < width:
             n = start + (1 << k) - 1
             if n > max_replicas:
+                # The gallop overshoots the cap: the cap itself is the last count to try.
+                top = max_replicas
+                if top not in tried and top not in out and (fail is None or top > fail):
+                    out.append(top)
                 break
             if n not in tried and (fail is None or n > fail):
                 out.append(n)
