@@ -238,7 +238,8 @@ def plan_fleet(
         assert out.bound_replicas is not None
         if cap < 1 or out.bound_replicas > cap:
             unit = "$/h" if priced else "GPUs"
-            need = (f"not simulated: its mean load needs at least {out.bound_replicas} replicas "
+            plural = "s" if out.bound_replicas != 1 else ""
+            need = (f"not simulated: its mean load needs at least {out.bound_replicas} replica{plural} "
                     f"({_fmt(out.bound_cost, priced)} {unit})")
             out.skipped = (f"{need}, more than --max-gpus {shape.gpu}={max_gpus[shape.gpu]} allows"  # type: ignore[index]
                            if by_gpus < min(by_cost, max_replicas) or best is None
