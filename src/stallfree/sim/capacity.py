@@ -257,6 +257,9 @@ def split_bound(setup: Any, budget: int) -> SplitBound:
     The prefill side replays the prompts with one output token each; the decode side the outputs after
     the first (a 1-token prompt, target - 1 to generate) priced at their true context (prompt_len more),
     both as stallfree.sim.disagg builds its sides, all arriving at 0 s (simulator.saturated_throughput).
+    Both are upper bounds of what a side sustains in the P:D simulation: the decode side's KV here counts
+    a request's outputs only (the split's gate also holds its prompt's KV), so more requests batch; a
+    bound that is high lowers P_min or D_min and costs simulations, never a split that could pass.
 
     Args:
         setup: a stallfree.sim.setup.Setup.
