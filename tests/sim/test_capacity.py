@@ -148,3 +148,24 @@ def test_plan_finds_a_prefill_heavy_split_by_hand(tmp_path, capsys):
     assert 11 < best["p99_tpot_ms"] < 15
     # Only 2:1 is simulated: 1:2 (one prefill replica) and every split of 2 replicas are below the bound.
     assert [r["label"] for r in report["rows"] if r["kind"] == "disaggregated"] == ["disagg 2P:1D"]
+
+
+def test_mixed_tp_split_walks_to_the_side_that_misses(tmp_path):
+    """The prefill-heavy trace above with prefill replicas of 2 GPUs and decode replicas of 4: from 1P:1D
+    the one prefill replica's queue grows (TTFT ~1.51 + 0.51 k s, far past 2 s) while TPOT stays ~11 ms,
+    so the walk adds a prefill replica; 2P:1D meets the SLOs (as worked out above) on 2 x 2 + 1 x 4 = 8
+    GPUs. A cap refusing 8 GPUs stops the walk after 1P:1D with no answer."""
+    from stallfree.sim.capacity import walk_mixed_split
+    from stallfree.sim.executors import SerialExecutor
+    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+
+    setup = Setup(WorkloadOptions(trace=str(_prefill_heavy_trace(tmp_path))),
+                  HardwareOptions(tp=2, linear_cost="10,1000"))
+    kw = dict(attainment=0.99, router="least-outstanding", budget=2048, executor=SerialExecutor())
+    row, rows = walk_mixed_split(setup, (2.0, 0.015), (2, 4), (1, 1), fits=lambda p, d: True, **kw)
+    assert [r["label"] for r in rows] == ["disagg 1P:1D tp 2/4", "disagg 2P:1D tp 2/4"]
+    assert rows[0]["p99_ttft_ms"] > 5000 and rows[0]["p99_tpot_ms"] < 15
+    assert row is rows[1] and row["num_gpus"] == 8 and row["attainment"] == 1.0
+    assert (row["prefill_tp"], row["decode_tp"]) == (2, 4)
+    none, tried = walk_mixed_split(setup, (2.0, 0.015), (2, 4), (1, 1), fits=lambda p, d: 2 * p + 4 * d < 8, **kw)
+    assert none is None and len(tried) == 1

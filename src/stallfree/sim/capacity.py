@@ -63,6 +63,7 @@ __all__ = [
     "plan_report",
     "split_bound",
     "split_order",
+    "walk_mixed_split",
 ]
 
 DEFAULT_ATTAINMENT = 0.99
@@ -77,7 +78,8 @@ DISAGG_PREFILL_SHARES = (1 / 6, 1 / 4, 1 / 3, 1 / 2)
 SPLITS_PER_COUNT = 3
 #: The per-run keys a plan keeps (its table and --json rows).
 ROW_KEYS = (
-    "label", "kind", "replicas", "prefill", "decode", "router", "num_gpus", "attainment", "slo_attainment",
+    "label", "kind", "replicas", "prefill", "decode", "prefill_tp", "decode_tp", "router", "num_gpus", "attainment",
+    "slo_attainment",
     "request_goodput", "goodput_per_gpu", "completed", "rejected", "median_ttft_ms", "p99_ttft_ms",
     "median_tpot_ms", "p99_tpot_ms", "sim_wall_s",
 )
@@ -95,6 +97,7 @@ class PlanPoint:
         slo_ttft, slo_tpot: the SLOs, s (None: none).
         prefill: P of a disaggregated split, or None (aggregated).
         link: the disaggregated KV link (stallfree.sim.disagg.Interconnect), or None for the default.
+        sides_tp: a split's (prefill TP, decode TP) when they differ from the setup's, or None.
     """
 
     setup: Any
@@ -105,6 +108,7 @@ class PlanPoint:
     slo_tpot: float | None
     prefill: int | None = None
     link: Any = None
+    sides_tp: tuple[int, int] | None = None
 
 
 def attainment_of(summary: dict[str, Any]) -> float:
@@ -119,7 +123,8 @@ def attainment_of(summary: dict[str, Any]) -> float:
 def run_plan_point(point: PlanPoint) -> dict[str, Any]:
     """Worker: simulate one point; its summary reduced to ROW_KEYS (plus by_prompt_len)."""
     setup = point.setup
-    gpus = point.replicas * setup.hardware_options.tp
+    tp = setup.hardware_options.tp
+    gpus = point.replicas * tp
     if point.prefill is None:
         sched = scheduler_for(setup, "chunked", point.budget, None)
         opts = setup.workload_options
@@ -131,12 +136,15 @@ def run_plan_point(point: PlanPoint) -> dict[str, Any]:
         s = cluster_summary(result, point.slo_ttft, point.slo_tpot)
         s.update(kind="aggregated", label=f"x{point.replicas} {point.router}", prefill=None, decode=None)
     else:
+        tp_p, tp_d = point.sides_tp or (tp, tp)
+        decode = point.replicas - point.prefill
         _, s, _ = run_disagg_experiment(
-            setup, prefill=point.prefill, decode=point.replicas - point.prefill, link=point.link,
+            setup, prefill=point.prefill, decode=decode, link=point.link, prefill_tp=tp_p, decode_tp=tp_d,
             router=point.router, budget=point.budget, slo_ttft=point.slo_ttft, slo_tpot=point.slo_tpot,
         )
-        s.update(kind="disaggregated", label=f"disagg {point.prefill}P:{point.replicas - point.prefill}D",
-                 prefill=point.prefill, decode=point.replicas - point.prefill)
+        gpus = point.prefill * tp_p + decode * tp_d
+        label = f"disagg {point.prefill}P:{decode}D" + (f" tp {tp_p}/{tp_d}" if point.sides_tp else "")
+        s.update(kind="disaggregated", label=label, prefill=point.prefill, decode=decode)
     s.update(replicas=point.replicas, router=point.router, num_gpus=gpus, attainment=attainment_of(s))
     s["goodput_per_gpu"] = (s.get("request_goodput") or 0.0) / gpus
     return {k: s.get(k) for k in ROW_KEYS} | {"by_prompt_len": s.get("by_prompt_len")}
@@ -340,8 +348,9 @@ class _Search:
         self.executor, self.progress = executor, progress
         self.rows: list[dict[str, Any]] = []
 
-    def run(self, points: Sequence[tuple[int, str, int | None]]) -> list[dict[str, Any]]:
-        """Simulate (replicas, router, prefill or None) points on the executor; keep and return their rows."""
+    def run(self, points: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """Simulate (replicas, router, prefill or None[, sides_tp]) points on the executor; keep and return
+        their rows."""
         base = len(self.rows)
         planned = base + len(points)
 
@@ -349,7 +358,8 @@ class _Search:
             if self.progress:
                 self.progress(base + k, planned)
 
-        items = [PlanPoint(self.setup, n, r, self.budget, *self.slo, p, self.link) for n, r, p in points]
+        items = [PlanPoint(self.setup, n, r, self.budget, *self.slo, p, self.link, *rest)
+                 for n, r, p, *rest in points]
         rows = self.executor.map(run_plan_point, items, tick)
         self.rows.extend(rows)
         return rows
@@ -415,6 +425,42 @@ class _Search:
         per_round = max(1, width // SPLITS_PER_COUNT)
         n = self._search(verdicts, start, per_round, most)
         result.disaggregated = found.get(n) if n is not None else None
+
+
+def walk_mixed_split(
+    setup: Any, slo: tuple[float | None, float | None], sides_tp: tuple[int, int], start: tuple[int, int], *,
+    fits: Callable[[int, int], bool], attainment: float, router: str, budget: int, executor: Executor,
+    link: Any = None, progress: Callable[[int, int], None] | None = None,
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """A P:D split whose sides use different tensor parallelism: from `start` (each side's bound, P_min
+    and D_min at its TP) add one replica at a time to the side whose SLO misses more (p99 TTFT over its
+    objective against p99 TPOT over its objective: TTFT is the prefill side's, TPOT the decode side's)
+    until a split meets the SLOs or `fits(P, D)` refuses it (the cost cap). One simulation a step.
+
+    Args:
+        setup: the GPU type's Setup (any TP: each side is rebuilt at its own).
+        slo: (slo_ttft, slo_tpot), s.
+        sides_tp: (prefill TP, decode TP).
+        start: (P, D) to begin with, each >= 1.
+        fits: whether a split (P, D) may be tried.
+        attainment, router, budget, executor, link, progress: as plan.
+
+    Returns:
+        (the passing row or None, every row simulated).
+    """
+    search = _Search(setup, slo, attainment, budget, link, executor, progress)
+    p, d = max(1, start[0]), max(1, start[1])
+    while fits(p, d):
+        row = search.run([(p + d, router, p, sides_tp)])[0]
+        if search.passes(row):
+            return row, search.rows
+        over_ttft = (row.get("p99_ttft_ms") or math.inf) / (slo[0] * 1e3) if slo[0] else 0.0
+        over_tpot = (row.get("p99_tpot_ms") or math.inf) / (slo[1] * 1e3) if slo[1] else 0.0
+        if over_ttft >= over_tpot:
+            p += 1
+        else:
+            d += 1
+    return None, search.rows
 
 
 def _check_plan_options(slo_ttft: float | None, slo_tpot: float | None, attainment: float,

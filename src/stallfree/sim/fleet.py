@@ -29,16 +29,38 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import permutations
 from typing import Any
 
-from stallfree.sim.capacity import DEFAULT_ATTAINMENT, DEFAULT_MAX_REPLICAS, DEFAULT_ROUTERS, PlanResult, plan
+from stallfree.sim.capacity import (
+    DEFAULT_ATTAINMENT,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_ROUTERS,
+    PlanResult,
+    SplitBound,
+    plan,
+    split_bound,
+    walk_mixed_split,
+)
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.executors import Executor
 from stallfree.sim.experiment import scheduler_for
 from stallfree.sim.simulator import saturated_throughput
 
-__all__ = ["BURST_WINDOW_S", "FleetResult", "Shape", "ShapeOutcome", "busiest_window", "plan_fleet", "row_cost"]
+__all__ = [
+    "BURST_WINDOW_S",
+    "FleetResult",
+    "Shape",
+    "ShapeOutcome",
+    "answer_record",
+    "busiest_window",
+    "explain_load",
+    "plan_fleet",
+    "row_cost",
+    "shape_records",
+    "shape_text",
+]
 
 #: The window of the busiest-window rate the answer is explained by, s: a minute, long enough that a
 #: queue built in it outlasts a TTFT objective of seconds (this project's choice).
@@ -99,6 +121,7 @@ class FleetResult:
             and mu_d), counted apart from the rows.
         wall_s: the whole search, s.
         attainment: the target share.
+        split_bounds: the P:D capacity bound of each (GPU, TP) searched for splits.
     """
 
     answer: dict[str, Any] | None
@@ -112,6 +135,7 @@ class FleetResult:
     bound_simulations: int = 0
     wall_s: float = 0.0
     attainment: float = DEFAULT_ATTAINMENT
+    split_bounds: dict[tuple[str, int], SplitBound] = field(default_factory=dict)
 
     @property
     def simulations(self) -> int:
@@ -257,8 +281,67 @@ def plan_fleet(
         for cand in _answers(res):
             if best is None or _rank(cand) < _rank(best):
                 best = cand
-    return FleetResult(best, _runner_ups(rows, best, attainment), outcomes, rows, priced, rate, in_per_s,
-                       out_per_s, bound_sims, time.perf_counter() - t0, attainment)
+    fr = FleetResult(best, [], outcomes, rows, priced, rate, in_per_s, out_per_s, bound_sims, 0.0, attainment)
+    for o, _ in searched:
+        if o.result is not None and o.result.split_bound is not None:
+            fr.split_bounds[(o.shape.gpu, o.shape.tp)] = o.result.split_bound
+    if disaggregate:
+        _mixed_splits(fr, searched, (slo_ttft, slo_tpot), max_gpus or {}, max_replicas,
+                      dict(router=routers[0], budget=budget, executor=executor, link=link, progress=progress,
+                           attainment=attainment))
+    fr.runner_ups = _runner_ups(fr.rows, fr.answer, attainment)
+    fr.wall_s = time.perf_counter() - t0
+    return fr
+
+
+def _mixed_splits(fr: FleetResult, searched: list[tuple[ShapeOutcome, Any]], slo: tuple[float | None, float | None],
+                  max_gpus: dict[str, int], max_replicas: int, kw: dict[str, Any]) -> None:
+    """Step 4 with different TP on the two sides: for each GPU type, each ordered pair of its TPs whose
+    capacity bound (P_min at the prefill TP, D_min at the decode TP) costs less than the answer, a
+    greedy walk from that bound (capacity.walk_mixed_split), capped below the answer's cost."""
+    by_gpu: dict[str, list[tuple[ShapeOutcome, Any]]] = {}
+    for o, setup in searched:
+        by_gpu.setdefault(o.shape.gpu, []).append((o, setup))
+    for gpu, group in by_gpu.items():
+        for (op, sp), (od, sd) in permutations(group, 2):
+            tp_p, tp_d, price = op.shape.tp, od.shape.tp, op.usd_per_gpu_hour
+
+            def under(p: int, d: int, tp_p: int = tp_p, tp_d: int = tp_d, price: float = price,
+                      gpu: str = gpu) -> bool:
+                gpus = p * tp_p + d * tp_d
+                best = fr.answer
+                return (gpus <= max_gpus.get(gpu, gpus) and p + d <= max_replicas
+                        and (best is None or gpus * (price if fr.priced else 1.0) < best["cost"] - 1e-9))
+
+            if not under(1, 1):
+                continue
+            b_p, b_d = _split_bound(fr, op, sp, kw["budget"]), _split_bound(fr, od, sd, kw["budget"])
+            start = (b_p.p_min, b_d.d_min)
+            if not under(*start):
+                continue
+            row, new = walk_mixed_split(sp, slo, (tp_p, tp_d), start, fits=under, **kw)
+            for r in new:
+                r.update(gpu=gpu, tp=None, **row_cost(r, price, fr.priced, fr.input_tokens_per_s,
+                                                      fr.output_tokens_per_s))
+                fr.rows.append(r)
+            if row is not None and (fr.answer is None or _rank(row) < _rank(fr.answer)):
+                fr.answer = row
+
+
+def _split_bound(fr: FleetResult, out: ShapeOutcome, setup: Any, budget: int) -> SplitBound:
+    """The shape's P:D bound, computed (two saturated runs, counted) when its search did not."""
+    key = (out.shape.gpu, out.shape.tp)
+    if key not in fr.split_bounds:
+        fr.split_bounds[key] = split_bound(setup, budget)
+        fr.bound_simulations += 2
+    return fr.split_bounds[key]
+
+
+def shape_text(row: dict[str, Any]) -> str:
+    """A row's shape: "h100-sxm x4", or "h100-sxm x2/x8" for a split whose prefill and decode TP differ."""
+    if row.get("tp") is None:
+        return f"{row['gpu']} x{row['prefill_tp']}/x{row['decode_tp']}"
+    return f"{row['gpu']} x{row['tp']}"
 
 
 def _answers(res: PlanResult) -> list[dict[str, Any]]:
@@ -310,22 +393,22 @@ def explain_load(fr: FleetResult, arrivals: Sequence[float]) -> dict[str, Any] |
     row = fr.answer
     if row is None:
         return None
-    out = next(o for o in fr.outcomes if o.shape == Shape(row["gpu"], row["tp"]))
     rate = fr.offered_rate
     span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
     # A trace shorter than the window has no busier minute than its whole: its mean.
     window = min(BURST_WINDOW_S, span) if span > 0 else BURST_WINDOW_S
     peak = busiest_window(arrivals, window) if span >= BURST_WINDOW_S else rate
     if row["kind"] == "aggregated":
+        out = next(o for o in fr.outcomes if o.shape == Shape(row["gpu"], row["tp"]))
         mu = out.single_capacity or math.inf
         at_mean, at_peak = _need(rate, mu), _need(peak, mu)
         capacity: Any = mu
     else:
-        b = out.result.split_bound if out.result is not None else None
-        assert b is not None
-        at_mean = _need(rate, b.prefill_capacity) + _need(rate, b.decode_capacity)
-        at_peak = _need(peak, b.prefill_capacity) + _need(peak, b.decode_capacity)
-        capacity = {"prefill": b.prefill_capacity, "decode": b.decode_capacity}
+        mu_p = fr.split_bounds[(row["gpu"], row["prefill_tp"])].prefill_capacity
+        mu_d = fr.split_bounds[(row["gpu"], row["decode_tp"])].decode_capacity
+        at_mean = _need(rate, mu_p) + _need(rate, mu_d)
+        at_peak = _need(peak, mu_p) + _need(peak, mu_d)
+        capacity = {"prefill": mu_p, "decode": mu_d}
     n = int(row["replicas"])
     set_by = "mean load" if n <= at_mean else ("bursts" if n <= at_peak else "latency")
     return {"mean_rate": rate, "busiest_window_s": window, "busiest_rate": peak,
@@ -342,11 +425,13 @@ def _need(rate: float, capacity: float) -> int:
 
 def answer_record(row: dict[str, Any] | None) -> dict[str, Any] | None:
     """The `answer` of plan's --json: replicas (P + D for a split), router, num_gpus, row (as before),
-    and gpu, tp, kind, prefill, decode (None when aggregated), attainment, usd_per_hour,
+    and gpu, tp (None for a split whose sides' TP differ), kind, prefill, decode, prefill_tp, decode_tp
+    (None when aggregated), attainment, usd_per_hour,
     usd_per_mtok_input, usd_per_mtok_output (None without prices)."""
     if row is None:
         return None
-    keys = ("replicas", "router", "num_gpus", "gpu", "tp", "kind", "prefill", "decode", "attainment",
+    keys = ("replicas", "router", "num_gpus", "gpu", "tp", "kind", "prefill", "decode", "prefill_tp", "decode_tp",
+            "attainment",
             "usd_per_hour", "usd_per_mtok_input", "usd_per_mtok_output")
     return {k: row.get(k) for k in keys} | {"row": row}
 

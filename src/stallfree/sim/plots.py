@@ -786,18 +786,20 @@ def plot_plan_costs(rows: Sequence[dict[str, Any]], path: Path, attainment: floa
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 6.2))
-    shapes = list(dict.fromkeys(f"{r['gpu']} x{r['tp']}" for r in rows))
+    from stallfree.sim.fleet import shape_text
+
+    shapes = list(dict.fromkeys(shape_text(r) for r in rows))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, shape in enumerate(shapes):
         for kind, marker in (("aggregated", "o"), ("disaggregated", "s")):
-            pts = [r for r in rows if f"{r['gpu']} x{r['tp']}" == shape and r["kind"] == kind]
+            pts = [r for r in rows if shape_text(r) == shape and r["kind"] == kind]
             if pts:
                 ax.scatter([100 * r["attainment"] for r in pts], [r["cost"] for r in pts], marker=marker,
                            color=colours[k % len(colours)], label=f"{shape}, {kind}", alpha=0.8)
     if answer is not None:
         row = answer["row"]
         ax.scatter([100 * row["attainment"]], [row["cost"]], s=260, facecolors="none", edgecolors="black",
-                   linewidths=1.5, label=f"answer: {row['label']} on {row['gpu']} x{row['tp']}")
+                   linewidths=1.5, label=f"answer: {row['label']} on {shape_text(row)}")
     ax.axvline(100 * attainment, color="grey", linestyle="--", linewidth=1, label=f"target {attainment:.0%}")
     ax.set_xlabel("requests within both SLOs, % of all")
     ax.set_ylabel("fleet cost, US dollars per hour" if priced else "fleet size, GPUs (no prices given)")

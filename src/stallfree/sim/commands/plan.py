@@ -51,6 +51,7 @@ from stallfree.sim.fleet import (
     explain_load,
     plan_fleet,
     shape_records,
+    shape_text,
 )
 from stallfree.sim.prices import GpuPrice, PriceError, gpu_key, load_prices, parse_gpu_prices, parse_max_gpus
 from stallfree.sim.setup import SetupError
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             disaggregate=not args.no_disaggregate, progress=progress, skipped=skipped, notes=notes,
         )
     answer_setup = next((st for sh, st in setups if fleet.answer is not None
-                         and sh == Shape(fleet.answer["gpu"], fleet.answer["tp"])), first)
+                         and sh == _answer_shape(fleet.answer)), first)
     header = answer_setup.header()
     if not args.no_disaggregate:
         header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(answer_setup)
@@ -328,7 +329,8 @@ def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace
         cost_unit="usd_per_hour" if fleet.priced else "gpus",
         tokens_per_s={"input": fleet.input_tokens_per_s, "output": fleet.output_tokens_per_s},
     )
-    report["gpus_per_replica"] = fleet.answer["tp"] if fleet.answer is not None else result.gpus_per_replica
+    report["gpus_per_replica"] = (_answer_shape(fleet.answer).tp if fleet.answer is not None
+                                  else result.gpus_per_replica)
     report["serve"] = serve_commands(args, header, fleet.answer) if fleet.answer is not None else None
     return report
 
@@ -336,8 +338,13 @@ def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace
 def _answer_outcome(fleet: FleetResult) -> Any:
     """The ShapeOutcome of the answer's shape (of the first searched shape without an answer)."""
     if fleet.answer is not None:
-        return next(o for o in fleet.outcomes if o.shape == Shape(fleet.answer["gpu"], fleet.answer["tp"]))
+        return next(o for o in fleet.outcomes if o.shape == _answer_shape(fleet.answer))
     return next((o for o in fleet.outcomes if o.result is not None), None)
+
+
+def _answer_shape(row: dict[str, Any]) -> Shape:
+    """The shape a row belongs to (a split with different TP per side: its prefill side's)."""
+    return Shape(row["gpu"], row["tp"] if row.get("tp") is not None else row["prefill_tp"])
 
 
 def _money(value: float | None) -> str:
@@ -352,12 +359,12 @@ def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
     row = fleet.answer
     if row is None:
         best = max(fleet.rows, key=lambda r: r["attainment"]) if fleet.rows else None
-        got = f"; best {best['label']} on {best['gpu']} x{best['tp']}: {best['attainment']:.2%}" if best else ""
+        got = f"; best {best['label']} on {shape_text(best)}: {best['attainment']:.2%}" if best else ""
         return (f"answer: no fleet up to {args.max_replicas} replicas per shape meets {slo}{got} "
                 f"(exit {EXIT_NOT_MET})")
     what = (f"{row['replicas']} replica{'s' if row['replicas'] != 1 else ''}" if row["kind"] == "aggregated"
             else f"disaggregated {row['prefill']} prefill + {row['decode']} decode replicas")
-    line = (f"answer: {what} of {row['gpu']} x{row['tp']} ({row['num_gpus']} GPUs), router {row['router']}: "
+    line = (f"answer: {what} of {shape_text(row)} ({row['num_gpus']} GPUs), router {row['router']}: "
             f"{row['attainment']:.2%} of requests within {slo}; ")
     if fleet.priced:
         return line + (f"{_money(row['usd_per_hour'])}/h, {_money(row['usd_per_mtok_output'])} per million output "
@@ -444,7 +451,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
     names = ("cluster", *(("shape",) if many else ()), "GPUs", *(c[1] for c in cols), "")
     for name in names:
         table.add_column(name, justify="left" if name in ("cluster", "shape") else "right", no_wrap=True)
-    rows = sorted(fleet.rows, key=lambda r: (r["gpu"], r["tp"], r["kind"] != "aggregated", r["replicas"],
+    rows = sorted(fleet.rows, key=lambda r: (r["gpu"], r["tp"] or 0, r["kind"] != "aggregated", r["replicas"],
                                              r["router"], r["label"]))
     chosen = {id(r) for o in fleet.outcomes if o.result is not None
               for r in (o.result.answer_row, o.result.disaggregated) if r is not None}
@@ -452,7 +459,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
         met = "meets" if r["attainment"] >= fleet.attainment else ""
         mark = "answer" if r is fleet.answer else ("chosen" if id(r) in chosen else met)
         cells = ["-" if r.get(k) is None else spec.format(r[k]) for k, _, spec in cols]
-        table.add_row(r["label"], *((f"{r['gpu']} x{r['tp']}",) if many else ()), str(r["num_gpus"]), *cells, mark)
+        table.add_row(r["label"], *((shape_text(r),) if many else ()), str(r["num_gpus"]), *cells, mark)
     console().print(table)
 
 
@@ -466,7 +473,7 @@ def _print_runner_ups(fleet: FleetResult) -> None:
     for name in ("", "cluster", "shape", "GPUs", "in SLO", "$/h", "$/M out", "$/M in"):
         table.add_column(name, justify="left" if name in ("", "cluster", "shape") else "right", no_wrap=True)
     for r in fleet.runner_ups:
-        table.add_row(r["runner_up"], r["label"], f"{r['gpu']} x{r['tp']}", str(r["num_gpus"]),
+        table.add_row(r["runner_up"], r["label"], shape_text(r), str(r["num_gpus"]),
                       f"{r['attainment']:.2%}", _money(r["usd_per_hour"]), _money(r["usd_per_mtok_output"]),
                       _money(r["usd_per_mtok_input"]))
     console().print(table)
@@ -485,8 +492,8 @@ def _print_serve(serve: dict[str, Any] | None, args: argparse.Namespace, tp: int
         if lines["stallfree"] is not None:
             print(f"  or, on stallfree's engine: {lines['stallfree']}")
         else:
-            print(f"  (stallfree serve runs on one device: a replica of {tp} GPUs needs a tensor-parallel "
-                  "engine such as vLLM)")
+            print(f"  (stallfree serve runs on one device: a replica of {lines.get('tp', tp)} GPUs needs a "
+                  "tensor-parallel engine such as vLLM)")
     if "vllm" not in serve:
         print("  (the two sides pass each request's KV from prefill to decode: vLLM's --kv-transfer-config with a "
               "KV connector)")
@@ -503,10 +510,10 @@ def serve_commands(args: argparse.Namespace, header: dict[str, Any],
     name rather than a Hugging Face id) and "stallfree" (`stallfree serve`, None when a replica spans
     more than one GPU: that engine runs on one device), with "tp"; for a P:D split, {"prefill": ...,
     "decode": ...}, each those keys plus "replicas"."""
-    tp = int(answer["tp"]) if answer is not None else int(args.tp[0] if isinstance(args.tp, list) else args.tp)
+    tp = _answer_shape(answer).tp if answer is not None else int(args.tp[0] if isinstance(args.tp, list) else args.tp)
     model = args.model if "/" in args.model else "MODEL"
 
-    def lines(budget: int) -> dict[str, Any]:
+    def lines(budget: int, tp: int = tp) -> dict[str, Any]:
         vllm = (f"vllm serve {model} --tensor-parallel-size {tp} --max-num-batched-tokens {budget} "
                 f"--max-num-seqs {header['max_seqs']}")
         own = f"stallfree serve --max-num-batched-tokens {budget} --max-num-seqs {header['max_seqs']}"
@@ -514,8 +521,9 @@ def serve_commands(args: argparse.Namespace, header: dict[str, Any],
 
     if answer is None or answer["kind"] == "aggregated":
         return lines(args.token_budget)
-    return {"prefill": lines(args.token_budget) | {"replicas": answer["prefill"]},
-            "decode": lines(args.token_budget) | {"replicas": answer["decode"]}}
+    tp_p, tp_d = answer.get("prefill_tp") or tp, answer.get("decode_tp") or tp
+    return {"prefill": lines(args.token_budget, tp_p) | {"replicas": answer["prefill"], "tp": tp_p},
+            "decode": lines(args.token_budget, tp_d) | {"replicas": answer["decode"], "tp": tp_d}}
 
 
 @contextmanager
