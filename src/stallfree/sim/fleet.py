@@ -9,6 +9,9 @@ The search (`plan_fleet`), over shapes (GPU type, TP) whose weights and KV fit:
 1. Bound every shape before simulating: one replica's saturated throughput mu_1 gives
    N0 = ceil(rate / mu_1) replicas, so at least N0 x tp x price dollars per hour (capacity.plan's
    start).
+   A shape's P:D splits are not cheaper than that bound either: P_min + D_min = ceil(rate / mu_p) +
+   ceil(rate / mu_d) is not below N0, since one replica's work per request is its prefill's and its
+   decodes' (1/mu_1 ~ 1/mu_p + 1/mu_d), so a shape pruned by N0 is pruned with its splits.
 2. Visit the shapes cheapest bound first. A shape whose bound is not below the best fleet found so
    far is not simulated (said, with its bound). Otherwise stallfree.sim.capacity.plan searches it with
    its replica count capped below the best cost (and by --max-gpus): the fewest aggregated replicas,
