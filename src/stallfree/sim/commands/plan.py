@@ -44,6 +44,7 @@ from stallfree.sim.commands.common import (
 )
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.disagg import sides_behaviour
+from stallfree.sim.executors import reusing_workers
 from stallfree.sim.fleet import (
     FleetResult,
     Shape,
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if given(args, "async_scheduling") and args.async_scheduling and not args.no_disaggregate:
         raise CliError("--async-scheduling is not modelled for the disaggregated splits plan searches: add "
                        "--no-disaggregate", 2)
-    with _progress() as progress:
+    with _progress() as progress, reusing_workers(executor):
         fleet = plan_fleet(
             setups, args.slo_ttft, args.slo_tpot, prices={k: v.usd_per_hour for k, v in prices.items()} or None,
             max_gpus=max_gpus or None, attainment=args.slo_attainment, routers=routers, budget=args.token_budget,
