@@ -169,3 +169,17 @@ def test_mixed_tp_split_walks_to_the_side_that_misses(tmp_path):
     assert (row["prefill_tp"], row["decode_tp"]) == (2, 4)
     none, tried = walk_mixed_split(setup, (2.0, 0.015), (2, 4), (1, 1), fits=lambda p, d: 2 * p + 4 * d < 8, **kw)
     assert none is None and len(tried) == 1
+
+
+def test_plan_side_budgets_reach_the_splits_and_their_serve_lines(tmp_path, capsys):
+    """--prefill-budget 4096 --decode-budget 256 on the prefill-heavy trace: a 1,500-token prompt is still
+    one step and at most 3 decodes run at once, so the answer is still 2P:1D; its rows carry the budgets
+    and each side's serve line its own --max-num-batched-tokens."""
+    trace = _prefill_heavy_trace(tmp_path)
+    assert main(["plan", "--trace", str(trace), "--linear-cost", "10,1000", "--slo-ttft", "2s", "--slo-tpot", "15ms",
+                 "--executor", "serial", "--json", "--prefill-budget", "4096", "--decode-budget", "256"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    row = report["answer"]["row"]
+    assert (row["label"], row["prefill_budget"], row["decode_budget"]) == ("disagg 2P:1D", 4096, 256)
+    assert "--max-num-batched-tokens 4096 " in report["serve"]["prefill"]["vllm"]
+    assert "--max-num-batched-tokens 256 " in report["serve"]["decode"]["vllm"]

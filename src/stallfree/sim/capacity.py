@@ -78,8 +78,8 @@ DISAGG_PREFILL_SHARES = (1 / 6, 1 / 4, 1 / 3, 1 / 2)
 SPLITS_PER_COUNT = 3
 #: The per-run keys a plan keeps (its table and --json rows).
 ROW_KEYS = (
-    "label", "kind", "replicas", "prefill", "decode", "prefill_tp", "decode_tp", "router", "num_gpus", "attainment",
-    "slo_attainment",
+    "label", "kind", "replicas", "prefill", "decode", "prefill_tp", "decode_tp", "prefill_budget", "decode_budget",
+    "router", "num_gpus", "attainment", "slo_attainment",
     "request_goodput", "goodput_per_gpu", "completed", "rejected", "median_ttft_ms", "p99_ttft_ms",
     "median_tpot_ms", "p99_tpot_ms", "sim_wall_s",
 )
@@ -98,6 +98,7 @@ class PlanPoint:
         prefill: P of a disaggregated split, or None (aggregated).
         link: the disaggregated KV link (stallfree.sim.disagg.Interconnect), or None for the default.
         sides_tp: a split's (prefill TP, decode TP) when they differ from the setup's, or None.
+        side_budgets: a split's (prefill, decode) token budgets per step, tokens, or None for `budget`.
     """
 
     setup: Any
@@ -109,6 +110,7 @@ class PlanPoint:
     prefill: int | None = None
     link: Any = None
     sides_tp: tuple[int, int] | None = None
+    side_budgets: tuple[int, int] | None = None
 
 
 def attainment_of(summary: dict[str, Any]) -> float:
@@ -138,9 +140,11 @@ def run_plan_point(point: PlanPoint) -> dict[str, Any]:
     else:
         tp_p, tp_d = point.sides_tp or (tp, tp)
         decode = point.replicas - point.prefill
+        bp, bd = point.side_budgets or (point.budget, point.budget)
         _, s, _ = run_disagg_experiment(
             setup, prefill=point.prefill, decode=decode, link=point.link, prefill_tp=tp_p, decode_tp=tp_d,
             router=point.router, budget=point.budget, slo_ttft=point.slo_ttft, slo_tpot=point.slo_tpot,
+            prefill_budget=bp, decode_budget=bd,
         )
         gpus = point.prefill * tp_p + decode * tp_d
         label = f"disagg {point.prefill}P:{decode}D" + (f" tp {tp_p}/{tp_d}" if point.sides_tp else "")
@@ -259,7 +263,7 @@ def disagg_splits(replicas: int) -> list[int]:
     return sorted({min(replicas - 1, max(1, round(f * replicas))) for f in DISAGG_PREFILL_SHARES})
 
 
-def split_bound(setup: Any, budget: int) -> SplitBound:
+def split_bound(setup: Any, budget: int, side_budgets: tuple[int, int] | None = None) -> SplitBound:
     """Each side's saturated throughput on the setup's workload (module docstring, step 4).
 
     The prefill side replays the prompts with one output token each; the decode side the outputs after
@@ -272,6 +276,7 @@ def split_bound(setup: Any, budget: int) -> SplitBound:
     Args:
         setup: a stallfree.sim.setup.Setup.
         budget: token budget per step on both sides, tokens.
+        side_budgets: (prefill, decode) budgets instead, tokens, or None.
 
     Returns:
         A SplitBound.
@@ -285,7 +290,7 @@ def split_bound(setup: Any, budget: int) -> SplitBound:
     wl = setup.workload.head(5000)
     opts = setup.workload_options
     tp = setup.hardware_options.tp
-    (pcost, pcfg, *_), (dcost, dcfg, *_) = _sides(setup, (tp, tp), (budget, budget))
+    (pcost, pcfg, *_), (dcost, dcfg, *_) = _sides(setup, (tp, tp), side_budgets or (budget, budget))
     n = len(wl)
     target = [o if opts.max_tokens is None else min(o, opts.max_tokens) for o in wl.output_lens]
     prefill = Workload(wl.arrivals, wl.prompt_lens, (1,) * n, wl.name)
@@ -343,9 +348,10 @@ class _Search:
     """The search's state: the setup and targets, the executor, and every row simulated so far."""
 
     def __init__(self, setup: Any, slo: tuple[float | None, float | None], attainment: float, budget: int,
-                 link: Any, executor: Executor, progress: Callable[[int, int], None] | None) -> None:
+                 link: Any, executor: Executor, progress: Callable[[int, int], None] | None,
+                 side_budgets: tuple[int, int] | None = None) -> None:
         self.setup, self.slo, self.attainment, self.budget, self.link = setup, slo, attainment, budget, link
-        self.executor, self.progress = executor, progress
+        self.executor, self.progress, self.side_budgets = executor, progress, side_budgets
         self.rows: list[dict[str, Any]] = []
 
     def run(self, points: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -358,7 +364,9 @@ class _Search:
             if self.progress:
                 self.progress(base + k, planned)
 
-        items = [PlanPoint(self.setup, n, r, self.budget, *self.slo, p, self.link, *rest)
+        items = [PlanPoint(self.setup, n, r, self.budget, *self.slo, p, self.link,
+                           sides_tp=rest[0] if rest else None,
+                           side_budgets=self.side_budgets if p is not None else None)
                  for n, r, p, *rest in points]
         rows = self.executor.map(run_plan_point, items, tick)
         self.rows.extend(rows)
@@ -431,6 +439,7 @@ def walk_mixed_split(
     setup: Any, slo: tuple[float | None, float | None], sides_tp: tuple[int, int], start: tuple[int, int], *,
     fits: Callable[[int, int], bool], attainment: float, router: str, budget: int, executor: Executor,
     link: Any = None, progress: Callable[[int, int], None] | None = None,
+    side_budgets: tuple[int, int] | None = None,
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A P:D split whose sides use different tensor parallelism: from `start` (each side's bound, P_min
     and D_min at its TP) add one replica at a time to the side whose SLO misses more (p99 TTFT over its
@@ -443,12 +452,12 @@ def walk_mixed_split(
         sides_tp: (prefill TP, decode TP).
         start: (P, D) to begin with, each >= 1.
         fits: whether a split (P, D) may be tried.
-        attainment, router, budget, executor, link, progress: as plan.
+        attainment, router, budget, executor, link, progress, side_budgets: as plan.
 
     Returns:
         (the passing row or None, every row simulated).
     """
-    search = _Search(setup, slo, attainment, budget, link, executor, progress)
+    search = _Search(setup, slo, attainment, budget, link, executor, progress, side_budgets)
     p, d = max(1, start[0]), max(1, start[1])
     while fits(p, d):
         row = search.run([(p + d, router, p, sides_tp)])[0]
@@ -497,6 +506,7 @@ def plan(
     progress: Callable[[int, int], None] | None = None,
     disagg_max_replicas: int | None = None,
     single_capacity: float | None = None,
+    side_budgets: tuple[int, int] | None = None,
 ) -> PlanResult:
     """The smallest replica count and router meeting the SLOs on the setup's workload (module docstring).
 
@@ -516,6 +526,8 @@ def plan(
             answer (None: no other limit, and no split is searched when there is no aggregated answer).
         single_capacity: mu_1, one replica's saturated throughput, requests/s, when the caller has it
             (stallfree.sim.fleet bounds every shape first); None: simulated here.
+        side_budgets: the P:D splits' (prefill, decode) token budgets per step, tokens (None: `budget` on
+            both sides, as the aggregated replicas').
 
     Returns:
         A PlanResult.
@@ -533,7 +545,8 @@ def plan(
     offered = setup.workload.mean_rate
     n0 = math.ceil(offered / mu1) if math.isfinite(offered) and mu1 > 0 and math.isfinite(mu1) else 1
     n0 = min(max(1, n0), max_replicas)
-    search = _Search(setup, (slo_ttft, slo_tpot), attainment, budget, link, executor or SerialExecutor(), progress)
+    search = _Search(setup, (slo_ttft, slo_tpot), attainment, budget, link, executor or SerialExecutor(), progress,
+                     side_budgets)
     lead = routers[0]
     ok = search.smallest(lead, n0, width, max_replicas)
     result = PlanResult(ok, lead if ok is not None else None, n0, mu1, offered, attainment=attainment,
@@ -544,7 +557,7 @@ def plan(
         most = disagg_max_replicas if most is None else min(most, disagg_max_replicas)
     if disaggregate and most is not None:
         if most >= 2:
-            search.disaggregation(result, lead, split_bound(setup, budget), most, width)
+            search.disaggregation(result, lead, split_bound(setup, budget, side_budgets), most, width)
         else:
             result.disagg_tried = True  # nothing to split: 1 replica cannot be prefill and decode
     result.rows = search.rows

@@ -202,6 +202,7 @@ def plan_fleet(
     progress: Callable[[int, int], None] | None = None,
     skipped: Sequence[tuple[Shape, str]] = (),
     notes: dict[Shape, str] | None = None,
+    side_budgets: tuple[int, int] | None = None,
 ) -> FleetResult:
     """The cheapest fleet of the shapes meeting the SLOs (module docstring).
 
@@ -214,6 +215,7 @@ def plan_fleet(
             stallfree.sim.capacity.plan (max_replicas per shape).
         skipped: shapes left out before any simulation, with the reason (weights that do not fit).
         notes: per shape, what its pricing says (fp8 weights priced at the bf16 peak, ...).
+        side_budgets: the P:D splits' (prefill, decode) token budgets per step, tokens, or None for `budget`.
 
     Returns:
         A FleetResult.
@@ -275,7 +277,7 @@ def plan_fleet(
         res = plan(setup, slo_ttft, slo_tpot, attainment=attainment, routers=routers, budget=budget,
                    max_replicas=cap, executor=executor, width=width, disaggregate=disaggregate, link=link,
                    progress=progress, disagg_max_replicas=cap if best is not None else None,
-                   single_capacity=out.single_capacity)
+                   single_capacity=out.single_capacity, side_budgets=side_budgets)
         out.result = res
         bound_sims += 2 if res.split_bound is not None else 0
         for r in res.rows:
@@ -291,7 +293,7 @@ def plan_fleet(
     if disaggregate:
         _mixed_splits(fr, searched, (slo_ttft, slo_tpot), max_gpus or {}, max_replicas,
                       dict(router=routers[0], budget=budget, executor=executor, link=link, progress=progress,
-                           attainment=attainment))
+                           attainment=attainment, side_budgets=side_budgets))
     fr.runner_ups = _runner_ups(fr.rows, fr.answer, attainment)
     fr.wall_s = time.perf_counter() - t0
     return fr
@@ -318,7 +320,8 @@ def _mixed_splits(fr: FleetResult, searched: list[tuple[ShapeOutcome, Any]], slo
 
             if not under(1, 1):
                 continue
-            b_p, b_d = _split_bound(fr, op, sp, kw["budget"]), _split_bound(fr, od, sd, kw["budget"])
+            b_p, b_d = (_split_bound(fr, op, sp, kw["budget"], kw["side_budgets"]),
+                        _split_bound(fr, od, sd, kw["budget"], kw["side_budgets"]))
             start = (b_p.p_min, b_d.d_min)
             if not under(*start):
                 continue
@@ -331,11 +334,12 @@ def _mixed_splits(fr: FleetResult, searched: list[tuple[ShapeOutcome, Any]], slo
                 fr.answer = row
 
 
-def _split_bound(fr: FleetResult, out: ShapeOutcome, setup: Any, budget: int) -> SplitBound:
+def _split_bound(fr: FleetResult, out: ShapeOutcome, setup: Any, budget: int,
+                 side_budgets: tuple[int, int] | None) -> SplitBound:
     """The shape's P:D bound, computed (two saturated runs, counted) when its search did not."""
     key = (out.shape.gpu, out.shape.tp)
     if key not in fr.split_bounds:
-        fr.split_bounds[key] = split_bound(setup, budget)
+        fr.split_bounds[key] = split_bound(setup, budget, side_budgets)
         fr.bound_simulations += 2
     return fr.split_bounds[key]
 

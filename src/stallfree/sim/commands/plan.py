@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.capacity import (
     DEFAULT_ATTAINMENT,
@@ -89,6 +89,11 @@ def register(subparsers: Any) -> None:
                    help=f"the largest count tried per shape (default {DEFAULT_MAX_REPLICAS})")
     g.add_argument("--no-disaggregate", action="store_true",
                    help="skip the disaggregated prefill/decode splits")
+    g.add_argument("--prefill-budget", type=token_count, metavar="N",
+                   help="the splits' prefill side's token budget per step (default --max-num-batched-tokens; no "
+                   "decode shares its steps, so a larger one costs no TPOT)")
+    g.add_argument("--decode-budget", type=token_count, metavar="N",
+                   help="the splits' decode side's token budget per step (default --max-num-batched-tokens)")
     g.add_argument("--gpu-price", metavar="NAME=USD,...",
                    help="US dollars per GPU-hour of each GPU searched (h100-sxm=2.99,h200=3.79): the answer is "
                    "then the cheapest fleet in dollars; no price is built in")
@@ -130,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             max_gpus=max_gpus or None, attainment=args.slo_attainment, routers=routers, budget=args.token_budget,
             max_replicas=args.max_replicas, executor=executor, width=width if executor.name != "serial" else 1,
             disaggregate=not args.no_disaggregate, progress=progress, skipped=skipped, notes=notes,
+            side_budgets=_side_budgets(args),
         )
     answer_setup = next((st for sh, st in setups if fleet.answer is not None
                          and sh == _answer_shape(fleet.answer)), first)
@@ -149,6 +155,13 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             _print_serve(report["serve"], args, report["gpus_per_replica"])
     return served_nothing("plan", fleet.rows) or (0 if fleet.answer is not None else EXIT_NOT_MET)
+
+
+def _side_budgets(args: argparse.Namespace) -> tuple[int, int] | None:
+    """(prefill, decode) token budgets of the splits, or None when neither flag is given."""
+    if args.prefill_budget is None and args.decode_budget is None:
+        return None
+    return (args.prefill_budget or args.token_budget, args.decode_budget or args.token_budget)
 
 
 def _shapes(args: argparse.Namespace) -> list[Shape]:
@@ -523,8 +536,9 @@ def serve_commands(args: argparse.Namespace, header: dict[str, Any],
     if answer is None or answer["kind"] == "aggregated":
         return lines(args.token_budget)
     tp_p, tp_d = answer.get("prefill_tp") or tp, answer.get("decode_tp") or tp
-    return {"prefill": lines(args.token_budget, tp_p) | {"replicas": answer["prefill"], "tp": tp_p},
-            "decode": lines(args.token_budget, tp_d) | {"replicas": answer["decode"], "tp": tp_d}}
+    bp, bd = _side_budgets(args) or (args.token_budget, args.token_budget)
+    return {"prefill": lines(bp, tp_p) | {"replicas": answer["prefill"], "tp": tp_p},
+            "decode": lines(bd, tp_d) | {"replicas": answer["decode"], "tp": tp_d}}
 
 
 @contextmanager
