@@ -320,8 +320,12 @@ def _mixed_splits(fr: FleetResult, searched: list[tuple[ShapeOutcome, Any]], slo
 
             if not under(1, 1):
                 continue
-            b_p, b_d = (_split_bound(fr, op, sp, kw["budget"], kw["side_budgets"]),
-                        _split_bound(fr, od, sd, kw["budget"], kw["side_budgets"]))
+            # The prefill side's bound first (usually known from its shape's search): P_min with one
+            # decode replica may already cost too much, and the decode side's bound is not needed.
+            b_p = _split_bound(fr, op, sp, kw["budget"], kw["side_budgets"])
+            if not under(b_p.p_min, 1):
+                continue
+            b_d = _split_bound(fr, od, sd, kw["budget"], kw["side_budgets"])
             start = (b_p.p_min, b_d.d_min)
             if not under(*start):
                 continue
