@@ -194,3 +194,14 @@ def test_split_order_is_every_allowed_split_nearest_the_balance_first(n, mu_p, m
     target = n * (1 / mu_p) / (1 / mu_p + 1 / mu_d)
     dist = [abs(p - target) for p in order]
     assert all(a <= b + 1e-9 for a, b in zip(dist, dist[1:], strict=False))  # ties at .5 round either way
+
+
+def test_no_fleet_within_the_caps_exits_3(tmp_path, capsys):
+    """4 replicas are needed (1 req/s each at 4 req/s): with --max-replicas 2 no shape meets the SLOs, each
+    simulated at its N0 clamped to 2 (16.67%, as a plain plan would), and plan exits 3 with answer null."""
+    assert main(_argv(_trace(tmp_path), "--gpu", "h100-sxm,h200", "--tp", "2", "--max-replicas", "2",
+                      "--json")) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert report["answer"] is None and report["serve"] is None and report["load"] is None
+    assert sorted((r["gpu"], r["replicas"]) for r in report["rows"]) == [("h100-sxm", 2), ("h200", 2)]
+    assert all(r["attainment"] == pytest.approx(2 / 12) for r in report["rows"])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import permutations
@@ -265,14 +266,19 @@ def plan_fleet(
                    else max_replicas)
         cap = min(max_replicas, by_gpus, by_cost)
         assert out.bound_replicas is not None
-        if cap < 1 or out.bound_replicas > cap:
+        # Under --max-replicas alone the bound is not trusted (plan simulates N0 clamped to it, as a finite
+        # trace whose SLOs allow a queue may need fewer); a price or a --max-gpus cap is.
+        if cap < 1 or (out.bound_replicas > cap and cap < max_replicas):
             unit = "$/h" if priced else "GPUs"
             plural = "s" if out.bound_replicas != 1 else ""
             need = (f"not simulated: its mean load needs at least {out.bound_replicas} replica{plural} "
                     f"({_fmt(out.bound_cost, priced)} {unit})")
-            out.skipped = (f"{need}, more than --max-gpus {shape.gpu}={max_gpus[shape.gpu]} allows"  # type: ignore[index]
-                           if by_gpus < min(by_cost, max_replicas) or best is None
-                           else f"{need}, not below the answer's {_fmt(best['cost'], priced)} {unit}")
+            if max_gpus and shape.gpu in max_gpus and by_gpus < min(by_cost, max_replicas):
+                out.skipped = f"{need}, more than --max-gpus {shape.gpu}={max_gpus[shape.gpu]} allows"
+            elif best is not None and by_cost < max_replicas:
+                out.skipped = f"{need}, not below the answer's {_fmt(best['cost'], priced)} {unit}"
+            else:
+                out.skipped = f"{need}, more than --max-gpus or the answer's cost allows"
             continue
         res = plan(setup, slo_ttft, slo_tpot, attainment=attainment, routers=routers, budget=budget,
                    max_replicas=cap, executor=executor, width=width, disaggregate=disaggregate, link=link,
@@ -343,7 +349,10 @@ def _split_bound(fr: FleetResult, out: ShapeOutcome, setup: Any, budget: int,
     """The shape's P:D bound, computed (two saturated runs, counted) when its search did not."""
     key = (out.shape.gpu, out.shape.tp)
     if key not in fr.split_bounds:
-        fr.split_bounds[key] = split_bound(setup, budget, side_budgets)
+        with warnings.catch_warnings():
+            # The shape's pricing warnings (fp8 on a GPU without FP8 units) are its note already.
+            warnings.simplefilter("ignore")
+            fr.split_bounds[key] = split_bound(setup, budget, side_budgets)
         fr.bound_simulations += 2
     return fr.split_bounds[key]
 
