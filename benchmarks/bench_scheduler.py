@@ -99,7 +99,7 @@ def make(kind: str, n: int, **kw):
 def add(s, rid, prompt, max_new) -> None:
     if isinstance(s, ScanScheduler):
         s.add(rid, prompt, max_new)
-    elif getattr(s, "enable_prefix_caching", False):
+    elif getattr(getattr(s, "config", None), "enable_prefix_caching", False):
         # Stand-ins for chained hashes: equal exactly when the prefix is.
         full = prompt // BLOCK_SIZE
         shared = SHARED_BLOCKS if prompt == PROMPT else 0

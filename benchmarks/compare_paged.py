@@ -58,8 +58,9 @@ def run_pair(args: argparse.Namespace, kv: int, cost: object) -> list[dict[str, 
     summary = summarize_result(res)
     s = made[0]
     computed = summary["total_input_tokens"] + summary["total_output_tokens"]
-    out.append(summary | {"preemptions": s.num_preemptions, "recomputed_tokens": s.num_recomputed_tokens,
-                          "recomputed_share": s.num_recomputed_tokens / computed})
+    st = s.stats()
+    out.append(summary | {"preemptions": st.num_preemptions, "recomputed_tokens": st.num_recomputed_tokens,
+                          "recomputed_share": st.num_recomputed_tokens / computed})
     return out
 
 

@@ -252,7 +252,7 @@ def fake_server_main(argv: list[str]) -> int:
     logging.getLogger("stallfree.server.access").setLevel(logging.WARNING)  # no line per request here
     rc = run_server(app, "127.0.0.1", a.port, ops, log_level="warning")
     # What a drain left: every KV token free, no request held (the soak's SIGTERM phase reads this).
-    print(json.dumps({"kv_free": eng.scheduler.kv_free, "kv_total": eng.scheduler.kv_total,
+    print(json.dumps({"kv_free": eng.scheduler.kv_free, "kv_total": eng.scheduler.stats().kv_total,
                       "unfinished": eng.has_unfinished(), "added": len(eng.added),
                       "refused_to_the_end": drain.num_refused, "drain": drain.summary}),
           flush=True)

@@ -33,7 +33,7 @@ def test_b38_verification_never_passes_max_new_and_a_stop_inside_the_block_is_a_
     assert s.request_state(1).num_generated == 1  # nothing charged before the step is applied
     assert chk.complete(plan, stopped=[2], num_accepted={1: 3, 2: 2}) == (1, 2)
     assert s.last_finished == {1: FinishReason.LENGTH, 2: FinishReason.STOP}
-    assert not s.has_unfinished() and s.kv_free == s.kv_total
+    assert not s.has_unfinished() and s.kv_free == s.stats().kv_total
     chk.check_final()
 
 
@@ -118,10 +118,10 @@ def test_b41_abort_while_recomputing_reclaims_every_block_at_complete():
     s = chk.scheduler
     chk.complete(chk.schedule())  # step 9: a finishes
     plan = chk.schedule()
-    assert plan.admitted == ("b",) and s.num_used_blocks == 2
+    assert plan.admitted == ("b",) and s.stats().num_used_blocks == 2
     chk.abort("b")
     assert s.num_running == 1  # deferred: the engine may still be writing its KV
     assert chk.complete(plan) == ()
     assert s.last_finished == {"b": FinishReason.ABORT}
-    assert s.num_free_blocks == s.num_blocks and not s.has_unfinished()
+    assert s.stats().num_free_blocks == s.stats().num_blocks and not s.has_unfinished()
     chk.check_final()

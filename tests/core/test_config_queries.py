@@ -33,7 +33,9 @@ def test_config_and_keyword_forms_build_the_same_scheduler():
     b = Scheduler(16, 3, 64, **kw)
     assert a.config == b.config == cfg
     assert _plans(a, reqs, 30) == _plans(b, [dataclasses.replace(r) for r in reqs], 30)
-    assert (a.num_blocks, a.watermark_blocks, a.align_chunks, a.max_long_partial_prefills) == (16, 0, False, 1)
+    st = a.stats()
+    assert (st.num_blocks, st.watermark_blocks, a.config.chunks_aligned, a.config.partial_prefill_limits[1]) == (
+        16, 0, False, 1)
 
 
 def test_config_is_frozen_and_checked_in_one_place():
@@ -116,7 +118,7 @@ def test_would_wait_equals_the_next_step(seed):
         assert guess == sum(1 for r in new if s.request_state(r.rid).status.name == "WAITING")
         checked += bool(new)
         s.complete(plan)
-    assert checked > 10 and s.num_preemptions + s.prefix_cache_hits > 0
+    assert checked > 10 and s.stats().num_preemptions + s.stats().prefix_cache_hits > 0
 
 
 def test_a_snapshot_runs_on_exactly_as_the_original():

@@ -90,9 +90,9 @@ def test_drafts_never_preempt():
     chk.set_draft_tokens("b", 4)
     plan = chk.schedule()
     assert plan.decode_tokens == (5, 1) and plan.preempted == ()
-    assert chk.scheduler.num_free_blocks == 0
+    assert chk.scheduler.stats().num_free_blocks == 0
     chk.complete(plan, num_accepted={"a": 1})  # all of a's drafts rejected: its second block goes back
-    assert chk.scheduler.num_free_blocks == 1
+    assert chk.scheduler.stats().num_free_blocks == 1
 
 
 def test_a_decode_at_its_last_token_waits_for_its_verdict():

@@ -44,10 +44,12 @@ def test_bad_kv_configuration_is_invalid_config_naming_the_field(kw, field):
 def test_paged_pool_is_kv_tokens_over_block_size_rounded_down_and_paged_scheduler_is_the_same_class():
     """kv_tokens // block_size blocks; PagedScheduler(...) builds a Scheduler with kv_policy="paged"."""
     s = Scheduler(8, 4, 1001, kv_policy="paged", block_size=16)
-    assert (s.num_blocks, s.kv_total, s.kv_policy, s.align_chunks) == (62, 992, "paged", False)
+    st = s.stats()
+    assert (st.num_blocks, st.kv_total, s.config.kv_policy, s.config.chunks_aligned) == (62, 992, "paged", False)
     p = PagedScheduler(8, 4, 62, 16, 0.01)
-    assert isinstance(p, Scheduler) and (p.num_blocks, p.kv_total, p.kv_policy) == (62, 992, "paged")
-    assert Scheduler(16, 4, 1001, block_size=16).align_chunks is True
+    pt = p.stats()
+    assert isinstance(p, Scheduler) and (pt.num_blocks, pt.kv_total, p.config.kv_policy) == (62, 992, "paged")
+    assert Scheduler(16, 4, 1001, block_size=16).config.chunks_aligned is True
     assert Scheduler(16, 4, 1001, block_size=16).block_table is not None  # ids out of the reservations
     assert Scheduler(16, 4, 1001).block_table is None  # no block size: tokens are counted, not blocks
 
@@ -119,7 +121,7 @@ def test_paged_kv_that_never_binds_plans_exactly_like_the_reservation_policy(opt
             assert res.complete(a, stopped, acc) == pag.complete(b, stopped, acc)
             assert res.last_finished == pag.last_finished
             assert res.step < 20_000
-        assert not pag.has_unfinished() and pag.num_free_blocks == pag.num_blocks
+        assert not pag.has_unfinished() and pag.stats().num_free_blocks == pag.stats().num_blocks
 
 
 def _paged_maker(options: dict[str, object]):
@@ -210,4 +212,4 @@ def test_reserve_tables_read_like_an_engine_cover_each_entry_and_keep_the_plans(
             stopped = [r for r in plan.sampled_rids if rng.random() < 0.05]
             acc = {c.rid: rng.randint(1, c.num_tokens) for c in plan.decodes} if spec else None
             assert chk.complete(plan, stopped, acc) == twin.complete(other, stopped, acc)
-        assert s.kv_free == s.kv_total and len(s.free_block_ids()) == s.kv_total // 4
+        assert s.kv_free == s.stats().kv_total and len(s.free_block_ids()) == s.stats().kv_total // 4

@@ -217,6 +217,6 @@ def test_the_scheduler_has_no_branch_on_the_kv_policy_or_caching():
 
 def test_the_scheduler_module_does_not_mention_kv_policies_or_caching():
     """core/scheduler.py plans steps without a word of the KV policies or of prefix caching (they are
-    SchedulerConfig's, core/kv.py's and core/queries.py's)."""
+    SchedulerConfig's, core/kv/'s and core/queries.py's)."""
     text = inspect.getsource(scheduler_module).lower()
     assert [w for w in ("paged", "reserve", "caching", "cached", "prefix", "watermark", "kv_policy") if w in text] == []

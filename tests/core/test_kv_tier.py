@@ -51,7 +51,7 @@ def test_evicted_blocks_move_to_the_cpu_tier_and_load_back_on_a_hit():
     # into GPU 0 (free), 1 and 2 (just offloaded).
     assert first.kv_offloads == ((1, 3), (2, 4), (3, 5))
     assert first.kv_loads == ((2, 0), (1, 1), (0, 2))
-    assert s.prefix_cache_hits == 12 and kv.tier_stats.cpu_hits == 12 and kv.tier_stats.gpu_hits == 0
+    assert s.stats().prefix_cache_hits == 12 and kv.tier_stats.cpu_hits == 12 and kv.tier_stats.gpu_hits == 0
     assert dict(kv.tier_view().block_of) == {"r": 3, "q": 4, "p": 5}
 
 

@@ -192,7 +192,7 @@ def test_block_aligned_b26_plans():
 def test_block_aligned_reserves_whole_blocks():
     """KV is reserved as ceil((prompt+max_new)/B) blocks out of floor(kv_tokens/B); too many blocks is rejected."""
     s = make_scheduler(token_budget=8, kv_tokens=102, block_size=4)
-    assert s.kv_total == 100
+    assert s.stats().kv_total == 100
     s.add(Request(1, 21, 2))  # 23 tokens -> 6 blocks = 24 tokens
     s.schedule()
     assert s.kv_free == 76

@@ -39,7 +39,7 @@ def snapshot(s: PagedScheduler):
     for rid in list(s._live):
         st = s.request_state(rid)
         live[rid] = (st.status, st.num_prefilled, st.num_generated, st.num_preemptions, s.block_table(rid))
-    return (s.num_free_blocks, s.kv_free, s.num_waiting, s.num_running, s.step, s.num_preemptions, live)
+    return (s.stats().num_free_blocks, s.kv_free, s.num_waiting, s.num_running, s.step, s.stats().num_preemptions, live)
 
 
 def trace(chk, arrivals, last_step=None):
@@ -57,7 +57,7 @@ def trace(chk, arrivals, last_step=None):
         out[step] = {
             "plan": [(c.rid, c.num_tokens) for c in plan], "admitted": plan.admitted,
             "preempted": plan.preempted, "emitted": emitted, "finished": dict(chk.scheduler.last_finished),
-            "used": chk.scheduler.num_used_blocks,
+            "used": chk.scheduler.stats().num_used_blocks,
         }
         step += 1
         assert last_step is None or step <= last_step + 1, "did not finish in time"
@@ -92,9 +92,9 @@ def test_bad_config_names_field_and_value(field, value):
 def test_capacity_reported_in_tokens_and_watermark_in_blocks():
     """kv_total and kv_free are blocks x block_size; watermark_blocks is floor(watermark x num_blocks)."""
     s = PagedScheduler(8, 4, num_blocks=99, block_size=16, watermark=0.01)
-    assert (s.kv_total, s.kv_free, s.num_free_blocks, s.watermark_blocks) == (1584, 1584, 99, 0)
-    assert PagedScheduler(8, 4, num_blocks=100, block_size=16, watermark=0.01).watermark_blocks == 1
-    assert PagedScheduler(8, 4, num_blocks=10, block_size=1, watermark=0.25).watermark_blocks == 2
+    assert (s.stats().kv_total, s.kv_free, s.stats().num_free_blocks, s.stats().watermark_blocks) == (1584, 1584, 99, 0)
+    assert PagedScheduler(8, 4, num_blocks=100, block_size=16, watermark=0.01).stats().watermark_blocks == 1
+    assert PagedScheduler(8, 4, num_blocks=10, block_size=1, watermark=0.25).stats().watermark_blocks == 2
 
 
 def test_never_fits_rejected_by_blocks_of_prompt_plus_max_new_minus_one():
@@ -149,7 +149,7 @@ def test_blocks_taken_as_tokens_are_scheduled_and_freed_at_finish():
     assert chunks == [[(8, 0, True)], [(2, 8, True)], [(1, 10, False)], [(1, 11, False)], [(1, 12, False)],
                       [(1, 13, False)], [(1, 14, False)]]
     assert tables == [(0, 1), (0, 1, 2), (0, 1, 2), (0, 1, 2), (0, 1, 2, 3), (0, 1, 2, 3), None]
-    assert s.num_free_blocks == 10 and s.last_finished == {"r": FinishReason.LENGTH}
+    assert s.stats().num_free_blocks == 10 and s.last_finished == {"r": FinishReason.LENGTH}
 
 
 def test_hand_trace_and_empty_plan_as_in_the_core():
@@ -193,7 +193,7 @@ def test_watermark_keeps_blocks_free_at_admission_in_fcfs_order():
     for rid, prompt in (("a", 16), ("b", 16), ("c", 4), ("d", 1)):
         s.add(Request(rid, prompt, 2))
     plan = s.schedule()
-    assert plan.admitted == ("a", "b") and s.num_free_blocks == 2 and s.num_waiting == 2
+    assert plan.admitted == ("a", "b") and s.stats().num_free_blocks == 2 and s.num_waiting == 2
 
 
 def test_watermark_waived_when_nothing_runs():
@@ -220,7 +220,7 @@ def test_victims_are_the_newest_and_requeue_in_arrival_order():
     assert out[4]["plan"] == [("c", 3), ("d", 3)] and out[4]["emitted"] == ("c", "d")
     assert steps_where(out, "admitted") == {"a": 1, "b": 1, "c": 4, "d": 4, "e": 6}
     assert steps_where(out, "finished") == {"a": 3, "b": 3, "c": 5, "d": 5, "e": 6}
-    assert chk.scheduler.num_preemptions == 2 and chk.scheduler.num_recomputed_tokens == 6
+    assert chk.scheduler.stats().num_preemptions == 2 and chk.scheduler.stats().num_recomputed_tokens == 6
     emitted = [rid for row in out.values() for rid in row["emitted"]]
     assert {rid: emitted.count(rid) for rid in "abcde"} == {"a": 3, "b": 3, "c": 3, "d": 3, "e": 1}
 
@@ -240,13 +240,13 @@ def test_decode_that_is_the_newest_preempts_itself_and_returns_when_its_whole_re
         plan = chk.schedule()
         prefills.append([(c.rid, c.num_tokens) for c in plan.prefills])
         chk.complete(plan)
-    assert prefills == [[("a", 2), ("c", 2)], [("c", 3)], [("c", 1)]] and s.num_free_blocks == 1
+    assert prefills == [[("a", 2), ("c", 2)], [("c", 3)], [("c", 1)]] and s.stats().num_free_blocks == 1
     plan = chk.schedule()
     assert plan.decode_rids == ("a",) and plan.preempted == ("c",) and plan.admitted == ()
     st = s.request_state("c")
     assert (st.status, st.num_generated, st.num_prefilled, st.num_preemptions) == (
         RequestStatus.PREEMPTED, 1, 0, 1)
-    assert s.block_table("c") == () and s.num_free_blocks == 3
+    assert s.block_table("c") == () and s.stats().num_free_blocks == 3
     chk.complete(plan)
     rows = {}
     while s.has_unfinished():
@@ -258,7 +258,7 @@ def test_decode_that_is_the_newest_preempts_itself_and_returns_when_its_whole_re
     assert rows[11] == ([("c", 4, 0, False)], ("c",), (), {})
     assert rows[12] == ([("c", 3, 4, True)], (), ("c",), {})
     assert rows[17][3] == {"c": FinishReason.LENGTH}
-    assert s.num_recomputed_tokens == 7
+    assert s.stats().num_recomputed_tokens == 7
     chk.check_final()
 
 
@@ -296,7 +296,7 @@ def test_stop_frees_blocks_and_bad_stopped_changes_nothing():
         s.complete(plan, stopped=["a", "b"])
     assert snapshot(s) == before
     assert s.complete(plan, stopped=["a"]) == ("a",)
-    assert s.last_finished == {"a": FinishReason.STOP} and s.num_free_blocks == 9
+    assert s.last_finished == {"a": FinishReason.STOP} and s.stats().num_free_blocks == 9
 
 
 def test_abort_running_waiting_and_in_flight():
@@ -306,15 +306,15 @@ def test_abort_running_waiting_and_in_flight():
     for rid in ("a", "b", "w"):
         s.add(Request(rid, 4, 10))
     s.complete(s.schedule())
-    assert s.num_free_blocks == 8
+    assert s.stats().num_free_blocks == 8
     s.abort("a")
     s.abort("w")
-    assert s.num_free_blocks == 9 and s.num_waiting == 0 and s.last_finished == {}
+    assert s.stats().num_free_blocks == 9 and s.num_waiting == 0 and s.last_finished == {}
     plan = s.schedule()
     s.abort("b")
-    assert s.num_free_blocks == 8 and s.block_table("b") == (1, 0)  # the engine may be writing its KV
+    assert s.stats().num_free_blocks == 8 and s.block_table("b") == (1, 0)  # the engine may be writing its KV
     assert s.complete(plan) == ()
-    assert s.last_finished == {"b": FinishReason.ABORT} and s.num_free_blocks == 10
+    assert s.last_finished == {"b": FinishReason.ABORT} and s.stats().num_free_blocks == 10
     s.abort("b")
     assert not s.has_unfinished()
 
@@ -357,7 +357,7 @@ def test_b21_preemption_thrashing_facts():
     out = trace(chk, scenario_arrivals(case))
     emitted = [rid for row in out.values() for rid in row["emitted"]]
     assert {rid: emitted.count(rid) for rid in (1, 2, 3)} == {1: 16, 2: 16, 3: 4}
-    assert all(row["used"] <= 8 for row in out.values()) and s.num_free_blocks == 8
+    assert all(row["used"] <= 8 for row in out.values()) and s.stats().num_free_blocks == 8
     assert chk.num_preemptions >= 1 and chk.max_preemptions_of_one <= 2
     assert not any(set(row["admitted"]) & set(row["preempted"]) for row in out.values())
     # Hand-worked: rid 3 takes the last 2 blocks at step 3 and is its own victim at step 4 (its decode at
@@ -367,7 +367,7 @@ def test_b21_preemption_thrashing_facts():
     assert out[17]["plan"] == [(2, 16)] and out[18]["plan"] == [(2, 1), (3, 9)]
     assert steps_where(out, "admitted") == {1: 1, 2: 17, 3: 18}
     assert steps_where(out, "finished") == {1: 16, 3: 20, 2: 24}
-    assert s.num_recomputed_tokens == (8 + 9) + (8 + 1)
+    assert s.stats().num_recomputed_tokens == (8 + 9) + (8 + 1)
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])

@@ -77,7 +77,7 @@ def test_contract_unchanged_with_k_one():
     """max_num_partial_prefills=1 (the default) gives the contract's plans: the hand trace of DESIGN
     (budget 8, one decode, a 20-token prompt -> chunks 7, 7, 6)."""
     s = Scheduler(8, 4, 1000, max_num_partial_prefills=1)
-    assert (s.max_num_partial_prefills, s.max_long_partial_prefills, s.long_prefill_token_threshold) == (1, 1, None)
+    assert s.config.partial_prefill_limits == (1, 1, None)
     chk = InvariantChecker(s)
     chk.add(Request("d", 1, 10))
     _step(chk)

@@ -78,7 +78,7 @@ def test_second_request_hits_the_first_ones_full_blocks():
     assert s.block_table(2)[:2] == s.block_table(1)[:2]
     assert s.block_table(2)[2] != s.block_table(1)[2]
     s.complete(plan)
-    assert (s.prefix_cache_queries, s.prefix_cache_hits, s.num_cached_tokens(2)) == (80, 32, 32)
+    assert (s.stats().prefix_cache_queries, s.stats().prefix_cache_hits, s.num_cached_tokens(2)) == (80, 32, 32)
     assert s.request_state(2).num_prefilled == 40
 
 
@@ -113,7 +113,7 @@ def test_blocks_of_a_prompt_still_prefilling_are_reusable_after_their_chunk():
     s.add(hashed(1, toks, 2))
     s.complete(s.schedule())
     s.complete(s.schedule())
-    assert s.prefix_cache_hits == 0
+    assert s.stats().prefix_cache_hits == 0
     s.add(hashed(2, toks, 2))
     s.complete(s.schedule())  # chunk 3 of request 1
     plan = s.schedule()  # chunk 4 of request 1 uses the budget
@@ -130,10 +130,10 @@ def test_evictable_blocks_count_as_free_and_lru_tail_goes_first():
     s = cached(budget=16, kv_tokens=16, block_size=4)
     s.add(hashed(1, list(range(8)), 1, bs=4))
     run_to_end(s)
-    assert (s.num_free_blocks, s.num_evictable_blocks, s.num_used_blocks) == (4, 2, 0)
+    assert (s.stats().num_free_blocks, s.stats().num_evictable_blocks, s.stats().num_used_blocks) == (4, 2, 0)
     s.add(hashed(2, list(range(100, 112)), 1, bs=4))
     s.complete(s.schedule())
-    assert s.num_evictions == 1
+    assert s.stats().num_evictions == 1
     cache = s._kv.cache
     h1 = hash_blocks(list(range(8)), 4)
     assert cache.cached_block(h1[0]) is not None and cache.cached_block(h1[1]) is None
@@ -153,7 +153,7 @@ def test_same_block_filled_twice_in_one_step_keeps_the_first_in_plan_order():
     cache = s._kv.cache
     assert cache.cached_block(hash_blocks(toks, 16)[0]) == b1
     assert cache.hash_of(b2) is None
-    assert (s.num_evictable_blocks, s.num_free_blocks) == (1, 64)
+    assert (s.stats().num_evictable_blocks, s.stats().num_free_blocks) == (1, 64)
 
 
 def test_preempted_request_hits_its_own_blocks_on_readmission():
@@ -171,13 +171,13 @@ def test_preempted_request_hits_its_own_blocks_on_readmission():
     while s.has_unfinished():
         plan = chk.schedule()
         seen[plan.step] = ([(c.rid, c.num_tokens, c.start) for c in plan.prefills], plan.preempted,
-                           s.num_evictable_blocks)
+                           s.stats().num_evictable_blocks)
         chk.complete(plan)
     chk.check_final()
     assert seen[4][1] == (2,) and seen[4][2] == 2
-    assert seen[9][2] == 1 and s.num_evictions >= 1
+    assert seen[9][2] == 1 and s.stats().num_evictions >= 1
     assert seen[12][0] == [(2, 9, 4)]
-    assert (s.prefix_cache_hits, s.prefix_cache_queries) == (4, 8 + 9 + 13)
+    assert (s.stats().prefix_cache_hits, s.stats().prefix_cache_queries) == (4, 8 + 9 + 13)
 
 
 # ---------------------------------------------------------------- bad input
@@ -239,7 +239,7 @@ def test_partial_prefills_look_up_hits_and_judge_long_after_them():
     chk.add(hashed("a", a, 1))
     while s.has_unfinished():
         chk.complete(chk.schedule())
-    queries, hits = s.prefix_cache_queries, s.prefix_cache_hits
+    queries, hits = s.stats().prefix_cache_queries, s.stats().prefix_cache_hits
     chk.add(hashed("b", list(range(100, 140)), 1))
     chk.add(hashed("c", a[:32] + [7] * 8, 1))
     plan = chk.schedule()
@@ -251,7 +251,7 @@ def test_partial_prefills_look_up_hits_and_judge_long_after_them():
     plan = chk.schedule()
     assert [(c.rid, c.num_tokens, c.start, c.is_last) for c in plan.prefills] == [("b", 8, 32, True)]
     chk.complete(plan)
-    assert (s.prefix_cache_queries - queries, s.prefix_cache_hits - hits) == (80, 32)
+    assert (s.stats().prefix_cache_queries - queries, s.stats().prefix_cache_hits - hits) == (80, 32)
     chk.check_final()
 
 
@@ -309,9 +309,9 @@ def test_randomized_runs_with_caching_hold_every_invariant(capsys):
     for seed in range(40):
         chk = random_cached_run(seed)
         s = chk.scheduler
-        hits += s.prefix_cache_hits
-        multi_hits += s.prefix_cache_hits if s.max_num_partial_prefills > 1 else 0
-        evictions += s.num_evictions
+        hits += s.stats().prefix_cache_hits
+        multi_hits += s.stats().prefix_cache_hits if s.config.max_num_partial_prefills > 1 else 0
+        evictions += s.stats().num_evictions
         preemptions += chk.num_preemptions
     with capsys.disabled():
         print(f"\n[prefix caching invariants] 40 runs: {hits} hit tokens, {evictions} evictions, "

@@ -30,7 +30,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def add(self, prompt, max_new):
         rid = self.next_rid
         self.next_rid += 1
-        if prompt + max_new > self.chk.scheduler.kv_total:
+        if prompt + max_new > self.chk.scheduler.stats().kv_total:
             before = self.state()
             with pytest.raises(ValueError, match="never fit"):
                 self.chk.add(Request(rid, prompt, max_new))
@@ -107,8 +107,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def kv_in_range(self):
         s = self.chk.scheduler
-        assert 0 <= s.kv_free <= s.kv_total
-        assert s.num_running <= s.max_seqs
+        assert 0 <= s.kv_free <= s.stats().kv_total
+        assert s.num_running <= s.config.max_seqs
 
     def teardown(self):
         if self.plan is not None:

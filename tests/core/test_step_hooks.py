@@ -290,17 +290,17 @@ def test_waiting_order_peek_and_membership_by_hand():
     """FCFS, budget 3, prompts of 3 tokens: A, B, then C at the front. The queue reads C, A, B; C is admitted
     first, and once its one token is out it is no longer a member."""
     s = make_scheduler(token_budget=3)
-    assert s.waiting_order() == () and s.peek_waiting() is None and not s.has_request("A")
+    assert s.waiting_order() == () and s.peek_waiting() is None and "A" not in s
     s.add(Request("A", 3, 1))
     s.add(Request("B", 3, 1))
     s.add(Request("C", 3, 1), front=True)
     assert s.waiting_order() == ("C", "A", "B") and s.peek_waiting() == "C"
-    assert s.has_request("A") and "B" in s and "Z" not in s and [1] not in s
+    assert "A" in s and "B" in s and "Z" not in s and [1] not in s
     plan = s.schedule()
     assert plan.admitted == ("C",) and s.waiting_order() == ("A", "B") and s.peek_waiting() == "A"
     assert "C" in s  # running while its step is in flight
     s.complete(plan)
-    assert "C" not in s and not s.has_request("C") and s.waiting_order() == ("A", "B")
+    assert "C" not in s and s.waiting_order() == ("A", "B")
     s.abort("B")
     assert s.waiting_order() == ("A",) and "B" not in s
 
@@ -386,10 +386,10 @@ def test_a_filter_answer_that_is_not_a_bool_is_refused_and_nothing_changes(answe
         s.add(Request("B", 6, 2))
         return s
     s, twin = build(), build()
-    free = s.num_free_blocks
+    free = s.stats().num_free_blocks
     with pytest.raises(InvalidConfig, match=rf"admit\('B'\) must return a bool, got {answer!r}"):
         s.schedule(admit=lambda rid: True if rid == "A" else answer)
-    assert s.waiting_order() == ("A", "B") and s.num_free_blocks == free and s.step == twin.step
+    assert s.waiting_order() == ("A", "B") and s.stats().num_free_blocks == free and s.step == twin.step
     got, want = s.schedule(), twin.schedule()
     assert (got.decode_rids, _chunks(got), got.admitted) == (want.decode_rids, _chunks(want), want.admitted)
     assert _chunks(got) == [("A", 4, 0, True), ("B", 3, 0, False)]

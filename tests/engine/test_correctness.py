@@ -93,8 +93,8 @@ def test_batched_chunked_equals_alone(make_engine, model, prompt_ids, alone, bud
     assert chunked == (budget < max(len(p) for p in prompt_ids))
     for i, ids in enumerate(prompt_ids):
         assert_same_or_tied(model, ids, got[i], alone[i])
-    assert eng.scheduler.kv_free == eng.scheduler.kv_total
-    assert eng.scheduler.num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
+    assert eng.scheduler.kv_free == eng.scheduler.stats().kv_total
+    assert eng.scheduler.stats().num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
 
 
 def test_alone_equals_transformers_generate(hf_model, model, prompt_ids, alone):
@@ -168,6 +168,6 @@ def test_paged_scheduler_with_preemption_equals_alone(make_engine, prompt_ids, a
     while eng.has_unfinished():
         for o in eng.step():
             got[o.rid] += o.new_token_ids
-    assert sched.num_preemptions > 0 and sched.num_recomputed_tokens > 0
+    assert sched.stats().num_preemptions > 0 and sched.stats().num_recomputed_tokens > 0
     assert [got[i] for i in range(len(prompt_ids))] == alone
-    assert sched.num_free_blocks == 8
+    assert sched.stats().num_free_blocks == 8

@@ -152,8 +152,8 @@ def test_abort_releases_kv_and_keeps_others(make_engine, run_to_end, when):
         outs.setdefault(rid, []).extend(more)
     assert [t for o in outs["keep"] for t in o.new_token_ids] == [7042, 30, 198]
     assert all(not o.finished for o in outs.get("x", []))
-    assert eng.scheduler.kv_free == eng.scheduler.kv_total
-    assert eng.scheduler.num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
+    assert eng.scheduler.kv_free == eng.scheduler.stats().kv_total
+    assert eng.scheduler.stats().num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
     eng.abort("x")  # already gone: a no-op
     with pytest.raises(KeyError):
         eng.abort("never-added")
@@ -184,8 +184,8 @@ def test_failed_step_is_retried_and_abort_recovers(make_engine, run_to_end, monk
     outs = run_to_end(eng)
     assert [t for o in outs["good"] for t in o.new_token_ids] == [7042, 30, 198]
     assert "bad" not in outs
-    assert eng.scheduler.kv_free == eng.scheduler.kv_total
-    assert eng.scheduler.num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
+    assert eng.scheduler.kv_free == eng.scheduler.stats().kv_total
+    assert eng.scheduler.stats().num_free_blocks == eng.kv.num_blocks == len(eng.scheduler.free_block_ids())
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(make_engine, run_to_end):
@@ -219,8 +219,8 @@ def test_engine_reports_model_facts(make_engine):
     """The engine exposes the model's name, context length and EOS ids, and the scheduler's state."""
     eng = make_engine(token_budget=32, max_seqs=3, kv_tokens=1000)
     assert (eng.model_name, eng.max_model_len, eng.eos_token_ids) == ("SmolLM2-135M-Instruct", 8192, (2,))
-    assert (eng.scheduler.kv_total, eng.scheduler.num_running, eng.scheduler.num_waiting) == (63 * 16, 0, 0)
-    assert eng.kv.num_blocks == eng.scheduler.num_free_blocks == 63  # ceil(1000 / 16): the scheduler's pool
+    assert (eng.scheduler.stats().kv_total, eng.scheduler.num_running, eng.scheduler.num_waiting) == (63 * 16, 0, 0)
+    assert eng.kv.num_blocks == eng.scheduler.stats().num_free_blocks == 63  # ceil(1000 / 16): the scheduler's pool
     assert eng.step() == [] and eng.last_plan.num_tokens == 0
 
 
@@ -231,11 +231,11 @@ def test_default_kv_tokens_fit_two_gib(model, checkpoint):
 
     eng = LLMEngine(model, checkpoint.tokenizer)
     assert min(8192 * 64, 2**31 // (2 * 30 * 3 * 64 * 4)) == 46603
-    assert eng.scheduler.kv_total == 2913 * 16 and eng.kv.num_blocks == 2913
+    assert eng.scheduler.stats().kv_total == 2913 * 16 and eng.kv.num_blocks == 2913
     assert (eng.info.token_budget, eng.info.max_seqs) == (512, 64)
     with pytest.warns(DeprecationWarning, match="LLMEngine"):  # the former keyword form, one release more
         old = LLMEngine(model, checkpoint.tokenizer, token_budget=16, max_seqs=64)
-    assert old.scheduler.kv_total == 2913 * 16 and old.info.token_budget == 16
+    assert old.scheduler.stats().kv_total == 2913 * 16 and old.info.token_budget == 16
 
 
 def test_device_and_dtype_names_are_checked():
@@ -383,7 +383,7 @@ def test_engine_follows_a_reservation_schedulers_tables(model, checkpoint, run_t
     eng.add_request("a", PARIS, SamplingParams(max_tokens=3, **GREEDY))
     outs = run_to_end(eng)
     assert [t for o in outs["a"] for t in o.new_token_ids] == [7042, 30, 198]
-    assert sched.num_free_blocks == 8 == len(sched.free_block_ids())
+    assert sched.stats().num_free_blocks == 8 == len(sched.free_block_ids())
 
 
 def test_engine_refuses_a_scheduler_without_block_tables(model, checkpoint):
@@ -425,4 +425,4 @@ def test_sampling_fault_fails_one_request_and_not_the_step(make_engine, run_to_e
     (last,) = outs["bad"]
     assert (last.finished, last.finish_reason, last.new_token_ids) == (True, "error", [])
     assert "sampling failed" in last.error and "temperature=1.3" in last.error
-    assert eng.scheduler.kv_free == eng.scheduler.kv_total and not eng.has_unfinished()
+    assert eng.scheduler.kv_free == eng.scheduler.stats().kv_total and not eng.has_unfinished()

@@ -24,7 +24,7 @@ def test_scheduler_tables_grow_at_block_boundaries_and_blocks_are_reused():
     table = s.block_table
     assert table is not None
     p = s.schedule()  # x's 3 prompt tokens, y's 5
-    assert (table("x"), table("x"), table("y")) == ((0,), (0,), (1, 2)) and s.num_free_blocks == 0
+    assert (table("x"), table("x"), table("y")) == ((0,), (0,), (1, 2)) and s.stats().num_free_blocks == 0
     s.complete(p)
     p = s.schedule()  # x's decode at position 3: still block 0
     assert (table("x"), table("y")) == ((0,), (1, 2))

@@ -50,9 +50,9 @@ def test_tier_on_and_off_give_the_same_greedy_outputs_and_hits_after_an_eviction
     tier = make_engine(**kw, enable_prefix_caching=True, cpu_kv_tokens=16 * 16)
     on_tier = run(tier, sched)
     assert on_tier == off == on_gpu and on_tier["a"] == on_tier["b"]
-    assert gpu.scheduler.prefix_cache_hits == 16
+    assert gpu.scheduler.stats().prefix_cache_hits == 16
     st = tier.stats()
-    assert tier.scheduler.prefix_cache_hits == 64 and st.prefix_cache_cpu_hits == 48
+    assert tier.scheduler.stats().prefix_cache_hits == 64 and st.prefix_cache_cpu_hits == 48
     assert st.kv_blocks_loaded == 3 and st.kv_blocks_offloaded >= 3
 
 

@@ -104,5 +104,5 @@ def test_b39_recompute_after_preemption(model, checkpoint, fill):
             got[o.rid] += o.new_token_ids
     assert got == {"a": [7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34],
                    "b": [1876, 28, 2531, 28, 2976, 28, 4962, 28, 4475, 28]}
-    assert (sched.num_preemptions, sched.num_recomputed_tokens) == (1, 13)
-    assert sched.num_free_blocks == 6
+    assert (sched.stats().num_preemptions, sched.stats().num_recomputed_tokens) == (1, 13)
+    assert sched.stats().num_free_blocks == 6

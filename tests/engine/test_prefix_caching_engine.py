@@ -26,7 +26,7 @@ def both(make_engine, schedule, params=GREEDY, **kw):
     eng = make_engine(kv_policy="paged", block_size=16, enable_prefix_caching=True, **kw)
     on = run(eng, schedule, params)
     both.last = eng  # type: ignore[attr-defined]
-    return off, on, eng.scheduler.prefix_cache_hits
+    return off, on, eng.scheduler.stats().prefix_cache_hits
 
 
 SYSTEM = list(range(100, 164))  # 64 tokens: 4 blocks
@@ -70,7 +70,7 @@ def test_hit_after_preemption(make_engine):
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     off, on, hits = both(make_engine, sched, params, kv_tokens=16 * 8)
     assert on == off
-    assert both.last.scheduler.num_preemptions >= 1  # type: ignore[attr-defined]
+    assert both.last.scheduler.stats().num_preemptions >= 1  # type: ignore[attr-defined]
     assert hits >= 64
 
 

@@ -125,7 +125,7 @@ def test_preemption_goes_through_vllms_path_and_every_request_completes():
     records = harness.run_workload(s, {0: reqs})
     preempted = [rid for r in records for rid in r.preempted]
     assert preempted and "r0" not in preempted
-    assert s.stallfree.num_preemptions == len(preempted)
+    assert s.stallfree.stats().num_preemptions == len(preempted)
     assert [len(r.output_token_ids) for r in reqs] == [40, 40, 40, 40]
     assert s.kv_cache_manager.block_pool.get_num_free_blocks() == 8
 
@@ -141,7 +141,7 @@ def test_prefix_cache_hit_starts_the_prefill_after_it():
     second = harness.make_request("b", 64, 2, prompt_token_ids=ids)
     records = harness.run_workload(s, {0: [second]})
     assert records[0].tokens == {"b": 16}
-    assert s.stallfree.prefix_cache_hits == 48
+    assert s.stallfree.stats().prefix_cache_hits == 48
 
 
 def test_a_request_vllm_stops_ends_in_the_core():
@@ -561,8 +561,7 @@ def test_stallfree_options_from_additional_config():
              "decode_overflow": "rotate"}
     s = harness.make_scheduler(sv.SyncScheduler, additional_config={"stallfree": extra}, max_model_len=256)
     core = s.stallfree
-    assert (core.max_num_partial_prefills, core.max_long_partial_prefills, core.long_prefill_token_threshold,
-            core.decode_overflow) == (4, 2, 64, "rotate")
+    assert (*core.config.partial_prefill_limits, core.config.decode_overflow) == (4, 2, 64, "rotate")
     with pytest.raises(InvalidConfig, match="unknown key.*'aging'"):
         harness.make_scheduler(sv.SyncScheduler, additional_config={"stallfree": {"aging": 3}})
 

@@ -142,8 +142,8 @@ class FakeEngine:
         self._info = EngineInfo(
             model_name="fake-model", vocab_size=0x110000, max_model_len=max_model_len, max_token_chars=4,
             max_token_bytes=4,
-            token_budget=token_budget, max_seqs=max_seqs, kv_total_tokens=self.scheduler.kv_total,
-            num_blocks=self.scheduler.kv_total // block_size, block_size=block_size, kv_policy=kv_policy,
+            token_budget=token_budget, max_seqs=max_seqs, kv_total_tokens=self.scheduler.stats().kv_total,
+            num_blocks=self.scheduler.stats().kv_total // block_size, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy,
         )
 
@@ -175,7 +175,7 @@ class FakeEngine:
         s = self.scheduler
         h = s.headroom()
         reserve = self.kv_policy != "paged"
-        kv = h.kv_free if reserve else (h.num_free_blocks - s.watermark_blocks) * self.block_size
+        kv = h.kv_free if reserve else (h.num_free_blocks - s.stats().watermark_blocks) * self.block_size
         return Headroom(h.will_wait, h.slots, kv, h.budget_tokens, reserve, self.block_size)
 
     def admission(self) -> Admission:

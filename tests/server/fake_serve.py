@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = {r: state.metrics.registry.get_sample_value(
         "stallfree_request_success_total", {"model_name": "fake-model", "finished_reason": r}) or 0.0
         for r in ("stop", "length", "abort", "error")}
-    print(json.dumps({"kv_free": eng.scheduler.kv_free, "kv_total": eng.scheduler.kv_total,
+    print(json.dumps({"kv_free": eng.scheduler.kv_free, "kv_total": eng.scheduler.stats().kv_total,
                       "unfinished": eng.has_unfinished(), "added": len(eng.added), "outcomes": outcomes,
                       "summary": drain.summary}), flush=True)
     return rc

@@ -31,7 +31,7 @@ def make_config(**kw: Any) -> ServerConfig:
 def assert_all_free(engine: FakeEngine) -> None:
     """The engine holds no request and every KV token is free."""
     assert not engine.has_unfinished()
-    assert engine.scheduler.kv_free == engine.scheduler.kv_total
+    assert engine.scheduler.kv_free == engine.scheduler.stats().kv_total
 
 
 async def wait_idle(app: Any, engine: FakeEngine) -> None:

@@ -93,13 +93,13 @@ def test_disconnect_mid_stream_aborts_and_frees_kv():
                 assert chunk, "server closed early"
                 got += chunk
             assert b"200 OK" in got
-            assert eng.scheduler.kv_free < eng.scheduler.kv_total  # still running: 3002 tokens reserved
+            assert eng.scheduler.kv_free < eng.scheduler.stats().kv_total  # still running: 3002 tokens reserved
         rid = eng.added[-1]
         deadline = time.monotonic() + WAIT_S
         while rid not in eng.aborted or eng.has_unfinished():
             assert time.monotonic() < deadline, "request not aborted after the disconnect"
             time.sleep(0.01)
-        assert eng.scheduler.kv_free == eng.scheduler.kv_total
+        assert eng.scheduler.kv_free == eng.scheduler.stats().kv_total
         assert eng.num_steps < 3000  # it did not run to max_tokens
 
 

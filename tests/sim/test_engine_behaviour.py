@@ -64,7 +64,8 @@ def test_behaviour_line_words_what_the_engine_set():
     line = behaviour_line({**resolved, "kv_policy": "reserve", "enable_prefix_caching": False},
                           {"async_scheduling": {}}, vllm)
     assert line == ("scheduling: asynchronous scheduling, KV reserved at admission, no prefix caching "
-                    "(asynchronous scheduling as vllm 0.24.0 does by default; the rest as given)")
+                    "(asynchronous scheduling as vllm 0.24.0 does by default; "
+                    "the rest as given or as the command requires)")
 
 
 @needs_kernels

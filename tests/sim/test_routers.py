@@ -82,7 +82,7 @@ def test_make_router_names() -> None:
     """make_router builds each name of ROUTERS and refuses another, naming it."""
     assert [type(make_router(n)).__name__ for n in ROUTERS] == [
         "RoundRobinRouter", "LeastOutstandingRouter", "LeastKVRouter", "PrefixAffinityRouter", "RandomRouter",
-        "VllmDPRouter"]
+        "VllmDPRouter", "SessionAffinityRouter"]
     with pytest.raises(ClusterError, match="unknown router 'fastest'"):
         make_router("fastest")
 

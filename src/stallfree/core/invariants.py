@@ -83,7 +83,7 @@ class InvariantChecker(CheckerState):
     @property
     def kv_total(self) -> int:
         """The scheduler's KV capacity, tokens."""
-        return self.scheduler.kv_total
+        return self.scheduler.stats().kv_total
 
     @property
     def num_waiting(self) -> int:
@@ -243,10 +243,10 @@ class InvariantChecker(CheckerState):
         s = self.scheduler
         if s.has_unfinished() or s.num_running or s.num_waiting or self._reqs:
             self._fail("final", f"{s.num_running} running, {s.num_waiting} waiting, {len(self._reqs)} in shadow")
-        if s.kv_free != s.kv_total:
-            self._fail("final KV returned", f"kv_free {s.kv_free} != kv_total {s.kv_total}")
-        if self._paged and s.num_free_blocks != s.num_blocks:
-            self._fail("final blocks returned", f"{s.num_free_blocks} of {s.num_blocks} free")
+        if s.kv_free != s.stats().kv_total:
+            self._fail("final KV returned", f"kv_free {s.kv_free} != kv_total {s.stats().kv_total}")
+        if self._paged and s.stats().num_free_blocks != s.stats().num_blocks:
+            self._fail("final blocks returned", f"{s.stats().num_free_blocks} of {s.stats().num_blocks} free")
 
     # ------------------------------------------------------------------ the shadow's plan
 
@@ -255,7 +255,7 @@ class InvariantChecker(CheckerState):
 
     def _decode_cost(self, rid: Hashable, budget: int) -> int:
         sh = self._reqs[rid]
-        return 1 + min(self.scheduler.num_spec_tokens, budget - 1, sh.limit - sh.generated - 1)
+        return 1 + min(self.scheduler.config.num_spec_tokens, budget - 1, sh.limit - sh.generated - 1)
 
     def _check_plan(self, plan: StepPlan) -> None:
         """Work out the step from the rules, compare, and move the shadow to the scheduled state."""
@@ -264,8 +264,8 @@ class InvariantChecker(CheckerState):
         total = sum(c.num_tokens for c in entries)
         if total != plan.num_tokens or any(c.num_tokens < 1 for c in entries):
             self._fail("plan total", f"entries {entries} sum to {total}, plan says {plan.num_tokens}")
-        if total > plan.token_budget or plan.token_budget > s.token_budget:
-            self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.token_budget} configured")
+        if total > plan.token_budget or plan.token_budget > s.config.token_budget:
+            self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.config.token_budget} configured")
         oldest = self._running[0] if self._running else None
         budget = plan.token_budget
         reqs = self._reqs
@@ -275,13 +275,13 @@ class InvariantChecker(CheckerState):
         costs = {rid: self._decode_cost(rid, budget) for rid in ready}
         chosen = self._chosen_decodes(plan, costs, ready)
         victims: list[Hashable] = []
-        free = s.num_blocks - sum(self._reqs[r].blocks for r in self._running) if self._paged else 0
+        free = s.stats().num_blocks - sum(self._reqs[r].blocks for r in self._running) if self._paged else 0
         if self._caching:
             free = self._pre_free  # shared blocks: counted from the tables, checked after each call
         if self._paged:
             # Decodes take their blocks during schedule() with speculative tokens or when they overflow
             # the budget; otherwise they are promised (ids handed out when a table is read).
-            takes = self._caching and (bool(s.num_spec_tokens) or len(ready) > budget or bool(drafts or held))
+            takes = self._caching and (bool(s.config.num_spec_tokens) or len(ready) > budget or bool(drafts or held))
             free = PagedRules.grow_decodes(self, chosen, costs, free, victims, takes)
         decodes = tuple(r for r in chosen if self._reqs[r].running)
         if plan.decode_rids != decodes:
@@ -290,7 +290,7 @@ class InvariantChecker(CheckerState):
             free = self._grant_drafts(decodes, drafts, costs, budget, free)
         for c in plan.decodes:
             sh = self._reqs[c.rid]
-            if not 1 <= c.num_tokens <= 1 + max(drafts.get(c.rid, 0), s.num_spec_tokens) or (
+            if not 1 <= c.num_tokens <= 1 + max(drafts.get(c.rid, 0), s.config.num_spec_tokens) or (
                     sh.generated + c.num_tokens > sh.limit):
                 self._fail("a decode's tokens: 1 + drafts <= 1 + k, never past its last token",
                            f"{c}: k = {drafts.get(c.rid, 0)}, generated {sh.generated} of {sh.limit}")
@@ -299,7 +299,7 @@ class InvariantChecker(CheckerState):
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
-        if s.max_num_partial_prefills > 1:
+        if s.config.max_num_partial_prefills > 1:
             chunks, admitted = MultiRules.prefills(self, left, free, victims, bool(decodes))
         else:
             chunks, left, free = self._partial_chunk(left, free, victims)
@@ -321,18 +321,18 @@ class InvariantChecker(CheckerState):
                 allowed = [m for (rid, start, _n), m in caps.items() if rid == c.rid and start == c.start]
                 if not allowed or c.num_tokens > max(allowed):
                     self._fail("chunk within its cap", f"{c}, chunk_cap answered {allowed}")
-        b = s.block_size if s.align_chunks else None
+        b = s.config.block_size if s.config.chunks_aligned else None
         for c in plan.prefills:
             if b and not c.is_last and (c.start + c.num_tokens) % b:
                 self._fail("block-aligned chunk", f"{c} does not end on a multiple of {b}")
         partials = [c for c in plan.prefills if not c.is_last]
-        if s.max_num_partial_prefills > 1:
+        if s.config.max_num_partial_prefills > 1:
             MultiRules.check_counts(self, plan)
         elif len(partials) > 1 or (partials and partials[-1] is not plan.prefills[-1]):
             self._fail("one partial prefill", f"{plan.prefills}")
         if oldest is not None and self._reqs[oldest].running and not self._in_plan(oldest, plan) and (
-                s.max_num_partial_prefills == 1 and self._paged and len(self._ready) <= budget
-                and not s.num_spec_tokens and not s.align_chunks and not self._reqs[oldest].held):
+                s.config.max_num_partial_prefills == 1 and self._paged and len(self._ready) <= budget
+                and not s.config.num_spec_tokens and not s.config.chunks_aligned and not self._reqs[oldest].held):
             self._fail("the oldest running request progresses", f"{oldest!r} not in {entries}")
 
     def _grant_drafts(
@@ -371,9 +371,9 @@ class InvariantChecker(CheckerState):
             ready = self._ready
         if sum(costs.values()) <= budget:
             return list(ready)
-        if s.policy == "priority":
+        if s.config.policy == "priority":
             order = sorted(ready, key=self._key)
-        elif s.decode_overflow == "rotate":
+        elif s.config.decode_overflow == "rotate":
             chosen = plan.decode_rids
             if not chosen:
                 self._fail("rotate serves someone", "no decode chosen")
@@ -392,7 +392,7 @@ class InvariantChecker(CheckerState):
                 break
             expected.append(rid)
             used += costs[rid]
-        if s.policy == "priority":
+        if s.config.policy == "priority":
             return expected  # in priority order, as the selection hands them out
         picked = set(expected)
         return [r for r in ready if r in picked]
@@ -448,15 +448,15 @@ class InvariantChecker(CheckerState):
         """Contract step 3 in the shadow: the queue's head while it fits."""
         s = self.scheduler
         admitted: list[Hashable] = []
-        reserved = sum(s.kv_needed(self._reqs[r].req) for r in self._running) if not self._paged else 0
+        reserved = sum(s.kv_manager.kv_needed_for(self._reqs[r].req) for r in self._running) if not self._paged else 0
         pinned = self._pinned
         for rid in self._queue_order():
             sh = self._reqs[rid]
             hits = CacheRules.hits(self, sh) if self._caching else []
             h = len(hits)
-            start = h * (s.block_size or 1)
+            start = h * (s.config.block_size or 1)
             n = self._chunk(sh.target - start, left)
-            if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
+            if left <= 0 or len(self._running) >= s.config.max_seqs or n == 0:
                 break
             n = self._capped(rid, start, n)
             if n == 0:
@@ -484,7 +484,7 @@ class InvariantChecker(CheckerState):
         if self._paged:
             pin = sum(1 for b in hits if b in self._pre_evictable and b not in pinned)
             want = (self._blocks(sh.target) if sh.preemptions else self._blocks(start + n)) - h + pin
-            if want > free or (self._running and free - want < s.watermark_blocks):
+            if want > free or (self._running and free - want < s.stats().watermark_blocks):
                 return False, free, reserved
             free -= self._blocks(start + n) - h + pin
             sh.blocks = self._blocks(start + n)
@@ -493,9 +493,9 @@ class InvariantChecker(CheckerState):
             pinned.update(hits)  # pinned first, then the blocks after the hit are taken
             CacheRules.take(self, sh.blocks - h)
         else:
-            if reserved + s.kv_needed(sh.req) > s.kv_total:
+            if reserved + s.kv_manager.kv_needed_for(sh.req) > s.stats().kv_total:
                 return False, free, reserved
-            reserved += s.kv_needed(sh.req)
+            reserved += s.kv_manager.kv_needed_for(sh.req)
         self._waiting.remove(rid)
         self._running.append(rid)
         sh.running = True
@@ -509,8 +509,8 @@ class InvariantChecker(CheckerState):
         if len(self._running) != s.num_running or len(self._waiting) != s.num_waiting:
             self._fail("counts", f"scheduler {s.num_running} running / {s.num_waiting} waiting, shadow "
                        f"{len(self._running)} / {len(self._waiting)}")
-        if len(self._running) > s.max_seqs:
-            self._fail("slots", f"{len(self._running)} running > max_seqs {s.max_seqs}")
+        if len(self._running) > s.config.max_seqs:
+            self._fail("slots", f"{len(self._running)} running > max_seqs {s.config.max_seqs}")
         if self._paged:
             PagedRules.check(self, scheduled)
         else:
@@ -522,11 +522,12 @@ class InvariantChecker(CheckerState):
             if st.num_preemptions != sh.preemptions or st.num_generated != sh.generated or (
                     st.status is not (RequestStatus.DECODING if decoding else RequestStatus.PREFILLING)):
                 self._fail("running state", f"{st}, shadow {sh}")
-        if s.num_preemptions != self.num_preemptions:
-            self._fail("preemption count", f"scheduler {s.num_preemptions}, shadow {self.num_preemptions}")
+        if s.stats().num_preemptions != self.num_preemptions:
+            self._fail("preemption count", f"scheduler {s.stats().num_preemptions}, shadow {self.num_preemptions}")
         in_flight = sum(c.num_tokens for c in scheduled.prefills if reqs[c.rid].preemptions) if scheduled else 0
-        if s.num_recomputed_tokens != self.num_recomputed_tokens + in_flight:
-            self._fail("recomputed tokens", f"scheduler {s.num_recomputed_tokens}, shadow {self.num_recomputed_tokens}")
+        recomputed = s.stats().num_recomputed_tokens
+        if recomputed != self.num_recomputed_tokens + in_flight:
+            self._fail("recomputed tokens", f"scheduler {recomputed}, shadow {self.num_recomputed_tokens}")
         # The head of the queue and every preempted request (few); checking all waiting would be O(queue).
         queue = self._waiting
         for rid in queue:
@@ -544,7 +545,7 @@ class InvariantChecker(CheckerState):
         reqs = self._reqs
         aborted = self._aborted_in_flight
         sampled: list[Hashable] = list(plan.decode_rids)
-        spec = self.scheduler.num_spec_tokens
+        spec = self.scheduler.config.num_spec_tokens
         tokens = plan.decode_tokens or (1,) * plan.num_decodes
         for rid, cost in zip(plan.decode_rids, tokens, strict=True):
             sh = reqs[rid]

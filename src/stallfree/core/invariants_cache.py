@@ -39,7 +39,7 @@ class CacheRules:
         cache = s.prefix_cache
         assert cache is not None
         chk._pre_tables = {rid: block_table(s, rid) for rid in chk._running}
-        chk._pre_free = s.num_free_blocks
+        chk._pre_free = s.stats().num_free_blocks
         evq = list(cache.evictable_ids())
         chk._pre_evictable = set(evq)
         # The hashes of the blocks the step may evict, in eviction order (nothing is cached during a
@@ -47,7 +47,7 @@ class CacheRules:
         chk._evq_hashes = list(map(cache.hash_of.__getitem__, evq))  # read only
         chk._view = None
         chk._evq, chk._evq_pos = evq, 0
-        chk._raw = s.num_free_blocks - len(evq) + cache.num_promised
+        chk._raw = s.stats().num_free_blocks - len(evq) + cache.num_promised
         chk._evicted = set()
         chk._pinned = set()
 
@@ -104,7 +104,7 @@ class CacheRules:
         evicted_in_step = chk._view
         evicted = chk._evicted
         hashes = sh.req.block_hashes or ()
-        bs = chk.scheduler.block_size or 1
+        bs = chk.scheduler.config.block_size or 1
         out: list[int] = []
         for i in range(min(len(hashes), (sh.req.prompt_len - 1) // bs)):
             b = cache.cached_block(hashes[i])
@@ -140,7 +140,7 @@ class CacheRules:
         hash_of = cache.hash_of
         refs = cache.ref_counts
         held: Counter[int] = Counter()
-        bs = s.block_size or 1
+        bs = s.config.block_size or 1
         for rid in chk._running:
             sh = chk._reqs[rid]
             table = block_table(s, rid)
@@ -157,10 +157,10 @@ class CacheRules:
                 chk._fail("no held block evicted", f"rid {rid!r}: blocks {[table[i] for i in lost]} lost hashes {lost}")
             held.update(table)
         free_set = set(free)
-        if len(free_set) != len(free) or len(free) != s.num_free_blocks or not free_set.isdisjoint(held):
-            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}, held {sorted(held)}")
-        if len(free) + len(held) != s.num_blocks:
-            chk._fail("every block accounted for", f"{len(free)} free + {len(held)} held != {s.num_blocks}")
+        if len(free_set) != len(free) or len(free) != s.stats().num_free_blocks or not free_set.isdisjoint(held):
+            chk._fail("free list", f"{s.stats().num_free_blocks} free blocks, ids {free}, held {sorted(held)}")
+        if len(free) + len(held) != s.stats().num_blocks:
+            chk._fail("every block accounted for", f"{len(free)} free + {len(held)} held != {s.stats().num_blocks}")
         cached_free = free_set.intersection(hash_of)
         if cached_free != evictable:
             chk._fail("a free block is empty unless evictable, and an evictable one is cached",
@@ -172,12 +172,12 @@ class CacheRules:
             wrong = [(b, refs.get(b), n) for b, n in held.items() if refs.get(b, 1) != n]
             chk._fail("reference count == tables holding the block (1 for an uncached block)",
                       f"(block, refs, tables): {wrong}")
-        if held and (min(held) < 0 or max(held) >= s.num_blocks):
+        if held and (min(held) < 0 or max(held) >= s.stats().num_blocks):
             chk._fail("block id range", f"held {sorted(held)}")
         cached = cache.block_of
         if refs.keys() != hash_of.keys() or len(cached) != len(hash_of) or list(
                 map(hash_of.get, cached.values())) != list(cached.keys()):
             chk._fail("cache map", f"{len(cache.block_of)} hashes, {len(hash_of)} cached blocks, {len(refs)} counted")
-        if cache.num_cached != len(cache.block_of) or s.num_evictable_blocks != len(evictable):
+        if cache.num_cached != len(cache.block_of) or s.stats().num_evictable_blocks != len(evictable):
             chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache.block_of)} hashes")
         return len(held)

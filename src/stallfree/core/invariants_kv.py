@@ -25,10 +25,10 @@ class ReserveRules:
     @staticmethod
     def check(chk: CheckerState, scheduled: StepPlan | None) -> None:
         s = chk.scheduler
-        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running)
-        if s.kv_free < 0 or s.kv_free != s.kv_total - reserved:
-            chk._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.kv_total} - {reserved}")
-        if scheduled is None and s.block_size is not None and chk._calls % chk.table_every == 0:
+        reserved = sum(s.kv_manager.kv_needed_for(chk._reqs[r].req) for r in chk._running)
+        if s.kv_free < 0 or s.kv_free != s.stats().kv_total - reserved:
+            chk._fail("KV accounting", f"kv_free {s.kv_free}, expected {s.stats().kv_total} - {reserved}")
+        if scheduled is None and s.config.block_size is not None and chk._calls % chk.table_every == 0:
             ReserveRules.check_block_ids(chk)
 
     @staticmethod
@@ -36,7 +36,7 @@ class ReserveRules:
         """Between steps, each running request's table holds exactly the blocks of its computed tokens,
         no more than its reservation's; no block is in two tables or both in a table and free."""
         s = chk.scheduler
-        bs = s.block_size or 1
+        bs = s.config.block_size or 1
         free = s.free_block_ids()
         seen = set(free)
         if len(seen) != len(free):
@@ -45,16 +45,16 @@ class ReserveRules:
             sh = chk._reqs[rid]
             table = block_table(s, rid)
             want = -(-sh.computed // bs)
-            if len(table) != want or len(table) * bs > s.kv_needed(sh.req):
+            if len(table) != want or len(table) * bs > s.kv_manager.kv_needed_for(sh.req):
                 chk._fail("reserve: blocks cover the computed tokens", f"rid {rid!r}: {table} for {sh.computed} "
-                          f"tokens, reservation {s.kv_needed(sh.req)}")
+                          f"tokens, reservation {s.kv_manager.kv_needed_for(sh.req)}")
             if seen.intersection(table) or len(set(table)) != len(table):
                 chk._fail("block in two places", f"rid {rid!r}: {table}")
-            if table and (min(table) < 0 or max(table) * bs >= s.kv_total):
+            if table and (min(table) < 0 or max(table) * bs >= s.stats().kv_total):
                 chk._fail("block id range", f"rid {rid!r}: {table}")
             seen.update(table)
-        if len(seen) * bs != s.kv_total:
-            chk._fail("every block accounted for", f"{len(seen)} of {s.kv_total // bs}")
+        if len(seen) * bs != s.stats().kv_total:
+            chk._fail("every block accounted for", f"{len(seen)} of {s.stats().kv_total // bs}")
 
 
 class PagedRules:
@@ -92,11 +92,12 @@ class PagedRules:
         used = sum(reqs[r].blocks for r in chk._running)
         if chk._caching:
             used = CacheRules.check(chk)  # distinct held blocks
-        if used + s.num_free_blocks != s.num_blocks or s.num_used_blocks != used:
-            chk._fail("free + used == num_blocks", f"{s.num_free_blocks} + {used} != {s.num_blocks}")
-        bs = s.block_size or 1
-        if s.kv_free != s.num_free_blocks * bs or s.kv_total != s.num_blocks * bs:
-            chk._fail("kv_free in tokens", f"{s.kv_free} for {s.num_free_blocks} blocks of {s.block_size}")
+        if used + s.stats().num_free_blocks != s.stats().num_blocks or s.stats().num_used_blocks != used:
+            chk._fail("free + used == num_blocks", f"{s.stats().num_free_blocks} + {used} != {s.stats().num_blocks}")
+        bs = s.config.block_size or 1
+        st = s.stats()
+        if s.kv_free != st.num_free_blocks * bs or st.kv_total != st.num_blocks * bs:
+            chk._fail("kv_free in tokens", f"{s.kv_free} for {st.num_free_blocks} blocks of {s.config.block_size}")
         if scheduled is None:
             for rid in chk._running:
                 sh = reqs[rid]
@@ -111,16 +112,16 @@ class PagedRules:
         s = chk.scheduler
         free = s.free_block_ids()
         seen = set(free)
-        if len(seen) != len(free) or len(free) != s.num_free_blocks:
-            chk._fail("free list", f"{s.num_free_blocks} free blocks, ids {free}")
+        if len(seen) != len(free) or len(free) != s.stats().num_free_blocks:
+            chk._fail("free list", f"{s.stats().num_free_blocks} free blocks, ids {free}")
         for rid in chk._running:
             table = block_table(s, rid)
             if len(table) != chk._reqs[rid].blocks:
                 chk._fail("block table", f"rid {rid!r}: {table}, expected {chk._reqs[rid].blocks} blocks")
             if seen.intersection(table) or len(set(table)) != len(table):
                 chk._fail("block in two places", f"rid {rid!r}: {table}")
-            if table and (min(table) < 0 or max(table) >= s.num_blocks):
+            if table and (min(table) < 0 or max(table) >= s.stats().num_blocks):
                 chk._fail("block id range", f"rid {rid!r}: {table}")
             seen.update(table)
-        if len(seen) != s.num_blocks:
-            chk._fail("every block accounted for", f"{len(seen)} of {s.num_blocks}")
+        if len(seen) != s.stats().num_blocks:
+            chk._fail("every block accounted for", f"{len(seen)} of {s.stats().num_blocks}")

@@ -31,11 +31,11 @@ class MultiRules:
         decodes; `decoding`: the step has decodes, so the budget left tops up short prompts only."""
         s = chk.scheduler
         reqs = chk._reqs
-        thr = s.long_prefill_token_threshold
+        thr = s.config.partial_prefill_limits[2]
         assert thr is not None
         running = chk._running
         partials = [r for r in running if reqs[r].prefilled < reqs[r].target]
-        if s.policy == "priority":
+        if s.config.policy == "priority":
             partials.sort(key=chk._key)
         rows: list[list[Any]] = []
         num_partial = num_long = 0
@@ -54,7 +54,7 @@ class MultiRules:
                     if not later:
                         n = 0
                         break
-                    if s.policy == "priority":
+                    if s.config.policy == "priority":
                         victim = max(later, key=lambda r: (chk._key(r)[0], running.index(r)))
                     else:
                         victim = max(later, key=running.index)
@@ -110,28 +110,28 @@ class MultiRules:
     ) -> tuple[list[Hashable], int, int]:
         """Admission in queue order; a long head is passed only while L long prompts are partial."""
         s = chk.scheduler
-        thr = s.long_prefill_token_threshold
+        thr = s.config.partial_prefill_limits[2]
         assert thr is not None
         admitted: list[Hashable] = []
-        reserved = sum(s.kv_needed(chk._reqs[r].req) for r in chk._running) if not chk._paged else 0
-        bs = s.block_size or 1
+        reserved = sum(s.kv_manager.kv_needed_for(chk._reqs[r].req) for r in chk._running) if not chk._paged else 0
+        bs = s.config.block_size or 1
         pinned = chk._pinned
         for rid in MultiRules.queue_order(chk):
             sh = chk._reqs[rid]
-            if left <= 0 or len(chk._running) >= s.max_seqs:
+            if left <= 0 or len(chk._running) >= s.config.max_seqs:
                 break
             hits = CacheRules.hits(chk, sh) if chk._caching else []
             h = len(hits)
             start = h * bs
             rest = sh.target - start
             is_long = rest > thr
-            if is_long and num_long >= s.max_long_partial_prefills:
+            if is_long and num_long >= s.config.partial_prefill_limits[1]:
                 continue
             n = chk._chunk(rest, min(left, thr) if is_long else left)
             if n:
                 n = chk._capped(rid, start, n)
             last = n == rest
-            if n == 0 or (not last and num_partial >= s.max_num_partial_prefills):
+            if n == 0 or (not last and num_partial >= s.config.max_num_partial_prefills):
                 break
             fits, free, reserved = chk._admit_shadow(rid, sh, hits, start, n, free, reserved, pinned)
             if not fits:
@@ -148,7 +148,7 @@ class MultiRules:
     def queue_order(chk: CheckerState) -> list[Hashable]:
         """Priority: by key; FCFS: preempted requests and those queued with add(front=True) first (they go to
         the front), then add order."""
-        if chk.scheduler.policy == "priority":
+        if chk.scheduler.config.policy == "priority":
             return chk._queue_order()
         reqs = chk._reqs
         refused = chk._refused
@@ -163,5 +163,5 @@ class MultiRules:
         partial = [r for r in chk._running if reqs[r].prefilled < reqs[r].target]
         done = {c.rid for c in plan.prefills if c.is_last}
         still = [r for r in partial if r not in done]
-        if len(still) > s.max_num_partial_prefills:
-            chk._fail("at most K partial prefills", f"{still} > {s.max_num_partial_prefills}")
+        if len(still) > s.config.max_num_partial_prefills:
+            chk._fail("at most K partial prefills", f"{still} > {s.config.max_num_partial_prefills}")

@@ -103,21 +103,21 @@ class CheckerState:
 
     @property
     def _paged(self) -> bool:
-        return self.scheduler.kv_policy == "paged"
+        return self.scheduler.config.kv_policy == "paged"
 
     @property
     def _caching(self) -> bool:
-        return self.scheduler.enable_prefix_caching
+        return self.scheduler.config.enable_prefix_caching
 
     def _blocks(self, tokens: int) -> int:
-        bs = self.scheduler.block_size or 1
+        bs = self.scheduler.config.block_size or 1
         return (tokens + bs - 1) // bs
 
     def _chunk(self, rest: int, left: int) -> int:
         if rest <= left:
             return rest
         s = self.scheduler
-        b = s.block_size if s.align_chunks else None
+        b = s.config.block_size if s.config.chunks_aligned else None
         return max(left - left % b, 0) if b else max(left, 0)
 
     def _capped(self, rid: Hashable, start: int, n: int) -> int:
@@ -133,7 +133,7 @@ class CheckerState:
                        f"chunk_cap (asked: {sorted((k, v) for k, v in caps.items() if k[0] == rid)})")
             return n
         s = self.scheduler
-        b = s.block_size if s.align_chunks else None
+        b = s.config.block_size if s.config.chunks_aligned else None
         if b and m < n:
             m = max(m - (start + m) % b, 0)
         return m
@@ -141,12 +141,13 @@ class CheckerState:
     def _key(self, rid: Hashable) -> tuple[float, ...]:
         s = self.scheduler
         sh = self._reqs[rid]
-        if s.policy != "priority":
+        if s.config.policy != "priority":
             return (0, sh.order)
         prio = sh.req.priority
-        if s.aging_interval is not None:
-            waited = s.now - sh.req.arrival if s.clock is not None else s.step - sh.add_step  # the step's reading
-            prio = prio - math.floor(waited / s.aging_interval)
+        if s.config.aging_interval is not None:
+            # The clock's reading for the step, as the scheduler's own priority key reads it.
+            waited = s.stats().now - sh.req.arrival if s.config.clock is not None else s.step - sh.add_step
+            prio = prio - math.floor(waited / s.config.aging_interval)
         return (prio, sh.req.arrival, sh.order) if s.config.priority_ties == "arrival" else (prio, sh.order)
 
     def _queue_order(self) -> list[Hashable]:
@@ -154,7 +155,7 @@ class CheckerState:
         FCFS: preempted requests and those queued with add(front=True) first, then add order (under strict
         admission in queue order this is add order; an admission filter may let a request be admitted, and
         preempted, past an older one it refused)."""
-        if self.scheduler.policy != "priority":
+        if self.scheduler.config.policy != "priority":
             reqs = self._reqs
             order = sorted(self._waiting, key=lambda r: (not (reqs[r].preemptions or reqs[r].order < 0), reqs[r].order))
         else:
@@ -166,7 +167,7 @@ class CheckerState:
         later = self._running[self._running.index(rid) + 1:]
         if not later:
             return rid
-        if self.scheduler.policy != "priority":
+        if self.scheduler.config.policy != "priority":
             return later[-1]
         return max(later, key=lambda r: (self._key(r)[0], self._running.index(r)))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_cache import CacheRules
 from stallfree.core.invariants_state import _Shadow
-from stallfree.core.kv_tier import TieredBlockPool, TieredKV
+from stallfree.core.kv.tier import TieredBlockPool, TieredKV
 from stallfree.core.plan import StepPlan
 
 __all__ = ["TieredInvariantChecker"]
@@ -59,9 +59,9 @@ class TieredInvariantChecker(InvariantChecker):
         if not isinstance(self.scheduler.kv_manager, TieredKV):
             raise TypeError(f"TieredInvariantChecker needs a TieredKV manager, got "
                             f"{type(self.scheduler.kv_manager).__name__}")
-        if self.scheduler.max_num_partial_prefills != 1:
+        if self.scheduler.config.max_num_partial_prefills != 1:
             raise ValueError(f"TieredInvariantChecker models one partial prefill, got max_num_partial_prefills="
-                             f"{self.scheduler.max_num_partial_prefills}")
+                             f"{self.scheduler.config.max_num_partial_prefills}")
 
     @property
     def _kv(self) -> TieredKV:
@@ -121,7 +121,7 @@ class TieredInvariantChecker(InvariantChecker):
         # Hashes the plan says it loads: on the GPU after the step, not yet before their load.
         later = {cache.hash_of.get(g) for _, g in self._plan.kv_loads} - m.loaded
         hashes = sh.req.block_hashes or ()
-        bs = s.block_size or 1
+        bs = s.config.block_size or 1
         out: list[tuple[bool, int, Hashable]] = []
         for i in range(min(len(hashes), (sh.req.prompt_len - 1) // bs)):
             h = hashes[i]
@@ -151,9 +151,9 @@ class TieredInvariantChecker(InvariantChecker):
             self._sync()
             sh = self._reqs[rid]
             hits = self._tier_hits(sh)
-            start = len(hits) * (s.block_size or 1)
+            start = len(hits) * (s.config.block_size or 1)
             n = self._chunk(sh.target - start, left)
-            if left <= 0 or len(self._running) >= s.max_seqs or n == 0:
+            if left <= 0 or len(self._running) >= s.config.max_seqs or n == 0:
                 break
             fits, free = self._admit_tiered(rid, sh, hits, start, n, free)
             if not fits:
@@ -164,7 +164,7 @@ class TieredInvariantChecker(InvariantChecker):
         self._sync()
         promised = 0
         assert self._plan is not None
-        if not s.num_spec_tokens and len(self._tier.decode_blocks) <= self._plan.token_budget:
+        if not s.config.num_spec_tokens and len(self._tier.decode_blocks) <= self._plan.token_budget:
             before = self._tier.decode_blocks
             promised = sum(self._reqs[r].blocks - before[r] for r in before if self._reqs[r].running)
         settle = promised - self._raw
@@ -182,7 +182,7 @@ class TieredInvariantChecker(InvariantChecker):
         pin = sum(1 for on_gpu, b, _ in hits if on_gpu and b >= 0 and b in self._pre_evictable
                   and b not in self._pinned)
         want = (self._blocks(sh.target) if sh.preemptions else self._blocks(start + n)) - len(gpu) + pin
-        if want > free or (self._running and free - want < s.watermark_blocks):
+        if want > free or (self._running and free - want < s.stats().watermark_blocks):
             return False, free
         free -= self._blocks(start + n) - len(gpu) + pin
         sh.blocks = self._blocks(start + n)
@@ -254,9 +254,10 @@ class TieredInvariantChecker(InvariantChecker):
             self._fail("CPU tier counts: cached + free == cpu_blocks, each block once",
                        f"{len(cpu)} cached, {len(free)} free, {view.num_blocks} blocks")
         st = kv.tier_stats
-        if st.gpu_hits + st.cpu_hits != s.prefix_cache_hits or (
-                st.first_gpu_hits + st.first_cpu_hits != s.prefix_cache_first_hits):
-            self._fail("hits per tier add up", f"GPU {st.gpu_hits} + CPU {st.cpu_hits} != {s.prefix_cache_hits}")
+        ss = s.stats()
+        if st.gpu_hits + st.cpu_hits != ss.prefix_cache_hits or (
+                st.first_gpu_hits + st.first_cpu_hits != ss.prefix_cache_first_hits):
+            self._fail("hits per tier add up", f"GPU {st.gpu_hits} + CPU {st.cpu_hits} != {ss.prefix_cache_hits}")
         pool = kv.cache
         assert isinstance(pool, TieredBlockPool)
         if pool.offloads:

@@ -92,11 +92,13 @@ class RequestLifecycle:
 
     def has_request(self, rid: Hashable) -> bool:
         """True while `rid` is live here: added and neither finished (reported by complete()) nor aborted.
-        `rid in scheduler` asks the same. O(1)."""
+        `rid in scheduler` asks the same (Scheduler keeps only that spelling; this one is its deprecated
+        alias there). O(1)."""
         return rid in self._live
 
     def __contains__(self, rid: object) -> bool:
-        """`rid in scheduler`: has_request(rid)."""
+        """`rid in scheduler`: True while `rid` is live here: added and neither finished (reported by
+        complete()) nor aborted. O(1)."""
         try:
             return rid in self._live
         except TypeError:  # an unhashable value is never a rid

@@ -23,7 +23,7 @@ mini-sglang's PrefillAdder.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from stallfree.core.errors import SchedulerStateError
 from stallfree.core.plan import ScheduledChunk
@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
     from stallfree.core.policies import Chunking, WaitingQueue
 
-__all__ = ["OnePartialPrefill", "PartialPrefills", "PrefillHost", "PrefillRule", "StepBudget"]
+__all__ = [
+    "NO_LIMITS", "OnePartialPrefill", "PartialPrefills", "PrefillHost", "PrefillRule", "StepBudget", "StepLimits",
+]
 
 _PREFILLING = RequestStatus.PREFILLING
 
@@ -60,11 +62,31 @@ class StepBudget:
         self.left = 0
 
 
+class StepLimits(NamedTuple):
+    """What one schedule() call asks of its prefill phase beyond the budget (Scheduler.schedule's admit=
+    and chunk_cap=); NO_LIMITS for a step that asks nothing.
+
+    Attributes:
+        admitting: whether this step may admit waiting requests.
+        chunk_cap: the step's chunk cap (rid, start, n) -> tokens, or None.
+        refused: None, or the ids (`id(rec)`) of the waiting records the step's admission filter refused.
+    """
+
+    admitting: bool = True
+    chunk_cap: Callable[[Hashable, int, int], int] | None = None
+    refused: frozenset[int] | None = None
+
+
+#: The limits of a step that asks for nothing beyond its budget.
+NO_LIMITS = StepLimits()
+
+
 class _Counts(Protocol):
     @property
     def step(self) -> int: ...
     @property
     def num_running(self) -> int: ...
+    _limits: StepLimits  # the step's limits, set once per schedule()
 
 
 class PrefillHost:
@@ -76,7 +98,7 @@ class PrefillHost:
 
     Attributes:
         chunking: the chunking hook (core/policies.py): chunk(rest, left) -> tokens of the next chunk.
-        kv: the KV manager (core/kv.py); a rule asks it `lookup(rec)` and, for a top-up that never
+        kv: the KV manager (core/kv/); a rule asks it `lookup(rec)` and, for a top-up that never
             preempts, `grow(rec, tokens, step)`.
         waiting: the waiting queue in admission order (head, pop_head, remove, in_order).
         live: rid -> record of every live request (read only).
@@ -100,11 +122,12 @@ class PrefillHost:
         chunk_cap: the step's chunk cap (schedule(chunk_cap=...)) or None; a rule asks it through `cap`.
         refused: None, or the ids (`id(rec)`) of the waiting records the step's admission filter
             (schedule(admit=callable)) refused: admission passes over them, leaving them queued.
+        (These three read the step's StepLimits, which the scheduler sets once per schedule(); the view
+        itself never changes.)
     """
 
     __slots__ = ("chunking", "kv", "waiting", "live", "partials", "max_seqs", "policy", "priority_key", "grow",
-                 "can_admit", "admit", "preempt", "victim", "recomputed", "admitting", "chunk_cap", "refused",
-                 "_counts")
+                 "can_admit", "admit", "preempt", "victim", "recomputed", "_counts")
 
     def __init__(
         self, counts: _Counts, *, chunking: Chunking, kv: KVManager, waiting: WaitingQueue,
@@ -122,9 +145,21 @@ class PrefillHost:
         self.max_seqs, self.policy, self.priority_key = max_seqs, policy, priority_key
         self.grow, self.can_admit, self.admit = grow, can_admit, admit
         self.preempt, self.victim, self.recomputed = preempt, victim, recomputed
-        self.admitting = True
-        self.chunk_cap: Callable[[Hashable, int, int], int] | None = None
-        self.refused: frozenset[int] | None = None
+
+    @property
+    def admitting(self) -> bool:
+        """Whether this step may admit waiting requests."""
+        return self._counts._limits.admitting
+
+    @property
+    def chunk_cap(self) -> Callable[[Hashable, int, int], int] | None:
+        """The step's chunk cap, or None."""
+        return self._counts._limits.chunk_cap
+
+    @property
+    def refused(self) -> frozenset[int] | None:
+        """The ids of the waiting records the step's admission filter refused, or None."""
+        return self._counts._limits.refused
 
     def cap(self, rec: LiveRequest, start: int, n: int) -> int:
         """The tokens a prompt chunk of `rec` from token `start`, sized `n` (>= 1) by the budget, may take:

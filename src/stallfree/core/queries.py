@@ -5,7 +5,7 @@ Imports allowed: the standard library and stallfree.core only.
 Scheduler (core/scheduler.py) inherits these; none of them changes scheduling state (reading a block
 table gives a decode the ids already promised to it, which counts nothing). They are apart from the
 scheduler so that it plans steps without naming a KV policy or prefix caching: every figure here comes
-from the KVManager (core/kv.py) or the SchedulerConfig (core/config.py).
+from the KVManager (core/kv/) or the SchedulerConfig (core/config.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from stallfree.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from stallfree.core.config import SchedulerConfig
+    from stallfree.core.decode import PlainDecodes
     from stallfree.core.kv import KVManager, PrefixCacheView
     from stallfree.core.live import LiveRequest
     from stallfree.core.plan import StepPlan
@@ -30,50 +31,17 @@ __all__ = ["AdmissionQueries", "KVQueries", "SchedulerHeadroom", "SchedulerStats
 
 class KVQueries:
     """The KV and prefix-cache figures of a scheduler (a mixin of Scheduler: it reads `config`, `_kv` and
-    `_live`, and for the tokens a table must cover the plan in flight, `_inflight`, `_skipped` and `_step`)."""
+    `_live`, and for the tokens a table must cover the plan in flight, `_inflight`, the decode phase's
+    skipped decodes and `_step`)."""
 
     config: SchedulerConfig
     _kv: KVManager
     _live: dict[Hashable, LiveRequest]
     _inflight: StepPlan | None
-    _skipped: list[LiveRequest]
+    _decode: PlainDecodes
     _step: int
 
     _live_request: Callable[[Hashable], LiveRequest]  # RequestLifecycle's (an annotation: no attribute here)
-
-    # ------------------------------------------------------------------ configuration
-
-    @property
-    def kv_policy(self) -> str:
-        """"reserve" or "paged": the admission rules the KV manager follows (SchedulerConfig.kv_policy)."""
-        return self.config.kv_policy
-
-    @property
-    def enable_prefix_caching(self) -> bool:
-        """Whether computed prompt blocks are kept for reuse (SchedulerConfig.enable_prefix_caching)."""
-        return self.config.enable_prefix_caching
-
-    @property
-    def watermark(self) -> float:
-        """"paged": the fraction of blocks kept free at admission, as a float."""
-        return float(self.config.watermark)
-
-    @property
-    def kv_total(self) -> int:
-        """KV capacity in tokens, as the KV manager counts it ("paged": num_blocks x block_size)."""
-        return self._kv.kv_total
-
-    @property
-    def num_blocks(self) -> int:
-        """KV blocks in the cache: kv_total // block_size (tokens without a block_size)."""
-        return self._kv.kv_total // (self.config.block_size or 1)
-
-    @property
-    def watermark_blocks(self) -> int:
-        """"paged": floor(watermark x num_blocks), the blocks admission keeps free; 0 under "reserve"."""
-        if self.config.kv_policy != "paged":
-            return 0
-        return math.floor(self.watermark * self.num_blocks)
 
     # ------------------------------------------------------------------ KV figures
 
@@ -81,36 +49,6 @@ class KVQueries:
     def kv_free(self) -> int:
         """Free (unreserved, or in free blocks) KV capacity, in tokens."""
         return self._kv.kv_free
-
-    @property
-    def num_free_blocks(self) -> int:
-        """KV blocks free (paged), or free reservation units (reserve: tokens, or blocks of block_size)."""
-        return self._kv.num_free_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        """KV blocks held (paged), or reserved units (reserve); evictable cached blocks are not held."""
-        return self._kv.num_used_blocks
-
-    @property
-    def num_evictable_blocks(self) -> int:
-        """Prefix caching: cached blocks held by no request (counted in num_free_blocks); else 0."""
-        return self._kv.num_evictable_blocks
-
-    @property
-    def num_evictions(self) -> int:
-        """Prefix caching: cached blocks evicted (handed out again) so far; else 0."""
-        return self._kv.num_evictions
-
-    def blocks_needed(self, req: Request) -> int:
-        """The most blocks `req` ever holds: paged, ceil((prompt_len + max_new - 1) / block_size);
-        reserve, the units of its reservation."""
-        return self._kv.blocks_needed(req)
-
-    def kv_needed(self, req: Request) -> int:
-        """The most KV `req` holds, in tokens: reserve, its reservation (whole blocks with block_size);
-        paged, blocks_needed x block_size."""
-        return self._kv.kv_needed_for(req)
 
     @property
     def block_table(self) -> Callable[[Hashable], tuple[int, ...]] | None:
@@ -132,7 +70,7 @@ class KVQueries:
         plan = self._inflight
         if obj.finish_step >= 0:  # decoding: its entry of this step starts at offset + step
             tokens = obj.offset + self._step
-            if plan is not None and obj not in self._skipped:
+            if plan is not None and obj not in self._decode.skipped:
                 costs = plan._decode_tokens
                 tokens += 1 if costs is None else costs[plan.decode_rids.index(obj.rid)]
             return tokens
@@ -158,33 +96,13 @@ class KVQueries:
         for checkers and tests; None without caching."""
         return self._kv.cache_view()
 
-    @property
-    def prefix_cache_queries(self) -> int:
-        """Prefix caching: tokens looked up at admissions (each episode's prefill), as vLLM counts its
-        prefix cache queries; 0 without caching."""
-        return self._kv.prefix_stats.queries
-
-    @property
-    def prefix_cache_hits(self) -> int:
-        """Prefix caching: of prefix_cache_queries, the tokens found cached; 0 without caching."""
-        return self._kv.prefix_stats.hits
-
-    @property
-    def prefix_cache_first_queries(self) -> int:
-        """prefix_cache_queries at first admissions only (no recompute after a preemption)."""
-        return self._kv.prefix_stats.first_queries
-
-    @property
-    def prefix_cache_first_hits(self) -> int:
-        """prefix_cache_hits at first admissions only."""
-        return self._kv.prefix_stats.first_hits
-
     def cached_prefix_len(self, request: Request) -> int:
         """Prefix caching: tokens of `request`'s prompt whose KV blocks are cached now, capped as admission
         caps a hit (at most prompt_len - 1 tokens, in whole blocks); 0 without caching or block_hashes.
 
         A pure query, O(blocks of the prompt): nothing is pinned and no block's recency changes, so a
-        router may ask every replica (stallfree.sim.cluster's prefix-affinity router does).
+        router may ask every replica (stallfree.sim.cluster's prefix-affinity router does; the simulator's
+        baselines answer it too, stallfree.sim.result.SchedulerLike).
         """
         return self._kv.cached_prefix_len(request)
 
@@ -213,6 +131,10 @@ class SchedulerStats:
         prefix_cache_queries, prefix_cache_hits: tokens looked up at admissions and found cached (vLLM's
             meanings); prefix_cache_first_queries, prefix_cache_first_hits: first admissions only.
         num_evictions: cached blocks evicted so far.
+        num_blocks: KV blocks in the cache, kv_total // block_size (tokens without a block_size).
+        watermark_blocks: "paged": floor(watermark x num_blocks), the blocks admission keeps free; 0 under
+            "reserve".
+        now: the clock's reading for the step planned last, seconds; 0.0 without a clock.
     """
 
     num_waiting: int
@@ -231,6 +153,9 @@ class SchedulerStats:
     prefix_cache_first_queries: int = 0
     prefix_cache_first_hits: int = 0
     num_evictions: int = 0
+    num_blocks: int = 0
+    watermark_blocks: int = 0
+    now: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,14 +185,19 @@ class AdmissionQueries:
     the KV manager's answers, priority order, cached prefixes, partial prefills, preemption."""
 
     def stats(self) -> SchedulerStats:
-        """The queues, KV figures and counters now, as a frozen SchedulerStats; O(1)."""
+        """The queues, KV figures and counters now, as a frozen SchedulerStats; O(1). The one place a
+        scheduler's figures are read (the former properties of the same names are deprecated aliases)."""
         s: Any = self
         kv = s._kv
         ps = kv.prefix_stats
+        cfg = s.config
+        num_blocks = kv.kv_total // (cfg.block_size or 1)
+        wm_blocks = math.floor(float(cfg.watermark) * num_blocks) if cfg.kv_policy == "paged" else 0
         return SchedulerStats(
             s.num_waiting, s.num_running, kv.kv_total, kv.kv_free, kv.num_used_blocks, kv.num_free_blocks,
-            kv.num_evictable_blocks, s.num_preemptions, s.num_recomputed_tokens, s.config.enable_prefix_caching,
-            s.config.block_size, ps.queries, ps.hits, ps.first_queries, ps.first_hits, kv.num_evictions)
+            kv.num_evictable_blocks, s._num_preemptions, s._num_recomputed_tokens, cfg.enable_prefix_caching,
+            cfg.block_size, ps.queries, ps.hits, ps.first_queries, ps.first_hits, kv.num_evictions, num_blocks,
+            wm_blocks, s._now)
 
     def snapshot(self) -> Any:
         """A detached copy of the scheduler (its KV manager included), which may be queried or stepped from
@@ -305,7 +235,7 @@ class AdmissionQueries:
         """
         twin, plan, _ = self._next_step(requests)
         return SchedulerHeadroom(
-            twin.num_waiting, twin.max_seqs - twin.num_running, twin.kv_free, twin.num_free_blocks,
+            twin.num_waiting, twin.config.max_seqs - twin.num_running, twin.kv_free, twin._kv.num_free_blocks,
             plan.token_budget - plan.num_tokens, plan.num_tokens, len(plan.admitted))
 
     def would_wait(self, requests: Iterable[Request]) -> int:

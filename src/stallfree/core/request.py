@@ -50,7 +50,11 @@ class Request:
             block of block_size prompt tokens (prompt_len // block_size of them), chained so that a
             block's hash depends on every token before it (stallfree.core.prefix_cache.hash_blocks).
             Stored as a tuple. Only a Scheduler with enable_prefix_caching=True accepts them; it
-            checks the length against its block_size at add().
+            checks the length against its block_size at add(). It may go on past the prompt with
+            the hashes of the output's blocks, up to (prompt_len + max_new - 1) // block_size in
+            all, when the output is known in advance (a simulated conversation's answer, which its
+            next turn resends): those blocks are cached when the request finishes, each once its
+            every token's KV is computed.
 
     Raises:
         RequestRejected: prompt_len or max_new is not an integer >= 1 (bools included), priority

@@ -3,13 +3,14 @@ then strict admission in queue order; its KV memory is a collaborator behind the
 
 Imports allowed: the standard library and stallfree.core only.
 
-The options are a SchedulerConfig (core/config.py); the KV manager is built by core/kv.py's
-kv_manager_for (core/kv_factory.py; or given), and the scheduler only asks it (core/kv.py, docs/DESIGN.md "The KV
-manager's contract"); the prefill phases are strategies in core/prefill.py acting through a narrow
-PrefillHost view; the KV figures are KVQueries (core/queries.py); the decode bookkeeping is in
-core/live.py, the option hooks in core/policies.py and add/abort/complete in core/lifecycle.py. What is
-left here is the decode phase, the one victim rule and preemption, and the complete() hooks, which read
-best together.
+The options are a SchedulerConfig (core/config.py); the KV manager is built by kv_manager_for
+(core/kv/factory.py; or given), and the scheduler only asks it (core/kv/protocol.py, docs/DESIGN.md "The KV
+manager's contract"). The decode phase is a strategy in core/decode.py and the prefill phases strategies in
+core/prefill.py, each acting through a narrow view made once; the figures are read through stats() and the
+KV queries (core/queries.py), the former spellings kept as deprecated aliases (core/aliases.py); the decode
+bookkeeping is in core/live.py, the option hooks in core/policies.py and add/abort/complete in
+core/lifecycle.py. What is left here is the order of a step, the one victim rule and preemption, the
+draft-token verbs and the complete() hooks, which read best together.
 
 Source: stall-free batching with chunked prefill (Sarathi-Serve, Agrawal et al., OSDI'24);
 iteration-level scheduling (Orca, Yu et al., OSDI'22); preemption by recompute (vLLM, Kwon et al.,
@@ -22,15 +23,25 @@ import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+from stallfree.core.aliases import SchedulerAliases
 from stallfree.core.config import SchedulerConfig, as_config
+from stallfree.core.decode import DecodeHost, PlainDecodes, SpeculativeDecodes
 from stallfree.core.errors import InvalidConfig, RequestRejected, SchedulerStateError, check_positive_int
 from stallfree.core.kv import NO_TRANSFERS, KVManager
-from stallfree.core.kv_factory import kv_manager_for
+from stallfree.core.kv.factory import kv_manager_for
 from stallfree.core.lifecycle import RequestLifecycle, end_reason
 from stallfree.core.live import DecodeSet, LiveRequest
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.core.policies import FCFSQueue, PriorityQueue, WaitingQueue, build_policies
-from stallfree.core.prefill import OnePartialPrefill, PartialPrefills, PrefillHost, PrefillRule, StepBudget
+from stallfree.core.prefill import (
+    NO_LIMITS,
+    OnePartialPrefill,
+    PartialPrefills,
+    PrefillHost,
+    PrefillRule,
+    StepBudget,
+    StepLimits,
+)
 from stallfree.core.queries import AdmissionQueries, KVQueries
 from stallfree.core.request import FinishReason, Request, RequestStatus
 
@@ -40,10 +51,9 @@ _PREFILLING = RequestStatus.PREFILLING
 _DECODING = RequestStatus.DECODING
 _PREEMPTED = RequestStatus.PREEMPTED
 
-_Decodes = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]
 
 
-class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
+class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle):
     """A continuous batching scheduler with a token budget and chunked prefill (docs/DESIGN.md section 1).
 
     It owns the waiting queue, the running set (a DecodeSet and the partial prefills) and its KV
@@ -79,7 +89,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             **options), the token budget.
         max_seqs, kv_tokens, **options: the keyword form: SchedulerConfig's fields by name (block_size=,
             policy=, num_spec_tokens=, max_num_partial_prefills=, ...).
-        kv_manager: None (build the manager the config names, core/kv_factory.py's kv_manager_for), or a
+        kv_manager: None (build the manager the config names, core/kv/factory.py's kv_manager_for), or a
             stallfree.core.kv.KVManager to ask instead, e.g. one delegating to another engine's block
             allocator; the config's KV fields then describe the rules it follows (the invariant
             checker models those), and its kv_total is the scheduler's.
@@ -101,16 +111,16 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         kv_tokens: int | None = None, *, kv_manager: KVManager | None = None, **options: Any,
     ) -> None:
         cfg = self.config = as_config(config, max_seqs, kv_tokens, options)
-        self.token_budget, self.max_seqs, self.block_size = cfg.token_budget, cfg.max_seqs, cfg.block_size
-        self.align_chunks = cfg.chunks_aligned
-        self.aging_interval, self.clock = cfg.aging_interval, cfg.clock
-        self.decode_overflow, self.num_spec_tokens = cfg.decode_overflow, cfg.num_spec_tokens
-        self.priority_ties = cfg.priority_ties
+        # The options the step reads, resolved once (config's chunks_aligned and partial_prefill_limits
+        # recompute their checks on each read).
+        self._token_budget, self._max_seqs, self._block_size = cfg.token_budget, cfg.max_seqs, cfg.block_size
+        self._align_chunks = cfg.chunks_aligned
+        self._aging_interval, self._clock = cfg.aging_interval, cfg.clock
+        self._num_spec_tokens = cfg.num_spec_tokens
         self._ties_by_arrival = cfg.priority_ties == "arrival"
-        self._chunking, self.policy, self._selection = build_policies(
+        self._chunking, self._policy, self._selection = build_policies(
             cfg.chunk_alignment, cfg.policy, cfg.aging_interval, cfg.clock, cfg.decode_overflow, cfg.num_spec_tokens)
         k, lng, thr = cfg.partial_prefill_limits
-        self.max_num_partial_prefills, self.max_long_partial_prefills, self.long_prefill_token_threshold = k, lng, thr
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
@@ -119,31 +129,28 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
         self._due = self._decodes.due
-        self._waiting: WaitingQueue = FCFSQueue() if self.policy == "fcfs" else PriorityQueue(self.priority_key)
+        self._waiting: WaitingQueue = FCFSQueue() if self._policy == "fcfs" else PriorityQueue(self._priority_key)
         self._seq = 0
         self._front_seq = -1  # add order of the next add(front=True): counts down
         self._admit_seq = 0
-        self._skipped: list[LiveRequest] = []
-        self._drafted: dict[Hashable, LiveRequest] = {}  # decodes with draft tokens set for the next step
-        self._held: list[LiveRequest] = []  # decodes at their last token whose drafts are unsettled
+        self._decode: PlainDecodes = SpeculativeDecodes(cfg.num_spec_tokens) if cfg.num_spec_tokens else PlainDecodes()
+        self._decode_host = DecodeHost(
+            self._decodes, self._kv, self._live, self._grow, self._selection,
+            self._priority_key if self._policy == "priority" else None, self._multi)
+        self._limits = NO_LIMITS  # what this step's schedule() asks of the prefill phase beyond its budget
         self._partials: list[LiveRequest] = []  # the prompts admitted and still in prefill, admission order
         self._host = PrefillHost(
             self, chunking=self._chunking, kv=self._kv, waiting=self._waiting, live=self._live,
-            partials=self._partials, max_seqs=self.max_seqs, policy=self.policy, priority_key=self.priority_key,
+            partials=self._partials, max_seqs=self._max_seqs, policy=self._policy, priority_key=self._priority_key,
             grow=self._grow, can_admit=self._kv_admits, admit=self._take_in, preempt=self._preempt,
             victim=self._victim, recomputed=self._recomputed,
         )
-        #: Preemptions so far, over all requests.
-        self.num_preemptions = 0
-        #: Prefill tokens scheduled in episodes after a preemption (prompt + generated, recomputed).
-        self.num_recomputed_tokens = 0
+        # Counters reported by stats(): preemptions so far, and prefill tokens scheduled in episodes after
+        # a preemption (prompt + generated, recomputed).
+        self._num_preemptions = 0
+        self._num_recomputed_tokens = 0
 
     # ------------------------------------------------------------------ public state
-
-    @property
-    def now(self) -> float:
-        """The clock's reading for the step being planned (or last planned), seconds; 0.0 without a clock."""
-        return self._now
 
     @property
     def partial_prefills(self) -> tuple[Hashable, ...]:
@@ -171,15 +178,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     def _runs_in_flight(self, obj: LiveRequest) -> bool:
         """A plan is in flight and `obj` is not a decode it skipped (whose KV does not grow in it)."""
-        return self._inflight is not None and obj not in self._skipped
+        return self._inflight is not None and obj not in self._decode.skipped
 
-    def priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
+    def _priority_key(self, obj: LiveRequest) -> tuple[float, ...]:
         """(effective priority, add order) of a live request, or (effective priority, arrival, add order)
         with priority_ties="arrival"; lower runs first under policy="priority"."""
         prio = obj.req.priority
-        if self.aging_interval is not None:
-            waited = self._now - obj.req.arrival if self.clock is not None else self._step - obj.arrival_step
-            prio = prio - math.floor(waited / self.aging_interval)
+        if self._aging_interval is not None:
+            waited = self._now - obj.req.arrival if self._clock is not None else self._step - obj.arrival_step
+            prio = prio - math.floor(waited / self._aging_interval)
         if self._ties_by_arrival:
             return (prio, obj.req.arrival, obj.seq)
         return (prio, obj.seq)
@@ -217,18 +224,14 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             raise KeyError(f"set_draft_tokens(): unknown rid {rid!r}")
         if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
             raise SchedulerStateError(f"set_draft_tokens(): num_drafts must be an integer >= 0, got {num_drafts!r}")
-        if self.num_spec_tokens:
+        if self._num_spec_tokens:
             raise SchedulerStateError(
                 f"set_draft_tokens(): this scheduler prices every decode with num_spec_tokens = "
-                f"{self.num_spec_tokens}; per-request draft tokens need num_spec_tokens = 0"
+                f"{self._num_spec_tokens}; per-request draft tokens need num_spec_tokens = 0"
             )
         if obj.status is not _DECODING or obj.finish_step < 0:
             return
-        obj.drafts = num_drafts
-        if num_drafts:
-            self._drafted[rid] = obj
-        else:
-            self._drafted.pop(rid, None)
+        self._speculative().set_drafts(obj, num_drafts)
 
     def take_back(self, rid: Hashable, num_rejected: int) -> FinishReason | None:
         """Settle the oldest provisional draft step of decode `rid`: `num_rejected` of its drafts were
@@ -270,13 +273,14 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             raise SchedulerStateError(f"take_back(): num_rejected for rid {rid!r} must be an integer from 0 to {d} "
                                       f"(the drafts of its oldest unsettled step), got {num_rejected!r}")
         obj.unsettled = obj.unsettled[1:]
-        held = any(o is obj for o in self._held)
+        spec = self._speculative()
+        held = spec.is_held(obj)
         if num_rejected:
             self._decodes.shift(obj, -num_rejected)
             self._kv.moved(obj, self._step)
             self._kv.trim(obj, obj.offset + self._step)
         if held and (num_rejected or not obj.unsettled):
-            self._held = [o for o in self._held if o is not obj]
+            spec.release(obj)
             if not num_rejected:
                 reason = end_reason(obj)
                 self._finish(obj, reason)
@@ -293,13 +297,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         obj = self._live_request(rid)
         return obj.unsettled
 
-    def _forget_drafts(self, obj: LiveRequest) -> None:
-        """`obj` stops running (finish, abort, preemption): its drafts, set or unsettled, are dropped."""
-        obj.drafts = 0
-        obj.unsettled = ()
-        self._drafted.pop(obj.rid, None)
-        if self._held:
-            self._held = [o for o in self._held if o is not obj]
+    def _speculative(self) -> SpeculativeDecodes:
+        """The decode phase as SpeculativeDecodes: a plain one becomes one (its skipped decodes kept) the
+        first time a decode is given draft tokens, so a scheduler that never drafts never pays for them."""
+        dec = self._decode
+        if not isinstance(dec, SpeculativeDecodes):
+            spec = SpeculativeDecodes(self._num_spec_tokens)
+            spec.skipped = dec.skipped
+            self._decode = dec = spec
+        return dec
 
     # ------------------------------------------------------------------ the step
 
@@ -349,7 +355,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"schedule() called twice: step {self._inflight.step} was not completed")
-        budget = self.token_budget if token_budget is None else self._step_budget(token_budget)
+        budget = self._token_budget if token_budget is None else self._step_budget(token_budget)
         refused: frozenset[int] | None = None
         if admit is not True and admit is not False:
             if not callable(admit):
@@ -358,26 +364,21 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
             admit = True
         if chunk_cap is not None and not callable(chunk_cap):
             raise InvalidConfig(f"schedule(): chunk_cap must be None or callable, got {chunk_cap!r}")
-        if self.clock is not None:
+        if self._clock is not None:
             # One reading per step, checked before anything changes.
-            now = self.clock()
+            now = self._clock()
             if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
                 raise SchedulerStateError(f"clock() must return a finite number of seconds, got {now!r}")
             self._now = float(now)
         step = self._step
         victims: list[LiveRequest] = []
-        left = StepBudget(budget)
-        decode_rids, decode_offsets, decode_tokens, used = self._schedule_decodes(left, step, victims)
+        decode_rids, decode_offsets, decode_tokens, used = self._decode.plan(self._decode_host, budget, step, victims)
         prefills: list[ScheduledChunk] = []
-        host = self._host
         if admit and chunk_cap is None and not refused:
-            admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
+            self._limits = NO_LIMITS
         else:
-            host.admitting, host.chunk_cap, host.refused = admit, chunk_cap, refused or None
-            try:
-                admitted = self._prefill.plan(host, left, prefills, victims, used > 0)
-            finally:
-                host.admitting, host.chunk_cap, host.refused = True, None, None
+            self._limits = StepLimits(admit, chunk_cap, refused or None)
+        admitted = self._prefill.plan(self._host, StepBudget(budget - used), prefills, victims, used > 0)
         if victims:
             self._requeue(victims, bool(refused))
         dec = self._decodes
@@ -399,10 +400,6 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         transfers = self._kv_transfers()
         if transfers is not NO_TRANSFERS:
             plan.kv_offloads, plan.kv_loads = transfers
-        if self._drafted:
-            for obj in self._drafted.values():  # draft tokens are for one step
-                obj.drafts = 0
-            self._drafted = {}
         self._inflight = plan
         return plan
 
@@ -420,120 +417,11 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     def _step_budget(self, token_budget: int) -> int:
         check_positive_int("token_budget", token_budget)
-        if token_budget > self.token_budget:
+        if token_budget > self._token_budget:
             raise InvalidConfig(
-                f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self.token_budget})"
+                f"token_budget for one step ({token_budget}) exceeds the configured token_budget ({self._token_budget})"
             )
-        return max(token_budget, self.block_size or 1) if self.align_chunks else token_budget
-
-    def _schedule_decodes(self, left: StepBudget, step: int, victims: list[LiveRequest]) -> _Decodes:
-        """Contract step 1, spending `left`: one entry per ready decode, oldest admitted first, up to
-        the budget, each with the KV of its tokens (preempting when the manager has none)."""
-        out = self._decode_entries(left.left, step, victims)
-        left.spend(out[3])
-        return out
-
-    def _decode_entries(self, budget: int, step: int, victims: list[LiveRequest]) -> _Decodes:
-        dec = self._decodes
-        if self._skipped:
-            self._skipped = []
-        k = self.num_spec_tokens
-        if self._drafted or self._held:
-            return self._draft_entries(budget, step, victims)
-        if not k and len(dec.recs) <= budget:
-            short = self._kv.promise_decode_blocks(step)
-            if short:
-                # In decode order, as _with_blocks and the checker: with K > 1 prompts may finish
-                # out of admission order, so the decode list is then not in admission order.
-                order: Callable[[LiveRequest], int] = _by_admission
-                if self._multi:
-                    pos = {id(o): i for i, o in enumerate(dec.recs)}
-                    order = lambda o: pos[id(o)]  # noqa: E731
-                for obj in sorted(short, key=order):
-                    if obj.status is _DECODING:  # not a victim of an older decode in this loop
-                        self._grow(obj, obj.offset + step + 1, step, victims)
-        if dec._stale or dec._dirty:
-            rids, offsets = dec.tuples()
-        else:
-            rids, offsets = dec._rids_t, dec._offsets_t
-        n = len(rids)
-        if k:
-            # The verification pass never goes past max_new, and a decode never costs more than the budget.
-            costs, total = dec.spec_costs(min(k, budget - 1), step)
-            if total > budget:
-                return self._with_blocks(*self._overflow(costs, budget), step, victims)
-            return self._with_blocks(rids, offsets, costs, total, step, victims)
-        if n <= budget:
-            return rids, offsets, None, n
-        return self._with_blocks(*self._overflow((1,) * n, budget), step, victims)
-
-    def _draft_entries(self, budget: int, step: int, victims: list[LiveRequest]) -> _Decodes:
-        """Contract step 1 with draft tokens (set_draft_tokens) or held decodes: one token for every
-        ready decode that is not held (the overflow rule when they exceed the budget), each with its KV
-        (preempting as without drafts); then, in batch order, each decode's drafts from what is left:
-        min(its drafts, the budget left, limit - generated - 1) of them, fewer when the KV manager
-        cannot hold them without a preemption (drafts never preempt)."""
-        dec = self._decodes
-        rids, offsets = dec.tuples()
-        recs = dec.recs
-        if self._held:
-            held = {id(o) for o in self._held}
-            keep = [i for i, o in enumerate(recs) if id(o) not in held]
-            rids = tuple(rids[i] for i in keep)
-            offsets = tuple(offsets[i] for i in keep)
-            recs = [recs[i] for i in keep]
-        n = len(rids)
-        if n <= budget:
-            out = self._with_blocks(rids, offsets, None, n, step, victims)
-        else:
-            out = self._with_blocks(*self._overflow((1,) * n, budget, recs, rids, offsets), step, victims)
-        if self._held:
-            self._skipped = self._skipped + [o for o in self._held if o.status is _DECODING]
-        rids, offsets, costs, used = out
-        drafted = self._drafted
-        left = budget - used
-        if not drafted or left <= 0:
-            return out
-        kv = self._kv
-        tokens = list(costs or (1,) * len(rids))
-        granted = False
-        for i, rid in enumerate(rids):
-            obj = drafted.get(rid)
-            if obj is None:
-                continue
-            d = min(obj.drafts, left, obj.limit - obj.num_output_tokens - 1)
-            start = offsets[i] + step + tokens[i]
-            while d > 0 and not kv.grow(obj, start + d, step):
-                d -= 1
-            if d > 0:
-                tokens[i] += d
-                left -= d
-                granted = True
-                if not left:
-                    break
-        if not granted:
-            return out
-        return rids, offsets, tuple(tokens), budget - left
-
-    def _with_blocks(
-        self, rids: tuple[Hashable, ...], offsets: tuple[int, ...], costs: tuple[int, ...] | None, total: int,
-        step: int, victims: list[LiveRequest],
-    ) -> _Decodes:
-        """When decodes did not all get one token: each chosen decode, oldest first, gets the KV of its
-        tokens, preempting as needed; victims leave the plan."""
-        live = self._live
-        tokens = costs or (1,) * len(rids)
-        for rid, off, c in zip(rids, offsets, tokens, strict=True):
-            obj = live[rid]
-            if obj.status is _DECODING:
-                self._grow(obj, off + step + c, step, victims)
-        if not victims:
-            return rids, offsets, costs, total
-        keep = [i for i, rid in enumerate(rids) if live[rid].status is _DECODING]
-        rids = tuple(rids[i] for i in keep)
-        offsets = tuple(offsets[i] for i in keep)
-        kept = tuple(tokens[i] for i in keep)
-        return rids, offsets, kept if costs else None, sum(kept)
+        return max(token_budget, self._block_size or 1) if self._align_chunks else token_budget
 
     def _grow(self, obj: LiveRequest, tokens: int, step: int, victims: list[LiveRequest]) -> bool:
         """Give a running request the blocks for `tokens` tokens, preempting others (or, when none
@@ -558,30 +446,9 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         later = [o for o in running if o.admit_seq > obj.admit_seq]
         if not later:
             return obj
-        if self.policy != "priority":
+        if self._policy != "priority":
             return max(later, key=_by_admission)
-        return max(later, key=lambda o: (self.priority_key(o)[0], o.admit_seq))
-
-    def _overflow(
-        self, costs: tuple[int, ...], budget: int, recs: list[LiveRequest] | None = None,
-        rids: tuple[Hashable, ...] | None = None, offsets: tuple[int, ...] | None = None,
-    ) -> tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]:
-        """Ready decodes exceed the budget: the selection hook picks who runs; the rest skip a step.
-        `recs`, `rids`, `offsets`: the ready decodes when not all of the decode set (held ones left out)."""
-        if recs is None:
-            recs = self._decodes.recs
-        order = None
-        if self.policy == "priority":
-            order = sorted(range(len(costs)), key=lambda i: self.priority_key(recs[i]))
-        chosen = self._selection.select(costs, budget, order)
-        picked = set(chosen)
-        self._skipped = [o for i, o in enumerate(recs) if i not in picked]
-        if rids is None or offsets is None:
-            rids, offsets = self._decodes.offsets_at(chosen)
-        else:
-            rids, offsets = tuple(rids[i] for i in chosen), tuple(offsets[i] for i in chosen)
-        tokens = tuple(costs[i] for i in chosen)
-        return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
+        return max(later, key=lambda o: (self._priority_key(o)[0], o.admit_seq))
 
     def _kv_admits(self, obj: LiveRequest, first_chunk: int, hits: Sequence[int]) -> bool:
         """Whether the KV manager admits `obj` with a first chunk of `first_chunk` tokens (`hits`: the
@@ -603,7 +470,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     def _recomputed(self, tokens: int) -> None:
         """Count prefill tokens scheduled in a recompute episode (after a preemption)."""
-        self.num_recomputed_tokens += tokens
+        self._num_recomputed_tokens += tokens
 
     def _preempt(self, obj: LiveRequest, step: int, victims: list[LiveRequest]) -> None:
         """Preempt a running request by recompute: free its KV, queue it to prefill prompt + generated."""
@@ -616,10 +483,11 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         obj.decode_step = -1
         obj.admit_seq = -1
         obj.num_preemptions += 1
-        self.num_preemptions += 1
+        self._num_preemptions += 1
         victims.append(obj)
-        if obj in self._skipped:
-            self._skipped.remove(obj)
+        skipped = self._decode.skipped
+        if obj in skipped:
+            skipped.remove(obj)
 
     def _requeue(self, victims: list[LiveRequest], filtered: bool = False) -> None:
         """Victims go back to the queue: FCFS, in front of every never-started request, oldest first
@@ -651,34 +519,15 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
                 self._waiting.append(obj)
 
     def _before_apply(self, plan: StepPlan, accepted: list[tuple[LiveRequest, int]]) -> int:
-        """Move the derived progress of skipped decodes back a step and of multi-token decodes forward."""
+        """Tell the KV manager which prompt tokens the step computed, then let the decode phase move the
+        progress of skipped decodes back a step and of multi-token decodes forward."""
         self._decodes.clock = self._step
         kv = self._kv
         live = self._live
         # The manager learns which tokens are computed as soon as the chunk that computes them completes.
         for chunk in plan.prefills:
             kv.filled(live[chunk.rid], chunk.start, chunk.start + chunk.num_tokens)
-        if plan._decode_tokens and not self.num_spec_tokens:
-            # Draft tokens without a verdict count as accepted, provisionally, until take_back().
-            named = {id(o) for o, _ in accepted}
-            for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
-                if c > 1:
-                    obj = live[rid]
-                    if id(obj) not in named:
-                        accepted.append((obj, c))
-                        obj.unsettled = (*obj.unsettled, c - 1)
-        if self._skipped or accepted:
-            shifts = [(o, -1) for o in self._skipped] + [(o, n - 1) for o, n in accepted]
-            for obj, delta in shifts:
-                self._decodes.shift(obj, delta)
-                kv.moved(obj, self._step)
-            self._skipped = []
-        if plan._decode_tokens:
-            # Rejected speculative tokens: their KV goes back.
-            for rid, c in zip(plan.decode_rids, plan._decode_tokens, strict=True):
-                if c > 1:
-                    obj = live[rid]
-                    kv.trim(obj, obj.offset + self._step)
+        self._decode.after_step(self._decode_host, plan, accepted, self._step)
         return plan.step
 
     # ------------------------------------------------------------------ lifecycle hooks
@@ -686,8 +535,8 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
     def _check_front(self, front: object) -> None:
         if not isinstance(front, bool):
             raise RequestRejected(f"add(): front must be a bool, got {front!r}")
-        if self.policy != "fcfs":
-            raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self.policy!r}")
+        if self._policy != "fcfs":
+            raise RequestRejected(f"add(): front=True needs policy='fcfs', the policy is {self._policy!r}")
 
     def _queue_front(self, obj: LiveRequest) -> None:
         """Queue `obj` at the head: its add order (`seq`) is the next of a count down from -1, so it sorts
@@ -713,7 +562,7 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
         """Drop a running request from the decodes (or the partial prefill) and free its KV."""
         self._kv.free(obj, self._step, self._runs_in_flight(obj))
         if obj.drafts or obj.unsettled:
-            self._forget_drafts(obj)
+            self._decode.forget(obj)
         if obj.finish_step >= 0:
             self._decodes.leave(obj)
         elif obj in self._partials:
@@ -722,29 +571,18 @@ class Scheduler(KVQueries, AdmissionQueries, RequestLifecycle):
 
     def _hold(self, obj: LiveRequest) -> None:
         """`obj` reached its last token with drafts unsettled: it stays, unscheduled, until take_back()."""
-        if all(o is not obj for o in self._held):
-            self._held.append(obj)
+        self._speculative().hold(obj)
 
     def _validate_accepted(
         self, plan: StepPlan, num_accepted: Mapping[Hashable, int]
     ) -> list[tuple[LiveRequest, int]]:
-        tokens = dict(zip(plan.decode_rids, plan._decode_tokens or (1,) * plan.num_decodes, strict=True))
-        out = []
-        for rid, n in num_accepted.items():
-            cost = tokens.get(rid)
-            if cost is None:
-                raise SchedulerStateError(f"num_accepted names rid {rid!r}, which did not decode in step {plan.step}")
-            if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= cost:
-                raise SchedulerStateError(f"num_accepted[{rid!r}] = {n!r}, must be an integer from 1 to {cost}")
-            if n > 1 or (cost > 1 and not self.num_spec_tokens):
-                out.append((self._live[rid], n))  # a decode with drafts that is named has its verdict
-        return out
+        return self._decode.validate_accepted(plan, num_accepted, self._live)
 
     def _decoded_in(self, obj: LiveRequest, plan: StepPlan) -> bool:
         return (
             obj.status is _DECODING
             and 0 <= obj.decode_step < plan.step
-            and obj not in self._skipped
+            and obj not in self._decode.skipped
         )
 
     def _first_token(self, obj: LiveRequest, step: int) -> None:

@@ -318,12 +318,12 @@ class LLMEngine:
             scheduler = engine_config(kv_tokens=default_kv_tokens(model, 64))
         if not hasattr(scheduler, "schedule"):
             scheduler = Scheduler(_fit_config(scheduler, cfg.max_model_len))
-        kv_policy = str(scheduler.kv_policy)
+        kv_policy = str(scheduler.config.kv_policy)
         config = getattr(scheduler, "config", None)
         scheduling_policy = config.policy if isinstance(config, SchedulerConfig) else "fcfs"
         self.scheduler = scheduler
         #: Prefix caching: prompts are hashed (hash_blocks) and cached KV blocks reused.
-        self.enable_prefix_caching = bool(scheduler.enable_prefix_caching)
+        self.enable_prefix_caching = bool(scheduler.config.enable_prefix_caching)
         self.kv_policy = kv_policy
         self.scheduling_policy = scheduling_policy
         table = scheduler.block_table
@@ -331,8 +331,8 @@ class LLMEngine:
             raise InvalidConfig("scheduler hands out no block tables (block_table is None): build it with "
                                 "a block_size, e.g. Scheduler(..., block_size=16)")
         self._block_table: Callable[[Hashable], Sequence[int]] = table
-        block_size = int(scheduler.block_size)
-        num_blocks = int(scheduler.num_blocks)
+        block_size = int(scheduler.config.block_size)
+        num_blocks = int(scheduler.stats().num_blocks)
         self.block_size = block_size
         self.kv = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, num_blocks, block_size,
                           model.dtype, model.device)
@@ -353,8 +353,8 @@ class LLMEngine:
         self._info = EngineInfo(
             model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
             max_token_chars=max_chars, max_token_alnum=max_alnum, max_token_bytes=max_bytes,
-            token_budget=int(scheduler.token_budget),
-            max_seqs=int(scheduler.max_seqs), kv_total_tokens=int(scheduler.kv_total),
+            token_budget=int(scheduler.config.token_budget),
+            max_seqs=int(scheduler.config.max_seqs), kv_total_tokens=int(scheduler.stats().kv_total),
             num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy, device=str(model.device),
             dtype=str(model.dtype).removeprefix("torch."),
@@ -392,7 +392,7 @@ class LLMEngine:
         s = self.scheduler
         h = s.headroom()
         reserve = self.kv_policy != "paged"
-        kv = h.kv_free if reserve else (h.num_free_blocks - s.watermark_blocks) * self.block_size
+        kv = h.kv_free if reserve else (h.num_free_blocks - s.stats().watermark_blocks) * self.block_size
         return Headroom(h.will_wait, h.slots, kv, h.budget_tokens, reserve, self.block_size)
 
     def admission(self) -> Admission:
@@ -432,7 +432,7 @@ class LLMEngine:
     @property
     def num_preemptions(self) -> int:
         """Running requests preempted so far (0 under the reservation scheduler)."""
-        return int(self.scheduler.num_preemptions)
+        return int(self.scheduler.stats().num_preemptions)
 
     def _legacy_config(self, args: tuple[Any, ...], options: dict[str, Any], scheduler: Any) -> Any:
         """The former keyword form LLMEngine(model, tokenizer, name, token_budget, max_seqs, kv_tokens, block_size,

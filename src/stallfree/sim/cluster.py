@@ -48,6 +48,8 @@ from stallfree.sim.routers import (
     RoundRobinRouter,
     make_router,
 )
+from stallfree.sim.session_run import SessionArrivals, SessionEntry, close_sessions
+from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.simulator import (
     ReplicaConfig,
@@ -157,12 +159,18 @@ def simulate_cluster(
     arrivals, entry, wall = run_group(reps, router, workload, max_new, too_long, closed_loop)
     closed = closed_loop is not None
     routed, ratios = entry.routed, entry.ratios
+    sessions = isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry)
+    sent = tuple(arrivals.sent_at) if isinstance(arrivals, SessionArrivals) else None
     for rep in reps:
-        _close_replica(rep, wall, tuple(arrivals.times) if closed else None, check)
-    merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, too_long)
+        _close_replica(rep, wall, tuple(arrivals.times) if closed else sent, check)
+    # A session's turn is refused for its length only if it was sent (an earlier refusal ends the session).
+    refused = dict(entry.refused) if sessions else too_long
+    merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, refused)
     merged.wall_s = wall
     if closed:
         merged.arrival = tuple(arrivals.times)
+    if isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry):
+        close_sessions(merged, workload, arrivals, entry)  # type: ignore[arg-type]
     _prefix_cache_figures(workload, reps, results, merged, routed)
     imb_mean = sum(ratios) / len(ratios) if ratios else None
     return ClusterResult(merged, results, routed, base, imb_mean, max(ratios) if ratios else None, wall)
@@ -219,6 +227,9 @@ def _prefix_cache_figures(
         res.prefix_cache_hit_rate = h / q if q else 0.0
         res.prefix_cache_evictions = e
         mine = [i for i, k in enumerate(routed) if k == rep.index]
+        if isinstance(wl, SessionWorkload):
+            res.prefix_cache_hit_rate_bound = wl.subset_bound(mine, bs)
+            continue
         ids = wl.prefix_ids
         sub = Workload(
             tuple(wl.arrivals[i] for i in mine), tuple(wl.prompt_lens[i] for i in mine),

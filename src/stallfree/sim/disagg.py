@@ -92,7 +92,7 @@ class Interconnect:
         latency_s: the fixed cost of one transfer (setup and first byte), s, >= 0.
 
     Raises:
-        ClusterError: bandwidth <= 0 or latency < 0 (or not finite).
+        ClusterError: a session workload (not modelled here); bandwidth <= 0 or latency < 0 (or not finite).
     """
 
     name: str
@@ -234,10 +234,14 @@ def simulate_disaggregated(
 
     Raises:
         ClusterError: a replica count < 1 or kv_bytes_per_token < 0, or a ReplicaConfig with
-            async_scheduling (not modelled under disaggregation: its gate hands requests over itself).
+            async_scheduling (not modelled under disaggregation: its gate hands requests over itself),
+            or a session workload (not modelled either).
         SimulationError, InvariantViolation: as simulate.
     """
     _check_counts(num_prefill, num_decode, kv_bytes_per_token)
+    if hasattr(workload, "session_ids"):  # a stallfree.sim.sessions.SessionWorkload
+        raise ClusterError("disaggregated prefill and decode do not model sessions in this version: replay "
+                           "them on aggregated replicas")
     for side, sc in (("prefill", prefill_scheduler), ("decode", decode_scheduler)):
         if isinstance(sc, ReplicaConfig) and sc.async_scheduling:
             raise ClusterError(f"{side}_scheduler: async_scheduling=True is not modelled under disaggregated "

@@ -191,7 +191,8 @@ def behaviour_line(resolved: Mapping[str, Any], by_engine: Mapping[str, Mapping[
         taken = [named[f] for f in named if f in by_engine]
         if len(taken) == len(named):
             return f"scheduling as {engine} does by default: {text} (engine defaults; flags override)"
-        return f"scheduling: {text} ({', '.join(taken)} as {engine} does by default; the rest as given)"
+        return (f"scheduling: {text} ({', '.join(taken)} as {engine} does by default; "
+                "the rest as given or as the command requires)")
     if source.get("kind") == "kernels":
         return f"scheduling: {text} (as given)"
     return f"scheduling: {text} (no engine's kernel tables price the run: the contract's defaults)"

@@ -21,6 +21,7 @@ from typing import Any
 
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.report import summarize_result
+from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.setup import TIME_BUDGET_CAP, Setup, SetupError
 from stallfree.sim.simulator import BATCHING_MODES, SchedulerLike, SimResult, saturated_throughput, simulate
 from stallfree.sim.time_budget import TimeBudgetConfig
@@ -176,9 +177,9 @@ def study_header(setup: Setup) -> dict[str, Any]:
 
 def offered_rate(setup: Setup, summary: dict[str, Any]) -> float:
     """The request rate a run's load is judged by, requests/s: the workload's mean arrival rate
-    (open loop), or the rate the closed-loop clients achieved (summary["achieved_request_rate"]:
-    requests sent / the run's duration; 0 when nothing finished)."""
-    if setup.closed_loop is None:
+    (open loop), or the rate the closed-loop clients or the sessions achieved
+    (summary["achieved_request_rate"]: requests sent / the run's duration; 0 when nothing finished)."""
+    if setup.closed_loop is None and not isinstance(setup.workload, SessionWorkload):
         return setup.workload.mean_rate
     return float(summary.get("achieved_request_rate") or 0.0)
 

@@ -21,6 +21,7 @@ from typing import Any
 from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
 from stallfree.sim.buckets import bucket_stats, prompt_bucket
 from stallfree.sim.buckets import table_rows as bucket_table_rows
+from stallfree.sim.session_run import session_summary
 from stallfree.sim.simulator import SimResult
 
 __all__ = [
@@ -170,7 +171,8 @@ def summarize_result(
         mean_kv_utilization and max_kv_utilization (reserved / total KV, time-weighted mean and
         maximum), mean_running_decodes, sim_wall_s, by_prompt_len (stallfree.sim.buckets.bucket_stats:
         per prompt-length bucket, requests and the median and p99 TTFT, TPOT and E2E, ms); plus the
-        scheduler config. A closed-loop run
+        scheduler config. A session run (stallfree.sim.sessions) adds ttft_by_turn and sessions
+        (stallfree.sim.sessions.session_summary). A closed-loop run
         (config concurrency, think_time_s) adds achieved_request_rate: requests sent (refused ones
         included) / duration_s, requests/s.
     """
@@ -196,6 +198,11 @@ def summarize_result(
         out.update(_stats(name, lat[key], pcts))
     out["by_prompt_len"] = bucket_stats(lat, res.prompt_len)
     out.update(_step_figures(res))
+    if res.session_keys is not None:
+        out.update(session_summary(res, float(res.config.get("frontend_s", 0.0))))
+        # As under closed-loop load, the replica sets the request rate: turns sent / duration.
+        sent = res.num_requests - res.rejected_by_reason.get("session_ended", 0)
+        out["achieved_request_rate"] = sent / out["duration_s"] if out.get("duration_s") else None
     return out
 
 
@@ -253,11 +260,13 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
     queue_ms, finish_reason, rejected (the message), rejected_reason ("context_length", "kv_capacity" or None).
     Times are None for rejected requests; tpot_ms is None below 2 tokens. With `replica` (a
     cluster's replica per request, -1 for one refused at arrival) a `replica` column follows rid
-    (None where -1). ttft_ms and e2el_ms include the engine profile's front end (config frontend_s,
+    (None where -1). A session run's rows end with session_id and turn. ttft_ms and e2el_ms include
+    the engine profile's front end (config frontend_s,
     as latency_arrays); the step times (admitted_s, first_token_s, finish_s) are the engine's."""
     start, end = res.step_start, res.step_end
     frontend = float(res.config.get("frontend_s", 0.0))
     rejected = dict(res.rejected)
+    keys = res.session_keys
     rows = []
     for r in range(res.num_requests):
         a, f, adm = res.first_step[r], res.finish_step[r], res.admit_step[r]
@@ -283,6 +292,8 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
         row["queue_ms"] = (start[adm] - arr) * 1e3 if adm >= 0 else None
         n = row["output_tokens"]
         row["tpot_ms"] = (end[f] - end[a]) / (n - 1) * 1e3 if f >= 0 and n > 1 else None
+        if keys is not None:
+            row["session_id"], row["turn"] = keys[r]
         rows.append(row)
     return rows
 
@@ -449,4 +460,31 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         if key == "p99_queue_ms":
             for title, cells in bucket_table_rows(summaries):
                 table.add_row(title, *cells)
+            for title, cells in _session_rows(summaries):
+                table.add_row(title, *cells)
     console().print(table)
+
+
+#: The most turns whose TTFT the table shows one row each (the JSON has every turn).
+_TABLE_TURNS = 10
+
+
+def _session_rows(summaries: Sequence[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """Rows of a session run (ttft_by_turn, sessions): mean | p99 TTFT by turn for the first turns, the
+    sessions completed and those ended early; none when no run has sessions."""
+    if all(s.get("ttft_by_turn") is None for s in summaries):
+        return []
+    turns = sorted({t["turn"] for s in summaries for t in s.get("ttft_by_turn") or ()})[:_TABLE_TURNS]
+    rows = []
+    for k in turns:
+        cells = []
+        for s in summaries:
+            t = next((t for t in s.get("ttft_by_turn") or () if t["turn"] == k), None)
+            cells.append("-" if t is None else f"{t['mean_ttft_ms']:,.1f} | {t['p99_ttft_ms']:,.1f}")
+        rows.append((f"TTFT mean | p99 (ms), turn {k}", cells))
+    done = [None if s.get("sessions") is None else s["sessions"] for s in summaries]
+    rows.append(("sessions completed", ["-" if x is None else f"{x['completed']:,} of {x['num_sessions']:,}"
+                                        for x in done]))
+    rows.append(("sessions ended early", ["-" if x is None else f"{sum(x['ended_by_reason'].values()):,}"
+                                          for x in done]))
+    return rows

@@ -134,6 +134,8 @@ class SimResult:
     #: A CPU KV tier's figures (stallfree.sim.simulator.tier_figures), None without one.
     kv_tier: dict[str, Any] | None = None
     rejected_kind: dict[int, str] = field(default_factory=dict)
+    #: Sessions (stallfree.sim.sessions): per request its (session_id, turn); None for other workloads.
+    session_keys: tuple[tuple[Any, int], ...] | None = None
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:

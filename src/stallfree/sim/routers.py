@@ -24,6 +24,8 @@ __all__ = [
     "DEFAULT_AFFINITY_LOAD_MARGIN",
     "DEFAULT_PREFIX_THRESHOLD",
     "DEFAULT_ROUTER_SEED",
+    "DEFAULT_SESSION_LOAD_FACTOR",
+    "DEFAULT_SESSION_LOAD_MARGIN",
     "ROUTERS",
     "LeastKVRouter",
     "LeastOutstandingRouter",
@@ -31,6 +33,7 @@ __all__ = [
     "RandomRouter",
     "RoundRobinRouter",
     "Router",
+    "SessionAffinityRouter",
     "VllmDPRouter",
     "make_router",
 ]
@@ -47,6 +50,15 @@ DEFAULT_PREFIX_THRESHOLD = 256
 #: rather than the candidate and the least loaded.
 DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
 DEFAULT_AFFINITY_LOAD_MARGIN = 4
+#: session-affinity load cap: a session leaves its replica only while that replica's unfinished
+#: requests exceed max(2 x the least loaded replica's, that + 16). Looser than prefix-affinity's, since
+#: moving a session throws its whole history's KV away (thousands of tokens to recompute, where a
+#: shared prefix is cached on several replicas). This project's choice, measured in docs/simulator.md
+#: ("Sessions"): on its conversation workload on 4 replicas the prefix-affinity cap (1.5, 4) moved
+#: turns and cost 2.2 points of hit rate and more than doubled the p99 TTFT (237 against 108 ms);
+#: (2, 16) moved none there.
+DEFAULT_SESSION_LOAD_FACTOR = 2.0
+DEFAULT_SESSION_LOAD_MARGIN = 16
 #: random router: the default seed.
 DEFAULT_ROUTER_SEED = 0
 
@@ -165,6 +177,63 @@ class PrefixAffinityRouter:
 
 
 @dataclass(slots=True)
+class SessionAffinityRouter:
+    """Each session's turns to the replica its first turn went to (the one that holds its history's
+    KV), unless that replica is overloaded; a session's first turn, and a turn whose replica is
+    overloaded, go to the least loaded replica (LeastOutstandingRouter), which the session then
+    follows.
+
+    Overloaded, the stated rule: with `low` the fewest unfinished requests on any replica, the
+    session's replica has more than max(load_factor x low, low + load_margin) unfinished requests,
+    the shape of PrefixAffinityRouter's load cap with looser defaults (2 and 16 requests:
+    DEFAULT_SESSION_LOAD_FACTOR, DEFAULT_SESSION_LOAD_MARGIN). The session
+    of each request comes from `sessions` (a session workload's per-turn session index, set by the
+    session run: stallfree.sim.sessions.run_sessions); without it every request is its own session,
+    so the router routes as least-outstanding.
+
+    Args:
+        load_factor: the relative cap, >= 1 (may be math.inf: never move a session).
+        load_margin: the absolute cap, requests, >= 0.
+
+    Raises:
+        ClusterError: load_factor < 1 (or nan), load_margin < 0.
+    """
+
+    load_factor: float = DEFAULT_SESSION_LOAD_FACTOR
+    load_margin: int = DEFAULT_SESSION_LOAD_MARGIN
+    sessions: Sequence[int] = ()
+    home: dict[int, int] = field(default_factory=dict)
+    fallback: LeastOutstandingRouter = field(default_factory=LeastOutstandingRouter)
+    #: Turns moved off their session's replica by the load cap.
+    num_moved: int = 0
+
+    def __post_init__(self) -> None:
+        f = self.load_factor
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f >= 1:
+            raise ClusterError(f"session-affinity load factor must be a number >= 1, got {f!r}")
+        m = self.load_margin
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise ClusterError(f"session-affinity load margin must be an integer >= 0 requests, got {m!r}")
+
+    def route(self, request: Request, replicas: Sequence[Replica]) -> int:
+        """Return the session's replica while it is not overloaded, else the least loaded one."""
+        rid = request.rid
+        if not isinstance(rid, int) or not 0 <= rid < len(self.sessions):
+            return self.fallback.route(request, replicas)
+        s = self.sessions[rid]
+        k = self.home.get(s)
+        if k is not None and k < len(replicas):
+            low = min(r.num_outstanding for r in replicas)
+            cap = math.inf if self.load_factor == math.inf else max(low * self.load_factor, low + self.load_margin)
+            if replicas[k].num_outstanding <= cap:
+                return k
+            self.num_moved += 1
+        k = self.fallback.route(request, replicas)
+        self.home[s] = k
+        return k
+
+
+@dataclass(slots=True)
 class RandomRouter:
     """A replica drawn uniformly with Python's random.Random(seed): the same seed, the same routes."""
 
@@ -180,15 +249,16 @@ class RandomRouter:
 
 
 #: Router names for the command line.
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp")
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp",
+           "session-affinity")
 
 
 def make_router(
     name: str,
     seed: int = DEFAULT_ROUTER_SEED,
     threshold: int = DEFAULT_PREFIX_THRESHOLD,
-    load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR,
-    load_margin: int = DEFAULT_AFFINITY_LOAD_MARGIN,
+    load_factor: float | None = None,
+    load_margin: int | None = None,
 ) -> Router:
     """Build a router by name (one of ROUTERS).
 
@@ -196,7 +266,8 @@ def make_router(
         name: the router.
         seed: random: the RNG seed.
         threshold: prefix-affinity: tokens of cached prefix needed to win, >= 0.
-        load_factor, load_margin: prefix-affinity: its load cap (PrefixAffinityRouter).
+        load_factor, load_margin: prefix-affinity and session-affinity: their load cap
+            (PrefixAffinityRouter, SessionAffinityRouter); None: the router's default.
 
     Raises:
         ClusterError: an unknown name, or a prefix-affinity option out of range.
@@ -208,9 +279,13 @@ def make_router(
     if name == "least-kv":
         return LeastKVRouter()
     if name == "prefix-affinity":
-        return PrefixAffinityRouter(threshold, load_factor, load_margin)
+        return PrefixAffinityRouter(threshold, DEFAULT_AFFINITY_LOAD_FACTOR if load_factor is None else load_factor,
+                                    DEFAULT_AFFINITY_LOAD_MARGIN if load_margin is None else load_margin)
     if name == "random":
         return RandomRouter(seed)
     if name == "vllm-dp":
         return VllmDPRouter()
+    if name == "session-affinity":
+        return SessionAffinityRouter(DEFAULT_SESSION_LOAD_FACTOR if load_factor is None else load_factor,
+                                     DEFAULT_SESSION_LOAD_MARGIN if load_margin is None else load_margin)
     raise ClusterError(f"unknown router {name!r} (choose from {', '.join(ROUTERS)})")

@@ -36,6 +36,14 @@ from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT
 from stallfree.sim.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, engine_defaults
 from stallfree.sim.engine_profile import EngineProfileError, ProfiledCostModel, default_profile, load_profile
 from stallfree.sim.load import ClosedLoop
+from stallfree.sim.sessions import (
+    SessionWorkload,
+    is_session_trace,
+    load_sessions,
+    parse_system_prompt,
+    parse_think_spec,
+    synthetic_sessions,
+)
 from stallfree.sim.simulator import ReplicaConfig, warn_deprecated
 from stallfree.sim.workload import (
     LengthSpec,
@@ -135,7 +143,11 @@ class WorkloadOptions:
             The requests keep their order and lengths (a trace's, or drawn from prompt_len and
             output_len: a length spec other than "trace" draws synthetic lengths without
             `synthetic` set); their arrival times are ignored, so rate_scale must stay None.
-        think_time: closed loop: seconds from a request's end to its client's next request, >= 0.
+        think_time: closed loop: seconds from a request's end to its client's next request, >= 0;
+            synthetic sessions: the think time before each later turn, seconds or a distribution
+            (stallfree.sim.sessions.parse_think_spec).
+        turns: synthetic sessions: turns per session, a length spec.
+        system_prompt: synthetic sessions: "TOKENS[,COUNT]" shared system prompts, or None.
     """
     trace: str | None = None
     trace_format: str = "auto"
@@ -155,7 +167,9 @@ class WorkloadOptions:
     shared_prefix: str | None = None
     shared_prefix_block: int = 16
     concurrency: int | None = None
-    think_time: float = 0.0
+    think_time: float | str = 0.0
+    turns: str = "fixed:4"
+    system_prompt: str | None = None
 
     @property
     def closed_loop(self) -> ClosedLoop | None:
@@ -166,7 +180,7 @@ class WorkloadOptions:
                 or rate_scale given with concurrency (closed-loop arrivals have no rate to scale).
         """
         if self.concurrency is None:
-            if self.think_time:
+            if self.think_time and self.synthetic != "sessions":
                 raise SetupError(f"think_time {self.think_time!r} s applies to closed-loop load: set concurrency",
                                  usage=True)
             return None
@@ -174,6 +188,9 @@ class WorkloadOptions:
             raise SetupError(f"rate_scale {self.rate_scale!r} scales open-loop arrivals; with concurrency "
                              f"{self.concurrency!r} the arrivals follow the finishes: leave rate_scale None",
                              usage=True)
+        if self.synthetic == "sessions" or not isinstance(self.think_time, int | float):
+            raise SetupError(f"concurrency {self.concurrency!r} is closed-loop load on single requests; sessions "
+                             f"and a think_time distribution ({self.think_time!r}) do not go with it", usage=True)
         try:
             return ClosedLoop(self.concurrency, self.think_time)
         except ValueError as exc:
@@ -255,6 +272,9 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         if opts.num_requests:
             wl = wl.head(opts.num_requests)
         return wl, opts.rate_scale or 1.0
+    if opts.synthetic == "sessions" or (opts.trace and (opts.trace_format == "sessions" or (
+            opts.trace_format == "auto" and is_session_trace(opts.trace)))):
+        return _session_workload(opts)
     closed = opts.closed_loop
     drawn = closed is not None and not opts.trace and (opts.prompt_len != "trace" or opts.output_len != "trace")
     if opts.synthetic or drawn:
@@ -292,6 +312,42 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     if closed is not None:
         return replace(wl, name=f"{wl.name}, closed loop x{closed.concurrency}"), 1.0
     return wl, opts.rate_scale or (1.0 if opts.trace else DEFAULT_RATE_SCALE)
+
+
+def _session_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
+    """build_workload for sessions: a session trace (`trace`) or synthetic conversations; `num_requests`
+    keeps the first N sessions, `start`/`end` the sessions starting in the window.
+
+    Raises:
+        SetupError: closed-loop load with sessions, too many sessions, a bad spec, an empty window.
+        TraceError: an unreadable session trace.
+    """
+    if opts.concurrency is not None:
+        opts.closed_loop  # noqa: B018 (raises the SetupError that names both)
+    if opts.trace:
+        wl: Workload = load_sessions(opts.trace, opts.skip_bad_rows)
+    else:
+        if (opts.num_requests or 0) > MAX_SYNTHETIC_REQUESTS:
+            raise SetupError(f"`num_requests`={opts.num_requests:,} sessions is more than a synthetic run draws "
+                             f"(at most {MAX_SYNTHETIC_REQUESTS:,})", usage=True)
+        try:
+            think = parse_think_spec(opts.think_time)
+            tokens, count = parse_system_prompt(opts.system_prompt) if opts.system_prompt else (0, 1)
+        except ValueError as exc:
+            raise SetupError(str(exc), usage=True) from None
+        wl = synthetic_sessions(opts.num_requests or 200, opts.rate, _length_spec(opts.turns, "turns"),
+                                _length_spec(opts.prompt_len if opts.prompt_len != "trace" else "fixed:200",
+                                             "prompt_len"),
+                                _length_spec(opts.output_len if opts.output_len != "trace" else "fixed:200",
+                                             "output_len"),
+                                think, tokens, count, opts.seed)
+    if opts.start or opts.end != math.inf:
+        wl = wl.window(opts.start, opts.end)
+        if not len(wl):
+            raise SetupError(f"no session starts in the window [{opts.start:g}, {opts.end:g}) s")
+    if opts.num_requests and opts.trace:
+        wl = wl.head(opts.num_requests)
+    return wl, opts.rate_scale or 1.0
 
 
 def parse_linear_cost(text: str) -> LinearCostModel:
@@ -748,8 +804,17 @@ class Setup:
         return replace(closed, think_time=closed.think_time + frontend)
 
     def _load_header(self) -> dict[str, Any]:
-        """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time."""
+        """Closed loop: no offered rate (arrivals follow finishes), the concurrency and think time; sessions:
+        no offered rate either, the number of sessions and their start rate (sessions/s)."""
         closed = self.closed_loop
+        wl = self.workload
+        if isinstance(wl, SessionWorkload):
+            # A turn is sent after the last one's answer: the request rate follows the replica, as in a
+            # closed loop; what is fixed in advance is the rate of session starts.
+            starts = [wl.arrivals[i] for i in range(len(wl)) if wl.turn[i] == 0]
+            span = starts[-1] - starts[0]
+            return {"offered_rate": None, "sessions": len(starts),
+                    "session_rate": (len(starts) - 1) / span if span > 0 else None}
         if closed is None:
             return {}
         return {"offered_rate": None, "concurrency": closed.concurrency, "think_time_s": closed.think_time}

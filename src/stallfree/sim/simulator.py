@@ -42,6 +42,8 @@ from stallfree.sim.result import (
     SimulationError,
     verify_tokens,
 )
+from stallfree.sim.session_run import SessionArrivals, SessionEntry, close_sessions, run_sessions
+from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.workload import Workload
 
 __all__ = [
@@ -262,6 +264,11 @@ def run_group(
     Raises:
         SimulationError, ClusterError: as EventLoop.run and route_to.
     """
+    if isinstance(workload, SessionWorkload):
+        if closed_loop is not None:
+            raise ValueError("sessions send each turn after the last one's answer: closed-loop load "
+                             f"(concurrency {closed_loop.concurrency}) does not apply to them")
+        return run_sessions(reps, router, workload, max_new, too_long)
     arrivals = Arrivals(workload, closed_loop)
     entry = Entry(reps, router, request_maker(workload, max_new, reps[0].inner, arrivals.times), too_long,
                   arrivals, track_imbalance=router is not None)
@@ -345,6 +352,8 @@ def simulate(
     reps = [Replica(0, sched, inner, res, cost_model, async_of(scheduler))]
     arrivals, entry, res.wall_s = run_group(reps, None, workload, max_new, too_long, closed_loop)
     _close_run(res, entry, tuple(arrivals.times) if closed_loop is not None else None, reps[0], workload, check)
+    if isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry):
+        close_sessions(res, workload, arrivals, entry)  # type: ignore[arg-type]
     return res
 
 

@@ -175,10 +175,10 @@ class TimeBudgetScheduler:
 
     def __init__(self, scheduler: Scheduler, cost_model: StepCostModel, target_s: float) -> None:
         self.target_s = _check_target(target_s)
-        if scheduler.num_spec_tokens:
+        if scheduler.config.num_spec_tokens:
             raise ValueError(
                 f"time budget mode prices one token per decode; the scheduler has num_spec_tokens = "
-                f"{scheduler.num_spec_tokens}"
+                f"{scheduler.config.num_spec_tokens}"
             )
         self.scheduler = scheduler
         self.cost_model = time_model(cost_model)
@@ -193,7 +193,7 @@ class TimeBudgetScheduler:
         return getattr(self.scheduler, name)
 
     def __repr__(self) -> str:
-        return f"TimeBudgetScheduler(target_s={self.target_s}, budget<={self.scheduler.token_budget})"
+        return f"TimeBudgetScheduler(target_s={self.target_s}, budget<={self.scheduler.config.token_budget})"
 
     # ------------------------------------------------------------------ the scheduler interface
 
@@ -256,7 +256,7 @@ class TimeBudgetScheduler:
             ValueError: from the cost model, on inconsistent counts (a scheduler fault).
         """
         num_decodes, context_sum = self.scheduler.decode_load
-        cap = self.scheduler.token_budget
+        cap = self.scheduler.config.token_budget
         cm, target = self.cost_model, self.target_s
         tokens = cm.max_tokens_within(target, num_decodes, context_sum, self._partial_start)
         if tokens == 0 and num_decodes > 1:

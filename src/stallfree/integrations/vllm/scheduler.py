@@ -172,7 +172,7 @@ class SyncScheduler(_VllmScheduler):
             if not request.is_finished() and rid in self.requests:
                 # In front of the never-started requests, as the core queues its own victims (and vLLM
                 # prepends a preempted request); a priority queue orders it by its key.
-                self._sf_queue(request, front=self.stallfree.policy == "fcfs")
+                self._sf_queue(request, front=self.stallfree.config.policy == "fcfs")
 
     def _sf_forget(self, rid: str) -> None:
         self._sf_mm.discard(rid)
@@ -385,7 +385,7 @@ class SyncScheduler(_VllmScheduler):
             if request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
                 continue
             rid = request.request_id
-            if core.has_request(rid):
+            if rid in core:
                 core.abort(rid)
             if rid not in self.finished_recving_kv_req_ids:
                 continue
@@ -396,7 +396,7 @@ class SyncScheduler(_VllmScheduler):
         if not back:
             return
         # Each add(front=True) goes to the head: added last to first, they keep the order their loads started.
-        fcfs = core.policy == "fcfs"
+        fcfs = core.config.policy == "fcfs"
         for request in reversed(back) if fcfs else back:
             self._sf_queue(request, front=fcfs)
 
@@ -494,9 +494,9 @@ class SyncScheduler(_VllmScheduler):
         if not slots:
             return None
         core = self.stallfree
-        n = min(core.max_seqs, core.num_running + num_waiting)
+        n = min(core.config.max_seqs, core.num_running + num_waiting)
         left = int(self.scheduler_config.max_num_batched_tokens) - slots * n
-        return max(1, min(core.token_budget, left))
+        return max(1, min(core.config.token_budget, left))
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         """vLLM's update_from_output; first, each decode's rejected drafts are taken back in the core (vLLM takes

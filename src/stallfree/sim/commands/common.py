@@ -22,6 +22,7 @@ from stallfree.core.metrics import parse_duration
 from stallfree.flags import KNOBS, add_scheduler_flags, flag_text, scheduler_options
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS
 from stallfree.sim.executors import EXECUTORS, Executor, ExecutorError, make_executor
+from stallfree.sim.sessions import parse_think_spec
 from stallfree.sim.setup import (
     DEFAULT_RATE_SCALE,
     DEFAULTS,
@@ -81,6 +82,19 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def think_time(text: str) -> float | str:
+    """An argparse type for --think-time: a duration ("200ms", "1s", bare = ms), in seconds, or a think-time
+    distribution in seconds for --synthetic sessions ("fixed:S", "uniform:LO,HI", "exponential:MEAN",
+    "lognormal:MEDIAN,SIGMA"; stallfree.sim.sessions.parse_think_spec), kept as its text."""
+    if ":" in text:
+        try:
+            parse_think_spec(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text.strip()
+    return duration(text)
 
 
 def positive_duration(text: str) -> float:
@@ -161,11 +175,20 @@ def _add_workload_args(w: Any) -> None:
         "Mooncake FAST'25 conversation trace",
     )
     w.add_argument(
-        "--trace-format", default="auto", choices=["auto", "azure", "burstgpt", "csv", "jsonl", "mooncake"]
+        "--trace-format", default="auto",
+        choices=["auto", "azure", "burstgpt", "csv", "jsonl", "mooncake", "sessions"],
+        help="auto picks by extension and header; a JSONL whose first object has session_id is a session trace",
     )
     w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
-    w.add_argument("--synthetic", choices=["poisson", "gamma", "shared-prefix"],
-                   help="draw synthetic arrivals instead of a trace (shared-prefix: with --shared-prefix)")
+    w.add_argument("--synthetic", choices=["poisson", "gamma", "shared-prefix", "sessions"],
+                   help="draw synthetic arrivals instead of a trace (shared-prefix: with --shared-prefix; "
+                        "sessions: multi-turn conversations, --rate in sessions/s, --prompt-len each turn's new "
+                        "input, --turns, --think-time, --system-prompt)")
+    w.add_argument("--turns", default=None, metavar="DIST",
+                   help="--synthetic sessions: turns per session, a length distribution (default fixed:4)")
+    w.add_argument("--system-prompt", default=None, metavar="TOKENS[,COUNT]",
+                   help="--synthetic sessions: every session opens with one of COUNT (default 1) system prompts "
+                        "of TOKENS tokens, shared as a cached prefix (default none)")
     w.add_argument("--shared-prefix", default=None, metavar="G,P,S,Q",
                    help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
                         "within a group, a question of Q tokens (outputs: --output-len; hits need --kv-policy "
@@ -280,7 +303,7 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         concurrency=args.concurrency,
         think_time=args.think_time,
         # The synthetic-only options as given; one left out takes WorkloadOptions's default.
-        **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len")
+        **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len", "turns", "system_prompt")
            if (value := vars(args)[name]) is not None},
     )
 
@@ -301,10 +324,12 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
     needs = " or --concurrency N" if closed else ""
     read = {
         "--rate": (args.rate, synthetic is not None,
-                   "synthetic arrivals: add --synthetic poisson, gamma or shared-prefix"),
+                   "synthetic arrivals: add --synthetic poisson, gamma, shared-prefix or sessions"),
+        "--turns": (args.turns, synthetic == "sessions", "--synthetic sessions: add it"),
+        "--system-prompt": (args.system_prompt, synthetic == "sessions", "--synthetic sessions: add it"),
         "--burstiness": (args.burstiness, synthetic == "gamma",
                          "--synthetic gamma (the shape of its gaps): add it"),
-        "--prompt-len": (args.prompt_len, synthetic in ("poisson", "gamma") or closed_drawn,
+        "--prompt-len": (args.prompt_len, synthetic in ("poisson", "gamma", "sessions") or closed_drawn,
                          f"synthetic load: add --synthetic poisson or gamma{needs}"
                          + (" without --trace" if closed else "")),
         "--output-len": (args.output_len, synthetic is not None or closed_drawn,

@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.slo_ttft is None and args.slo_tpot is None:
         raise CliError("plan needs an SLO: give --slo-ttft and/or --slo-tpot", 2)
+    if args.synthetic == "sessions" or args.trace_format == "sessions":
+        raise CliError("plan sizes a cluster for an offered request rate; sessions have none in advance (each "
+                       "turn waits for the last one's answer): run `stallfree simulate --replicas N` on them", 2)
     if not 0 < args.slo_attainment <= 1:
         raise CliError(f"--slo-attainment {args.slo_attainment:g}: must be in (0, 1]", 2)
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]

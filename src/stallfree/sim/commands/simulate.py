@@ -31,7 +31,6 @@ from stallfree.sim.commands.common import (
     add_common,
     check_partial_prefill_flags,
     check_synthetic_flags,
-    duration,
     ensure_writable_dir,
     ensure_writable_file,
     flag_message,
@@ -41,6 +40,7 @@ from stallfree.sim.commands.common import (
     rejection_warning,
     served_nothing,
     setup_from_args,
+    think_time,
 )
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.disagg import (
@@ -57,6 +57,8 @@ from stallfree.sim.disagg import (
 from stallfree.sim.experiment import Experiment, run_experiment, run_tag
 from stallfree.sim.report import print_table
 from stallfree.sim.result import ClusterError
+from stallfree.sim.routers import DEFAULT_SESSION_LOAD_FACTOR, DEFAULT_SESSION_LOAD_MARGIN
+from stallfree.sim.sessions import SessionWorkload
 from stallfree.sim.setup import TIME_BUDGET_CAP
 from stallfree.sim.simulator import BATCHING_MODES
 from stallfree.sim.writers import write_disagg_out, write_disagg_records, write_experiment, write_records
@@ -255,10 +257,15 @@ def run(args: argparse.Namespace) -> int:
             args.enable_prefix_caching = False
     setup = setup_from_args(args)
     _check_resolved(args, setup)
-    if caching and setup.workload.prefix_ids is None:
+    sessions = isinstance(setup.workload, SessionWorkload)
+    if caching and setup.workload.prefix_ids is None and not sessions:
         flag = "--compare-caching" if args.compare_caching else given(args, "enable_prefix_caching")
         print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
               "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
+    if args.disaggregate is not None and sessions:
+        raise CliError("--disaggregate does not model sessions in this version (a turn's history would move "
+                       "between the prefill and the decode side): drop --disaggregate, or replay the turns as "
+                       "single requests", 2)
     if args.disaggregate is not None:
         # Typed, it is refused; the pricing engine's default is left out on both sides, and said.
         if given(args, "async_scheduling") and args.async_scheduling:
@@ -335,8 +342,15 @@ def _check_flags(args: argparse.Namespace) -> None:
     given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
     check_partial_prefill_flags(args)
     check_synthetic_flags(args)
-    if args.concurrency is None and args.think_time:
-        raise CliError("--think-time applies to closed-loop load: add --concurrency N", 2)
+    sessions = args.synthetic == "sessions"
+    if args.concurrency is None and args.think_time and not sessions:
+        raise CliError("--think-time applies to closed-loop load or --synthetic sessions: add --concurrency N", 2)
+    if args.concurrency is not None and not isinstance(args.think_time, float):
+        raise CliError(f"--think-time {args.think_time}: closed-loop load takes one duration; a distribution "
+                       "goes with --synthetic sessions", 2)
+    if sessions and args.concurrency is not None:
+        raise CliError("--concurrency does not apply to --synthetic sessions: each turn is sent after the last "
+                       "one's answer and its think time", 2)
     if args.concurrency is not None and args.rate_scale is not None:
         raise CliError("--rate-scale scales open-loop arrivals; with --concurrency the arrivals follow the "
                        "finishes: drop --rate-scale", 2)
@@ -355,9 +369,10 @@ def _check_flags(args: argparse.Namespace) -> None:
                 raise CliError(f"{flag} applies to --disaggregate P:D (or search): add it or drop {flag}", 2)
     router = args.router or ("least-outstanding" if disagg or args.replicas > 1 else None)
     for flag, name, _ in _AFFINITY_FLAGS:
-        if getattr(args, name) is not None and (router != "prefix-affinity" or disagg):
+        takes = ("prefix-affinity",) if name == "prefix_affinity_threshold" else ("prefix-affinity", "session-affinity")
+        if getattr(args, name) is not None and (router not in takes or disagg):
             where = "without --disaggregate" if disagg else f"(the router is {router or 'none: one replica'})"
-            raise CliError(f"{flag} applies to --router prefix-affinity {where}: drop {flag}", 2)
+            raise CliError(f"{flag} applies to --router {' or '.join(takes)} {where}: drop {flag}", 2)
     if args.router_seed is not None and router != "random":
         raise CliError(f"--router-seed applies to --router random (the router is {router or 'none: one replica'})"
                        ": drop --router-seed", 2)
@@ -392,8 +407,10 @@ def _add_load_flags(sim: Any) -> None:
         "ends; arrival times are ignored. With --num-requests and --prompt-len/--output-len (fixed:N ...)",
     )
     c.add_argument(
-        "--think-time", type=duration, default=0.0, metavar="T",
-        help="--concurrency: time from a request's end to its client's next request (100ms, 1s; bare = ms)",
+        "--think-time", type=think_time, default=0.0, metavar="T",
+        help="--concurrency: time from a request's end to its client's next request (100ms, 1s; bare = ms); "
+        "--synthetic sessions: the think or tool time before each later turn, a duration or a distribution "
+        "in seconds (fixed:S, uniform:LO,HI, exponential:MEAN, lognormal:MEDIAN,SIGMA)",
     )
 
 
@@ -414,13 +431,15 @@ def _add_cluster_flags(sim: Any) -> None:
     )
     c.add_argument(
         "--affinity-load-factor", type=float, default=None, metavar="F",
-        help="prefix-affinity: a replica wins on its cache only while its unfinished requests are <= "
+        help="prefix-affinity, session-affinity: a replica wins on its cache only while its unfinished requests are <= "
         f"max(F x the least loaded's, that + --affinity-load-margin) (default {DEFAULT_AFFINITY_LOAD_FACTOR:g}; "
+        f"session-affinity: a session leaves its replica past it, default {DEFAULT_SESSION_LOAD_FACTOR:g}; "
         "inf: no cap)",
     )
     c.add_argument(
         "--affinity-load-margin", type=int, default=None, metavar="N",
-        help=f"prefix-affinity: the cap's absolute margin, requests (default {DEFAULT_AFFINITY_LOAD_MARGIN})",
+        help="prefix-affinity, session-affinity: the cap's absolute margin, requests "
+        f"(default {DEFAULT_AFFINITY_LOAD_MARGIN}; session-affinity {DEFAULT_SESSION_LOAD_MARGIN})",
     )
 
     c.add_argument(
@@ -551,8 +570,7 @@ def _run_cluster(args: argparse.Namespace, setup: Any) -> tuple[Experiment, Any]
         router = make_router(
             name, given(args.router_seed, DEFAULT_ROUTER_SEED),
             given(args.prefix_affinity_threshold, DEFAULT_PREFIX_THRESHOLD),
-            given(args.affinity_load_factor, DEFAULT_AFFINITY_LOAD_FACTOR),
-            given(args.affinity_load_margin, DEFAULT_AFFINITY_LOAD_MARGIN),
+            args.affinity_load_factor, args.affinity_load_margin,  # None: the router's own default
         )
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
@@ -598,6 +616,10 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     rate = header["offered_rate"]
     offered = f"{rate:,.2f} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
     scale = f"rate scale {header['rate_scale']:g} ({offered})"
+    if header.get("sessions") is not None:
+        srate = header["session_rate"]
+        scale = (f"{header['sessions']:,} sessions" + (f" starting at {srate:,.3g}/s" if srate else "")
+                 + ", each turn sent after the last one's answer")
     if header.get("concurrency") is not None:
         think = header["think_time_s"]
         scale = f"closed loop: {header['concurrency']} in flight"

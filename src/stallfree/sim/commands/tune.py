@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
     if not 0 < args.slo_attainment <= 1:
         raise CliError(f"--slo-attainment {args.slo_attainment:g}: must be in (0, 1]", 2)
+    if args.synthetic == "sessions" or args.trace_format == "sessions":
+        raise CliError("tune searches at an offered request rate; sessions have none in advance (each turn "
+                       "waits for the last one's answer): run `stallfree simulate` on them", 2)
     if not 0 <= args.tie_tolerance < 1:
         raise CliError(f"--tie-tolerance must be in [0, 1), got {args.tie_tolerance!r}", 2)
     problem = partial_prefill_flag_problem(

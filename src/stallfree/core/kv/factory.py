@@ -1,5 +1,5 @@
-"""Which KV manager a SchedulerConfig names: the one function that builds it (Scheduler calls it unless
-given a manager). It sits above core/kv.py and core/kv_tier.py, which it chooses between.
+"""Which KV manager a SchedulerConfig names: the one place that builds one (Scheduler calls it unless given
+a manager). It sits above the managers it chooses between.
 
 Imports allowed: the standard library and stallfree.core only.
 """
@@ -8,10 +8,29 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from stallfree.core.kv import PagedKV, ReservationKV, build_kv_manager
-from stallfree.core.kv_tier import TieredKV
+from stallfree.core.kv.paged import PagedKV
+from stallfree.core.kv.reservation import ReservationKV
+from stallfree.core.kv.tier import TieredKV
 
-__all__ = ["KVOptions", "kv_manager_for"]
+__all__ = ["KVOptions", "build_kv_manager", "kv_manager_for"]
+
+
+def build_kv_manager(
+    kv_policy: str, kv_tokens: int, block_size: int | None, watermark: float, enable_prefix_caching: bool
+) -> ReservationKV | PagedKV:
+    """Build the KV manager that Scheduler(kv_policy=...) uses (its arguments already validated).
+
+    Args:
+        kv_policy: "reserve" or "paged".
+        kv_tokens: KV capacity in tokens; "paged" gets kv_tokens // block_size blocks.
+        block_size: tokens per block (required under "paged"), or None.
+        watermark: "paged": the fraction of blocks kept free at admission.
+        enable_prefix_caching: "paged": keep computed prompt blocks for reuse.
+    """
+    if kv_policy == "paged":
+        assert block_size is not None
+        return PagedKV(kv_tokens // block_size, block_size, watermark, enable_prefix_caching)
+    return ReservationKV(kv_tokens, block_size)
 
 
 class KVOptions(Protocol):

@@ -1,0 +1,556 @@
+"""Sessions: multi-turn conversations and agents, each turn sent its think or tool time after the
+previous turn's last token, its prompt the whole conversation so far plus its own new input.
+
+Imports allowed: the standard library, stallfree._files and stallfree.sim.workload.
+
+The workload (SessionWorkload) is a Workload with one request per turn, in the order (session start,
+session, turn), so a session's turns are consecutive rids; its `arrivals` hold each turn's session
+start (what --rate-scale scales; the think times `delay_s` are never scaled). Turn k's prompt is
+
+    system_prompt_tokens + sum over j < k of (input_tokens[j] + output_tokens[j]) + input_tokens[k]
+
+tokens: one growing token stream per session, so stream block b (tokens [b*B, (b+1)*B)) has one
+identity for every turn that holds it, and a turn's block hashes (the prompt's full blocks, then the
+full blocks of its own output, which the scheduler caches when the turn finishes) make its history a
+cached prefix. A block wholly inside a system prompt is named by that prompt's id, so sessions that
+share a system prompt share its blocks.
+
+The run is stallfree.sim.session_run.
+
+Why one module of over 400 lines: the trace reader and the synthetic generator build sessions the same
+way (_Turn, _Session, _build) and produce the same SessionWorkload; split apart, each half would import
+the other's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text
+from stallfree.sim.workload import (
+    MAX_ARRIVAL_S,
+    MAX_ARRIVAL_SPAN_S,
+    MAX_LENGTH,
+    LengthSpec,
+    TraceError,
+    TraceFileError,
+    Workload,
+    _sample_lengths,
+)
+
+__all__ = [
+    "MAX_TURNS",
+    "dump_turn",
+    "SessionWorkload",
+    "ThinkSpec",
+    "is_session_trace",
+    "load_sessions",
+    "looks_like_sessions",
+    "parse_system_prompt",
+    "parse_think_spec",
+    "synthetic_sessions",
+]
+
+#: The most turns one session may have (a guard against a typo such as --turns fixed:1e6).
+MAX_TURNS = 10_000
+# Stream block identities: session s's block b is s << 32 | b; system prompt p's block b is
+# ~(p << 32 | b) (negative), so the two never meet. 2**32 blocks of >= 1 token exceed any context.
+_SHIFT = 32
+_KEPT_MESSAGES = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SessionWorkload(Workload):
+    """A Workload of sessions: one request per turn, a session's turns consecutive (module docstring).
+
+    Attributes (per turn, aligned with arrivals, prompt_lens and output_lens):
+        session: the session's index, 0 .. num_sessions - 1, in start order.
+        turn: the turn's number in its session, 0, 1, ...
+        delay_s: think or tool time before the turn, s (0.0 for turn 0).
+        input_lens: the turn's new tokens (turn 0's without its system prompt).
+    Attributes (per session):
+        session_ids: the session's id as the trace names it (a string or an integer).
+        system_ids: index of its system prompt, or -1 for none.
+        system_lens: its system prompt's tokens (0 for none).
+
+    Raises:
+        ValueError: the per-turn tuples differ in length, or a session's turns are not consecutive
+            and numbered 0, 1, ...
+    """
+
+    session: tuple[int, ...] = ()
+    turn: tuple[int, ...] = ()
+    delay_s: tuple[float, ...] = ()
+    input_lens: tuple[int, ...] = ()
+    session_ids: tuple[str | int, ...] = ()
+    system_ids: tuple[int, ...] = ()
+    system_lens: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        Workload.__post_init__(self)
+        n = len(self.arrivals)
+        if not len(self.session) == len(self.turn) == len(self.delay_s) == len(self.input_lens) == n:
+            raise ValueError(f"session workload {self.name!r}: per-turn fields differ in length from {n} turns")
+        for i in range(n):
+            first = i == 0 or self.session[i - 1] != self.session[i]
+            if self.turn[i] != (0 if first else self.turn[i - 1] + 1):
+                raise ValueError(f"session workload {self.name!r}: turn {i} is turn {self.turn[i]} of session "
+                                 f"{self.session[i]}; a session's turns must be consecutive, from 0")
+
+    @property
+    def num_sessions(self) -> int:
+        """Sessions with at least one turn in the workload."""
+        return sum(1 for t in self.turn if t == 0)
+
+    def next_turn(self, rid: int) -> int:
+        """The rid of the turn after `rid` in its session, or -1 for its last turn."""
+        nxt = rid + 1
+        return nxt if nxt < len(self.turn) and self.turn[nxt] else -1
+
+    def stream_hashes(self, rid: int, block_size: int, num_output: int) -> tuple[int, ...]:
+        """Turn `rid`'s block hashes: one per full block of its prompt, then one per full block of its
+        first `num_output` generated tokens whose KV is computed (prompt_len + num_output - 1 tokens:
+        the last sampled token is never fed back), each block named by its place in the session's
+        stream (module docstring)."""
+        plen = self.prompt_lens[rid]
+        n = (plen + max(num_output, 1) - 1) // block_size
+        s = self.session[rid]
+        sys_id, sys_blocks = self.system_ids[s], self.system_lens[s] // block_size
+        base = s << _SHIFT
+        if sys_id < 0 or not sys_blocks:
+            return tuple(range(base, base + n))
+        sys_base = sys_id << _SHIFT
+        k = min(sys_blocks, n)
+        return tuple(~(sys_base + b) for b in range(k)) + tuple(range(base + k, base + n))
+
+    def history_lens(self) -> list[int]:
+        """Per turn, the tokens before its new input: its system prompt and every earlier turn's input
+        and output."""
+        return [p - x for p, x in zip(self.prompt_lens, self.input_lens, strict=True)]
+
+    def prefix_hit_bound(self, block_size: int) -> float | None:
+        """The hit rate an infinite prefix cache reaches on these sessions: per turn, the full blocks of
+        everything before its new input but the previous answer's last token (a sampled token is never
+        fed back, so no engine holds its KV), for turn 0 its system prompt when an earlier-starting
+        session used it, capped at prompt_len - 1 tokens as the scheduler computes the last token; hit
+        prompt tokens / prompt tokens. Every answer of at least one token long leaves it at most one
+        block per turn under the history's full blocks."""
+        return self.subset_bound(range(len(self)), block_size)
+
+    def subset_bound(self, rids: Sequence[int] | range, block_size: int) -> float:
+        """prefix_hit_bound over the turns `rids` only (the turns one replica served, in rid order): a turn
+        can hit its system prompt once an earlier turn among `rids` used it, and its session's stream up to
+        what the latest earlier turn of its session among `rids` computed (that turn's prompt and output
+        but the output's last token). Over every turn this is everything before the turn's new input but
+        the previous answer's last token."""
+        seen: set[int] = set()
+        computed: dict[int, int] = {}
+        hits = total = 0
+        plens, outs = self.prompt_lens, self.output_lens
+        for i in rids:
+            plen = plens[i]
+            total += plen
+            s = self.session[i]
+            sid = self.system_ids[s]
+            h = self.system_lens[s] if sid >= 0 and sid in seen else 0
+            if sid >= 0:
+                seen.add(sid)
+            h = max(h, computed.get(s, 0))
+            computed[s] = plen + outs[i] - 1
+            hits += min(h // block_size, (plen - 1) // block_size) * block_size
+        return hits / total if total else 0.0
+
+    def head(self, n: int) -> SessionWorkload:
+        """The first n sessions (all of them when n >= num_sessions), every turn of each.
+
+        Raises:
+            ValueError: n < 1.
+        """
+        if n < 1:
+            raise ValueError(f"number of sessions must be >= 1, got {n!r}")
+        return self._select([i for i in range(len(self)) if self.session[i] < n], shift=0.0)
+
+    def _select(self, idx: range | list[int], shift: float) -> SessionWorkload:
+        """The turns `idx` (whole sessions: a window selects by session start, which every turn holds)."""
+        idx = list(idx)
+        keep = sorted({self.session[i] for i in idx})
+        new = {s: k for k, s in enumerate(keep)}
+        return replace(
+            self,
+            arrivals=tuple(self.arrivals[i] - shift for i in idx),
+            prompt_lens=tuple(self.prompt_lens[i] for i in idx),
+            output_lens=tuple(self.output_lens[i] for i in idx),
+            session=tuple(new[self.session[i]] for i in idx),
+            turn=tuple(self.turn[i] for i in idx),
+            delay_s=tuple(self.delay_s[i] for i in idx),
+            input_lens=tuple(self.input_lens[i] for i in idx),
+            session_ids=tuple(self.session_ids[s] for s in keep),
+            system_ids=tuple(self.system_ids[s] for s in keep),
+            system_lens=tuple(self.system_lens[s] for s in keep),
+        )
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn as read, before the sessions are laid out."""
+
+    line: int
+    key: str | int
+    turn: int
+    start: float
+    delay: float
+    input_len: int
+    output_len: int
+    system: str | int | None = None
+    system_len: int = 0
+
+
+@dataclass(slots=True)
+class _Session:
+    turns: list[_Turn] = field(default_factory=list)
+
+
+def _build(sessions: list[_Session], name: str, skipped: int, notes: list[str]) -> SessionWorkload:
+    """Lay sessions out in (start, first appearance) order, turns in order; compute the prompts."""
+    order = sorted(range(len(sessions)), key=lambda k: sessions[k].turns[0].start)
+    t0 = min(s.turns[0].start for s in sessions)
+    sys_index: dict[str | int, int] = {}
+    cols: dict[str, list[Any]] = {k: [] for k in ("arr", "plen", "olen", "sess", "turn", "delay", "inp")}
+    ids: list[str | int] = []
+    sys_ids: list[int] = []
+    sys_lens: list[int] = []
+    for new, k in enumerate(order):
+        turns = sessions[k].turns
+        first = turns[0]
+        sid = -1 if first.system is None else sys_index.setdefault(first.system, len(sys_index))
+        ids.append(first.key)
+        sys_ids.append(sid)
+        sys_lens.append(first.system_len)
+        context = first.system_len
+        for t in turns:
+            plen = context + t.input_len
+            cols["arr"].append(first.start - t0)
+            cols["plen"].append(plen)
+            cols["olen"].append(t.output_len)
+            cols["sess"].append(new)
+            cols["turn"].append(t.turn)
+            cols["delay"].append(t.delay)
+            cols["inp"].append(t.input_len)
+            context = plen + t.output_len
+    return SessionWorkload(
+        arrivals=tuple(cols["arr"]), prompt_lens=tuple(cols["plen"]), output_lens=tuple(cols["olen"]), name=name,
+        skipped_rows=skipped, notes=tuple(notes), session=tuple(cols["sess"]), turn=tuple(cols["turn"]),
+        delay_s=tuple(cols["delay"]), input_lens=tuple(cols["inp"]), session_ids=tuple(ids),
+        system_ids=tuple(sys_ids), system_lens=tuple(sys_lens),
+    )
+
+
+# ---------------------------------------------------------------------------------- trace
+
+
+def looks_like_sessions(obj: object) -> bool:
+    """Whether a trace's first JSON object is a session turn (it has a `session_id` key)."""
+    return isinstance(obj, dict) and "session_id" in obj
+
+
+def _count(obj: dict[str, Any], key: str, minimum: int, required: bool = True) -> int:
+    v = obj.get(key)
+    if v is None:
+        if required:
+            raise ValueError(f"missing field {key!r}")
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise ValueError(f"{key} {v!r} is not an integer")
+    if v < minimum or v > MAX_LENGTH:
+        raise ValueError(f"{key} {v!r} must be an integer in [{minimum}, {MAX_LENGTH:,}]")
+    return v
+
+
+def _seconds(obj: dict[str, Any], key: str, limit: float) -> float:
+    v = obj.get(key)
+    if v is None:
+        raise ValueError(f"missing field {key!r}")
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{key} {v!r} must be a finite number >= 0 s")
+    if v > limit:
+        raise ValueError(f"{key} {v!r} is past {limit:g} s")
+    return float(v)
+
+
+def _key(v: object, what: str) -> str | int:
+    if isinstance(v, bool) or not isinstance(v, str | int) or (isinstance(v, str) and not v):
+        raise ValueError(f"{what} {v!r} must be a non-empty string or an integer")
+    return v
+
+
+def _parse_turn(obj: object, line: int) -> _Turn:
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    if "session_id" not in obj:
+        raise ValueError("missing field 'session_id'")
+    key = _key(obj["session_id"], "session_id")
+    turn = _count(obj, "turn", 0)
+    # Each field is read where the format defines it (start_s and the system prompt on turn 0, delay_s on
+    # later turns) and ignored elsewhere, so a converter that writes every field on every line is read.
+    if turn == 0:
+        start, delay = _seconds(obj, "start_s", MAX_ARRIVAL_S), 0.0
+    else:
+        start, delay = 0.0, _seconds(obj, "delay_s", MAX_ARRIVAL_SPAN_S)
+    t = _Turn(line, key, turn, start, delay, _count(obj, "input_tokens", 0), _count(obj, "output_tokens", 1))
+    if turn == 0 and (obj.get("system_prompt_id") is not None or obj.get("system_prompt_tokens") is not None):
+        t.system = _key(obj.get("system_prompt_id"), "system_prompt_id")
+        t.system_len = _count(obj, "system_prompt_tokens", 1)
+    if turn == 0 and not t.input_len and not t.system_len:
+        raise ValueError("input_tokens 0 on turn 0 without a system prompt: the prompt would be empty")
+    return t
+
+
+def is_session_trace(path: str | Path) -> bool:
+    """Whether `path` (a .jsonl or .json file, .gz allowed) starts with a session turn (a first object
+    with a `session_id` key); False for anything else or a file that cannot be read (its reader then
+    says why)."""
+    name = Path(path).name.removesuffix(".gz")
+    if not name.endswith((".jsonl", ".json")) or not Path(path).is_file():
+        return False
+    try:
+        with open_text(path) as fh:
+            first = next((ln for ln in bounded_lines(fh, path) if ln.strip()), "")
+        return looks_like_sessions(loads_line(first))
+    except READ_ERRORS:
+        return False
+    except ValueError:  # not JSON, or past the line limit: the trace's reader says why
+        return False
+
+
+def load_sessions(path: str | Path, skip_bad_rows: bool = False) -> SessionWorkload:
+    """Read a session trace: JSONL, one object per turn (docs/simulator.md, "Sessions"): session_id (a
+    string or an integer), turn (0, 1, ...), start_s (turn 0 only: the session's start, s), delay_s
+    (turns >= 1: think or tool time, s), input_tokens (the turn's new tokens), output_tokens, and on
+    turn 0 optionally system_prompt_id and system_prompt_tokens. Each field is read on the turns that
+    define it and ignored on the others; input_tokens may be 0 where the prompt is not empty. `.gz` files
+    are decompressed.
+
+    A session's turns come in order in the file (turn k after turn k - 1), a (session, turn) once.
+
+    Args:
+        path: the file.
+        skip_bad_rows: skip and count a malformed turn (and every later turn of its session, which
+            can no longer be laid out) instead of raising at the first one.
+
+    Raises:
+        TraceFileError: the file is missing, a directory or cannot be opened.
+        TraceError: "path:line: field value: reason" for a malformed turn (a missing or negative
+            field, a turn before its session's turn 0 or out of order, a repeated (session, turn), a
+            system prompt id reused with another length); the file past its limits; no turn left.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise TraceFileError(f"trace {path} is a directory: give one session trace file (JSONL, .gz allowed)")
+    if not p.is_file():
+        raise TraceFileError(f"trace file not found: {path}")
+    try:
+        with open_text(p) as fh:
+            return _read(fh, str(path), skip_bad_rows, p.name.removesuffix(".gz"))
+    except FileLimitError as exc:
+        raise TraceError(f"trace {exc}") from None
+    except READ_ERRORS as exc:
+        raise TraceError(f"cannot read trace {path}: {exc}") from None
+
+
+def _read(fh: IO[str], path: str, skip: bool, name: str) -> SessionWorkload:
+    sessions: dict[str | int, _Session] = {}
+    broken: set[str | int] = set()
+    system_lens: dict[str | int, tuple[int, int]] = {}
+    bad, messages = 0, list[str]()
+    for line, text in enumerate(bounded_lines(fh, path), start=1):
+        if not text.strip():
+            continue
+        key: str | int | None = None
+        try:
+            obj = loads_line(text)
+            if isinstance(obj, dict) and isinstance(obj.get("session_id"), str | int):
+                key = obj["session_id"]
+            t = _parse_turn(obj, line)
+            s = sessions.get(t.key)
+            if t.key in broken:
+                raise ValueError(f"session_id {t.key!r}: an earlier turn of this session was skipped")
+            have = len(s.turns) if s is not None else 0
+            if t.turn < have:
+                raise ValueError(f"session_id {t.key!r} turn {t.turn}: repeated (first on line {s.turns[t.turn].line})"
+                                 if s is not None else "")
+            if t.turn > have:
+                what = "before its session's turn 0" if not have else f"after turn {have - 1}: turns go in order"
+                raise ValueError(f"session_id {t.key!r} turn {t.turn}: {what}")
+            if t.system is not None:
+                known = system_lens.setdefault(t.system, (t.system_len, line))
+                if known[0] != t.system_len:
+                    raise ValueError(f"system_prompt_tokens {t.system_len} for system_prompt_id {t.system!r}, "
+                                     f"which line {known[1]} gives {known[0]} tokens")
+            if s is None:
+                if sessions and abs(t.start - next(iter(sessions.values())).turns[0].start) > MAX_ARRIVAL_SPAN_S:
+                    raise ValueError(f"start_s {t.start!r} is more than {MAX_ARRIVAL_SPAN_S:g} s from the first "
+                                     "session's")
+                s = sessions[t.key] = _Session()
+            s.turns.append(t)
+        except ValueError as exc:  # json.JSONDecodeError is a ValueError
+            msg = f"{path}:{line}: {exc}"
+            if not skip:
+                raise TraceError(msg) from None
+            bad += 1
+            if len(messages) < _KEPT_MESSAGES:
+                messages.append(msg)
+            if key is not None and key in sessions:
+                broken.add(key)
+            continue
+    if not sessions:
+        raise TraceError(f"{path}: no session turns in the trace")
+    notes = [f"skipped {bad} malformed turns (a later turn of a broken session among them); first: {messages[0]}"
+             ] if bad else []
+    return _build(list(sessions.values()), name, bad, notes)
+
+
+# ------------------------------------------------------------------------------ synthetic
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkSpec:
+    """A think or tool time distribution, s: fixed:S, uniform:LO,HI, exponential:MEAN or
+    lognormal:MEDIAN,SIGMA (parse_think_spec)."""
+
+    kind: str
+    a: float = 0.0
+    b: float = 0.0
+
+    def __str__(self) -> str:
+        if self.kind in ("fixed", "exponential"):
+            return f"{self.kind}:{self.a:g}"
+        return f"{self.kind}:{self.a:g},{self.b:g}"
+
+    def draw(self, rng: random.Random) -> float:
+        """One think time, s (>= 0)."""
+        if self.kind == "fixed":
+            return self.a
+        if self.kind == "uniform":
+            return rng.uniform(self.a, self.b)
+        if self.kind == "exponential":
+            return rng.expovariate(1.0 / self.a) if self.a > 0 else 0.0
+        return rng.lognormvariate(math.log(self.a), self.b)
+
+
+#: The longest think time a distribution may name, s (a day).
+MAX_THINK_S = 86_400.0
+
+
+def parse_think_spec(text: str | float) -> ThinkSpec:
+    """Parse a think time: a number of seconds, or fixed:S, uniform:LO,HI, exponential:MEAN,
+    lognormal:MEDIAN,SIGMA (seconds; 0 <= LO <= HI, MEDIAN > 0, SIGMA in [0, 10]).
+
+    Raises:
+        ValueError: anything else; the message quotes the text.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        if not (math.isfinite(text) and 0 <= text <= MAX_THINK_S):
+            raise ValueError(f"think time {text!r} must be a finite number of seconds in [0, {MAX_THINK_S:g}]")
+        return ThinkSpec("fixed", float(text))
+    kind, _, rest = str(text).strip().partition(":")
+    try:
+        nums = [float(x) for x in rest.split(",")] if rest else []
+    except ValueError:
+        nums = [math.nan]
+    ok = all(math.isfinite(x) and 0 <= x <= MAX_THINK_S for x in nums)
+    if ok and kind in ("fixed", "exponential") and len(nums) == 1:
+        return ThinkSpec(kind, nums[0])
+    if ok and kind == "uniform" and len(nums) == 2 and nums[0] <= nums[1]:
+        return ThinkSpec(kind, nums[0], nums[1])
+    if ok and kind == "lognormal" and len(nums) == 2 and nums[0] > 0 and nums[1] <= 10:
+        return ThinkSpec(kind, nums[0], nums[1])
+    raise ValueError(f"bad think time {text!r}; expected seconds, fixed:S, uniform:LO,HI (0 <= LO <= HI), "
+                     f"exponential:MEAN or lognormal:MEDIAN,SIGMA (MEDIAN > 0, SIGMA <= 10), at most {MAX_THINK_S:g} s")
+
+
+def parse_system_prompt(text: str) -> tuple[int, int]:
+    """Parse "TOKENS" or "TOKENS,COUNT": a system prompt of TOKENS tokens, COUNT distinct ones (default
+    1), each session drawing one.
+
+    Raises:
+        ValueError: not one or two integers, TOKENS >= 0 and COUNT >= 1; the message quotes the text.
+    """
+    parts = text.split(",")
+    try:
+        nums = [int(x) for x in parts]
+    except ValueError:
+        nums = []
+    if len(nums) == 1:
+        nums.append(1)
+    if len(nums) != 2 or not 0 <= nums[0] <= MAX_LENGTH or not 1 <= nums[1] <= 1_000_000:
+        raise ValueError(f"`system_prompt` wants TOKENS[,COUNT] (0 <= TOKENS <= {MAX_LENGTH:,}, "
+                         f"1 <= COUNT <= 1,000,000), got {text!r}")
+    return nums[0], nums[1]
+
+
+def synthetic_sessions(
+    num_sessions: int,
+    rate: float,
+    turns: LengthSpec,
+    input_len: LengthSpec,
+    output_len: LengthSpec,
+    think: ThinkSpec,
+    system_tokens: int = 0,
+    num_system_prompts: int = 1,
+    seed: int = 0,
+) -> SessionWorkload:
+    """Draw conversations: sessions start as a Poisson process at `rate`, each with a number of turns
+    drawn from `turns`, each turn's new input and output drawn from `input_len` and `output_len` and
+    its think time (turns >= 1) from `think`; with system_tokens > 0 every session opens with one of
+    `num_system_prompts` system prompts of that many tokens, drawn uniformly.
+
+    Args:
+        num_sessions: sessions, >= 1.
+        rate: session starts per second, > 0.
+        turns: turns per session (a length spec; capped at MAX_TURNS).
+        input_len, output_len: tokens per turn.
+        think: think time before each turn after the first, s.
+        system_tokens, num_system_prompts: the shared system prompts (0 tokens: none).
+        seed: seeds everything (same seed, same workload).
+
+    Raises:
+        ValueError: a count or rate out of range.
+        TraceError: a `trace:PATH` spec names an unreadable trace.
+    """
+    if isinstance(num_sessions, bool) or not isinstance(num_sessions, int) or num_sessions < 1:
+        raise ValueError(f"num_sessions must be an integer >= 1, got {num_sessions!r}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a finite number > 0 (sessions/s), got {rate!r}")
+    rng = random.Random(seed)
+    start, sessions = 0.0, []
+    counts = [min(MAX_TURNS, max(1, c)) for c in _sample_lengths(turns, rng, num_sessions, 0)]
+    for k in range(num_sessions):
+        if k:
+            start += rng.expovariate(rate)
+        n = counts[k]
+        ins = _sample_lengths(input_len, rng, n, 0)
+        outs = _sample_lengths(output_len, rng, n, 1)
+        sys_id = rng.randrange(num_system_prompts) if system_tokens else None
+        s = _Session()
+        for t in range(n):
+            s.turns.append(_Turn(0, k, t, start, think.draw(rng) if t else 0.0, ins[t], outs[t],
+                                 sys_id if t == 0 else None, system_tokens if t == 0 and sys_id is not None else 0))
+        sessions.append(s)
+    sys_text = f"; system {system_tokens}x{num_system_prompts}" if system_tokens else ""
+    name = (f"sessions(rate={rate:g}/s, turns {turns}; input {input_len}; output {output_len}; think {think}"
+            f"{sys_text}; seed {seed})")
+    return _build(sessions, name, 0, [])
+
+
+def dump_turn(obj: dict[str, Any]) -> str:
+    """One session-trace line (tests and docs write traces with it)."""
+    return json.dumps(obj, separators=(",", ":"))
