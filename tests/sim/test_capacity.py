@@ -14,7 +14,8 @@ def test_next_counts_gallops_then_bisects():
     # Nothing known: N0, N0 + 1, N0 + 3 (gaps doubling), `width` at a time.
     assert next_counts(None, None, 6, set(), 3, 64) == [6, 7, 9]
     assert next_counts(9, None, 6, {6, 7, 9}, 2, 64) == [13, 21]
-    assert next_counts(9, None, 6, {6, 7, 9}, 2, 14) == [13]  # capped by max_replicas
+    assert next_counts(9, None, 6, {6, 7, 9}, 2, 14) == [13, 14]  # capped: max_replicas is the last tried
+    assert next_counts(2, None, 1, {1, 2}, 1, 3) == [3]  # 1 + 3 = 4 overshoots the cap of 3: try 3
     # N0 passed: downward, N0 - 1, N0 - 2, N0 - 4, then 1.
     assert next_counts(None, 6, 6, {6}, 4, 64) == [5, 4, 2, 1]
     assert next_counts(None, 1, 1, {1}, 2, 64) == []
@@ -85,3 +86,100 @@ def test_plan_prints_vllm_line_for_a_multi_gpu_replica_and_plain_progress(tmp_pa
     serve = json.loads(capsys.readouterr().out)["serve"]
     assert serve == {"vllm": "vllm serve MODEL --tensor-parallel-size 1 --max-num-batched-tokens 512 --max-num-seqs 1",
                      "stallfree": "stallfree serve --max-num-batched-tokens 512 --max-num-seqs 1"}
+
+
+def _prefill_heavy_trace(tmp_path):
+    """Twenty requests 1 s apart, each a 1,500-token prompt and 201 output tokens."""
+    trace = tmp_path / "prefill_heavy.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{k}.0,1500,201\n" for k in range(20)))
+    return trace
+
+
+def test_split_order_and_bound_by_hand():
+    """The bound of the hand-worked trace below: mu_p = 1/1.51 req/s, mu_d = 5 req/s at 1 req/s offered,
+    so P >= 2, D >= 1; of 3 replicas only 2:1 is allowed, of 6 the splits nearest the balance first."""
+    from stallfree.sim.capacity import SplitBound, split_order
+
+    b = SplitBound(1 / 1.51, 5.0, 1.0)
+    assert (b.p_min, b.d_min) == (2, 1)
+    assert b.share == pytest.approx(1.51 / (1.51 + 0.2))
+    assert split_order(3, b) == [2]
+    assert split_order(2, b) == []  # 2 + 1 replicas at least
+    assert split_order(6, b) == [5, 4, 3, 2]  # balance at 5.30 prefill replicas of 6
+    assert split_order(4, None) == [2, 1, 3]  # no bound: every split, 2:2 first
+    assert SplitBound(1.0, 1.0, 2.0).p_min == 2  # an exact multiple needs that multiple
+
+
+def test_plan_finds_a_prefill_heavy_split_by_hand(tmp_path, capsys):
+    """--linear-cost 10,1000: a step costs 10 ms + 1 ms per token; 20 requests 1 s apart, 1,500-token
+    prompts, 201 output tokens; SLOs TTFT 2 s, TPOT 15 ms.
+
+    Aggregated, a request's prefill step takes 1.51 s and its 200 decode steps ~11 ms each (2.2 s), so a
+    replica is busy ~3.7 s per request. With 3 replicas each replica's next request arrives 3 s after
+    the last, while it still decodes: the 1.5 s prefill step lands among its decode steps and its TPOT
+    becomes ~(2.2 + 1.5) / 200 = 18.5 ms > 15 ms (all but the last 3 requests miss: 15%); with 4 the
+    next arrives at 4 s > 3.7 s, no step mixes them, TPOT ~11 ms: 4 replicas is the aggregated answer.
+
+    Disaggregated, one prefill replica takes 1.51 s per request arriving each second: its queue grows
+    (TTFT of request k ~1.51 + 0.51 k s), so the bound asks P >= 2 (mu_p = 1 / 1.51 req/s); two take
+    turns, TTFT 1.51 s. One decode replica holds at most 3 requests (each ~2.2-2.6 s, one a second):
+    steps of 10 + k <= 13 ms plus the KV move, TPOT < 15 ms. So 2P:1D meets the SLOs on 3 replicas,
+    one fewer than aggregated, with more prefill than decode replicas."""
+    trace = _prefill_heavy_trace(tmp_path)
+    code = main(["plan", "--trace", str(trace), "--linear-cost", "10,1000", "--slo-ttft", "2s", "--slo-tpot", "15ms",
+                 "--executor", "serial", "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    answer = report["answer"]
+    assert (answer["kind"], answer["replicas"], answer["prefill"], answer["decode"]) == ("disaggregated", 3, 2, 1)
+    assert (answer["gpu"], answer["tp"], answer["num_gpus"]) == ("h100-sxm", 4, 12)
+    assert answer["usd_per_hour"] is None  # no prices: the fewest GPUs
+    assert report["serve"]["prefill"]["replicas"] == 2 and report["serve"]["decode"]["replicas"] == 1
+    rows = {r["label"]: r for r in report["rows"]}
+    assert rows["x3 least-outstanding"]["attainment"] == pytest.approx(0.15)
+    assert rows["x4 least-outstanding"]["attainment"] == 1.0
+    assert report["disaggregation"]["beats_aggregated"] is True
+    best = report["disaggregation"]["best"]
+    assert best["label"] == "disagg 2P:1D"
+    assert report["runner_ups"][0]["label"] == "x4 least-outstanding"  # the best aggregated, 16 GPUs
+    assert (best["prefill"], best["decode"]) == (2, 1)
+    assert best["attainment"] == 1.0
+    assert best["p99_ttft_ms"] == pytest.approx(1510, abs=1)
+    assert 11 < best["p99_tpot_ms"] < 15
+    # Only 2:1 is simulated: 1:2 (one prefill replica) and every split of 2 replicas are below the bound.
+    assert [r["label"] for r in report["rows"] if r["kind"] == "disaggregated"] == ["disagg 2P:1D"]
+
+
+def test_mixed_tp_split_walks_to_the_side_that_misses(tmp_path):
+    """The prefill-heavy trace above with prefill replicas of 2 GPUs and decode replicas of 4: from 1P:1D
+    the one prefill replica's queue grows (TTFT ~1.51 + 0.51 k s, far past 2 s) while TPOT stays ~11 ms,
+    so the walk adds a prefill replica; 2P:1D meets the SLOs (as worked out above) on 2 x 2 + 1 x 4 = 8
+    GPUs. A cap refusing 8 GPUs stops the walk after 1P:1D with no answer."""
+    from stallfree.sim.capacity import walk_mixed_split
+    from stallfree.sim.executors import SerialExecutor
+    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+
+    setup = Setup(WorkloadOptions(trace=str(_prefill_heavy_trace(tmp_path))),
+                  HardwareOptions(tp=2, linear_cost="10,1000"))
+    kw = dict(attainment=0.99, router="least-outstanding", budget=2048, executor=SerialExecutor())
+    row, rows = walk_mixed_split(setup, (2.0, 0.015), (2, 4), (1, 1), fits=lambda p, d: True, **kw)
+    assert [r["label"] for r in rows] == ["disagg 1P:1D tp 2/4", "disagg 2P:1D tp 2/4"]
+    assert rows[0]["p99_ttft_ms"] > 5000 and rows[0]["p99_tpot_ms"] < 15
+    assert row is rows[1] and row["num_gpus"] == 8 and row["attainment"] == 1.0
+    assert (row["prefill_tp"], row["decode_tp"]) == (2, 4)
+    none, tried = walk_mixed_split(setup, (2.0, 0.015), (2, 4), (1, 1), fits=lambda p, d: 2 * p + 4 * d < 8, **kw)
+    assert none is None and len(tried) == 1
+
+
+def test_plan_side_budgets_reach_the_splits_and_their_serve_lines(tmp_path, capsys):
+    """--prefill-budget 4096 --decode-budget 256 on the prefill-heavy trace: a 1,500-token prompt is still
+    one step and at most 3 decodes run at once, so the answer is still 2P:1D; its rows carry the budgets
+    and each side's serve line its own --max-num-batched-tokens."""
+    trace = _prefill_heavy_trace(tmp_path)
+    assert main(["plan", "--trace", str(trace), "--linear-cost", "10,1000", "--slo-ttft", "2s", "--slo-tpot", "15ms",
+                 "--executor", "serial", "--json", "--prefill-budget", "4096", "--decode-budget", "256"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    row = report["answer"]["row"]
+    assert (row["label"], row["prefill_budget"], row["decode_budget"]) == ("disagg 2P:1D", 4096, 256)
+    assert "--max-num-batched-tokens 4096 " in report["serve"]["prefill"]["vllm"]
+    assert "--max-num-batched-tokens 256 " in report["serve"]["decode"]["vllm"]

@@ -124,3 +124,24 @@ def test_bad_executor_options():
         ProcessExecutor(0)
     with pytest.raises(ExecutorError, match="`ray_address` applies to `executor`='ray'"):
         make_executor("process", ray_address="127.0.0.1:6379")
+
+
+def _pid(_: int) -> int:
+    return os.getpid()
+
+
+def test_process_workers_are_reused_within_kept_open():
+    """Within reusing_workers, two rounds run in the same two worker processes (started once); outside,
+    each map starts its own; a ProcessExecutor still pickles (its pool stays behind)."""
+    import pickle
+
+    from stallfree.sim.executors import ProcessExecutor, reusing_workers
+
+    ex = ProcessExecutor(2)
+    with reusing_workers(ex):
+        first = set(ex.map(_pid, list(range(8))))
+        second = set(ex.map(_pid, list(range(8))))
+        assert pickle.loads(pickle.dumps(ex)).jobs == 2
+    assert second <= first and os.getpid() not in first and 1 <= len(first) <= 2
+    assert ex._pool is None
+    assert not set(ex.map(_pid, list(range(8)))) & first  # a pool of its own: new processes

@@ -275,7 +275,7 @@ def test_tune_cli_search_partial_prefills(tmp_path, capsys):
     trace.write_text("arrival_time,prompt_len,output_len\n0,800,1\n0.001,5,1\n0.001,5,1\n0.001,5,1\n")
     args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-num-seqs", "8",
             "--max-seqs-candidates", "8", "--budgets", "80", "--slo-ttft", "145ms", "--slo-tpot", "50ms",
-            "--jobs", "1", "--search-partial-prefills"]
+            "--jobs", "1", "--search-partial-prefills", "--slo-attainment", "0.75"]  # the 800-token prompt misses
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "K/L/T" in out and "2/2/10" in out
@@ -290,7 +290,7 @@ def test_tune_cli_honours_fixed_partial_prefill_flags(tmp_path, capsys):
     trace.write_text("arrival_time,prompt_len,output_len\n0,800,1\n0.001,5,1\n0.001,5,1\n0.001,5,1\n")
     args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-num-seqs", "8",
             "--max-seqs-candidates", "8", "--budgets", "80", "--slo-ttft", "145ms", "--slo-tpot", "50ms",
-            "--jobs", "1", "--json"]
+            "--jobs", "1", "--json", "--slo-attainment", "0.75"]  # 3 of the 4 requests: the 800-token prompt misses
     assert main([*args, "--max-num-partial-prefills", "2", "--max-long-partial-prefills", "2",
                  "--long-prefill-token-threshold", "10"]) == 0
     chosen = json.loads(capsys.readouterr().out)["chosen"]
@@ -303,3 +303,32 @@ def test_tune_cli_honours_fixed_partial_prefill_flags(tmp_path, capsys):
     assert not out.exists()
     assert main([*args, "--long-prefill-token-threshold", "10"]) == 2
     assert "--long-prefill-token-threshold" in capsys.readouterr().err
+
+
+def test_tune_exits_3_when_the_best_misses_the_attainment_target(tmp_path, capsys):
+    """Twelve one-token requests 0.25 s apart; every step takes 1 s (--linear-cost 1000,0) and holds them
+    all, so a step starts each second: a request arriving at a step's start has TTFT 1 s, one 0.25, 0.5 or
+    0.75 s after it waits 0.75, 0.5 or 0.25 s for the next step, TTFT 1.75, 1.5 or 1.25 s. Within 1.5 s:
+    all but the 3 arriving 0.25 s after a start, 75%; below the default target 0.99 by 24 points: exit 3,
+    the last line says so; with --slo-attainment 0.75 the same run exits 0."""
+    from stallfree.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{0.25 * k},10,1\n" for k in range(12)))
+    argv = ["tune", "--trace", str(trace), "--linear-cost", "1000,0", "--slo-ttft", "1.5s", "--slo-tpot", "50ms",
+            "--budgets", "64,128", "--executor", "serial"]
+    assert main(argv) == 3
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("stallfree tune: the best candidate misses the SLO target: 75.00% of requests")
+    assert "24.00 points below --slo-attainment 0.99 (exit 3)" in last
+    assert "try `stallfree plan`" in last
+    assert main([*argv, "--slo-attainment", "0.75", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["attainment"] == pytest.approx(0.75)
+    assert report["attainment_met"] is True and report["slo_attainment_target"] == 0.75
+    assert main([*argv, "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["attainment_met"] is False
+    assert "misses the SLO target" in captured.err
+    assert main([*argv, "--slo-attainment", "0"]) == 2
+    assert "--slo-attainment 0: must be in (0, 1]" in capsys.readouterr().err

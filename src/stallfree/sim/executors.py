@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from stallfree.core.errors import StallfreeError
@@ -26,6 +27,7 @@ __all__ = [
     "RayExecutor",
     "SerialExecutor",
     "make_executor",
+    "reusing_workers",
 ]
 
 T = TypeVar("T")
@@ -85,22 +87,62 @@ class ProcessExecutor:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise ExecutorError(f"jobs must be an integer >= 1, got {jobs!r}")
         self.jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
 
     def map(
         self, fn: Callable[[T], R], items: Sequence[T], progress: Callable[[int], None] | None = None
     ) -> list[R]:
-        """Run the items in the pool (in this process when one job or one item)."""
+        """Run the items in the pool (in this process when one job or one item); in the pool kept open by
+        `kept_open`, if any, else in a pool of its own."""
         if self.jobs <= 1 or len(items) <= 1:
             return SerialExecutor().map(fn, items, progress)
-
-        out: list[Any] = [None] * len(items)
+        if self._pool is not None:
+            return _collect(self._pool, fn, items, progress)
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(items))) as pool:
-            futures = {pool.submit(fn, x): k for k, x in enumerate(items)}
-            for done, fut in enumerate(as_completed(futures), start=1):
-                out[futures[fut]] = fut.result()
-                if progress:
-                    progress(done)
-        return out
+            return _collect(pool, fn, items, progress)
+
+    @contextmanager
+    def kept_open(self) -> Iterator[None]:
+        """Within it, every map shares one pool of `jobs` workers, so a search of many small rounds starts
+        its workers (their imports, the cost model's tables) once; shut down on exit."""
+        if self.jobs <= 1 or self._pool is not None:
+            yield
+            return
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs)
+        try:
+            yield
+        finally:
+            pool, self._pool = self._pool, None
+            pool.shutdown()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"jobs": self.jobs}  # a pool does not cross a process boundary
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.jobs, self._pool = state["jobs"], None
+
+
+def _collect(pool: ProcessPoolExecutor, fn: Callable[[T], R], items: Sequence[T],
+             progress: Callable[[int], None] | None) -> list[R]:
+    """Submit every item to `pool`; their results in item order, progress after each finishes."""
+    out: list[Any] = [None] * len(items)
+    futures = {pool.submit(fn, x): k for k, x in enumerate(items)}
+    for done, fut in enumerate(as_completed(futures), start=1):
+        out[futures[fut]] = fut.result()
+        if progress:
+            progress(done)
+    return out
+
+
+@contextmanager
+def reusing_workers(executor: Any) -> Iterator[None]:
+    """Keep a ProcessExecutor's workers for the whole block (ProcessExecutor.kept_open); other
+    executors (serial, Ray: its own worker pool) are unchanged."""
+    if isinstance(executor, ProcessExecutor):
+        with executor.kept_open():
+            yield
+    else:
+        yield
 
 
 def _import_ray() -> Any:

@@ -765,3 +765,47 @@ def plot_tune(
     _layout(fig, _top(lines, -(-len(handles) // ncols), height))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_plan_costs(rows: Sequence[dict[str, Any]], path: Path, attainment: float, answer: dict[str, Any] | None,
+                    priced: bool, context: str | None = None) -> None:
+    """Write the cost of every cluster `plan` simulated against its SLO attainment: a point per cluster,
+    a marker per kind (aggregated, disaggregated) and a colour per shape (GPU x TP), the target as a
+    vertical line and the answer ringed.
+
+    Args:
+        rows: plan rows with gpu, tp, kind, attainment and cost (US dollars per hour, or GPUs).
+        path: the PNG to write.
+        attainment: the target share, drawn as a line.
+        answer: the answer's record (its row ringed), or None.
+        priced: whether the cost is in dollars per hour (else GPUs).
+        context: the workload and replica line of the title (plot_context), or None.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 6.2))
+    from stallfree.sim.fleet import shape_text
+
+    shapes = list(dict.fromkeys(shape_text(r) for r in rows))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, shape in enumerate(shapes):
+        for kind, marker in (("aggregated", "o"), ("disaggregated", "s")):
+            pts = [r for r in rows if shape_text(r) == shape and r["kind"] == kind]
+            if pts:
+                ax.scatter([100 * r["attainment"] for r in pts], [r["cost"] for r in pts], marker=marker,
+                           color=colours[k % len(colours)], label=f"{shape}, {kind}", alpha=0.8)
+    if answer is not None:
+        row = answer["row"]
+        ax.scatter([100 * row["attainment"]], [row["cost"]], s=260, facecolors="none", edgecolors="black",
+                   linewidths=1.5, label=f"answer: {row['label']} on {shape_text(row)}")
+    ax.axvline(100 * attainment, color="grey", linestyle="--", linewidth=1, label=f"target {attainment:.0%}")
+    ax.set_xlabel("requests within both SLOs, % of all")
+    ax.set_ylabel("fleet cost, US dollars per hour" if priced else "fleet size, GPUs (no prices given)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    lines = _title(fig, "Cost against SLO attainment: each point is one simulated cluster", context)
+    _layout(fig, _top(lines, 0, fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

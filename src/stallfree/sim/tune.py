@@ -79,6 +79,7 @@ __all__ = [
     "BudgetBound",
     "TargetBelowFloor",
     "TuneResult",
+    "attainment_over_all",
     "best_by_kind",
     "budget_bound",
     "candidate_budgets",
@@ -222,6 +223,8 @@ class TuneResult:
         wall_s: time spent simulating, s.
         stages: simulations per stage, in order (the ladder, then the refinement; one stage for
             explicit budgets).
+        attainment_target: the share of all requests that must meet both SLOs for the best candidate
+            to be recommended, in (0, 1] (`tune --slo-attainment`, as `plan`'s; default 0.99).
     """
 
     bound: BudgetBound | None
@@ -230,6 +233,7 @@ class TuneResult:
     slo_tpot: float
     wall_s: float = 0.0
     stages: list[int] = field(default_factory=list)
+    attainment_target: float = 0.99
 
     @property
     def best(self) -> dict[str, Any]:
@@ -240,6 +244,27 @@ class TuneResult:
     def slo_met(self) -> bool:
         """Whether the best candidate serves any request within both SLOs (goodput > 0)."""
         return bool(self.rows) and (self.best.get("request_goodput") or 0.0) > 0.0
+
+    @property
+    def attainment(self) -> float:
+        """The best candidate's share of all requests within both SLOs (a refused request misses):
+        its slo_attainment (over completed requests) x completed / num_requests; 0 without rows."""
+        if not self.rows:
+            return 0.0
+        return attainment_over_all(self.best)
+
+    @property
+    def attainment_met(self) -> bool:
+        """Whether the best candidate's attainment reaches attainment_target (tune exits 3 otherwise)."""
+        return self.slo_met and self.attainment >= self.attainment_target
+
+
+def attainment_over_all(row: dict[str, Any]) -> float:
+    """A summary's share of all its requests within both SLOs: slo_attainment x completed / num_requests
+    (num_requests: completed + rejected when the summary has none); 0 for no request."""
+    done = int(row.get("completed") or 0)
+    n = int(row.get("num_requests") or done + int(row.get("rejected") or 0))
+    return float(row.get("slo_attainment") or 0.0) * done / n if n else 0.0
 
 
 def _max_seqs_tried(max_seqs: int, candidates: Sequence[int] | None) -> list[int]:
@@ -489,6 +514,9 @@ def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
         "chosen": {k: result.best.get(k) for k in ROW_KEYS}
         | ({"range": result.best["range"]} if "range" in result.best else {}),
         "slo_met": result.slo_met,
+        "slo_attainment_target": result.attainment_target,
+        "attainment": result.attainment,
+        "attainment_met": result.attainment_met,
         "serve": serve_command(result.best) if result.slo_met else None,
         "rows": [{k: r.get(k) for k in ROW_KEYS} for r in result.rows],
         "wall_s": result.wall_s,

@@ -145,6 +145,32 @@ def write_tune(out: Path, result: TuneResult, header: dict[str, Any]) -> list[st
     return ["tune.json", "tune.png"]
 
 
+#: The columns of plan.csv: a simulated cluster's shape, size, cost and figures.
+PLAN_CSV_KEYS = (
+    "label", "gpu", "tp", "kind", "replicas", "prefill", "decode", "router", "num_gpus", "attainment",
+    "usd_per_hour", "usd_per_mtok_input", "usd_per_mtok_output", "request_goodput", "goodput_per_gpu",
+    "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "completed", "rejected",
+)
+
+
+def write_plan(out: Path, report: dict[str, Any], rows: Sequence[dict[str, Any]], attainment: float) -> list[str]:
+    """Write plan.json (the --json report), plan.csv (every cluster simulated, PLAN_CSV_KEYS) and plan.png
+    (plots.plot_plan_costs: cost against SLO attainment) under `out`; return the names.
+
+    Raises:
+        OSError: `out` cannot be created or written.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n")
+    with open(out / "plan.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(PLAN_CSV_KEYS), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    plots.plot_plan_costs(rows, out / "plan.png", attainment, report.get("answer"), bool(report.get("priced")),
+                          context=plots.plot_context(report["header"]))
+    return ["plan.json", "plan.csv", "plan.png"]
+
+
 def write_disagg_records(result: DisaggResult, workload: Workload, path: Path) -> None:
     """Write disagg.disagg_records to `path`: JSON if it ends in .json, else CSV.
 

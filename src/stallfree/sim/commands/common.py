@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import partial_prefill_flag_problem, positive_float, positive_int
+from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float, positive_int
 from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import InvalidConfig, StallfreeError
 from stallfree.core.metrics import parse_duration
@@ -145,10 +145,11 @@ def modes(text: str) -> list[str]:
     return found
 
 
-def add_common(p: argparse.ArgumentParser) -> None:
-    """Add the workload, model-and-hardware, scheduler and report options every command shares."""
+def add_common(p: argparse.ArgumentParser, hardware_lists: bool = False) -> None:
+    """Add the workload, model-and-hardware, scheduler and report options every command shares;
+    with `hardware_lists` (plan), --gpu and --tp take comma-separated lists (args.tp is then a list)."""
     _add_workload_args(p.add_argument_group("workload (default: the bundled Azure LLM 2023 conversation trace)"))
-    _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"))
+    _add_hardware_args(p.add_argument_group("model and hardware (the cost model)"), hardware_lists)
     s = p.add_argument_group("scheduler")
     add_scheduler_flags(s, {"max_seqs": DEFAULT_MAX_SEQS, "policy": "fcfs", "async_scheduling": None,
                             "enable_chunked_prefill": True, "max_num_partial_prefills": 1,
@@ -257,11 +258,17 @@ def _add_workload_args(w: Any) -> None:
     )
 
 
-def _add_hardware_args(m: Any) -> None:
-    """The model-and-hardware options (an argparse argument group)."""
+def _add_hardware_args(m: Any, lists: bool = False) -> None:
+    """The model-and-hardware options (an argparse argument group); `lists`: --gpu and --tp take lists."""
     m.add_argument("--model", default=DEFAULTS["model"])
-    m.add_argument("--gpu", default=DEFAULTS["gpu"])
-    m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
+    if lists:
+        m.add_argument("--gpu", default=DEFAULTS["gpu"], metavar="LIST",
+                       help=f"GPU presets to search, comma-separated (default {DEFAULTS['gpu']})")
+        m.add_argument("--tp", type=int_list, default=[DEFAULTS["tp"]], metavar="LIST",
+                       help=f"tensor-parallel GPUs per replica to search, comma-separated (default {DEFAULTS['tp']})")
+    else:
+        m.add_argument("--gpu", default=DEFAULTS["gpu"])
+        m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
     m.add_argument("--dtype", default=DEFAULTS["dtype"], help="weight dtype")
     m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the cost model's)")
     m.add_argument("--ep", type=positive_int, default=1, metavar="N",
@@ -514,6 +521,7 @@ OUT_FILES = {
     "sweep": ("sweep.csv", "sweep.json", "tradeoff.png", "cdf.png", "kv_sweep.json", "kv_sweep.png",
               "cpu_tier_sweep.json", "cpu_tier_sweep.png"),
     "tune": ("tune.json", "tune.png"),
+    "plan": ("plan.json", "plan.csv", "plan.png"),
 }
 
 

@@ -1,6 +1,8 @@
-"""`stallfree plan`: how many replicas, behind which router, meet the SLOs on a workload, and whether
-disaggregated prefill/decode does it on fewer GPUs; the answer in one line above the table of every
-cluster simulated. Exits 3 when no count up to --max-replicas meets the SLOs.
+"""`stallfree plan`: the cheapest fleet meeting the SLOs on a workload: how many replicas, behind which
+router, aggregated or as a P:D split, of which GPU type and tensor parallelism (--gpu and --tp lists),
+in dollars per hour with prices (--gpu-price, --prices) or in GPUs without; the answer in one line, why
+(the mean load and the busiest minute against the capacity), the table of every cluster simulated and the
+runner-ups. Exits 3 when no fleet up to --max-replicas (and --max-gpus) meets the SLOs.
 
 Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; rich lazily.
 """
@@ -8,56 +10,78 @@ Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; ri
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.capacity import (
     DEFAULT_ATTAINMENT,
     DEFAULT_MAX_REPLICAS,
     DEFAULT_ROUTERS,
     PlanResult,
-    plan,
     plan_report,
 )
 from stallfree.sim.commands.common import (
+    OUT_FILES,
     CliError,
     add_common,
     add_executor_flags,
+    ensure_writable_dir,
     executor_from_args,
     guard,
     progress_bar,
+    refuse_writing_the_trace,
     served_nothing,
     setup_from_args,
 )
+from stallfree.sim.commands.plan_text import (
+    EXIT_NOT_MET,
+    answer_line,
+    answer_outcome,
+    answer_shape,
+    print_plan,
+    print_serve,
+)
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.disagg import sides_behaviour
+from stallfree.sim.executors import reusing_workers
+from stallfree.sim.fleet import (
+    FleetResult,
+    Shape,
+    answer_record,
+    explain_load,
+    plan_fleet,
+    shape_records,
+)
+from stallfree.sim.prices import GpuPrice, PriceError, gpu_key, load_prices, parse_gpu_prices, parse_max_gpus
+from stallfree.sim.setup import SetupError
 
-__all__ = ["EXIT_NOT_MET", "register", "run"]
-
-#: No replica count up to --max-replicas meets the SLOs (as tune's 3).
-EXIT_NOT_MET = 3
+__all__ = ["EXIT_NOT_MET", "answer_line", "register", "run"]
 
 
 def register(subparsers: Any) -> None:
     """Add the `plan` subcommand."""
     p = subparsers.add_parser(
         "plan",
-        help="the fewest replicas, and the router, that meet the SLOs on a workload (and whether "
-        "disaggregated prefill/decode needs fewer)",
-        description="Find the smallest number of replicas whose cluster serves at least --slo-attainment of the "
-        "requests within both SLOs: start from the count one replica's saturated throughput implies, gallop up or "
-        "down, then bisect; then try the other routers one count lower, and disaggregated P:D splits on fewer "
-        "replicas (docs/cluster.md, 'How many replicas'). Simulations run on --executor. "
-        f"Exits {EXIT_NOT_MET} when no count up to --max-replicas meets the SLOs.",
+        help="the cheapest fleet (replicas, router, GPU type, tensor parallelism, aggregated or P:D) that "
+        "meets the SLOs on a workload",
+        description="Find the cheapest fleet whose cluster serves at least --slo-attainment of the requests "
+        "within both SLOs, over the GPU types of --gpu and the tensor parallelism of --tp (lists): bound each "
+        "shape by one replica's saturated throughput, search the cheapest bound first, gallop up or down the "
+        "replica count then bisect; try the other routers one count lower, and P:D splits (P from 1 to N-1, "
+        "bounded by each side's capacity) on fewer replicas (docs/cluster.md, 'How many replicas'). With "
+        "--gpu-price or --prices the cost is US dollars per hour, else GPUs. Simulations run on --executor. "
+        f"Exits {EXIT_NOT_MET} when no fleet up to --max-replicas meets the SLOs.",
     )
-    add_common(p)
+    add_common(p, hardware_lists=True)
     g = p.add_argument_group("plan")
     g.add_argument("--slo-attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
                    help=f"share of all requests that must meet both SLOs (default {DEFAULT_ATTAINMENT:g})")
@@ -66,9 +90,20 @@ def register(subparsers: Any) -> None:
     add_scheduler_flags(g, {"token_budget": DEFAULT_TOKEN_BUDGET},
                         why={"token_budget": f"default {DEFAULT_TOKEN_BUDGET:,}: every replica's, as simulate's"})
     g.add_argument("--max-replicas", type=positive_int, default=DEFAULT_MAX_REPLICAS, metavar="N",
-                   help=f"the largest count tried (default {DEFAULT_MAX_REPLICAS})")
+                   help=f"the largest count tried per shape (default {DEFAULT_MAX_REPLICAS})")
     g.add_argument("--no-disaggregate", action="store_true",
                    help="skip the disaggregated prefill/decode splits")
+    g.add_argument("--prefill-budget", type=token_count, metavar="N",
+                   help="the splits' prefill side's token budget per step (default --max-num-batched-tokens; no "
+                   "decode shares its steps, so a larger one costs no TPOT)")
+    g.add_argument("--decode-budget", type=token_count, metavar="N",
+                   help="the splits' decode side's token budget per step (default --max-num-batched-tokens)")
+    g.add_argument("--gpu-price", metavar="NAME=USD,...",
+                   help="US dollars per GPU-hour of each GPU searched (h100-sxm=2.99,h200=3.79): the answer is "
+                   "then the cheapest fleet in dollars; no price is built in")
+    g.add_argument("--prices", metavar="FILE",
+                   help='prices from a file: CSV gpu,usd_per_hour[,source,date] or JSON {"h100-sxm": 2.99}')
+    g.add_argument("--max-gpus", metavar="NAME=N,...", help="the most GPUs of a type a fleet may use")
     g.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
     g.add_argument("--range", action="store_true",
                    help="a range on the answer's latencies: its cluster replayed twice more, each step at the 10th "
@@ -78,7 +113,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run `stallfree plan` on parsed arguments; returns the exit status (3: no count meets the SLOs)."""
+    """Run `stallfree plan` on parsed arguments; returns the exit status (3: no fleet meets the SLOs)."""
     from stallfree.sim.routers import ROUTERS
 
     if args.slo_ttft is None and args.slo_tpot is None:
@@ -92,162 +127,237 @@ def run(args: argparse.Namespace) -> int:
     bad = [r for r in routers if r not in ROUTERS]
     if not routers or bad:
         raise CliError(f"--routers {args.routers!r}: choose from {', '.join(ROUTERS)}", 2)
+    shapes = _shapes(args)
+    prices, max_gpus = _prices(args, shapes)
     if args.out:
-        raise CliError("plan writes no files: drop --out (--json prints the report)", 2)
+        refuse_writing_the_trace(args, args.out, "--out", OUT_FILES["plan"])
+        ensure_writable_dir(args.out, "--out")
     executor = executor_from_args(args)
     width = args.jobs or os.cpu_count() or 1
-    setup = setup_from_args(args)
+    setups, skipped, notes = _setups(args, shapes)
+    first = setups[0][1]
     if given(args, "async_scheduling") and args.async_scheduling and not args.no_disaggregate:
         raise CliError("--async-scheduling is not modelled for the disaggregated splits plan searches: add "
                        "--no-disaggregate", 2)
-    with _progress() as progress:
-        result = plan(
-            setup, args.slo_ttft, args.slo_tpot, attainment=args.slo_attainment, routers=routers,
-            budget=args.token_budget, max_replicas=args.max_replicas, executor=executor,
-            width=width if executor.name != "serial" else 1, disaggregate=not args.no_disaggregate,
-            progress=progress,
+    with _progress() as progress, reusing_workers(executor):
+        fleet = plan_fleet(
+            setups, args.slo_ttft, args.slo_tpot, prices={k: v.usd_per_hour for k, v in prices.items()} or None,
+            max_gpus=max_gpus or None, attainment=args.slo_attainment, routers=routers, budget=args.token_budget,
+            max_replicas=args.max_replicas, executor=executor, width=width if executor.name != "serial" else 1,
+            disaggregate=not args.no_disaggregate, progress=progress, skipped=skipped, notes=notes,
+            side_budgets=_side_budgets(args),
         )
-    header = setup.header()
-    if args.range and result.answer_row is not None:
-        _add_range(setup, result, args)
+    answer_setup = next((st for sh, st in setups if fleet.answer is not None
+                         and sh == answer_shape(fleet.answer)), first)
+    header = answer_setup.header()
+    if args.range and fleet.answer is not None:
+        _add_range(answer_setup, fleet, args)
         from stallfree.sim.ranges import error_model
 
         header["range_model"] = error_model()
     if not args.no_disaggregate:
-        header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(setup)
+        header["disaggregated_behaviour"], header["disaggregation_not_modelled"] = sides_behaviour(answer_setup)
+    report = _report(fleet, header, args, prices, answer_setup)
     if args.json:
-        report = plan_report(result, header, args.slo_ttft, args.slo_tpot)
-        report["serve"] = serve_commands(args, header) if result.replicas is not None else None
         print(json.dumps(report, indent=1))
     else:
-        print_plan(result, header, args)
-    return served_nothing("plan", result.rows) or (0 if result.replicas is not None else EXIT_NOT_MET)
+        print_plan(fleet, report, header, args)
+    if args.out:
+        from stallfree.sim.writers import write_plan
+
+        names = write_plan(args.out, report, fleet.rows, args.slo_attainment)
+        print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr)
+        if not args.json:
+            print_serve(report["serve"], args, report["gpus_per_replica"])
+    return served_nothing("plan", fleet.rows) or (0 if fleet.answer is not None else EXIT_NOT_MET)
 
 
-def _add_range(setup: Any, result: Any, args: argparse.Namespace) -> None:
+def _add_range(setup: Any, fleet: FleetResult, args: argparse.Namespace) -> None:
     """Give the answer's row its "range" (stallfree.sim.ranges): its cluster replayed with every step at the
-    error model's low and high factor."""
+    error model's low and high factor. An aggregated answer only: a P:D split's row says why it has none."""
     import copy
 
     from stallfree.sim.capacity import PlanPoint, run_plan_point
     from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
 
-    row = result.answer_row
+    row = fleet.answer
+    assert row is not None
+    if row["kind"] != "aggregated":
+        row["range"] = None
+        row["range_note"] = "no range for a P:D split: --range replays aggregated replicas only"
+        return
     scaled = []
     for factor in (STEP_TIME_LOW, STEP_TIME_HIGH):
         other = copy.copy(setup)
         other.cost_model = ScaledCost(setup.cost_model, factor)
-        scaled.append(run_plan_point(PlanPoint(other, result.replicas, result.router, args.token_budget,
+        scaled.append(run_plan_point(PlanPoint(other, row["replicas"], row["router"], args.token_budget,
                                                args.slo_ttft, args.slo_tpot)))
     span = run_range(row, scaled)
     row["range"] = {k: v for k, v in span.items() if k in row}
 
 
-def _slo_text(args: argparse.Namespace) -> str:
-    parts = []
-    if args.slo_ttft is not None:
-        parts.append(f"TTFT <= {args.slo_ttft * 1e3:,g} ms")
-    if args.slo_tpot is not None:
-        parts.append(f"TPOT <= {args.slo_tpot * 1e3:,g} ms")
-    return " and ".join(parts)
+def _side_budgets(args: argparse.Namespace) -> tuple[int, int] | None:
+    """(prefill, decode) token budgets of the splits, or None when neither flag is given."""
+    if args.prefill_budget is None and args.decode_budget is None:
+        return None
+    return (args.prefill_budget or args.token_budget, args.decode_budget or args.token_budget)
 
 
-def answer_line(result: PlanResult, args: argparse.Namespace) -> str:
-    """The one answer line: the count, router and GPUs, the attainment, the count below, and disaggregation."""
-    slo = f"{_slo_text(args)} (target {result.attainment:.2%})"
-    if result.replicas is None:
-        best = max(result.rows, key=lambda r: r["attainment"]) if result.rows else None
-        got = f"; best {best['label']}: {best['attainment']:.2%}" if best else ""
-        return f"answer: no count up to {args.max_replicas} replicas meets {slo}{got} (exit {EXIT_NOT_MET})"
-    row = result.answer_row
-    assert row is not None
-    below = [r for r in result.rows if r["kind"] == "aggregated" and r["replicas"] == result.replicas - 1]
-    below_text = ""
-    if below:
-        b = max(below, key=lambda r: r["attainment"])
-        n = result.replicas - 1
-        below_text = f"; {n} replica{'s reach' if n != 1 else ' reaches'} {b['attainment']:.2%} ({b['router']})"
-    line = (f"answer: {result.replicas} replica{'s' if result.replicas != 1 else ''} ({row['num_gpus']} GPUs), "
-            f"router {result.router}: {row['attainment']:.2%} of requests within {slo}{below_text}. ")
-    return line + _disagg_text(result)
+def _shapes(args: argparse.Namespace) -> list[Shape]:
+    """The (GPU, TP) shapes of --gpu and --tp, each GPU a known preset (or a spec file) and each TP a
+    divisor of the model's attention heads, refused before anything runs.
+
+    Raises:
+        CliError: an unknown GPU, a TP that does not divide the heads, a GPU or TP given twice (exit 2).
+    """
+    from stallfree.costmodel import CostModelError
+    from stallfree.costmodel.model import get_model
+    from stallfree.costmodel.names import gpu_match, resolve_model
+
+    names = [g.strip() for g in str(args.gpu).split(",") if g.strip()]
+    if not names:
+        raise CliError(f"--gpu {args.gpu!r}: give one or more GPU names", 2)
+    tps = list(args.tp)
+    if len(set(tps)) != len(tps):
+        raise CliError(f"--tp {','.join(map(str, tps))}: a value given twice", 2)
+    gpus = []
+    for name in names:
+        if name.endswith(".json") or len(names) == 1:
+            gpus.append(name)  # one GPU: as simulate reads it (a spec file, a device name); Setup names errors
+            continue
+        try:
+            gpus.append(gpu_key(gpu_match(name)[0]))
+        except PriceError as exc:
+            raise CliError(f"--gpu {name}: {exc}", 2) from None
+    if len(set(gpus)) != len(gpus):
+        raise CliError(f"--gpu {args.gpu}: a GPU given twice", 2)
+    try:
+        heads = get_model(resolve_model(str(args.model))[0]).num_heads
+    except (CostModelError, ValueError):
+        heads = None  # an unknown model: Setup names it, with the known ones
+    if heads is not None:
+        for tp in tps:
+            if heads % tp:
+                raise CliError(f"--tp {tp} does not divide the {heads} attention heads of {args.model}; use a "
+                               f"divisor of {heads}", 2)
+    return [Shape(g, tp) for g in gpus for tp in tps]
 
 
-def _disagg_text(result: PlanResult) -> str:
-    if not result.disagg_tried:
-        return "Disaggregation not searched (--no-disaggregate)."
-    d = result.disaggregated
-    if d is not None:
-        assert result.replicas is not None
-        saved = (result.replicas - d["replicas"]) * result.gpus_per_replica
-        return (f"Disaggregated {d['label']} beats it per GPU: {d['attainment']:.2%} on {d['num_gpus']} GPUs, "
-                f"{saved} fewer.")
-    assert result.replicas is not None
-    n = result.replicas - 1
-    tried = [r for r in result.rows if r["kind"] == "disaggregated" and r["replicas"] == n]
-    if not tried:
-        return "Disaggregation cannot beat it on fewer GPUs: 1 replica cannot be split into prefill and decode."
-    best = max(tried, key=lambda r: r["attainment"])
-    return (f"Disaggregation does not beat it per GPU: no P:D split of {n} replicas meets the SLOs "
-            f"(best {best['label']}: {best['attainment']:.2%}).")
+def _prices(args: argparse.Namespace, shapes: list[Shape]) -> tuple[dict[str, GpuPrice], dict[str, int]]:
+    """--gpu-price or --prices, and --max-gpus, by preset name; every GPU searched priced when any is.
+
+    Raises:
+        CliError: both price options, an unknown GPU, a bad price or cap, a file without a needed column,
+            a GPU searched without a price (exit 2).
+    """
+    if args.gpu_price and args.prices:
+        raise CliError("--gpu-price and --prices both give prices: use one", 2)
+    try:
+        prices = (parse_gpu_prices(args.gpu_price) if args.gpu_price
+                  else load_prices(args.prices) if args.prices else {})
+        caps = parse_max_gpus(args.max_gpus) if args.max_gpus else {}
+    except PriceError as exc:
+        raise CliError(str(exc), 2) from None
+    if prices:
+        missing = sorted({s.gpu for s in shapes if _key_or_name(s.gpu) not in prices})
+        if missing:
+            flag = "--gpu-price" if args.gpu_price else f"--prices {args.prices}"
+            raise CliError(f"{flag}: no price for {', '.join(missing)} (every GPU in --gpu needs one)", 2)
+    return prices, caps
 
 
-def print_plan(result: PlanResult, header: dict[str, Any], args: argparse.Namespace) -> None:
-    """Print the workload line, the answer line, the table of every cluster simulated and how the search went."""
-    from rich.table import Table
+def _key_or_name(gpu: str) -> str:
+    """Our preset name of `gpu` (a device name mapped as simulate maps it), or `gpu` itself (a spec file)."""
+    from stallfree.costmodel.names import gpu_match
 
-    from stallfree.sim.report import console
-
-    rate = header["offered_rate"]
-    offered = f"{rate:,.2f} req/s offered" if rate is not None else "closed loop"
-    print(f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} ({offered}); "
-          f"{header['hardware']}; budget {args.token_budget:,}; max_seqs {header['max_seqs']}")
-    print(f"aggregated replicas: {header['behaviour']}"
-          + (f"; disaggregated splits, {header['disaggregated_behaviour']}" if "disaggregated_behaviour" in header
-             else ""))
-    print(answer_line(result, args))
-    span = (result.answer_row or {}).get("range")
-    if span:
-        print("range of the answer (every step at the 10th to 90th percentile of the measured step-time error): "
-              + ", ".join(f"{name} {span[k][0]:,.1f}-{span[k][1]:,.1f} ms" for k, name in (
-                  ("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"), ("median_tpot_ms", "TPOT p50"),
-                  ("p99_tpot_ms", "TPOT p99")) if span.get(k)))
-    cols = (("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
-            ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-            ("p99_ttft_ms", "TTFT p99", "{:,.0f}"), ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
-            ("p99_tpot_ms", "TPOT p99", "{:,.1f}"))
-    table = Table(title="clusters simulated (goodput in req/s, latencies in ms)", title_justify="left")
-    for name in ("cluster", "GPUs", *(c[1] for c in cols), ""):
-        table.add_column(name, justify="left" if name == "cluster" else "right", no_wrap=True)
-    rows = sorted(result.rows, key=lambda r: (r["kind"] != "aggregated", r["replicas"], r["router"], r["label"]))
-    for r in rows:
-        met = "meets" if r["attainment"] >= result.attainment else ""
-        chosen = r is result.answer_row or r is result.disaggregated
-        cells = ["-" if r.get(k) is None else spec.format(r[k]) for k, _, spec in cols]
-        table.add_row(r["label"], str(r["num_gpus"]), *cells, ("chosen" if chosen else met))
-    console().print(table)
-    print(f"search: one replica sustains ~{result.single_capacity:,.2f} req/s saturated, so {result.offered_rate:,.2f} "
-          f"req/s needs at least ~{result.bound} (the start); {len(result.rows)} simulations in {result.wall_s:,.1f} s")
-    if result.replicas is not None:
-        serve = serve_commands(args, header)
-        note = f"  (MODEL: the checkpoint of {args.model})" if "/" not in args.model else ""
-        print(f"each replica: {serve['vllm']}{note}")
-        if serve["stallfree"] is not None:
-            print(f"  or, on stallfree's engine: {serve['stallfree']}")
-        else:
-            print(f"  (stallfree serve runs on one device: a replica of {args.tp} GPUs needs a tensor-parallel "
-                  "engine such as vLLM)")
+    try:
+        return gpu_key(gpu_match(gpu)[0])
+    except PriceError:
+        return gpu
 
 
-def serve_commands(args: argparse.Namespace, header: dict[str, Any]) -> dict[str, str | None]:
-    """The serve lines of the chosen replica: "vllm" (vLLM's flags: tensor parallelism, token budget as
+def _setups(args: argparse.Namespace, shapes: list[Shape]) -> tuple[
+        list[tuple[Shape, Any]], list[tuple[Shape, str]], dict[Shape, str]]:
+    """A Setup per shape whose weights and KV fit, the shapes that do not (with the reason), and what each
+    shape's pricing says (fp8 weights on a GPU without FP8 units run as the GPU can: said).
+
+    Raises:
+        CliError, SetupError: as setup_from_args, when no shape can be set up (the first shape's error).
+    """
+    setups: list[tuple[Shape, Any]] = []
+    skipped: list[tuple[Shape, str]] = []
+    notes: dict[Shape, str] = {}
+    first_error: SetupError | None = None
+    for shape in shapes:
+        one = copy.copy(args)
+        one.gpu, one.tp = shape.gpu, shape.tp
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                setup = setup_from_args(one)
+            except SetupError as exc:
+                if len(shapes) == 1:
+                    raise
+                first_error = first_error or exc
+                skipped.append((Shape(_key_or_name(shape.gpu), shape.tp), f"skipped: {exc}"))
+                continue
+        key = Shape(_key_or_name(shape.gpu), shape.tp)
+        said = sorted({str(w.message) for w in caught})
+        if said:
+            notes[key] = "; ".join(said)
+        setups.append((key, setup))
+    if not setups:
+        assert first_error is not None
+        raise first_error
+    return setups, skipped, notes
+
+
+def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace, prices: dict[str, GpuPrice],
+            setup: Any) -> dict[str, Any]:
+    """plan's --json report: today's keys (plan_report of the answer's shape: answer, bound,
+    disaggregation, rows, simulations, wall_s, ...) with `answer` grown by the fleet's keys (answer_record),
+    every simulated row with its gpu, tp and cost, and `runner_ups`, `shapes`, `load`, `priced`, `prices`,
+    `bound_simulations` and `serve` (each side's lines for a split)."""
+    outcome = answer_outcome(fleet)
+    result = outcome.result if outcome is not None and outcome.result is not None else PlanResult(
+        None, None, 0, 0.0, fleet.offered_rate, attainment=fleet.attainment)
+    report = plan_report(result, header, args.slo_ttft, args.slo_tpot)
+    report.update(
+        answer=answer_record(fleet.answer), rows=fleet.rows, simulations=fleet.simulations,
+        bound_simulations=fleet.bound_simulations, wall_s=fleet.wall_s, runner_ups=fleet.runner_ups,
+        shapes=shape_records(fleet), load=explain_load(fleet, setup.workload.arrivals), priced=fleet.priced,
+        prices={k: {"usd_per_hour": v.usd_per_hour, "source": v.source, "date": v.date} for k, v in prices.items()},
+        cost_unit="usd_per_hour" if fleet.priced else "gpus",
+        tokens_per_s={"input": fleet.input_tokens_per_s, "output": fleet.output_tokens_per_s},
+    )
+    report["gpus_per_replica"] = (answer_shape(fleet.answer).tp if fleet.answer is not None
+                                  else result.gpus_per_replica)
+    report["serve"] = serve_commands(args, header, fleet.answer) if fleet.answer is not None else None
+    return report
+
+
+def serve_commands(args: argparse.Namespace, header: dict[str, Any],
+                   answer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The serve lines of the answer's replica: "vllm" (vLLM's flags: tensor parallelism, token budget as
     --max-num-batched-tokens, --max-num-seqs; MODEL stands for the checkpoint when --model is a preset
     name rather than a Hugging Face id) and "stallfree" (`stallfree serve`, None when a replica spans
-    more than one GPU: that engine runs on one device)."""
+    more than one GPU: that engine runs on one device), with "tp"; for a P:D split, {"prefill": ...,
+    "decode": ...}, each those keys plus "replicas"."""
+    tp = answer_shape(answer).tp if answer is not None else int(args.tp[0] if isinstance(args.tp, list) else args.tp)
     model = args.model if "/" in args.model else "MODEL"
-    vllm = (f"vllm serve {model} --tensor-parallel-size {args.tp} --max-num-batched-tokens {args.token_budget} "
-            f"--max-num-seqs {header['max_seqs']}")
-    own = f"stallfree serve --max-num-batched-tokens {args.token_budget} --max-num-seqs {header['max_seqs']}"
-    return {"vllm": vllm, "stallfree": own if args.tp == 1 else None}
+
+    def lines(budget: int, tp: int = tp) -> dict[str, Any]:
+        vllm = (f"vllm serve {model} --tensor-parallel-size {tp} --max-num-batched-tokens {budget} "
+                f"--max-num-seqs {header['max_seqs']}")
+        own = f"stallfree serve --max-num-batched-tokens {budget} --max-num-seqs {header['max_seqs']}"
+        return {"vllm": vllm, "stallfree": own if tp == 1 else None}
+
+    if answer is None or answer["kind"] == "aggregated":
+        return lines(args.token_budget)
+    tp_p, tp_d = answer.get("prefill_tp") or tp, answer.get("decode_tp") or tp
+    bp, bd = _side_budgets(args) or (args.token_budget, args.token_budget)
+    return {"prefill": lines(bp, tp_p) | {"replicas": answer["prefill"], "tp": tp_p},
+            "decode": lines(bd, tp_d) | {"replicas": answer["decode"], "tp": tp_d}}
 
 
 @contextmanager

@@ -1,5 +1,6 @@
 """`stallfree tune`: bound the token budget with the cost model, search around it by simulation, and
-print the choice with its serve flags; exits 3 when no candidate serves any request within the SLOs.
+print the choice with its serve flags; exits 3 when the best candidate serves fewer than --slo-attainment
+of the requests within the SLOs (its last line says by how much, and to try `stallfree plan`).
 
 Imports allowed: the standard library, stallfree._argtypes and stallfree.sim; rich lazily.
 """
@@ -12,6 +13,7 @@ import sys
 from typing import Any
 
 from stallfree._argtypes import partial_prefill_flag_problem, positive_int, token_count_list
+from stallfree.sim.capacity import DEFAULT_ATTAINMENT
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
@@ -39,8 +41,9 @@ from stallfree.sim.writers import write_tune
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
 
-#: The exit status of `tune` when no candidate serves any request within both SLOs (1 is an error,
-#: 2 a usage error): the best found is still printed, with its attainment.
+#: The exit status of `tune` when the best candidate serves fewer than --slo-attainment of the requests
+#: within both SLOs (1 is an error, 2 a usage error; plan's 3 too): the best found is still printed,
+#: with its attainment and the shortfall.
 EXIT_NO_CANDIDATE_MEETS_SLO = 3
 
 
@@ -52,10 +55,14 @@ def register(subparsers: Any) -> None:
         description="Bound the token budget with the cost model (the largest whose step stays under the "
         "TPOT target at the workload's expected load), then simulate candidates around it in parallel "
         "and pick the highest goodput (ties: lower p99 TPOT, then larger budget). Prints the serve flags. "
-        f"Exits {EXIT_NO_CANDIDATE_MEETS_SLO} when no candidate serves any request within the SLOs.",
+        f"Exits {EXIT_NO_CANDIDATE_MEETS_SLO} when the best candidate serves fewer than --slo-attainment of the "
+        "requests within the SLOs.",
     )
     add_common(p)
     t = p.add_argument_group("search")
+    t.add_argument("--slo-attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
+                   help=f"share of all requests the best candidate must serve within both SLOs, else exit "
+                   f"{EXIT_NO_CANDIDATE_MEETS_SLO} (default {DEFAULT_ATTAINMENT:g}, as plan's)")
     t.add_argument("--budgets", type=token_count_list, metavar="LIST", help="simulate these budgets only (no bound)")
     t.add_argument(
         "--max-seqs-candidates",
@@ -90,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     """Run `stallfree tune` on parsed arguments; returns the exit status (3: no candidate meets the SLOs)."""
     if args.slo_ttft is None or args.slo_tpot is None:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
+    if not 0 < args.slo_attainment <= 1:
+        raise CliError(f"--slo-attainment {args.slo_attainment:g}: must be in (0, 1]", 2)
     if args.synthetic == "sessions" or args.trace_format == "sessions":
         raise CliError("tune searches at an offered request rate; sessions have none in advance (each turn "
                        "waits for the last one's answer): run `stallfree simulate` on them", 2)
@@ -131,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             )
         except TargetBelowFloor as exc:
             raise CliError(str(exc), 2) from None
+    result.attainment_target = args.slo_attainment
     header = setup.header()
     if args.range:
         from stallfree.sim.ranges import error_model
@@ -168,7 +178,23 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         names = write_tune(args.out, result, header)
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
-    return served_nothing("tune", result.rows) or (0 if result.slo_met else EXIT_NO_CANDIDATE_MEETS_SLO)
+    nothing = served_nothing("tune", result.rows)
+    if nothing:
+        return nothing
+    if result.slo_met and not result.attainment_met:
+        # The last line, so that a script reading the tail (or a person) sees the miss, not the serve line.
+        print(miss_line(result), file=sys.stderr if args.json else sys.stdout)
+    return 0 if result.attainment_met else EXIT_NO_CANDIDATE_MEETS_SLO
+
+
+def miss_line(result: TuneResult) -> str:
+    """The line that says the best candidate misses the attainment target: by how many points, and
+    what to try (more replicas: `stallfree plan`)."""
+    got, want = result.attainment, result.attainment_target
+    return (f"stallfree tune: the best candidate misses the SLO target: {got:.2%} of requests within the SLOs, "
+            f"{(want - got) * 100:.2f} points below --slo-attainment {want:g} (exit {EXIT_NO_CANDIDATE_MEETS_SLO}); "
+            "one replica cannot serve this load within the SLOs at any budget tried: try `stallfree plan` with the "
+            "same flags for more replicas, or loosen the SLOs")
 
 
 def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_tolerance: float) -> None:
