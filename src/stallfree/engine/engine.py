@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import time
 import warnings
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
@@ -26,11 +25,11 @@ from stallfree.core.kv_tier import TieredKV
 from stallfree.core.prefix_cache import hash_blocks
 from stallfree.engine.batch import BatchBuilder
 from stallfree.engine.errors import (
-    ContextLengthExceeded,
     EngineError,
     InvalidPrompt,
     StepFailed,
 )
+from stallfree.engine.inputs import InputProcessor
 from stallfree.engine.kv_cache import HostKVCache, KVCache
 from stallfree.engine.model import LlamaModel
 from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, RequestOutput
@@ -349,6 +348,8 @@ class LLMEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
+        #: The one input processor: every prompt is checked and made a core Request there (engine/inputs.py).
+        self.inputs = InputProcessor(tokenizer.encode, cfg.vocab_size, self.max_model_len, self._hashes)
         max_chars, max_alnum, max_bytes = _max_token_chars(tokenizer)
         self._info = EngineInfo(
             model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
@@ -402,16 +403,12 @@ class LLMEngine:
         return Admission(self.scheduler.snapshot(), self._core_request)
 
     def _core_request(self, rid: Hashable, prompt: str | Sequence[int], params: Any, priority: int,
-                      cache_salt: str | None, tenant: str | None = None) -> Request | None:
-        """The scheduler's Request for a prompt (thread-safe: reads only the tokenizer and fixed facts);
-        None when add_request would refuse the prompt."""
+                      cache_salt: str | None, tenant: str | None = None, lora: str | None = None) -> Request | None:
+        """The scheduler's Request for a prompt (thread-safe: the input processor reads only the tokenizer
+        and fixed facts); None when add_request would refuse the prompt."""
         try:
-            ids = self._prompt_ids(prompt)
-        except InvalidPrompt:
-            return None
-        try:
-            return Request(rid, len(ids), params.max_tokens, priority=priority, arrival=time.monotonic(),
-                           block_hashes=self._hashes(ids, cache_salt), tenant=tenant)
+            return self.inputs.process(rid, prompt, params.max_tokens, priority=priority, cache_salt=cache_salt,
+                                       tenant=tenant, lora=lora).request
         except ValueError:
             return None
 
@@ -427,10 +424,7 @@ class LLMEngine:
         Raises:
             InvalidPrompt: the text cannot be tokenized (e.g. a lone surrogate).
         """
-        try:
-            return list(self.tokenizer.encode(text))
-        except (TypeError, ValueError, UnicodeError) as exc:
-            raise InvalidPrompt(f"prompt cannot be tokenized ({exc}): {text!r:.80}") from None
+        return self.inputs.encode(text)
 
     @property
     def num_preemptions(self) -> int:
@@ -605,15 +599,9 @@ class LLMEngine:
             raise InvalidPrompt(f"rid {rid!r} is already live")
         if priority is None:
             priority = params.priority
-        elif isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidPrompt(f"priority must be an integer, got {priority!r}")
-        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-            raise InvalidPrompt(f"cache_salt must be a non-empty string, got {cache_salt!r:.80}")
-        if tenant is not None and (not isinstance(tenant, str) or not tenant):
-            raise InvalidPrompt(f"tenant must be None or a non-empty string, got {tenant!r:.80}")
-        ids = self._prompt_ids(prompt)
-        if len(ids) + params.max_tokens > self.max_model_len:
-            raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
+        processed = self.inputs.process(rid, prompt, params.max_tokens, priority=priority, cache_salt=cache_salt,
+                                        tenant=tenant)
+        ids = processed.token_ids
         # Everything that can fail happens before the scheduler holds the request: a request the
         # scheduler knows and the engine does not would break every later step.
         gen = None
@@ -624,30 +612,8 @@ class LLMEngine:
             else:
                 gen.seed()
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
-        hashes = self._hashes(ids, cache_salt)
-        self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
-                                   arrival=time.monotonic(), block_hashes=hashes, tenant=tenant))
+        self.scheduler.add(processed.request)
         self._seqs[rid] = seq
-
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            try:
-                ids = self.tokenizer.encode(prompt)
-            except (TypeError, ValueError, UnicodeError) as exc:  # e.g. a lone surrogate
-                raise InvalidPrompt(f"prompt cannot be tokenized ({exc}): {prompt!r:.80}") from None
-        elif isinstance(prompt, Sequence) and all(
-            isinstance(i, int) and not isinstance(i, bool) for i in prompt
-        ):
-            ids = list(prompt)
-            vocab = self.model.config.vocab_size
-            bad = next((i for i in ids if not 0 <= i < vocab), None)
-            if bad is not None:
-                raise InvalidPrompt(f"prompt token id {bad} is outside the vocabulary [0, {vocab})")
-        else:
-            raise InvalidPrompt(f"prompt must be a string or a list of token ids, got {prompt!r:.80}")
-        if not ids:
-            raise InvalidPrompt("prompt is empty (0 tokens); it needs at least 1 token")
-        return ids
 
     def abort(self, rid: Hashable) -> None:
         """Stop a request: it emits nothing more and its KV is released.

@@ -9,6 +9,8 @@ Hierarchy (StallfreeError, from stallfree.core.errors, is the base of every proj
     │   ├── ContextLengthExceeded       prompt + max_tokens is longer than the model's context
     │   ├── InvalidSamplingParams       a SamplingParams field is out of range (names field and value)
     │   ├── InvalidPrompt               an empty prompt, a token id outside the vocabulary, a duplicate rid
+    │   ├── UnknownLora                 a request names a LoRA adapter that is not served
+    │   ├── InvalidLoraAdapter          an adapter folder, rank, target module or name the engine refuses
     │   └── ModelLoadError              a checkpoint is missing, malformed or of an unsupported kind
     ├── StepFailed (RuntimeError)       a forward pass or sampling raised; see LLMEngine.step (the
     │                                   server raises the same class to the requests of that step)
@@ -30,10 +32,12 @@ __all__ = [
     "ContextLengthExceeded",
     "EngineError",
     "InvalidPrompt",
+    "InvalidLoraAdapter",
     "InvalidSamplingParams",
     "ModelLoadError",
     "RequestRejected",
     "StepFailed",
+    "UnknownLora",
 ]
 
 
@@ -67,6 +71,28 @@ class InvalidSamplingParams(EngineError):
 
 class InvalidPrompt(EngineError):
     """A prompt is empty, holds a token id outside the vocabulary, or its rid is already live."""
+
+
+class UnknownLora(EngineError):
+    """A request names a LoRA adapter that is not served (the server answers 404).
+
+    Attributes:
+        name: the adapter asked for.
+        served: the names of the adapters served, sorted.
+    """
+
+    def __init__(self, name: str, served: tuple[str, ...]) -> None:
+        self.name = name
+        self.served = tuple(sorted(served))
+        listed = ", ".join(repr(n) for n in self.served) or "none"
+        super().__init__(f"LoRA adapter {name!r:.80} is not served; served adapters: {listed}")
+
+
+class InvalidLoraAdapter(EngineError):
+    """A LoRA adapter cannot be loaded or unloaded: a folder without adapter_config.json or
+    adapter_model.safetensors, a rank above max_lora_rank, a target module or shape that does not match
+    the base model, a name already served (or not served, to unload); the message names it. Nothing
+    changes when it is raised: running requests keep their adapters."""
 
 
 #: The scheduler refused the request: it can never fit in the KV cache (kv_tokens). The core's class itself.

@@ -2,9 +2,9 @@
 /v1/models, /health and /metrics, over an AsyncEngine.
 
 Imports allowed: the standard library, fastapi/starlette, prometheus_client (through
-stallfree.server.prometheus), stallfree.server and the torch-free stallfree.engine.outputs; the engine
-is an EngineClient (its typed view: info, stats, headroom, encode, ...), and stallfree.engine.sampling
-is imported only to find SamplingParams when none is given.
+stallfree.server.prometheus), stallfree.server and the torch-free stallfree.engine.outputs, .errors and
+.inputs; the engine is an EngineClient (its typed view: info, stats, headroom, encode, ...), and
+stallfree.engine.sampling is imported only to find SamplingParams when none is given.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.core.request import DEFAULT_TENANT
+from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt
+from stallfree.engine.inputs import check_token_ids
 from stallfree.engine.outputs import EngineClient
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
 from stallfree.server.body import (
@@ -412,10 +414,10 @@ def _completion_prompt_ids(state: _State, prompt: Any) -> list[int]:
         ids = _encode(state, prompt, "prompt")
     else:
         ids = list(prompt)
-        vocab = state.info.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ApiError(400, f"prompt: token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+        try:
+            check_token_ids(ids, state.info.vocab_size)  # the engine's own rule (engine/inputs.py)
+        except InvalidPrompt as exc:
+            raise ApiError(400, str(exc), "prompt") from None
     if not ids:
         raise ApiError(400, "prompt: the prompt is empty (0 tokens); send at least one token", "prompt")
     return ids
@@ -513,9 +515,10 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
         raise ApiError(429, str(exc), code="queue_full") from None
     except EngineDead as exc:
         raise ApiError(503, str(exc)) from None
-    except ValueError as exc:  # the engine's EngineError / ContextLengthExceeded / RequestRejected
-        code = "context_length_exceeded" if hasattr(exc, "max_model_len") else None
-        raise ApiError(400, str(exc), "messages" if chat else "prompt", code=code) from None
+    except ContextLengthExceeded as exc:
+        raise ApiError(400, str(exc), "messages" if chat else "prompt", code="context_length_exceeded") from None
+    except ValueError as exc:  # EngineError, RequestRejected: the input processor's other refusals
+        raise ApiError(400, str(exc), "messages" if chat else "prompt") from None
     model = state.names[0]
     created = int(time.time())
     if req.stream:
