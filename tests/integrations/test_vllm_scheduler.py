@@ -444,7 +444,7 @@ def test_paused_new_runs_the_running_and_admits_no_new_request():
 
 def test_unsupported_features_are_refused_by_name():
     """Each unsupported feature is named in the refusal, with the flag that turns it on; multimodal models,
-    encoder-cache connectors, hybrid KV cache groups and a prefill schedule interval are not refused."""
+    encoder-cache connectors, hybrid KV cache groups, a prefill schedule interval and LoRA are not refused."""
     group = SimpleNamespace(kv_cache_spec=SimpleNamespace())
     config = SimpleNamespace(
         speculative_config=object(), lora_config=object(), kv_transfer_config=object(), ec_transfer_config=object(),
@@ -454,7 +454,6 @@ def test_unsupported_features_are_refused_by_name():
     )
     got = refused_features(config, SimpleNamespace(kv_cache_groups=[group, group], has_mamba_layers=True))
     assert got == [
-        "LoRA adapters (--enable-lora)",
         "pipeline parallelism (--pipeline-parallel-size > 1)",
     ]
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from stallfree.core import FinishReason, PagedScheduler, Request, Scheduler, StepPlan
-from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt, StepFailed
-from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, RequestOutput
+from stallfree.engine.errors import ContextLengthExceeded, InvalidLoraAdapter, InvalidPrompt, StepFailed, UnknownLora
+from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, LoraInfo, RequestOutput
 
 EOS_ID = 3  # a control code point, decoded as "" like a special token
 
@@ -92,6 +92,10 @@ class FakeEngine:
         kv_policy: "reserve" (Scheduler) or "paged" (PagedScheduler, kv_tokens // block_size blocks).
         scheduling_policy: "fcfs" or "priority" (reserve only), as LLMEngine.
         block_size: tokens per KV block under "paged".
+        lora_modules: name -> folder of LoRA adapters served from the start (with `enable_lora`); the fake
+            checks a folder as the engine does for its files (adapter_config.json, adapter_model.safetensors)
+            and counts each adapter in the scheduler (max_loras in scheduler_options), but its tokens do not
+            depend on the adapter.
     """
 
     TEXT = "the quick brown fox jumps over the lazy dog. "
@@ -107,6 +111,8 @@ class FakeEngine:
         kv_policy: str = "reserve",
         scheduling_policy: str = "fcfs",
         block_size: int = 16,
+        enable_lora: bool = False,
+        lora_modules: dict[str, str] | None = None,
         **scheduler_options: object,
     ) -> None:
         self.scheduler: Scheduler | PagedScheduler
@@ -140,12 +146,20 @@ class FakeEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None  # a failed step's plan, retried by the next step()
         self._lock = threading.Lock()  # detects calls that overlap step(), which the server must never make
+        self.enable_lora = bool(enable_lora or lora_modules)
+        self.loras: dict[str, str] = {}
+        self.lora_requests: dict[str, int] = {}
+        self.lora_of: dict[Hashable, str] = {}
+        for name, path in (lora_modules or {}).items():
+            self.load_lora_adapter(name, path)
         self._info = EngineInfo(
             model_name="fake-model", vocab_size=0x110000, max_model_len=max_model_len, max_token_chars=4,
             max_token_bytes=4,
             token_budget=token_budget, max_seqs=max_seqs, kv_total_tokens=self.scheduler.stats().kv_total,
             num_blocks=self.scheduler.stats().kv_total // block_size, block_size=block_size, kv_policy=kv_policy,
-            scheduling_policy=scheduling_policy,
+            scheduling_policy=scheduling_policy, enable_lora=self.enable_lora,
+            max_loras=scheduler_options.get("max_loras") if self.enable_lora else None,  # type: ignore[arg-type]
+            max_lora_rank=16 if self.enable_lora else None,
         )
 
     # ------------------------------------------------------------------ the typed view (EngineClient)
@@ -185,9 +199,35 @@ class FakeEngine:
             return Admission(self.scheduler.snapshot(), self._core_request)
 
     def _core_request(self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, priority: int,
-                      cache_salt: str | None, tenant: str | None = None) -> Request | None:
+                      cache_salt: str | None, tenant: str | None = None, lora: str | None = None) -> Request | None:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return Request(rid, len(ids), params.max_tokens, priority=priority, tenant=tenant) if ids else None
+        return Request(rid, len(ids), params.max_tokens, priority=priority, tenant=tenant, lora=lora) if ids else None
+
+    # ------------------------------------------------------------------ LoRA adapters (names only)
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve `name` from `path`: InvalidLoraAdapter when LoRA is off, the name is served or a file is missing."""
+        from pathlib import Path
+
+        if not self.enable_lora:
+            raise InvalidLoraAdapter("LoRA is not enabled on this engine")
+        if name in self.loras:
+            raise InvalidLoraAdapter(f"LoRA adapter {name!r} is already served (from {self.loras[name]})")
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            if not (Path(path) / f).is_file():
+                raise InvalidLoraAdapter(f"LoRA adapter {name!r}: {str(path)!r} has no {f}")
+        self.loras[name] = str(path)
+        self.lora_requests.setdefault(name, 0)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving `name`; InvalidLoraAdapter when it is not served."""
+        if self.loras.pop(name, None) is None:
+            raise InvalidLoraAdapter(f"LoRA adapter {name!r} is not served")
+
+    def lora_adapters(self) -> list[LoraInfo]:
+        """The served adapters by name."""
+        return [LoraInfo(n, p, 8, i + 1, self.lora_requests.get(n, 0), 0)
+                for i, (n, p) in enumerate(sorted(self.loras.items()))]
 
     def encode(self, text: str) -> list[int]:
         """Tokenize with the fake tokenizer (thread-safe: no engine state)."""
@@ -197,9 +237,9 @@ class FakeEngine:
 
     def add_request(
         self, rid: Hashable, prompt: str | list[int], params: FakeSamplingParams, *, priority: int = 0,
-        cache_salt: str | None = None, tenant: str | None = None,
+        cache_salt: str | None = None, tenant: str | None = None, lora: str | None = None,
     ) -> None:
-        """Queue a request; raises ContextLengthExceeded, or RequestRejected if it can never fit.
+        """Queue a request; raises ContextLengthExceeded, UnknownLora, or RequestRejected if it can never fit.
         `cache_salt` is recorded in `salts` (the fake has no prefix cache), `tenant` in `tenants`."""
         with self._guard():
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -207,8 +247,13 @@ class FakeEngine:
                 raise InvalidPrompt("prompt must not be empty")
             if len(ids) + params.max_tokens > self.max_model_len:
                 raise ContextLengthExceeded(len(ids), params.max_tokens, self.max_model_len)
+            if lora is not None and lora not in self.loras:
+                raise UnknownLora(lora, tuple(self.loras))
             self.scheduler.add(Request(rid, len(ids), params.max_tokens, priority=priority,
-                                       arrival=time.monotonic(), tenant=tenant))
+                                       arrival=time.monotonic(), tenant=tenant, lora=lora))
+            if lora is not None:
+                self.lora_requests[lora] += 1
+                self.lora_of[rid] = lora
             self._seqs[rid] = _Seq(rid, ids, params)
             self.tenants[rid] = tenant
             self.added.append(rid)

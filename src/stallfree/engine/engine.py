@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import math
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,15 @@ from stallfree.core.prefix_cache import hash_blocks
 from stallfree.engine.batch import BatchBuilder
 from stallfree.engine.errors import (
     EngineError,
+    InvalidLoraAdapter,
     InvalidPrompt,
     StepFailed,
 )
 from stallfree.engine.inputs import InputProcessor
 from stallfree.engine.kv_cache import HostKVCache, KVCache
+from stallfree.engine.lora import LoraManager, LoraStep
 from stallfree.engine.model import LlamaModel
-from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, RequestOutput
+from stallfree.engine.outputs import Admission, EngineInfo, EngineStats, Headroom, LoraInfo, RequestOutput
 from stallfree.engine.sampling import NO_TOKEN, SamplingParams, sample_tokens
 from stallfree.engine.stops import StopMatcher
 from stallfree.engine.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -59,7 +61,7 @@ class _Seq:
     """The engine's record of one live request: its tokens, text and sampler. Engine-owned."""
 
     __slots__ = ("rid", "params", "token_ids", "num_prompt", "num_generated", "detok", "text",
-                 "emitted", "hold", "cut", "generator", "aborted", "cached", "stops")
+                 "emitted", "hold", "cut", "generator", "aborted", "cached", "stops", "lora")
 
     def __init__(self, rid: Hashable, ids: list[int], params: SamplingParams, tok: Tokenizer,
                  generator: torch.Generator | None) -> None:
@@ -78,6 +80,7 @@ class _Seq:
         self.generator = generator
         self.aborted = False
         self.cached: int | None = None  # prefix caching: prompt tokens hit at the first admission
+        self.lora: Hashable | None = None  # the adapter's lora_id (Request.lora); None: the base model
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -304,7 +307,9 @@ class LLMEngine:
     """
 
     def __init__(self, model: LlamaModel, tokenizer: Tokenizer, model_name: str = "model", *legacy: Any,
-                 scheduler: Any = None, **legacy_options: Any) -> None:
+                 scheduler: Any = None, enable_lora: bool = False,
+                 lora_modules: Mapping[str, str | Path] | None = None, max_lora_rank: int = 16,
+                 **legacy_options: Any) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -348,8 +353,18 @@ class LLMEngine:
         self._seqs: dict[Hashable, _Seq] = {}
         self._pending: StepPlan | None = None
         self.last_plan: StepPlan | None = None
+        #: LoRA adapters (engine/lora.py): None unless enable_lora; at most the scheduler's max_loras in a step.
+        self.lora: LoraManager | None = None
+        if enable_lora or lora_modules:
+            check_positive_int("max_lora_rank", max_lora_rank)
+            self.lora = LoraManager(cfg, getattr(scheduler.config, "max_loras", None), max_lora_rank,
+                                    model.device, model.dtype)
+            for lora_name, lora_path in (lora_modules or {}).items():
+                self.lora.add(self.lora.read(lora_name, lora_path))
+        self._num_lora_seqs = 0  # live requests with an adapter: a step looks for adapters only when > 0
         #: The one input processor: every prompt is checked and made a core Request there (engine/inputs.py).
-        self.inputs = InputProcessor(tokenizer.encode, cfg.vocab_size, self.max_model_len, self._hashes)
+        self.inputs = InputProcessor(tokenizer.encode, cfg.vocab_size, self.max_model_len, self._hashes,
+                                     None if self.lora is None else self.lora.id_of)
         max_chars, max_alnum, max_bytes = _max_token_chars(tokenizer)
         self._info = EngineInfo(
             model_name=model_name, vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
@@ -358,7 +373,9 @@ class LLMEngine:
             max_seqs=int(scheduler.config.max_seqs), kv_total_tokens=int(scheduler.stats().kv_total),
             num_blocks=num_blocks, block_size=block_size, kv_policy=kv_policy,
             scheduling_policy=scheduling_policy, device=str(model.device),
-            dtype=str(model.dtype).removeprefix("torch."),
+            dtype=str(model.dtype).removeprefix("torch."), enable_lora=self.lora is not None,
+            max_loras=None if self.lora is None else self.lora.max_loras,
+            max_lora_rank=None if self.lora is None else max_lora_rank,
         )
 
     # ------------------------------------------------------------------ the typed view (EngineClient)
@@ -473,6 +490,9 @@ class LLMEngine:
         max_model_len: int | None = None,
         cpu_kv_tokens: int = 0,
         kv_offloading_size: float | None = None,
+        enable_lora: bool = False,
+        lora_modules: Mapping[str, str | Path] | None = None,
+        max_lora_rank: int = 16,
         **options: Any,
     ) -> LLMEngine:
         """Load a checkpoint and build an engine around it.
@@ -497,6 +517,9 @@ class LLMEngine:
             kv_offloading_size: instead of cpu_kv_tokens, the CPU KV tier in GiB of host memory (vLLM's
                 --kv-offloading-size; one rank here), converted with the model's KV bytes per token:
                 floor(GiB x 2^30 / (2 x layers x KV heads x head_dim x bytes per element)) tokens.
+            enable_lora, lora_modules, max_lora_rank: LoRA adapters (vLLM's --enable-lora, --lora-modules,
+                --max-lora-rank; LLMEngine's): with LoRA and no max_loras in **options, max_loras=1 (vLLM's
+                default), the most distinct adapters in one step.
             scheduler: a SchedulerConfig or a scheduler (as LLMEngine's); None: engine_config() of the
                 scheduler keywords here (token_budget, max_seqs, kv_tokens (None: default_kv_tokens),
                 block_size, kv_policy, scheduling_policy, enable_prefix_caching, the partial-prefill limits,
@@ -508,6 +531,9 @@ class LLMEngine:
             InvalidConfig: a scheduler argument out of range, or max_model_len above the checkpoint's.
         """
         # Check the scheduler's numbers before the (slow) checkpoint load.
+        if (enable_lora or lora_modules) and scheduler is None:
+            options.setdefault("max_loras", 1)
+        check_positive_int("max_lora_rank", max_lora_rank)
         check_positive_int("token_budget", token_budget)
         check_positive_int("max_seqs", max_seqs)
         if kv_tokens is not None:
@@ -553,7 +579,8 @@ class LLMEngine:
         if scheduler is None:
             scheduler = config_for(cpu_kv_tokens).replace(
                 kv_tokens=kv_tokens or default_kv_tokens(model, max_seqs))
-        return cls(model, ckpt.tokenizer, ckpt.name, scheduler=scheduler)
+        return cls(model, ckpt.tokenizer, ckpt.name, scheduler=scheduler, enable_lora=enable_lora,
+                   lora_modules=lora_modules, max_lora_rank=max_lora_rank)
 
     # ------------------------------------------------------------------ requests
 
@@ -569,6 +596,7 @@ class LLMEngine:
     def add_request(
         self, rid: Hashable, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
         priority: int | None = None, cache_salt: str | None = None, tenant: str | None = None,
+        lora: str | None = None,
     ) -> None:
         """Queue a request.
 
@@ -583,12 +611,15 @@ class LLMEngine:
                 own salt, the unsalted hashes), so different salts share nothing.
             tenant: the client it is served for (Request.tenant; None: "default"); read by the scheduler
                 under fairness="vtc" and by per-tenant queue time limits.
+            lora: None (the base model) or the name of a served LoRA adapter (load_lora_adapter); the
+                scheduler counts it by its lora_id, so at most max_loras distinct adapters run in a step.
 
         Raises:
             InvalidPrompt: the prompt is empty, not text or ids, holds an id outside the
                 vocabulary, or rid is live; or priority is not an integer; or cache_salt is not a
                 non-empty string.
             ContextLengthExceeded: prompt tokens + max_tokens > max_model_len.
+            UnknownLora: lora names no served adapter.
             RequestRejected: the KV cache can never hold prompt + max_tokens tokens.
             Nothing is queued when any of these is raised.
         """
@@ -600,7 +631,7 @@ class LLMEngine:
         if priority is None:
             priority = params.priority
         processed = self.inputs.process(rid, prompt, params.max_tokens, priority=priority, cache_salt=cache_salt,
-                                        tenant=tenant)
+                                        tenant=tenant, lora=lora)
         ids = processed.token_ids
         # Everything that can fail happens before the scheduler holds the request: a request the
         # scheduler knows and the engine does not would break every later step.
@@ -614,6 +645,10 @@ class LLMEngine:
         seq = _Seq(rid, ids, params, self.tokenizer, gen)
         self.scheduler.add(processed.request)
         self._seqs[rid] = seq
+        if processed.request.lora is not None and self.lora is not None:
+            seq.lora = processed.request.lora
+            self.lora.acquire(seq.lora)
+            self._num_lora_seqs += 1
 
     def abort(self, rid: Hashable) -> None:
         """Stop a request: it emits nothing more and its KV is released.
@@ -641,7 +676,10 @@ class LLMEngine:
         return bool(self._seqs) or self.scheduler.has_unfinished()
 
     def _release(self, rid: Hashable) -> None:
-        self._seqs.pop(rid, None)
+        seq = self._seqs.pop(rid, None)
+        if seq is not None and seq.lora is not None and self.lora is not None:
+            self.lora.release(seq.lora)
+            self._num_lora_seqs -= 1
         self._aborted.discard(rid)
         self._builder.release(rid)
 
@@ -731,7 +769,8 @@ class LLMEngine:
             return []
         batch, rids, rows = built
         samplers.extend(self._seqs[rid] for rid in rids)
-        logits = self.model.forward(batch, self.kv)
+        lora_step = self._lora_step(plan) if self._num_lora_seqs else None
+        logits = self.model.forward(batch, self.kv, lora_step)
         params, gens = [s.params for s in samplers], [s.generator for s in samplers]
         try:
             tokens = sample_tokens(logits, params, gens).cpu()  # the step's one copy back
@@ -739,6 +778,46 @@ class LLMEngine:
             tokens = _sample_rows_alone(logits, params, gens)
         self._builder.record(rows, tokens.clamp(min=0))
         return tokens.tolist()  # type: ignore[no-any-return]
+
+    def _lora_step(self, plan: StepPlan) -> LoraStep | None:
+        """The step's adapters and their rows, in the flat batch's order (BatchBuilder.build: the decodes in
+        plan order, then each prefill chunk), aborted requests left out as the builder leaves them out."""
+        assert self.lora is not None
+        seqs, skip = self._seqs, self._aborted
+        entries: list[tuple[Hashable | None, int]] = [
+            (seqs[rid].lora, 1) for rid in plan.decode_rids if rid not in skip]
+        entries += [(seqs[c.rid].lora, c.num_tokens) for c in plan.prefills if c.rid not in skip]
+        return self.lora.step(entries, self.model.device)
+
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def load_lora_adapter(self, name: str, path: str | Path) -> None:
+        """Serve the PEFT adapter in folder `path` under `name` (vLLM's /v1/load_lora_adapter). Call it
+        between steps; the running requests are untouched.
+
+        Raises:
+            InvalidLoraAdapter: LoRA is not enabled, the name is served already or malformed, or the
+                folder is refused (engine/lora.py, read_peft_adapter: missing files, rank above
+                max_lora_rank, a target module or shape not of the base model).
+        """
+        if self.lora is None:
+            raise InvalidLoraAdapter("LoRA is not enabled on this engine (enable_lora=True, serve --enable-lora)")
+        self.lora.add(self.lora.read(name, path))
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving adapter `name`: new requests naming it are refused; running ones finish with it, and
+        its weights are dropped when the last of them ends.
+
+        Raises:
+            InvalidLoraAdapter: LoRA is not enabled, or no adapter of that name is served.
+        """
+        if self.lora is None:
+            raise InvalidLoraAdapter("LoRA is not enabled on this engine (enable_lora=True, serve --enable-lora)")
+        self.lora.remove(name)
+
+    def lora_adapters(self) -> list[LoraInfo]:
+        """The served adapters by name, with the requests added for each and its device loads so far."""
+        return [] if self.lora is None else self.lora.served()
 
     def _failed_output(self, seq: _Seq) -> RequestOutput:
         """The last output of a request whose sampling failed (finish_reason "error", no token)."""

@@ -9,6 +9,7 @@ embeddings (Su et al., 2021), grouped-query attention (Ainslie et al., 2023), Sw
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -18,6 +19,7 @@ from stallfree.engine.batch import FlatBatch
 from stallfree.engine.config import ModelConfig, rope_tables
 from stallfree.engine.errors import ModelLoadError
 from stallfree.engine.kv_cache import KVCache
+from stallfree.engine.lora import LoraStep
 
 __all__ = ["LlamaModel", "prepacking_applies"]
 
@@ -70,16 +72,21 @@ def prepacking_applies(dtype: torch.dtype, device: torch.device) -> bool:
 def _pre_attention(
     x: torch.Tensor, norm: torch.Tensor, qkv_w: torch.Tensor, qkv_b: torch.Tensor | None,
     cos: torch.Tensor, sin: torch.Tensor, eps: float, hq: int, hkv: int,
-    linear: Callable[..., torch.Tensor] = F.linear,
+    linear: Callable[..., torch.Tensor] = F.linear, lora: Callable[..., torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """RMSNorm, the fused QKV matmul and RoPE on q and k together (one rotation for H + Hkv heads).
 
     Shapes: x [T, d]; cos, sin [T, 1, D]; returns q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]
     (k and v are views into one buffer, not contiguous). `linear` is F.linear, or _packed_linear
-    when the weights are pre-packed.
+    when the weights are pre-packed. `lora`, when given, is lora(matmul name, input [T, in], output
+    [T, out]) -> the output with the step's LoRA deltas added (LoraStep.add for this layer).
     """
     t = x.shape[0]
-    qkv = linear(_rms_norm(x, norm, eps), qkv_w, qkv_b).view(t, hq + 2 * hkv, -1)
+    h = _rms_norm(x, norm, eps)
+    qkv = linear(h, qkv_w, qkv_b)
+    if lora is not None:
+        qkv = lora("qkv", h, qkv)
+    qkv = qkv.view(t, hq + 2 * hkv, -1)
     qk = qkv[:, : hq + hkv]
     half = qk.shape[-1] // 2
     rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
@@ -90,14 +97,21 @@ def _pre_attention(
 def _post_attention(
     x: torch.Tensor, attn: torch.Tensor, o_w: torch.Tensor, norm: torch.Tensor, gate_up: torch.Tensor,
     down: torch.Tensor, eps: float, linear: Callable[..., torch.Tensor] = F.linear,
+    lora: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The output projection and residual, then RMSNorm, the fused SwiGLU and residual.
 
-    Shapes: x [T, d]; attn [T, H*D]; returns [T, d]. `linear` as in _pre_attention.
+    Shapes: x [T, d]; attn [T, H*D]; returns [T, d]. `linear` and `lora` as in _pre_attention.
     """
-    x = x + linear(attn, o_w)
-    gate, up = linear(_rms_norm(x, norm, eps), gate_up).chunk(2, dim=-1)
-    return x + linear(F.silu(gate) * up, down)
+    if lora is None:
+        x = x + linear(attn, o_w)
+        gate, up = linear(_rms_norm(x, norm, eps), gate_up).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, down)
+    x = x + lora("o", attn, linear(attn, o_w))
+    h = _rms_norm(x, norm, eps)
+    gate, up = lora("gate_up", h, linear(h, gate_up)).chunk(2, dim=-1)
+    m = F.silu(gate) * up
+    return x + lora("down", m, linear(m, down))
 
 
 class _Layer:
@@ -232,8 +246,11 @@ class LlamaModel:
         return out
 
     @torch.inference_mode()
-    def forward(self, batch: FlatBatch, kv: KVCache) -> torch.Tensor:
+    def forward(self, batch: FlatBatch, kv: KVCache, lora: LoraStep | None = None) -> torch.Tensor:
         """Run one step: write this step's K and V into `kv` and return logits of the asked rows.
+
+        `lora`: the step's LoRA adapters and the rows each applies to (engine/lora.py); the step then
+        runs the uncompiled layer functions with each targeted matmul's delta added to its rows.
 
         Shapes: returns [S, V] float32, S = len(batch.logits_rows). Activations are [T, d];
         q [T, H*D], k and v [T, Hkv*D]; the MLP's inner activations [T, F].
@@ -254,11 +271,16 @@ class LlamaModel:
         cos = self.cos[batch.positions].to(self.dtype).unsqueeze(1)
         sin = self.sin[batch.positions].to(self.dtype).unsqueeze(1)
         pre, post, linear = self._pre, self._post, self._linear
+        if lora is not None:
+            pre, post = _pre_attention, _post_attention
         for li, layer in enumerate(self.layers):
-            q, k, v = pre(x, layer.attn_norm, layer.qkv, layer.qkv_bias, cos, sin, eps, hq, hkv, linear)
+            hook = None if lora is None else functools.partial(lora.add, li)
+            q, k, v = pre(x, layer.attn_norm, layer.qkv, layer.qkv_bias, cos, sin, eps, hq, hkv, linear,
+                          **({} if hook is None else {"lora": hook}))
             kv.k[li].index_copy_(0, batch.slot_mapping, k)
             kv.v[li].index_copy_(0, batch.slot_mapping, v)
             attn = self._attention(q, kv.k[li], kv.v[li], batch, masks, bs)
-            x = post(x, attn, layer.o, layer.mlp_norm, layer.gate_up, layer.down, eps, linear)
+            x = post(x, attn, layer.o, layer.mlp_norm, layer.gate_up, layer.down, eps, linear,
+                     **({} if hook is None else {"lora": hook}))
         h = _rms_norm(x.index_select(0, batch.logits_rows), self.norm, eps)
         return linear(h, self.lm_head).float()

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from stallfree.core import Request as CoreRequest
 
-__all__ = ["Admission", "EngineClient", "EngineInfo", "EngineStats", "Headroom", "RequestOutput"]
+__all__ = ["Admission", "EngineClient", "EngineInfo", "EngineStats", "Headroom", "LoraInfo", "RequestOutput"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,9 @@ class EngineInfo:
         max_token_bytes: the most UTF-8 bytes of prompt text one token stands for; a text of more than
             max_model_len * max_token_bytes bytes cannot fit the context (the bound for text of
             multi-byte characters, where the character count says too little); 0 when not known.
+        enable_lora: LoRA adapters may be served (load_lora_adapter); a request may name one.
+        max_loras: the most distinct adapters in one step (the scheduler's max_loras); None: no limit.
+        max_lora_rank: the largest adapter rank accepted; None without LoRA.
     """
 
     model_name: str
@@ -90,6 +93,30 @@ class EngineInfo:
     dtype: str = "float32"
     max_token_alnum: int = 0
     max_token_bytes: int = 0
+    enable_lora: bool = False
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoraInfo:
+    """A served LoRA adapter as a server lists it (LLMEngine.lora_adapters).
+
+    Attributes:
+        name: the name requests give in `model`.
+        path: its folder.
+        rank: r.
+        lora_id: the id the scheduler counts it by (unique for the engine's life).
+        num_requests: requests added with it so far.
+        num_loads: times its weights were put on the device so far (at most max_loras are there at once).
+    """
+
+    name: str
+    path: str
+    rank: int
+    lora_id: int
+    num_requests: int = 0
+    num_loads: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +198,8 @@ class Admission:
 
     Args:
         scheduler: a detached scheduler copy (stallfree.core.Scheduler.snapshot()).
-        make_request: (rid, prompt, params, priority, cache_salt) -> the stallfree.core.Request the
-            engine would add, or None when the engine would refuse the prompt.
+        make_request: (rid, prompt, params, priority, cache_salt[, tenant[, lora]]) -> the stallfree.core.Request
+            the engine would add, or None when the engine would refuse the prompt.
     """
 
     __slots__ = ("_make", "_scheduler")
@@ -182,8 +209,11 @@ class Admission:
         self._make = make_request
 
     def request(self, rid: Hashable, prompt: Any, params: Any, priority: int = 0,
-                cache_salt: str | None = None, tenant: str | None = None) -> CoreRequest | None:
+                cache_salt: str | None = None, tenant: str | None = None,
+                lora: str | None = None) -> CoreRequest | None:
         """The scheduler's Request for a request not yet added (None: the engine would refuse it)."""
+        if lora is not None:
+            return self._make(rid, prompt, params, priority, cache_salt, tenant, lora)
         if tenant is None:  # builders written before tenants take five arguments
             return self._make(rid, prompt, params, priority, cache_salt)
         return self._make(rid, prompt, params, priority, cache_salt, tenant)
@@ -222,7 +252,17 @@ class EngineClient(Protocol):
         """Render chat messages as a prompt (thread-safe like encode)."""
 
     def add_request(self, rid: Hashable, prompt: str | Sequence[int], params: Any, *, priority: int = 0) -> None:
-        """Queue a request; raises an EngineError (a ValueError) that names the field when it is refused."""
+        """Queue a request; raises an EngineError (a ValueError) that names the field when it is refused.
+        Keywords cache_salt, tenant and lora (a served adapter's name) are passed only when set."""
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve a PEFT adapter folder under `name`; InvalidLoraAdapter naming what is refused."""
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving adapter `name` (running requests finish with it); InvalidLoraAdapter when not served."""
+
+    def lora_adapters(self) -> list[LoraInfo]:
+        """The served adapters by name ([] without LoRA)."""
 
     def abort(self, rid: Hashable) -> None:
         """Abort a request; KeyError when unknown."""

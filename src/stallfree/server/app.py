@@ -26,9 +26,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stallfree.core.request import DEFAULT_TENANT
-from stallfree.engine.errors import ContextLengthExceeded, InvalidPrompt
+from stallfree.engine.errors import ContextLengthExceeded, InvalidLoraAdapter, InvalidPrompt, UnknownLora
 from stallfree.engine.inputs import check_token_ids
-from stallfree.engine.outputs import EngineClient
+from stallfree.engine.outputs import EngineClient, LoraInfo
 from stallfree.server.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream, StepFailed
 from stallfree.server.body import (
     BodyError,
@@ -130,6 +130,13 @@ class _State:
             raise ValueError(f"prefix_cache_isolation must be one of {list(PREFIX_CACHE_ISOLATION)}, got "
                              f"{config.prefix_cache_isolation!r}")
         self.created = int(time.time())
+        #: The served LoRA adapters by name (the engine's list, read again after each load and unload).
+        self.loras: dict[str, LoraInfo] = {}
+        if self.info.enable_lora:
+            self.loras = {a.name: a for a in engine.lora_adapters()}
+        self.metrics.lora_active = self.async_engine.active_by_lora
+        self.metrics.lora_adapters = lambda: self.async_engine.lora_snapshot
+        self.lora_lock = asyncio.Lock()  # one load or unload at a time
 
 
 def create_app(engine: EngineClient, config: ServerConfig | None = None) -> FastAPI:
@@ -194,10 +201,35 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
     async def models() -> JSONResponse:
         data = [
             {"id": name, "object": "model", "created": state.created, "owned_by": "stallfree",
-             "root": state.info.model_name, "max_model_len": state.info.max_model_len}
+             "root": state.info.model_name, "parent": None, "max_model_len": state.info.max_model_len}
             for name in state.names
         ]
+        # Adapters as vLLM lists them: root is the adapter's folder, parent the base model's served name.
+        data += [{"id": a.name, "object": "model", "created": state.created, "owned_by": "stallfree",
+                  "root": a.path, "parent": state.names[0], "max_model_len": state.info.max_model_len}
+                 for a in sorted(state.loras.values(), key=lambda a: a.name)]
         return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        name, path = _lora_body(state, await _read_body(request, state.config.max_request_bytes), with_path=True)
+        if name in state.names:
+            raise ApiError(400, f"lora_name {name!r} is the base model's served name; choose another", "lora_name")
+        async with state.lora_lock:
+            await _engine_lora_call(state, lambda: state.engine.load_lora_adapter(name, path))
+        logger.info("LoRA adapter %r loaded from %s", name, path)
+        return Response(f"Success: LoRA adapter '{name}' added successfully.", media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        name, _ = _lora_body(state, await _read_body(request, state.config.max_request_bytes), with_path=False)
+        async with state.lora_lock:
+            if name not in state.loras:
+                raise ApiError(404, f"LoRA adapter {name!r} is not served; served adapters: "
+                               f"{sorted(state.loras) or 'none'}", "lora_name", code="model_not_found")
+            await _engine_lora_call(state, lambda: state.engine.unload_lora_adapter(name))
+        logger.info("LoRA adapter %r unloaded", name)
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.", media_type="text/plain")
 
     # Parsing, the chat template and tokenizing take time in proportion to the body: they run in a
     # worker thread, so that one large request never stalls the event loop (every stream's next token).
@@ -206,16 +238,16 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
         check_framing(request.headers)
         check_json_content_type(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
-        req, ids = await asyncio.to_thread(_prepare_completion, state, raw)
-        return await _serve(state, request, req, ids, chat=False)
+        req, ids, lora = await asyncio.to_thread(_prepare_completion, state, raw)
+        return await _serve(state, request, req, ids, chat=False, lora=lora)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         check_framing(request.headers)
         check_json_content_type(request.headers)
         raw = await _read_body(request, state.config.max_request_bytes)
-        req, ids = await asyncio.to_thread(_prepare_chat, state, raw)
-        return await _serve(state, request, req, ids, chat=True)
+        req, ids, lora = await asyncio.to_thread(_prepare_chat, state, raw)
+        return await _serve(state, request, req, ids, chat=True, lora=lora)
 
     _document_bodies(app)
     return app
@@ -246,7 +278,8 @@ def _document_bodies(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-_ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /metrics")
+_ROUTES = ("POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "POST /v1/load_lora_adapter",
+           "POST /v1/unload_lora_adapter", "GET /health", "GET /metrics")
 # A body declared larger than this many times the limit is refused without reading it (the connection
 # then closes); a smaller one is read and discarded first, so that the client gets its 413 cleanly.
 _DRAIN_FACTOR = 16
@@ -280,17 +313,17 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _prepare_completion(state: _State, raw: bytes) -> tuple[Any, list[int]]:
-    """Parse a completion body and tokenize its prompt (in a worker thread)."""
+def _prepare_completion(state: _State, raw: bytes) -> tuple[Any, list[int], str | None]:
+    """Parse a completion body and tokenize its prompt (in a worker thread); with the LoRA adapter it names."""
     req = parse_request(raw, CompletionRequest, state.limits)
-    _check_model(state, req.model)
-    return req, _completion_prompt_ids(state, req.prompt)
+    lora = _resolve_model(state, req.model)
+    return req, _completion_prompt_ids(state, req.prompt), lora
 
 
-def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
+def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int], str | None]:
     """Parse a chat body, render its messages with the chat template and tokenize (in a worker thread)."""
     req = parse_request(raw, ChatCompletionRequest, state.limits)
-    _check_model(state, req.model)
+    lora = _resolve_model(state, req.model)
     messages = [{"role": m.role, "content": m.text()} for m in req.messages]
     # The template's cost grows with the text: refuse, before rendering, a text that cannot fit.
     _check_text_length(state, "".join(m["content"] for m in messages), "messages")
@@ -300,7 +333,7 @@ def _prepare_chat(state: _State, raw: bytes) -> tuple[Any, list[int]]:
         raise ApiError(400, f"messages: the chat template rejected them: {short_repr(str(exc), 200)}",
                        "messages") from None
     _check_text_length(state, text, "messages")
-    return req, _encode(state, text, "messages")
+    return req, _encode(state, text, "messages"), lora
 
 
 def _check_text_length(state: _State, text: str, where: str) -> None:
@@ -396,10 +429,62 @@ async def _log_stats(state: _State) -> None:
         quiet = not busy
 
 
-def _check_model(state: _State, model: str | None) -> None:
-    if model is not None and model not in state.names:
-        raise ApiError(404, f"The model {short_repr(model)} does not exist; this server serves {list(state.names)}.",
-                       "model", code="model_not_found")
+def _resolve_model(state: _State, model: str | None) -> str | None:
+    """The LoRA adapter a request's `model` names: None for the base model (a served name, or no model).
+
+    Raises:
+        ApiError(404, model_not_found): neither a served name nor a served adapter; the message lists both.
+    """
+    if model is None or model in state.names:
+        return None
+    if model in state.loras:
+        return model
+    adapters = f" and the LoRA adapters {sorted(state.loras)}" if state.loras else ""
+    raise ApiError(404, f"The model {short_repr(model)} does not exist; this server serves {list(state.names)}"
+                   f"{adapters}.", "model", code="model_not_found")
+
+
+def _lora_body(state: _State, raw: bytes, with_path: bool) -> tuple[str, str]:
+    """lora_name (and lora_path) of a load or unload body, as vLLM's routes take them.
+
+    Raises:
+        ApiError(400): LoRA is not enabled, the body is not a JSON object, or a field is missing or not a
+            non-empty string (naming it).
+    """
+    if not state.info.enable_lora:
+        raise ApiError(400, "LoRA is not enabled on this server; start it with --enable-lora")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object with lora_name" + (" and lora_path" if with_path else ""))
+    fields = ("lora_name", "lora_path") if with_path else ("lora_name",)
+    for f in fields:
+        value = body.get(f)
+        if not isinstance(value, str) or not value:
+            raise ApiError(400, f"{f} must be a non-empty string, got {short_repr(value)}", f)
+    return body["lora_name"], body.get("lora_path", "") if with_path else ""
+
+
+async def _engine_lora_call(state: _State, fn: Any) -> None:
+    """Run a load or unload on the engine between steps, then read its adapters again.
+
+    Raises:
+        ApiError(400): the engine refused it (InvalidLoraAdapter names why); ApiError(503): the loop stopped.
+    """
+
+    def call() -> list[LoraInfo]:
+        fn()
+        return state.engine.lora_adapters()
+
+    try:
+        served = await state.async_engine.call_between_steps(call)
+    except InvalidLoraAdapter as exc:
+        raise ApiError(400, str(exc), "lora_name") from None
+    except EngineDead as exc:
+        raise ApiError(503, str(exc)) from None
+    state.loras = {a.name: a for a in served}
 
 
 def _completion_prompt_ids(state: _State, prompt: Any) -> list[int]:
@@ -482,7 +567,8 @@ def _build_params(state: _State, req: Any, max_tokens: int) -> Any:
         raise ApiError(400, msg, param) from None
 
 
-async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat: bool) -> Response:
+async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat: bool,
+                 lora: str | None = None) -> Response:
     """Validate limits, add the request to the loop, and answer it (streamed or whole)."""
     requested = req.effective_max_tokens() if chat else req.max_tokens
     max_tokens = _resolve_max_tokens(state, requested, len(ids), chat)
@@ -501,6 +587,8 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
     tenant = request.scope.get(TENANT_SCOPE_KEY)
     if tenant is not None:
         salt["tenant"] = tenant
+    if lora is not None:
+        salt["lora"] = lora
     if state.rate_limiter is not None:
         wait = state.rate_limiter.take(tenant or DEFAULT_TENANT, len(ids) + max_tokens)
         if wait is not None:
@@ -517,9 +605,11 @@ async def _serve(state: _State, request: Request, req: Any, ids: list[int], chat
         raise ApiError(503, str(exc)) from None
     except ContextLengthExceeded as exc:
         raise ApiError(400, str(exc), "messages" if chat else "prompt", code="context_length_exceeded") from None
+    except UnknownLora as exc:  # unloaded since the model field was checked
+        raise ApiError(404, str(exc), "model", code="model_not_found") from None
     except ValueError as exc:  # EngineError, RequestRejected: the input processor's other refusals
         raise ApiError(400, str(exc), "messages" if chat else "prompt") from None
-    model = state.names[0]
+    model = state.names[0] if lora is None else lora
     created = int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -74,6 +74,7 @@ class RequestRecord:
     finish_time: float | None = None
     finish_reason: str | None = None
     tenant: str = DEFAULT_TENANT
+    lora: str | None = None  # the LoRA adapter's name; None: the base model
 
 
 class StepObserver(Protocol):
@@ -106,6 +107,7 @@ class _Pending:
     cache_salt: str | None = None
     core: CoreRequest | None = None  # the scheduler's Request for it, for the admission test (max_waiting)
     tenant: str | None = None
+    lora: str | None = None
 
 
 @dataclass(slots=True)
@@ -190,6 +192,8 @@ class AsyncEngine:
         #: Prompt tokens of the requests added and not yet at their first token, in all and per tenant.
         self.queued_tokens = 0
         self.queued_tokens_by_tenant: dict[str, int] = {}
+        #: LoRA adapter name -> its requests added and not ended (waiting or running); 0 stays listed.
+        self.active_by_lora: dict[str, int] = {}
         self.observer = observer
         self.clock = clock
         self.num_steps = 0
@@ -202,10 +206,15 @@ class AsyncEngine:
         # The engine's state as read after the last step or queue change (never during a step).
         self._stats: EngineStats = engine.stats()
         self._admission: Admission = engine.admission()
+        self._lora = engine.info.enable_lora
+        #: The engine's served LoRA adapters (LoraInfo) as read after the last step or change ([] without LoRA).
+        self.lora_snapshot: list[Any] = engine.lora_adapters() if self._lora else []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._stopping = False
+        # Calls to run on the engine at the next step boundary (LoRA loads and unloads), with their futures.
+        self._calls: list[tuple[Callable[[], Any], asyncio.Future[Any]]] = []
 
     # ------------------------------------------------------------------ state
 
@@ -270,7 +279,7 @@ class AsyncEngine:
 
     async def add_request(
         self, rid: Hashable, prompt: Any, params: Any, *, num_prompt_tokens: int = 0, max_tokens: int = 0,
-        priority: int = 0, cache_salt: str | None = None, tenant: str | None = None,
+        priority: int = 0, cache_salt: str | None = None, tenant: str | None = None, lora: str | None = None,
     ) -> RequestStream:
         """Queue a request for the next step boundary; return its stream once the engine accepted it.
 
@@ -284,6 +293,7 @@ class AsyncEngine:
             priority: passed to engine.add_request.
             cache_salt: passed to engine.add_request (its prefix-cache salt) when not None.
             tenant: passed to engine.add_request (the API key's tenant) when not None.
+            lora: passed to engine.add_request (the LoRA adapter's name) when not None.
 
         Raises:
             QueueFull: max_waiting requests will wait already and this one would too, or its prompt tokens
@@ -296,7 +306,8 @@ class AsyncEngine:
         if rid in self._pending or rid in self._live:
             raise ValueError(f"request id {rid!r} is already in use")
         core = self._admission.request(rid, prompt, params, priority, cache_salt,
-                                       **({} if tenant is None else {"tenant": tenant}))
+                                       **({} if tenant is None else {"tenant": tenant}),
+                                       **({} if lora is None else {"lora": lora}))
         mwt = self.max_waiting_tokens
         if mwt is not None and self.queued_tokens + num_prompt_tokens > mwt:
             raise QueueFull(
@@ -314,10 +325,11 @@ class AsyncEngine:
         assert self._wake is not None
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record = RequestRecord(rid, self.clock(), num_prompt_tokens=num_prompt_tokens,
-                               tenant=tenant or DEFAULT_TENANT)
+                               tenant=tenant or DEFAULT_TENANT, lora=lora)
         self._pending[rid] = _Pending(rid, prompt, params, priority, num_prompt_tokens, max_tokens, future,
-                                      cache_salt, core, tenant)
+                                      cache_salt, core, tenant, lora)
         self._queue_tokens(record, num_prompt_tokens)
+        self._count_lora(record, 1)
         live = _Live(record)
         self._live[rid] = live
         self._wake.set()
@@ -327,9 +339,40 @@ class AsyncEngine:
             self.abort(rid)
             raise
         except BaseException:
-            self._live.pop(rid, None)
+            if self._live.pop(rid, None) is not None:
+                self._count_lora(record, -1)
             raise
         return RequestStream(self, rid, live)
+
+    async def call_between_steps(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn()` on the engine at the next step boundary (never during a step) and return its result,
+        or raise what it raised; used for LoRA loads and unloads, which leave the running requests alone.
+
+        Raises:
+            EngineDead: the loop has stopped.
+            Exception: whatever fn raised.
+        """
+        if self.dead_reason is not None or self._stopping:
+            raise EngineDead(self.dead_reason or "the server is shutting down")
+        self.start()
+        assert self._wake is not None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls.append((fn, future))
+        self._wake.set()
+        return await future
+
+    def _apply_calls(self) -> bool:
+        if not self._calls:
+            return False
+        calls, self._calls = self._calls, []
+        for fn, future in calls:
+            if future.done():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, the loop goes on
+                future.set_exception(exc)
+        return True
 
     def abort(self, rid: Hashable) -> None:
         """Abort a request at the next step boundary (its KV is freed then); no-op if unknown.
@@ -356,13 +399,13 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._wake.clear()
-                changed = self._apply_aborts() | self._apply_adds()
+                changed = self._apply_aborts() | self._apply_calls() | self._apply_adds()
                 if changed:
                     self._read_engine()
                     if self.observer is not None:
                         self.observer.on_queue_change(self._stats)
                 if not self.engine.has_unfinished():
-                    if not self._pending and not self._aborts:
+                    if not self._pending and not self._aborts and not self._calls:
                         await self._wake.wait()
                     continue
                 start = self.clock()
@@ -411,11 +454,14 @@ class AsyncEngine:
                 extra: dict[str, Any] = {} if p.cache_salt is None else {"cache_salt": p.cache_salt}
                 if p.tenant is not None:
                     extra["tenant"] = p.tenant
+                if p.lora is not None:
+                    extra["lora"] = p.lora
                 self.engine.add_request(p.rid, p.prompt, p.params, priority=p.priority, **extra)
             except Exception as exc:  # noqa: BLE001 - the handler turns it into an HTTP error
                 gone = self._live.pop(p.rid, None)
                 if gone is not None:
                     self._queue_tokens(gone.record, -gone.record.num_prompt_tokens)
+                    self._count_lora(gone.record, -1)
                 if not p.future.done():
                     p.future.set_exception(exc)
                 continue
@@ -428,6 +474,8 @@ class AsyncEngine:
         """Read the engine's stats and admission rule (on the loop, between steps)."""
         self._stats = self.engine.stats()
         self._admission = self.engine.admission()
+        if self._lora:
+            self.lora_snapshot = self.engine.lora_adapters()
 
     def _pending_waiting(self, new: CoreRequest | None) -> tuple[int, bool]:
         """(how many requests will wait after the engine's next step, those queued here included; whether
@@ -447,6 +495,11 @@ class AsyncEngine:
         self.queued_tokens += delta
         by = self.queued_tokens_by_tenant
         by[rec.tenant] = by.get(rec.tenant, 0) + delta
+
+    def _count_lora(self, rec: RequestRecord, delta: int) -> None:
+        """Count a request of a LoRA adapter in or out of active_by_lora."""
+        if rec.lora is not None:
+            self.active_by_lora[rec.lora] = self.active_by_lora.get(rec.lora, 0) + delta
 
     def _dispatch(self, outputs: list[Any], now: float) -> None:
         obs = self.observer
@@ -514,6 +567,10 @@ class AsyncEngine:
         self._added.clear()
 
     def _fail_all(self, err: BaseException, outcome: str = "error") -> None:
+        for _, future in self._calls:
+            if not future.done():
+                future.set_exception(err)
+        self._calls.clear()
         for p in self._pending.values():
             if not p.future.done():
                 p.future.set_exception(err)
@@ -532,6 +589,7 @@ class AsyncEngine:
                 self._queue_tokens(rec, -rec.num_prompt_tokens)
             rec.finish_time = self.clock() if now is None else now
             rec.finish_reason = reason
+            self._count_lora(rec, -1)
             if self.observer is not None:
                 self.observer.on_finish(rec)
         return live

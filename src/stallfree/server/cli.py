@@ -35,6 +35,8 @@ def banner(info: Any, host: str, port: int) -> str:
         f"(--kv-policy {info.kv_policy}) | token budget {info.token_budget:,} | max_seqs {info.max_seqs} "
         f"| --scheduling-policy {info.scheduling_policy}\n"
         f"  serving http://{host}:{port}/v1 (completions, chat/completions, models), /health, /metrics"
+        + (f"\n  LoRA: --max-loras {info.max_loras} per step, --max-lora-rank {info.max_lora_rank}; "
+           "/v1/load_lora_adapter, /v1/unload_lora_adapter" if info.enable_lora else "")
     )
 
 
@@ -86,6 +88,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "(docs/server.md)")
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+", default=None,
                    metavar="NAME", help="model name(s) in the API (default: the model's name)")
+    lora = p.add_argument_group("LoRA adapters (vLLM's flags)")
+    lora.add_argument("--enable-lora", action="store_true",
+                      help="serve LoRA adapters: a request's model field names one (docs/server.md, \"LoRA adapters\")")
+    lora.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                      help="adapters served from the start: NAME=PATH, PATH a PEFT folder (adapter_config.json, "
+                      "adapter_model.safetensors); needs --enable-lora")
+    add_scheduler_flags(lora, {"max_loras": None},
+                        why={"max_loras": "default 1 with --enable-lora, as vLLM; adapters beyond it wait"})
+    lora.add_argument("--max-lora-rank", type=positive_int, default=16, metavar="R",
+                      help="the largest adapter rank r accepted; a larger one is refused at start-up or load "
+                      "(default 16, as vLLM)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N or mps")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 (bf16) or float16 (fp16); default: "
                    f"{DEFAULT_DTYPE_RULE}")
@@ -105,6 +118,9 @@ def build_engine(args: argparse.Namespace) -> Any:
     from stallfree.engine import LLMEngine
 
     options = scheduler_options(args) | {"enable_prefix_caching": prefix_caching(args)}
+    if args.enable_lora:
+        options |= {"enable_lora": True, "lora_modules": lora_modules(args.lora_modules),
+                    "max_lora_rank": args.max_lora_rank}
     if getattr(args, "max_queue_time", None) is not None:
         import time
 
@@ -112,6 +128,50 @@ def build_engine(args: argparse.Namespace) -> Any:
         options |= {"max_queue_time_s": args.max_queue_time, "clock": time.monotonic}
     return LLMEngine.from_pretrained(path=args.model, device=args.device, dtype=args.dtype,
                                      kv_offloading_size=args.kv_offloading_size, **options)
+
+
+def lora_modules(items: list[str] | None) -> dict[str, str]:
+    """--lora-modules NAME=PATH ... as a dict, in the order given.
+
+    Raises:
+        ValueError: an item without "=", an empty name or path, a name with a space, or a name given twice;
+            the message names the item.
+    """
+    out: dict[str, str] = {}
+    for item in items or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path or any(c.isspace() for c in name):
+            raise ValueError(f"--lora-modules: {item!r} is not NAME=PATH (a name without spaces, a folder)")
+        if name in out:
+            raise ValueError(f"--lora-modules: the name {name!r} is given twice ({out[name]!r} and {path!r})")
+        out[name] = path
+    return out
+
+
+def _lora_problem(args: argparse.Namespace) -> str | None:
+    """The LoRA flags checked before the model load: a usage error's message, or None."""
+    if not args.enable_lora:
+        for flag, value in (("--lora-modules", args.lora_modules), ("--max-loras", args.max_loras)):
+            if value is not None:
+                return f"{flag} needs --enable-lora"
+        return None
+    if args.fairness == "vtc":
+        return "--enable-lora with --fairness vtc: both reorder the one queue; choose one"
+    try:
+        modules = lora_modules(args.lora_modules)
+    except ValueError as exc:
+        return str(exc)
+    names = set(args.served_model_name or ())
+    from pathlib import Path
+
+    for name, path in modules.items():
+        if name in names:
+            return f"--lora-modules: the name {name!r} is also a --served-model-name"
+        folder = Path(path)
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            if not (folder / f).is_file():
+                return f"--lora-modules: LoRA adapter {name!r}: {path!r} has no {f}"
+    return None
 
 
 def prefix_caching(args: argparse.Namespace) -> bool:
@@ -125,11 +185,14 @@ def run_serve(args: argparse.Namespace) -> int:
     imported or loaded, within a second), 1 when the model or a dependency fails to load, 0 once a
     SIGTERM or SIGINT has drained it (stallfree.server.shutdown)."""
     from stallfree.engine.cli import check_model_flags, check_scheduler_flags, describe_model, dtype_label  # torch-free
+    from stallfree.engine.errors import InvalidLoraAdapter  # torch-free
 
     problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.policy)
                or check_scheduler_flags(args, args.block_size if args.kv_policy == "paged" else None))
     if problem is None and args.enable_prefix_caching and args.kv_policy != "paged":
         problem = "--enable-prefix-caching needs --kv-policy paged"
+    if problem is None:
+        problem = _lora_problem(args)
     if problem is None and args.kv_offloading_size is not None and not prefix_caching(args):
         problem = "--kv-offloading-size keeps prefix-cache blocks: it needs --kv-policy paged with prefix caching"
     ops = None
@@ -173,6 +236,9 @@ def run_serve(args: argparse.Namespace) -> int:
         args.tenant_weights = dict(ops.tenant_weights)  # the keys file's weights are the tenants' shares
     try:
         engine = build_engine(args)
+    except InvalidLoraAdapter as exc:  # a rank, module or shape the base model refuses: the flag's fault
+        _error(str(exc))
+        return 2
     except ImportError as exc:
         print(f"stallfree serve: the engine is not available ({exc}); install stallfree[engine]",
               file=sys.stderr)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -102,6 +102,22 @@ class ServerMetrics:
             "Tokens served to a tenant: prompt tokens at its requests' first token, then generated tokens; at "
             f"most {MAX_TENANT_LABELS} tenant labels, the rest as \"{OTHER_TENANT}\".", ["model_name", "tenant"],
             registry=r)
+        self._lora_requests = Counter(
+            "stallfree_lora_requests", "Requests that ended, by LoRA adapter and outcome (stop, length, abort, error).",
+            ["model_name", "lora", "finished_reason"], registry=r)
+        self._lora_active = Gauge(
+            "stallfree_lora_requests_active", "Requests of a LoRA adapter added and not ended (waiting or running).",
+            ["model_name", "lora"], registry=r)
+        self._lora_loads = Counter(
+            "stallfree_lora_loads", "Times a LoRA adapter's weights were put on the device (at most --max-loras "
+            "are there at once).", ["model_name", "lora"], registry=r)
+        self._lora_served = Gauge("stallfree_lora_adapters_served", "LoRA adapters served now.", lab,
+                                  registry=r).labels(model_name)
+        #: LoRA adapter -> its active requests (the AsyncEngine's count, read at render time); {} when unset.
+        self.lora_active: Mapping[str, int] = {}
+        #: The served adapters (LoraInfo: name, lora_id, num_loads), read at render time.
+        self.lora_adapters: Callable[[], Sequence[Any]] = list
+        self._lora_loads_seen: dict[tuple[str, int], int] = {}
         self._tenant_labels: set[str] = set()
         #: tenant -> prompt tokens queued (the AsyncEngine's count, read at render time); {} when unset.
         self.queued_by_tenant: Mapping[str, int] = {}
@@ -148,6 +164,8 @@ class ServerMetrics:
             if record.num_generated > 1 and record.first_token_time is not None:
                 self.tpot.observe((record.finish_time - record.first_token_time) / (record.num_generated - 1))
         self.request_success(reason).inc()
+        if record.lora is not None:
+            self._lora_requests.labels(self._model_name, record.lora, reason).inc()
 
     def on_step(self, stats: EngineStats, duration_s: float) -> None:
         """Observe the step's duration and tokens; sample the gauges and the preemption counter."""
@@ -191,6 +209,16 @@ class ServerMetrics:
             totals[label] = totals.get(label, 0) + tokens
         for label, tokens in totals.items():
             self._tenant_queued.labels(self._model_name, label).set(tokens)
+        for lora, n in list(self.lora_active.items()):
+            self._lora_active.labels(self._model_name, lora).set(n)
+        served = self.lora_adapters()
+        self._lora_served.set(len(served))
+        for a in served:  # num_loads only grows while an adapter is served; a reload has a new lora_id
+            key = (a.name, a.lora_id)
+            seen = self._lora_loads_seen.get(key, 0)
+            if a.num_loads > seen:
+                self._lora_loads.labels(self._model_name, a.name).inc(a.num_loads - seen)
+                self._lora_loads_seen[key] = a.num_loads
         return generate_latest(self.registry)
 
     def stats_line(self, num_pending: int = 0, now: float | None = None) -> str:

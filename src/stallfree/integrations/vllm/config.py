@@ -12,7 +12,10 @@ vLLM flags read (SchedulerConfig / CacheConfig of vLLM 0.33):
 - --long-prefill-token-threshold: T of the partial-prefill rules when max_num_partial_prefills > 1
   (otherwise unused: stallfree's K = 1 contract has one partial prefill and no long/short distinction);
 - --enable-prefix-caching, --watermark, scheduler_reserve_full_isl: obeyed by vLLM's KV cache manager, which
-  keeps the blocks.
+  keeps the blocks;
+- --enable-lora's --max-loras (LoRAConfig.max_loras): the core's max_loras, the most distinct adapters among
+  the running requests and so in one step (stallfree.core.lora); a request's adapter is its
+  lora_request.lora_int_id (`core_lora`), as vLLM's own scheduler counts it.
 
 stallfree's options (the keys of the "stallfree" object; any other key is refused):
 
@@ -35,7 +38,7 @@ from typing import Any
 from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import InvalidConfig
 
-__all__ = ["StallfreeOptions", "core_config", "refused_features", "refused_request_features"]
+__all__ = ["StallfreeOptions", "core_config", "core_lora", "refused_features", "refused_request_features"]
 
 _KEYS = (
     "max_num_partial_prefills", "max_long_partial_prefills", "long_prefill_token_threshold", "aging_interval",
@@ -100,9 +103,9 @@ class StallfreeOptions:
 
 def core_config(vllm_config: Any, options: StallfreeOptions, kv_tokens: int, block_size: int) -> SchedulerConfig:
     """The stallfree.core SchedulerConfig that vLLM's config and `options` give: vLLM's budget and sequence
-    limit, its policy (priority ties by arrival_time, as vLLM orders them), paged KV in vLLM's blocks with no
-    watermark of our own (vLLM's KV cache manager, which the adapter's KV manager asks, keeps its own), and
-    the additional_config options (aging, decode overflow, partial prefills; T's default is 4% of vLLM's
+    limit, --max-loras when LoRA is on, its policy (priority ties by arrival_time, as vLLM orders them), paged
+    KV in vLLM's blocks with no watermark of our own (vLLM's KV cache manager, which the adapter's KV manager
+    asks, keeps its own), and the additional_config options (aging, decode overflow, partial prefills; T's default is 4% of vLLM's
     max_model_len, the config's own rule).
 
     Args:
@@ -129,6 +132,9 @@ def core_config(vllm_config: Any, options: StallfreeOptions, kv_tokens: int, blo
             'additional_config "stallfree": max_long_partial_prefills and long_prefill_token_threshold apply '
             "when max_num_partial_prefills > 1; got max_num_partial_prefills = 1"
         )
+    lora_config = getattr(vllm_config, "lora_config", None)
+    if lora_config is not None:
+        kw["max_loras"] = int(lora_config.max_loras)
     return SchedulerConfig(
         token_budget=sc.max_num_scheduled_tokens or sc.max_num_batched_tokens,
         max_seqs=sc.max_num_active_seqs or sc.max_num_seqs, kv_tokens=kv_tokens, kv_policy="paged",
@@ -144,8 +150,6 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     mc = vllm_config.model_config
     sc = vllm_config.scheduler_config
     pc = vllm_config.parallel_config
-    if vllm_config.lora_config is not None:
-        out.append("LoRA adapters (--enable-lora)")
     if getattr(mc, "is_encoder_decoder", False):
         out.append("encoder-decoder models")
     if getattr(mc, "is_diffusion", False):
@@ -163,13 +167,18 @@ def refused_features(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     return out
 
 
+def core_lora(request: Any) -> int | None:
+    """The core's adapter of a vLLM Request: its lora_request's lora_int_id (vLLM's own key for counting
+    adapters against max_loras), or None for the base model (no lora_request)."""
+    lora_request = getattr(request, "lora_request", None)
+    return None if lora_request is None else int(lora_request.lora_int_id)
+
+
 def refused_request_features(request: Any) -> list[str]:
     """The per-request features of a vLLM Request that the adapter does not support; empty when none. Such a
     request is finished with an error naming them, never scheduled. (Multimodal inputs and structured outputs
     are supported: see the scheduler's chunk cap.)"""
     out = []
-    if getattr(request, "lora_request", None) is not None:
-        out.append("LoRA adapters")
     if getattr(request, "pooling_params", None) is not None:
         out.append("pooling")
     if getattr(request, "resumable", False):

@@ -51,6 +51,7 @@ from stallfree.integrations.vllm import _compat
 from stallfree.integrations.vllm.config import (
     StallfreeOptions,
     core_config,
+    core_lora,
     refused_features,
     refused_request_features,
 )
@@ -71,8 +72,8 @@ class SyncScheduler(_VllmScheduler):
         stallfree_options: the StallfreeOptions read from `additional_config["stallfree"]`.
 
     Raises:
-        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (LoRA,
-            encoder-decoder, pooling or diffusion models, pipeline or context parallelism, the adaptive
+        InvalidConfig: at construction, a vLLM feature the adapter does not support is on (encoder-decoder,
+            pooling or diffusion models, pipeline or context parallelism, the adaptive
             long-prefill threshold; the message names each), or a stallfree option is out of range (named).
             Any KV cache groups are accepted (vLLM's KV cache manager keeps them).
     """
@@ -116,7 +117,7 @@ class SyncScheduler(_VllmScheduler):
 
     def add_request(self, request: VllmRequest) -> None:
         """vLLM's add_request, and the request is queued in the core; one with a feature the adapter does not
-        support (LoRA, pooling, streaming input, KV transfer), or that can never fit in the KV cache, is
+        support (pooling, streaming input, KV transfer), or that can never fit in the KV cache, is
         finished with an error naming why at the next update_from_output."""
         known = request.request_id in self.requests
         super().add_request(request)
@@ -142,6 +143,7 @@ class SyncScheduler(_VllmScheduler):
         max_new = min(request.max_tokens - request.num_output_tokens, self.max_model_len - prompt)
         self.stallfree.add(Request(
             request.request_id, prompt, max(max_new, 1), int(request.priority), float(request.arrival_time),
+            lora=core_lora(request),
         ), front=front)
         if request.has_encoder_inputs:
             self._sf_mm.add(request.request_id)
