@@ -105,8 +105,8 @@ def core_config(vllm_config: Any, options: StallfreeOptions, kv_tokens: int, blo
     """The stallfree.core SchedulerConfig that vLLM's config and `options` give: vLLM's budget and sequence
     limit, --max-loras when LoRA is on, its policy (priority ties by arrival_time, as vLLM orders them), paged
     KV in vLLM's blocks with no watermark of our own (vLLM's KV cache manager, which the adapter's KV manager
-    asks, keeps its own), and the additional_config options (aging, decode overflow, partial prefills; T's default is 4% of vLLM's
-    max_model_len, the config's own rule).
+    asks, keeps its own), and the additional_config options (aging, decode overflow, partial prefills; T's
+    default is 4% of vLLM's max_model_len, the config's own rule).
 
     Args:
         kv_tokens: the KV capacity, tokens (vLLM's free blocks x block_size).
