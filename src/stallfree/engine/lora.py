@@ -47,7 +47,7 @@ from stallfree.engine.config import ModelConfig
 from stallfree.engine.errors import InvalidLoraAdapter, UnknownLora
 from stallfree.engine.outputs import LoraInfo
 
-__all__ = ["PEFT_MODULES", "LoraAdapter", "LoraManager", "LoraStep", "read_peft_adapter"]
+__all__ = ["PEFT_MODULES", "LoraAdapter", "LoraManager", "LoraStep", "random_peft_adapter", "read_peft_adapter"]
 
 #: PEFT module name -> (the engine's fused matmul, the module's place in it). Order is the fused rows'.
 PEFT_MODULES: dict[str, tuple[str, int]] = {
@@ -91,6 +91,42 @@ class LoraAdapter:
     modules: tuple[str, ...]
     layers: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] = field(repr=False)
     nbytes: int = 0
+
+
+def random_peft_adapter(folder: str | Path, config: ModelConfig, modules: Sequence[str], rank: int, alpha: float,
+                        seed: int, b_std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Write a PEFT adapter with seeded random weights for a base model of shape `config` (for tests,
+    benchmarks, and trying adapters without a trained one): adapter_config.json and adapter_model.safetensors.
+
+    A ~ N(0, 1/in) [r, in] and B ~ N(0, b_std^2) [out, r] per targeted module and layer (PEFT initialises
+    B to zero, so that a fresh adapter changes nothing; a random B makes its effect visible).
+
+    Returns:
+        The tensors written, by PEFT's names (float32).
+
+    Raises:
+        InvalidLoraAdapter: a module that is not one of PEFT_MODULES.
+    """
+    from safetensors.torch import save_file
+
+    shapes = _shapes(config)
+    gen = torch.Generator().manual_seed(seed)
+    tensors: dict[str, torch.Tensor] = {}
+    for i in range(config.num_layers):
+        for m in modules:
+            if m not in PEFT_MODULES:
+                raise InvalidLoraAdapter(f"module {m!r} is not one of {sorted(PEFT_MODULES)}")
+            out, inp = shapes[m]
+            base = f"base_model.model.model.layers.{i}.{_PREFIX[m]}{m}"
+            tensors[f"{base}.lora_A.weight"] = torch.randn(rank, inp, generator=gen) / inp ** 0.5
+            tensors[f"{base}.lora_B.weight"] = torch.randn(out, rank, generator=gen) * b_std
+    where = Path(folder)
+    where.mkdir(parents=True, exist_ok=True)
+    meta = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(modules), "bias": "none",
+            "lora_dropout": 0.0, "task_type": "CAUSAL_LM"}
+    (where / "adapter_config.json").write_text(json.dumps(meta))
+    save_file(tensors, str(where / "adapter_model.safetensors"))
+    return tensors
 
 
 def _target_modules(raw: object, where: Path) -> list[str]:
