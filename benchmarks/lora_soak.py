@@ -14,8 +14,9 @@ Then it waits for the server to go idle and reads /metrics.
 
 It reports responses by status (5xx must be 0), the loads and unloads done, the gauges at the end
 (running, waiting, every stallfree_lora_requests_active; all must be 0), the requests and device loads per
-adapter, and the server's memory: at the first sample, at the end, and the largest and smallest over the
-second half of the run (flat: the churn leaves no weights behind).
+adapter, and the server's memory: at the first sample, at the end, at each tenth of the run, and the largest
+and smallest over the second half (flat: the churn leaves no weights behind). --no-churn runs the same
+traffic without loads and unloads, the baseline for the memory figures.
 
 Example:
   python benchmarks/lora_soak.py --duration 120 --clients 6
@@ -163,8 +164,9 @@ async def _soak(url: str, pid: int, folders: dict[str, Path], args: argparse.Nam
     limits = httpx.Limits(max_connections=args.clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=args.request_timeout, limits=limits) as c:
         tasks = [_client(c, random.Random(args.seed + i), stop, tally, args.max_tokens) for i in range(args.clients)]
-        tasks += [_churn(c, folders, stop, args.churn_interval, tally, done),
-                  _sample_rss(pid, stop, args.rss_interval, rss)]
+        tasks.append(_sample_rss(pid, stop, args.rss_interval, rss))
+        if not args.no_churn:
+            tasks.append(_churn(c, folders, stop, args.churn_interval, tally, done))
         await asyncio.gather(*tasks)
     deadline = time.monotonic() + 120
     m = _metrics(url)
@@ -194,7 +196,9 @@ async def _soak(url: str, pid: int, folders: dict[str, Path], args: argparse.Nam
         "gauges_at_end": gauges, "per_adapter": per_adapter,
         "rss_mib": {"first": rss[0][1] if rss else None, "end": end_rss,
                     "second_half_min": min(second_half) if second_half else None,
-                    "second_half_max": max(second_half) if second_half else None, "samples": len(rss)},
+                    "second_half_max": max(second_half) if second_half else None, "samples": len(rss),
+                    "by_tenth": [round(next((v for t, v in rss if t >= args.duration * k / 10), rss[-1][1]), 1)
+                                 for k in range(11)] if rss else []},
         "errors": tally.errors[:5],
     }
 
@@ -206,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=6, help="closed-loop clients (default 6)")
     p.add_argument("--max-tokens", type=int, default=8, help="max_tokens of each request (default 8)")
     p.add_argument("--churn-interval", type=float, default=4.0, help="seconds per load + unload of hot (default 4)")
+    p.add_argument("--no-churn", action="store_true",
+                   help="no loads or unloads: the same traffic over base, a1, a2, a3 (hot is never served: 404s)")
     p.add_argument("--rss-interval", type=float, default=1.0, help="seconds between memory samples (default 1)")
     p.add_argument("--max-loras", type=int, default=2, help="the server's --max-loras (default 2)")
     p.add_argument("--max-seqs", type=int, default=8)
