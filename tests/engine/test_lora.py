@@ -169,8 +169,9 @@ def test_two_adapters_and_base_in_one_batch_equal_merged_reference(model, checkp
 
 @pytest.mark.slow
 def test_max_loras_bounds_each_step_and_unknown_is_refused(model, checkpoint, adapters, run_to_end):
-    """With max_loras 1, no step holds two adapters and every request finishes; an unknown adapter is
-    UnknownLora naming the served ones, and nothing is queued."""
+    """With max_loras 1, no step holds two adapters and every request finishes, those of an adapter unloaded
+    after the first step included (its weights are dropped when they end); an unknown adapter is UnknownLora
+    naming the served ones, and nothing is queued."""
     from stallfree.engine import LLMEngine, SamplingParams, engine_config
 
     eng = LLMEngine(model, checkpoint.tokenizer, scheduler=engine_config(16, 8, 2048, max_loras=1),
@@ -182,8 +183,16 @@ def test_max_loras_bounds_each_step_and_unknown_is_refused(model, checkpoint, ad
         eng.add_request(i, "Hello there", SamplingParams(max_tokens=3, temperature=0),
                         lora=(None, "attn", "mlp")[i % 3])
     seen = []
+    tokens: dict[int, int] = {}
     while eng.has_unfinished():
-        eng.step()
+        for o in eng.step():
+            tokens[o.rid] = tokens.get(o.rid, 0) + len(o.new_token_ids)
         seen.append({eng._seqs[c.rid].lora for c in eng.last_plan if c.rid in eng._seqs} - {None})
+        if len(seen) == 1:  # unloaded while its requests wait or run: they finish with it
+            eng.unload_lora_adapter("attn")
+            with pytest.raises(UnknownLora):
+                eng.add_request("late", "Hi", SamplingParams(max_tokens=2), lora="attn")
     assert max(len(s) for s in seen) == 1
-    assert {i.name: i.num_requests for i in eng.lora_adapters()} == {"attn": 2, "mlp": 2}
+    assert tokens == {i: 3 for i in range(6)}
+    assert {i.name: i.num_requests for i in eng.lora_adapters()} == {"mlp": 2}
+    assert eng.lora.num_held == 1 and eng.lora.num_resident <= 1
