@@ -770,7 +770,9 @@ class LLMEngine:
         batch, rids, rows = built
         samplers.extend(self._seqs[rid] for rid in rids)
         lora_step = self._lora_step(plan) if self._num_lora_seqs else None
-        logits = self.model.forward(batch, self.kv, lora_step)
+        # Without adapters the forward pass is called as it always was.
+        logits = (self.model.forward(batch, self.kv) if lora_step is None
+                  else self.model.forward(batch, self.kv, lora_step))
         params, gens = [s.params for s in samplers], [s.generator for s in samplers]
         try:
             tokens = sample_tokens(logits, params, gens).cpu()  # the step's one copy back
