@@ -44,6 +44,8 @@ BY_DESIGN: dict[str, str] = {
     "preempted",
     "test_schedule_concurrent_partial_requests": "one partial prefill at a time (K = 1) unless "
     "max_num_partial_prefills is raised",
+    "test_max_loras_counts_running_request_skipped_for_encoder_budget": "one partial prefill at a time (K = 1): "
+    "a's first chunk stops at its second image (the encoder budget), so b does not start beside it",
     "test_long_prefill_threshold": "--long-prefill-token-threshold is T of the K/L/T rules, not a cap on every chunk",
     "test_schedule_order[False]": "prompts are always chunked (--no-enable-chunked-prefill is ignored)",
     "test_schedule_concurrent_batches": "the synchronous class expects each step's output before the next "

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions (streaming or not),
-/v1/models, /health and /metrics, over an AsyncEngine.
+/v1/models, /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's), /health and /metrics, over an
+AsyncEngine.
 
 Imports allowed: the standard library, fastapi/starlette, prometheus_client (through
 stallfree.server.prometheus), stallfree.server and the torch-free stallfree.engine.outputs, .errors and
@@ -212,6 +213,8 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(request: Request) -> Response:
+        check_framing(request.headers)
+        check_json_content_type(request.headers)
         name, path = _lora_body(state, await _read_body(request, state.config.max_request_bytes), with_path=True)
         if name in state.names:
             raise ApiError(400, f"lora_name {name!r} is the base model's served name; choose another", "lora_name")
@@ -222,6 +225,8 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> Response:
+        check_framing(request.headers)
+        check_json_content_type(request.headers)
         name, _ = _lora_body(state, await _read_body(request, state.config.max_request_bytes), with_path=False)
         async with state.lora_lock:
             if name not in state.loras:
