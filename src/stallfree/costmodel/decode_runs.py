@@ -86,21 +86,24 @@ class DecodeRuns:
         last = bisect_right(knots, ordered[-1] + shift) - 1
         base = nb * self._stride
         terms = []
+        add = terms.append
         total, i, until = 0.0, 0, _NEVER
         lo = prices.get(base + k)
         if lo is None:
             lo = knot(nb, k)
+        nxt = knots[k]
         while True:
+            at, nxt = nxt, knots[k + 1]
             hi = prices.get(base + k + 1)
             if hi is None:
                 hi = knot(nb, k + 1)
-            j = nd if k == last else bisect_left(ordered, knots[k + 1] - shift, i)
+            j = nd if k == last else bisect_left(ordered, nxt - shift, i)
             if j > i:
-                n, at, nxt = j - i, knots[k], knots[k + 1]
+                n = j - i
                 # keys - n x at = (sum of offsets - n x at) + n x shift: integers, so exact either way.
-                term = (n * lo, n, sum(ordered[i:j]) - n * at, hi - lo, nxt - at)
-                total += term[0] + (term[2] + n * shift) * term[3] / term[4]
-                terms.append(term)
+                nlo, c, dhl, width = n * lo, sum(ordered[i:j]) - n * at, hi - lo, nxt - at
+                total += nlo + (c + n * shift) * dhl / width
+                add((nlo, n, c, dhl, width))
                 # The interval keeps its decodes while its largest stays below the next knot.
                 if nxt - ordered[j - 1] < until:
                     until = nxt - ordered[j - 1]
@@ -109,6 +112,6 @@ class DecodeRuns:
             i, k, lo = j, k + 1, hi
         runs = self._runs
         if len(runs) >= MAX_RUNS:
-            del runs[next(iter(runs))]  # the oldest kept
+            runs.clear()  # all at once: dropping the oldest one by one makes each next drop scan the freed slots
         runs[id(offs)] = (offs, nb, shift, until, tuple(terms))
         return total
