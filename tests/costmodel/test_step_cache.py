@@ -12,7 +12,7 @@ import pytest
 from stallfree import Request, Scheduler
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import get_gpu, get_model
-from stallfree.costmodel.decode_runs import MAX_RUNS, DecodeRuns
+from stallfree.costmodel.decode_runs import DecodeRuns
 from stallfree.costmodel.kernels import KNOTS, STEP_CACHE_ENV, kernels_installed, step_cache_default
 
 needs_kernels = pytest.mark.skipif(
@@ -67,21 +67,20 @@ def test_cached_sum_equals_each_decode_interpolated_alone() -> None:
         assert runs.total(offs, shift, len(offs), knot) == pytest.approx(expected, rel=1e-12)
 
 
-def test_replicas_keep_their_own_runs() -> None:
-    """Two tuples priced in turn (two replicas sharing a cost model) are both kept; the oldest kept tuple
-    is dropped past MAX_RUNS."""
+def test_tuples_in_turn_are_priced_afresh() -> None:
+    """Two tuples priced in turn (two replicas sharing a cost model) each give their own sum, the cache
+    keeping only the last one; a tuple's second step keeps its partition, read on the third."""
     prices: dict[int, float] = {}
     runs = DecodeRuns(KNOTS, prices, _STRIDE)
     knot = _triangular(prices)
-    a, b = (5, 900), (40, 41, 2000)
-    for shift in range(1, 20):
-        runs.total(a, shift, 2, knot)
+    a, b = (10, 300, 700), (40, 41, 2000)
+    for shift in range(1, 6):
+        assert runs.total(a, shift, 3, knot) == 6.609375 + 6 * (shift - 1) / 256
         runs.total(b, shift, 3, knot)
-    assert len(runs._runs) == 2
-    kept = [tuple(range(i, i + 3)) for i in range(MAX_RUNS + 1)]
-    for offs in kept:
-        runs.total(offs, 1, 3, knot)
-    assert len(runs._runs) == MAX_RUNS and id(kept[-1]) in runs._runs
+    assert runs._run[0] is b and runs._run[1] == -1  # seen once in a row: no partition kept
+    runs.total(b, 6, 3, knot)
+    assert runs._run[1] == 3 and runs._run[2] == 6 and len(runs._run[4]) == 2  # decodes in 2 intervals
+    assert runs.total(b, 7, 3, knot) == runs._walk(runs._run, 7, 3, knot, False)
 
 
 def test_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,9 +61,10 @@ between KNOTS (every CONTEXT_BUCKET = 256 tokens up to 1,024, then two per doubl
 being asked at the knots only; T, S, B and the chunk length c are exact. The error this adds is measured in
 benchmarks/bench_kernels.py and stated in docs/costmodel.md.
 
-Runs (the step cache, on by default): the decodes' partition over the knot intervals is kept per tuple
-of decode offsets while no decode crosses a knot (decode_runs.DecodeRuns), and the cached terms are read
-without a method call per term; the price is the same float as without it, bit for bit.
+Runs (the step cache, on by default): the decodes' partition over the knot intervals is kept for the
+scheduler's current tuple of decode offsets while no decode crosses a knot (decode_runs.DecodeRuns), and
+the cached terms of a decode-only step are read without a method call each; the price is the same float
+as without it, bit for bit.
 `step_cache=False` (or STALLFREE_KERNEL_STEP_CACHE=0 in the environment) prices every step afresh
 (benchmarks/priced_step.py measures both).
 """
