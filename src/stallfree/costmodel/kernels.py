@@ -107,10 +107,10 @@ from stallfree.costmodel.roofline import CostModel
 __all__ = [
     "CONTEXT_BUCKET",
     "KNOTS",
-    "STEP_CACHE_ENV",
     "KernelCostModel",
     "KernelTables",
     "KernelsUnavailable",
+    "STEP_CACHE_ENV",
     "kernels_installed",
     "step_cache_default",
 ]
@@ -132,6 +132,8 @@ def _knots(limit: int = 1 << 22) -> tuple[int, ...]:
 
 #: Positions (tokens) of the knots between which decode keys and chunk offsets are interpolated.
 KNOTS = _knots()
+_KEY = 1 << 12  # cache key = count x _KEY + knot index (len(KNOTS) < _KEY)
+_ALLREDUCE_OP = re.compile(r"_ar(_\d+)?$")  # the package's all-reduce op names: context_ar_1, context_embedding_ar
 
 #: The environment variable that turns the step cache off ('0', 'off', 'false' or 'no'; module docstring).
 STEP_CACHE_ENV = "STALLFREE_KERNEL_STEP_CACHE"
@@ -141,8 +143,6 @@ def step_cache_default() -> bool:
     """Return whether a KernelCostModel built without `step_cache` keeps its step cache: True unless
     the environment variable STEP_CACHE_ENV says '0', 'off', 'false' or 'no' (any case)."""
     return os.environ.get(STEP_CACHE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
-_KEY = 1 << 12  # cache key = count x _KEY + knot index (len(KNOTS) < _KEY)
-_ALLREDUCE_OP = re.compile(r"_ar(_\d+)?$")  # the package's all-reduce op names: context_ar_1, context_embedding_ar
 
 
 def _at(curve: tuple[tuple[int, ...], tuple[float, ...]], x: float) -> float:
