@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+from typing import Any
 
 import pytest
 
@@ -164,7 +165,7 @@ def test_simulate_json_is_the_same_with_the_cache_off(monkeypatch: pytest.Monkey
     assert on == off and on["runs"]
 
 
-def _without_wall_time(value: object) -> object:
+def _without_wall_time(value: Any) -> Any:
     """The JSON value without its keys ending in 'wall_s' (the wall time the simulation took, which varies)."""
     if isinstance(value, dict):
         return {k: _without_wall_time(v) for k, v in value.items() if not k.endswith("wall_s")}
