@@ -57,7 +57,8 @@ b's by at most U / w_a: after the last admission of a (when a's counter was the 
 a is charged only by the requests it had running then. The service two backlogged tenants receive over
 an interval therefore differs by at most 2 U / min(w) weighted tokens, the form of Sheng et al.'s bound.
 (An admission filter, schedule(admit=f), takes the queue's order at the step's start and so is outside it.)
-The chunk cap changes chunk sizes, never which tenant is admitted, so the bound holds with it. A burst B
+The chunk cap and the set-aside alone change the sizes and timing of chunks, never the order in which
+tenants are admitted, so the bound holds with them. A burst B
 lifts a tenant B / w_b below the others: from the lift until its counter reaches theirs it is the one
 served, and the interval bound gains B / w_b.
 
