@@ -18,6 +18,9 @@ pricing, vLLM's kernel tables where aiconfigurator-core is installed):
     100k x 32 kern   the same with the default pricing
     1M x 64 (long)   --synthetic poisson --rate 600 --num-requests 1000000 --replicas 64
                      --router least-outstanding --json --kernels none --no-range  (skipped by --quick)
+    day (long)       --synthetic poisson --rate 100 --num-requests 8640000 --replicas 64
+                     --router least-outstanding --json --kernels none --no-range: a day at 100 requests/s
+                     (skipped by --quick; its wall time is the figure to read)
     default          `stallfree simulate` (the bundled Azure trace, default pricing)
     replay 9k        --num-requests 9000 --kernels vllm --json: the bundled Azure conversation trace's
                      first 9,000 requests replayed with kernel pricing
@@ -50,6 +53,9 @@ RUNS: tuple[tuple[str, list[str], bool], ...] = (
     ("100k x 32 kern", [*_CLUSTER, "--no-range"], False),
     ("1M x 64 (long)", ["--synthetic", "poisson", "--rate", "600", "--num-requests", "1000000", "--replicas", "64",
                         "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range"], True),
+    ("day 100/s x 64 (long)", ["--synthetic", "poisson", "--rate", "100", "--num-requests", "8640000", "--replicas",
+                               "64", "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range"],
+     True),
     ("default", [], False),
     ("replay 9k", ["--num-requests", "9000", "--kernels", "vllm", "--json"], False),
 )
@@ -107,7 +113,7 @@ def main() -> int:
     """Run the table (or JSON with --json)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", type=Path, help="an older tree's src folder (OLD_SRC)")
-    ap.add_argument("--quick", action="store_true", help="skip the long runs (1M requests on 64 replicas)")
+    ap.add_argument("--quick", action="store_true", help="skip the long runs (1M requests and a day on 64 replicas)")
     ap.add_argument("--only", action="append", default=[], metavar="NAME",
                     help="run only this run (its name in the table; repeatable)")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per run (default 1)")
@@ -144,12 +150,12 @@ def main() -> int:
         print(json.dumps(rows, indent=1))
         return 0
     names = [t for t, _ in trees]
-    head = f"{'run':<16}" + "".join(f"{t + ' CPU s':>11}{t + ' peak MB':>14}{t + ' wall s':>12}" for t in names)
+    head = f"{'run':<22}" + "".join(f"{t + ' CPU s':>11}{t + ' peak MB':>14}{t + ' wall s':>12}" for t in names)
     if len(names) == 2:
         head += f"{'CPU new/old':>12}{'mem new/old':>12}{'same json':>10}"
     print(head)
     for row in rows:
-        line = f"{row['run']:<16}"
+        line = f"{row['run']:<22}"
         for t in names:
             f = row[t]
             if "error" in f:

@@ -3,9 +3,10 @@
 A scheduler hands out one tuple of decode offsets (StepPlan.decode_offsets) for as long as its set of
 decodes does not change, every decode one token further along each step; only a decode crossing a
 knot changes which knot interval it falls in. So the partition of the decodes over the knot intervals
-(how many in each, the sum of their offsets) is worked out once per tuple, with its knot prices, and
-reused for every later step until a decode crosses a knot: a step then costs one short loop over the
-intervals the decodes occupy (a handful) instead of a bisection and two dictionary reads per interval.
+(how many in each, the sum of their offsets) is worked out once per tuple, with its knot prices (on its
+second step: many tuples last one), and reused for every later step until a decode crosses a knot: a
+step then costs one short loop over the intervals the decodes occupy (a handful) instead of a bisection
+and two dictionary reads per interval.
 
 The sum is the one of kernels.KernelCostModel.decode_attention_s, term by term in the same order and
 with the same integer and float operations, so both give the same float, bit for bit (the tests check
