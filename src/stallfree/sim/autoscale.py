@@ -218,8 +218,8 @@ def default_up_delay(model: str, gpu: str, tp: int, dtype: str) -> tuple[float, 
 
     weights = CostModel(get_model(model), get_gpu(gpu), tp=tp, dtype=dtype).weight_bytes_per_gpu * tp
     delay = weights / LOAD_BANDWIDTH_BYTES_PER_S
-    return delay, (f"{weights / 1e9:.1f} GB of weights at {LOAD_BANDWIDTH_BYTES_PER_S / 2**20:,.0f} MiB/s "
-                   "(an EBS gp3 volume's most)")
+    return delay, (f"{weights / 1e9:.1f} GB of weights at {LOAD_BANDWIDTH_BYTES_PER_S / 2**20:,.0f} MiB/s, "
+                   "an EBS gp3 volume's most")
 
 
 class Fleet:

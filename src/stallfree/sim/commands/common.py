@@ -517,7 +517,7 @@ def ensure_writable_file(path: Path, flag: str) -> None:
 
 #: The files each command's --out DIR may write (shell patterns: a tag names the run).
 OUT_FILES = {
-    "simulate": ("summary.json", "requests-*.csv", "steps-*.csv", "cdf.png", "timeline.png"),
+    "simulate": ("summary.json", "requests-*.csv", "steps-*.csv", "cdf.png", "timeline.png", "autoscale.png"),
     "sweep": ("sweep.csv", "sweep.json", "tradeoff.png", "cdf.png", "kv_sweep.json", "kv_sweep.png",
               "cpu_tier_sweep.json", "cpu_tier_sweep.png"),
     "tune": ("tune.json", "tune.png"),
