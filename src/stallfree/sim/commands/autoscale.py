@@ -274,7 +274,8 @@ def print_lines(summary: dict[str, Any], file: Any = None) -> None:
     line = (f"static fleet of {st['replicas']} replicas: {st['gpu_hours']:,.2f} GPU hours"
             + (f" (${st['cost_usd']:,.2f})" if st.get("cost_usd") is not None else ""))
     if st["gpu_hours"] > 0:
-        line += f"; autoscaling saves {summary['gpu_hours_saved']:,.2f} ({summary['gpu_hours_saved'] / st['gpu_hours']:.0%})"
+        saved = summary["gpu_hours_saved"]
+        line += f"; autoscaling saves {saved:,.2f} ({saved / st['gpu_hours']:.0%})"
     if att is not None and satt is not None:
         line += f"; SLO attainment {att:.2%} against {satt:.2%} ({(satt - att) * 100:+.2f} points lost)"
     else:

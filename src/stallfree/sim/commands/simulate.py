@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import positive_int, token_count_list
-from stallfree.sim.commands import autoscale as autoscale_cli
 from stallfree.core.config import SchedulerConfig
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.cluster import (
@@ -26,6 +25,7 @@ from stallfree.sim.cluster import (
     make_router,
     run_cluster_study,
 )
+from stallfree.sim.commands import autoscale as autoscale_cli
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
