@@ -15,7 +15,7 @@ The model (docs/cluster.md, "Autoscaling"):
       queue:W[,kv:F]  desired = ceil(serving x max(mean waiting per serving replica / W,
                   mean KV usage of the serving replicas / F)) (the Kubernetes HPA rule,
                   desired = ceil(current x metric / target)), the figures the server exports as
-                  `stallfree_num_requests_waiting` and `stallfree_kv_cache_usage`; with no replica
+                  `stallfree_num_requests_waiting` and `stallfree_kv_cache_usage_ratio`; with no replica
                   serving, 1 if a request waits at the router, else 0.
     Loading replicas count as capacity: a decision adds desired - (serving + loading), never again
     the replicas already on their way.
