@@ -180,35 +180,26 @@ def options_workload(opts: Any, prompt_len: LengthSpec, output_len: LengthSpec,
     num_requests when given.
 
     Raises:
-        SetupError: the profile and a trace or another synthetic mode together, more requests than
-            `max_requests`, an unreadable or bad profile file, or a diurnal figure out of range (usage
-            errors; the message names the flag).
+        ValueError: the profile with a trace or another synthetic mode, more requests than `max_requests`,
+            a bad profile file or a diurnal figure out of range (the message names the flag; setup turns
+            it into a usage error).
+        OSError: the profile file cannot be read.
     """
-    from stallfree.sim.setup import SetupError
-
     if opts.trace:
-        raise SetupError("`trace` and a rate profile (`synthetic`='diurnal' or `rate_profile`) are exclusive",
-                         usage=True)
+        raise ValueError("--trace and a rate profile (--synthetic diurnal or --rate-profile) are exclusive")
     if opts.rate_profile is not None and opts.synthetic not in (None, "diurnal"):
-        raise SetupError(f"`rate_profile` gives the arrival rate: drop `synthetic`={opts.synthetic!r}", usage=True)
-    try:
-        if opts.rate_profile is not None:
-            points, name = read_rate_profile(opts.rate_profile), f"rate-profile({Path(opts.rate_profile).name}"
-        else:
-            ratio = DEFAULT_PEAK_RATIO if opts.peak_ratio is None else opts.peak_ratio
-            hour = DEFAULT_PEAK_HOUR if opts.peak_hour is None else opts.peak_hour
-            points = diurnal_profile(opts.rate, ratio, hour)
-            name = f"diurnal(rate={opts.rate:g}, peak-ratio={ratio:g}, peak-hour={hour:g}"
-        if opts.burstiness != 1.0:
-            name += f", burstiness={opts.burstiness:g}"
-        name += f"; prompt {opts.prompt_len}; output {opts.output_len}; seed {opts.seed})"
-        wl = profile_workload(points, prompt_len, output_len, opts.burstiness, opts.seed, name, max_requests)
-    except OSError as exc:
-        raise SetupError(f"--rate-profile {opts.rate_profile}: cannot read it ({exc.strerror or exc})",
-                         usage=True) from None
-    except ValueError as exc:
-        # A bad file or figure is the user's input (exit 2); the message names the flag.
-        raise SetupError(str(exc), usage=True) from None
+        raise ValueError(f"--rate-profile gives the arrival rate: drop --synthetic {opts.synthetic}")
+    if opts.rate_profile is not None:
+        points, name = read_rate_profile(opts.rate_profile), f"rate-profile({Path(opts.rate_profile).name}"
+    else:
+        ratio = DEFAULT_PEAK_RATIO if opts.peak_ratio is None else opts.peak_ratio
+        hour = DEFAULT_PEAK_HOUR if opts.peak_hour is None else opts.peak_hour
+        points = diurnal_profile(opts.rate, ratio, hour)
+        name = f"diurnal(rate={opts.rate:g}, peak-ratio={ratio:g}, peak-hour={hour:g}"
+    if opts.burstiness != 1.0:
+        name += f", burstiness={opts.burstiness:g}"
+    name += f"; prompt {opts.prompt_len}; output {opts.output_len}; seed {opts.seed})"
+    wl = profile_workload(points, prompt_len, output_len, opts.burstiness, opts.seed, name, max_requests)
     if opts.num_requests:
         wl = wl.head(opts.num_requests)
     return wl, opts.rate_scale or 1.0

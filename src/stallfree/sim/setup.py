@@ -299,8 +299,14 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     if opts.synthetic == "diurnal" or opts.rate_profile is not None:
         from stallfree.sim.diurnal import options_workload
 
-        return options_workload(opts, _length_spec(opts.prompt_len, "prompt_len"),
-                                _length_spec(opts.output_len, "output_len"), MAX_SYNTHETIC_REQUESTS)
+        try:
+            return options_workload(opts, _length_spec(opts.prompt_len, "prompt_len"),
+                                    _length_spec(opts.output_len, "output_len"), MAX_SYNTHETIC_REQUESTS)
+        except OSError as exc:
+            raise SetupError(f"--rate-profile {opts.rate_profile}: cannot read it ({exc.strerror or exc})",
+                             usage=True) from None
+        except ValueError as exc:  # a bad profile or figure: the user's input, named as its flag
+            raise SetupError(str(exc), usage=True) from None
     if opts.synthetic == "sessions" or (opts.trace and (opts.trace_format == "sessions" or (
             opts.trace_format == "auto" and is_session_trace(opts.trace)))):
         return _session_workload(opts)
