@@ -28,6 +28,7 @@ from stallfree.sim.cluster import (
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
+    ProgressLine,
     add_common,
     check_partial_prefill_flags,
     check_synthetic_flags,
@@ -288,9 +289,12 @@ def run(args: argparse.Namespace) -> int:
         if given(args, "async_scheduling") and args.async_scheduling:
             raise CliError("--async-scheduling is not modelled with --disaggregate: drop one of them", 2)
         return _run_disagg(args, setup)
-    study, clusters = _study(args, setup)
-    if args.range:
-        _add_ranges(args, setup, study)
+    # A line on stderr while a long run goes on (a terminal only: redirected output is unchanged).
+    with ProgressLine() as progress:
+        progress.phase(f"replaying {setup.workload.name}")
+        study, clusters = _study(args, setup)
+        if args.range:
+            _add_ranges(args, setup, study, progress)
     from stallfree.sim.overload import annotate
 
     explained = annotate(study.results, study.summaries, study.header, args.replicas)
@@ -314,7 +318,7 @@ def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | No
     what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
     line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
     return {"line": line, "figures": figures}
-def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment) -> None:
+def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment, progress: ProgressLine | None = None) -> None:
     """Give each run of the study its "range" (stallfree.sim.ranges): the same study replayed with every
     step scaled to the error model's low and high factor (no capacity measured), and the error model
     in the header."""
@@ -325,7 +329,9 @@ def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment) -> None
     quiet = copy.copy(args)
     quiet.check = False  # the run itself was checked; its scaled replays run the same scheduler
     scaled = []
-    for factor in (STEP_TIME_LOW, STEP_TIME_HIGH):
+    for k, factor in enumerate((STEP_TIME_LOW, STEP_TIME_HIGH), 1):
+        if progress is not None:
+            progress.phase(f"the range, every step x{factor:.3f} ({k} of 2)")
         other = copy.copy(setup)
         other.cost_model = ScaledCost(setup.cost_model, factor)
         scaled.append(_study(quiet, other, capacity=False)[0].summaries)
