@@ -61,3 +61,31 @@ def test_simulate_on_a_terminal_keeps_stdout(monkeypatch, capsys):
     assert drawn == plain
     assert tty.getvalue().startswith("\rsimulating")
     assert tty.getvalue().endswith("\r\x1b[K")
+
+
+class RecordingLine(ProgressLine):
+    """A progress line that records every phase it is given and draws nothing."""
+
+    phases: list[str] = []
+
+    def phase(self, text: str) -> None:
+        super().phase(text)
+        RecordingLine.phases.append(text)
+
+
+def test_simulate_names_each_phase(monkeypatch, capsys):
+    """--compare-caching with ranges names the caching-off and caching-on runs of the replay and of each
+    range replay, in the order they run."""
+    monkeypatch.setattr("stallfree.sim.commands.simulate.ProgressLine", RecordingLine)
+    monkeypatch.setattr(RecordingLine, "phases", [])
+    argv = ["simulate", "--trace", "mooncake", "--num-requests", "20", "--kv-policy", "paged",
+            "--compare-caching", "--kernels", "none", "--json"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    name = "replaying mooncake-fast25-conversation"
+    low, high = "the range, every step x0.939 (1 of 2)", "the range, every step x1.231 (2 of 2)"
+    assert RecordingLine.phases == [
+        name, f"{name}, caching off (1 of 2)", f"{name}, caching on (2 of 2)",
+        low, f"{low}, caching off (1 of 2)", f"{low}, caching on (2 of 2)",
+        high, f"{high}, caching off (1 of 2)", f"{high}, caching on (2 of 2)",
+    ]

@@ -692,6 +692,11 @@ class ProgressLine:
         """Name what the run is doing now; the next redraw shows it."""
         self._phase = text
 
+    @property
+    def current(self) -> str:
+        """The phase named last ("" before any)."""
+        return self._phase
+
     def __enter__(self) -> ProgressLine:
         import threading
         import time

@@ -204,19 +204,25 @@ def _check_resolved(args: argparse.Namespace, setup: Any) -> None:
               "synchronously", file=sys.stderr)
 
 
-def _study(args: argparse.Namespace, setup: Any, capacity: bool = True) -> tuple[Experiment, list[Any]]:
+def _study(args: argparse.Namespace, setup: Any, capacity: bool = True,
+           progress: ProgressLine | None = None) -> tuple[Experiment, list[Any]]:
     """The runs of `simulate` on `setup`: one study (_run_once), or with --compare-caching the
     caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas
-    (capacity: as run_experiment's)."""
+    (capacity: as run_experiment's; progress: the line that names the phase, if any)."""
     on_setup = setup
+    what = progress.current if progress is not None else ""
     if args.compare_caching:
         setup.check_prefix_block()  # before the caching-off run, not after it
         # The GPU-only run first with a CPU tier (the copies' pricing has nothing to price there),
         # else caching off.
         off = {"cpu_kv_tokens": 0} if _has_cpu_tier(args) else {"enable_prefix_caching": False}
         setup = setup.with_scheduler(**off)
+        if progress is not None:
+            progress.phase(f"{what}, caching off (1 of 2)")
     study, clusters = _run_once(args, setup, capacity)
     if args.compare_caching:
+        if progress is not None:
+            progress.phase(f"{what}, caching on (2 of 2)")
         # The same replicas and router as the caching-off run: only the cache differs.
         on, on_clusters = _run_once(args, on_setup, capacity)
         study.results.extend(on.results)
@@ -292,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
     # A line on stderr while a long run goes on (a terminal only: redirected output is unchanged).
     with ProgressLine() as progress:
         progress.phase(f"replaying {setup.workload.name}")
-        study, clusters = _study(args, setup)
+        study, clusters = _study(args, setup, progress=progress)
         if args.range:
             _add_ranges(args, setup, study, progress)
     from stallfree.sim.overload import annotate
@@ -334,7 +340,7 @@ def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment, progres
             progress.phase(f"the range, every step x{factor:.3f} ({k} of 2)")
         other = copy.copy(setup)
         other.cost_model = ScaledCost(setup.cost_model, factor)
-        scaled.append(_study(quiet, other, capacity=False)[0].summaries)
+        scaled.append(_study(quiet, other, capacity=False, progress=progress)[0].summaries)
     for i, summary in enumerate(study.summaries):
         summary["range"] = run_range(summary, [runs[i] for runs in scaled])
     study.header["range_model"] = error_model()
