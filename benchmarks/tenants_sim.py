@@ -4,15 +4,20 @@ The workload (seeded): tenant "light" sends short requests (prompts uniform 100-
 uniform 50-300) as a Poisson process at --light-rate requests/s; tenant "flood" sends long prompts
 (uniform 8,000-16,000 tokens, 200 output tokens) at --flood-rate requests/s, more prefill than the
 replica can serve, for --duration seconds. Steps are priced by the default cost model (Llama 3.3 70B,
-4 x H100 SXM, FP8; the simulator's defaults: budget 2,048 tokens, 256 sequences). Runs: the light
-tenant alone, both under fairness="fcfs", both under fairness="vtc" (weights 1). Every request completes.
+4 x H100 SXM, FP8; the simulator's defaults: budget 2,048 tokens, 256 sequences; synchronous scheduling
+unless --async-scheduling). Runs: the light tenant alone, both under fairness="fcfs", both under
+fairness="vtc" (weights 1), and both under "vtc" with isolation (tenant_chunk_tokens=C,
+tenant_burst_tokens=B: --tenant-chunk-tokens, --tenant-burst-tokens). Every request completes.
 
 Reported per run: the light tenant's TTFT p50/p99, the flood's TTFT p50, total token throughput (input
 + output tokens over the run, tokens/s) and output throughput. The goal: light p99 TTFT with VTC within
-2x of alone, total throughput within 5% of FCFS. `--out DIR` also writes the trace (CSV with a tenant
-column) so that the CLI reproduces each run:
+2x of alone, total throughput within 5% of FCFS (the verdict's ratios; "vtc" and "vtc+isolation").
+`--breakdown` adds, per run, where the light tenant's TTFT goes (means and p99s, ms): waiting for the step
+in flight at its arrival, steps it then waited in the queue, and the step(s) from its admission to its first
+token. `--out DIR` also writes the trace (CSV with a tenant column) so that the CLI reproduces each run:
 
-    stallfree simulate --trace DIR/two_tenants.csv --json [--fairness vtc]
+    stallfree simulate --trace DIR/two_tenants.csv --json [--fairness vtc [--tenant-chunk-tokens 512
+        --tenant-burst-tokens 1024]]
     stallfree simulate --trace DIR/light_alone.csv --json
 
 Usage:
@@ -23,12 +28,15 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
+import math
 import random
 from pathlib import Path
 from typing import Any
 
 from stallfree.sim.report import summarize_result
+from stallfree.sim.result import SimResult
 from stallfree.sim.setup import default_cost_model
 from stallfree.sim.simulator import ReplicaConfig, simulate
 from stallfree.sim.workload import Workload
@@ -61,12 +69,40 @@ def only(wl: Workload, tenant: str) -> Workload:
                     tenants=tuple(wl.tenants[i] for i in idx))
 
 
-def run(wl: Workload, fairness: str, budget: int) -> dict[str, Any]:
-    """Simulate `wl` under `fairness` with the default replica and token budget `budget`; the summary."""
+def run(wl: Workload, budget: int, async_scheduling: bool, **options: Any) -> tuple[dict[str, Any], SimResult]:
+    """Simulate `wl` with the default replica, token budget `budget` and SchedulerConfig `options`; the
+    summary and the result."""
     cost, kv = default_cost_model()
-    res = simulate(wl, ReplicaConfig.of(kv, budget, fairness=fairness), cost)
+    res = simulate(wl, ReplicaConfig.of(kv, budget, async_scheduling=async_scheduling, **options), cost)
     assert sum(1 for f in res.finish_step if f >= 0) == len(wl), "every request completes"
-    return summarize_result(res)
+    return summarize_result(res), res
+
+
+def breakdown(res: SimResult, tenant: str = "light") -> dict[str, float]:
+    """Where `tenant`'s TTFT goes, ms (mean and p99 of each part over its requests): `in_flight`, from its
+    arrival to the start of the first step planned after it; `queued`, from there to the start of its
+    admission's step (steps in which it waited); `to_first_token`, from there to the end of the step of its
+    first token; plus the share of its requests that waited at least one step."""
+    assert res.tenant is not None
+    starts = list(res.step_start)
+    parts: dict[str, list[float]] = {"in_flight": [], "queued": [], "to_first_token": []}
+    waited = 0
+    for rid, t in enumerate(res.tenant):
+        if t != tenant:
+            continue
+        first = bisect.bisect_left(starts, res.arrival[rid])
+        admit = res.admit_step[rid]
+        parts["in_flight"].append(starts[first] - res.arrival[rid])
+        parts["queued"].append(starts[admit] - starts[first])
+        parts["to_first_token"].append(res.step_end[res.first_step[rid]] - starts[admit])
+        waited += admit > first
+    out: dict[str, float] = {}
+    for name, xs in parts.items():
+        xs.sort()
+        out[f"{name}_mean_ms"] = 1000 * sum(xs) / len(xs)
+        out[f"{name}_p99_ms"] = 1000 * xs[min(len(xs) - 1, math.ceil(0.99 * len(xs)) - 1)]
+    out["share_queued"] = waited / len(parts["queued"])
+    return out
 
 
 def main() -> None:
@@ -76,13 +112,19 @@ def main() -> None:
     ap.add_argument("--light-rate", type=float, default=2.0, help="light tenant, requests/s")
     ap.add_argument("--flood-rate", type=float, default=6.0, help="flooding tenant, requests/s")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget (default 2,048)")
+    ap.add_argument("--tenant-chunk-tokens", type=int, default=512, help="C of the isolation run (default 512)")
+    ap.add_argument("--tenant-burst-tokens", type=int, default=1024, help="B of the isolation run (default 1,024)")
+    ap.add_argument("--async-scheduling", action="store_true", help="plan each step while the previous one runs")
+    ap.add_argument("--breakdown", action="store_true", help="where the light tenant's TTFT goes, per run")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     wl = two_tenants(args.seed, args.duration, args.light_rate, args.flood_rate)
-    b = args.max_num_batched_tokens
-    rows = {"light alone": run(only(wl, "light"), "fcfs", b), "fcfs": run(wl, "fcfs", b), "vtc": run(wl, "vtc", b)}
+    b, a = args.max_num_batched_tokens, args.async_scheduling
+    iso = {"tenant_chunk_tokens": args.tenant_chunk_tokens, "tenant_burst_tokens": args.tenant_burst_tokens}
+    runs = {"light alone": run(only(wl, "light"), b, a), "fcfs": run(wl, b, a), "vtc": run(wl, b, a, fairness="vtc"),
+            "vtc+isolation": run(wl, b, a, fairness="vtc", **iso)}
     out: dict[str, Any] = {}
-    for name, s in rows.items():
+    for name, (s, res) in runs.items():
         light = s["by_tenant"]["light"]
         flood = s["by_tenant"].get("flood", {})
         out[name] = {
@@ -91,13 +133,18 @@ def main() -> None:
             "total_token_throughput": s["total_token_throughput"], "output_throughput": s["output_throughput"],
             "duration_s": s["duration_s"],
         }
-    alone, fcfs, vtc = out["light alone"], out["fcfs"], out["vtc"]
+        if args.breakdown:
+            out[name]["light_ttft_breakdown"] = breakdown(res)
+    alone, fcfs, vtc, iso_run = out["light alone"], out["fcfs"], out["vtc"], out["vtc+isolation"]
     verdict = {
-        "light_p99_ttft_vtc_over_alone": vtc["light_p99_ttft_ms"] / alone["light_p99_ttft_ms"],
         "light_p99_ttft_fcfs_over_alone": fcfs["light_p99_ttft_ms"] / alone["light_p99_ttft_ms"],
+        "light_p99_ttft_vtc_over_alone": vtc["light_p99_ttft_ms"] / alone["light_p99_ttft_ms"],
         "total_throughput_vtc_over_fcfs": vtc["total_token_throughput"] / fcfs["total_token_throughput"],
+        "light_p99_ttft_isolation_over_alone": iso_run["light_p99_ttft_ms"] / alone["light_p99_ttft_ms"],
+        "total_throughput_isolation_over_fcfs": iso_run["total_token_throughput"] / fcfs["total_token_throughput"],
     }
-    print(json.dumps({"requests": len(wl), "runs": out, "verdict": verdict}, indent=1))
+    print(json.dumps({"requests": len(wl), "isolation": iso, "async_scheduling": a, "runs": out, "verdict": verdict},
+                     indent=1))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         assert wl.tenants is not None

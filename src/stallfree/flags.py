@@ -124,6 +124,13 @@ _KNOB_LIST = (
          "FCFS within a tenant", kind="choice", choices=("fcfs", "vtc"), everywhere=True),
     Knob("--tenant-weights", "tenant_weights", "vtc: tenant weights as NAME=WEIGHT,... (each > 0; a tenant not "
          "named weighs 1)", kind="weights", metavar="NAME=W,...", everywhere=True),
+    Knob("--tenant-chunk-tokens", "tenant_chunk_tokens", "vtc: a prompt chunk of a tenant that leads (another "
+         "tenant with requests running or waiting has less service) takes at most C tokens, and a less-served "
+         "tenant's request set aside beside a partial prefill has its step alone", kind="tokens", metavar="C",
+         everywhere=True),
+    Knob("--tenant-burst-tokens", "tenant_burst_tokens", "vtc: a tenant that was idle may be served B tokens "
+         "before the others are served again (its counter is lifted B / weight below theirs)",
+         kind="count", metavar="B", everywhere=True),
     Knob("--enable-chunked-prefill", "enable_chunked_prefill", "accepted for vLLM's command lines: chunked "
          "prefill is always on here (the token budget is spent in chunks)", kind="bool", core=False),
 )

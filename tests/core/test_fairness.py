@@ -98,13 +98,18 @@ def test_tenants_are_ignored_under_fcfs():
 _TENANT_TOKEN = {"t0": 1, "t1": 2, "t2": 3, None: 4}
 
 
-def _vtc_run(seed: int, kv_policy: str, n: int = 40) -> InvariantChecker:
+def _vtc_run(seed: int, kv_policy: str, n: int = 40, isolation: bool = False) -> InvariantChecker:
     rng = random.Random(seed)
     budget = rng.choice([4, 16, 64])
     opts: dict[str, object] = {"fairness": "vtc", "tenant_weights": {"t0": rng.choice([0.5, 1.0, 3.0])}}
+    if isolation:
+        opts.update(tenant_chunk_tokens=rng.choice([1, 4, 9, 32]), tenant_burst_tokens=rng.choice([0, 6, 50]))
     caching = kv_policy == "paged+cache"
     if kv_policy != "reserve":
         opts.update(kv_policy="paged", block_size=4, enable_prefix_caching=caching)
+        if isolation and rng.random() < 0.5:
+            # A capped chunk is rounded down to a block boundary; C is at least a block.
+            opts.update(align_chunks=True, tenant_chunk_tokens=max(4, int(str(opts["tenant_chunk_tokens"]))))
     reqs = []
     for i in range(n):
         tenant = rng.choice(["t0", "t1", "t2", None])
@@ -141,12 +146,31 @@ def test_vtc_random_runs_keep_every_invariant(kv_policy, runs):
         assert preempted > 0  # the victim rule was exercised
 
 
-def _bound_run(seed: int, kv_policy: str) -> tuple[float, float]:
+@pytest.mark.parametrize(
+    ("kv_policy", "runs"),
+    [("reserve", 6), ("paged", 12), ("paged+cache", 12),
+     pytest.param("reserve", 30, marks=pytest.mark.slow), pytest.param("paged", 30, marks=pytest.mark.slow),
+     pytest.param("paged+cache", 30, marks=pytest.mark.slow)],
+    ids=["reserve-6", "paged-12", "cache-12", "reserve-30", "paged-30", "cache-30"],
+)
+def test_vtc_isolation_random_runs_keep_every_invariant(kv_policy, runs):
+    """The same seeded runs with tenant_chunk_tokens and tenant_burst_tokens drawn at random: the checker
+    works out every capped chunk, every set-aside head alone in its step and every lift with its credit."""
+    preempted = 0
+    for seed in range(runs):
+        preempted += _vtc_run(seed, kv_policy, isolation=True).num_preemptions
+    if kv_policy != "reserve":
+        assert preempted > 0  # the victim rule was exercised
+
+
+def _bound_run(seed: int, kv_policy: str, isolation: bool = False) -> tuple[float, float]:
     """Two tenants backlogged from step 0; returns (largest counter difference seen, in weighted tokens,
     while both still had waiting requests after the step; the bound U / w of the one ahead)."""
     rng = random.Random(seed)
     w = {"a": rng.choice([1.0, 2.0, 0.5]), "b": 1.0}
     opts: dict[str, object] = {"fairness": "vtc", "tenant_weights": w}
+    if isolation:  # the cap changes chunk sizes only; no lift happens while both are backlogged
+        opts.update(tenant_chunk_tokens=rng.choice([4, 16]), tenant_burst_tokens=rng.choice([0, 64]))
     if kv_policy == "paged":
         opts.update(kv_policy="paged", block_size=4)
     reqs = [Request(i, rng.randint(1, 200), rng.randint(1, 40), tenant=rng.choice("ab")) for i in range(60)]
@@ -181,18 +205,21 @@ def _bound_run(seed: int, kv_policy: str) -> tuple[float, float]:
 )
 def test_fairness_bound_holds_in_seeded_runs(kv_policy, runs, capsys):
     """While two tenants are both backlogged, their counters differ by at most U / w (U: the most tokens
-    one tenant's running requests can still be charged; stallfree.core.fairness) in seeded runs."""
-    ratios = [_bound_run(seed, kv_policy)[1] for seed in range(runs)]
-    with capsys.disabled():
-        print(f"\n[vtc bound, {kv_policy}] largest |difference| x w / U over {runs} runs: {max(ratios):.3f}")
-    assert 0 < max(ratios) <= 1.0
+    one tenant's running requests can still be charged; stallfree.core.fairness) in seeded runs, with and
+    without the isolation options."""
+    for isolation in (False, True):
+        ratios = [_bound_run(seed, kv_policy, isolation)[1] for seed in range(runs)]
+        with capsys.disabled():
+            print(f"\n[vtc bound, {kv_policy}{', isolation' if isolation else ''}] largest |difference| x w / U "
+                  f"over {runs} runs: {max(ratios):.3f}")
+        assert 0 < max(ratios) <= 1.0
 
 
 @settings(max_examples=25)
-@given(seed=st.integers(0, 10_000), paged=st.booleans())
-def test_fairness_bound_hypothesis(seed, paged):
+@given(seed=st.integers(0, 10_000), paged=st.booleans(), isolation=st.booleans())
+def test_fairness_bound_hypothesis(seed, paged, isolation):
     """The bound of test_fairness_bound_holds_in_seeded_runs for arbitrary seeds (Hypothesis)."""
-    _bound_run(seed, "paged" if paged else "reserve")
+    _bound_run(seed, "paged" if paged else "reserve", isolation)
 
 
 # ---------------------------------------------------------------- queue time limits
@@ -314,9 +341,20 @@ def test_queue_timeouts_are_shed_in_random_runs():
         ({"max_queue_time_s": 0.0, "clock": lambda: 0.0}, "max_queue_time_s must be a finite number > 0, got 0.0"),
         ({"max_queue_time_s": {"a": math.inf}, "clock": lambda: 0.0}, "max_queue_time_s['a']"),
         ({"fairness": "vtc", "max_loras": 2}, "max_loras=2 (the LoRA adapter limit) does not go with fairness='vtc'"),
+        ({"fairness": "vtc", "tenant_chunk_tokens": 0}, "tenant_chunk_tokens must be an integer >= 1 (tokens), got 0"),
+        ({"fairness": "vtc", "tenant_chunk_tokens": 8.0}, "got 8.0"),
+        ({"tenant_chunk_tokens": 8}, "tenant_chunk_tokens applies to fairness='vtc', got fairness='fcfs'"),
+        ({"fairness": "vtc", "tenant_chunk_tokens": 8, "block_size": 16},
+         "tenant_chunk_tokens (8) must be >= block_size (16) when chunks are aligned"),
+        ({"fairness": "vtc", "tenant_chunk_tokens": 16, "kv_policy": "paged", "block_size": 16,
+          "enable_prefix_caching": True, "cpu_kv_tokens": 64}, "does not go with cpu_kv_tokens=64"),
+        ({"fairness": "vtc", "tenant_burst_tokens": -1},
+         "tenant_burst_tokens must be an integer >= 0 (tokens), got -1"),
+        ({"tenant_burst_tokens": 5}, "tenant_burst_tokens applies to fairness='vtc', got fairness='fcfs'"),
     ],
     ids=["unknown", "weight-0", "weight-neg", "weight-inf", "weight-nan", "weight-bool", "empty-name",
-         "not-mapping", "weights-fcfs", "priority", "partials", "no-clock", "limit-0", "limit-inf", "lora"],
+         "not-mapping", "weights-fcfs", "priority", "partials", "no-clock", "limit-0", "limit-inf", "lora",
+         "chunk-0", "chunk-float", "chunk-fcfs", "chunk-unaligned", "chunk-cpu-tier", "burst-neg", "burst-fcfs"],
 )
 def test_bad_tenant_options_are_refused(options, words):
     """Each bad tenant option is one InvalidConfig naming the field and the value."""
@@ -390,6 +428,48 @@ def test_no_set_aside_when_it_would_stop_the_partial_prefill():
     s.add(Request("a", 30, 2, tenant="a"))
     plans = _plans(s, Request("b", 8, 1, tenant="b"), 4)
     assert plans[1] == [("a", 8, 8)] and plans[3] == [("a", 6, 24), ("b", 2, 0)]
+
+
+def test_isolation_caps_the_leading_tenant_and_gives_the_head_its_step_alone():
+    """Budget 8, reserve, tenant_chunk_tokens=4. Step 0: a's 30-token prompt, no other tenant: 8 tokens (a: 8).
+    Step 1: b's 3-token prompt (max_new 3) arrives with 0 service: set aside, and the partial prefill takes no
+    chunk, so the step is b's prompt alone (b: 3). Steps 2 and 3: b decodes (b: 4, then 5) and is running
+    with less service than a, so a leads and its chunks are capped at 4 (a: 12, 16). b finishes in step 3;
+    alone again, a takes 8 then its last 6."""
+    s = make_scheduler(8, 4, 100, fairness="vtc", tenant_chunk_tokens=4)
+    s.add(Request("a", 30, 2, tenant="a"))
+    plans = _plans(s, Request("b", 3, 3, tenant="b"), 6)
+    assert plans == [[("a", 8, 0)], [("b", 3, 0)], [("b", 1, 3), ("a", 4, 8)], [("b", 1, 4), ("a", 4, 12)],
+                     [("a", 8, 16)], [("a", 6, 24)]]
+    assert s.stats().tenant_counters == {"a": 30.0, "b": 5.0}
+
+
+def test_the_least_served_tenant_is_never_capped():
+    """Budget 16, tenant_chunk_tokens=4. Step 0: a's 12-token prompt (a: 12). Step 1: a decodes (a: 13); b,
+    with 0 service, is admitted with its whole 10-token prompt (b: 10); then a's next prompt, with 5 tokens
+    of budget left, leads (b's 10 is below a's 13) and takes 4."""
+    s = make_scheduler(16, 4, 200, fairness="vtc", tenant_chunk_tokens=4)
+    s.add(Request("a0", 12, 5, tenant="a"))
+    plan = s.schedule()
+    s.complete(plan)
+    s.add(Request("b0", 10, 2, tenant="b"))
+    s.add(Request("a1", 20, 2, tenant="a"))
+    plan = s.schedule()
+    assert [(c.rid, c.num_tokens) for c in plan] == [("a0", 1), ("b0", 10), ("a1", 4)]
+    assert s.stats().tenant_counters == {"a": 17.0, "b": 10.0}
+
+
+def test_burst_leaves_an_idle_tenant_credit_below_the_least_waiting_counter():
+    """tenant_burst_tokens=4: b, idle, is lifted to a's 16 less 4 / weight: 12 at weight 1, 14 at weight 2;
+    so it is admitted next."""
+    for weight, lifted in ((1.0, 12.0), (2.0, 14.0)):
+        s = make_scheduler(8, 1, 200, fairness="vtc", tenant_burst_tokens=4, tenant_weights={"b": weight})
+        for i in range(3):
+            s.add(Request(("a", i), 8, 1, tenant="a"))
+        _admissions(s, 2)
+        s.add(Request(("b", 0), 8, 1, tenant="b"))
+        assert s.stats().tenant_counters == {"a": 16.0, "b": lifted}
+        assert _admissions(s, 1) == [("b", 0)]
 
 
 def test_lora_and_tenant_are_both_kept_by_keyword_and_position():

@@ -281,6 +281,18 @@ class _TableScheduler:
     def __getattr__(self, name):
         return getattr(self._s, name)
 
+    @property
+    def config(self):
+        # The engine reads the block size from the scheduler's config: this stand-in's tables use its own.
+        from types import SimpleNamespace
+
+        return SimpleNamespace(**{**self._s.config.as_dict(), "block_size": self.block_size})
+
+    def stats(self):
+        import dataclasses
+
+        return dataclasses.replace(self._s.stats(), num_blocks=self.num_blocks)
+
     def schedule(self):
         plan = self._s.schedule()
         for c in plan:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.errors import InvalidConfig, check_positive_int
-from stallfree.core.fairness import check_fairness
+from stallfree.core.fairness import check_fairness, check_isolation
 from stallfree.core.kv import check_kv_options
 from stallfree.core.policies import build_policies, check_partial_prefills
 
@@ -98,6 +98,14 @@ class SchedulerConfig:
             not named: no limit). A request never admitted that has waited longer (clock() minus its
             arrival, read once per step) is finished with FinishReason "timeout", named in the plan's
             `timed_out`; a preempted request is never timed out. Needs `clock`; any policy.
+        tenant_chunk_tokens: "vtc": C, tokens, or None (the default): a prompt chunk of a tenant that
+            leads (another tenant with requests running or waiting ranks before it) takes at most C
+            tokens, and a step that sets a less-served tenant's head aside beside a partial prefill gives
+            the partial prefill no chunk (stallfree.core.fairness, "Isolation"). An integer >= 1
+            (>= block_size when chunks are aligned); not with cpu_kv_tokens.
+        tenant_burst_tokens: "vtc": B, tokens, an integer >= 0 (default 0): the lift leaves a tenant
+            that was idle B / weight below the least waiting counter, so it may be served B tokens before
+            the others are served again (stallfree.core.fairness, "Burst").
 
     Raises:
         InvalidConfig: any field out of range or of the wrong type, or options that do not go together
@@ -129,6 +137,8 @@ class SchedulerConfig:
     fairness: str = "fcfs"
     tenant_weights: Mapping[str, float] | None = None
     max_queue_time_s: float | Mapping[str, float] | None = None
+    tenant_chunk_tokens: int | None = None
+    tenant_burst_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_positive_int("token_budget", self.token_budget)
@@ -143,6 +153,8 @@ class SchedulerConfig:
                        clock_needed=self.max_queue_time_s is not None)
         check_fairness(self.fairness, self.tenant_weights, self.max_queue_time_s, policy=self.policy,
                        max_num_partial_prefills=self.max_num_partial_prefills, clock=self.clock)
+        check_isolation(self.fairness, self.tenant_chunk_tokens, self.tenant_burst_tokens, chunk,
+                        self.cpu_kv_tokens)
         for name in ("tenant_weights", "max_queue_time_s"):
             value = getattr(self, name)
             if isinstance(value, Mapping):  # a copy, so that the caller's dict cannot change a checked config
@@ -229,7 +241,7 @@ class SchedulerConfig:
     def resolved(self) -> dict[str, Any]:
         """The fields with every derived default filled in (align_chunks, L and T), for reports and
         `--json` (`scheduler_config`); `clock` as its name, or None; the tenant options (fairness,
-        tenant_weights, max_queue_time_s) only when set. JSON-serialisable."""
+        tenant_weights, max_queue_time_s, tenant_chunk_tokens, tenant_burst_tokens) only when set. JSON-serialisable."""
         out = self.as_dict()
         for name, default in _LEFT_OUT_AT_DEFAULT.items():
             if out[name] == default:
@@ -245,7 +257,8 @@ class SchedulerConfig:
 
 
 #: Fields left out of resolved() while at their default: the tenant options.
-_LEFT_OUT_AT_DEFAULT: dict[str, Any] = {"fairness": "fcfs", "tenant_weights": None, "max_queue_time_s": None}
+_LEFT_OUT_AT_DEFAULT: dict[str, Any] = {"fairness": "fcfs", "tenant_weights": None, "max_queue_time_s": None,
+                                        "tenant_chunk_tokens": None, "tenant_burst_tokens": 0}
 
 
 def as_config(

@@ -24,6 +24,21 @@ victim (preempted by recompute) even when requests were admitted beside it: they
 of the plan. Not with a CPU KV tier, a chunk cap or an admission filter: there the contract's order
 applies.
 
+Isolation between tenants (tenant_chunk_tokens=C, off by default). A long prompt makes every step that
+carries a chunk of it long, and every other tenant's decodes and first tokens wait for those steps. With C:
+(1) a prompt chunk (the continuing partial prefill's, or an admission's first chunk) of a tenant that
+*leads*, that is, some other tenant with requests running or waiting ranks before it (counter, then service
+before lifts, at the moment the chunk is sized), takes at most C tokens; the least-served tenant is never
+capped. (2) A step that sets a less-served tenant's head aside gives the partial prefill no chunk: the step
+holds the decodes and the head's whole prompt, so that head's first token comes after a step as short as it
+would be without the other tenant's prompt (if the KV manager does not admit the head, the step is planned as
+without the set-aside). The partial prefill goes on in the next step; a set-aside charges the head's tenant,
+so set-asides stop once it no longer ranks first and the partial prefill always finishes.
+
+Burst (tenant_burst_tokens=B, 0 by default). The lift leaves a tenant B / weight below the least counter of
+the tenants with waiting requests (never above its own): a tenant that was idle may be served B tokens before
+the others are served again, instead of finding its second short request behind the others' counters.
+
 Counting, in the order the scheduler does it (and the invariant checker replays): a step's decodes
 once decode selection is done, before admission (a flood's running decodes count against it at once),
 each admitted request's first chunk when it is admitted (so the next pick in the same step sees it),
@@ -42,6 +57,10 @@ b's by at most U / w_a: after the last admission of a (when a's counter was the 
 a is charged only by the requests it had running then. The service two backlogged tenants receive over
 an interval therefore differs by at most 2 U / min(w) weighted tokens, the form of Sheng et al.'s bound.
 (An admission filter, schedule(admit=f), takes the queue's order at the step's start and so is outside it.)
+The chunk cap and the set-aside alone change the sizes and timing of chunks, never the order in which
+tenants are admitted, so the bound holds with them. A burst B
+lifts a tenant B / w_b below the others: from the lift until its counter reaches theirs it is the one
+served, and the interval bound gains B / w_b.
 
 Source: Sheng et al., "Fairness in Serving Large Language Models", OSDI'24 (the virtual token counter,
 its lift on arrival, and the bound in memory-capacity tokens).
@@ -59,7 +78,7 @@ from stallfree.core.plan import ScheduledChunk
 from stallfree.core.prefill import OnePartialPrefill, PrefillHost, StepBudget
 from stallfree.core.request import RequestStatus
 
-__all__ = ["FAIRNESS", "FairOnePartialPrefill", "VTCQueue", "check_fairness", "queue_limit_of"]
+__all__ = ["FAIRNESS", "FairOnePartialPrefill", "VTCQueue", "check_fairness", "check_isolation", "queue_limit_of"]
 
 #: The fairness rules between tenants: "fcfs" (tenants ignored, one queue: the contract) and "vtc".
 FAIRNESS = ("fcfs", "vtc")
@@ -80,16 +99,19 @@ class VTCQueue:
 
     Args:
         weights: tenant -> weight (> 0); a tenant not named weighs 1.0.
+        burst_tokens: B, tokens: the lift leaves a tenant B / weight below the least waiting counter.
 
     Attributes:
         service: tenant -> weighted service (tokens / weight, lifts included), for every tenant seen.
         served_tokens: tenant -> tokens planned for its requests (unweighted, no lifts).
     """
 
-    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
+    def __init__(self, weights: Mapping[str, float] | None = None, burst_tokens: int = 0) -> None:
         self.weights = dict(weights or {})
+        self.burst_tokens = burst_tokens
         self._queues: dict[str, list[Any]] = {}
         self._n = 0
+        self._running: dict[str, int] = {}  # tenant -> its running requests, for the tenants with any
         self.service: dict[str, float] = {}
         self.served_tokens: dict[str, int] = {}
 
@@ -116,12 +138,30 @@ class VTCQueue:
         self._n += 1
 
     def _lift(self, tenant: str) -> None:
-        """VTC's lift: the least counter among the tenants with waiting requests, if above the tenant's."""
+        """VTC's lift: the least counter among the tenants with waiting requests (less the burst B / weight),
+        if above the tenant's."""
         own = self.service.setdefault(tenant, 0.0)
         if self._queues:
-            low = min(self.service.get(t, 0.0) for t in self._queues)
+            low = min(self.service.get(t, 0.0) for t in self._queues) - self.burst_tokens / self.weight(tenant)
             if low > own:
                 self.service[tenant] = low
+
+    def started(self, tenant: str) -> None:
+        """One of `tenant`'s requests started running (admission)."""
+        self._running[tenant] = self._running.get(tenant, 0) + 1
+
+    def stopped(self, tenant: str) -> None:
+        """One of `tenant`'s requests stopped running (finished, aborted or preempted)."""
+        left = self._running[tenant] - 1
+        if left:
+            self._running[tenant] = left
+        else:
+            del self._running[tenant]
+
+    def leads(self, tenant: str) -> bool:
+        """Whether another tenant with requests running or waiting ranks before `tenant`. O(tenants)."""
+        own = self.rank(tenant)
+        return any(t != tenant and self.rank(t) < own for t in (*self._running, *self._queues))
 
     def rank(self, tenant: str) -> tuple[float, float]:
         """A tenant's standing, lower first: (counter, tokens / weight before lifts)."""
@@ -172,7 +212,15 @@ class VTCQueue:
 class FairOnePartialPrefill(OnePartialPrefill):
     """Contract steps 2 and 3 under fairness="vtc" with one partial prefill: a less-served tenant's head
     whose whole prompt fits goes in the same step as the partial prefill (module docstring), then the
-    contract's admission."""
+    contract's admission; with `chunk_tokens` (SchedulerConfig.tenant_chunk_tokens), a leading tenant's
+    chunks take at most that many tokens and a set-aside head's step gives the partial prefill none.
+
+    Args:
+        chunk_tokens: C, tokens, or None (no cap, and a set-aside head shares its step).
+    """
+
+    def __init__(self, chunk_tokens: int | None = None) -> None:
+        self.chunk_tokens = chunk_tokens
 
     def plan(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any],
              decoding: bool) -> tuple[Hashable, ...]:
@@ -181,6 +229,8 @@ class FairOnePartialPrefill(OnePartialPrefill):
         head = self._set_aside(s, budget) if not victims else None
         if head is None:
             return super().plan(s, budget, out, victims, decoding)
+        if self.chunk_tokens is not None:
+            return self._head_alone(s, budget, out, victims, decoding, head)
         budget.spend(head.target)
         self._continue(s, budget, out, victims)
         partial_done = bool(out) and out[-1].is_last
@@ -205,16 +255,40 @@ class FairOnePartialPrefill(OnePartialPrefill):
         budget.left += head.target - n  # a cached prefix leaves its tokens to the next admissions
         return (head.rid, *self._admit(s, budget, out))
 
-    @staticmethod
-    def _continue(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any]) -> None:
+    def _head_alone(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any],
+                    decoding: bool, head: Any) -> tuple[Hashable, ...]:
+        """With chunk_tokens: the set-aside head's whole prompt is the step's only chunk (the partial prefill
+        waits one step, so nothing is admitted behind it); if the KV manager does not admit the head, the
+        step as without the set-aside."""
+        start, hits = s.kv.lookup(head)
+        n = head.target - start
+        if not s.can_admit(head, n, hits):
+            return super().plan(s, budget, out, victims, decoding)
+        s.waiting.remove(head)
+        s.admit(head, n, hits, start)
+        if head.num_preemptions:
+            s.recomputed(n)
+        out.append(ScheduledChunk(head.rid, n, True, start, True))
+        return (head.rid,)
+
+    def _limit(self, s: PrefillHost, obj: Any, left: int) -> int:
+        """`left`, or at most chunk_tokens for a tenant that leads (VTCQueue.leads)."""
+        c = self.chunk_tokens
+        if c is None or left <= c:
+            return left
+        queue = s.waiting
+        return c if isinstance(queue, VTCQueue) and queue.leads(obj.req.tenant_name) else left
+
+    def _continue(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any]) -> None:
         """Contract step 2, except that a partial prefill short of KV blocks is its own victim even when
-        requests were admitted beside it (after it): they may be decodes of this very plan already."""
+        requests were admitted beside it (after it): they may be decodes of this very plan already; its
+        chunk is at most chunk_tokens while its tenant leads."""
         obj = s.partials[0] if s.partials else None
         if obj is None or budget.left <= 0:
             return
         done = obj.num_prefilled
         rest = obj.target - done
-        n = s.chunking.chunk(rest, budget.left)
+        n = s.chunking.chunk(rest, self._limit(s, obj, budget.left))
         if n and s.chunk_cap is not None:
             n = s.cap(obj, done, n)
         if n and not s.kv.grow(obj, done + n, s.step):
@@ -229,11 +303,10 @@ class FairOnePartialPrefill(OnePartialPrefill):
         else:
             budget.close()
 
-    @staticmethod
-    def _set_aside(s: PrefillHost, budget: StepBudget) -> Any | None:
+    def _set_aside(self, s: PrefillHost, budget: StepBudget) -> Any | None:
         """The head to serve beside the partial prefill, or None: a partial prefill continues, the head's
-        tenant has less service than its tenant, its whole prompt fits the budget left with room for a
-        chunk of the partial prefill, and a slot is free."""
+        tenant has less service than its tenant, its whole prompt fits the budget left (without
+        chunk_tokens: with room for a chunk of the partial prefill), and a slot is free."""
         if not s.partials or not s.admitting or s.chunk_cap is not None or s.refused or budget.left <= 0:
             return None
         queue = s.waiting
@@ -247,7 +320,8 @@ class FairOnePartialPrefill(OnePartialPrefill):
             return None
         if s.chunking.chunk(head.target, budget.left) != head.target:
             return None
-        if not s.chunking.chunk(partial.target - partial.num_prefilled, budget.left - head.target):
+        if self.chunk_tokens is None and not s.chunking.chunk(
+                partial.target - partial.num_prefilled, budget.left - head.target):
             return None  # the partial prefill (maybe the oldest running request) still progresses
         return head
 
@@ -307,6 +381,39 @@ def check_fairness(
         if clock is None:
             raise InvalidConfig("max_queue_time_s needs the scheduler's clock (clock=, seconds) to know how long "
                                 "a request has waited; got clock=None")
+
+
+def check_isolation(fairness: str, chunk_tokens: object, burst_tokens: object, alignment: int | None,
+                    cpu_kv_tokens: int) -> None:
+    """Validate SchedulerConfig.tenant_chunk_tokens and tenant_burst_tokens.
+
+    Args:
+        fairness: the config's fairness.
+        chunk_tokens: None or C, an integer >= 1 (>= `alignment` when chunks are aligned); "vtc" only.
+        burst_tokens: B, an integer >= 0; > 0 with "vtc" only.
+        alignment: block_size when chunks are block-aligned, else None.
+        cpu_kv_tokens: the config's CPU KV tier (tokens); the chunk cap needs the set-aside rule, which a
+            CPU tier turns off.
+
+    Raises:
+        InvalidConfig: a value out of range or not an integer, either option without "vtc", or
+            tenant_chunk_tokens with a CPU KV tier (the message names the field and the value).
+    """
+    if chunk_tokens is not None:
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
+            raise InvalidConfig(f"tenant_chunk_tokens must be an integer >= 1 (tokens), got {chunk_tokens!r}")
+        if fairness != "vtc":
+            raise InvalidConfig(f"tenant_chunk_tokens applies to fairness='vtc', got fairness={fairness!r}")
+        if alignment is not None and chunk_tokens < alignment:
+            raise InvalidConfig(f"tenant_chunk_tokens ({chunk_tokens}) must be >= block_size ({alignment}) when "
+                                "chunks are aligned to blocks")
+        if cpu_kv_tokens:
+            raise InvalidConfig(f"tenant_chunk_tokens={chunk_tokens} does not go with cpu_kv_tokens={cpu_kv_tokens} "
+                                "(a CPU KV tier turns off the set-aside the cap is part of)")
+    if isinstance(burst_tokens, bool) or not isinstance(burst_tokens, int) or burst_tokens < 0:
+        raise InvalidConfig(f"tenant_burst_tokens must be an integer >= 0 (tokens), got {burst_tokens!r}")
+    if burst_tokens and fairness != "vtc":
+        raise InvalidConfig(f"tenant_burst_tokens applies to fairness='vtc', got fairness={fairness!r}")
 
 
 def queue_limit_of(max_queue_time_s: float | Mapping[str, float] | None) -> Callable[[Hashable], float | None]:

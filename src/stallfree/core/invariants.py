@@ -279,6 +279,7 @@ class InvariantChecker(CheckerState):
         if total > plan.token_budget or plan.token_budget > s.config.token_budget:
             self._fail("budget", f"{total} tokens, step budget {plan.token_budget}, {s.config.token_budget} configured")
         FairRules.timeouts(self, plan)
+        self._partial_waits = False
         oldest = self._running[0] if self._running else None
         budget = plan.token_budget
         reqs = self._reqs
@@ -353,7 +354,9 @@ class InvariantChecker(CheckerState):
             MultiRules.check_counts(self, plan)
         elif len(partials) > 1 or (partials and partials[-1] is not plan.prefills[-1]):
             self._fail("one partial prefill", f"{plan.prefills}")
+        # A set-aside head alone in its step (tenant_chunk_tokens) leaves the partial prefill for one step.
         if oldest is not None and self._reqs[oldest].running and not self._in_plan(oldest, plan) and (
+                not self._partial_waits) and (
                 s.config.max_num_partial_prefills == 1 and self._paged and len(self._ready) <= budget
                 and not s.config.num_spec_tokens and not s.config.chunks_aligned and not self._reqs[oldest].held):
             self._fail("the oldest running request progresses", f"{oldest!r} not in {entries}")
@@ -450,7 +453,7 @@ class InvariantChecker(CheckerState):
             return chunks, left, free
         sh = self._reqs[rid]
         rest = sh.target - sh.prefilled
-        n = self._chunk(rest, left)
+        n = self._chunk(rest, FairRules.limit(self, rid, left))
         if n:
             n = self._capped(rid, sh.prefilled, n)
         if n and self._paged:
@@ -490,6 +493,8 @@ class InvariantChecker(CheckerState):
         s = self.scheduler
         sh = self._reqs[head]
         whole = sh.target
+        if s.config.tenant_chunk_tokens is not None:
+            return self._head_alone(head, left, free, victims)
         chunks, rest, free = self._partial_chunk(left - whole, free, victims)
         if victims:
             return chunks, [], free
@@ -504,6 +509,25 @@ class InvariantChecker(CheckerState):
         chunks.insert(0, (head, n, start, True))
         FairRules.charge(self, head, n)
         return chunks, [head, *(self._admissions(rest + start, free, chunks) if done else [])], free
+
+    def _head_alone(
+        self, head: Hashable, left: int, free: int, victims: list[Hashable]
+    ) -> tuple[list[tuple[Hashable, int, int, bool]], list[Hashable], int]:
+        """With tenant_chunk_tokens: the set-aside head's whole prompt is the step's only chunk (the partial
+        prefill takes none); if the KV does not admit it, the step as without the set-aside."""
+        s = self.scheduler
+        sh = self._reqs[head]
+        hits = CacheRules.hits(self, sh) if self._caching else []
+        start = len(hits) * (s.config.block_size or 1)
+        n = sh.target - start
+        reserved = sum(s.kv_manager.kv_needed_for(self._reqs[r].req) for r in self._running) if not self._paged else 0
+        fits, free, _ = self._admit_shadow(head, sh, hits, start, n, free, reserved, self._pinned)
+        if not fits:
+            chunks, left, free = self._partial_chunk(left, free, victims)
+            return chunks, (self._admissions(left, free, chunks) if not victims else []), free
+        FairRules.charge(self, head, n)
+        self._partial_waits = True
+        return [(head, n, start, True)], [head], free
 
     def _admissions(self, left: int, free: int, chunks: list[tuple[Hashable, int, int, bool]]) -> list[Hashable]:
         """Contract step 3 in the shadow: the queue's head while it fits."""
@@ -526,7 +550,7 @@ class InvariantChecker(CheckerState):
             hits = CacheRules.hits(self, sh) if self._caching else []
             h = len(hits)
             start = h * (s.config.block_size or 1)
-            n = self._chunk(sh.target - start, left)
+            n = self._chunk(sh.target - start, FairRules.limit(self, rid, left))
             if n == 0:
                 break
             n = self._capped(rid, start, n)

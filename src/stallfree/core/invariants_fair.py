@@ -36,13 +36,19 @@ class FairRules:
 
     @staticmethod
     def lift(chk: CheckerState, rid: Hashable) -> None:
-        """Before `rid` joins the shadow queue: lift its tenant if none of its requests waits."""
+        """Before `rid` joins the shadow queue: lift its tenant if none of its requests waits (to the least
+        waiting counter less tenant_burst_tokens / its weight, never down)."""
         tenant = FairRules.tenant(chk, rid)
         waiting = {FairRules.tenant(chk, r) for r in chk._waiting}
         service = chk._service
         if tenant in waiting:
             return
-        low = min((service.get(t, 0.0) for t in waiting), default=0.0)
+        if not waiting:
+            service.setdefault(tenant, 0.0)
+            return
+        cfg = chk.scheduler.config
+        weight = (cfg.tenant_weights or {}).get(tenant, 1.0)
+        low = min(service.get(t, 0.0) for t in waiting) - cfg.tenant_burst_tokens / weight
         service[tenant] = max(service.get(tenant, 0.0), low)
 
     @staticmethod
@@ -95,9 +101,23 @@ class FairRules:
             yield queues[tenant][0]
 
     @staticmethod
+    def limit(chk: CheckerState, rid: Hashable, left: int) -> int:
+        """The most tokens `rid`'s next prompt chunk may take with `left` in the budget: at most
+        tenant_chunk_tokens while another tenant with requests running or waiting ranks before its tenant
+        (counters as they stand when the chunk is sized)."""
+        c = chk.scheduler.config.tenant_chunk_tokens
+        if c is None or left <= c or not FairRules.on(chk):
+            return left
+        own = FairRules.tenant(chk, rid)
+        rank = FairRules._rank(chk, own)
+        others = {FairRules.tenant(chk, r) for r in (*chk._running, *chk._waiting)} - {own}
+        return c if any(FairRules._rank(chk, t) < rank for t in others) else left
+
+    @staticmethod
     def set_aside(chk: CheckerState, left: int) -> Hashable | None:
         """FairOnePartialPrefill's head: with a partial prefill from an earlier step, the first pick when its
-        tenant has less service than the partial prefill's, a slot is free and its whole prompt fits `left`."""
+        tenant has less service than the partial prefill's, a slot is free and its whole prompt fits `left`
+        (without tenant_chunk_tokens: leaving a chunk for the partial prefill)."""
         s = chk.scheduler
         partial = chk._partial
         if (partial is None or not chk._admitting or chk._caps is not None or chk._refused or left <= 0
@@ -110,7 +130,7 @@ class FairRules:
         if target > left or chk._chunk(target, left) != target:
             return None
         psh = chk._reqs[partial]
-        if not chk._chunk(psh.target - psh.prefilled, left - target):
+        if s.config.tenant_chunk_tokens is None and not chk._chunk(psh.target - psh.prefilled, left - target):
             return None
         if FairRules._rank(chk, FairRules.tenant(chk, head)) >= FairRules._rank(chk, FairRules.tenant(chk, partial)):
             return None

@@ -102,6 +102,8 @@ class CheckerState:
     # fairness="vtc": the shadow's virtual token counters and tokens served, by tenant.
     _service: dict[str, float] = field(default_factory=dict)
     _served: dict[str, int] = field(default_factory=dict)
+    # fairness="vtc" with tenant_chunk_tokens: a set-aside head took the step alone (the partial prefill waits).
+    _partial_waits: bool = False
 
     def _fail(self, rule: str, detail: str) -> None:
         raise InvariantViolation(f"step {self.scheduler.step}: {rule}: {detail}")

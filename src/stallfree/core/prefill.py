@@ -230,8 +230,8 @@ class OnePartialPrefill:
         self._continue(s, budget, out, victims)
         return () if victims or not s.admitting else self._admit(s, budget, out)
 
-    @staticmethod
-    def _continue(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[LiveRequest]) -> None:
+    def _continue(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk],
+                  victims: list[LiveRequest]) -> None:
         """Contract step 2: the rest of the prompt started in an earlier step, up to the budget."""
         obj = s.partials[0] if s.partials else None
         if obj is None or budget.left <= 0:
@@ -254,8 +254,12 @@ class OnePartialPrefill:
         else:
             budget.close()
 
-    @staticmethod
-    def _admit(s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
+    def _limit(self, s: PrefillHost, obj: LiveRequest, left: int) -> int:
+        """The most tokens `obj`'s next chunk may take when `left` are left in the budget: `left` (a
+        rule with a per-request limit narrows it)."""
+        return left
+
+    def _admit(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk]) -> tuple[Hashable, ...]:
         """Contract step 3: admission in queue order; the first head that does not fit stops it."""
         waiting = s.waiting
         if not len(waiting):
@@ -281,7 +285,7 @@ class OnePartialPrefill:
                 continue
             # A cached prefix (none without caching) is kept; the prefill starts after it.
             start, hits = kv.lookup(obj)
-            n = s.chunking.chunk(obj.target - start, budget.left)
+            n = s.chunking.chunk(obj.target - start, self._limit(s, obj, budget.left))
             if n and s.chunk_cap is not None:
                 n = s.cap(obj, start, n)
             if n == 0 or not s.can_admit(obj, n, hits):  # never a 0-token first chunk

@@ -127,7 +127,7 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         self._multi = k > 1
         self._prefill: PrefillRule = PartialPrefills(k, lng, thr) if thr is not None else OnePartialPrefill()
         if cfg.fairness == "vtc" and thr is None and not cfg.cpu_kv_tokens:
-            self._prefill = FairOnePartialPrefill()
+            self._prefill = FairOnePartialPrefill(cfg.tenant_chunk_tokens)
         self._kv = kv_manager_for(cfg) if kv_manager is None else kv_manager
         self._kv_transfers = self._kv.step_transfers
         # LoRA adapters (core/lora.py): None without max_loras, so admission is the contract's.
@@ -136,7 +136,8 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         self._now = 0.0  # the clock's reading for the step being planned, seconds
         self._decodes = DecodeSet()
         self._due = self._decodes.due
-        self._fair: VTCQueue | None = VTCQueue(cfg.tenant_weights) if cfg.fairness == "vtc" else None
+        self._fair: VTCQueue | None = (
+            VTCQueue(cfg.tenant_weights, cfg.tenant_burst_tokens) if cfg.fairness == "vtc" else None)
         self._waiting: WaitingQueue = (
             self._fair if self._fair is not None
             else FCFSQueue() if self._policy == "fcfs" else PriorityQueue(self._priority_key))
@@ -511,6 +512,7 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             self._lora.join(obj.req.lora)
         if self._fair is not None:  # charged now, so that the next pick of this step sees it
             self._fair.charge(obj.req.tenant_name, first_chunk)
+            self._fair.started(obj.req.tenant_name)
         self._partials.append(obj)
         obj.num_prefilled = start
         self._num_running += 1
@@ -624,6 +626,8 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             self._decodes.leave(obj)
         elif obj in self._partials:
             self._partials.remove(obj)
+        if self._fair is not None:
+            self._fair.stopped(obj.req.tenant_name)
         self._num_running -= 1
 
     def _hold(self, obj: LiveRequest) -> None:
