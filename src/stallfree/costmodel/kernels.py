@@ -60,17 +60,26 @@ Buckets (the cache): the chunk offset p and the decode keys s are priced by line
 between KNOTS (every CONTEXT_BUCKET = 256 tokens up to 1,024, then two per doubling), the package
 being asked at the knots only; T, S, B and the chunk length c are exact. The error this adds is measured in
 benchmarks/bench_kernels.py and stated in docs/costmodel.md.
+
+Runs (the step cache, on by default): the decodes' partition over the knot intervals is kept for the
+scheduler's current tuple of decode offsets while no decode crosses a knot (decode_runs.DecodeRuns), and
+the cached terms of a decode-only step are read without a method call each; the price is the same float
+as without it, bit for bit.
+`step_cache=False` (or STALLFREE_KERNEL_STEP_CACHE=0 in the environment) prices every step afresh
+(benchmarks/priced_step.py measures both).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from typing import Any
 
 from stallfree.core.plan import StepPlan
+from stallfree.costmodel.decode_runs import DecodeRuns
 from stallfree.costmodel.errors import CostModelError
 from stallfree.costmodel.hardware import GPUSpec
 from stallfree.costmodel.kernel_maps import (
@@ -95,7 +104,16 @@ from stallfree.costmodel.kernel_tables import (
 from stallfree.costmodel.model import ModelSpec, get_model
 from stallfree.costmodel.roofline import CostModel
 
-__all__ = ["CONTEXT_BUCKET", "KNOTS", "KernelCostModel", "KernelTables", "KernelsUnavailable", "kernels_installed"]
+__all__ = [
+    "CONTEXT_BUCKET",
+    "KNOTS",
+    "KernelCostModel",
+    "KernelTables",
+    "KernelsUnavailable",
+    "STEP_CACHE_ENV",
+    "kernels_installed",
+    "step_cache_default",
+]
 
 #: The finest knot spacing of the decode keys and chunk offsets, tokens (see KNOTS).
 CONTEXT_BUCKET = 256
@@ -116,6 +134,15 @@ def _knots(limit: int = 1 << 22) -> tuple[int, ...]:
 KNOTS = _knots()
 _KEY = 1 << 12  # cache key = count x _KEY + knot index (len(KNOTS) < _KEY)
 _ALLREDUCE_OP = re.compile(r"_ar(_\d+)?$")  # the package's all-reduce op names: context_ar_1, context_embedding_ar
+
+#: The environment variable that turns the step cache off ('0', 'off', 'false' or 'no'; module docstring).
+STEP_CACHE_ENV = "STALLFREE_KERNEL_STEP_CACHE"
+
+
+def step_cache_default() -> bool:
+    """Return whether a KernelCostModel built without `step_cache` keeps its step cache: True unless
+    the environment variable STEP_CACHE_ENV says '0', 'off', 'false' or 'no' (any case)."""
+    return os.environ.get(STEP_CACHE_ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
 def _at(curve: tuple[tuple[int, ...], tuple[float, ...]], x: float) -> float:
@@ -160,6 +187,8 @@ class KernelCostModel:
         config: the model's config.json as a dict (a user's file), or None: the public config.json the
             package bundles for a preset that has one (kernel_maps.PACKAGE_CONFIGS: DeepSeek-V3,
             Kimi-K2, Qwen3, gpt-oss, Llama 4), else one written from `model`.
+        step_cache: keep the decodes' partition over the knots across steps (module docstring; the
+            same prices, faster), or None for step_cache_default() (the environment's switch).
 
     Raises:
         KernelsUnavailable: no package, no tables for the GPU or engine, a version not served.
@@ -180,6 +209,7 @@ class KernelCostModel:
         comm_version: str | None = None,
         ep: int = 1,
         dp_attention: int = 1,
+        step_cache: bool | None = None,
     ) -> None:
         self.roofline = CostModel(model, gpu, tp, dtype, kv_dtype, ep=ep, dp_attention=dp_attention)
         self.model, self.gpu, self.tp = model, gpu, tp
@@ -229,12 +259,16 @@ class KernelCostModel:
         self._decode_c: dict[int, float] = {}
         self._decode_shared_c: dict[int, float] = {}
         self._sorted: tuple[Any, list[int], list[int]] | None = None
+        self.step_cache = step_cache_default() if step_cache is None else bool(step_cache)
+        self._runs = DecodeRuns(KNOTS, self._decode_c, _KEY)
+        # shared(T) of a decode-only step, read in the step cache's path without decode_shared_s's call.
+        self._decode_only_c = self._shared_c if self.tables.decode_shared is None else self._decode_shared_c
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (
             _rebuild,
             (self.model, self.gpu, self.tp, self.dtype, self.kv_dtype, self.engine, self.requested_version,
-             self._config, self.comm_version, self.ep, self.dp_attention),
+             self._config, self.comm_version, self.ep, self.dp_attention, self.step_cache),
         )
 
     def __repr__(self) -> str:
@@ -271,6 +305,7 @@ class KernelCostModel:
         self._decode_c.clear()
         self._decode_shared_c.clear()
         self._sorted = None
+        self._runs.clear()
 
     # ---- the package's tables, in seconds --------------------------------------------------------
     def shared_s(self, tokens: int) -> float:
@@ -402,8 +437,37 @@ class KernelCostModel:
         """Return the predicted time of one step, seconds (0.0 for an empty plan).
 
         Speculative decodes (more than one token each) count all their tokens in shared(T) and one
-        query each in the decode attention.
+        query each in the decode attention. With the step cache (`step_cache`) the same float comes
+        from the cached runs (module docstring); without it, from step_time_uncached.
         """
+        if not self.step_cache:
+            return self.step_time_uncached(plan)
+        tokens = plan.num_tokens
+        if tokens <= 0:
+            return 0.0
+        nd = plan.num_decodes
+        d = self.dp_attention
+        t = self._runs.total(plan.decode_offsets, plan.step + 1, -(-nd // d), self._decode_knot) / nd if nd else 0.0
+        prefills = plan.prefills
+        if d > 1:
+            return t + self._ranks_s(plan, [self.chunk_s(c.num_tokens, c.start) for c in prefills])
+        if not prefills:
+            shared = self._decode_only_c.get(tokens)
+            if shared is None:
+                shared = self.decode_shared_s(tokens)
+            logits = self._logits_c.get(nd)
+            if logits is None:
+                logits = self.logits_s(nd)
+            return t + shared + logits
+        sampled = nd
+        for c in prefills:
+            t += self.chunk_s(c.num_tokens, c.start)
+            sampled += c.is_last
+        return t + self.shared_s(tokens) + self.logits_s(sampled)
+
+    def step_time_uncached(self, plan: StepPlan) -> float:
+        """Return step_time(plan) without the step cache, seconds: the decodes sorted and each knot
+        interval bisected afresh (the pricing with `step_cache` off; the same float)."""
         tokens = plan.num_tokens
         if tokens <= 0:
             return 0.0
@@ -505,13 +569,14 @@ _MODELS: dict[str, KernelCostModel] = {}
 def _rebuild(
     model: ModelSpec, gpu: GPUSpec, tp: int, dtype: str, kv_dtype: str, engine: str, version: str,
     config: dict[str, Any], comm_version: str | None = None, ep: int = 1, dp_attention: int = 1,
+    step_cache: bool = True,
 ) -> KernelCostModel:
     """Unpickle a KernelCostModel: one instance per process per configuration, so that a worker
     process running many sweep points loads the tables once and keeps its price caches warm."""
     key = repr((model, gpu, tp, dtype, kv_dtype, engine, version, json.dumps(config, sort_keys=True), comm_version, ep,
-                dp_attention))
+                dp_attention, step_cache))
     found = _MODELS.get(key)
     if found is None:
         found = _MODELS[key] = KernelCostModel(model, gpu, tp, dtype, kv_dtype, engine, version, config, comm_version,
-                                                   ep=ep, dp_attention=dp_attention)
+                                                   ep=ep, dp_attention=dp_attention, step_cache=step_cache)
     return found

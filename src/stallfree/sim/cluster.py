@@ -123,6 +123,7 @@ def simulate_cluster(
     max_model_len: int | None = None,
     cut_output_to_fit: bool = False,
     closed_loop: ClosedLoop | None = None,
+    group: Callable[..., Any] | None = None,
 ) -> ClusterResult:
     """Replay `workload` onto `num_replicas` identical replicas behind `router`.
 
@@ -136,6 +137,8 @@ def simulate_cluster(
         max_tokens, check, max_model_len, cut_output_to_fit, closed_loop: as simulate (closed-loop
             load: `concurrency` requests in flight across the whole cluster).
         label: a name for reports (default: the config's label, then "xN <router>").
+        group: runs the event loop over the replicas, with run_group's arguments and result (default
+            run_group; stallfree.sim.autoscale.runner puts an autoscaler between arrivals and router).
 
     Returns:
         A ClusterResult; every request not rejected finished exactly once on exactly one replica.
@@ -156,7 +159,7 @@ def simulate_cluster(
             for k in range(num_replicas)]
     results = [rep.res for rep in reps]
     cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
-    arrivals, entry, wall = run_group(reps, router, workload, max_new, too_long, closed_loop)
+    arrivals, entry, wall = (group or run_group)(reps, router, workload, max_new, too_long, closed_loop)
     closed = closed_loop is not None
     routed, ratios = entry.routed, entry.ratios
     sessions = isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry)
@@ -369,6 +372,7 @@ def run_cluster_study(
     slo_ttft: float | None = None,
     slo_tpot: float | None = None,
     capacity: bool = True,
+    group: Callable[..., Any] | None = None,
 ) -> tuple[Experiment, ClusterResult]:
     """The setup's workload on N replicas of its scheduler: (Experiment, ClusterResult), the latter
     with each replica's own SimResult (for a per-replica timeline).
@@ -378,6 +382,7 @@ def run_cluster_study(
         replicas: N >= 1.
         router: a Router or one of ROUTERS (default least-outstanding).
         budget, step_time_target, check, slo_ttft, slo_tpot, capacity: as experiment.run_experiment.
+        group: the event loop's runner (simulate_cluster's `group`; default run_group).
 
     Returns:
         (a stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
@@ -407,6 +412,7 @@ def run_cluster_study(
         max_model_len=setup.context_length,
         cut_output_to_fit=opts.cut_output_to_fit,
         closed_loop=setup.engine_closed_loop,
+        group=group,
     )
     result.merged.config.update(router=router if isinstance(router, str) else type(router).__name__)
     summary = cluster_summary(result, slo_ttft, slo_tpot)

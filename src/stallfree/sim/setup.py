@@ -153,6 +153,10 @@ class WorkloadOptions:
         loras: None, or N: each request names one of N LoRA adapters, drawn with `lora_popularity`
             (stallfree.sim.lora.assign_loras; seeded by `seed`), in place of a trace's own `lora` column.
         lora_popularity: "zipf:S": adapter k drawn with probability proportional to 1 / (k + 1)^S.
+        peak_ratio, peak_hour: synthetic "diurnal": the busiest rate over the quietest, and its hour
+            (stallfree.sim.diurnal; None: its defaults).
+        rate_profile: a CSV file `t_s,rate` whose rate, linear between points, the arrivals follow
+            (stallfree.sim.diurnal), or None.
     """
     trace: str | None = None
     trace_format: str = "auto"
@@ -177,6 +181,9 @@ class WorkloadOptions:
     system_prompt: str | None = None
     loras: int | None = None
     lora_popularity: str = "zipf:1"
+    peak_ratio: float | None = None
+    peak_hour: float | None = None
+    rate_profile: str | None = None
 
     @property
     def closed_loop(self) -> ClosedLoop | None:
@@ -289,6 +296,17 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         if opts.num_requests:
             wl = wl.head(opts.num_requests)
         return wl, opts.rate_scale or 1.0
+    if opts.synthetic == "diurnal" or opts.rate_profile is not None:
+        from stallfree.sim.diurnal import options_workload
+
+        try:
+            return options_workload(opts, _length_spec(opts.prompt_len, "prompt_len"),
+                                    _length_spec(opts.output_len, "output_len"), MAX_SYNTHETIC_REQUESTS)
+        except OSError as exc:
+            raise SetupError(f"--rate-profile {opts.rate_profile}: cannot read it ({exc.strerror or exc})",
+                             usage=True) from None
+        except ValueError as exc:  # a bad profile or figure: the user's input, named as its flag
+            raise SetupError(str(exc), usage=True) from None
     if opts.synthetic == "sessions" or (opts.trace and (opts.trace_format == "sessions" or (
             opts.trace_format == "auto" and is_session_trace(opts.trace)))):
         return _session_workload(opts)

@@ -207,10 +207,18 @@ def _add_workload_args(w: Any) -> None:
         help="auto picks by extension and header; a JSONL whose first object has session_id is a session trace",
     )
     w.add_argument("--skip-bad-rows", action="store_true", help="skip and count malformed rows instead of stopping")
-    w.add_argument("--synthetic", choices=["poisson", "gamma", "shared-prefix", "sessions"],
+    w.add_argument("--synthetic", choices=["poisson", "gamma", "shared-prefix", "sessions", "diurnal"],
                    help="draw synthetic arrivals instead of a trace (shared-prefix: with --shared-prefix; "
                         "sessions: multi-turn conversations, --rate in sessions/s, --prompt-len each turn's new "
-                        "input, --turns, --think-time, --system-prompt)")
+                        "input, --turns, --think-time, --system-prompt; diurnal: a day whose mean rate is --rate, "
+                        "with --peak-ratio and --peak-hour, Poisson or with --burstiness gamma)")
+    w.add_argument("--peak-ratio", type=float, default=None, metavar="X",
+                   help="--synthetic diurnal: the busiest rate over the quietest (default 3, an example)")
+    w.add_argument("--peak-hour", type=float, default=None, metavar="H",
+                   help="--synthetic diurnal: the hour of the busiest rate, 0 to 24 (default 14, an example)")
+    w.add_argument("--rate-profile", default=None, metavar="FILE",
+                   help="arrivals under the rate of a CSV t_s,rate (requests/s, linear between points), Poisson "
+                        "or with --burstiness gamma; lengths from --prompt-len/--output-len")
     w.add_argument("--turns", default=None, metavar="DIST",
                    help="--synthetic sessions: turns per session, a length distribution (default fixed:4)")
     w.add_argument("--system-prompt", default=None, metavar="TOKENS[,COUNT]",
@@ -332,7 +340,7 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         loras=args.loras,
         # The synthetic-only options as given; one left out takes WorkloadOptions's default.
         **{name: value for name in ("rate", "burstiness", "prompt_len", "output_len", "turns", "system_prompt",
-                                    "lora_popularity")
+                                    "lora_popularity", "peak_ratio", "peak_hour", "rate_profile")
            if (value := vars(args)[name]) is not None},
     )
 
@@ -348,6 +356,16 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
         CliError: such an option given explicitly without the mode that reads it (exit 2).
     """
     synthetic = args.synthetic
+    profile = args.rate_profile is not None
+    if profile and (synthetic is not None or args.trace):
+        raise CliError(f"--rate-profile gives the arrivals: drop {'--trace' if args.trace else '--synthetic'}", 2)
+    if profile and args.rate is not None:
+        raise CliError("--rate applies to synthetic arrivals; --rate-profile gives the rates: drop --rate", 2)
+    if synthetic is None and profile:
+        synthetic = "profile"
+    for flag, value in (("--peak-ratio", args.peak_ratio), ("--peak-hour", args.peak_hour)):
+        if value is not None and synthetic != "diurnal":
+            raise CliError(f"{flag} applies to --synthetic diurnal: add it, or drop {flag}", 2)
     closed_drawn = args.concurrency is not None and not args.trace
     closed = args.closed_loop_flags
     needs = " or --concurrency N" if closed else ""
@@ -356,9 +374,10 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
                    "synthetic arrivals: add --synthetic poisson, gamma, shared-prefix or sessions"),
         "--turns": (args.turns, synthetic == "sessions", "--synthetic sessions: add it"),
         "--system-prompt": (args.system_prompt, synthetic == "sessions", "--synthetic sessions: add it"),
-        "--burstiness": (args.burstiness, synthetic == "gamma",
-                         "--synthetic gamma (the shape of its gaps): add it"),
-        "--prompt-len": (args.prompt_len, synthetic in ("poisson", "gamma", "sessions") or closed_drawn,
+        "--burstiness": (args.burstiness, synthetic in ("gamma", "diurnal", "profile"),
+                         "--synthetic gamma or diurnal, or --rate-profile (the shape of its gaps): add one"),
+        "--prompt-len": (args.prompt_len, synthetic in ("poisson", "gamma", "sessions", "diurnal", "profile")
+                         or closed_drawn,
                          f"synthetic load: add --synthetic poisson or gamma{needs}"
                          + (" without --trace" if closed else "")),
         "--output-len": (args.output_len, synthetic is not None or closed_drawn,
@@ -519,7 +538,7 @@ def ensure_writable_file(path: Path, flag: str) -> None:
 
 #: The files each command's --out DIR may write (shell patterns: a tag names the run).
 OUT_FILES = {
-    "simulate": ("summary.json", "requests-*.csv", "steps-*.csv", "cdf.png", "timeline.png"),
+    "simulate": ("summary.json", "requests-*.csv", "steps-*.csv", "cdf.png", "timeline.png", "autoscale.png"),
     "sweep": ("sweep.csv", "sweep.json", "tradeoff.png", "cdf.png", "kv_sweep.json", "kv_sweep.png",
               "cpu_tier_sweep.json", "cpu_tier_sweep.png"),
     "tune": ("tune.json", "tune.png"),

@@ -25,6 +25,7 @@ from stallfree.sim.cluster import (
     make_router,
     run_cluster_study,
 )
+from stallfree.sim.commands import autoscale as autoscale_cli
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
@@ -80,6 +81,7 @@ def register(subparsers: Any) -> None:
     _add_load_flags(sim)
     sim.set_defaults(closed_loop_flags=True)
     _add_cluster_flags(sim)
+    autoscale_cli.add_flags(sim)
     sim.set_defaults(func=guard(run))
 
 
@@ -242,6 +244,8 @@ def _report(args: argparse.Namespace, study: Experiment, explained: list[str], v
         print_table(study.summaries)
         if verdict:
             print(verdict["line"])
+        if "static" in study.summaries[0]:
+            autoscale_cli.print_lines(study.summaries[0])
     # Rejections are not an error, but never silent: one line per run on stderr, in every mode.
     for res in study.results:
         if res.rejected:
@@ -299,6 +303,9 @@ def run(args: argparse.Namespace) -> int:
     with ProgressLine() as progress:
         progress.phase(f"replaying {setup.workload.name}")
         study, clusters = _study(args, setup, progress=progress)
+        if args.autoscale is not None:
+            progress.phase(f"replaying {setup.workload.name} on the static fleet")
+            _add_static(args, setup, study, clusters)
         if args.range:
             _add_ranges(args, setup, study, progress)
     from stallfree.sim.overload import annotate
@@ -392,6 +399,7 @@ _AFFINITY_FLAGS = (
 def _check_flags(args: argparse.Namespace) -> None:
     """Refuse, before anything runs or is written, values out of range and flags of another mode
     given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
+    autoscale_cli.check_flags(args)
     check_partial_prefill_flags(args)
     check_synthetic_flags(args)
     sessions = args.synthetic == "sessions"
@@ -613,7 +621,7 @@ def _search(args: argparse.Namespace, setup: Any, link: Any) -> int:
 
 
 def _is_cluster(args: argparse.Namespace) -> bool:
-    return args.replicas > 1 or args.router is not None
+    return args.replicas > 1 or args.router is not None or args.autoscale is not None
 
 
 def _run_cluster(args: argparse.Namespace, setup: Any, capacity: bool = True) -> tuple[Experiment, Any]:
@@ -633,10 +641,13 @@ def _run_cluster(args: argparse.Namespace, setup: Any, capacity: bool = True) ->
         )
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
+    group, fleets, replicas = autoscale_cli.group(args, setup)
     study, cluster = run_cluster_study(
-        setup, replicas=args.replicas, router=router, budget=args.token_budget, step_time_target=args.step_time_target,
-        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, capacity=capacity,
+        setup, replicas=replicas, router=router, budget=args.token_budget, step_time_target=args.step_time_target,
+        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, capacity=capacity, group=group,
     )
+    if fleets:
+        autoscale_cli.fleet_figures(args, setup, study.summaries[0], cluster, fleets[0])
     study.header["router"] = name
     study.summaries[0]["label"] = study.results[0].label = f"{study.results[0].label} {name}"
     study.summaries[0]["router"] = name
@@ -703,6 +714,23 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         print(f"note: {note}")
 
 
+def _add_static(args: argparse.Namespace, setup: Any, study: Experiment, clusters: list[Any]) -> None:
+    """--autoscale: the same trace on the static fleet of MAX replicas, beside the autoscaled run."""
+    import copy
+
+    def run_static() -> tuple[dict[str, Any], Any]:
+        static = copy.copy(args)
+        static.autoscale, static.replicas = None, args.autoscale_config.max_replicas
+        if static.replicas == 1 and static.router is None:
+            static.router = "least-outstanding"
+        study, cluster = _run_cluster(static, setup, capacity=False)
+        return study.summaries[0], cluster
+
+    autoscale_cli.static_figures(args, setup, study.summaries[0], clusters[0], run_static)
+
+
 def _write_out(out: Path, study: Experiment, clusters: list[Any], *, quiet_stdout: bool = False) -> None:
     names = write_experiment(out, study, clusters)
+    if "static" in study.summaries[0]:
+        names.append(autoscale_cli.write_plot(out, study.summaries[0]))
     print(f"wrote {out}/{', '.join(names)}", file=sys.stderr if quiet_stdout else sys.stdout)

@@ -1,0 +1,178 @@
+"""Benchmark: CPU seconds and peak memory of large simulations, this tree's `src` beside an older one.
+
+Run:
+    git archive main src | tar -x -C /tmp/old            # an older tree's sources (OLD_SRC = /tmp/old/src)
+    PYTHONPATH=src python benchmarks/scale.py --against /tmp/old/src [--quick] [--rounds 1] [--json]
+
+Each run is one `python -m stallfree simulate ...` process per tree, the trees alternating run by run
+(old, new, old, new, ...) so that both see the same machine load; its CPU seconds (user + system) and
+peak resident memory come from the kernel's accounting of that child (os.wait4's rusage: ru_maxrss),
+its wall seconds from the clock. With several rounds each figure is the median over them. Where both
+trees ran a `--json` command, their figures are compared (every key but the wall times, `*wall_s`:
+"same json").
+
+The runs (`simulate` options; `--kernels none` is the roofline-family pricing, no option the default
+pricing, vLLM's kernel tables where aiconfigurator-core is installed):
+    100k x 32        --synthetic poisson --rate 300 --num-requests 100000 --replicas 32
+                     --router least-outstanding --json --kernels none --no-range
+    100k x 32 kern   the same with the default pricing
+    1M x 64 (long)   --synthetic poisson --rate 600 --num-requests 1000000 --replicas 64
+                     --router least-outstanding --json --kernels none --no-range  (skipped by --quick)
+    day (long)       --synthetic poisson --rate 100 --num-requests 8640000 --replicas 64
+                     --router least-outstanding --json --kernels none --no-range: a day at 100 requests/s
+                     (skipped by --quick; its wall time is the figure to read)
+    default          `stallfree simulate` (the bundled Azure trace, default pricing)
+    replay 9k        --num-requests 9000 --kernels vllm --json: the bundled Azure conversation trace's
+                     first 9,000 requests replayed with kernel pricing
+
+A child whose address space passes --mem-limit-gb (default 8) fails with a MemoryError instead of
+taking the machine's memory; the table then says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+_CLUSTER = ["--synthetic", "poisson", "--rate", "300", "--num-requests", "100000", "--replicas", "32",
+            "--router", "least-outstanding", "--json"]
+#: (name, simulate options, long)
+RUNS: tuple[tuple[str, list[str], bool], ...] = (
+    ("100k x 32", [*_CLUSTER, "--kernels", "none", "--no-range"], False),
+    ("100k x 32 kern", [*_CLUSTER, "--no-range"], False),
+    ("1M x 64 (long)", ["--synthetic", "poisson", "--rate", "600", "--num-requests", "1000000", "--replicas", "64",
+                        "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range"], True),
+    ("day 100/s x 64 (long)", ["--synthetic", "poisson", "--rate", "100", "--num-requests", "8640000", "--replicas",
+                               "64", "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range"],
+     True),
+    ("default", [], False),
+    ("replay 9k", ["--num-requests", "9000", "--kernels", "vllm", "--json"], False),
+)
+
+
+def measure(src: Path, args: list[str], mem_limit_bytes: int, out_path: str) -> dict[str, Any]:
+    """Run `python -m stallfree simulate ARGS` with PYTHONPATH=src; return its CPU s, peak MB, wall s.
+
+    Its stdout goes to `out_path`; stderr is kept for the error message. Returns `error` (the last
+    line of stderr) when the process fails.
+    """
+    env = dict(os.environ, PYTHONPATH=str(src))
+
+    def limit() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_AS, (mem_limit_bytes, mem_limit_bytes))
+
+    with open(out_path, "wb") as out, tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "stallfree", "simulate", *args], env=env, stdout=out,
+                                stderr=err, preexec_fn=limit)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so that Popen does not wait again
+        err.seek(0)
+        tail = err.read().decode(errors="replace").strip().splitlines()
+    result: dict[str, Any] = {"cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024,
+                              "wall_s": wall}
+    if proc.returncode:
+        result["error"] = tail[-1] if tail else f"exit {proc.returncode}"
+    return result
+
+
+def _figures(text: str) -> Any:
+    """The figures of a `--json` output: the parsed JSON without the keys ending in 'wall_s' (the
+    wall time a simulation took, which differs from run to run)."""
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if not k.endswith("wall_s")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    try:
+        return strip(json.loads(text))
+    except ValueError:
+        return text
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main() -> int:
+    """Run the table (or JSON with --json)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", type=Path, help="an older tree's src folder (OLD_SRC)")
+    ap.add_argument("--quick", action="store_true", help="skip the long runs (1M requests and a day on 64 replicas)")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME",
+                    help="run only this run (its name in the table; repeatable)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per run (default 1)")
+    ap.add_argument("--mem-limit-gb", type=float, default=8.0, help="address-space limit of each child (GB)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    trees = [("new", HERE.parent / "src")]
+    if a.against is not None:
+        trees.insert(0, ("old", a.against.resolve()))
+    limit = int(a.mem_limit_gb * 1e9)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
+        for name, args, long in RUNS:
+            if (a.quick and long) or (a.only and name not in a.only):
+                continue
+            got: dict[str, list[dict[str, Any]]] = {t: [] for t, _ in trees}
+            outputs: dict[str, str] = {}
+            for r in range(a.rounds):
+                for tree, src in trees:
+                    path = os.path.join(tmp, f"{tree}-{r}.out")
+                    got[tree].append(measure(src, args, limit, path))
+                    outputs[tree] = path
+                    print(f"  {name} [{tree}] round {r + 1}: {got[tree][-1]}", file=sys.stderr)
+            row: dict[str, Any] = {"run": name, "command": "stallfree simulate " + " ".join(args)}
+            for tree, _ in trees:
+                ok = [m for m in got[tree] if "error" not in m]
+                row[tree] = {k: median(m[k] for m in ok) for k in ("cpu_s", "peak_mb", "wall_s")} if ok else {
+                    "error": got[tree][-1]["error"]}
+            if "--json" in args and len(trees) == 2 and all("error" not in row[t] for t, _ in trees):
+                old_json, new_json = (_figures(Path(outputs[t]).read_text(encoding="utf-8")) for t in ("old", "new"))
+                row["same_json"] = old_json == new_json
+            rows.append(row)
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    names = [t for t, _ in trees]
+    head = f"{'run':<22}" + "".join(f"{t + ' CPU s':>11}{t + ' peak MB':>14}{t + ' wall s':>12}" for t in names)
+    if len(names) == 2:
+        head += f"{'CPU new/old':>12}{'mem new/old':>12}{'same json':>10}"
+    print(head)
+    for row in rows:
+        line = f"{row['run']:<22}"
+        for t in names:
+            f = row[t]
+            if "error" in f:
+                line += f"{'failed: ' + f['error'][:33]:>37}"
+            else:
+                line += f"{f['cpu_s']:>11.1f}{f['peak_mb']:>14.0f}{f['wall_s']:>12.1f}"
+        if len(names) == 2:
+            old, new = row["old"], row["new"]
+            both = "error" not in old and "error" not in new
+            line += f"{_fmt(new['cpu_s'] / old['cpu_s'] if both else None, '.2f'):>12}"
+            line += f"{_fmt(new['peak_mb'] / old['peak_mb'] if both else None, '.2f'):>12}"
+            same = row.get("same_json")
+            line += f"{'-' if same is None else ('yes' if same else 'NO'):>10}"
+        print(line)
+    print("commands: " + "; ".join(f"{r['run']}: {r['command']}" for r in rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

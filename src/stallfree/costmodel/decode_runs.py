@@ -1,0 +1,124 @@
+"""The decode attention of a step priced between knots, kept across a run of steps (DecodeRuns).
+
+A scheduler hands out one tuple of decode offsets (StepPlan.decode_offsets) for as long as its set of
+decodes does not change, every decode one token further along each step; only a decode crossing a
+knot changes which knot interval it falls in. So the partition of the decodes over the knot intervals
+(how many in each, the sum of their offsets) is worked out once per tuple, with its knot prices (on its
+second step: many tuples last one), and reused for every later step until a decode crosses a knot: a
+step then costs one short loop over the intervals the decodes occupy (a handful) instead of a bisection
+and two dictionary reads per interval.
+
+The sum is the one of kernels.KernelCostModel.decode_attention_s, term by term in the same order and
+with the same integer and float operations, so both give the same float, bit for bit (the tests check
+it over scheduler runs). No price is approximated: the cache only remembers work.
+
+Imports allowed: the standard library only.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from itertools import accumulate
+from typing import Any
+
+__all__ = ["DecodeRuns"]
+
+_NEVER = 1 << 62  # a shift no run reaches: the partition of one interval ending at the last knot
+
+
+class DecodeRuns:
+    """The decode attention sum of one cost model's steps, cached for the last tuple of decode offsets.
+
+    Owns the cache of the last tuple priced (compared by identity): its sorted offsets and their prefix
+    sums, and from its second step its partition over the knot intervals, valid for a range of shifts at
+    one batch size; touches nothing else. One tuple only, as the unbucketed path's sorted offsets: kept
+    partitions of tuples the scheduler no longer uses cost more in memory traffic than they save
+    (benchmarks/priced_step.py; a cluster's replicas sharing one cost model replace each other's tuple
+    and are priced as without the cache). Not thread-safe: one per cost model, as its other price caches.
+
+    Args:
+        knots: the increasing knot positions, tokens (kernels.KNOTS), starting at 0.
+        prices: the cost model's cache of decode(nb, knots[k]), seconds, keyed nb x key_stride + k
+            (read here; filled by `knot` on a miss).
+        key_stride: see `prices` (more than the number of knots).
+    """
+
+    __slots__ = ("_knots", "_prices", "_stride", "_run")
+
+    def __init__(self, knots: tuple[int, ...], prices: dict[int, float], key_stride: int) -> None:
+        self._knots, self._prices, self._stride = knots, prices, key_stride
+        # [offs, nb, first shift, shift it holds below, terms, sorted offsets, their prefix sums]. A term per
+        # occupied interval: (n x lo, n, sum of offsets - n x knot, hi - lo, interval width). A tuple seen
+        # once has no terms yet (nb -1).
+        self._run: list[Any] = [None, -1, 0, 0, (), [], []]
+
+    def clear(self) -> None:
+        """Forget the cached tuple and partition (the next call works them out afresh)."""
+        self._run = [None, -1, 0, 0, (), [], []]
+
+    def total(self, offs: tuple[int, ...], shift: int, nb: int, knot: Callable[[int, int], float]) -> float:
+        """Return sum_i f(offs[i] + shift), f(s) = decode(nb, s) linear between the knots, seconds.
+
+        A tuple's first step is summed as it comes (sorted once, its partition not kept: many tuples
+        last one step); its second works out the partition and keeps it; later steps read it.
+
+        Args:
+            offs: the decode offsets of a plan (StepPlan.decode_offsets; compared by identity), at
+                least one, each >= -shift.
+            shift: added to every offset to give its keys, tokens (the plan's step + 1).
+            nb: the decode batch the attention kernels see (one rank's with data-parallel attention).
+            knot: knot(nb, k) -> seconds, decode(nb, knots[k]), filling `prices` on a miss.
+
+        Returns:
+            The sum over the decodes, seconds (the caller divides by the decodes: each one's share).
+        """
+        run = self._run
+        if run[0] is offs:
+            if run[1] == nb and run[2] <= shift < run[3]:
+                t = 0.0
+                for nlo, n, c, dhl, width in run[4]:
+                    t += nlo + (c + n * shift) * dhl / width
+                return t
+            return self._walk(run, shift, nb, knot, True)
+        ordered = sorted(offs)
+        run = self._run = [offs, -1, 0, 0, (), ordered, [0, *accumulate(ordered)]]
+        return self._walk(run, shift, nb, knot, False)
+
+    def _walk(self, run: list[Any], shift: int, nb: int, knot: Callable[[int, int], float], keep: bool) -> float:
+        """Sum `run`'s decodes at `shift` interval by interval; with `keep`, keep the partition with the
+        shifts it holds for."""
+        ordered, prefix = run[5], run[6]
+        knots, prices = self._knots, self._prices
+        nd = len(ordered)
+        k = bisect_right(knots, ordered[0] + shift) - 1
+        last = bisect_right(knots, ordered[-1] + shift) - 1
+        base = nb * self._stride
+        terms: list[tuple[float, int, int, float, int]] = []
+        total, i, until = 0.0, 0, _NEVER
+        lo = prices.get(base + k)
+        if lo is None:
+            lo = knot(nb, k)
+        nxt = knots[k]
+        while True:
+            at, nxt = nxt, knots[k + 1]
+            hi = prices.get(base + k + 1)
+            if hi is None:
+                hi = knot(nb, k + 1)
+            j = nd if k == last else bisect_left(ordered, nxt - shift, i)
+            if j > i:
+                n = j - i
+                # keys - n x at = (sum of offsets - n x at) + n x shift: integers, so exact either way.
+                nlo, c, dhl, width = n * lo, prefix[j] - prefix[i] - n * at, hi - lo, nxt - at
+                total += nlo + (c + n * shift) * dhl / width
+                if keep:
+                    terms.append((nlo, n, c, dhl, width))
+                    # The interval keeps its decodes while its largest stays below the next knot.
+                    if nxt - ordered[j - 1] < until:
+                        until = nxt - ordered[j - 1]
+            if k >= last:
+                break
+            i, k, lo = j, k + 1, hi
+        if keep:
+            run[1:5] = nb, shift, until, tuple(terms)
+        return total

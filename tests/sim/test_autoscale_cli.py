@@ -1,0 +1,103 @@
+"""`stallfree simulate --autoscale`: MIN:MIN against --replicas MIN (every figure but wall times) on the
+default trace and under every router, the report's keys and cost, the plot, and bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from stallfree.cli import main
+from stallfree.sim.routers import ROUTERS
+
+#: Keys only the autoscaled run has.
+AUTOSCALE_KEYS = {"autoscale", "replicas_timeline", "replicas_peak", "gpus_per_replica", "gpu_hours",
+                  "usd_per_gpu_hour", "cost_usd", "slo_attainment_by_window", "static", "gpu_hours_saved",
+                  "slo_attainment_lost"}
+SMALL = ["--synthetic", "poisson", "--rate", "20", "--num-requests", "300", "--prompt-len", "uniform:100,2000",
+         "--output-len", "uniform:10,200", "--kernels", "none", "--no-range", "--json"]
+
+
+def strip(d: Any) -> Any:
+    """`d` without wall times and the autoscaled run's own keys."""
+    if isinstance(d, dict):
+        return {k: strip(v) for k, v in d.items() if "wall" not in k and k not in AUTOSCALE_KEYS}
+    if isinstance(d, list):
+        return [strip(x) for x in d]
+    return d
+
+
+def run_json(capsys: Any, argv: list[str]) -> dict[str, Any]:
+    """The --json output of `simulate argv` (exit 0)."""
+    assert main(["simulate", *argv]) == 0
+    return json.loads(capsys.readouterr().out)  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_min_equals_max_is_replicas_on_the_default_trace(capsys):
+    """`--autoscale 2:2` and `--replicas 2` on the bundled trace: the same JSON but wall times and the
+    autoscale keys, and the static comparison is the run itself (nothing saved, nothing lost)."""
+    a = run_json(capsys, ["--autoscale", "2:2", "--no-range", "--json"])
+    b = run_json(capsys, ["--replicas", "2", "--no-range", "--json"])
+    assert strip(a) == strip(b)
+    run = a["runs"][0]
+    assert run["gpu_hours_saved"] == 0 and run["slo_attainment_lost"] is None
+    assert run["replicas_timeline"] == [[0.0, 2, 0]]
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_min_equals_max_is_replicas_under_every_router(capsys, router):
+    """N:N with each router against --replicas N with it, 3 replicas of a small synthetic load."""
+    a = run_json(capsys, [*SMALL, "--autoscale", "3:3", "--router", router])
+    b = run_json(capsys, [*SMALL, "--replicas", "3", "--router", router])
+    assert strip(a) == strip(b)
+
+
+def test_report_keys_cost_and_plot(capsys, tmp_path):
+    """1:3 on a load that needs more than one replica: the timeline starts at 1 serving, the static fleet
+    is 3, GPU hours are replica-seconds x 4 GPUs / 3600 and the cost is GPU hours x the price; --out
+    writes autoscale.png."""
+    argv = [*SMALL, "--rate", "60", "--autoscale", "1:3", "--scale-interval", "1", "--scale-up-delay", "2",
+            "--scale-down-delay", "5", "--scale-policy", "inflight:8", "--gpu-price", "h100-sxm=2.5",
+            "--slo-ttft", "2s", "--window", "2", "--out", str(tmp_path)]
+    out = run_json(capsys, argv)
+    run = out["runs"][0]
+    rows = run["replicas_timeline"]
+    assert rows[0][1:] == [1, 0] and run["replicas_peak"] == 3
+    assert any(r[2] > 0 for r in rows)  # some replica loaded
+    span = [(a[0], b[0] if b else None, a[1] + a[2]) for a, b in zip(rows, [*rows[1:], None], strict=True)]
+    assert run["gpus_per_replica"] == 4
+    assert run["cost_usd"] == pytest.approx(run["gpu_hours"] * 2.5)
+    st = run["static"]
+    assert st["replicas"] == 3 and st["gpu_hours"] > run["gpu_hours"]
+    assert st["cost_usd"] == pytest.approx(st["gpu_hours"] * 2.5)
+    assert run["gpu_hours_saved"] == pytest.approx(st["gpu_hours"] - run["gpu_hours"])
+    wins = run["slo_attainment_by_window"]
+    assert sum(w["requests"] for w in wins) == 300
+    assert all(0 <= w["slo_attainment"] <= 1 for w in wins if w["requests"])
+    assert (tmp_path / "autoscale.png").stat().st_size > 0
+    assert span[0][2] == 1
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--autoscale", "3:2"], "--autoscale 3:2: MIN 3 is more than MAX 2"),
+    (["--autoscale", "-1:2"], "--autoscale -1:2: MIN must be >= 0"),
+    (["--autoscale", "0:0"], "--autoscale 0:0: MAX must be >= 1"),
+    (["--autoscale", "1:2", "--scale-up-delay", "-5"], "--scale-up-delay -5: must be a duration >= 0"),
+    (["--autoscale", "1:2", "--scale-down-delay", "-1s"], "--scale-down-delay -1s: must be a duration >= 0"),
+    (["--autoscale", "1:2", "--scale-interval", "0"], "--scale-interval 0: must be a duration > 0"),
+    (["--autoscale", "1:2", "--scale-policy", "inflight:0"], "--scale-policy inflight:0: the target must be"),
+    (["--autoscale", "1:2", "--scale-policy", "queue:0,kv:0.5"], "--scale-policy queue:0,kv:0.5"),
+    (["--autoscale", "1:2", "--replicas", "2"], "drop --replicas"),
+    (["--autoscale", "1:2", "--disaggregate", "1:1"], "--autoscale does not compose with --disaggregate"),
+    (["--autoscale", "1:2", "--gpu-price", "h200=3"], "no price for the run's GPU, h100-sxm"),
+    (["--scale-up-delay", "60"], "--scale-up-delay applies to --autoscale MIN:MAX"),
+    (["--gpu-price", "h100-sxm=2"], "--gpu-price applies to --autoscale MIN:MAX"),
+])
+def test_bad_input(capsys, argv, words):
+    """Bad autoscaling input: exit 2, one line naming the flag and the value, before anything runs."""
+    code = main(["simulate", "--kernels", "none", "--no-range", *argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert words in err and len(err.strip().splitlines()) == 1
