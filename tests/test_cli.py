@@ -39,7 +39,7 @@ def test_missing_library_at_import_keeps_the_command(monkeypatch, capsys):
 
 def test_every_input_error_exits_2_in_every_command(tmp_path, capsys):
     """One rule: a missing input file, malformed contents and a bad flag are all input errors, exit 2, one
-    line, in calibrate and validate as in simulate (README, "Exit codes")."""
+    line, in calibrate and validate as in simulate (docs/install.md, "Exit codes")."""
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     missing = str(tmp_path / "missing.csv")

@@ -441,7 +441,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
     except (CostModelError, ValueError) as exc:
         # An unknown model, GPU, dtype or kernel engine/version, or a pricing the tables cannot give:
         # each is an option's value (exit 2, as `stallfree budget` answers the same values); so is a
-        # malformed or oversized spec file named by --model or --gpu (README, "Exit codes").
+        # malformed or oversized spec file named by --model or --gpu (docs/install.md, "Exit codes").
         raise SetupError(str(exc), usage=True) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += "".join(f" ({n})" for n in named)

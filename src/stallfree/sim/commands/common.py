@@ -55,6 +55,8 @@ __all__ = [
     "hardware_options",
     "modes",
     "positive_duration",
+    "PROGRESS_DELAY_S",
+    "ProgressLine",
     "EXIT_SERVED_NOTHING",
     "rejection_warning",
     "served_nothing",
@@ -673,3 +675,91 @@ def progress_bar() -> Any:
         transient=True,
         disable=not sys.stderr.isatty(),
     )
+
+
+#: Seconds a command runs before its progress line appears: shorter runs print nothing extra.
+PROGRESS_DELAY_S = 10.0
+
+
+class ProgressLine:
+    """A one-line status on stderr for a long run ("simulating: <phase>, 12 s"): it appears once the run
+    has taken `delay` seconds, is redrawn every `interval` seconds from a background thread and is
+    erased when the block ends, so the report that follows starts on a clean line. Nothing is written
+    when the stream is not a terminal (a pipe, a file, a test's capture), so redirected output and
+    --json are the same with or without it.
+
+    Args:
+        what: the first word of the line.
+        delay: seconds before the line first appears (PROGRESS_DELAY_S by default).
+        interval: seconds between redraws.
+        stream: where to draw (sys.stderr, read when the block starts, by default).
+    """
+
+    def __init__(self, what: str = "simulating", delay: float | None = None, interval: float = 1.0,
+                 stream: Any = None) -> None:
+        import threading
+
+        self.what, self.interval, self._phase = what, interval, ""
+        self.delay = PROGRESS_DELAY_S if delay is None else delay
+        self._stream, self._stop = stream, threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._drawn = False
+        self._start = 0.0
+
+    def phase(self, text: str) -> None:
+        """Name what the run is doing now; the next redraw shows it."""
+        self._phase = text
+
+    @property
+    def current(self) -> str:
+        """The phase named last ("" before any)."""
+        return self._phase
+
+    def __enter__(self) -> ProgressLine:
+        import threading
+        import time
+
+        if self._stream is None:
+            self._stream = sys.stderr
+        isatty = getattr(self._stream, "isatty", None)
+        if callable(isatty) and isatty():
+            self._start = time.monotonic()
+            if self.delay <= 0:
+                self._draw()
+            self._thread = threading.Thread(target=self._draw_loop, name="stallfree-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def _draw(self) -> None:
+        """Draw the line once (unless the block has ended)."""
+        import time
+
+        elapsed = time.monotonic() - self._start
+        text = f"{self.what}: {self._phase}, {elapsed:.0f} s" if self._phase else f"{self.what}, {elapsed:.0f} s"
+        with self._lock:
+            if self._stop.is_set():
+                return
+            # "\r" back to the line's start, "\x1b[K" erases what a longer line left.
+            self._stream.write(f"\r{text}\x1b[K")
+            self._stream.flush()
+            self._drawn = True
+
+    def _draw_loop(self) -> None:
+        # With no delay the first line is drawn by __enter__ itself, so it is there however short the run.
+        if self.delay > 0:
+            if self._stop.wait(self.delay):
+                return
+            self._draw()
+        while not self._stop.wait(self.interval):
+            self._draw()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            if self._drawn:
+                self._stream.write("\r\x1b[K")
+                self._stream.flush()
+                self._drawn = False

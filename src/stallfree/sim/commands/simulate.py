@@ -29,6 +29,7 @@ from stallfree.sim.commands import autoscale as autoscale_cli
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
+    ProgressLine,
     add_common,
     check_partial_prefill_flags,
     check_synthetic_flags,
@@ -205,19 +206,25 @@ def _check_resolved(args: argparse.Namespace, setup: Any) -> None:
               "synchronously", file=sys.stderr)
 
 
-def _study(args: argparse.Namespace, setup: Any, capacity: bool = True) -> tuple[Experiment, list[Any]]:
+def _study(args: argparse.Namespace, setup: Any, capacity: bool = True,
+           progress: ProgressLine | None = None) -> tuple[Experiment, list[Any]]:
     """The runs of `simulate` on `setup`: one study (_run_once), or with --compare-caching the
     caching-off (or GPU-only) runs followed by the caching-on (two-tier) runs of the same replicas
-    (capacity: as run_experiment's)."""
+    (capacity: as run_experiment's; progress: the line that names the phase, if any)."""
     on_setup = setup
+    what = progress.current if progress is not None else ""
     if args.compare_caching:
         setup.check_prefix_block()  # before the caching-off run, not after it
         # The GPU-only run first with a CPU tier (the copies' pricing has nothing to price there),
         # else caching off.
         off = {"cpu_kv_tokens": 0} if _has_cpu_tier(args) else {"enable_prefix_caching": False}
         setup = setup.with_scheduler(**off)
+        if progress is not None:
+            progress.phase(f"{what}, caching off (1 of 2)")
     study, clusters = _run_once(args, setup, capacity)
     if args.compare_caching:
+        if progress is not None:
+            progress.phase(f"{what}, caching on (2 of 2)")
         # The same replicas and router as the caching-off run: only the cache differs.
         on, on_clusters = _run_once(args, on_setup, capacity)
         study.results.extend(on.results)
@@ -292,11 +299,15 @@ def run(args: argparse.Namespace) -> int:
         if given(args, "async_scheduling") and args.async_scheduling:
             raise CliError("--async-scheduling is not modelled with --disaggregate: drop one of them", 2)
         return _run_disagg(args, setup)
-    study, clusters = _study(args, setup)
-    if args.autoscale is not None:
-        _add_static(args, setup, study, clusters)
-    if args.range:
-        _add_ranges(args, setup, study)
+    # A line on stderr while a long run goes on (a terminal only: redirected output is unchanged).
+    with ProgressLine() as progress:
+        progress.phase(f"replaying {setup.workload.name}")
+        study, clusters = _study(args, setup, progress=progress)
+        if args.autoscale is not None:
+            progress.phase(f"replaying {setup.workload.name} on the static fleet")
+            _add_static(args, setup, study, clusters)
+        if args.range:
+            _add_ranges(args, setup, study, progress)
     from stallfree.sim.overload import annotate
 
     explained = annotate(study.results, study.summaries, study.header, args.replicas)
@@ -320,7 +331,7 @@ def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | No
     what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
     line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
     return {"line": line, "figures": figures}
-def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment) -> None:
+def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment, progress: ProgressLine | None = None) -> None:
     """Give each run of the study its "range" (stallfree.sim.ranges): the same study replayed with every
     step scaled to the error model's low and high factor (no capacity measured), and the error model
     in the header."""
@@ -331,10 +342,12 @@ def _add_ranges(args: argparse.Namespace, setup: Any, study: Experiment) -> None
     quiet = copy.copy(args)
     quiet.check = False  # the run itself was checked; its scaled replays run the same scheduler
     scaled = []
-    for factor in (STEP_TIME_LOW, STEP_TIME_HIGH):
+    for k, factor in enumerate((STEP_TIME_LOW, STEP_TIME_HIGH), 1):
+        if progress is not None:
+            progress.phase(f"the range, every step x{factor:.3f} ({k} of 2)")
         other = copy.copy(setup)
         other.cost_model = ScaledCost(setup.cost_model, factor)
-        scaled.append(_study(quiet, other, capacity=False)[0].summaries)
+        scaled.append(_study(quiet, other, capacity=False, progress=progress)[0].summaries)
     for i, summary in enumerate(study.summaries):
         summary["range"] = run_range(summary, [runs[i] for runs in scaled])
     study.header["range_model"] = error_model()
