@@ -27,8 +27,9 @@ from typing import Any
 
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.kernels import KernelCostModel
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
-from stallfree.sim.simulator import simulate
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.run.simulator import simulate
 
 
 class _Recorder:

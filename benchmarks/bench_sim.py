@@ -14,9 +14,9 @@ import argparse
 import time
 
 from stallfree.sim import BATCHING_MODES, load_bundled, simulate
-from stallfree.sim.report import summarize_result
-from stallfree.sim.setup import default_cost_model
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.inputs.pricing import default_cost_model
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 
 #: The bundled trace's speed-up this benchmark runs at: 3, where the library's default cost model (the
 #: floor on H100) keeps the default replica at about 68% of its capacity (docs/simulator.md).

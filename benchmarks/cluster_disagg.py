@@ -1,7 +1,7 @@
 """Aggregated against disaggregated serving at equal GPU count (docs/cluster.md): the whole bundled
 Azure conversation trace, N replicas of the default replica (4 x H100, FP8, Llama 3.3 70B)
 aggregated, against every P:D split of the same N replicas; goodput per GPU. Each side's token
-budget is searched too (stallfree.sim.disagg.search_plan's grids, or the ones given).
+budget is searched too (stallfree.sim.studies.disagg_search.search_plan's grids, or the ones given).
 
 Usage: python benchmarks/cluster_disagg.py [--replicas 8] [--rate-scale 16] [--num-requests N]
     [--slo-ttft 1.0] [--slo-tpot 0.05] [--aggregated-budgets 1024,2048,4096] [--prefill-budgets 2048,8192]
@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import time
 
-from stallfree.sim.disagg import (
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.studies.disagg_search import (
     DEFAULT_AGGREGATED_BUDGETS,
     DEFAULT_DECODE_BUDGETS,
     DEFAULT_PREFILL_BUDGETS,
     search_plan,
 )
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
 
 
 def main() -> None:

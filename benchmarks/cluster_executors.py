@@ -12,9 +12,10 @@ import argparse
 import os
 import time
 
-from stallfree.sim.executors import ProcessExecutor, SerialExecutor, make_executor
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
-from stallfree.sim.sweep import sweep
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.studies.executors import ProcessExecutor, SerialExecutor, make_executor
+from stallfree.sim.studies.sweep import sweep
 
 BUDGETS = [128, 256, 512, 768, 1024, 2048, 4096, 8192]
 SCALES = [1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0]

@@ -13,16 +13,17 @@ import argparse
 import math
 import time
 
-from stallfree.sim.cluster import (
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.loop import Router
+from stallfree.sim.run.routers import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
     DEFAULT_AFFINITY_LOAD_MARGIN,
     LeastOutstandingRouter,
     PrefixAffinityRouter,
-    Router,
-    cluster_summary,
-    simulate_cluster,
 )
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+from stallfree.sim.studies.cluster_study import cluster_summary
 
 
 def main() -> None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from stallfree.sim.cluster import ROUTERS, cluster_summary, make_router, simulate_cluster
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.routers import ROUTERS, make_router
+from stallfree.sim.studies.cluster_study import cluster_summary
 
 
 def main() -> None:

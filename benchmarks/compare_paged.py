@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from stallfree import PagedScheduler  # noqa: E402
 from stallfree.core.invariants import PagedInvariantChecker  # noqa: E402
 from stallfree.sim import load_bundled, simulate  # noqa: E402
-from stallfree.sim.report import summarize_result  # noqa: E402
-from stallfree.sim.setup import default_cost_model  # noqa: E402
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.inputs.pricing import default_cost_model  # noqa: E402
+from stallfree.sim.outputs.report import summarize_result  # noqa: E402
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 
 ROWS = [
     ("completed", "{:,}"), ("rejected", "{:,}"), ("request_throughput", "{:.2f}"),

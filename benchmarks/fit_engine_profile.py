@@ -1,4 +1,4 @@
-"""Fit an engine profile (stallfree.sim.engine_profile) on part of the measured closed-loop rows of
+"""Fit an engine profile (stallfree.sim.inputs.engine_profile) on part of the measured closed-loop rows of
 aiconfigurator-core's systems/silicon_sample.csv, and report its error on the rows it never saw.
 
     python benchmarks/fit_engine_profile.py --kernels vllm --fit-model llama-3.1-70b --name vllm --write
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.metrics import percentile
-from stallfree.sim.engine_profile import PROFILES_FILE, EngineProfile
+from stallfree.sim.inputs.engine_profile import PROFILES_FILE, EngineProfile
 from stallfree.validate.silicon import REQUESTS_PER_ROW, bundled_csv, read_rows, replay_row, select
 
 DATA = Path(__file__).resolve().parents[1] / "src" / "stallfree" / "sim" / "data" / PROFILES_FILE

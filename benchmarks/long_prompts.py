@@ -33,11 +33,12 @@ from typing import Any
 import numpy as np
 
 from stallfree.core.plan import StepPlan
-from stallfree.sim.report import latency_arrays
-from stallfree.sim.setup import default_cost_model
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import simulate
-from stallfree.sim.workload import Workload, load_bundled, load_mooncake
+from stallfree.sim.inputs.pricing import default_cost_model
+from stallfree.sim.inputs.traces import load_bundled, load_mooncake
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs.report import latency_arrays
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.simulator import simulate
 
 MAX_MODEL_LEN = 131_072  # Llama 3.3 70B's context length, tokens (the default cost model's model)
 

@@ -1,4 +1,4 @@
-"""Measure the step-time error model of stallfree.sim.ranges on the dev data, and print its constants.
+"""Measure the step-time error model of stallfree.sim.studies.ranges on the dev data, and print its constants.
 
 One sample per replayed dev run: r = measured mean TPOT / simulated mean TPOT (a mean TPOT is the mean
 time of the steps a request decodes in). The samples are the four run folders of
@@ -46,7 +46,7 @@ def samples(folders: dict[str, Any], rows: dict[str, Any]) -> dict[str, list[flo
 
 
 def main() -> None:
-    """Print the percentiles of r and the constants of stallfree.sim.ranges."""
+    """Print the percentiles of r and the constants of stallfree.sim.studies.ranges."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folders", type=Path, help="saved output of: stallfree " + " ".join(FOLDERS))
     ap.add_argument("--rows", type=Path, help="saved output of: stallfree " + " ".join(ROWS))

@@ -35,11 +35,12 @@ import random
 from pathlib import Path
 from typing import Any
 
-from stallfree.sim.report import summarize_result
-from stallfree.sim.result import SimResult
-from stallfree.sim.setup import default_cost_model
-from stallfree.sim.simulator import ReplicaConfig, simulate
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.pricing import default_cost_model
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.result import SimResult
+from stallfree.sim.run.simulator import simulate
 
 
 def two_tenants(seed: int, duration: float, light_rate: float, flood_rate: float) -> Workload:

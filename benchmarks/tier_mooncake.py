@@ -22,9 +22,10 @@ import json
 import sys
 import time
 
-from stallfree.sim.report import summarize_result
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
-from stallfree.sim.simulator import simulate
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.simulator import simulate
 
 
 def make_setup(kv: int | None, cpu: int, cli: bool, rate_scale: float = 0.5) -> Setup:
@@ -32,7 +33,7 @@ def make_setup(kv: int | None, cpu: int, cli: bool, rate_scale: float = 0.5) -> 
         return Setup(WorkloadOptions(trace="mooncake", rate_scale=rate_scale), HardwareOptions(kv_tokens=kv),
                      TIERED(cpu))
     from stallfree.cli import build_parser
-    from stallfree.sim.commands.common import hardware_options, workload_options
+    from stallfree.sim.commands.setup_args import hardware_options, workload_options
 
     argv = ["simulate", "--trace", "mooncake", "--rate-scale", str(rate_scale), "--kv-policy", "paged",
             "--block-size", "128", "--enable-prefix-caching"] + (["--kv-tokens", str(kv)] if kv else [])

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from stallfree.sim.cluster import simulate_cluster
-from stallfree.sim.routers import VllmDPRouter
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import simulate
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.routers import VllmDPRouter
+from stallfree.sim.run.simulator import simulate
 from stallfree.validate.hardware import derived_kv_tokens, gpu_match, model_preset, pricing
 from stallfree.validate.runs import read_run_folder
 

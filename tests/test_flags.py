@@ -138,7 +138,7 @@ def test_the_walk_of_one_option(monkeypatch):
     command that builds its scheduler from its flags takes --decode-overflow, and simulate's Setup and
     serve's engine options carry it, with no other file touched."""
     import stallfree.flags as flags
-    from stallfree.sim.commands.common import setup_from_args
+    from stallfree.sim.commands.setup_args import setup_from_args
 
     knob = flags.Knob("--decode-overflow", "decode_overflow", "which decodes wait when they do not all fit",
                       kind="choice", choices=("oldest", "rotate"), everywhere=True)

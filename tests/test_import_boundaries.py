@@ -58,7 +58,8 @@ def test_core_costmodel_and_sim_loop_import_no_heavy_library():
     or HTTP library (checked in a fresh interpreter)."""
     code = (
         "import sys\n"
-        "import stallfree, stallfree.core, stallfree.costmodel, stallfree.sim.simulator, stallfree.sim.workload\n"
+        "import stallfree, stallfree.core, stallfree.costmodel, stallfree.sim.run.simulator, "
+        "stallfree.sim.inputs.workload\n"
         "heavy = ['torch', 'numpy', 'matplotlib', 'fastapi', 'uvicorn', 'httpx', 'starlette', 'rich']\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )

@@ -1,4 +1,4 @@
-"""Asynchronous scheduling in the event loop (SchedulerConfig.async_scheduling; stallfree.sim.loop,
+"""Asynchronous scheduling in the event loop (SchedulerConfig.async_scheduling; stallfree.sim.run.loop,
 "Asynchronous scheduling"): traces worked by hand, the option off against on, the two loop paths, a
 cluster, closed-loop load, and the command line."""
 
@@ -9,14 +9,15 @@ import random
 import pytest
 
 from stallfree.sim import LinearCostModel, Workload
-from stallfree.sim.cluster import simulate_cluster
-from stallfree.sim.disagg import simulate_disaggregated
-from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.loop import Entry, EventLoop, PassGate
-from stallfree.sim.replica import Replica
-from stallfree.sim.result import ClusterError
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import make_scheduler, new_result, plan_run, request_maker, simulate
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.config import make_scheduler
+from stallfree.sim.run.disagg import simulate_disaggregated
+from stallfree.sim.run.load import Arrivals, ClosedLoop
+from stallfree.sim.run.loop import Entry, EventLoop, PassGate
+from stallfree.sim.run.replica import Replica
+from stallfree.sim.run.result import ClusterError
+from stallfree.sim.run.simulator import new_result, plan_run, request_maker, simulate
 from stallfree.validate.compare import latencies
 
 #: 1 s a step plus 0.1 s a token.
@@ -181,7 +182,7 @@ def test_command_line_refuses_async_with_disaggregation(capsys):
 def test_tune_runs_its_candidates_with_the_option():
     """tune(async_scheduling=True) simulates each candidate with it: on the first trace above the mean
     TTFT is (2.0 + 3.6) / 2 = 2.8 s without and (2.0 + 4.7) / 2 = 3.35 s with it."""
-    from stallfree.sim.tune import tune
+    from stallfree.sim.studies.tune import tune
 
     wl = Workload([0.0, 0.5], [10, 10], [3, 3], name="t")
     off = tune(wl, 10_000, COST, 100.0, 100.0, budgets=[64], max_seqs=8).rows[0]

@@ -14,10 +14,11 @@ from stallfree.sim.autoscale import (
     parse_policy,
     runner,
 )
-from stallfree.sim.cluster import LeastOutstandingRouter, RoundRobinRouter, simulate_cluster
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.routers import LeastOutstandingRouter, RoundRobinRouter
 
 ONE_SECOND = LinearCostModel(base_s=1.0, per_token_s=0.0)
 

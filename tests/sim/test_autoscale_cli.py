@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.routers import ROUTERS
+from stallfree.sim.run.routers import ROUTERS
 
 #: Keys only the autoscaled run has.
 AUTOSCALE_KEYS = {"autoscale", "replicas_timeline", "replicas_peak", "gpus_per_replica", "gpu_hours",

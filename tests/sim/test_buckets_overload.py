@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from stallfree.sim.buckets import PROMPT_BUCKETS, bucket_stats, prompt_bucket
-from stallfree.sim.overload import fluid_bursts, overload, overload_line, queue_grows
+from stallfree.sim.outputs.buckets import PROMPT_BUCKETS, bucket_stats, prompt_bucket
+from stallfree.sim.outputs.overload import fluid_bursts, overload, overload_line, queue_grows
 
 
 def test_bucket_boundaries_are_half_open_at_powers_of_two():
@@ -103,11 +103,12 @@ def test_overload_gives_the_rate_scale_and_replicas_that_fix_it():
 def test_summary_and_records_carry_the_buckets():
     """Steps of 1 s, budget 8000: a 100-token prompt and a 5,000-token one arrive at 0 and are both
     prefilled in step 1 (first tokens at 1 s), then decode one token each in step 2 (E2E 2 s)."""
-    from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.report import request_records, summarize_result
-    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-    from stallfree.sim.simulator import simulate
-    from stallfree.sim.workload import Workload
+    from stallfree.sim.inputs.workload import Workload
+    from stallfree.sim.outputs.records import request_records
+    from stallfree.sim.outputs.report import summarize_result
+    from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.run.costs import LinearCostModel
+    from stallfree.sim.run.simulator import simulate
 
     res = simulate(Workload((0.0, 0.0), (100, 5000), (2, 2)), SchedulerConfig(10_000, 8000, 4),
                    LinearCostModel(base_s=1.0, per_token_s=0.0))

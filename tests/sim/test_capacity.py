@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.capacity import attainment_of, disagg_splits, next_counts
+from stallfree.sim.studies.capacity import attainment_of, disagg_splits, next_counts
 
 
 def test_next_counts_gallops_then_bisects():
@@ -98,7 +98,7 @@ def _prefill_heavy_trace(tmp_path):
 def test_split_order_and_bound_by_hand():
     """The bound of the hand-worked trace below: mu_p = 1/1.51 req/s, mu_d = 5 req/s at 1 req/s offered,
     so P >= 2, D >= 1; of 3 replicas only 2:1 is allowed, of 6 the splits nearest the balance first."""
-    from stallfree.sim.capacity import SplitBound, split_order
+    from stallfree.sim.studies.capacity import SplitBound, split_order
 
     b = SplitBound(1 / 1.51, 5.0, 1.0)
     assert (b.p_min, b.d_min) == (2, 1)
@@ -155,9 +155,10 @@ def test_mixed_tp_split_walks_to_the_side_that_misses(tmp_path):
     the one prefill replica's queue grows (TTFT ~1.51 + 0.51 k s, far past 2 s) while TPOT stays ~11 ms,
     so the walk adds a prefill replica; 2P:1D meets the SLOs (as worked out above) on 2 x 2 + 1 x 4 = 8
     GPUs. A cap refusing 8 GPUs stops the walk after 1P:1D with no answer."""
-    from stallfree.sim.capacity import walk_mixed_split
-    from stallfree.sim.executors import SerialExecutor
-    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+    from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+    from stallfree.sim.inputs.setup import Setup
+    from stallfree.sim.studies.capacity import walk_mixed_split
+    from stallfree.sim.studies.executors import SerialExecutor
 
     setup = Setup(WorkloadOptions(trace=str(_prefill_heavy_trace(tmp_path))),
                   HardwareOptions(tp=2, linear_cost="10,1000"))

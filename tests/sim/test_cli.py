@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.setup import DEFAULT_RATE_SCALE
+from stallfree.sim.defaults import DEFAULT_RATE_SCALE
 
 
 def test_simulate_json_header_and_runs(capsys):

@@ -1,4 +1,4 @@
-"""Tests of stallfree.sim.cluster: routers worked by hand, the one-replica cluster against the
+"""Tests of stallfree.sim.run.cluster: routers worked by hand, the one-replica cluster against the
 single-replica simulator, a seeded randomized every-request-finishes-once test, and bad input."""
 
 from __future__ import annotations
@@ -9,22 +9,22 @@ import random
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.cluster import (
-    ClusterError,
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.result import ClusterError
+from stallfree.sim.run.routers import (
     LeastKVRouter,
     LeastOutstandingRouter,
     PrefixAffinityRouter,
     RandomRouter,
     RoundRobinRouter,
-    cluster_summary,
     make_router,
-    simulate_cluster,
 )
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.report import summarize_result
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import simulate
-from stallfree.sim.workload import Workload
+from stallfree.sim.run.simulator import simulate
+from stallfree.sim.studies.cluster_study import cluster_summary
 
 ONE_SECOND = LinearCostModel(base_s=1.0, per_token_s=0.0)
 
@@ -212,7 +212,7 @@ def test_cli_records_and_steps_have_a_replica_column(tmp_path, capsys, monkeypat
     CSV which replica ran each step, its step counted per replica."""
     import csv
 
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     for name in ("plot_cdfs", "plot_timeline", "plot_replica_timeline"):
         monkeypatch.setattr(plots, name, lambda *a, **kw: None)
@@ -242,7 +242,7 @@ def test_cli_json_runs0_is_the_cluster(capsys):
 def test_cli_out_draws_a_timeline_line_per_replica(capsys, tmp_path, monkeypatch):
     """`--replicas 3 --out`: timeline.png has one line per replica (the single-run plots are stubbed:
     their drawing is tested with the single-run --out); a per-replica timeline needs labels to match."""
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     calls: list[tuple[int, list[str] | None]] = []
     monkeypatch.setattr(plots, "plot_cdfs", lambda results, path, context=None: path.write_bytes(b""))

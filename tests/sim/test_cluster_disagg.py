@@ -1,4 +1,4 @@
-"""Tests of stallfree.sim.disagg: one request worked by hand under a linear cost model, KV held on
+"""Tests of stallfree.sim.run.disagg: one request worked by hand under a linear cost model, KV held on
 the prefill side until its transfer ends, a seeded every-request-finishes-once test, bad input."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ import random
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.cluster import ClusterError
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.disagg import Interconnect, disagg_summary, parse_disaggregate, simulate_disaggregated
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs.disagg_report import disagg_summary
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.disagg import parse_disaggregate, simulate_disaggregated
+from stallfree.sim.run.disagg_link import Interconnect
+from stallfree.sim.run.result import ClusterError
 
 PREFILL = LinearCostModel(base_s=0.010, per_token_s=0.001)
 DECODE = LinearCostModel(base_s=0.010, per_token_s=0.001, per_context_token_s=1e-5)
@@ -55,7 +57,7 @@ def test_records_by_hand():
     110 -> 215 ms, decode admitted at 215 ms, tokens at 110 ... 250.03 ms. Two prefill and two decode
     replicas (least-outstanding): a second request (arriving with the first) goes to replica 1 on each
     side; a third, too long for the context, is rejected with no replica."""
-    from stallfree.sim.disagg import RECORD_FIELDS, disagg_records
+    from stallfree.sim.outputs.disagg_report import RECORD_FIELDS, disagg_records
 
     w = Workload((0.0, 0.0, 0.0), (100, 100, 900), (4, 4, 4), "hand")
     r = simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 2, 2, 1000, LINK, max_model_len=500)
@@ -134,7 +136,7 @@ def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
     _plot_cdf_panels', tested with the single-run --out, so it is stubbed here to keep this fast)."""
     import csv
 
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     drawn: dict[str, list[str]] = {}
 
@@ -169,7 +171,7 @@ def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
     # --disaggregate search --replicas 2 with grids: 3 aggregated budgets (the default grid) and 1 split
     # x 2 prefill budgets x 1 decode budget = 5 runs, each group best first in goodput per GPU (to
     # 0.001), each labelled with its budgets; a list of budgets for a P:D run is refused.
-    from stallfree.sim.disagg import DEFAULT_AGGREGATED_BUDGETS
+    from stallfree.sim.studies.disagg_search import DEFAULT_AGGREGATED_BUDGETS
 
     argv = ["simulate", "--disaggregate", "search", "--replicas", "2", "--num-requests", "10", "--slo-ttft", "1s",
             "--prefill-budget", "512,4096", "--decode-budget", "64", "--json"]
@@ -190,8 +192,8 @@ def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
 def test_front_end_added_to_ttft_and_e2e():
     """The hand request above with an engine profile of a 5 ms front end on both sides: TTFT 110 + 5 =
     115 ms and E2E 250.03 + 5 ms, as a single run's report adds it; TPOT and the steps are unchanged."""
-    from stallfree.sim.disagg import disagg_records
-    from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel
+    from stallfree.sim.inputs.engine_profile import EngineProfile, ProfiledCostModel
+    from stallfree.sim.outputs.disagg_report import disagg_records
 
     prof = EngineProfile("fe", frontend_s=0.005)
     w = Workload((0.0,), (100,), (4,), "hand")

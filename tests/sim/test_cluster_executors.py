@@ -1,4 +1,4 @@
-"""Tests of stallfree.sim.executors: serial, process and Ray give the same sweep rows in the same
+"""Tests of stallfree.sim.studies.executors: serial, process and Ray give the same sweep rows in the same
 order; a missing Ray gives the one-line install message; an unreachable --ray-address fails fast."""
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ import sys
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.executors import (
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.studies.executors import (
     ExecutorError,
     ProcessExecutor,
     SerialExecutor,
     _check_reachable,
     make_executor,
 )
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
-from stallfree.sim.sweep import sweep
+from stallfree.sim.studies.sweep import sweep
 
 WALL_KEYS = ("sim_wall_s",)
 
@@ -105,7 +106,7 @@ def test_cli_unreachable_ray_address(capsys):
 def test_port_that_is_not_ray_gives_up_after_the_join_timeout(monkeypatch):
     """A port that accepts connections but is no Ray head: an error after RAY_JOIN_TIMEOUT_S (needs Ray)."""
     _need_ray()
-    import stallfree.sim.executors as ex
+    import stallfree.sim.studies.executors as ex
 
     monkeypatch.setattr(ex, "RAY_JOIN_TIMEOUT_S", 2.0)
     with socket.socket() as srv:
@@ -135,7 +136,7 @@ def test_process_workers_are_reused_within_kept_open():
     each map starts its own; a ProcessExecutor still pickles (its pool stays behind)."""
     import pickle
 
-    from stallfree.sim.executors import ProcessExecutor, reusing_workers
+    from stallfree.sim.studies.executors import ProcessExecutor, reusing_workers
 
     ex = ProcessExecutor(2)
     with reusing_workers(ex):

@@ -11,9 +11,11 @@ import pytest
 from stallfree.cli import main
 from stallfree.costmodel.model import get_model, list_models, model_from_hf_config
 from stallfree.sim import LinearCostModel, Workload, simulate
-from stallfree.sim.report import request_records, summarize_result
-from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.inputs.options import HardwareOptions, SetupError, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.outputs.records import request_records
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 
 # Three requests at t = 0, context length 100 tokens:
 #   r0: 50 + 50 = 100, within the limit;  r1: 60 + 41 = 101, one token over;  r2: the prompt alone (120) is over.

@@ -10,7 +10,7 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.sim.diurnal import DAY_S, diurnal_profile, profile_times, profile_workload, read_rate_profile
-from stallfree.sim.workload import parse_length_spec
+from stallfree.sim.inputs.synthetic import parse_length_spec
 
 
 def test_profile_times_by_hand():

@@ -1,4 +1,4 @@
-"""The pricing engine's scheduling defaults (stallfree.sim.engine_behaviour): a run priced by an engine's
+"""The pricing engine's scheduling defaults (stallfree.sim.inputs.engine_behaviour): a run priced by an engine's
 kernel tables schedules as that engine does by default, explicit flags win, and the header says which."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.costmodel.kernels import kernels_installed
-from stallfree.sim.engine_behaviour import async_default, behaviour_line, engine_defaults
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+from stallfree.sim.inputs.engine_behaviour import async_default, behaviour_line, engine_defaults
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
 
 needs_kernels = pytest.mark.skipif(
     not kernels_installed(), reason="the optional package aiconfigurator-core (extra 'kernels') is not installed"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from stallfree import Request, Scheduler
-from stallfree.sim.engine_profile import ProfiledCostModel, load_profile
-from stallfree.sim.setup import HardwareOptions, SetupError, build_cost_model
+from stallfree.sim.inputs.engine_profile import ProfiledCostModel, load_profile
+from stallfree.sim.inputs.options import HardwareOptions, SetupError
+from stallfree.sim.inputs.pricing import build_cost_model
 
 
 def test_named_profile_wraps_the_cost_model():
@@ -32,10 +33,10 @@ def test_profile_defaults_and_errors():
 
 def _one_request_run(profile):
     """One request of an 8-token prompt and 3 output tokens, every step 10 ms (hand-priced)."""
-    from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-    from stallfree.sim.simulator import simulate
-    from stallfree.sim.workload import Workload
+    from stallfree.sim.inputs.workload import Workload
+    from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.run.costs import LinearCostModel
+    from stallfree.sim.run.simulator import simulate
 
     wl = Workload((0.0,), (8,), (3,), name="one")
     cost = ProfiledCostModel(LinearCostModel(0.010, 0.0), profile)
@@ -45,8 +46,9 @@ def _one_request_run(profile):
 def test_front_end_is_added_to_ttft_and_e2e_by_hand():
     """Steps of 10 ms + 1 ms per step + 0.5 ms per sampled token (one per step) = 11.5 ms each: the first
     token at 11.5 ms, the last at 34.5 ms; the front end (50 ms) is added to TTFT and E2E, not to TPOT."""
-    from stallfree.sim.engine_profile import EngineProfile
-    from stallfree.sim.report import request_records, summarize_result
+    from stallfree.sim.inputs.engine_profile import EngineProfile
+    from stallfree.sim.outputs.records import request_records
+    from stallfree.sim.outputs.report import summarize_result
 
     res = _one_request_run(EngineProfile("t", step_s=1e-3, per_sampled_s=0.5e-3, frontend_s=0.050))
     assert res.config["frontend_s"] == pytest.approx(0.050)
@@ -64,8 +66,9 @@ def test_front_end_is_added_to_ttft_and_e2e_by_hand():
 
 def test_closed_loop_engine_sees_the_front_end_as_think_time():
     """A closed loop's next request reaches the engine think time + front end after one ends."""
-    from stallfree.sim.load import ClosedLoop
-    from stallfree.sim.setup import Setup, WorkloadOptions
+    from stallfree.sim.inputs.options import WorkloadOptions
+    from stallfree.sim.inputs.setup import Setup
+    from stallfree.sim.run.load import ClosedLoop
 
     opts = WorkloadOptions(synthetic="poisson", num_requests=4, prompt_len="fixed:16", output_len="fixed:4",
                            concurrency=2, think_time=0.25)
@@ -80,7 +83,7 @@ def test_default_kernel_pricing_takes_the_matching_profile():
     """When the commands' default picks vLLM's kernel tables, the profile fitted on them applies too;
     --engine-profile none turns it off; today's pricing takes none. The record says which and why."""
     from stallfree.costmodel.kernels import kernels_installed
-    from stallfree.sim.setup import build_priced
+    from stallfree.sim.inputs.pricing import build_priced
 
     if not kernels_installed():
         pytest.skip("the optional package aiconfigurator-core (extra 'kernels') is not installed")
@@ -98,11 +101,13 @@ def test_default_kernel_pricing_takes_the_matching_profile():
 def test_cluster_runs_add_the_front_end_by_hand():
     """Two replicas, one request each (round robin), steps of 10 ms: each request's first token at 10 ms and
     last (3 tokens) at 30 ms; with a 50 ms front end the cluster's and each replica's TTFT is 60 ms, E2E 80 ms."""
-    from stallfree.sim.cluster import RoundRobinRouter, cluster_summary, simulate_cluster
-    from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.engine_profile import EngineProfile
-    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-    from stallfree.sim.workload import Workload
+    from stallfree.sim.inputs.engine_profile import EngineProfile
+    from stallfree.sim.inputs.workload import Workload
+    from stallfree.sim.run.cluster import simulate_cluster
+    from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.run.costs import LinearCostModel
+    from stallfree.sim.run.routers import RoundRobinRouter
+    from stallfree.sim.studies.cluster_study import cluster_summary
 
     cost = ProfiledCostModel(LinearCostModel(0.010, 0.0), EngineProfile("t", frontend_s=0.050))
     wl = Workload((0.0, 0.0), (8, 8), (3, 3), name="two")

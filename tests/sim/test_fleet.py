@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stallfree.cli import main
-from stallfree.sim.fleet import busiest_window, row_cost
-from stallfree.sim.prices import PriceError, load_prices, parse_gpu_prices, parse_max_gpus
+from stallfree.sim.inputs.prices import PriceError, load_prices, parse_gpu_prices, parse_max_gpus
+from stallfree.sim.studies.fleet import busiest_window, row_cost
 
 
 def _trace(tmp_path):
@@ -163,8 +163,8 @@ def test_busiest_window_equals_a_brute_force_count(times, window):
 def test_count_search_finds_the_smallest_passing_count(threshold, start, width, most):
     """With a monotone verdict (counts >= threshold pass), the gallop-and-bisect search returns the
     threshold when it is within [1, most], else None; a count is never simulated twice."""
-    from stallfree.sim.capacity import _Search
-    from stallfree.sim.executors import SerialExecutor
+    from stallfree.sim.studies.capacity import _Search
+    from stallfree.sim.studies.executors import SerialExecutor
 
     search = _Search(None, (1.0, None), 0.99, 2048, None, SerialExecutor(), None)
     seen: list[int] = []
@@ -185,7 +185,7 @@ def test_split_order_is_every_allowed_split_nearest_the_balance_first(n, mu_p, m
     order of distance to the balanced P* = n (1/mu_p) / (1/mu_p + 1/mu_d)."""
     import math
 
-    from stallfree.sim.capacity import SplitBound, split_order
+    from stallfree.sim.studies.capacity import SplitBound, split_order
 
     b = SplitBound(mu_p, mu_d, rate)
     order = split_order(n, b)

@@ -10,11 +10,11 @@ import pytest
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import HostLink, KVTransferCost, host_link, kv_offloading_tokens
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.report import request_records
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import simulate
-from stallfree.sim.workload import load_trace
+from stallfree.sim.inputs.traces import load_trace
+from stallfree.sim.outputs.records import request_records
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.simulator import simulate
 
 COST = LinearCostModel(base_s=0.5, per_token_s=1e-4)
 

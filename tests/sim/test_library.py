@@ -11,10 +11,11 @@ import pytest
 from stallfree.cli import main
 from stallfree.sim.commands.common import flag_message, flag_words
 from stallfree.sim.commands.tune import EXIT_NO_CANDIDATE_MEETS_SLO
-from stallfree.sim.experiment import run_experiment
-from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
-from stallfree.sim.sweep import sweep
-from stallfree.sim.tune import tune
+from stallfree.sim.inputs.options import HardwareOptions, SetupError, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.studies.experiment import run_experiment
+from stallfree.sim.studies.sweep import sweep
+from stallfree.sim.studies.tune import tune
 
 # A transparent replica: every step costs 10 ms plus 50 us per token.
 LINEAR = HardwareOptions(linear_cost="10,50", kv_tokens=200_000)

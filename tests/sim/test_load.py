@@ -26,14 +26,16 @@ import pytest
 from stallfree.cli import main
 from stallfree.core import metrics
 from stallfree.sim import LinearCostModel, SimResult, Workload, simulate
-from stallfree.sim.cluster import simulate_cluster
-from stallfree.sim.disagg import Interconnect, simulate_disaggregated
-from stallfree.sim.experiment import run_experiment
-from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.report import summarize_result
-from stallfree.sim.routers import RoundRobinRouter
-from stallfree.sim.setup import HardwareOptions, Setup, SetupError, WorkloadOptions
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.inputs.options import HardwareOptions, SetupError, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.disagg import simulate_disaggregated
+from stallfree.sim.run.disagg_link import Interconnect
+from stallfree.sim.run.load import Arrivals, ClosedLoop
+from stallfree.sim.run.routers import RoundRobinRouter
+from stallfree.sim.studies.experiment import run_experiment
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 CFG = SchedulerConfig(kv_tokens=10_000, token_budget=8, max_seqs=16)

@@ -1,4 +1,4 @@
-"""The one event loop (stallfree.sim.loop): its single-replica path against the general one, the order
+"""The one event loop (stallfree.sim.run.loop): its single-replica path against the general one, the order
 of events at one instant, the finish hook and the admission gate, and its errors."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ import pytest
 
 from stallfree.core.request import Request
 from stallfree.sim import LinearCostModel, SimResult, Workload
-from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.loop import Entry, EventLoop, PassGate
-from stallfree.sim.replica import Replica
-from stallfree.sim.result import ClusterError, SimulationError
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import make_scheduler, new_result, plan_run, request_maker
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.config import make_scheduler
+from stallfree.sim.run.load import Arrivals, ClosedLoop
+from stallfree.sim.run.loop import Entry, EventLoop, PassGate
+from stallfree.sim.run.replica import Replica
+from stallfree.sim.run.result import ClusterError, SimulationError
+from stallfree.sim.run.simulator import new_result, plan_run, request_maker
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 

@@ -15,12 +15,14 @@ from stallfree.costmodel.hardware import get_gpu
 from stallfree.costmodel.host_link import HostLink
 from stallfree.costmodel.lora import lora_shape
 from stallfree.costmodel.model import get_model
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.lora import STORAGE_READ_BPS, AdapterCache, LoraCost, assign_loras, parse_popularity
-from stallfree.sim.report import request_records
-from stallfree.sim.routers import AdapterAffinityRouter, make_router
-from stallfree.sim.simulator import ReplicaConfig, new_result, simulate
-from stallfree.sim.workload import TraceError, Workload, load_trace
+from stallfree.sim.inputs.traces import load_trace
+from stallfree.sim.inputs.workload import TraceError, Workload
+from stallfree.sim.outputs.records import request_records
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.lora import STORAGE_READ_BPS, AdapterCache, LoraCost, assign_loras, parse_popularity
+from stallfree.sim.run.routers import AdapterAffinityRouter, make_router
+from stallfree.sim.run.simulator import new_result, simulate
 
 SHAPE = lora_shape(get_model("llama-3.3-70b"), get_gpu("h100-sxm"), 4, 16)
 LINK = HostLink(64e9, 10e-6)
@@ -248,7 +250,7 @@ def test_sweep_with_adapters_runs_chunked_batching_only(capsys):
 def test_a_scaled_replay_keeps_the_adapter_loads():
     """The range's replays (ScaledCost around LoraCost) bind each replica's adapter cache and scale the whole
     step, loads included: a cold step under factor 1.231 takes 1.231 x the unscaled cold step."""
-    from stallfree.sim.ranges import ScaledCost
+    from stallfree.sim.studies.ranges import ScaledCost
 
     cost, bound, _ = _bound(["A"])
     _, _, res = _bound(["A"])

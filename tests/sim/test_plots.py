@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.sim.experiment import run_experiment, run_tag
-from stallfree.sim.plots import plot_context
-from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
-from stallfree.sim.writers import write_experiment
+from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.outputs.plots import plot_context
+from stallfree.sim.outputs.writers import write_experiment
+from stallfree.sim.studies.experiment import run_experiment, run_tag
 
 pytest.importorskip("matplotlib")
 
@@ -54,7 +55,7 @@ def test_kv_panel_says_reserved_or_used(tmp_path, monkeypatch):
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
-    from stallfree.sim.plots import plot_timeline
+    from stallfree.sim.outputs.plots import plot_timeline
 
     plot_timeline(run_experiment(_setup("reserve"), budget=512).results, tmp_path / "a.png")
     plot_timeline(run_experiment(_setup("paged"), budget=512).results, tmp_path / "b.png")
@@ -79,7 +80,7 @@ def _saved_axes(monkeypatch) -> list:
 
 def test_axis_scale_is_log_only_over_a_wide_span():
     """13,000-15,000 ms is a narrow range (linear); 20 to 3,700 ms spans 185x (log); nothing positive: linear."""
-    from stallfree.sim.plots import axis_scale
+    from stallfree.sim.outputs.plots import axis_scale
 
     assert axis_scale([13_000.0, 14_200.0, 15_000.0]) == "linear"
     assert axis_scale([20.0, 240.0, 3_700.0]) == "log"
@@ -100,7 +101,7 @@ def _crowded_rows() -> list[dict]:
 def test_tradeoff_labels_stay_inside_the_axes_and_apart(tmp_path, monkeypatch):
     """Crowded points near the left edge: every budget label lies inside the axes and no two overlap;
     a 13,000-15,000 ms TTFT axis is linear and does not say 'log scale'."""
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     boxes: list = []
     frames: list = []
@@ -130,7 +131,7 @@ def test_tradeoff_labels_stay_inside_the_axes_and_apart(tmp_path, monkeypatch):
 
 def test_tradeoff_goes_log_where_the_modes_differ_tenfold(tmp_path, monkeypatch):
     """p99 TPOT from 22 ms (chunked) to 3,700 ms (prefill-first): the TPOT axis is log and says so."""
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     rows = [{"batching": "chunked", "rate_scale": 1.0, "token_budget": 512, "p99_ttft_ms": 50_000, "p99_tpot_ms": 22},
             {"batching": "prefill-first", "rate_scale": 1.0, "token_budget": 512, "p99_ttft_ms": 58_000,
@@ -147,7 +148,7 @@ def test_cdf_tpot_axis_goes_log_when_a_baseline_is_tenfold_slower(tmp_path, monk
     curve is not squeezed against 0), TTFT within 3x is linear."""
     import numpy as np
 
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     rng = np.random.default_rng(0)
     series = [("chunked", rng.uniform(900, 1100, 200), rng.uniform(18, 24, 200)),
@@ -163,7 +164,7 @@ def test_cdf_tpot_axis_goes_log_when_a_baseline_is_tenfold_slower(tmp_path, monk
 
 def test_tune_names_the_choice_and_keeps_markers_visible(tmp_path, monkeypatch):
     """The chosen entry names the budget and max_seqs; its marker is a hollow ring drawn under the lines."""
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     rows = [{"token_budget": b, "max_seqs": m, "request_goodput": g, "p99_tpot_ms": t}
             for b, m, g, t in ((256, 256, 4.0, 30.0), (320, 256, 5.0, 35.0), (512, 256, 4.5, 50.0),
@@ -180,8 +181,8 @@ def test_tune_names_the_choice_and_keeps_markers_visible(tmp_path, monkeypatch):
 def test_timeline_says_baselines_run_past_the_budget(tmp_path, monkeypatch):
     """The tokens-per-step panel draws the token budget and says the baselines' whole prompts exceed it."""
     from stallfree.sim import LinearCostModel, parse_length_spec, simulate, synthetic
-    from stallfree.sim.plots import plot_timeline
-    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.outputs.plots import plot_timeline
+    from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 
     wl = synthetic(30, 50.0, parse_length_spec("uniform:150,300"), parse_length_spec("fixed:4"), seed=1)
     cost = LinearCostModel(5e-3, 20e-6)

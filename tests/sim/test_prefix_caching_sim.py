@@ -9,10 +9,11 @@ from importlib import resources
 
 import pytest
 
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import simulate
-from stallfree.sim.workload import TraceError, Workload, load_mooncake, load_trace
+from stallfree.sim.inputs.traces import load_mooncake, load_trace
+from stallfree.sim.inputs.workload import TraceError, Workload
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.simulator import simulate
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 
@@ -182,7 +183,7 @@ def test_sweep_over_kv_capacity_writes_rows_and_plot(tmp_path, capsys):
 
 def test_kv_sweep_title_names_the_model_and_gpus():
     """The plot's title gains the replica: the rows' hardware description up to its first ';'."""
-    from stallfree.sim.kv_sweep import kv_sweep_title
+    from stallfree.sim.studies.kv_sweep import kv_sweep_title
 
     rows = [{"hardware": "llama-3.3-70b, 4 x h100-sxm, fp8; steps priced by the floor"}]
     assert kv_sweep_title(rows, "t.jsonl: budget 2,048") == "t.jsonl: budget 2,048\nllama-3.3-70b, 4 x h100-sxm, fp8"
@@ -193,7 +194,7 @@ def test_cost_model_still_pays_attention_over_the_cached_prefix():
     """A hit chunk of 512 tokens starting at token 4096 costs more than the same 512 tokens from 0: the
     roofline prices its attention over the 4096 cached tokens (the chunk's start)."""
     from stallfree.core.plan import ScheduledChunk, StepPlan
-    from stallfree.sim.setup import default_cost_model
+    from stallfree.sim.inputs.pricing import default_cost_model
 
     model, _ = default_cost_model()
 
@@ -210,7 +211,7 @@ def test_cli_compare_caching_on_a_cluster_writes_both_runs_and_shows_the_cache(t
     2 hits of 512 tokens per replica), the runs get distinct file tags (-cache), the table shows the hit rate,
     its bound and the evictions, and the "wrote" line names the real files."""
     from stallfree.cli import main
-    from stallfree.sim import plots
+    from stallfree.sim.outputs import plots
 
     for name in ("plot_cdfs", "plot_timeline", "plot_replica_timeline"):
         monkeypatch.setattr(plots, name, lambda *a, **kw: None)
@@ -299,8 +300,8 @@ def test_kv_sweep_without_caching_drops_the_hit_rate_panel(tmp_path, capsys, rec
 def test_kv_sweep_rows_mark_hit_rates_preemption_inflates():
     """Rows show preemptions and rejections; a row with caching and preemptions is marked "*" with a
     footnote; plain token labels for the log axes."""
-    from stallfree.sim.kv_sweep import kv_sweep_lines
-    from stallfree.sim.plots import _tokens_label, _two_five_label
+    from stallfree.sim.outputs.plot_parts import _tokens_label, _two_five_label
+    from stallfree.sim.studies.kv_sweep import kv_sweep_lines
 
     base = {"prefix_cache_hit_rate": 0.25, "prefix_cache_hit_rate_bound": 0.08, "median_ttft_ms": 10.0,
             "p99_ttft_ms": 20.0, "request_throughput": 1.0, "prefix_cache_evictions": 3, "rejected": 0}

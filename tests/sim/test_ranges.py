@@ -1,4 +1,4 @@
-"""The range of each latency figure (stallfree.sim.ranges) and `simulate`'s `range` key."""
+"""The range of each latency figure (stallfree.sim.studies.ranges) and `simulate`'s `range` key."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.ranges import RANGE_KEYS, STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.studies.ranges import RANGE_KEYS, STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
 
 
 def test_the_error_model_brackets_one_and_is_the_measured_percentiles():
@@ -157,8 +157,9 @@ def test_plan_range_is_the_answers_cluster(tmp_path, capsys):
 def test_a_time_budget_plans_with_the_unscaled_model():
     """With --step-time-target the scheduler sizes each step by the model's prediction; a range's replay
     scales the steps as run, not that prediction (the planner does not know the error)."""
-    from stallfree.sim.experiment import scheduler_for
-    from stallfree.sim.setup import HardwareOptions, Setup, WorkloadOptions
+    from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+    from stallfree.sim.inputs.setup import Setup
+    from stallfree.sim.studies.experiment import scheduler_for
 
     setup = Setup(WorkloadOptions(num_requests=10), HardwareOptions(linear_cost="10,50"))
     base = setup.cost_model

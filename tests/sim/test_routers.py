@@ -1,4 +1,4 @@
-"""Tests of stallfree.sim.routers on their own: routers read only what a Replica shows (load, cached
+"""Tests of stallfree.sim.run.routers on their own: routers read only what a Replica shows (load, cached
 prefix), so a stand-in replica drives them by hand. The routers inside a cluster run are tested in
 test_cluster.py."""
 
@@ -10,15 +10,15 @@ from dataclasses import dataclass
 import pytest
 
 from stallfree.core.request import Request
-from stallfree.sim.cluster import PrefixAffinityRouter as ReexportedRouter
-from stallfree.sim.result import ClusterError
-from stallfree.sim.routers import (
+from stallfree.sim.run.result import ClusterError
+from stallfree.sim.run.routers import (
     ROUTERS,
     LeastOutstandingRouter,
     PrefixAffinityRouter,
     RoundRobinRouter,
     make_router,
 )
+from stallfree.sim.run.routers import PrefixAffinityRouter as ReexportedRouter
 
 
 @dataclass
@@ -66,7 +66,7 @@ def test_prefix_affinity_by_hand():
 
 
 def test_cluster_module_reexports_the_routers():
-    """The routers moved to stallfree.sim.routers; stallfree.sim.cluster still exports the same classes."""
+    """The routers moved to stallfree.sim.run.routers; stallfree.sim.run.cluster still exports the same classes."""
     assert ReexportedRouter is PrefixAffinityRouter
 
 
@@ -89,7 +89,7 @@ def test_make_router_names() -> None:
 
 def test_vllm_dp_router_by_hand() -> None:
     """vLLM's front end: the least 4 x waiting + running, ties to the lowest index."""
-    from stallfree.sim.routers import VllmDPRouter, make_router
+    from stallfree.sim.run.routers import VllmDPRouter, make_router
 
     @dataclass
     class Rep:

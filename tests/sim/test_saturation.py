@@ -1,4 +1,4 @@
-"""Saturation said out loud: `saturated`, `saturated_window_s` and the header line (stallfree.sim.overload)."""
+"""Saturation said out loud: `saturated`, `saturated_window_s` and the header line (stallfree.sim.outputs.overload)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from array import array
 import numpy as np
 import pytest
 
-from stallfree.sim.overload import SATURATION_LOAD, saturation, saturation_line
-from stallfree.sim.ranges import STEP_TIME_HIGH
+from stallfree.sim.outputs.overload import SATURATION_LOAD, saturation, saturation_line
+from stallfree.sim.studies.ranges import STEP_TIME_HIGH
 
 
 class _Res:

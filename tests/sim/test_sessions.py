@@ -36,20 +36,22 @@ from hypothesis import strategies as st
 
 from stallfree.cli import main
 from stallfree.sim import LinearCostModel, simulate
-from stallfree.sim.cluster import simulate_cluster
-from stallfree.sim.report import request_records, summarize_result
-from stallfree.sim.routers import RoundRobinRouter, SessionAffinityRouter, make_router
-from stallfree.sim.session_run import SESSION_ENDED
-from stallfree.sim.sessions import (
+from stallfree.sim.inputs.session_traces import load_sessions
+from stallfree.sim.inputs.sessions import (
     SessionWorkload,
     ThinkSpec,
     dump_turn,
-    load_sessions,
     parse_think_spec,
     synthetic_sessions,
 )
-from stallfree.sim.simulator import legacy_scheduler_config
-from stallfree.sim.workload import LengthSpec, TraceError
+from stallfree.sim.inputs.synthetic import LengthSpec
+from stallfree.sim.inputs.workload import TraceError
+from stallfree.sim.outputs.records import request_records
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config
+from stallfree.sim.run.routers import RoundRobinRouter, SessionAffinityRouter, make_router
+from stallfree.sim.run.session_run import SESSION_ENDED
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 CFG = legacy_scheduler_config(kv_tokens=4096, token_budget=64, max_seqs=8, kv="paged", block_size=4,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.setup import SetupError, WorkloadOptions, build_workload
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-from stallfree.sim.simulator import simulate
-from stallfree.sim.workload import parse_length_spec, parse_shared_prefix, shared_prefix
+from stallfree.sim.inputs.options import SetupError, WorkloadOptions, build_workload
+from stallfree.sim.inputs.synthetic import parse_length_spec, parse_shared_prefix, shared_prefix
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.simulator import simulate
 
 
 def _small():

@@ -15,8 +15,8 @@ from stallfree.sim import (
     simulate,
     synthetic,
 )
-from stallfree.sim.report import summarize_result
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 
 # Step time = 0.5 s + 0.125 s per token: exact in binary floating point, so times compare with ==.
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
@@ -236,8 +236,8 @@ def test_chunked_beats_prefill_first_on_p99_tpot_on_the_bundled_trace():
     about 68% of its capacity, busy enough for prefills to stall decodes; the commands' default scale is
     lower because their kernel pricing makes the replica slower.
     """
-    from stallfree.sim.setup import default_cost_model
-    from stallfree.sim.workload import load_bundled
+    from stallfree.sim.inputs.pricing import default_cost_model
+    from stallfree.sim.inputs.traces import load_bundled
 
     cost, kv = default_cost_model()
     work = load_bundled().window(1500.0, 1900.0).scale_rate(3.0)

@@ -7,9 +7,12 @@ import json
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.report import request_records, summarize_result
-from stallfree.sim.simulator import ReplicaConfig, simulate
-from stallfree.sim.workload import TraceError, Workload, load_trace
+from stallfree.sim.inputs.traces import load_trace
+from stallfree.sim.inputs.workload import TraceError, Workload
+from stallfree.sim.outputs.records import request_records
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.simulator import simulate
 
 
 class _Flat:

@@ -1,4 +1,4 @@
-"""Time budget mode (stallfree.sim.time_budget) and Scheduler.decode_load, which it reads."""
+"""Time budget mode (stallfree.sim.run.time_budget) and Scheduler.decode_load, which it reads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from stallfree.core.config import SchedulerConfig
 from stallfree.core.request import RequestStatus
 from stallfree.costmodel import CostModel
 from stallfree.sim import LinearCostModel, Workload, parse_length_spec, simulate, synthetic
-from stallfree.sim.time_budget import PlanPricer, TimeBudgetConfig, TimeBudgetScheduler, time_model
+from stallfree.sim.run.time_budget import PlanPricer, TimeBudgetConfig, TimeBudgetScheduler, time_model
 
 
 class HandModel:

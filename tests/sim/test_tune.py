@@ -1,4 +1,4 @@
-"""SLO-driven tuning (stallfree.sim.tune): the cost-model bound, the ladder, the ranking and the search.
+"""SLO-driven tuning (stallfree.sim.studies.tune): the cost-model bound, the ladder, the ranking and the search.
 
 The end-to-end scenario ("pairs"), worked out by hand. Linear cost: a step takes 10 ms + 0.05 ms per
 token. Every second, D arrives (prompt 10, output 11) and 5 ms later Q (prompt 2,000, output 1).
@@ -26,18 +26,16 @@ import pytest
 
 from stallfree.cli import main
 from stallfree.sim import LinearCostModel, Workload
-from stallfree.sim.tune import (
+from stallfree.sim.studies.tune import partial_prefill_candidates, rank, tune
+from stallfree.sim.studies.tune_bound import (
     BudgetBound,
     TargetBelowFloor,
     _mean_chunk_start,
     budget_bound,
     candidate_budgets,
     expected_load,
-    partial_prefill_candidates,
-    rank,
-    serve_command,
-    tune,
 )
+from stallfree.sim.studies.tune_report import serve_command
 
 COST = LinearCostModel(base_s=0.010, per_token_s=0.00005)
 SLO_TTFT, SLO_TPOT = 0.350, 0.01652

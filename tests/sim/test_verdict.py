@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from stallfree.sim.verdict import bootstrap_diff, disagg_verdict, mean_error_interval, validate_verdict
+from stallfree.sim.outputs.verdict import (
+    bootstrap_diff,
+    disagg_verdict,
+    mean_error_interval,
+    validate_verdict,
+)
 
 
 def test_bootstrap_of_a_uniform_shift_is_exact_and_of_one_outlier_is_noise():
@@ -65,11 +70,11 @@ def test_validate_engine_mode_gets_a_verdict_line():
 def test_compare_verdict_on_two_runs_of_one_workload():
     """Steps of 1 s: caching-free runs of budget 8 and budget 4 on one 8-token prompt (1 then 2 steps to
     its first token): TTFT 1 s -> 2 s on the one request, +100%; a single request is its own resample."""
-    from stallfree.sim.costs import LinearCostModel
-    from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
-    from stallfree.sim.simulator import simulate
-    from stallfree.sim.verdict import compare_verdict
-    from stallfree.sim.workload import Workload
+    from stallfree.sim.inputs.workload import Workload
+    from stallfree.sim.outputs.verdict import compare_verdict
+    from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+    from stallfree.sim.run.costs import LinearCostModel
+    from stallfree.sim.run.simulator import simulate
 
     wl = Workload((0.0,), (8,), (3,))
     cost = LinearCostModel(base_s=1.0, per_token_s=0.0)
@@ -82,7 +87,7 @@ def test_compare_verdict_on_two_runs_of_one_workload():
 
 
 def test_tune_best_by_kind_reads_the_ranked_rows():
-    from stallfree.sim.tune import best_by_kind
+    from stallfree.sim.studies.tune_report import best_by_kind
 
     def row(b, m, g, pp=None):
         return {"token_budget": b, "max_seqs": m, "request_goodput": g, "slo_attainment": 1.0, "p99_tpot_ms": 30.0,

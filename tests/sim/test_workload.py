@@ -8,14 +8,9 @@ import statistics
 
 import pytest
 
-from stallfree.sim.workload import (
-    TraceError,
-    TraceFileError,
-    load_bundled,
-    load_trace,
-    parse_length_spec,
-    synthetic,
-)
+from stallfree.sim.inputs.synthetic import parse_length_spec, synthetic
+from stallfree.sim.inputs.traces import load_bundled, load_trace
+from stallfree.sim.inputs.workload import TraceError, TraceFileError
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44

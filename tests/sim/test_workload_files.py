@@ -12,7 +12,8 @@ import pytest
 
 from stallfree import _files
 from stallfree.cli import main
-from stallfree.sim.workload import TraceError, load_trace
+from stallfree.sim.inputs.traces import load_trace
+from stallfree.sim.inputs.workload import TraceError
 
 HEADER = "arrival_time,prompt_len,output_len\n"
 

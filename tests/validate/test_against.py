@@ -13,9 +13,14 @@ import pytest
 from stallfree import Request
 from stallfree.cli import main
 from stallfree.core.scheduler import Scheduler
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.engine_profile import EngineProfile, EngineProfileError, ProfiledCostModel, load_profile
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.inputs.engine_profile import (
+    EngineProfile,
+    EngineProfileError,
+    ProfiledCostModel,
+    load_profile,
+)
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
 from stallfree.validate import silicon
 from stallfree.validate.against import detect, figures, replay_run, validate_runs, verdict
 from stallfree.validate.compare import Latencies
@@ -255,7 +260,7 @@ def test_against_aiconfigurator_reads_the_package_copy():
 
 def test_default_profile_follows_kernels():
     """--kernels none takes no profile; an engine without a shipped profile fitted on it takes none too."""
-    from stallfree.sim.engine_profile import default_profile
+    from stallfree.sim.inputs.engine_profile import default_profile
 
     assert default_profile("none").is_empty and default_profile(None).is_empty
     assert default_profile("trtllm:current").name in ("none", "trtllm")
@@ -306,7 +311,7 @@ def test_cli_refuses_an_unknown_kernels_engine_when_reading_the_line(capsys):
 def test_profile_version_is_named_and_plot_ticks_are_plain() -> None:
     """The shipped vllm profile names its fit's version in its line and in the default's line; log-axis
     ticks read as plain numbers (20, not 2x10^1), minor ticks labelled at 2 and 5 only."""
-    from stallfree.sim.engine_profile import load_profile
+    from stallfree.sim.inputs.engine_profile import load_profile
     from stallfree.validate.hardware import describe_profile
     from stallfree.validate.silicon import _minor_tick, _plain_tick
 

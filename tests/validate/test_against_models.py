@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stallfree.sim.engine_profile import load_profile
+from stallfree.sim.inputs.engine_profile import load_profile
 from stallfree.validate.hardware import model_preset, pricing
 from stallfree.validate.silicon import read_rows, replay_row
 

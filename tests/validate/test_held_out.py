@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.sim.engine_profile import EngineProfile, fit_rows, load_profile
+from stallfree.sim.inputs.engine_profile import EngineProfile, fit_rows, load_profile
 from stallfree.validate.silicon import held_out_verdict, is_fitted, validate_silicon
 
 CSV = Path(__file__).parent / "data" / "silicon_small.csv"

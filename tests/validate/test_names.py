@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.sim.engine_profile import EngineProfile
+from stallfree.sim.inputs.engine_profile import EngineProfile
 from stallfree.validate.against import replay_run
 from stallfree.validate.hardware import gpu_match, model_preset, nearest_served_version
 from stallfree.validate.runs import read_run_folder

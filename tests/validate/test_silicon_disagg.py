@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stallfree.sim.costs import LinearCostModel
-from stallfree.sim.disagg import Interconnect
-from stallfree.sim.engine_profile import EngineProfile
-from stallfree.sim.simulator import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.inputs.engine_profile import EngineProfile
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.disagg_link import Interconnect
 from stallfree.validate import silicon
 from stallfree.validate.silicon import NO_WORKERS, WorkerGroup, disagg_closed_loop, read_rows, select
 

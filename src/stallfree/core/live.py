@@ -7,7 +7,7 @@ Imports allowed: the standard library and stallfree.core only.
 Progress of a decoding request is derived, not counted every step: a decode's record holds an
 `offset` such that its entry at clock value c starts at offset + c (the tokens already in its KV),
 where the clock is the owner's step number (Scheduler) or its count of decode steps (the baselines of
-stallfree.sim.baselines, which have steps without decodes). So a step that serves every decode one
+stallfree.sim.run.baselines, which have steps without decodes). So a step that serves every decode one
 token changes no record; only the rare irregular ones (a skipped decode, speculative tokens, a
 preemption) touch the records they concern. The DecodeSet keeps the decodes in batch order as
 aligned lists, tuples that plans share while the set does not change, the sum of the offsets, and

@@ -102,8 +102,8 @@ class KVQueries:
         caps a hit (at most prompt_len - 1 tokens, in whole blocks); 0 without caching or block_hashes.
 
         A pure query, O(blocks of the prompt): nothing is pinned and no block's recency changes, so a
-        router may ask every replica (stallfree.sim.cluster's prefix-affinity router does; the simulator's
-        baselines answer it too, stallfree.sim.result.SchedulerLike).
+        router may ask every replica (stallfree.sim.run.cluster's prefix-affinity router does; the simulator's
+        baselines answer it too, stallfree.sim.run.result.SchedulerLike).
         """
         return self._kv.cached_prefix_len(request)
 

@@ -28,7 +28,7 @@ The embedding and LM head take no adapter (PEFT's `modules_to_save` and DoRA are
 
 Memory: every loaded adapter is kept in host memory (float32); at most `max_loras` of them are on the
 device at once (the scheduler's limit per step, vLLM's --max-loras), in the model's dtype, the least
-recently used given back first, as the simulator models residency (stallfree.sim.lora). On a CPU the
+recently used given back first, as the simulator models residency (stallfree.sim.run.lora). On a CPU the
 "device" copy is the dtype-converted one.
 """
 

@@ -1,28 +1,20 @@
-"""The trace-driven simulator: workloads, the event loop, baselines, reports and sweeps.
+"""The trace-driven simulator, in sub-packages by job: inputs (workloads, trace readers, the Setup and the
+pricing of steps), run (the event loop, replicas, routers; one replica, a cluster, disaggregated prefill and
+decode), studies (experiments, sweeps, tuning, capacity and fleet planning) and outputs (summaries, records,
+tables, plots, the files under --out); commands holds the CLI over them.
 
 Imports allowed: the standard library, stallfree.core and stallfree.costmodel; numpy, matplotlib
 and rich only lazily, inside report and plot functions.
 """
 
-from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
-from stallfree.sim.costs import LinearCostModel, StepCostModel
-from stallfree.sim.simulator import (
-    BATCHING_MODES,
-    ReplicaConfig,
-    SchedulerLike,
-    SimResult,
-    SimulationError,
-    simulate,
-)
-from stallfree.sim.workload import (
-    LengthSpec,
-    TraceError,
-    Workload,
-    load_bundled,
-    load_trace,
-    parse_length_spec,
-    synthetic,
-)
+from stallfree.sim.inputs.synthetic import LengthSpec, parse_length_spec, synthetic
+from stallfree.sim.inputs.traces import load_bundled, load_trace
+from stallfree.sim.inputs.workload import TraceError, Workload
+from stallfree.sim.run.baselines import NoChunkScheduler, PrefillFirstScheduler
+from stallfree.sim.run.config import BATCHING_MODES, ReplicaConfig
+from stallfree.sim.run.costs import LinearCostModel, StepCostModel
+from stallfree.sim.run.result import SchedulerLike, SimResult, SimulationError
+from stallfree.sim.run.simulator import simulate
 
 __all__ = [
     "BATCHING_MODES",
@@ -50,7 +42,7 @@ def __getattr__(name: str) -> object:
     arguments that returns a ReplicaConfig (legacy_scheduler_config), warning once. Removed in the next
     release; the core's configuration is stallfree.SchedulerConfig."""
     if name == "SchedulerConfig":
-        from stallfree.sim.simulator import legacy_scheduler_config, warn_deprecated
+        from stallfree.sim.run.config import legacy_scheduler_config, warn_deprecated
 
         warn_deprecated("stallfree.sim.SchedulerConfig",
                         "stallfree.sim.ReplicaConfig (holding a stallfree.SchedulerConfig)")

@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
-from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.loop import Entry, EventLoop, PassGate, Router
-from stallfree.sim.replica import Replica
-from stallfree.sim.simulator import request_maker
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.load import Arrivals, ClosedLoop
+from stallfree.sim.run.loop import Entry, EventLoop, PassGate, Router
+from stallfree.sim.run.replica import Replica
+from stallfree.sim.run.simulator import request_maker
 
 __all__ = [
     "DEFAULT_SCALE_DOWN_DELAY_S",
@@ -403,7 +403,7 @@ class Fleet:
 
 
 def runner(config: AutoscaleConfig, fleets: list[Fleet]) -> Any:
-    """A group runner for stallfree.sim.cluster.simulate_cluster(group=...): run_group's shape, with the
+    """A group runner for stallfree.sim.run.cluster.simulate_cluster(group=...): run_group's shape, with the
     autoscaler's Fleet (appended to `fleets`) between the arrivals and the router.
 
     Raises:
@@ -411,7 +411,7 @@ def runner(config: AutoscaleConfig, fleets: list[Fleet]) -> Any:
     """
     def run(reps: list[Replica], router: Router | None, workload: Workload, max_new: list[int],
             too_long: dict[int, str], closed_loop: ClosedLoop | None) -> tuple[Arrivals, Entry, float]:
-        from stallfree.sim.sessions import SessionWorkload
+        from stallfree.sim.inputs.sessions import SessionWorkload
 
         if closed_loop is not None or isinstance(workload, SessionWorkload):
             raise AutoscaleError("--autoscale replays open-loop arrivals: drop --concurrency and sessions")

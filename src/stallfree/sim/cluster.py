@@ -1,41 +1,22 @@
-"""Many replicas behind a router, in one event loop with one simulated clock.
+"""Former path of `stallfree.sim.run.cluster`, kept for one release: import from the new path.
 
-Imports allowed: the standard library, stallfree.core and stallfree.sim (its stdlib modules only).
-
-Each replica is a stallfree.sim.replica.Replica in the one event loop (stallfree.sim.loop), as in
-`simulate`, so a replica behaves exactly as `simulate` would with the requests routed to it.
-Replicas interact only through the router (stallfree.sim.routers), at arrival time.
-
-Time model (the loop's). At each instant t, in this order: every step ending at t completes; every
-request arriving by t is routed, in workload order, seeing each replica as of its last completed
-step (plus the requests already routed to it); then every idle replica with work starts a step at
-t, in index order. A request routed to a busy replica waits until that replica's step ends, which
-is when the single-replica simulator would have added it too. With one replica the cluster
-reproduces `simulate` step for step (tested).
-
-Results. `simulate_cluster` returns a ClusterResult: one SimResult per replica (indexed by the
-global rid, rows only for the requests routed to it) and `merged`, a SimResult of the whole
-cluster whose step arrays are the replicas' laid end to end, so every single-run report
-(summaries, records, latency arrays) reads it unchanged.
+Many replicas behind a router, in one event loop with one simulated clock. Every public name this module had is re-
+exported from where it lives now; the module goes in the next release.
 """
 
-from __future__ import annotations
-
-import math
-from array import array
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
-from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
-from stallfree.sim.experiment import Experiment, check_options, record_capacity, scheduler_for, study_header
-from stallfree.sim.load import ClosedLoop
-from stallfree.sim.loop import Router
-from stallfree.sim.replica import Replica
-from stallfree.sim.report import summarize_result
-from stallfree.sim.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
-from stallfree.sim.routers import (
+from stallfree.sim.inputs.sessions import SessionWorkload
+from stallfree.sim.inputs.setup import TIME_BUDGET_CAP, Setup
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.run.cluster import ClusterResult, simulate_cluster
+from stallfree.sim.run.config import ReplicaConfig, async_of, make_scheduler, wrap_checker
+from stallfree.sim.run.costs import StepCostModel
+from stallfree.sim.run.load import ClosedLoop
+from stallfree.sim.run.loop import Router
+from stallfree.sim.run.replica import Replica
+from stallfree.sim.run.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
+from stallfree.sim.run.routers import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
     DEFAULT_AFFINITY_LOAD_MARGIN,
     DEFAULT_PREFIX_THRESHOLD,
@@ -48,382 +29,58 @@ from stallfree.sim.routers import (
     RoundRobinRouter,
     make_router,
 )
-from stallfree.sim.session_run import SessionArrivals, SessionEntry, close_sessions
-from stallfree.sim.sessions import SessionWorkload
-from stallfree.sim.setup import TIME_BUDGET_CAP, Setup
-from stallfree.sim.simulator import (
-    ReplicaConfig,
-    async_of,
-    make_scheduler,
-    new_result,
-    plan_run,
-    run_group,
-    saturated_throughput,
-    wrap_checker,
-)
-from stallfree.sim.workload import Workload
+from stallfree.sim.run.session_run import SessionArrivals, SessionEntry, close_sessions
+from stallfree.sim.run.simulator import new_result, plan_run, run_group, saturated_throughput
+from stallfree.sim.studies.cluster_study import cluster_summary, run_cluster_experiment, run_cluster_study
+from stallfree.sim.studies.experiment import Experiment, check_options, record_capacity, scheduler_for, study_header
 
 __all__ = [
-    "DEFAULT_AFFINITY_LOAD_FACTOR",
-    "DEFAULT_AFFINITY_LOAD_MARGIN",
-    "DEFAULT_PREFIX_THRESHOLD",
-    "DEFAULT_ROUTER_SEED",
-    "ROUTERS",
+    "CONTEXT_LENGTH",
+    "ClosedLoop",
     "ClusterError",
     "ClusterResult",
+    "DEFAULT_AFFINITY_LOAD_FACTOR",
+    "DEFAULT_AFFINITY_LOAD_MARGIN",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_PREFIX_THRESHOLD",
+    "DEFAULT_ROUTER_SEED",
+    "DEFAULT_TOKEN_BUDGET",
+    "Experiment",
     "LeastKVRouter",
     "LeastOutstandingRouter",
     "PrefixAffinityRouter",
+    "ROUTERS",
     "RandomRouter",
     "Replica",
+    "ReplicaConfig",
     "RoundRobinRouter",
     "Router",
+    "SchedulerLike",
+    "SessionArrivals",
+    "SessionEntry",
+    "SessionWorkload",
+    "Setup",
+    "SimResult",
+    "StepCostModel",
+    "TIME_BUDGET_CAP",
+    "Workload",
+    "async_of",
+    "check_options",
+    "close_sessions",
     "cluster_summary",
     "make_router",
+    "make_scheduler",
+    "new_result",
+    "plan_run",
+    "record_capacity",
     "run_cluster_experiment",
     "run_cluster_study",
+    "run_group",
+    "saturated_throughput",
+    "scheduler_for",
     "simulate_cluster",
+    "study_header",
+    "summarize_result",
+    "verify_tokens",
+    "wrap_checker",
 ]
-
-@dataclass(slots=True)
-class ClusterResult:
-    """One cluster simulation.
-
-    Attributes:
-        merged: the whole cluster as one SimResult (rids are workload positions; steps of replica
-            k occupy rows [step_base[k], step_base[k + 1])).
-        replicas: one SimResult per replica, same rid indexing; a replica's rows are its own steps.
-        routed: per request, the replica it was routed to (-1: refused at arrival for its length).
-        step_base: per replica, its first row in merged's step arrays; length N + 1.
-        imbalance_mean: mean over arrivals of max / mean outstanding requests per replica (1.0 is
-            perfect balance; arrivals that find fewer requests in the cluster than replicas are left
-            out, since then some replica must be empty); None when there were none.
-        imbalance_max: the largest of those ratios, or None.
-        wall_s: wall time of the loop, s.
-    """
-
-    merged: SimResult
-    replicas: list[SimResult]
-    routed: list[int]
-    step_base: list[int]
-    imbalance_mean: float | None
-    imbalance_max: float | None
-    wall_s: float
-
-
-def simulate_cluster(
-    workload: Workload,
-    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
-    cost_model: StepCostModel,
-    num_replicas: int,
-    router: Router | None = None,
-    max_tokens: int | None = None,
-    check: bool = False,
-    label: str | None = None,
-    max_model_len: int | None = None,
-    cut_output_to_fit: bool = False,
-    closed_loop: ClosedLoop | None = None,
-    group: Callable[..., Any] | None = None,
-) -> ClusterResult:
-    """Replay `workload` onto `num_replicas` identical replicas behind `router`.
-
-    Args:
-        workload: the requests (arrival s, prompt and output lengths, tokens).
-        scheduler: each replica's scheduler: a ReplicaConfig or a zero-argument factory (called
-            once per replica), as for stallfree.sim.simulator.simulate.
-        cost_model: prices each replica's steps, s.
-        num_replicas: N >= 1.
-        router: a Router (default LeastOutstandingRouter()).
-        max_tokens, check, max_model_len, cut_output_to_fit, closed_loop: as simulate (closed-loop
-            load: `concurrency` requests in flight across the whole cluster).
-        label: a name for reports (default: the config's label, then "xN <router>").
-        group: runs the event loop over the replicas, with run_group's arguments and result (default
-            run_group; stallfree.sim.autoscale.runner puts an autoscaler between arrivals and router).
-
-    Returns:
-        A ClusterResult; every request not rejected finished exactly once on exactly one replica.
-
-    Raises:
-        ClusterError: num_replicas < 1, or the router returned an index out of range.
-        ValueError, SimulationError, InvariantViolation: as simulate.
-    """
-    _check_replicas(num_replicas)
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
-    router = router if router is not None else LeastOutstandingRouter()
-    max_new, too_long, target, config, label = plan_run(
-        workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
-    )
-    config.update(replicas=num_replicas, router=type(router).__name__)
-    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label)
-            for k in range(num_replicas)]
-    results = [rep.res for rep in reps]
-    cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
-    arrivals, entry, wall = (group or run_group)(reps, router, workload, max_new, too_long, closed_loop)
-    closed = closed_loop is not None
-    routed, ratios = entry.routed, entry.ratios
-    sessions = isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry)
-    sent = tuple(arrivals.sent_at) if isinstance(arrivals, SessionArrivals) else None
-    for rep in reps:
-        _close_replica(rep, wall, tuple(arrivals.times) if closed else sent, check)
-    # A session's turn is refused for its length only if it was sent (an earlier refusal ends the session).
-    refused = dict(entry.refused) if sessions else too_long
-    merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, refused)
-    merged.wall_s = wall
-    if closed:
-        merged.arrival = tuple(arrivals.times)
-    if isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry):
-        close_sessions(merged, workload, arrivals, entry)  # type: ignore[arg-type]
-    _prefix_cache_figures(workload, reps, results, merged, routed)
-    imb_mean = sum(ratios) / len(ratios) if ratios else None
-    return ClusterResult(merged, results, routed, base, imb_mean, max(ratios) if ratios else None, wall)
-
-
-def _check_replicas(replicas: int) -> None:
-    """Raise ClusterError unless `replicas` is an integer >= 1."""
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ClusterError(f"replicas must be an integer >= 1, got {replicas!r}")
-
-
-def _replica(
-    k: int, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
-    workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
-) -> Replica:
-    """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result
-    labelled "<label>#k"."""
-    inner = make_scheduler(scheduler)
-    sched = wrap_checker(inner) if check else inner
-    res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
-    return Replica(k, sched, inner, res, cost_model, async_of(scheduler))
-
-
-def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:
-    """After the loop: a replica's result gets the wall time, s, its scheduler's preemption counts and,
-    under closed-loop load, the times requests were sent (`sent`, s); then the end-of-run checks."""
-    res = rep.res
-    res.wall_s = wall
-    st = rep.inner.stats()
-    res.num_preemptions, res.num_recomputed_tokens = st.num_preemptions, st.num_recomputed_tokens
-    if sent is not None:
-        res.arrival = sent
-    if check:
-        rep.sched.check_final()  # type: ignore[attr-defined]
-    verify_tokens(res)
-
-
-def _prefix_cache_figures(
-    wl: Workload, reps: list[Replica], results: list[SimResult], merged: SimResult, routed: list[int]
-) -> None:
-    """With prefix caching on: each replica's hit rate, evictions and bound (as simulate reports
-    them, the bound over the requests routed to it), and the cluster's: hits / queries summed over
-    the replicas, evictions summed, and the bound of the whole workload (one infinite cache seeing
-    every request), which routing can only lose from."""
-    st0 = reps[0].inner.stats()
-    if not st0.enable_prefix_caching:
-        return
-    bs = st0.block_size or DEFAULT_BLOCK_SIZE
-    hits = queries = evictions = 0
-    for rep, res in zip(reps, results, strict=True):
-        st = rep.inner.stats()
-        q, h, e = st.prefix_cache_queries, st.prefix_cache_hits, st.num_evictions
-        hits, queries, evictions = hits + h, queries + q, evictions + e
-        res.prefix_cache_hit_rate = h / q if q else 0.0
-        res.prefix_cache_evictions = e
-        mine = [i for i, k in enumerate(routed) if k == rep.index]
-        if isinstance(wl, SessionWorkload):
-            res.prefix_cache_hit_rate_bound = wl.subset_bound(mine, bs)
-            continue
-        ids = wl.prefix_ids
-        sub = Workload(
-            tuple(wl.arrivals[i] for i in mine), tuple(wl.prompt_lens[i] for i in mine),
-            tuple(wl.output_lens[i] for i in mine), wl.name,
-            prefix_ids=tuple(ids[i] for i in mine) if ids is not None else None, prefix_block=wl.prefix_block,
-            tenants=tuple(wl.tenants[i] for i in mine) if wl.tenants is not None else None,
-        )
-        res.prefix_cache_hit_rate_bound = sub.prefix_hit_bound(bs)
-    merged.prefix_cache_hit_rate = hits / queries if queries else 0.0
-    merged.prefix_cache_evictions = evictions
-    merged.prefix_cache_hit_rate_bound = wl.prefix_hit_bound(bs)
-
-
-def _merge(
-    label: str,
-    wl: Workload,
-    config: dict[str, Any],
-    target: list[int],
-    max_new: list[int],
-    results: list[SimResult],
-    routed: list[int],
-    too_long: dict[int, str],
-) -> tuple[SimResult, list[int]]:
-    """Lay the replicas' step arrays end to end; shift each request's step numbers by its replica's base."""
-    n = len(wl)
-    m = new_result(label, wl, config, target, max_new, None)
-    m.kv_total = sum(r.kv_total for r in results)
-    base, tick_base = [0], 0
-    for r in results:
-        m.step_start.extend(r.step_start)
-        m.step_end.extend(r.step_end)
-        m.step_tokens.extend(r.step_tokens)
-        m.step_decodes.extend(r.step_decodes)
-        m.step_kv_used.extend(r.step_kv_used)
-        m.step_waiting.extend(r.step_waiting)
-        m.step_ticks.extend(array("q", (t + tick_base for t in r.step_ticks)))
-        tick_base += r.step_ticks[-1] if len(r.step_ticks) else 0
-        base.append(base[-1] + r.num_steps)
-    for rid in range(n):
-        k = routed[rid]
-        if k < 0:
-            continue
-        r, b = results[k], base[k]
-        for name in ("admit_step", "first_step", "finish_step"):
-            v = getattr(r, name)[rid]
-            getattr(m, name)[rid] = v + b if v >= 0 else -1
-        m.finish_reason[rid] = r.finish_reason[rid]
-        if m.lora_load_s is not None and r.lora_load_s is not None:
-            m.lora_load_s[rid] = r.lora_load_s[rid]
-    for k, r in enumerate(results):
-        b = base[k]
-        m.rejected.extend(r.rejected)
-        m.rejected_kind.update(r.rejected_kind)
-        for rid, steps in r.skips.items():
-            m.skips[rid] = [s + b for s in steps]
-        for rid, segs in r.segments.items():
-            m.segments[rid] = [(a + b, c + b) for a, c in segs]
-        m.num_preemptions += r.num_preemptions
-        m.num_recomputed_tokens += r.num_recomputed_tokens
-        m.lora_loads += r.lora_loads
-        m.lora_storage_loads += r.lora_storage_loads
-    for rid, why in too_long.items():
-        m.rejected.append((rid, why))
-        m.rejected_kind[rid] = CONTEXT_LENGTH
-    m.rejected.sort()
-    return m, base
-
-
-def cluster_summary(
-    result: ClusterResult, slo_ttft: float | None = None, slo_tpot: float | None = None
-) -> dict[str, Any]:
-    """The cluster-wide summary with the single-run keys (report.summarize_result of `merged`),
-    plus `replicas` (one summary per replica, each with `replica`, the requests routed to it as
-    `num_requests`) and the imbalance figures `load_imbalance_mean` and `load_imbalance_max`.
-
-    With prefix caching on, prefix_cache_hit_rate (cached prompt tokens / prompt tokens looked up,
-    summed over replicas), prefix_cache_hit_rate_bound (one infinite cache over the whole
-    workload) and prefix_cache_evictions (summed); each replica's entry has its own three (its
-    bound over the requests routed to it). Without caching all are None, as in a single run.
-
-    mean_kv_utilization and max_kv_utilization of the cluster are the mean and the max of the
-    replicas' figures (a replica's own KV is what it can use).
-    """
-    out = summarize_result(result.merged, slo_ttft, slo_tpot)
-    reps = []
-    for k, res in enumerate(result.replicas):
-        s = summarize_result(res, slo_ttft, slo_tpot)
-        s["replica"] = k
-        s["num_requests"] = sum(1 for r in result.routed if r == k)
-        # A replica that served nothing still states its cache figures (0 hits, its bound).
-        s.setdefault("prefix_cache_hit_rate", res.prefix_cache_hit_rate)
-        s.setdefault("prefix_cache_hit_rate_bound", res.prefix_cache_hit_rate_bound)
-        s.setdefault("prefix_cache_evictions", res.prefix_cache_evictions)
-        reps.append(s)
-    kv_means = [s["mean_kv_utilization"] for s in reps if s.get("mean_kv_utilization") is not None]
-    kv_maxes = [s["max_kv_utilization"] for s in reps if s.get("max_kv_utilization") is not None]
-    if "mean_kv_utilization" in out:
-        out["mean_kv_utilization"] = sum(kv_means) / len(kv_means) if kv_means else None
-        out["max_kv_utilization"] = max(kv_maxes) if kv_maxes else None
-    out["load_imbalance_mean"] = result.imbalance_mean
-    out["load_imbalance_max"] = result.imbalance_max
-    out["replicas"] = reps
-    if out.get("duration_s") and math.isfinite(out["duration_s"]):
-        out["sim_requests_per_wall_s"] = out.get("completed", 0) / result.wall_s if result.wall_s > 0 else None
-    return out
-
-
-
-def run_cluster_experiment(
-    setup: Setup,
-    *,
-    replicas: int,
-    router: Router | str = "least-outstanding",
-    budget: int | None = None,
-    step_time_target: float | None = None,
-    check: bool = False,
-    slo_ttft: float | None = None,
-    slo_tpot: float | None = None,
-) -> Experiment:
-    """`stallfree simulate --replicas N`: run_cluster_study's Experiment (its arguments, results
-    and errors)."""
-    study, _ = run_cluster_study(
-        setup, replicas=replicas, router=router, budget=budget, step_time_target=step_time_target, check=check,
-        slo_ttft=slo_ttft, slo_tpot=slo_tpot,
-    )
-    return study
-
-
-def run_cluster_study(
-    setup: Setup,
-    *,
-    replicas: int,
-    router: Router | str = "least-outstanding",
-    budget: int | None = None,
-    step_time_target: float | None = None,
-    check: bool = False,
-    slo_ttft: float | None = None,
-    slo_tpot: float | None = None,
-    capacity: bool = True,
-    group: Callable[..., Any] | None = None,
-) -> tuple[Experiment, ClusterResult]:
-    """The setup's workload on N replicas of its scheduler: (Experiment, ClusterResult), the latter
-    with each replica's own SimResult (for a per-replica timeline).
-
-    Args:
-        setup: a stallfree.sim.setup.Setup (each replica is its hardware, KV and scheduler).
-        replicas: N >= 1.
-        router: a Router or one of ROUTERS (default least-outstanding).
-        budget, step_time_target, check, slo_ttft, slo_tpot, capacity: as experiment.run_experiment.
-        group: the event loop's runner (simulate_cluster's `group`; default run_group).
-
-    Returns:
-        (a stallfree.sim.experiment.Experiment with one result (the merged cluster) and one summary
-        (cluster_summary, plus capacity_req_s: N times one replica's saturated throughput, and load),
-        the ClusterResult).
-
-    Raises:
-        ClusterError: replicas < 1 or an unknown router.
-        SetupError, SimulationError: as run_experiment.
-    """
-    _check_replicas(replicas)
-    rt = make_router(router) if isinstance(router, str) else router
-    check_options(setup, ["chunked"], step_time_target, check)
-    if budget is None:
-        budget = DEFAULT_TOKEN_BUDGET if step_time_target is None else TIME_BUDGET_CAP
-    sched = scheduler_for(setup, "chunked", budget, step_time_target)
-    opts = setup.workload_options
-    result = simulate_cluster(
-        setup.workload,
-        sched,
-        setup.cost_model,
-        replicas,
-        rt,
-        max_tokens=opts.max_tokens,
-        check=check,
-        label=getattr(sched, "label", None),
-        max_model_len=setup.context_length,
-        cut_output_to_fit=opts.cut_output_to_fit,
-        closed_loop=setup.engine_closed_loop,
-        group=group,
-    )
-    result.merged.config.update(router=router if isinstance(router, str) else type(router).__name__)
-    summary = cluster_summary(result, slo_ttft, slo_tpot)
-    summary["router"] = result.merged.config["router"]
-    if capacity:
-        one = saturated_throughput(
-            setup.workload, sched, setup.cost_model, opts.max_tokens,
-            max_model_len=setup.context_length, cut_output_to_fit=opts.cut_output_to_fit,
-        )
-        record_capacity(setup, summary, one * replicas)
-    header = study_header(setup)
-    header.update(token_budget=budget, step_time_target_s=step_time_target, replicas=replicas,
-                  router=summary["router"])
-    return Experiment(header, [result.merged], [summary]), result

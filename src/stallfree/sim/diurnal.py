@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._files import open_text
-from stallfree.sim.workload import LengthSpec, Workload, synthetic
+from stallfree.sim.inputs.synthetic import LengthSpec, synthetic
+from stallfree.sim.inputs.workload import Workload
 
 __all__ = [
     "DAY_S",
@@ -140,7 +141,7 @@ def profile_workload(points: list[tuple[float, float]], prompt_len: LengthSpec, 
                      burstiness: float = 1.0, seed: int = 0, name: str = "profile",
                      max_requests: int | None = None) -> Workload:
     """Draw the requests arriving under the rate profile `points` (module docstring), with lengths drawn
-    as stallfree.sim.workload.synthetic draws them.
+    as stallfree.sim.inputs.synthetic.synthetic draws them.
 
     Args:
         points: (t_s, requests/s), t strictly increasing.
@@ -175,7 +176,7 @@ def profile_workload(points: list[tuple[float, float]], prompt_len: LengthSpec, 
 
 def options_workload(opts: Any, prompt_len: LengthSpec, output_len: LengthSpec,
                      max_requests: int) -> tuple[Workload, float]:
-    """The workload of stallfree.sim.setup.WorkloadOptions with synthetic "diurnal" or a rate_profile,
+    """The workload of stallfree.sim.inputs.options.WorkloadOptions with synthetic "diurnal" or a rate_profile,
     and its rate scale (rate_scale, default 1): Gamma gaps when burstiness is not 1, the first
     num_requests when given.
 

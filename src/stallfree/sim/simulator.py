@@ -1,41 +1,28 @@
-"""The simulator's single-replica entry point: replays a Workload through a scheduler, pricing each
-StepPlan with a cost model, and records when every request arrived, was admitted, and emitted each
-token. Also the replica's scheduler record (ReplicaConfig) and what every run decides before its loop.
+"""Former path of `stallfree.sim.run.simulator`, kept for one release: import from the new path.
 
-Imports allowed: the standard library, stallfree.core and stallfree.sim (its stdlib modules only).
-
-Time model. The clock starts at the first arrival. Before each step every request that has arrived
-by then (arrival <= now) is added, in workload order; then the step is scheduled, its duration is
-cost_model.step_time(plan), and its tokens are emitted at its end. With nothing to run the clock
-jumps to the next arrival. Requests the scheduler rejects (they can never fit) are counted and
-reported, not dropped silently. The loop itself is stallfree.sim.loop.EventLoop with one
-stallfree.sim.replica.Replica and the trivial router; a cluster (stallfree.sim.cluster) is the
-same loop with N replicas, disaggregation (stallfree.sim.disagg) two groups and a transfer hook.
+The simulator's single-replica entry point: replays a Workload through a scheduler, pricing each StepPlan with a
+cost model, and records when every request arrived, was admitted, and emitted each token. Every public name this
+module had is re-exported from where it lives now; the module goes in the next release.
 """
 
-from __future__ import annotations
-
-import math
-import time
-import warnings
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass
-from typing import Any, cast
-
-from stallfree.core.config import SchedulerConfig
-from stallfree.core.invariants import InvariantChecker
-from stallfree.core.invariants_tier import TieredInvariantChecker
-from stallfree.core.kv_tier import TieredKV
-from stallfree.core.queries import SchedulerStats
-from stallfree.core.request import DEFAULT_TENANT, Request
-from stallfree.core.scheduler import Scheduler
-from stallfree.sim.baselines import NoChunkScheduler, PrefillFirstScheduler
-from stallfree.sim.costs import StepCostModel
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
-from stallfree.sim.load import Arrivals, ClosedLoop
-from stallfree.sim.loop import Entry, EventLoop, PassGate, Router
-from stallfree.sim.replica import Replica, SimClock
-from stallfree.sim.result import (
+from stallfree.sim.inputs.sessions import SessionWorkload
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.baselines import NoChunkScheduler, PrefillFirstScheduler
+from stallfree.sim.run.config import (
+    BATCHING_MODES,
+    ReplicaConfig,
+    async_of,
+    legacy_scheduler_config,
+    make_scheduler,
+    warn_deprecated,
+    wrap_checker,
+)
+from stallfree.sim.run.costs import StepCostModel
+from stallfree.sim.run.load import Arrivals, ClosedLoop
+from stallfree.sim.run.loop import Entry, EventLoop, PassGate, Router
+from stallfree.sim.run.replica import Replica, SimClock
+from stallfree.sim.run.result import (
     CONTEXT_LENGTH,
     KV_CAPACITY,
     SchedulerLike,
@@ -43,508 +30,58 @@ from stallfree.sim.result import (
     SimulationError,
     verify_tokens,
 )
-from stallfree.sim.session_run import SessionArrivals, SessionEntry, close_sessions, run_sessions
-from stallfree.sim.sessions import SessionWorkload
-from stallfree.sim.workload import Workload
+from stallfree.sim.run.session_run import SessionArrivals, SessionEntry, close_sessions, run_sessions
+from stallfree.sim.run.simulator import (
+    context_overflows,
+    new_result,
+    plan_run,
+    request_maker,
+    run_group,
+    saturated_throughput,
+    simulate,
+    tier_figures,
+)
 
 __all__ = [
+    "Arrivals",
     "BATCHING_MODES",
     "CONTEXT_LENGTH",
+    "ClosedLoop",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_MAX_SEQS",
+    "DEFAULT_TOKEN_BUDGET",
+    "Entry",
+    "EventLoop",
     "KV_CAPACITY",
+    "NoChunkScheduler",
+    "PassGate",
+    "PrefillFirstScheduler",
+    "Replica",
     "ReplicaConfig",
+    "Router",
     "SchedulerLike",
+    "SessionArrivals",
+    "SessionEntry",
+    "SessionWorkload",
+    "SimClock",
     "SimResult",
     "SimulationError",
+    "StepCostModel",
+    "Workload",
     "async_of",
+    "close_sessions",
+    "context_overflows",
+    "legacy_scheduler_config",
     "make_scheduler",
     "new_result",
     "plan_run",
     "request_maker",
     "run_group",
+    "run_sessions",
     "saturated_throughput",
     "simulate",
-    "legacy_scheduler_config",
+    "tier_figures",
+    "verify_tokens",
     "warn_deprecated",
     "wrap_checker",
 ]
-
-#: Batching modes: the contract (chunked prefill) and the two baselines of stallfree.sim.baselines.
-BATCHING_MODES = ("chunked", "prefill-first", "no-chunk")
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaConfig:
-    """The simulator's record of one replica's scheduler: the core's SchedulerConfig plus what is the
-    simulator's own (the batching mode, asynchronous scheduling); picklable, so that a worker process
-    can build its own.
-
-    Args:
-        scheduler: the stallfree.core SchedulerConfig (token budget, sequences, KV capacity and policy,
-            prefix caching, partial prefills, CPU tier, ...). The baselines read only its token_budget,
-            max_seqs and kv_tokens and need kv_policy "reserve".
-        batching: "chunked" (stallfree.Scheduler, the contract), "prefill-first" or "no-chunk"
-            (stallfree.sim.baselines).
-        async_scheduling: the engine plans each step while the previous one runs, as vLLM's
-            `--async-scheduling` does (on by default from vLLM 0.14.0): a request that arrives while
-            step k runs first runs in step k + 2 instead of k + 1 (stallfree.sim.loop, "Asynchronous
-            scheduling"; docs/simulator.md). Default False: a synchronous scheduler.
-        max_queue_time_s: None, or seconds a request may wait for admission: one that waits longer, never
-            admitted, is shed (finish reason "timeout", no token; SchedulerConfig.max_queue_time_s on the
-            simulated clock, stallfree.sim.replica.SimClock). Chunked batching only.
-
-    Raises:
-        ValueError: an unknown batching mode, a baseline with kv_policy "paged", scheduler not a
-            SchedulerConfig, async_scheduling not a bool, or max_queue_time_s not a finite number > 0
-            (or given with a baseline).
-    """
-
-    scheduler: SchedulerConfig
-    batching: str = "chunked"
-    async_scheduling: bool = False
-    max_queue_time_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.scheduler, SchedulerConfig):
-            raise ValueError(f"scheduler must be a stallfree.core.SchedulerConfig, got {type(self.scheduler).__name__}")
-        if self.batching not in BATCHING_MODES:
-            raise ValueError(f"batching must be one of {', '.join(BATCHING_MODES)}; got {self.batching!r}")
-        if self.scheduler.kv_policy == "paged" and self.batching != "chunked":
-            raise ValueError(f"the paged scheduler runs chunked batching only; got batching={self.batching!r}")
-        if not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
-        limit = self.max_queue_time_s
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int | float) or not math.isfinite(limit) or limit <= 0:
-                raise ValueError(f"max_queue_time_s must be a finite number of seconds > 0, got {limit!r}")
-            if self.batching != "chunked":
-                raise ValueError(f"max_queue_time_s applies to chunked batching, got batching={self.batching!r}")
-
-    @classmethod
-    def of(cls, kv_tokens: int, token_budget: int = DEFAULT_TOKEN_BUDGET, max_seqs: int = DEFAULT_MAX_SEQS, *,
-           batching: str = "chunked", async_scheduling: bool = False, **options: Any) -> ReplicaConfig:
-        """A ReplicaConfig over SchedulerConfig(token_budget, max_seqs, kv_tokens, **options), with the
-        simulator's defaults (budget 2,048, 256 sequences).
-
-        Raises:
-            InvalidConfig: a SchedulerConfig field out of range (named).
-            ValueError: as ReplicaConfig.
-        """
-        core = SchedulerConfig(token_budget, max_seqs, kv_tokens, **options)
-        return cls(core, batching, async_scheduling)
-
-    @property
-    def token_budget(self) -> int:
-        """The scheduler's token budget, tokens."""
-        return self.scheduler.token_budget
-
-    @property
-    def max_seqs(self) -> int:
-        """The scheduler's most running requests."""
-        return self.scheduler.max_seqs
-
-    @property
-    def kv_tokens(self) -> int:
-        """The scheduler's KV capacity, tokens."""
-        return self.scheduler.kv_tokens
-
-    def build(self) -> SchedulerLike:
-        """Make a fresh scheduler: stallfree.Scheduler(scheduler) for chunked batching, else the baseline.
-
-        Raises:
-            InvalidConfig: a number is out of range.
-        """
-        if self.batching == "chunked":
-            if self.max_queue_time_s is not None:
-                return Scheduler(self.scheduler.replace(max_queue_time_s=self.max_queue_time_s, clock=SimClock()))
-            return Scheduler(self.scheduler)
-        classes: dict[str, Callable[[int, int, int], SchedulerLike]] = {
-            "prefill-first": PrefillFirstScheduler,
-            "no-chunk": NoChunkScheduler,
-        }
-        return classes[self.batching](self.token_budget, self.max_seqs, self.kv_tokens)
-
-    @property
-    def label(self) -> str:
-        """A short name for tables: "chunked/2048", or "paged/2048" for the paged scheduler."""
-        core = self.scheduler
-        caching = core.enable_prefix_caching
-        kind = ("paged+cache" if caching else "paged") if core.kv_policy == "paged" else self.batching
-        if core.cpu_blocks:
-            kind += "+cpu"
-        base = f"{kind}/{self.token_budget}"
-        k, lng, thr = core.partial_prefill_limits
-        if k > 1:
-            base += f"/K{k}L{lng}T{thr}"
-        if self.async_scheduling:
-            base += "/async"
-        return base
-
-
-_WARNED: set[str] = set()
-
-
-def warn_deprecated(old: str, new: str) -> None:
-    """One DeprecationWarning per process for `old`, naming `new` (the release after next removes `old`)."""
-    if old not in _WARNED:
-        _WARNED.add(old)
-        warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
-
-
-def legacy_scheduler_config(
-    kv_tokens: int, token_budget: int = DEFAULT_TOKEN_BUDGET, max_seqs: int = DEFAULT_MAX_SEQS,
-    batching: str = "chunked", kv: str = "reserve", block_size: int = DEFAULT_BLOCK_SIZE,
-    watermark: float = SchedulerConfig.watermark, prefix_caching: bool = False,
-    partial_prefills: tuple[int, int, int] | None = None, cpu_kv_tokens: int = 0, async_scheduling: bool = False,
-) -> ReplicaConfig:
-    """The ReplicaConfig of the former stallfree.sim.SchedulerConfig(...)'s arguments (deprecated:
-    `stallfree.sim.SchedulerConfig` resolves to this and warns once). Block size, watermark, caching and
-    the tier apply under kv="paged" only, as they did.
-
-    Raises:
-        InvalidConfig, ValueError: as ReplicaConfig.of.
-    """
-    opts: dict[str, Any] = {}
-    if partial_prefills is not None:
-        k, lng, thr = partial_prefills
-        opts.update(max_num_partial_prefills=k, max_long_partial_prefills=lng, long_prefill_token_threshold=thr)
-    if kv == "paged":
-        opts.update(kv_policy="paged", block_size=block_size, watermark=watermark,
-                    enable_prefix_caching=prefix_caching, cpu_kv_tokens=cpu_kv_tokens)
-    elif kv != "reserve":
-        raise ValueError(f"kv must be 'reserve' or 'paged'; got {kv!r}")
-    elif prefix_caching:
-        raise ValueError(f"prefix caching needs the paged scheduler (kv='paged'); got kv={kv!r}")
-    return ReplicaConfig.of(kv_tokens, token_budget, max_seqs, batching=batching, async_scheduling=async_scheduling,
-                            **opts)
-
-
-def async_of(scheduler: ReplicaConfig | Callable[[], SchedulerLike]) -> bool:
-    """Whether `scheduler` schedules asynchronously: a ReplicaConfig's async_scheduling; False for a factory."""
-    return isinstance(scheduler, ReplicaConfig) and scheduler.async_scheduling
-
-
-def make_scheduler(scheduler: ReplicaConfig | Callable[[], SchedulerLike]) -> SchedulerLike:
-    """A fresh scheduler from a ReplicaConfig (its build()) or a zero-argument factory."""
-    if isinstance(scheduler, ReplicaConfig):
-        return scheduler.build()
-    return scheduler()
-
-
-def wrap_checker(sched: SchedulerLike) -> SchedulerLike:
-    """`sched` inside stallfree.core.invariants.InvariantChecker (raises on the first violated invariant);
-    a scheduler with a CPU KV tier inside stallfree.core.invariants_tier.TieredInvariantChecker."""
-    if isinstance(getattr(sched, "kv_manager", None), TieredKV):
-        return cast(SchedulerLike, TieredInvariantChecker(sched))  # type: ignore[arg-type]
-    # One checker for both KV policies (and for a time-budget wrapper, which reads as a Scheduler).
-    return cast(SchedulerLike, InvariantChecker(sched))  # type: ignore[arg-type]
-
-
-def _stats(inner: object) -> SchedulerStats:
-    """`inner`'s SchedulerStats (every scheduler the simulator builds has stats())."""
-    return cast(SchedulerLike, inner).stats()
-
-
-def new_result(
-    label: str, wl: Workload, config: dict[str, Any], target: list[int], max_new: list[int], inner: object
-) -> SimResult:
-    """An empty SimResult for `wl` (no step, no request started), KV total from `inner`'s stats() (0 for None)."""
-    n = len(wl)
-    return SimResult(
-        label=label,
-        workload=wl.name,
-        config=dict(config),
-        arrival=wl.arrivals,
-        prompt_len=wl.prompt_lens,
-        target=target,
-        max_new=max_new,
-        admit_step=[-1] * n,
-        first_step=[-1] * n,
-        finish_step=[-1] * n,
-        finish_reason=[""] * n,
-        rejected=[],
-        kv_total=0 if inner is None else _stats(inner).kv_total,
-        lora=wl.loras,
-        lora_load_s=[0.0] * n if wl.loras is not None else None,
-        tenant=None if wl.tenants is None else tuple(t or DEFAULT_TENANT for t in wl.tenants),
-    )
-
-
-def run_group(
-    reps: list[Replica], router: Router | None, workload: Workload, max_new: list[int], too_long: dict[int, str],
-    closed_loop: ClosedLoop | None,
-) -> tuple[Arrivals, Entry, float]:
-    """Run the event loop over one group of replicas behind `router` (None: the single replica),
-    each request entering as request_maker builds it; return (the arrivals, the entry (routes,
-    refusals, imbalance ratios), the loop's wall time, s). Closed-loop load, when given, sends the
-    next request as one finishes or is refused.
-
-    Raises:
-        SimulationError, ClusterError: as EventLoop.run and route_to.
-    """
-    if isinstance(workload, SessionWorkload):
-        if closed_loop is not None:
-            raise ValueError("sessions send each turn after the last one's answer: closed-loop load "
-                             f"(concurrency {closed_loop.concurrency}) does not apply to them")
-        return run_sessions(reps, router, workload, max_new, too_long)
-    arrivals = Arrivals(workload, closed_loop)
-    entry = Entry(reps, router, request_maker(workload, max_new, reps[0].inner, arrivals.times), too_long,
-                  arrivals, track_imbalance=router is not None)
-    closed = closed_loop is not None
-    loop = EventLoop(reps, arrivals, entry, arrivals.on_finish if closed else None,
-                     PassGate(arrivals.ended if closed else None))
-    loop.arrivals_at_step_ends = router is None
-    t0 = time.perf_counter()
-    loop.run()
-    return arrivals, entry, time.perf_counter() - t0
-
-
-def request_maker(
-    wl: Workload, max_new: list[int], inner: object, times: list[float]
-) -> Callable[[int], Request]:
-    """make(rid) -> the Request a scheduler like `inner` sees for request rid: its prompt, max_new
-    and arrival (times[rid], s), and its prompt's block hashes when `inner` caches prefixes and the
-    workload has prefix ids, and its LoRA adapter when the workload names them (then a request's block
-    hashes carry its adapter, so that only requests on the same adapter, or the base model, share KV)."""
-    st = _stats(inner)
-    caching = st.enable_prefix_caching and wl.prefix_ids is not None
-    hashes, bs, plens, tenants = wl.block_hashes, st.block_size or 1, wl.prompt_lens, wl.tenants
-    loras = wl.loras
-    if loras is not None:
-        def with_lora(i: int) -> Request:
-            a = loras[i]
-            h: tuple[Hashable, ...] | None = hashes(i, bs) if caching else None
-            if h is not None and a is not None:
-                # KV computed under an adapter is that adapter's: its blocks hash apart, as in vLLM.
-                h = tuple((a, x) for x in h)
-            return Request(i, plens[i], max_new[i], 0, times[i], h, lora=a,
-                           tenant=tenants[i] if tenants is not None else None)
-
-        return with_lora
-
-    def make(i: int) -> Request:
-        return Request(i, plens[i], max_new[i], 0, times[i], hashes(i, bs) if caching else None,
-                       tenant=tenants[i] if tenants is not None else None)
-
-    return make
-
-
-def simulate(
-    workload: Workload,
-    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
-    cost_model: StepCostModel,
-    max_tokens: int | None = None,
-    check: bool = False,
-    label: str | None = None,
-    max_model_len: int | None = None,
-    cut_output_to_fit: bool = False,
-    closed_loop: ClosedLoop | None = None,
-) -> SimResult:
-    """Replay `workload` through a fresh scheduler, pricing steps with `cost_model`.
-
-    Args:
-        workload: the requests (arrival s, prompt and output lengths in tokens).
-        scheduler: a ReplicaConfig, or a zero-argument factory returning any object with the
-            add()/schedule()/complete() interface and last_finished, kv_free, num_waiting,
-            has_unfinished(). (Picklable when it is a ReplicaConfig, for worker processes.)
-        cost_model: anything with step_time(plan) -> seconds.
-        max_tokens: each request's max_new (its KV reservation); a request whose real output is
-            shorter stops early (the scheduler's stop_after(), finish reason "stop"), a longer one is cut
-            at max_tokens ("length"). None: max_new = the output length.
-        check: wrap the scheduler in stallfree.core.invariants.InvariantChecker (raises on the
-            first violated invariant).
-        label: a name for reports (default: the config's label).
-        max_model_len: the model's context length, tokens, or None for no limit. A request whose
-            prompt_len + max_new exceeds it is refused at arrival (kind "context_length"), as vLLM's
-            server answers a request whose prompt plus max_tokens exceeds max_model_len with a 400.
-        cut_output_to_fit: instead, cut max_new to max_model_len - prompt_len (what vLLM does when
-            the client sets no max_tokens), refusing only a prompt that leaves no room for one token.
-        closed_loop: None (open loop: the workload's arrival times), or a ClosedLoop: that many
-            requests in flight, the next sent (in workload order) think_time after one ends; the
-            workload's arrival times are then ignored (stallfree.sim.load). The result's arrival
-            holds the times the requests were sent, and its config concurrency and think_time_s.
-
-    Returns:
-        A SimResult; every request not rejected has received exactly min(output_len, max_new) tokens.
-
-    Raises:
-        ValueError: max_tokens < 1 or max_model_len < 1.
-        SimulationError: the scheduler stalled with work left, emitted inconsistently with its
-            plans, or check=True without an invariant checker available.
-        InvariantViolation (from the checker): with check=True, a violated invariant.
-    """
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
-    inner = make_scheduler(scheduler)
-    sched = wrap_checker(inner) if check else inner
-    max_new, too_long, target, config, label = plan_run(
-        workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
-    )
-    res = new_result(label or type(inner).__name__, workload, config, target, max_new, inner)
-    reps = [Replica(0, sched, inner, res, cost_model, async_of(scheduler))]
-    arrivals, entry, res.wall_s = run_group(reps, None, workload, max_new, too_long, closed_loop)
-    _close_run(res, entry, tuple(arrivals.times) if closed_loop is not None else None, reps[0], workload, check)
-    if isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry):
-        close_sessions(res, workload, arrivals, entry)  # type: ignore[arg-type]
-    return res
-
-
-def _close_run(res: SimResult, entry: Entry, sent: tuple[float, ...] | None, rep: Replica, workload: Workload,
-               check: bool) -> None:
-    """After simulate's loop: the requests refused for the context length join the rejected (rid
-    order), the times requests were sent (closed loop: `sent`, s) replace the arrivals, the
-    scheduler's counters are copied, then the end-of-run checks (verify_tokens)."""
-    for rid, why in entry.refused:
-        res.rejected.append((rid, why))
-        res.rejected_kind[rid] = CONTEXT_LENGTH
-    res.rejected.sort()  # rid order: the order requests arrive in
-    if sent is not None:
-        res.arrival = sent
-    _scheduler_figures(res, rep.inner, workload)
-    if check:
-        # End-of-run invariants: every request finished and all KV returned.
-        rep.sched.check_final()  # type: ignore[attr-defined]
-    verify_tokens(res)
-
-
-def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload) -> None:
-    """Copy the scheduler's own counters into `res`: preemptions, recomputed tokens and, with prefix
-    caching on, the hit rates (all admissions and first admissions), evictions and the trace's bound."""
-    st = inner.stats()
-    res.num_preemptions = st.num_preemptions
-    res.num_recomputed_tokens = st.num_recomputed_tokens
-    if not st.enable_prefix_caching:
-        return
-    queries = st.prefix_cache_queries
-    res.prefix_cache_hit_rate = st.prefix_cache_hits / queries if queries else 0.0
-    first = st.prefix_cache_first_queries
-    res.prefix_cache_hit_rate_first_admission = st.prefix_cache_first_hits / first if first else 0.0
-    res.prefix_cache_evictions = st.num_evictions
-    res.prefix_cache_hit_rate_bound = workload.prefix_hit_bound(st.block_size or DEFAULT_BLOCK_SIZE)
-    res.kv_tier = tier_figures(inner, st)
-
-
-def tier_figures(inner: object, st: Any) -> dict[str, Any] | None:
-    """A CPU KV tier's figures (None without one): its size (cpu_blocks, cpu_kv_tokens), hit rates per
-    tier over all admissions and over first admissions (fractions of the tokens looked up: gpu + cpu
-    = the scheduler's prefix cache hit rate), and block copies (kv_loads, kv_offloads) and CPU blocks
-    dropped (cpu_drops, the tier full). `st`: the scheduler's stats()."""
-    kv = getattr(inner, "kv_manager", None)
-    if not isinstance(kv, TieredKV):
-        return None
-    tier = kv.tier_stats
-    q, fq = st.prefix_cache_queries, st.prefix_cache_first_queries
-    return {
-        "cpu_blocks": kv.cpu_blocks,
-        "cpu_kv_tokens": kv.cpu_blocks * kv.block_size,
-        "hit_rate_gpu": tier.gpu_hits / q if q else 0.0,
-        "hit_rate_cpu": tier.cpu_hits / q if q else 0.0,
-        "first_admission_hit_rate_gpu": tier.first_gpu_hits / fq if fq else 0.0,
-        "first_admission_hit_rate_cpu": tier.first_cpu_hits / fq if fq else 0.0,
-        "kv_loads": kv.tier.num_loads,
-        "kv_offloads": kv.tier.num_stores,
-        "cpu_drops": kv.tier.num_drops,
-    }
-
-
-def context_overflows(
-    workload: Workload, max_new: list[int], max_model_len: int | None, cut: bool
-) -> dict[int, str]:
-    """The requests refused for the context length, rid -> reason; with `cut`, shortens max_new in place."""
-    if max_model_len is None:
-        return {}
-    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
-        raise ValueError(f"max_model_len must be an integer >= 1 token, got {max_model_len!r}")
-    out: dict[int, str] = {}
-    for i, p in enumerate(workload.prompt_lens):
-        m = max_new[i]
-        if p + m <= max_model_len:
-            continue
-        if cut and p < max_model_len:
-            max_new[i] = max_model_len - p
-            continue
-        out[i] = (
-            f"request {i}: prompt_len {p} + max_new {m} = {p + m} tokens exceeds the model's context "
-            f"length {max_model_len}"
-            if not cut
-            else f"request {i}: prompt_len {p} leaves no room for output in the model's context length "
-            f"{max_model_len}"
-        )
-    return out
-
-
-def plan_run(
-    workload: Workload,
-    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
-    cost_model: StepCostModel,
-    max_tokens: int | None,
-    max_model_len: int | None,
-    cut_output_to_fit: bool,
-    label: str | None,
-    closed_loop: ClosedLoop | None = None,
-) -> tuple[list[int], dict[int, str], list[int], dict[str, Any], str | None]:
-    """What a run decides before its loop, shared by simulate() and the cluster's simulate_cluster():
-    (max_new per request, requests refused for the context length (rid -> reason), tokens each will
-    emit, the result's config record, the label).
-
-    Raises:
-        ValueError: max_model_len not an integer >= 1.
-    """
-    n = len(workload)
-    outs = workload.output_lens
-    max_new = list(outs) if max_tokens is None else [max_tokens] * n
-    too_long = context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
-    target = [min(o, m) for o, m in zip(outs, max_new, strict=True)]
-    config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
-    frontend = getattr(cost_model, "frontend_s", 0.0)  # an engine profile's front end (report adds it)
-    if frontend:
-        config["frontend_s"] = float(frontend)
-    if max_model_len is not None:
-        config.update(max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit)
-    if closed_loop is not None:
-        config.update(concurrency=closed_loop.concurrency, think_time_s=closed_loop.think_time)
-    if isinstance(scheduler, ReplicaConfig):
-        config.update(
-            batching=scheduler.batching,
-            token_budget=scheduler.token_budget,
-            max_seqs=scheduler.max_seqs,
-            kv_tokens=scheduler.kv_tokens,
-            kv=scheduler.scheduler.kv_policy,
-        )
-        if scheduler.scheduler.cpu_blocks:
-            config["cpu_kv_tokens"] = scheduler.scheduler.cpu_blocks * (scheduler.scheduler.block_size or 1)
-        if scheduler.async_scheduling:
-            config["async_scheduling"] = True
-        label = label or scheduler.label
-    return max_new, too_long, target, config, label
-
-
-def saturated_throughput(
-    workload: Workload,
-    scheduler: ReplicaConfig | Callable[[], SchedulerLike],
-    cost_model: StepCostModel,
-    max_tokens: int | None = None,
-    sample: int = 5000,
-    max_model_len: int | None = None,
-    cut_output_to_fit: bool = False,
-) -> float:
-    """Estimate a replica's capacity, requests/s: the first `sample` requests all arriving at 0 s,
-    completed requests over the time to finish them all.
-
-    The drain at the end (fewer requests left than max_seqs) makes this a slight underestimate;
-    with 5,000 requests and max_seqs 256 it is a few percent. Requests refused for the context
-    length (max_model_len, cut_output_to_fit: as simulate) do not count. Infinite when no step ran.
-
-    Raises:
-        ValueError: the workload is empty or sample < 1.
-    """
-    if len(workload) == 0 or sample < 1:
-        raise ValueError(
-            f"saturated_throughput needs requests and sample >= 1, got {len(workload)}, {sample}"
-        )
-    head = workload.head(sample)
-    burst = Workload((0.0,) * len(head), head.prompt_lens, head.output_lens, head.name, loras=head.loras)
-    res = simulate(
-        burst, scheduler, cost_model, max_tokens, max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit
-    )
-    done = sum(1 for f in res.finish_step if f >= 0)
-    return done / res.step_end[-1] if res.num_steps and res.step_end[-1] > 0 else float("inf")

@@ -27,13 +27,18 @@ from typing import Any
 from stallfree._files import MAX_JSON_CHARS
 from stallfree.core.metrics import percentile
 from stallfree.costmodel import CostModelError
-from stallfree.sim.cluster import simulate_cluster
-from stallfree.sim.engine_behaviour import ASYNC_SCHEDULING_DEFAULT_SINCE, async_default, engine_defaults
-from stallfree.sim.engine_profile import EngineProfile
-from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
-from stallfree.sim.routers import VllmDPRouter
-from stallfree.sim.simulator import ReplicaConfig, simulate
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.engine_behaviour import (
+    ASYNC_SCHEDULING_DEFAULT_SINCE,
+    async_default,
+    engine_defaults,
+)
+from stallfree.sim.inputs.engine_profile import EngineProfile
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.routers import VllmDPRouter
+from stallfree.sim.run.simulator import simulate
+from stallfree.sim.studies.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
 from stallfree.validate.compare import Latencies, latencies
 from stallfree.validate.errors import ValidateDataError
 from stallfree.validate.hardware import (
@@ -182,7 +187,7 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
     A run with data_parallel_size > 1 is replayed as that many replicas, each with the folder's KV and
     scheduler limits, behind VllmDPRouter (vLLM's front-end load balancing).
 
-    With `ranges`, the run is replayed twice more with every step scaled by stallfree.sim.ranges'
+    With `ranges`, the run is replayed twice more with every step scaled by stallfree.sim.studies.ranges'
     STEP_TIME_LOW and STEP_TIME_HIGH: the result gains "range" ({"mean_ttft_ms": [low, high], ...} over
     the three replays, ms) and "inside_range" (whether each measured figure lies in its range).
     """
@@ -213,9 +218,10 @@ def replay_run(run: RunFolder, profile: EngineProfile | None, kernels: str | Non
         raise ValueError(f"{where}: {exc}{hint}") from None
     wl = Workload(run.arrivals, run.prompt_lens, run.output_lens, name=run.path.name)
     lagged, lag_why = async_lag(run)
-    # vLLM's asynchronous scheduling is modelled in the event loop (stallfree.sim.loop, "Asynchronous
+    # vLLM's asynchronous scheduling is modelled in the event loop (stallfree.sim.run.loop, "Asynchronous
     # scheduling"): a request that arrives while a step runs joins the batch one step later.
-    # vLLM v1's admission (stallfree.sim.engine_behaviour.VLLM_ADMISSION_RULE): no watermark, as simulate's default.
+    # vLLM v1's admission (stallfree.sim.inputs.engine_behaviour.VLLM_ADMISSION_RULE): no watermark, as simulate's
+    # default.
     watermark = engine_defaults({"kind": "kernels", "engine": "vllm", "version": run.vllm_version})["watermark"]
     sched = ReplicaConfig.of(kv, run.max_num_batched_tokens, run.max_num_seqs, async_scheduling=lagged,
                              kv_policy="paged", block_size=run.block_size, watermark=watermark["value"])

@@ -41,10 +41,10 @@ def _print(res: dict[str, Any], title: str) -> None:
 
 def add_verdict(res: dict[str, Any], kind: str) -> None:
     """Set res["verdict"]: the errors of the means against the goals (validate.against.GOALS) and whether
-    they exceed the run's noise (stallfree.sim.verdict). kind: "engine" (noise: the engine's own speed
+    they exceed the run's noise (stallfree.sim.outputs.verdict). kind: "engine" (noise: the engine's own speed
     drift between the halves), "runs" (--against run folders: a 95% bootstrap interval over requests per
     run, kept as each run's "error_interval_pct"), else a mode without per-request pairs (said so)."""
-    from stallfree.sim.verdict import mean_error_interval, validate_verdict
+    from stallfree.sim.outputs.verdict import mean_error_interval, validate_verdict
     from stallfree.validate.against import GOALS
 
     if kind == "engine":
@@ -100,7 +100,7 @@ def _kernels_value(text: str) -> str:
 
 def _against(a: argparse.Namespace) -> int:
     """`--against PATH`: the format found by content (validate.against.detect)."""
-    from stallfree.sim.engine_profile import default_profile, load_profile
+    from stallfree.sim.inputs.engine_profile import default_profile, load_profile
     from stallfree.validate import against
 
     fmt = against.detect(a.against)
@@ -138,7 +138,7 @@ def _run(a: argparse.Namespace) -> int:
         if a.vllm_result is not None:
             a.model = a.model or "llama-3.1-8b"
             a.gpu = a.gpu or "h100-sxm"
-            from stallfree.sim.engine_profile import default_profile, load_profile
+            from stallfree.sim.inputs.engine_profile import default_profile, load_profile
             from stallfree.validate.vllm import validate_vllm
 
             res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.token_budget,
@@ -244,6 +244,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")
     g.add_argument("--range", action=argparse.BooleanOptionalAction, default=True,
                    help="run folders: replay each run twice more, every step at the 10th and 90th percentile of the "
-                   "measured step-time error (stallfree.sim.ranges), and report whether each measured figure lies "
+                   "measured step-time error (stallfree.sim.studies.ranges), and report whether each measured figure "
+                   "lies "
                    "in the range, their coverage and median width (default on; --no-range: one replay a run)")
     p.set_defaults(func=_run)

@@ -18,8 +18,8 @@ from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE, choose_cost_model
 from stallfree.costmodel.model import get_model
 from stallfree.costmodel.names import GPU_NAMES, GPU_RULES, gpu_match, reduce_model_name, resolve_model
-from stallfree.sim.costs import StepCostModel
-from stallfree.sim.engine_profile import EngineProfile, ProfiledCostModel, default_profile
+from stallfree.sim.inputs.engine_profile import EngineProfile, ProfiledCostModel, default_profile
+from stallfree.sim.run.costs import StepCostModel
 
 __all__ = [
     "ACTIVATION_RESERVE_BYTES",
@@ -214,7 +214,7 @@ def pricing(model: str, gpu: str, tp: int, dtype: str, profile: EngineProfile | 
     ep: the run's expert parallelism (a row's moe_ep_size; CostModel's ep).
     dp_attention: the run's data-parallel attention ranks (a row's attention_dp_size; CostModel's dp_attention).
     profile: the engine profile, or None for the one fitted on the engine whose tables priced the steps
-    (stallfree.sim.engine_profile.default_profile; none under today's pricing), as the commands' default.
+    (stallfree.sim.inputs.engine_profile.default_profile; none under today's pricing), as the commands' default.
     engine_version: the measured run's engine version, or None: kernel tables then price its all-reduces
     from the package's table of that version where the system has one (choose_cost_model).
     kv_dtype: the KV cache's dtype, or None for the weights' (choose_cost_model's kv_dtype).

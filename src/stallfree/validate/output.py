@@ -16,7 +16,7 @@ from typing import Any
 
 from stallfree.costmodel import GPUSpec
 from stallfree.costmodel.hardware import gpu_to_dict
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.workload import Workload
 from stallfree.validate.compare import Latencies
 
 __all__ = ["write_gpu", "write_outputs"]

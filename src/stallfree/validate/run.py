@@ -27,8 +27,10 @@ from stallfree.core.metrics import RequestTimeline
 from stallfree.costmodel import CostModel, GPUSpec, ModelSpec
 from stallfree.costmodel.calibrate import PROFILE_FIT, MeasuredStep, fit_steps
 from stallfree.costmodel.hardware import GPUCalibration
-from stallfree.sim.simulator import ReplicaConfig, simulate
-from stallfree.sim.workload import Workload, load_bundled
+from stallfree.sim.inputs.traces import load_bundled
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.simulator import simulate
 from stallfree.validate.compare import compare, latencies, summary
 
 __all__ = ["EngineRun", "ValidateConfig", "engine_replay", "local_gpu", "model_spec", "run_validate"]

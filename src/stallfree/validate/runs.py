@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text, read_json
-from stallfree.sim.workload import MAX_ARRIVAL_S, MAX_ARRIVAL_SPAN_S
+from stallfree.sim.inputs.workload import MAX_ARRIVAL_S, MAX_ARRIVAL_SPAN_S
 from stallfree.validate.compare import Latencies
 from stallfree.validate.errors import ValidateDataError
 

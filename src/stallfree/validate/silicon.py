@@ -20,7 +20,7 @@ ColumnsDisagg), and on every one of the 267 disaggregated rows of the bundled CS
 figures silicon_concurrency equals decode_batch_size x decode_attention_dp_size x decode_num_workers.
 
 Replay: ``requests_per_row`` x concurrency requests (REQUESTS_PER_ROW by default) under the simulator's
-closed-loop load (stallfree.sim.load.ClosedLoop), the first `concurrency` sent together at 0 and each later
+closed-loop load (stallfree.sim.run.load.ClosedLoop), the first `concurrency` sent together at 0 and each later
 one when one finishes (plus the engine profile's front-end time, which the engine sees as a think time).
 The first wave's outputs are staggered (closed_loop's `spread`) so that the later waves arrive spread out,
 as real clients drift apart, instead of in lock-step. TTFT is the mean over every request, the first wave
@@ -34,7 +34,7 @@ max_num_batched_tokens for its API server on a GPU of >= 70 GiB: vllm/engine/arg
 _set_default_args), max_num_seqs the larger of the concurrency and 1,024, KV from the cost model at
 gpu_memory_utilization 0.9 less the activation reserve (validate.hardware).
 
-Disaggregated replay (stallfree.sim.disagg.simulate_disaggregated): prefill_num_workers prefill replicas of
+Disaggregated replay (stallfree.sim.run.disagg.simulate_disaggregated): prefill_num_workers prefill replicas of
 prefill_tp_size GPUs (ep: prefill_moe_ep_size) and decode_num_workers decode replicas of decode_tp_size, each
 side priced and its KV sized at its own tp and ep as an aggregated row is, under the same closed loop, waves
 rule and token budget. A request's KV crosses the system's intra-node GPU link (the GPU preset's
@@ -72,12 +72,14 @@ from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE
 from stallfree.costmodel.kernel_maps import parse_kernels
-from stallfree.sim.costs import StepCostModel
-from stallfree.sim.disagg import INTERCONNECTS, Interconnect, simulate_disaggregated
-from stallfree.sim.engine_profile import EngineProfile, fit_rows
-from stallfree.sim.load import ClosedLoop
-from stallfree.sim.simulator import ReplicaConfig, simulate
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.engine_profile import EngineProfile, fit_rows
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.costs import StepCostModel
+from stallfree.sim.run.disagg import simulate_disaggregated
+from stallfree.sim.run.disagg_link import INTERCONNECTS, Interconnect
+from stallfree.sim.run.load import ClosedLoop
+from stallfree.sim.run.simulator import simulate
 from stallfree.validate.errors import ValidateDataError
 from stallfree.validate.hardware import derived_kv_tokens, describe_profile, gpu_preset, model_preset, pricing
 
@@ -331,7 +333,7 @@ def _closed_loop_workload(concurrency: int, num_requests: int, isl: int, osl: in
 
 def closed_loop(sched: ReplicaConfig, cost: Any, concurrency: int, num_requests: int, isl: int, osl: int,
                 think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
-    """Run a closed loop through the simulator (stallfree.sim.load.ClosedLoop): `concurrency` requests of
+    """Run a closed loop through the simulator (stallfree.sim.run.load.ClosedLoop): `concurrency` requests of
     `isl` prompt and `osl` output tokens sent at 0, and each later one `think_s` after one ends, until
     `num_requests` were sent and all finished. Step times come from `cost.step_time(plan)`, s.
 
@@ -360,7 +362,7 @@ def disagg_closed_loop(prefill: tuple[ReplicaConfig, StepCostModel, int],
                        decode: tuple[ReplicaConfig, StepCostModel, int], kv_bytes_per_token: int,
                        link: Interconnect, concurrency: int, num_requests: int, isl: int, osl: int,
                        think_s: float = 0.0, spread: bool = False) -> list[tuple[float, float, float]]:
-    """closed_loop on disaggregated replicas (stallfree.sim.disagg.simulate_disaggregated): each side given as
+    """closed_loop on disaggregated replicas (stallfree.sim.run.disagg.simulate_disaggregated): each side given as
     (scheduler config, step pricing, replicas); a request's prompt KV, `kv_bytes_per_token` bytes per token,
     crosses `link` from its prefill replica to a decode replica. Other arguments and `spread` as closed_loop.
 
@@ -370,7 +372,7 @@ def disagg_closed_loop(prefill: tuple[ReplicaConfig, StepCostModel, int],
 
     Raises:
         ValueError: a count < 1, think_s < 0, or a request that did not finish (refused).
-        stallfree.sim.result.ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
+        stallfree.sim.run.result.ClusterError: a replica count < 1 or kv_bytes_per_token < 0.
     """
     wl = _closed_loop_workload(concurrency, num_requests, isl, osl, spread)
     res = simulate_disaggregated(wl, prefill[0], decode[0], prefill[1], decode[1], prefill[2], decode[2],

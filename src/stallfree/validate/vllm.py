@@ -17,9 +17,10 @@ from typing import Any
 
 from stallfree.core.metrics import RequestTimeline
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
-from stallfree.sim.engine_profile import EngineProfile
-from stallfree.sim.simulator import ReplicaConfig, simulate
-from stallfree.sim.workload import Workload
+from stallfree.sim.inputs.engine_profile import EngineProfile
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.config import ReplicaConfig
+from stallfree.sim.run.simulator import simulate
 from stallfree.validate.against import verdict
 from stallfree.validate.compare import compare, latencies, read_vllm_result, summary
 from stallfree.validate.hardware import pricing

@@ -138,7 +138,7 @@ def check_flags(args: argparse.Namespace) -> None:
         if asked:
             raise CliError(f"--autoscale replays one fleet on open-loop arrivals: drop {flag}", 2)
     if args.gpu_price is not None:
-        from stallfree.sim.prices import PriceError, gpu_key, parse_gpu_prices
+        from stallfree.sim.inputs.prices import PriceError, gpu_key, parse_gpu_prices
 
         try:
             prices = parse_gpu_prices(args.gpu_price)
@@ -178,7 +178,7 @@ def group(args: argparse.Namespace, setup: Any) -> tuple[Callable[..., Any] | No
     build); (None, [], --replicas) without --autoscale."""
     if args.autoscale is None:
         return None, [], args.replicas
-    from stallfree.sim.sessions import SessionWorkload
+    from stallfree.sim.inputs.sessions import SessionWorkload
 
     if isinstance(setup.workload, SessionWorkload):
         raise CliError("--autoscale replays one fleet on open-loop arrivals: a session trace is not modelled "
@@ -201,7 +201,7 @@ def _attainment_windows(res: Any, slo_ttft: float | None, slo_tpot: float | None
     of them served within both SLOs (a request not served misses; None without an SLO or a request)."""
     import numpy as np
 
-    from stallfree.sim.report import latency_arrays, slo_met
+    from stallfree.sim.outputs.report import latency_arrays, slo_met
 
     arrival = np.asarray(res.arrival, dtype=np.float64)
     good = np.zeros(len(arrival), dtype=bool)

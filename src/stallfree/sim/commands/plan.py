@@ -22,17 +22,9 @@ from typing import Any
 
 from stallfree._argtypes import positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
-from stallfree.sim.capacity import (
-    DEFAULT_ATTAINMENT,
-    DEFAULT_MAX_REPLICAS,
-    DEFAULT_ROUTERS,
-    PlanResult,
-    plan_report,
-)
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
-    add_common,
     add_executor_flags,
     ensure_writable_dir,
     executor_from_args,
@@ -40,7 +32,6 @@ from stallfree.sim.commands.common import (
     progress_bar,
     refuse_writing_the_trace,
     served_nothing,
-    setup_from_args,
 )
 from stallfree.sim.commands.plan_text import (
     EXIT_NOT_MET,
@@ -50,10 +41,28 @@ from stallfree.sim.commands.plan_text import (
     print_plan,
     print_serve,
 )
+from stallfree.sim.commands.setup_args import add_common, setup_from_args
 from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
-from stallfree.sim.disagg import sides_behaviour
-from stallfree.sim.executors import reusing_workers
-from stallfree.sim.fleet import (
+from stallfree.sim.inputs.options import SetupError
+from stallfree.sim.inputs.prices import (
+    GpuPrice,
+    PriceError,
+    gpu_key,
+    load_prices,
+    parse_gpu_prices,
+    parse_max_gpus,
+)
+from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.studies.capacity import (
+    DEFAULT_ATTAINMENT,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_ROUTERS,
+    PlanResult,
+    plan_report,
+)
+from stallfree.sim.studies.disagg_search import sides_behaviour
+from stallfree.sim.studies.executors import reusing_workers
+from stallfree.sim.studies.fleet import (
     FleetResult,
     Shape,
     answer_record,
@@ -61,8 +70,6 @@ from stallfree.sim.fleet import (
     plan_fleet,
     shape_records,
 )
-from stallfree.sim.prices import GpuPrice, PriceError, gpu_key, load_prices, parse_gpu_prices, parse_max_gpus
-from stallfree.sim.setup import SetupError
 
 __all__ = ["EXIT_NOT_MET", "answer_line", "register", "run"]
 
@@ -114,7 +121,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree plan` on parsed arguments; returns the exit status (3: no fleet meets the SLOs)."""
-    from stallfree.sim.routers import ROUTERS
+    from stallfree.sim.run.routers import ROUTERS
 
     if args.slo_ttft is None and args.slo_tpot is None:
         raise CliError("plan needs an SLO: give --slo-ttft and/or --slo-tpot", 2)
@@ -152,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     header = answer_setup.header()
     if args.range and fleet.answer is not None:
         _add_range(answer_setup, fleet, args)
-        from stallfree.sim.ranges import error_model
+        from stallfree.sim.studies.ranges import error_model
 
         header["range_model"] = error_model()
     if not args.no_disaggregate:
@@ -163,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_plan(fleet, report, header, args)
     if args.out:
-        from stallfree.sim.writers import write_plan
+        from stallfree.sim.outputs.writers import write_plan
 
         names = write_plan(args.out, report, fleet.rows, args.slo_attainment)
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr)
@@ -172,13 +179,13 @@ def run(args: argparse.Namespace) -> int:
     return served_nothing("plan", fleet.rows) or (0 if fleet.answer is not None else EXIT_NOT_MET)
 
 
-def _add_range(setup: Any, fleet: FleetResult, args: argparse.Namespace) -> None:
-    """Give the answer's row its "range" (stallfree.sim.ranges): its cluster replayed with every step at the
+def _add_range(setup: Setup, fleet: FleetResult, args: argparse.Namespace) -> None:
+    """Give the answer's row its "range" (stallfree.sim.studies.ranges): its cluster replayed with every step at the
     error model's low and high factor. An aggregated answer only: a P:D split's row says why it has none."""
     import copy
 
-    from stallfree.sim.capacity import PlanPoint, run_plan_point
-    from stallfree.sim.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
+    from stallfree.sim.studies.capacity import PlanPoint, run_plan_point
+    from stallfree.sim.studies.ranges import STEP_TIME_HIGH, STEP_TIME_LOW, ScaledCost, run_range
 
     row = fleet.answer
     assert row is not None
@@ -313,7 +320,7 @@ def _setups(args: argparse.Namespace, shapes: list[Shape]) -> tuple[
 
 
 def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace, prices: dict[str, GpuPrice],
-            setup: Any) -> dict[str, Any]:
+            setup: Setup) -> dict[str, Any]:
     """plan's --json report: today's keys (plan_report of the answer's shape: answer, bound,
     disaggregation, rows, simulations, wall_s, ...) with `answer` grown by the fleet's keys (answer_record),
     every simulated row with its gpu, tp and cost, and `runner_ups`, `shapes`, `load`, `priced`, `prices`,

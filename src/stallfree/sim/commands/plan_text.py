@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from stallfree.sim.capacity import PlanResult
-from stallfree.sim.fleet import FleetResult, Shape, shape_text
+from stallfree.sim.studies.capacity import PlanResult
+from stallfree.sim.studies.fleet import FleetResult, Shape, shape_text
 
 __all__ = [
     "EXIT_NOT_MET",
@@ -191,7 +191,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
     """The table of every cluster simulated."""
     from rich.table import Table
 
-    from stallfree.sim.report import console
+    from stallfree.sim.outputs.table import console
 
     cols: tuple[tuple[str, str, str], ...] = (
         ("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
@@ -220,7 +220,7 @@ def _print_runner_ups(fleet: FleetResult) -> None:
     """The runner-ups' table: best aggregated, best disaggregated, best per GPU type, with the cost."""
     from rich.table import Table
 
-    from stallfree.sim.report import console
+    from stallfree.sim.outputs.table import console
 
     table = Table(title="runner-ups (meeting the SLOs; the answer excluded)", title_justify="left")
     for name in ("", "cluster", "shape", "GPUs", "in SLO", "$/h", "$/M out", "$/M in"):

@@ -24,7 +24,6 @@ from stallfree.flags import add_scheduler_flags
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
-    add_common,
     add_executor_flags,
     ensure_writable_dir,
     executor_from_args,
@@ -34,15 +33,15 @@ from stallfree.sim.commands.common import (
     progress_bar,
     refuse_writing_the_trace,
     served_nothing,
-    setup_from_args,
     warn_rejections,
 )
+from stallfree.sim.commands.setup_args import add_common, setup_from_args
 from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
-from stallfree.sim.kv_sweep import kv_sweep, kv_sweep_lines, preemption_inflated
-from stallfree.sim.report import console
-from stallfree.sim.simulator import BATCHING_MODES
-from stallfree.sim.sweep import sweep
-from stallfree.sim.writers import write_kv_sweep, write_sweep
+from stallfree.sim.outputs.table import console
+from stallfree.sim.outputs.writers import write_kv_sweep, write_sweep
+from stallfree.sim.run.config import BATCHING_MODES
+from stallfree.sim.studies.kv_sweep import kv_sweep, kv_sweep_lines, preemption_inflated
+from stallfree.sim.studies.sweep import sweep
 
 __all__ = ["register", "run"]
 
@@ -220,8 +219,9 @@ def _span(row: dict[str, Any], key: str, spec: str) -> str:
 
 def _run_tier_sweep(args: argparse.Namespace) -> int:
     """`sweep --enable-prefix-caching --cpu-kv-tokens LIST`: one run per CPU tier size, the rest fixed."""
-    from stallfree.sim.setup import Setup, SetupError
-    from stallfree.sim.tier_sweep import plot_tier_sweep, tier_sweep, tier_sweep_lines
+    from stallfree.sim.inputs.options import SetupError
+    from stallfree.sim.inputs.setup import Setup
+    from stallfree.sim.studies.tier_sweep import plot_tier_sweep, tier_sweep, tier_sweep_lines
 
     if not args.enable_prefix_caching:
         raise CliError("--cpu-kv-tokens sweeps a CPU tier of prefix-cache blocks: add --enable-prefix-caching",

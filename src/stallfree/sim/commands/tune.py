@@ -13,11 +13,9 @@ import sys
 from typing import Any
 
 from stallfree._argtypes import partial_prefill_flag_problem, positive_int, token_count_list
-from stallfree.sim.capacity import DEFAULT_ATTAINMENT
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
-    add_common,
     add_executor_flags,
     ensure_writable_dir,
     executor_from_args,
@@ -25,19 +23,15 @@ from stallfree.sim.commands.common import (
     progress_bar,
     refuse_writing_the_trace,
     served_nothing,
-    setup_from_args,
     warn_rejections,
 )
-from stallfree.sim.report import console
-from stallfree.sim.tune import (
-    DEFAULT_TIE_TOLERANCE,
-    TargetBelowFloor,
-    TuneResult,
-    serve_command,
-    tune,
-    tune_report,
-)
-from stallfree.sim.writers import write_tune
+from stallfree.sim.commands.setup_args import add_common, setup_from_args
+from stallfree.sim.outputs.table import console
+from stallfree.sim.outputs.writers import write_tune
+from stallfree.sim.studies.capacity import DEFAULT_ATTAINMENT
+from stallfree.sim.studies.tune import DEFAULT_TIE_TOLERANCE, TuneResult, tune
+from stallfree.sim.studies.tune_bound import TargetBelowFloor
+from stallfree.sim.studies.tune_report import serve_command, tune_report
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
 
@@ -143,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     result.attainment_target = args.slo_attainment
     header = setup.header()
     if args.range:
-        from stallfree.sim.ranges import error_model
-        from stallfree.sim.tune import chosen_range
+        from stallfree.sim.studies.ranges import error_model
+        from stallfree.sim.studies.tune import chosen_range
 
         result.best["range"] = chosen_range(
             result, setup.workload, setup.kv_tokens, setup.cost_model, max_tokens=args.max_tokens,
@@ -153,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
             scheduler=setup.scheduler_config)
         header["range_model"] = error_model()
     warn_rejections(result.rows, header["requests"])
-    from stallfree.sim.tune import best_by_kind
+    from stallfree.sim.studies.tune_report import best_by_kind
 
     kinds = best_by_kind(result.rows, args.max_seqs)
     if args.json:

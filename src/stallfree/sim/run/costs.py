@@ -1,0 +1,60 @@
+"""The seam between the simulator and a cost model: anything that prices a StepPlan in seconds.
+
+Imports allowed: the standard library and stallfree.core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from stallfree.core.plan import StepPlan
+
+__all__ = ["LinearCostModel", "StepCostModel"]
+
+
+@runtime_checkable
+class StepCostModel(Protocol):
+    """Prices one step: stallfree.costmodel.CostModel, or a hand-made model in tests."""
+
+    def step_time(self, plan: StepPlan) -> float:
+        """Return the wall time of executing `plan`, s (> 0 for a non-empty plan)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LinearCostModel:
+    """step time = base_s + per_token_s * plan.num_tokens + per_context_token_s * plan.decode_context_sum.
+
+    A stand-in with a transparent formula: hand-computed timelines in tests, and quick what-ifs.
+    An empty plan costs 0.
+
+    Args:
+        base_s: fixed cost of a step, s (e.g. reading the weights once).
+        per_token_s: cost of each token in the flat batch, s/token.
+        per_context_token_s: cost of each KV token the decodes read, s/token.
+
+    Raises:
+        ValueError: a coefficient is negative, or all are 0.
+    """
+
+    base_s: float
+    per_token_s: float
+    per_context_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("base_s", "per_token_s", "per_context_token_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"LinearCostModel.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.base_s == 0 and self.per_token_s == 0:
+            raise ValueError("LinearCostModel needs base_s > 0 or per_token_s > 0")
+
+    def step_time(self, plan: StepPlan) -> float:
+        """Return the step's time, s, by the linear formula."""
+        if plan.num_tokens == 0:
+            return 0.0
+        return (
+            self.base_s
+            + self.per_token_s * plan.num_tokens
+            + self.per_context_token_s * plan.decode_context_sum
+        )

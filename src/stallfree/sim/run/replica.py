@@ -1,0 +1,352 @@
+"""One simulated replica: a scheduler, the SimResult rows it writes, and the per-request bookkeeping
+that turns its steps into token times. The event loop (stallfree.sim.run.loop) drives it through three
+calls: add a request, start a step, finish the step.
+
+Imports allowed: the standard library, stallfree.core and stallfree.sim (result, costs).
+
+A step is started at `now` (the scheduler's schedule(), priced by the cost model) and finished at
+its end (complete(), its row recorded). The bookkeeping costs O(prefill chunks + finishes) per
+step, never O(running decodes): decodes are seen from the step arrays, and only the rare
+exceptions are stored per request (a decoding request left out of a step, a preemption); see
+stallfree.sim.run.result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import cast
+
+from stallfree.core.errors import RequestRejected
+from stallfree.core.plan import StepPlan
+from stallfree.core.request import FinishReason, Request
+from stallfree.sim.run.costs import StepCostModel
+from stallfree.sim.run.result import KV_CAPACITY, RequestState, SchedulerLike, SimResult, SimulationError
+
+__all__ = ["Replica"]
+
+_WAITING = int(RequestState.WAITING)
+_DECODING = int(RequestState.DECODING)
+_DONE = int(RequestState.DONE)
+
+
+class SimClock:
+    """The simulated time, seconds, as a scheduler's clock: the replica sets `t` before each schedule()
+    (ReplicaConfig(max_queue_time_s=...) gives its scheduler one). Picklable."""
+
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Replica:
+    """One replica as the event loop drives it and as a router sees it.
+
+    Owns its scheduler, its SimResult (rows for its own steps; per-request fields indexed by the
+    global rid) and its bookkeeping; nothing else writes them. A router reads only the public
+    attributes and properties below.
+
+    Args:
+        index: position in its group, 0-based.
+        sched: the scheduler the loop calls (perhaps an InvariantChecker around `inner`).
+        inner: the scheduler itself (its kv_free, num_waiting, last_finished are read).
+        res: the SimResult it fills (n requests long).
+        cost: prices its steps, s.
+        async_scheduling: the engine plans each step while the previous one runs (vLLM's
+            asynchronous scheduling): the event loop then hands the scheduler only the requests that
+            arrived before the plan was made (stallfree.sim.run.loop.admit_async). Default off.
+
+    Attributes:
+        num_outstanding: requests routed here and not finished or rejected.
+        num_routed: requests routed here.
+        pending: requests routed here and not yet handed to the scheduler (the loop's admission
+            gate hands them over when the replica is idle).
+        busy: a step is in flight.
+        stalled: the last step was empty; waits for a request routed here.
+        step: steps recorded so far.
+        last_start, last_end: start and end, s, of the last step finished (-inf before the first).
+    """
+
+    __slots__ = (
+        "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
+        "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
+        "sched", "seg_open", "stalled", "state", "step", "tick", "_clock",
+    )
+
+    def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
+                 cost: StepCostModel, async_scheduling: bool = False) -> None:
+        self.index = index
+        self.async_scheduling = bool(async_scheduling)
+        self.last_start = self.last_end = float("-inf")
+        # A cost model with per-replica state (LoRA adapter residency, stallfree.sim.run.lora) binds to this one.
+        bind = getattr(cost, "bind_replica", None)
+        if bind is not None:
+            cost = bind(res)
+        self.sched, self.inner, self.res, self.cost = sched, inner, res, cost
+        self.num_outstanding = 0
+        self.num_routed = 0
+        self.pending: list[Request] = []
+        self.busy = False
+        self.stalled = False
+        self.step = 0
+        self.state = bytearray(res.num_requests)  # RequestState values, one byte per request
+        self.decoding: set[int] = set()  # requests with a first token: to see skipped decodes
+        self.tick = 0  # steps with decodes so far (res.step_ticks)
+        self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
+        self._plan: StepPlan | None = None  # the step in flight
+        self._start = 0.0  # when it started, s
+        # A queue time limit reads the simulated clock (SimClock), set before each schedule().
+        clock = getattr(getattr(inner, "config", None), "clock", None)
+        self._clock = clock if isinstance(clock, SimClock) else None
+        # Bound once: the per-step path is the simulator's hot loop.
+        self._schedule, self._complete, self._step_time = sched.schedule, sched.complete, cost.step_time
+        self._append = (res.step_start.append, res.step_end.append, res.step_tokens.append,
+                        res.step_decodes.append, res.step_kv_used.append, res.step_waiting.append,
+                        res.step_ticks.append)
+
+    @property
+    def kv_free(self) -> int:
+        """Free KV as of the last step started, tokens."""
+        return int(self.inner.kv_free)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission: in the scheduler's queue or routed here since its last step."""
+        return int(self.inner.num_waiting) + len(self.pending)
+
+    @property
+    def kv_total(self) -> int:
+        """KV capacity, tokens."""
+        return self.inner.stats().kv_total
+
+    def cached_prefix_len(self, request: Request) -> int:
+        """Tokens of `request`'s prompt whose KV this replica holds in its prefix cache.
+
+        0 when the scheduler keeps no prefix cache or the request carries no block hashes.
+        """
+        if request.block_hashes is None:
+            return 0
+        return int(self.inner.cached_prefix_len(request))
+
+    def refuse(self, rid: int, reason: str, kind: str = KV_CAPACITY) -> None:
+        """Record request `rid` as rejected here (it was routed here and will never run)."""
+        self.res.rejected.append((rid, reason))
+        self.res.rejected_kind[rid] = kind
+        self.state[rid] = _DONE
+        self.num_outstanding -= 1
+
+    def add(self, req: Request) -> bool:
+        """Hand `req` to the scheduler; an output shorter than its max_new is set to stop on its last
+        wanted token (stop_after). Returns False when the scheduler rejects it (recorded, kind
+        "kv_capacity")."""
+        rid = cast(int, req.rid)
+        try:
+            self.sched.add(req)
+        except RequestRejected as exc:
+            self.refuse(rid, str(exc))
+            return False
+        target = self.res.target[rid]
+        if target < req.max_new:
+            self.sched.stop_after(rid, target)
+        return True
+
+    def start_step(self, now: float) -> float | None:
+        """Schedule one step at `now`, s; return its end time, s, or None for an empty plan (which
+        is completed and recorded at once, with no duration: the replica stalls)."""
+        if self._clock is not None:
+            self._clock.t = now
+        plan = self._schedule()
+        if not plan.num_tokens and not plan.preempted:
+            self._complete(plan)
+            self._record(plan, now, now)
+            self.stalled = True
+            return None
+        step = self.step
+        if plan.preempted:
+            self._preempt(plan.preempted, step)
+        if plan.num_decodes != len(self.decoding):
+            self._skips(plan, step)
+        if plan.admitted:
+            admit_step = self.res.admit_step
+            for rid in plan.admitted:
+                if admit_step[rid] < 0:  # type: ignore[call-overload]
+                    admit_step[rid] = step  # type: ignore[call-overload]
+        self._plan, self._start = plan, now
+        self.busy = True
+        return now + self._step_time(plan)
+
+    def finish_step(self, end: float) -> dict[Hashable, FinishReason]:
+        """Complete the step in flight at its end, `end` s (what start_step returned), and record its
+        row; return the requests that finished in it (rid -> reason; the scheduler's last_finished).
+
+        Raises:
+            SimulationError: no step is in flight.
+        """
+        plan = self._plan
+        if plan is None:
+            raise SimulationError(f"replica {self.index}: finish_step without a step in flight")
+        start = self._start
+        self._plan = None
+        self.last_start, self.last_end = start, end
+        self._complete(plan)
+        if plan.num_decodes:
+            self.tick += 1
+        if plan.prefills:
+            self._emitted_from_prefill(plan, self.step)
+        self.busy = False
+        # The row, as _record writes it (inlined: this is the loop's hot path).
+        inner = self.inner
+        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
+        a_start(start)
+        a_end(end)
+        a_tok(plan.num_tokens)
+        a_dec(plan.num_decodes)
+        a_kv(self.res.kv_total - inner.kv_free)
+        a_wait(inner.num_waiting)
+        a_tick(self.tick)
+        finished = inner.last_finished
+        if finished:
+            self._finished(finished, self.step)
+            self.num_outstanding -= len(finished)
+        self.step += 1
+        return finished
+
+    def run_steps(self, now: float, until: float) -> float:
+        """Run steps back to back from `now`, s, each starting as the previous ends, while a step
+        would start before `until`, s (the next arrival), the scheduler has work and no plan is
+        empty; return the time the last one ended (or `now`). What start_step(t) and finish_step at
+        its end do, step for step and row for row, for a loop that knows nothing can happen during
+        a step (EventLoop's single-replica open-loop path). Written out once more, with the state in
+        locals, because this is the simulator's hot path: the two calls per step cost about a
+        tenth of its time.
+
+        Raises:
+            SimulationError: as start_step.
+        """
+        schedule, complete, step_time = self._schedule, self._complete, self._step_time
+        inner, res, decoding = self.inner, self.res, self.decoding
+        has_unfinished = inner.has_unfinished
+        kv_total, admit_step = res.kv_total, res.admit_step
+        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
+        step, tick = self.step, self.tick
+        clock = self._clock
+        try:
+            while now < until and has_unfinished():
+                if clock is not None:
+                    clock.t = now
+                plan = schedule()
+                if not plan.num_tokens and not plan.preempted:
+                    complete(plan)
+                    self.step, self.tick = step, tick
+                    self._record(plan, now, now)
+                    step = self.step
+                    self.stalled = True
+                    break
+                nd = plan.num_decodes
+                if plan.preempted:
+                    self._preempt(plan.preempted, step)
+                if nd != len(decoding):
+                    self._skips(plan, step)
+                for rid in plan.admitted:
+                    if admit_step[rid] < 0:  # type: ignore[call-overload]
+                        admit_step[rid] = step  # type: ignore[call-overload]
+                end = now + step_time(plan)
+                complete(plan)
+                if nd:
+                    tick += 1
+                if plan.prefills:
+                    self._emitted_from_prefill(plan, step)
+                a_start(now)
+                a_end(end)
+                a_tok(plan.num_tokens)
+                a_dec(nd)
+                a_kv(kv_total - inner.kv_free)
+                a_wait(inner.num_waiting)
+                a_tick(tick)
+                finished = inner.last_finished
+                if finished:
+                    self._finished(finished, step)
+                    self.num_outstanding -= len(finished)
+                step += 1
+                now = end
+        finally:
+            self.step, self.tick = step, tick
+        return now
+
+    def _record(self, plan: StepPlan, start: float, end: float) -> dict[Hashable, FinishReason]:
+        inner = self.inner
+        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
+        a_start(start)
+        a_end(end)
+        a_tok(plan.num_tokens)
+        a_dec(plan.num_decodes)
+        a_kv(self.res.kv_total - inner.kv_free)
+        a_wait(inner.num_waiting)
+        a_tick(self.tick)
+        # After this step's row is recorded: closing a preempted request's segments reads it.
+        finished = inner.last_finished
+        if finished:
+            self._finished(finished, self.step)
+            self.num_outstanding -= len(finished)
+        self.step += 1
+        return finished
+
+    def _emitted_from_prefill(self, plan: StepPlan, step: int) -> None:
+        """A last prefill chunk emitted a token: the first, or the next after a preemption."""
+        res = self.res
+        for c in plan.prefills:
+            if not c.is_last:
+                continue
+            r = cast(int, c.rid)
+            if res.first_step[r] < 0:
+                res.first_step[r] = step
+            else:
+                self.seg_open[r] = step
+            self.state[r] = _DECODING
+            self.decoding.add(r)
+
+    def _finished(self, finished: dict[Hashable, FinishReason], step: int) -> None:
+        res = self.res
+        for r, why in finished.items():
+            ri = cast(int, r)
+            res.finish_step[ri] = step
+            res.finish_reason[ri] = str(why)
+            if self.state[ri] == _DECODING:
+                self.decoding.discard(ri)
+            self.state[ri] = _DONE
+            if ri in self.seg_open or ri in res.segments:
+                self._close_segment(ri, step)
+
+    def _skips(self, plan: StepPlan, step: int) -> None:
+        """Some decoding requests are not decoding in this step: record it (rare but for steps
+        without any decode, which the step arrays already show)."""
+        nd = plan.num_decodes
+        if nd > len(self.decoding):
+            raise SimulationError(
+                f"step {step} decodes {nd} requests but only {len(self.decoding)} have a first token"
+            )
+        if nd == 0:
+            return
+        present = set(plan.decode_rids)
+        for r in self.decoding - present:
+            self.res.skips.setdefault(r, []).append(step)
+
+    def _preempt(self, rids: Iterable[Hashable], step: int) -> None:
+        """Preempted requests (paged schedulers) stop decoding until their recompute prefill ends."""
+        for rid in rids:
+            r = cast(int, rid)
+            if self.state[r] != _DECODING:
+                continue
+            self._close_segment(r, step - 1)
+            self.state[r] = _WAITING
+            self.decoding.discard(r)
+
+    def _close_segment(self, r: int, last: int) -> None:
+        """End request r's current stretch at step `last`."""
+        res = self.res
+        segs = res.segments.setdefault(r, [])
+        start = self.seg_open.pop(r, res.first_step[r])
+        segs.append((start, last))
