@@ -133,7 +133,9 @@ def _pid(_: int) -> int:
 
 def test_process_workers_are_reused_within_kept_open():
     """Within reusing_workers, two rounds run in the same two worker processes (started once); outside,
-    each map starts its own; a ProcessExecutor still pickles (its pool stays behind)."""
+    each map starts its own; a ProcessExecutor still pickles (its pool stays behind). Which of the two
+    workers takes a round's tasks is up to the pool (a slow-starting second worker may take none of the
+    first round), so the rounds are checked together: at most two processes, none of them this one."""
     import pickle
 
     from stallfree.sim.studies.executors import ProcessExecutor, reusing_workers
@@ -143,6 +145,7 @@ def test_process_workers_are_reused_within_kept_open():
         first = set(ex.map(_pid, list(range(8))))
         second = set(ex.map(_pid, list(range(8))))
         assert pickle.loads(pickle.dumps(ex)).jobs == 2
-    assert second <= first and os.getpid() not in first and 1 <= len(first) <= 2
+    both = first | second
+    assert os.getpid() not in both and 1 <= len(both) <= 2
     assert ex._pool is None
-    assert not set(ex.map(_pid, list(range(8)))) & first  # a pool of its own: new processes
+    assert not set(ex.map(_pid, list(range(8)))) & both  # a pool of its own: new processes
