@@ -1,4 +1,4 @@
-"""Tests of stallfree.sim.autoscale: a step in the rate worked by hand on a linear cost (the new
+"""Tests of stallfree.sim.run.autoscale: a step in the rate worked by hand on a linear cost (the new
 replica's first request at t0 + interval + delay, the queueing before it), routers seeing serving
 replicas only, scale to zero, draining, the policies, and bad input."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from stallfree.sim.autoscale import (
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.autoscale import (
     AutoscaleConfig,
     AutoscaleError,
     ScalePolicy,
@@ -14,7 +15,6 @@ from stallfree.sim.autoscale import (
     parse_policy,
     runner,
 )
-from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.cluster import simulate_cluster
 from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.run.costs import LinearCostModel

@@ -1,4 +1,4 @@
-"""Tests of stallfree.sim.diurnal: the inverse cumulative rate worked by hand on linear segments, the
+"""Tests of stallfree.sim.inputs.diurnal: the inverse cumulative rate worked by hand on linear segments, the
 diurnal curve's mean and peak, seeded counts against the curve, the profile file's errors, and the CLI."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from stallfree.cli import main
-from stallfree.sim.diurnal import DAY_S, diurnal_profile, profile_times, profile_workload, read_rate_profile
+from stallfree.sim.inputs.diurnal import DAY_S, diurnal_profile, profile_times, profile_workload, read_rate_profile
 from stallfree.sim.inputs.synthetic import parse_length_spec
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallfree.sim.autoscale import (
+from stallfree.sim.commands.common import CliError
+from stallfree.sim.run.autoscale import (
     DEFAULT_SCALE_DOWN_DELAY_S,
     DEFAULT_SCALE_INTERVAL_S,
     DEFAULT_WINDOW_S,
@@ -27,7 +28,6 @@ from stallfree.sim.autoscale import (
     parse_policy,
     runner,
 )
-from stallfree.sim.commands.common import CliError
 
 __all__ = [
     "DEFAULT_POLICY",

@@ -236,7 +236,10 @@ def _verdict(args: argparse.Namespace, study: Experiment) -> dict[str, Any] | No
     what = "prefix caching" if args.compare_caching else "chunked prefill against the baselines"
     line, figures = compare_verdict(study.results, [s["label"] for s in study.summaries], what)
     return {"line": line, "figures": figures}
-def _add_ranges(args: argparse.Namespace, setup: Setup, study: Experiment, progress: ProgressLine | None = None) -> None:
+
+
+def _add_ranges(args: argparse.Namespace, setup: Setup, study: Experiment,
+                progress: ProgressLine | None = None) -> None:
     """Give each run of the study its "range" (stallfree.sim.studies.ranges): the same study replayed with every
     step scaled to the error model's low and high factor (no capacity measured), and the error model
     in the header."""

@@ -119,9 +119,9 @@ class WorkloadOptions:
             (stallfree.sim.run.lora.assign_loras; seeded by `seed`), in place of a trace's own `lora` column.
         lora_popularity: "zipf:S": adapter k drawn with probability proportional to 1 / (k + 1)^S.
         peak_ratio, peak_hour: synthetic "diurnal": the busiest rate over the quietest, and its hour
-            (stallfree.sim.diurnal; None: its defaults).
+            (stallfree.sim.inputs.diurnal; None: its defaults).
         rate_profile: a CSV file `t_s,rate` whose rate, linear between points, the arrivals follow
-            (stallfree.sim.diurnal), or None.
+            (stallfree.sim.inputs.diurnal), or None.
     """
     trace: str | None = None
     trace_format: str = "auto"
@@ -262,7 +262,7 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             wl = wl.head(opts.num_requests)
         return wl, opts.rate_scale or 1.0
     if opts.synthetic == "diurnal" or opts.rate_profile is not None:
-        from stallfree.sim.diurnal import options_workload
+        from stallfree.sim.inputs.diurnal import options_workload
 
         try:
             return options_workload(opts, _length_spec(opts.prompt_len, "prompt_len"),

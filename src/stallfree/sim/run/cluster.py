@@ -123,7 +123,7 @@ def simulate_cluster(
             load: `concurrency` requests in flight across the whole cluster).
         label: a name for reports (default: the config's label, then "xN <router>").
         group: runs the event loop over the replicas, with run_group's arguments and result (default
-            run_group; stallfree.sim.autoscale.runner puts an autoscaler between arrivals and router).
+            run_group; stallfree.sim.run.autoscale.runner puts an autoscaler between arrivals and router).
 
     Returns:
         A ClusterResult; every request not rejected finished exactly once on exactly one replica.
