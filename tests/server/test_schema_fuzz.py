@@ -38,15 +38,17 @@ def _server() -> LiveServer:
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["positive", "negative"])
 def test_no_input_gets_a_5xx(mode):
-    """Every generated request to POST /v1/completions, POST /v1/chat/completions and GET /v1/models (the
-    last in positive mode only: it takes no input) is answered below 500."""
+    """Every generated request to POST /v1/completions, POST /v1/chat/completions, the LoRA load and unload
+    routes (on a server without LoRA: refused, never a 5xx) and GET /v1/models (positive mode only: it takes
+    no input) is answered below 500."""
     counts: collections.Counter[str] = collections.Counter()
     with _server() as srv:
         schema = schemathesis.openapi.from_url(srv.url + "/openapi.json")
         operations = [r.ok() for r in schema.get_all_operations()]
         operations = [op for op in operations if op.path.startswith("/v1/")]
         assert sorted(f"{op.method.upper()} {op.path}" for op in operations) == [
-            "GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions"]
+            "GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/load_lora_adapter",
+            "POST /v1/unload_lora_adapter"]
         for op in operations:
             if mode is GenerationMode.NEGATIVE and op.method.upper() == "GET":
                 continue  # /v1/models takes no input: there is nothing to get wrong

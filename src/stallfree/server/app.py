@@ -259,7 +259,7 @@ def create_app(engine: EngineClient, config: ServerConfig | None = None) -> Fast
 
 
 def _document_bodies(app: FastAPI) -> None:
-    """Put the request schemas of the two POST routes into /openapi.json (they read the raw body, so that
+    """Put the request schemas of the POST routes into /openapi.json (they read the raw body, so that
     errors are OpenAI's objects, and FastAPI cannot see the schemas): clients and schema-driven tests
     learn from it what a request may hold."""
     from fastapi.openapi.utils import get_openapi
@@ -277,6 +277,12 @@ def _document_bodies(app: FastAPI) -> None:
                 "required": True,
                 "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{cls.__name__}"}}},
             }
+        for path, fields in (("/v1/load_lora_adapter", ("lora_name", "lora_path")),
+                             ("/v1/unload_lora_adapter", ("lora_name",))):
+            body = {"type": "object", "required": list(fields),
+                    "properties": {f: {"type": "string", "minLength": 1} for f in fields}}
+            schema["paths"][path]["post"]["requestBody"] = {
+                "required": True, "content": {"application/json": {"schema": body}}}
         app.openapi_schema = schema
         return schema
 
