@@ -86,7 +86,7 @@ def test_missing_trace_is_one_line(capsys):
     assert main(["simulate", "--trace", "/nonexistent/t.csv"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "trace file not found: /nonexistent/t.csv" in err
+    assert "error: --trace: trace file not found: /nonexistent/t.csv" in err
 
 
 def test_bad_value_is_one_line(capsys):

@@ -326,7 +326,10 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except CliError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return exc.code
-        except (TraceFileError, TraceError) as exc:  # a trace file missing, unreadable or malformed: input
+        except TraceFileError as exc:  # the file --trace names is missing or unreadable: name the flag
+            print(f"{prog}: error: --trace: {flag_message(exc)}", file=sys.stderr)
+            return 2
+        except TraceError as exc:  # a malformed trace: its message names the file and line
             print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
             return 2
         except SetupError as exc:
