@@ -22,7 +22,7 @@ gaps show what the server's own work on the requests costs, apart from the model
   python benchmarks/faults.py --src /tmp/before/src --json before.json
   python benchmarks/faults.py --json after.json
 
-Imports allowed: the standard library and httpx.
+Imports allowed: the standard library, httpx and benchmarks/load.py (its server start and stop).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import multiprocessing
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,46 +44,23 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load import free_port, served  # noqa: E402  (the server start and stop every serving benchmark shares)
 
 
 @contextlib.contextmanager
 def server(src: Path, extra: list[str], startup_s: float, kind: str = "model") -> Iterator[str]:
     """Run `stallfree serve` (kind "model") or benchmarks/load.py's fake-engine server (kind "fake": steps
     that sleep, so gaps show the server's own cost) from `src` on a free loopback port; yield its URL."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(ROOT / "tests")])}
     if kind == "fake":
         cmd = [sys.executable, str(ROOT / "benchmarks" / "load.py"), "_fake_server", "--port", str(port),
                "--token-budget", "512", "--max-model-len", "8192", *extra]
     else:
         cmd = [sys.executable, "-m", "stallfree", "serve", "--port", str(port), "--log-interval", "0", *extra]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError("server exited")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not healthy in time")
-            time.sleep(0.3)
+    with served(cmd, env, port, startup_s, log_prefix="stallfree-faults-", stop_s=10.0) as (url, _proc):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _stream_process(url: str, body: dict[str, Any], out: Any) -> None:

@@ -162,10 +162,49 @@ def summarize(results: list[Result], wall_s: float) -> dict[str, float]:
     return out
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def served(cmd: list[str], env: dict[str, str], port: int, startup_s: float, log_prefix: str = "stallfree-server-",
+           stop_s: float = 60.0):
+    """Run a server command listening on 127.0.0.1:`port`; yield (URL, process) once GET /health answers 200;
+    stop it after (SIGTERM, then SIGKILL past `stop_s` seconds). Its output goes to a temporary log file, not
+    a pipe nobody reads (a full pipe would block its logging), named by `process.log_path`.
+
+    Raises:
+        RuntimeError: the server exited before it was healthy (with its log's tail), or was not healthy
+            within `startup_s` seconds.
+    """
+    log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log.name  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy after {startup_s:g} s")
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(stop_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @contextlib.contextmanager
@@ -178,7 +217,7 @@ def launched(kind: str, budget: int, args: argparse.Namespace):
 @contextlib.contextmanager
 def launched_process(kind: str, budget: int, args: argparse.Namespace, extra: tuple[str, ...] = ()):
     """Start a server subprocess on a free loopback port with `extra` options; yield (URL, process)."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     if kind == "fake":
         cmd = [sys.executable, __file__, "_fake_server", "--port", str(port), "--token-budget", str(budget),
@@ -192,32 +231,8 @@ def launched_process(kind: str, budget: int, args: argparse.Namespace, extra: tu
             cmd += ["--kv-tokens", str(args.kv_tokens)]
         cmd += list(extra)
     env.update(getattr(args, "server_env", None) or {})
-    # The server's output goes to a file, not a pipe nobody reads (a full pipe would block its logging).
-    log = tempfile.NamedTemporaryFile(prefix="stallfree-server-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.log_path = log.name  # type: ignore[attr-defined]
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + args.startup_timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not healthy after {args.startup_timeout} s")
-            time.sleep(0.2)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with served(cmd, env, port, args.startup_timeout) as running:
+        yield running
 
 
 def fake_server_main(argv: list[str]) -> int:

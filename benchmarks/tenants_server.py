@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,49 +33,23 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load import free_port, served  # noqa: E402  (the server start and stop every serving benchmark shares)
+
 KEYS = "key,tenant,weight\nsk-flood,flood,1\nsk-light,light,1\n"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def server(fairness: str, args: argparse.Namespace, keys: Path):
     """A serve subprocess with the keys file and `fairness`; yields its URL."""
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "stallfree", "serve", "--port", str(port), "--api-keys-file", str(keys),
            "--fairness", fairness, "--max-num-batched-tokens", str(args.token_budget), "--log-interval", "0"]
     if args.model:
         cmd += ["--model", args.model]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    log = tempfile.NamedTemporaryFile(prefix="stallfree-tenants-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not healthy after 180 s")
-            time.sleep(0.3)
+    with served(cmd, env, port, 180.0, log_prefix="stallfree-tenants-") as (url, _proc):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 async def _stream(client: httpx.AsyncClient, url: str, key: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
