@@ -28,19 +28,24 @@ __all__ = [
 ]
 
 
+def _int_at_least(text: str, minimum: int) -> int:
+    """`text` as an integer >= `minimum`, or argparse.ArgumentTypeError naming the bound and the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (a count of tokens, sequences, requests...).
 
     Raises:
         argparse.ArgumentTypeError: `text` is not an integer, or is < 1.
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
@@ -49,13 +54,7 @@ def non_negative_int(text: str) -> int:
     Raises:
         argparse.ArgumentTypeError: `text` is not an integer, or is < 0.
     """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 #: Token-count suffixes, vLLM's rule (its human-readable integers): lowercase decimal, uppercase binary.

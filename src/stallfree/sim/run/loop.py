@@ -201,6 +201,10 @@ class Entry:
             self.refused.append((rid, self.too_long[rid]))
             self.arrivals.ended(now)
             return
+        self.dispatch(rid)
+
+    def dispatch(self, rid: int) -> None:
+        """Send request `rid`, not refused, to its replica's pending list (through the router, if any)."""
         req = self.make_request(rid)
         reps = self.replicas
         if self.router is None:

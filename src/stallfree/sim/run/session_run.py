@@ -21,7 +21,7 @@ from typing import Any
 from stallfree.core.request import FinishReason, Request
 from stallfree.sim.inputs.sessions import SessionWorkload
 from stallfree.sim.run.load import Arrivals
-from stallfree.sim.run.loop import Entry, EventLoop, Router, route_to
+from stallfree.sim.run.loop import Entry, EventLoop, Router
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import SimResult
 
@@ -135,20 +135,7 @@ class SessionEntry(Entry):
             self.refused.append((rid, self.too_long[rid]))
             arr.end_session(rid, now, "context_length")
             return
-        req = self.make_request(rid)
-        reps = self.replicas
-        if self.router is None:
-            rep = reps[0]
-            rep.num_routed += 1
-            rep.num_outstanding += 1
-            rep.pending.append(req)
-            rep.stalled = False
-            self.routed[rid] = 0
-            return
-        total = sum(r.num_outstanding for r in reps)
-        if total >= len(reps):
-            self.ratios.append(max(r.num_outstanding for r in reps) * len(reps) / total)
-        self.routed[rid] = route_to(self.router, req, reps).index
+        self.dispatch(rid)
 
 
 class SessionGate:
