@@ -6,8 +6,10 @@ uniform 50-300) as a Poisson process at --light-rate requests/s; tenant "flood" 
 replica can serve, for --duration seconds. Steps are priced by the default cost model (Llama 3.3 70B,
 4 x H100 SXM, FP8; the simulator's defaults: budget 2,048 tokens, 256 sequences; synchronous scheduling
 unless --async-scheduling). Runs: the light tenant alone, both under fairness="fcfs", both under
-fairness="vtc" (weights 1), and both under "vtc" with isolation (tenant_chunk_tokens=C,
-tenant_burst_tokens=B: --tenant-chunk-tokens, --tenant-burst-tokens). Every request completes.
+fairness="vtc" (weights 1) with isolation off (the library's default), and both under "vtc" with isolation
+(tenant_chunk_tokens=C, tenant_burst_tokens=B: --tenant-chunk-tokens, --tenant-burst-tokens; by default the
+commands' own under --fairness vtc, stallfree.flags.VTC_CHUNK_TOKENS and VTC_BURST_TOKENS). Every request
+completes.
 
 Reported per run: the light tenant's TTFT p50/p99, the flood's TTFT p50, total token throughput (input
 + output tokens over the run, tokens/s) and output throughput. The goal: light p99 TTFT with VTC within
@@ -16,8 +18,8 @@ Reported per run: the light tenant's TTFT p50/p99, the flood's TTFT p50, total t
 in flight at its arrival, steps it then waited in the queue, and the step(s) from its admission to its first
 token. `--out DIR` also writes the trace (CSV with a tenant column) so that the CLI reproduces each run:
 
-    stallfree simulate --trace DIR/two_tenants.csv --json [--fairness vtc [--tenant-chunk-tokens 512
-        --tenant-burst-tokens 1024]]
+    stallfree simulate --trace DIR/two_tenants.csv --json [--fairness vtc [--tenant-chunk-tokens 0
+        --tenant-burst-tokens 0]]   (vtc alone: isolation turned off; without them, the default isolation)
     stallfree simulate --trace DIR/light_alone.csv --json
 
 Usage:
@@ -35,6 +37,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from stallfree.flags import VTC_BURST_TOKENS, VTC_CHUNK_TOKENS
 from stallfree.sim.inputs.pricing import default_cost_model
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.outputs.report import summarize_result
@@ -113,8 +116,10 @@ def main() -> None:
     ap.add_argument("--light-rate", type=float, default=2.0, help="light tenant, requests/s")
     ap.add_argument("--flood-rate", type=float, default=6.0, help="flooding tenant, requests/s")
     ap.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget (default 2,048)")
-    ap.add_argument("--tenant-chunk-tokens", type=int, default=512, help="C of the isolation run (default 512)")
-    ap.add_argument("--tenant-burst-tokens", type=int, default=1024, help="B of the isolation run (default 1,024)")
+    ap.add_argument("--tenant-chunk-tokens", type=int, default=VTC_CHUNK_TOKENS,
+                    help=f"C of the isolation run (default {VTC_CHUNK_TOKENS}, the commands' default under vtc)")
+    ap.add_argument("--tenant-burst-tokens", type=int, default=VTC_BURST_TOKENS,
+                    help=f"B of the isolation run (default {VTC_BURST_TOKENS}, the commands' default under vtc)")
     ap.add_argument("--async-scheduling", action="store_true", help="plan each step while the previous one runs")
     ap.add_argument("--breakdown", action="store_true", help="where the light tenant's TTFT goes, per run")
     ap.add_argument("--out", type=Path, default=None)

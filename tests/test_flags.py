@@ -12,7 +12,15 @@ import pytest
 
 from stallfree.cli import build_parser, main
 from stallfree.core import InvalidConfig, SchedulerConfig
-from stallfree.flags import KNOBS, add_scheduler_flags, flag_text, scheduler_config
+from stallfree.flags import (
+    KNOBS,
+    VTC_BURST_TOKENS,
+    VTC_CHUNK_TOKENS,
+    add_scheduler_flags,
+    flag_text,
+    scheduler_config,
+    scheduler_options,
+)
 
 COMMANDS = ("simulate", "sweep", "tune", "plan", "validate", "serve", "generate", "demo")
 
@@ -101,6 +109,29 @@ def test_a_knob_added_once_reaches_the_config():
     args = p.parse_args(["--max-num-batched-tokens", "96", "--kv-policy", "paged", "--enable-prefix-caching"])
     cfg = scheduler_config(args, kv_tokens=4096)
     assert cfg == SchedulerConfig(96, 8, 4096, kv_policy="paged", block_size=16, enable_prefix_caching=True)
+
+
+def test_vtc_turns_tenant_isolation_on_unless_told_otherwise():
+    """--fairness vtc: C = VTC_CHUNK_TOKENS and B = VTC_BURST_TOKENS unless given; --tenant-chunk-tokens 0
+    turns the cap off; a CPU KV tier (which the cap does not go with) leaves it off; fcfs sets neither."""
+    p = argparse.ArgumentParser()
+    add_scheduler_flags(p, {"cpu_kv_tokens": None})
+
+    def options(*argv: str) -> dict:
+        o = scheduler_options(p.parse_args(list(argv)))
+        return {k: o.get(k) for k in ("tenant_chunk_tokens", "tenant_burst_tokens")}
+
+    assert options("--fairness", "vtc") == {"tenant_chunk_tokens": 640, "tenant_burst_tokens": 2048}
+    assert (VTC_CHUNK_TOKENS, VTC_BURST_TOKENS) == (640, 2048)
+    assert options("--fairness", "vtc", "--tenant-chunk-tokens", "256", "--tenant-burst-tokens", "0") == {
+        "tenant_chunk_tokens": 256, "tenant_burst_tokens": 0}
+    assert options("--fairness", "vtc", "--tenant-chunk-tokens", "0") == {
+        "tenant_chunk_tokens": None, "tenant_burst_tokens": 2048}
+    assert options("--fairness", "vtc", "--cpu-kv-tokens", "4096") == {
+        "tenant_chunk_tokens": None, "tenant_burst_tokens": 2048}
+    assert options() == {"tenant_chunk_tokens": None, "tenant_burst_tokens": None}  # SchedulerConfig's: off
+    cfg = SchedulerConfig(64, 8, 4096, **scheduler_options(p.parse_args(["--fairness", "vtc"])))
+    assert (cfg.tenant_chunk_tokens, cfg.tenant_burst_tokens) == (640, 2048)
 
 
 def test_library_errors_name_fields_and_commands_word_them_as_flags():

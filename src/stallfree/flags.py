@@ -44,6 +44,16 @@ __all__ = [
 ]
 
 
+#: Isolation between tenants under --fairness vtc when the command line does not set it (SchedulerConfig's
+#: tenant_chunk_tokens and tenant_burst_tokens; the library's own default is off). Chosen on
+#: benchmarks/tenants_sim.py's two-tenant traces under the default kernel pricing (docs/tenants.md):
+#: with C = 640 and B = 2,048 the light tenant's p99 TTFT was 1.6-1.8x its p99 alone at 0.94-0.96 of
+#: FCFS's throughput, against ~5x without isolation.
+VTC_CHUNK_TOKENS = 640
+VTC_BURST_TOKENS = 2048
+_VTC_DEFAULTS = ("tenant_chunk_tokens", "tenant_burst_tokens")
+
+
 @dataclass(frozen=True, slots=True)
 class Knob:
     """One scheduler knob on the command line.
@@ -125,12 +135,13 @@ _KNOB_LIST = (
     Knob("--tenant-weights", "tenant_weights", "vtc: tenant weights as NAME=WEIGHT,... (each > 0; a tenant not "
          "named weighs 1)", kind="weights", metavar="NAME=W,...", everywhere=True),
     Knob("--tenant-chunk-tokens", "tenant_chunk_tokens", "vtc: a prompt chunk of a tenant that leads (another "
-         "tenant with requests running or waiting has less service) takes at most C tokens, and a less-served "
-         "tenant's request set aside beside a partial prefill has its step alone", kind="tokens", metavar="C",
+         "tenant with requests running or waiting was served fewer tokens) takes at most C tokens, and a "
+         "less-served tenant's request set aside beside a partial prefill has its step alone; 0: off "
+         f"(default under --fairness vtc: {VTC_CHUNK_TOKENS}, off with a CPU KV tier)", kind="count", metavar="C",
          everywhere=True),
     Knob("--tenant-burst-tokens", "tenant_burst_tokens", "vtc: a tenant that was idle may be served B tokens "
-         "before the others are served again (its counter is lifted B / weight below theirs)",
-         kind="count", metavar="B", everywhere=True),
+         "before the others are served again (its counter is lifted B / weight below theirs; default under "
+         f"--fairness vtc: {VTC_BURST_TOKENS})", kind="count", metavar="B", everywhere=True),
     Knob("--enable-chunked-prefill", "enable_chunked_prefill", "accepted for vLLM's command lines: chunked "
          "prefill is always on here (the token budget is spent in chunks)", kind="bool", core=False),
 )
@@ -258,7 +269,9 @@ def add_scheduler_flags(
 def _default_of(knob: Knob) -> Any:
     """SchedulerConfig's own default of a core knob's field (None for one without)."""
     field = SchedulerConfig.__dataclass_fields__.get(knob.dest)
-    return None if field is None else field.default
+    if field is None or knob.dest in _VTC_DEFAULTS:
+        return None  # scheduler_options fills it: its default depends on --fairness
+    return field.default
 
 
 def given(args: argparse.Namespace, dest: str) -> str | None:
@@ -269,9 +282,19 @@ def given(args: argparse.Namespace, dest: str) -> str | None:
 
 def scheduler_options(args: argparse.Namespace) -> dict[str, Any]:
     """The SchedulerConfig fields the command's knobs set: each core knob the command has, with the value
-    given or the command's default; a knob left at None is left out (the field's own default applies)."""
+    given or the command's default; a knob left at None is left out (the field's own default applies).
+    Under fairness "vtc" the isolation knobs not given are VTC_CHUNK_TOKENS (none with a CPU KV tier, which
+    the cap does not go with) and VTC_BURST_TOKENS; a tenant_chunk_tokens of 0 is left out (off)."""
     knobs = vars(args).get("_scheduler_knobs", ())
-    return {d: v for d in knobs if KNOBS[d].core and (v := vars(args)[d]) is not None}
+    options = {d: v for d in knobs if KNOBS[d].core and (v := vars(args)[d]) is not None}
+    if options.get("fairness") == "vtc":
+        tier = vars(args).get("cpu_kv_tokens") or vars(args).get("kv_offloading_size")
+        if "tenant_chunk_tokens" not in options and not tier:
+            options["tenant_chunk_tokens"] = VTC_CHUNK_TOKENS
+        options.setdefault("tenant_burst_tokens", VTC_BURST_TOKENS)
+    if options.get("tenant_chunk_tokens") == 0:
+        del options["tenant_chunk_tokens"]  # 0: isolation off (SchedulerConfig's None)
+    return options
 
 
 def scheduler_config(args: argparse.Namespace, **fields: Any) -> SchedulerConfig:

@@ -459,6 +459,20 @@ def test_the_least_served_tenant_is_never_capped():
     assert s.stats().tenant_counters == {"a": 17.0, "b": 10.0}
 
 
+def test_a_lifted_tenant_ahead_on_counters_still_caps_the_flood():
+    """Budget 8, tenant_chunk_tokens=4. Step 0: a0's 30-token prompt takes 8 (a: 8); a1 waits. Step 1: b
+    arrives and is lifted to a's counter, 8, and its 3-token prompt is set aside alone (b: 11, served 3).
+    Step 2: b decodes (b: 12, served 4). On counters b (12) ranks after a (8), but a was served 8 tokens to
+    b's 4, so a still leads and a0's chunk is capped at 4 (ranked by counters it would take the 7 left)."""
+    s = make_scheduler(8, 4, 200, fairness="vtc", tenant_chunk_tokens=4)
+    s.add(Request("a0", 30, 2, tenant="a"))
+    s.add(Request("a1", 8, 2, tenant="a"))
+    plans = _plans(s, Request("b", 3, 3, tenant="b"), 4)
+    assert plans == [[("a0", 8, 0)], [("b", 3, 0)], [("b", 1, 3), ("a0", 4, 8)], [("b", 1, 4), ("a0", 4, 12)]]
+    assert s.stats().tenant_counters == {"a": 16.0, "b": 13.0}
+    assert s.stats().tenant_served_tokens == {"a": 16, "b": 5}
+
+
 def test_burst_leaves_an_idle_tenant_credit_below_the_least_waiting_counter():
     """tenant_burst_tokens=4: b, idle, is lifted to a's 16 less 4 / weight: 12 at weight 1, 14 at weight 2;
     so it is admitted next."""

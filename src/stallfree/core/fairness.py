@@ -24,16 +24,19 @@ victim (preempted by recompute) even when requests were admitted beside it: they
 of the plan. Not with a CPU KV tier, a chunk cap or an admission filter: there the contract's order
 applies.
 
-Isolation between tenants (tenant_chunk_tokens=C, off by default). A long prompt makes every step that
-carries a chunk of it long, and every other tenant's decodes and first tokens wait for those steps. With C:
-(1) a prompt chunk (the continuing partial prefill's, or an admission's first chunk) of a tenant that
-*leads*, that is, some other tenant with requests running or waiting ranks before it (counter, then service
-before lifts, at the moment the chunk is sized), takes at most C tokens; the least-served tenant is never
-capped. (2) A step that sets a less-served tenant's head aside gives the partial prefill no chunk: the step
-holds the decodes and the head's whole prompt, so that head's first token comes after a step as short as it
-would be without the other tenant's prompt (if the KV manager does not admit the head, the step is planned as
-without the set-aside). The partial prefill goes on in the next step; a set-aside charges the head's tenant,
-so set-asides stop once it no longer ranks first and the partial prefill always finishes.
+Isolation between tenants (tenant_chunk_tokens=C, off by default). A long prompt makes every step that carries
+a chunk of it long, and every other tenant's decodes and first tokens wait for those steps. With C: (1) a
+prompt chunk (the continuing partial prefill's, or an admission's first chunk) of a tenant that *leads*, that
+is, some other tenant with requests running or waiting has been served fewer tokens per weight (lifts left
+out, at the moment the chunk is sized), takes at most C tokens; the least-served tenant is never capped. Lifts
+are left out because a light tenant's lift puts its counter level with a flood's, and its next prompts then
+put it ahead: ranked by counters the flood would stop leading and its uncapped chunks (the longest steps)
+would come back exactly while the light tenant is active. (2) A step that sets a less-served tenant's head
+aside gives the partial prefill no chunk: the step holds the decodes and the head's whole prompt, so that
+head's first token comes after a step as short as it would be without the other tenant's prompt (if the KV
+manager does not admit the head, the step is planned as without the set-aside). The partial prefill goes on in
+the next step; a set-aside charges the head's tenant, so set-asides stop once it no longer ranks first and the
+partial prefill always finishes.
 
 Burst (tenant_burst_tokens=B, 0 by default). The lift leaves a tenant B / weight below the least counter of
 the tenants with waiting requests (never above its own): a tenant that was idle may be served B tokens before
@@ -159,9 +162,13 @@ class VTCQueue:
             del self._running[tenant]
 
     def leads(self, tenant: str) -> bool:
-        """Whether another tenant with requests running or waiting ranks before `tenant`. O(tenants)."""
-        own = self.rank(tenant)
-        return any(t != tenant and self.rank(t) < own for t in (*self._running, *self._queues))
+        """Whether another tenant with requests running or waiting has been served fewer tokens per weight
+        than `tenant` (served_tokens / weight: lifts left out, so that a flood whose counter a light tenant's
+        lift has just caught up with still leads). O(tenants)."""
+        w = self.weights
+        own = self.served_tokens.get(tenant, 0) / w.get(tenant, 1.0)
+        return any(t != tenant and self.served_tokens.get(t, 0) / w.get(t, 1.0) < own
+                   for t in (*self._running, *self._queues))
 
     def rank(self, tenant: str) -> tuple[float, float]:
         """A tenant's standing, lower first: (counter, tokens / weight before lifts)."""

@@ -103,15 +103,15 @@ class FairRules:
     @staticmethod
     def limit(chk: CheckerState, rid: Hashable, left: int) -> int:
         """The most tokens `rid`'s next prompt chunk may take with `left` in the budget: at most
-        tenant_chunk_tokens while another tenant with requests running or waiting ranks before its tenant
-        (counters as they stand when the chunk is sized)."""
+        tenant_chunk_tokens while another tenant with requests running or waiting has been served fewer tokens
+        per weight (lifts left out) when the chunk is sized."""
         c = chk.scheduler.config.tenant_chunk_tokens
         if c is None or left <= c or not FairRules.on(chk):
             return left
         own = FairRules.tenant(chk, rid)
-        rank = FairRules._rank(chk, own)
+        rank = FairRules._rank(chk, own)[1]
         others = {FairRules.tenant(chk, r) for r in (*chk._running, *chk._waiting)} - {own}
-        return c if any(FairRules._rank(chk, t) < rank for t in others) else left
+        return c if any(FairRules._rank(chk, t)[1] < rank for t in others) else left
 
     @staticmethod
     def set_aside(chk: CheckerState, left: int) -> Hashable | None:
