@@ -17,9 +17,17 @@ __all__ = ["DONE", "SSEResponse", "completion_chunk", "sse", "usage_dict"]
 DONE = "data: [DONE]\n\n"
 
 
+#: Characters a client may take for the end of a line that JSON leaves unescaped: NEL, LINE SEPARATOR and
+#: PARAGRAPH SEPARATOR (Python's str.splitlines and httpx's line reader split on them; JSON escapes every
+#: control character below U+0020 itself). Escaped, a generated token holding one cannot cut an event in two.
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def sse(obj: dict[str, Any]) -> str:
-    """Frame one JSON object as a server-sent event (`data: {...}` and a blank line)."""
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    """Frame one JSON object as a server-sent event (`data: {...}` and a blank line): UTF-8 text as is,
+    except the characters that line readers other than the SSE specification's split on (escaped)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(',', ':')).translate(_LINE_BREAKS)
+    return f"data: {text}\n\n"
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
