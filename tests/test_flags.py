@@ -121,8 +121,8 @@ def test_vtc_turns_tenant_isolation_on_unless_told_otherwise():
         o = scheduler_options(p.parse_args(list(argv)))
         return {k: o.get(k) for k in ("tenant_chunk_tokens", "tenant_burst_tokens")}
 
-    assert options("--fairness", "vtc") == {"tenant_chunk_tokens": 640, "tenant_burst_tokens": 2048}
-    assert (VTC_CHUNK_TOKENS, VTC_BURST_TOKENS) == (640, 2048)
+    assert options("--fairness", "vtc") == {"tenant_chunk_tokens": 768, "tenant_burst_tokens": 2048}
+    assert (VTC_CHUNK_TOKENS, VTC_BURST_TOKENS) == (768, 2048)
     assert options("--fairness", "vtc", "--tenant-chunk-tokens", "256", "--tenant-burst-tokens", "0") == {
         "tenant_chunk_tokens": 256, "tenant_burst_tokens": 0}
     assert options("--fairness", "vtc", "--tenant-chunk-tokens", "0") == {
@@ -131,7 +131,7 @@ def test_vtc_turns_tenant_isolation_on_unless_told_otherwise():
         "tenant_chunk_tokens": None, "tenant_burst_tokens": 2048}
     assert options() == {"tenant_chunk_tokens": None, "tenant_burst_tokens": None}  # SchedulerConfig's: off
     cfg = SchedulerConfig(64, 8, 4096, **scheduler_options(p.parse_args(["--fairness", "vtc"])))
-    assert (cfg.tenant_chunk_tokens, cfg.tenant_burst_tokens) == (640, 2048)
+    assert (cfg.tenant_chunk_tokens, cfg.tenant_burst_tokens) == (768, 2048)
 
 
 def test_library_errors_name_fields_and_commands_word_them_as_flags():

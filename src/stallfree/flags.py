@@ -46,10 +46,11 @@ __all__ = [
 
 #: Isolation between tenants under --fairness vtc when the command line does not set it (SchedulerConfig's
 #: tenant_chunk_tokens and tenant_burst_tokens; the library's own default is off). Chosen on
-#: benchmarks/tenants_sim.py's two-tenant traces under the default kernel pricing (docs/tenants.md):
-#: with C = 640 and B = 2,048 the light tenant's p99 TTFT was 1.6-1.8x its p99 alone at 0.94-0.96 of
-#: FCFS's throughput, against ~5x without isolation.
-VTC_CHUNK_TOKENS = 640
+#: benchmarks/tenants_sim.py's two-tenant traces under the default kernel pricing (docs/scheduling.md,
+#: "Isolation"): with steps held to 768 tokens while another tenant is active (a multiple of the 256-row
+#: tiles the measured GEMMs are priced in) and B = 2,048, the light tenant's p99 TTFT was 1.5-1.8x its p99
+#: alone at 0.976-0.991 of FCFS's throughput, against ~5x without isolation.
+VTC_CHUNK_TOKENS = 768
 VTC_BURST_TOKENS = 2048
 _VTC_DEFAULTS = ("tenant_chunk_tokens", "tenant_burst_tokens")
 
@@ -135,8 +136,9 @@ _KNOB_LIST = (
     Knob("--tenant-weights", "tenant_weights", "vtc: tenant weights as NAME=WEIGHT,... (each > 0; a tenant not "
          "named weighs 1)", kind="weights", metavar="NAME=W,...", everywhere=True),
     Knob("--tenant-chunk-tokens", "tenant_chunk_tokens", "vtc: a prompt chunk of a tenant that leads (another "
-         "tenant with requests running or waiting was served fewer tokens) takes at most C tokens, and a "
-         "less-served tenant's request set aside beside a partial prefill has its step alone; 0: off "
+         "tenant with requests running or waiting was served fewer tokens) keeps the step within C tokens "
+         "(decodes and earlier chunks counted; at least C/4), and a less-served tenant's request set aside "
+         "beside a partial prefill has its step alone; 0: off "
          f"(default under --fairness vtc: {VTC_CHUNK_TOKENS}, off with a CPU KV tier)", kind="count", metavar="C",
          everywhere=True),
     Knob("--tenant-burst-tokens", "tenant_burst_tokens", "vtc: a tenant that was idle may be served B tokens "

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from factories import drive_randomly, make_scheduler, run_to_end
 from stallfree import Request, Scheduler
 from stallfree.core.errors import InvalidConfig, RequestRejected
+from stallfree.core.fairness import step_cap_floor
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.prefix_cache import hash_blocks
 from stallfree.core.request import FinishReason
@@ -434,20 +435,20 @@ def test_isolation_caps_the_leading_tenant_and_gives_the_head_its_step_alone():
     """Budget 8, reserve, tenant_chunk_tokens=4. Step 0: a's 30-token prompt, no other tenant: 8 tokens (a: 8).
     Step 1: b's 3-token prompt (max_new 3) arrives with 0 service: set aside, and the partial prefill takes no
     chunk, so the step is b's prompt alone (b: 3). Steps 2 and 3: b decodes (b: 4, then 5) and is running
-    with less service than a, so a leads and its chunks are capped at 4 (a: 12, 16). b finishes in step 3;
-    alone again, a takes 8 then its last 6."""
+    with less service than a, so a leads and its chunk keeps the step within 4 tokens: 4 - b's decode = 3
+    (a: 11, 14). b finishes in step 3; alone again, a takes 8 and then its last 8."""
     s = make_scheduler(8, 4, 100, fairness="vtc", tenant_chunk_tokens=4)
     s.add(Request("a", 30, 2, tenant="a"))
     plans = _plans(s, Request("b", 3, 3, tenant="b"), 6)
-    assert plans == [[("a", 8, 0)], [("b", 3, 0)], [("b", 1, 3), ("a", 4, 8)], [("b", 1, 4), ("a", 4, 12)],
-                     [("a", 8, 16)], [("a", 6, 24)]]
+    assert plans == [[("a", 8, 0)], [("b", 3, 0)], [("b", 1, 3), ("a", 3, 8)], [("b", 1, 4), ("a", 3, 11)],
+                     [("a", 8, 14)], [("a", 8, 22)]]
     assert s.stats().tenant_counters == {"a": 30.0, "b": 5.0}
 
 
 def test_the_least_served_tenant_is_never_capped():
-    """Budget 16, tenant_chunk_tokens=4. Step 0: a's 12-token prompt (a: 12). Step 1: a decodes (a: 13); b,
-    with 0 service, is admitted with its whole 10-token prompt (b: 10); then a's next prompt, with 5 tokens
-    of budget left, leads (b's 10 is below a's 13) and takes 4."""
+    """Budget 16, tenant_chunk_tokens=4. Step 0: a0's 12-token prompt (a: 12). Step 1: a0 decodes (a: 13); b,
+    with 0 service, is admitted with its whole 10-token prompt (b: 10); then a's next prompt leads (b served
+    10 tokens to a's 13): the step already holds 11 tokens, past C, so a1 gets the floor, max(4 // 4, 1) = 1."""
     s = make_scheduler(16, 4, 200, fairness="vtc", tenant_chunk_tokens=4)
     s.add(Request("a0", 12, 5, tenant="a"))
     plan = s.schedule()
@@ -455,22 +456,40 @@ def test_the_least_served_tenant_is_never_capped():
     s.add(Request("b0", 10, 2, tenant="b"))
     s.add(Request("a1", 20, 2, tenant="a"))
     plan = s.schedule()
-    assert [(c.rid, c.num_tokens) for c in plan] == [("a0", 1), ("b0", 10), ("a1", 4)]
-    assert s.stats().tenant_counters == {"a": 17.0, "b": 10.0}
+    assert [(c.rid, c.num_tokens) for c in plan] == [("a0", 1), ("b0", 10), ("a1", 1)]
+    assert s.stats().tenant_counters == {"a": 14.0, "b": 10.0}
+
+
+def test_the_step_cap_counts_decodes_and_earlier_chunks_down_to_its_floor():
+    """tenant_chunk_tokens=C bounds the step, not the chunk: C 64, budget 256. a0 (300-token prompt) runs
+    alone: 256 (a: 256). b0 (4 tokens, 3 out) arrives: set aside alone (b: 4). Next step: b0's decode (1) and
+    a0's last 44 tokens, within 64 - 1 = 63. The floor: C // 4 (at least 1), rounded up to whole blocks when
+    chunks are block-aligned, at most C."""
+    s = make_scheduler(256, 4, 1000, fairness="vtc", tenant_chunk_tokens=64)
+    s.add(Request("a0", 300, 2, tenant="a"))
+    plans = _plans(s, Request("b0", 4, 3, tenant="b"), 3)
+    assert plans == [[("a0", 256, 0)], [("b0", 4, 0)], [("b0", 1, 4), ("a0", 44, 256)]]
+    s = make_scheduler(256, 4, 1000, fairness="vtc", tenant_chunk_tokens=64)
+    s.add(Request("a0", 600, 2, tenant="a"))
+    plans = _plans(s, Request("b0", 4, 3, tenant="b"), 3)
+    assert plans[2] == [("b0", 1, 4), ("a0", 63, 256)]
+    assert [step_cap_floor(64, None), step_cap_floor(64, 16), step_cap_floor(20, 16), step_cap_floor(3, None),
+            step_cap_floor(16, 16), step_cap_floor(200, 16)] == [16, 16, 16, 1, 16, 64]
 
 
 def test_a_lifted_tenant_ahead_on_counters_still_caps_the_flood():
     """Budget 8, tenant_chunk_tokens=4. Step 0: a0's 30-token prompt takes 8 (a: 8); a1 waits. Step 1: b
     arrives and is lifted to a's counter, 8, and its 3-token prompt is set aside alone (b: 11, served 3).
     Step 2: b decodes (b: 12, served 4). On counters b (12) ranks after a (8), but a was served 8 tokens to
-    b's 4, so a still leads and a0's chunk is capped at 4 (ranked by counters it would take the 7 left)."""
+    b's 4, so a still leads and a0's chunk keeps the step within 4: 3 beside b's decode (ranked by counters
+    it would take the 7 left)."""
     s = make_scheduler(8, 4, 200, fairness="vtc", tenant_chunk_tokens=4)
     s.add(Request("a0", 30, 2, tenant="a"))
     s.add(Request("a1", 8, 2, tenant="a"))
     plans = _plans(s, Request("b", 3, 3, tenant="b"), 4)
-    assert plans == [[("a0", 8, 0)], [("b", 3, 0)], [("b", 1, 3), ("a0", 4, 8)], [("b", 1, 4), ("a0", 4, 12)]]
-    assert s.stats().tenant_counters == {"a": 16.0, "b": 13.0}
-    assert s.stats().tenant_served_tokens == {"a": 16, "b": 5}
+    assert plans == [[("a0", 8, 0)], [("b", 3, 0)], [("b", 1, 3), ("a0", 3, 8)], [("b", 1, 4), ("a0", 3, 11)]]
+    assert s.stats().tenant_counters == {"a": 14.0, "b": 13.0}
+    assert s.stats().tenant_served_tokens == {"a": 14, "b": 5}
 
 
 def test_burst_leaves_an_idle_tenant_credit_below_the_least_waiting_counter():

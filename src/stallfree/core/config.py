@@ -98,11 +98,13 @@ class SchedulerConfig:
             not named: no limit). A request never admitted that has waited longer (clock() minus its
             arrival, read once per step) is finished with FinishReason "timeout", named in the plan's
             `timed_out`; a preempted request is never timed out. Needs `clock`; any policy.
-        tenant_chunk_tokens: "vtc": C, tokens, or None (the default): a prompt chunk of a tenant that
-            leads (another tenant with requests running or waiting ranks before it) takes at most C
-            tokens, and a step that sets a less-served tenant's head aside beside a partial prefill gives
-            the partial prefill no chunk (stallfree.core.fairness, "Isolation"). An integer >= 1
-            (>= block_size when chunks are aligned); not with cpu_kv_tokens.
+        tenant_chunk_tokens: "vtc": C, tokens, or None (the default; the commands' --fairness vtc sets
+            768): a prompt chunk of a tenant that leads (another tenant with requests running or waiting
+            was served fewer tokens per weight) keeps the step within C tokens, decodes and earlier
+            chunks counted (at least C // 4 in whole blocks), and a step that sets a less-served tenant's
+            head aside beside a partial prefill gives the partial prefill no chunk
+            (stallfree.core.fairness, "Isolation"). An integer >= 1 (>= block_size when chunks are
+            aligned); not with cpu_kv_tokens.
         tenant_burst_tokens: "vtc": B, tokens, an integer >= 0 (default 0): the lift leaves a tenant
             that was idle B / weight below the least waiting counter, so it may be served B tokens before
             the others are served again (stallfree.core.fairness, "Burst").

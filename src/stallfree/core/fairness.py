@@ -28,15 +28,19 @@ Isolation between tenants (tenant_chunk_tokens=C, off by default). A long prompt
 a chunk of it long, and every other tenant's decodes and first tokens wait for those steps. With C: (1) a
 prompt chunk (the continuing partial prefill's, or an admission's first chunk) of a tenant that *leads*, that
 is, some other tenant with requests running or waiting has been served fewer tokens per weight (lifts left
-out, at the moment the chunk is sized), takes at most C tokens; the least-served tenant is never capped. Lifts
-are left out because a light tenant's lift puts its counter level with a flood's, and its next prompts then
-put it ahead: ranked by counters the flood would stop leading and its uncapped chunks (the longest steps)
-would come back exactly while the light tenant is active. (2) A step that sets a less-served tenant's head
-aside gives the partial prefill no chunk: the step holds the decodes and the head's whole prompt, so that
-head's first token comes after a step as short as it would be without the other tenant's prompt (if the KV
-manager does not admit the head, the step is planned as without the set-aside). The partial prefill goes on in
-the next step; a set-aside charges the head's tenant, so set-asides stop once it no longer ranks first and the
-partial prefill always finishes.
+out, at the moment the chunk is sized), keeps the step within C tokens: it takes at most C less the tokens the
+step already holds (its decodes, drafts included, and the chunks placed before it), and never fewer than
+step_cap_floor (C // 4 in whole blocks), so the leading tenant always moves on; the least-served tenant is
+never capped. The step, not the chunk, is bounded because the step's time is what the others wait for, and
+measured GEMMs are priced in row tiles (256 rows in vLLM's tables): a step of C tokens costs what the tile
+holding it costs, whatever part of it is decodes. Lifts are left out because a light tenant's lift puts its
+counter level with a flood's, and its next prompts then put it ahead: ranked by counters the flood would stop
+leading and its full-budget chunks (the longest steps) would come back exactly while the light tenant is
+active. (2) A step that sets a less-served tenant's head aside gives the partial prefill no chunk: the step
+holds the decodes and the head's whole prompt, so that head's first token comes after a step as short as it
+would be without the other tenant's prompt (if the KV manager does not admit the head, the step is planned as
+without the set-aside). The partial prefill goes on in the next step; a set-aside charges the head's tenant,
+so set-asides stop once it no longer ranks first and the partial prefill always finishes.
 
 Burst (tenant_burst_tokens=B, 0 by default). The lift leaves a tenant B / weight below the least counter of
 the tenants with waiting requests (never above its own): a tenant that was idle may be served B tokens before
@@ -81,7 +85,8 @@ from stallfree.core.plan import ScheduledChunk
 from stallfree.core.prefill import OnePartialPrefill, PrefillHost, StepBudget
 from stallfree.core.request import RequestStatus
 
-__all__ = ["FAIRNESS", "FairOnePartialPrefill", "VTCQueue", "check_fairness", "check_isolation", "queue_limit_of"]
+__all__ = ["FAIRNESS", "FairOnePartialPrefill", "VTCQueue", "check_fairness", "check_isolation", "queue_limit_of",
+           "step_cap_floor"]
 
 #: The fairness rules between tenants: "fcfs" (tenants ignored, one queue: the contract) and "vtc".
 FAIRNESS = ("fcfs", "vtc")
@@ -220,7 +225,7 @@ class FairOnePartialPrefill(OnePartialPrefill):
     """Contract steps 2 and 3 under fairness="vtc" with one partial prefill: a less-served tenant's head
     whose whole prompt fits goes in the same step as the partial prefill (module docstring), then the
     contract's admission; with `chunk_tokens` (SchedulerConfig.tenant_chunk_tokens), a leading tenant's
-    chunks take at most that many tokens and a set-aside head's step gives the partial prefill none.
+    chunks keep the step within that many tokens and a set-aside head's step gives the partial prefill none.
 
     Args:
         chunk_tokens: C, tokens, or None (no cap, and a set-aside head shares its step).
@@ -228,11 +233,15 @@ class FairOnePartialPrefill(OnePartialPrefill):
 
     def __init__(self, chunk_tokens: int | None = None) -> None:
         self.chunk_tokens = chunk_tokens
+        self._prefill_budget = 0  # this step's budget for prompt chunks (after the decodes), tokens
+        self._placed = 0  # this step's decode tokens
 
     def plan(self, s: PrefillHost, budget: StepBudget, out: list[ScheduledChunk], victims: list[Any],
              decoding: bool) -> tuple[Hashable, ...]:
         """The partial prefill's chunk, spending the budget left after a set-aside head; the head; then
         (unless it preempted) admission in queue order."""
+        self._prefill_budget = budget.left
+        self._placed = budget.placed
         head = self._set_aside(s, budget) if not victims else None
         if head is None:
             return super().plan(s, budget, out, victims, decoding)
@@ -279,9 +288,13 @@ class FairOnePartialPrefill(OnePartialPrefill):
         return (head.rid,)
 
     def _limit(self, s: PrefillHost, obj: Any, left: int) -> int:
-        """`left`, or at most chunk_tokens for a tenant that leads (VTCQueue.leads)."""
+        """`left`, or for a tenant that leads (VTCQueue.leads) at most what keeps the step within chunk_tokens
+        (C less the step's decode tokens and the chunks placed before it, never below step_cap_floor)."""
         c = self.chunk_tokens
-        if c is None or left <= c:
+        if c is None:
+            return left
+        c = max(c - self._placed - (self._prefill_budget - left), step_cap_floor(c, s.chunking.block_size))
+        if left <= c:
             return left
         queue = s.waiting
         return c if isinstance(queue, VTCQueue) and queue.leads(obj.req.tenant_name) else left
@@ -331,6 +344,16 @@ class FairOnePartialPrefill(OnePartialPrefill):
                 partial.target - partial.num_prefilled, budget.left - head.target):
             return None  # the partial prefill (maybe the oldest running request) still progresses
         return head
+
+
+def step_cap_floor(chunk_tokens: int, block_size: int | None) -> int:
+    """The fewest tokens a leading tenant's chunk is cut to under tenant_chunk_tokens C, however full the step:
+    C // 4 (at least 1), rounded up to whole blocks when chunks are block-aligned, never above C; so a
+    leading tenant's prompt always moves on (a step's decodes alone may pass C)."""
+    floor = max(chunk_tokens // 4, 1)
+    if block_size:
+        floor = -(-floor // block_size) * block_size
+    return min(floor, chunk_tokens)
 
 
 def _check_seconds_or_weight(name: str, value: object) -> float:

@@ -313,6 +313,7 @@ class InvariantChecker(CheckerState):
         if sum(c.start for c in plan.decodes) != plan.decode_context_sum:
             self._fail("decode context sum", f"{plan.decode_context_sum}")
         left = budget - sum(costs[r] for r in decodes)
+        self._prefill_start = (budget - left, left)  # the step's decode tokens, its budget for prompt chunks
         fair = FairRules.on(self)
         if fair:
             FairRules.charge_plan(self, plan, after_admission=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
+from stallfree.core.fairness import step_cap_floor
 from stallfree.core.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -102,11 +103,18 @@ class FairRules:
 
     @staticmethod
     def limit(chk: CheckerState, rid: Hashable, left: int) -> int:
-        """The most tokens `rid`'s next prompt chunk may take with `left` in the budget: at most
-        tenant_chunk_tokens while another tenant with requests running or waiting has been served fewer tokens
-        per weight (lifts left out) when the chunk is sized."""
+        """The most tokens `rid`'s next prompt chunk may take with `left` in the budget: while another tenant
+        with requests running or waiting has been served fewer tokens per weight (lifts left out) when the
+        chunk is sized, what keeps the step within tenant_chunk_tokens C (C less the step's decode tokens and
+        the chunks placed before it), and never less than fairness.step_cap_floor."""
         c = chk.scheduler.config.tenant_chunk_tokens
-        if c is None or left <= c or not FairRules.on(chk):
+        if c is None or not FairRules.on(chk):
+            return left
+        decode_tokens, prefill_budget = chk._prefill_start
+        cfg = chk.scheduler.config
+        c = max(c - decode_tokens - (prefill_budget - left),
+                step_cap_floor(c, cfg.block_size if cfg.chunks_aligned else None))
+        if left <= c:
             return left
         own = FairRules.tenant(chk, rid)
         rank = FairRules._rank(chk, own)[1]

@@ -102,6 +102,7 @@ class CheckerState:
     # fairness="vtc": the shadow's virtual token counters and tokens served, by tenant.
     _service: dict[str, float] = field(default_factory=dict)
     _served: dict[str, int] = field(default_factory=dict)
+    _prefill_start: tuple[int, int] = (0, 0)  # this step's decode tokens and budget for prompt chunks
     # fairness="vtc" with tenant_chunk_tokens: a set-aside head took the step alone (the partial prefill waits).
     _partial_waits: bool = False
 

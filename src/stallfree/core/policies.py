@@ -32,7 +32,11 @@ __all__ = [
 
 
 class Chunking(Protocol):
-    """How prompt chunks are cut (the KV policies in core/kv.py count the KV)."""
+    """How prompt chunks are cut (the KV policies in core/kv.py count the KV); `block_size` is the
+    alignment of non-final chunks in tokens, or None for exact chunks."""
+
+    @property
+    def block_size(self) -> int | None: ...
 
     def chunk(self, rest: int, left: int) -> int: ...
 

@@ -47,12 +47,14 @@ class StepBudget:
 
     Attributes:
         left: tokens left, >= 0 once a phase has spent (a phase may read a negative budget as none).
+        placed: tokens the step holds before its prompt chunks (its decodes, drafts included).
     """
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "placed")
 
-    def __init__(self, left: int) -> None:
+    def __init__(self, left: int, placed: int = 0) -> None:
         self.left = left
+        self.placed = placed
 
     def spend(self, n: int) -> None:
         """Take `n` tokens for a chunk."""

@@ -394,7 +394,7 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             self._limits = NO_LIMITS
         else:
             self._limits = StepLimits(admit, chunk_cap, refused or None)
-        admitted = self._prefill.plan(self._host, StepBudget(budget - used), prefills, victims, used > 0)
+        admitted = self._prefill.plan(self._host, StepBudget(budget - used, used), prefills, victims, used > 0)
         if victims:
             # Passing over a request (a filter's refusal or an adapter that cannot join) may let a
             # newer request be admitted, and preempted, ahead of it.
