@@ -167,7 +167,8 @@ def test_every_request_finishes_exactly_once(seed):
     )
     rejected = {rid for rid, _ in c.merged.rejected}
     for rid in range(len(w)):
-        finished_on = [k for k, r in enumerate(c.replicas) if r.finish_step[rid] >= 0]
+        # The replicas share their per-request arrays; a request's entries are its replica's (owns).
+        finished_on = [k for k, r in enumerate(c.replicas) if r.owns(rid) and r.finish_step[rid] >= 0]
         assert finished_on == ([] if rid in rejected else [c.routed[rid]])
         if rid not in rejected:
             assert c.merged.num_tokens(rid) == w.output_lens[rid]

@@ -49,7 +49,7 @@ from stallfree.sim.run.routers import (
     make_router,
 )
 from stallfree.sim.run.session_run import SessionArrivals, SessionEntry, close_sessions
-from stallfree.sim.run.simulator import new_result, plan_run, run_group
+from stallfree.sim.run.simulator import new_result, plan_run, run_group, shared_fields
 
 __all__ = [
     "ClusterError",
@@ -140,13 +140,21 @@ def simulate_cluster(
         workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
     config.update(replicas=num_replicas, router=type(router).__name__)
-    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label)
+    # One set of per-request arrays (and one state byte per request) for every replica: each request
+    # is written by its own replica alone (SimResult.owner).
+    shared = shared_fields(len(workload))
+    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label, shared)
             for k in range(num_replicas)]
+    for rep in reps[1:]:
+        rep.state = reps[0].state
     results = [rep.res for rep in reps]
     cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
     arrivals, entry, wall = (group or run_group)(reps, router, workload, max_new, too_long, closed_loop)
     closed = closed_loop is not None
     routed, ratios = entry.routed, entry.ratios
+    owner = array("i", routed)
+    for k, res in enumerate(results):
+        res.owner, res.replica = owner, k
     sessions = isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry)
     sent = tuple(arrivals.sent_at) if isinstance(arrivals, SessionArrivals) else None
     for rep in reps:
@@ -173,12 +181,13 @@ def _check_replicas(replicas: int) -> None:
 def _replica(
     k: int, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
     workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
+    shared: tuple[Any, Any, Any, list[str]] | None = None,
 ) -> Replica:
     """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result
-    labelled "<label>#k"."""
+    labelled "<label>#k" (its per-request arrays `shared`, if given: simulator.shared_fields)."""
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
-    res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
+    res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner, shared)
     return Replica(k, sched, inner, res, cost_model, async_of(scheduler))
 
 

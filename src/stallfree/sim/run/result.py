@@ -15,7 +15,7 @@ from the step arrays.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
@@ -145,6 +145,17 @@ class SimResult:
     lora_storage_loads: int = 0
     #: Per request its tenant ("default" for none), when the workload names tenants; else None.
     tenant: tuple[str, ...] | None = None
+    #: A cluster's replicas share one set of per-request arrays (admit_step, first_step, finish_step,
+    #: finish_reason; each request is written by its own replica alone), so that they take 8 bytes per
+    #: request and field, not that times the replicas. Then `owner` is, per request, the index of
+    #: the replica it was routed to (-1: none) and `replica` this result's: a request is this result's
+    #: when owner[rid] == replica (owns). None: every request of the arrays is this result's.
+    owner: Sequence[int] | None = None
+    replica: int = -1
+
+    def owns(self, rid: int) -> bool:
+        """Whether request `rid`'s per-request fields are this result's (see `owner`)."""
+        return self.owner is None or self.owner[rid] == self.replica
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -200,7 +211,7 @@ class SimResult:
         """One stallfree.core.metrics.RequestTimeline per request that was not rejected."""
         out = []
         for r in range(self.num_requests):
-            if self.finish_step[r] < 0:
+            if self.finish_step[r] < 0 or not self.owns(r):
                 continue
             adm = self.admit_step[r]
             out.append(
@@ -224,7 +235,7 @@ def verify_tokens(res: SimResult) -> None:
         SimulationError: a request emitted more or fewer tokens than res.target says.
     """
     for r in range(res.num_requests):
-        if res.finish_step[r] >= 0 and res.finish_reason[r] not in ("abort", "timeout"):
+        if res.finish_step[r] >= 0 and res.finish_reason[r] not in ("abort", "timeout") and res.owns(r):
             got = res.num_tokens(r)
             if got != res.target[r]:
                 raise SimulationError(
