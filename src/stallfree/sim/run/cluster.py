@@ -240,6 +240,11 @@ def _prefix_cache_figures(
     merged.prefix_cache_hit_rate_bound = wl.prefix_hit_bound(bs)
 
 
+#: The step arrays of a SimResult.
+_STEP_FIELDS = ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
+                "step_ticks")
+
+
 def _merge(
     label: str,
     wl: Workload,
@@ -250,21 +255,35 @@ def _merge(
     routed: list[int],
     too_long: dict[int, str],
 ) -> tuple[SimResult, list[int]]:
-    """Lay the replicas' step arrays end to end; shift each request's step numbers by its replica's base."""
+    """Lay the replicas' step arrays end to end; shift each request's step numbers by its replica's base.
+
+    The step arrays are held once: each replica's become read-only views (memoryview) of its rows
+    of the merged ones, its own arrays emptied as each field is copied (a run's step rows outweigh its
+    per-request fields several times). The merged per-request step numbers are array('q'), as the
+    replicas' (simulator.shared_fields).
+    """
     n = len(wl)
-    m = new_result(label, wl, config, target, max_new, None)
+    m = new_result(label, wl, config, target, max_new, None, shared_fields(n))
     m.kv_total = sum(r.kv_total for r in results)
-    base, tick_base = [0], 0
+    base = [0]
     for r in results:
-        m.step_start.extend(r.step_start)
-        m.step_end.extend(r.step_end)
-        m.step_tokens.extend(r.step_tokens)
-        m.step_decodes.extend(r.step_decodes)
-        m.step_kv_used.extend(r.step_kv_used)
-        m.step_waiting.extend(r.step_waiting)
-        m.step_ticks.extend(array("q", (t + tick_base for t in r.step_ticks)))
-        tick_base += r.step_ticks[-1] if len(r.step_ticks) else 0
         base.append(base[-1] + r.num_steps)
+    for name in _STEP_FIELDS:
+        first = getattr(results[0], name)
+        whole = array(first.typecode, [0]) * base[-1]
+        tick_base = 0
+        for k, r in enumerate(results):
+            mine = getattr(r, name)
+            if name == "step_ticks":
+                whole[base[k]:base[k + 1]] = array("q", (t + tick_base for t in mine))
+                tick_base += mine[-1] if len(mine) else 0
+            else:
+                whole[base[k]:base[k + 1]] = mine
+            del mine[:]  # frees it now (the replica's loop still holds the array object)
+        setattr(m, name, whole)
+        view = memoryview(whole)
+        for k, r in enumerate(results):
+            setattr(r, name, view[base[k]:base[k + 1]])
     for rid in range(n):
         k = routed[rid]
         if k < 0:
