@@ -90,3 +90,30 @@ def test_cluster_replicas_share_arrays_and_keep_their_own_figures(monkeypatch):
         assert summarize_result(res)["completed"] == len(lat["rids"])
     assert total == summarize_result(c.merged)["completed"] == len(work)
     _check_itl(c.merged, monkeypatch)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_records_written_row_by_row_equal_the_whole_list(tmp_path, suffix):
+    """write_records streams its rows, and the file is byte for byte what the whole list gave:
+    json.dumps(rows, indent=1) or csv.DictWriter over the list (a cluster's, with its replica column)."""
+    import csv
+    import json
+
+    from stallfree.sim.outputs.records import request_records, write_records
+
+    work = _workload(4, 120)
+    c = simulate_cluster(work, SchedulerConfig(2_000, 64, 8), LinearCostModel(0.005, 2e-5), 2,
+                         make_router("least-outstanding"))
+    rows = request_records(c.merged, c.routed)
+    assert len(rows) == len(work) and rows[7]["replica"] == c.routed[7]
+    got = tmp_path / f"r{suffix}"
+    write_records(c.merged, got, c.routed)
+    want = tmp_path / f"w{suffix}"
+    if suffix == ".json":
+        want.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    else:
+        with open(want, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    assert got.read_bytes() == want.read_bytes()
