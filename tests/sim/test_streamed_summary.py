@@ -146,3 +146,20 @@ def test_finished_requests_leave_the_loop(monkeypatch):
     assert live and max(live) <= 3 * 64 + 50  # seats of 3 replicas, plus those waiting
     assert sum(1 for o in gc.get_objects() if type(o) is Request) == 0
     assert summarize_result(c.merged)["completed"] == len(work)
+
+
+def test_select_finds_weighted_order_statistics():
+    """The radix selection over (value, count) pieces: the k-th smallest of the expanded multiset
+    (np.repeat, then sort), for values with ties, zeros and negatives, pieces of any size."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate([np.round(rng.normal(0.02, 0.01, 3000), 5), [0.0, -0.0, 1e-300, -3.5, 7e3]])
+    counts = rng.integers(0, 4, len(values))
+    flat = np.sort(np.repeat(values, counts))
+    ranks = sorted({0, 1, len(flat) // 2, len(flat) - 1, *rng.integers(0, len(flat), 20).tolist()})
+
+    def pairs():  # type: ignore[no-untyped-def]
+        for c in range(0, len(values), 333):
+            yield values[c:c + 333], counts[c:c + 333]
+
+    got = itl.select(ranks, pairs)
+    assert [got[k] for k in ranks] == [float(flat[k]) for k in ranks]

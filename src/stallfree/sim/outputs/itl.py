@@ -20,15 +20,16 @@ array, after the regular ones, as latency_arrays orders them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from stallfree.sim.run.memory import give_back
 from stallfree.sim.run.result import SimResult
 
-__all__ = ["CHUNK", "itl_stats", "pairwise_sum", "percentile"]
+__all__ = ["CHUNK", "itl_stats", "pairwise_sum", "percentile", "select"]
 
 #: Gaps generated at once (8 bytes each, a few arrays of them): the memory the sums take.
-CHUNK = 1 << 18
+CHUNK = 1 << 16
 
 
 def pairwise_sum(n: int, piece: Callable[[int, int], Any]) -> float:
@@ -63,13 +64,14 @@ def percentile(n: int, q: float, kth: Callable[[int], float]) -> float:
 
 
 class _Gaps:
-    """The gaps of a result, in latency_arrays' order, as values with counts and by index ranges."""
+    """The gaps of a result, in latency_arrays' order: by index ranges (`piece`) and as (value,
+    count) pairs in pieces (`pairs`), never all at once."""
 
     def __init__(self, res: SimResult, done: Any) -> None:
         import numpy as np
 
         end = np.frombuffer(res.step_end, dtype=np.float64)
-        dec = np.frombuffer(res.step_decodes, dtype=np.int64)
+        dec = np.asarray(res.step_decodes)
         first = np.asarray(res.first_step, dtype=np.int64)
         fin = np.asarray(res.finish_step, dtype=np.int64)
         irregular = set(res.skips) | set(res.segments)
@@ -77,7 +79,10 @@ class _Gaps:
         if irregular:
             reg = np.asarray([r not in irregular for r in done.tolist()], dtype=bool)
         ra, rb = first[done][reg], fin[done][reg]
-        d = np.flatnonzero(dec > 0)
+        # D: the steps with decodes, in order (int32 where the steps allow: one entry per step).
+        dtype = np.int32 if len(end) < 2**31 else np.int64
+        d = np.concatenate([np.empty(0, dtype=dtype)] + [
+            (np.flatnonzero(dec[c:c + CHUNK] > 0) + c).astype(dtype) for c in range(0, len(dec), CHUNK)])
         i0 = np.searchsorted(d, ra, side="right")  # D[i0]: the first step with decodes after a
         lengths = np.searchsorted(d, rb, side="right") - i0  # gaps of each request
         keep = lengths > 0
@@ -115,26 +120,61 @@ class _Gaps:
             out.append(self.irregular[max(lo, nr) - nr:hi - nr])
         return out[0] if len(out) == 1 else np.concatenate(out)
 
-    def counted(self) -> tuple[Any, Any]:
-        """(values, counts): every distinct place a gap comes from, s, and how many gaps it gives."""
+    def pairs(self) -> Iterator[tuple[Any, Any]]:
+        """(values, counts) in pieces: every place a gap comes from, s, and how many gaps it gives
+        (0 for some): each request's first gap, once; the gap of step D[j] to D[j - 1], once per
+        request with i0 < j < i0 + length (a request decoding in both); the irregular gaps, once."""
         import numpy as np
 
         end, d = self.end, self.d
-        first = end[d[self.i0]] - end[self.ra]
-        # Step D[j]'s gap to D[j - 1] counts once per request with i0 < j < i0 + length.
-        w = np.zeros(len(d) + 1, dtype=np.int64)
-        np.add.at(w, self.i0 + 1, 1)
-        np.add.at(w, self.i0 + self.lengths, -1)
-        w = np.cumsum(w[:-1])
-        step_gap = np.empty(len(d))
-        if len(d):
-            step_gap[1:] = end[d[1:]] - end[d[:-1]]
-            step_gap[0] = 0.0
-        has = w > 0
-        values = np.concatenate([first, step_gap[has], self.irregular])
-        counts = np.concatenate([np.ones(len(first), dtype=np.int64), w[has],
-                                 np.ones(len(self.irregular), dtype=np.int64)])
-        return values, counts
+        yield end[d[self.i0]] - end[self.ra], np.ones(len(self.ra), dtype=np.int64)
+        starts = np.sort(self.i0 + 1)
+        ends = np.sort(self.i0 + self.lengths)
+        for c in range(1, len(d), CHUNK):
+            j = np.arange(c, min(c + CHUNK, len(d)))
+            w = np.searchsorted(starts, j, side="right") - np.searchsorted(ends, j, side="right")
+            yield end[d[j]] - end[d[j - 1]], w
+        yield self.irregular, np.ones(len(self.irregular), dtype=np.int64)
+
+
+def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]]) -> dict[int, float]:
+    """The rank-k smallest (0-based) of a multiset of float64 values for each k of `ranks`, the
+    multiset given as (values, counts) pieces by pairs() (called once per pass): a radix selection on
+    the values' 64 bits in order-preserving form, 16 bits a pass (4 passes), in memory of a piece
+    and 2**16 counts per rank. Exact: the result is one of the values."""
+    import numpy as np
+
+    top = np.uint64(1 << 63)
+    prefix = {k: 0 for k in ranks}
+    left = {k: k for k in ranks}  # rank within the values sharing the prefix
+    for level in range(4):
+        shift = np.uint64(48 - 16 * level)
+        hist = {k: np.zeros(1 << 16) for k in ranks}
+        for values, counts in pairs():
+            if not len(values):
+                continue
+            bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+            keys = np.where(bits >= top, ~bits, bits | top)  # ascending with the values
+            buckets = (keys >> shift) & np.uint64(0xFFFF)
+            w = np.asarray(counts, dtype=np.float64)
+            high = keys >> np.uint64(64 - 16 * level) if level else None
+            for k in ranks:
+                if high is None:
+                    hist[k] += np.bincount(buckets.astype(np.int64), weights=w, minlength=1 << 16)
+                else:
+                    sel = high == np.uint64(prefix[k])
+                    hist[k] += np.bincount(buckets[sel].astype(np.int64), weights=w[sel], minlength=1 << 16)
+        for k in ranks:
+            cum = np.cumsum(hist[k])  # integer counts, exact in float64 below 2**53
+            b = int(np.searchsorted(cum, left[k], side="right"))
+            left[k] -= int(cum[b - 1]) if b else 0
+            prefix[k] = (prefix[k] << 16) | b
+    out = {}
+    for k in ranks:
+        key = np.array([prefix[k]], dtype=np.uint64)
+        bits = key ^ top if key[0] >= top else ~key
+        out[k] = float(bits.view(np.float64)[0])
+    return out
 
 
 def itl_stats(res: SimResult, done: Any, percentiles: Sequence[float]) -> dict[str, float | None]:
@@ -142,10 +182,13 @@ def itl_stats(res: SimResult, done: Any, percentiles: Sequence[float]) -> dict[s
     of `res`, whose finished requests (latency_arrays' "rids") are `done`: what
     report._stats("itl", latency_arrays(res)["itl"], percentiles) gives, bit for bit (module
     docstring), without that array."""
-    import numpy as np
-
     keys = ["mean_itl_ms", "median_itl_ms", "std_itl_ms"] + [f"p{q:g}_itl_ms" for q in percentiles]
-    g = _Gaps(res, done)
+    out = _figures(_Gaps(res, done), keys, percentiles)
+    give_back()  # the pieces' memory, freed in the middle of the heap
+    return out
+
+
+def _figures(g: _Gaps, keys: list[str], percentiles: Sequence[float]) -> dict[str, float | None]:
     n = g.n
     if n == 0:
         return dict.fromkeys(keys, None)
@@ -160,14 +203,22 @@ def itl_stats(res: SimResult, done: Any, percentiles: Sequence[float]) -> dict[s
         return x * x
 
     std = math.sqrt(pairwise_sum(n, sq) / n)
-    values, counts = g.counted()
-    vms = values * 1e3
-    order = np.argsort(vms, kind="stable")
-    vms, cum = vms[order], np.cumsum(counts[order])
+    # The ranks the median and the percentiles read, then those values (in ms, as numpy sees them).
+    needed: set[int] = set()
 
-    def kth(k: int) -> float:
-        return float(vms[int(np.searchsorted(cum, k, side="right"))])
+    def note(k: int) -> float:
+        needed.add(k)
+        return 0.0
 
+    for q in percentiles:
+        percentile(n, float(q), note)
+    needed.update({(n - 1) // 2, n // 2} if n % 2 == 0 else {(n - 1) // 2})
+
+    def pairs_ms() -> Iterator[tuple[Any, Any]]:
+        for values, counts in g.pairs():
+            yield values * 1e3, counts
+
+    kth = select(sorted(needed), pairs_ms).__getitem__
     median = kth((n - 1) // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2
     out: dict[str, float | None] = {keys[0]: mean, keys[1]: median, keys[2]: std}
     for q in percentiles:

@@ -48,8 +48,8 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
 
     end = np.frombuffer(res.step_end, dtype=np.float64)
     start = np.frombuffer(res.step_start, dtype=np.float64)
-    dec = np.frombuffer(res.step_decodes, dtype=np.int64)
-    ticks = np.frombuffer(res.step_ticks, dtype=np.int64)
+    dec = np.asarray(res.step_decodes)
+    ticks = np.asarray(res.step_ticks)
     first = np.asarray(res.first_step, dtype=np.int64)
     fin = np.asarray(res.finish_step, dtype=np.int64)
     adm = np.asarray(res.admit_step, dtype=np.int64)
@@ -276,11 +276,11 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
     start = np.frombuffer(res.step_start, dtype=np.float64)
     dur = end - start
     busy = float(dur.sum())
-    tokens = np.frombuffer(res.step_tokens, dtype=np.int64)
+    tokens = np.asarray(res.step_tokens)
     budget = res.config.get("token_budget")
-    kv = np.frombuffer(res.step_kv_used, dtype=np.int64)
-    waiting = np.frombuffer(res.step_waiting, dtype=np.int64)
-    decodes = np.frombuffer(res.step_decodes, dtype=np.int64)
+    kv = np.asarray(res.step_kv_used)
+    waiting = np.asarray(res.step_waiting)
+    decodes = np.asarray(res.step_decodes)
     return dict(
         num_steps=res.num_steps,
         mean_tokens_per_step=float(tokens.mean()),

@@ -33,6 +33,7 @@ from stallfree.sim.run.config import ReplicaConfig, async_of, make_scheduler, wr
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.load import ClosedLoop
 from stallfree.sim.run.loop import Router
+from stallfree.sim.run.memory import give_back
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
 from stallfree.sim.run.routers import (
@@ -275,7 +276,7 @@ def _merge(
         for k, r in enumerate(results):
             mine = getattr(r, name)
             if name == "step_ticks":
-                whole[base[k]:base[k + 1]] = array("q", (t + tick_base for t in mine))
+                whole[base[k]:base[k + 1]] = array(first.typecode, (t + tick_base for t in mine))
                 tick_base += mine[-1] if len(mine) else 0
             else:
                 whole[base[k]:base[k + 1]] = mine
@@ -284,6 +285,7 @@ def _merge(
         view = memoryview(whole)
         for k, r in enumerate(results):
             setattr(r, name, view[base[k]:base[k + 1]])
+        give_back()  # the replica's arrays, freed in the middle of the heap
     for rid in range(n):
         k = routed[rid]
         if k < 0:

@@ -116,11 +116,14 @@ class SimResult:
     kv_total: int
     step_start: array[float] = field(default_factory=lambda: array("d"))
     step_end: array[float] = field(default_factory=lambda: array("d"))
-    step_tokens: array[int] = field(default_factory=lambda: array("q"))
-    step_decodes: array[int] = field(default_factory=lambda: array("q"))
-    step_kv_used: array[int] = field(default_factory=lambda: array("q"))
-    step_waiting: array[int] = field(default_factory=lambda: array("q"))
-    step_ticks: array[int] = field(default_factory=lambda: array("q"))
+    # The integer step arrays are C ints (array "i", 4 bytes: a step's tokens, decodes, reserved KV and
+    # waiting requests, and the decode steps so far, are all far below 2**31; a value past it raises
+    # OverflowError rather than wrapping): a run's step rows are most of what it holds.
+    step_tokens: array[int] = field(default_factory=lambda: array("i"))
+    step_decodes: array[int] = field(default_factory=lambda: array("i"))
+    step_kv_used: array[int] = field(default_factory=lambda: array("i"))
+    step_waiting: array[int] = field(default_factory=lambda: array("i"))
+    step_ticks: array[int] = field(default_factory=lambda: array("i"))
     skips: dict[int, list[int]] = field(default_factory=dict)
     segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     wall_s: float = 0.0
