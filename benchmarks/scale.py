@@ -24,6 +24,15 @@ pricing, vLLM's kernel tables where aiconfigurator-core is installed):
     default          `stallfree simulate` (the bundled Azure trace, default pricing)
     replay 9k        --num-requests 9000 --kernels vllm --json: the bundled Azure conversation trace's
                      first 9,000 requests replayed with kernel pricing
+    trace .gz (long) --trace BIG.csv.gz --num-requests 100000 --replicas 32 --router least-outstanding
+                     --json --kernels none --no-range: a large gzipped CSV trace (arrival_time,
+                     prompt_len, output_len; Poisson arrivals at 300/s, lengths drawn from the bundled
+                     trace's, seeded), generated once in the temporary folder, --trace-mb MB of text
+                     (default 200, about 9 M rows). The reader decompresses and parses it line by line
+                     (never the whole text in memory) and keeps every row (it sorts them by arrival),
+                     then the first 100,000 requests run: the figure to read is what reading the whole
+                     file costs. stallfree reads at most 1 GiB of text from one trace file
+                     (stallfree._files.MAX_FILE_CHARS): a larger --trace-mb is refused in one line.
 
 A child whose address space passes --mem-limit-gb (default 8) fails with a MemoryError instead of
 taking the machine's memory; the table then says so.
@@ -58,7 +67,38 @@ RUNS: tuple[tuple[str, list[str], bool], ...] = (
      True),
     ("default", [], False),
     ("replay 9k", ["--num-requests", "9000", "--kernels", "vllm", "--json"], False),
+    ("trace .gz (long)", ["--trace", "{trace}", "--num-requests", "100000", "--replicas", "32", "--router",
+                          "least-outstanding", "--json", "--kernels", "none", "--no-range"], True),
 )
+
+
+def write_trace(path: Path, megabytes: float, seed: int = 0) -> int:
+    """Write a gzipped CSV trace of about `megabytes` MB of text to `path`, streamed (never held):
+    arrival_time (Poisson at 300/s), prompt_len and output_len (pairs drawn from the bundled Azure
+    trace). Returns its rows."""
+    import gzip
+    import random
+
+    sys.path.insert(0, str(HERE.parent / "src"))
+    from stallfree.sim.inputs.traces import load_bundled
+
+    wl = load_bundled()
+    pairs = list(zip(wl.prompt_lens, wl.output_lens, strict=True))
+    rng = random.Random(seed)
+    limit, written, rows, t = int(megabytes * 1e6), 0, 0, 0.0
+    with gzip.open(path, "wt", encoding="utf-8", compresslevel=1, newline="") as fh:
+        fh.write("arrival_time,prompt_len,output_len\n")
+        while written < limit:
+            lines = []
+            for _ in range(10_000):
+                t += rng.expovariate(300.0)
+                p, o = pairs[rng.randrange(len(pairs))]
+                lines.append(f"{t:.6f},{p},{o}\n")
+            block = "".join(lines)
+            fh.write(block)
+            written += len(block)
+            rows += len(lines)
+    return rows
 
 
 def measure(src: Path, args: list[str], mem_limit_bytes: int, out_path: str) -> dict[str, Any]:
@@ -118,6 +158,8 @@ def main() -> int:
                     help="run only this run (its name in the table; repeatable)")
     ap.add_argument("--rounds", type=int, default=1, help="alternating rounds per run (default 1)")
     ap.add_argument("--mem-limit-gb", type=float, default=8.0, help="address-space limit of each child (GB)")
+    ap.add_argument("--trace-mb", type=float, default=200.0,
+                    help="the trace run's .gz trace, MB of text (default 200; stallfree reads at most 1 GiB)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     trees = [("new", HERE.parent / "src")]
@@ -129,6 +171,14 @@ def main() -> int:
         for name, args, long in RUNS:
             if (a.quick and long) or (a.only and name not in a.only):
                 continue
+            if "{trace}" in args:
+                trace = os.path.join(tmp, "trace.csv.gz")
+                if not os.path.exists(trace):
+                    t0 = time.perf_counter()
+                    num = write_trace(Path(trace), a.trace_mb)
+                    print(f"  wrote {trace}: {num:,} rows, {os.path.getsize(trace) / 1e6:,.0f} MB gzipped, "
+                          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
+                args = [trace if x == "{trace}" else x for x in args]
             got: dict[str, list[dict[str, Any]]] = {t: [] for t, _ in trees}
             outputs: dict[str, str] = {}
             for r in range(a.rounds):

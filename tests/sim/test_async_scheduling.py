@@ -119,7 +119,7 @@ def test_off_matches_the_default_config_and_a_one_replica_cluster_matches_simula
     assert (list(a.step_start), list(a.step_end), a.admit_step) == (list(b.step_start), list(b.step_end), b.admit_step)
     solo = simulate(wl, cfg(True), cost)
     clus = simulate_cluster(wl, cfg(True), cost, 1).replicas[0]
-    assert (list(clus.step_start), list(clus.step_end), clus.admit_step) == \
+    assert (list(clus.step_start), list(clus.step_end), list(clus.admit_step)) == \
         (list(solo.step_start), list(solo.step_end), solo.admit_step)
 
 

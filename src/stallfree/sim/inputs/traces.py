@@ -13,6 +13,7 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
 from pathlib import Path
@@ -222,17 +223,20 @@ class _Rows:
     def finish(self, name: str) -> Workload:
         if not self.rows:
             raise TraceError(f"{self.path}: no requests in the trace")
-        order = sorted(range(len(self.rows)), key=lambda i: self.rows[i][0])  # stable: equal arrivals keep file order
-        rows = [self.rows[i] for i in order]
-        tenants = tuple(self.tenants[i] for i in order) if self.tenants is not None else None
-        t0 = rows[0][0]
-        notes = []
         # The event loop takes requests in arrival order, so a trace out of order is sorted, not refused;
         # say so, since a file whose clock goes backwards may be a merge of two traces.
         latest, back = -math.inf, 0
         for r in self.rows:
             back += r[0] < latest
             latest = max(latest, r[0])
+        # Stable: equal arrivals keep file order. A trace already in order (the usual case) is kept as it
+        # is, without an index and a copy per row (a large trace's rows are most of what reading it holds).
+        order: Sequence[int] = sorted(range(len(self.rows)), key=lambda i: self.rows[i][0]) if back else range(
+            len(self.rows))
+        rows = [self.rows[i] for i in order] if back else self.rows
+        tenants = tuple(self.tenants[i] for i in order) if self.tenants is not None else None
+        t0 = rows[0][0]
+        notes = []
         if back:
             notes.append(f"sorted by arrival time: {back} of {len(self.rows)} rows arrive earlier than a row "
                          "above them in the file")
@@ -242,7 +246,6 @@ class _Rows:
             notes.append(f"excluded {self.excluded} rows with 0 output tokens (failed in the trace)")
         loras = None
         if self.loras:
-            order = sorted(range(len(self.rows)), key=lambda k: self.rows[k][0])
             loras = tuple(self.loras.get(k) for k in order)
         return Workload(
             arrivals=tuple(r[0] - t0 for r in rows),

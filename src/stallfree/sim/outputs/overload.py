@@ -337,7 +337,7 @@ def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header
             s["overload"] = s["tail_burst"] = s["saturated_window_s"] = s["saturated_by"] = None
             s["saturated"] = False
             continue
-        lat = latency_arrays(res)
+        lat = latency_arrays(res, itl=False)  # overload and bursts read no inter-token gap
         o = overload(res, lat, s, offered, rate_scale, replicas)
         s["overload"] = o
         s.update(saturation(res, lat, s, offered, o))

@@ -126,9 +126,9 @@ def _timeline_series(axes: Any, results: Sequence[SimResult], labels: Sequence[s
         weight = np.bincount(which, weights=dur, minlength=_TIMELINE_BINS)
         busy = weight > 0
         series = (
-            np.frombuffer(res.step_kv_used, dtype=np.int64) / max(res.kv_total, 1) * 100,
-            np.frombuffer(res.step_tokens, dtype=np.int64).astype(np.float64),
-            np.frombuffer(res.step_waiting, dtype=np.int64).astype(np.float64),
+            np.asarray(res.step_kv_used) / max(res.kv_total, 1) * 100,
+            np.asarray(res.step_tokens).astype(np.float64),
+            np.asarray(res.step_waiting).astype(np.float64),
         )
         for ax, values in zip(axes, series, strict=True):
             sums = np.bincount(which, weights=values * dur, minlength=_TIMELINE_BINS)

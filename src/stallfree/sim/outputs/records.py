@@ -6,8 +6,9 @@ Imports allowed: the standard library, stallfree.core and stallfree.sim.run.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from stallfree.sim.outputs.buckets import prompt_bucket
 from stallfree.sim.run.result import SimResult
 
 __all__ = [
+    "iter_request_records",
     "request_records",
     "step_records",
     "write_records",
@@ -23,7 +25,13 @@ __all__ = [
 
 
 def request_records(res: SimResult, replica: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """One dict per request: rid, arrival_s, prompt_len, prompt_bucket (stallfree.sim.outputs.buckets),
+    """The rows of iter_request_records, as a list."""
+    return list(iter_request_records(res, replica))
+
+
+def iter_request_records(res: SimResult, replica: Sequence[int] | None = None) -> Iterator[dict[str, Any]]:
+    """One dict per request, made as it is asked for (a run's records never all in memory): rid,
+    arrival_s, prompt_len, prompt_bucket (stallfree.sim.outputs.buckets),
     max_new, output_tokens, admitted_s, first_token_s, finish_s, ttft_ms, tpot_ms, e2el_ms,
     queue_ms, finish_reason, rejected (the message), rejected_reason ("context_length", "kv_capacity" or None),
     with LoRA adapters (res.lora) lora (the adapter's name, None: the base model) and lora_load_s, and,
@@ -37,7 +45,6 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
     frontend = float(res.config.get("frontend_s", 0.0))
     rejected = dict(res.rejected)
     keys = res.session_keys
-    rows = []
     for r in range(res.num_requests):
         a, f, adm = res.first_step[r], res.finish_step[r], res.admit_step[r]
         arr = res.arrival[r]
@@ -69,8 +76,7 @@ def request_records(res: SimResult, replica: Sequence[int] | None = None) -> lis
             row["lora_load_s"] = res.lora_load_s[r]
         if res.tenant is not None:
             row["tenant"] = res.tenant[r]
-        rows.append(row)
-    return rows
+        yield row
 
 
 def step_records(res: SimResult, step_base: Sequence[int] | None = None) -> Iterable[dict[str, Any]]:
@@ -102,19 +108,34 @@ def step_records(res: SimResult, step_base: Sequence[int] | None = None) -> Iter
 
 def write_records(res: SimResult, path: Path, replica: Sequence[int] | None = None) -> None:
     """Write the per-request records to `path`: JSON if it ends in .json, else CSV (with `replica`,
-    a cluster's replica per request: a replica column, as request_records).
+    a cluster's replica per request: a replica column, as request_records). The rows are written one
+    at a time as iter_request_records makes them (the file is what json.dumps(rows, indent=1) or
+    csv.DictWriter would write of the whole list, byte for byte).
 
     Raises:
         OSError: the file cannot be written.
     """
-    rows = request_records(res, replica)
-    if path.suffix == ".json":
-        path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-        return
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["rid"])
+    rows = iter_request_records(res, replica)
+    first = next(rows, None)
+    with open(path, "w", newline="" if path.suffix != ".json" else None, encoding="utf-8") as fh:
+        if path.suffix == ".json":
+            if first is None:
+                fh.write("[]\n")
+                return
+            fh.write("[\n")
+            sep = ""
+            for row in itertools.chain((first,), rows):
+                # json.dumps(list, indent=1) writes each item one level in: every line one more space.
+                fh.write(sep + " " + json.dumps(row, indent=1).replace("\n", "\n "))
+                sep = ",\n"
+            fh.write("\n]\n")
+            return
+        writer = csv.DictWriter(fh, fieldnames=list(first) if first is not None else ["rid"])
         writer.writeheader()
-        writer.writerows(rows)
+        if first is not None:
+            writer.writerow(first)
+            for row in rows:
+                writer.writerow(row)
 
 
 def write_steps_csv(res: SimResult, path: Path, step_base: Sequence[int] | None = None) -> None:

@@ -12,11 +12,13 @@ millions of inter-token gaps.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
 from stallfree.sim.outputs.buckets import bucket_stats
+from stallfree.sim.outputs.itl import itl_stats
 from stallfree.sim.run.result import SimResult
 from stallfree.sim.run.session_run import session_summary
 
@@ -27,8 +29,12 @@ __all__ = [
 ]
 
 
-def latency_arrays(res: SimResult) -> dict[str, Any]:
+def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
     """Per-request TTFT, TPOT, E2E, queueing delay (s) and all inter-token gaps, as numpy arrays.
+
+    `itl=False` leaves out "itl" (every inter-token gap, one float per token: the one array that grows
+    with the tokens rather than the requests); summarize_result takes the gaps' figures from itl_stats,
+    which never holds them all.
 
     Returns:
         dict with "rids" [n_done], "ttft" [n_done], "tpot" [n_multi] (requests with >= 2 tokens),
@@ -42,13 +48,17 @@ def latency_arrays(res: SimResult) -> dict[str, Any]:
 
     end = np.frombuffer(res.step_end, dtype=np.float64)
     start = np.frombuffer(res.step_start, dtype=np.float64)
-    dec = np.frombuffer(res.step_decodes, dtype=np.int64)
-    ticks = np.frombuffer(res.step_ticks, dtype=np.int64)
+    dec = np.asarray(res.step_decodes)
+    ticks = np.asarray(res.step_ticks)
     first = np.asarray(res.first_step, dtype=np.int64)
     fin = np.asarray(res.finish_step, dtype=np.int64)
     adm = np.asarray(res.admit_step, dtype=np.int64)
     arrival = np.asarray(res.arrival, dtype=np.float64)
-    done = np.flatnonzero((fin >= 0) & (first >= 0))
+    mine = (fin >= 0) & (first >= 0)
+    if res.owner is not None:  # a cluster's replica: its requests alone (SimResult.owner)
+        mine &= np.frombuffer(res.owner, dtype=np.int32) == res.replica if isinstance(res.owner, array) else (
+            np.asarray(res.owner) == res.replica)
+    done = np.flatnonzero(mine)
     irregular = set(res.skips) | set(res.segments)
     tokens = np.asarray([res.target[r] for r in done.tolist()], dtype=np.int64)
     out: dict[str, Any] = {"rids": done, "tokens": tokens}
@@ -61,6 +71,8 @@ def latency_arrays(res: SimResult) -> dict[str, Any]:
     multi = tokens > 1
     out["tpot"] = (end[b][multi] - end[a][multi]) / (tokens[multi] - 1)
     out["tpot_rids"] = done[multi]
+    if not itl:
+        return out
     # Inter-token gaps of the regular requests, vectorised: the token steps of a request are its
     # first-token step a, then every step in (a, b] that had decodes.
     reg = np.ones(len(done), dtype=bool)
@@ -168,7 +180,7 @@ def summarize_result(
         included) / duration_s, requests/s.
     """
     pcts = tuple(percentiles)
-    lat = latency_arrays(res)
+    lat = latency_arrays(res, itl=False)
     done = lat["rids"]
     n_done = len(done)
     out: dict[str, Any] = {"label": res.label, "workload": res.workload, **res.config}
@@ -186,7 +198,8 @@ def summarize_result(
         ("e2el", "e2e"),
         ("queue", "queue"),
     ):
-        out.update(_stats(name, lat[key], pcts))
+        # The gaps' figures are numpy's on every gap, computed without holding them (outputs/itl.py).
+        out.update(itl_stats(res, done, pcts) if key == "itl" else _stats(name, lat[key], pcts))
     out["by_prompt_len"] = bucket_stats(lat, res.prompt_len)
     if res.tenant is not None:
         out["by_tenant"] = tenant_stats(res, lat)
@@ -227,7 +240,8 @@ def tenant_stats(res: SimResult, lat: dict[str, Any]) -> dict[str, dict[str, Any
         row: dict[str, Any] = {
             "num_requests": sum(1 for t in tenant if t == name),
             "completed": len(mine),
-            "shed": sum(1 for r, t in enumerate(tenant) if t == name and res.finish_reason[r] == "timeout"),
+            "shed": sum(1 for r, t in enumerate(tenant)
+                        if t == name and res.finish_reason[r] == "timeout" and res.owns(r)),
             "rejected": sum(1 for r in rejected if tenant[r] == name),
             "output_tokens": int(sum(res.target[done[i]] for i in mine)),
         }
@@ -262,11 +276,11 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
     start = np.frombuffer(res.step_start, dtype=np.float64)
     dur = end - start
     busy = float(dur.sum())
-    tokens = np.frombuffer(res.step_tokens, dtype=np.int64)
+    tokens = np.asarray(res.step_tokens)
     budget = res.config.get("token_budget")
-    kv = np.frombuffer(res.step_kv_used, dtype=np.int64)
-    waiting = np.frombuffer(res.step_waiting, dtype=np.int64)
-    decodes = np.frombuffer(res.step_decodes, dtype=np.int64)
+    kv = np.asarray(res.step_kv_used)
+    waiting = np.asarray(res.step_waiting)
+    decodes = np.asarray(res.step_decodes)
     return dict(
         num_steps=res.num_steps,
         mean_tokens_per_step=float(tokens.mean()),

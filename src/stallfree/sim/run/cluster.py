@@ -33,6 +33,7 @@ from stallfree.sim.run.config import ReplicaConfig, async_of, make_scheduler, wr
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.load import ClosedLoop
 from stallfree.sim.run.loop import Router
+from stallfree.sim.run.memory import give_back
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
 from stallfree.sim.run.routers import (
@@ -49,7 +50,7 @@ from stallfree.sim.run.routers import (
     make_router,
 )
 from stallfree.sim.run.session_run import SessionArrivals, SessionEntry, close_sessions
-from stallfree.sim.run.simulator import new_result, plan_run, run_group
+from stallfree.sim.run.simulator import new_result, plan_run, run_group, shared_fields
 
 __all__ = [
     "ClusterError",
@@ -140,13 +141,21 @@ def simulate_cluster(
         workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
     config.update(replicas=num_replicas, router=type(router).__name__)
-    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label)
+    # One set of per-request arrays (and one state byte per request) for every replica: each request
+    # is written by its own replica alone (SimResult.owner).
+    shared = shared_fields(len(workload))
+    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label, shared)
             for k in range(num_replicas)]
+    for rep in reps[1:]:
+        rep.state = reps[0].state
     results = [rep.res for rep in reps]
     cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
     arrivals, entry, wall = (group or run_group)(reps, router, workload, max_new, too_long, closed_loop)
     closed = closed_loop is not None
     routed, ratios = entry.routed, entry.ratios
+    owner = array("i", routed)
+    for k, res in enumerate(results):
+        res.owner, res.replica = owner, k
     sessions = isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry)
     sent = tuple(arrivals.sent_at) if isinstance(arrivals, SessionArrivals) else None
     for rep in reps:
@@ -173,12 +182,13 @@ def _check_replicas(replicas: int) -> None:
 def _replica(
     k: int, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
     workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
+    shared: tuple[Any, Any, Any, list[str]] | None = None,
 ) -> Replica:
     """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result
-    labelled "<label>#k"."""
+    labelled "<label>#k" (its per-request arrays `shared`, if given: simulator.shared_fields)."""
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
-    res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner)
+    res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner, shared)
     return Replica(k, sched, inner, res, cost_model, async_of(scheduler))
 
 
@@ -231,6 +241,11 @@ def _prefix_cache_figures(
     merged.prefix_cache_hit_rate_bound = wl.prefix_hit_bound(bs)
 
 
+#: The step arrays of a SimResult.
+_STEP_FIELDS = ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
+                "step_ticks")
+
+
 def _merge(
     label: str,
     wl: Workload,
@@ -241,21 +256,36 @@ def _merge(
     routed: list[int],
     too_long: dict[int, str],
 ) -> tuple[SimResult, list[int]]:
-    """Lay the replicas' step arrays end to end; shift each request's step numbers by its replica's base."""
+    """Lay the replicas' step arrays end to end; shift each request's step numbers by its replica's base.
+
+    The step arrays are held once: each replica's become read-only views (memoryview) of its rows
+    of the merged ones, its own arrays emptied as each field is copied (a run's step rows outweigh its
+    per-request fields several times). The merged per-request step numbers are array('q'), as the
+    replicas' (simulator.shared_fields).
+    """
     n = len(wl)
-    m = new_result(label, wl, config, target, max_new, None)
+    m = new_result(label, wl, config, target, max_new, None, shared_fields(n))
     m.kv_total = sum(r.kv_total for r in results)
-    base, tick_base = [0], 0
+    base = [0]
     for r in results:
-        m.step_start.extend(r.step_start)
-        m.step_end.extend(r.step_end)
-        m.step_tokens.extend(r.step_tokens)
-        m.step_decodes.extend(r.step_decodes)
-        m.step_kv_used.extend(r.step_kv_used)
-        m.step_waiting.extend(r.step_waiting)
-        m.step_ticks.extend(array("q", (t + tick_base for t in r.step_ticks)))
-        tick_base += r.step_ticks[-1] if len(r.step_ticks) else 0
         base.append(base[-1] + r.num_steps)
+    for name in _STEP_FIELDS:
+        first = getattr(results[0], name)
+        whole = array(first.typecode, [0]) * base[-1]
+        tick_base = 0
+        for k, r in enumerate(results):
+            mine = getattr(r, name)
+            if name == "step_ticks":
+                whole[base[k]:base[k + 1]] = array(first.typecode, (t + tick_base for t in mine))
+                tick_base += mine[-1] if len(mine) else 0
+            else:
+                whole[base[k]:base[k + 1]] = mine
+            del mine[:]  # frees it now (the replica's loop still holds the array object)
+        setattr(m, name, whole)
+        view = memoryview(whole)
+        for k, r in enumerate(results):
+            setattr(r, name, view[base[k]:base[k + 1]])
+        give_back()  # the replica's arrays, freed in the middle of the heap
     for rid in range(n):
         k = routed[rid]
         if k < 0:

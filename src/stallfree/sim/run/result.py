@@ -15,7 +15,7 @@ from the step arrays.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
@@ -116,11 +116,14 @@ class SimResult:
     kv_total: int
     step_start: array[float] = field(default_factory=lambda: array("d"))
     step_end: array[float] = field(default_factory=lambda: array("d"))
-    step_tokens: array[int] = field(default_factory=lambda: array("q"))
-    step_decodes: array[int] = field(default_factory=lambda: array("q"))
-    step_kv_used: array[int] = field(default_factory=lambda: array("q"))
-    step_waiting: array[int] = field(default_factory=lambda: array("q"))
-    step_ticks: array[int] = field(default_factory=lambda: array("q"))
+    # The integer step arrays are C ints (array "i", 4 bytes: a step's tokens, decodes, reserved KV and
+    # waiting requests, and the decode steps so far, are all far below 2**31; a value past it raises
+    # OverflowError rather than wrapping): a run's step rows are most of what it holds.
+    step_tokens: array[int] = field(default_factory=lambda: array("i"))
+    step_decodes: array[int] = field(default_factory=lambda: array("i"))
+    step_kv_used: array[int] = field(default_factory=lambda: array("i"))
+    step_waiting: array[int] = field(default_factory=lambda: array("i"))
+    step_ticks: array[int] = field(default_factory=lambda: array("i"))
     skips: dict[int, list[int]] = field(default_factory=dict)
     segments: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -145,6 +148,17 @@ class SimResult:
     lora_storage_loads: int = 0
     #: Per request its tenant ("default" for none), when the workload names tenants; else None.
     tenant: tuple[str, ...] | None = None
+    #: A cluster's replicas share one set of per-request arrays (admit_step, first_step, finish_step,
+    #: finish_reason; each request is written by its own replica alone), so that they take 8 bytes per
+    #: request and field, not that times the replicas. Then `owner` is, per request, the index of
+    #: the replica it was routed to (-1: none) and `replica` this result's: a request is this result's
+    #: when owner[rid] == replica (owns). None: every request of the arrays is this result's.
+    owner: Sequence[int] | None = None
+    replica: int = -1
+
+    def owns(self, rid: int) -> bool:
+        """Whether request `rid`'s per-request fields are this result's (see `owner`)."""
+        return self.owner is None or self.owner[rid] == self.replica
 
     @property
     def rejected_by_reason(self) -> dict[str, int]:
@@ -200,7 +214,7 @@ class SimResult:
         """One stallfree.core.metrics.RequestTimeline per request that was not rejected."""
         out = []
         for r in range(self.num_requests):
-            if self.finish_step[r] < 0:
+            if self.finish_step[r] < 0 or not self.owns(r):
                 continue
             adm = self.admit_step[r]
             out.append(
@@ -224,7 +238,7 @@ def verify_tokens(res: SimResult) -> None:
         SimulationError: a request emitted more or fewer tokens than res.target says.
     """
     for r in range(res.num_requests):
-        if res.finish_step[r] >= 0 and res.finish_reason[r] not in ("abort", "timeout"):
+        if res.finish_step[r] >= 0 and res.finish_reason[r] not in ("abort", "timeout") and res.owns(r):
             got = res.num_tokens(r)
             if got != res.target[r]:
                 raise SimulationError(

@@ -16,6 +16,7 @@ same loop with N replicas, disaggregation (stallfree.sim.run.disagg) two groups 
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable, Hashable
 from typing import Any, cast
 
@@ -51,6 +52,7 @@ __all__ = [
     "request_maker",
     "run_group",
     "saturated_throughput",
+    "shared_fields",
     "simulate",
 ]
 
@@ -61,10 +63,16 @@ def _stats(inner: object) -> SchedulerStats:
 
 
 def new_result(
-    label: str, wl: Workload, config: dict[str, Any], target: list[int], max_new: list[int], inner: object
+    label: str, wl: Workload, config: dict[str, Any], target: list[int], max_new: list[int], inner: object,
+    shared: tuple[Any, Any, Any, list[str]] | None = None,
 ) -> SimResult:
-    """An empty SimResult for `wl` (no step, no request started), KV total from `inner`'s stats() (0 for None)."""
+    """An empty SimResult for `wl` (no step, no request started), KV total from `inner`'s stats() (0 for None).
+
+    shared: (admit_step, first_step, finish_step, finish_reason) to use rather than new ones: the
+    arrays a cluster's replicas share (SimResult.owner; shared_fields makes them).
+    """
     n = len(wl)
+    admit, first, finish, reason = shared if shared is not None else ([-1] * n, [-1] * n, [-1] * n, [""] * n)
     return SimResult(
         label=label,
         workload=wl.name,
@@ -73,16 +81,24 @@ def new_result(
         prompt_len=wl.prompt_lens,
         target=target,
         max_new=max_new,
-        admit_step=[-1] * n,
-        first_step=[-1] * n,
-        finish_step=[-1] * n,
-        finish_reason=[""] * n,
+        admit_step=admit,
+        first_step=first,
+        finish_step=finish,
+        finish_reason=reason,
         rejected=[],
         kv_total=0 if inner is None else _stats(inner).kv_total,
         lora=wl.loras,
         lora_load_s=[0.0] * n if wl.loras is not None else None,
         tenant=None if wl.tenants is None else tuple(t or DEFAULT_TENANT for t in wl.tenants),
     )
+
+
+def shared_fields(n: int) -> tuple[Any, Any, Any, list[str]]:
+    """(admit_step, first_step, finish_step, finish_reason) for `n` requests, none started, as one
+    group's replicas share them: the step numbers as array('q') (8 bytes each), the reasons a list
+    (of shared strings)."""
+    none = array("q", [-1]) * n
+    return none, array("q", none), array("q", none), [""] * n
 
 
 def run_group(

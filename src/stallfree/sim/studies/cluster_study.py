@@ -16,6 +16,7 @@ from stallfree.sim.inputs.setup import TIME_BUDGET_CAP, Setup
 from stallfree.sim.outputs.report import summarize_result
 from stallfree.sim.run.cluster import ClusterResult, _check_replicas, simulate_cluster
 from stallfree.sim.run.loop import Router
+from stallfree.sim.run.memory import give_back
 from stallfree.sim.run.routers import make_router
 from stallfree.sim.run.simulator import saturated_throughput
 from stallfree.sim.studies.experiment import (
@@ -59,6 +60,7 @@ def cluster_summary(
         s.setdefault("prefix_cache_hit_rate_bound", res.prefix_cache_hit_rate_bound)
         s.setdefault("prefix_cache_evictions", res.prefix_cache_evictions)
         reps.append(s)
+        give_back()  # its latency arrays, freed in the middle of the heap
     kv_means = [s["mean_kv_utilization"] for s in reps if s.get("mean_kv_utilization") is not None]
     kv_maxes = [s["max_kv_utilization"] for s in reps if s.get("max_kv_utilization") is not None]
     if "mean_kv_utilization" in out:

@@ -1,0 +1,226 @@
+"""The inter-token gaps' figures of a run (mean, median, std and percentiles, ms) without holding
+every gap: the figures numpy gives on the array of all gaps (stallfree.sim.outputs.report.latency_arrays'
+"itl"), to the last bit, in memory that grows with the steps and the requests, not with the tokens.
+
+Imports allowed: the standard library, stallfree.sim.run.result; numpy lazily.
+
+A regular request (no skipped decode, no preemption) emits its first token at step a and then one
+token in each step with decodes in (a, b]; its gaps are end[D[i0]] - end[a] (D: the steps with
+decodes, in order; D[i0] the first after a) and then end[D[j]] - end[D[j - 1]] for the next ones. So
+the gaps are, as a multiset, one "first gap" per request plus each step's gap to the previous step with
+decodes, counted once per regular request that decodes in both: the percentiles come from those
+values and counts (exact order statistics, then numpy's linear interpolation, `percentile`). The
+mean and the standard deviation are sums, and numpy sums an array pairwise (split in halves, a
+multiple of 8 long, down to blocks of 128); `pairwise_sum` follows that recursion and lets numpy sum
+each piece of at most CHUNK gaps, which it generates from the step arrays (`_Gaps.piece`): the same
+additions in the same order, so the same result. Irregular requests (rare) keep their gaps as an
+array, after the regular ones, as latency_arrays orders them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from stallfree.sim.run.memory import give_back
+from stallfree.sim.run.result import SimResult
+
+__all__ = ["CHUNK", "itl_stats", "pairwise_sum", "percentile", "select"]
+
+#: Gaps generated at once (8 bytes each, a few arrays of them): the memory the sums take.
+CHUNK = 1 << 16
+
+
+def pairwise_sum(n: int, piece: Callable[[int, int], Any]) -> float:
+    """numpy's sum (np.add.reduce) of a float64 array of `n` values, the values [lo, hi) given by
+    piece(lo, hi) as a numpy array: numpy's pairwise recursion (halves of a multiple of 8, the first
+    half n // 2 rounded down to one), numpy summing each piece of at most CHUNK values itself."""
+    import numpy as np
+
+    def rec(lo: int, m: int) -> float:
+        if m <= CHUNK:
+            return float(np.add.reduce(piece(lo, lo + m))) if m else 0.0
+        m2 = m // 2
+        m2 -= m2 % 8
+        return rec(lo, m2) + rec(lo + m2, m - m2)
+
+    return rec(0, n)
+
+
+def percentile(n: int, q: float, kth: Callable[[int], float]) -> float:
+    """np.percentile(a, q) (method "linear") of a float64 array `a` of `n` >= 1 values, kth(k) its
+    k-th smallest (0-based): numpy's virtual index, bounds and interpolation, step for step."""
+    virtual = (n - 1) * (q / 100)
+    if virtual >= n - 1:
+        return kth(n - 1)
+    if virtual < 0:
+        return kth(0)
+    prev = math.floor(virtual)
+    gamma = virtual - prev
+    a, b = kth(prev), kth(prev + 1)
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
+class _Gaps:
+    """The gaps of a result, in latency_arrays' order: by index ranges (`piece`) and as (value,
+    count) pairs in pieces (`pairs`), never all at once."""
+
+    def __init__(self, res: SimResult, done: Any) -> None:
+        import numpy as np
+
+        end = np.frombuffer(res.step_end, dtype=np.float64)
+        dec = np.asarray(res.step_decodes)
+        first = np.asarray(res.first_step, dtype=np.int64)
+        fin = np.asarray(res.finish_step, dtype=np.int64)
+        irregular = set(res.skips) | set(res.segments)
+        reg = np.ones(len(done), dtype=bool)
+        if irregular:
+            reg = np.asarray([r not in irregular for r in done.tolist()], dtype=bool)
+        ra, rb = first[done][reg], fin[done][reg]
+        # D: the steps with decodes, in order (int32 where the steps allow: one entry per step).
+        dtype = np.int32 if len(end) < 2**31 else np.int64
+        d = np.concatenate([np.empty(0, dtype=dtype)] + [
+            (np.flatnonzero(dec[c:c + CHUNK] > 0) + c).astype(dtype) for c in range(0, len(dec), CHUNK)])
+        i0 = np.searchsorted(d, ra, side="right")  # D[i0]: the first step with decodes after a
+        lengths = np.searchsorted(d, rb, side="right") - i0  # gaps of each request
+        keep = lengths > 0
+        self.end, self.d, self.ra, self.i0, self.lengths = end, d, ra[keep], i0[keep], lengths[keep]
+        self.cum = np.cumsum(self.lengths)
+        self.num_regular = int(self.cum[-1]) if len(self.cum) else 0
+        parts = [np.empty(0)]
+        for r in sorted(irregular):
+            if res.finish_step[r] >= 0:
+                parts.append(np.diff(np.asarray(res.token_times(r))))
+        self.irregular = np.concatenate(parts)
+        self.n = self.num_regular + len(self.irregular)
+
+    def piece(self, lo: int, hi: int) -> Any:
+        """Gaps [lo, hi), s, as latency_arrays' "itl" holds them (the same subtractions)."""
+        import numpy as np
+
+        out = []
+        nr = self.num_regular
+        if lo < nr:
+            h = min(hi, nr)
+            cum, lengths = self.cum, self.lengths
+            j0 = int(np.searchsorted(cum, lo, side="right"))
+            j1 = int(np.searchsorted(cum, h - 1, side="right")) + 1
+            ln = lengths[j0:j1]
+            base = int(cum[j0] - lengths[j0])  # index of request j0's first gap
+            owner = np.repeat(np.arange(j1 - j0), ln)
+            offsets = np.arange(len(owner)) - np.repeat(np.cumsum(ln) - ln, ln)
+            idx = self.i0[j0:j1][owner] + offsets
+            steps = self.d[idx]
+            prev = np.where(offsets > 0, self.d[idx - 1], self.ra[j0:j1][owner])
+            gaps = self.end[steps] - self.end[prev]
+            out.append(gaps[lo - base:h - base])
+        if hi > nr:
+            out.append(self.irregular[max(lo, nr) - nr:hi - nr])
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def pairs(self) -> Iterator[tuple[Any, Any]]:
+        """(values, counts) in pieces: every place a gap comes from, s, and how many gaps it gives
+        (0 for some): each request's first gap, once; the gap of step D[j] to D[j - 1], once per
+        request with i0 < j < i0 + length (a request decoding in both); the irregular gaps, once."""
+        import numpy as np
+
+        end, d = self.end, self.d
+        yield end[d[self.i0]] - end[self.ra], np.ones(len(self.ra), dtype=np.int64)
+        starts = np.sort(self.i0 + 1)
+        ends = np.sort(self.i0 + self.lengths)
+        for c in range(1, len(d), CHUNK):
+            j = np.arange(c, min(c + CHUNK, len(d)))
+            w = np.searchsorted(starts, j, side="right") - np.searchsorted(ends, j, side="right")
+            yield end[d[j]] - end[d[j - 1]], w
+        yield self.irregular, np.ones(len(self.irregular), dtype=np.int64)
+
+
+def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]]) -> dict[int, float]:
+    """The rank-k smallest (0-based) of a multiset of float64 values for each k of `ranks`, the
+    multiset given as (values, counts) pieces by pairs() (called once per pass): a radix selection on
+    the values' 64 bits in order-preserving form, 16 bits a pass (4 passes), in memory of a piece
+    and 2**16 counts per rank. Exact: the result is one of the values."""
+    import numpy as np
+
+    top = np.uint64(1 << 63)
+    prefix = {k: 0 for k in ranks}
+    left = {k: k for k in ranks}  # rank within the values sharing the prefix
+    for level in range(4):
+        shift = np.uint64(48 - 16 * level)
+        hist = {k: np.zeros(1 << 16) for k in ranks}
+        for values, counts in pairs():
+            if not len(values):
+                continue
+            bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+            keys = np.where(bits >= top, ~bits, bits | top)  # ascending with the values
+            buckets = (keys >> shift) & np.uint64(0xFFFF)
+            w = np.asarray(counts, dtype=np.float64)
+            high = keys >> np.uint64(64 - 16 * level) if level else None
+            for k in ranks:
+                if high is None:
+                    hist[k] += np.bincount(buckets.astype(np.int64), weights=w, minlength=1 << 16)
+                else:
+                    sel = high == np.uint64(prefix[k])
+                    hist[k] += np.bincount(buckets[sel].astype(np.int64), weights=w[sel], minlength=1 << 16)
+        for k in ranks:
+            cum = np.cumsum(hist[k])  # integer counts, exact in float64 below 2**53
+            b = int(np.searchsorted(cum, left[k], side="right"))
+            left[k] -= int(cum[b - 1]) if b else 0
+            prefix[k] = (prefix[k] << 16) | b
+    out = {}
+    for k in ranks:
+        key = np.array([prefix[k]], dtype=np.uint64)
+        bits = key ^ top if key[0] >= top else ~key
+        out[k] = float(bits.view(np.float64)[0])
+    return out
+
+
+def itl_stats(res: SimResult, done: Any, percentiles: Sequence[float]) -> dict[str, float | None]:
+    """The "itl" figures of summarize_result (mean_itl_ms, median_itl_ms, std_itl_ms, p{q}_itl_ms)
+    of `res`, whose finished requests (latency_arrays' "rids") are `done`: what
+    report._stats("itl", latency_arrays(res)["itl"], percentiles) gives, bit for bit (module
+    docstring), without that array."""
+    keys = ["mean_itl_ms", "median_itl_ms", "std_itl_ms"] + [f"p{q:g}_itl_ms" for q in percentiles]
+    out = _figures(_Gaps(res, done), keys, percentiles)
+    give_back()  # the pieces' memory, freed in the middle of the heap
+    return out
+
+
+def _figures(g: _Gaps, keys: list[str], percentiles: Sequence[float]) -> dict[str, float | None]:
+    n = g.n
+    if n == 0:
+        return dict.fromkeys(keys, None)
+
+    def ms(lo: int, hi: int) -> Any:
+        return g.piece(lo, hi) * 1e3
+
+    mean = pairwise_sum(n, ms) / n
+
+    def sq(lo: int, hi: int) -> Any:
+        x = ms(lo, hi) - mean
+        return x * x
+
+    std = math.sqrt(pairwise_sum(n, sq) / n)
+    # The ranks the median and the percentiles read, then those values (in ms, as numpy sees them).
+    needed: set[int] = set()
+
+    def note(k: int) -> float:
+        needed.add(k)
+        return 0.0
+
+    for q in percentiles:
+        percentile(n, float(q), note)
+    needed.update({(n - 1) // 2, n // 2} if n % 2 == 0 else {(n - 1) // 2})
+
+    def pairs_ms() -> Iterator[tuple[Any, Any]]:
+        for values, counts in g.pairs():
+            yield values * 1e3, counts
+
+    kth = select(sorted(needed), pairs_ms).__getitem__
+    median = kth((n - 1) // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2
+    out: dict[str, float | None] = {keys[0]: mean, keys[1]: median, keys[2]: std}
+    for q in percentiles:
+        out[f"p{q:g}_itl_ms"] = percentile(n, float(q), kth)
+    return out

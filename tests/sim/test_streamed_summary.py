@@ -1,0 +1,165 @@
+"""The summary's figures without the whole-run arrays (issue 53): the inter-token gaps' figures
+(stallfree.sim.outputs.itl) equal numpy's on the array of every gap, bit for bit; a cluster's replicas
+share one set of per-request arrays, and each replica's figures are still its own requests'."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs import itl
+from stallfree.sim.outputs.report import _stats, latency_arrays, summarize_result
+from stallfree.sim.run.cluster import simulate_cluster
+from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
+from stallfree.sim.run.costs import LinearCostModel
+from stallfree.sim.run.routers import make_router
+from stallfree.sim.run.simulator import simulate
+
+PCTS = (50, 90, 99, 99.9, 0, 100, 37.5)
+
+
+def _workload(seed: int, n: int) -> Workload:
+    rng = random.Random(seed)
+    t, rows = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(20.0)
+        rows.append((round(t, 4), rng.randint(1, 300), rng.randint(1, 120)))
+    return Workload(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows), name="rand")
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 127, 128, 129, 1000, 4099, 100_003])
+@pytest.mark.parametrize("chunk", [128, 1000])
+def test_pairwise_sum_is_numpys_sum(monkeypatch, n, chunk):
+    """numpy's recursion with numpy summing each piece of at most CHUNK values: np.add.reduce's result."""
+    monkeypatch.setattr(itl, "CHUNK", chunk)
+    x = np.random.default_rng(n).random(n) * 1e-2
+    assert itl.pairwise_sum(n, lambda lo, hi: x[lo:hi]) == float(np.add.reduce(x))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 5000])
+def test_percentile_is_numpys(n):
+    """From the k-th smallest value alone, np.percentile's linear interpolation to the last bit."""
+    rng = np.random.default_rng(n)
+    x = np.round(rng.random(n), 3)  # ties
+    s = np.sort(x)
+    for q in (*PCTS, 12.34, 66.6):
+        assert itl.percentile(n, float(q), lambda k: float(s[k])) == float(np.percentile(x, q))
+
+
+def _check_itl(res, monkeypatch):  # type: ignore[no-untyped-def]
+    lat = latency_arrays(res)
+    want = _stats("itl", lat["itl"], PCTS)
+    for chunk in (128, 1000, itl.CHUNK):
+        monkeypatch.setattr(itl, "CHUNK", chunk)
+        assert itl.itl_stats(res, lat["rids"], PCTS) == want
+    return lat
+
+
+def test_itl_figures_equal_numpys_on_every_gap(monkeypatch):
+    """A regular run: the streamed figures equal numpy's mean, median, std and percentiles of all gaps."""
+    res = simulate(_workload(1, 400), SchedulerConfig(50_000, 256, 64), LinearCostModel(0.005, 2e-5))
+    lat = _check_itl(res, monkeypatch)
+    assert len(lat["itl"]) > 10_000  # many pieces of 128
+
+
+def test_itl_figures_with_preemptions_and_skips(monkeypatch):
+    """A paged run on a tight cache (preempted requests: their gaps come from their own token times)."""
+    work = _workload(9, 200)
+    config = SchedulerConfig(kv_tokens=1024, token_budget=128, max_seqs=32, kv="paged", block_size=16)
+    res = simulate(work, config, LinearCostModel(0.005, 2e-5, 1e-8))
+    assert res.segments or res.skips
+    _check_itl(res, monkeypatch)
+
+
+def test_cluster_replicas_share_arrays_and_keep_their_own_figures(monkeypatch):
+    """Replicas share one array per per-request field (not one per replica); each replica's latency
+    arrays hold exactly the requests routed to it that finished, and its ITL figures are numpy's."""
+    work = _workload(3, 300)
+    c = simulate_cluster(work, SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5), 3,
+                         make_router("round-robin"))
+    assert all(r.first_step is c.replicas[0].first_step for r in c.replicas)
+    assert all(r.finish_reason is c.replicas[0].finish_reason for r in c.replicas)
+    total = 0
+    for k, res in enumerate(c.replicas):
+        lat = _check_itl(res, monkeypatch)
+        assert lat["rids"].tolist() == [r for r in range(len(work)) if c.routed[r] == k]
+        total += len(lat["rids"])
+        assert summarize_result(res)["completed"] == len(lat["rids"])
+    assert total == summarize_result(c.merged)["completed"] == len(work)
+    _check_itl(c.merged, monkeypatch)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".csv"])
+def test_records_written_row_by_row_equal_the_whole_list(tmp_path, suffix):
+    """write_records streams its rows, and the file is byte for byte what the whole list gave:
+    json.dumps(rows, indent=1) or csv.DictWriter over the list (a cluster's, with its replica column)."""
+    import csv
+    import json
+
+    from stallfree.sim.outputs.records import request_records, write_records
+
+    work = _workload(4, 120)
+    c = simulate_cluster(work, SchedulerConfig(2_000, 64, 8), LinearCostModel(0.005, 2e-5), 2,
+                         make_router("least-outstanding"))
+    rows = request_records(c.merged, c.routed)
+    assert len(rows) == len(work) and rows[7]["replica"] == c.routed[7]
+    got = tmp_path / f"r{suffix}"
+    write_records(c.merged, got, c.routed)
+    want = tmp_path / f"w{suffix}"
+    if suffix == ".json":
+        want.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    else:
+        with open(want, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    assert got.read_bytes() == want.read_bytes()
+
+
+def test_finished_requests_leave_the_loop(monkeypatch):
+    """The loop holds a Request only while it is in flight: counted every few steps during a cluster
+    run (the garbage collector's objects), the live Requests stay far below the workload's, and none
+    is left after it (what a run keeps of a finished request is its entries in the compact arrays)."""
+    import gc
+
+    from stallfree.core.request import Request
+    from stallfree.sim.run import replica as replica_mod
+
+    work = _workload(5, 800)
+    live: list[int] = []
+    finish = replica_mod.Replica.finish_step
+
+    def counting(self, end):  # type: ignore[no-untyped-def]
+        out = finish(self, end)
+        if self.step % 300 == 0:
+            gc.collect()
+            live.append(sum(1 for o in gc.get_objects() if type(o) is Request))
+        return out
+
+    monkeypatch.setattr(replica_mod.Replica, "finish_step", counting)
+    c = simulate_cluster(work, SchedulerConfig(20_000, 256, 64), LinearCostModel(0.005, 2e-5), 3,
+                         make_router("least-outstanding"))
+    gc.collect()
+    assert live and max(live) <= 3 * 64 + 50  # seats of 3 replicas, plus those waiting
+    assert sum(1 for o in gc.get_objects() if type(o) is Request) == 0
+    assert summarize_result(c.merged)["completed"] == len(work)
+
+
+def test_select_finds_weighted_order_statistics():
+    """The radix selection over (value, count) pieces: the k-th smallest of the expanded multiset
+    (np.repeat, then sort), for values with ties, zeros and negatives, pieces of any size."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate([np.round(rng.normal(0.02, 0.01, 3000), 5), [0.0, -0.0, 1e-300, -3.5, 7e3]])
+    counts = rng.integers(0, 4, len(values))
+    flat = np.sort(np.repeat(values, counts))
+    ranks = sorted({0, 1, len(flat) // 2, len(flat) - 1, *rng.integers(0, len(flat), 20).tolist()})
+
+    def pairs():  # type: ignore[no-untyped-def]
+        for c in range(0, len(values), 333):
+            yield values[c:c + 333], counts[c:c + 333]
+
+    got = itl.select(ranks, pairs)
+    assert [got[k] for k in ranks] == [float(flat[k]) for k in ranks]
