@@ -35,6 +35,7 @@ from typing import Any
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.host_link import HostLink
 from stallfree.costmodel.lora import LoraShape
+from stallfree.sim.defaults import DEFAULT_LORA_RANK
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.result import SimResult
@@ -49,8 +50,6 @@ __all__ = [
     "parse_popularity",
 ]
 
-#: vLLM's default max_lora_rank (EngineArgs.max_lora_rank = 16).
-DEFAULT_LORA_RANK = 16
 #: Reading an adapter from local storage, B/s: a PCIe 4.0 x4 NVMe SSD's sequential read (16 GT/s x 4 lanes,
 #: 128b/130b = 7.9 GB/s raw; drives sold as "7,000 MB/s"). Our assumption: safetensors parsing is not counted.
 STORAGE_READ_BPS = 7.0e9
