@@ -68,20 +68,26 @@ def test_cached_sum_equals_each_decode_interpolated_alone() -> None:
         assert runs.total(offs, shift, len(offs), knot) == pytest.approx(expected, rel=1e-12)
 
 
-def test_tuples_in_turn_are_priced_afresh() -> None:
-    """Two tuples priced in turn (two replicas sharing a cost model) each give their own sum, the cache
-    keeping only the last one; a tuple's second step keeps its partition, read on the third."""
+def test_tuples_in_turn_keep_their_partitions() -> None:
+    """Two tuples priced in turn (two replicas sharing a cost model) each give their own sum and each keeps
+    its partition from its second step on, read on the third, as one tuple alone would; past RUNS tuples the
+    oldest is forgotten."""
     prices: dict[int, float] = {}
     runs = DecodeRuns(KNOTS, prices, _STRIDE)
     knot = _triangular(prices)
     a, b = (10, 300, 700), (40, 41, 2000)
+    alone = DecodeRuns(KNOTS, dict(prices), _STRIDE)
     for shift in range(1, 6):
         assert runs.total(a, shift, 3, knot) == 6.609375 + 6 * (shift - 1) / 256
-        runs.total(b, shift, 3, knot)
-    assert runs._run[0] is b and runs._run[1] == -1  # seen once in a row: no partition kept
-    runs.total(b, 6, 3, knot)
-    assert runs._run[1] == 3 and runs._run[2] == 6 and len(runs._run[4]) == 2  # decodes in 2 intervals
-    assert runs.total(b, 7, 3, knot) == runs._walk(runs._run, 7, 3, knot, False)
+        assert runs.total(b, shift, 3, knot) == alone.total(b, shift, 3, _triangular({}))
+    run_a, run_b = runs._runs[id(a)], runs._runs[id(b)]
+    assert runs._run is run_b and run_a[0] is a and run_b[0] is b
+    assert run_a[1] == 3 and run_b[1] == 3 and run_b[2] == 2 and len(run_b[4]) == 2  # b's decodes in 2 intervals
+    assert runs.total(b, 7, 3, knot) == runs._walk(run_b, 7, 3, knot, False)
+    kept = [tuple(range(k, k + 3)) for k in range(DecodeRuns.RUNS)]
+    for offs in kept:
+        runs.total(offs, 1, 3, knot)
+    assert id(a) not in runs._runs and id(b) not in runs._runs and len(runs._runs) == DecodeRuns.RUNS
 
 
 def test_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

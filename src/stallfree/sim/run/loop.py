@@ -216,9 +216,10 @@ class Entry:
             self.routed[rid] = 0
             return
         if self.track:
-            total = sum(r.num_outstanding for r in reps)
+            outstanding = [r.num_outstanding for r in reps]
+            total = sum(outstanding)
             if total >= len(reps):
-                self.ratios.append(max(r.num_outstanding for r in reps) * len(reps) / total)
+                self.ratios.append(max(outstanding) * len(reps) / total)
         self.routed[rid] = route_to(self.router, req, reps).index
 
 
@@ -254,6 +255,9 @@ class EventLoop:
         #: nothing (Entry without a router) and nothing depends on the arrival instant (open loop).
         #: Set by the caller that knows both (simulate).
         self.arrivals_at_step_ends = False
+        #: With replicas that meet only at arrivals (_apart), run each on its own between two arrivals
+        #: (_run_apart); False forces the heap (tests compare the two).
+        self.apart = True
 
     def at(self, time: float, callback: Callable[[float], None]) -> None:
         """Run callback(time) at `time`, s (a CALLBACK event: after the step ends due then)."""
@@ -269,6 +273,9 @@ class EventLoop:
         """
         if len(self.replicas) == 1 and self.solo:
             self._run_solo()
+            return
+        if self.apart and self._apart():
+            self._run_apart()
             return
         heap, reps, times = self.heap, self.replicas, self.arrivals.times
         arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
@@ -316,6 +323,52 @@ class EventLoop:
                 return
             if nxt > now:
                 now = nxt
+
+    def _apart(self) -> bool:
+        """Whether the replicas meet only at arrivals: open-loop arrivals through an Entry (its router
+        reads the replicas only then), the default gate with nothing to call on a refusal, no finish
+        hook, no callback. Between two arrivals each replica's steps then depend on its own state alone
+        (admit_async's too: its replica's last step and its requests' arrivals)."""
+        gate = self.gate
+        return (type(self.arrive) is Entry and type(gate) is PassGate and gate.on_refuse is None
+                and self.on_finish is None and not self.heap and self.arrivals.closed is None)
+
+    def _run_apart(self) -> None:
+        """run() for replicas that meet only at arrivals (_apart), in the same order of events for each
+        replica: at each arrival instant the requests arriving then are routed, every idle replica with
+        work (in the order given) gets its pending requests and starts a step, then each replica runs on
+        its own up to the next arrival (Replica.advance), rather than step by step through the heap. The
+        steps, rows and routes are those of the general path: a router sees every step that ended by the
+        arrival, as there."""
+        times, arrive, gate = self.arrivals.times, self.arrive, self.gate
+
+        def admit_later(rep: Replica, now: float) -> None:
+            admit_async(gate, rep, now)
+
+        # Each replica with its admission, as run() chooses it.
+        each = [(rep, admit_later if rep.async_scheduling else gate.admit) for rep in self.replicas]
+        n = len(times)
+        i = 0
+        now = times[0] if n else 0.0
+        while True:
+            while i < n and times[i] <= now:
+                arrive(i, now)
+                i += 1
+            until = times[i] if i < n else math.inf
+            for rep, admit in each:
+                if not rep.busy:
+                    if rep.stalled:
+                        continue
+                    if rep.pending:
+                        admit(rep, now)
+                    if not rep.inner.has_unfinished() or rep.start_step(now) is None:
+                        continue
+                if rep.step_end <= until:
+                    rep.advance(until, admit)
+            if i >= n:
+                self._check_done(i)
+                return
+            now = until
 
     def _run_solo(self) -> None:
         """run() for one replica, in the same event order, with its step end held in a local rather

@@ -13,7 +13,7 @@ stallfree.sim.run.result.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import cast
 
 from stallfree.core.errors import RequestRejected
@@ -66,6 +66,7 @@ class Replica:
             gate hands them over when the replica is idle).
         busy: a step is in flight.
         stalled: the last step was empty; waits for a request routed here.
+        step_end: when the step in flight ends, s (while busy).
         step: steps recorded so far.
         last_start, last_end: start and end, s, of the last step finished (-inf before the first).
     """
@@ -73,7 +74,7 @@ class Replica:
     __slots__ = (
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
-        "sched", "seg_open", "stalled", "state", "step", "tick", "_clock",
+        "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -98,6 +99,7 @@ class Replica:
         self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
         self._plan: StepPlan | None = None  # the step in flight
         self._start = 0.0  # when it started, s
+        self.step_end = 0.0  # when it ends, s (start_step's answer)
         # A queue time limit reads the simulated clock (SimClock), set before each schedule().
         clock = getattr(getattr(inner, "config", None), "clock", None)
         self._clock = clock if isinstance(clock, SimClock) else None
@@ -176,7 +178,8 @@ class Replica:
                     admit_step[rid] = step  # type: ignore[call-overload]
         self._plan, self._start = plan, now
         self.busy = True
-        return now + self._step_time(plan)
+        end = self.step_end = now + self._step_time(plan)
+        return end
 
     def finish_step(self, end: float) -> dict[Hashable, FinishReason]:
         """Complete the step in flight at its end, `end` s (what start_step returned), and record its
@@ -213,6 +216,26 @@ class Replica:
             self.num_outstanding -= len(finished)
         self.step += 1
         return finished
+
+    def advance(self, until: float, admit: Callable[[Replica, float], None]) -> None:
+        """Run this replica on its own up to `until`, s (the next arrival), as the event loop would when
+        nothing but its own steps can happen before then (EventLoop._run_apart): finish the step in flight
+        if it ends by `until`; if it ended before, hand the scheduler what is pending (`admit`, the gate's)
+        and start the next step at that end, and so on. A step that ends at `until` is finished and the next
+        one left to start after that instant's arrivals; one that ends after `until` stays in flight; an
+        idle or stalled replica is left as it is."""
+        has_unfinished = self.inner.has_unfinished
+        while self.busy:
+            end = self.step_end
+            if end > until:
+                return
+            self.finish_step(end)
+            if end == until:
+                return
+            if self.pending:
+                admit(self, end)
+            if not has_unfinished() or self.start_step(end) is None:
+                return
 
     def run_steps(self, now: float, until: float) -> float:
         """Run steps back to back from `now`, s, each starting as the previous ends, while a step

@@ -71,7 +71,8 @@ class LeastOutstandingRouter:
 
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
         """Return the least loaded replica."""
-        return min(range(len(replicas)), key=lambda k: (replicas[k].num_outstanding, k))
+        loads = [r.num_outstanding for r in replicas]
+        return loads.index(min(loads))  # the first of the least: the lowest index
 
 
 @dataclass(slots=True)
