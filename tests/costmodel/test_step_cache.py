@@ -68,26 +68,20 @@ def test_cached_sum_equals_each_decode_interpolated_alone() -> None:
         assert runs.total(offs, shift, len(offs), knot) == pytest.approx(expected, rel=1e-12)
 
 
-def test_tuples_in_turn_keep_their_partitions() -> None:
-    """Two tuples priced in turn (two replicas sharing a cost model) each give their own sum and each keeps
-    its partition from its second step on, read on the third, as one tuple alone would; past RUNS tuples the
-    oldest is forgotten."""
+def test_tuples_in_turn_are_priced_afresh() -> None:
+    """Two tuples priced in turn (two replicas sharing a cost model) each give their own sum, the cache
+    keeping only the last one; a tuple's second step keeps its partition, read on the third."""
     prices: dict[int, float] = {}
     runs = DecodeRuns(KNOTS, prices, _STRIDE)
     knot = _triangular(prices)
     a, b = (10, 300, 700), (40, 41, 2000)
-    alone = DecodeRuns(KNOTS, dict(prices), _STRIDE)
     for shift in range(1, 6):
         assert runs.total(a, shift, 3, knot) == 6.609375 + 6 * (shift - 1) / 256
-        assert runs.total(b, shift, 3, knot) == alone.total(b, shift, 3, _triangular({}))
-    run_a, run_b = runs._runs[id(a)], runs._runs[id(b)]
-    assert runs._run is run_b and run_a[0] is a and run_b[0] is b
-    assert run_a[1] == 3 and run_b[1] == 3 and run_b[2] == 2 and len(run_b[4]) == 2  # b's decodes in 2 intervals
-    assert runs.total(b, 7, 3, knot) == runs._walk(run_b, 7, 3, knot, False)
-    kept = [tuple(range(k, k + 3)) for k in range(DecodeRuns.RUNS)]
-    for offs in kept:
-        runs.total(offs, 1, 3, knot)
-    assert id(a) not in runs._runs and id(b) not in runs._runs and len(runs._runs) == DecodeRuns.RUNS
+        runs.total(b, shift, 3, knot)
+    assert runs._run[0] is b and runs._run[1] == -1  # seen once in a row: no partition kept
+    runs.total(b, 6, 3, knot)
+    assert runs._run[1] == 3 and runs._run[2] == 6 and len(runs._run[4]) == 2  # decodes in 2 intervals
+    assert runs.total(b, 7, 3, knot) == runs._walk(runs._run, 7, 3, knot, False)
 
 
 def test_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,6 +124,31 @@ def test_cached_prices_equal_uncached_bit_for_bit_on_scheduler_runs(llama8b) -> 
             assert llama8b.step_time(plan) == llama8b.step_time_uncached(plan)
             s.complete(plan)
             steps += 1
+    assert steps > 500
+
+
+@needs_kernels
+def test_replica_views_keep_their_own_runs_and_price_the_same(llama8b) -> None:  # type: ignore[no-untyped-def]
+    """bind_replica: a view per replica shares the model's price caches and keeps its own step cache, so
+    interleaved schedulers each keep their tuple's partition; every plan gets the model's uncached float."""
+    rng = random.Random(4)
+    scheds = [Scheduler(token_budget=512, max_seqs=64, kv_tokens=400_000) for _ in range(3)]
+    for k, s in enumerate(scheds):
+        for i in range(40):
+            s.add(Request(rid=100 * k + i, prompt_len=rng.randrange(1, 3000), max_new=rng.randrange(1, 500)))
+    views = [llama8b.bind_replica(None) for _ in scheds]
+    assert all(v._decode_c is llama8b._decode_c and v._runs is not llama8b._runs for v in views)
+    assert len({id(v._runs) for v in views}) == len(views)
+    steps = 0
+    while any(s.has_unfinished() for s in scheds):
+        for s, v in zip(scheds, views, strict=True):
+            if s.has_unfinished():
+                plan = s.schedule()
+                assert v.step_time(plan) == llama8b.step_time_uncached(plan)
+                if plan.num_decodes:
+                    assert v._runs._run[0] is plan.decode_offsets  # this replica's tuple, not another's
+                s.complete(plan)
+                steps += 1
     assert steps > 500
 
 

@@ -28,15 +28,14 @@ _NEVER = 1 << 62  # a shift no run reaches: the partition of one interval ending
 
 
 class DecodeRuns:
-    """The decode attention sum of one cost model's steps, cached for the last tuples of decode offsets.
+    """The decode attention sum of one cost model's steps, cached for the last tuple of decode offsets.
 
-    Owns the cache of the last RUNS tuples priced (each compared by identity, and held, so that its id
-    cannot be reused while it is cached): its sorted offsets and their prefix sums, and from its second
-    step its partition over the knot intervals, valid for a range of shifts at one batch size; touches
-    nothing else. Several tuples, so that a cluster's replicas sharing one cost model (each scheduler with
-    its own current tuple, their steps interleaved) keep theirs; the oldest tuple goes first, so that those
-    the schedulers no longer use leave after RUNS newer ones (more would cost more in memory traffic than
-    they save: benchmarks/priced_step.py). Not thread-safe: one per cost model, as its other price caches.
+    Owns the cache of the last tuple priced (compared by identity): its sorted offsets and their prefix
+    sums, and from its second step its partition over the knot intervals, valid for a range of shifts at
+    one batch size; touches nothing else. One tuple only, as the unbucketed path's sorted offsets: kept
+    partitions of tuples the scheduler no longer uses cost more in memory traffic than they save
+    (benchmarks/priced_step.py; a cluster's replicas sharing one cost model replace each other's tuple
+    and are priced as without the cache). Not thread-safe: one per cost model, as its other price caches.
 
     Args:
         knots: the increasing knot positions, tokens (kernels.KNOTS), starting at 0.
@@ -45,23 +44,18 @@ class DecodeRuns:
         key_stride: see `prices` (more than the number of knots).
     """
 
-    __slots__ = ("_knots", "_prices", "_stride", "_run", "_runs")
-
-    #: The tuples kept: more than the replicas of a cluster that share one cost model, as a rule.
-    RUNS = 64
+    __slots__ = ("_knots", "_prices", "_stride", "_run")
 
     def __init__(self, knots: tuple[int, ...], prices: dict[int, float], key_stride: int) -> None:
         self._knots, self._prices, self._stride = knots, prices, key_stride
         # [offs, nb, first shift, shift it holds below, terms, sorted offsets, their prefix sums]. A term per
         # occupied interval: (n x lo, n, sum of offsets - n x knot, hi - lo, interval width). A tuple seen
-        # once has no terms yet (nb -1). _run: the last one priced; _runs: id(offs) -> its run, oldest first.
+        # once has no terms yet (nb -1).
         self._run: list[Any] = [None, -1, 0, 0, (), [], []]
-        self._runs: dict[int, list[Any]] = {}
 
     def clear(self) -> None:
-        """Forget the cached tuples and partitions (the next calls work them out afresh)."""
+        """Forget the cached tuple and partition (the next call works them out afresh)."""
         self._run = [None, -1, 0, 0, (), [], []]
-        self._runs = {}
 
     def total(self, offs: tuple[int, ...], shift: int, nb: int, knot: Callable[[int, int], float]) -> float:
         """Return sum_i f(offs[i] + shift), f(s) = decode(nb, s) linear between the knots, seconds.
@@ -80,23 +74,16 @@ class DecodeRuns:
             The sum over the decodes, seconds (the caller divides by the decodes: each one's share).
         """
         run = self._run
-        if run[0] is not offs:
-            runs = self._runs
-            run = runs.get(id(offs))
-            if run is None or run[0] is not offs:
-                ordered = sorted(offs)
-                run = self._run = [offs, -1, 0, 0, (), ordered, [0, *accumulate(ordered)]]
-                runs[id(offs)] = run
-                if len(runs) > self.RUNS:
-                    del runs[next(iter(runs))]
-                return self._walk(run, shift, nb, knot, False)
-            self._run = run
-        if run[1] == nb and run[2] <= shift < run[3]:
-            t = 0.0
-            for nlo, n, c, dhl, width in run[4]:
-                t += nlo + (c + n * shift) * dhl / width
-            return t
-        return self._walk(run, shift, nb, knot, True)
+        if run[0] is offs:
+            if run[1] == nb and run[2] <= shift < run[3]:
+                t = 0.0
+                for nlo, n, c, dhl, width in run[4]:
+                    t += nlo + (c + n * shift) * dhl / width
+                return t
+            return self._walk(run, shift, nb, knot, True)
+        ordered = sorted(offs)
+        run = self._run = [offs, -1, 0, 0, (), ordered, [0, *accumulate(ordered)]]
+        return self._walk(run, shift, nb, knot, False)
 
     def _walk(self, run: list[Any], shift: int, nb: int, knot: Callable[[int, int], float], keep: bool) -> float:
         """Sum `run`'s decodes at `shift` interval by interval; with `keep`, keep the partition with the

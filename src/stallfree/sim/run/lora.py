@@ -196,7 +196,8 @@ class _BoundLoraCost:
 
     def __init__(self, cost: LoraCost, res: SimResult, cache: AdapterCache) -> None:
         self.cost, self.res, self.cache = cost, res, cache
-        self._inner_time = cost.inner.step_time
+        bind = getattr(cost.inner, "bind_replica", None)  # the inner model's per-replica state (a step cache)
+        self._inner_time = (cost.inner if bind is None else bind(res)).step_time
         self._names: Sequence[Hashable | None] = res.lora or ()
 
     def step_time(self, plan: StepPlan) -> float:
