@@ -325,13 +325,14 @@ class EventLoop:
                 now = nxt
 
     def _apart(self) -> bool:
-        """Whether the replicas meet only at arrivals: open-loop arrivals through an Entry (its router
-        reads the replicas only then), the default gate with nothing to call on a refusal, no finish
-        hook, no callback. Between two arrivals each replica's steps then depend on its own state alone
-        (admit_async's too: its replica's last step and its requests' arrivals)."""
-        gate = self.gate
-        return (type(self.arrive) is Entry and type(gate) is PassGate and gate.on_refuse is None
-                and self.on_finish is None and not self.heap and self.arrivals.closed is None)
+        """Whether the replicas meet only at arrivals: open-loop arrivals through an Entry over these
+        replicas (its router reads them only then), the default gate with nothing to call on a refusal, no
+        finish hook, no callback. Between two arrivals each replica's steps then depend on its own state
+        alone (admit_async's too: its replica's last step and its requests' arrivals)."""
+        gate, arrive, reps = self.gate, self.arrive, self.replicas
+        return (type(arrive) is Entry and arrive.replicas == reps and type(gate) is PassGate
+                and gate.on_refuse is None and self.on_finish is None and not self.heap
+                and self.arrivals.closed is None and [r.index for r in reps] == list(range(len(reps))))
 
     def _run_apart(self) -> None:
         """run() for replicas that meet only at arrivals (_apart), in the same order of events for each
@@ -339,32 +340,49 @@ class EventLoop:
         work (in the order given) gets its pending requests and starts a step, then each replica runs on
         its own up to the next arrival (Replica.advance), rather than step by step through the heap. The
         steps, rows and routes are those of the general path: a router sees every step that ended by the
-        arrival, as there."""
+        arrival, as there. Only the replicas something happened to are visited at an instant (a request
+        routed to one, its step ended then, or the first instant), and the heap holds one entry per busy
+        replica (the end of its step in flight), not one per step."""
         times, arrive, gate = self.arrivals.times, self.arrive, self.gate
+        routed = arrive.routed  # type: ignore[attr-defined]
 
         def admit_later(rep: Replica, now: float) -> None:
             admit_async(gate, rep, now)
 
         # Each replica with its admission, as run() chooses it.
         each = [(rep, admit_later if rep.async_scheduling else gate.admit) for rep in self.replicas]
+        busy: list[tuple[float, int]] = []  # (end of the step in flight, replica index) of the busy ones
+        push, pop = heapq.heappush, heapq.heappop
+        visit = list(range(len(each)))  # the replicas to visit at this instant: every one at the first
         n = len(times)
         i = 0
         now = times[0] if n else 0.0
         while True:
             while i < n and times[i] <= now:
                 arrive(i, now)
+                k = routed[i]
+                if k >= 0:
+                    visit.append(k)
                 i += 1
             until = times[i] if i < n else math.inf
-            for rep, admit in each:
-                if not rep.busy:
-                    if rep.stalled:
+            if visit:
+                for k in sorted(set(visit)) if len(visit) > 1 else visit:
+                    rep, admit = each[k]
+                    if rep.busy or rep.stalled:
                         continue
                     if rep.pending:
                         admit(rep, now)
-                    if not rep.inner.has_unfinished() or rep.start_step(now) is None:
-                        continue
-                if rep.step_end <= until:
-                    rep.advance(until, admit)
+                    if rep.inner.has_unfinished() and rep.start_step(now) is not None:
+                        push(busy, (rep.step_end, k))
+                visit = []
+            while busy and busy[0][0] <= until:
+                k = pop(busy)[1]
+                rep, admit = each[k]
+                rep.advance(until, admit)
+                if rep.busy:
+                    push(busy, (rep.step_end, k))
+                elif not rep.stalled:
+                    visit.append(k)  # idle: its step ended at `until` (its next starts then) or it has no work
             if i >= n:
                 self._check_done(i)
                 return
