@@ -4,18 +4,19 @@ Run:
     git archive main src | tar -x -C /tmp/old            # an older tree's sources (OLD_SRC = /tmp/old/src)
     PYTHONPATH=src python benchmarks/priced_step.py --against /tmp/old/src [--rounds 3] [--json] [-- SIMULATE_ARGS]
 
-Each round runs one worker process per source tree, alternating (old, new, old, new, ...), so that both
-see the same machine load. A worker runs `stallfree simulate SIMULATE_ARGS --kernels vllm` (no arguments:
-the default run, the bundled Azure conversation trace of 19,366 requests replayed 1.4 times as fast; e.g.
-`-- --num-requests 9000` replays its first 9,000 requests, `-- --synthetic poisson --rate 300
---num-requests 20000 --replicas 32 --router least-outstanding` a cluster sharing one cost model), keeps every plan
-priced, and then prices those plans again in the run's order with a fresh cost model (and a fresh replica's
-view of it for each view the run bound: KernelCostModel.bind_replica) whose tables are already loaded and whose package calls are cached (as in a run past its first steps): each step is
-timed alone (time.perf_counter_ns around one step_time call), and the whole pass by CPU time. It
-reports the median and p90 of the per-step times, the CPU microseconds per step of the pass, and the
-prices it computed. The parent compares the prices of the two trees step by step, and sorted (a cluster's
-replicas may step in another order across replicas; each replica's in the same order) (relative error
-median, p99, max) and, in this tree, the prices with the step cache on and off.
+Each round runs one worker process per source tree, alternating (old, new, old, new, ...), so that both see
+the same machine load. A worker runs `stallfree simulate SIMULATE_ARGS --kernels vllm` (no arguments: the
+default run, the bundled Azure conversation trace of 19,366 requests replayed 1.4 times as fast; e.g.
+`-- --num-requests 9000` replays its first 9,000 requests, `-- --synthetic poisson --rate 300 --num-requests 20000
+--replicas 32 --router least-outstanding` a cluster sharing one cost model), keeps every plan priced, and then
+prices those plans again in the run's order with a fresh cost model (and a fresh replica's view of it for each
+view the run bound: KernelCostModel.bind_replica) whose tables are already loaded and whose package calls are
+cached (as in a run past its first steps): each step is timed alone (time.perf_counter_ns around one step_time
+call), and the whole pass by CPU time. It reports the median and p90 of the per-step times, the CPU
+microseconds per step of the pass, and the prices it computed. The parent compares the prices of the two trees
+step by step, and sorted (a cluster's replicas may step in another order across replicas; each replica's in
+the same order) (relative error median, p99, max) and, in this tree, the prices with the step cache on and
+off.
 
 Needs the optional package aiconfigurator-core (pip install 'stallfree[kernels]').
 """

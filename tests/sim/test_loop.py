@@ -14,8 +14,8 @@ from stallfree.sim.run.config import make_scheduler
 from stallfree.sim.run.load import Arrivals, ClosedLoop
 from stallfree.sim.run.loop import Entry, EventLoop, PassGate
 from stallfree.sim.run.replica import Replica
-from stallfree.sim.run.routers import make_router
 from stallfree.sim.run.result import ClusterError, SimulationError
+from stallfree.sim.run.routers import make_router
 from stallfree.sim.run.simulator import new_result, plan_run, request_maker
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)

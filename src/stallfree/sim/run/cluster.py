@@ -11,7 +11,8 @@ request arriving by t is routed, in workload order, seeing each replica as of it
 step (plus the requests already routed to it); then every idle replica with work starts a step at
 t, in index order. A request routed to a busy replica waits until that replica's step ends, which
 is when the single-replica simulator would have added it too. With one replica the cluster
-reproduces `simulate` step for step (tested).
+reproduces `simulate` step for step (tested). Since replicas meet only at arrivals, the loop runs each
+on its own between two arrivals (EventLoop._run_apart): the same steps, in the same order per replica.
 
 Results. `simulate_cluster` returns a ClusterResult: one SimResult per replica (indexed by the
 global rid, rows only for the requests routed to it) and `merged`, a SimResult of the whole

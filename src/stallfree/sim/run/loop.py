@@ -20,7 +20,9 @@ kind in the order it was pushed (ties never depend on hashing or dict order); th
 arriving by t arrives, in workload order; then every idle replica with work, in the order given,
 gets its pending requests and starts a step at t. A request arriving during a replica's step
 waits for the step's end, so one replica reproduces the classic loop (add the arrivals, run a step,
-repeat) step for step.
+repeat) step for step. Replicas that meet only at arrivals (open-loop arrivals through an Entry, the
+default gate, no hook or callback: a cluster's `simulate`) are run each on its own between two
+arrivals (_run_apart), which keeps this order for every replica without a heap event per step.
 
 Asynchronous scheduling (a replica's `async_scheduling`, vLLM's `--async-scheduling`). vLLM's engine
 core with a batch queue of two (step_with_batch_queue in vllm/v1/engine/core.py) plans step k + 1
