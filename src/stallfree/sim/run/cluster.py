@@ -257,17 +257,25 @@ def _merge(
         m.step_ticks.extend(array("q", (t + tick_base for t in r.step_ticks)))
         tick_base += r.step_ticks[-1] if len(r.step_ticks) else 0
         base.append(base[-1] + r.num_steps)
+    # Per request, its replica's columns (read once per replica, not by name per request: O(requests)).
+    m_admit, m_first, m_finish, m_reason, m_lora = m.admit_step, m.first_step, m.finish_step, m.finish_reason, \
+        m.lora_load_s
+    columns = [(r.admit_step, r.first_step, r.finish_step, r.finish_reason,
+                r.lora_load_s if m_lora is not None else None, base[k]) for k, r in enumerate(results)]
     for rid in range(n):
         k = routed[rid]
         if k < 0:
             continue
-        r, b = results[k], base[k]
-        for name in ("admit_step", "first_step", "finish_step"):
-            v = getattr(r, name)[rid]
-            getattr(m, name)[rid] = v + b if v >= 0 else -1
-        m.finish_reason[rid] = r.finish_reason[rid]
-        if m.lora_load_s is not None and r.lora_load_s is not None:
-            m.lora_load_s[rid] = r.lora_load_s[rid]
+        admit, first, finish, reason, lora, b = columns[k]
+        v = admit[rid]
+        m_admit[rid] = v + b if v >= 0 else -1
+        v = first[rid]
+        m_first[rid] = v + b if v >= 0 else -1
+        v = finish[rid]
+        m_finish[rid] = v + b if v >= 0 else -1
+        m_reason[rid] = reason[rid]
+        if lora is not None:
+            m_lora[rid] = lora[rid]  # type: ignore[index]
     for k, r in enumerate(results):
         b = base[k]
         m.rejected.extend(r.rejected)
