@@ -4,17 +4,19 @@ Run:
     git archive main src | tar -x -C /tmp/old            # an older tree's sources (OLD_SRC = /tmp/old/src)
     PYTHONPATH=src python benchmarks/priced_step.py --against /tmp/old/src [--rounds 3] [--json] [-- SIMULATE_ARGS]
 
-Each round runs one worker process per source tree, alternating (old, new, old, new, ...), so that both
-see the same machine load. A worker runs `stallfree simulate SIMULATE_ARGS --kernels vllm` (no arguments:
-the default run, the bundled Azure conversation trace of 19,366 requests replayed 1.4 times as fast; e.g.
-`-- --num-requests 9000` replays its first 9,000 requests, `-- --synthetic poisson --rate 300
---num-requests 20000 --replicas 32 --router least-outstanding` a cluster sharing one cost model), keeps every plan
-priced, and then prices those plans again in the run's order with a fresh cost model whose tables are
-already loaded and whose package calls are cached (as in a run past its first steps): each step is
-timed alone (time.perf_counter_ns around one step_time call), and the whole pass by CPU time. It
-reports the median and p90 of the per-step times, the CPU microseconds per step of the pass, and the
-prices it computed. The parent compares the prices of the two trees step by step (relative error
-median, p99, max) and, in this tree, the prices with the step cache on and off.
+Each round runs one worker process per source tree, alternating (old, new, old, new, ...), so that both see
+the same machine load. A worker runs `stallfree simulate SIMULATE_ARGS --kernels vllm` (no arguments: the
+default run, the bundled Azure conversation trace of 19,366 requests replayed 1.4 times as fast; e.g.
+`-- --num-requests 9000` replays its first 9,000 requests, `-- --synthetic poisson --rate 300 --num-requests 20000
+--replicas 32 --router least-outstanding` a cluster sharing one cost model), keeps every plan priced, and then
+prices those plans again in the run's order with a fresh cost model (and a fresh replica's view of it for each
+view the run bound: KernelCostModel.bind_replica) whose tables are already loaded and whose package calls are
+cached (as in a run past its first steps): each step is timed alone (time.perf_counter_ns around one step_time
+call), and the whole pass by CPU time. It reports the median and p90 of the per-step times, the CPU
+microseconds per step of the pass, and the prices it computed. The parent compares the prices of the two trees
+step by step, and sorted (a cluster's replicas may step in another order across replicas; each replica's in
+the same order) (relative error median, p99, max) and, in this tree, the prices with the step cache on and
+off.
 
 Needs the optional package aiconfigurator-core (pip install 'stallfree[kernels]').
 """
@@ -49,34 +51,41 @@ def _worker(argv: list[str], out: str, compare_uncached: bool) -> None:
     from stallfree.costmodel.kernels import KernelCostModel
 
     plans: list[Any] = []
-    models: list[KernelCostModel] = []
+    owners: list[KernelCostModel] = []  # per plan, the model (or replica's view of it) that priced it
     priced = KernelCostModel.step_time
 
     def recording(self: KernelCostModel, plan: Any) -> float:
         plans.append(plan)
-        if not models or models[-1] is not self:
-            models.append(self)
+        owners.append(self)
         return priced(self, plan)
 
     KernelCostModel.step_time = recording  # type: ignore[method-assign]
     with contextlib.redirect_stdout(io.StringIO()):
         cli_main(["simulate", *argv, "--kernels", "vllm"])
     KernelCostModel.step_time = priced  # type: ignore[method-assign]
-    if len({id(m) for m in models}) != 1:
-        raise SystemExit(f"the run priced with {len({id(m) for m in models})} kernel cost models; expected one")
-    km = models[0]
-    plans = [p for p in plans if p.num_tokens]
-    # The same model, its package calls cached, its per-run structures forgotten: a run's order again.
+    km = owners[0]
+    # One model, or views of one (KernelCostModel.bind_replica: each replica's own step cache over the
+    # model's price caches).
+    if any(m._decode_c is not km._decode_c for m in owners):
+        raise SystemExit("the run priced with several kernel cost models; expected one (or views of one)")
+    kept = [(p, m) for p, m in zip(plans, owners, strict=True) if p.num_tokens]
+    plans = [p for p, _ in kept]
+    # The same model, its package calls cached, its per-run structures forgotten: a run's order again,
+    # each plan priced by a fresh view where the run had one.
     km._sorted = None
     runs = getattr(km, "_runs", None)
     if runs is not None:
         runs.clear()
-    price = km.step_time
+    fresh: dict[int, Any] = {}
+    for m in owners:
+        if id(m) not in fresh:
+            fresh[id(m)] = (km if m is km or not hasattr(km, "bind_replica") else km.bind_replica(None)).step_time
+    pairs = [(p, fresh[id(m)]) for p, m in kept]
     clock = time.perf_counter_ns
     ns: list[int] = []
     prices: list[float] = []
     cpu0 = time.process_time()
-    for p in plans:
+    for p, price in pairs:
         t0 = clock()
         prices.append(price(p))
         ns.append(clock() - t0)
@@ -144,6 +153,9 @@ def main() -> int:
         out["cache_on_vs_off"] = _errors(new0["prices"], new0["uncached_prices"])
     if "old" in runs:
         out["new_vs_old"] = _errors(new0["prices"], runs["old"][0]["prices"])
+        # A cluster's replicas may step in another order across replicas (the event loop runs each on its own
+        # between arrivals), each replica's steps in the same order: the prices compared as sorted lists too.
+        out["new_vs_old_sorted"] = _errors(sorted(new0["prices"]), sorted(runs["old"][0]["prices"]))
         out["ratio_median"] = out["old"]["median_us"] / out["new"]["median_us"]
         out["ratio_cpu"] = out["old"]["cpu_us_per_step"] / out["new"]["cpu_us_per_step"]
     if a.json:
@@ -157,7 +169,8 @@ def main() -> int:
               f"{f['cpu_us_per_step']:>12.2f}")
     if "old" in runs:
         print(f"old / new: median {out['ratio_median']:.2f}x, CPU per step {out['ratio_cpu']:.2f}x")
-    for key, label in (("new_vs_old", "new vs old prices"), ("cache_on_vs_off", "step cache on vs off")):
+    for key, label in (("new_vs_old", "new vs old prices"), ("new_vs_old_sorted", "new vs old prices, sorted"),
+                       ("cache_on_vs_off", "step cache on vs off")):
         e = out.get(key, "absent")
         if e is None:
             print(f"{label}: the runs took different steps")

@@ -128,6 +128,31 @@ def test_cached_prices_equal_uncached_bit_for_bit_on_scheduler_runs(llama8b) -> 
 
 
 @needs_kernels
+def test_replica_views_keep_their_own_runs_and_price_the_same(llama8b) -> None:  # type: ignore[no-untyped-def]
+    """bind_replica: a view per replica shares the model's price caches and keeps its own step cache, so
+    interleaved schedulers each keep their tuple's partition; every plan gets the model's uncached float."""
+    rng = random.Random(4)
+    scheds = [Scheduler(token_budget=512, max_seqs=64, kv_tokens=400_000) for _ in range(3)]
+    for k, s in enumerate(scheds):
+        for i in range(40):
+            s.add(Request(rid=100 * k + i, prompt_len=rng.randrange(1, 3000), max_new=rng.randrange(1, 500)))
+    views = [llama8b.bind_replica(None) for _ in scheds]
+    assert all(v._decode_c is llama8b._decode_c and v._runs is not llama8b._runs for v in views)
+    assert len({id(v._runs) for v in views}) == len(views)
+    steps = 0
+    while any(s.has_unfinished() for s in scheds):
+        for s, v in zip(scheds, views, strict=True):
+            if s.has_unfinished():
+                plan = s.schedule()
+                assert v.step_time(plan) == llama8b.step_time_uncached(plan)
+                if plan.num_decodes:
+                    assert v._runs._run[0] is plan.decode_offsets  # this replica's tuple, not another's
+                s.complete(plan)
+                steps += 1
+    assert steps > 500
+
+
+@needs_kernels
 def test_cached_price_is_within_the_bucket_bound_of_unbucketed(llama8b) -> None:  # type: ignore[no-untyped-def]
     """A plan of decodes at scattered contexts and one chunk: the cached price stays within 0.5% of the
     package asked at every decode's own keys (step_time_exact), the bound of the buckets."""

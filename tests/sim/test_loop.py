@@ -15,6 +15,7 @@ from stallfree.sim.run.load import Arrivals, ClosedLoop
 from stallfree.sim.run.loop import Entry, EventLoop, PassGate
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import ClusterError, SimulationError
+from stallfree.sim.run.routers import make_router
 from stallfree.sim.run.simulator import new_result, plan_run, request_maker
 
 COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
@@ -64,6 +65,51 @@ def test_single_replica_path_equals_the_general_loop(seed: int, kv: str, closed:
     assert (a.skips, a.segments, a.rejected) == (b.skips, b.segments, b.rejected)
     if kv == "paged" and closed is None:
         assert a.segments  # the case exercises preemption
+
+
+def run_cluster(wl: Workload, cfg: SchedulerConfig, router: str, apart: bool, async_every: int = 0,
+                max_model_len: int | None = None) -> tuple[list[SimResult], Entry]:
+    """Four replicas behind `router` through the loop: replicas apart between arrivals (apart) or the heap,
+    step by step; every async_every-th replica (from the first) schedules asynchronously (0: none)."""
+    max_new, too_long, target, config, _ = plan_run(wl, cfg, COST, None, max_model_len, False, None)
+    reps = []
+    for k in range(4):
+        inner = make_scheduler(cfg)
+        res = new_result("x", wl, config, target, max_new, inner)
+        reps.append(Replica(k, inner, inner, res, COST, async_scheduling=bool(async_every) and k % async_every == 0))
+    arrivals = Arrivals(wl)
+    entry = Entry(reps, make_router(router), request_maker(wl, max_new, reps[0].inner, arrivals.times), too_long,
+                  arrivals, track_imbalance=True)
+    loop = EventLoop(reps, arrivals, entry)
+    assert loop._apart()
+    loop.apart = apart
+    loop.run()
+    return [r.res for r in reps], entry
+
+
+@pytest.mark.parametrize(
+    ("seed", "kv", "router", "async_every"),
+    [(0, "reserve", "least-outstanding", 0), (1, "paged", "least-kv", 0), (2, "paged", "round-robin", 2),
+     (3, "reserve", "vllm-dp", 1), (4, "paged", "random", 0)],
+)
+def test_replicas_apart_between_arrivals_equal_the_heap(seed: int, kv: str, router: str, async_every: int) -> None:
+    """Seeded workloads on four replicas (a small paged KV that preempts, asynchronous scheduling, requests
+    too long for the context, routers that read the replicas' load and KV): running each replica on its own
+    between arrivals (EventLoop._run_apart) routes every request as the heap does and writes the same rows."""
+    cfg = SchedulerConfig(kv_tokens=160, token_budget=24, max_seqs=8, kv=kv, block_size=4)
+    wl = random_workload(seed)
+    # Arrivals on the 0.125 s grid of the step times, so that steps often end at an arrival; queues form.
+    wl = Workload(tuple(round(t * 2) / 8 for t in wl.arrivals), wl.prompt_lens, wl.output_lens, "busy")
+    a, ea = run_cluster(wl, cfg, router, True, async_every, max_model_len=64)
+    b, eb = run_cluster(wl, cfg, router, False, async_every, max_model_len=64)
+    assert (ea.routed, ea.refused, ea.ratios) == (eb.routed, eb.refused, eb.ratios)
+    assert sum(r.num_steps for r in a) > 0
+    for x, y in zip(a, b, strict=True):
+        for name in ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
+                     "step_ticks"):
+            assert list(getattr(x, name)) == list(getattr(y, name)), name
+        assert (x.admit_step, x.first_step, x.finish_step) == (y.admit_step, y.first_step, y.finish_step)
+        assert (x.skips, x.segments, x.rejected) == (y.skips, y.segments, y.rejected)
 
 
 def callback_order(solo: bool) -> list[tuple[float, int]]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.errors import InvalidConfig, check_positive_int
-from stallfree.core.fairness import check_fairness, check_isolation
-from stallfree.core.kv import check_kv_options
-from stallfree.core.policies import build_policies, check_partial_prefills
+
+# The checks below (fairness, kv, policies) are imported where they run, so that reading SchedulerConfig's
+# defaults (a command's --help) does not import the scheduler's modules.
 
 __all__ = ["SchedulerConfig", "as_config"]
 
@@ -143,6 +143,10 @@ class SchedulerConfig:
     tenant_burst_tokens: int = 0
 
     def __post_init__(self) -> None:
+        from stallfree.core.fairness import check_fairness, check_isolation
+        from stallfree.core.kv.options import check_kv_options
+        from stallfree.core.policies import build_policies, check_partial_prefills
+
         check_positive_int("token_budget", self.token_budget)
         check_positive_int("max_seqs", self.max_seqs)
         check_positive_int("kv_tokens", self.kv_tokens)
@@ -213,6 +217,8 @@ class SchedulerConfig:
     @property
     def chunks_aligned(self) -> bool:
         """align_chunks resolved: True when every non-final chunk is a multiple of block_size."""
+        from stallfree.core.kv.options import check_kv_options
+
         return check_kv_options(
             self.kv_policy, self.block_size, self.align_chunks, self.watermark, self.enable_prefix_caching)[0]
 
@@ -224,6 +230,8 @@ class SchedulerConfig:
     @property
     def partial_prefill_limits(self) -> tuple[int, int, int | None]:
         """(K, L, T) with the defaults filled in: (1, 1, None) for the contract's one partial prefill."""
+        from stallfree.core.policies import check_partial_prefills
+
         return check_partial_prefills(
             self.max_num_partial_prefills, self.max_long_partial_prefills, self._threshold(), self.chunk_alignment)
 

@@ -257,16 +257,17 @@ class RequestLifecycle:
                 twice), a rid in `stopped` did not sample a token in `plan`, or num_accepted is
                 not valid for `plan`; nothing changes.
         """
-        if not isinstance(plan, StepPlan) or plan is not self._inflight:
+        # The plan in flight is a StepPlan: anything else (None included) is not it.
+        if plan is not self._inflight or plan is None:
             what = f"step {plan.step}" if isinstance(plan, StepPlan) else repr(plan)
             held = "none" if self._inflight is None else f"step {self._inflight.step}"
             raise SchedulerStateError(
                 f"complete() takes the plan in flight ({held}); got another plan ({what}): stale, "
                 "completed already, or from another scheduler"
             )
-        if isinstance(stopped, str | bytes):
+        if stopped.__class__ is not tuple and isinstance(stopped, (str, bytes)):
             raise SchedulerStateError(f"stopped must be an iterable of rids, not a string: {stopped!r}")
-        stopped_objs = self._validate_stopped(plan, stopped)
+        stopped_objs = self._validate_stopped(plan, stopped) if stopped else []
         accepted = self._validate_accepted(plan, num_accepted) if num_accepted else []
         step = plan.step
         self._inflight = None

@@ -34,8 +34,9 @@ class DecodeRuns:
     sums, and from its second step its partition over the knot intervals, valid for a range of shifts at
     one batch size; touches nothing else. One tuple only, as the unbucketed path's sorted offsets: kept
     partitions of tuples the scheduler no longer uses cost more in memory traffic than they save
-    (benchmarks/priced_step.py; a cluster's replicas sharing one cost model replace each other's tuple
-    and are priced as without the cache). Not thread-safe: one per cost model, as its other price caches.
+    (benchmarks/priced_step.py). A cluster's replicas each bind their own view of a shared kernel model, so
+    each has one of these (KernelCostModel.bind_replica). Not thread-safe: one per cost model (or replica's
+    view), as its other price caches.
 
     Args:
         knots: the increasing knot positions, tokens (kernels.KNOTS), starting at 0.

@@ -264,6 +264,18 @@ class KernelCostModel:
         # shared(T) of a decode-only step, read in the step cache's path without decode_shared_s's call.
         self._decode_only_c = self._shared_c if self.tables.decode_shared is None else self._decode_shared_c
 
+    def bind_replica(self, res: object) -> KernelCostModel:
+        """This model for one replica of a cluster that shares it (stallfree.sim.run.replica.Replica binds
+        each): the same tables and price caches, with a step cache of its own (decode_runs.DecodeRuns keeps
+        one tuple of decode offsets, and replicas stepping in turn would replace each other's every step).
+        The same prices, bit for bit. `res` (the replica's result) is not read."""
+        view = object.__new__(type(self))
+        for name, value in vars(self).items():  # one by one, in order: the instance layout of __init__'s
+            setattr(view, name, value)
+        view._sorted = None
+        view._runs = DecodeRuns(KNOTS, self._decode_c, _KEY)
+        return view
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return (
             _rebuild,

@@ -1,13 +1,45 @@
 """The simulator's own defaults, each written once (the core scheduler's are SchedulerConfig's, in
 stallfree.core.config): the token budget and sequence limit of its commands and studies, the KV block
-size, and the bundled trace's replay speed-up.
+size, and the bundled trace's replay speed-up; and the names and defaults the commands' --help shows (batching
+modes, executors, routers and their knobs, the time budget's cap, the LoRA rank, the P:D search's grids), kept
+here so that building a parser imports none of the simulator (each is importable from its old module too).
 
 Imports allowed: the standard library only.
 """
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "DEFAULT_MAX_SEQS", "DEFAULT_RATE_SCALE", "DEFAULT_TOKEN_BUDGET"]
+from typing import Any
+
+__all__ = [
+    "BATCHING_MODES",
+    "DEFAULT_ATTAINMENT",
+    "DEFAULT_ADAPTER_SLOTS",
+    "DEFAULT_AFFINITY_LOAD_FACTOR",
+    "DEFAULT_AFFINITY_LOAD_MARGIN",
+    "DEFAULT_AGGREGATED_BUDGETS",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_DECODE_BUDGETS",
+    "DEFAULT_LORA_RANK",
+    "DEFAULT_MAX_REPLICAS",
+    "DEFAULT_MAX_SEQS",
+    "DEFAULT_PREFILL_BUDGETS",
+    "DEFAULT_PREFIX_THRESHOLD",
+    "DEFAULT_RATE_SCALE",
+    "DEFAULT_REPLICA",
+    "DEFAULT_ROUTER_SEED",
+    "DEFAULT_ROUTERS",
+    "DEFAULT_SCALE_DOWN_DELAY_S",
+    "DEFAULT_SCALE_INTERVAL_S",
+    "DEFAULT_SESSION_LOAD_FACTOR",
+    "DEFAULT_SESSION_LOAD_MARGIN",
+    "DEFAULT_TIE_TOLERANCE",
+    "DEFAULT_TOKEN_BUDGET",
+    "DEFAULT_WINDOW_S",
+    "EXECUTORS",
+    "ROUTERS",
+    "TIME_BUDGET_CAP",
+]
 
 #: Tokens per step when none is given (vLLM's max_num_batched_tokens default for chunked prefill).
 DEFAULT_TOKEN_BUDGET = 2048
@@ -23,3 +55,85 @@ DEFAULT_BLOCK_SIZE = 16
 #: 4 x H100 SXM, FP8) completes about 10.4 req/s when saturated, and 1.4 x the trace's 5.53 req/s =
 #: 7.74 req/s is 74% of that: busy but stable (at 3, the scale before kernel pricing, it is 159%).
 DEFAULT_RATE_SCALE = 1.4
+
+#: Batching modes: the contract (chunked prefill) and the two baselines of stallfree.sim.run.baselines.
+BATCHING_MODES = ("chunked", "prefill-first", "no-chunk")
+
+#: Executor names for the command line; "process" is the default.
+EXECUTORS = ("process", "ray", "serial")
+
+#: prefix-affinity: tokens of cached prefix a replica must hold to win the request (default 256:
+#: sixteen 16-token blocks, so that a shared system prompt counts but a chance one-block match does not).
+DEFAULT_PREFIX_THRESHOLD = 256
+
+#: prefix-affinity load cap: a replica may win a request for its cached prefix only while its
+#: unfinished requests are at most max(load_factor x the least loaded replica's, that + load_margin).
+#: The defaults (1.5 and 4 requests) are this project's choice from the grid measured on the Mooncake
+#: trace in docs/cluster.md (the best hit rate there, at least-outstanding's TTFT). The rule has the
+#: shape of SGLang's cache-aware router's (cache affinity while loads are within a relative or an
+#: absolute margin, else the shortest queue), which compares the most and least loaded workers
+#: rather than the candidate and the least loaded.
+DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
+
+DEFAULT_AFFINITY_LOAD_MARGIN = 4
+
+#: adapter-affinity: adapters a replica is taken to hold when the replicas' max_loras is not given to
+#: make_router (the command line gives it: --max-loras).
+DEFAULT_ADAPTER_SLOTS = 4
+
+#: session-affinity load cap: a session leaves its replica only while that replica's unfinished
+#: requests exceed max(2 x the least loaded replica's, that + 16). Looser than prefix-affinity's, since
+#: moving a session throws its whole history's KV away (thousands of tokens to recompute, where a
+#: shared prefix is cached on several replicas). This project's choice, measured in docs/simulator.md
+#: ("Sessions"): on its conversation workload on 4 replicas the prefix-affinity cap (1.5, 4) moved
+#: turns and cost 2.2 points of hit rate and more than doubled the p99 TTFT (237 against 108 ms);
+#: (2, 16) moved none there.
+DEFAULT_SESSION_LOAD_FACTOR = 2.0
+
+DEFAULT_SESSION_LOAD_MARGIN = 16
+
+#: random router: the default seed.
+DEFAULT_ROUTER_SEED = 0
+
+#: Router names for the command line.
+ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp",
+           "session-affinity", "adapter-affinity")
+
+#: The default cap of a step's budget in time budget mode, tokens: far above what a step within a
+#: TPOT-sized target holds, so that the target is what limits it.
+TIME_BUDGET_CAP = 65536
+
+#: vLLM's default max_lora_rank (EngineArgs.max_lora_rank = 16).
+DEFAULT_LORA_RANK = 16
+
+#: The P:D search's default token budget grids (tokens per step), small on purpose: each point is a
+#: whole simulation. Aggregated: 1,024 to 4,096 around the default 2,048 (smaller: lower TPOT, less
+#: throughput). Prefill side: 2,048 and 8,192 (no decodes share its steps, so larger chunks cost no
+#: TPOT). Decode side: 128 (at most 128 requests fed per step, under the default max_seqs 256) and
+#: 2,048 (no limit below max_seqs). These are this project's choices, not measured optima.
+DEFAULT_AGGREGATED_BUDGETS = (1024, 2048, 4096)
+
+DEFAULT_PREFILL_BUDGETS = (2048, 8192)
+
+DEFAULT_DECODE_BUDGETS = (128, 2048)
+
+#: The default replica: model, GPU, tensor-parallel GPUs and weight dtype (stallfree.sim.inputs.options.DEFAULTS).
+DEFAULT_REPLICA: dict[str, Any] = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
+
+#: --autoscale: seconds between decisions: KEDA's default pollingInterval (30 s).
+DEFAULT_SCALE_INTERVAL_S = 30.0
+#: The scale-down stabilisation window, s: the Kubernetes HPA's default
+#: (--horizontal-pod-autoscaler-downscale-stabilization, 5 minutes).
+DEFAULT_SCALE_DOWN_DELAY_S = 300.0
+#: Attainment windows of the report, s.
+DEFAULT_WINDOW_S = 300.0
+
+#: plan (and tune): the share of all requests that must meet both SLOs, the largest replica count tried per
+#: shape, and the routers tried, the first leading the search.
+DEFAULT_ATTAINMENT = 0.99
+DEFAULT_MAX_REPLICAS = 64
+DEFAULT_ROUTERS = ("least-outstanding", "round-robin", "least-kv")
+
+#: tune: Goodputs within this fraction of the highest are tied: the end of a trace (when the last request
+#: finishes) moves goodput by a few parts in 10^4 between budgets that serve the same requests.
+DEFAULT_TIE_TOLERANCE = 0.001

@@ -13,21 +13,16 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.sim.commands.common import CliError
-from stallfree.sim.run.autoscale import (
-    DEFAULT_SCALE_DOWN_DELAY_S,
-    DEFAULT_SCALE_INTERVAL_S,
-    DEFAULT_WINDOW_S,
-    AutoscaleConfig,
-    AutoscaleError,
-    Fleet,
-    default_up_delay,
-    parse_autoscale,
-    parse_policy,
-    runner,
-)
+from stallfree.sim.defaults import DEFAULT_SCALE_DOWN_DELAY_S, DEFAULT_SCALE_INTERVAL_S, DEFAULT_WINDOW_S
+
+if TYPE_CHECKING:
+    from stallfree.sim.run.autoscale import AutoscaleConfig, Fleet
+
+# stallfree.sim.run.autoscale (the event loop's) is imported where --autoscale is checked or run, so that
+# building the parser stays cheap.
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -115,6 +110,8 @@ def check_flags(args: argparse.Namespace) -> None:
             if getattr(args, dest) is not None:
                 raise CliError(f"{flag} applies to --autoscale MIN:MAX: add it or drop {flag}", 2)
         return
+    from stallfree.sim.run.autoscale import AutoscaleError, parse_autoscale, parse_policy
+
     try:
         args.autoscale_range = parse_autoscale(args.autoscale)
         args.autoscale_policy = parse_policy(args.scale_policy or DEFAULT_POLICY)
@@ -158,6 +155,8 @@ def config(args: argparse.Namespace, setup: Any) -> tuple[AutoscaleConfig, str]:
     Raises:
         CliError: no --scale-up-delay and the replica's weight bytes are unknown (exit 2).
     """
+    from stallfree.sim.run.autoscale import AutoscaleConfig, AutoscaleError, default_up_delay
+
     lo, hi = args.autoscale_range
     up, source = args.autoscale_up, "--scale-up-delay"
     if up is None:
@@ -183,6 +182,8 @@ def group(args: argparse.Namespace, setup: Any) -> tuple[Callable[..., Any] | No
     if isinstance(setup.workload, SessionWorkload):
         raise CliError("--autoscale replays one fleet on open-loop arrivals: a session trace is not modelled "
                        "with it", 2)
+    from stallfree.sim.run.autoscale import runner
+
     conf, source = config(args, setup)
     args.autoscale_config, args.autoscale_up_source = conf, source
     fleets: list[Fleet] = []

@@ -13,17 +13,17 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.core.errors import InvalidConfig, StallfreeError
-from stallfree.core.metrics import parse_duration
 from stallfree.flags import KNOBS, flag_text
-from stallfree.sim.inputs.options import SetupError
-from stallfree.sim.inputs.sessions import parse_think_spec
-from stallfree.sim.inputs.workload import TraceError, TraceFileError
-from stallfree.sim.run.config import BATCHING_MODES
-from stallfree.sim.run.result import SimulationError
-from stallfree.sim.studies.executors import EXECUTORS, Executor, ExecutorError, make_executor
+from stallfree.sim.defaults import BATCHING_MODES, EXECUTORS
+
+if TYPE_CHECKING:
+    from stallfree.sim.studies.executors import Executor
+
+# The simulator's modules (workloads, setup, runs, executors) are imported where a command runs, never
+# here: building the parsers (`stallfree simulate --help`) must stay cheap.
 
 __all__ = [
     "CliError",
@@ -65,6 +65,8 @@ class CliError(StallfreeError):
 
 def duration(text: str) -> float:
     """An argparse type: a non-negative duration ("200ms", "1s", bare = ms), in seconds."""
+    from stallfree.core.metrics import parse_duration
+
     try:
         return parse_duration(text)
     except ValueError as exc:
@@ -76,6 +78,8 @@ def think_time(text: str) -> float | str:
     distribution in seconds for --synthetic sessions ("fixed:S", "uniform:LO,HI", "exponential:MEAN",
     "lognormal:MEDIAN,SIGMA"; stallfree.sim.inputs.sessions.parse_think_spec), kept as its text."""
     if ":" in text:
+        from stallfree.sim.inputs.sessions import parse_think_spec
+
         try:
             parse_think_spec(text)
         except ValueError as exc:
@@ -282,6 +286,8 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
     Raises:
         CliError: Ray missing, an address with another executor, or a Ray head that does not answer (exit 2).
     """
+    from stallfree.sim.studies.executors import ExecutorError, make_executor
+
     try:
         return make_executor(args.executor, args.jobs or os.cpu_count() or 1, args.ray_address)
     except ExecutorError as exc:
@@ -326,21 +332,29 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except CliError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return exc.code
-        except TraceFileError as exc:  # the file --trace names is missing or unreadable: name the flag
-            print(f"{prog}: error: --trace: {flag_message(exc)}", file=sys.stderr)
-            return 2
-        except TraceError as exc:  # a malformed trace: its message names the file and line
-            print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
-            return 2
-        except SetupError as exc:
-            print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
-            return 2 if exc.usage else 1
-        except InvalidConfig as exc:  # a scheduler field out of range: the flags as typed
-            print(f"{prog}: error: {flag_text(str(exc))}", file=sys.stderr)
-            return 2
-        except (SimulationError, ValueError, OSError, ExecutorError) as exc:
-            print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
-            return 1
+        except (StallfreeError, ValueError, OSError, RuntimeError) as exc:
+            # Imported here, once a command has failed: they are the simulator's (cheap --help).
+            from stallfree.sim.inputs.options import SetupError
+            from stallfree.sim.inputs.workload import TraceError, TraceFileError
+            from stallfree.sim.run.result import SimulationError
+            from stallfree.sim.studies.executors import ExecutorError
+
+            if isinstance(exc, TraceFileError):  # the file --trace names is missing or unreadable: name the flag
+                print(f"{prog}: error: --trace: {flag_message(exc)}", file=sys.stderr)
+                return 2
+            if isinstance(exc, TraceError):  # a malformed trace: its message names the file and line
+                print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
+                return 2
+            if isinstance(exc, SetupError):
+                print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
+                return 2 if exc.usage else 1
+            if isinstance(exc, InvalidConfig):  # a scheduler field out of range: the flags as typed
+                print(f"{prog}: error: {flag_text(str(exc))}", file=sys.stderr)
+                return 2
+            if isinstance(exc, (SimulationError, ValueError, OSError, ExecutorError)):
+                print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)
+                return 1
+            raise
 
     return run
 

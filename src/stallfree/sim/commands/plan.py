@@ -18,7 +18,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
@@ -42,34 +42,15 @@ from stallfree.sim.commands.plan_text import (
     print_serve,
 )
 from stallfree.sim.commands.setup_args import add_common, setup_from_args
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
-from stallfree.sim.inputs.options import SetupError
-from stallfree.sim.inputs.prices import (
-    GpuPrice,
-    PriceError,
-    gpu_key,
-    load_prices,
-    parse_gpu_prices,
-    parse_max_gpus,
-)
-from stallfree.sim.inputs.setup import Setup
-from stallfree.sim.studies.capacity import (
-    DEFAULT_ATTAINMENT,
-    DEFAULT_MAX_REPLICAS,
-    DEFAULT_ROUTERS,
-    PlanResult,
-    plan_report,
-)
-from stallfree.sim.studies.disagg_search import sides_behaviour
-from stallfree.sim.studies.executors import reusing_workers
-from stallfree.sim.studies.fleet import (
-    FleetResult,
-    Shape,
-    answer_record,
-    explain_load,
-    plan_fleet,
-    shape_records,
-)
+from stallfree.sim.defaults import DEFAULT_ATTAINMENT, DEFAULT_MAX_REPLICAS, DEFAULT_ROUTERS, DEFAULT_TOKEN_BUDGET
+
+if TYPE_CHECKING:
+    from stallfree.sim.inputs.prices import GpuPrice
+    from stallfree.sim.inputs.setup import Setup
+    from stallfree.sim.studies.fleet import FleetResult, Shape
+
+# The simulator (prices, setups, the capacity and fleet searches) is imported inside the functions that
+# run it, so that building the parser (any command's --help) does not import it.
 
 __all__ = ["EXIT_NOT_MET", "answer_line", "register", "run"]
 
@@ -122,6 +103,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree plan` on parsed arguments; returns the exit status (3: no fleet meets the SLOs)."""
     from stallfree.sim.run.routers import ROUTERS
+    from stallfree.sim.studies.disagg_search import sides_behaviour
+    from stallfree.sim.studies.executors import reusing_workers
+    from stallfree.sim.studies.fleet import plan_fleet
 
     if args.slo_ttft is None and args.slo_tpot is None:
         raise CliError("plan needs an SLO: give --slo-ttft and/or --slo-tpot", 2)
@@ -220,6 +204,8 @@ def _shapes(args: argparse.Namespace) -> list[Shape]:
     from stallfree.costmodel import CostModelError
     from stallfree.costmodel.model import get_model
     from stallfree.costmodel.names import gpu_match, resolve_model
+    from stallfree.sim.inputs.prices import PriceError, gpu_key
+    from stallfree.sim.studies.fleet import Shape
 
     names = [g.strip() for g in str(args.gpu).split(",") if g.strip()]
     if not names:
@@ -257,6 +243,8 @@ def _prices(args: argparse.Namespace, shapes: list[Shape]) -> tuple[dict[str, Gp
         CliError: both price options, an unknown GPU, a bad price or cap, a file without a needed column,
             a GPU searched without a price (exit 2).
     """
+    from stallfree.sim.inputs.prices import PriceError, load_prices, parse_gpu_prices, parse_max_gpus
+
     if args.gpu_price and args.prices:
         raise CliError("--gpu-price and --prices both give prices: use one", 2)
     try:
@@ -276,6 +264,7 @@ def _prices(args: argparse.Namespace, shapes: list[Shape]) -> tuple[dict[str, Gp
 def _key_or_name(gpu: str) -> str:
     """Our preset name of `gpu` (a device name mapped as simulate maps it), or `gpu` itself (a spec file)."""
     from stallfree.costmodel.names import gpu_match
+    from stallfree.sim.inputs.prices import PriceError, gpu_key
 
     try:
         return gpu_key(gpu_match(gpu)[0])
@@ -291,6 +280,9 @@ def _setups(args: argparse.Namespace, shapes: list[Shape]) -> tuple[
     Raises:
         CliError, SetupError: as setup_from_args, when no shape can be set up (the first shape's error).
     """
+    from stallfree.sim.inputs.options import SetupError
+    from stallfree.sim.studies.fleet import Shape
+
     setups: list[tuple[Shape, Any]] = []
     skipped: list[tuple[Shape, str]] = []
     notes: dict[Shape, str] = {}
@@ -325,6 +317,9 @@ def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace
     disaggregation, rows, simulations, wall_s, ...) with `answer` grown by the fleet's keys (answer_record),
     every simulated row with its gpu, tp and cost, and `runner_ups`, `shapes`, `load`, `priced`, `prices`,
     `bound_simulations` and `serve` (each side's lines for a split)."""
+    from stallfree.sim.studies.capacity import PlanResult, plan_report
+    from stallfree.sim.studies.fleet import answer_record, explain_load, shape_records
+
     outcome = answer_outcome(fleet)
     result = outcome.result if outcome is not None and outcome.result is not None else PlanResult(
         None, None, 0, 0.0, fleet.offered_rate, attainment=fleet.attainment)

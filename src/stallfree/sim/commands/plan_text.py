@@ -7,10 +7,11 @@ Imports allowed: the standard library and stallfree.sim; rich lazily.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stallfree.sim.studies.capacity import PlanResult
-from stallfree.sim.studies.fleet import FleetResult, Shape, shape_text
+if TYPE_CHECKING:
+    from stallfree.sim.studies.capacity import PlanResult
+    from stallfree.sim.studies.fleet import FleetResult, Shape
 
 __all__ = [
     "EXIT_NOT_MET",
@@ -88,6 +89,8 @@ def answer_outcome(fleet: FleetResult) -> Any:
 
 def answer_shape(row: dict[str, Any]) -> Shape:
     """The shape a row belongs to (a split with different TP per side: its prefill side's)."""
+    from stallfree.sim.studies.fleet import Shape
+
     return Shape(row["gpu"], row["tp"] if row.get("tp") is not None else row["prefill_tp"])
 
 
@@ -99,6 +102,8 @@ def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
     """The answer in one line: the fleet (kind, counts, router, GPU type and TP, GPUs), its attainment,
     and its cost (dollars per hour and per million output and input tokens at the trace's load; or GPUs,
     saying that no prices were given)."""
+    from stallfree.sim.studies.fleet import shape_text
+
     slo = f"{_slo_text(args)} (target {fleet.attainment:.2%})"
     row = fleet.answer
     if row is None:
@@ -192,6 +197,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
     from rich.table import Table
 
     from stallfree.sim.outputs.table import console
+    from stallfree.sim.studies.fleet import shape_text
 
     cols: tuple[tuple[str, str, str], ...] = (
         ("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
@@ -221,6 +227,7 @@ def _print_runner_ups(fleet: FleetResult) -> None:
     from rich.table import Table
 
     from stallfree.sim.outputs.table import console
+    from stallfree.sim.studies.fleet import shape_text
 
     table = Table(title="runner-ups (meeting the SLOs; the answer excluded)", title_justify="left")
     for name in ("", "cluster", "shape", "GPUs", "in SLO", "$/h", "$/M out", "$/M in"):

@@ -10,16 +10,26 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float, positive_int
 from stallfree.core.config import SchedulerConfig
 from stallfree.flags import add_scheduler_flags, scheduler_options
 from stallfree.sim.commands.common import ENGINE_DEFAULT_WHY, CliError, slo_tpot, slo_ttft
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE
-from stallfree.sim.inputs.options import DEFAULTS, HardwareOptions, WorkloadOptions
-from stallfree.sim.inputs.setup import Setup
-from stallfree.sim.run.lora import DEFAULT_LORA_RANK, parse_popularity
+from stallfree.sim.defaults import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LORA_RANK,
+    DEFAULT_MAX_SEQS,
+    DEFAULT_RATE_SCALE,
+)
+from stallfree.sim.defaults import DEFAULT_REPLICA as DEFAULTS
+
+if TYPE_CHECKING:
+    from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
+    from stallfree.sim.inputs.setup import Setup
+
+# The options, the Setup and the LoRA parser are imported where they are built, not here, so that
+# building a parser (a command's --help) imports none of the simulator.
 
 __all__ = [
     "add_common",
@@ -69,6 +79,8 @@ def _add_lora_args(g: Any) -> None:
 
 def _popularity(text: str) -> str:
     """--lora-popularity's value, checked (stallfree.sim.run.lora.parse_popularity); a usage error otherwise."""
+    from stallfree.sim.run.lora import parse_popularity
+
     try:
         parse_popularity(text)
     except ValueError as exc:
@@ -204,6 +216,8 @@ def _add_hardware_args(m: Any, lists: bool = False) -> None:
 
 def workload_options(args: argparse.Namespace) -> WorkloadOptions:
     """The workload options of a parsed command line."""
+    from stallfree.sim.inputs.options import WorkloadOptions
+
     return WorkloadOptions(
         trace=args.trace,
         trace_format=args.trace_format,
@@ -275,6 +289,8 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
 
 def hardware_options(args: argparse.Namespace) -> HardwareOptions:
     """The hardware options of a parsed command line."""
+    from stallfree.sim.inputs.options import HardwareOptions
+
     return HardwareOptions(
         model=args.model,
         gpu=args.gpu,
@@ -325,6 +341,8 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
                             ("--max-lora-passes", args.max_lora_passes)):
             if value is not None:
                 raise CliError(f"{flag} applies to LoRA adapters: add --max-loras N", 2)
+    from stallfree.sim.inputs.setup import Setup
+
     return Setup(workload_options(args), hardware_options(args), options,
                  kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling,
                  lora_rank=args.lora_rank or DEFAULT_LORA_RANK, max_cpu_loras=args.max_cpu_loras)

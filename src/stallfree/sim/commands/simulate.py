@@ -11,7 +11,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree.flags import given
 from stallfree.sim.commands import autoscale as autoscale_cli
@@ -40,37 +40,33 @@ from stallfree.sim.commands.simulate_flags import (
     _has_cpu_tier,
     _is_cluster,
 )
-from stallfree.sim.inputs.sessions import SessionWorkload
-from stallfree.sim.inputs.setup import Setup
-from stallfree.sim.outputs.table import print_table
-from stallfree.sim.outputs.writers import (
-    write_disagg_out,
-    write_disagg_records,
-    write_experiment,
-    write_records,
-)
-from stallfree.sim.run.config import BATCHING_MODES
-from stallfree.sim.run.disagg import parse_disaggregate
-from stallfree.sim.run.disagg_link import DEFAULT_INTERCONNECT, INTERCONNECTS, Interconnect
-from stallfree.sim.run.result import ClusterError
-from stallfree.sim.run.routers import (
+from stallfree.sim.defaults import (
+    BATCHING_MODES,
     DEFAULT_ADAPTER_SLOTS,
     DEFAULT_PREFIX_THRESHOLD,
     DEFAULT_ROUTER_SEED,
-    make_router,
 )
-from stallfree.sim.studies.cluster_study import run_cluster_study
-from stallfree.sim.studies.disagg_search import (
-    run_disagg_experiment,
-    search_plan,
-    sides_behaviour,
-)
-from stallfree.sim.studies.experiment import Experiment, run_experiment, run_tag
+from stallfree.sim.run.disagg_link import DEFAULT_INTERCONNECT, INTERCONNECTS, Interconnect
+
+if TYPE_CHECKING:
+    from stallfree.sim.inputs.setup import Setup
+    from stallfree.sim.studies.experiment import Experiment
+
+# The simulator (setup, runs, studies, writers) is imported inside the functions that run it, so that
+# `stallfree simulate --help` builds its parser without importing it.
 
 __all__ = [
     "register",
     "run",
 ]
+
+
+def run_experiment(*args: Any, **kwargs: Any) -> Any:
+    """stallfree.sim.studies.experiment.run_experiment, imported when a run starts (a name here, so that
+    tests can replace it)."""
+    from stallfree.sim.studies.experiment import run_experiment as run
+
+    return run(*args, **kwargs)
 
 
 def register(subparsers: Any) -> None:
@@ -141,6 +137,8 @@ def _study(args: argparse.Namespace, setup: Setup, capacity: bool = True,
 def _report(args: argparse.Namespace, study: Experiment, explained: list[str], verdict: dict[str, Any] | None) -> None:
     """Print a study: JSON or the header and table (and the verdict) on stdout; one line per run
     with rejections and the overload notes on stderr; with --check, that the invariants held."""
+    from stallfree.sim.outputs.table import print_table
+
     if args.json:
         print(json.dumps({"header": study.header, "runs": study.summaries}
                          | ({"verdict": verdict} if verdict else {}), indent=1))
@@ -166,6 +164,10 @@ def _report(args: argparse.Namespace, study: Experiment, explained: list[str], v
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree simulate` on parsed arguments; returns the exit status."""
+    from stallfree.sim.inputs.sessions import SessionWorkload
+    from stallfree.sim.outputs.writers import write_records
+    from stallfree.sim.studies.experiment import run_tag
+
     _check_mode_flags(args)
     _check_flags(args)
     # Before the simulation, not after it: a bad output path fails at once.
@@ -291,6 +293,12 @@ def _run_once(args: argparse.Namespace, setup: Setup, capacity: bool = True) -> 
 
 
 def _run_disagg(args: argparse.Namespace, setup: Setup) -> int:
+    from stallfree.sim.outputs.table import print_table
+    from stallfree.sim.outputs.writers import write_disagg_out, write_disagg_records
+    from stallfree.sim.run.disagg import parse_disaggregate
+    from stallfree.sim.run.result import ClusterError
+    from stallfree.sim.studies.disagg_search import run_disagg_experiment
+
     search = args.disaggregate == "search"
     base = INTERCONNECTS[args.interconnect or DEFAULT_INTERCONNECT]
     link = Interconnect(
@@ -338,6 +346,10 @@ def _run_disagg(args: argparse.Namespace, setup: Setup) -> int:
 
 def _search(args: argparse.Namespace, setup: Setup, link: Any) -> int:
 
+    from stallfree.sim.outputs.table import print_table
+    from stallfree.sim.run.result import ClusterError
+    from stallfree.sim.studies.disagg_search import search_plan, sides_behaviour
+
     if args.prefill_tp is not None or args.decode_tp is not None:
         raise CliError("--disaggregate search splits replicas of --tp GPUs: drop --prefill-tp and --decode-tp", 2)
     fixed = (args.token_budget,) if args.token_budget is not None else None
@@ -373,6 +385,10 @@ def _search(args: argparse.Namespace, setup: Setup, link: Any) -> int:
 
 
 def _run_cluster(args: argparse.Namespace, setup: Setup, capacity: bool = True) -> tuple[Experiment, Any]:
+
+    from stallfree.sim.run.result import ClusterError
+    from stallfree.sim.run.routers import make_router
+    from stallfree.sim.studies.cluster_study import run_cluster_study
 
     name = args.router or "least-outstanding"
 
@@ -478,6 +494,8 @@ def _add_static(args: argparse.Namespace, setup: Setup, study: Experiment, clust
 
 
 def _write_out(out: Path, study: Experiment, clusters: list[Any], *, quiet_stdout: bool = False) -> None:
+    from stallfree.sim.outputs.writers import write_experiment
+
     names = write_experiment(out, study, clusters)
     if "static" in study.summaries[0]:
         names.append(autoscale_cli.write_plot(out, study.summaries[0]))

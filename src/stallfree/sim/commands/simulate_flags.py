@@ -24,23 +24,22 @@ from stallfree.sim.commands.setup_args import (
     check_partial_prefill_flags,
     check_synthetic_flags,
 )
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
-from stallfree.sim.inputs.setup import TIME_BUDGET_CAP
-from stallfree.sim.run.config import BATCHING_MODES
-from stallfree.sim.run.disagg_link import DEFAULT_INTERCONNECT, INTERCONNECTS
-from stallfree.sim.run.routers import (
+from stallfree.sim.defaults import (
+    BATCHING_MODES,
     DEFAULT_AFFINITY_LOAD_FACTOR,
     DEFAULT_AFFINITY_LOAD_MARGIN,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DECODE_BUDGETS,
+    DEFAULT_PREFILL_BUDGETS,
     DEFAULT_PREFIX_THRESHOLD,
     DEFAULT_ROUTER_SEED,
     DEFAULT_SESSION_LOAD_FACTOR,
     DEFAULT_SESSION_LOAD_MARGIN,
+    DEFAULT_TOKEN_BUDGET,
     ROUTERS,
+    TIME_BUDGET_CAP,
 )
-from stallfree.sim.studies.disagg_search import (
-    DEFAULT_DECODE_BUDGETS,
-    DEFAULT_PREFILL_BUDGETS,
-)
+from stallfree.sim.run.disagg_link import DEFAULT_INTERCONNECT, INTERCONNECTS
 
 
 def _add_kv_flags(g: Any) -> None:

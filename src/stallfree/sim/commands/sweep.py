@@ -36,12 +36,18 @@ from stallfree.sim.commands.common import (
     warn_rejections,
 )
 from stallfree.sim.commands.setup_args import add_common, setup_from_args
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
-from stallfree.sim.outputs.table import console
-from stallfree.sim.outputs.writers import write_kv_sweep, write_sweep
-from stallfree.sim.run.config import BATCHING_MODES
-from stallfree.sim.studies.kv_sweep import kv_sweep, kv_sweep_lines, preemption_inflated
-from stallfree.sim.studies.sweep import sweep
+from stallfree.sim.defaults import BATCHING_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
+
+# The simulator (the sweeps, their writers, the console) is imported inside the functions that run it, so
+# that building the parser (any command's --help) does not import it.
+
+
+def sweep(*args: Any, **kwargs: Any) -> Any:
+    """stallfree.sim.studies.sweep.sweep, imported when a sweep starts (a name here, so that tests can
+    replace it)."""
+    from stallfree.sim.studies.sweep import sweep as run
+
+    return run(*args, **kwargs)
 
 __all__ = ["register", "run"]
 
@@ -114,6 +120,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree sweep` on parsed arguments; returns the exit status."""
+    from stallfree.sim.outputs.writers import write_sweep
+
     kv_list = args.kv_tokens
     for flag, values in (("--budgets", args.budgets), ("--rate-scales", args.rate_scales),
                          ("--batching", args.batching), ("--kv-tokens", kv_list)):
@@ -183,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
 def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     """Print the sweep's table (latencies in ms); a caption explains a "budget use" above 100%."""
     from rich.table import Table
+
+    from stallfree.sim.outputs.table import console
 
     cols = (
         ("batching", "batching", "{}"),
@@ -269,6 +279,9 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
 def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
     """`sweep --kv-tokens LIST`: one run per KV capacity at one budget, rate scale and batching mode;
     the table, and with --out kv_sweep.json and kv_sweep.png."""
+    from stallfree.sim.outputs.writers import write_kv_sweep
+    from stallfree.sim.studies.kv_sweep import kv_sweep, kv_sweep_lines, preemption_inflated
+
     budget = args.budgets[0] if args.budgets else KV_SWEEP_BUDGET
     batching = args.batching[0] if args.batching else "chunked"
     if args.rate_scales:

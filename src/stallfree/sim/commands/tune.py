@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import partial_prefill_flag_problem, positive_int, token_count_list
 from stallfree.sim.commands.common import (
@@ -26,12 +26,13 @@ from stallfree.sim.commands.common import (
     warn_rejections,
 )
 from stallfree.sim.commands.setup_args import add_common, setup_from_args
-from stallfree.sim.outputs.table import console
-from stallfree.sim.outputs.writers import write_tune
-from stallfree.sim.studies.capacity import DEFAULT_ATTAINMENT
-from stallfree.sim.studies.tune import DEFAULT_TIE_TOLERANCE, TuneResult, tune
-from stallfree.sim.studies.tune_bound import TargetBelowFloor
-from stallfree.sim.studies.tune_report import serve_command, tune_report
+from stallfree.sim.defaults import DEFAULT_ATTAINMENT, DEFAULT_TIE_TOLERANCE
+
+if TYPE_CHECKING:
+    from stallfree.sim.studies.tune import TuneResult
+
+# The simulator (the tuner, its report and writer, the console) is imported inside the functions that run
+# it, so that building the parser (any command's --help) does not import it.
 
 __all__ = ["EXIT_NO_CANDIDATE_MEETS_SLO", "register", "run"]
 
@@ -89,6 +90,11 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree tune` on parsed arguments; returns the exit status (3: no candidate meets the SLOs)."""
+    from stallfree.sim.outputs.writers import write_tune
+    from stallfree.sim.studies.tune import tune
+    from stallfree.sim.studies.tune_bound import TargetBelowFloor
+    from stallfree.sim.studies.tune_report import tune_report
+
     if args.slo_ttft is None or args.slo_tpot is None:
         raise CliError("tune needs both --slo-ttft and --slo-tpot", 2)
     if not 0 < args.slo_attainment <= 1:
@@ -196,6 +202,8 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
 
     When no candidate meets the SLOs, say so instead of recommending a serve line.
     """
+    from stallfree.sim.studies.tune_report import serve_command
+
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
         f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens; "
@@ -242,6 +250,8 @@ def _kind_text(k: dict[str, Any]) -> str:
 def _print_candidates(result: TuneResult, top: int) -> None:
     """The candidates' table, best first, the first `top` rows."""
     from rich.table import Table
+
+    from stallfree.sim.outputs.table import console
 
     cols: tuple[tuple[str, str, str], ...] = (
         ("token_budget", "budget", "{:,}"),

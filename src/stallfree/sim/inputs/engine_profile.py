@@ -223,6 +223,12 @@ class ProfiledCostModel:
         E2E (stallfree.sim.outputs.report.latency_arrays reads it from the result's config)."""
         return self.profile.frontend_s
 
+    def bind_replica(self, res: Any) -> StepCostModel:
+        """A replica's pricer: the inner model's own, when it binds one (a kernel model's step cache, a
+        LoRA adapter residency), with the same profile; else this model."""
+        bind = getattr(self.inner, "bind_replica", None)
+        return self if bind is None else ProfiledCostModel(bind(res), self.profile)
+
     def step_time(self, plan: StepPlan) -> float:
         """Return the step's time, s: the inner price plus the profile's per-step and per-sampled terms."""
         t = self.inner.step_time(plan)

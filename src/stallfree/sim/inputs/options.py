@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
-from stallfree.sim.defaults import DEFAULT_RATE_SCALE
+from stallfree.sim.defaults import DEFAULT_RATE_SCALE, DEFAULT_REPLICA
 from stallfree.sim.inputs.session_traces import is_session_trace, load_sessions
 from stallfree.sim.inputs.sessions import (
     SessionWorkload,
@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 
-#: The default replica: model, GPU, tensor-parallel GPUs and weight dtype.
-DEFAULTS: dict[str, Any] = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
+#: The default replica: model, GPU, tensor-parallel GPUs and weight dtype (stallfree.sim.defaults.DEFAULT_REPLICA).
+DEFAULTS: dict[str, Any] = DEFAULT_REPLICA
 
 
 #: The most requests a synthetic workload draws: each costs a few hundred bytes here and a step or

@@ -26,7 +26,13 @@ from stallfree.costmodel.host_link import KVTransferCost, host_link, kv_offloadi
 from stallfree.costmodel.lora import lora_shape
 from stallfree.costmodel.model import get_model
 from stallfree.costmodel.roofline import CostModel
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_RATE_SCALE, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_SEQS,
+    DEFAULT_RATE_SCALE,
+    DEFAULT_TOKEN_BUDGET,
+    TIME_BUDGET_CAP,
+)
 from stallfree.sim.inputs.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, engine_defaults
 from stallfree.sim.inputs.options import MAX_OFFERED_RATE, HardwareOptions, SetupError, WorkloadOptions, build_workload
 from stallfree.sim.inputs.pricing import build_priced, context_length
@@ -42,11 +48,6 @@ __all__ = [
     "Setup",
     "TIME_BUDGET_CAP",
 ]
-
-
-#: The default cap of a step's budget in time budget mode, tokens: far above what a step within a
-#: TPOT-sized target holds, so that the target is what limits it.
-TIME_BUDGET_CAP = 65536
 
 
 #: The former keyword forms of Setup(...) (deprecated) and the SchedulerConfig field each one sets.

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
+from stallfree.sim.defaults import DEFAULT_SCALE_DOWN_DELAY_S, DEFAULT_SCALE_INTERVAL_S, DEFAULT_WINDOW_S
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.load import Arrivals, ClosedLoop
 from stallfree.sim.run.loop import Entry, EventLoop, PassGate, Router
@@ -66,13 +67,6 @@ __all__ = [
     "parse_policy",
 ]
 
-#: Seconds between decisions: KEDA's default pollingInterval (30 s).
-DEFAULT_SCALE_INTERVAL_S = 30.0
-#: The scale-down stabilisation window, s: the Kubernetes HPA's default
-#: (--horizontal-pod-autoscaler-downscale-stabilization, 5 minutes).
-DEFAULT_SCALE_DOWN_DELAY_S = 300.0
-#: Attainment windows of the report, s.
-DEFAULT_WINDOW_S = 300.0
 #: Weight load bandwidth of the default scale-up delay, bytes/s: the most an AWS EBS gp3 volume may be
 #: provisioned to read (1,000 MiB/s, the EC2 CreateVolume API's throughput limit for gp3), a model
 #: stored on a network block volume.

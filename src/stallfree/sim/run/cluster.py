@@ -11,7 +11,8 @@ request arriving by t is routed, in workload order, seeing each replica as of it
 step (plus the requests already routed to it); then every idle replica with work starts a step at
 t, in index order. A request routed to a busy replica waits until that replica's step ends, which
 is when the single-replica simulator would have added it too. With one replica the cluster
-reproduces `simulate` step for step (tested).
+reproduces `simulate` step for step (tested). Since replicas meet only at arrivals, the loop runs each
+on its own between two arrivals (EventLoop._run_apart): the same steps, in the same order per replica.
 
 Results. `simulate_cluster` returns a ClusterResult: one SimResult per replica (indexed by the
 global rid, rows only for the requests routed to it) and `merged`, a SimResult of the whole
@@ -286,17 +287,25 @@ def _merge(
         for k, r in enumerate(results):
             setattr(r, name, view[base[k]:base[k + 1]])
         give_back()  # the replica's arrays, freed in the middle of the heap
+    # Per request, its replica's columns (read once per replica, not by name per request: O(requests)).
+    m_admit, m_first, m_finish, m_reason, m_lora = m.admit_step, m.first_step, m.finish_step, m.finish_reason, \
+        m.lora_load_s
+    columns = [(r.admit_step, r.first_step, r.finish_step, r.finish_reason,
+                r.lora_load_s if m_lora is not None else None, base[k]) for k, r in enumerate(results)]
     for rid in range(n):
         k = routed[rid]
         if k < 0:
             continue
-        r, b = results[k], base[k]
-        for name in ("admit_step", "first_step", "finish_step"):
-            v = getattr(r, name)[rid]
-            getattr(m, name)[rid] = v + b if v >= 0 else -1
-        m.finish_reason[rid] = r.finish_reason[rid]
-        if m.lora_load_s is not None and r.lora_load_s is not None:
-            m.lora_load_s[rid] = r.lora_load_s[rid]
+        admit, first, finish, reason, lora, b = columns[k]
+        v = admit[rid]
+        m_admit[rid] = v + b if v >= 0 else -1
+        v = first[rid]
+        m_first[rid] = v + b if v >= 0 else -1
+        v = finish[rid]
+        m_finish[rid] = v + b if v >= 0 else -1
+        m_reason[rid] = reason[rid]
+        if lora is not None:
+            m_lora[rid] = lora[rid]  # type: ignore[index]
     for k, r in enumerate(results):
         b = base[k]
         m.rejected.extend(r.rejected)

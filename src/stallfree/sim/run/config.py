@@ -17,7 +17,7 @@ from stallfree.core.invariants import InvariantChecker
 from stallfree.core.invariants_tier import TieredInvariantChecker
 from stallfree.core.kv_tier import TieredKV
 from stallfree.core.scheduler import Scheduler
-from stallfree.sim.defaults import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import BATCHING_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.run.baselines import NoChunkScheduler, PrefillFirstScheduler
 from stallfree.sim.run.replica import SimClock
 from stallfree.sim.run.result import SchedulerLike
@@ -31,10 +31,6 @@ __all__ = [
     "warn_deprecated",
     "wrap_checker",
 ]
-
-
-#: Batching modes: the contract (chunked prefill) and the two baselines of stallfree.sim.run.baselines.
-BATCHING_MODES = ("chunked", "prefill-first", "no-chunk")
 
 
 @dataclass(frozen=True, slots=True)

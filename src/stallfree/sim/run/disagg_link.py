@@ -9,8 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stallfree.sim.run.result import ClusterError
-
 __all__ = [
     "DEFAULT_INTERCONNECT",
     "INTERCONNECTS",
@@ -37,8 +35,10 @@ class Interconnect:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
+            from stallfree.sim.run.result import ClusterError
             raise ClusterError(f"link bandwidth must be > 0 bytes/s, got {self.bandwidth_bytes_per_s!r}")
         if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            from stallfree.sim.run.result import ClusterError
             raise ClusterError(f"link latency must be >= 0 s, got {self.latency_s!r}")
 
     def transfer_time(self, num_bytes: float) -> float:

@@ -20,7 +20,9 @@ kind in the order it was pushed (ties never depend on hashing or dict order); th
 arriving by t arrives, in workload order; then every idle replica with work, in the order given,
 gets its pending requests and starts a step at t. A request arriving during a replica's step
 waits for the step's end, so one replica reproduces the classic loop (add the arrivals, run a step,
-repeat) step for step.
+repeat) step for step. Replicas that meet only at arrivals (open-loop arrivals through an Entry, the
+default gate, no hook or callback: a cluster's `simulate`) are run each on its own between two
+arrivals (_run_apart), which keeps this order for every replica without a heap event per step.
 
 Asynchronous scheduling (a replica's `async_scheduling`, vLLM's `--async-scheduling`). vLLM's engine
 core with a batch queue of two (step_with_batch_queue in vllm/v1/engine/core.py) plans step k + 1
@@ -216,9 +218,10 @@ class Entry:
             self.routed[rid] = 0
             return
         if self.track:
-            total = sum(r.num_outstanding for r in reps)
+            outstanding = [r.num_outstanding for r in reps]
+            total = sum(outstanding)
             if total >= len(reps):
-                self.ratios.append(max(r.num_outstanding for r in reps) * len(reps) / total)
+                self.ratios.append(max(outstanding) * len(reps) / total)
         self.routed[rid] = route_to(self.router, req, reps).index
 
 
@@ -254,6 +257,9 @@ class EventLoop:
         #: nothing (Entry without a router) and nothing depends on the arrival instant (open loop).
         #: Set by the caller that knows both (simulate).
         self.arrivals_at_step_ends = False
+        #: With replicas that meet only at arrivals (_apart), run each on its own between two arrivals
+        #: (_run_apart); False forces the heap (tests compare the two).
+        self.apart = True
 
     def at(self, time: float, callback: Callable[[float], None]) -> None:
         """Run callback(time) at `time`, s (a CALLBACK event: after the step ends due then)."""
@@ -269,6 +275,9 @@ class EventLoop:
         """
         if len(self.replicas) == 1 and self.solo:
             self._run_solo()
+            return
+        if self.apart and self._apart():
+            self._run_apart()
             return
         heap, reps, times = self.heap, self.replicas, self.arrivals.times
         arrive, gate, on_finish = self.arrive, self.gate, self.on_finish
@@ -316,6 +325,70 @@ class EventLoop:
                 return
             if nxt > now:
                 now = nxt
+
+    def _apart(self) -> bool:
+        """Whether the replicas meet only at arrivals: open-loop arrivals through an Entry over these
+        replicas (its router reads them only then), the default gate with nothing to call on a refusal, no
+        finish hook, no callback. Between two arrivals each replica's steps then depend on its own state
+        alone (admit_async's too: its replica's last step and its requests' arrivals)."""
+        gate, arrive, reps = self.gate, self.arrive, self.replicas
+        return (type(arrive) is Entry and arrive.replicas == reps and type(gate) is PassGate
+                and gate.on_refuse is None and self.on_finish is None and not self.heap
+                and self.arrivals.closed is None and [r.index for r in reps] == list(range(len(reps))))
+
+    def _run_apart(self) -> None:
+        """run() for replicas that meet only at arrivals (_apart), in the same order of events for each
+        replica: at each arrival instant the requests arriving then are routed, every idle replica with
+        work (in the order given) gets its pending requests and starts a step, then each replica runs on
+        its own up to the next arrival (Replica.advance), rather than step by step through the heap. The
+        steps, rows and routes are those of the general path: a router sees every step that ended by the
+        arrival, as there. Only the replicas something happened to are visited at an instant (a request
+        routed to one, its step ended then, or the first instant), and the heap holds one entry per busy
+        replica (the end of its step in flight), not one per step."""
+        times, arrive, gate = self.arrivals.times, self.arrive, self.gate
+        routed = arrive.routed  # type: ignore[attr-defined]
+
+        def admit_later(rep: Replica, now: float) -> None:
+            admit_async(gate, rep, now)
+
+        # Each replica with its admission, as run() chooses it.
+        each = [(rep, admit_later if rep.async_scheduling else gate.admit) for rep in self.replicas]
+        busy: list[tuple[float, int]] = []  # (end of the step in flight, replica index) of the busy ones
+        push, pop = heapq.heappush, heapq.heappop
+        visit = list(range(len(each)))  # the replicas to visit at this instant: every one at the first
+        n = len(times)
+        i = 0
+        now = times[0] if n else 0.0
+        while True:
+            while i < n and times[i] <= now:
+                arrive(i, now)
+                k = routed[i]
+                if k >= 0:
+                    visit.append(k)
+                i += 1
+            until = times[i] if i < n else math.inf
+            if visit:
+                for k in sorted(set(visit)) if len(visit) > 1 else visit:
+                    rep, admit = each[k]
+                    if rep.busy or rep.stalled:
+                        continue
+                    if rep.pending:
+                        admit(rep, now)
+                    if rep.inner.has_unfinished() and rep.start_step(now) is not None:
+                        push(busy, (rep.step_end, k))
+                visit = []
+            while busy and busy[0][0] <= until:
+                k = pop(busy)[1]
+                rep, admit = each[k]
+                rep.advance(until, admit)
+                if rep.busy:
+                    push(busy, (rep.step_end, k))
+                elif not rep.stalled:
+                    visit.append(k)  # idle: its step ended at `until` (its next starts then) or it has no work
+            if i >= n:
+                self._check_done(i)
+                return
+            now = until
 
     def _run_solo(self) -> None:
         """run() for one replica, in the same event order, with its step end held in a local rather

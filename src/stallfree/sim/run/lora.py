@@ -35,6 +35,7 @@ from typing import Any
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.host_link import HostLink
 from stallfree.costmodel.lora import LoraShape
+from stallfree.sim.defaults import DEFAULT_LORA_RANK
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.result import SimResult
@@ -49,8 +50,6 @@ __all__ = [
     "parse_popularity",
 ]
 
-#: vLLM's default max_lora_rank (EngineArgs.max_lora_rank = 16).
-DEFAULT_LORA_RANK = 16
 #: Reading an adapter from local storage, B/s: a PCIe 4.0 x4 NVMe SSD's sequential read (16 GT/s x 4 lanes,
 #: 128b/130b = 7.9 GB/s raw; drives sold as "7,000 MB/s"). Our assumption: safetensors parsing is not counted.
 STORAGE_READ_BPS = 7.0e9
@@ -197,7 +196,8 @@ class _BoundLoraCost:
 
     def __init__(self, cost: LoraCost, res: SimResult, cache: AdapterCache) -> None:
         self.cost, self.res, self.cache = cost, res, cache
-        self._inner_time = cost.inner.step_time
+        bind = getattr(cost.inner, "bind_replica", None)  # the inner model's per-replica state (a step cache)
+        self._inner_time = (cost.inner if bind is None else bind(res)).step_time
         self._names: Sequence[Hashable | None] = res.lora or ()
 
     def step_time(self, plan: StepPlan) -> float:

@@ -16,6 +16,16 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from stallfree.core.request import Request
+from stallfree.sim.defaults import (
+    DEFAULT_ADAPTER_SLOTS,
+    DEFAULT_AFFINITY_LOAD_FACTOR,
+    DEFAULT_AFFINITY_LOAD_MARGIN,
+    DEFAULT_PREFIX_THRESHOLD,
+    DEFAULT_ROUTER_SEED,
+    DEFAULT_SESSION_LOAD_FACTOR,
+    DEFAULT_SESSION_LOAD_MARGIN,
+    ROUTERS,
+)
 from stallfree.sim.run.loop import Router
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import ClusterError
@@ -41,34 +51,6 @@ __all__ = [
     "make_router",
 ]
 
-#: prefix-affinity: tokens of cached prefix a replica must hold to win the request (default 256:
-#: sixteen 16-token blocks, so that a shared system prompt counts but a chance one-block match does not).
-DEFAULT_PREFIX_THRESHOLD = 256
-#: prefix-affinity load cap: a replica may win a request for its cached prefix only while its
-#: unfinished requests are at most max(load_factor x the least loaded replica's, that + load_margin).
-#: The defaults (1.5 and 4 requests) are this project's choice from the grid measured on the Mooncake
-#: trace in docs/cluster.md (the best hit rate there, at least-outstanding's TTFT). The rule has the
-#: shape of SGLang's cache-aware router's (cache affinity while loads are within a relative or an
-#: absolute margin, else the shortest queue), which compares the most and least loaded workers
-#: rather than the candidate and the least loaded.
-DEFAULT_AFFINITY_LOAD_FACTOR = 1.5
-DEFAULT_AFFINITY_LOAD_MARGIN = 4
-#: adapter-affinity: adapters a replica is taken to hold when the replicas' max_loras is not given to
-#: make_router (the command line gives it: --max-loras).
-DEFAULT_ADAPTER_SLOTS = 4
-#: session-affinity load cap: a session leaves its replica only while that replica's unfinished
-#: requests exceed max(2 x the least loaded replica's, that + 16). Looser than prefix-affinity's, since
-#: moving a session throws its whole history's KV away (thousands of tokens to recompute, where a
-#: shared prefix is cached on several replicas). This project's choice, measured in docs/simulator.md
-#: ("Sessions"): on its conversation workload on 4 replicas the prefix-affinity cap (1.5, 4) moved
-#: turns and cost 2.2 points of hit rate and more than doubled the p99 TTFT (237 against 108 ms);
-#: (2, 16) moved none there.
-DEFAULT_SESSION_LOAD_FACTOR = 2.0
-DEFAULT_SESSION_LOAD_MARGIN = 16
-#: random router: the default seed.
-DEFAULT_ROUTER_SEED = 0
-
-
 
 @dataclass(slots=True)
 class RoundRobinRouter:
@@ -89,7 +71,8 @@ class LeastOutstandingRouter:
 
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
         """Return the least loaded replica."""
-        return min(range(len(replicas)), key=lambda k: (replicas[k].num_outstanding, k))
+        loads = [r.num_outstanding for r in replicas]
+        return loads.index(min(loads))  # the first of the least: the lowest index
 
 
 @dataclass(slots=True)
@@ -312,11 +295,6 @@ class AdapterAffinityRouter:
         if len(held) > self.slots:
             held.popitem(last=False)
         return best
-
-
-#: Router names for the command line.
-ROUTERS = ("round-robin", "least-outstanding", "least-kv", "prefix-affinity", "random", "vllm-dp",
-           "session-affinity", "adapter-affinity")
 
 
 def make_router(

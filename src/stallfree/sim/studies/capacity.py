@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import DEFAULT_ATTAINMENT, DEFAULT_MAX_REPLICAS, DEFAULT_ROUTERS, DEFAULT_TOKEN_BUDGET
 from stallfree.sim.inputs.setup import Setup
 from stallfree.sim.run.cluster import simulate_cluster
 from stallfree.sim.run.routers import ROUTERS, make_router
@@ -69,9 +69,6 @@ __all__ = [
     "walk_mixed_split",
 ]
 
-DEFAULT_ATTAINMENT = 0.99
-DEFAULT_MAX_REPLICAS = 64
-DEFAULT_ROUTERS = ("least-outstanding", "round-robin", "least-kv")
 #: The prefill shares of disagg_splits: P = round(share x replicas), within [1, replicas - 1] (kept for
 #: callers; plan itself tries every split its capacity bound allows, split_order).
 DISAGG_PREFILL_SHARES = (1 / 6, 1 / 4, 1 / 3, 1 / 2)

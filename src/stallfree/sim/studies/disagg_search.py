@@ -13,7 +13,12 @@ from typing import Any
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel import default_cost_model as priced_default
 from stallfree.costmodel.hardware import DTYPE_BYTES
-from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import (
+    DEFAULT_AGGREGATED_BUDGETS,
+    DEFAULT_DECODE_BUDGETS,
+    DEFAULT_PREFILL_BUDGETS,
+    DEFAULT_TOKEN_BUDGET,
+)
 from stallfree.sim.inputs.options import HardwareOptions, SetupError
 from stallfree.sim.inputs.pricing import build_cost_model
 from stallfree.sim.inputs.setup import Setup
@@ -177,20 +182,6 @@ def _sides(
             max_num_partial_prefills=1, max_long_partial_prefills=None, long_prefill_token_threshold=None))
         sides.append((cost, cfg, desc, tp, kv))
     return sides
-
-
-#: The P:D search's default token budget grids (tokens per step), small on purpose: each point is a
-#: whole simulation. Aggregated: 1,024 to 4,096 around the default 2,048 (smaller: lower TPOT, less
-#: throughput). Prefill side: 2,048 and 8,192 (no decodes share its steps, so larger chunks cost no
-#: TPOT). Decode side: 128 (at most 128 requests fed per step, under the default max_seqs 256) and
-#: 2,048 (no limit below max_seqs). These are this project's choices, not measured optima.
-DEFAULT_AGGREGATED_BUDGETS = (1024, 2048, 4096)
-
-
-DEFAULT_PREFILL_BUDGETS = (2048, 8192)
-
-
-DEFAULT_DECODE_BUDGETS = (128, 2048)
 
 
 def _rank(s: dict[str, Any]) -> tuple[float, float]:

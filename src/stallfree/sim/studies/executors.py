@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from stallfree.core.errors import StallfreeError
+from stallfree.sim.defaults import EXECUTORS
 
 __all__ = [
     "EXECUTORS",
@@ -33,8 +34,6 @@ __all__ = [
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: Executor names for the command line; "process" is the default.
-EXECUTORS = ("process", "ray", "serial")
 
 #: Seconds to wait for a Ray head named by --ray-address / RAY_ADDRESS to answer on its port.
 RAY_CONNECT_TIMEOUT_S = 3.0

@@ -53,7 +53,7 @@ from typing import Any
 from stallfree.core.config import SchedulerConfig
 from stallfree.core.errors import InvalidConfig
 from stallfree.core.policies import check_partial_prefills
-from stallfree.sim.defaults import DEFAULT_MAX_SEQS
+from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TIE_TOLERANCE
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.config import ReplicaConfig
 from stallfree.sim.run.costs import StepCostModel
@@ -88,9 +88,6 @@ __all__ = [
     "tune",
 ]
 
-#: Goodputs within this fraction of the highest are tied: the end of a trace (when the last request
-#: finishes) moves goodput by a few parts in 10^4 between budgets that serve the same requests.
-DEFAULT_TIE_TOLERANCE = 0.001
 ROW_KEYS = (
     "token_budget",
     "max_seqs",
