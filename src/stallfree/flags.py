@@ -291,8 +291,13 @@ def scheduler_options(args: argparse.Namespace) -> dict[str, Any]:
     options = {d: v for d in knobs if KNOBS[d].core and (v := vars(args)[d]) is not None}
     if options.get("fairness") == "vtc":
         tier = vars(args).get("cpu_kv_tokens") or vars(args).get("kv_offloading_size")
-        if "tenant_chunk_tokens" not in options and not tier:
-            options["tenant_chunk_tokens"] = VTC_CHUNK_TOKENS
+        if "tenant_chunk_tokens" not in options:
+            if tier:
+                print(f"note: --fairness vtc: isolation's step cap (--tenant-chunk-tokens, {VTC_CHUNK_TOKENS} by "
+                      "default) stays off with a CPU KV tier, which turns off the set-aside it is part of",
+                      file=sys.stderr)
+            else:
+                options["tenant_chunk_tokens"] = VTC_CHUNK_TOKENS
         options.setdefault("tenant_burst_tokens", VTC_BURST_TOKENS)
     if options.get("tenant_chunk_tokens") == 0:
         del options["tenant_chunk_tokens"]  # 0: isolation off (SchedulerConfig's None)

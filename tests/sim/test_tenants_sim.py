@@ -95,6 +95,26 @@ def test_cli_fairness_and_weights(tmp_path, capsys):
     assert "weight of tenant 'flood'" in capsys.readouterr().err
 
 
+def test_cli_says_when_vtc_has_no_tenants_or_no_step_cap(tmp_path, capsys):
+    """--fairness vtc on a trace without a tenant column says every request is the tenant 'default'; with a
+    CPU KV tier it says the step cap stays off (and the header shows none); a trace with tenants says neither."""
+    f = tmp_path / "t.csv"
+    f.write_text("arrival_time,prompt_len,output_len\n" + "0,40,4\n" * 3)
+    assert main(["simulate", "--trace", str(f), "--json", "--no-range", "--fairness", "vtc"]) == 0
+    assert "has no tenant column" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(f), "--json", "--no-range", "--fairness", "vtc", "--cpu-kv-tokens",
+                 "4096", "--enable-prefix-caching"]) == 0
+    out = capsys.readouterr()
+    assert "stays off with a CPU KV tier" in out.err
+    assert "tenant_chunk_tokens" not in json.dumps(json.loads(out.out)["header"])
+    g = tmp_path / "u.csv"
+    g.write_text("arrival_time,prompt_len,output_len,tenant\n0,40,4,a\n0,40,4,b\n")
+    assert main(["simulate", "--trace", str(g), "--json", "--no-range", "--fairness", "vtc"]) == 0
+    out = capsys.readouterr()
+    assert "note: --fairness" not in out.err
+    assert '"tenant_chunk_tokens": 768' in json.dumps(json.loads(out.out)["header"])
+
+
 def test_queue_time_limit_sheds_and_reports_apart():
     """Budget 16, 10 ms steps, FCFS, a 0.05 s queue limit: flood prompts 0-2 are admitted in steps 0, 2 and 5
     (t = 0.05 s: waited exactly the limit, not past it); at step 6 (t = 0.06 s) prompts 3-5 and the light

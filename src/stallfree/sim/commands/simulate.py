@@ -197,6 +197,10 @@ def run(args: argparse.Namespace) -> int:
         flag = "--compare-caching" if args.compare_caching else given(args, "enable_prefix_caching")
         print(f"note: {flag}: {setup.workload.name} has no prompt block hashes (prefix ids), so nothing can hit "
               "the cache (--trace mooncake or a Mooncake JSONL has them)", file=sys.stderr)
+    if args.fairness == "vtc" and getattr(setup.workload, "tenants", None) is None:
+        print(f"note: --fairness vtc: {setup.workload.name} has no tenant column, so every request is the tenant "
+              "'default' and admission is first come, first served (a CSV trace's `tenant` column or a JSONL "
+              "trace's `tenant` field names them)", file=sys.stderr)
     if args.disaggregate is not None and sessions:
         raise CliError("--disaggregate does not model sessions in this version (a turn's history would move "
                        "between the prefill and the decode side): drop --disaggregate, or replay the turns as "
