@@ -166,3 +166,52 @@ def test_select_finds_weighted_order_statistics():
 
     got = itl.select(ranks, pairs)
     assert [got[k] for k in ranks] == [float(flat[k]) for k in ranks]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 5000])
+def test_median_in_pieces_is_numpys(monkeypatch, n):
+    """itl.median over pieces of at most CHUNK values: np.median of the whole array, ties and even counts too."""
+    monkeypatch.setattr(itl, "CHUNK", 7)
+    x = np.round(np.random.default_rng(n).random(n) * 1e-2, 4)
+    assert itl.median(n, lambda lo, hi: x[lo:hi]) == float(np.median(x))
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        itl.median(0, lambda lo, hi: x[lo:hi])
+
+
+def _whole_array_step_figures(res):  # type: ignore[no-untyped-def]
+    """The step figures as numpy gives them on whole arrays (what summarize_result reported before)."""
+    end, start = np.frombuffer(res.step_end), np.frombuffer(res.step_start)
+    dur = end - start
+    tokens, kv = np.asarray(res.step_tokens), np.asarray(res.step_kv_used)
+    waiting, decodes = np.asarray(res.step_waiting), np.asarray(res.step_decodes)
+    busy = float(dur.sum())
+    return {
+        "mean_tokens_per_step": float(tokens.mean()),
+        "budget_utilization": float(tokens.mean() / res.config["token_budget"]),
+        "queued_fraction": float((waiting > 0).mean()),
+        "mean_kv_utilization": float((kv * dur).sum() / busy / res.kv_total),
+        "max_kv_utilization": float(kv.max() / res.kv_total),
+        "mean_running_decodes": float((decodes * dur).sum() / busy),
+        "median_step_s": float(np.median(dur)),
+    }
+
+
+@pytest.mark.parametrize("chunk", [128, 1000, itl.CHUNK])  # numpy sums blocks of up to 128 itself
+def test_step_figures_in_pieces_equal_numpys_on_whole_arrays(monkeypatch, chunk):
+    """A cluster run (merged and each replica): the step figures and the median step duration, summed and
+    selected in pieces, equal numpy's on the whole arrays, bit for bit."""
+    from stallfree.sim.outputs.overload import median_step_s
+    from stallfree.sim.outputs.report import _step_figures
+
+    monkeypatch.setattr(itl, "CHUNK", chunk)
+    work = _workload(5, 400)
+    c = simulate_cluster(work, SchedulerConfig(2_000, 64, 4), LinearCostModel(0.005, 2e-5), 3,
+                         make_router("least-outstanding"))
+    assert c.merged.num_steps > 3 * 1000  # several pieces per replica
+    for res in (c.merged, *c.replicas):
+        want = _whole_array_step_figures(res)
+        got = _step_figures(res)
+        assert {k: got[k] for k in want if k != "median_step_s"} == {k: v for k, v in want.items()
+                                                                     if k != "median_step_s"}
+        assert median_step_s(res) == want["median_step_s"]
+        assert 0 < want["queued_fraction"] < 1  # waiting rows of both kinds

@@ -26,7 +26,7 @@ from typing import Any
 from stallfree.sim.run.memory import give_back
 from stallfree.sim.run.result import SimResult
 
-__all__ = ["CHUNK", "itl_stats", "pairwise_sum", "percentile", "select"]
+__all__ = ["CHUNK", "itl_stats", "median", "pairwise_sum", "percentile", "select", "step_durations"]
 
 #: Gaps generated at once (8 bytes each, a few arrays of them): the memory the sums take.
 CHUNK = 1 << 16
@@ -175,6 +175,45 @@ def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]])
         bits = key ^ top if key[0] >= top else ~key
         out[k] = float(bits.view(np.float64)[0])
     return out
+
+
+def median(n: int, piece: Callable[[int, int], Any]) -> float:
+    """np.median of a float64 array of `n` >= 1 values (no NaN), the values [lo, hi) given by piece(lo, hi)
+    as a numpy array: the middle value, or the mean of the two middle ones ((a + b) / 2, as numpy's
+    mean of two), each found by `select` over pieces of at most CHUNK values, so that the array is never
+    held whole. Exact: bit for bit numpy's.
+
+    Raises:
+        ValueError: n < 1.
+    """
+    import numpy as np
+
+    if n < 1:
+        raise ValueError(f"the median of no values: n must be >= 1, got {n!r}")
+
+    def pairs() -> Iterator[tuple[Any, Any]]:
+        for lo in range(0, n, CHUNK):
+            values = piece(lo, min(lo + CHUNK, n))
+            yield values, np.ones(len(values), dtype=np.int64)
+
+    if n % 2:
+        return select([(n - 1) // 2], pairs)[(n - 1) // 2]
+    kth = select([n // 2 - 1, n // 2], pairs)
+    return (kth[n // 2 - 1] + kth[n // 2]) / 2
+
+
+def step_durations(res: SimResult) -> Callable[[int, int], Any]:
+    """piece(lo, hi): the durations of steps [lo, hi) of `res`, s (step_end - step_start, numpy float64),
+    for pairwise_sum and median: a run's durations without an array of all of them."""
+    import numpy as np
+
+    end = np.frombuffer(res.step_end, dtype=np.float64)
+    start = np.frombuffer(res.step_start, dtype=np.float64)
+
+    def piece(lo: int, hi: int) -> Any:
+        return end[lo:hi] - start[lo:hi]
+
+    return piece
 
 
 def itl_stats(res: SimResult, done: Any, percentiles: Sequence[float]) -> dict[str, float | None]:

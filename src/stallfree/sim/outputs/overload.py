@@ -38,10 +38,11 @@ Definitions (docs/simulator.md, "Overload and bursts"):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from stallfree.sim.outputs.itl import median, step_durations
 from stallfree.sim.outputs.report import latency_arrays
 from stallfree.sim.studies.ranges import STEP_TIME_HIGH
 
@@ -53,6 +54,7 @@ __all__ = [
     "annotate",
     "burst_line",
     "fluid_bursts",
+    "median_step_s",
     "overload",
     "overload_line",
     "queue_grows",
@@ -212,6 +214,13 @@ def overload(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: fl
     }
 
 
+def median_step_s(res: Any) -> float:
+    """The median step duration of `res` (a SimResult), s: float(np.median(step_end - step_start)) bit
+    for bit, without an array of every duration (stallfree.sim.outputs.itl.median); 0.0 with no step."""
+    n = len(res.step_end)
+    return median(n, step_durations(res)) if n else 0.0
+
+
 def overload_line(label: str, o: dict[str, Any], replicas: int = 1) -> str:
     """The one warning line of an overload (overload's dict)."""
     who = "the replica sustains" if replicas == 1 else f"the {replicas} replicas sustain"
@@ -222,8 +231,10 @@ def overload_line(label: str, o: dict[str, Any], replicas: int = 1) -> str:
             "that meets the SLOs)")
 
 
-def tail_burst(res: Any, lat: dict[str, Any], sustained: float | None) -> dict[str, Any] | None:
-    """The burst the TTFT tail comes from (module docstring), or None.
+def tail_burst(res: Any, lat: dict[str, Any], sustained: float | None,
+               median_s: Callable[[], float] | None = None) -> dict[str, Any] | None:
+    """The burst the TTFT tail comes from (module docstring), or None. `median_s`: gives the run's median
+    step duration, s (default median_step_s(res); annotate passes one that computes it once per run).
 
     Returns:
         None, or {"start_s", "peak_s", "end_s", "requests", "busy_requests", "peak_backlog_s", "first"
@@ -234,8 +245,7 @@ def tail_burst(res: Any, lat: dict[str, Any], sustained: float | None) -> dict[s
 
     if sustained is None or not (math.isfinite(sustained) and sustained > 0) or len(lat["rids"]) < 2:
         return None
-    dur = np.frombuffer(res.step_end, dtype=np.float64) - np.frombuffer(res.step_start, dtype=np.float64)
-    min_duration = BURST_MIN_STEPS * float(np.median(dur)) if len(dur) else 0.0
+    min_duration = BURST_MIN_STEPS * (median_s() if median_s is not None else median_step_s(res))
     bursts = fluid_bursts(res.arrival, sustained, min_duration)
     if not bursts:
         return None
@@ -266,8 +276,8 @@ def burst_line(label: str, b: dict[str, Any], rate_scale: float) -> str:
 
 
 def saturation(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: float | None,
-               over: dict[str, Any] | None) -> dict[str, Any]:
-    """Whether the run is saturated, and where (module docstring).
+               over: dict[str, Any] | None, median_s: Callable[[], float] | None = None) -> dict[str, Any]:
+    """Whether the run is saturated, and where (module docstring). `median_s`: as tail_burst's.
 
     Args:
         res: the run's SimResult (merged, for a cluster).
@@ -295,8 +305,7 @@ def saturation(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: 
         return {"saturated": False, "saturated_window_s": None, "saturated_by": None}
     if offered >= SATURATION_LOAD * capacity:
         return {"saturated": True, "saturated_window_s": whole, "saturated_by": "load"}
-    dur = np.frombuffer(res.step_end, dtype=np.float64) - np.frombuffer(res.step_start, dtype=np.float64)
-    min_duration = BURST_MIN_STEPS * float(np.median(dur)) if len(dur) else 0.0
+    min_duration = BURST_MIN_STEPS * (median_s() if median_s is not None else median_step_s(res))
     rids, waits = lat["rids"], lat["queue"]
 
     def queued(b: Burst) -> bool:
@@ -338,14 +347,21 @@ def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header
             s["saturated"] = False
             continue
         lat = latency_arrays(res, itl=False)  # overload and bursts read no inter-token gap
+        med: list[float] = []
+
+        def median_s(res: Any = res, med: list[float] = med) -> float:
+            if not med:
+                med.append(median_step_s(res))
+            return med[0]
+
         o = overload(res, lat, s, offered, rate_scale, replicas)
         s["overload"] = o
-        s.update(saturation(res, lat, s, offered, o))
+        s.update(saturation(res, lat, s, offered, o, median_s))
         if o is not None:
             warn.append(overload_line(s["label"], o, replicas))
             s["tail_burst"] = None
             continue
-        s["tail_burst"] = b = tail_burst(res, lat, s.get("capacity_req_s"))
+        s["tail_burst"] = b = tail_burst(res, lat, s.get("capacity_req_s"), median_s)
         if b is not None:
             notes.append(burst_line(s["label"], b, rate_scale))
     if len(warn) > 1:

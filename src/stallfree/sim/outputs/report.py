@@ -17,8 +17,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
+from stallfree.sim.outputs import itl as _itl
 from stallfree.sim.outputs.buckets import bucket_stats
-from stallfree.sim.outputs.itl import itl_stats
+from stallfree.sim.outputs.itl import itl_stats, pairwise_sum, step_durations
 from stallfree.sim.run.result import SimResult
 from stallfree.sim.run.session_run import session_summary
 
@@ -269,26 +270,44 @@ def slo_met(lat: dict[str, Any], slo_ttft: float | None, slo_tpot: float | None)
 
 
 def _step_figures(res: SimResult) -> dict[str, Any]:
-    """The scheduler's figures of summarize_result, from the step arrays and the result's counters."""
+    """The scheduler's figures of summarize_result, from the step arrays and the result's counters.
+
+    numpy's figures on whole arrays (tokens.mean(), (kv * dur).sum(), ...), bit for bit, in pieces of at
+    most itl.CHUNK steps: the sums of floats by itl.pairwise_sum (numpy's own order of additions), those
+    of integers exactly (as numpy's float64 sums of them are, below 2**53), so that no array as long as
+    the run's steps is made.
+    """
     import numpy as np
 
-    end = np.frombuffer(res.step_end, dtype=np.float64)
-    start = np.frombuffer(res.step_start, dtype=np.float64)
-    dur = end - start
-    busy = float(dur.sum())
+    n = res.num_steps
+    piece = step_durations(res)
     tokens = np.asarray(res.step_tokens)
-    budget = res.config.get("token_budget")
     kv = np.asarray(res.step_kv_used)
     waiting = np.asarray(res.step_waiting)
     decodes = np.asarray(res.step_decodes)
+    busy = pairwise_sum(n, piece)
+    token_sum = queued = 0
+    kv_max = None
+    chunk = _itl.CHUNK
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        token_sum += int(tokens[lo:hi].sum(dtype=np.int64))
+        queued += int(np.count_nonzero(waiting[lo:hi]))
+        top = int(kv[lo:hi].max())
+        kv_max = top if kv_max is None or top > kv_max else kv_max
+    # numpy's means of the integer arrays: their float64 sums (exact) over the count.
+    mean_tokens = float(token_sum) / n if n else math.nan
+    budget = res.config.get("token_budget")
+    kv_dur = pairwise_sum(n, lambda lo, hi: kv[lo:hi] * piece(lo, hi))
+    dec_dur = pairwise_sum(n, lambda lo, hi: decodes[lo:hi] * piece(lo, hi))
     return dict(
-        num_steps=res.num_steps,
-        mean_tokens_per_step=float(tokens.mean()),
-        budget_utilization=float(tokens.mean() / budget) if budget else None,
-        queued_fraction=float((waiting > 0).mean()),
-        mean_kv_utilization=float((kv * dur).sum() / busy / res.kv_total) if res.kv_total and busy else None,
-        max_kv_utilization=float(kv.max() / res.kv_total) if res.kv_total else None,
-        mean_running_decodes=float((decodes * dur).sum() / busy) if busy else 0.0,
+        num_steps=n,
+        mean_tokens_per_step=mean_tokens,
+        budget_utilization=mean_tokens / budget if budget else None,
+        queued_fraction=float(queued) / n if n else math.nan,
+        mean_kv_utilization=kv_dur / busy / res.kv_total if res.kv_total and busy else None,
+        max_kv_utilization=kv_max / res.kv_total if res.kv_total and kv_max is not None else None,
+        mean_running_decodes=dec_dur / busy if busy else 0.0,
         num_preemptions=res.num_preemptions,
         num_recomputed_tokens=res.num_recomputed_tokens,
         prefix_cache_hit_rate=res.prefix_cache_hit_rate,
@@ -298,5 +317,3 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
         kv_tier=res.kv_tier,
         sim_wall_s=res.wall_s,
     )
-
-
