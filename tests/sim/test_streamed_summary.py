@@ -215,3 +215,23 @@ def test_step_figures_in_pieces_equal_numpys_on_whole_arrays(monkeypatch, chunk)
                                                                      if k != "median_step_s"}
         assert median_step_s(res) == want["median_step_s"]
         assert 0 < want["queued_fraction"] < 1  # waiting rows of both kinds
+
+
+def test_finish_reasons_are_shared_strings_and_large_blocks_map_their_own_pages():
+    """A finished request's reason is one shared string per reason, not one per request; map_large_blocks
+    takes a threshold of a page to 2**31 - 1 bytes (and a run after it gives the same figures)."""
+    from stallfree.sim.run.memory import map_large_blocks
+
+    work = _workload(4, 200)
+    c = simulate_cluster(work, SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5), 2,
+                         make_router("round-robin"))
+    reasons = c.merged.finish_reason
+    assert set(reasons) == {"length"}
+    assert all(r is reasons[0] for r in reasons)
+    for bad in (0, 4095, 2**31):
+        with pytest.raises(ValueError, match="threshold"):
+            map_large_blocks(bad)
+    map_large_blocks()
+    again = simulate_cluster(work, SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5), 2,
+                             make_router("round-robin"))
+    assert summarize_result(again.merged) | {"sim_wall_s": 0} == summarize_result(c.merged) | {"sim_wall_s": 0}

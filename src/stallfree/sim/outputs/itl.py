@@ -81,8 +81,15 @@ class _Gaps:
         ra, rb = first[done][reg], fin[done][reg]
         # D: the steps with decodes, in order (int32 where the steps allow: one entry per step).
         dtype = np.int32 if len(end) < 2**31 else np.int64
-        d = np.concatenate([np.empty(0, dtype=dtype)] + [
-            (np.flatnonzero(dec[c:c + CHUNK] > 0) + c).astype(dtype) for c in range(0, len(dec), CHUNK)])
+        # Counted first, then filled piece by piece: never the pieces and the whole at once.
+        d = np.empty(sum(int(np.count_nonzero(dec[c:c + CHUNK])) for c in range(0, len(dec), CHUNK)), dtype=dtype)
+        at = 0
+        for c in range(0, len(dec), CHUNK):
+            idx = np.flatnonzero(dec[c:c + CHUNK])
+            d[at:at + len(idx)] = idx + c
+            at += len(idx)
+        # Searched in D's own integer type: numpy would otherwise search a copy of D as int64.
+        ra, rb = ra.astype(dtype, copy=False), rb.astype(dtype, copy=False)
         i0 = np.searchsorted(d, ra, side="right")  # D[i0]: the first step with decodes after a
         lengths = np.searchsorted(d, rb, side="right") - i0  # gaps of each request
         keep = lengths > 0
@@ -126,8 +133,9 @@ class _Gaps:
         request with i0 < j < i0 + length (a request decoding in both); the irregular gaps, once."""
         import numpy as np
 
-        end, d = self.end, self.d
-        yield end[d[self.i0]] - end[self.ra], np.ones(len(self.ra), dtype=np.int64)
+        end, d, i0, ra = self.end, self.d, self.i0, self.ra
+        for c in range(0, len(ra), CHUNK):  # the first gaps, a piece at a time
+            yield end[d[i0[c:c + CHUNK]]] - end[ra[c:c + CHUNK]], np.ones(len(ra[c:c + CHUNK]), dtype=np.int64)
         starts = np.sort(self.i0 + 1)
         ends = np.sort(self.i0 + self.lengths)
         for c in range(1, len(d), CHUNK):

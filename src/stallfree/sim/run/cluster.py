@@ -34,7 +34,7 @@ from stallfree.sim.run.config import ReplicaConfig, async_of, make_scheduler, wr
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.load import ClosedLoop
 from stallfree.sim.run.loop import Router
-from stallfree.sim.run.memory import give_back
+from stallfree.sim.run.memory import give_back, map_large_blocks
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
 from stallfree.sim.run.routers import (
@@ -138,6 +138,7 @@ def simulate_cluster(
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens!r}")
     router = router if router is not None else LeastOutstandingRouter()
+    map_large_blocks()  # the replicas' growing step arrays leave no holes in the C heap
     max_new, too_long, target, config, label = plan_run(
         workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
@@ -259,10 +260,11 @@ def _merge(
 ) -> tuple[SimResult, list[int]]:
     """Lay the replicas' step arrays end to end; shift each request's step numbers by its replica's base.
 
-    The step arrays are held once: each replica's become read-only views (memoryview) of its rows
-    of the merged ones, its own arrays emptied as each field is copied (a run's step rows outweigh its
-    per-request fields several times). The merged per-request step numbers are array('q'), as the
-    replicas' (simulator.shared_fields).
+    The step arrays are held once: the first replica's array of each field grows into the merged one
+    (the others' rows appended, each emptied as it is copied, so that the peak is the rows plus one
+    replica's), and each replica's become read-only views (memoryview) of its rows of the merged ones (a
+    run's step rows outweigh its per-request fields several times). The merged per-request step numbers
+    are array('q'), as the replicas' (simulator.shared_fields).
     """
     n = len(wl)
     m = new_result(label, wl, config, target, max_new, None, shared_fields(n))
@@ -271,22 +273,23 @@ def _merge(
     for r in results:
         base.append(base[-1] + r.num_steps)
     for name in _STEP_FIELDS:
-        first = getattr(results[0], name)
-        whole = array(first.typecode, [0]) * base[-1]
-        tick_base = 0
-        for k, r in enumerate(results):
+        # The first replica's array grows into the merged one (its rows are already in place), each other
+        # replica's rows appended and its array emptied at once: the peak is the rows plus one replica's.
+        whole = getattr(results[0], name)
+        tick_base = whole[-1] if name == "step_ticks" and len(whole) else 0
+        for r in results[1:]:
             mine = getattr(r, name)
             if name == "step_ticks":
-                whole[base[k]:base[k + 1]] = array(first.typecode, (t + tick_base for t in mine))
+                whole.extend(t + tick_base for t in mine)
                 tick_base += mine[-1] if len(mine) else 0
             else:
-                whole[base[k]:base[k + 1]] = mine
+                whole.extend(mine)
             del mine[:]  # frees it now (the replica's loop still holds the array object)
         setattr(m, name, whole)
         view = memoryview(whole)
         for k, r in enumerate(results):
             setattr(r, name, view[base[k]:base[k + 1]])
-        give_back()  # the replica's arrays, freed in the middle of the heap
+        give_back()  # the replicas' arrays, freed in the middle of the heap
     # Per request, its replica's columns (read once per replica, not by name per request: O(requests)).
     m_admit, m_first, m_finish, m_reason, m_lora = m.admit_step, m.first_step, m.finish_step, m.finish_reason, \
         m.lora_load_s

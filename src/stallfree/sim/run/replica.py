@@ -13,6 +13,7 @@ stallfree.sim.run.result.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Hashable, Iterable
 from typing import cast
 
@@ -27,6 +28,16 @@ __all__ = ["Replica"]
 _WAITING = int(RequestState.WAITING)
 _DECODING = int(RequestState.DECODING)
 _DONE = int(RequestState.DONE)
+
+
+#: Each finish reason's string, made once: a finished request's entry in SimResult.finish_reason is this
+#: shared string rather than a new one (about 55 bytes a request).
+_REASONS: dict[Hashable, str] = {}
+
+
+def _reason(why: Hashable) -> str:
+    """str(why), made once per reason (_REASONS)."""
+    return _REASONS.setdefault(why, sys.intern(str(why)))
 
 
 class SimClock:
@@ -391,7 +402,7 @@ class Replica:
         for r, why in finished.items():
             ri = cast(int, r)
             res.finish_step[ri] = step
-            res.finish_reason[ri] = str(why)
+            res.finish_reason[ri] = _REASONS.get(why) or _reason(why)
             if self.state[ri] == _DECODING:
                 self.decoding.discard(ri)
             self.state[ri] = _DONE
