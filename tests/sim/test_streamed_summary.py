@@ -235,3 +235,30 @@ def test_finish_reasons_are_shared_strings_and_large_blocks_map_their_own_pages(
     again = simulate_cluster(work, SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5), 2,
                              make_router("round-robin"))
     assert summarize_result(again.merged) | {"sim_wall_s": 0} == summarize_result(c.merged) | {"sim_wall_s": 0}
+
+
+def test_decode_ticks_are_counted_from_the_decodes_not_stored():
+    """SimResult.step_ticks: per step the steps with decodes so far, counted from step_decodes (numpy's
+    cumsum of decodes > 0 on a paged run that preempts, merged and per replica); the rows' values given
+    to append/extend are not kept; release() lets the counts go."""
+    from array import array
+
+    from stallfree.sim.run.result import DecodeTicks
+
+    work = _workload(9, 200)
+    config = SchedulerConfig(kv_tokens=1024, token_budget=128, max_seqs=32, kv="paged", block_size=16)
+    c = simulate_cluster(work, config, LinearCostModel(0.005, 2e-5, 1e-8), 2, make_router("round-robin"))
+    for res in (c.merged, *c.replicas):
+        want = np.cumsum(np.asarray(res.step_decodes) > 0)
+        assert len(res.step_ticks) == res.num_steps
+        assert list(res.step_ticks) == want.tolist()
+        assert res.step_ticks[-1] == int(want[-1]) and res.step_ticks[2:5] == array("i", want[2:5].tolist())
+    decodes = array("i", [0, 3, 3, 0, 1])
+    t = DecodeTicks(decodes)
+    t.append(99)
+    t.extend([7, 8])
+    assert list(t) == [0, 1, 2, 2, 3]
+    decodes.append(2)
+    assert list(t) == [0, 1, 2, 2, 3, 4] and len(t) == 6
+    t.release()
+    assert t[5] == 4

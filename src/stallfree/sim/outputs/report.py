@@ -50,7 +50,6 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
     end = np.frombuffer(res.step_end, dtype=np.float64)
     start = np.frombuffer(res.step_start, dtype=np.float64)
     dec = np.asarray(res.step_decodes)
-    ticks = np.asarray(res.step_ticks)
     first = np.asarray(res.first_step, dtype=np.int64)
     fin = np.asarray(res.finish_step, dtype=np.int64)
     adm = np.asarray(res.admit_step, dtype=np.int64)
@@ -95,6 +94,7 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
         new_owner[1:] = owner[1:] != owner[:-1]
         prev[new_owner] = ra[owner[new_owner]]
         gaps.append(end[steps] - end[prev])
+        ticks = np.cumsum(dec > 0)  # SimResult.step_ticks, counted here
         assert int(ticks[rb].sum() - ticks[ra].sum()) == len(steps)
     for r in sorted(irregular):
         if res.finish_step[r] >= 0:

@@ -36,7 +36,14 @@ from stallfree.sim.run.load import ClosedLoop
 from stallfree.sim.run.loop import Router
 from stallfree.sim.run.memory import give_back, map_large_blocks
 from stallfree.sim.run.replica import Replica
-from stallfree.sim.run.result import CONTEXT_LENGTH, ClusterError, SchedulerLike, SimResult, verify_tokens
+from stallfree.sim.run.result import (
+    CONTEXT_LENGTH,
+    ClusterError,
+    DecodeTicks,
+    SchedulerLike,
+    SimResult,
+    verify_tokens,
+)
 from stallfree.sim.run.routers import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
     DEFAULT_AFFINITY_LOAD_MARGIN,
@@ -244,8 +251,8 @@ def _prefix_cache_figures(
 
 
 #: The step arrays of a SimResult.
-_STEP_FIELDS = ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
-                "step_ticks")
+#: The stored step arrays of a SimResult (step_ticks is derived from step_decodes: DecodeTicks).
+_STEP_FIELDS = ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting")
 
 
 def _merge(
@@ -276,20 +283,18 @@ def _merge(
         # The first replica's array grows into the merged one (its rows are already in place), each other
         # replica's rows appended and its array emptied at once: the peak is the rows plus one replica's.
         whole = getattr(results[0], name)
-        tick_base = whole[-1] if name == "step_ticks" and len(whole) else 0
         for r in results[1:]:
             mine = getattr(r, name)
-            if name == "step_ticks":
-                whole.extend(t + tick_base for t in mine)
-                tick_base += mine[-1] if len(mine) else 0
-            else:
-                whole.extend(mine)
+            whole.extend(mine)
             del mine[:]  # frees it now (the replica's loop still holds the array object)
         setattr(m, name, whole)
         view = memoryview(whole)
         for k, r in enumerate(results):
             setattr(r, name, view[base[k]:base[k + 1]])
         give_back()  # the replicas' arrays, freed in the middle of the heap
+    # Each result's decode ticks count its own step_decodes (a replica's from its first row, as it recorded them).
+    for r in (m, *results):
+        r.step_ticks = DecodeTicks(r.step_decodes)
     # Per request, its replica's columns (read once per replica, not by name per request: O(requests)).
     m_admit, m_first, m_finish, m_reason, m_lora = m.admit_step, m.first_step, m.finish_step, m.finish_reason, \
         m.lora_load_s
