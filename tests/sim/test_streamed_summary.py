@@ -262,3 +262,19 @@ def test_decode_ticks_are_counted_from_the_decodes_not_stored():
     assert list(t) == [0, 1, 2, 2, 3, 4] and len(t) == 6
     t.release()
     assert t[5] == 4
+
+
+@pytest.mark.parametrize("share", [0.0, 0.05, 0.5, 0.95, 1.0])
+def test_decode_steps_either_way_are_the_steps_with_decodes(monkeypatch, share):
+    """itl._DecodeSteps, held as the steps with decodes or as those without (whichever is shorter): at(j)
+    and count_le(s) are np.flatnonzero(dec)[j] and np.searchsorted(that, s, side="right")."""
+    monkeypatch.setattr(itl, "CHUNK", 128)
+    rng = np.random.default_rng(int(share * 100))
+    dec = np.where(rng.random(1000) < share, 0, rng.integers(1, 9, 1000)).astype(np.int32)
+    d = np.flatnonzero(dec)
+    steps = itl._DecodeSteps(dec)
+    assert steps.explicit == (len(d) <= 1000 - len(d)) and len(steps) == len(d)
+    j = np.arange(len(d))
+    assert steps.at(j).tolist() == d.tolist()
+    s = np.arange(1000, dtype=np.int64)
+    assert steps.count_le(s).tolist() == np.searchsorted(d, s, side="right").tolist()

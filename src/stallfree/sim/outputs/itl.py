@@ -63,6 +63,55 @@ def percentile(n: int, q: float, kth: Callable[[int], float]) -> float:
     return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
 
 
+class _DecodeSteps:
+    """D, the steps with decodes of a result in order, held as whichever of D and its complement E (the
+    steps without) is shorter: on a loaded run nearly every step decodes, and E is a few entries where D
+    would be one per step. at(j) = D[j] and count_le(s) = how many of D are <= s
+    (np.searchsorted(D, s, side="right")), the same integers either way."""
+
+    def __init__(self, dec: Any) -> None:
+        import numpy as np
+
+        n = len(dec)
+        self.num_steps = n
+        nd = sum(int(np.count_nonzero(dec[c:c + CHUNK])) for c in range(0, n, CHUNK))
+        self.explicit = nd <= n - nd
+        # Counted first, then filled piece by piece: never the pieces and the whole at once.
+        dtype = np.int32 if n < 2**31 else np.int64
+        kept = np.empty(nd if self.explicit else n - nd, dtype=dtype)
+        at = 0
+        for c in range(0, n, CHUNK):
+            piece = dec[c:c + CHUNK]
+            idx = np.flatnonzero(piece if self.explicit else piece == 0)
+            kept[at:at + len(idx)] = idx + c
+            at += len(idx)
+        self.kept = kept
+        self.length = nd
+        if not self.explicit:
+            # E[m] - m: how many steps with decodes come before E[m] (non-decreasing).
+            self.before = kept.astype(np.int64) - np.arange(len(kept), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def at(self, j: Any) -> Any:
+        """D[j] for an integer array j (entries in [-1, len(D)); D[-1] is not used but stays defined)."""
+        import numpy as np
+
+        if self.explicit:
+            return self.kept[j]
+        # D[j] = j + how many steps without decodes come before it.
+        return j + np.searchsorted(self.before, j, side="right")
+
+    def count_le(self, s: Any) -> Any:
+        """How many steps with decodes are <= s, for an integer array s of steps (int64)."""
+        import numpy as np
+
+        if self.explicit:
+            return np.searchsorted(self.kept, s.astype(self.kept.dtype, copy=False), side="right")
+        return s + 1 - np.searchsorted(self.kept, s.astype(self.kept.dtype, copy=False), side="right")
+
+
 class _Gaps:
     """The gaps of a result, in latency_arrays' order: by index ranges (`piece`) and as (value,
     count) pairs in pieces (`pairs`), never all at once."""
@@ -75,25 +124,18 @@ class _Gaps:
         first = np.asarray(res.first_step, dtype=np.int64)
         fin = np.asarray(res.finish_step, dtype=np.int64)
         irregular = set(res.skips) | set(res.segments)
-        reg = np.ones(len(done), dtype=bool)
+        mine = done
         if irregular:
-            reg = np.asarray([r not in irregular for r in done.tolist()], dtype=bool)
-        ra, rb = first[done][reg], fin[done][reg]
-        # D: the steps with decodes, in order (int32 where the steps allow: one entry per step).
-        dtype = np.int32 if len(end) < 2**31 else np.int64
-        # Counted first, then filled piece by piece: never the pieces and the whole at once.
-        d = np.empty(sum(int(np.count_nonzero(dec[c:c + CHUNK])) for c in range(0, len(dec), CHUNK)), dtype=dtype)
-        at = 0
-        for c in range(0, len(dec), CHUNK):
-            idx = np.flatnonzero(dec[c:c + CHUNK])
-            d[at:at + len(idx)] = idx + c
-            at += len(idx)
-        # Searched in D's own integer type: numpy would otherwise search a copy of D as int64.
-        ra, rb = ra.astype(dtype, copy=False), rb.astype(dtype, copy=False)
-        i0 = np.searchsorted(d, ra, side="right")  # D[i0]: the first step with decodes after a
-        lengths = np.searchsorted(d, rb, side="right") - i0  # gaps of each request
+            mine = done[np.asarray([r not in irregular for r in done.tolist()], dtype=bool)]
+        steps = _DecodeSteps(dec)
+        ra = first[mine]
+        i0 = steps.count_le(ra)  # D[i0]: the first step with decodes after a
+        lengths = steps.count_le(fin[mine]) - i0  # gaps of each request
         keep = lengths > 0
-        self.end, self.d, self.ra, self.i0, self.lengths = end, d, ra[keep], i0[keep], lengths[keep]
+        if not keep.all():
+            ra, i0, lengths = ra[keep], i0[keep], lengths[keep]
+        del keep
+        self.end, self.d, self.ra, self.i0, self.lengths = end, steps, ra, i0, lengths
         self.cum = np.cumsum(self.lengths)
         self.num_regular = int(self.cum[-1]) if len(self.cum) else 0
         parts = [np.empty(0)]
@@ -119,8 +161,8 @@ class _Gaps:
             owner = np.repeat(np.arange(j1 - j0), ln)
             offsets = np.arange(len(owner)) - np.repeat(np.cumsum(ln) - ln, ln)
             idx = self.i0[j0:j1][owner] + offsets
-            steps = self.d[idx]
-            prev = np.where(offsets > 0, self.d[idx - 1], self.ra[j0:j1][owner])
+            steps = self.d.at(idx)
+            prev = np.where(offsets > 0, self.d.at(idx - 1), self.ra[j0:j1][owner])
             gaps = self.end[steps] - self.end[prev]
             out.append(gaps[lo - base:h - base])
         if hi > nr:
@@ -135,13 +177,14 @@ class _Gaps:
 
         end, d, i0, ra = self.end, self.d, self.i0, self.ra
         for c in range(0, len(ra), CHUNK):  # the first gaps, a piece at a time
-            yield end[d[i0[c:c + CHUNK]]] - end[ra[c:c + CHUNK]], np.ones(len(ra[c:c + CHUNK]), dtype=np.int64)
+            yield end[d.at(i0[c:c + CHUNK])] - end[ra[c:c + CHUNK]], np.ones(len(ra[c:c + CHUNK]), dtype=np.int64)
         starts = np.sort(self.i0 + 1)
         ends = np.sort(self.i0 + self.lengths)
         for c in range(1, len(d), CHUNK):
             j = np.arange(c, min(c + CHUNK, len(d)))
             w = np.searchsorted(starts, j, side="right") - np.searchsorted(ends, j, side="right")
-            yield end[d[j]] - end[d[j - 1]], w
+            at = d.at(np.arange(c - 1, j[-1] + 1))  # D[j - 1] and D[j]
+            yield end[at[1:]] - end[at[:-1]], w
         yield self.irregular, np.ones(len(self.irregular), dtype=np.int64)
 
 

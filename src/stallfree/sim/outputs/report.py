@@ -60,7 +60,7 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
             np.asarray(res.owner) == res.replica)
     done = np.flatnonzero(mine)
     irregular = set(res.skips) | set(res.segments)
-    tokens = np.asarray([res.target[r] for r in done.tolist()], dtype=np.int64)
+    tokens = np.asarray(res.target, dtype=np.int64)[done]  # not a Python int per request
     out: dict[str, Any] = {"rids": done, "tokens": tokens}
     a, b = first[done], fin[done]
     # An engine profile's front end (config frontend_s, s): the client's TTFT and E2E include it.
@@ -137,7 +137,7 @@ def _throughputs(
     fin = np.asarray(res.finish_step, dtype=np.int64)[done]
     duration = float(end[fin].max() - arrival.min())
     n_out = int(lat["tokens"].sum())
-    n_in = int(sum(res.prompt_len[r] for r in done.tolist()))
+    n_in = int(np.asarray(res.prompt_len, dtype=np.int64)[done].sum())  # exact: integers
     rate = (lambda x: x / duration) if duration > 0 else (lambda x: math.inf)
     out: dict[str, Any] = throughput_figures(len(done), n_in, n_out, duration)
     out["slo_attainment"] = None
