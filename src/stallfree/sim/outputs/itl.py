@@ -26,7 +26,7 @@ from typing import Any
 from stallfree.sim.run.memory import give_back
 from stallfree.sim.run.result import SimResult
 
-__all__ = ["CHUNK", "itl_stats", "median", "pairwise_sum", "percentile", "select", "step_durations"]
+__all__ = ["CHUNK", "itl_stats", "median", "pairwise_sum", "percentile", "select", "step_durations", "step_numbers"]
 
 #: Gaps generated at once (8 bytes each, a few arrays of them): the memory the sums take.
 CHUNK = 1 << 16
@@ -121,8 +121,7 @@ class _Gaps:
 
         end = np.frombuffer(res.step_end, dtype=np.float64)
         dec = np.asarray(res.step_decodes)
-        first = np.asarray(res.first_step, dtype=np.int64)
-        fin = np.asarray(res.finish_step, dtype=np.int64)
+        first, fin = step_numbers(res.first_step), step_numbers(res.finish_step)
         irregular = set(res.skips) | set(res.segments)
         mine = done
         if irregular:
@@ -251,6 +250,17 @@ def median(n: int, piece: Callable[[int, int], Any]) -> float:
         return select([(n - 1) // 2], pairs)[(n - 1) // 2]
     kth = select([n // 2 - 1, n // 2], pairs)
     return (kth[n // 2 - 1] + kth[n // 2]) / 2
+
+
+def step_numbers(values: Sequence[int]) -> Any:
+    """A result's per-request step numbers (admit_step, first_step, finish_step) as a numpy integer
+    array: an array.array's in its own type, without a copy (a cluster's are C ints), any other sequence
+    as int64."""
+    from array import array
+
+    import numpy as np
+
+    return np.asarray(values) if isinstance(values, array) else np.asarray(values, dtype=np.int64)
 
 
 def step_durations(res: SimResult) -> Callable[[int, int], Any]:

@@ -19,7 +19,7 @@ from typing import Any
 from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
 from stallfree.sim.outputs import itl as _itl
 from stallfree.sim.outputs.buckets import bucket_stats
-from stallfree.sim.outputs.itl import itl_stats, pairwise_sum, step_durations
+from stallfree.sim.outputs.itl import itl_stats, pairwise_sum, step_durations, step_numbers
 from stallfree.sim.run.result import SimResult
 from stallfree.sim.run.session_run import session_summary
 
@@ -50,9 +50,8 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
     end = np.frombuffer(res.step_end, dtype=np.float64)
     start = np.frombuffer(res.step_start, dtype=np.float64)
     dec = np.asarray(res.step_decodes)
-    first = np.asarray(res.first_step, dtype=np.int64)
-    fin = np.asarray(res.finish_step, dtype=np.int64)
-    adm = np.asarray(res.admit_step, dtype=np.int64)
+    # Step numbers in their own integer type (a cluster's are C ints): indices only, never summed.
+    first, fin, adm = (step_numbers(x) for x in (res.first_step, res.finish_step, res.admit_step))
     arrival = np.asarray(res.arrival, dtype=np.float64)
     mine = (fin >= 0) & (first >= 0)
     if res.owner is not None:  # a cluster's replica: its requests alone (SimResult.owner)
@@ -134,7 +133,7 @@ def _throughputs(
     done = lat["rids"]
     end = np.frombuffer(res.step_end, dtype=np.float64)
     arrival = np.asarray(res.arrival, dtype=np.float64)
-    fin = np.asarray(res.finish_step, dtype=np.int64)[done]
+    fin = step_numbers(res.finish_step)[done]
     duration = float(end[fin].max() - arrival.min())
     n_out = int(lat["tokens"].sum())
     n_in = int(np.asarray(res.prompt_len, dtype=np.int64)[done].sum())  # exact: integers

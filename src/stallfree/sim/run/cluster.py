@@ -271,14 +271,14 @@ def _merge(
     (the others' rows appended, each emptied as it is copied, so that the peak is the rows plus one
     replica's), and each replica's become read-only views (memoryview) of its rows of the merged ones (a
     run's step rows outweigh its per-request fields several times). The merged per-request step numbers
-    are array('q'), as the replicas' (simulator.shared_fields).
+    are arrays as the replicas' (simulator.shared_fields: C ints, 8-byte ones from 2**31 steps on).
     """
     n = len(wl)
-    m = new_result(label, wl, config, target, max_new, None, shared_fields(n))
-    m.kv_total = sum(r.kv_total for r in results)
     base = [0]
     for r in results:
         base.append(base[-1] + r.num_steps)
+    m = new_result(label, wl, config, target, max_new, None, shared_fields(n, base[-1]))
+    m.kv_total = sum(r.kv_total for r in results)
     for name in _STEP_FIELDS:
         # The first replica's array grows into the merged one (its rows are already in place), each other
         # replica's rows appended and its array emptied at once: the peak is the rows plus one replica's.

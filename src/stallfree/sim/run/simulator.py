@@ -93,12 +93,15 @@ def new_result(
     )
 
 
-def shared_fields(n: int) -> tuple[Any, Any, Any, list[str]]:
+def shared_fields(n: int, steps: int = 0) -> tuple[Any, Any, Any, list[str]]:
     """(admit_step, first_step, finish_step, finish_reason) for `n` requests, none started, as one
-    group's replicas share them: the step numbers as array('q') (8 bytes each), the reasons a list
-    (of shared strings)."""
-    none = array("q", [-1]) * n
-    return none, array("q", none), array("q", none), [""] * n
+    group's replicas share them: the step numbers as array('i') (C ints, 4 bytes each; array('q'), 8
+    bytes, when `steps`, the most steps they will number, reaches 2**31), the reasons a list (of
+    shared strings). A replica numbers its own steps: one past 2**31 - 1 raises OverflowError when
+    written, never wraps."""
+    code = "i" if steps < 2**31 else "q"
+    none = array(code, [-1]) * n
+    return none, array(code, none), array(code, none), [""] * n
 
 
 def run_group(
