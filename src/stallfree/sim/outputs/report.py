@@ -24,10 +24,24 @@ from stallfree.sim.run.result import SimResult
 from stallfree.sim.run.session_run import session_summary
 
 __all__ = [
+    "finished_rids",
     "latency_arrays",
     "slo_met",
     "summarize_result",
 ]
+
+
+def finished_rids(res: SimResult) -> Any:
+    """The requests of `res` that finished with a first token, in rid order (latency_arrays' "rids"): a
+    numpy int64 array; a cluster replica's own requests alone (SimResult.owner)."""
+    import numpy as np
+
+    first, fin = step_numbers(res.first_step), step_numbers(res.finish_step)
+    mine = (fin >= 0) & (first >= 0)
+    if res.owner is not None:  # a cluster's replica: its requests alone (SimResult.owner)
+        mine &= np.frombuffer(res.owner, dtype=np.int32) == res.replica if isinstance(res.owner, array) else (
+            np.asarray(res.owner) == res.replica)
+    return np.flatnonzero(mine)
 
 
 def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
@@ -53,11 +67,7 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
     # Step numbers in their own integer type (a cluster's are C ints): indices only, never summed.
     first, fin, adm = (step_numbers(x) for x in (res.first_step, res.finish_step, res.admit_step))
     arrival = np.asarray(res.arrival, dtype=np.float64)
-    mine = (fin >= 0) & (first >= 0)
-    if res.owner is not None:  # a cluster's replica: its requests alone (SimResult.owner)
-        mine &= np.frombuffer(res.owner, dtype=np.int32) == res.replica if isinstance(res.owner, array) else (
-            np.asarray(res.owner) == res.replica)
-    done = np.flatnonzero(mine)
+    done = finished_rids(res)
     irregular = set(res.skips) | set(res.segments)
     tokens = np.asarray(res.target, dtype=np.int64)[done]  # not a Python int per request
     out: dict[str, Any] = {"rids": done, "tokens": tokens}
@@ -180,6 +190,11 @@ def summarize_result(
         included) / duration_s, requests/s.
     """
     pcts = tuple(percentiles)
+    # The gaps' figures first, before the latency arrays exist: their pieces and those arrays are the
+    # summary's two largest holdings, so they are never held at once.
+    done = finished_rids(res)
+    itl_figures = itl_stats(res, done, pcts) if len(done) else {}
+    del done
     lat = latency_arrays(res, itl=False)
     done = lat["rids"]
     n_done = len(done)
@@ -199,7 +214,7 @@ def summarize_result(
         ("queue", "queue"),
     ):
         # The gaps' figures are numpy's on every gap, computed without holding them (outputs/itl.py).
-        out.update(itl_stats(res, done, pcts) if key == "itl" else _stats(name, lat[key], pcts))
+        out.update(itl_figures if key == "itl" else _stats(name, lat[key], pcts))
     out["by_prompt_len"] = bucket_stats(lat, res.prompt_len)
     if res.tenant is not None:
         out["by_tenant"] = tenant_stats(res, lat)
