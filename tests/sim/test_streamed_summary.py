@@ -180,7 +180,7 @@ def test_median_in_pieces_is_numpys(monkeypatch, n):
 
 def _whole_array_step_figures(res):  # type: ignore[no-untyped-def]
     """The step figures as numpy gives them on whole arrays (what summarize_result reported before)."""
-    end, start = np.frombuffer(res.step_end), np.frombuffer(res.step_start)
+    end, start = np.frombuffer(res.step_end), np.asarray(list(res.step_start), dtype=np.float64)
     dur = end - start
     tokens, kv = np.asarray(res.step_tokens), np.asarray(res.step_kv_used)
     waiting, decodes = np.asarray(res.step_waiting), np.asarray(res.step_decodes)
@@ -278,3 +278,40 @@ def test_decode_steps_either_way_are_the_steps_with_decodes(monkeypatch, share):
     assert steps.at(j).tolist() == d.tolist()
     s = np.arange(1000, dtype=np.int64)
     assert steps.count_le(s).tolist() == np.searchsorted(d, s, side="right").tolist()
+
+
+def test_step_starts_keep_only_the_starts_that_are_not_the_previous_end():
+    """StepStarts: the starts that differ (bit for bit) from the previous step's end are kept, the rest read
+    from step_end; indexing, slices, iteration and the numpy reader (itl.step_starts) give the starts back.
+    A cluster's merged and per-replica results hold one, equal to what one replica alone records."""
+    from array import array
+
+    from stallfree.sim.run.result import StepStarts
+
+    start = array("d", [0.0, 1.0, 2.5, 3.0, -0.0, 5.0])
+    end = array("d", [1.0, 2.0, 3.0, 0.0, 5.0, 8.0])
+    st = StepStarts.of(start, end)
+    assert list(st.at) == [0, 2, 4] and list(st.value) == [0.0, 2.5, -0.0]  # -0.0 is not the end's 0.0
+    assert list(st) == list(start) and len(st) == 6
+    assert st[-1] == 5.0 and st[1:4] == array("d", [1.0, 2.5, 3.0])
+    assert str(st[4]) == "-0.0"
+    assert itl.step_starts(_Res(st, end), np.array([5, 0, 4, 1])).tolist() == [5.0, 0.0, -0.0, 1.0]
+    with pytest.raises(IndexError, match="out of range"):
+        st[6]
+    with pytest.raises(ValueError, match="starts"):
+        StepStarts(end, array("q", [0]), array("d"))
+    work = _workload(2, 300)
+    one = simulate(work, SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5))
+    c = simulate_cluster(work, SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5), 1,
+                         make_router("round-robin"))
+    assert isinstance(c.merged.step_start, StepStarts) and len(c.merged.step_start.at) < c.merged.num_steps / 2
+    assert list(c.merged.step_start) == list(one.step_start) == list(c.replicas[0].step_start)
+    steps = np.arange(one.num_steps)
+    assert itl.step_starts(c.merged, steps).tolist() == list(one.step_start)
+
+
+class _Res:
+    """The two step columns itl.step_starts reads."""
+
+    def __init__(self, step_start, step_end):  # type: ignore[no-untyped-def]
+        self.step_start, self.step_end = step_start, step_end

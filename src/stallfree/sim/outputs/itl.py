@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from stallfree.sim.run.memory import give_back
-from stallfree.sim.run.result import SimResult
+from stallfree.sim.run.result import SimResult, StepStarts
 
-__all__ = ["CHUNK", "itl_stats", "median", "pairwise_sum", "percentile", "select", "step_durations", "step_numbers"]
+__all__ = ["CHUNK", "itl_stats", "median", "pairwise_sum", "percentile", "select", "step_durations", "step_numbers",
+           "step_starts"]
 
 #: Gaps generated at once (8 bytes each, a few arrays of them): the memory the sums take.
 CHUNK = 1 << 16
@@ -263,18 +264,44 @@ def step_numbers(values: Sequence[int]) -> Any:
     return np.asarray(values) if isinstance(values, array) else np.asarray(values, dtype=np.int64)
 
 
+def step_starts(res: SimResult, steps: Any) -> Any:
+    """The start times, s, of the steps `steps` (a numpy integer array, entries in [0, num_steps)) of
+    `res`, as a numpy float64 array: read from step_start, whether an array or a StepStarts (its
+    exceptions, else the previous step's end), the same values either way."""
+    import numpy as np
+
+    st = res.step_start
+    if not isinstance(st, StepStarts):
+        return np.frombuffer(st, dtype=np.float64)[steps]
+    end = np.frombuffer(res.step_end, dtype=np.float64)
+    at, value = np.asarray(st.at, dtype=np.int64), np.asarray(st.value, dtype=np.float64)
+    steps = np.asarray(steps, dtype=np.int64)
+    out = end[np.maximum(steps - 1, 0)]
+    pos = np.searchsorted(at, steps, side="right") - 1
+    own = pos >= 0
+    own[own] = at[pos[own]] == steps[own]
+    out[own] = value[pos[own]]
+    return out
+
+
 def step_durations(res: SimResult) -> Callable[[int, int], Any]:
     """piece(lo, hi): the durations of steps [lo, hi) of `res`, s (step_end - step_start, numpy float64),
     for pairwise_sum and median: a run's durations without an array of all of them."""
     import numpy as np
 
     end = np.frombuffer(res.step_end, dtype=np.float64)
-    start = np.frombuffer(res.step_start, dtype=np.float64)
+    if not isinstance(res.step_start, StepStarts):
+        start = np.frombuffer(res.step_start, dtype=np.float64)
 
-    def piece(lo: int, hi: int) -> Any:
-        return end[lo:hi] - start[lo:hi]
+        def piece(lo: int, hi: int) -> Any:
+            return end[lo:hi] - start[lo:hi]
 
-    return piece
+        return piece
+
+    def piece_of_starts(lo: int, hi: int) -> Any:
+        return end[lo:hi] - step_starts(res, np.arange(lo, hi, dtype=np.int64))
+
+    return piece_of_starts
 
 
 def itl_stats(res: SimResult, done: Any, percentiles: Sequence[float]) -> dict[str, float | None]:

@@ -11,6 +11,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
+from stallfree.sim.outputs.itl import step_starts
 from stallfree.sim.run.config import BATCHING_MODES
 from stallfree.sim.run.result import SimResult
 
@@ -113,7 +114,7 @@ def _timeline_series(axes: Any, results: Sequence[SimResult], labels: Sequence[s
 
     bin_s = 0.0
     for k, res in enumerate(results):
-        start = np.frombuffer(res.step_start, dtype=np.float64)
+        start = step_starts(res, np.arange(res.num_steps))  # a plot holds every step's start
         end = np.frombuffer(res.step_end, dtype=np.float64)
         if len(end) == 0:
             continue

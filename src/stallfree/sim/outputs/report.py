@@ -19,7 +19,7 @@ from typing import Any
 from stallfree.core.metrics import DEFAULT_PERCENTILES, throughput_figures
 from stallfree.sim.outputs import itl as _itl
 from stallfree.sim.outputs.buckets import bucket_stats
-from stallfree.sim.outputs.itl import itl_stats, pairwise_sum, step_durations, step_numbers
+from stallfree.sim.outputs.itl import itl_stats, pairwise_sum, step_durations, step_numbers, step_starts
 from stallfree.sim.run.result import SimResult
 from stallfree.sim.run.session_run import session_summary
 
@@ -62,7 +62,6 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
     import numpy as np
 
     end = np.frombuffer(res.step_end, dtype=np.float64)
-    start = np.frombuffer(res.step_start, dtype=np.float64)
     dec = np.asarray(res.step_decodes)
     # Step numbers in their own integer type (a cluster's are C ints): indices only, never summed.
     first, fin, adm = (step_numbers(x) for x in (res.first_step, res.finish_step, res.admit_step))
@@ -76,7 +75,7 @@ def latency_arrays(res: SimResult, itl: bool = True) -> dict[str, Any]:
     frontend = float(res.config.get("frontend_s", 0.0))
     out["ttft"] = end[a] - arrival[done] + frontend
     out["e2e"] = end[b] - arrival[done] + frontend
-    out["queue"] = start[adm[done]] - arrival[done]
+    out["queue"] = step_starts(res, adm[done]) - arrival[done]
     multi = tokens > 1
     out["tpot"] = (end[b][multi] - end[a][multi]) / (tokens[multi] - 1)
     out["tpot_rids"] = done[multi]

@@ -42,6 +42,7 @@ from stallfree.sim.run.result import (
     DecodeTicks,
     SchedulerLike,
     SimResult,
+    StepStarts,
     verify_tokens,
 )
 from stallfree.sim.run.routers import (
@@ -251,7 +252,8 @@ def _prefix_cache_figures(
 
 
 #: The step arrays of a SimResult.
-#: The stored step arrays of a SimResult (step_ticks is derived from step_decodes: DecodeTicks).
+#: The stored step arrays of a SimResult (step_ticks is derived from step_decodes: DecodeTicks), the starts
+#: first (merged as their exceptions: StepStarts).
 _STEP_FIELDS = ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting")
 
 
@@ -279,7 +281,15 @@ def _merge(
         base.append(base[-1] + r.num_steps)
     m = new_result(label, wl, config, target, max_new, None, shared_fields(n, base[-1]))
     m.kv_total = sum(r.kv_total for r in results)
-    for name in _STEP_FIELDS:
+    # The starts first, as their exceptions (StepStarts: a step that starts when the one before it on its
+    # replica ended keeps no start of its own), each replica's array emptied once read.
+    at, value = array("q"), array("d")
+    spans = [0]
+    for k, r in enumerate(results):
+        StepStarts.of(r.step_start, r.step_end, base[k], at, value)
+        del r.step_start[:]  # frees it now (the replica's loop still holds the array object)
+        spans.append(len(at))
+    for name in _STEP_FIELDS[1:]:
         # The first replica's array grows into the merged one (its rows are already in place), each other
         # replica's rows appended and its array emptied at once: the peak is the rows plus one replica's.
         whole = getattr(results[0], name)
@@ -295,6 +305,10 @@ def _merge(
     # Each result's decode ticks count its own step_decodes (a replica's from its first row, as it recorded them).
     for r in (m, *results):
         r.step_ticks = DecodeTicks(r.step_decodes)
+    m.step_start = StepStarts(m.step_end, at, value)  # type: ignore[assignment]
+    for k, r in enumerate(results):
+        mine = array("q", (a - base[k] for a in at[spans[k]:spans[k + 1]]))
+        r.step_start = StepStarts(r.step_end, mine, value[spans[k]:spans[k + 1]])  # type: ignore[assignment]
     # Per request, its replica's columns (read once per replica, not by name per request: O(requests)).
     m_admit, m_first, m_finish, m_reason, m_lora = m.admit_step, m.first_step, m.finish_step, m.finish_reason, \
         m.lora_load_s

@@ -5,20 +5,21 @@ Imports allowed: the standard library and stallfree.core.
 
 SimResult stores per-token times without per-token objects: a request emits its first token at the
 end of the step of its last prefill chunk and then one per step it decodes in, so its token times
-are the end times of those steps. Per step it keeps its end time and how many decode steps have
-happened so far; per request only the step of its first token and of its finish, plus the rare
-exceptions: steps in which a decoding request was left out while others decoded (decode overflow,
-`skips`) and preemptions (`segments`). Steps with no decodes at all (prefill-only steps) are seen
-from the step arrays.
+are the end times of those steps. Per step it keeps its end time and its decodes (how many decode
+steps have happened so far is counted from them: DecodeTicks); per request only the step of its first
+token and of its finish, plus the rare exceptions: steps in which a decoding request was left out
+while others decoded (decode overflow, `skips`) and preemptions (`segments`). Steps with no decodes
+at all (prefill-only steps) are seen from the step arrays.
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any, Protocol
 
 from stallfree.core.errors import StallfreeError
@@ -30,6 +31,7 @@ from stallfree.core.request import FinishReason, Request
 __all__ = [
     "CONTEXT_LENGTH",
     "DecodeTicks",
+    "StepStarts",
     "KV_CAPACITY",
     "ClusterError",
     "RequestState",
@@ -130,6 +132,81 @@ class DecodeTicks:
         self._cache = None
 
 
+def _same(a: float, b: float) -> bool:
+    """a and b are the same float, bit for bit (0.0 and -0.0 differ; NaN is never the same)."""
+    return a == b and (a != 0.0 or str(a) == str(b))
+
+
+class StepStarts:
+    """A result's step_start, s, held as its exceptions to "a step starts when the step before it
+    ended" (a replica runs its steps back to back while it has work): `at` lists the steps whose start
+    is not the previous step's end, bit for bit (the first always), `value` their starts; every other
+    start is read from `end`. Read-only: len, an index (negative ones too) or slice, iteration, as the
+    array it replaces (a cluster's results hold one after the merge: 8 bytes a step less).
+
+    Args:
+        end: the result's step_end (any sequence of floats, s).
+        at: the steps with a start of their own, ascending (array('q')).
+        value: their starts, s (array('d')), as long as `at`.
+
+    Raises:
+        ValueError: `at` and `value` differ in length.
+    """
+
+    __slots__ = ("at", "end", "value")
+
+    def __init__(self, end: Sequence[float], at: array[int], value: array[float]) -> None:
+        if len(at) != len(value):
+            raise ValueError(f"StepStarts: {len(at)} steps but {len(value)} starts")
+        self.end, self.at, self.value = end, at, value
+
+    @classmethod
+    def of(cls, start: Sequence[float], end: Sequence[float], base: int = 0,
+           at: array[int] | None = None, value: array[float] | None = None) -> StepStarts:
+        """The exceptions of `start` against `end` (the same steps), appended to `at` and `value` (new
+        ones if None) with their step numbers shifted by `base`; a StepStarts over `end` with them."""
+        at = array("q") if at is None else at
+        value = array("d") if value is None else value
+        if len(start):
+            at.append(base)
+            value.append(start[0])
+        # start[i] against end[i - 1]: `end` is one longer than the starts after the first.
+        for i, (a, b) in enumerate(zip(islice(start, 1, None), end, strict=False), 1):
+            if a != b or (a == 0.0 and not _same(a, b)):
+                at.append(base + i)
+                value.append(a)
+        return cls(end, at, value)
+
+    def __len__(self) -> int:
+        return len(self.end)
+
+    def _one(self, i: int) -> float:
+        n = len(self.end)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"step {i} out of range (0 to {n - 1})")
+        j = bisect_right(self.at, i) - 1
+        if j >= 0 and self.at[j] == i:
+            return self.value[j]
+        return self.end[i - 1]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return array("d", (self._one(k) for k in range(*i.indices(len(self.end)))))
+        return self._one(int(i))
+
+    def __iter__(self) -> Iterator[float]:
+        at, value, end = self.at, self.value, self.end
+        j, na = 0, len(at)
+        for i in range(len(end)):
+            if j < na and at[j] == i:
+                yield value[j]
+                j += 1
+            else:
+                yield end[i - 1]
+
+
 @dataclass(slots=True)
 class SimResult:
     """Everything one simulation recorded. Requests are indexed by workload position (their rid).
@@ -139,10 +216,11 @@ class SimResult:
     finish_step (step numbers, -1 if it never happened, e.g. rejected) and finish_reason ("length",
     "stop", "" if rejected). Per step (arrays): start and end (s), num_tokens, num_decodes,
     kv_used (reserved KV after the step, tokens), num_waiting (after the step), ticks (decode steps
-    so far, including this one). `skips` and `segments` hold the rare irregular histories (see the
-    module docstring). `rejected` lists (rid, reason); `rejected_kind` maps each rejected rid to
-    its kind: "context_length" (prompt plus reserved output over the model's context length,
-    refused at arrival) or "kv_capacity" (its reservation can never fit the KV cache).
+    so far, including this one: a DecodeTicks, counted from step_decodes, not stored). `skips` and
+    `segments` hold the rare irregular histories (see the module docstring). `rejected` lists (rid,
+    reason); `rejected_kind` maps each rejected rid to its kind: "context_length" (prompt plus
+    reserved output over the model's context length, refused at arrival) or "kv_capacity" (its
+    reservation can never fit the KV cache).
     With LoRA adapters (stallfree.sim.run.lora): `lora` names each request's adapter (None: the base
     model), `lora_load_s` the seconds its adapter's loads took for it (0: a warm start), and
     lora_loads / lora_storage_loads count the adapters loaded into GPU slots / read from storage.
@@ -161,6 +239,7 @@ class SimResult:
     finish_reason: list[str]
     rejected: list[tuple[int, str]]
     kv_total: int
+    # A cluster's results hold a StepStarts after the merge (the same values, read-only).
     step_start: array[float] = field(default_factory=lambda: array("d"))
     step_end: array[float] = field(default_factory=lambda: array("d"))
     # The integer step arrays are C ints (array "i", 4 bytes: a step's tokens, decodes, reserved KV and
