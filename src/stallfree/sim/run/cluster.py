@@ -272,7 +272,8 @@ def _merge(
     The step arrays are held once: the first replica's array of each field grows into the merged one
     (the others' rows appended, each emptied as it is copied, so that the peak is the rows plus one
     replica's), and each replica's become read-only views (memoryview) of its rows of the merged ones (a
-    run's step rows outweigh its per-request fields several times). The merged per-request step numbers
+    run's step rows outweigh its per-request fields several times). The starts are held as their exceptions
+    (StepStarts, over the merged step_end and each replica's view of it). The merged per-request step numbers
     are arrays as the replicas' (simulator.shared_fields: C ints, 8-byte ones from 2**31 steps on).
     """
     n = len(wl)
