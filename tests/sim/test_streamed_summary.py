@@ -288,14 +288,14 @@ def test_step_starts_keep_only_the_starts_that_are_not_the_previous_end():
 
     from stallfree.sim.run.result import StepStarts
 
-    start = array("d", [0.0, 1.0, 2.5, 3.0, -0.0, 5.0])
+    start = array("d", [0.0, 0.0, 2.5, 3.0, -0.0, 5.0])
     end = array("d", [1.0, 2.0, 3.0, 0.0, 5.0, 8.0])
     st = StepStarts.of(start, end)
-    assert list(st.at) == [0, 2, 4] and list(st.value) == [0.0, 2.5, -0.0]  # -0.0 is not the end's 0.0
+    assert list(st.at) == [0, 1, 2, 4] and list(st.value) == [0.0, 0.0, 2.5, -0.0]  # -0.0 is not 0.0
     assert list(st) == list(start) and len(st) == 6
-    assert st[-1] == 5.0 and st[1:4] == array("d", [1.0, 2.5, 3.0])
+    assert st[-1] == 5.0 and st[1:4] == array("d", [0.0, 2.5, 3.0])
     assert str(st[4]) == "-0.0"
-    assert itl.step_starts(_Res(st, end), np.array([5, 0, 4, 1])).tolist() == [5.0, 0.0, -0.0, 1.0]
+    assert itl.step_starts(_Res(st, end), np.array([5, 0, 4, 1])).tolist() == [5.0, 0.0, -0.0, 0.0]
     with pytest.raises(IndexError, match="out of range"):
         st[6]
     with pytest.raises(ValueError, match="starts"):

@@ -19,7 +19,8 @@ from bisect import bisect_right
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from itertools import accumulate, islice
+from itertools import accumulate, compress, count, islice, repeat
+from operator import eq, ne
 from typing import Any, Protocol
 
 from stallfree.core.errors import StallfreeError
@@ -118,7 +119,7 @@ class DecodeTicks:
     def _ticks(self) -> array[int]:
         cache = self._cache
         if cache is None or len(cache) != len(self.decodes):
-            cache = self._cache = array("i", accumulate(1 if d else 0 for d in self.decodes))
+            cache = self._cache = array("i", accumulate(map(bool, self.decodes)))  # C-level: True counts 1
         return cache
 
     def __getitem__(self, i: Any) -> Any:
@@ -170,11 +171,14 @@ class StepStarts:
         if len(start):
             at.append(base)
             value.append(start[0])
-        # start[i] against end[i - 1]: `end` is one longer than the starts after the first.
-        for i, (a, b) in enumerate(zip(islice(start, 1, None), end, strict=False), 1):
-            if a != b or (a == 0.0 and not _same(a, b)):
-                at.append(base + i)
-                value.append(a)
+        # start[i] against end[i - 1] (`end` is one longer than the starts after the first), compared at C
+        # speed; equal zeros (0.0 == -0.0) are looked at again for their signs.
+        own = list(compress(count(1), map(ne, islice(start, 1, None), end)))
+        zeros = [i for i in compress(count(1), map(eq, islice(start, 1, None), repeat(0.0)))
+                 if end[i - 1] == 0.0 and not _same(start[i], end[i - 1])]
+        for i in sorted(own + zeros) if zeros else own:
+            at.append(base + i)
+            value.append(start[i])
         return cls(end, at, value)
 
     def __len__(self) -> int:
