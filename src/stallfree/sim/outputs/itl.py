@@ -298,8 +298,18 @@ def step_durations(res: SimResult) -> Callable[[int, int], Any]:
 
         return piece
 
+    st = res.step_start
+    at, value = np.asarray(st.at, dtype=np.int64), np.asarray(st.value, dtype=np.float64)
+
     def piece_of_starts(lo: int, hi: int) -> Any:
-        return end[lo:hi] - step_starts(res, np.arange(lo, hi, dtype=np.int64))
+        # Each start is the previous end, but for the exceptions in [lo, hi) (the first step is one).
+        start = np.empty(hi - lo, dtype=np.float64)
+        if hi > lo:
+            start[1:] = end[lo:hi - 1]
+            start[0] = end[lo - 1] if lo > 0 else math.nan
+        a, b = np.searchsorted(at, [lo, hi], side="left")
+        start[at[a:b] - lo] = value[a:b]
+        return end[lo:hi] - start
 
     return piece_of_starts
 
