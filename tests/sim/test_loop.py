@@ -7,18 +7,16 @@ import random
 
 import pytest
 
+from cluster_runs import COST, run_cluster
 from stallfree.core.request import Request
-from stallfree.sim import LinearCostModel, SimResult, Workload
+from stallfree.sim import SimResult, Workload
 from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.run.config import make_scheduler
 from stallfree.sim.run.load import Arrivals, ClosedLoop
 from stallfree.sim.run.loop import Entry, EventLoop, PassGate
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import ClusterError, SimulationError
-from stallfree.sim.run.routers import make_router
 from stallfree.sim.run.simulator import new_result, plan_run, request_maker
-
-COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 
 
 def run(wl: Workload, cfg: SchedulerConfig, solo: bool, closed: ClosedLoop | None = None,
@@ -65,26 +63,6 @@ def test_single_replica_path_equals_the_general_loop(seed: int, kv: str, closed:
     assert (a.skips, a.segments, a.rejected) == (b.skips, b.segments, b.rejected)
     if kv == "paged" and closed is None:
         assert a.segments  # the case exercises preemption
-
-
-def run_cluster(wl: Workload, cfg: SchedulerConfig, router: str, apart: bool, async_every: int = 0,
-                max_model_len: int | None = None) -> tuple[list[SimResult], Entry]:
-    """Four replicas behind `router` through the loop: replicas apart between arrivals (apart) or the heap,
-    step by step; every async_every-th replica (from the first) schedules asynchronously (0: none)."""
-    max_new, too_long, target, config, _ = plan_run(wl, cfg, COST, None, max_model_len, False, None)
-    reps = []
-    for k in range(4):
-        inner = make_scheduler(cfg)
-        res = new_result("x", wl, config, target, max_new, inner)
-        reps.append(Replica(k, inner, inner, res, COST, async_scheduling=bool(async_every) and k % async_every == 0))
-    arrivals = Arrivals(wl)
-    entry = Entry(reps, make_router(router), request_maker(wl, max_new, reps[0].inner, arrivals.times), too_long,
-                  arrivals, track_imbalance=True)
-    loop = EventLoop(reps, arrivals, entry)
-    assert loop._apart()
-    loop.apart = apart
-    loop.run()
-    return [r.res for r in reps], entry
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,9 @@ class CostModel:
             (0, 1]; a negative (or non-finite) overhead term; weights that do not fit in the GPUs' memory.
     """
 
+    #: step_time depends on the plan alone and changes nothing (a simulator may price steps ahead).
+    pure_step_time = True
+
     __slots__ = (
         "model",
         "gpu",
@@ -519,6 +522,42 @@ class CostModel:
             pairs += dp
             kv_read += dk
         return self._price(tokens, pairs, kv_read, sampled, seqs)
+
+    def plain_decode_times(self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int) -> list[float]:
+        """Return step_time of each of `count` decode-only steps, seconds, the first numbered `step`: the
+        decodes of StepPlan offsets `offsets` (summing to `offset_sum`), one token each (a scheduler's
+        plain decode steps, stallfree.core.plain_steps). The same floats as step_time of their plans,
+        without a plan per step.
+        """
+        nd = len(offsets)
+        if not nd:
+            return [0.0] * count
+        out: list[float] = []
+        if not self._win_frac:
+            # _decodes and _price written out for this batch size: the same operations in the same order,
+            # the terms that do not change with the context worked out once.
+            base = self._c_tok * nd + self._c_samp * nd
+            c_pair, inv_mfu, w_dec = self._c_pair, self._inv_mfu, self._w_dec
+            m_fixed, m_kv, m_head, inv_mbu = self._m_fixed, self._m_kv, self._m_head, self._inv_mbu
+            experts = self._m_expert * self._experts * (1.0 - self._route_keep**nd) if self._experts else None
+            link, a_step, over = self._x_tok * nd * self._inv_link, self._a_step, self._over
+            per_tok, per_seq = self._o_tok * nd, self._o_seq * nd
+            for s in range(step, step + count):
+                dcs = offset_sum + nd * s
+                compute = (base + c_pair * (float(dcs + nd) * w_dec)) * inv_mfu
+                memory = m_fixed + m_kv * (float(dcs) + nd)
+                memory += m_head
+                if experts is not None:
+                    memory += experts
+                memory *= inv_mbu
+                out.append((compute if compute > memory else memory) + link + a_step + over + per_tok + per_seq)
+            return out
+        decodes, price = self._decodes, self._price
+        for s in range(step, step + count):
+            dcs = offset_sum + nd * s
+            dp, dk = decodes(nd, dcs, float(dcs + nd), nd)
+            out.append(price(nd, dp, dk, nd, nd))
+        return out
 
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
         """Return the time of a decode-only step, seconds: `num_decodes` decodes, each with

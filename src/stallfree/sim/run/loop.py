@@ -353,7 +353,13 @@ class EventLoop:
 
         # Each replica with its admission, as run() chooses it.
         each = [(rep, admit_later if rep.async_scheduling else gate.admit) for rep in self.replicas]
-        busy: list[tuple[float, int]] = []  # (end of the step in flight, replica index) of the busy ones
+        # A router that reads only num_outstanding lets a replica in a run of plain decode steps sleep until
+        # a request of it could finish (Replica.wake_at), instead of being visited at every arrival.
+        router = arrive.router  # type: ignore[attr-defined]
+        park = router is None or bool(getattr(router, "reads_only_outstanding", False))
+        # (time to visit, replica index, entry number): an entry is live while it is its replica's latest.
+        busy: list[tuple[float, int, int]] = []
+        latest = [0] * len(each)
         push, pop = heapq.heappush, heapq.heappop
         visit = list(range(len(each)))  # the replicas to visit at this instant: every one at the first
         n = len(times)
@@ -370,19 +376,34 @@ class EventLoop:
             if visit:
                 for k in sorted(set(visit)) if len(visit) > 1 else visit:
                     rep, admit = each[k]
+                    if rep.parked and rep.pending:
+                        # Given a request while asleep: its steps that ended by now are taken first (without
+                        # it), then it wakes at the end of its step in flight to admit it.
+                        if rep.step_end <= now:
+                            held, rep.pending = rep.pending, []
+                            rep.advance(now, admit, park)
+                            rep.pending = held
+                        if rep.busy:
+                            latest[k] += 1
+                            push(busy, (rep.wake_at, k, latest[k]))
+                            continue
                     if rep.busy or rep.stalled:
                         continue
                     if rep.pending:
                         admit(rep, now)
                     if rep.inner.has_unfinished() and rep.start_step(now) is not None:
-                        push(busy, (rep.step_end, k))
+                        latest[k] += 1
+                        push(busy, (rep.step_end, k, latest[k]))
                 visit = []
             while busy and busy[0][0] <= until:
-                k = pop(busy)[1]
+                _, k, entry = pop(busy)
+                if entry != latest[k]:
+                    continue
                 rep, admit = each[k]
-                rep.advance(until, admit)
+                rep.advance(until, admit, park)
                 if rep.busy:
-                    push(busy, (rep.step_end, k))
+                    latest[k] += 1
+                    push(busy, (rep.wake_at, k, latest[k]))
                 elif not rep.stalled:
                     visit.append(k)  # idle: its step ended at `until` (its next starts then) or it has no work
             if i >= n:

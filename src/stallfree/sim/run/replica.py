@@ -13,12 +13,16 @@ stallfree.sim.run.result.
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable
 from typing import cast
 
 from stallfree.core.errors import RequestRejected
+from stallfree.core.plain_steps import PlainDecodeRun, plain_decode_run
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
+from stallfree.core.scheduler import Scheduler
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.result import KV_CAPACITY, RequestState, SchedulerLike, SimResult, SimulationError
 
@@ -27,6 +31,10 @@ __all__ = ["Replica"]
 _WAITING = int(RequestState.WAITING)
 _DECODING = int(RequestState.DECODING)
 _DONE = int(RequestState.DONE)
+#: The most plain decode steps asked for at once, and priced ahead at once: a replica parked in a run
+#: wakes after each chunk to price the next (a request routed to it cuts the run, wasting the rest).
+_PLAIN_LIMIT = 4096
+_PLAIN_CHUNK = 128
 
 
 class SimClock:
@@ -74,7 +82,8 @@ class Replica:
     __slots__ = (
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
-        "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock",
+        "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -108,6 +117,18 @@ class Replica:
         self._append = (res.step_start.append, res.step_end.append, res.step_tokens.append,
                         res.step_decodes.append, res.step_kv_used.append, res.step_waiting.append,
                         res.step_ticks.append)
+        # Runs of plain decode steps (stallfree.core.plain_steps) are taken at once when the scheduler is
+        # called directly (no invariant checker) and the step's price depends on its plan alone.
+        self._plain_ok = (sched is inner and isinstance(inner, Scheduler)
+                          and bool(getattr(cost, "pure_step_time", False)) and self._clock is None)
+        # While parked in such a run: the run, the ends, s, of its steps priced ahead, the next one's index
+        # (the step in flight), when that one started, s, and the run's decodes per step.
+        self._run: PlainDecodeRun | None = None
+        self._ahead: list[float] | None = None
+        self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
+        self._ahead_i = 0
+        self._ahead_start = 0.0
+        self._ahead_nd = 0
 
     @property
     def kv_free(self) -> int:
@@ -217,7 +238,21 @@ class Replica:
         self.step += 1
         return finished
 
-    def advance(self, until: float, admit: Callable[[Replica, float], None]) -> None:
+    @property
+    def parked(self) -> bool:
+        """In a run of plain decode steps priced ahead (advance(park=True)): the step in flight is the run's
+        next (its end is `step_end`) and has no plan object until it is taken."""
+        return self._ahead is not None
+
+    @property
+    def wake_at(self) -> float:
+        """The latest time, s, up to which this busy replica may be left alone by a loop whose router reads
+        only num_outstanding: the end of the last step of the plain run it is parked in (no request
+        finishes before the step after it), else the end of the step in flight."""
+        ahead = self._ahead
+        return ahead[-1] if ahead is not None and not self.pending else self.step_end
+
+    def advance(self, until: float, admit: Callable[[Replica, float], None], park: bool = False) -> None:
         """Run this replica on its own up to `until`, s (the next arrival), as the event loop would when
         nothing but its own steps can happen before then (EventLoop._run_apart): finish the step in flight
         if it ends by `until`; if it ended before, hand the scheduler what is pending (`admit`, the gate's)
@@ -225,6 +260,13 @@ class Replica:
         one left to start after that instant's arrivals; one that ends after `until` stays in flight; an
         idle or stalled replica is left as it is. What finish_step and start_step do, step for step and row
         for row, written out with the state in locals as in run_steps: the hot path of a cluster.
+
+        Runs of plain decode steps (stallfree.core.plain_steps) are priced without a plan object each and
+        taken at once, their rows written together. With `park`, a run is priced to its end and the
+        replica parks in it when `until` falls inside: the step in flight is then the run's next, taken
+        when a later call reaches its end (wake_at says until when nothing a router reading
+        num_outstanding sees can change). A parked replica given a request (pending) takes at most its
+        step in flight before admitting it.
         """
         if not self.busy or self.step_end > until:
             return
@@ -234,38 +276,62 @@ class Replica:
         kv_total, admit_step = res.kv_total, res.admit_step
         a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
         clock = self._clock
-        plan, start, end = cast(StepPlan, self._plan), self._start, self.step_end
+        plain = self._plain_ok
+        plan, start, end = self._plan, self._start, self.step_end
         step, tick = self.step, self.tick
         try:
             while True:
-                # The step in flight ends (finish_step).
-                self.last_start, self.last_end = start, end
-                complete(plan)
-                nd = plan.num_decodes
-                if nd:
-                    tick += 1
-                if plan.prefills:
-                    self._emitted_from_prefill(plan, step)
-                a_start(start)
-                a_end(end)
-                a_tok(plan.num_tokens)
-                a_dec(nd)
-                a_kv(kv_total - inner.kv_free)
-                a_wait(inner.num_waiting)
-                a_tick(tick)
-                finished = inner.last_finished
-                if finished:
-                    self._finished(finished, step)
-                    self.num_outstanding -= len(finished)
-                step += 1
-                if end == until:
-                    break
+                if plan is None:
+                    # Parked in a plain run: its steps that end by `until` are taken at once.
+                    self.step, self.tick = step, tick
+                    end = self._take_plain(until)
+                    step, tick = self.step, self.tick
+                    if self._ahead is not None:
+                        if end == until or not park or self.pending:
+                            self._ahead = None  # the rest is planned afresh (after this instant's arrivals)
+                        else:
+                            return  # parked: the next ends after `until`
+                    if end == until:
+                        break
+                else:
+                    # The step in flight ends (finish_step).
+                    self.last_start, self.last_end = start, end
+                    complete(plan)
+                    nd = plan.num_decodes
+                    if nd:
+                        tick += 1
+                    if plan.prefills:
+                        self._emitted_from_prefill(plan, step)
+                    a_start(start)
+                    a_end(end)
+                    a_tok(plan.num_tokens)
+                    a_dec(nd)
+                    a_kv(kv_total - inner.kv_free)
+                    a_wait(inner.num_waiting)
+                    a_tick(tick)
+                    finished = inner.last_finished
+                    if finished:
+                        self._finished(finished, step)
+                        self.num_outstanding -= len(finished)
+                    step += 1
+                    if end == until:
+                        break
                 # The next starts at its end (start_step), with what is pending.
                 if self.pending:
                     admit(self, end)
                 if not has_unfinished():
                     break
                 now = end
+                if plain:
+                    run = plain_decode_run(inner, _PLAIN_LIMIT)  # type: ignore[arg-type]
+                    if run is not None and run.num_steps > 1 and self._price_plain(
+                            now, run, math.inf if park else until):
+                        plan = self._plan = None
+                        if self.step_end <= until:
+                            continue
+                        if park:
+                            return
+                        self._ahead = None
                 if clock is not None:
                     clock.t = now
                 plan = schedule()
@@ -288,9 +354,82 @@ class Replica:
                     self._plan, self._start, self.step_end = plan, start, end
                     return
             self._plan = None
+            self._ahead = None
             self.busy = False
         finally:
             self.step, self.tick = step, tick
+
+    def _price_plain(self, now: float, run: PlainDecodeRun, cutoff: float) -> bool:
+        """Price the steps of `run` from `now`, s, each starting as the previous ends:
+        _PLAIN_CHUNK of them, or with a finite `cutoff`, s, chunks until one ends after it; park in them
+        (the first is the step in flight). The cost model's plain_decode_times where it has one (the same
+        floats), else each step's plan. False (nothing done) when some request with a first token is not
+        among their decodes."""
+        plan_at, n = run.plan, run.num_steps
+        first = plan_at(0)
+        nd = first.num_decodes
+        if nd != len(self.decoding):
+            return False
+        step0, offsets = first.step, first.decode_offsets
+        offset_sum = first.decode_context_sum - nd * step0
+        times, step_time = self._plain_times, self._step_time
+        ends: list[float] = []
+        t = now
+        i = 0
+        while i < n:
+            count = min(n - i, _PLAIN_CHUNK)
+            durations = None if times is None else times(offsets, offset_sum, step0 + i, count)
+            if durations is None:
+                durations = [step_time(first if j == 0 else plan_at(j)) for j in range(i, i + count)]
+            for d in durations:
+                t = t + d
+                ends.append(t)
+            i += count
+            if t > cutoff or cutoff == math.inf:
+                break
+        self._run, self._ahead, self._ahead_i, self._ahead_start, self._ahead_nd = run, ends, 0, now, nd
+        self.step_end = ends[0]
+        return True
+
+    def _take_plain(self, until: float) -> float:
+        """Take the parked run's steps that end by `until`, s (only the step in flight when a request is
+        pending): their rows, the scheduler's skip; return the end, s, of the last one taken (the
+        previous end when none). Drops the run when it is used up."""
+        ends, i = cast(list[float], self._ahead), self._ahead_i
+        j = bisect_right(ends, until, i)
+        if self.pending and j > i + 1:
+            j = i + 1
+        k = j - i
+        if k == 0:
+            return self._ahead_start
+        first = self._ahead_start
+        free = cast(PlainDecodeRun, self._run).take(k)
+        res, nd, kv_total = self.res, self._ahead_nd, self.res.kv_total
+        taken = ends[i:j]
+        res.step_start.append(first)
+        if k > 1:
+            res.step_start.extend(taken[:-1])
+        res.step_end.extend(taken)
+        same = (nd,) * k
+        res.step_tokens.extend(same)
+        res.step_decodes.extend(same)
+        if free[0] == free[-1]:  # no block promised in them (always so under reservations)
+            res.step_kv_used.extend((kv_total - free[0],) * k)
+        else:
+            res.step_kv_used.extend([kv_total - f for f in free])
+        res.step_waiting.extend((self.inner.num_waiting,) * k)
+        tick = self.tick
+        res.step_ticks.extend(range(tick + 1, tick + k + 1))
+        self.tick = tick + k
+        self.step += k
+        end = taken[-1]
+        self.last_start = taken[-2] if k > 1 else first
+        self.last_end = end
+        if j == len(ends):
+            self._ahead = None
+        else:
+            self._ahead_i, self._ahead_start, self.step_end = j, end, ends[j]
+        return end
 
     def run_steps(self, now: float, until: float) -> float:
         """Run steps back to back from `now`, s, each starting as the previous ends, while a step

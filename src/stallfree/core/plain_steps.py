@@ -1,0 +1,158 @@
+"""Runs of plain decode steps taken at once (plain_decode_run): for a simulator that advances many
+lightly loaded replicas, where most steps are the same decodes one token further on.
+
+Imports allowed: the standard library and stallfree.core only.
+
+A *plain decode step* is one whose plan holds every running decode, one token each, and nothing else:
+nothing waits, no prompt is partly prefilled, no decode finishes in it, no speculative or draft token,
+no fairness counters, no clock, no abort pending, no second KV tier, and the KV manager's block
+promises for it succeed (reservations need none; paged KV promises a block to each decode whose
+token starts one). Between such steps the scheduler changes only its step number, its finish index
+(`_due`, whose stale keys complete() pops) and, under paged KV, the count of promised blocks. So k of
+them can be applied at once, as k rounds of schedule() and complete() would apply them, without a
+plan object per step; a caller that needs a step's plan (to price it) asks for it
+(`PlainDecodeRun.plan`), and gets the plan schedule() would return, field for field. A function of the
+scheduler rather than a method: the Scheduler's face stays the contract's (docs/DESIGN.md section 4).
+
+The tests (tests/core/test_plain_steps.py) run schedulers side by side, one stepping and one skipping,
+and compare every plan and figure afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from stallfree.core.decode import PlainDecodes
+from stallfree.core.errors import InvalidConfig, SchedulerStateError
+from stallfree.core.kv.paged import PagedKV
+from stallfree.core.kv.reservation import ReservationKV
+from stallfree.core.plan import StepPlan
+from stallfree.core.prefill import NO_LIMITS
+
+if TYPE_CHECKING:
+    from stallfree.core.scheduler import Scheduler
+
+__all__ = ["PlainDecodeRun", "plain_decode_run"]
+
+_PLAIN_KV = (ReservationKV, PagedKV)
+
+
+def _count(s: Any, limit: int) -> int:
+    """How many of the scheduler `s`'s next steps, at most `limit`, are plain decode steps (0: the next is
+    not one, or a plan is in flight). O(running decodes), plus O(steps) under paged KV."""
+    if (s._inflight is not None or s._partials or len(s._waiting) or s._inflight_aborts
+            or s._fair is not None or s._lora is not None or s._clock is not None
+            or type(s._decode) is not PlainDecodes or type(s._kv) not in _PLAIN_KV):
+        return 0
+    recs = s._decodes.recs
+    if not recs or len(recs) > s._token_budget:
+        return 0
+    step = s._step
+    # Steps step .. first - 1 finish nothing: a decode finishes in the step numbered its finish_step, a
+    # key of the finish index (its other keys, left by decodes that moved, only make the count smaller).
+    first = min(s._due)
+    if first < step:
+        first = min(r.finish_step for r in recs)
+    n: int = min(first - step, limit)
+    kv = s._kv
+    if n <= 0 or type(kv) is ReservationKV:
+        return max(n, 0)
+    buckets, size = kv.buckets, kv.block_size
+    promised = [len(buckets.get(r, ())) for r in range(size)]
+    free: int = kv.pool.num_free
+    for i in range(n):
+        free -= promised[(step + i) % size]
+        if free < 0:  # this step's promise fails: it grows decodes one by one, preempting
+            return i
+    return n
+
+
+def plain_decode_run(scheduler: Scheduler, limit: int) -> PlainDecodeRun | None:
+    """The run of plain decode steps (module docstring) `scheduler` is about to take: its next steps, at
+    most `limit`, each the running decodes one token further, none finishing. None when the next step is
+    not one (or a plan is in flight). O(running decodes), plus O(steps) under paged KV.
+
+    Raises:
+        InvalidConfig: `limit` is not an integer >= 1.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidConfig(f"plain_decode_run(): limit must be an integer >= 1, got {limit!r}")
+    n = _count(scheduler, limit)
+    return PlainDecodeRun(scheduler, n) if n else None
+
+
+class PlainDecodeRun:
+    """A run of plain decode steps of one scheduler, from its next step (plain_decode_run).
+
+    Valid while the scheduler is changed only through `take` (add, abort, stop_after, schedule and
+    complete end it: `take` then refuses). Not thread-safe, as the scheduler.
+
+    Attributes:
+        step: the number of the run's next step.
+        num_steps: the steps left in the run.
+        num_decodes: decodes in each of its steps.
+    """
+
+    __slots__ = ("_sched", "step", "num_steps", "num_decodes")
+
+    def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
+        self._sched, self.step, self.num_steps = scheduler, scheduler._step, num_steps
+        self.num_decodes = len(scheduler._decodes.recs)
+
+    def plan(self, ahead: int) -> StepPlan:
+        """The plan schedule() would return for the run's step `ahead` steps after its next (0: the next),
+        the steps before it taken as planned; not in flight, nothing changes. O(1).
+
+        Raises:
+            SchedulerStateError: `ahead` is not an integer from 0 to num_steps - 1.
+        """
+        if isinstance(ahead, bool) or not isinstance(ahead, int) or not 0 <= ahead < self.num_steps:
+            raise SchedulerStateError(f"PlainDecodeRun.plan(): ahead must be an integer from 0 to "
+                                      f"{self.num_steps - 1}, got {ahead!r}")
+        s = self._sched
+        dec = s._decodes
+        rids, offsets = dec.tuples()
+        step = self.step + ahead
+        n = len(rids)
+        return StepPlan(step, rids, offsets, (), n, dec._offset_sum + n * step, s._token_budget, (), (), None)
+
+    def take(self, count: int) -> list[int]:
+        """Take the run's next `count` steps at once: the scheduler is left as schedule() and complete(plan)
+        `count` times would leave it (last_finished empty). Returns the free KV, tokens, after each of them
+        (what `kv_free` would read after each complete()).
+
+        Raises:
+            SchedulerStateError: `count` is not an integer from 0 to num_steps, or the scheduler changed
+                since the run was found (its next step is another, or it no longer has `count` plain
+                decode steps); nothing changes.
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= self.num_steps:
+            raise SchedulerStateError(
+                f"PlainDecodeRun.take(): count must be an integer from 0 to {self.num_steps}, got {count!r}")
+        s = self._sched
+        if count and (s._step != self.step or _count(s, count) < count):
+            raise SchedulerStateError(
+                f"PlainDecodeRun.take({count}): the scheduler changed since the run was found at step {self.step}")
+        step, kv, due = self.step, cast(Any, s._kv), s._due
+        s._decodes.tuples()  # as the first schedule() would: the shared tuples made current
+        if type(kv) is ReservationKV:
+            free_after = [kv.kv_free] * count
+        else:
+            promise = kv.promise_decode_blocks
+            free_after = []
+            free = kv.kv_free
+            for n in range(step, step + count):
+                if kv.buckets.get(n % kv.block_size):
+                    promise(n)  # succeeds: counted by _count
+                    free = kv.kv_free
+                free_after.append(free)
+        if due:
+            # Stale entries of decodes whose finish moved, which complete() pops step by step.
+            for key in [k for k in due if step <= k < step + count]:
+                del due[key]
+        s._step = self.step = step + count
+        self.num_steps -= count
+        s._decodes.clock = s._step
+        s.last_finished = {}
+        s._limits = NO_LIMITS
+        return free_after
