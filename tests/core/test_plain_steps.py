@@ -35,8 +35,8 @@ def test_counts_by_hand_reserve():
     assert plain_decode_run(s, 100) is None
     s.complete(s.schedule())
     # Step 0 emitted each one's first token; "b" has 5 tokens left, its last in step 5; "a"'s in step 9.
-    # Steps 1 .. 4 finish nothing.
-    assert count(s, 100) == 4
+    # The run: steps 1 .. 5, the last finishing "b".
+    assert count(s, 100) == 5
     assert count(s, 3) == 3
     run = plain_decode_run(s, 100)
     plan = run.plan(2)
@@ -45,19 +45,19 @@ def test_counts_by_hand_reserve():
     assert (plan.step, plan.decode_rids, plan.num_tokens, plan.decode_starts) == (3, ("a", "b"), 2, (6, 5))
     free = run.take(4)
     assert free == [1000 - 14 - 9] * 4  # reservations: prompt + max_new each
-    assert (s.step, run.step, run.num_steps) == (5, 5, 0)
+    assert (s.step, run.step, run.num_steps, s.last_finished) == (5, 5, 1, {})
+    assert run.take(1) == [1000 - 10 - 4]  # step 5 finishes "b": its reservation is freed
+    assert (s.step, s.last_finished, s.stats().num_running) == (6, {"b": "length"}, 1)
+    assert count(s, 100) == 4  # steps 6 .. 9; "a" finishes in step 9
     plan = s.schedule()
-    assert plan.step == 5 and plan.decode_rids == ("a", "b")
-    s.complete(plan)
-    assert s.last_finished == {"b": "length"}
-    assert count(s, 100) == 3  # steps 6, 7, 8; "a" finishes in step 9
+    assert plan.step == 6 and plan.decode_rids == ("a",)
 
 
 def test_waiting_or_partial_prefill_is_not_plain():
     s = Scheduler(4, 4, 1000)
     s.add(Request("a", 2, 10))
     s.complete(s.schedule())
-    assert count(s, 10) == 9 - 1
+    assert count(s, 10) == 9  # steps 1 .. 9, the last finishing "a"
     s.add(Request("b", 9, 3))  # waits: the next step admits it
     assert count(s, 10) == 0
     s.complete(s.schedule())  # "b" takes 3 of 4 tokens: a partial prefill remains
@@ -72,13 +72,13 @@ def test_bad_counts_and_a_changed_scheduler_are_refused_and_change_nothing():
         with pytest.raises(InvalidConfig, match="limit"):
             plain_decode_run(s, bad)
     run = plain_decode_run(s, 10)
-    assert run.num_steps == 3
+    assert run.num_steps == 4  # steps 1 .. 4, the last finishing "a"
     before = figures(s)
-    for bad in (-1, 1.5, True, 4):
+    for bad in (-1, 1.5, True, 5):
         with pytest.raises(SchedulerStateError, match="count"):
             run.take(bad)
         with pytest.raises(SchedulerStateError, match="ahead"):
-            run.plan(bad if bad != 4 else 3)
+            run.plan(bad if bad != 5 else 4)
         assert figures(s) == before
     s.add(Request("b", 2, 2))  # the run ends: the next step admits "b"
     with pytest.raises(SchedulerStateError, match="changed"):
@@ -142,8 +142,10 @@ def test_skipping_matches_stepping(seed, kv):
                 plan = stepper.schedule()
                 assert plan_fields(plan) == plan_fields(want[i])
                 stepper.complete(plan)
-                assert stepper.last_finished == {}
+                if i < k - 1 or run.num_steps:
+                    assert stepper.last_finished == {}  # only a run's last step finishes requests
                 assert stepper.kv_free == free[i]
+            assert stepper.last_finished == skipper.last_finished
             skipped += k
         elif stepper.has_unfinished():
             a, b = stepper.schedule(), skipper.schedule()

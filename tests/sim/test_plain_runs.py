@@ -138,3 +138,22 @@ def test_no_runs_under_the_invariant_checker_or_an_impure_pricer() -> None:
     assert not Replica(0, InvariantChecker(inner), inner, res, cost)._plain_ok
     assert not Replica(0, inner, inner, res, Priced())._plain_ok
     assert Replica(0, inner, inner, res, cost)._plain_ok
+
+
+def test_a_cluster_checks_each_request_s_tokens_once_in_its_own_replica() -> None:
+    """verify_cluster_tokens passes on a real run (requests on all four replicas, runs taken at once) and
+    names the request whose count is wrong when one is made wrong."""
+    from stallfree.sim.run.cluster import simulate_cluster
+    from stallfree.sim.run.result import SimulationError, verify_cluster_tokens
+    from stallfree.sim.run.routers import LeastOutstandingRouter
+
+    wl = light_workload(3)
+    cfg = SchedulerConfig(kv_tokens=400, token_budget=24, max_seqs=8)
+    c = simulate_cluster(wl, cfg, LinearCostModel(0.5, 0.125, 1e-3), 4, LeastOutstandingRouter(), max_model_len=128)
+    owner = c.replicas[0].owner
+    assert owner is not None and set(owner) >= {0, 1, 2, 3}
+    verify_cluster_tokens(c.replicas, owner)
+    r = next(r for r in range(len(owner)) if wl.output_lens[r] > 3 and c.replicas[0].finish_step[r] >= 0)
+    c.replicas[0].finish_step[r] -= 1  # one token short (the arrays are shared by the replicas)
+    with pytest.raises(SimulationError, match=f"request {r} emitted {wl.output_lens[r] - 1} tokens, expected"):
+        verify_cluster_tokens(c.replicas, owner)

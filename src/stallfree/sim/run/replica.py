@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable
+from itertools import accumulate
 from typing import cast
 
 from stallfree.core.errors import RequestRejected
@@ -31,10 +32,13 @@ __all__ = ["Replica"]
 _WAITING = int(RequestState.WAITING)
 _DECODING = int(RequestState.DECODING)
 _DONE = int(RequestState.DONE)
-#: The most plain decode steps asked for at once, and priced ahead at once: a replica parked in a run
-#: wakes after each chunk to price the next (a request routed to it cuts the run, wasting the rest).
+#: The most plain decode steps asked for at once; and priced ahead at once, a replica parked in a run
+#: waking after each chunk to price the next: the first chunk of a run _PLAIN_CHUNK_FIRST steps, each
+#: next twice the last up to _PLAIN_CHUNK (a request routed to the replica cuts the run, and the steps
+#: priced beyond the cut are wasted; each wake costs about what pricing ten steps does).
 _PLAIN_LIMIT = 4096
-_PLAIN_CHUNK = 128
+_PLAIN_CHUNK_FIRST = 256
+_PLAIN_CHUNK = 256
 
 
 class SimClock:
@@ -83,7 +87,7 @@ class Replica:
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
-        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -124,6 +128,7 @@ class Replica:
         # While parked in such a run: the run, the ends, s, of its steps priced ahead, the next one's index
         # (the step in flight), when that one started, s, and the run's decodes per step.
         self._run: PlainDecodeRun | None = None
+        self._chunk = _PLAIN_CHUNK_FIRST  # steps to price next: doubles while a run goes on uncut
         self._ahead: list[float] | None = None
         self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
         self._ahead_i = 0
@@ -334,6 +339,7 @@ class Replica:
                         self._ahead = None
                 if clock is not None:
                     clock.t = now
+                self._chunk = _PLAIN_CHUNK_FIRST
                 plan = schedule()
                 if not plan.num_tokens and not plan.preempted:
                     complete(plan)
@@ -377,13 +383,14 @@ class Replica:
         t = now
         i = 0
         while i < n:
-            count = min(n - i, _PLAIN_CHUNK)
+            count = min(n - i, self._chunk)
+            self._chunk = min(2 * self._chunk, _PLAIN_CHUNK)
             durations = None if times is None else times(offsets, offset_sum, step0 + i, count)
             if durations is None:
                 durations = [step_time(first if j == 0 else plan_at(j)) for j in range(i, i + count)]
-            for d in durations:
-                t = t + d
-                ends.append(t)
+            ends += accumulate(durations, initial=t)  # t + d, each starting as the previous ends
+            del ends[-count - 1]  # the start
+            t = ends[-1]
             i += count
             if t > cutoff or cutoff == math.inf:
                 break
@@ -422,6 +429,10 @@ class Replica:
         res.step_ticks.extend(range(tick + 1, tick + k + 1))
         self.tick = tick + k
         self.step += k
+        finished = self.inner.last_finished
+        if finished:  # the run's last step finished requests
+            self._finished(finished, self.step - 1)
+            self.num_outstanding -= len(finished)
         end = taken[-1]
         self.last_start = taken[-2] if k > 1 else first
         self.last_end = end
