@@ -420,7 +420,7 @@ class Replica:
         same = (nd,) * k
         res.step_tokens.extend(same)
         res.step_decodes.extend(same)
-        if free[0] == free[-1]:  # no block promised in them (always so under reservations)
+        if free.count(free[0]) == k:  # nothing promised or freed in them (so under reservations but at a finish)
             res.step_kv_used.extend((kv_total - free[0],) * k)
         else:
             res.step_kv_used.extend([kv_total - f for f in free])
