@@ -14,6 +14,7 @@ stallfree.sim.run.result.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable
 from itertools import accumulate
@@ -39,6 +40,12 @@ _DONE = int(RequestState.DONE)
 _PLAIN_LIMIT = 4096
 _PLAIN_CHUNK_FIRST = 256
 _PLAIN_CHUNK = 256
+
+
+def _repeat(column: object, value: int, k: int) -> Iterable[int]:
+    """`value` k times, as an array of `column`'s type when it is an array (extended by a copy of memory)."""
+    code = getattr(column, "typecode", None)
+    return array(code, (value,)) * k if code is not None else (value,) * k
 
 
 class SimClock:
@@ -129,7 +136,7 @@ class Replica:
         # (the step in flight), when that one started, s, and the run's decodes per step.
         self._run: PlainDecodeRun | None = None
         self._chunk = _PLAIN_CHUNK_FIRST  # steps to price next: doubles while a run goes on uncut
-        self._ahead: list[float] | None = None
+        self._ahead: array[float] | None = None  # floats ('d')
         self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
         self._ahead_i = 0
         self._ahead_start = 0.0
@@ -379,7 +386,7 @@ class Replica:
         step0, offsets = first.step, first.decode_offsets
         offset_sum = first.decode_context_sum - nd * step0
         times, step_time = self._plain_times, self._step_time
-        ends: list[float] = []
+        ends = array("d")
         t = now
         i = 0
         while i < n:
@@ -388,7 +395,7 @@ class Replica:
             durations = None if times is None else times(offsets, offset_sum, step0 + i, count)
             if durations is None:
                 durations = [step_time(first if j == 0 else plan_at(j)) for j in range(i, i + count)]
-            ends += accumulate(durations, initial=t)  # t + d, each starting as the previous ends
+            ends.extend(accumulate(durations, initial=t))  # t + d, each starting as the previous ends
             del ends[-count - 1]  # the start
             t = ends[-1]
             i += count
@@ -402,7 +409,7 @@ class Replica:
         """Take the parked run's steps that end by `until`, s (only the step in flight when a request is
         pending): their rows, the scheduler's skip; return the end, s, of the last one taken (the
         previous end when none). Drops the run when it is used up."""
-        ends, i = cast(list[float], self._ahead), self._ahead_i
+        ends, i = cast("array[float]", self._ahead), self._ahead_i
         j = bisect_right(ends, until, i)
         if self.pending and j > i + 1:
             j = i + 1
@@ -417,14 +424,14 @@ class Replica:
         if k > 1:
             res.step_start.extend(taken[:-1])
         res.step_end.extend(taken)
-        same = (nd,) * k
+        same = _repeat(res.step_tokens, nd, k)
         res.step_tokens.extend(same)
         res.step_decodes.extend(same)
         if free.count(free[0]) == k:  # nothing promised or freed in them (so under reservations but at a finish)
-            res.step_kv_used.extend((kv_total - free[0],) * k)
+            res.step_kv_used.extend(_repeat(res.step_kv_used, kv_total - free[0], k))
         else:
             res.step_kv_used.extend([kv_total - f for f in free])
-        res.step_waiting.extend((self.inner.num_waiting,) * k)
+        res.step_waiting.extend(_repeat(res.step_waiting, self.inner.num_waiting, k))
         tick = self.tick
         res.step_ticks.extend(range(tick + 1, tick + k + 1))
         self.tick = tick + k
