@@ -344,7 +344,10 @@ class EventLoop:
         steps, rows and routes are those of the general path: a router sees every step that ended by the
         arrival, as there. Only the replicas something happened to are visited at an instant (a request
         routed to one, its step ended then, or the first instant), and the heap holds one entry per busy
-        replica (the end of its step in flight), not one per step."""
+        replica (the end of its step in flight), not one per step. With a router that reads only
+        num_outstanding, a replica in a run of plain decode steps (stallfree.core.plain_steps) parks in it
+        and is visited at its wake_at (no request of it finishes before) or when a request is routed to it;
+        a stale heap entry (its replica pushed a newer one) is skipped."""
         times, arrive, gate = self.arrivals.times, self.arrive, self.gate
         routed = arrive.routed  # type: ignore[attr-defined]
 
