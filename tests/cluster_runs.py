@@ -33,3 +33,15 @@ def run_cluster(wl: Workload, cfg: SchedulerConfig, router: str, apart: bool, as
     loop.apart = apart
     loop.run()
     return [r.res for r in reps], entry
+
+
+ROWS = ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting", "step_ticks")
+
+
+def assert_same_runs(a: list[SimResult], b: list[SimResult]) -> None:
+    """Two runs of the same replicas wrote the same step rows and per-request records."""
+    for x, y in zip(a, b, strict=True):
+        for name in ROWS:
+            assert list(getattr(x, name)) == list(getattr(y, name)), name
+        assert (x.admit_step, x.first_step, x.finish_step) == (y.admit_step, y.first_step, y.finish_step)
+        assert (x.skips, x.segments, x.rejected) == (y.skips, y.segments, y.rejected)

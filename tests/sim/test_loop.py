@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cluster_runs import COST, run_cluster
+from cluster_runs import COST, assert_same_runs, run_cluster
 from stallfree.core.request import Request
 from stallfree.sim import SimResult, Workload
 from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
@@ -82,12 +82,7 @@ def test_replicas_apart_between_arrivals_equal_the_heap(seed: int, kv: str, rout
     b, eb = run_cluster(wl, cfg, router, False, async_every, max_model_len=64)
     assert (ea.routed, ea.refused, ea.ratios) == (eb.routed, eb.refused, eb.ratios)
     assert sum(r.num_steps for r in a) > 0
-    for x, y in zip(a, b, strict=True):
-        for name in ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
-                     "step_ticks"):
-            assert list(getattr(x, name)) == list(getattr(y, name)), name
-        assert (x.admit_step, x.first_step, x.finish_step) == (y.admit_step, y.first_step, y.finish_step)
-        assert (x.skips, x.segments, x.rejected) == (y.skips, y.segments, y.rejected)
+    assert_same_runs(a, b)
 
 
 def callback_order(solo: bool) -> list[tuple[float, int]]:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cluster_runs import COST, run_cluster
+from cluster_runs import COST, assert_same_runs, run_cluster
 from stallfree import Request, Scheduler
 from stallfree.core.plain_steps import plain_decode_run
 from stallfree.costmodel import CostModel, get_gpu, get_model
@@ -116,12 +116,7 @@ def test_parked_replicas_equal_the_heap(seed: int, kv: str, router: str, async_e
     b, eb = run_cluster(wl, cfg, router, False, async_every, max_model_len=128, cost=cost)
     assert not taken  # the heap path steps one by one
     assert (ea.routed, ea.refused, ea.ratios) == (eb.routed, eb.refused, eb.ratios)
-    for x, y in zip(a, b, strict=True):
-        for name in ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
-                     "step_ticks"):
-            assert list(getattr(x, name)) == list(getattr(y, name)), name
-        assert (x.admit_step, x.first_step, x.finish_step) == (y.admit_step, y.first_step, y.finish_step)
-        assert (x.skips, x.segments, x.rejected) == (y.skips, y.segments, y.rejected)
+    assert_same_runs(a, b)
 
 
 def test_no_runs_under_the_invariant_checker_or_an_impure_pricer() -> None:

@@ -491,12 +491,7 @@ class KernelCostModel:
         nd = len(offsets)
         if not self.step_cache or self.dp_attention > 1 or not nd:
             return None
-        shared = self._decode_only_c.get(nd)
-        if shared is None:
-            shared = self.decode_shared_s(nd)
-        logits = self._logits_c.get(nd)
-        if logits is None:
-            logits = self.logits_s(nd)
+        shared, logits = self.decode_shared_s(nd), self.logits_s(nd)  # once a run: no need of step_time's caches
         total, knot = self._runs.total, self._decode_knot
         return [total(offsets, s + 1, nd, knot) / nd + shared + logits for s in range(step, step + count)]
 
