@@ -379,13 +379,14 @@ class EventLoop:
             if visit:
                 for k in sorted(set(visit)) if len(visit) > 1 else visit:
                     rep, admit = each[k]
+                    if rep.parked and rep.pending and not rep.cut_at(now):
+                        # Given a request while asleep, with a step of its run ending now: the steps that
+                        # ended by now are taken first (without it), and it is admitted now. Otherwise
+                        # (cut_at) the replica wakes at the end of its step in flight to admit it.
+                        held, rep.pending = rep.pending, []
+                        rep.advance(now, admit, park)
+                        rep.pending = held
                     if rep.parked and rep.pending:
-                        # Given a request while asleep: its steps that ended by now are taken first (without
-                        # it), then it wakes at the end of its step in flight to admit it.
-                        if rep.step_end <= now:
-                            held, rep.pending = rep.pending, []
-                            rep.advance(now, admit, park)
-                            rep.pending = held
                         if rep.busy:
                             latest[k] += 1
                             push(busy, (rep.wake_at, k, latest[k]))

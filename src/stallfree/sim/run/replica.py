@@ -94,7 +94,7 @@ class Replica:
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
-        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk", "_cut",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -139,6 +139,7 @@ class Replica:
         self._ahead: array[float] | None = None  # floats ('d')
         self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
         self._ahead_i = 0
+        self._cut = 0  # the run's steps before this index may be taken before what is pending is admitted
         self._ahead_start = 0.0
         self._ahead_nd = 0
 
@@ -262,7 +263,19 @@ class Replica:
         only num_outstanding: the end of the last step of the plain run it is parked in (no request
         finishes before the step after it), else the end of the step in flight."""
         ahead = self._ahead
-        return ahead[-1] if ahead is not None and not self.pending else self.step_end
+        return ahead[self._cut - 1] if ahead is not None else self.step_end
+
+    def cut_at(self, now: float) -> bool:
+        """A request was routed to this parked replica at `now`, s: the run's step in flight then is the last
+        it takes before admitting it (at that step's end, as the heap would; wake_at is then that end).
+        False, nothing changed, when a step of the run ends at `now` exactly: the caller takes the steps
+        up to `now` first (advance), and the request is admitted at `now`."""
+        ends, i = cast("array[float]", self._ahead), self._ahead_i
+        p = bisect_right(ends, now, i)
+        if p > i and ends[p - 1] == now:
+            return False
+        self._cut = min(self._cut, p + 1)
+        return True
 
     def advance(self, until: float, admit: Callable[[Replica, float], None], park: bool = False) -> None:
         """Run this replica on its own up to `until`, s (the next arrival), as the event loop would when
@@ -299,7 +312,7 @@ class Replica:
                     end = self._take_plain(until)
                     step, tick = self.step, self.tick
                     if self._ahead is not None:
-                        if end == until or not park or self.pending:
+                        if end == until or not park or self._ahead_i >= self._cut:
                             self._ahead = None  # the rest is planned afresh (after this instant's arrivals)
                         else:
                             return  # parked: the next ends after `until`
@@ -402,17 +415,17 @@ class Replica:
             if t > cutoff or cutoff == math.inf:
                 break
         self._run, self._ahead, self._ahead_i, self._ahead_start, self._ahead_nd = run, ends, 0, now, nd
+        # Requests pending already (held back by asynchronous scheduling) are looked at after each step.
+        self._cut = 1 if self.pending else len(ends)
         self.step_end = ends[0]
         return True
 
     def _take_plain(self, until: float) -> float:
-        """Take the parked run's steps that end by `until`, s (only the step in flight when a request is
-        pending): their rows, the scheduler's skip; return the end, s, of the last one taken (the
-        previous end when none). Drops the run when it is used up."""
+        """Take the parked run's steps that end by `until`, s (none past its cut: cut_at): their rows, the
+        scheduler's skip; return the end, s, of the last one taken (the previous end when none). Drops
+        the run when it is used up."""
         ends, i = cast("array[float]", self._ahead), self._ahead_i
-        j = bisect_right(ends, until, i)
-        if self.pending and j > i + 1:
-            j = i + 1
+        j = min(bisect_right(ends, until, i), self._cut)
         k = j - i
         if k == 0:
             return self._ahead_start
