@@ -21,6 +21,7 @@ and compare every plan and figure afterwards.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TYPE_CHECKING, Any, cast
 
 from stallfree.core.decode import PlainDecodes
@@ -62,14 +63,23 @@ def _count(s: Any, limit: int) -> int:
     kv = s._kv
     if n <= 0 or type(kv) is ReservationKV:
         return max(n, 0)
+    # Paged: step step + i promises a block to each decode filed under residue (step + i) % block_size. The
+    # run stops before the first step whose promise fails (it grows decodes one by one, preempting): the
+    # most steps m whose promises sum to at most the free blocks, found by whole cycles of block_size steps
+    # (each promising `cycle` blocks) and then the residues in order.
     buckets, size = kv.buckets, kv.block_size
-    promised = [len(buckets.get(r, ())) for r in range(size)]
-    free: int = kv.pool.num_free
-    for i in range(n):
-        free -= promised[(step + i) % size]
-        if free < 0:  # this step's promise fails: it grows decodes one by one, preempting
-            return i
-    return n
+    free = kv.pool.num_free
+    if free >= len(recs) * -(-n // size):  # at most a block per decode every block_size steps
+        return n
+    prefix = [0]
+    for i in range(size):
+        prefix.append(prefix[-1] + len(buckets.get((step + i) % size, ())))
+    cycle = prefix[-1]
+    if not cycle:
+        return n
+    whole = free // cycle
+    m: int = whole * size + bisect_right(prefix, free - whole * cycle) - 1
+    return min(n, m)
 
 
 def plain_decode_run(scheduler: Scheduler, limit: int) -> PlainDecodeRun | None:

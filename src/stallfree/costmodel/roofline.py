@@ -148,6 +148,8 @@ class CostModel:
 
     #: step_time depends on the plan alone and changes nothing (a simulator may price steps ahead).
     pure_step_time = True
+    #: plain_decode_times prices many steps for about the cost of one (numpy arrays from _VECTOR_STEPS).
+    plain_decode_times_vectorized = True
 
     __slots__ = (
         "model",

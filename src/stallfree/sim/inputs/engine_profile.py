@@ -228,6 +228,11 @@ class ProfiledCostModel:
         """Whether step_time depends on the plan alone and changes nothing: the inner model's answer."""
         return bool(getattr(self.inner, "pure_step_time", False))
 
+    @property
+    def plain_decode_times_vectorized(self) -> bool:
+        """Whether plain_decode_times prices many steps for about the cost of one: the inner model's answer."""
+        return bool(getattr(self.inner, "plain_decode_times_vectorized", False))
+
     def plain_decode_times(
         self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
     ) -> list[float] | None:

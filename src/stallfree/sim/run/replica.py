@@ -36,9 +36,13 @@ _DONE = int(RequestState.DONE)
 #: The most plain decode steps asked for at once; and priced ahead at once, a replica parked in a run
 #: waking after each chunk to price the next: the first chunk of a run _PLAIN_CHUNK_FIRST steps, each
 #: next twice the last up to _PLAIN_CHUNK (a request routed to the replica cuts the run, and the steps
-#: priced beyond the cut are wasted; each wake costs about what pricing ten steps does).
+#: priced beyond the cut are wasted; each wake costs about what pricing ten steps does). A cost model
+#: whose plain_decode_times is vectorized prices _PLAIN_CHUNK steps for about the cost of one: its
+#: chunks are all _PLAIN_CHUNK long.
 _PLAIN_LIMIT = 4096
-_PLAIN_CHUNK_FIRST = 256
+#: Shorter runs are stepped through the scheduler: taking one costs about what three steps do.
+_PLAIN_SHORTEST = 8
+_PLAIN_CHUNK_FIRST = 32
 _PLAIN_CHUNK = 256
 
 
@@ -94,7 +98,7 @@ class Replica:
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
-        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk", "_cut",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk", "_chunk_first", "_cut",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -135,7 +139,9 @@ class Replica:
         # While parked in such a run: the run, the ends, s, of its steps priced ahead, the next one's index
         # (the step in flight), when that one started, s, and the run's decodes per step.
         self._run: PlainDecodeRun | None = None
-        self._chunk = _PLAIN_CHUNK_FIRST  # steps to price next: doubles while a run goes on uncut
+        vectorized = getattr(cost, "plain_decode_times_vectorized", False)
+        self._chunk_first = _PLAIN_CHUNK if vectorized else _PLAIN_CHUNK_FIRST
+        self._chunk = self._chunk_first  # steps to price next: doubles while a run goes on uncut
         self._ahead: array[float] | None = None  # floats ('d')
         self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
         self._ahead_i = 0
@@ -349,7 +355,7 @@ class Replica:
                 now = end
                 if plain:
                     run = plain_decode_run(inner, _PLAIN_LIMIT)  # type: ignore[arg-type]
-                    if run is not None and run.num_steps > 1 and self._price_plain(
+                    if run is not None and run.num_steps >= _PLAIN_SHORTEST and self._price_plain(
                             now, run, math.inf if park else until):
                         plan = self._plan = None
                         if self.step_end <= until:
@@ -359,7 +365,7 @@ class Replica:
                         self._ahead = None
                 if clock is not None:
                     clock.t = now
-                self._chunk = _PLAIN_CHUNK_FIRST
+                self._chunk = self._chunk_first
                 plan = schedule()
                 if not plan.num_tokens and not plan.preempted:
                     complete(plan)
