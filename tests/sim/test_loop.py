@@ -7,18 +7,16 @@ import random
 
 import pytest
 
+from cluster_runs import COST, assert_same_runs, run_cluster
 from stallfree.core.request import Request
-from stallfree.sim import LinearCostModel, SimResult, Workload
+from stallfree.sim import SimResult, Workload
 from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.run.config import make_scheduler
 from stallfree.sim.run.load import Arrivals, ClosedLoop
 from stallfree.sim.run.loop import Entry, EventLoop, PassGate
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import ClusterError, SimulationError
-from stallfree.sim.run.routers import make_router
 from stallfree.sim.run.simulator import new_result, plan_run, request_maker
-
-COST = LinearCostModel(base_s=0.5, per_token_s=0.125)
 
 
 def run(wl: Workload, cfg: SchedulerConfig, solo: bool, closed: ClosedLoop | None = None,
@@ -67,26 +65,6 @@ def test_single_replica_path_equals_the_general_loop(seed: int, kv: str, closed:
         assert a.segments  # the case exercises preemption
 
 
-def run_cluster(wl: Workload, cfg: SchedulerConfig, router: str, apart: bool, async_every: int = 0,
-                max_model_len: int | None = None) -> tuple[list[SimResult], Entry]:
-    """Four replicas behind `router` through the loop: replicas apart between arrivals (apart) or the heap,
-    step by step; every async_every-th replica (from the first) schedules asynchronously (0: none)."""
-    max_new, too_long, target, config, _ = plan_run(wl, cfg, COST, None, max_model_len, False, None)
-    reps = []
-    for k in range(4):
-        inner = make_scheduler(cfg)
-        res = new_result("x", wl, config, target, max_new, inner)
-        reps.append(Replica(k, inner, inner, res, COST, async_scheduling=bool(async_every) and k % async_every == 0))
-    arrivals = Arrivals(wl)
-    entry = Entry(reps, make_router(router), request_maker(wl, max_new, reps[0].inner, arrivals.times), too_long,
-                  arrivals, track_imbalance=True)
-    loop = EventLoop(reps, arrivals, entry)
-    assert loop._apart()
-    loop.apart = apart
-    loop.run()
-    return [r.res for r in reps], entry
-
-
 @pytest.mark.parametrize(
     ("seed", "kv", "router", "async_every"),
     [(0, "reserve", "least-outstanding", 0), (1, "paged", "least-kv", 0), (2, "paged", "round-robin", 2),
@@ -104,12 +82,7 @@ def test_replicas_apart_between_arrivals_equal_the_heap(seed: int, kv: str, rout
     b, eb = run_cluster(wl, cfg, router, False, async_every, max_model_len=64)
     assert (ea.routed, ea.refused, ea.ratios) == (eb.routed, eb.refused, eb.ratios)
     assert sum(r.num_steps for r in a) > 0
-    for x, y in zip(a, b, strict=True):
-        for name in ("step_start", "step_end", "step_tokens", "step_decodes", "step_kv_used", "step_waiting",
-                     "step_ticks"):
-            assert list(getattr(x, name)) == list(getattr(y, name)), name
-        assert (x.admit_step, x.first_step, x.finish_step) == (y.admit_step, y.first_step, y.finish_step)
-        assert (x.skips, x.segments, x.rejected) == (y.skips, y.segments, y.rejected)
+    assert_same_runs(a, b)
 
 
 def callback_order(solo: bool) -> list[tuple[float, int]]:

@@ -196,6 +196,9 @@ class KernelCostModel:
             model the package cannot build.
     """
 
+    #: step_time depends on the plan alone; its caches only remember work (a simulator may price ahead).
+    pure_step_time = True
+
     def __init__(
         self,
         model: ModelSpec,
@@ -476,6 +479,21 @@ class KernelCostModel:
             t += self.chunk_s(c.num_tokens, c.start)
             sampled += c.is_last
         return t + self.shared_s(tokens) + self.logits_s(sampled)
+
+    def plain_decode_times(
+        self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
+    ) -> list[float] | None:
+        """Return step_time of each of `count` decode-only steps, seconds, the first numbered `step`: the
+        decodes of StepPlan offsets `offsets` (the plans' own tuple: the step cache keys on it), one token
+        each (a scheduler's plain decode steps, stallfree.core.plain_steps). The same floats as step_time
+        of their plans; None (price the plans) without the step cache or with several attention ranks.
+        """
+        nd = len(offsets)
+        if not self.step_cache or self.dp_attention > 1 or not nd:
+            return None
+        shared, logits = self.decode_shared_s(nd), self.logits_s(nd)  # once a run: no need of step_time's caches
+        total, knot = self._runs.total, self._decode_knot
+        return [total(offsets, s + 1, nd, knot) / nd + shared + logits for s in range(step, step + count)]
 
     def step_time_uncached(self, plan: StepPlan) -> float:
         """Return step_time(plan) without the step cache, seconds: the decodes sorted and each knot

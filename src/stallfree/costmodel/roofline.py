@@ -59,7 +59,7 @@ one per step (scheduling).
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, cast
 
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
@@ -96,6 +96,9 @@ EFFICIENCY_KEYWORDS = CALIBRATION_KEYWORDS
 
 # Activations cross the all-reduce in 16 bits (bf16/fp16) even when weights are 8-bit.
 _ACT_BYTES = 2
+#: From this many steps on, plain_decode_times prices with numpy arrays (fewer, it loops: numpy's fixed
+#: cost per call is about what pricing twenty to forty steps in Python costs).
+_VECTOR_STEPS = 16
 class CostModel:
     """Predicts the time of one step (one forward pass over a StepPlan) on a TP group of GPUs.
 
@@ -142,6 +145,11 @@ class CostModel:
             (GPUSpec.check_weight_dtype names dtype and GPU); tp that does not divide the heads; an efficiency out of
             (0, 1]; a negative (or non-finite) overhead term; weights that do not fit in the GPUs' memory.
     """
+
+    #: step_time depends on the plan alone and changes nothing (a simulator may price steps ahead).
+    pure_step_time = True
+    #: plain_decode_times prices many steps for about the cost of one (numpy arrays from _VECTOR_STEPS).
+    plain_decode_times_vectorized = True
 
     __slots__ = (
         "model",
@@ -519,6 +527,60 @@ class CostModel:
             pairs += dp
             kv_read += dk
         return self._price(tokens, pairs, kv_read, sampled, seqs)
+
+    def plain_decode_times(self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int) -> list[float]:
+        """Return step_time of each of `count` decode-only steps, seconds, the first numbered `step`: the
+        decodes of StepPlan offsets `offsets` (summing to `offset_sum`), one token each (a scheduler's
+        plain decode steps, stallfree.core.plain_steps). The same floats as step_time of their plans,
+        without a plan per step.
+        """
+        nd = len(offsets)
+        if not nd:
+            return [0.0] * count
+        out: list[float] = []
+        if not self._win_frac:
+            # _decodes and _price written out for this batch size: the same operations in the same order,
+            # the terms that do not change with the context worked out once.
+            base = self._c_tok * nd + self._c_samp * nd
+            c_pair, inv_mfu, w_dec = self._c_pair, self._inv_mfu, self._w_dec
+            m_fixed, m_kv, m_head, inv_mbu = self._m_fixed, self._m_kv, self._m_head, self._inv_mbu
+            experts = self._m_expert * self._experts * (1.0 - self._route_keep**nd) if self._experts else None
+            link, a_step, over = self._x_tok * nd * self._inv_link, self._a_step, self._over
+            per_tok, per_seq = self._o_tok * nd, self._o_seq * nd
+            if count >= _VECTOR_STEPS:
+                # numpy's elementwise operations round each result as Python's do: the same floats.
+                import numpy as np
+
+                contexts = np.arange(step, step + count, dtype=np.int64) * nd + offset_sum
+                flops = (base + c_pair * ((contexts + nd).astype(np.float64) * w_dec)) * inv_mfu
+                bytes_s = m_fixed + m_kv * (contexts.astype(np.float64) + nd)
+                bytes_s += m_head
+                if experts is not None:
+                    bytes_s += experts
+                bytes_s *= inv_mbu
+                t = np.where(flops > bytes_s, flops, bytes_s)
+                t += link
+                t += a_step
+                t += over
+                t += per_tok
+                t += per_seq
+                return cast(list[float], t.tolist())
+            for s in range(step, step + count):
+                dcs = offset_sum + nd * s
+                compute = (base + c_pair * (float(dcs + nd) * w_dec)) * inv_mfu
+                memory = m_fixed + m_kv * (float(dcs) + nd)
+                memory += m_head
+                if experts is not None:
+                    memory += experts
+                memory *= inv_mbu
+                out.append((compute if compute > memory else memory) + link + a_step + over + per_tok + per_seq)
+            return out
+        decodes, price = self._decodes, self._price
+        for s in range(step, step + count):
+            dcs = offset_sum + nd * s
+            dp, dk = decodes(nd, dcs, float(dcs + nd), nd)
+            out.append(price(nd, dp, dk, nd, nd))
+        return out
 
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
         """Return the time of a decode-only step, seconds: `num_decodes` decodes, each with

@@ -43,7 +43,7 @@ from stallfree.sim.run.result import (
     SchedulerLike,
     SimResult,
     StepStarts,
-    verify_tokens,
+    verify_cluster_tokens,
 )
 from stallfree.sim.run.routers import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
@@ -170,6 +170,7 @@ def simulate_cluster(
     sent = tuple(arrivals.sent_at) if isinstance(arrivals, SessionArrivals) else None
     for rep in reps:
         _close_replica(rep, wall, tuple(arrivals.times) if closed else sent, check)
+    verify_cluster_tokens(results, owner)
     # A session's turn is refused for its length only if it was sent (an earlier refusal ends the session).
     refused = dict(entry.refused) if sessions else too_long
     merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, refused)
@@ -204,7 +205,8 @@ def _replica(
 
 def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:
     """After the loop: a replica's result gets the wall time, s, its scheduler's preemption counts and,
-    under closed-loop load, the times requests were sent (`sent`, s); then the end-of-run checks."""
+    under closed-loop load, the times requests were sent (`sent`, s); then the checker's end-of-run check
+    (each request's tokens are checked once for the whole cluster: verify_cluster_tokens)."""
     res = rep.res
     res.wall_s = wall
     st = rep.inner.stats()
@@ -213,7 +215,6 @@ def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, ch
         res.arrival = sent
     if check:
         rep.sched.check_final()  # type: ignore[attr-defined]
-    verify_tokens(res)
 
 
 def _prefix_cache_figures(

@@ -42,12 +42,24 @@ class LinearCostModel:
     per_token_s: float
     per_context_token_s: float = 0.0
 
+    #: step_time depends on the plan alone and changes nothing (a simulator may price steps ahead).
+    pure_step_time = True
+
     def __post_init__(self) -> None:
         for name in ("base_s", "per_token_s", "per_context_token_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"LinearCostModel.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.base_s == 0 and self.per_token_s == 0:
             raise ValueError("LinearCostModel needs base_s > 0 or per_token_s > 0")
+
+    def plain_decode_times(self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int) -> list[float]:
+        """step_time of each of `count` decode-only steps, s, the first numbered `step`, of the decodes at
+        `offsets` (summing to `offset_sum`), one token each: the same floats, no plan per step."""
+        nd = len(offsets)
+        if not nd:
+            return [0.0] * count
+        return [self.base_s + self.per_token_s * nd + self.per_context_token_s * (offset_sum + nd * s)
+                for s in range(step, step + count)]
 
     def step_time(self, plan: StepPlan) -> float:
         """Return the step's time, s, by the linear formula."""

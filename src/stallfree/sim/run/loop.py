@@ -346,7 +346,10 @@ class EventLoop:
         steps, rows and routes are those of the general path: a router sees every step that ended by the
         arrival, as there. Only the replicas something happened to are visited at an instant (a request
         routed to one, its step ended then, or the first instant), and the heap holds one entry per busy
-        replica (the end of its step in flight), not one per step."""
+        replica (the end of its step in flight), not one per step. With a router that reads only
+        num_outstanding, a replica in a run of plain decode steps (stallfree.core.plain_steps) parks in it
+        and is visited at its wake_at (no request of it finishes before) or when a request is routed to it;
+        a stale heap entry (its replica pushed a newer one) is skipped."""
         times, arrive, gate = self.arrivals.times, self.arrive, self.gate
         routed = arrive.routed  # type: ignore[attr-defined]
 
@@ -355,7 +358,13 @@ class EventLoop:
 
         # Each replica with its admission, as run() chooses it.
         each = [(rep, admit_later if rep.async_scheduling else gate.admit) for rep in self.replicas]
-        busy: list[tuple[float, int]] = []  # (end of the step in flight, replica index) of the busy ones
+        # A router that reads only num_outstanding lets a replica in a run of plain decode steps sleep until
+        # a request of it could finish (Replica.wake_at), instead of being visited at every arrival.
+        router = arrive.router  # type: ignore[attr-defined]
+        park = router is None or bool(getattr(router, "reads_only_outstanding", False))
+        # (time to visit, replica index, entry number): an entry is live while it is its replica's latest.
+        busy: list[tuple[float, int, int]] = []
+        latest = [0] * len(each)
         push, pop = heapq.heappush, heapq.heappop
         visit = list(range(len(each)))  # the replicas to visit at this instant: every one at the first
         n = len(times)
@@ -372,19 +381,35 @@ class EventLoop:
             if visit:
                 for k in sorted(set(visit)) if len(visit) > 1 else visit:
                     rep, admit = each[k]
+                    if rep.parked and rep.pending and not rep.cut_at(now):
+                        # Given a request while asleep, with a step of its run ending now: the steps that
+                        # ended by now are taken first (without it), and it is admitted now. Otherwise
+                        # (cut_at) the replica wakes at the end of its step in flight to admit it.
+                        held, rep.pending = rep.pending, []
+                        rep.advance(now, admit, park)
+                        rep.pending = held
+                    if rep.parked and rep.pending:
+                        if rep.busy:
+                            latest[k] += 1
+                            push(busy, (rep.wake_at, k, latest[k]))
+                            continue
                     if rep.busy or rep.stalled:
                         continue
                     if rep.pending:
                         admit(rep, now)
                     if rep.inner.has_unfinished() and rep.start_step(now) is not None:
-                        push(busy, (rep.step_end, k))
+                        latest[k] += 1
+                        push(busy, (rep.step_end, k, latest[k]))
                 visit = []
             while busy and busy[0][0] <= until:
-                k = pop(busy)[1]
+                _, k, entry = pop(busy)
+                if entry != latest[k]:
+                    continue
                 rep, admit = each[k]
-                rep.advance(until, admit)
+                rep.advance(until, admit, park)
                 if rep.busy:
-                    push(busy, (rep.step_end, k))
+                    latest[k] += 1
+                    push(busy, (rep.wake_at, k, latest[k]))
                 elif not rep.stalled:
                     visit.append(k)  # idle: its step ended at `until` (its next starts then) or it has no work
             if i >= n:

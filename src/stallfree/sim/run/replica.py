@@ -13,13 +13,19 @@ stallfree.sim.run.result.
 
 from __future__ import annotations
 
+import math
 import sys
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable
+from itertools import accumulate
 from typing import cast
 
 from stallfree.core.errors import RequestRejected
+from stallfree.core.plain_steps import PlainDecodeRun, plain_decode_run
 from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
+from stallfree.core.scheduler import Scheduler
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.result import KV_CAPACITY, RequestState, SchedulerLike, SimResult, SimulationError
 
@@ -28,6 +34,23 @@ __all__ = ["Replica"]
 _WAITING = int(RequestState.WAITING)
 _DECODING = int(RequestState.DECODING)
 _DONE = int(RequestState.DONE)
+#: The most plain decode steps asked for at once; and priced ahead at once, a replica parked in a run
+#: waking after each chunk to price the next: the first chunk of a run _PLAIN_CHUNK_FIRST steps, each
+#: next twice the last up to _PLAIN_CHUNK (a request routed to the replica cuts the run, and the steps
+#: priced beyond the cut are wasted; each wake costs about what pricing ten steps does). A cost model
+#: whose plain_decode_times is vectorized prices _PLAIN_CHUNK steps for about the cost of one: its
+#: chunks are all _PLAIN_CHUNK long.
+_PLAIN_LIMIT = 4096
+#: Shorter runs are stepped through the scheduler: taking one costs about what three steps do.
+_PLAIN_SHORTEST = 8
+_PLAIN_CHUNK_FIRST = 32
+_PLAIN_CHUNK = 256
+
+
+def _repeat(column: object, value: int, k: int) -> Iterable[int]:
+    """`value` k times, as an array of `column`'s type when it is an array (extended by a copy of memory)."""
+    code = getattr(column, "typecode", None)
+    return array(code, (value,)) * k if code is not None else (value,) * k
 
 
 #: Each finish reason's string, made once: a finished request's entry in SimResult.finish_reason is this
@@ -85,7 +108,8 @@ class Replica:
     __slots__ = (
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
-        "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock",
+        "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk", "_chunk_first", "_cut",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -119,6 +143,22 @@ class Replica:
         self._append = (res.step_start.append, res.step_end.append, res.step_tokens.append,
                         res.step_decodes.append, res.step_kv_used.append, res.step_waiting.append,
                         res.step_ticks.append)
+        # Runs of plain decode steps (stallfree.core.plain_steps) are taken at once when the scheduler is
+        # called directly (no invariant checker) and the step's price depends on its plan alone.
+        self._plain_ok = (sched is inner and isinstance(inner, Scheduler)
+                          and bool(getattr(cost, "pure_step_time", False)) and self._clock is None)
+        # While parked in such a run: the run, the ends, s, of its steps priced ahead, the next one's index
+        # (the step in flight), when that one started, s, and the run's decodes per step.
+        self._run: PlainDecodeRun | None = None
+        vectorized = getattr(cost, "plain_decode_times_vectorized", False)
+        self._chunk_first = _PLAIN_CHUNK if vectorized else _PLAIN_CHUNK_FIRST
+        self._chunk = self._chunk_first  # steps to price next: doubles while a run goes on uncut
+        self._ahead: array[float] | None = None  # floats ('d')
+        self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
+        self._ahead_i = 0
+        self._cut = 0  # the run's steps before this index may be taken before what is pending is admitted
+        self._ahead_start = 0.0
+        self._ahead_nd = 0
 
     @property
     def kv_free(self) -> int:
@@ -228,7 +268,33 @@ class Replica:
         self.step += 1
         return finished
 
-    def advance(self, until: float, admit: Callable[[Replica, float], None]) -> None:
+    @property
+    def parked(self) -> bool:
+        """In a run of plain decode steps priced ahead (advance(park=True)): the step in flight is the run's
+        next (its end is `step_end`) and has no plan object until it is taken."""
+        return self._ahead is not None
+
+    @property
+    def wake_at(self) -> float:
+        """The latest time, s, up to which this busy replica may be left alone by a loop whose router reads
+        only num_outstanding: the end of the last step of the plain run it is parked in (no request
+        finishes before the step after it), else the end of the step in flight."""
+        ahead = self._ahead
+        return ahead[self._cut - 1] if ahead is not None else self.step_end
+
+    def cut_at(self, now: float) -> bool:
+        """A request was routed to this parked replica at `now`, s: the run's step in flight then is the last
+        it takes before admitting it (at that step's end, as the heap would; wake_at is then that end).
+        False, nothing changed, when a step of the run ends at `now` exactly: the caller takes the steps
+        up to `now` first (advance), and the request is admitted at `now`."""
+        ends, i = cast("array[float]", self._ahead), self._ahead_i
+        p = bisect_right(ends, now, i)
+        if p > i and ends[p - 1] == now:
+            return False
+        self._cut = min(self._cut, p + 1)
+        return True
+
+    def advance(self, until: float, admit: Callable[[Replica, float], None], park: bool = False) -> None:
         """Run this replica on its own up to `until`, s (the next arrival), as the event loop would when
         nothing but its own steps can happen before then (EventLoop._run_apart): finish the step in flight
         if it ends by `until`; if it ended before, hand the scheduler what is pending (`admit`, the gate's)
@@ -236,6 +302,13 @@ class Replica:
         one left to start after that instant's arrivals; one that ends after `until` stays in flight; an
         idle or stalled replica is left as it is. What finish_step and start_step do, step for step and row
         for row, written out with the state in locals as in run_steps: the hot path of a cluster.
+
+        Runs of plain decode steps (stallfree.core.plain_steps) are priced without a plan object each and
+        taken at once, their rows written together. With `park`, a run is priced to its end and the
+        replica parks in it when `until` falls inside: the step in flight is then the run's next, taken
+        when a later call reaches its end (wake_at says until when nothing a router reading
+        num_outstanding sees can change). A parked replica given a request (pending) takes at most its
+        step in flight before admitting it.
         """
         if not self.busy or self.step_end > until:
             return
@@ -245,40 +318,65 @@ class Replica:
         kv_total, admit_step = res.kv_total, res.admit_step
         a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
         clock = self._clock
-        plan, start, end = cast(StepPlan, self._plan), self._start, self.step_end
+        plain = self._plain_ok
+        plan, start, end = self._plan, self._start, self.step_end
         step, tick = self.step, self.tick
         try:
             while True:
-                # The step in flight ends (finish_step).
-                self.last_start, self.last_end = start, end
-                complete(plan)
-                nd = plan.num_decodes
-                if nd:
-                    tick += 1
-                if plan.prefills:
-                    self._emitted_from_prefill(plan, step)
-                a_start(start)
-                a_end(end)
-                a_tok(plan.num_tokens)
-                a_dec(nd)
-                a_kv(kv_total - inner.kv_free)
-                a_wait(inner.num_waiting)
-                a_tick(tick)
-                finished = inner.last_finished
-                if finished:
-                    self._finished(finished, step)
-                    self.num_outstanding -= len(finished)
-                step += 1
-                if end == until:
-                    break
+                if plan is None:
+                    # Parked in a plain run: its steps that end by `until` are taken at once.
+                    self.step, self.tick = step, tick
+                    end = self._take_plain(until)
+                    step, tick = self.step, self.tick
+                    if self._ahead is not None:
+                        if end == until or not park or self._ahead_i >= self._cut:
+                            self._ahead = None  # the rest is planned afresh (after this instant's arrivals)
+                        else:
+                            return  # parked: the next ends after `until`
+                    if end == until:
+                        break
+                else:
+                    # The step in flight ends (finish_step).
+                    self.last_start, self.last_end = start, end
+                    complete(plan)
+                    nd = plan.num_decodes
+                    if nd:
+                        tick += 1
+                    if plan.prefills:
+                        self._emitted_from_prefill(plan, step)
+                    a_start(start)
+                    a_end(end)
+                    a_tok(plan.num_tokens)
+                    a_dec(nd)
+                    a_kv(kv_total - inner.kv_free)
+                    a_wait(inner.num_waiting)
+                    a_tick(tick)
+                    finished = inner.last_finished
+                    if finished:
+                        self._finished(finished, step)
+                        self.num_outstanding -= len(finished)
+                    step += 1
+                    if end == until:
+                        break
                 # The next starts at its end (start_step), with what is pending.
                 if self.pending:
                     admit(self, end)
                 if not has_unfinished():
                     break
                 now = end
+                if plain:
+                    run = plain_decode_run(inner, _PLAIN_LIMIT)  # type: ignore[arg-type]
+                    if run is not None and run.num_steps >= _PLAIN_SHORTEST and self._price_plain(
+                            now, run, math.inf if park else until):
+                        plan = self._plan = None
+                        if self.step_end <= until:
+                            continue
+                        if park:
+                            return
+                        self._ahead = None
                 if clock is not None:
                     clock.t = now
+                self._chunk = self._chunk_first
                 plan = schedule()
                 if not plan.num_tokens and not plan.preempted:
                     complete(plan)
@@ -299,9 +397,87 @@ class Replica:
                     self._plan, self._start, self.step_end = plan, start, end
                     return
             self._plan = None
+            self._ahead = None
             self.busy = False
         finally:
             self.step, self.tick = step, tick
+
+    def _price_plain(self, now: float, run: PlainDecodeRun, cutoff: float) -> bool:
+        """Price the steps of `run` from `now`, s, each starting as the previous ends:
+        _PLAIN_CHUNK of them, or with a finite `cutoff`, s, chunks until one ends after it; park in them
+        (the first is the step in flight). The cost model's plain_decode_times where it has one (the same
+        floats), else each step's plan. False (nothing done) when some request with a first token is not
+        among their decodes."""
+        plan_at, n = run.plan, run.num_steps
+        first = plan_at(0)
+        nd = first.num_decodes
+        if nd != len(self.decoding):
+            return False
+        step0, offsets = first.step, first.decode_offsets
+        offset_sum = first.decode_context_sum - nd * step0
+        times, step_time = self._plain_times, self._step_time
+        ends = array("d")
+        t = now
+        i = 0
+        while i < n:
+            count = min(n - i, self._chunk)
+            self._chunk = min(2 * self._chunk, _PLAIN_CHUNK)
+            durations = None if times is None else times(offsets, offset_sum, step0 + i, count)
+            if durations is None:
+                durations = [step_time(first if j == 0 else plan_at(j)) for j in range(i, i + count)]
+            ends.extend(accumulate(durations, initial=t))  # t + d, each starting as the previous ends
+            del ends[-count - 1]  # the start
+            t = ends[-1]
+            i += count
+            if t > cutoff or cutoff == math.inf:
+                break
+        self._run, self._ahead, self._ahead_i, self._ahead_start, self._ahead_nd = run, ends, 0, now, nd
+        # Requests pending already (held back by asynchronous scheduling) are looked at after each step.
+        self._cut = 1 if self.pending else len(ends)
+        self.step_end = ends[0]
+        return True
+
+    def _take_plain(self, until: float) -> float:
+        """Take the parked run's steps that end by `until`, s (none past its cut: cut_at): their rows, the
+        scheduler's skip; return the end, s, of the last one taken (the previous end when none). Drops
+        the run when it is used up."""
+        ends, i = cast("array[float]", self._ahead), self._ahead_i
+        j = min(bisect_right(ends, until, i), self._cut)
+        k = j - i
+        if k == 0:
+            return self._ahead_start
+        first = self._ahead_start
+        free = cast(PlainDecodeRun, self._run).take(k)
+        res, nd, kv_total = self.res, self._ahead_nd, self.res.kv_total
+        taken = ends[i:j]
+        res.step_start.append(first)
+        if k > 1:
+            res.step_start.extend(taken[:-1])
+        res.step_end.extend(taken)
+        same = _repeat(res.step_tokens, nd, k)
+        res.step_tokens.extend(same)
+        res.step_decodes.extend(same)
+        if free.count(free[0]) == k:  # nothing promised or freed in them (so under reservations but at a finish)
+            res.step_kv_used.extend(_repeat(res.step_kv_used, kv_total - free[0], k))
+        else:
+            res.step_kv_used.extend([kv_total - f for f in free])
+        res.step_waiting.extend(_repeat(res.step_waiting, self.inner.num_waiting, k))
+        tick = self.tick
+        res.step_ticks.extend(range(tick + 1, tick + k + 1))
+        self.tick = tick + k
+        self.step += k
+        finished = self.inner.last_finished
+        if finished:  # the run's last step finished requests
+            self._finished(finished, self.step - 1)
+            self.num_outstanding -= len(finished)
+        end = taken[-1]
+        self.last_start = taken[-2] if k > 1 else first
+        self.last_end = end
+        if j == len(ends):
+            self._ahead = None
+        else:
+            self._ahead_i, self._ahead_start, self.step_end = j, end, ends[j]
+        return end
 
     def run_steps(self, now: float, until: float) -> float:
         """Run steps back to back from `now`, s, each starting as the previous ends, while a step

@@ -39,6 +39,7 @@ __all__ = [
     "SchedulerLike",
     "SimResult",
     "SimulationError",
+    "verify_cluster_tokens",
     "verify_tokens",
 ]
 
@@ -383,3 +384,28 @@ def verify_tokens(res: SimResult) -> None:
                     )
     finally:
         res.step_ticks.release()  # the counts its reads made (4 bytes a step)
+
+
+def verify_cluster_tokens(results: Sequence[SimResult], owner: Sequence[int]) -> None:
+    """verify_tokens for a cluster's replicas sharing per-request arrays: each request checked once, in its
+    own replica's result (`owner[rid]`, the index in `results`; -1: none), O(requests) in all rather than
+    per replica. The decode-tick counts its reads make (DecodeTicks) are let go after.
+
+    Raises:
+        SimulationError: as verify_tokens.
+    """
+    if not results:
+        return
+    first = results[0]
+    finish_step, finish_reason, target = first.finish_step, first.finish_reason, first.target
+    try:
+        for r, k in enumerate(owner):
+            if k >= 0 and finish_step[r] >= 0 and finish_reason[r] not in ("abort", "timeout"):
+                got = results[k].num_tokens(r)
+                if got != target[r]:
+                    raise SimulationError(
+                        f"request {r} emitted {got} tokens, expected {target[r]} (finish reason {finish_reason[r]!r})"
+                    )
+    finally:
+        for res in results:
+            res.step_ticks.release()  # the counts its reads made (4 bytes a step)

@@ -56,6 +56,10 @@ __all__ = [
 class RoundRobinRouter:
     """Replicas 0, 1, ..., N-1, 0, ... in arrival order."""
 
+    #: Reads no replica figure but num_outstanding: the event loop may leave a replica in a run of
+    #: plain decode steps unvisited until a request could finish (Replica.wake_at).
+    reads_only_outstanding = True
+
     cursor: int = 0
 
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
@@ -68,6 +72,10 @@ class RoundRobinRouter:
 @dataclass(slots=True)
 class LeastOutstandingRouter:
     """The replica with the fewest unfinished requests; ties go to the lowest index."""
+
+    #: Reads no replica figure but num_outstanding: the event loop may leave a replica in a run of
+    #: plain decode steps unvisited until a request could finish (Replica.wake_at).
+    reads_only_outstanding = True
 
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
         """Return the least loaded replica."""
@@ -225,6 +233,10 @@ class SessionAffinityRouter:
 @dataclass(slots=True)
 class RandomRouter:
     """A replica drawn uniformly with Python's random.Random(seed): the same seed, the same routes."""
+
+    #: Reads no replica figure but num_outstanding: the event loop may leave a replica in a run of
+    #: plain decode steps unvisited until a request could finish (Replica.wake_at).
+    reads_only_outstanding = True
 
     seed: int = DEFAULT_ROUTER_SEED
     rng: random.Random = field(init=False)

@@ -79,6 +79,28 @@ class ScaledCost:
         return self.factor * self.inner.step_time(plan)
 
     @property
+    def pure_step_time(self) -> bool:
+        """Whether step_time depends on the plan alone and changes nothing: the inner model's answer."""
+        return bool(getattr(self.inner, "pure_step_time", False))
+
+    @property
+    def plain_decode_times_vectorized(self) -> bool:
+        """Whether plain_decode_times prices many steps for about the cost of one: the inner model's answer."""
+        return bool(getattr(self.inner, "plain_decode_times_vectorized", False))
+
+    def plain_decode_times(
+        self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
+    ) -> list[float] | None:
+        """The inner model's plain_decode_times, each times the factor (as step_time scales a step), s;
+        None when the inner model has none. Defined here: delegated, it would price steps unscaled."""
+        inner = getattr(self.inner, "plain_decode_times", None)
+        times = None if inner is None else inner(offsets, offset_sum, step, count)
+        if times is None:
+            return None
+        factor = self.factor
+        return [factor * t for t in times]
+
+    @property
     def frontend_s(self) -> float:
         """The inner model's per-request front end, s, unscaled (a request's cost, not a step's)."""
         return float(getattr(self.inner, "frontend_s", 0.0))
