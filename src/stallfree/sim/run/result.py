@@ -389,7 +389,8 @@ def verify_tokens(res: SimResult) -> None:
 def verify_cluster_tokens(results: Sequence[SimResult], owner: Sequence[int]) -> None:
     """verify_tokens for a cluster's replicas sharing per-request arrays: each request checked once, in its
     own replica's result (`owner[rid]`, the index in `results`; -1: none), O(requests) in all rather than
-    per replica. The decode-tick counts its reads make (DecodeTicks) are let go after.
+    per replica. One replica at a time (its requests gathered first, 4 bytes each), so that the decode-tick
+    counts its reads make (DecodeTicks, 4 bytes a step) are held for one replica, not every one at once.
 
     Raises:
         SimulationError: as verify_tokens.
@@ -398,14 +399,20 @@ def verify_cluster_tokens(results: Sequence[SimResult], owner: Sequence[int]) ->
         return
     first = results[0]
     finish_step, finish_reason, target = first.finish_step, first.finish_reason, first.target
-    try:
-        for r, k in enumerate(owner):
-            if k >= 0 and finish_step[r] >= 0 and finish_reason[r] not in ("abort", "timeout"):
-                got = results[k].num_tokens(r)
-                if got != target[r]:
-                    raise SimulationError(
-                        f"request {r} emitted {got} tokens, expected {target[r]} (finish reason {finish_reason[r]!r})"
-                    )
-    finally:
-        for res in results:
+    mine: list[array[int]] = [array("i") for _ in results]
+    for r, k in enumerate(owner):
+        if k >= 0:
+            mine[k].append(r)
+    for k, res in enumerate(results):
+        try:
+            for r in mine[k]:
+                if finish_step[r] >= 0 and finish_reason[r] not in ("abort", "timeout"):
+                    got = res.num_tokens(r)
+                    if got != target[r]:
+                        raise SimulationError(
+                            f"request {r} emitted {got} tokens, expected {target[r]} "
+                            f"(finish reason {finish_reason[r]!r})"
+                        )
+        finally:
             res.step_ticks.release()  # the counts its reads made (4 bytes a step)
+        mine[k] = array("i")
