@@ -151,9 +151,12 @@ def test_finished_requests_leave_the_loop():
     assert summarize_result(c.merged)["completed"] == len(work)
 
 
-def test_select_finds_weighted_order_statistics():
-    """The radix selection over (value, count) pieces: the k-th smallest of the expanded multiset
-    (np.repeat, then sort), for values with ties, zeros and negatives, pieces of any size."""
+@pytest.mark.parametrize("sort_pairs", [itl.SORT_PAIRS, 0], ids=["sorted-at-once", "radix"])
+def test_select_finds_weighted_order_statistics(monkeypatch, sort_pairs):
+    """The selection over (value, count) pieces, all pairs sorted at once or by radix passes (beyond
+    SORT_PAIRS): the k-th smallest of the expanded multiset (np.repeat, then sort), for values with ties,
+    zeros and negatives, pieces of any size."""
+    monkeypatch.setattr(itl, "SORT_PAIRS", sort_pairs)
     rng = np.random.default_rng(7)
     values = np.concatenate([np.round(rng.normal(0.02, 0.01, 3000), 5), [0.0, -0.0, 1e-300, -3.5, 7e3]])
     counts = rng.integers(0, 4, len(values))

@@ -31,6 +31,9 @@ __all__ = ["CHUNK", "itl_stats", "median", "pairwise_sum", "percentile", "select
 
 #: Gaps generated at once (8 bytes each, a few arrays of them): the memory the sums take.
 CHUNK = 1 << 16
+#: select() sorts up to this many (value, count) pairs at once (24 bytes each while it does) and selects
+#: by radix beyond.
+SORT_PAIRS = 1 << 20
 
 
 def pairwise_sum(n: int, piece: Callable[[int, int], Any]) -> float:
@@ -190,11 +193,26 @@ class _Gaps:
 
 def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]]) -> dict[int, float]:
     """The rank-k smallest (0-based) of a multiset of float64 values for each k of `ranks`, the
-    multiset given as (values, counts) pieces by pairs() (called once per pass): a radix selection on
-    the values' 64 bits in order-preserving form, 16 bits a pass (4 passes), in memory of a piece
-    and 2**16 counts per rank. Exact: the result is one of the values."""
+    multiset given as (values, counts) pieces by pairs() (called once per pass). Up to SORT_PAIRS
+    (value, count) pairs in all, they are sorted at once (a replica's pairs: one pass); beyond, a radix
+    selection on the values' 64 bits in order-preserving form, 16 bits a pass (4 passes), in memory of
+    a piece and 2**16 counts per rank. Exact either way: the result is one of the values."""
     import numpy as np
 
+    values, counts, held = [], [], 0
+    for v, c in pairs():
+        held += len(v)
+        if held > SORT_PAIRS:
+            break
+        values.append(np.asarray(v, dtype=np.float64))
+        counts.append(np.asarray(c, dtype=np.int64))
+    else:
+        every = np.concatenate(values) if values else np.empty(0)
+        order = np.argsort(every, kind="stable")
+        cum = np.cumsum(np.concatenate(counts)[order]) if counts else np.empty(0, dtype=np.int64)
+        # The rank-k value is the first in sorted order whose cumulative count passes k.
+        return {k: float(every[order[int(np.searchsorted(cum, k, side="right"))]]) for k in ranks}
+    del values, counts
     top = np.uint64(1 << 63)
     prefix = {k: 0 for k in ranks}
     left = {k: k for k in ranks}  # rank within the values sharing the prefix
