@@ -33,7 +33,7 @@ from typing import Any
 
 from stallfree.core.errors import StallfreeError
 from stallfree.core.plan import StepPlan
-from stallfree.sim.run.costs import StepCostModel
+from stallfree.sim.run.costs import InnerPlainPricing, StepCostModel
 
 __all__ = [
     "PROFILES_FILE",
@@ -201,7 +201,7 @@ def default_profile(kernels: str | None) -> EngineProfile:
 
 
 @dataclass(frozen=True, slots=True)
-class ProfiledCostModel:
+class ProfiledCostModel(InnerPlainPricing):
     """A step cost model plus a profile's step terms: inner + step_s + per_sampled_s x sampled tokens.
 
     The front-end term is not a step's: a simulation records ``frontend_s`` in its result's config and the
@@ -223,27 +223,10 @@ class ProfiledCostModel:
         E2E (stallfree.sim.outputs.report.latency_arrays reads it from the result's config)."""
         return self.profile.frontend_s
 
-    @property
-    def pure_step_time(self) -> bool:
-        """Whether step_time depends on the plan alone and changes nothing: the inner model's answer."""
-        return bool(getattr(self.inner, "pure_step_time", False))
-
-    @property
-    def plain_decode_times_vectorized(self) -> bool:
-        """Whether plain_decode_times prices many steps for about the cost of one: the inner model's answer."""
-        return bool(getattr(self.inner, "plain_decode_times_vectorized", False))
-
-    def plain_decode_times(
-        self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
-    ) -> list[float] | None:
-        """step_time of each of `count` decode-only steps, s (the inner model's plain_decode_times plus
-        the profile's terms, as step_time adds them); None when the inner model has no such pricing."""
-        inner = getattr(self.inner, "plain_decode_times", None)
-        times = None if inner is None else inner(offsets, offset_sum, step, count)
-        if times is None or not offsets:
-            return times
-        p, nd = self.profile, len(offsets)
-        return [t + p.step_s + p.per_sampled_s * nd for t in times]
+    def _plain_times(self, times: list[float], num_decodes: int) -> list[float]:
+        """The inner model's prices of decode-only steps with the profile's terms, as step_time adds them."""
+        p = self.profile
+        return [t + p.step_s + p.per_sampled_s * num_decodes for t in times] if num_decodes else times
 
     def bind_replica(self, res: Any) -> StepCostModel:
         """A replica's pricer: the inner model's own, when it binds one (a kernel model's step cache, a

@@ -6,11 +6,11 @@ Imports allowed: the standard library and stallfree.core.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from stallfree.core.plan import StepPlan
 
-__all__ = ["LinearCostModel", "StepCostModel"]
+__all__ = ["InnerPlainPricing", "LinearCostModel", "StepCostModel"]
 
 
 @runtime_checkable
@@ -70,3 +70,39 @@ class LinearCostModel:
             + self.per_token_s * plan.num_tokens
             + self.per_context_token_s * plan.decode_context_sum
         )
+
+
+class InnerPlainPricing:
+    """A base for a cost model that wraps another (`inner`) and derives each step's price from the inner
+    one's: the inner model's answers about runs of plain decode steps (stallfree.core.plain_steps), and its
+    plain_decode_times mapped through the wrapper's own `_plain_times(times, num_decodes)`, which must do to
+    each price what the wrapper's step_time does to a decode-only step's. Defined, not delegated: a wrapper
+    that hands unknown attributes to its inner model would otherwise price runs as the inner model does.
+    """
+
+    __slots__ = ()
+    inner: Any
+
+    @property
+    def pure_step_time(self) -> bool:
+        """Whether step_time depends on the plan alone and changes nothing: the inner model's answer."""
+        return bool(getattr(self.inner, "pure_step_time", False))
+
+    @property
+    def plain_decode_times_vectorized(self) -> bool:
+        """Whether plain_decode_times prices many steps for about the cost of one: the inner model's answer."""
+        return bool(getattr(self.inner, "plain_decode_times_vectorized", False))
+
+    def plain_decode_times(
+        self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
+    ) -> list[float] | None:
+        """step_time of each of `count` decode-only steps, s, the first numbered `step`, of the decodes at
+        `offsets` (summing to `offset_sum`), one token each: the inner model's prices through `_plain_times`;
+        None when the inner model has no such pricing (the caller then prices each step's plan)."""
+        inner = getattr(self.inner, "plain_decode_times", None)
+        times = None if inner is None else inner(offsets, offset_sum, step, count)
+        return None if times is None else self._plain_times(times, len(offsets))
+
+    def _plain_times(self, times: list[float], num_decodes: int) -> list[float]:
+        raise NotImplementedError
+

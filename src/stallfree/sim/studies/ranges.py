@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.plan import StepPlan
-from stallfree.sim.run.costs import StepCostModel
+from stallfree.sim.run.costs import InnerPlainPricing, StepCostModel
 
 __all__ = [
     "RANGE_KEYS",
@@ -56,7 +56,7 @@ RANGE_KEYS: tuple[str, ...] = tuple(
 
 
 @dataclass(frozen=True, slots=True)
-class ScaledCost:
+class ScaledCost(InnerPlainPricing):
     """A cost model whose every step takes `factor` times the inner model's time.
 
     Args:
@@ -78,25 +78,8 @@ class ScaledCost:
         """Return the inner model's step time times the factor, s."""
         return self.factor * self.inner.step_time(plan)
 
-    @property
-    def pure_step_time(self) -> bool:
-        """Whether step_time depends on the plan alone and changes nothing: the inner model's answer."""
-        return bool(getattr(self.inner, "pure_step_time", False))
-
-    @property
-    def plain_decode_times_vectorized(self) -> bool:
-        """Whether plain_decode_times prices many steps for about the cost of one: the inner model's answer."""
-        return bool(getattr(self.inner, "plain_decode_times_vectorized", False))
-
-    def plain_decode_times(
-        self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
-    ) -> list[float] | None:
-        """The inner model's plain_decode_times, each times the factor (as step_time scales a step), s;
-        None when the inner model has none. Defined here: delegated, it would price steps unscaled."""
-        inner = getattr(self.inner, "plain_decode_times", None)
-        times = None if inner is None else inner(offsets, offset_sum, step, count)
-        if times is None:
-            return None
+    def _plain_times(self, times: list[float], num_decodes: int) -> list[float]:
+        """The inner model's prices of decode-only steps times the factor, as step_time scales a step."""
         factor = self.factor
         return [factor * t for t in times]
 
