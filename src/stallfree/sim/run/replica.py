@@ -42,7 +42,7 @@ _DONE = int(RequestState.DONE)
 #: chunks are all _PLAIN_CHUNK long.
 _PLAIN_LIMIT = 4096
 #: Shorter runs are stepped through the scheduler: taking one costs about what three steps do.
-_PLAIN_SHORTEST = 8
+_PLAIN_SHORTEST = 4
 _PLAIN_CHUNK_FIRST = 32
 _PLAIN_CHUNK = 256
 
