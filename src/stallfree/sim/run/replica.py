@@ -213,8 +213,8 @@ class Replica:
             self._clock.t = now
         plan = self._schedule()
         if not plan.num_tokens and not plan.preempted:
-            self._complete(plan)
-            self._record(plan, now, now)
+            self.tick = self._close(plan, now, now, self.step, self.tick)
+            self.step += 1
             self.stalled = True
             return None
         step = self.step
@@ -245,28 +245,10 @@ class Replica:
         start = self._start
         self._plan = None
         self.last_start, self.last_end = start, end
-        self._complete(plan)
-        if plan.num_decodes:
-            self.tick += 1
-        if plan.prefills:
-            self._emitted_from_prefill(plan, self.step)
         self.busy = False
-        # The row, as _record writes it (inlined: this is the loop's hot path).
-        inner = self.inner
-        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
-        a_start(start)
-        a_end(end)
-        a_tok(plan.num_tokens)
-        a_dec(plan.num_decodes)
-        a_kv(self.res.kv_total - inner.kv_free)
-        a_wait(inner.num_waiting)
-        a_tick(self.tick)
-        finished = inner.last_finished
-        if finished:
-            self._finished(finished, self.step)
-            self.num_outstanding -= len(finished)
+        self.tick = self._close(plan, start, end, self.step, self.tick)
         self.step += 1
-        return finished
+        return self.inner.last_finished
 
     @property
     def parked(self) -> bool:
@@ -301,7 +283,7 @@ class Replica:
         and start the next step at that end, and so on. A step that ends at `until` is finished and the next
         one left to start after that instant's arrivals; one that ends after `until` stays in flight; an
         idle or stalled replica is left as it is. What finish_step and start_step do, step for step and row
-        for row, written out with the state in locals as in run_steps: the hot path of a cluster.
+        for row (each step completed by _close, as theirs), with the step number and ticks in locals.
 
         Runs of plain decode steps (stallfree.core.plain_steps) are priced without a plan object each and
         taken at once, their rows written together. With `park`, a run is priced to its end and the
@@ -312,11 +294,10 @@ class Replica:
         """
         if not self.busy or self.step_end > until:
             return
-        schedule, complete, step_time = self._schedule, self._complete, self._step_time
+        schedule, close, step_time = self._schedule, self._close, self._step_time
         inner, res, decoding = self.inner, self.res, self.decoding
         has_unfinished = inner.has_unfinished
-        kv_total, admit_step = res.kv_total, res.admit_step
-        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
+        admit_step = res.admit_step
         clock = self._clock
         plain = self._plain_ok
         plan, start, end = self._plan, self._start, self.step_end
@@ -338,23 +319,7 @@ class Replica:
                 else:
                     # The step in flight ends (finish_step).
                     self.last_start, self.last_end = start, end
-                    complete(plan)
-                    nd = plan.num_decodes
-                    if nd:
-                        tick += 1
-                    if plan.prefills:
-                        self._emitted_from_prefill(plan, step)
-                    a_start(start)
-                    a_end(end)
-                    a_tok(plan.num_tokens)
-                    a_dec(nd)
-                    a_kv(kv_total - inner.kv_free)
-                    a_wait(inner.num_waiting)
-                    a_tick(tick)
-                    finished = inner.last_finished
-                    if finished:
-                        self._finished(finished, step)
-                        self.num_outstanding -= len(finished)
+                    tick = close(plan, start, end, step, tick)
                     step += 1
                     if end == until:
                         break
@@ -379,10 +344,8 @@ class Replica:
                 self._chunk = self._chunk_first
                 plan = schedule()
                 if not plan.num_tokens and not plan.preempted:
-                    complete(plan)
-                    self.step, self.tick = step, tick
-                    self._record(plan, now, now)
-                    step = self.step
+                    tick = close(plan, now, now, step, tick)
+                    step += 1
                     self.stalled = True
                     break
                 if plan.preempted:
@@ -484,18 +447,16 @@ class Replica:
         would start before `until`, s (the next arrival), the scheduler has work and no plan is
         empty; return the time the last one ended (or `now`). What start_step(t) and finish_step at
         its end do, step for step and row for row, for a loop that knows nothing can happen during
-        a step (EventLoop's single-replica open-loop path). Written out once more, with the state in
-        locals, because this is the simulator's hot path: the two calls per step cost about a
-        tenth of its time.
+        a step (EventLoop's single-replica open-loop path), with the step number and ticks in locals
+        and each step completed by _close, as finish_step completes it.
 
         Raises:
             SimulationError: as start_step.
         """
-        schedule, complete, step_time = self._schedule, self._complete, self._step_time
+        schedule, close, step_time = self._schedule, self._close, self._step_time
         inner, res, decoding = self.inner, self.res, self.decoding
         has_unfinished = inner.has_unfinished
-        kv_total, admit_step = res.kv_total, res.admit_step
-        a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
+        admit_step = res.admit_step
         step, tick = self.step, self.tick
         clock = self._clock
         try:
@@ -504,10 +465,8 @@ class Replica:
                     clock.t = now
                 plan = schedule()
                 if not plan.num_tokens and not plan.preempted:
-                    complete(plan)
-                    self.step, self.tick = step, tick
-                    self._record(plan, now, now)
-                    step = self.step
+                    tick = close(plan, now, now, step, tick)
+                    step += 1
                     self.stalled = True
                     break
                 nd = plan.num_decodes
@@ -519,45 +478,38 @@ class Replica:
                     if admit_step[rid] < 0:  # type: ignore[call-overload]
                         admit_step[rid] = step  # type: ignore[call-overload]
                 end = now + step_time(plan)
-                complete(plan)
-                if nd:
-                    tick += 1
-                if plan.prefills:
-                    self._emitted_from_prefill(plan, step)
-                a_start(now)
-                a_end(end)
-                a_tok(plan.num_tokens)
-                a_dec(nd)
-                a_kv(kv_total - inner.kv_free)
-                a_wait(inner.num_waiting)
-                a_tick(tick)
-                finished = inner.last_finished
-                if finished:
-                    self._finished(finished, step)
-                    self.num_outstanding -= len(finished)
+                tick = close(plan, now, end, step, tick)
                 step += 1
                 now = end
         finally:
             self.step, self.tick = step, tick
         return now
 
-    def _record(self, plan: StepPlan, start: float, end: float) -> dict[Hashable, FinishReason]:
+    def _close(self, plan: StepPlan, start: float, end: float, step: int, tick: int) -> int:
+        """Complete `plan`, step number `step`, run from `start` to `end`, s, and write its row; `tick`:
+        the steps with decodes before it. Returns those after it. Its finishes (the scheduler's
+        last_finished) are recorded after the row: closing a preempted request's segments reads it. The
+        one completion of a step that goes through the scheduler (finish_step, advance, run_steps)."""
         inner = self.inner
+        self._complete(plan)
+        nd = plan.num_decodes
+        if nd:
+            tick += 1
+        if plan.prefills:
+            self._emitted_from_prefill(plan, step)
         a_start, a_end, a_tok, a_dec, a_kv, a_wait, a_tick = self._append
         a_start(start)
         a_end(end)
         a_tok(plan.num_tokens)
-        a_dec(plan.num_decodes)
+        a_dec(nd)
         a_kv(self.res.kv_total - inner.kv_free)
         a_wait(inner.num_waiting)
-        a_tick(self.tick)
-        # After this step's row is recorded: closing a preempted request's segments reads it.
+        a_tick(tick)
         finished = inner.last_finished
         if finished:
-            self._finished(finished, self.step)
+            self._finished(finished, step)
             self.num_outstanding -= len(finished)
-        self.step += 1
-        return finished
+        return tick
 
     def _emitted_from_prefill(self, plan: StepPlan, step: int) -> None:
         """A last prefill chunk emitted a token: the first, or the next after a preemption."""
