@@ -142,10 +142,11 @@ def test_closed_loop_refuses_bad_values(kwargs: dict[str, object], field: str) -
 
 
 def test_open_loop_arrivals_ignore_ends() -> None:
-    """Open-loop Arrivals copy the workload and a request's end sends nothing."""
-    a = Arrivals(fixed(2))
+    """Open-loop Arrivals read the workload's own arrival times (no copy) and a request's end sends nothing."""
+    wl = fixed(2)
+    a = Arrivals(wl)
     a.ended(5.0)
-    assert a.times == [0.0, 1.0] and a.sent == 2
+    assert a.times is wl.arrivals and list(a.times) == [0.0, 1.0] and a.sent == 2
 
 
 def setup(concurrency: int | None, n: int = 4, **kw: object) -> Setup:

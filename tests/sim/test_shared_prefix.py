@@ -19,7 +19,7 @@ def test_prompts_and_ids_by_hand():
     """2 groups x 3 prompts of 40 + 10 tokens: blocks 0-1 (tokens 0-31) are the group's, blocks 2-3 the
     request's own (block 2 holds question tokens 40-47; block 3 is partial)."""
     wl = _small()
-    assert len(wl) == 6 and wl.prompt_lens == (50,) * 6 and wl.output_lens == (5,) * 6
+    assert len(wl) == 6 and tuple(wl.prompt_lens) == (50,) * 6 and tuple(wl.output_lens) == (5,) * 6
     firsts = {row[:2] for row in wl.prefix_ids}
     assert len(firsts) == 2  # one shared pair of ids per group
     owns = [i for row in wl.prefix_ids for i in row[2:]]

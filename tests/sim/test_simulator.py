@@ -91,7 +91,7 @@ def test_max_tokens_stops_short_outputs_and_cuts_long_ones():
     res = simulate(wl((0.0, 4, 2), (0.0, 4, 10), (0.0, 4, 1)), cfg(budget=64), COST, max_tokens=5)
     assert res.finish_reason == ["stop", "length", "stop"]
     assert [len(res.token_times(r)) for r in range(3)] == [2, 5, 1]
-    assert res.max_new == [5, 5, 5]
+    assert list(res.max_new) == [5, 5, 5]
     # The reservation is prompt + max_new = 9 tokens each, whatever the real output.
     assert res.step_kv_used[0] == 3 * 9 - 9  # request 2 stopped on its first token, in step 0
 

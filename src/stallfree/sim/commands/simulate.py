@@ -188,6 +188,13 @@ def run(args: argparse.Namespace) -> int:
             args.enable_prefix_caching = False
     setup = setup_from_args(args)
     _check_resolved(args, setup)
+    if not args.keep_records:
+        wl = setup.workload
+        what = "tenants" if wl.tenants is not None else "LoRA adapters" if wl.loras is not None else None
+        if what is not None:
+            raise CliError(f"--no-records: {wl.name} names {what}, whose figures read per-request records: keep "
+                           "the records (drop --no-records)", 2)
+        setup.keep_records = False
     if args.max_queue_time is not None:
         if args.compare or args.batching != "chunked" or args.step_time_target is not None:
             raise CliError("--max-queue-time applies to chunked batching without --compare or --step-time-target", 2)

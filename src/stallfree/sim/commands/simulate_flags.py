@@ -98,6 +98,12 @@ def _add_batching_flags(g: Any) -> None:
         "10th and 90th percentile of the measured step-time error: docs/simulator.md, \"Ranges\")",
     )
     g.add_argument("--records", type=Path, metavar="FILE", help="per-request records to FILE (.csv or .json)")
+    g.add_argument(
+        "--no-records", dest="keep_records", action="store_false",
+        help="keep no per-step or per-request records: the summary is built as the run goes, in memory that "
+        "grows with the requests in flight (for runs of millions of requests); percentiles within 0.1%% "
+        "(a quantile sketch), no overload analysis (docs/simulator.md, \"Runs without records\")",
+    )
 
 
 def _has_cpu_tier(args: argparse.Namespace) -> bool:
@@ -140,6 +146,23 @@ def _check_mode_flags(args: argparse.Namespace) -> None:
         raise CliError("a CPU KV tier runs with a token budget: drop --step-time-target", 2)
     if args.kv_offloading_size is not None and not 0 < args.kv_offloading_size < math.inf:
         raise CliError(f"--kv-offloading-size {args.kv_offloading_size:g}: must be a number of GiB > 0", 2)
+    if not args.keep_records:
+        _check_no_records(args)
+
+
+def _check_no_records(args: argparse.Namespace) -> None:
+    """--no-records: refuse what reads the records it does not keep (usage errors, exit 2)."""
+    clashes = [
+        ("--records", args.records is not None), ("--out", args.out is not None), ("--check", args.check),
+        ("--compare", args.compare), ("--compare-caching", args.compare_caching),
+        ("--batching", args.batching != "chunked"), ("--step-time-target", args.step_time_target is not None),
+        ("--disaggregate", args.disaggregate is not None), ("--autoscale", args.autoscale is not None),
+        ("--concurrency", args.concurrency is not None), ("--max-loras", args.max_loras is not None),
+        ("--synthetic sessions", args.synthetic == "sessions"),
+    ]
+    for flag, given_ in clashes:
+        if given_:
+            raise CliError(f"--no-records keeps no records, and {flag} reads or writes them: drop one of them", 2)
 
 
 #: Flags of --disaggregate P:D alone.

@@ -117,6 +117,8 @@ class Setup:
     lora: dict[str, Any] | None
     #: Seconds a request may wait for admission before it is shed (ReplicaConfig.max_queue_time_s); None.
     max_queue_time_s: float | None
+    #: False: the runs keep no per-step or per-request records (simulate(records=False), `--no-records`).
+    keep_records: bool
 
     def __init__(self, workload_options: WorkloadOptions | None = None,
                  hardware_options: HardwareOptions | None = None,
@@ -127,6 +129,7 @@ class Setup:
         self.workload_options = workload_options or WorkloadOptions()
         self.hardware_options = hardware_options or HardwareOptions()
         self.max_queue_time_s = None
+        self.keep_records = True
         self.kv_offloading_gib = kv_offloading_gib
         if isinstance(scheduler, str):  # the former Setup(scheduler="paged"), the KV policy
             legacy["scheduler"], scheduler = scheduler, None

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from stallfree.sim.inputs.traces import load_bundled, load_trace
 from stallfree.sim.inputs.workload import Workload
@@ -142,22 +144,25 @@ def synthetic(
     if not (math.isfinite(burstiness) and burstiness > 0):
         raise ValueError(f"burstiness must be a finite number > 0, got {burstiness!r}")
     rng = random.Random(seed)
-    gaps = list(_gaps(rng, num_requests - 1, rate, arrival, burstiness))
-    arrivals = [0.0]
-    for g in gaps:
-        arrivals.append(arrivals[-1] + g)
+    # Drawn straight into C arrays (8 bytes an arrival, 4 a length; a tuple of Python numbers takes 32 to
+    # 36 a value): a day of a fleet's traffic is millions of requests. The same draws, in the same order.
+    arrivals = array("d", accumulate(_gaps(rng, num_requests - 1, rate, arrival, burstiness), initial=0.0))
     if prompt_len.kind == "trace" and output_len.kind == "trace" and prompt_len.path == output_len.path:
         pairs = _trace_pairs(prompt_len)
-        drawn = [rng.choice(pairs) for _ in range(num_requests)]
-        prompts, outputs = [p for p, _ in drawn], [o for _, o in drawn]
+        choice = rng.choice
+        prompts, outputs = array("i"), array("i")
+        for _ in range(num_requests):
+            p, o = choice(pairs)
+            prompts.append(p)
+            outputs.append(o)
     else:
-        prompts = _sample_lengths(prompt_len, rng, num_requests, 0)
-        outputs = _sample_lengths(output_len, rng, num_requests, 1)
+        prompts = array("i", _sample_lengths(prompt_len, rng, num_requests, 0))
+        outputs = array("i", _sample_lengths(output_len, rng, num_requests, 1))
     label = f"{arrival}(rate={rate:g}" + (f", burstiness={burstiness:g}" if arrival == "gamma" else "")
     return Workload(
-        arrivals=tuple(arrivals),
-        prompt_lens=tuple(prompts),
-        output_lens=tuple(outputs),
+        arrivals=arrivals,  # type: ignore[arg-type]
+        prompt_lens=prompts,  # type: ignore[arg-type]
+        output_lens=outputs,  # type: ignore[arg-type]
         name=f"{label}; prompt {prompt_len}; output {output_len}; seed {seed})",
     )
 

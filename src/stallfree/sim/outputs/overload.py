@@ -336,7 +336,8 @@ def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header
              replicas: int = 1) -> list[str]:
     """Add "overload" and "tail_burst" (None or their dicts) and saturation's keys to each summary;
     return the lines to print: one overload warning for the study (its first overloaded run, "(k of n
-    runs)" when several are) and a burst note per run whose TTFT tail comes from a burst."""
+    runs)" when several are) and a burst note per run whose TTFT tail comes from a burst. A run without
+    records (its result has a tally) gets None for all five and a note that says so."""
     rate_scale = float(header.get("rate_scale") or 1.0)
     offered = header.get("offered_rate")
     warn: list[str] = []
@@ -345,6 +346,13 @@ def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header
         if s.get("achieved_request_rate") is not None:  # closed loop: the clients set the rate
             s["overload"] = s["tail_burst"] = s["saturated_window_s"] = s["saturated_by"] = None
             s["saturated"] = False
+            continue
+        if getattr(res, "tally", None) is not None:  # no records: the queue and tail analyses read them
+            s["overload"] = s["tail_burst"] = s["saturated_window_s"] = s["saturated_by"] = s["saturated"] = None
+            load = s.get("load")
+            against = f"; offered load {load:.2f} of the sustained rate" if load is not None else ""
+            notes.append(f"note: {s['label']}: run without records: no overload, saturation or burst analysis "
+                         f"(they read each request's queueing delay){against}")
             continue
         lat = latency_arrays(res, itl=False)  # overload and bursts read no inter-token gap
         med: list[float] = []

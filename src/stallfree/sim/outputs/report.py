@@ -187,8 +187,17 @@ def summarize_result(
         (stallfree.sim.inputs.sessions.session_summary). A closed-loop run
         (config concurrency, think_time_s) adds achieved_request_rate: requests sent (refused ones
         included) / duration_s, requests/s.
+
+        A run that kept no records (res.tally: stallfree.sim.run.tally) gives the same keys from its
+        tally, its percentiles within the tally's relative accuracy (percentile_relative_error, a key of
+        its own), its means and sums to about 1e-12.
+
+    Raises:
+        ValueError: a run without records summarized against other SLOs than the ones it counted.
     """
     pcts = tuple(percentiles)
+    if res.tally is not None:
+        return _summarize_tally(res, slo_ttft, slo_tpot, pcts)
     # The gaps' figures first, before the latency arrays exist: their pieces and those arrays are the
     # summary's two largest holdings, so they are never held at once.
     done = finished_rids(res)
@@ -330,3 +339,82 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
         kv_tier=res.kv_tier,
         sim_wall_s=res.wall_s,
     )
+
+
+def _summarize_tally(res: SimResult, slo_ttft: float | None, slo_tpot: float | None,
+                     pcts: tuple[float, ...]) -> dict[str, Any]:
+    """summarize_result of a run that kept no records, from its tally (stallfree.sim.run.tally.RunTally)."""
+    from stallfree.sim.outputs.buckets import PROMPT_BUCKETS
+    from stallfree.sim.run.tally import ALPHA
+
+    t = res.tally
+    if (slo_ttft, slo_tpot) != (t.slo_ttft, t.slo_tpot):
+        raise ValueError(f"a run without records counted its goodput against slo_ttft={t.slo_ttft!r}, "
+                         f"slo_tpot={t.slo_tpot!r}: it cannot be summarized against slo_ttft={slo_ttft!r}, "
+                         f"slo_tpot={slo_tpot!r}")
+    t.flush()
+    out: dict[str, Any] = {"label": res.label, "workload": res.workload, **res.config}
+    out["num_requests"] = res.num_requests
+    out["rejected"] = len(res.rejected)
+    out["rejected_by_reason"] = res.rejected_by_reason
+    if t.completed == 0:
+        out["completed"] = 0
+        return out
+    duration = t.last_finish - min(res.arrival)
+    out.update(throughput_figures(t.completed, t.input_tokens, t.output_tokens, duration))
+    out["slo_attainment"] = None
+    if slo_ttft is not None or slo_tpot is not None:
+        out["request_goodput"] = t.good / duration if duration > 0 else math.inf
+        out["slo_attainment"] = t.good / t.completed
+    for name, key in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2el", "e2e"), ("queue", "queue")):
+        if key == "itl":
+            sketch, moments = t.itl, t.itl_moments
+        else:
+            sketch, moments = t.figures[key].sketch, t.figures[key].moments
+        out.update(_sketch_stats(name, sketch, moments, pcts))
+    buckets: dict[str, dict[str, Any]] = {}
+    for bucket, _, _ in PROMPT_BUCKETS:
+        if bucket not in t.buckets:
+            continue
+        row: dict[str, Any] = {"requests": t.bucket_requests[bucket]}
+        for key, label in (("ttft", "ttft"), ("tpot", "tpot"), ("e2e", "e2el")):
+            sketch = t.buckets[bucket][key].sketch
+            median, p99 = sketch.percentiles((50, 99)) if sketch.n else (None, None)
+            row[f"median_{label}_ms"] = median * 1e3 if median is not None else None
+            row[f"p99_{label}_ms"] = p99 * 1e3 if p99 is not None else None
+        buckets[bucket] = row
+    out["by_prompt_len"] = buckets
+    n, busy = t.num_steps, t.busy_s
+    mean_tokens = t.token_sum / n if n else math.nan
+    budget = res.config.get("token_budget")
+    out.update(
+        num_steps=n,
+        mean_tokens_per_step=mean_tokens,
+        budget_utilization=mean_tokens / budget if budget else None,
+        queued_fraction=t.queued_steps / n if n else math.nan,
+        mean_kv_utilization=t.kv_s / busy / res.kv_total if res.kv_total and busy else None,
+        max_kv_utilization=t.kv_max / res.kv_total if res.kv_total and t.kv_max is not None else None,
+        mean_running_decodes=t.decodes_s / busy if busy else 0.0,
+        num_preemptions=res.num_preemptions,
+        num_recomputed_tokens=res.num_recomputed_tokens,
+        prefix_cache_hit_rate=res.prefix_cache_hit_rate,
+        prefix_cache_hit_rate_bound=res.prefix_cache_hit_rate_bound,
+        prefix_cache_evictions=res.prefix_cache_evictions,
+        prefix_cache_hit_rate_first_admission=res.prefix_cache_hit_rate_first_admission,
+        kv_tier=res.kv_tier,
+        sim_wall_s=res.wall_s,
+        percentile_relative_error=ALPHA,
+    )
+    return out
+
+
+def _sketch_stats(name: str, sketch: Any, moments: Any, percentiles: Sequence[float]) -> dict[str, float | None]:
+    """_stats' keys (ms) from a sketch (the median and percentiles) and moments (the mean and std), in s."""
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms"] + [f"p{q:g}_{name}_ms" for q in percentiles]
+    if moments.n <= 0:
+        return dict.fromkeys(keys, None)
+    values = sketch.percentiles((50, *percentiles))
+    out: dict[str, float | None] = {keys[0]: moments.mean * 1e3, keys[1]: values[0] * 1e3, keys[2]: moments.std * 1e3}
+    for q, v in zip(percentiles, values[1:], strict=True):
+        out[f"p{q:g}_{name}_ms"] = v * 1e3
+    return out

@@ -59,7 +59,8 @@ from stallfree.sim.run.routers import (
     make_router,
 )
 from stallfree.sim.run.session_run import SessionArrivals, SessionEntry, close_sessions
-from stallfree.sim.run.simulator import new_result, plan_run, run_group, shared_fields
+from stallfree.sim.run.simulator import new_result, no_records_tally, plan_run, run_group, shared_fields
+from stallfree.sim.run.tally import RunTally
 
 __all__ = [
     "ClusterError",
@@ -119,6 +120,9 @@ def simulate_cluster(
     cut_output_to_fit: bool = False,
     closed_loop: ClosedLoop | None = None,
     group: Callable[..., Any] | None = None,
+    records: bool = True,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
 ) -> ClusterResult:
     """Replay `workload` onto `num_replicas` identical replicas behind `router`.
 
@@ -134,6 +138,9 @@ def simulate_cluster(
         label: a name for reports (default: the config's label, then "xN <router>").
         group: runs the event loop over the replicas, with run_group's arguments and result (default
             run_group; stallfree.sim.run.autoscale.runner puts an autoscaler between arrivals and router).
+        records, slo_ttft, slo_tpot: as simulate: with records=False each replica builds its figures as it
+            runs (its result's tally) and the merged result's tally is theirs added up; no step rows are
+            kept or merged.
 
     Returns:
         A ClusterResult; every request not rejected finished exactly once on exactly one replica.
@@ -154,7 +161,8 @@ def simulate_cluster(
     # One set of per-request arrays (and one state byte per request) for every replica: each request
     # is written by its own replica alone (SimResult.owner).
     shared = shared_fields(len(workload))
-    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label, shared)
+    reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label, shared,
+                     None if records else no_records_tally(workload, closed_loop, slo_ttft, slo_tpot))
             for k in range(num_replicas)]
     for rep in reps[1:]:
         rep.state = reps[0].state
@@ -170,10 +178,13 @@ def simulate_cluster(
     sent = tuple(arrivals.sent_at) if isinstance(arrivals, SessionArrivals) else None
     for rep in reps:
         _close_replica(rep, wall, tuple(arrivals.times) if closed else sent, check)
-    verify_cluster_tokens(results, owner)
     # A session's turn is refused for its length only if it was sent (an earlier refusal ends the session).
     refused = dict(entry.refused) if sessions else too_long
-    merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, refused)
+    if records:
+        verify_cluster_tokens(results, owner)
+        merged, base = _merge(cluster_label, workload, config, target, max_new, results, routed, refused)
+    else:  # each request's tokens were checked as it finished
+        merged, base = _merge_tallies(cluster_label, workload, config, target, max_new, results, refused, shared)
     merged.wall_s = wall
     if closed:
         merged.arrival = tuple(arrivals.times)
@@ -193,14 +204,15 @@ def _check_replicas(replicas: int) -> None:
 def _replica(
     k: int, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
     workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
-    shared: tuple[Any, Any, Any, list[str]] | None = None,
+    shared: tuple[Any, Any, Any, list[str]] | None = None, tally: RunTally | None = None,
 ) -> Replica:
     """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result
-    labelled "<label>#k" (its per-request arrays `shared`, if given: simulator.shared_fields)."""
+    labelled "<label>#k" (its per-request arrays `shared`, if given: simulator.shared_fields); with a
+    `tally`, one that keeps no records."""
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
     res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner, shared)
-    return Replica(k, sched, inner, res, cost_model, async_of(scheduler))
+    return Replica(k, sched, inner, res, cost_model, async_of(scheduler), tally)
 
 
 def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:
@@ -209,6 +221,8 @@ def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, ch
     (each request's tokens are checked once for the whole cluster: verify_cluster_tokens)."""
     res = rep.res
     res.wall_s = wall
+    rep.finish_tally()
+    res.tally = rep.tally
     st = rep.inner.stats()
     res.num_preemptions, res.num_recomputed_tokens = st.num_preemptions, st.num_recomputed_tokens
     if sent is not None:
@@ -250,6 +264,31 @@ def _prefix_cache_figures(
     merged.prefix_cache_hit_rate = hits / queries if queries else 0.0
     merged.prefix_cache_evictions = evictions
     merged.prefix_cache_hit_rate_bound = wl.prefix_hit_bound(bs)
+
+
+def _merge_tallies(
+    label: str, wl: Workload, config: dict[str, Any], target: list[int], max_new: list[int],
+    results: list[SimResult], too_long: dict[int, str], shared: tuple[Any, Any, Any, list[str]],
+) -> tuple[SimResult, list[int]]:
+    """The merged result of replicas that kept no records: no step rows, the replicas' per-request arrays
+    (shared), their rejections and counters, and their tallies added up (RunTally.merge); with the step
+    bases _merge would give (each replica's steps counted)."""
+    m = new_result(label, wl, config, target, max_new, None, shared)
+    m.kv_total = sum(r.kv_total for r in results)
+    m.tally = RunTally(results[0].tally.slo_ttft, results[0].tally.slo_tpot)
+    base = [0]
+    for r in results:
+        m.tally.merge(r.tally)
+        base.append(base[-1] + r.tally.num_steps)
+        m.rejected.extend(r.rejected)
+        m.rejected_kind.update(r.rejected_kind)
+        m.num_preemptions += r.num_preemptions
+        m.num_recomputed_tokens += r.num_recomputed_tokens
+    for rid, why in too_long.items():
+        m.rejected.append((rid, why))
+        m.rejected_kind[rid] = CONTEXT_LENGTH
+    m.rejected.sort()
+    return m, base
 
 
 #: The step arrays of a SimResult.

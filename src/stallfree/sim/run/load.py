@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sized
 from dataclasses import dataclass
+from typing import cast
 
 from stallfree.sim.inputs.workload import Workload
 
@@ -52,7 +53,8 @@ class ClosedLoop:
 
 class Arrivals:
     """The arrival time of every request of one run, filled in as the run goes (closed loop) or
-    copied from the workload (open loop). Owned by the event loop that drives the run.
+    the workload's own (open loop: read, never written, so not copied). Owned by the event loop that
+    drives the run.
 
     Attributes:
         times: per request (workload order), its arrival, s; math.inf while a closed-loop
@@ -67,7 +69,8 @@ class Arrivals:
         n = len(workload)
         self.closed = closed
         if closed is None:
-            self.times = list(workload.arrivals)
+            # Read only under open loop: the workload's own sequence (a tuple or an array), not a copy.
+            self.times: list[float] = cast("list[float]", workload.arrivals)
             self.sent = n
             self.think = 0.0
         else:

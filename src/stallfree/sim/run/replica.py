@@ -28,6 +28,7 @@ from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.run.costs import StepCostModel
 from stallfree.sim.run.result import KV_CAPACITY, RequestState, SchedulerLike, SimResult, SimulationError
+from stallfree.sim.run.tally import RunTally
 
 __all__ = ["Replica"]
 
@@ -45,6 +46,9 @@ _PLAIN_LIMIT = 4096
 _PLAIN_SHORTEST = 4
 _PLAIN_CHUNK_FIRST = 32
 _PLAIN_CHUNK = 256
+#: With a tally (a run that keeps no records), step rows kept before the ones no request in flight can read
+#: are folded into it and let go (about 30 bytes a row).
+_FOLD_ROWS = 1 << 15
 
 
 def _repeat(column: object, value: int, k: int) -> Iterable[int]:
@@ -92,6 +96,10 @@ class Replica:
         async_scheduling: the engine plans each step while the previous one runs (vLLM's
             asynchronous scheduling): the event loop then hands the scheduler only the requests that
             arrived before the plan was made (stallfree.sim.run.loop.admit_async). Default off.
+        tally: keep no records (stallfree.sim.run.tally): `res`'s step rows are a window from the
+            step `base` on; a request's figures go to the tally when it finishes, and the rows no request
+            in flight can read are folded into it (finish_tally folds the rest). None (default): every
+            row is kept.
 
     Attributes:
         num_outstanding: requests routed here and not finished or rejected.
@@ -110,10 +118,11 @@ class Replica:
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
         "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk", "_chunk_first", "_cut",
+        "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
-                 cost: StepCostModel, async_scheduling: bool = False) -> None:
+                 cost: StepCostModel, async_scheduling: bool = False, tally: RunTally | None = None) -> None:
         self.index = index
         self.async_scheduling = bool(async_scheduling)
         self.last_start = self.last_end = float("-inf")
@@ -159,6 +168,14 @@ class Replica:
         self._cut = 0  # the run's steps before this index may be taken before what is pending is admitted
         self._ahead_start = 0.0
         self._ahead_nd = 0
+        # Keeping no records: the window's first step, the in-flight requests' admission steps (the oldest
+        # is the first row a finish can read), the end, s, of the last row folded.
+        self.tally = tally
+        self.base = 0
+        self._fold_at = _FOLD_ROWS if tally is not None else sys.maxsize
+        self._inflight: dict[int, int] | None = {} if tally is not None else None
+        self._prev_end = 0.0
+        self._frontend = float(res.config.get("frontend_s", 0.0))
 
     @property
     def kv_free(self) -> int:
@@ -223,10 +240,7 @@ class Replica:
         if plan.num_decodes != len(self.decoding):
             self._skips(plan, step)
         if plan.admitted:
-            admit_step = self.res.admit_step
-            for rid in plan.admitted:
-                if admit_step[rid] < 0:  # type: ignore[call-overload]
-                    admit_step[rid] = step  # type: ignore[call-overload]
+            self._admitted(plan.admitted, step)
         self._plan, self._start = plan, now
         self.busy = True
         end = self.step_end = now + self._step_time(plan)
@@ -295,9 +309,8 @@ class Replica:
         if not self.busy or self.step_end > until:
             return
         schedule, close, step_time = self._schedule, self._close, self._step_time
-        inner, res, decoding = self.inner, self.res, self.decoding
+        inner, decoding = self.inner, self.decoding
         has_unfinished = inner.has_unfinished
-        admit_step = res.admit_step
         clock = self._clock
         plain = self._plain_ok
         plan, start, end = self._plan, self._start, self.step_end
@@ -352,9 +365,8 @@ class Replica:
                     self._preempt(plan.preempted, step)
                 if plan.num_decodes != len(decoding):
                     self._skips(plan, step)
-                for rid in plan.admitted:
-                    if admit_step[rid] < 0:  # type: ignore[call-overload]
-                        admit_step[rid] = step  # type: ignore[call-overload]
+                if plan.admitted:
+                    self._admitted(plan.admitted, step)
                 start, end = now, now + step_time(plan)
                 if end > until:
                     self._plan, self._start, self.step_end = plan, start, end
@@ -433,6 +445,8 @@ class Replica:
         if finished:  # the run's last step finished requests
             self._finished(finished, self.step - 1)
             self.num_outstanding -= len(finished)
+        if len(res.step_end) >= self._fold_at:
+            self._fold()
         end = taken[-1]
         self.last_start = taken[-2] if k > 1 else first
         self.last_end = end
@@ -454,9 +468,8 @@ class Replica:
             SimulationError: as start_step.
         """
         schedule, close, step_time = self._schedule, self._close, self._step_time
-        inner, res, decoding = self.inner, self.res, self.decoding
+        inner, decoding = self.inner, self.decoding
         has_unfinished = inner.has_unfinished
-        admit_step = res.admit_step
         step, tick = self.step, self.tick
         clock = self._clock
         try:
@@ -474,9 +487,8 @@ class Replica:
                     self._preempt(plan.preempted, step)
                 if nd != len(decoding):
                     self._skips(plan, step)
-                for rid in plan.admitted:
-                    if admit_step[rid] < 0:  # type: ignore[call-overload]
-                        admit_step[rid] = step  # type: ignore[call-overload]
+                if plan.admitted:
+                    self._admitted(plan.admitted, step)
                 end = now + step_time(plan)
                 tick = close(plan, now, end, step, tick)
                 step += 1
@@ -509,7 +521,19 @@ class Replica:
         if finished:
             self._finished(finished, step)
             self.num_outstanding -= len(finished)
+        if len(self.res.step_end) >= self._fold_at:
+            self._fold()
         return tick
+
+    def _admitted(self, rids: Iterable[Hashable], step: int) -> None:
+        """Requests admitted in step `step`: the first admission's step is each one's admit_step."""
+        admit_step, inflight = self.res.admit_step, self._inflight
+        for rid in rids:
+            r = cast(int, rid)
+            if admit_step[r] < 0:
+                admit_step[r] = step
+                if inflight is not None:
+                    inflight[r] = step
 
     def _emitted_from_prefill(self, plan: StepPlan, step: int) -> None:
         """A last prefill chunk emitted a token: the first, or the next after a preemption."""
@@ -536,6 +560,8 @@ class Replica:
             self.state[ri] = _DONE
             if ri in self.seg_open or ri in res.segments:
                 self._close_segment(ri, step)
+        if self.tally is not None:
+            self._account(finished, step)
 
     def _skips(self, plan: StepPlan, step: int) -> None:
         """Some decoding requests are not decoding in this step: record it (rare but for steps
@@ -567,3 +593,97 @@ class Replica:
         segs = res.segments.setdefault(r, [])
         start = self.seg_open.pop(r, res.first_step[r])
         segs.append((start, last))
+
+    # Keeping no records (tally): a finished request's figures, and the window of step rows.
+
+    def _account(self, finished: dict[Hashable, FinishReason], step: int) -> None:
+        """Give the tally the figures of the requests that finished in step `step` (as
+        stallfree.sim.outputs.report.latency_arrays defines them), and check each one's tokens (as
+        verify_tokens does).
+
+        Raises:
+            SimulationError: a request emitted more or fewer tokens than its target.
+        """
+        res, base, tally = self.res, self.base, cast(RunTally, self.tally)
+        end, start = res.step_end, res.step_start
+        finish = end[step - base]
+        frontend = self._frontend
+        inflight = cast("dict[int, int]", self._inflight)
+        for rid in finished:
+            r = cast(int, rid)
+            inflight.pop(r, None)
+            first = res.first_step[r]
+            if first < 0:
+                continue  # shed before its first token: in no latency figure
+            arrival, target = res.arrival[r], res.target[r]
+            t_first = end[first - base]
+            tpot = (finish - t_first) / (target - 1) if target > 1 else None
+            queue = start[res.admit_step[r] - base] - arrival
+            tally.request(t_first - arrival + frontend, tpot, finish - arrival + frontend, queue, finish,
+                          res.prompt_len[r], target)
+            if r in res.skips or r in res.segments:
+                got = self._irregular_gaps(r, first, step)
+                res.skips.pop(r, None)  # what is left of a finished request: its figures
+                res.segments.pop(r, None)
+            else:
+                got = step - first + 1  # a first token, then one in each step after it
+            if got != target and res.finish_reason[r] not in ("abort", "timeout"):
+                raise SimulationError(f"request {r} emitted {got} tokens, expected {target} "
+                                      f"(finish reason {res.finish_reason[r]!r})")
+
+    def _irregular_gaps(self, r: int, first: int, finish: int) -> int:
+        """A request left out of some step or preempted: its true inter-token gaps go to the tally and the
+        per-step ones counted for its decodes (each step's end minus the previous step's, as _fold counts
+        them) are taken back. Returns its tokens."""
+        import numpy as np
+
+        res, base = self.res, self.base
+        end, dec = res.step_end, res.step_decodes
+        skipped = set(res.skips.get(r, ()))
+        token_steps: list[int] = []
+        decode_steps: list[int] = []
+        for a, b in res.segments.get(r) or [(first, finish)]:
+            token_steps.append(a)
+            for s in range(a + 1, b + 1):
+                if dec[s - base] and s not in skipped:
+                    token_steps.append(s)
+                    decode_steps.append(s)
+        tally = cast(RunTally, self.tally)
+        if len(token_steps) > 1:
+            times = np.array([end[s - base] for s in token_steps], dtype=np.float64)
+            true = np.diff(times)
+            tally.gaps(true, np.ones(len(true), dtype=np.int64))
+        if decode_steps:
+            counted = np.array([end[s - base] - end[s - 1 - base] for s in decode_steps], dtype=np.float64)
+            tally.gaps(counted, -np.ones(len(counted), dtype=np.int64))
+        return len(token_steps)
+
+    def _fold(self, final: bool = False) -> None:
+        """Fold the window's rows before the oldest in-flight request's admission (every row when `final`)
+        into the tally and let them go: the rows no finish can read any more."""
+        import numpy as np
+
+        res = self.res
+        n = len(res.step_end)
+        inflight = cast("dict[int, int]", self._inflight)
+        keep = n if final or not inflight else min(min(inflight.values()) - self.base, n)
+        if keep > 0:
+            tally = cast(RunTally, self.tally)
+            ends = np.array(res.step_end[:keep], dtype=np.float64)
+            tally.steps(
+                np.array(res.step_start[:keep], dtype=np.float64), ends, self._prev_end,
+                np.array(res.step_tokens[:keep], dtype=np.int64), np.array(res.step_decodes[:keep], dtype=np.int64),
+                np.array(res.step_kv_used[:keep], dtype=np.int64), np.array(res.step_waiting[:keep], dtype=np.int64),
+            )
+            self._prev_end = float(ends[-1])
+            for column in (res.step_start, res.step_end, res.step_tokens, res.step_decodes, res.step_kv_used,
+                           res.step_waiting):
+                del column[:keep]
+            self.base += keep
+        self._fold_at = len(res.step_end) + _FOLD_ROWS
+
+    def finish_tally(self) -> None:
+        """After the run: fold every row left into the tally and flush its buffers (keeping no records)."""
+        if self.tally is not None:
+            self._fold(final=True)
+            self.tally.flush()

@@ -287,6 +287,10 @@ class SimResult:
     #: when owner[rid] == replica (owns). None: every request of the arrays is this result's.
     owner: Sequence[int] | None = None
     replica: int = -1
+    #: A run that kept no records (simulate(records=False)): its figures, built as it ran
+    #: (stallfree.sim.run.tally.RunTally); its step arrays are then empty and its per-request step numbers
+    #: say only which requests started and finished. None: every record is kept.
+    tally: Any = None
 
     def __post_init__(self) -> None:
         if self.step_ticks is None:

@@ -40,6 +40,7 @@ from stallfree.sim.run.result import (
     verify_tokens,
 )
 from stallfree.sim.run.session_run import SessionArrivals, SessionEntry, close_sessions, run_sessions
+from stallfree.sim.run.tally import RunTally
 
 __all__ = [
     "CONTEXT_LENGTH",
@@ -48,6 +49,7 @@ __all__ = [
     "SimResult",
     "SimulationError",
     "new_result",
+    "no_records_tally",
     "plan_run",
     "request_maker",
     "run_group",
@@ -173,6 +175,9 @@ def simulate(
     max_model_len: int | None = None,
     cut_output_to_fit: bool = False,
     closed_loop: ClosedLoop | None = None,
+    records: bool = True,
+    slo_ttft: float | None = None,
+    slo_tpot: float | None = None,
 ) -> SimResult:
     """Replay `workload` through a fresh scheduler, pricing steps with `cost_model`.
 
@@ -197,6 +202,12 @@ def simulate(
             requests in flight, the next sent (in workload order) think_time after one ends; the
             workload's arrival times are then ignored (stallfree.sim.run.load). The result's arrival
             holds the times the requests were sent, and its config concurrency and think_time_s.
+        records: False keeps no per-step or per-request records: the summary's figures are built as
+            the run goes (the result's `tally`, stallfree.sim.run.tally; percentiles within its ALPHA),
+            in memory that grows with the requests in flight; open-loop replays of plain workloads only
+            (no closed loop, sessions, LoRA adapters or tenants).
+        slo_ttft, slo_tpot: with records=False, the objectives (s; None: none) goodput is counted
+            against as requests finish (summarize_result must be given the same).
 
     Returns:
         A SimResult; every request not rejected has received exactly min(output_len, max_new) tokens.
@@ -215,8 +226,11 @@ def simulate(
         workload, scheduler, cost_model, max_tokens, max_model_len, cut_output_to_fit, label, closed_loop
     )
     res = new_result(label or type(inner).__name__, workload, config, target, max_new, inner)
-    reps = [Replica(0, sched, inner, res, cost_model, async_of(scheduler))]
+    tally = None if records else no_records_tally(workload, closed_loop, slo_ttft, slo_tpot)
+    reps = [Replica(0, sched, inner, res, cost_model, async_of(scheduler), tally)]
     arrivals, entry, res.wall_s = run_group(reps, None, workload, max_new, too_long, closed_loop)
+    reps[0].finish_tally()
+    res.tally = tally
     _close_run(res, entry, tuple(arrivals.times) if closed_loop is not None else None, reps[0], workload, check)
     if isinstance(arrivals, SessionArrivals) and isinstance(entry, SessionEntry):
         close_sessions(res, workload, arrivals, entry)  # type: ignore[arg-type]
@@ -238,7 +252,27 @@ def _close_run(res: SimResult, entry: Entry, sent: tuple[float, ...] | None, rep
     if check:
         # End-of-run invariants: every request finished and all KV returned.
         rep.sched.check_final()  # type: ignore[attr-defined]
-    verify_tokens(res)
+    if res.tally is None:  # a run without records checked each request's tokens as it finished
+        verify_tokens(res)
+
+
+def no_records_tally(workload: Workload, closed_loop: ClosedLoop | None, slo_ttft: float | None,
+                     slo_tpot: float | None) -> RunTally:
+    """The tally of a run that keeps no records (simulate(records=False)), after checking that the run is
+    one such a run models.
+
+    Raises:
+        ValueError: a closed loop, a session workload, LoRA adapters or tenants (their figures read
+            per-request records).
+    """
+    why = ("closed-loop load" if closed_loop is not None else
+           "sessions" if isinstance(workload, SessionWorkload) else
+           "LoRA adapters" if workload.loras is not None else
+           "tenants" if workload.tenants is not None else None)
+    if why is not None:
+        raise ValueError(f"records=False: a run without records does not build the figures of {why} "
+                         f"({workload.name}): keep the records")
+    return RunTally(slo_ttft, slo_tpot)
 
 
 def _scheduler_figures(res: SimResult, inner: SchedulerLike, workload: Workload) -> None:
@@ -326,9 +360,11 @@ def plan_run(
     """
     n = len(workload)
     outs = workload.output_lens
-    max_new = list(outs) if max_tokens is None else [max_tokens] * n
-    too_long = context_overflows(workload, max_new, max_model_len, cut_output_to_fit)
-    target = [min(o, m) for o, m in zip(outs, max_new, strict=True)]
+    # C arrays (8 bytes a request; a list takes 8 plus, for values read from a workload's arrays, an int
+    # object of 28 each).
+    max_new = array("q", outs) if max_tokens is None else array("q", (max_tokens,)) * n
+    too_long = context_overflows(workload, max_new, max_model_len, cut_output_to_fit)  # type: ignore[arg-type]
+    target = array("q", map(min, outs, max_new))
     config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
     frontend = getattr(cost_model, "frontend_s", 0.0)  # an engine profile's front end (report adds it)
     if frontend:
@@ -350,7 +386,7 @@ def plan_run(
         if scheduler.async_scheduling:
             config["async_scheduling"] = True
         label = label or scheduler.label
-    return max_new, too_long, target, config, label
+    return max_new, too_long, target, config, label  # type: ignore[return-value]
 
 
 def saturated_throughput(

@@ -146,6 +146,9 @@ def run_cluster_study(
         cut_output_to_fit=opts.cut_output_to_fit,
         closed_loop=setup.engine_closed_loop,
         group=group,
+        records=setup.keep_records,
+        slo_ttft=slo_ttft,
+        slo_tpot=slo_tpot,
     )
     result.merged.config.update(router=router if isinstance(router, str) else type(router).__name__)
     summary = cluster_summary(result, slo_ttft, slo_tpot)

@@ -149,6 +149,9 @@ def _run_mode(
         max_model_len=setup.context_length,
         cut_output_to_fit=setup.workload_options.cut_output_to_fit,
         closed_loop=setup.engine_closed_loop,
+        records=setup.keep_records,
+        slo_ttft=slo_ttft,
+        slo_tpot=slo_tpot,
     )
     if step_time_target is not None:
         res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
