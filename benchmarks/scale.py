@@ -18,9 +18,13 @@ pricing, vLLM's kernel tables where aiconfigurator-core is installed):
     100k x 32 kern   the same with the default pricing
     1M x 64 (long)   --synthetic poisson --rate 600 --num-requests 1000000 --replicas 64
                      --router least-outstanding --json --kernels none --no-range  (skipped by --quick)
+    100k x 32 no records   the 100k x 32 run with --no-records (this tree alone: an older one may lack
+                     the flag; its figures agree with the run with records within the stated bounds)
+    1M x 64 no rec (long)  the 1M x 64 run with --no-records (this tree alone)
     day (long)       --synthetic poisson --rate 100 --num-requests 8640000 --replicas 64
-                     --router least-outstanding --json --kernels none --no-range: a day at 100 requests/s
-                     (skipped by --quick; its wall time is the figure to read)
+                     --router least-outstanding --json --kernels none --no-range --no-records: a day at
+                     100 requests/s (this tree alone; skipped by --quick; its wall time is the figure to
+                     read; with records it would hold about a billion step rows)
     default          `stallfree simulate` (the bundled Azure trace, default pricing)
     replay 9k        --num-requests 9000 --kernels vllm --json: the bundled Azure conversation trace's
                      first 9,000 requests replayed with kernel pricing
@@ -62,9 +66,13 @@ RUNS: tuple[tuple[str, list[str], bool], ...] = (
     ("100k x 32 kern", [*_CLUSTER, "--no-range"], False),
     ("1M x 64 (long)", ["--synthetic", "poisson", "--rate", "600", "--num-requests", "1000000", "--replicas", "64",
                         "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range"], True),
+    ("100k x 32 no records", [*_CLUSTER, "--kernels", "none", "--no-range", "--no-records"], False),
+    ("1M x 64 no rec (long)", ["--synthetic", "poisson", "--rate", "600", "--num-requests", "1000000", "--replicas",
+                               "64", "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range",
+                               "--no-records"], True),
     ("day 100/s x 64 (long)", ["--synthetic", "poisson", "--rate", "100", "--num-requests", "8640000", "--replicas",
-                               "64", "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range"],
-     True),
+                               "64", "--router", "least-outstanding", "--json", "--kernels", "none", "--no-range",
+                               "--no-records"], True),
     ("default", [], False),
     ("replay 9k", ["--num-requests", "9000", "--kernels", "vllm", "--json"], False),
     ("trace .gz (long)", ["--trace", "{trace}", "--num-requests", "100000", "--replicas", "32", "--router",
@@ -179,16 +187,21 @@ def main() -> int:
                     print(f"  wrote {trace}: {num:,} rows, {os.path.getsize(trace) / 1e6:,.0f} MB gzipped, "
                           f"{time.perf_counter() - t0:.0f} s", file=sys.stderr)
                 args = [trace if x == "{trace}" else x for x in args]
+            # A run without records is this tree's alone (an older one may not have the flag).
+            run_trees = trees[-1:] if "--no-records" in args else trees
             got: dict[str, list[dict[str, Any]]] = {t: [] for t, _ in trees}
             outputs: dict[str, str] = {}
             for r in range(a.rounds):
-                for tree, src in trees:
+                for tree, src in run_trees:
                     path = os.path.join(tmp, f"{tree}-{r}.out")
                     got[tree].append(measure(src, args, limit, path))
                     outputs[tree] = path
                     print(f"  {name} [{tree}] round {r + 1}: {got[tree][-1]}", file=sys.stderr)
             row: dict[str, Any] = {"run": name, "command": "stallfree simulate " + " ".join(args)}
             for tree, _ in trees:
+                if not got[tree]:
+                    row[tree] = {"error": "not run (--no-records)"}
+                    continue
                 ok = [m for m in got[tree] if "error" not in m]
                 row[tree] = {k: median(m[k] for m in ok) for k in ("cpu_s", "peak_mb", "wall_s")} if ok else {
                     "error": got[tree][-1]["error"]}

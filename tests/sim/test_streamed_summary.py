@@ -129,6 +129,9 @@ def test_finished_requests_leave_the_loop():
     from stallfree.core.request import Request
 
     work = _workload(5, 800)
+    gc.collect()
+    # Requests another test of this process left alive are not this run's.
+    before = sum(1 for o in gc.get_objects() if type(o) is Request)
     live: list[int] = []
     router = make_router("least-outstanding")
     calls = [0]
@@ -140,14 +143,14 @@ def test_finished_requests_leave_the_loop():
             calls[0] += 1
             if calls[0] % 100 == 0:
                 gc.collect()
-                live.append(sum(1 for o in gc.get_objects() if type(o) is Request))
+                live.append(sum(1 for o in gc.get_objects() if type(o) is Request) - before)
             return super().route(request, replicas)
 
     router.__class__ = Counting
     c = simulate_cluster(work, SchedulerConfig(20_000, 256, 64), LinearCostModel(0.005, 2e-5), 3, router)
     gc.collect()
     assert len(live) >= 5 and max(live) <= 3 * 64 + 50  # seats of 3 replicas, plus those waiting
-    assert sum(1 for o in gc.get_objects() if type(o) is Request) == 0
+    assert sum(1 for o in gc.get_objects() if type(o) is Request) == before
     assert summarize_result(c.merged)["completed"] == len(work)
 
 
