@@ -317,11 +317,19 @@ def _step_figures(res: SimResult) -> dict[str, Any]:
         queued += int(np.count_nonzero(waiting[lo:hi]))
         top = int(kv[lo:hi].max())
         kv_max = top if kv_max is None or top > kv_max else kv_max
+    kv_dur = pairwise_sum(n, lambda lo, hi: kv[lo:hi] * piece(lo, hi))
+    dec_dur = pairwise_sum(n, lambda lo, hi: decodes[lo:hi] * piece(lo, hi))
+    return _step_keys(res, n, token_sum, queued, kv_max, busy, kv_dur, dec_dur)
+
+
+def _step_keys(res: SimResult, n: int, token_sum: int, queued: int, kv_max: int | None, busy: float,
+               kv_dur: float, dec_dur: float) -> dict[str, Any]:
+    """_step_figures' keys from the step sums (n steps; tokens; steps after which requests waited; the most
+    KV reserved, tokens; the sums over steps of duration, KV x duration and decodes x duration, s) and the
+    result's counters."""
     # numpy's means of the integer arrays: their float64 sums (exact) over the count.
     mean_tokens = float(token_sum) / n if n else math.nan
     budget = res.config.get("token_budget")
-    kv_dur = pairwise_sum(n, lambda lo, hi: kv[lo:hi] * piece(lo, hi))
-    dec_dur = pairwise_sum(n, lambda lo, hi: decodes[lo:hi] * piece(lo, hi))
     return dict(
         num_steps=n,
         mean_tokens_per_step=mean_tokens,
@@ -384,27 +392,8 @@ def _summarize_tally(res: SimResult, slo_ttft: float | None, slo_tpot: float | N
             row[f"p99_{label}_ms"] = p99 * 1e3 if p99 is not None else None
         buckets[bucket] = row
     out["by_prompt_len"] = buckets
-    n, busy = t.num_steps, t.busy_s
-    mean_tokens = t.token_sum / n if n else math.nan
-    budget = res.config.get("token_budget")
-    out.update(
-        num_steps=n,
-        mean_tokens_per_step=mean_tokens,
-        budget_utilization=mean_tokens / budget if budget else None,
-        queued_fraction=t.queued_steps / n if n else math.nan,
-        mean_kv_utilization=t.kv_s / busy / res.kv_total if res.kv_total and busy else None,
-        max_kv_utilization=t.kv_max / res.kv_total if res.kv_total and t.kv_max is not None else None,
-        mean_running_decodes=t.decodes_s / busy if busy else 0.0,
-        num_preemptions=res.num_preemptions,
-        num_recomputed_tokens=res.num_recomputed_tokens,
-        prefix_cache_hit_rate=res.prefix_cache_hit_rate,
-        prefix_cache_hit_rate_bound=res.prefix_cache_hit_rate_bound,
-        prefix_cache_evictions=res.prefix_cache_evictions,
-        prefix_cache_hit_rate_first_admission=res.prefix_cache_hit_rate_first_admission,
-        kv_tier=res.kv_tier,
-        sim_wall_s=res.wall_s,
-        percentile_relative_error=ALPHA,
-    )
+    out.update(_step_keys(res, t.num_steps, t.token_sum, t.queued_steps, t.kv_max, t.busy_s, t.kv_s, t.decodes_s))
+    out["percentile_relative_error"] = ALPHA
     return out
 
 

@@ -284,11 +284,16 @@ def _merge_tallies(
         m.rejected_kind.update(r.rejected_kind)
         m.num_preemptions += r.num_preemptions
         m.num_recomputed_tokens += r.num_recomputed_tokens
+    _refused_for_length(m, too_long)
+    return m, base
+
+
+def _refused_for_length(m: SimResult, too_long: dict[int, str]) -> None:
+    """The requests refused at arrival for the context length join the merged result's rejected (rid order)."""
     for rid, why in too_long.items():
         m.rejected.append((rid, why))
         m.rejected_kind[rid] = CONTEXT_LENGTH
     m.rejected.sort()
-    return m, base
 
 
 #: The step arrays of a SimResult.
@@ -381,10 +386,7 @@ def _merge(
         m.num_recomputed_tokens += r.num_recomputed_tokens
         m.lora_loads += r.lora_loads
         m.lora_storage_loads += r.lora_storage_loads
-    for rid, why in too_long.items():
-        m.rejected.append((rid, why))
-        m.rejected_kind[rid] = CONTEXT_LENGTH
-    m.rejected.sort()
+    _refused_for_length(m, too_long)
     return m, base
 
 
