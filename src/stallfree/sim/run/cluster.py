@@ -161,11 +161,10 @@ def simulate_cluster(
     # One set of per-request arrays (and one state byte per request) for every replica: each request
     # is written by its own replica alone (SimResult.owner).
     shared = shared_fields(len(workload))
+    state = bytearray(len(workload))  # one, not one per replica (the peak of a run of millions of requests)
     reps = [_replica(k, scheduler, cost_model, check, workload, config, target, max_new, label, shared,
-                     None if records else no_records_tally(workload, closed_loop, slo_ttft, slo_tpot))
+                     None if records else no_records_tally(workload, closed_loop, slo_ttft, slo_tpot), state)
             for k in range(num_replicas)]
-    for rep in reps[1:]:
-        rep.state = reps[0].state
     results = [rep.res for rep in reps]
     cluster_label = f"{label or type(reps[0].inner).__name__} x{num_replicas}"
     arrivals, entry, wall = (group or run_group)(reps, router, workload, max_new, too_long, closed_loop)
@@ -205,6 +204,7 @@ def _replica(
     k: int, scheduler: ReplicaConfig | Callable[[], SchedulerLike], cost_model: StepCostModel, check: bool,
     workload: Workload, config: dict[str, Any], target: list[int], max_new: list[int], label: str | None,
     shared: tuple[Any, Any, Any, list[str]] | None = None, tally: RunTally | None = None,
+    state: bytearray | None = None,
 ) -> Replica:
     """Replica k of a cluster: a fresh scheduler (in the checker with `check`) and an empty result
     labelled "<label>#k" (its per-request arrays `shared`, if given: simulator.shared_fields); with a
@@ -212,7 +212,7 @@ def _replica(
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
     res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner, shared)
-    return Replica(k, sched, inner, res, cost_model, async_of(scheduler), tally)
+    return Replica(k, sched, inner, res, cost_model, async_of(scheduler), tally, state)
 
 
 def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:

@@ -100,6 +100,8 @@ class Replica:
             step `base` on; a request's figures go to the tally when it finishes, and the rows no request
             in flight can read are folded into it (finish_tally folds the rest). None (default): every
             row is kept.
+        state: the RequestState bytes to write (one per request of `res`), shared by a cluster's replicas;
+            None (default): a new one. Each replica sharing one never allocates its own (n bytes each).
 
     Attributes:
         num_outstanding: requests routed here and not finished or rejected.
@@ -122,7 +124,8 @@ class Replica:
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
-                 cost: StepCostModel, async_scheduling: bool = False, tally: RunTally | None = None) -> None:
+                 cost: StepCostModel, async_scheduling: bool = False, tally: RunTally | None = None,
+                 state: bytearray | None = None) -> None:
         self.index = index
         self.async_scheduling = bool(async_scheduling)
         self.last_start = self.last_end = float("-inf")
@@ -137,7 +140,8 @@ class Replica:
         self.busy = False
         self.stalled = False
         self.step = 0
-        self.state = bytearray(res.num_requests)  # RequestState values, one byte per request
+        # RequestState values, one byte per request.
+        self.state = state if state is not None else bytearray(res.num_requests)
         self.decoding: set[int] = set()  # requests with a first token: to see skipped decodes
         self.tick = 0  # steps with decodes so far (res.step_ticks)
         self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
