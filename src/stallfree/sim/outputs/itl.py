@@ -12,7 +12,8 @@ decodes, counted once per regular request that decodes in both: the percentiles 
 values and counts (exact order statistics, then numpy's linear interpolation, `percentile`). The
 mean and the standard deviation are sums, and numpy sums an array pairwise (split in halves, a
 multiple of 8 long, down to blocks of 128); `pairwise_sum` follows that recursion and lets numpy sum
-each piece of at most CHUNK gaps, which it generates from the step arrays (`_Gaps.piece`): the same
+each piece of at most CHUNK gaps, which it gathers from each step's gap to the previous step with
+decodes (one float a step, made once) and the requests' first gaps (`_Gaps.piece`): the same
 additions in the same order, so the same result. Irregular requests (rare) keep their gaps as an
 array, after the regular ones, as latency_arrays orders them.
 """
@@ -70,8 +71,8 @@ def percentile(n: int, q: float, kth: Callable[[int], float]) -> float:
 class _DecodeSteps:
     """D, the steps with decodes of a result in order, held as whichever of D and its complement E (the
     steps without) is shorter: on a loaded run nearly every step decodes, and E is a few entries where D
-    would be one per step. at(j) = D[j] and count_le(s) = how many of D are <= s
-    (np.searchsorted(D, s, side="right")), the same integers either way."""
+    would be one per step. count_le(s) = how many of D are <= s (np.searchsorted(D, s, side="right")),
+    the same integers either way."""
 
     def __init__(self, dec: Any) -> None:
         import numpy as np
@@ -91,21 +92,9 @@ class _DecodeSteps:
             at += len(idx)
         self.kept = kept
         self.length = nd
-        if not self.explicit:
-            # E[m] - m: how many steps with decodes come before E[m] (non-decreasing).
-            self.before = kept.astype(np.int64) - np.arange(len(kept), dtype=np.int64)
 
     def __len__(self) -> int:
         return self.length
-
-    def at(self, j: Any) -> Any:
-        """D[j] for an integer array j (entries in [-1, len(D)); D[-1] is not used but stays defined)."""
-        import numpy as np
-
-        if self.explicit:
-            return self.kept[j]
-        # D[j] = j + how many steps without decodes come before it.
-        return j + np.searchsorted(self.before, j, side="right")
 
     def count_le(self, s: Any) -> Any:
         """How many steps with decodes are <= s, for an integer array s of steps (int64)."""
@@ -117,12 +106,19 @@ class _DecodeSteps:
 
 
 class _Gaps:
-    """The gaps of a result, in latency_arrays' order: by index ranges (`piece`) and as (value,
-    count) pairs in pieces (`pairs`), never all at once."""
+    """The gaps of a result, ms (latency_arrays' "itl" times 1e3, as the summary reports them), in
+    latency_arrays' order: by index ranges (`piece`) and as (value, count) pairs (`pairs`), never all
+    at once. Held as each step with decodes' gap to the previous
+    one (`per_step`, D[j] - D[j - 1], one float a step with decodes: 0.0 at j = 0, which no regular
+    gap reads), each regular request's first gap (`first`) and the irregular requests' gaps
+    (`irregular`); `mapped` applies an elementwise function to the three, so that a piece of the
+    mapped gaps is the mapped piece, to the last bit (the same operation on the same floats)."""
 
-    def __init__(self, res: SimResult, done: Any) -> None:
+    def __init__(self, res: SimResult | None, done: Any) -> None:
         import numpy as np
 
+        if res is None:  # mapped(): filled in by the caller
+            return
         end = np.frombuffer(res.step_end, dtype=np.float64)
         dec = np.asarray(res.step_decodes)
         first, fin = step_numbers(res.first_step), step_numbers(res.finish_step)
@@ -138,18 +134,47 @@ class _Gaps:
         if not keep.all():
             ra, i0, lengths = ra[keep], i0[keep], lengths[keep]
         del keep
-        self.end, self.d, self.ra, self.i0, self.lengths = end, steps, ra, i0, lengths
-        self.cum = np.cumsum(self.lengths)
+        # The end of each step with decodes, then each one's gap to the previous (in place, a piece at a time).
+        nd = len(steps)
+        per_step = np.empty(nd, dtype=np.float64)
+        at = 0
+        for c in range(0, len(dec), CHUNK):
+            piece = end[c:c + CHUNK][dec[c:c + CHUNK] != 0]
+            per_step[at:at + len(piece)] = piece
+            at += len(piece)
+        first_end = per_step[i0] if len(i0) else np.empty(0)
+        for c in range(((nd - 1) // CHUNK) * CHUNK, 0, -CHUNK):  # from the back: each reads its left neighbour
+            hi = min(c + CHUNK, nd)
+            per_step[c:hi] -= per_step[c - 1:hi - 1]
+        if nd:
+            hi = min(CHUNK, nd)
+            per_step[1:hi] -= per_step[0:hi - 1]
+            per_step[0] = 0.0
+        per_step *= 1e3  # in place: the same floats as gaps * 1e3
+        self.per_step = per_step
+        self.first = (first_end - end[ra]) * 1e3
+        self.i0, self.lengths = i0, lengths
+        self.cum = np.cumsum(lengths)
         self.num_regular = int(self.cum[-1]) if len(self.cum) else 0
         parts = [np.empty(0)]
         for r in sorted(irregular):
             if res.finish_step[r] >= 0:
                 parts.append(np.diff(np.asarray(res.token_times(r))))
-        self.irregular = np.concatenate(parts)
+        self.irregular = np.concatenate(parts) * 1e3
         self.n = self.num_regular + len(self.irregular)
+        self._weights: Any = None
+
+    def mapped(self, f: Callable[[Any], Any]) -> _Gaps:
+        """These gaps with `f` (an elementwise numpy function) applied to each."""
+        g = _Gaps(None, None)
+        g.per_step, g.first, g.irregular = f(self.per_step), f(self.first), f(self.irregular)
+        g.i0, g.lengths, g.cum, g.num_regular, g.n = self.i0, self.lengths, self.cum, self.num_regular, self.n
+        g._weights = self._weights
+        return g
 
     def piece(self, lo: int, hi: int) -> Any:
-        """Gaps [lo, hi), s, as latency_arrays' "itl" holds them (the same subtractions)."""
+        """Gaps [lo, hi) in latency_arrays' "itl" order: request j's first, then per_step[i0[j] + 1],
+        per_step[i0[j] + 2], ... (its gaps between steps with decodes), the irregular ones last."""
         import numpy as np
 
         out = []
@@ -160,34 +185,36 @@ class _Gaps:
             j0 = int(np.searchsorted(cum, lo, side="right"))
             j1 = int(np.searchsorted(cum, h - 1, side="right")) + 1
             ln = lengths[j0:j1]
-            base = int(cum[j0] - lengths[j0])  # index of request j0's first gap
-            owner = np.repeat(np.arange(j1 - j0), ln)
-            offsets = np.arange(len(owner)) - np.repeat(np.cumsum(ln) - ln, ln)
-            idx = self.i0[j0:j1][owner] + offsets
-            steps = self.d.at(idx)
-            prev = np.where(offsets > 0, self.d.at(idx - 1), self.ra[j0:j1][owner])
-            gaps = self.end[steps] - self.end[prev]
-            out.append(gaps[lo - base:h - base])
+            begin = cum[j0:j1] - ln  # index of each request's first gap
+            # Gap index x of request j reads per_step[i0[j] + x - begin[j]]; its first is replaced after.
+            idx = np.repeat(self.i0[j0:j1] - begin, ln)[lo - int(begin[0]):h - int(begin[0])]
+            idx += np.arange(lo, h, dtype=idx.dtype)
+            gaps = self.per_step[idx]
+            inside = begin >= lo
+            gaps[begin[inside] - lo] = self.first[j0:j1][inside]
+            out.append(gaps)
         if hi > nr:
             out.append(self.irregular[max(lo, nr) - nr:hi - nr])
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def pairs(self) -> Iterator[tuple[Any, Any]]:
-        """(values, counts) in pieces: every place a gap comes from, s, and how many gaps it gives
-        (0 for some): each request's first gap, once; the gap of step D[j] to D[j - 1], once per
-        request with i0 < j < i0 + length (a request decoding in both); the irregular gaps, once."""
+        """(values, counts) in pieces: each request's first gap, once; per_step[j], once per regular
+        request with i0 < j < i0 + length (a request decoding in both D[j - 1] and D[j]), those with a
+        count; the irregular gaps, once."""
         import numpy as np
 
-        end, d, i0, ra = self.end, self.d, self.i0, self.ra
-        for c in range(0, len(ra), CHUNK):  # the first gaps, a piece at a time
-            yield end[d.at(i0[c:c + CHUNK])] - end[ra[c:c + CHUNK]], np.ones(len(ra[c:c + CHUNK]), dtype=np.int64)
-        starts = np.sort(self.i0 + 1)
-        ends = np.sort(self.i0 + self.lengths)
-        for c in range(1, len(d), CHUNK):
-            j = np.arange(c, min(c + CHUNK, len(d)))
-            w = np.searchsorted(starts, j, side="right") - np.searchsorted(ends, j, side="right")
-            at = d.at(np.arange(c - 1, j[-1] + 1))  # D[j - 1] and D[j]
-            yield end[at[1:]] - end[at[:-1]], w
+        if self._weights is None:
+            nd = len(self.per_step)
+            w = np.bincount(self.i0 + 1, minlength=nd + 1)[:nd + 1]
+            w -= np.bincount(self.i0 + self.lengths, minlength=nd + 1)[:nd + 1]
+            np.cumsum(w, out=w)
+            self._weights = w[:nd]
+        w = self._weights
+        yield self.first, np.ones(len(self.first), dtype=np.int64)
+        for c in range(0, len(w), CHUNK):
+            piece = w[c:c + CHUNK]
+            used = piece > 0
+            yield self.per_step[c:c + CHUNK][used], piece[used]
         yield self.irregular, np.ones(len(self.irregular), dtype=np.int64)
 
 
@@ -218,7 +245,8 @@ def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]])
     left = {k: k for k in ranks}  # rank within the values sharing the prefix
     for level in range(4):
         shift = np.uint64(48 - 16 * level)
-        hist = {k: np.zeros(1 << 16) for k in ranks}
+        # Ranks that share the bits chosen so far share the histogram of the next 16.
+        hist = {p: np.zeros(1 << 16) for p in set(prefix.values())}
         for values, counts in pairs():
             if not len(values):
                 continue
@@ -226,17 +254,18 @@ def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]])
             keys = np.where(bits >= top, ~bits, bits | top)  # ascending with the values
             buckets = (keys >> shift) & np.uint64(0xFFFF)
             w = np.asarray(counts, dtype=np.float64)
-            high = keys >> np.uint64(64 - 16 * level) if level else None
-            for k in ranks:
-                if high is None:
-                    hist[k] += np.bincount(buckets.astype(np.int64), weights=w, minlength=1 << 16)
-                else:
-                    sel = high == np.uint64(prefix[k])
-                    hist[k] += np.bincount(buckets[sel].astype(np.int64), weights=w[sel], minlength=1 << 16)
+            if not level:
+                hist[0] += np.bincount(buckets.astype(np.int64), weights=w, minlength=1 << 16)
+                continue
+            high = keys >> np.uint64(64 - 16 * level)
+            for p, h in hist.items():
+                sel = high == np.uint64(p)
+                h += np.bincount(buckets[sel].astype(np.int64), weights=w[sel], minlength=1 << 16)
+        cums = {p: np.cumsum(h) for p, h in hist.items()}  # integer counts, exact in float64 below 2**53
         for k in ranks:
-            cum = np.cumsum(hist[k])  # integer counts, exact in float64 below 2**53
-            b = int(np.searchsorted(cum, left[k], side="right"))
-            left[k] -= int(cum[b - 1]) if b else 0
+            below = cums[prefix[k]]
+            b = int(np.searchsorted(below, left[k], side="right"))
+            left[k] -= int(below[b - 1]) if b else 0
             prefix[k] = (prefix[k] << 16) | b
     out = {}
     for k in ranks:
@@ -347,17 +376,13 @@ def _figures(g: _Gaps, keys: list[str], percentiles: Sequence[float]) -> dict[st
     n = g.n
     if n == 0:
         return dict.fromkeys(keys, None)
+    mean = pairwise_sum(n, g.piece) / n
 
-    def ms(lo: int, hi: int) -> Any:
-        return g.piece(lo, hi) * 1e3
-
-    mean = pairwise_sum(n, ms) / n
-
-    def sq(lo: int, hi: int) -> Any:
-        x = ms(lo, hi) - mean
+    def square(x: Any) -> Any:
+        x = x - mean
         return x * x
 
-    std = math.sqrt(pairwise_sum(n, sq) / n)
+    std = math.sqrt(pairwise_sum(n, g.mapped(square).piece) / n)
     # The ranks the median and the percentiles read, then those values (in ms, as numpy sees them).
     needed: set[int] = set()
 
@@ -368,12 +393,7 @@ def _figures(g: _Gaps, keys: list[str], percentiles: Sequence[float]) -> dict[st
     for q in percentiles:
         percentile(n, float(q), note)
     needed.update({(n - 1) // 2, n // 2} if n % 2 == 0 else {(n - 1) // 2})
-
-    def pairs_ms() -> Iterator[tuple[Any, Any]]:
-        for values, counts in g.pairs():
-            yield values * 1e3, counts
-
-    kth = select(sorted(needed), pairs_ms).__getitem__
+    kth = select(sorted(needed), g.pairs).__getitem__
     median = kth((n - 1) // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2
     out: dict[str, float | None] = {keys[0]: mean, keys[1]: median, keys[2]: std}
     for q in percentiles:
