@@ -61,20 +61,37 @@ def pricers() -> list:
     return out
 
 
+@pytest.mark.parametrize("vector_steps", [48, 2], ids=["loop-below-48", "numpy-from-2"])
 @pytest.mark.parametrize("which", range(8))
-def test_plain_decode_times_equal_step_time_bit_for_bit(which: int) -> None:
+def test_plain_decode_times_equal_step_time_bit_for_bit(which: int, vector_steps: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """plain_decode_times: step_time of each plan; plain_decode_ends (where a model has it): those prices
+    added up from a start, in order (itertools.accumulate), bit for bit, priced in Python or with numpy."""
+    from array import array
+    from itertools import accumulate
+
+    import stallfree.costmodel.roofline as roofline
+
+    monkeypatch.setattr(roofline, "_VECTOR_STEPS", vector_steps)
     models = pricers()
     if which >= len(models):
         pytest.skip("the optional package aiconfigurator-core (extra 'kernels') is not installed")
     cost = models[which]
     assert cost.pure_step_time
+    ends_of = getattr(cost, "plain_decode_ends", None)
+    assert (ends_of is not None) == (type(cost) is CostModel)
     for seed, kv in ((1, "reserve"), (2, "paged")):
         for run in plain_plans(seed, kv):
             first = run[0]
             nd = first.num_decodes
             times = cost.plain_decode_times(first.decode_offsets, first.decode_context_sum - nd * first.step,
                                             first.step, len(run))
-            assert times == [cost.step_time(p) for p in run]
+            want = [cost.step_time(p) for p in run]
+            assert times == want
+            if ends_of is not None:
+                start = 1234.5678 + first.step * 1e-3
+                ends = ends_of(nd, first.decode_context_sum - nd * first.step, first.step, len(run), start)
+                assert ends == array("d", list(accumulate(want, initial=start))[1:])
 
 
 def light_workload(seed: int) -> Workload:

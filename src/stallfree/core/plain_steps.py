@@ -107,14 +107,18 @@ class PlainDecodeRun:
         step: the number of the run's next step.
         num_steps: the steps left in the run.
         num_decodes: decodes in each of its steps.
+        offset_sum: the sum of its decodes' StepPlan offsets, tokens: step s's decode_context_sum is
+            offset_sum + num_decodes * s.
     """
 
-    __slots__ = ("_sched", "step", "num_steps", "num_decodes")
+    __slots__ = ("_sched", "step", "num_steps", "num_decodes", "offset_sum")
 
     def __init__(self, scheduler: Scheduler, num_steps: int) -> None:
         self._sched, self.step, self.num_steps = scheduler, scheduler._step, num_steps
-        self.num_decodes = len(scheduler._decodes.recs)
-        scheduler._decodes.tuples()  # as schedule() would: the shared tuples made current (and marked clean)
+        dec = scheduler._decodes
+        self.num_decodes = len(dec.recs)
+        dec.tuples()  # as schedule() would: the shared tuples made current (and marked clean)
+        self.offset_sum = dec._offset_sum
 
     def plan(self, ahead: int) -> StepPlan:
         """The plan schedule() would return for the run's step `ahead` steps after its next (0: the next),

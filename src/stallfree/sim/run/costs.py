@@ -82,6 +82,8 @@ class InnerPlainPricing:
 
     __slots__ = ()
     inner: Any
+    #: No running sums of the inner model's prices (its plain_decode_ends would skip `_plain_times`).
+    plain_decode_ends = None
 
     @property
     def pure_step_time(self) -> bool:

@@ -119,8 +119,8 @@ class Replica:
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
-        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_run", "_chunk", "_chunk_first", "_cut",
-        "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_plain_ends", "_run", "_chunk", "_chunk_first",
+        "_cut", "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -168,6 +168,7 @@ class Replica:
         self._chunk = self._chunk_first  # steps to price next: doubles while a run goes on uncut
         self._ahead: array[float] | None = None  # floats ('d')
         self._plain_times = getattr(cost, "plain_decode_times", None) if self._plain_ok else None
+        self._plain_ends = getattr(cost, "plain_decode_ends", None) if self._plain_ok else None
         self._ahead_i = 0
         self._cut = 0  # the run's steps before this index may be taken before what is pending is admitted
         self._ahead_start = 0.0
@@ -384,28 +385,32 @@ class Replica:
     def _price_plain(self, now: float, run: PlainDecodeRun, cutoff: float) -> bool:
         """Price the steps of `run` from `now`, s, each starting as the previous ends:
         _PLAIN_CHUNK of them, or with a finite `cutoff`, s, chunks until one ends after it; park in them
-        (the first is the step in flight). The cost model's plain_decode_times where it has one (the same
-        floats), else each step's plan. False (nothing done) when some request with a first token is not
-        among their decodes."""
-        plan_at, n = run.plan, run.num_steps
-        first = plan_at(0)
-        nd = first.num_decodes
+        (the first is the step in flight). The cost model's plain_decode_ends or plain_decode_times where
+        it has one (the same floats), else each step's plan. False (nothing done) when some request with a
+        first token is not among their decodes."""
+        nd, n = run.num_decodes, run.num_steps
         if nd != len(self.decoding):
             return False
-        step0, offsets = first.step, first.decode_offsets
-        offset_sum = first.decode_context_sum - nd * step0
+        step0, offset_sum, ends_of = run.step, run.offset_sum, self._plain_ends
         times, step_time = self._plain_times, self._step_time
+        first = offsets = None
         ends = array("d")
         t = now
         i = 0
         while i < n:
             count = min(n - i, self._chunk)
             self._chunk = min(2 * self._chunk, _PLAIN_CHUNK)
-            durations = None if times is None else times(offsets, offset_sum, step0 + i, count)
-            if durations is None:
-                durations = [step_time(first if j == 0 else plan_at(j)) for j in range(i, i + count)]
-            ends.extend(accumulate(durations, initial=t))  # t + d, each starting as the previous ends
-            del ends[-count - 1]  # the start
+            if ends_of is not None:  # the cost model adds the steps up itself (the same floats as below)
+                ends.extend(ends_of(nd, offset_sum, step0 + i, count, t))
+            else:
+                if first is None:
+                    first = run.plan(0)
+                    offsets = first.decode_offsets
+                durations = None if times is None else times(offsets, offset_sum, step0 + i, count)
+                if durations is None:
+                    durations = [step_time(first if j == 0 else run.plan(j)) for j in range(i, i + count)]
+                ends.extend(accumulate(durations, initial=t))  # t + d, each starting as the previous ends
+                del ends[-count - 1]  # the start
             t = ends[-1]
             i += count
             if t > cutoff or cutoff == math.inf:
