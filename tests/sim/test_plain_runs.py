@@ -54,6 +54,9 @@ def pricers() -> list:
     # scale the run's prices itself.
     out.append(ScaledCost(out[0], 1.1))
     out.append(ScaledCost(out[4], 0.9))
+    # A step's fixed terms after its roofline: the all-reduce alone (tensor parallel), and with overheads.
+    out.append(CostModel(get_model("llama-3.1-8b"), gpu, tp=2))
+    out.append(CostModel(get_model("qwen3-8b"), gpu, tp=4, overhead_s=0.003, per_token_s=2e-7, per_seq_s=1e-5))
     if kernels_installed():
         from stallfree.costmodel.kernels import KernelCostModel
 
@@ -62,7 +65,7 @@ def pricers() -> list:
 
 
 @pytest.mark.parametrize("vector_steps", [48, 2], ids=["loop-below-48", "numpy-from-2"])
-@pytest.mark.parametrize("which", range(8))
+@pytest.mark.parametrize("which", range(10))
 def test_plain_decode_times_equal_step_time_bit_for_bit(which: int, vector_steps: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """plain_decode_times: step_time of each plan; plain_decode_ends (where a model has it): those prices

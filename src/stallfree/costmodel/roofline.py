@@ -624,17 +624,29 @@ class CostModel:
             np.cumsum(t, out=t)
             return array("d", t.tobytes())
         out = array("d")
+        append = out.append
         end = start
-        for s in range(step, step + count):
-            dcs = offset_sum + nd * s
-            compute = (base + c_pair * (float(dcs + nd) * w_dec)) * inv_mfu
-            memory = m_fixed + m_kv * (float(dcs) + nd)
-            memory += m_head
+        # The decode pairs of step s, float(dcs + nd): exact below 2**53, so one more step adds nd exactly.
+        x = float(offset_sum + nd * step + nd)
+        tail = [v for v in (link, a_step, over, per_tok, per_seq) if v]  # adding 0.0 changes no float
+        if experts is None and len(tail) <= 1:
+            last = tail[0] if tail else 0.0
+            for _ in range(count):
+                compute = (base + c_pair * (x * w_dec)) * inv_mfu
+                memory = (m_fixed + m_kv * x + m_head) * inv_mbu
+                end += (compute if compute > memory else memory) + last
+                append(end)
+                x += nd
+            return out
+        for _ in range(count):
+            compute = (base + c_pair * (x * w_dec)) * inv_mfu
+            memory = m_fixed + m_kv * x + m_head
             if experts is not None:
                 memory += experts
             memory *= inv_mbu
             end += (compute if compute > memory else memory) + link + a_step + over + per_tok + per_seq
-            out.append(end)
+            append(end)
+            x += nd
         return out
 
     def decode_step_time(self, num_decodes: int, context_len: int) -> float:
