@@ -407,16 +407,28 @@ def verify_cluster_tokens(results: Sequence[SimResult], owner: Sequence[int]) ->
     for r, k in enumerate(owner):
         if k >= 0:
             mine[k].append(r)
+    first_step = first.first_step
     for k, res in enumerate(results):
+        irregular = res.segments.keys() | res.skips.keys()
         try:
+            ticks = res.step_ticks
+            counts = ticks._ticks() if isinstance(ticks, DecodeTicks) else ticks  # read once, not per request
             for r in mine[k]:
-                if finish_step[r] >= 0 and finish_reason[r] not in ("abort", "timeout"):
+                b = finish_step[r]
+                if b < 0:
+                    continue
+                a = first_step[r]
+                if r in irregular or a < 0:
                     got = res.num_tokens(r)
-                    if got != target[r]:
-                        raise SimulationError(
-                            f"request {r} emitted {got} tokens, expected {target[r]} "
-                            f"(finish reason {finish_reason[r]!r})"
-                        )
+                else:
+                    # Neither preempted nor skipped: its first token, then one in each step with decodes up
+                    # to its finish (num_tokens of one segment without skips).
+                    got = 1 + counts[b] - counts[a]
+                if got != target[r] and finish_reason[r] not in ("abort", "timeout"):
+                    raise SimulationError(
+                        f"request {r} emitted {got} tokens, expected {target[r]} "
+                        f"(finish reason {finish_reason[r]!r})"
+                    )
         finally:
             res.step_ticks.release()  # the counts its reads made (4 bytes a step)
         mine[k] = array("i")
