@@ -153,7 +153,11 @@ def route_to(router: Router, request: Request, replicas: Sequence[Replica]) -> R
     Raises:
         ClusterError: the router returned something other than an index in [0, len(replicas)).
     """
-    k = router.route(request, replicas)
+    return _send(replicas, router.route(request, replicas), request, router)
+
+
+def _send(replicas: Sequence[Replica], k: int, request: Request, router: Router) -> Replica:
+    """Append `request` to replica `k`'s pending list, `k` as `router` chose it (route_to)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(replicas):
         raise ClusterError(f"router {type(router).__name__} returned replica {k!r}; expected 0..{len(replicas) - 1}")
     rep = replicas[k]
@@ -198,6 +202,14 @@ class Entry:
         self.refused: list[tuple[int, str]] = []
         # 8 bytes an arrival (a list of floats takes 32): only their mean and maximum are reported.
         self.ratios: array[float] = array("d")
+        # A router that chooses from the replicas' num_outstanding alone takes the loads read for the ratios
+        # (not a subclass that routes otherwise: its route is not the one beside pick_by_outstanding).
+        self._pick: Callable[[list[int]], int] | None = None
+        pick = getattr(router, "pick_by_outstanding", None)
+        if pick is not None:
+            home = next(c for c in type(router).__mro__ if "pick_by_outstanding" in vars(c))
+            if vars(home).get("route") is getattr(type(router), "route", None):
+                self._pick = pick
 
     def __call__(self, rid: int, now: float) -> None:
         """Request `rid` arrives at `now`, s."""
@@ -224,6 +236,10 @@ class Entry:
             total = sum(outstanding)
             if total >= len(reps):
                 self.ratios.append(max(outstanding) * len(reps) / total)
+            pick = self._pick
+            if pick is not None:  # the router's choice from the loads just read (route would read them again)
+                self.routed[rid] = _send(reps, pick(outstanding), req, self.router).index
+                return
         self.routed[rid] = route_to(self.router, req, reps).index
 
 

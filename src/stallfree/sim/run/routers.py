@@ -79,8 +79,14 @@ class LeastOutstandingRouter:
 
     def route(self, request: Request, replicas: Sequence[Replica]) -> int:
         """Return the least loaded replica."""
-        loads = [r.num_outstanding for r in replicas]
-        return loads.index(min(loads))  # the first of the least: the lowest index
+        return self.pick_by_outstanding([r.num_outstanding for r in replicas])
+
+    @staticmethod
+    def pick_by_outstanding(loads: list[int]) -> int:
+        """The choice from the replicas' num_outstanding alone (`loads`, index order): the first of the
+        least, the lowest index. A router with this method lets the caller that has read the loads
+        already (the imbalance figures) pass them rather than have route read them again."""
+        return loads.index(min(loads))
 
 
 @dataclass(slots=True)
