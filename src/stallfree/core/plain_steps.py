@@ -178,7 +178,7 @@ class PlainDecodeRun:
                     free = kv.kv_free
                 free_after.append(free)
         last = step + count - 1
-        if due:
+        if due and min(due) < last:
             # Stale entries of decodes whose finish moved, which complete() pops step by step.
             for key in [k for k in due if step <= k < last]:
                 del due[key]

@@ -27,7 +27,14 @@ from stallfree.core.plan import StepPlan
 from stallfree.core.request import FinishReason, Request
 from stallfree.core.scheduler import Scheduler
 from stallfree.sim.run.costs import StepCostModel
-from stallfree.sim.run.result import KV_CAPACITY, RequestState, SchedulerLike, SimResult, SimulationError
+from stallfree.sim.run.result import (
+    KV_CAPACITY,
+    DecodeTicks,
+    RequestState,
+    SchedulerLike,
+    SimResult,
+    SimulationError,
+)
 from stallfree.sim.run.tally import RunTally
 
 __all__ = ["Replica"]
@@ -120,7 +127,7 @@ class Replica:
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
         "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_plain_ends", "_run", "_chunk", "_chunk_first",
-        "_cut", "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
+        "_cut", "_ticks_kept", "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
@@ -144,6 +151,8 @@ class Replica:
         self.state = state if state is not None else bytearray(res.num_requests)
         self.decoding: set[int] = set()  # requests with a first token: to see skipped decodes
         self.tick = 0  # steps with decodes so far (res.step_ticks)
+        # DecodeTicks counts them from step_decodes and keeps none of the values it is given.
+        self._ticks_kept = not isinstance(res.step_ticks, DecodeTicks)
         self.seg_open: dict[int, int] = {}  # emitting step of the current stretch after a preemption
         self._plan: StepPlan | None = None  # the step in flight
         self._start = 0.0  # when it started, s
@@ -445,9 +454,10 @@ class Replica:
             res.step_kv_used.extend(_repeat(res.step_kv_used, kv_total - free[0], k))
         else:
             res.step_kv_used.extend([kv_total - f for f in free])
-        res.step_waiting.extend(_repeat(res.step_waiting, self.inner.num_waiting, k))
+        res.step_waiting.extend(_repeat(res.step_waiting, 0, k))  # nothing waits in a plain run (plain_steps)
         tick = self.tick
-        res.step_ticks.extend(range(tick + 1, tick + k + 1))
+        if self._ticks_kept:
+            res.step_ticks.extend(range(tick + 1, tick + k + 1))
         self.tick = tick + k
         self.step += k
         finished = self.inner.last_finished
