@@ -235,7 +235,7 @@ def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]])
         counts.append(np.asarray(c, dtype=np.int64))
     else:
         every = np.concatenate(values) if values else np.empty(0)
-        order = np.argsort(every, kind="stable")
+        order = np.argsort(every)  # the order of equal values changes no rank's value (and is deterministic)
         cum = np.cumsum(np.concatenate(counts)[order]) if counts else np.empty(0, dtype=np.int64)
         # The rank-k value is the first in sorted order whose cumulative count passes k.
         return {k: float(every[order[int(np.searchsorted(cum, k, side="right"))]]) for k in ranks}
