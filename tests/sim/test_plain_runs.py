@@ -76,6 +76,7 @@ def test_plain_decode_times_equal_step_time_bit_for_bit(which: int, vector_steps
     import stallfree.costmodel.roofline as roofline
 
     monkeypatch.setattr(roofline, "_VECTOR_STEPS", vector_steps)
+    monkeypatch.setattr(roofline, "_VECTOR_ENDS", vector_steps)
     models = pricers()
     if which >= len(models):
         pytest.skip("the optional package aiconfigurator-core (extra 'kernels') is not installed")

@@ -98,11 +98,13 @@ EFFICIENCY_KEYWORDS = CALIBRATION_KEYWORDS
 
 # Activations cross the all-reduce in 16 bits (bf16/fp16) even when weights are 8-bit.
 _ACT_BYTES = 2
-#: From this many steps on, plain_decode_times and plain_decode_ends price with numpy arrays (fewer, they
-#: loop): numpy's dozen small operations cost about 11 us a call, a step in Python about 0.23 us, even at
-#: about 48 (measured with timeit, 8 decodes: 16 steps 12.6 us with numpy, 3.9 us looping; 64 steps 11.1 /
-#: 14.1 us).
+#: From this many steps on, plain_decode_times prices with numpy arrays (fewer, it loops): numpy's dozen
+#: small operations cost about 11 us a call, a step in Python about 0.23 us, even at about 48 (measured
+#: with timeit, 8 decodes: 16 steps 12.6 us with numpy, 3.9 us looping; 64 steps 11.1 / 14.1 us).
 _VECTOR_STEPS = 48
+#: The same for plain_decode_ends, whose loop costs about 0.13 us a step (64 steps: 11.0 us with numpy,
+#: 8.8 us looping; 96 steps: 11.2 / 12.8 us).
+_VECTOR_ENDS = 80
 class CostModel:
     """Predicts the time of one step (one forward pass over a StepPlan) on a TP group of GPUs.
 
@@ -604,7 +606,7 @@ class CostModel:
         experts = self._m_expert * self._experts * (1.0 - self._route_keep**nd) if self._experts else None
         link, a_step, over = self._x_tok * nd * self._inv_link, self._a_step, self._over
         per_tok, per_seq = self._o_tok * nd, self._o_seq * nd
-        if count >= _VECTOR_STEPS:
+        if count >= _VECTOR_ENDS:
             import numpy as np
 
             contexts = np.arange(step, step + count, dtype=np.int64) * nd + offset_sum
