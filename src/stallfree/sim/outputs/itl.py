@@ -202,7 +202,7 @@ class _Gaps:
 
         yield self.first, np.ones(len(self.first), dtype=np.int64)
         for c in range(0, len(self.per_step), CHUNK):
-            w = self.weights[c:c + CHUNK]
+            w: Any = self.weights[c:c + CHUNK]
             used = w > 0
             yield self.per_step[c:c + CHUNK][used], w[used]
         yield self.irregular, np.ones(len(self.irregular), dtype=np.int64)
