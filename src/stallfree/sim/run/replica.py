@@ -450,10 +450,15 @@ class Replica:
         same = _repeat(res.step_tokens, nd, k)
         res.step_tokens.extend(same)
         res.step_decodes.extend(same)
-        if free.count(free[0]) == k:  # nothing promised or freed in them (so under reservations but at a finish)
-            res.step_kv_used.extend(_repeat(res.step_kv_used, kv_total - free[0], k))
+        kv_used, f0 = res.step_kv_used, free[0]
+        unchanged = free.count(f0)
+        if unchanged == k:  # nothing promised or freed in them (so under reservations but at a finish)
+            kv_used.extend(_repeat(kv_used, kv_total - f0, k))
+        elif unchanged == k - 1 and free[-1] != f0:  # freed at the last step's finish alone (reservations)
+            kv_used.extend(_repeat(kv_used, kv_total - f0, k - 1))
+            kv_used.append(kv_total - free[-1])
         else:
-            res.step_kv_used.extend([kv_total - f for f in free])
+            kv_used.extend([kv_total - f for f in free])
         res.step_waiting.extend(_repeat(res.step_waiting, 0, k))  # nothing waits in a plain run (plain_steps)
         tick = self.tick
         if self._ticks_kept:
