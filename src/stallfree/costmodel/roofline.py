@@ -534,6 +534,33 @@ class CostModel:
             kv_read += dk
         return self._price(tokens, pairs, kv_read, sampled, seqs)
 
+    def _plain_terms(self, nd: int) -> tuple[float, ...]:
+        """_decodes and _price written out for a plain decode step of `nd` decodes (no sliding window): the
+        terms that do not change with the context, worked out once: base, c_pair, inv_mfu, w_dec, m_fixed,
+        m_kv, m_head, inv_mbu, experts (0.0: none), link, a_step, over, per_tok, per_seq."""
+        experts = self._m_expert * self._experts * (1.0 - self._route_keep**nd) if self._experts else 0.0
+        return (self._c_tok * nd + self._c_samp * nd, self._c_pair, self._inv_mfu, self._w_dec, self._m_fixed,
+                self._m_kv, self._m_head, self._inv_mbu, experts, self._x_tok * nd * self._inv_link,
+                self._a_step, self._over, self._o_tok * nd, self._o_seq * nd)
+
+    def _plain_array(self, nd: int, offset_sum: int, step: int, count: int) -> Any:
+        """The prices, s, of `count` plain decode steps from `step` (plain_decode_times) as a numpy array:
+        numpy's elementwise operations round each result as Python's do, so the same floats."""
+        import numpy as np
+
+        base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, experts, *tail = self._plain_terms(nd)
+        contexts = np.arange(step, step + count, dtype=np.int64) * nd + offset_sum
+        flops = (base + c_pair * ((contexts + nd).astype(np.float64) * w_dec)) * inv_mfu
+        bytes_s = m_fixed + m_kv * (contexts.astype(np.float64) + nd)
+        bytes_s += m_head
+        if self._experts:
+            bytes_s += experts
+        bytes_s *= inv_mbu
+        t = np.where(flops > bytes_s, flops, bytes_s)
+        for term in tail:  # link, all-reduce, overhead, per token, per sequence: in that order
+            t += term
+        return t
+
     def plain_decode_times(self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int) -> list[float]:
         """Return step_time of each of `count` decode-only steps, seconds, the first numbered `step`: the
         decodes of StepPlan offsets `offsets` (summing to `offset_sum`), one token each (a scheduler's
@@ -545,38 +572,17 @@ class CostModel:
             return [0.0] * count
         out: list[float] = []
         if not self._win_frac:
-            # _decodes and _price written out for this batch size: the same operations in the same order,
-            # the terms that do not change with the context worked out once.
-            base = self._c_tok * nd + self._c_samp * nd
-            c_pair, inv_mfu, w_dec = self._c_pair, self._inv_mfu, self._w_dec
-            m_fixed, m_kv, m_head, inv_mbu = self._m_fixed, self._m_kv, self._m_head, self._inv_mbu
-            experts = self._m_expert * self._experts * (1.0 - self._route_keep**nd) if self._experts else None
-            link, a_step, over = self._x_tok * nd * self._inv_link, self._a_step, self._over
-            per_tok, per_seq = self._o_tok * nd, self._o_seq * nd
             if count >= _VECTOR_STEPS:
-                # numpy's elementwise operations round each result as Python's do: the same floats.
-                import numpy as np
-
-                contexts = np.arange(step, step + count, dtype=np.int64) * nd + offset_sum
-                flops = (base + c_pair * ((contexts + nd).astype(np.float64) * w_dec)) * inv_mfu
-                bytes_s = m_fixed + m_kv * (contexts.astype(np.float64) + nd)
-                bytes_s += m_head
-                if experts is not None:
-                    bytes_s += experts
-                bytes_s *= inv_mbu
-                t = np.where(flops > bytes_s, flops, bytes_s)
-                t += link
-                t += a_step
-                t += over
-                t += per_tok
-                t += per_seq
-                return cast(list[float], t.tolist())
+                return cast(list[float], self._plain_array(nd, offset_sum, step, count).tolist())
+            base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, experts, link, a_step, over, per_tok, \
+                per_seq = self._plain_terms(nd)
+            has_experts = bool(self._experts)
             for s in range(step, step + count):
                 dcs = offset_sum + nd * s
                 compute = (base + c_pair * (float(dcs + nd) * w_dec)) * inv_mfu
                 memory = m_fixed + m_kv * (float(dcs) + nd)
                 memory += m_head
-                if experts is not None:
+                if has_experts:
                     memory += experts
                 memory *= inv_mbu
                 out.append((compute if compute > memory else memory) + link + a_step + over + per_tok + per_seq)
@@ -600,38 +606,22 @@ class CostModel:
             del out[0]
             return out
         nd = num_decodes
-        base = self._c_tok * nd + self._c_samp * nd
-        c_pair, inv_mfu, w_dec = self._c_pair, self._inv_mfu, self._w_dec
-        m_fixed, m_kv, m_head, inv_mbu = self._m_fixed, self._m_kv, self._m_head, self._inv_mbu
-        experts = self._m_expert * self._experts * (1.0 - self._route_keep**nd) if self._experts else None
-        link, a_step, over = self._x_tok * nd * self._inv_link, self._a_step, self._over
-        per_tok, per_seq = self._o_tok * nd, self._o_seq * nd
         if count >= _VECTOR_ENDS:
             import numpy as np
 
-            contexts = np.arange(step, step + count, dtype=np.int64) * nd + offset_sum
-            flops = (base + c_pair * ((contexts + nd).astype(np.float64) * w_dec)) * inv_mfu
-            bytes_s = m_fixed + m_kv * (contexts.astype(np.float64) + nd)
-            bytes_s += m_head
-            if experts is not None:
-                bytes_s += experts
-            bytes_s *= inv_mbu
-            t = np.where(flops > bytes_s, flops, bytes_s)
-            t += link
-            t += a_step
-            t += over
-            t += per_tok
-            t += per_seq
+            t = self._plain_array(nd, offset_sum, step, count)
             t[0] += start
             np.cumsum(t, out=t)
             return array("d", t.tobytes())
+        base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, experts, link, a_step, over, per_tok, \
+            per_seq = self._plain_terms(nd)
         out = array("d")
         append = out.append
         end = start
         # The decode pairs of step s, float(dcs + nd): exact below 2**53, so one more step adds nd exactly.
         x = float(offset_sum + nd * step + nd)
         tail = [v for v in (link, a_step, over, per_tok, per_seq) if v]  # adding 0.0 changes no float
-        if experts is None and len(tail) <= 1:
+        if not self._experts and len(tail) <= 1:
             last = tail[0] if tail else 0.0
             for _ in range(count):
                 compute = (base + c_pair * (x * w_dec)) * inv_mfu
@@ -640,10 +630,11 @@ class CostModel:
                 append(end)
                 x += nd
             return out
+        has_experts = bool(self._experts)
         for _ in range(count):
             compute = (base + c_pair * (x * w_dec)) * inv_mfu
             memory = m_fixed + m_kv * x + m_head
-            if experts is not None:
+            if has_experts:
                 memory += experts
             memory *= inv_mbu
             end += (compute if compute > memory else memory) + link + a_step + over + per_tok + per_seq
