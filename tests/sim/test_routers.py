@@ -78,6 +78,29 @@ def test_round_robin_and_least_outstanding_on_stand_ins():
     assert LeastOutstandingRouter().route(Request(0, 1, 1), reps) == 1  # type: ignore[arg-type]
 
 
+def test_an_entry_passes_the_loads_it_read_only_to_a_router_that_routes_by_them() -> None:
+    """Entry hands the loads it read for the imbalance ratios to LeastOutstandingRouter.pick_by_outstanding
+    (the first of the least), not to a subclass that overrides route nor to a router without the method."""
+    from stallfree.sim.run.loop import Entry
+
+    assert LeastOutstandingRouter.pick_by_outstanding([3, 1, 2, 1]) == 1
+
+    class Busiest(LeastOutstandingRouter):
+        def route(self, request, replicas):  # type: ignore[no-untyped-def]
+            loads = [r.num_outstanding for r in replicas]
+            return loads.index(max(loads))
+
+    class Arrivals:
+        times = [0.0]
+
+    def entry(router):  # type: ignore[no-untyped-def]
+        return Entry([], router, lambda rid: Request(rid, 1, 1), {}, Arrivals(), track_imbalance=True)  # type: ignore[arg-type]
+
+    assert entry(LeastOutstandingRouter())._pick == LeastOutstandingRouter.pick_by_outstanding
+    assert entry(Busiest())._pick is None
+    assert entry(RoundRobinRouter())._pick is None
+
+
 def test_make_router_names() -> None:
     """make_router builds each name of ROUTERS and refuses another, naming it."""
     assert [type(make_router(n)).__name__ for n in ROUTERS] == [
