@@ -98,6 +98,41 @@ def test_plain_decode_times_equal_step_time_bit_for_bit(which: int, vector_steps
                 assert ends == array("d", list(accumulate(want, initial=start))[1:])
 
 
+@pytest.mark.parametrize("mfu", [1.0, 0.005, 0.0005], ids=["memory-bound", "crossing", "compute-bound"])
+def test_plain_decode_ends_on_either_side_of_the_roofline(mfu: float) -> None:
+    """plain_decode_ends skips the side of the roofline that trails at both ends of a run: the same floats as
+    the prices of plain_decode_times added up in order, for runs wholly memory-bound (mfu 1.0: a decode of
+    an 8B model on an H100), wholly compute-bound (mfu 0.0005) and across the crossing (mfu 0.005, one
+    decode: compute overtakes memory at some tens of thousands of pairs, found by bisection)."""
+    from array import array
+    from itertools import accumulate
+
+    cost = CostModel(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), mfu=mfu)
+
+    def sides(nd: int, x: float) -> tuple[float, float]:
+        base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, *_ = cost._plain_terms(nd)
+        return (base + c_pair * (x * w_dec)) * inv_mfu, (m_fixed + m_kv * x + m_head) * inv_mbu
+
+    runs = [(nd, offset_sum, step, count) for nd in (1, 7, 64) for offset_sum in (0, 12_345, 3_000_000)
+            for step in (0, 999) for count in (1, 5, 79)]
+    if mfu == 0.005:
+        lo, hi = 1, 10**7  # compute trails memory at lo and leads at hi: the pairs where it overtakes
+        assert sides(1, lo)[0] < sides(1, lo)[1] and sides(1, hi)[0] > sides(1, hi)[1]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if sides(1, mid)[0] < sides(1, mid)[1] else (lo, mid)
+        runs = [(1, hi - 1 - back, 0, 79) for back in (1, 20, 40, 78)]  # step 0's pairs: offset_sum + 1
+    seen = set()
+    for nd, offset_sum, step, count in runs:
+        first = sides(nd, offset_sum + nd * step + nd)
+        last = sides(nd, offset_sum + nd * (step + count))
+        seen.add(("compute" if first[0] > first[1] else "memory", "compute" if last[0] > last[1] else "memory"))
+        times = cost.plain_decode_times((0,) * nd, offset_sum, step, count)
+        want = array("d", list(accumulate(times, initial=0.25))[1:])
+        assert cost.plain_decode_ends(nd, offset_sum, step, count, 0.25) == want
+    assert seen == {{1.0: ("memory", "memory"), 0.0005: ("compute", "compute")}.get(mfu, ("memory", "compute"))}
+
+
 def light_workload(seed: int) -> Workload:
     """Seeded: 80 requests over 40 s on the 0.125 s grid, prompts 1-60 tokens, outputs 1-90: long runs of
     decodes between arrivals."""

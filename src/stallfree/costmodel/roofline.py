@@ -105,6 +105,11 @@ _VECTOR_STEPS = 48
 #: The same for plain_decode_ends, whose loop costs about 0.13 us a step (64 steps: 11.0 us with numpy,
 #: 8.8 us looping; 96 steps: 11.2 / 12.8 us).
 _VECTOR_ENDS = 80
+#: How far one side of a plain decode step's roofline must lead the other at both ends of a run for the other
+#: to be skipped (plain_decode_ends): far above float rounding (~1e-16), far below any real gap.
+_LEAD = 1.0 + 1e-9
+
+
 class CostModel:
     """Predicts the time of one step (one forward pass over a StepPlan) on a TP group of GPUs.
 
@@ -206,6 +211,7 @@ class CostModel:
         "_b_head",
         "_b_kv",
         "_b_expert",
+        "_short_terms",
     )
 
     def __init__(
@@ -231,6 +237,7 @@ class CostModel:
         if mode not in MODES:
             raise CostModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         _check_tp(model, tp)
+        self._short_terms: dict[int, tuple[float, ...]] = {}  # plain_decode_ends's, by decodes per step
         self.model, self.gpu, self.tp, self.mode = model, gpu, tp, mode
         self.dtype = canonical_dtype("dtype", dtype)
         wb = DTYPE_BYTES[self.dtype]
@@ -543,6 +550,17 @@ class CostModel:
                 self._m_kv, self._m_head, self._inv_mbu, experts, self._x_tok * nd * self._inv_link,
                 self._a_step, self._over, self._o_tok * nd, self._o_seq * nd)
 
+    def _short_ends_terms(self, nd: int) -> tuple[float, ...]:
+        """plain_decode_ends's terms for `nd` decodes where a step is max(compute, memory) plus at most one
+        more term (no experts; at most one of link, all-reduce, overhead, per token, per sequence, since
+        adding 0.0 changes no float): base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu and
+        that term (0.0: none); () otherwise."""
+        base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, experts, *rest = self._plain_terms(nd)
+        tail = [v for v in rest if v]
+        if self._experts or len(tail) > 1:
+            return ()
+        return (base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, tail[0] if tail else 0.0)
+
     def _plain_array(self, nd: int, offset_sum: int, step: int, count: int) -> Any:
         """The prices, s, of `count` plain decode steps from `step` (plain_decode_times) as a numpy array:
         numpy's elementwise operations round each result as Python's do, so the same floats."""
@@ -613,16 +631,34 @@ class CostModel:
             t[0] += start
             np.cumsum(t, out=t)
             return array("d", t.tobytes())
-        base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, experts, link, a_step, over, per_tok, \
-            per_seq = self._plain_terms(nd)
         out = array("d")
         append = out.append
         end = start
         # The decode pairs of step s, float(dcs + nd): exact below 2**53, so one more step adds nd exactly.
         x = float(offset_sum + nd * step + nd)
-        tail = [v for v in (link, a_step, over, per_tok, per_seq) if v]  # adding 0.0 changes no float
-        if not self._experts and len(tail) <= 1:
-            last = tail[0] if tail else 0.0
+        short = self._short_terms.get(nd)
+        if short is None:
+            short = self._short_terms[nd] = self._short_ends_terms(nd)
+        if short:
+            base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, last = short
+            # Both sides of the roofline are linear in the pairs: one that leads the other by _LEAD at the
+            # run's first and last steps leads at every step between (rounding moves each by ~1e-16 of
+            # itself), so the other is not worked out. The same floats as the loop after these two.
+            x1 = x + nd * (count - 1)
+            c0, c1 = (base + c_pair * (x * w_dec)) * inv_mfu, (base + c_pair * (x1 * w_dec)) * inv_mfu
+            m0, m1 = (m_fixed + m_kv * x + m_head) * inv_mbu, (m_fixed + m_kv * x1 + m_head) * inv_mbu
+            if m0 > c0 * _LEAD and m1 > c1 * _LEAD:
+                for _ in range(count):
+                    end += (m_fixed + m_kv * x + m_head) * inv_mbu + last
+                    append(end)
+                    x += nd
+                return out
+            if c0 > m0 * _LEAD and c1 > m1 * _LEAD:
+                for _ in range(count):
+                    end += (base + c_pair * (x * w_dec)) * inv_mfu + last
+                    append(end)
+                    x += nd
+                return out
             for _ in range(count):
                 compute = (base + c_pair * (x * w_dec)) * inv_mfu
                 memory = (m_fixed + m_kv * x + m_head) * inv_mbu
@@ -630,6 +666,8 @@ class CostModel:
                 append(end)
                 x += nd
             return out
+        base, c_pair, inv_mfu, w_dec, m_fixed, m_kv, m_head, inv_mbu, experts, link, a_step, over, per_tok, \
+            per_seq = self._plain_terms(nd)
         has_experts = bool(self._experts)
         for _ in range(count):
             compute = (base + c_pair * (x * w_dec)) * inv_mfu

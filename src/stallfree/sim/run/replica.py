@@ -351,12 +351,14 @@ class Replica:
                     if end == until:
                         break
                 # The next starts at its end (start_step), with what is pending.
+                admitted = False
                 if self.pending:
                     admit(self, end)
+                    admitted = True  # then it waits, and the next step is no plain decode step
                 if not has_unfinished():
                     break
                 now = end
-                if plain:
+                if plain and not admitted:
                     run = plain_decode_run(inner, _PLAIN_LIMIT)  # type: ignore[arg-type]
                     if run is not None and run.num_steps >= _PLAIN_SHORTEST and self._price_plain(
                             now, run, math.inf if park else until):
