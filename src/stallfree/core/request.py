@@ -101,6 +101,12 @@ class Request:
         Raises:
             RequestRejected: as the constructor; the message names the field and the value.
         """
+        arrival = self.arrival
+        if (type(self.rid) is int and type(self.prompt_len) is int and self.prompt_len >= 1
+                and type(self.max_new) is int and self.max_new >= 1 and type(self.priority) is int
+                and type(arrival) is float and math.isfinite(arrival) and self.block_hashes is None
+                and self.lora is None and self.tenant is None):
+            return  # the common request, every check below passed at a glance (an int rid hashes, equals itself)
         check_positive_int("prompt_len", self.prompt_len, RequestRejected)
         check_positive_int("max_new", self.max_new, RequestRejected)
         if isinstance(self.priority, bool) or not isinstance(self.priority, int):
@@ -111,7 +117,6 @@ class Request:
             raise RequestRejected(f"rid must be hashable, got {self.rid!r}") from None
         if self.rid != self.rid:  # NaN: it could never be found again by its rid
             raise RequestRejected(f"rid must equal itself, got {self.rid!r}")
-        arrival = self.arrival
         if isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival):
             raise RequestRejected(f"arrival must be a finite number of seconds, got {arrival!r}")
         hashes = self.block_hashes

@@ -48,12 +48,15 @@ import heapq
 import math
 from array import array
 from collections.abc import Callable, Hashable, Sequence
+from operator import attrgetter
 from typing import Protocol
 
 from stallfree.core.request import FinishReason, Request
 from stallfree.sim.run.load import Arrivals
 from stallfree.sim.run.replica import Replica
 from stallfree.sim.run.result import ClusterError, SimulationError
+
+_OUTSTANDING = attrgetter("num_outstanding")  # a replica's, read for every one at each arrival
 
 __all__ = [
     "CALLBACK",
@@ -232,7 +235,7 @@ class Entry:
             self.routed[rid] = 0
             return
         if self.track:
-            outstanding = [r.num_outstanding for r in reps]
+            outstanding = list(map(_OUTSTANDING, reps))
             total = sum(outstanding)
             if total >= len(reps):
                 self.ratios.append(max(outstanding) * len(reps) / total)

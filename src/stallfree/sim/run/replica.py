@@ -126,7 +126,8 @@ class Replica:
         "_append", "_complete", "_plan", "_schedule", "_start", "_step_time", "async_scheduling", "busy", "cost",
         "decoding", "index", "inner", "last_end", "last_start", "num_outstanding", "num_routed", "pending", "res",
         "sched", "seg_open", "stalled", "state", "step", "step_end", "tick", "_clock", "_plain_ok", "_ahead",
-        "_ahead_i", "_ahead_start", "_ahead_nd", "_plain_times", "_plain_ends", "_run", "_chunk", "_chunk_first",
+        "_ahead_i", "_ahead_start", "_ahead_nd", "_no_waiting", "_plain_times", "_plain_ends", "_run", "_chunk",
+        "_chunk_first",
         "_cut", "_ticks_kept", "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
     )
 
@@ -182,6 +183,7 @@ class Replica:
         self._cut = 0  # the run's steps before this index may be taken before what is pending is admitted
         self._ahead_start = 0.0
         self._ahead_nd = 0
+        self._no_waiting = _repeat(res.step_waiting, 0, 1)  # a plain step's row of step_waiting
         # Keeping no records: the window's first step, the in-flight requests' admission steps (the oldest
         # is the first row a finish can read), the end, s, of the last row folded.
         self.tally = tally
@@ -402,6 +404,23 @@ class Replica:
         nd, n = run.num_decodes, run.num_steps
         if nd != len(self.decoding):
             return False
+        ends_of = self._plain_ends
+        if ends_of is not None and cutoff == math.inf:  # one chunk, priced by the cost model (the loop below's)
+            chunk = self._chunk
+            self._chunk = min(2 * chunk, _PLAIN_CHUNK)
+            ends = ends_of(nd, run.offset_sum, run.step, min(n, chunk), now)
+        else:
+            ends = self._price_chunks(run, now, cutoff)
+        self._run, self._ahead, self._ahead_i, self._ahead_start, self._ahead_nd = run, ends, 0, now, nd
+        # Requests pending already (held back by asynchronous scheduling) are looked at after each step.
+        self._cut = 1 if self.pending else len(ends)
+        self.step_end = ends[0]
+        return True
+
+    def _price_chunks(self, run: PlainDecodeRun, now: float, cutoff: float) -> array[float]:
+        """The ends, s, of the steps _price_plain prices: chunk after chunk from `now`, s, until one ends
+        after `cutoff`, s (one with an infinite cutoff)."""
+        nd, n = run.num_decodes, run.num_steps
         step0, offset_sum, ends_of = run.step, run.offset_sum, self._plain_ends
         times, step_time = self._plain_times, self._step_time
         first = offsets = None
@@ -426,11 +445,7 @@ class Replica:
             i += count
             if t > cutoff or cutoff == math.inf:
                 break
-        self._run, self._ahead, self._ahead_i, self._ahead_start, self._ahead_nd = run, ends, 0, now, nd
-        # Requests pending already (held back by asynchronous scheduling) are looked at after each step.
-        self._cut = 1 if self.pending else len(ends)
-        self.step_end = ends[0]
-        return True
+        return ends
 
     def _take_plain(self, until: float) -> float:
         """Take the parked run's steps that end by `until`, s (none past its cut: cut_at): their rows, the
@@ -461,7 +476,7 @@ class Replica:
             kv_used.append(kv_total - free[-1])
         else:
             kv_used.extend([kv_total - f for f in free])
-        res.step_waiting.extend(_repeat(res.step_waiting, 0, k))  # nothing waits in a plain run (plain_steps)
+        res.step_waiting.extend(self._no_waiting * k)  # nothing waits in a plain run (plain_steps)
         tick = self.tick
         if self._ticks_kept:
             res.step_ticks.extend(range(tick + 1, tick + k + 1))
