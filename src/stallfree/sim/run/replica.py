@@ -183,7 +183,7 @@ class Replica:
         self._cut = 0  # the run's steps before this index may be taken before what is pending is admitted
         self._ahead_start = 0.0
         self._ahead_nd = 0
-        self._no_waiting = _repeat(res.step_waiting, 0, 1)  # a plain step's row of step_waiting
+        self._no_waiting: Any = _repeat(res.step_waiting, 0, 1)  # a plain step's row of step_waiting
         # Keeping no records: the window's first step, the in-flight requests' admission steps (the oldest
         # is the first row a finish can read), the end, s, of the last row folded.
         self.tally = tally
