@@ -19,7 +19,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Hashable, Iterable
 from itertools import accumulate
-from typing import cast
+from typing import Any, cast
 
 from stallfree.core.errors import RequestRejected
 from stallfree.core.plain_steps import PlainDecodeRun, plain_decode_run
