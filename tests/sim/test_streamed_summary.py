@@ -52,9 +52,12 @@ def test_percentile_is_numpys(n):
 def _check_itl(res, monkeypatch):  # type: ignore[no-untyped-def]
     lat = latency_arrays(res)
     want = _stats("itl", lat["itl"], PCTS)
-    for chunk, sort_pairs in ((128, itl.SORT_PAIRS), (1000, 0), (itl.CHUNK, itl.SORT_PAIRS)):
+    # WHOLE_GAPS 0: the sums piece by piece (pairwise_sum), as beyond 2**21 gaps; else over one array.
+    for chunk, sort_pairs, whole in ((128, itl.SORT_PAIRS, 0), (1000, 0, 0), (itl.CHUNK, itl.SORT_PAIRS, 0),
+                                     (itl.CHUNK, itl.SORT_PAIRS, itl.WHOLE_GAPS)):
         monkeypatch.setattr(itl, "CHUNK", chunk)
         monkeypatch.setattr(itl, "SORT_PAIRS", sort_pairs)  # 0: the percentiles by radix selection
+        monkeypatch.setattr(itl, "WHOLE_GAPS", whole)
         assert itl.itl_stats(res, lat["rids"], PCTS) == want
     return lat
 

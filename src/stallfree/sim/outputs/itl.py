@@ -35,6 +35,9 @@ CHUNK = 1 << 16
 #: select() sorts up to this many (value, count) pairs at once (24 bytes each while it does) and selects
 #: by radix beyond.
 SORT_PAIRS = 1 << 20
+#: Up to this many gaps (16 MiB of float64), the mean and deviation are summed over one array of them;
+#: beyond, piece by piece (pairwise_sum), in memory of a piece.
+WHOLE_GAPS = 1 << 21
 
 
 def pairwise_sum(n: int, piece: Callable[[int, int], Any]) -> float:
@@ -366,13 +369,23 @@ def _figures(g: _Gaps, keys: list[str], percentiles: Sequence[float]) -> dict[st
     n = g.n
     if n == 0:
         return dict.fromkeys(keys, None)
-    mean = pairwise_sum(n, g.piece) / n
+    if n <= WHOLE_GAPS:  # the gaps as one array, summed by numpy itself (what pairwise_sum follows)
+        import numpy as np
 
-    def squares(lo: int, hi: int) -> Any:
-        x = g.piece(lo, hi) - mean
-        return x * x
+        every = g.piece(0, n)
+        mean = float(np.add.reduce(every)) / n
+        every -= mean
+        every *= every
+        std = math.sqrt(float(np.add.reduce(every)) / n)
+        del every
+    else:
+        mean = pairwise_sum(n, g.piece) / n
 
-    std = math.sqrt(pairwise_sum(n, squares) / n)
+        def squares(lo: int, hi: int) -> Any:
+            x = g.piece(lo, hi) - mean
+            return x * x
+
+        std = math.sqrt(pairwise_sum(n, squares) / n)
     # The ranks the median and the percentiles read, then those values (in ms, as numpy sees them).
     needed: set[int] = set()
 
