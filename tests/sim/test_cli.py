@@ -82,11 +82,12 @@ def test_records_json(tmp_path):
 
 def test_missing_trace_is_one_line(capsys):
     """A missing trace file is one line on stderr and exit status 2 (a command-line value that cannot
-    be used, as validate --against's)."""
+    be used, as validate --against's), naming the bundled traces."""
     assert main(["simulate", "--trace", "/nonexistent/t.csv"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "error: --trace: trace file not found: /nonexistent/t.csv" in err
+    assert "error: --trace: trace file not found: /nonexistent/t.csv (the bundled traces: leave --trace out" in err
+    assert "--trace mooncake)" in err
 
 
 def test_bad_value_is_one_line(capsys):

@@ -340,7 +340,9 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
             from stallfree.sim.studies.executors import ExecutorError
 
             if isinstance(exc, TraceFileError):  # the file --trace names is missing or unreadable: name the flag
-                print(f"{prog}: error: --trace: {flag_message(exc)}", file=sys.stderr)
+                hint = (" (the bundled traces: leave --trace out for the Azure 2023 conversation trace, or "
+                        "--trace mooncake)") if "not found" in str(exc) else ""
+                print(f"{prog}: error: --trace: {flag_message(exc)}{hint}", file=sys.stderr)
                 return 2
             if isinstance(exc, TraceError):  # a malformed trace: its message names the file and line
                 print(f"{prog}: error: {flag_message(exc)}", file=sys.stderr)

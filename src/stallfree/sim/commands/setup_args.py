@@ -268,7 +268,7 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
     needs = " or --concurrency N" if closed else ""
     read = {
         "--rate": (args.rate, synthetic is not None,
-                   "synthetic arrivals: add --synthetic poisson, gamma, shared-prefix or sessions"),
+                   "synthetic arrivals: add --synthetic poisson, gamma, shared-prefix, sessions or diurnal"),
         "--turns": (args.turns, synthetic == "sessions", "--synthetic sessions: add it"),
         "--system-prompt": (args.system_prompt, synthetic == "sessions", "--synthetic sessions: add it"),
         "--burstiness": (args.burstiness, synthetic in ("gamma", "diurnal", "profile"),
