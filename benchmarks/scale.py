@@ -2,7 +2,7 @@
 
 Run:
     git archive main src | tar -x -C /tmp/old            # an older tree's sources (OLD_SRC = /tmp/old/src)
-    PYTHONPATH=src python benchmarks/scale.py --against /tmp/old/src [--quick] [--rounds 1] [--json]
+    PYTHONPATH=src python benchmarks/scale.py --against /tmp/old/src [--quick] [--rounds 1] [--split] [--json]
 
 Each run is one `python -m stallfree simulate ...` process per tree, the trees alternating run by run
 (old, new, old, new, ...) so that both see the same machine load; its CPU seconds (user + system) and
@@ -40,6 +40,10 @@ pricing, vLLM's kernel tables where aiconfigurator-core is installed):
 
 A child whose address space passes --mem-limit-gb (default 8) fails with a MemoryError instead of
 taking the machine's memory; the table then says so.
+
+With --split each child also reports the CPU seconds spent inside the event loop (every call of
+stallfree.sim.run.loop.EventLoop.run, timed by time.process_time around it; a run with a range replays
+it three times): the table's "loop s" columns, the rest being start-up, loading, workload and summary.
 """
 
 from __future__ import annotations
@@ -109,20 +113,46 @@ def write_trace(path: Path, megabytes: float, seed: int = 0) -> int:
     return rows
 
 
-def measure(src: Path, args: list[str], mem_limit_bytes: int, out_path: str) -> dict[str, Any]:
-    """Run `python -m stallfree simulate ARGS` with PYTHONPATH=src; return its CPU s, peak MB, wall s.
+#: Run as `python -c _TIMED_LOOP simulate ARGS` (--split): the CLI with EventLoop.run timed, the CPU
+#: seconds inside it written to $SCALE_LOOP_FILE at exit.
+_TIMED_LOOP = """
+import os, runpy, sys, time
+from stallfree.sim.run import loop
+untimed, spent = loop.EventLoop.run, [0.0]
+def run(self):
+    t = time.process_time()
+    try:
+        return untimed(self)
+    finally:
+        spent[0] += time.process_time() - t
+loop.EventLoop.run = run
+sys.argv[0] = "stallfree"
+try:
+    runpy.run_module("stallfree", run_name="__main__", alter_sys=True)
+finally:
+    with open(os.environ["SCALE_LOOP_FILE"], "w") as fh:
+        fh.write(repr(spent[0]))
+"""
+
+
+def measure(src: Path, args: list[str], mem_limit_bytes: int, out_path: str, split: bool = False) -> dict[str, Any]:
+    """Run `python -m stallfree simulate ARGS` with PYTHONPATH=src; return its CPU s, peak MB, wall s
+    (and with `split`, loop_s: the CPU seconds inside EventLoop.run).
 
     Its stdout goes to `out_path`; stderr is kept for the error message. Returns `error` (the last
     line of stderr) when the process fails.
     """
     env = dict(os.environ, PYTHONPATH=str(src))
+    loop_file = out_path + ".loop"
+    env["SCALE_LOOP_FILE"] = loop_file
+    entry = ["-c", _TIMED_LOOP] if split else ["-m", "stallfree"]
 
     def limit() -> None:  # in the child, before exec
         resource.setrlimit(resource.RLIMIT_AS, (mem_limit_bytes, mem_limit_bytes))
 
     with open(out_path, "wb") as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "stallfree", "simulate", *args], env=env, stdout=out,
+        proc = subprocess.Popen([sys.executable, *entry, "simulate", *args], env=env, stdout=out,
                                 stderr=err, preexec_fn=limit)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
@@ -133,6 +163,8 @@ def measure(src: Path, args: list[str], mem_limit_bytes: int, out_path: str) -> 
                               "wall_s": wall}
     if proc.returncode:
         result["error"] = tail[-1] if tail else f"exit {proc.returncode}"
+    elif split:
+        result["loop_s"] = float(Path(loop_file).read_text(encoding="utf-8"))
     return result
 
 
@@ -168,6 +200,8 @@ def main() -> int:
     ap.add_argument("--mem-limit-gb", type=float, default=8.0, help="address-space limit of each child (GB)")
     ap.add_argument("--trace-mb", type=float, default=200.0,
                     help="the trace run's .gz trace, MB of text (default 200; stallfree reads at most 1 GiB)")
+    ap.add_argument("--split", action="store_true",
+                    help="also report each run's CPU seconds inside the event loop (EventLoop.run)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     trees = [("new", HERE.parent / "src")]
@@ -194,7 +228,7 @@ def main() -> int:
             for r in range(a.rounds):
                 for tree, src in run_trees:
                     path = os.path.join(tmp, f"{tree}-{r}.out")
-                    got[tree].append(measure(src, args, limit, path))
+                    got[tree].append(measure(src, args, limit, path, a.split))
                     outputs[tree] = path
                     print(f"  {name} [{tree}] round {r + 1}: {got[tree][-1]}", file=sys.stderr)
             row: dict[str, Any] = {"run": name, "command": "stallfree simulate " + " ".join(args)}
@@ -203,8 +237,8 @@ def main() -> int:
                     row[tree] = {"error": "not run (--no-records)"}
                     continue
                 ok = [m for m in got[tree] if "error" not in m]
-                row[tree] = {k: median(m[k] for m in ok) for k in ("cpu_s", "peak_mb", "wall_s")} if ok else {
-                    "error": got[tree][-1]["error"]}
+                keys = ("cpu_s", "peak_mb", "wall_s", "loop_s") if a.split else ("cpu_s", "peak_mb", "wall_s")
+                row[tree] = {k: median(m[k] for m in ok) for k in keys} if ok else {"error": got[tree][-1]["error"]}
             if "--json" in args and len(trees) == 2 and all("error" not in row[t] for t, _ in trees):
                 old_json, new_json = (_figures(Path(outputs[t]).read_text(encoding="utf-8")) for t in ("old", "new"))
                 row["same_json"] = old_json == new_json
@@ -213,7 +247,8 @@ def main() -> int:
         print(json.dumps(rows, indent=1))
         return 0
     names = [t for t, _ in trees]
-    head = f"{'run':<22}" + "".join(f"{t + ' CPU s':>11}{t + ' peak MB':>14}{t + ' wall s':>12}" for t in names)
+    head = f"{'run':<22}" + "".join(f"{t + ' CPU s':>11}{t + ' peak MB':>14}{t + ' wall s':>12}"
+                                    + (f"{t + ' loop s':>12}" if a.split else "") for t in names)
     if len(names) == 2:
         head += f"{'CPU new/old':>12}{'mem new/old':>12}{'same json':>10}"
     print(head)
@@ -222,9 +257,11 @@ def main() -> int:
         for t in names:
             f = row[t]
             if "error" in f:
-                line += f"{'failed: ' + f['error'][:33]:>37}"
+                line += f"{'failed: ' + f['error'][:33]:>37}" + (" " * 12 if a.split else "")
             else:
                 line += f"{f['cpu_s']:>11.1f}{f['peak_mb']:>14.0f}{f['wall_s']:>12.1f}"
+                if a.split:
+                    line += f"{f['loop_s']:>12.1f}"
         if len(names) == 2:
             old, new = row["old"], row["new"]
             both = "error" not in old and "error" not in new
