@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -33,8 +34,14 @@ def test_missing_library_at_import_keeps_the_command(monkeypatch, capsys):
     for name in [m for m in sys.modules if m.startswith(("stallfree.server", "fastapi"))]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "fastapi", None)
+    root = logging.getLogger()
+    filters = [list(h.filters) for h in root.handlers]
     assert main(["serve", "--port", "1"]) == 1
     assert "pip install 'stallfree[server]'" in capsys.readouterr().err
+    # A serve that cannot start leaves the process's logging as it was: a filter added here would read a second
+    # copy of the request-id context (the server's modules are imported afresh above), and later server tests
+    # in the process would log under it.
+    assert [list(h.filters) for h in root.handlers] == filters
 
 
 def test_every_input_error_exits_2_in_every_command(tmp_path, capsys):

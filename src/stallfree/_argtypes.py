@@ -35,7 +35,7 @@ def _int_at_least(text: str, minimum: int) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
     if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
     return value
 
 

@@ -212,7 +212,6 @@ def run_serve(args: argparse.Namespace) -> int:
     if problem is not None or ops is None:
         _error(problem or "bad options")
         return 2
-    configure_logging()
     try:
         from stallfree.server.app import ServerConfig, create_app
         from stallfree.server.ops import install_ops, run_server
@@ -220,6 +219,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"stallfree serve: missing dependency ({exc}); install it with: pip install 'stallfree[server]'",
               file=sys.stderr)
         return 1
+    configure_logging()  # only once it will serve: a serve that cannot start leaves the process's logging alone
     # Fail on a bad address in one line, before the (slow) model load rather than after it.
     try:
         family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
