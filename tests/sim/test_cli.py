@@ -305,7 +305,7 @@ def test_zero_or_negative_slo_is_refused(capsys, flag, value):
 
 def test_tiny_slo_warns_how_it_was_read():
     """--slo-ttft 1 is 1 ms (bare = ms): kept, with one warning saying how to write seconds; 10 ms and
-    1 ms (the thresholds) and 1s pass silently."""
+    1 ms (the thresholds), 1s, and any value written with its unit pass silently."""
     import contextlib
     import io
 
@@ -324,6 +324,8 @@ def test_tiny_slo_warns_how_it_was_read():
         assert slo_ttft("10") == pytest.approx(0.010)
         assert slo_tpot("1ms") == pytest.approx(0.001)
         assert slo_ttft("1s") == 1.0
+        assert slo_ttft("1ms") == pytest.approx(0.001)  # a unit given: read as written, no warning
+        assert slo_tpot("0.5ms") == pytest.approx(0.0005)
     assert quiet.getvalue() == ""
 
 
@@ -464,3 +466,63 @@ def test_out_beside_the_trace_is_allowed(tmp_path, capsys):
     trace.write_text(_TRACE)
     assert main(["simulate", "--trace", str(trace), "--out", str(tmp_path), "--linear-cost", "5,50"]) == 0
     assert trace.read_text() == _TRACE and (tmp_path / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("r.csv.gz", "the file name must end in .csv or .json (the format it is written in), got '.gz'"),
+        ("r.txt", "got '.txt'"),
+        ("r", "got 'no suffix'"),
+        ("a" * 300 + ".csv", "cannot be written (File name too long)"),
+        ("missing/r.csv", "the directory"),
+    ],
+    ids=["gz", "txt", "no-suffix", "too-long", "no-dir"],
+)
+def test_records_path_is_checked_before_the_run(name, needle, tmp_path, capsys):
+    """--records is refused before anything runs (exit 2, one line naming the flag) when its name does not
+    end in the format it is written in or the file cannot be opened; the check leaves no file behind."""
+    argv = ["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--records", str(tmp_path / name)]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--records" in err and needle in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_records_check_leaves_an_existing_file_as_it_was(tmp_path):
+    """The writability check opens an existing file for appending and writes nothing: it stays byte for byte
+    (and a new name is not left behind)."""
+    from stallfree.sim.commands.common import ensure_writable_file
+
+    rec = tmp_path / "r.csv"
+    rec.write_text("kept\n")
+    ensure_writable_file(rec, "--records")
+    ensure_writable_file(tmp_path / "new.json", "--records")
+    assert rec.read_text() == "kept\n" and sorted(p.name for p in tmp_path.iterdir()) == ["r.csv"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--trace", "{t}", "--start", "5", "--end", "1"],
+         "--start 5 and --end 1: a time window needs 0 <= start < end"),
+        (["--trace", "{t}", "--start", "-1"], "--start -1 and --end inf: a time window needs"),
+        (["--trace", "{t}", "--start", "nan"], "--start nan"),
+        (["--trace", "{t}", "--start", "100"], "no request arrives in the window --start 100 to --end inf s "
+                                               "(the trace's arrivals: 0 to 0.1 s)"),
+        (["--synthetic", "poisson", "--start", "5", "--end", "6"],
+         "--start and --end cut a trace's time window; --synthetic poisson draws its own arrivals"),
+        (["--synthetic", "shared-prefix", "--shared-prefix", "0,3,100,50"], "--shared-prefix '0,3,100,50': needs"),
+        (["--synthetic", "shared-prefix", "--shared-prefix", "a,b"], "--shared-prefix wants GROUPS,PROMPTS"),
+    ],
+    ids=["reversed", "negative", "nan", "past-the-trace", "synthetic", "shared-prefix-zero", "shared-prefix-text"],
+)
+def test_workload_flag_errors_are_usage_errors(flags, needle, tmp_path, capsys):
+    """A time window that is empty or reversed, one given to a synthetic workload (which has no trace time),
+    and a malformed --shared-prefix are input errors: exit 2, one line naming the flags, nothing run."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(_TRACE)
+    argv = ["simulate", "--linear-cost", "5,50", *(f.format(t=trace) for f in flags)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err

@@ -119,7 +119,7 @@ def test_kernels_none_keeps_the_contract_and_refuses_paged_only_flags(capsys):
     assert header["scheduler_config"]["kv_policy"] == "reserve"
     assert "the contract's defaults" in header["behaviour"]
     assert main(["simulate", *_SMALL, "--kernels", "none", "--block-size", "32"]) == 2
-    assert "--block-size apply to --kv-policy paged" in capsys.readouterr().err
+    assert "--block-size applies to --kv-policy paged" in capsys.readouterr().err
     assert main(["simulate", *_SMALL, "--kernels", "none", "--enable-prefix-caching"]) == 2
     assert "--enable-prefix-caching needs --kv-policy paged" in capsys.readouterr().err
 

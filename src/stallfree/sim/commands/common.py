@@ -103,7 +103,7 @@ _SLO_WARN_BELOW = {"--slo-ttft": 0.010, "--slo-tpot": 0.001}
 def _slo(flag: str) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = positive_duration(text)
-        if value < _SLO_WARN_BELOW[flag]:
+        if value < _SLO_WARN_BELOW[flag] and text.strip()[-1:].isdigit():  # a bare number, read as ms
             print(f"warning: {flag} {text} is read as {value * 1e3:g} ms (a bare number is ms); "
                   f"write {text.strip().lower().removesuffix('ms')}s for seconds", file=sys.stderr)
         return value
@@ -208,19 +208,33 @@ def ensure_writable_dir(path: Path, flag: str) -> None:
                 pass
 
 
-def ensure_writable_file(path: Path, flag: str) -> None:
-    """Check that `path` can be written: its directory exists and is writable, and it is not a directory.
+def ensure_writable_file(path: Path, flag: str, suffixes: tuple[str, ...] = (".csv", ".json")) -> None:
+    """Check, before anything runs, that `path` can be written as one of `suffixes`: a name ending in one
+    of them, not a directory, in a directory that exists, and a file the process can open for writing (it is
+    opened for appending, which changes nothing, and removed again if it did not exist: permission bits do
+    not tell, e.g. for root under /proc, or for a name too long).
 
     Raises:
-        CliError: otherwise, naming the flag and the reason.
+        CliError: otherwise, naming the flag, the path and the reason (exit 2).
     """
+    if not str(path) or path.name in ("", ".", ".."):
+        raise CliError(f"{flag} {str(path)!r}: give a file name ({' or '.join(suffixes)})", 2)
     parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise CliError(f"{flag} {path}: is a directory; give a file name (.csv or .json)", 2)
-    if not parent.is_dir():
-        raise CliError(f"{flag} {path}: the directory {parent} does not exist", 2)
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise CliError(f"{flag} {path}: not writable", 2)
+    try:
+        if path.is_dir():
+            raise CliError(f"{flag} {path}: is a directory; give a file name ({' or '.join(suffixes)})", 2)
+        if path.suffix not in suffixes:
+            raise CliError(f"{flag} {path}: the file name must end in {' or '.join(suffixes)} (the format it is "
+                           f"written in), got {path.suffix or 'no suffix'!r}", 2)
+        if not parent.is_dir():
+            raise CliError(f"{flag} {path}: the directory {parent} does not exist", 2)
+        existed = path.exists()
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot be written ({exc.strerror or exc})", 2) from None
 
 
 #: The files each command's --out DIR may write (shell patterns: a tag names the run).

@@ -94,7 +94,8 @@ def _check_resolved(args: argparse.Namespace, setup: Setup) -> None:
     """
     typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
     if typed and not setup.paged:
-        raise CliError(f"{' and '.join(typed)} apply to --kv-policy paged (this run reserves its KV: "
+        verb = "applies" if len(typed) == 1 else "apply"
+        raise CliError(f"{' and '.join(typed)} {verb} to --kv-policy paged (this run reserves its KV: "
                        f"{setup.behaviour()}): add --kv-policy paged", 2)
     if args.step_time_target is not None and setup.async_scheduling:
         # A time budget per step plans each step from the step before it: not modelled with the step

@@ -257,8 +257,18 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
         raise SetupError("`trace` and `synthetic` are exclusive", usage=True)
     if (opts.synthetic == "shared-prefix") != (opts.shared_prefix is not None):
         raise SetupError("`synthetic`='shared-prefix' and `shared_prefix` G,P,S,Q go together", usage=True)
+    if opts.start or opts.end != math.inf:
+        if not 0 <= opts.start < opts.end:  # NaN fails too
+            raise SetupError(f"`start` {opts.start:g} and `end` {opts.end:g}: a time window needs 0 <= start < end "
+                             "(seconds of trace time)", usage=True)
+        if opts.synthetic:
+            raise SetupError(f"`start` and `end` cut a trace's time window; `synthetic`='{opts.synthetic}' draws "
+                             "its own arrivals (give `num_requests` for fewer)", usage=True)
     if opts.synthetic == "shared-prefix":
-        g, p, s, q = parse_shared_prefix(opts.shared_prefix or "")
+        try:
+            g, p, s, q = parse_shared_prefix(opts.shared_prefix or "")
+        except ValueError as exc:
+            raise SetupError(str(exc), usage=True) from None
         wl = shared_prefix(g, p, s, q, _length_spec(opts.output_len, "output_len"), opts.rate,
                            block=opts.shared_prefix_block, seed=opts.seed)
         if opts.num_requests:
@@ -307,14 +317,21 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     else:
         wl = load_trace(opts.trace, opts.trace_format, opts.skip_bad_rows) if opts.trace else load_bundled()
     if opts.start or opts.end != math.inf:
-        wl = wl.window(opts.start, opts.end)
+        wl_all, wl = wl, wl.window(opts.start, opts.end)
         if not len(wl):
-            raise SetupError(f"no request arrives in the window [{opts.start:g}, {opts.end:g}) s")
+            raise SetupError(f"no request arrives in the window `start` {opts.start:g} to `end` {opts.end:g} s "
+                             f"(the trace's arrivals: {_span(wl_all)})", usage=True)
     if opts.num_requests:
         wl = wl.head(opts.num_requests)
     if closed is not None:
         return replace(wl, name=f"{wl.name}, closed loop x{closed.concurrency}"), 1.0
     return wl, opts.rate_scale or (1.0 if opts.trace else DEFAULT_RATE_SCALE)
+
+
+def _span(wl: Workload) -> str:
+    """The arrivals of `wl` as "FIRST to LAST s" (or "nothing" when it has none), for an error message."""
+    times = wl.arrivals  # non-decreasing
+    return f"{times[0]:g} to {times[-1]:g} s" if len(times) else "nothing"
 
 
 def _session_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
@@ -345,9 +362,10 @@ def _session_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
                                              "output_len"),
                                 think, tokens, count, opts.seed)
     if opts.start or opts.end != math.inf:
-        wl = wl.window(opts.start, opts.end)
+        wl_all, wl = wl, wl.window(opts.start, opts.end)
         if not len(wl):
-            raise SetupError(f"no session starts in the window [{opts.start:g}, {opts.end:g}) s")
+            raise SetupError(f"no session starts in the window `start` {opts.start:g} to `end` {opts.end:g} s "
+                             f"(the trace's turns: {_span(wl_all)})", usage=True)
     if opts.num_requests and opts.trace:
         wl = wl.head(opts.num_requests)
     return wl, opts.rate_scale or 1.0
