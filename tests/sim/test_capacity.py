@@ -184,3 +184,35 @@ def test_plan_side_budgets_reach_the_splits_and_their_serve_lines(tmp_path, caps
     assert (row["label"], row["prefill_budget"], row["decode_budget"]) == ("disagg 2P:1D", 4096, 256)
     assert "--max-num-batched-tokens 4096 " in report["serve"]["prefill"]["vllm"]
     assert "--max-num-batched-tokens 256 " in report["serve"]["decode"]["vllm"]
+
+
+def test_a_small_workload_is_judged_against_what_its_mix_sustains(tmp_path, capsys):
+    """Two one-token requests, each step 1 s (--linear-cost 1000,0) holding up to 4 (--max-num-seqs 4):
+    a saturated replica finishes 4 requests a second. Timing only the two (both done in the first step)
+    would say 2 req/s; the burst cycles the mix up to saturated_throughput's sample, which fills every
+    step: 5,000 requests in 1,250 steps, 4.0 req/s. Offered: one gap of 1 s, 1 req/s (Workload.mean_rate)."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n1,10,1\n")
+    argv = ["simulate", "--trace", str(trace), "--linear-cost", "1000,0", "--max-num-seqs", "4", "--kv-tokens",
+            "1000", "--json"]
+    assert main(argv) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["capacity_req_s"] == pytest.approx(4.0)
+    assert run["load"] == pytest.approx(1.0 / 4.0)
+
+
+def test_requests_that_can_never_fit_are_no_load(tmp_path, capsys):
+    """Of four requests 1 s apart, three can never fit the KV (prompt + output 1,001 > --kv-tokens 100):
+    rejected at add(), they add no work, and more replicas would not serve them. The capacity burst cycles
+    the four up to 5,000 and serves the 1,250 copies of the first, 4 a step: 1,250 / 313 req/s. The load is
+    the servable quarter of the offered 1 req/s (3 gaps over 3 s) against that; no overload warning."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n1,1000,1\n2,1000,1\n3,1000,1\n")
+    argv = ["simulate", "--trace", str(trace), "--linear-cost", "1000,0", "--max-num-seqs", "4", "--kv-tokens",
+            "100", "--json"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    run = json.loads(out)["runs"][0]
+    assert run["rejected"] == 3 and run["capacity_req_s"] == pytest.approx(1250 / 313)
+    assert run["load"] == pytest.approx(1.0 * 0.25 / (1250 / 313))
+    assert run["overload"] is None and "overloaded" not in err

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stallfree.sim.outputs.itl import median, step_durations
-from stallfree.sim.outputs.report import latency_arrays
+from stallfree.sim.outputs.report import latency_arrays, served_share
 from stallfree.sim.studies.ranges import STEP_TIME_HIGH
 
 __all__ = [
@@ -362,9 +362,11 @@ def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header
                 med.append(median_step_s(res))
             return med[0]
 
-        o = overload(res, lat, s, offered, rate_scale, replicas)
+        # A request rejected at add() is no load: the rate judged is the servable requests'.
+        served = offered * served_share(s) if offered is not None else None
+        o = overload(res, lat, s, served, rate_scale, replicas)
         s["overload"] = o
-        s.update(saturation(res, lat, s, offered, o, median_s))
+        s.update(saturation(res, lat, s, served, o, median_s))
         if o is not None:
             warn.append(overload_line(s["label"], o, replicas))
             s["tail_burst"] = None

@@ -407,3 +407,13 @@ def _sketch_stats(name: str, sketch: Any, moments: Any, percentiles: Sequence[fl
     for q, v in zip(percentiles, values[1:], strict=True):
         out[f"p{q:g}_{name}_ms"] = v * 1e3
     return out
+
+
+def served_share(summary: dict[str, Any]) -> float:
+    """The share of a run's requests that the replicas could serve, 0..1: all but those rejected at
+    add() (longer than the context, or a reservation that can never fit the KV). A run's load is judged
+    by the rate of these: a request that can never fit adds no work, and more replicas would not serve it.
+    1.0 for a summary without requests."""
+    n = summary.get("num_requests") or 0
+    return (n - (summary.get("rejected") or 0)) / n if n else 1.0
+

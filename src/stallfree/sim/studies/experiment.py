@@ -23,7 +23,7 @@ from stallfree.sim.defaults import DEFAULT_TOKEN_BUDGET
 from stallfree.sim.inputs.options import SetupError
 from stallfree.sim.inputs.sessions import SessionWorkload
 from stallfree.sim.inputs.setup import TIME_BUDGET_CAP, Setup
-from stallfree.sim.outputs.report import summarize_result
+from stallfree.sim.outputs.report import served_share, summarize_result
 from stallfree.sim.run.config import BATCHING_MODES
 from stallfree.sim.run.result import SchedulerLike, SimResult
 from stallfree.sim.run.simulator import saturated_throughput, simulate
@@ -171,10 +171,11 @@ def _run_mode(
 
 
 def record_capacity(setup: Setup, summary: dict[str, Any], capacity: float) -> None:
-    """Set summary's capacity_req_s (`capacity`, requests/s when saturated) and load (offered_rate /
-    capacity); None for either when not finite, as JSON has no infinity: a capacity with no step run
-    (everything refused), a load with every request arriving at one instant."""
-    load = offered_rate(setup, summary) / capacity if capacity > 0 else math.inf
+    """Set summary's capacity_req_s (`capacity`, requests/s when saturated) and load (the offered rate of
+    the requests it could serve, offered_rate x report.served_share, over capacity); None for either when
+    not finite, as JSON has no infinity: a capacity with no step run (everything refused), a load with every
+    request arriving at one instant."""
+    load = offered_rate(setup, summary) * served_share(summary) / capacity if capacity > 0 else math.inf
     summary["capacity_req_s"] = capacity if math.isfinite(capacity) else None
     summary["load"] = load if math.isfinite(load) else None
 
