@@ -216,3 +216,33 @@ def test_requests_that_can_never_fit_are_no_load(tmp_path, capsys):
     assert run["rejected"] == 3 and run["capacity_req_s"] == pytest.approx(1250 / 313)
     assert run["load"] == pytest.approx(1.0 * 0.25 / (1250 / 313))
     assert run["overload"] is None and "overloaded" not in err
+
+
+def test_plan_stops_before_searching_when_every_request_is_over_the_context(tmp_path, capsys):
+    """Every request longer than --max-model-len: no fleet serves one, so plan says why (the first request's
+    reason) and exits 4 before any simulation."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,5\n1,20,5\n")
+    argv = ["plan", "--trace", str(trace), "--linear-cost", "10,0", "--max-model-len", "12", "--slo-ttft", "1s",
+            "--executor", "serial", "--no-disaggregate"]
+    assert main(argv) == 4
+    out, err = capsys.readouterr()
+    assert out == "" and "simulation" not in err
+    assert err.splitlines() == [
+        "warning: plan: rejected 2 of 2 requests (2 over the context length (context_length)); first: request 0: "
+        "prompt_len 10 + max_new 5 = 15 tokens exceeds the model's context length 12",
+        "stallfree plan: error: every request is over the context length (12 tokens, --max-model-len): no fleet "
+        "serves one; raise --max-model-len or shorten the requests (exit 4)",
+    ]
+
+
+def test_plan_says_when_requests_are_rejected_whatever_the_fleet(tmp_path, capsys):
+    """One request of two never fits a replica's KV (15 + 5 > --kv-tokens 16): every fleet rejects it, none
+    meets a 100% attainment (exit 3), and plan says that more replicas do not serve it."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,5,5\n1,15,5\n")
+    argv = ["plan", "--trace", str(trace), "--linear-cost", "10,0", "--kv-tokens", "16", "--slo-ttft", "1s",
+            "--slo-attainment", "1", "--executor", "serial", "--no-disaggregate", "--max-replicas", "2"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "warning: plan: every fleet rejected at least 1 of 2 requests at admission" in err

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from stallfree._argtypes import positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.commands.common import (
+    EXIT_SERVED_NOTHING,
     OUT_FILES,
     CliError,
     add_executor_flags,
@@ -31,6 +32,7 @@ from stallfree.sim.commands.common import (
     guard,
     progress_bar,
     refuse_writing_the_trace,
+    rejection_warning,
     served_nothing,
 )
 from stallfree.sim.commands.plan_text import (
@@ -100,6 +102,27 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=guard(run))
 
 
+def _served_none(setup: Any) -> bool:
+    """Whether every request of `setup`'s workload is over its context length (max_model_len): then no
+    fleet serves one, and a search would simulate up to 64 replicas for nothing. Says so on stderr, with
+    the first request's reason, as simulate's rejection line does."""
+    from array import array
+
+    from stallfree.sim.run.simulator import context_overflows
+
+    wl, opts = setup.workload, setup.workload_options
+    n = len(wl)
+    max_new = array("q", wl.output_lens) if opts.max_tokens is None else array("q", (opts.max_tokens,)) * n
+    refused = context_overflows(wl, max_new, setup.context_length, opts.cut_output_to_fit)  # type: ignore[arg-type]
+    if not n or len(refused) < n:
+        return False
+    print(rejection_warning("plan", n, {"context_length": n}, refused[0]), file=sys.stderr)
+    print(f"stallfree plan: error: every request is over the context length ({setup.context_length:,} tokens, "
+          f"{setup.context_length_source}): no fleet serves one; raise --max-model-len or shorten the requests "
+          f"(exit {EXIT_SERVED_NOTHING})", file=sys.stderr)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     """Run `stallfree plan` on parsed arguments; returns the exit status (3: no fleet meets the SLOs)."""
     from stallfree.sim.run.routers import ROUTERS
@@ -127,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
     width = args.jobs or os.cpu_count() or 1
     setups, skipped, notes = _setups(args, shapes)
     first = setups[0][1]
+    if _served_none(first):
+        return EXIT_SERVED_NOTHING
     if given(args, "async_scheduling") and args.async_scheduling and not args.no_disaggregate:
         raise CliError("--async-scheduling is not modelled for the disaggregated splits plan searches: add "
                        "--no-disaggregate", 2)
@@ -160,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr)
         if not args.json:
             print_serve(report["serve"], args, report["gpus_per_replica"])
+    refused = min((int(r.get("rejected") or 0) for r in fleet.rows), default=0)
+    if refused:
+        print(f"warning: plan: every fleet rejected at least {refused:,} of {len(first.workload):,} requests at "
+              "admission (over the context length, or never fitting one replica's KV cache): more replicas serve "
+              "none of them, and they count against the SLO attainment; `stallfree simulate` with the same "
+              "options names the reasons", file=sys.stderr)
     return served_nothing("plan", fleet.rows) or (0 if fleet.answer is not None else EXIT_NOT_MET)
 
 

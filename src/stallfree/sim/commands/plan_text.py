@@ -7,6 +7,7 @@ Imports allowed: the standard library and stallfree.sim; rich lazily.
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -182,9 +183,12 @@ def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any
             print(f"{o.shape.label}: {o.note}")
     if not many and outcome is not None and outcome.result is not None:
         res = outcome.result
-        print(f"search: one replica sustains ~{res.single_capacity:,.2f} req/s saturated, so {res.offered_rate:,.2f} "
-              f"req/s needs at least ~{res.bound} (the start); {fleet.simulations} simulations in "
-              f"{fleet.wall_s:,.1f} s (and {fleet.bound_simulations} saturated runs for the bounds)")
+        sustains = (f"one replica sustains ~{res.single_capacity:,.2f} req/s saturated, so {res.offered_rate:,.2f} "
+                    f"req/s needs at least ~{res.bound} (the start)" if math.isfinite(res.single_capacity) else
+                    "one replica ran no step when saturated (every request it was given was rejected), so the "
+                    f"search started at {res.bound}")
+        print(f"search: {sustains}; {fleet.simulations} simulations in {fleet.wall_s:,.1f} s (and "
+              f"{fleet.bound_simulations} saturated runs for the bounds)")
     else:
         print(f"search: {len(fleet.outcomes)} shapes bounded by their saturated throughput; {fleet.simulations} "
               f"simulations in {fleet.wall_s:,.1f} s (and {fleet.bound_simulations} saturated runs for the bounds)")
