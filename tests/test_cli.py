@@ -81,3 +81,18 @@ def test_version_and_an_unknown_flag_named_by_its_subcommand(capsys):
     assert exc.value.code == 2
     assert capsys.readouterr().err == ("stallfree specs: error: unrecognized arguments: --bogus-flag "
                                        "(see stallfree specs --help)\n")
+
+
+def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
+    """`stallfree simulate | head`: the reader going away is no failure of the command. The commands' guard
+    passes BrokenPipeError on, silent, to main, which stops quietly."""
+    import argparse
+
+    from stallfree.sim.commands.common import guard
+
+    def closed(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        guard(closed)(argparse.Namespace(command="simulate"))
+    assert capsys.readouterr().err == ""

@@ -89,3 +89,12 @@ def test_bench_engine_is_registered():
     """`bench engine` parses its options."""
     args = build_parser().parse_args(["bench", "engine", "--quick", "--long-prompt", "64"])
     assert args.quick and args.long_prompt == 64 and callable(args.func)
+
+
+def test_model_folder_without_a_checkpoint_is_an_input_error(capsys, tmp_path):
+    """--model naming a folder with neither config.json nor a .gguf file: after the loading line, one error line
+    saying so, exit 2 (an unusable flag value, as a missing path is)."""
+    assert main(["generate", "--prompt", "x", "--device", "cpu", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[-1] == (f"stallfree generate: error: {tmp_path} holds neither config.json nor a "
+                                         ".gguf file")

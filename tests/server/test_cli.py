@@ -68,6 +68,15 @@ def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
                    f"stallfree serve: cannot load the model: malformed model: {bad}"]
 
 
+def test_model_folder_without_a_checkpoint_is_an_input_error(capsys, tmp_path):
+    """--model naming a folder with neither config.json nor a .gguf file: the loading line, then one line
+    saying so, exit 2 (an unusable flag value, as a missing path is), not 1."""
+    assert cli.main(["serve", "--port", "0", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[-1] == (f"stallfree serve: cannot load the model: {tmp_path} holds neither "
+                                         "config.json nor a .gguf file")
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [(["--model", "/nope.gguf"], "--model '/nope.gguf': no such file or directory"),

@@ -526,3 +526,29 @@ def test_workload_flag_errors_are_usage_errors(flags, needle, tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--synthetic", "poisson", "--prompt-len", "trace:{d}/missing.csv"],
+         "--prompt-len trace:{d}/missing.csv: trace file not found"),
+        (["--synthetic", "poisson", "--output-len", "trace:{d}"], "--output-len trace:{d}: trace {d} is a directory"),
+        (["--trace", "/dev/null"], "--trace: trace /dev/null is not a regular file (a device, pipe or socket)"),
+        (["--trace", ""], "--trace '': give a trace file, or leave it out"),
+        (["--trace", "{t}", "--trace-format", "mooncake"], "{t}:1: not a mooncake trace (one JSON object per line"),
+        (["--trace", "{t}", "--trace-format", "sessions"], "{t}:1: not a session trace (one JSON object per line"),
+    ],
+    ids=["prompt-len-trace-missing", "output-len-trace-dir", "dev-null", "empty", "mooncake-on-csv",
+         "sessions-on-csv"],
+)
+def test_trace_file_errors_name_the_right_flag(flags, needle, tmp_path, capsys):
+    """A length trace (trace:PATH) that cannot be read is named as its flag, not as --trace; a path that is
+    not a regular file is not called missing; an empty --trace is refused (not the bundled trace); a CSV
+    read as a JSONL format says which format it is not. All exit 2 in one line."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(_TRACE)
+    fill = {"t": str(trace), "d": str(tmp_path)}
+    assert main(["simulate", "--linear-cost", "5,50", *(f.format(**fill) for f in flags)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle.format(**fill) in err, err

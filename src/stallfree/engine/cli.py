@@ -227,6 +227,7 @@ def _generate(args: argparse.Namespace) -> int:
         return _fail("the engine needs PyTorch and the engine extra: pip install 'stallfree[engine]' "
                      "(docs/engine.md: installing PyTorch for CPU only)")
     from stallfree.engine import EngineError, SamplingParams
+    from stallfree.engine.errors import ModelLoadError
 
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
@@ -236,7 +237,9 @@ def _generate(args: argparse.Namespace) -> int:
             text = p if args.raw else eng.apply_chat_template([{"role": "user", "content": p}])
             eng.add_request(i, text, params)
     except ValueError as exc:  # EngineError, InvalidConfig, InvalidSamplingParams
-        return _fail(str(exc), 2 if not isinstance(exc, EngineError) or "must be" in str(exc) else 1)
+        # A --model that holds no usable checkpoint is an input error, as a missing --prompts file is.
+        usage = not isinstance(exc, EngineError) or isinstance(exc, ModelLoadError) or "must be" in str(exc)
+        return _fail(str(exc), 2 if usage else 1)
     _stream(eng, len(prompts))
     return 0
 
@@ -278,11 +281,12 @@ def _bench(args: argparse.Namespace) -> int:
         return _fail("`bench engine` needs the engine extra: pip install 'stallfree[engine]'", 1, "bench engine")
     from stallfree.engine import LLMEngine, engine_config
     from stallfree.engine.bench import run_engine_bench
+    from stallfree.engine.errors import ModelLoadError
 
     try:
         base = _load(args)
     except ValueError as exc:
-        return _fail(str(exc), 1, "bench engine")
+        return _fail(str(exc), 2 if isinstance(exc, ModelLoadError) else 1, "bench engine")
 
     def make(token_budget: int, max_seqs: int, kv_tokens: int) -> LLMEngine:
         return LLMEngine(base.model, base.tokenizer, base.model_name,

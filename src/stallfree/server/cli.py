@@ -244,8 +244,10 @@ def run_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     except (OSError, ValueError) as exc:
+        from stallfree.engine.errors import ModelLoadError
+
         print(f"stallfree serve: cannot load the model: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ModelLoadError) else 1  # --model names no usable checkpoint: an input error
     config = ServerConfig(
         served_model_names=tuple(args.served_model_name or ()),
         default_max_tokens=args.default_max_tokens,

@@ -346,6 +346,8 @@ def guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Names
         except CliError as exc:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return exc.code
+        except BrokenPipeError:
+            raise  # the reader went away (`stallfree simulate | head`): stallfree.cli.main stops quietly
         except (StallfreeError, ValueError, OSError, RuntimeError) as exc:
             # Imported here, once a command has failed: they are the simulator's (cheap --help).
             from stallfree.sim.inputs.options import SetupError

@@ -29,7 +29,7 @@ from stallfree.sim.inputs.synthetic import (
     synthetic,
 )
 from stallfree.sim.inputs.traces import load_bundled, load_mooncake, load_trace
-from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.inputs.workload import TraceError, Workload
 from stallfree.sim.run.load import ClosedLoop
 from stallfree.sim.run.lora import assign_loras, parse_popularity
 
@@ -253,6 +253,9 @@ def build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
 
 
 def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
+    if opts.trace is not None and not opts.trace.strip():
+        raise SetupError("`trace` '': give a trace file, or leave it out for the bundled Azure 2023 conversation "
+                         "trace", usage=True)
     if opts.synthetic and opts.trace:
         raise SetupError("`trace` and `synthetic` are exclusive", usage=True)
     if (opts.synthetic == "shared-prefix") != (opts.shared_prefix is not None):
@@ -297,15 +300,20 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
                 f"(at most {MAX_SYNTHETIC_REQUESTS:,}: a day at 230 requests/s)",
                 usage=True,
             )
-        wl = synthetic(
-            opts.num_requests or 1000,
-            opts.rate,
-            _length_spec(opts.prompt_len, "prompt_len"),
-            _length_spec(opts.output_len, "output_len"),
-            opts.synthetic or "poisson",  # closed loop: the arrival process is unused
-            opts.burstiness,
-            opts.seed,
-        )
+        try:
+            wl = synthetic(
+                opts.num_requests or 1000,
+                opts.rate,
+                _length_spec(opts.prompt_len, "prompt_len"),
+                _length_spec(opts.output_len, "output_len"),
+                opts.synthetic or "poisson",  # closed loop: the arrival process is unused
+                opts.burstiness,
+                opts.seed,
+            )
+        except TraceError as exc:  # the trace:PATH the lengths are drawn from: named as its option, not `trace`
+            given = [f"`{f}` {t}" for f, t in (("prompt_len", opts.prompt_len), ("output_len", opts.output_len))
+                     if t.startswith("trace:")]
+            raise SetupError(f"{' and '.join(given) or '`prompt_len` trace'}: {exc}", usage=True) from None
         if closed is not None:
             # The arrival process drawn above is unused: name the load the run offers.
             wl = replace(wl, name=f"closed-loop(concurrency={closed.concurrency}, think={closed.think_time:g}s; "

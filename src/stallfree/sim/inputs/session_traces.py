@@ -18,6 +18,7 @@ from stallfree.sim.inputs.workload import (
     MAX_ARRIVAL_SPAN_S,
     TraceError,
     TraceFileError,
+    not_json_error,
 )
 
 __all__ = [
@@ -128,8 +129,10 @@ def load_sessions(path: str | Path, skip_bad_rows: bool = False) -> SessionWorkl
     p = Path(path)
     if p.is_dir():
         raise TraceFileError(f"trace {path} is a directory: give one session trace file (JSONL, .gz allowed)")
-    if not p.is_file():
+    if not p.exists():
         raise TraceFileError(f"trace file not found: {path}")
+    if not p.is_file():
+        raise TraceFileError(f"trace {path} is not a regular file (a device, pipe or socket): give a trace file")
     try:
         with open_text(p) as fh:
             return _read(fh, str(path), skip_bad_rows, p.name.removesuffix(".gz"))
@@ -149,7 +152,13 @@ def _read(fh: IO[str], path: str, skip: bool, name: str) -> SessionWorkload:
             continue
         key: str | int | None = None
         try:
-            obj = loads_line(text)
+            try:
+                obj = loads_line(text)
+            except ValueError:  # json.JSONDecodeError
+                if not sessions and not bad and line == 1:
+                    raise not_json_error(path, text, "session", "session_id, turn, start_s or delay_s, "
+                                         "input_tokens, output_tokens") from None
+                raise
             if isinstance(obj, dict) and isinstance(obj.get("session_id"), str | int):
                 key = obj["session_id"]
             t = _parse_turn(obj, line)
@@ -174,6 +183,8 @@ def _read(fh: IO[str], path: str, skip: bool, name: str) -> SessionWorkload:
                                      "session's")
                 s = sessions[t.key] = _Session()
             s.turns.append(t)
+        except TraceError:
+            raise
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             msg = f"{path}:{line}: {exc}"
             if not skip:

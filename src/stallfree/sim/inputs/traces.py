@@ -28,6 +28,7 @@ from stallfree.sim.inputs.workload import (
     TraceError,
     TraceFileError,
     Workload,
+    not_json_error,
 )
 
 __all__ = [
@@ -98,8 +99,10 @@ def load_trace(path: str | Path, fmt: str = "auto", skip_bad_rows: bool = False)
     p = Path(path)
     if p.is_dir():
         raise TraceFileError(f"trace {path} is a directory: give one trace file (CSV or JSONL, .gz allowed)")
-    if not p.is_file():
+    if not p.exists():
         raise TraceFileError(f"trace file not found: {path}")
+    if not p.is_file():
+        raise TraceFileError(f"trace {path} is not a regular file (a device, pipe or socket): give a trace file")
     try:
         with open(p, "rb"):
             pass
@@ -145,7 +148,13 @@ def _load_mooncake(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
         if not text.strip():
             continue
         try:
-            obj = loads_line(text)
+            try:
+                obj = loads_line(text)
+            except json.JSONDecodeError:
+                if not rows.rows and line == 1:
+                    raise not_json_error(path, text, "mooncake",
+                                         "timestamp, input_length, output_length, hash_ids") from None
+                raise
             if not isinstance(obj, dict):
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
             for key in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -164,6 +173,8 @@ def _load_mooncake(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
                     f"hash_ids has {len(hid)} ids, expected ceil(input_length / {MOONCAKE_BLOCK}) = "
                     f"ceil({plen} / {MOONCAKE_BLOCK}) = {want}"
                 )
+        except TraceError:
+            raise
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             rows.error(line, str(exc))
             continue
@@ -391,12 +402,7 @@ def _load_jsonl(fh: IO[str], path: str, skip: bool, name: str) -> Workload:
                 obj = loads_line(text)
             except json.JSONDecodeError:
                 if not rows.rows and line == 1:
-                    # The very first line is not JSON: the wrong format, not a bad row.
-                    raise TraceError(
-                        f"{path}:1: not a jsonl trace (one JSON object per line with arrival_time, "
-                        f"prompt_len, output_len); the first line is {text.strip()[:80]!r}"
-                        + ("; for a CSV use `trace_format`='csv' or auto" if "," in text else "")
-                    ) from None
+                    raise not_json_error(path, text, "jsonl", "arrival_time, prompt_len, output_len") from None
                 raise
             if not isinstance(obj, dict):
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")

@@ -20,6 +20,7 @@ __all__ = [
     "TraceError",
     "TraceFileError",
     "Workload",
+    "not_json_error",
 ]
 
 #: Tokens per block of a Mooncake trace's hash_ids.
@@ -46,6 +47,14 @@ class TraceError(StallfreeError, ValueError):
 class TraceFileError(TraceError):
     """The trace file itself is missing, a directory, or cannot be opened (the commands exit 2, as for
     any unusable command-line value, and as for a TraceError)."""
+
+
+def not_json_error(path: str, first_line: str, fmt: str, fields: str) -> TraceError:
+    """The error for a JSONL trace whose very first line is not JSON: the wrong format, not a bad row (so
+    --skip-bad-rows does not skip the whole file line by line). `fields`: what each line holds."""
+    return TraceError(f"{path}:1: not a {fmt} trace (one JSON object per line with {fields}); the first line is "
+                      f"{first_line.strip()[:80]!r}" + ("; for a CSV use `trace_format`='csv' or auto"
+                                                        if "," in first_line else ""))
 
 
 @dataclass(frozen=True, slots=True)
