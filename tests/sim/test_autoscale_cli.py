@@ -101,3 +101,28 @@ def test_bad_input(capsys, argv, words):
     err = capsys.readouterr().err
     assert code == 2, err
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("auto_hours", "auto_att", "words"),
+    [(0.5, 0.9, "autoscaling saves 0.50 (50%); SLO attainment 90.00% against 100.00% (10.00 points lost)"),
+     (3.0, 1.0, "autoscaling costs 2.00 GPU hours more (200% more: its run lasts longer); SLO attainment "
+                "100.00% against 90.00% (10.00 points gained)")],
+    ids=["saves", "costs-more"],
+)
+def test_static_fleet_line_words_either_sign(auto_hours, auto_att, words):
+    """The line beside the static fleet of 1.0 GPU hours says what autoscaling saves, or what it costs more
+    (a slow scale-up keeps the run going: "saves -2.00 (-200%)" read as a gain), and points lost or gained."""
+    import io
+
+    from stallfree.sim.commands.autoscale import print_lines
+
+    static_att = 1.0 if auto_att < 1 else 0.9
+    summary = {"autoscale": {"min": 0, "max": 2, "policy": "rate", "scale_interval_s": 30.0,
+                             "scale_up_delay_s": 60.0, "scale_up_delay_source": "given", "scale_down_delay_s": 300.0},
+               "replicas_peak": 2, "gpu_hours": auto_hours, "gpu_hours_saved": 1.0 - auto_hours,
+               "slo_attainment": auto_att, "cost_usd": None,
+               "static": {"replicas": 2, "gpu_hours": 1.0, "slo_attainment": static_att, "cost_usd": None}}
+    out = io.StringIO()
+    print_lines(summary, out)
+    assert out.getvalue().splitlines()[1] == "static fleet of 2 replicas: 1.00 GPU hours; " + words

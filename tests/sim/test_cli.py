@@ -552,3 +552,17 @@ def test_trace_file_errors_name_the_right_flag(flags, needle, tmp_path, capsys):
     assert main(["simulate", "--linear-cost", "5,50", *(f.format(**fill) for f in flags)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle.format(**fill) in err, err
+
+
+def test_budget_use_above_100_percent_is_explained(tmp_path, capsys):
+    """no-chunk runs a 40-token prompt whole under a 16-token budget: the step holds 40 tokens, 250% of the
+    budget (then 1-token decodes), and the header line says why it passes 100%; chunked never does."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,40,1\n")
+    base = ["simulate", "--trace", str(trace), "--linear-cost", "5,50", "--max-num-batched-tokens", "16"]
+    assert main([*base, "--batching", "no-chunk"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "token budget used" in ln)
+    assert line.endswith("250% of the token budget used (above 100%: this batching runs a whole prompt longer "
+                         "than the budget in one step)")
+    assert main(base) == 0
+    assert "above 100%" not in capsys.readouterr().out

@@ -276,9 +276,14 @@ def print_lines(summary: dict[str, Any], file: Any = None) -> None:
             + (f" (${st['cost_usd']:,.2f})" if st.get("cost_usd") is not None else ""))
     if st["gpu_hours"] > 0:
         saved = summary["gpu_hours_saved"]
-        line += f"; autoscaling saves {saved:,.2f} ({saved / st['gpu_hours']:.0%})"
+        # More hours than the static fleet: the autoscaled run lasts longer (a queue left by slow scale-ups).
+        line += (f"; autoscaling saves {saved:,.2f} ({saved / st['gpu_hours']:.0%})" if saved >= 0 else
+                 f"; autoscaling costs {-saved:,.2f} GPU hours more ({-saved / st['gpu_hours']:.0%} more: its "
+                 "run lasts longer)")
     if att is not None and satt is not None:
-        line += f"; SLO attainment {att:.2%} against {satt:.2%} ({(satt - att) * 100:+.2f} points lost)"
+        points = (satt - att) * 100
+        line += (f"; SLO attainment {att:.2%} against {satt:.2%} ("
+                 + (f"{points:.2f} points lost)" if points >= 0 else f"{-points:.2f} points gained)"))
     else:
         line += "; SLO attainment: give --slo-ttft and/or --slo-tpot"
     print(line, file=out)
