@@ -77,7 +77,7 @@ def test_budget_ttft_design_by_hand():
         (["--gpu", "tpu"], "unknown GPU 'tpu'; known GPUs:", 2),
         (["--tp", "3"], "does not divide the 64 attention heads", 2),
         (["--budgets", "64"], "--budgets 64: leaves no room", 2),
-        (["--budgets", "512,x"], "'x' is not an integer", 2),
+        (["--budgets", "512,x"], "'x' is not a whole number of tokens", 2),
         (["--budgets", "0"], "0 is not a positive number", 2),
         (["--prompt", "0"], "--prompt 0: must be an integer >= 1", 2),
         (["--decodes", "-1"], "--decodes -1: must be an integer >= 0", 2),
@@ -233,3 +233,9 @@ def test_budget_refuses_a_budget_given_twice(capsys):
     assert main([*argv, "--budgets", "512,2048,512"]) == 2
     assert capsys.readouterr().err.strip() == (
         "stallfree budget: error: --budgets 512,2048,512: 512 is given twice; give each value once")
+
+
+def test_budget_list_takes_token_suffixes(capsys):
+    """--budgets reads each value as every token flag does (vLLM's suffixes): 1k is 1,000 and 2K 2,048."""
+    assert main(["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--budgets", "1k,2K", "--json"]) == 0
+    assert [r["budget"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1000, 2048]

@@ -566,3 +566,30 @@ def test_budget_use_above_100_percent_is_explained(tmp_path, capsys):
                          "than the budget in one step)")
     assert main(base) == 0
     assert "above 100%" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--seed", "4"], "--seed applies to what a run draws: synthetic load (add --synthetic or --concurrency N) "
+                          "or --loras' adapters, or drop --seed (a trace replay has its own arrivals and lengths)"),
+        (["--max-num-partial-prefills", "4", "--batching", "no-chunk"],
+         "--max-num-partial-prefills applies to chunked batching (a prompt prefilled in chunks); --batching "
+         "no-chunk prefills whole prompts"),
+    ],
+    ids=["seed-on-a-trace", "partial-prefills-whole-prompts"],
+)
+def test_flags_that_would_be_ignored_are_refused(flags, needle, capsys):
+    """A flag nothing in the run would read is refused in one line (exit 2), never silently ignored."""
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_seed_is_taken_where_something_is_drawn(capsys):
+    """--seed with synthetic load, or with --loras on a trace (the adapters are drawn), runs."""
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--seed", "4", "--synthetic",
+                 "poisson", "--json"]) == 0
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--seed", "4", "--loras", "2",
+                 "--json"]) == 0
+    capsys.readouterr()

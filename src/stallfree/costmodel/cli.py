@@ -127,13 +127,18 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 
 
 def _parse_budgets(text: str) -> list[int]:
+    """--budgets: comma-separated token counts, each with vLLM's suffixes as every other token flag takes them
+    (stallfree._argtypes.parse_token_count: "512,2k,8K")."""
+    from stallfree._argtypes import parse_token_count
+
     out = []
     for part in text.split(","):
         try:
-            out.append(int(part.strip()))
+            out.append(parse_token_count(part.strip()))
         except ValueError:
             raise CostModelError(
-                f"--budgets: {part.strip()!r} is not an integer (give e.g. 512,2048,8192)"
+                f"--budgets: {part.strip()!r} is not a whole number of tokens (give e.g. 512,2k,8192; suffixes k, "
+                "m, g = 10^3, 10^6, 10^9 and K, M, G = 2^10, 2^20, 2^30)"
             ) from None
     for b in out:
         if b < 1:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float, positive_int
 from stallfree.core.config import SchedulerConfig
-from stallfree.flags import add_scheduler_flags, scheduler_options
+from stallfree.flags import add_scheduler_flags, given, scheduler_options
 from stallfree.sim.commands.common import ENGINE_DEFAULT_WHY, CliError, slo_tpot, slo_ttft
 from stallfree.sim.defaults import (
     DEFAULT_BLOCK_SIZE,
@@ -141,7 +141,8 @@ def _add_workload_args(w: Any) -> None:
     )
     w.add_argument("--output-len", default=None, metavar="DIST",
                    help="synthetic: as --prompt-len (with --synthetic shared-prefix: the outputs)")
-    w.add_argument("--seed", type=int, default=0, help="synthetic: random seed (default 0)")
+    w.add_argument("--seed", type=int, default=None,
+                   help="synthetic: random seed of what is drawn (lengths, arrivals, --loras' adapters; default 0)")
     w.add_argument(
         "--num-requests",
         type=positive_int,
@@ -223,7 +224,7 @@ def workload_options(args: argparse.Namespace) -> WorkloadOptions:
         trace_format=args.trace_format,
         skip_bad_rows=args.skip_bad_rows,
         synthetic=args.synthetic,
-        seed=args.seed,
+        seed=0 if args.seed is None else args.seed,
         num_requests=args.num_requests,
         start=args.start,
         end=args.end,
@@ -279,11 +280,13 @@ def check_synthetic_flags(args: argparse.Namespace) -> None:
                          + (" without --trace" if closed else "")),
         "--output-len": (args.output_len, synthetic is not None or closed_drawn,
                          f"synthetic load: add --synthetic{needs}" + (" without --trace" if closed else "")),
+        "--seed": (args.seed, synthetic is not None or closed_drawn or getattr(args, "loras", None) is not None,
+                   f"what a run draws: synthetic load (add --synthetic{needs}) or --loras' adapters"),
     }
     for flag, (value, used, where) in read.items():
         if value is not None and not used:
-            why = "" if synthetic else (" (a trace replay has its own "
-                                        f"{'arrivals' if flag in ('--rate', '--burstiness') else 'lengths'})")
+            own = {"--rate": "arrivals", "--burstiness": "arrivals", "--seed": "arrivals and lengths"}
+            why = "" if synthetic else f" (a trace replay has its own {own.get(flag, 'lengths')})"
             raise CliError(f"{flag} applies to {where}, or drop {flag}{why}", 2)
 
 
@@ -325,8 +328,9 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
     """The Setup of a parsed command line (scheduler options default where a command has none).
 
     Raises:
-        CliError: contradictory partial-prefill options (check_partial_prefill_flags), or a synthetic-load
-            option without the mode that reads it (check_synthetic_flags).
+        CliError: contradictory partial-prefill options (check_partial_prefill_flags), a synthetic-load
+            option without the mode that reads it (check_synthetic_flags), or --block-size or --watermark
+            typed for a run that reserves its KV (exit 2).
     """
     check_partial_prefill_flags(args)
     check_synthetic_flags(args)
@@ -343,6 +347,13 @@ def setup_from_args(args: argparse.Namespace) -> Setup:
                 raise CliError(f"{flag} applies to LoRA adapters: add --max-loras N", 2)
     from stallfree.sim.inputs.setup import Setup
 
-    return Setup(workload_options(args), hardware_options(args), options,
-                 kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling,
-                 lora_rank=args.lora_rank or DEFAULT_LORA_RANK, max_cpu_loras=args.max_cpu_loras)
+    setup = Setup(workload_options(args), hardware_options(args), options,
+                  kv_offloading_gib=args.kv_offloading_size, async_scheduling=args.async_scheduling,
+                  lora_rank=args.lora_rank or DEFAULT_LORA_RANK, max_cpu_loras=args.max_cpu_loras)
+    # Paged-only flags typed for a run that, by the pricing engine's default, reserves its KV.
+    typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
+    if typed and not setup.paged:
+        verb = "applies" if len(typed) == 1 else "apply"
+        raise CliError(f"{' and '.join(typed)} {verb} to --kv-policy paged (this run reserves its KV: "
+                       f"{setup.behaviour()}): add --kv-policy paged", 2)
+    return setup

@@ -87,16 +87,13 @@ def register(subparsers: Any) -> None:
 
 
 def _check_resolved(args: argparse.Namespace, setup: Setup) -> None:
-    """Refuse paged-only flags typed for a run that, by the pricing engine's default, reserves its KV.
+    """Refuse what does not go with the run the engine's defaults resolved (the paged-only flags are refused
+    by setup_from_args): --async-scheduling typed with --step-time-target; the engine's default of it is
+    left out, and said.
 
     Raises:
-        CliError: --block-size or --watermark typed and the run does not page (exit 2).
+        CliError: --async-scheduling typed with --step-time-target (exit 2).
     """
-    typed = [n for n in (given(args, "block_size"), given(args, "watermark")) if n]
-    if typed and not setup.paged:
-        verb = "applies" if len(typed) == 1 else "apply"
-        raise CliError(f"{' and '.join(typed)} {verb} to --kv-policy paged (this run reserves its KV: "
-                       f"{setup.behaviour()}): add --kv-policy paged", 2)
     if args.step_time_target is not None and setup.async_scheduling:
         # A time budget per step plans each step from the step before it: not modelled with the step
         # planned ahead. Typed, refused; the engine's default is left out, and said.

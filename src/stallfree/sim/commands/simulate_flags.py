@@ -224,6 +224,9 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.max_loras is not None and (disagg or args.compare or args.batching != "chunked"):
         raise CliError("--max-loras (LoRA adapters) runs chunked batching on one or more replicas: drop "
                        "--disaggregate, --compare and --batching", 2)
+    if args.max_num_partial_prefills != 1 and args.batching != "chunked" and not args.compare:
+        raise CliError(f"--max-num-partial-prefills applies to chunked batching (a prompt prefilled in chunks); "
+                       f"--batching {args.batching} prefills whole prompts: drop one of them", 2)
     if args.router_seed is not None and router != "random":
         raise CliError(f"--router-seed applies to --router random (the router is {router or 'none: one replica'})"
                        ": drop --router-seed", 2)
