@@ -17,6 +17,7 @@ __all__ = [
     "token_count",
     "token_count_list",
     "int_list",
+    "list_items",
     "non_negative_float",
     "partial_prefill_flag_problem",
     "port",
@@ -98,14 +99,30 @@ def token_count(text: str) -> int:
     return value
 
 
+def list_items(text: str) -> list[str]:
+    """The comma-separated items of a list flag's value, stripped; an empty item ("512,,1024", "512,") is an
+    error rather than dropped, as is an item given twice (a list names each value once).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty or repeated item.
+    """
+    items = [t.strip() for t in text.split(",")]
+    if text.strip() and not all(items):
+        raise argparse.ArgumentTypeError(f"an empty item in {text!r}: give the values separated by single commas")
+    twice = next((t for i, t in enumerate(items) if t and t in items[:i]), None)
+    if twice is not None:
+        raise argparse.ArgumentTypeError(f"{twice!r} is given twice in {text!r}; give each value once")
+    return [t for t in items if t]
+
+
 def token_count_list(text: str) -> list[int]:
     """An argparse type: a comma-separated, non-empty list of token counts >= 1, each with vLLM's suffixes
     ("512,2k,8K").
 
     Raises:
-        argparse.ArgumentTypeError: an item is not such a count, or the list is empty.
+        argparse.ArgumentTypeError: an item is not such a count, empty or repeated, or the list is empty.
     """
-    out = [token_count(t) for t in text.split(",") if t.strip()]
+    out = [token_count(t) for t in list_items(text)]
     if not out:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of token counts >= 1, got {text!r}")
     return out
@@ -186,9 +203,9 @@ def int_list(text: str) -> list[int]:
     """A comma-separated, non-empty list of integers >= 1 ("256,512,1024").
 
     Raises:
-        argparse.ArgumentTypeError: an item is not an integer >= 1, or the list is empty.
+        argparse.ArgumentTypeError: an item is not an integer >= 1, empty or repeated, or the list is empty.
     """
-    out = [positive_int(t) for t in text.split(",") if t.strip()]
+    out = [positive_int(t) for t in list_items(text)]
     if not out:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers >= 1, got {text!r}")
     return out
@@ -198,9 +215,9 @@ def positive_float_list(text: str) -> list[float]:
     """A comma-separated, non-empty list of finite numbers > 0 ("1,2.5,4").
 
     Raises:
-        argparse.ArgumentTypeError: an item is not a finite number > 0, or the list is empty.
+        argparse.ArgumentTypeError: an item is not a finite number > 0, empty or repeated, or the list is empty.
     """
-    out = [positive_float(t) for t in text.split(",") if t.strip()]
+    out = [positive_float(t) for t in list_items(text)]
     if not out:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers > 0, got {text!r}")
     return out

@@ -3,6 +3,7 @@ windowed layers and sinks, 4-bit weights, and the DeepSeek, Kimi, Qwen3, gpt-oss
 
 from __future__ import annotations
 
+import re
 from importlib import util
 from pathlib import Path
 
@@ -267,6 +268,20 @@ def test_unknown_layer_type_is_refused():
     config = {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "intermediate_size": 128, "vocab_size": 100, "layer_types": ["full_attention", "linear_attention"]}
     with pytest.raises(CostModelError, match="'layer_types'.*linear_attention"):
+        model_from_hf_config("x", config)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("hidden_size", "abc"), ("head_dim", "x"), ("hidden_size", [1]), ("num_hidden_layers", 2.5),
+     ("num_key_value_heads", True)],
+)
+def test_a_count_that_is_not_a_whole_number_is_refused(field, value):
+    """A config.json count that is not a whole number is refused naming the field and the value, before any
+    arithmetic on it (a qwen3 string hidden_size crashed on `2 * h + 2 * d`)."""
+    config = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 100, field: value}
+    with pytest.raises(CostModelError, match=re.escape(f"field '{field}' must be a whole number >= 0, got {value!r}")):
         model_from_hf_config("x", config)
 
 

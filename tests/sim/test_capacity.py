@@ -246,3 +246,12 @@ def test_plan_says_when_requests_are_rejected_whatever_the_fleet(tmp_path, capsy
     assert main(argv) == 3
     err = capsys.readouterr().err
     assert "warning: plan: every fleet rejected at least 1 of 2 requests at admission" in err
+
+
+def test_plan_refuses_side_budgets_without_disaggregation(capsys):
+    """--prefill-budget and --decode-budget set a disaggregated split's sides: with --no-disaggregate nothing
+    reads them, so they are refused (exit 2, one line) rather than ignored."""
+    for flag in ("--prefill-budget", "--decode-budget"):
+        assert main(["plan", "--slo-ttft", "1s", "--no-disaggregate", flag, "4096"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag} sets a disaggregated split's side" in err

@@ -365,9 +365,10 @@ def test_out_dir_check_keeps_an_existing_dir_and_refuses_a_file(tmp_path):
 
 
 def test_sweep_refuses_a_value_given_twice(capsys):
-    """sweep --budgets 512,512 would run the same budget twice: refused naming the value, exit 2."""
-    assert main(["sweep", "--budgets", "512,512", "--num-requests", "10", "--kernels", "none"]) == 2
-    assert capsys.readouterr().err == ("stallfree sweep: error: --budgets 512,512: 512 is given twice; "
+    """sweep --budgets 1k,1000 would run the same budget twice (two spellings of one value; the same text
+    twice is refused as it is parsed): refused naming the value, exit 2."""
+    assert main(["sweep", "--budgets", "1k,1000", "--num-requests", "10", "--kernels", "none"]) == 2
+    assert capsys.readouterr().err == ("stallfree sweep: error: --budgets 1000,1000: 1000 is given twice; "
                                        "give each value once\n")
 
 
@@ -593,3 +594,32 @@ def test_seed_is_taken_where_something_is_drawn(capsys):
     assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--seed", "4", "--loras", "2",
                  "--json"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["sweep", "--budgets", "512,,1024"], "argument --budgets: an empty item in '512,,1024'"),
+        (["sweep", "--rate-scales", "1,"], "argument --rate-scales: an empty item in '1,'"),
+        (["tune", "--budgets", "512,512", "--slo-ttft", "1s"], "argument --budgets: '512' is given twice"),
+        (["tune", "--max-seqs-candidates", "128,128", "--slo-ttft", "1s"],
+         "argument --max-seqs-candidates: '128' is given twice"),
+        (["sweep", "--batching", "chunked,chunked"], "argument --batching: 'chunked' is given twice"),
+        (["plan", "--routers", "round-robin,round-robin", "--slo-ttft", "1s"],
+         "--routers: 'round-robin' is given twice in 'round-robin,round-robin'"),
+        (["plan", "--gpu", "h100,,h200", "--slo-ttft", "1s"], "--gpu: an empty item in 'h100,,h200'"),
+    ],
+    ids=["sweep-empty", "sweep-trailing", "tune-budgets-twice", "tune-seqs-twice", "sweep-batching-twice",
+         "plan-routers-twice", "plan-gpu-empty"],
+)
+def test_list_flags_refuse_empty_and_repeated_items(argv, needle, capsys):
+    """Every comma-separated list flag reads its items one way: an empty item or one given twice is refused in
+    one line (exit 2), not dropped or run twice."""
+    code = None
+    try:
+        code = main([*argv, "--linear-cost", "5,50", "--num-requests", "5"])
+    except SystemExit as exc:  # argparse's own error for a type that refuses the value
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err

@@ -162,6 +162,14 @@ def hf_fields(key: str, config: dict[str, Any]) -> dict[str, Any]:
     ):
         if data[required] is None:
             raise CostModelError(f"{owner}: missing key {hf!r}")
+    # Before any arithmetic on them below (a string would concatenate, a list repeat): each count a whole number.
+    for field, hf in (("num_layers", "num_hidden_layers"), ("hidden_size", "hidden_size"),
+                      ("num_heads", "num_attention_heads"), ("num_kv_heads", "num_key_value_heads"),
+                      ("head_dim", "head_dim"), ("intermediate_size", "intermediate_size"),
+                      ("vocab_size", "vocab_size"), ("num_experts", "num_experts")):
+        value = data[field]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise CostModelError(f"{owner}: field {hf!r} must be a whole number >= 0, got {value!r}")
     _newer_parts(owner, kind, config, data)
     return data
 

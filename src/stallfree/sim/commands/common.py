@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stallfree._argtypes import list_items
 from stallfree.core.errors import InvalidConfig, StallfreeError
 from stallfree.flags import KNOBS, flag_text
 from stallfree.sim.defaults import BATCHING_MODES, EXECUTORS
@@ -125,7 +126,7 @@ def slo_tpot(text: str) -> float:
 
 def modes(text: str) -> list[str]:
     """An argparse type: a comma-separated list of batching modes."""
-    found = [t.strip() for t in text.split(",") if t.strip()]
+    found = list_items(text)
     if not found:
         raise argparse.ArgumentTypeError(f"expected batching modes ({', '.join(BATCHING_MODES)}), got {text!r}")
     for m in found:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from stallfree._argtypes import positive_int, token_count
+from stallfree._argtypes import list_items, positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.commands.common import (
     EXIT_SERVED_NOTHING,
@@ -137,7 +137,14 @@ def run(args: argparse.Namespace) -> int:
                        "turn waits for the last one's answer): run `stallfree simulate --replicas N` on them", 2)
     if not 0 < args.slo_attainment <= 1:
         raise CliError(f"--slo-attainment {args.slo_attainment:g}: must be in (0, 1]", 2)
-    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    for flag, value in (("--prefill-budget", args.prefill_budget), ("--decode-budget", args.decode_budget)):
+        if value is not None and args.no_disaggregate:
+            raise CliError(f"{flag} sets a disaggregated split's side; --no-disaggregate searches none: drop one of "
+                           "them", 2)
+    try:
+        routers = list_items(args.routers)
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"--routers: {exc}", 2) from None
     bad = [r for r in routers if r not in ROUTERS]
     if not routers or bad:
         raise CliError(f"--routers {args.routers!r}: choose from {', '.join(ROUTERS)}", 2)
@@ -238,7 +245,10 @@ def _shapes(args: argparse.Namespace) -> list[Shape]:
     from stallfree.sim.inputs.prices import PriceError, gpu_key
     from stallfree.sim.studies.fleet import Shape
 
-    names = [g.strip() for g in str(args.gpu).split(",") if g.strip()]
+    try:
+        names = list_items(str(args.gpu))
+    except argparse.ArgumentTypeError as exc:
+        raise CliError(f"--gpu: {exc}", 2) from None
     if not names:
         raise CliError(f"--gpu {args.gpu!r}: give one or more GPU names", 2)
     tps = list(args.tp)
