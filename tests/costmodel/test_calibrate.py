@@ -60,7 +60,7 @@ def test_fit_link_util_when_asked(base):
 
 def test_fit_rejects_unknown_parameter_and_too_few_rows(base):
     """Fitting an unknown parameter, or from too few rows, is an explained error."""
-    with pytest.raises(CostModelError, match="cannot fit speed"):
+    with pytest.raises(CostModelError, match="cannot fit 'speed'"):
         fit_steps(base, _synthetic(base, 10), fit=("speed",))
     with pytest.raises(CostModelError, match="need at least 5 measured steps"):
         fit_steps(base, _synthetic(base, 3))
@@ -216,3 +216,23 @@ def test_fit_cpu_overheads_line():
     assert (cpu.step_s, cpu.per_seq_s) == pytest.approx((1e-3, 40e-6), rel=1e-9)
     with pytest.raises(CostModelError, match="missing column 'schedule_median'"):
         fit_cpu_overheads([{"batch_size": "8"}] * 3)
+
+
+@pytest.mark.parametrize(
+    ("fit", "needle"),
+    [("mfu,mfu", "--fit: 'mfu' is given twice in 'mfu,mfu'"),
+     ("", "--fit '': name the parameters to fit"),
+     ("mfu,,mbu", "--fit: an empty item in 'mfu,,mbu'")],
+    ids=["twice", "empty", "empty-item"],
+)
+def test_calibrate_fit_list_is_checked_before_the_csv_is_read(fit, needle, tmp_path, capsys):
+    """--fit names each parameter once: a repeat (a singular system, 'nothing was fitted', exit 0), an empty
+    value (the default fit, silently) or an empty item is refused in one line, exit 2, before the CSV is read
+    (the file here does not exist)."""
+    from stallfree.cli import main
+
+    argv = ["calibrate", "--csv", str(tmp_path / "none.csv"), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+            "--fit", fit]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from stallfree._argtypes import list_items, parse_token_count
 from stallfree.costmodel.budget import budget_rows, kernel_figures
 from stallfree.costmodel.calibrate import (
     BUILTIN_PROFILES,
@@ -129,8 +130,6 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
 def _parse_budgets(text: str) -> list[int]:
     """--budgets: comma-separated token counts, each with vLLM's suffixes as every other token flag takes them
     (stallfree._argtypes.parse_token_count: "512,2k,8K")."""
-    from stallfree._argtypes import parse_token_count
-
     out = []
     for part in text.split(","):
         try:
@@ -330,10 +329,15 @@ def _calibrate(a: argparse.Namespace) -> int:
     if (a.csv is None) == (a.profile is None):
         raise CostModelError("give exactly one of --csv FILE or --profile NAME|FOLDER")
     if a.csv is not None:
+        try:
+            fit = tuple(list_items("mfu,mbu,overhead_s" if a.fit is None else a.fit))
+        except argparse.ArgumentTypeError as exc:
+            raise CostModelError(f"--fit: {exc}") from None
+        if not fit:
+            raise CostModelError(f"--fit {a.fit!r}: name the parameters to fit, from {','.join(FIT_PARAMS)}")
         base: CostModel | None = _cost_model(a)
         assert base is not None
         steps = read_steps_csv(a.csv)
-        fit = tuple((a.fit or "mfu,mbu,overhead_s").split(","))
         cal = fit_steps(base, steps, fit, a.holdout, a.seed)
         ar, n = None, len(steps)
     else:

@@ -261,7 +261,7 @@ def fit_steps(
     """
     bad = [f for f in fit if f not in FIT_PARAMS]
     if bad:
-        raise CostModelError(f"cannot fit {', '.join(bad)}; choose from {', '.join(FIT_PARAMS)}")
+        raise CostModelError(f"cannot fit {', '.join(map(repr, bad))}; choose from {', '.join(FIT_PARAMS)}")
     if "overhead_s" in fit and "kernel_launch_s" in fit:
         raise CostModelError(
             "cannot fit overhead_s and kernel_launch_s together: for one model both are a constant per "
