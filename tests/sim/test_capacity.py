@@ -75,17 +75,22 @@ def test_plan_prints_vllm_line_for_a_multi_gpu_replica_and_plain_progress(tmp_pa
     assert main(argv) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
-    assert lines[-2] == ("each replica: vllm serve MODEL --tensor-parallel-size 4 --max-num-batched-tokens 512 "
-                         "--max-num-seqs 1  (MODEL: the checkpoint of llama-3.3-70b)")
+    assert lines[-2] == ("each replica: vllm serve MODEL --tensor-parallel-size 4 --quantization fp8 "
+                         "--max-num-batched-tokens 512 --max-num-seqs 1  (MODEL: the checkpoint of llama-3.3-70b)")
     assert "stallfree serve runs on one device" in lines[-1]
     progress = captured.err.splitlines()
     simulations = int(lines[-3].split(";")[1].split()[0])
     assert len(progress) == simulations
     assert all(p.startswith(f"plan: simulation {k} done (") for k, p in enumerate(progress, start=1))
-    assert main([*argv, "--tp", "1", "--model", "llama-3.1-8b", "--json"]) == 0
+    assert main([*argv, "--tp", "1", "--model", "llama-3.1-8b", "--dtype", "bf16", "--json"]) == 0
     serve = json.loads(capsys.readouterr().out)["serve"]
     assert serve == {"vllm": "vllm serve MODEL --tensor-parallel-size 1 --max-num-batched-tokens 512 --max-num-seqs 1",
                      "stallfree": "stallfree serve --max-num-batched-tokens 512 --max-num-seqs 1"}
+    # FP8 weights and KV as planned are vLLM's --quantization fp8 and --kv-cache-dtype fp8.
+    assert main([*argv, "--tp", "1", "--model", "llama-3.1-8b", "--dtype", "fp8", "--kv-dtype", "fp8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["serve"]["vllm"] == (
+        "vllm serve MODEL --tensor-parallel-size 1 --quantization fp8 --kv-cache-dtype fp8 --max-num-batched-tokens "
+        "512 --max-num-seqs 1")
 
 
 def _prefill_heavy_trace(tmp_path):

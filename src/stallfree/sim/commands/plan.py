@@ -381,16 +381,21 @@ def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace
 
 def serve_commands(args: argparse.Namespace, header: dict[str, Any],
                    answer: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The serve lines of the answer's replica: "vllm" (vLLM's flags: tensor parallelism, token budget as
-    --max-num-batched-tokens, --max-num-seqs; MODEL stands for the checkpoint when --model is a preset
+    """The serve lines of the answer's replica: "vllm" (vLLM's flags: tensor parallelism, FP8 weights and KV as
+    --quantization fp8 and --kv-cache-dtype fp8, token budget as --max-num-batched-tokens, --max-num-seqs;
+    MODEL stands for the checkpoint when --model is a preset
     name rather than a Hugging Face id) and "stallfree" (`stallfree serve`, None when a replica spans
     more than one GPU: that engine runs on one device), with "tp"; for a P:D split, {"prefill": ...,
     "decode": ...}, each those keys plus "replicas"."""
     tp = answer_shape(answer).tp if answer is not None else int(args.tp[0] if isinstance(args.tp, list) else args.tp)
     model = args.model if "/" in args.model else "MODEL"
+    # The weights and KV as planned: FP8 weights are vLLM's --quantization fp8 (a 4-bit dtype is the
+    # checkpoint's own, which vLLM reads from it), an FP8 KV cache its --kv-cache-dtype fp8.
+    precision = (" --quantization fp8" if str(args.dtype).lower() == "fp8" else "") + (
+        " --kv-cache-dtype fp8" if str(getattr(args, "kv_dtype", None)).lower() == "fp8" else "")
 
     def lines(budget: int, tp: int = tp) -> dict[str, Any]:
-        vllm = (f"vllm serve {model} --tensor-parallel-size {tp} --max-num-batched-tokens {budget} "
+        vllm = (f"vllm serve {model} --tensor-parallel-size {tp}{precision} --max-num-batched-tokens {budget} "
                 f"--max-num-seqs {header['max_seqs']}")
         own = f"stallfree serve --max-num-batched-tokens {budget} --max-num-seqs {header['max_seqs']}"
         return {"vllm": vllm, "stallfree": own if tp == 1 else None}
