@@ -623,3 +623,14 @@ def test_list_flags_refuse_empty_and_repeated_items(argv, needle, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+def test_jobs_above_one_with_the_serial_executor_is_refused(capsys):
+    """--executor serial runs every simulation in this process, so --jobs 4 would be read by nothing: refused in
+    one line (exit 2); --jobs 1 with it is what it does anyway, and runs."""
+    base = ["sweep", "--executor", "serial", "--linear-cost", "5,50", "--num-requests", "5", "--budgets", "512"]
+    assert main([*base, "--jobs", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--jobs 4 sizes a pool of worker processes; --executor serial" in err
+    assert main([*base, "--jobs", "1"]) == 0
+    capsys.readouterr()

@@ -299,10 +299,14 @@ def executor_from_args(args: argparse.Namespace) -> Executor:
     """The executor of --executor, --jobs and --ray-address.
 
     Raises:
-        CliError: Ray missing, an address with another executor, or a Ray head that does not answer (exit 2).
+        CliError: Ray missing, an address with another executor, --jobs above 1 with the serial one, or a Ray
+            head that does not answer (exit 2).
     """
     from stallfree.sim.studies.executors import ExecutorError, make_executor
 
+    if args.executor == "serial" and args.jobs is not None and args.jobs > 1:
+        raise CliError(f"--jobs {args.jobs} sizes a pool of worker processes; --executor serial runs every "
+                       "simulation in this process: drop one of them", 2)
     try:
         return make_executor(args.executor, args.jobs or os.cpu_count() or 1, args.ray_address)
     except ExecutorError as exc:
