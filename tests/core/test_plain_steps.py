@@ -19,7 +19,8 @@ def count(s, limit):
 
 def plan_fields(plan):
     return (plan.step, plan.decode_rids, plan.decode_offsets, tuple(plan.prefills), plan.num_tokens,
-            plan.decode_context_sum, plan.token_budget, plan.admitted, plan.preempted, plan.decode_tokens)
+            plan.decode_context_sum, plan.token_budget, plan.admitted, plan.preempted, plan.decode_tokens,
+            plan.decode_offsets_sorted)
 
 
 def figures(s):

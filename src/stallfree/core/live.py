@@ -17,6 +17,7 @@ the index of decodes by the clock value of their last token (`due`).
 from __future__ import annotations
 
 import copy
+from bisect import bisect_left, insort
 from collections.abc import Hashable
 from typing import Any
 
@@ -156,7 +157,7 @@ class DecodeSet:
     """
 
     __slots__ = ("recs", "_rids", "_offsets", "_rids_t", "_offsets_t", "_dirty", "_stale", "_offset_sum",
-                 "due", "clock", "_shift", "_shifted_t")
+                 "due", "clock", "_shift", "_shifted_t", "_sorted", "_sorted_t")
 
     def __init__(self) -> None:
         self.recs: list[LiveRequest] = []
@@ -171,6 +172,10 @@ class DecodeSet:
         self.clock = 0
         self._shift: int | None = None
         self._shifted_t: tuple[int, ...] = ()
+        # The offsets in increasing order, kept through joins and leaves (a cost model prices the decodes
+        # by how they fall between its knots), and their tuple for the current `_offsets_t` (None: not made).
+        self._sorted: list[int] = []
+        self._sorted_t: tuple[int, ...] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> DecodeSet:
         # Scheduler.snapshot(): the records through `memo`; the tuples (of rids and ints) are shared.
@@ -179,7 +184,7 @@ class DecodeSet:
         for name in DecodeSet.__slots__:
             setattr(new, name, getattr(self, name))
         new.recs = [copy.deepcopy(r, memo) for r in self.recs]
-        new._rids, new._offsets = list(self._rids), list(self._offsets)
+        new._rids, new._offsets, new._sorted = list(self._rids), list(self._offsets), list(self._sorted)
         due = memo.get(id(self.due))  # the owner's alias of `due` (Scheduler._due) may be copied first
         if due is None:
             due = memo[id(self.due)] = {}
@@ -199,13 +204,17 @@ class DecodeSet:
         self._rids.append(rec.rid)
         self._offsets.append(offset)
         self._offset_sum += offset
+        insort(self._sorted, offset)
         self._dirty = True
 
     def leave(self, rec: LiveRequest) -> None:
         """Remove a decode (finish, abort, preemption)."""
         i = position_of(self.recs, rec)
         del self.recs[i], self._rids[i]
-        self._offset_sum -= self._offsets.pop(i)
+        offset = self._offsets.pop(i)
+        self._offset_sum -= offset
+        ordered = self._sorted
+        del ordered[bisect_left(ordered, offset)]
         rec.finish_step = -1
         self._dirty = True
 
@@ -225,7 +234,18 @@ class DecodeSet:
             self._offsets_t = tuple(self._offsets)
             self._dirty = False
             self._shift = None
+            self._sorted_t = None
         return self._rids_t, self._offsets_t
+
+    def sorted_offsets(self) -> tuple[int, ...]:
+        """The offsets of tuples() in increasing order (the same tuple until the set or an offset
+        changes); kept through joins and leaves, so made without a sort."""
+        if self._stale or self._dirty:
+            self.tuples()
+        found = self._sorted_t
+        if found is None:
+            found = self._sorted_t = tuple(self._sorted)
+        return found
 
     def shifted_offsets(self, shift: int) -> tuple[int, ...]:
         """The offsets plus `shift` (for an owner whose clock is not its step number), cached."""
@@ -276,5 +296,6 @@ class DecodeSet:
     def _refresh(self) -> None:
         self._offsets = [r.offset for r in self.recs]
         self._offset_sum = sum(self._offsets)
+        self._sorted = sorted(self._offsets)
         self._stale = False
         self._dirty = True

@@ -55,10 +55,13 @@ def _count(s: Any, limit: int) -> int:
     step = s._step
     # Steps step .. first - 1 finish nothing and step `first` is the run's last: a decode finishes in the
     # step numbered its finish_step, a key of the finish index (its other keys, left by decodes that moved,
-    # only make the run shorter).
-    first = min(s._due)
-    if first < step:
-        first = min(r.finish_step for r in recs)
+    # only make the run shorter). Looked up from `step` on: the next finish is a few steps away, and
+    # min() over the index reads every key.
+    due = s._due
+    first = step
+    end = step + limit
+    while first < end and first not in due:
+        first += 1
     n: int = min(first - step + 1, limit)
     kv = s._kv
     if n <= 0 or type(kv) is ReservationKV:
@@ -135,7 +138,8 @@ class PlainDecodeRun:
         rids, offsets = dec.tuples()
         step = self.step + ahead
         n = len(rids)
-        return StepPlan(step, rids, offsets, (), n, dec._offset_sum + n * step, s._token_budget, (), (), None)
+        return StepPlan(step, rids, offsets, (), n, dec._offset_sum + n * step, s._token_budget, (), (), None,
+                        decode_offsets_sorted=dec.sorted_offsets())
 
     def _unchanged(self) -> bool:
         """Whether the scheduler is as the run found it, but for the steps taken: no plan in flight, its

@@ -84,6 +84,7 @@ class StepPlan(Sequence[ScheduledChunk]):
         "timed_out",
         "_decode_offsets",
         "_decode_tokens",
+        "_decode_sorted",
     )
 
     def __init__(
@@ -100,6 +101,7 @@ class StepPlan(Sequence[ScheduledChunk]):
         decode_tokens: tuple[int, ...] | None = None,
         kv_offloads: tuple[tuple[int, int], ...] = (),
         kv_loads: tuple[tuple[int, int], ...] = (),
+        decode_offsets_sorted: tuple[int, ...] | None = None,
     ) -> None:
         """Build a plan; schedulers call this, users read plans.
 
@@ -109,6 +111,8 @@ class StepPlan(Sequence[ScheduledChunk]):
             decode_tokens: per decode, its tokens when some cost more than 1 (speculative
                 decoding: 1 + its speculative or draft tokens); None means every decode costs 1 token.
             kv_offloads, kv_loads: the step's KV copies between the GPU and a CPU tier (above).
+            decode_offsets_sorted: `decode_offsets` in increasing order where the scheduler keeps them
+                (shared across steps as that tuple is); None: not kept.
         """
         self.step = step
         self.decode_rids = decode_rids
@@ -124,6 +128,7 @@ class StepPlan(Sequence[ScheduledChunk]):
         self.kv_offloads = kv_offloads
         self.kv_loads = kv_loads
         self.timed_out: tuple[Hashable, ...] = ()
+        self._decode_sorted = decode_offsets_sorted
 
     @property
     def decodes(self) -> tuple[ScheduledChunk, ...]:
@@ -149,6 +154,15 @@ class StepPlan(Sequence[ScheduledChunk]):
         decodes in the same order, each one token further along. O(1), no copy.
         """
         return self._decode_offsets
+
+    @property
+    def decode_offsets_sorted(self) -> tuple[int, ...] | None:
+        """`decode_offsets` in increasing order, tokens, where the scheduler keeps them (its decode set
+        does, through joins and leaves: no sort per new tuple), shared across steps as `decode_offsets`
+        is; None when the plan's maker did not keep them (sort decode_offsets). A cost model whose price
+        of a decode depends only on its keys reads the decodes as a sorted multiset. O(1), no copy.
+        """
+        return self._decode_sorted
 
     @property
     def decode_starts(self) -> tuple[int, ...]:

@@ -408,7 +408,8 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
                 self._charge(fair, [c.rid for c in cont], [c.num_tokens for c in cont])
         dec = self._decodes
         # The shared tuple is fresh (tuples() ran in this step), so its sum is kept incrementally.
-        ctx = dec._offset_sum if decode_offsets is dec._offsets_t else sum(decode_offsets)
+        fresh = decode_offsets is dec._offsets_t
+        ctx = dec._offset_sum if fresh else sum(decode_offsets)
         plan = StepPlan(
             step,
             decode_rids,
@@ -420,6 +421,7 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
             admitted,
             tuple(v.rid for v in sorted(victims, key=_by_seq)) if victims else (),
             decode_tokens,
+            decode_offsets_sorted=dec.sorted_offsets() if fresh and decode_offsets else None,
         )
         # A manager with a second KV tier (core/kv_tier.py) hands over each step's copies.
         transfers = self._kv_transfers()

@@ -3,10 +3,12 @@
 A scheduler hands out one tuple of decode offsets (StepPlan.decode_offsets) for as long as its set of
 decodes does not change, every decode one token further along each step; only a decode crossing a
 knot changes which knot interval it falls in. So the partition of the decodes over the knot intervals
-(how many in each, the sum of their offsets) is worked out once per tuple, with its knot prices (on its
-second step: many tuples last one), and reused for every later step until a decode crosses a knot: a
-step then costs one short loop over the intervals the decodes occupy (a handful) instead of a bisection
-and two dictionary reads per interval.
+(how many in each, the sum of their offsets) is worked out once per tuple, with its knot prices, and
+reused for every later step until a decode crosses a knot: a step then costs one short loop over the
+intervals the decodes occupy (a handful) instead of a bisection, a slice sum and two dictionary reads per
+interval. The scheduler keeps its decodes' offsets sorted through joins and leaves
+(StepPlan.decode_offsets_sorted), so a new tuple costs no sort; the partition is then kept from its first
+step (without them, from its second: a sort per tuple already, and many tuples last one step).
 
 The sum is the one of kernels.KernelCostModel.decode_attention_s, term by term in the same order and
 with the same integer and float operations, so both give the same float, bit for bit (the tests check
@@ -18,8 +20,7 @@ Imports allowed: the standard library only.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
-from itertools import accumulate
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["DecodeRuns"]
@@ -30,9 +31,9 @@ _NEVER = 1 << 62  # a shift no run reaches: the partition of one interval ending
 class DecodeRuns:
     """The decode attention sum of one cost model's steps, cached for the last tuple of decode offsets.
 
-    Owns the cache of the last tuple priced (compared by identity): its sorted offsets and their prefix
-    sums, and from its second step its partition over the knot intervals, valid for a range of shifts at
-    one batch size; touches nothing else. One tuple only, as the unbucketed path's sorted offsets: kept
+    Owns the cache of the last tuple priced (compared by identity): its sorted offsets (the caller's where
+    it has them, else sorted here) and its partition over the knot intervals, valid for a range of shifts
+    at one batch size; touches nothing else. One tuple only, as the unbucketed path's sorted offsets: kept
     partitions of tuples the scheduler no longer uses cost more in memory traffic than they save
     (benchmarks/priced_step.py). A cluster's replicas each bind their own view of a shared kernel model, so
     each has one of these (KernelCostModel.bind_replica). Not thread-safe: one per cost model (or replica's
@@ -49,20 +50,23 @@ class DecodeRuns:
 
     def __init__(self, knots: tuple[int, ...], prices: dict[int, float], key_stride: int) -> None:
         self._knots, self._prices, self._stride = knots, prices, key_stride
-        # [offs, nb, first shift, shift it holds below, terms, sorted offsets, their prefix sums]. A term per
+        # [offs, nb, first shift, shift it holds below, terms, sorted offsets]. A term per
         # occupied interval: (n x lo, n, sum of offsets - n x knot, hi - lo, interval width). A tuple seen
         # once has no terms yet (nb -1).
-        self._run: list[Any] = [None, -1, 0, 0, (), [], []]
+        self._run: list[Any] = [None, -1, 0, 0, (), []]
 
     def clear(self) -> None:
         """Forget the cached tuple and partition (the next call works them out afresh)."""
-        self._run = [None, -1, 0, 0, (), [], []]
+        self._run = [None, -1, 0, 0, (), []]
 
-    def total(self, offs: tuple[int, ...], shift: int, nb: int, knot: Callable[[int, int], float]) -> float:
+    def total(
+        self, offs: tuple[int, ...], shift: int, nb: int, knot: Callable[[int, int], float],
+        ordered: Sequence[int] | None = None,
+    ) -> float:
         """Return sum_i f(offs[i] + shift), f(s) = decode(nb, s) linear between the knots, seconds.
 
-        A tuple's first step is summed as it comes (sorted once, its partition not kept: many tuples
-        last one step); its second works out the partition and keeps it; later steps read it.
+        A new tuple's partition is worked out and kept on its first step when `ordered` comes with it,
+        else on its second (its first sorted and summed as it comes); later steps read it.
 
         Args:
             offs: the decode offsets of a plan (StepPlan.decode_offsets; compared by identity), at
@@ -70,6 +74,8 @@ class DecodeRuns:
             shift: added to every offset to give its keys, tokens (the plan's step + 1).
             nb: the decode batch the attention kernels see (one rank's with data-parallel attention).
             knot: knot(nb, k) -> seconds, decode(nb, knots[k]), filling `prices` on a miss.
+            ordered: `offs` in increasing order where the caller has them (StepPlan.decode_offsets_sorted),
+                else None (sorted here when the tuple is new).
 
         Returns:
             The sum over the decodes, seconds (the caller divides by the decodes: each one's share).
@@ -82,14 +88,16 @@ class DecodeRuns:
                     t += nlo + (c + n * shift) * dhl / width
                 return t
             return self._walk(run, shift, nb, knot, True)
-        ordered = sorted(offs)
-        run = self._run = [offs, -1, 0, 0, (), ordered, [0, *accumulate(ordered)]]
-        return self._walk(run, shift, nb, knot, False)
+        if ordered is None:
+            run = self._run = [offs, -1, 0, 0, (), sorted(offs)]
+            return self._walk(run, shift, nb, knot, False)
+        run = self._run = [offs, -1, 0, 0, (), ordered]
+        return self._walk(run, shift, nb, knot, True)
 
     def _walk(self, run: list[Any], shift: int, nb: int, knot: Callable[[int, int], float], keep: bool) -> float:
         """Sum `run`'s decodes at `shift` interval by interval; with `keep`, keep the partition with the
         shifts it holds for."""
-        ordered, prefix = run[5], run[6]
+        ordered = run[5]
         knots, prices = self._knots, self._prices
         nd = len(ordered)
         k = bisect_right(knots, ordered[0] + shift) - 1
@@ -110,7 +118,7 @@ class DecodeRuns:
             if j > i:
                 n = j - i
                 # keys - n x at = (sum of offsets - n x at) + n x shift: integers, so exact either way.
-                nlo, c, dhl, width = n * lo, prefix[j] - prefix[i] - n * at, hi - lo, nxt - at
+                nlo, c, dhl, width = n * lo, sum(ordered[i:j]) - n * at, hi - lo, nxt - at
                 total += nlo + (c + n * shift) * dhl / width
                 if keep:
                     terms.append((nlo, n, c, dhl, width))

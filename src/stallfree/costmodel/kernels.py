@@ -462,7 +462,8 @@ class KernelCostModel:
             return 0.0
         nd = plan.num_decodes
         d = self.dp_attention
-        t = self._runs.total(plan.decode_offsets, plan.step + 1, -(-nd // d), self._decode_knot) / nd if nd else 0.0
+        t = self._runs.total(plan.decode_offsets, plan.step + 1, -(-nd // d), self._decode_knot,
+                             plan.decode_offsets_sorted) / nd if nd else 0.0
         prefills = plan.prefills
         if d > 1:
             return t + self._ranks_s(plan, [self.chunk_s(c.num_tokens, c.start) for c in prefills])
