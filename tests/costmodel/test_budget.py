@@ -239,3 +239,22 @@ def test_budget_list_takes_token_suffixes(capsys):
     """--budgets reads each value as every token flag does (vLLM's suffixes): 1k is 1,000 and 2K 2,048."""
     assert main(["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--budgets", "1k,2K", "--json"]) == 0
     assert [r["budget"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1000, 2048]
+
+
+def test_budget_header_counts_every_gpu_of_a_pipeline(capsys):
+    """With --pp the header names the replica's tp x pp GPUs and the split (it said "4 x h100-sxm" for
+    tp 4 x pp 2, 8 GPUs); the step figures are one batch through the stages in turn, and the KV capacity is
+    the whole pipeline's (1,536,086 tokens against 657,180 at pp 1)."""
+    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--dtype", "fp8", "--tp", "4"]
+    assert main([*argv, "--pp", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(
+        "llama-3.3-70b on 8 x h100-sxm (tp 4 x pp 2: one batch passes the 2 stages in turn), weights fp8,"
+    )
+    assert lines[1].startswith("KV capacity 1,536,086 tokens")
+    assert "kernels: not priced (the kernel tables price --pp 1 only)" in lines
+    assert main([*argv, "--pp", "2", "--json", "--kernels", "none"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["tp"], out["pp"], out["gpus"]) == (4, 2, 8)
+    assert main([*argv, "--kernels", "none"]) == 0
+    assert capsys.readouterr().out.startswith("llama-3.3-70b on 4 x h100-sxm, weights fp8,")

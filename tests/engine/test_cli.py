@@ -91,10 +91,31 @@ def test_bench_engine_is_registered():
     assert args.quick and args.long_prompt == 64 and callable(args.func)
 
 
-def test_model_folder_without_a_checkpoint_is_an_input_error(capsys, tmp_path):
-    """--model naming a folder with neither config.json nor a .gguf file: after the loading line, one error line
-    saying so, exit 2 (an unusable flag value, as a missing path is)."""
-    assert main(["generate", "--prompt", "x", "--device", "cpu", "--model", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[-1] == (f"stallfree generate: error: {tmp_path} holds neither config.json nor a "
-                                         ".gguf file")
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["bench", "engine", "--quick"]],
+                         ids=["generate", "bench-engine"])
+def test_a_model_path_the_loader_would_refuse_is_one_line(capsys, tmp_path, command):
+    """--model naming nothing, an empty folder, a folder of two .gguf files, a config.json without weights or
+    an empty value: one error line naming --model and the value, exit 2, with no "loading ..." line before it
+    (the folder's line came after the loading line, and '' loaded the working directory)."""
+    name = command[0] if command[0] == "generate" else "bench engine"
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "a.gguf").touch()
+    (two / "b.gguf").touch()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        (str(tmp_path / "nope"), f"--model '{tmp_path / 'nope'}': no such file or directory"),
+        (str(empty), f"--model '{empty}': the folder holds neither config.json (a Hugging Face directory) nor a "
+                     ".gguf file"),
+        (str(two), f"--model '{two}': the folder holds 2 .gguf files; name one of them"),
+        (str(hf), f"--model '{hf}': the folder has config.json but no *.safetensors weights"),
+        ("", "--model '': empty; pass a .gguf file or a Hugging Face directory"),
+    ]
+    for model, message in cases:
+        assert main([*command, "--device", "cpu", "--model", model, *(["--out", str(tmp_path / "b")]
+                                                                       if name != "generate" else [])]) == 2
+        assert capsys.readouterr().err.splitlines() == [f"stallfree {name}: error: {message}"]

@@ -97,6 +97,15 @@ def test_missing_and_foreign_paths_are_refused(tmp_path):
         load_checkpoint(tmp_path)
 
 
+def test_an_upper_case_gguf_suffix_is_read_as_gguf(tmp_path):
+    """MODEL.GGUF is read by the GGUF reader, as the commands' --model check accepts it (it was refused as "not
+    a .gguf file" after the check had passed it); a file that is not GGUF inside says so."""
+    bad = tmp_path / "model.GGUF"
+    bad.write_bytes(b"not a gguf file")
+    with pytest.raises(ModelLoadError, match=r"model\.GGUF is not a readable GGUF file"):
+        load_checkpoint(bad)
+
+
 def test_prepacked_bf16_weights_give_plain_results_bit_for_bit(tiny_dir, monkeypatch):
     """In bfloat16 on a CPU the weights are pre-packed for oneDNN at load, and a chunked prefill then a
     decode give exactly the logits of the same model with plain weights."""

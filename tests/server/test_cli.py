@@ -68,13 +68,18 @@ def test_model_load_error_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
                    f"stallfree serve: cannot load the model: malformed model: {bad}"]
 
 
-def test_model_folder_without_a_checkpoint_is_an_input_error(capsys, tmp_path):
-    """--model naming a folder with neither config.json nor a .gguf file: the loading line, then one line
-    saying so, exit 2 (an unusable flag value, as a missing path is), not 1."""
+def test_model_folder_without_a_checkpoint_is_an_input_error(monkeypatch, capsys, tmp_path):
+    """--model naming a folder with neither config.json nor a .gguf file, or an empty value (read as the working
+    directory): one line naming --model and the value, exit 2, with no "loading ..." line before it and nothing
+    loaded."""
+    monkeypatch.setattr(serve_cli, "build_engine", lambda args: pytest.fail("the model was loaded"))
     assert cli.main(["serve", "--port", "0", "--model", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[-1] == (f"stallfree serve: cannot load the model: {tmp_path} holds neither "
-                                         "config.json nor a .gguf file")
+    assert capsys.readouterr().err.splitlines() == [
+        f"stallfree serve: error: --model '{tmp_path}': the folder holds neither config.json (a Hugging Face "
+        "directory) nor a .gguf file"]
+    assert cli.main(["serve", "--port", "0", "--model", ""]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "stallfree serve: error: --model '': empty; pass a .gguf file or a Hugging Face directory"]
 
 
 @pytest.mark.parametrize(

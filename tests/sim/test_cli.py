@@ -634,3 +634,42 @@ def test_jobs_above_one_with_the_serial_executor_is_refused(capsys):
     assert err.count("\n") == 1 and "--jobs 4 sizes a pool of worker processes; --executor serial" in err
     assert main([*base, "--jobs", "1"]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--router", "random"], "--router random: a router chooses between replicas and --replicas 1 runs one "
+                                 "replica: add --replicas N (N >= 2) or drop --router"),
+        (["--router", "random", "--router-seed", "3"], "--router random: a router chooses between replicas"),
+        (["--router", "prefix-affinity", "--prefix-affinity-threshold", "64"],
+         "--router prefix-affinity: a router chooses between replicas"),
+        (["--autoscale", "0:1", "--router", "round-robin"],
+         "--router round-robin: a router chooses between replicas and --autoscale 0:1 runs at most one replica: "
+         "raise its MAX or drop --router"),
+    ],
+    ids=["replicas-1", "with-router-seed", "with-affinity-flag", "autoscale-max-1"],
+)
+def test_a_router_with_one_replica_is_refused(flags, needle, capsys):
+    """A router named for a run of one replica would route every request to it, reading nothing (it only
+    relabelled the run "x1 random"): refused in one line (exit 2), as the router's own flags are."""
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+
+
+def test_a_router_with_several_replicas_and_plan_routers_with_one(capsys, tmp_path):
+    """--router with two replicas still runs (5 requests served, labelled by the router); plan refuses a
+    --routers list when --max-replicas 1 tries one replica, and plans that replica without it."""
+    assert main(["simulate", "--num-requests", "5", "--linear-cost", "5,50", "--replicas", "2", "--router",
+                 "random", "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    assert run["completed"] == 5 and run["label"].endswith("x2 random")
+    plan = ["plan", "--num-requests", "5", "--linear-cost", "5,50", "--slo-ttft", "1s", "--executor", "serial",
+            "--max-replicas", "1"]
+    assert main([*plan, "--routers", "random,round-robin"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "stallfree plan: error: --routers 'random,round-robin': a router chooses between replicas and "
+        "--max-replicas 1 tries one replica: raise --max-replicas or drop --routers")
+    assert main([*plan, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["answer"]["replicas"] == 1

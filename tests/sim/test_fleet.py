@@ -205,3 +205,27 @@ def test_no_fleet_within_the_caps_exits_3(tmp_path, capsys):
     assert report["answer"] is None and report["serve"] is None and report["load"] is None
     assert sorted((r["gpu"], r["replicas"]) for r in report["rows"]) == [("h100-sxm", 2), ("h200", 2)]
     assert all(r["attainment"] == pytest.approx(2 / 12) for r in report["rows"])
+
+
+def test_why_line_gives_seconds_and_light_rates_as_the_report_does(tmp_path, capsys):
+    """The why line's window of a trace shorter than a minute is its span to a tenth of a second (12 requests
+    1/3 s apart span 11/3 s: "3.7 s", not "3.66667 s"), and a light load keeps two significant digits where
+    two decimals read 0.00: 3 requests 300 s apart are 2 / 600 = 0.0033 req/s, 0.33% of the 1 req/s one
+    replica sustains, and the busiest minute holds one of them, 1 / 60 = 0.017 req/s."""
+    short = tmp_path / "short.csv"
+    short.write_text("arrival_time,prompt_len,output_len\n" + "".join(f"{k / 3!r},10,1\n" for k in range(12)))
+    assert main(_argv(short, "--slo-ttft", "2s")) == 0
+    why = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("why: "))
+    assert why.startswith("why: 3.00 req/s offered on average; one replica sustains ~1.00 req/s (the mean load is "
+                          "300% of it): 3 replicas at the mean; the busiest 3.7 s (the whole trace) bring 3.00 req/s, "
+                          "1.0x the mean: 3 at that rate; the answer's 3:")
+    light = tmp_path / "light.csv"
+    light.write_text("arrival_time,prompt_len,output_len\n0,10,1\n300,10,1\n600,10,1\n")
+    assert main(_argv(light)) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "(0.0033 req/s offered)" in out[0]
+    why = next(line for line in out if line.startswith("why: "))
+    assert why.startswith("why: 0.0033 req/s offered on average; one replica sustains ~1.00 req/s (the mean load is "
+                          "under 1% of it): 1 replica at the mean; the busiest 60 s bring 0.017 req/s, 5.0x the mean:")
+    assert next(line for line in out if line.startswith("search: ")).startswith(
+        "search: one replica sustains ~1.00 req/s saturated, so 0.0033 req/s needs at least ~1")

@@ -242,7 +242,8 @@ def _budget(a: argparse.Namespace) -> int:
                 {
                     "model": full.model.key,
                     "gpu": full.gpu.key,
-                    "tp": full.tp, "ep": full.ep, "dp_attention": full.dp_attention,
+                    "tp": full.tp, "pp": full.pp, "ep": full.ep, "dp_attention": full.dp_attention,
+                    "gpus": full.gpus,
                     "dtype": full.dtype,
                     "kv_dtype": full.kv_dtype,
                     "decodes": a.decodes,
@@ -275,8 +276,14 @@ def _budget(a: argparse.Namespace) -> int:
             )
         )
         return 0
+    gpus = f"{full.tp} x {full.gpu.key}"
+    if full.pp > 1:
+        # Name every GPU of the replica and the split: the step figures are one batch passing the stages
+        # in turn, so they do not shrink with pp while the KV capacity grows.
+        gpus = (f"{full.gpus} x {full.gpu.key} (tp {full.tp} x pp {full.pp}: one batch passes the {full.pp} "
+                "stages in turn)")
     print(
-        f"{full.model.key} on {full.tp} x {full.gpu.key}"
+        f"{full.model.key} on {gpus}"
         + (f" x {full.dp_attention} attention ranks" if full.dp_attention > 1 else "")
         + (f", experts over ep {full.ep}" if full.ep > 1 else "")
         + f", weights {full.dtype}, KV cache {full.kv_dtype}; "
@@ -311,6 +318,10 @@ def _budget(a: argparse.Namespace) -> int:
     elif chosen is not None and chosen.source.get("fallback_reason"):
         print()
         print(f"kernels: not priced ({chosen.source['fallback_reason']})")
+    elif a.pp != 1 and a.kernels is None:
+        # The default adds kernel figures at pp 1; say why they are missing rather than drop them unseen.
+        print()
+        print("kernels: not priced (the kernel tables price --pp 1 only)")
     print()
     print(
         "steps = steps to the prompt's first token; step = the decodes plus a (budget - decodes)-token "

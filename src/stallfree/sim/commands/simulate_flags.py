@@ -213,6 +213,13 @@ def _check_flags(args: argparse.Namespace) -> None:
             if getattr(args, name) is not None:
                 raise CliError(f"{flag} applies to --disaggregate P:D (or search): add it or drop {flag}", 2)
     router = args.router or ("least-outstanding" if disagg or args.replicas > 1 else None)
+    most = args.autoscale_range[1] if args.autoscale is not None else args.replicas
+    if args.router is not None and most == 1 and not disagg and not args.compare:
+        # Every request goes to the one replica whichever router is named, so the flag would change
+        # nothing but the run's label (--compare's own refusal below names --router too).
+        runs = ("--replicas 1 runs one replica: add --replicas N (N >= 2)" if args.autoscale is None else
+                f"--autoscale {args.autoscale} runs at most one replica: raise its MAX")
+        raise CliError(f"--router {args.router}: a router chooses between replicas and {runs} or drop --router", 2)
     for flag, name, _ in _AFFINITY_FLAGS:
         # The load cap is session-affinity's and adapter-affinity's too; the cached-prefix threshold is
         # prefix-affinity's alone.
