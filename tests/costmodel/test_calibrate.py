@@ -236,3 +236,44 @@ def test_calibrate_fit_list_is_checked_before_the_csv_is_read(fit, needle, tmp_p
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+def test_a_profile_fitted_to_another_model_or_gpu_warns(capsys):
+    """The built-in profile records CodeLlama-34B on A100 at tp 2: fitting it to Llama-3.1-8B on H200 warns on
+    stderr, once, with both shapes and both GPUs; fitting it to what it was measured on says nothing."""
+    from stallfree.cli import main
+
+    argv = ["calibrate", "--profile", "a100-codellama34b-tp2", "--tp", "2", "--json"]
+    assert main([*argv, "--model", "llama-3.1-8b", "--gpu", "h200"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "stallfree calibrate: warning: profile 'a100-codellama34b-tp2' was measured on a model of hidden size 8192, "
+        "query heads 64, KV heads 8, MLP size 22016 (codellama-34b), where llama-3.1-8b has 4096, 32, 8, 14336; on "
+        "a100-sxm-80gb, not h200: the factors fitted to it are of those kernel times, not of llama-3.1-8b at tp 2 "
+        "on h200\n")
+    assert main([*argv, "--model", "codellama-34b", "--gpu", "a100"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_profile_folder_is_compared_by_its_table_shapes(tmp_path):
+    """A folder's tables record the model's shape and tp (the mlp table's columns) but not the GPU: the shape
+    is compared, the GPU is not."""
+    import shutil
+    import warnings
+    from importlib import resources
+
+    from stallfree.costmodel import CostModelWarning
+
+    src = resources.files("stallfree.costmodel").joinpath("data/profiles/a100_codellama34b_tp2")
+    for name in ("mlp.csv.gz", "attention.csv.gz", "all_reduce.csv.gz", "cpu_overheads.csv"):
+        with resources.as_file(src.joinpath(name)) as path:
+            shutil.copy(path, tmp_path / name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CostModelWarning)
+        calibrate_profile(tmp_path, CostModel.from_names("codellama-34b", "h100-sxm", tp=2, dtype="fp16"), stride=50)
+    with pytest.warns(CostModelWarning) as caught:
+        calibrate_profile(tmp_path, CostModel.from_names("llama-3.1-8b", "h100-sxm", tp=2), stride=50)
+    assert [str(w.message) for w in caught] == [
+        f"profile {str(tmp_path)!r} was measured on a model of hidden size 8192, query heads 64, KV heads 8, MLP size "
+        "22016, where llama-3.1-8b has 4096, 32, 8, 14336: the factors fitted to it are of those kernel times, not "
+        "of llama-3.1-8b at tp 2 on h100-sxm"]
