@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.fit import Calibration, CpuFit, fit_steps, lstsq
 from stallfree.costmodel.hardware import normalize_name
-from stallfree.costmodel.measured import ErrorStats, MeasuredStep, read_rows, split_rows
+from stallfree.costmodel.measured import ErrorStats, MeasuredStep, check_fitting_rows, read_rows, split_rows
 from stallfree.costmodel.roofline import CostModel
 
 __all__ = [
@@ -109,8 +109,8 @@ def fit_allreduce(
     it means the sizes are in the wrong unit or the table is not for this GPU.
 
     Raises:
-        CostModelError: fewer than 3 rows for base.tp GPUs; no positive bandwidth; or a fitted bandwidth
-            above the link's peak (the message gives both, in GB/s).
+        CostModelError: fewer than 3 rows for base.tp GPUs, or a holdout that leaves fewer than 2 to fit; no
+            positive bandwidth; or a fitted bandwidth above the link's peak (the message gives both, in GB/s).
     """
     n = base.tp
     pts = [
@@ -123,6 +123,7 @@ def fit_allreduce(
     if len(pts) < 3:
         raise CostModelError(f"the all-reduce table has {len(pts)} rows for {n} GPUs; need at least 3")
     train, test = split_rows(len(pts), holdout, seed)
+    check_fitting_rows(len(train), len(pts), 2, 2, holdout, f"all-reduce rows for {n} GPUs")
     ring = 2 * (n - 1) / n
     sol = lstsq([[1 / pts[i][1], ring * pts[i][0] / pts[i][1]] for i in train], [1.0] * len(train))
     if sol is None or sol[1] <= 0:
@@ -262,7 +263,8 @@ def fit_cpu_overheads(rows: list[dict[str, str]], holdout: float = 0.2, seed: in
     preparation, output processing; ms) at its `batch_size` (sequences in the step).
 
     Raises:
-        CostModelError: fewer than 3 rows, a missing column (named), or no line (all one batch size).
+        CostModelError: fewer than 3 rows, a holdout that leaves fewer than 2 to fit, a missing column
+            (named), or no line (all one batch size).
     """
     pts = []
     for i, r in enumerate(rows, start=2):
@@ -276,6 +278,7 @@ def fit_cpu_overheads(rows: list[dict[str, str]], holdout: float = 0.2, seed: in
     if len(pts) < 3:
         raise CostModelError(f"the cpu_overheads table has {len(pts)} rows; need at least 3")
     train, test = split_rows(len(pts), holdout, seed)
+    check_fitting_rows(len(train), len(pts), 2, 2, holdout, "rows of the cpu_overheads table")
     sol = lstsq([[1 / pts[i][1], pts[i][0] / pts[i][1]] for i in train], [1.0] * len(train))
     if sol is None:
         raise CostModelError("the cpu_overheads table does not determine a line (one batch size only?)")
