@@ -331,3 +331,25 @@ def test_an_empty_bucket_shows_no_error(tmp_path, capsys):
     got = json.loads(capsys.readouterr().out)
     assert got["test_error_by_bucket"][">512"] == {"rows": 0, "mean": None, "median": None, "p90": None, "max": None}
     assert got["test_error_by_kind"]["decode"]["rows"] == 4 and got["test_error_by_kind"]["decode"]["max"] < 1e-6
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("gpu.txt", "gpu.txt: the file name must end in .json (the format it is written in), got '.txt'"),
+    ("gpu", "gpu: the file name must end in .json (the format it is written in), got 'no suffix'"),
+    ("none/gpu.json", "none/gpu.json: the directory {tmp}/none does not exist"),
+    (".", ": is a directory; give a file name (.json)"),
+], ids=["txt", "no-suffix", "no-directory", "directory"])
+def test_calibrate_save_gpu_is_checked_before_the_fit(name, said, tmp_path, capsys):
+    """--save-gpu writes JSON that `--gpu FILE` reads by its .json name: another name, a directory or a missing
+    directory is refused naming the flag, exit 2, before the CSV is read (it does not exist) and nothing is
+    written."""
+    from stallfree.cli import main
+
+    target = tmp_path / name
+    argv = ["calibrate", "--csv", str(tmp_path / "none.csv"), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+            "--save-gpu", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stallfree calibrate: error: --save-gpu {target}") and err.count("\n") == 1, err
+    assert said.format(tmp=tmp_path) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import list_items, parse_token_count
+from stallfree._files import writable_file_problem
 from stallfree.costmodel.budget import budget_rows, kernel_figures
 from stallfree.costmodel.calibrate import (
     BUILTIN_PROFILES,
@@ -330,6 +331,10 @@ def _calibrate(a: argparse.Namespace) -> int:
         raise CostModelError("give exactly one of --csv FILE or --profile NAME|FOLDER")
     if not 0 < a.holdout < 1:
         raise CostModelError(f"--holdout {a.holdout:g}: the fraction of rows held out must be above 0 and below 1")
+    # Before the fit, as every output flag: the file is JSON, and `--gpu FILE` reads only a name ending in .json.
+    problem = None if a.save_gpu is None else writable_file_problem(Path(a.save_gpu), "--save-gpu", (".json",))
+    if problem is not None:
+        raise CostModelError(problem)
     if a.csv is not None:
         try:
             fit = tuple(list_items("mfu,mbu,overhead_s" if a.fit is None else a.fit))
