@@ -1,5 +1,6 @@
 """Bounded reading of the files a user names on the command line: traces, run folders, vLLM result and
-model or GPU spec JSON, calibration CSVs.
+model or GPU spec JSON, calibration CSVs; and the check, before a command runs, of a file it will write
+(writable_file_problem).
 
 Imports allowed: the standard library and stallfree.core.errors (every subpackage's readers share it,
 like _argtypes).
@@ -46,6 +47,7 @@ __all__ = [
     "loads_line",
     "open_text",
     "read_json",
+    "writable_file_problem",
 ]
 
 #: Most characters read from one line-oriented file (decompressed), 1 GiB.
@@ -179,3 +181,31 @@ def loads_line(text: str) -> Any:
         return json.loads(text)
     except RecursionError:
         raise ValueError("JSON nested too deeply (over about 1,000 levels)") from None
+
+
+def writable_file_problem(path: Path, flag: str, suffixes: tuple[str, ...]) -> str | None:
+    """Why `path` cannot be written as one of `suffixes`, in one line naming `flag`, or None when it can: a
+    name ending in one of them, not a directory, in a directory that exists, and a file the process can open
+    for writing (it is opened for appending, which changes nothing, and removed again if it did not exist:
+    permission bits do not tell, e.g. for root under /proc, or for a name too long). Meant to run before a
+    command starts its work, so that a bad output name costs nothing.
+    """
+    if not str(path) or path.name in ("", ".", ".."):
+        return f"{flag} {str(path)!r}: give a file name ({' or '.join(suffixes)})"
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        if path.is_dir():
+            return f"{flag} {path}: is a directory; give a file name ({' or '.join(suffixes)})"
+        if path.suffix not in suffixes:
+            return (f"{flag} {path}: the file name must end in {' or '.join(suffixes)} (the format it is written "
+                    f"in), got {path.suffix or 'no suffix'!r}")
+        if not parent.is_dir():
+            return f"{flag} {path}: the directory {parent} does not exist"
+        existed = path.exists()
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        return f"{flag} {path}: cannot be written ({exc.strerror or exc})"
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -236,3 +237,119 @@ def test_calibrate_fit_list_is_checked_before_the_csv_is_read(fit, needle, tmp_p
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err, err
+
+
+def test_a_profile_fitted_to_another_model_or_gpu_warns(capsys):
+    """The built-in profile records CodeLlama-34B on A100 at tp 2: fitting it to Llama-3.1-8B on H200 warns on
+    stderr, once, with both shapes and both GPUs; fitting it to what it was measured on says nothing."""
+    from stallfree.cli import main
+
+    argv = ["calibrate", "--profile", "a100-codellama34b-tp2", "--tp", "2", "--json"]
+    assert main([*argv, "--model", "llama-3.1-8b", "--gpu", "h200"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        "stallfree calibrate: warning: profile 'a100-codellama34b-tp2' was measured on a model of hidden size 8192, "
+        "query heads 64, KV heads 8, MLP size 22016 (codellama-34b), where llama-3.1-8b has 4096, 32, 8, 14336; on "
+        "a100-sxm-80gb, not h200: the factors fitted to it are of those kernel times, not of llama-3.1-8b at tp 2 "
+        "on h200\n")
+    assert main([*argv, "--model", "codellama-34b", "--gpu", "a100"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_profile_folder_is_compared_by_its_table_shapes(tmp_path):
+    """A folder's tables record the model's shape and tp (the mlp table's columns) but not the GPU: the shape
+    is compared, the GPU is not."""
+    import shutil
+    import warnings
+    from importlib import resources
+
+    from stallfree.costmodel import CostModelWarning
+
+    src = resources.files("stallfree.costmodel").joinpath("data/profiles/a100_codellama34b_tp2")
+    for name in ("mlp.csv.gz", "attention.csv.gz", "all_reduce.csv.gz", "cpu_overheads.csv"):
+        with resources.as_file(src.joinpath(name)) as path:
+            shutil.copy(path, tmp_path / name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CostModelWarning)
+        calibrate_profile(tmp_path, CostModel.from_names("codellama-34b", "h100-sxm", tp=2, dtype="fp16"), stride=50)
+    with pytest.warns(CostModelWarning) as caught:
+        calibrate_profile(tmp_path, CostModel.from_names("llama-3.1-8b", "h100-sxm", tp=2), stride=50)
+    assert [str(w.message) for w in caught] == [
+        f"profile {str(tmp_path)!r} was measured on a model of hidden size 8192, query heads 64, KV heads 8, MLP size "
+        "22016, where llama-3.1-8b has 4096, 32, 8, 14336: the factors fitted to it are of those kernel times, not "
+        "of llama-3.1-8b at tp 2 on h100-sxm"]
+
+
+@pytest.mark.parametrize("holdout", ["0", "1", "nan"])
+def test_calibrate_holdout_is_checked_before_the_data_is_read(holdout, tmp_path, capsys):
+    """--holdout outside (0, 1) is refused naming the flag, exit 2, before the CSV is read (it does not exist)."""
+    from stallfree.cli import main
+
+    argv = ["calibrate", "--csv", str(tmp_path / "none.csv"), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+            "--holdout", holdout]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"stallfree calibrate: error: --holdout {holdout}: the fraction of rows held "
+                                       "out must be above 0 and below 1\n")
+
+
+def test_a_holdout_that_leaves_too_few_fitting_rows_says_so(base):
+    """20 steps are enough to fit 3 parameters; --holdout 0.9 leaves 2 of them, which is what the error says
+    (it said "need at least 5 measured steps ..., got 20"), with the largest holdout that fits, which does. The
+    CPU line of a profile's 13-row table is refused the same way (it said "one batch size only?")."""
+    steps = _synthetic(base, 20)
+    with pytest.raises(CostModelError) as err:
+        fit_steps(base, steps, holdout=0.9)
+    assert str(err.value) == ("--holdout 0.9 holds out 18 of the 20 measured steps and leaves 2 to fit 3 parameters, "
+                              "which needs at least 4: give --holdout 0.8 or less")
+    assert (fit_steps(base, steps, holdout=0.8).train.rows, fit_steps(base, steps, holdout=0.8).test.rows) == (4, 16)
+    rows = [{"batch_size": str(b), "schedule_median": "0.1", "sampler_e2e_median": str(0.5 + 0.02 * b),
+             "prepare_inputs_e2e_median": "0.2", "process_model_outputs_median": "0.2"} for b in range(8, 112, 8)]
+    with pytest.raises(CostModelError, match=r"^--holdout 0.9 holds out 12 of the 13 rows of the cpu_overheads table "
+                       r"and leaves 1 to fit 2 parameters, which needs at least 2: give --holdout 0.84 or less$"):
+        fit_cpu_overheads(rows, holdout=0.9)
+    assert fit_cpu_overheads(rows, holdout=0.84).rows == 2
+
+
+def test_an_empty_bucket_shows_no_error(tmp_path, capsys):
+    """Decode-only steps of at most 64 tokens: the held-out buckets and kinds they do not fill say "-" (and
+    null in --json), not a 0.0% error; the filled ones keep their figures."""
+    from stallfree.cli import main
+
+    truth = CostModel.from_names("llama-3.1-8b", "h100-sxm", tp=1, mbu=0.8, overhead_s=0.002)
+    path = tmp_path / "steps.csv"
+    lines = [f"{i},0,{nd},{nd * 1000},0,{nd},{truth.breakdown_counts(nd, nd * 1001, nd * 1000, nd).total_s}"
+             for i, nd in enumerate(range(1, 61, 3))]
+    path.write_text(HEADER + "\n".join(lines) + "\n")
+    argv = ["calibrate", "--csv", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fitted on 16 of 20 steps, tested on 4 held-out steps\n" in out
+    assert "held-out tokens <=64: |error| median 0.0%  p90 0.0%  max 0.0%  (4 steps)\n" in out
+    for label in ("tokens 65-512", "tokens >512", "kind prefill", "kind mixed"):
+        assert f"held-out {label}: |error| median -  p90 -  max -  (0 steps)\n" in out
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["test_error_by_bucket"][">512"] == {"rows": 0, "mean": None, "median": None, "p90": None, "max": None}
+    assert got["test_error_by_kind"]["decode"]["rows"] == 4 and got["test_error_by_kind"]["decode"]["max"] < 1e-6
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("gpu.txt", "gpu.txt: the file name must end in .json (the format it is written in), got '.txt'"),
+    ("gpu", "gpu: the file name must end in .json (the format it is written in), got 'no suffix'"),
+    ("none/gpu.json", "none/gpu.json: the directory {tmp}/none does not exist"),
+    (".", ": is a directory; give a file name (.json)"),
+], ids=["txt", "no-suffix", "no-directory", "directory"])
+def test_calibrate_save_gpu_is_checked_before_the_fit(name, said, tmp_path, capsys):
+    """--save-gpu writes JSON that `--gpu FILE` reads by its .json name: another name, a directory or a missing
+    directory is refused naming the flag, exit 2, before the CSV is read (it does not exist) and nothing is
+    written."""
+    from stallfree.cli import main
+
+    target = tmp_path / name
+    argv = ["calibrate", "--csv", str(tmp_path / "none.csv"), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+            "--save-gpu", str(target)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"stallfree calibrate: error: --save-gpu {target}") and err.count("\n") == 1, err
+    assert said.format(tmp=tmp_path) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

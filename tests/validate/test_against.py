@@ -363,3 +363,64 @@ def test_silicon_no_match_names_only_the_given_filters_and_lists_the_rows():
                          "meta-llama/Llama-3.1-70B, nvidia/Llama-3.1-8B-Instruct-FP8 and GPUs h100_sxm, h200_sxm")
     assert "None" not in text
     assert silicon._listed([f"m{k}" for k in range(10)], most=3) == "m0, m1, m2, ... (10 in all)"
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--mode", "agg"], "--mode agg only applies with --against and a benchmark CSV"),
+    (["--limit-rows", "3"], "--limit-rows 3 only applies with --against and a benchmark CSV"),
+    (["--no-range"], "--no-range only applies with --against and run folders"),
+    (["--range"], "--range only applies with --against and run folders"),
+    (["--kernels", "none"], "--kernels none only applies with --against or --vllm-result"),
+    (["--model", "llama-3.1-8b"], "--model llama-3.1-8b only applies with --against or --vllm-result"),
+    (["--max-num-seqs", "8"], "--max-num-seqs 8 only applies with --vllm-result"),
+], ids=["mode", "limit-rows", "no-range", "range", "kernels", "model", "max-num-seqs"])
+def test_the_engine_run_refuses_flags_only_the_measured_inputs_read(argv, said, capsys, monkeypatch):
+    """The default run (the engine, no --against or --vllm-result) refuses a flag it would ignore, in one line
+    naming the flag and its value, exit 2, before the engine starts."""
+    import stallfree.validate.run as run
+
+    monkeypatch.setattr(run, "run_validate", lambda *a, **k: pytest.fail("the engine ran"))
+    assert main(["validate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err
+    assert "not with the engine run (the default: no --against or --vllm-result): drop " + argv[0] in err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    ([str(RUN), "--engine", "vllm"], "--engine vllm only applies with --against and a benchmark CSV (a "
+     "silicon_sample.csv-style file or aiconfigurator), not with run folders: drop --engine"),
+    ([str(RUN), "--seed", "1"], "--seed 1 only applies with the engine run or --vllm-result, not with run folders"),
+    ([str(RUN), "--tp", "2"], "--tp 2 only applies with --vllm-result"),
+    ([str(CSV), "--range"], "--range only applies with --against and run folders, not with a benchmark CSV"),
+    ([str(CSV), "--num-requests", "8"], "--num-requests 8 only applies with the engine run"),
+    ([str(DATA / "vllm_result_small.json"), "--out", "x"], "--out x only applies with the engine run, or --against "
+     "with run folders or a benchmark CSV, not with a vLLM result: drop --out"),
+    ([str(RUN), "--vllm-result", str(DATA / "vllm_result_small.json")], "each name the measured input: give one"),
+], ids=["engine-runs", "seed-runs", "tp-runs", "range-csv", "num-requests-csv", "out-vllm", "two-inputs"])
+def test_against_refuses_flags_its_format_does_not_read(argv, said, capsys):
+    """With --against, a flag the format found does not read is refused the same way, before any replay."""
+    assert main(["validate", "--against", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err, err
+
+
+def test_the_engine_run_takes_its_defaults_for_flags_left_out(monkeypatch):
+    """The engine run's flags given are passed on and the others keep ValidateConfig's defaults."""
+    pytest.importorskip("torch")
+    import stallfree.validate.run as run
+    from stallfree.validate.run import ValidateConfig
+
+    class Ran(Exception):
+        """Stops the command before the figures, which this stand-in does not make."""
+
+    seen = []
+
+    def fake(cfg, out, save_gpu):
+        seen.append((cfg, out, save_gpu))
+        raise Ran
+
+    monkeypatch.setattr(run, "run_validate", fake)
+    with pytest.raises(Ran):
+        main(["validate", "--num-requests", "8", "--engine-dtype", "bf16", "--seed", "3"])
+    assert seen == [(ValidateConfig(num_requests=8, dtype="bf16", seed=3), None, None)]
+    assert (ValidateConfig().num_requests, ValidateConfig().dtype, ValidateConfig().seed) == (24, "float32", 0)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import list_items, parse_token_count
+from stallfree._files import writable_file_problem
 from stallfree.costmodel.budget import budget_rows, kernel_figures
 from stallfree.costmodel.calibrate import (
     BUILTIN_PROFILES,
@@ -339,6 +340,12 @@ def _budget(a: argparse.Namespace) -> int:
 def _calibrate(a: argparse.Namespace) -> int:
     if (a.csv is None) == (a.profile is None):
         raise CostModelError("give exactly one of --csv FILE or --profile NAME|FOLDER")
+    if not 0 < a.holdout < 1:
+        raise CostModelError(f"--holdout {a.holdout:g}: the fraction of rows held out must be above 0 and below 1")
+    # Before the fit, as every output flag: the file is JSON, and `--gpu FILE` reads only a name ending in .json.
+    problem = None if a.save_gpu is None else writable_file_problem(Path(a.save_gpu), "--save-gpu", (".json",))
+    if problem is not None:
+        raise CostModelError(problem)
     if a.csv is not None:
         try:
             fit = tuple(list_items("mfu,mbu,overhead_s" if a.fit is None else a.fit))
@@ -373,7 +380,8 @@ def _calibrate(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"fitted on {cal.train.rows} of {n} steps, tested on {cal.test.rows} held-out steps")
+    print(f"fitted on {cal.train.rows} of {n} steps, tested on {cal.test.rows} held-out "
+          f"step{'' if cal.test.rows == 1 else 's'}")
     print(
         f"mfu {cal.mfu:.3f}  mbu {cal.mbu:.3f}  link_util {cal.link_util:.3f}  "
         f"overhead {cal.overhead_s * 1e3:.3f} ms"
@@ -393,10 +401,11 @@ def _calibrate(a: argparse.Namespace) -> int:
         )
     for title, groups in (("tokens", cal.test_by_bucket), ("kind", cal.test_by_kind)):
         for label, s in groups:
-            print(
-                f"{'held-out ' + title + ' ' + label:>23}: |error| median {s.median:.1%}  p90 {s.p90:.1%}  "
-                f"max {s.max:.1%}  ({s.rows} steps)"
-            )
+            # A bucket no held-out step fell in has no error to show; 0.0% would read as a perfect fit.
+            figures = (f"median {s.median:.1%}  p90 {s.p90:.1%}  max {s.max:.1%}" if s.rows
+                       else "median -  p90 -  max -")
+            count = f"{s.rows} step{'' if s.rows == 1 else 's'}"
+            print(f"{'held-out ' + title + ' ' + label:>23}: |error| {figures}  ({count})")
     if ar is not None:
         print(
             f"all-reduce: latency {ar.latency_s * 1e6:.1f} us, bandwidth {ar.bw_bytes_per_s / 1e9:.0f} GB/s "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
-from stallfree.costmodel.measured import BUCKETS, ErrorStats, MeasuredStep, split_rows
+from stallfree.costmodel.measured import BUCKETS, ErrorStats, MeasuredStep, check_fitting_rows, split_rows
 from stallfree.costmodel.roofline import EFFICIENCY_KEYWORDS, CostModel
 
 __all__ = ["FIT_PARAMS", "Calibration", "CpuFit", "fit_steps"]
@@ -257,7 +257,7 @@ def fit_steps(
 
     Raises:
         CostModelError: an unknown parameter name, overhead_s with kernel_launch_s, or fewer fitting
-            rows than parameters + 1.
+            rows than parameters + 1 (measured.check_fitting_rows: too few steps, or too many held out).
     """
     bad = [f for f in fit if f not in FIT_PARAMS]
     if bad:
@@ -268,10 +268,7 @@ def fit_steps(
             "step; fit one of them"
         )
     train_idx, test_idx = split_rows(len(steps), holdout, seed)
-    if len(train_idx) < len(fit) + 1:
-        raise CostModelError(
-            f"need at least {len(fit) + 2} measured steps to fit {len(fit)} parameters, got {len(steps)}"
-        )
+    check_fitting_rows(len(train_idx), len(steps), len(fit), len(fit) + 1, holdout, "measured steps")
     launches = float(base.kernel_launches)
     rows: list[_Row] = [
         (*base.components(*_counts(base, s)), launches, float(s.num_tokens), float(s.sequences())) for s in steps

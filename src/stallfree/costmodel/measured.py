@@ -19,6 +19,7 @@ P x p + P(P + 1)/2 for P prefill tokens at offset p = prefill_context_sum.
 from __future__ import annotations
 
 import csv
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, open_text
 from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
 
-__all__ = ["BUCKETS", "ErrorStats", "MeasuredStep", "read_steps_csv", "split_rows"]
+__all__ = ["BUCKETS", "ErrorStats", "MeasuredStep", "check_fitting_rows", "read_steps_csv", "split_rows"]
 
 #: Token-count buckets of the error report: (label, fewest tokens, most tokens).
 BUCKETS: tuple[tuple[str, int, float], ...] = (
@@ -99,8 +100,11 @@ class ErrorStats:
             len(e), sum(e) / len(e), e[len(e) // 2], e[min(len(e) - 1, int(0.9 * len(e)))], e[-1]
         )
 
-    def as_dict(self) -> dict[str, float]:
-        """Return the figures as a dict (rows, mean, median, p90, max)."""
+    def as_dict(self) -> dict[str, float | None]:
+        """Return the figures as a dict (rows, mean, median, p90, max); the figures are None over no rows
+        (an error of 0 would claim a perfect fit of rows there are none of)."""
+        if not self.rows:
+            return {"rows": 0, "mean": None, "median": None, "p90": None, "max": None}
         return {"rows": self.rows, "mean": self.mean, "median": self.median, "p90": self.p90, "max": self.max}
 
 
@@ -116,6 +120,29 @@ def split_rows(n: int, holdout: float, seed: int) -> tuple[list[int], list[int]]
     random.Random(seed).shuffle(idx)
     n_test = max(1, round(n * holdout))
     return sorted(idx[n_test:]), sorted(idx[:n_test])
+
+
+def check_fitting_rows(n_fit: int, n: int, params: int, least: int, holdout: float, what: str) -> None:
+    """Refuse a split (split_rows) that leaves fewer than `least` of `n` rows to fit `params` parameters to.
+
+    Args:
+        n_fit: the fitting rows split_rows left; n: all rows; what: the rows, as the message names them
+            ("measured steps").
+        holdout: the fraction held out (--holdout), for the message.
+
+    Raises:
+        CostModelError: too few rows in all (fewer than least + 1: one row is always held out), or enough
+            rows but a --holdout that holds out too many (the message gives the largest that leaves enough).
+    """
+    if n_fit >= least:
+        return
+    if n < least + 1:
+        raise CostModelError(f"need at least {least + 1} {what} to fit {params} parameters, got {n}")
+    # Any fraction up to (n - least) / n rounds to at most n - least rows held out; two decimals, rounded down.
+    most = math.floor((n - least) / n * 100) / 100
+    lower = f"--holdout {most:g} or less" if most >= 0.01 else "a smaller --holdout"
+    raise CostModelError(f"--holdout {holdout:g} holds out {n - n_fit} of the {n} {what} and leaves {n_fit} to fit "
+                         f"{params} parameters, which needs at least {least}: give {lower}")
 
 
 def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:

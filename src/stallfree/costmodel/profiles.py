@@ -13,15 +13,16 @@ all-reduce table, interpolated), which is how that simulator composes its steps.
 from __future__ import annotations
 
 import bisect
+import warnings
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.fit import Calibration, CpuFit, fit_steps, lstsq
 from stallfree.costmodel.hardware import normalize_name
-from stallfree.costmodel.measured import ErrorStats, MeasuredStep, read_rows, split_rows
+from stallfree.costmodel.measured import ErrorStats, MeasuredStep, check_fitting_rows, read_rows, split_rows
 from stallfree.costmodel.roofline import CostModel
 
 __all__ = [
@@ -108,8 +109,8 @@ def fit_allreduce(
     it means the sizes are in the wrong unit or the table is not for this GPU.
 
     Raises:
-        CostModelError: fewer than 3 rows for base.tp GPUs; no positive bandwidth; or a fitted bandwidth
-            above the link's peak (the message gives both, in GB/s).
+        CostModelError: fewer than 3 rows for base.tp GPUs, or a holdout that leaves fewer than 2 to fit; no
+            positive bandwidth; or a fitted bandwidth above the link's peak (the message gives both, in GB/s).
     """
     n = base.tp
     pts = [
@@ -122,6 +123,7 @@ def fit_allreduce(
     if len(pts) < 3:
         raise CostModelError(f"the all-reduce table has {len(pts)} rows for {n} GPUs; need at least 3")
     train, test = split_rows(len(pts), holdout, seed)
+    check_fitting_rows(len(train), len(pts), 2, 2, holdout, f"all-reduce rows for {n} GPUs")
     ring = 2 * (n - 1) / n
     sol = lstsq([[1 / pts[i][1], ring * pts[i][0] / pts[i][1]] for i in train], [1.0] * len(train))
     if sol is None or sol[1] <= 0:
@@ -261,7 +263,8 @@ def fit_cpu_overheads(rows: list[dict[str, str]], holdout: float = 0.2, seed: in
     preparation, output processing; ms) at its `batch_size` (sequences in the step).
 
     Raises:
-        CostModelError: fewer than 3 rows, a missing column (named), or no line (all one batch size).
+        CostModelError: fewer than 3 rows, a holdout that leaves fewer than 2 to fit, a missing column
+            (named), or no line (all one batch size).
     """
     pts = []
     for i, r in enumerate(rows, start=2):
@@ -275,12 +278,51 @@ def fit_cpu_overheads(rows: list[dict[str, str]], holdout: float = 0.2, seed: in
     if len(pts) < 3:
         raise CostModelError(f"the cpu_overheads table has {len(pts)} rows; need at least 3")
     train, test = split_rows(len(pts), holdout, seed)
+    check_fitting_rows(len(train), len(pts), 2, 2, holdout, "rows of the cpu_overheads table")
     sol = lstsq([[1 / pts[i][1], pts[i][0] / pts[i][1]] for i in train], [1.0] * len(train))
     if sol is None:
         raise CostModelError("the cpu_overheads table does not determine a line (one batch size only?)")
     step_s, per_seq_s = max(sol[0], 0.0), max(sol[1], 0.0)
     errs = [abs(step_s + per_seq_s * pts[i][0] - pts[i][1]) / pts[i][1] for i in test]
     return CpuFit(step_s, per_seq_s, ErrorStats.of(errs), len(train))
+
+
+#: The mlp table's columns that say what it was measured on, with the ModelSpec field each is (the vocab_size
+#: column is left out: Vidur pads it, 32,768 for CodeLlama's 32,000).
+_SHAPE_COLUMNS = (("n_embd", "hidden_size"), ("n_head", "num_heads"), ("n_kv_head", "num_kv_heads"),
+                  ("n_expanded_embd", "intermediate_size"))
+_SHAPE_WORDS = {"hidden_size": "hidden size", "num_heads": "query heads", "num_kv_heads": "KV heads",
+                "intermediate_size": "MLP size"}
+
+
+def _measured_elsewhere(profile: str | Path, folder: Path | Any, builtin: tuple[str, str, int] | None,
+                        base: CostModel) -> str | None:
+    """The warning for kernel tables measured on another model shape, tensor-parallel degree or GPU than
+    base's, or None. The shape and the degree are the mlp table's own columns (any it lacks is not compared);
+    the GPU is known for a built-in profile only (a folder's tables do not record it)."""
+    rows = _table(folder, "mlp.csv")
+    first = rows[0] if rows else {}
+    measured: dict[str, int] = {}
+    for column, field in (*_SHAPE_COLUMNS, ("num_tensor_parallel_workers", "tp")):
+        try:
+            measured[field] = int(first[column])
+        except (KeyError, ValueError):
+            pass
+    named = {field: getattr(base.model, field) for _, field in _SHAPE_COLUMNS} | {"tp": base.tp}
+    differ = []
+    shape = [f for _, f in _SHAPE_COLUMNS if f in measured]
+    if any(measured[f] != named[f] for f in shape):
+        of = f" ({builtin[0]})" if builtin is not None else ""
+        differ.append(f"on a model of {', '.join(f'{_SHAPE_WORDS[f]} {measured[f]}' for f in shape)}{of}, where "
+                      f"{base.model.key} has {', '.join(str(named[f]) for f in shape)}")
+    if "tp" in measured and measured["tp"] != base.tp:
+        differ.append(f"at tp {measured['tp']}, not {base.tp}")
+    if builtin is not None and normalize_name(builtin[1]) != normalize_name(base.gpu.key):
+        differ.append(f"on {builtin[1]}, not {base.gpu.key}")
+    if not differ:
+        return None
+    return (f"profile {str(profile)!r} was measured {'; '.join(differ)}: the factors fitted to it are of those "
+            f"kernel times, not of {base.model.key} at tp {base.tp} on {base.gpu.key}")
 
 
 def calibrate_profile(
@@ -308,6 +350,10 @@ def calibrate_profile(
 
     Raises:
         CostModelError: base is None for a folder that is not a built-in profile, or a table is bad.
+
+    Warns:
+        CostModelWarning: base's model shape (hidden size, heads, MLP size) or tp differs from the mlp
+            table's, or its GPU from a built-in profile's: the fit is made, but of another machine's times.
     """
     folder, builtin = _profile_dir(profile)
     if base is None:
@@ -318,6 +364,10 @@ def calibrate_profile(
         base = CostModel.from_names(builtin[0], builtin[1], tp=builtin[2], dtype="fp16")
     ar_rows = _table(folder, "all_reduce.csv")
     ar = fit_allreduce(ar_rows, base, holdout, seed)
+    # Warned once the tables are known to fit at all (a tp the all-reduce table lacks is an error of its own).
+    elsewhere = _measured_elsewhere(profile, folder, builtin, base)
+    if elsewhere is not None:
+        warnings.warn(elsewhere, CostModelWarning, stacklevel=2)
     base = base.replace(link_util=ar.link_util, allreduce_latency_s=ar.latency_s, overhead_s=0.0)
     steps = steps_from_profile(profile, base, MeasuredAllReduce.of(ar_rows, base.tp))[:: max(1, stride)]
     cal = fit_steps(base, steps, PROFILE_FIT, holdout, seed)

@@ -98,25 +98,100 @@ def _kernels_value(text: str) -> str:
     return text
 
 
-def _against(a: argparse.Namespace) -> int:
-    """`--against PATH`: the format found by content (validate.against.detect)."""
+#: Which inputs read each flag that not all of them read, by dest, in --help's order: the engine run (the
+#: default), a vLLM result (--vllm-result, or --against with one), run folders and a benchmark CSV
+#: (--against). --json is read by all four.
+_ENGINE, _VLLM, _RUNS, _CSV = "engine", "vllm", "runs", "csv"
+_READERS: dict[str, frozenset[str]] = {
+    "out": frozenset({_ENGINE, _RUNS, _CSV}),
+    "seed": frozenset({_ENGINE, _VLLM}),
+    **dict.fromkeys(("engine_model", "num_requests", "load", "engine_token_budget", "engine_max_seqs", "kv_tokens",
+                     "threads", "device", "engine_dtype", "prompt_scale", "output_scale", "max_prompt",
+                     "max_output", "save_gpu"), frozenset({_ENGINE})),
+    **dict.fromkeys(("model", "gpu"), frozenset({_VLLM, _RUNS, _CSV})),
+    **dict.fromkeys(("tp", "dtype", "token_budget", "max_seqs", "gpu_memory_utilization", "kv_policy"),
+                    frozenset({_VLLM})),
+    **dict.fromkeys(("engine_profile", "kernels"), frozenset({_VLLM, _RUNS, _CSV})),
+    **dict.fromkeys(("engine", "mode", "requests_per_row", "limit_rows"), frozenset({_CSV})),
+    "range": frozenset({_RUNS}),
+}
+_WHERE = {
+    frozenset({_ENGINE}): "the engine run (no --against or --vllm-result)",
+    frozenset({_VLLM}): "--vllm-result (or --against with a vllm bench serve result)",
+    frozenset({_RUNS}): "--against and run folders",
+    frozenset({_CSV}): "--against and a benchmark CSV (a silicon_sample.csv-style file or aiconfigurator)",
+    frozenset({_VLLM, _RUNS, _CSV}): "--against or --vllm-result",
+    frozenset({_ENGINE, _VLLM}): "the engine run or --vllm-result",
+    frozenset({_ENGINE, _RUNS, _CSV}): "the engine run, or --against with run folders or a benchmark CSV",
+}
+_INPUT = {_ENGINE: "the engine run (the default: no --against or --vllm-result)", _VLLM: "a vLLM result",
+          _RUNS: "run folders", _CSV: "a benchmark CSV"}
+#: The options added through stallfree.flags, whose defaults are not None: one was given when the parser
+#: recorded the name it was typed under.
+_KNOB_DESTS = frozenset({"engine_token_budget", "engine_max_seqs", "token_budget", "max_seqs",
+                         "gpu_memory_utilization", "kv_policy"})
+#: The engine run's options whose parser default is None so that one typed can be told from one left out
+#: (the engine run takes ValidateConfig's defaults for those left out; --help says them).
+_ENGINE_CONFIG = ("num_requests", "load", "kv_tokens", "threads", "seed", "engine_model", "device", "prompt_scale",
+                  "output_scale", "max_prompt", "max_output")
+
+
+def _input(a: argparse.Namespace) -> str:
+    """What this command line replays, checked before anything runs: "engine", "vllm", "runs" or "csv" (module
+    constants). --against PATH is read for its format (validate.against.detect); a vLLM result found there is
+    set as a.vllm_result.
+
+    Raises:
+        ValueError: --against and --vllm-result together, an --against PATH of no known format, or a flag
+            given explicitly that the input does not read (named with its value; exit 2).
+    """
+    if a.against is not None and a.vllm_result is not None:
+        raise ValueError(f"--against {a.against!r} and --vllm-result {str(a.vllm_result)!r} each name the "
+                         "measured input: give one")
+    kind = _ENGINE if a.against is None and a.vllm_result is None else _VLLM
+    if a.against is not None:
+        from stallfree.validate.against import detect
+
+        fmt = detect(a.against)
+        kind = {"aiconfigurator": _CSV, "silicon": _CSV, "vllm-result": _VLLM}.get(fmt, _RUNS)
+        if kind == _VLLM:
+            a.vllm_result = Path(a.against)
+    typed = getattr(a, "_knob_names", {})  # the names stallfree.flags' options were typed under
+    for dest, readers in _READERS.items():
+        if kind in readers:
+            continue
+        value = getattr(a, dest)
+        if dest in _KNOB_DESTS:
+            if dest not in typed:
+                continue  # left at its default
+            flag, given = typed[dest], f"{typed[dest]} {value}"
+        elif value is None:
+            continue
+        elif dest == "range":
+            flag = given = "--range" if value else "--no-range"
+        else:
+            flag = f"--{dest.replace('_', '-')}"
+            given = f"{flag} {value}"
+        raise ValueError(f"{given} only applies with {_WHERE[readers]}, not with {_INPUT[kind]}: drop {flag}")
+    return kind
+
+
+def _against(a: argparse.Namespace, kind: str) -> int:
+    """`--against PATH` with run folders or a benchmark CSV (kind, from _input)."""
     from stallfree.sim.inputs.engine_profile import default_profile, load_profile
     from stallfree.validate import against
 
-    fmt = against.detect(a.against)
     profile = (load_profile(a.engine_profile) if a.engine_profile
                else None if a.kernels is None else default_profile(a.kernels))
-    if fmt in ("aiconfigurator", "silicon"):
+    if kind == _CSV:
         from stallfree.validate import silicon
 
         res = silicon.validate_silicon(a.against, profile, a.kernels, model=a.model, gpu=a.gpu, engine=a.engine,
                                        mode=a.mode, requests_per_row=a.requests_per_row, limit=a.limit_rows)
         printer, plotter = silicon.print_silicon, silicon.plot_silicon
-    elif fmt == "vllm-result":
-        a.vllm_result = Path(a.against)
-        return _run(a)
     else:
-        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu, ranges=a.range)
+        res = against.validate_runs(a.against, profile, a.kernels, model=a.model, gpu=a.gpu,
+                                    ranges=a.range is not False)
         printer, plotter = against.print_runs, against.plot_runs
     add_verdict(res, "runs" if printer is against.print_runs else "silicon")
     if a.json:
@@ -133,17 +208,19 @@ def _against(a: argparse.Namespace) -> int:
 
 def _run(a: argparse.Namespace) -> int:
     try:
-        if a.against is not None and a.vllm_result is None:
-            return _against(a)
-        if a.vllm_result is not None:
+        kind = _input(a)
+        if kind in (_RUNS, _CSV):
+            return _against(a, kind)
+        if kind == _VLLM:
             a.model = a.model or "llama-3.1-8b"
             a.gpu = a.gpu or "h100-sxm"
+            a.tp = 1 if a.tp is None else a.tp
             from stallfree.sim.inputs.engine_profile import default_profile, load_profile
             from stallfree.validate.vllm import validate_vllm
 
-            res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype, a.token_budget,
+            res = validate_vllm(a.vllm_result, a.model, a.gpu, a.tp, a.dtype or "bf16", a.token_budget,
                                 a.max_seqs, a.gpu_memory_utilization, paged=a.kv_policy == "paged",
-                                seed=a.seed, kernels=a.kernels,
+                                seed=a.seed or 0, kernels=a.kernels,
                                 profile=load_profile(a.engine_profile) if a.engine_profile
                                 else None if a.kernels is None else default_profile(a.kernels))
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
@@ -157,11 +234,10 @@ def _run(a: argparse.Namespace) -> int:
                 return 1
             from stallfree.validate.run import ValidateConfig, run_validate
 
-            cfg = ValidateConfig(num_requests=a.num_requests, load=a.load, token_budget=a.engine_token_budget,
-                                 max_seqs=a.engine_max_seqs, kv_tokens=a.kv_tokens, threads=a.threads, seed=a.seed,
-                                 engine_model=a.engine_model, device=a.device, dtype=a.engine_dtype,
-                                 prompt_scale=a.prompt_scale, output_scale=a.output_scale,
-                                 max_prompt=a.max_prompt, max_output=a.max_output)
+            given = {name: value for name in _ENGINE_CONFIG if (value := getattr(a, name)) is not None}
+            if a.engine_dtype is not None:
+                given["dtype"] = a.engine_dtype
+            cfg = ValidateConfig(token_budget=a.engine_token_budget, max_seqs=a.engine_max_seqs, **given)
             res = run_validate(cfg, a.out, a.save_gpu)
             c = res["config"]
             title = (f"engine ({c['model']}, {c['device']} {c['dtype']}, {c['threads']} thread(s)) "
@@ -191,24 +267,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=None,
                    help="write the results here: the engine run's CSVs, the local GPU file and a plot; "
                         "with --against, against.json and against.png")
-    p.add_argument("--seed", type=int, default=0, help="prompt ids and arrival draws (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="prompt ids and arrival draws (default 0)")
     e = p.add_argument_group("engine run (default)")
     e.add_argument("--engine-model", default=None, help="engine checkpoint (default: bundled SmolLM2-135M)")
-    e.add_argument("--num-requests", type=int, default=24, help="requests from the bundled trace (default 24)")
-    e.add_argument("--load", type=float, default=0.7, help="offered work over the engine's speed (default 0.7)")
+    e.add_argument("--num-requests", type=int, default=None, help="requests from the bundled trace (default 24)")
+    e.add_argument("--load", type=float, default=None, help="offered work over the engine's speed (default 0.7)")
     add_renamed(e, "--engine-max-num-batched-tokens", "--token-budget", dest="engine_token_budget", type=positive_int,
                 default=128, metavar="N", help="the engine run's token budget (default 128: a step of the bundled "
                 "135M model on one CPU thread stays near 0.1 s)")
     add_renamed(e, "--engine-max-num-seqs", "--max-seqs", dest="engine_max_seqs", type=positive_int, default=16,
                 metavar="N", help="the engine run's most running requests (default 16)")
-    e.add_argument("--kv-tokens", type=int, default=16384, help="KV capacity, tokens (default 16384)")
-    e.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    e.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    e.add_argument("--engine-dtype", default="float32", help="engine weights: float32 (default), bf16, fp16")
-    e.add_argument("--prompt-scale", type=float, default=1 / 16, help="trace prompt lengths x this (1/16)")
-    e.add_argument("--output-scale", type=float, default=1 / 8, help="trace output lengths x this (1/8)")
-    e.add_argument("--max-prompt", type=int, default=192, help="prompt length cap, tokens (192)")
-    e.add_argument("--max-output", type=int, default=40, help="output length cap, tokens (40)")
+    e.add_argument("--kv-tokens", type=int, default=None, help="KV capacity, tokens (default 16384)")
+    e.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    e.add_argument("--device", default=None, help="cpu (default) or cuda")
+    e.add_argument("--engine-dtype", default=None, help="engine weights: float32 (default), bf16, fp16")
+    e.add_argument("--prompt-scale", type=float, default=None, help="trace prompt lengths x this (1/16)")
+    e.add_argument("--output-scale", type=float, default=None, help="trace output lengths x this (1/8)")
+    e.add_argument("--max-prompt", type=int, default=None, help="prompt length cap, tokens (192)")
+    e.add_argument("--max-output", type=int, default=None, help="output length cap, tokens (40)")
     e.add_argument("--save-gpu", type=Path, default=None, help="write this machine's calibrated spec here")
     v = p.add_argument_group("a vLLM result instead of the engine")
     v.add_argument("--vllm-result", type=Path, default=None,
@@ -219,8 +295,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v.add_argument("--gpu", default=None,
                    help="GPU name or .json (--vllm-result: default h100-sxm; --against: overrides the run's GPU; "
                         "for a benchmark CSV, selects rows of that system)")
-    v.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
-    v.add_argument("--dtype", default="bf16", help="weight dtype (default bf16)")
+    v.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
+    v.add_argument("--dtype", default=None, help="weight dtype (default bf16)")
     # The replay's knobs carry the vocabulary's names; their older short names belong to the engine run here.
     add_scheduler_flags(v, {"token_budget": DEFAULT_TOKEN_BUDGET, "max_seqs": DEFAULT_MAX_SEQS,
                             "gpu_memory_utilization": 0.9}, with_aliases=False, shared=False)
@@ -242,7 +318,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--requests-per-row", type=int, default=None, metavar="K",
                    help="benchmark CSV: replay K x concurrency requests per row (default: silicon.REQUESTS_PER_ROW)")
     g.add_argument("--limit-rows", type=int, default=None, metavar="N", help="benchmark CSV: the first N rows")
-    g.add_argument("--range", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--range", action=argparse.BooleanOptionalAction, default=None,
                    help="run folders: replay each run twice more, every step at the 10th and 90th percentile of the "
                    "measured step-time error (stallfree.sim.studies.ranges), and report whether each measured figure "
                    "lies "

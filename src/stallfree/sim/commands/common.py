@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import list_items
+from stallfree._files import writable_file_problem
 from stallfree.core.errors import InvalidConfig, StallfreeError
 from stallfree.flags import KNOBS, flag_text
 from stallfree.sim.defaults import BATCHING_MODES, EXECUTORS
@@ -216,26 +217,12 @@ def ensure_writable_file(path: Path, flag: str, suffixes: tuple[str, ...] = (".c
     not tell, e.g. for root under /proc, or for a name too long).
 
     Raises:
-        CliError: otherwise, naming the flag, the path and the reason (exit 2).
+        CliError: otherwise, naming the flag, the path and the reason (stallfree._files.writable_file_problem;
+            exit 2).
     """
-    if not str(path) or path.name in ("", ".", ".."):
-        raise CliError(f"{flag} {str(path)!r}: give a file name ({' or '.join(suffixes)})", 2)
-    parent = path.parent if str(path.parent) else Path(".")
-    try:
-        if path.is_dir():
-            raise CliError(f"{flag} {path}: is a directory; give a file name ({' or '.join(suffixes)})", 2)
-        if path.suffix not in suffixes:
-            raise CliError(f"{flag} {path}: the file name must end in {' or '.join(suffixes)} (the format it is "
-                           f"written in), got {path.suffix or 'no suffix'!r}", 2)
-        if not parent.is_dir():
-            raise CliError(f"{flag} {path}: the directory {parent} does not exist", 2)
-        existed = path.exists()
-        with open(path, "a", encoding="utf-8"):
-            pass
-        if not existed:
-            path.unlink(missing_ok=True)
-    except OSError as exc:
-        raise CliError(f"{flag} {path}: cannot be written ({exc.strerror or exc})", 2) from None
+    problem = writable_file_problem(path, flag, suffixes)
+    if problem is not None:
+        raise CliError(problem, 2)
 
 
 #: The files each command's --out DIR may write (shell patterns: a tag names the run).
