@@ -151,3 +151,17 @@ def test_the_bounds_themselves_are_accepted():
     args = build_parser("budget").parse_args(["budget", "--mfu", "1", "--overhead-ms", "0", "--tp", "2",
                                               "--gpu-memory-utilization", "0.95"])
     assert (args.mfu, args.overhead_ms, args.tp, args.gpu_memory_utilization) == (1.0, 0.0, 2, 0.95)
+
+
+def test_length_flags_take_token_suffixes(capsys):
+    """`--prompt-len fixed:1k --output-len uniform:1K,1K` draws 1,000-token prompts and 1,024-token outputs,
+    as `--max-num-batched-tokens 1k` is 1,000 tokens."""
+    import json
+
+    argv = ["simulate", "--synthetic", "poisson", "--rate", "1", "--num-requests", "4", "--kernels", "none",
+            "--no-range", "--no-records", "--json", "--prompt-len", "fixed:1k", "--output-len", "uniform:1K,1K"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["header"]["workload"] == "poisson(rate=1; prompt fixed:1000; output uniform:1024,1024; seed 0)"
+    run = out["runs"][0]
+    assert run["total_input_tokens"] == 4 * 1000 and run["total_output_tokens"] == 4 * 1024
