@@ -96,3 +96,72 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
     with pytest.raises(BrokenPipeError):
         guard(closed)(argparse.Namespace(command="simulate"))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["budget", "--overhead-ms", "-1"], "argument --overhead-ms: expected a number >= 0, got '-1'"),
+        (["budget", "--allreduce-latency-us", "nan"], "argument --allreduce-latency-us: expected a finite number, "
+                                                      "got 'nan'"),
+        (["budget", "--per-token-us", "inf"], "argument --per-token-us: expected a finite number, got 'inf'"),
+        (["budget", "--mfu", "1.5"], "argument --mfu: expected a number in (0, 1], got '1.5'"),
+        (["budget", "--link-util", "0"], "argument --link-util: expected a number in (0, 1], got '0'"),
+        (["budget", "--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
+        (["budget", "--pp", "-2"], "argument --pp: expected an integer >= 1, got '-2'"),
+        (["budget", "--gpu-memory-utilization", "2"],
+         "argument --gpu-memory-utilization: expected a number in (0, 1], got '2'"),
+        (["calibrate", "--kernel-launch-us", "-5"], "argument --kernel-launch-us: expected a number >= 0, got '-5'"),
+        (["simulate", "--gpu-memory-utilization", "1.5"],
+         "argument --gpu-memory-utilization: expected a number in (0, 1], got '1.5'"),
+        (["sweep", "--gpu-memory-utilization", "1.01"],
+         "argument --gpu-memory-utilization: expected a number in (0, 1], got '1.01'"),
+        (["validate", "--gpu-memory-utilization", "3"],
+         "argument --gpu-memory-utilization: expected a number in (0, 1], got '3'"),
+        (["validate", "--num-requests", "3"], "argument --num-requests: expected an integer >= 4, got '3'"),
+        (["validate", "--load", "200"], "argument --load: expected a number in (0, 100], got '200'"),
+        (["validate", "--prompt-scale", "nan"], "argument --prompt-scale: expected a finite number, got 'nan'"),
+        (["validate", "--output-scale", "-1"], "argument --output-scale: expected a number in (0, 100], got '-1'"),
+        (["validate", "--threads", "0"], "argument --threads: expected an integer >= 1, got '0'"),
+        (["validate", "--kv-tokens", "-1"], "argument --kv-tokens: expected an integer >= 1, got '-1'"),
+        (["validate", "--max-prompt", "0"], "argument --max-prompt: expected an integer >= 1, got '0'"),
+        (["validate", "--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
+    ],
+)
+def test_a_bad_number_is_named_by_its_flag_while_parsing(argv, said, capsys):
+    """A number out of range is refused while the command line is parsed (exit 2, before a model is
+    loaded or an engine started), in the flag's name and the words typed, not in the library's field name
+    and a converted value ("overhead_s ... got -0.001")."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    command = argv[0]
+    assert capsys.readouterr().err == f"stallfree {command}: error: {said} (see stallfree {command} --help)\n"
+
+
+def test_the_bounds_themselves_are_accepted():
+    """The ends of each range parse: a share of 1, a floor of 4 requests, a factor of 100, an overhead of 0."""
+    from stallfree._argtypes import int_at_least, non_negative_float, positive_float_at_most, positive_fraction
+    from stallfree.cli import build_parser
+
+    assert positive_fraction("1") == 1.0 and positive_fraction("0.05") == 0.05
+    assert int_at_least(4)("4") == 4
+    assert positive_float_at_most(100)("100") == 100.0
+    assert non_negative_float("0") == 0.0
+    args = build_parser("budget").parse_args(["budget", "--mfu", "1", "--overhead-ms", "0", "--tp", "2",
+                                              "--gpu-memory-utilization", "0.95"])
+    assert (args.mfu, args.overhead_ms, args.tp, args.gpu_memory_utilization) == (1.0, 0.0, 2, 0.95)
+
+
+def test_length_flags_take_token_suffixes(capsys):
+    """`--prompt-len fixed:1k --output-len uniform:1K,1K` draws 1,000-token prompts and 1,024-token outputs,
+    as `--max-num-batched-tokens 1k` is 1,000 tokens."""
+    import json
+
+    argv = ["simulate", "--synthetic", "poisson", "--rate", "1", "--num-requests", "4", "--kernels", "none",
+            "--no-range", "--no-records", "--json", "--prompt-len", "fixed:1k", "--output-len", "uniform:1K,1K"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["header"]["workload"] == "poisson(rate=1; prompt fixed:1000; output uniform:1024,1024; seed 0)"
+    run = out["runs"][0]
+    assert run["total_input_tokens"] == 4 * 1000 and run["total_output_tokens"] == 4 * 1024

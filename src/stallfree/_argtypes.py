@@ -10,19 +10,23 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 
 __all__ = [
     "add_partial_prefill_args",
     "parse_token_count",
     "token_count",
     "token_count_list",
+    "int_at_least",
     "int_list",
     "list_items",
     "non_negative_float",
     "partial_prefill_flag_problem",
     "port",
     "positive_float",
+    "positive_float_at_most",
     "positive_float_list",
+    "positive_fraction",
     "non_negative_int",
     "positive_int",
     "tenant_weights",
@@ -56,6 +60,20 @@ def non_negative_int(text: str) -> int:
         argparse.ArgumentTypeError: `text` is not an integer, or is < 0.
     """
     return _int_at_least(text, 0)
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= `minimum` (for a count with a floor of its own, e.g. requests that
+    must split into two halves of two).
+
+    The type raises argparse.ArgumentTypeError when the text is not an integer, or is < `minimum`.
+    """
+
+    def parse(text: str) -> int:
+        return _int_at_least(text, minimum)
+
+    parse.__name__ = f"int_at_least_{minimum}"
+    return parse
 
 
 #: Token-count suffixes, vLLM's rule (its human-readable integers): lowercase decimal, uppercase binary.
@@ -160,6 +178,33 @@ def non_negative_float(text: str) -> float:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
+
+
+def positive_fraction(text: str) -> float:
+    """A finite number in (0, 1]: a share of something (GPU memory) or an efficiency against a peak (MFU).
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is not a finite number, or is outside (0, 1].
+    """
+    return positive_float_at_most(1)(text)
+
+
+def positive_float_at_most(high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in (0, `high`] (a factor with a sanity cap, e.g. a load of at
+    most 100 times the engine's speed).
+
+    The type raises argparse.ArgumentTypeError when the text is not a finite number, or is outside
+    (0, `high`].
+    """
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not 0 < value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number in (0, {high:g}], got {text!r}")
+        return value
+
+    parse.__name__ = f"positive_float_at_most_{high:g}"
+    return parse
 
 
 def tenant_weights(text: str) -> dict[str, float]:

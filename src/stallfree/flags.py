@@ -25,6 +25,7 @@ from stallfree._argtypes import (
     non_negative_float,
     non_negative_int,
     positive_float,
+    positive_fraction,
     positive_int,
     tenant_weights,
     token_count,
@@ -65,7 +66,8 @@ class Knob:
             (async_scheduling, kv_tokens sizing, GiB of host memory); the attribute on the parsed namespace.
         help: what it means everywhere (a command adds why its default is what it is).
         kind: "int" (>= 1), "count" (>= 0), "tokens" (a count of tokens >= 1 with vLLM's suffixes: k, m, g
-            decimal; K, M, G binary), "float" (> 0), "fraction" (>= 0), "weights" (NAME=WEIGHT,... each > 0),
+            decimal; K, M, G binary), "float" (> 0), "fraction" (>= 0), "share" (in (0, 1]), "weights"
+            (NAME=WEIGHT,... each > 0),
             "bool" (--flag / --no-flag) or "choice".
         choices: the values of a "choice" knob.
         aliases: older names, accepted with one deprecation line naming `flag`.
@@ -117,7 +119,7 @@ _KNOB_LIST = (
          "summed over the tensor-parallel ranks (converted with the model's KV bytes per token)", kind="float",
          core=False, metavar="GiB"),
     Knob("--gpu-memory-utilization", "gpu_memory_utilization", "fraction of GPU memory for weights and KV cache "
-         "(sizes the KV cache)", kind="float", core=False, metavar="F"),
+         "(sizes the KV cache)", kind="share", core=False, metavar="F"),
     Knob("--async-scheduling", "async_scheduling", "plan each step while the previous one runs, as vLLM's "
          "--async-scheduling (its default from 0.14.0): a request arriving during a step joins one step later",
          kind="bool", core=False),
@@ -152,7 +154,7 @@ _KNOB_LIST = (
 KNOBS: Mapping[str, Knob] = {k.dest: k for k in _KNOB_LIST}
 
 _TYPES = {"int": positive_int, "count": non_negative_int, "tokens": token_count, "float": positive_float,
-          "fraction": non_negative_float, "weights": tenant_weights}
+          "fraction": non_negative_float, "share": positive_fraction, "weights": tenant_weights}
 
 
 def knob_flag(dest: str) -> str:

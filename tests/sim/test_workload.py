@@ -170,10 +170,26 @@ def test_trace_resampling_keeps_pairs():
     assert all(p in pairs for p in zip(w.prompt_lens, w.output_lens, strict=True))
 
 
+def test_length_spec_takes_token_suffixes_as_every_token_flag():
+    """N, LO, HI and MEDIAN take vLLM's suffixes, with the values stallfree._argtypes.parse_token_count gives
+    every token flag (k = 1,000, K = 1,024, m = 10^6, M = 2^20; g and G are past MAX_LENGTH); a lognormal's
+    sigma stays a plain number."""
+    from stallfree._argtypes import parse_token_count
+
+    assert parse_length_spec("fixed:1k") == parse_length_spec("fixed:1000")
+    assert parse_length_spec("uniform:1K,4K") == parse_length_spec("uniform:1024,4096")
+    assert parse_length_spec("lognormal:1.5k,0.5") == parse_length_spec("lognormal:1500,0.5")
+    for word in ("2k", "2K", "1.5k", "1m", "1M", "512"):
+        spec = parse_length_spec(f"fixed:{word}")
+        assert spec.lo == spec.hi == parse_token_count(word), word
+    w = synthetic(50, 10.0, parse_length_spec("fixed:2K"), parse_length_spec("uniform:1k,1k"), seed=4)
+    assert set(w.prompt_lens) == {2048} and set(w.output_lens) == {1000}
+
+
 @pytest.mark.parametrize(
     "text",
-    ["fixed:0", "uniform:5,2", "lognormal:x,1", "pareto:1"],
-    ids=["zero", "reversed", "nan", "unknown"],
+    ["fixed:0", "uniform:5,2", "lognormal:x,1", "pareto:1", "fixed:1.0005k", "lognormal:100,1k", "fixed:2x"],
+    ids=["zero", "reversed", "nan", "unknown", "fractional-tokens", "suffixed-sigma", "unknown-suffix"],
 )
 def test_bad_length_spec(text):
     """A bad length distribution raises ValueError quoting it."""

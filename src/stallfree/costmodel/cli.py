@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import list_items, parse_token_count
+from stallfree._argtypes import list_items, non_negative_float, parse_token_count, positive_fraction, positive_int
 from stallfree._files import writable_file_problem
 from stallfree.costmodel.budget import budget_rows, kernel_figures
 from stallfree.costmodel.calibrate import (
@@ -44,13 +44,13 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
         help="model name (see `stallfree specs`) or a .json file (a Hugging Face config.json or our format)",
     )
     p.add_argument("--gpu", default=gpu, help="GPU name (see `stallfree specs`) or a .json file")
-    p.add_argument("--tp", type=int, default=tp, help="tensor-parallel degree (GPUs)")
+    p.add_argument("--tp", type=positive_int, default=tp, help="tensor-parallel degree (GPUs)")
     p.add_argument(
-        "--pp", type=int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
+        "--pp", type=positive_int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
     )
-    p.add_argument("--ep", type=int, default=1, help="expert parallelism of an MoE model (GPUs; default 1)")
+    p.add_argument("--ep", type=positive_int, default=1, help="expert parallelism of an MoE model (GPUs; default 1)")
     p.add_argument(
-        "--dp-attention", type=int, default=1,
+        "--dp-attention", type=positive_int, default=1,
         help="data-parallel attention ranks of an MoE model, each of --tp GPUs (default 1)",
     )
     p.add_argument(
@@ -63,22 +63,24 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
         default=None,
         help="KV cache dtype (default: bf16 under 8-bit weights, else the weight dtype)",
     )
-    p.add_argument("--mfu", type=float, default=1.0, help="fraction of peak FLOP/s reached (default 1.0)")
-    p.add_argument("--mbu", type=float, default=1.0, help="fraction of peak memory bandwidth (default 1.0)")
-    p.add_argument("--link-util", type=float, default=1.0, help="fraction of link bandwidth (default 1.0)")
-    p.add_argument("--overhead-ms", type=float, default=0.0, help="fixed time per step, ms (default 0)")
+    p.add_argument("--mfu", type=positive_fraction, default=1.0, help="fraction of peak FLOP/s reached (default 1.0)")
+    p.add_argument("--mbu", type=positive_fraction, default=1.0, help="fraction of peak memory bandwidth (default 1.0)")
+    p.add_argument("--link-util", type=positive_fraction, default=1.0, help="fraction of link bandwidth (default 1.0)")
+    p.add_argument("--overhead-ms", type=non_negative_float, default=0.0, help="fixed time per step, ms (default 0)")
     p.add_argument(
         "--allreduce-latency-us",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="fixed time per all-reduce call, microseconds (default 0)",
     )
     p.add_argument(
-        "--kernel-launch-us", type=float, default=0.0, help="fixed time per kernel launch, us (default 0)"
+        "--kernel-launch-us", type=non_negative_float, default=0.0, help="fixed time per kernel launch, us (default 0)"
     )
-    p.add_argument("--per-token-us", type=float, default=0.0, help="time per token in a step, us (default 0)")
     p.add_argument(
-        "--per-seq-us", type=float, default=0.0, help="time per sequence in a step, us (default 0)"
+        "--per-token-us", type=non_negative_float, default=0.0, help="time per token in a step, us (default 0)"
+    )
+    p.add_argument(
+        "--per-seq-us", type=non_negative_float, default=0.0, help="time per sequence in a step, us (default 0)"
     )
     p.add_argument("--json", action="store_true", help="print JSON for machines")
 
@@ -513,7 +515,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--prompt", type=int, default=32768, help="the arriving prompt, tokens (default 32768)")
     p.add_argument(
         "--gpu-memory-utilization",
-        type=float,
+        type=positive_fraction,
         default=0.9,
         help="fraction of GPU memory for weights and KV (default 0.9)",
     )

@@ -11,11 +11,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import int_at_least, positive_float_at_most, positive_int
 from stallfree.flags import add_renamed, add_scheduler_flags
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 
 __all__ = ["register"]
+
+# ValidateConfig's bounds, checked again while parsing so that a bad value is named by its flag: at least
+# two halves of two requests, and a load or length scale of at most 100 (a guard against a typo).
+_MIN_REQUESTS = 4
+_MAX_FACTOR = 100.0
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -270,21 +275,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--seed", type=int, default=None, help="prompt ids and arrival draws (default 0)")
     e = p.add_argument_group("engine run (default)")
     e.add_argument("--engine-model", default=None, help="engine checkpoint (default: bundled SmolLM2-135M)")
-    e.add_argument("--num-requests", type=int, default=None, help="requests from the bundled trace (default 24)")
-    e.add_argument("--load", type=float, default=None, help="offered work over the engine's speed (default 0.7)")
+    factor = positive_float_at_most(_MAX_FACTOR)
+    e.add_argument("--num-requests", type=int_at_least(_MIN_REQUESTS), default=None,
+                   help="requests from the bundled trace (default 24)")
+    e.add_argument("--load", type=factor, default=None, help="offered work over the engine's speed (default 0.7)")
     add_renamed(e, "--engine-max-num-batched-tokens", "--token-budget", dest="engine_token_budget", type=positive_int,
                 default=128, metavar="N", help="the engine run's token budget (default 128: a step of the bundled "
                 "135M model on one CPU thread stays near 0.1 s)")
     add_renamed(e, "--engine-max-num-seqs", "--max-seqs", dest="engine_max_seqs", type=positive_int, default=16,
                 metavar="N", help="the engine run's most running requests (default 16)")
-    e.add_argument("--kv-tokens", type=int, default=None, help="KV capacity, tokens (default 16384)")
-    e.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    e.add_argument("--kv-tokens", type=positive_int, default=None, help="KV capacity, tokens (default 16384)")
+    e.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default 1)")
     e.add_argument("--device", default=None, help="cpu (default) or cuda")
     e.add_argument("--engine-dtype", default=None, help="engine weights: float32 (default), bf16, fp16")
-    e.add_argument("--prompt-scale", type=float, default=None, help="trace prompt lengths x this (1/16)")
-    e.add_argument("--output-scale", type=float, default=None, help="trace output lengths x this (1/8)")
-    e.add_argument("--max-prompt", type=int, default=None, help="prompt length cap, tokens (192)")
-    e.add_argument("--max-output", type=int, default=None, help="output length cap, tokens (40)")
+    e.add_argument("--prompt-scale", type=factor, default=None, help="trace prompt lengths x this (1/16)")
+    e.add_argument("--output-scale", type=factor, default=None, help="trace output lengths x this (1/8)")
+    e.add_argument("--max-prompt", type=positive_int, default=None, help="prompt length cap, tokens (192)")
+    e.add_argument("--max-output", type=positive_int, default=None, help="output length cap, tokens (40)")
     e.add_argument("--save-gpu", type=Path, default=None, help="write this machine's calibrated spec here")
     v = p.add_argument_group("a vLLM result instead of the engine")
     v.add_argument("--vllm-result", type=Path, default=None,
@@ -295,7 +302,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v.add_argument("--gpu", default=None,
                    help="GPU name or .json (--vllm-result: default h100-sxm; --against: overrides the run's GPU; "
                         "for a benchmark CSV, selects rows of that system)")
-    v.add_argument("--tp", type=int, default=None, help="tensor-parallel degree (default 1)")
+    v.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree (default 1)")
     v.add_argument("--dtype", default=None, help="weight dtype (default bf16)")
     # The replay's knobs carry the vocabulary's names; their older short names belong to the engine run here.
     add_scheduler_flags(v, {"token_budget": DEFAULT_TOKEN_BUDGET, "max_seqs": DEFAULT_MAX_SEQS,

@@ -137,7 +137,8 @@ def _add_workload_args(w: Any) -> None:
         "--prompt-len",
         default=None,
         metavar="DIST",
-        help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH",
+        help="synthetic: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA, trace or trace:PATH; N, LO, HI and "
+        "MEDIAN are tokens, with vLLM's suffixes (1k = 1,000, 1K = 1,024)",
     )
     w.add_argument("--output-len", default=None, metavar="DIST",
                    help="synthetic: as --prompt-len (with --synthetic shared-prefix: the outputs)")

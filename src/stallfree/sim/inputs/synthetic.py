@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from itertools import accumulate
 
 from stallfree.sim.inputs.traces import load_bundled, load_trace
@@ -49,18 +51,46 @@ class LengthSpec:
 # The longest length a distribution may name, tokens: beyond any model context, far below float overflow.
 MAX_LENGTH = 10_000_000
 
+# vLLM's token suffixes, as stallfree._argtypes.parse_token_count reads them for every token flag (lowercase
+# decimal, uppercase binary). Repeated here because this module may import only the standard library and
+# stallfree.sim.inputs; tests/sim/test_workload.py holds the two to the same values.
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+_SUFFIXED = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG])\s*$")
+_SUFFIX_HINT = "token counts may end in k, m, g = 10^3, 10^6, 10^9 or K, M, G = 2^10, 2^20, 2^30, as in vLLM"
+
+
+def _tokens(text: str) -> float:
+    """A token count of a length spec: a number, or a whole count with a vLLM suffix ("2k" = 2,000, "2K" =
+    2,048, "1.5k" = 1,500).
+
+    Raises:
+        ValueError: neither, or a suffixed count that is not a whole number of tokens ("1.0005k").
+    """
+    m = _SUFFIXED.match(text)
+    if m is None:
+        return float(text)
+    value = Fraction(m.group(1)) * _SUFFIXES[m.group(2)]
+    if value.denominator != 1:
+        raise ValueError(f"{text!r} is not a whole number of tokens")
+    return float(value)
+
 
 def parse_length_spec(text: str) -> LengthSpec:
-    """Parse "fixed:N", "uniform:LO,HI", "lognormal:MEDIAN,SIGMA", "trace" or "trace:PATH".
+    """Parse "fixed:N", "uniform:LO,HI", "lognormal:MEDIAN,SIGMA", "trace" or "trace:PATH". N, LO, HI and
+    MEDIAN are tokens and take vLLM's suffixes as every token flag does ("fixed:2k" = 2,000, "uniform:1K,4K"
+    = 1,024 to 4,096); SIGMA is a plain number.
 
     Raises:
         ValueError: an unknown kind or a bad number; the message quotes the text.
     """
     kind, _, rest = text.strip().partition(":")
     try:
-        nums = [float(x) for x in rest.split(",")] if rest and kind != "trace" else []
+        # A lognormal's second number is its sigma, not a count of tokens: no suffix there.
+        nums = ([float(x) if kind == "lognormal" and i == 1 else _tokens(x) for i, x in enumerate(rest.split(","))]
+                if rest and kind != "trace" else [])
     except ValueError:
-        raise ValueError(f"bad length distribution {text!r}: {rest!r} is not a list of numbers") from None
+        raise ValueError(f"bad length distribution {text!r}: {rest!r} is not a list of numbers "
+                         f"({_SUFFIX_HINT})") from None
     if any(not math.isfinite(x) or x > MAX_LENGTH for x in nums):
         raise ValueError(f"bad length distribution {text!r}: numbers must be finite and at most {MAX_LENGTH:,}")
     if kind == "lognormal" and len(nums) == 2 and nums[1] > 10:
