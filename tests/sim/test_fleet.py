@@ -229,3 +229,22 @@ def test_why_line_gives_seconds_and_light_rates_as_the_report_does(tmp_path, cap
                           "under 1% of it): 1 replica at the mean; the busiest 60 s bring 0.017 req/s, 5.0x the mean:")
     assert next(line for line in out if line.startswith("search: ")).startswith(
         "search: one replica sustains ~1.00 req/s saturated, so 0.0033 req/s needs at least ~1")
+
+
+
+def test_counts_of_one_are_singular(tmp_path, capsys):
+    """Three requests 600 s apart (0.0017 req/s) need one replica: the search line counts "1 simulation" and
+    "1 saturated run". With --max-replicas 1 the 12-request trace (4 replicas needed) finds no fleet "up to
+    1 replica"."""
+    light = tmp_path / "light.csv"
+    light.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
+    assert main(_argv(light)) == 0
+    search = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("search: "))
+    assert search.startswith("search: one replica sustains ~1.00 req/s saturated, so 0.0017 req/s needs at least ~1 "
+                             "(the start); 1 simulation in ")
+    assert search.endswith(" s (and 1 saturated run for the bounds)")
+    assert main(_argv(_trace(tmp_path), "--max-replicas", "1")) == 3
+    out = capsys.readouterr().out
+    assert "answer: no fleet up to 1 replica per shape meets TTFT <= 1,000 ms (target 99.00%)" in out
+    assert "; 1 simulation in " in out and "(and 1 saturated run for the bounds)" in out
+

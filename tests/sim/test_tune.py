@@ -330,3 +330,17 @@ def test_tune_exits_3_when_the_best_misses_the_attainment_target(tmp_path, capsy
     assert "misses the SLO target" in captured.err
     assert main([*argv, "--slo-attainment", "0"]) == 2
     assert "--slo-attainment 0: must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_tune_counts_one_candidate_and_one_run_in_the_singular(tmp_path, capsys):
+    """One budget and one max_seqs are one candidate: "simulated 1 candidate", and the warning for its
+    rejected request (500 prompt tokens over --max-model-len 100) says "1 of 1 run", not "1 runs"."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n1,500,1\n")
+    argv = ["tune", "--trace", str(trace), "--linear-cost", "1000,0", "--slo-ttft", "2s", "--slo-tpot", "1s",
+            "--budgets", "2048", "--max-seqs-candidates", "256", "--max-model-len", "100", "--executor", "serial"]
+    assert main(argv) == 3
+    captured = capsys.readouterr()
+    assert "\nsimulated 1 candidate in " in captured.out
+    assert captured.err.startswith("warning: 1 of 1 run rejected requests; the first, budget 2,048: rejected 1 of 2 "
+                                   "requests (1 over the context length (context_length))")

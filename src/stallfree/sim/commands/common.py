@@ -35,6 +35,7 @@ __all__ = [
     "PROGRESS_DELAY_S",
     "ProgressLine",
     "add_executor_flags",
+    "counted",
     "duration",
     "ensure_writable_dir",
     "ensure_writable_file",
@@ -54,6 +55,11 @@ __all__ = [
 #: How a behaviour knob's default is worded in --help: the pricing engine's (docs/simulator.md).
 ENGINE_DEFAULT_WHY = ("the engine whose kernel tables price the run (vLLM >= 0.14.0: on); the contract's "
                       "(off) under --kernels none")
+
+
+def counted(n: int, noun: str) -> str:
+    """A count and its noun, singular for one: "1 simulation", "2 simulations" (nouns that take an s)."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 class CliError(StallfreeError):
@@ -167,7 +173,8 @@ def warn_rejections(rows: list[dict[str, Any]], num_requests: int) -> None:
     if not hit:
         return
     first = hit[0]
-    label = f"{len(hit)} of {len(rows)} runs rejected requests; the first, budget {first.get('token_budget'):,}"
+    label = (f"{len(hit)} of {counted(len(rows), 'run')} rejected requests; the first, budget "
+             f"{first.get('token_budget'):,}")
     print(rejection_warning(label, num_requests, first.get("rejected_by_reason") or {}, None), file=sys.stderr)
 
 

@@ -10,6 +10,8 @@ import argparse
 import math
 from typing import TYPE_CHECKING, Any
 
+from stallfree.sim.commands.common import counted
+
 if TYPE_CHECKING:
     from stallfree.sim.studies.capacity import PlanResult
     from stallfree.sim.studies.fleet import FleetResult, Shape
@@ -44,7 +46,7 @@ def answer_line(result: PlanResult, args: argparse.Namespace) -> str:
     if result.replicas is None:
         best = max(result.rows, key=lambda r: r["attainment"]) if result.rows else None
         got = f"; best {best['label']}: {best['attainment']:.2%}" if best else ""
-        return f"answer: no count up to {args.max_replicas} replicas meets {slo}{got} (exit {EXIT_NOT_MET})"
+        return f"answer: no count up to {counted(args.max_replicas, 'replica')} meets {slo}{got} (exit {EXIT_NOT_MET})"
     row = result.answer_row
     assert row is not None
     below = [r for r in result.rows if r["kind"] == "aggregated" and r["replicas"] == result.replicas - 1]
@@ -110,7 +112,7 @@ def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
     if row is None:
         best = max(fleet.rows, key=lambda r: r["attainment"]) if fleet.rows else None
         got = f"; best {best['label']} on {shape_text(best)}: {best['attainment']:.2%}" if best else ""
-        return (f"answer: no fleet up to {args.max_replicas} replicas per shape meets {slo}{got} "
+        return (f"answer: no fleet up to {counted(args.max_replicas, 'replica')} per shape meets {slo}{got} "
                 f"(exit {EXIT_NOT_MET})")
     what = (f"{row['replicas']} replica{'s' if row['replicas'] != 1 else ''}" if row["kind"] == "aggregated"
             else f"disaggregated {row['prefill']} prefill + {row['decode']} decode replicas")
@@ -208,13 +210,17 @@ def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any
                     if math.isfinite(res.single_capacity) else
                     "one replica ran no step when saturated (every request it was given was rejected), so the "
                     f"search started at {res.bound}")
-        print(f"search: {sustains}; {fleet.simulations} simulations in {fleet.wall_s:,.1f} s (and "
-              f"{fleet.bound_simulations} saturated runs for the bounds)")
+        print(f"search: {sustains}; {_runs_text(fleet)}")
     else:
-        print(f"search: {len(fleet.outcomes)} shapes bounded by their saturated throughput; {fleet.simulations} "
-              f"simulations in {fleet.wall_s:,.1f} s (and {fleet.bound_simulations} saturated runs for the bounds)")
+        print(f"search: {counted(len(fleet.outcomes), 'shape')} bounded by their saturated throughput; "
+              + _runs_text(fleet))
     if report["serve"] is not None and not args.out:
         print_serve(report["serve"], args, report["gpus_per_replica"])
+
+
+def _runs_text(fleet: FleetResult) -> str:
+    return (f"{counted(fleet.simulations, 'simulation')} in {fleet.wall_s:,.1f} s (and "
+            f"{counted(fleet.bound_simulations, 'saturated run')} for the bounds)")
 
 
 def _print_rows(fleet: FleetResult, many: bool) -> None:

@@ -17,6 +17,7 @@ from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
     add_executor_flags,
+    counted,
     ensure_writable_dir,
     executor_from_args,
     guard,
@@ -217,7 +218,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
             f"{b.num_decodes} decodes x {b.decode_context:,} tokens of context, chunks at offset "
             f"{b.chunk_start:,}; decode-only {b.decode_floor_s * 1e3:.1f} ms)"
         )
-    print(f"simulated {len(result.rows)} candidates in {result.wall_s:.1f} s")
+    print(f"simulated {counted(len(result.rows), 'candidate')} in {result.wall_s:.1f} s")
     _print_candidates(result, top)
     print(
         f"ranking: goodputs within {tie_tolerance:.1%} of the highest are tied (--tie-tolerance); among "
