@@ -673,3 +673,17 @@ def test_a_router_with_several_replicas_and_plan_routers_with_one(capsys, tmp_pa
         "--max-replicas 1 tries one replica: raise --max-replicas or drop --routers")
     assert main([*plan, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["answer"]["replicas"] == 1
+
+
+def test_simulate_header_writes_a_light_rate_with_two_significant_digits(tmp_path, capsys):
+    """Three requests 600 s apart are offered 2 / 1,200 = 0.0017 req/s, not "0.00"; in a closed loop of
+    one client thinking 1,000 s after each one-second answer, they finish at 1, 1,002 and 2,003 s: achieved
+    3 / 2,003 = 0.0015 req/s. Rates of 0.1 req/s and above keep two decimals (test_fleet)."""
+    trace = tmp_path / "light.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
+    assert main(["simulate", "--trace", str(trace), "--linear-cost", "1000,0"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "light.csv: 3 requests, rate scale 1 (0.0017 req/s offered)"
+    assert main(["simulate", "--trace", str(trace), "--linear-cost", "1000,0", "--concurrency", "1",
+                 "--think-time", "1000s"]) == 0
+    line = capsys.readouterr().out.splitlines()[2]
+    assert line.startswith("chunked/2048: achieved 0.0015 req/s; utilization")

@@ -248,3 +248,14 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
     assert "answer: no fleet up to 1 replica per shape meets TTFT <= 1,000 ms (target 99.00%)" in out
     assert "; 1 simulation in " in out and "(and 1 saturated run for the bounds)" in out
 
+
+def test_table_goodput_of_a_light_load_keeps_two_digits(tmp_path, capsys):
+    """Three requests 600 s apart, each served in a 1 s step, all within the SLO: the table's goodput is 3
+    requests in the 1,201 s to the last finish, 0.0025 req/s, with two significant digits (two decimals
+    read 0.00)."""
+    light = tmp_path / "light.csv"
+    light.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
+    assert main(_argv(light)) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "x1 least-outstanding" in line)
+    assert [cell.strip() for cell in row.strip("│ ").split("│")][:4] == [
+        "x1 least-outstanding", "4", "100.00%", "0.0025"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree.sim.commands.common import counted
+from stallfree.sim.commands.common import counted, rate_text
 
 if TYPE_CHECKING:
     from stallfree.sim.studies.capacity import PlanResult
@@ -124,14 +125,6 @@ def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
     return line + "the fewest GPUs (no prices given: --gpu-price or --prices for dollars)."
 
 
-def _rate_text(rate: float) -> str:
-    """A rate in requests/s as plan's report writes it: two decimals ("6.60"), or two significant digits
-    below 0.1 req/s ("0.0040"), where two decimals would read a light load as 0.00."""
-    if 0 < rate < 0.1:
-        return f"{rate:.{1 - math.floor(math.log10(rate))}f}"
-    return f"{rate:,.2f}"
-
-
 def _share_text(share: float) -> str:
     """A fraction as a whole percentage, "under 1%" where that would round a load that is there to 0%."""
     return "under 1%" if 0 < share < 0.005 else f"{share:.0%}"
@@ -146,10 +139,10 @@ def why_line(load: dict[str, Any] | None, fleet: FleetResult) -> str | None:
     cap = load["capacity_req_s"]
     row = fleet.answer
     if isinstance(cap, dict):
-        capacity = (f"one prefill replica sustains ~{_rate_text(cap['prefill'])} req/s and one decode replica "
-                    f"~{_rate_text(cap['decode'])} req/s")
+        capacity = (f"one prefill replica sustains ~{rate_text(cap['prefill'])} req/s and one decode replica "
+                    f"~{rate_text(cap['decode'])} req/s")
     else:
-        capacity = (f"one replica sustains ~{_rate_text(cap)} req/s "
+        capacity = (f"one replica sustains ~{rate_text(cap)} req/s "
                     f"(the mean load is {_share_text(load['mean_rate'] / cap)} of it)")
     ratio = f", {load['burst_ratio']:.1f}x the mean" if load["burst_ratio"] else ""
     window_s = load["busiest_window_s"]
@@ -160,9 +153,9 @@ def why_line(load: dict[str, Any] | None, fleet: FleetResult) -> str | None:
     verdict = {"mean load": "the mean load sets the count",
                "bursts": "bursts, not the mean load, set the count",
                "latency": "the SLOs, not the load, set the count: it needs headroom past the busiest minute"}
-    return (f"why: {_rate_text(load['mean_rate'])} req/s offered on average; {capacity}: {load['replicas_at_mean']} "
+    return (f"why: {rate_text(load['mean_rate'])} req/s offered on average; {capacity}: {load['replicas_at_mean']} "
             f"replica{'s' if load['replicas_at_mean'] != 1 else ''} at the mean; the busiest {window} bring "
-            f"{_rate_text(load['busiest_rate'])} req/s{ratio}: {load['replicas_at_busiest']} at that rate; "
+            f"{rate_text(load['busiest_rate'])} req/s{ratio}: {load['replicas_at_busiest']} at that rate; "
             f"the answer's {row['replicas']}: {verdict[load['set_by']]}.")
 
 
@@ -170,7 +163,7 @@ def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any
     """Print the workload line, the answer, why, the table of every cluster simulated, the runner-ups,
     the shapes skipped and how the search went, then the serve lines."""
     rate = header["offered_rate"]
-    offered = f"{_rate_text(rate)} req/s offered" if rate is not None else "closed loop"
+    offered = f"{rate_text(rate)} req/s offered" if rate is not None else "closed loop"
     many = len(fleet.outcomes) > 1
     hardware = (f"shapes {', '.join(o.shape.label for o in fleet.outcomes)} of {args.model}" if many
                 else header["hardware"])
@@ -205,8 +198,8 @@ def print_plan(fleet: FleetResult, report: dict[str, Any], header: dict[str, Any
             print(f"{o.shape.label}: {o.note}")
     if not many and outcome is not None and outcome.result is not None:
         res = outcome.result
-        sustains = (f"one replica sustains ~{_rate_text(res.single_capacity)} req/s saturated, so "
-                    f"{_rate_text(res.offered_rate)} req/s needs at least ~{res.bound} (the start)"
+        sustains = (f"one replica sustains ~{rate_text(res.single_capacity)} req/s saturated, so "
+                    f"{rate_text(res.offered_rate)} req/s needs at least ~{res.bound} (the start)"
                     if math.isfinite(res.single_capacity) else
                     "one replica ran no step when saturated (every request it was given was rejected), so the "
                     f"search started at {res.bound}")
@@ -230,13 +223,13 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
     from stallfree.sim.outputs.table import console
     from stallfree.sim.studies.fleet import shape_text
 
-    cols: tuple[tuple[str, str, str], ...] = (
-        ("attainment", "in SLO", "{:.2%}"), ("request_goodput", "goodput", "{:,.2f}"),
-        ("goodput_per_gpu", "per GPU", "{:,.3f}"), ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"), ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"))
+    cols: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+        ("attainment", "in SLO", "{:.2%}".format), ("request_goodput", "goodput", rate_text),
+        ("goodput_per_gpu", "per GPU", "{:,.3f}".format), ("median_ttft_ms", "TTFT p50", "{:,.0f}".format),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}".format), ("median_tpot_ms", "TPOT p50", "{:,.1f}".format),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}".format))
     if fleet.priced:
-        cols = (("usd_per_hour", "$/h", "{:,.2f}"), *cols)
+        cols = (("usd_per_hour", "$/h", "{:,.2f}".format), *cols)
     table = Table(title="clusters simulated (goodput in req/s, latencies in ms)", title_justify="left")
     names = ("cluster", *(("shape",) if many else ()), "GPUs", *(c[1] for c in cols), "")
     for name in names:
@@ -248,7 +241,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
     for r in rows:
         met = "meets" if r["attainment"] >= fleet.attainment else ""
         mark = "answer" if r is fleet.answer else ("chosen" if id(r) in chosen else met)
-        cells = ["-" if r.get(k) is None else spec.format(r[k]) for k, _, spec in cols]
+        cells = ["-" if r.get(k) is None else text(r[k]) for k, _, text in cols]
         table.add_row(r["label"], *((shape_text(r),) if many else ()), str(r["num_gpus"]), *cells, mark)
     console().print(table)
 

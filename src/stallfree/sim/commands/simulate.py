@@ -23,6 +23,7 @@ from stallfree.sim.commands.common import (
     ensure_writable_file,
     flag_message,
     guard,
+    rate_text,
     refuse_writing_the_trace,
     rejection_warning,
     served_nothing,
@@ -443,7 +444,7 @@ def _load_text(summary: dict[str, Any]) -> str:
     capacity, load = summary.get("capacity_req_s"), summary.get("load")
     achieved = summary.get("achieved_request_rate")
     if achieved is not None:
-        return f"achieved {achieved:,.2f} req/s; " + _load_text({k: v for k, v in summary.items()
+        return f"achieved {rate_text(achieved)} req/s; " + _load_text({k: v for k, v in summary.items()
                                                               if k != "achieved_request_rate"})
     if capacity is None:
         return "capacity unknown (no request was served)"
@@ -457,7 +458,7 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     n = header["requests"]
     wl = f"{header['workload']}: {n:,} request{'s' if n != 1 else ''}"
     rate = header["offered_rate"]
-    offered = f"{rate:,.2f} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
+    offered = f"{rate_text(rate)} req/s offered" if rate is not None and math.isfinite(rate) else "all at one instant"
     scale = f"rate scale {header['rate_scale']:g} ({offered})"
     if header.get("sessions") is not None:
         srate = header["session_rate"]
