@@ -258,3 +258,25 @@ def test_budget_header_counts_every_gpu_of_a_pipeline(capsys):
     assert (out["tp"], out["pp"], out["gpus"]) == (4, 2, 8)
     assert main([*argv, "--kernels", "none"]) == 0
     assert capsys.readouterr().out.startswith("llama-3.3-70b on 4 x h100-sxm, weights fp8,")
+
+
+def test_budget_memory_hint_names_pp_where_more_stages_make_room(capsys):
+    """Llama 3.3 70B in bf16 at tp 1 needs 141.1 GB per GPU of an 80 GB H100; in fp8 its 72.7 GB leave no
+    KV room at 0.9: each pipeline stage holds a share of the 80 layers (their weights and KV), so budget's
+    hint names pp beside tp. With --ep 2 (priced at pp 1 only) it names tp alone, and so does `simulate`,
+    which has no --pp."""
+    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "stallfree budget: error: llama-3.3-70b weights in bf16 need 141.1 GB per GPU at tp 1, more than the 80 GB "
+        "of one h100-sxm; raise tp or pp, or use 8-bit weights\n")
+    assert main([*argv, "--dtype", "fp8"]) == 2
+    assert capsys.readouterr().err == (
+        "stallfree budget: error: no room for KV: llama-3.3-70b weights take 72.7 GB per GPU, 0.9 x 80 GB leaves "
+        "0.0 GB; raise tp or pp, use 8-bit weights or a higher gpu_memory_utilization\n")
+    assert main(["budget", "--model", "mixtral-8x7b", "--gpu", "l4", "--tp", "2", "--ep", "2"]) == 2
+    assert capsys.readouterr().err.endswith("need 46.7 GB per GPU at tp 2, more than the 24 GB of one l4; raise tp "
+                                            "or use 8-bit weights\n")
+    assert main(["simulate", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16",
+                 "--num-requests", "3"]) == 2
+    assert capsys.readouterr().err.endswith("of one h100-sxm; raise tp or use 8-bit weights\n")

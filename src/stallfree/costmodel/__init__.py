@@ -12,7 +12,13 @@ kernel_maps (our names onto the package's), choice.choose_cost_model (what the c
 """
 
 from stallfree.costmodel.defaults import DefaultCostModel, default_cost_model
-from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError, CostModelWarning
+from stallfree.costmodel.errors import (
+    CostModelDataError,
+    CostModelError,
+    CostModelFileError,
+    CostModelMemoryError,
+    CostModelWarning,
+)
 from stallfree.costmodel.hardware import GPUSpec, get_gpu, list_gpus, load_gpu_file
 from stallfree.costmodel.model import ModelSpec, get_model, list_models, load_model_file, model_from_hf_config
 from stallfree.costmodel.roofline import CostModel, StepCost
@@ -22,6 +28,7 @@ __all__ = [
     "CostModelDataError",
     "CostModelError",
     "CostModelFileError",
+    "CostModelMemoryError",
     "CostModelWarning",
     "DefaultCostModel",
     "GPUSpec",

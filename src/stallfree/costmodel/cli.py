@@ -122,7 +122,9 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
                 # Any input error is 2, as the simulator's commands answer them: a missing file, malformed
                 # contents of a data file (CostModelDataError), any other unusable value.
                 code = 2
-                print(f"stallfree {a.command}: error: {exc}", file=sys.stderr)
+                # A command with --pp says where more pipeline stages would make room, as raising tp would.
+                with_pp = getattr(exc, "with_pp", None) if getattr(a, "pp", None) is not None else None
+                print(f"stallfree {a.command}: error: {with_pp or exc}", file=sys.stderr)
         for w in caught:
             print(f"stallfree {a.command}: warning: {w.message}", file=sys.stderr)
         return code

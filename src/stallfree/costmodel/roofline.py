@@ -64,7 +64,7 @@ from itertools import accumulate
 from typing import Any, cast
 
 from stallfree.core.plan import StepPlan
-from stallfree.costmodel.errors import CostModelError, CostModelWarning
+from stallfree.costmodel.errors import CostModelError, CostModelMemoryError, CostModelWarning
 from stallfree.costmodel.hardware import (
     CALIBRATION_KEYWORDS,
     DTYPE_BYTES,
@@ -288,10 +288,11 @@ class CostModel:
             (m.total_params - big) * wb * stage_layers / m.num_layers + big_stage * head_b
         ) / n
         if self.weight_bytes_per_gpu > gpu.mem_bytes and dp_attention == 1:  # dp: _split_moe checks
-            raise CostModelError(
+            raise self._memory_error(
                 f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
                 f"at tp {n}" + (f", pp {pp}" if pp > 1 else "") + ", "
-                f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; raise tp or use 8-bit weights"
+                f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; ",
+                "raise tp or use 8-bit weights", "raise tp or pp, or use 8-bit weights",
             )
         # GQA heads split (or replicated when tp > n_kv); an MLA latent is whole on every rank.
         kv_all_layers = int(m.kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], n))
@@ -339,6 +340,13 @@ class CostModel:
         self._o_tok = 0.0 if design else self.per_token_s
         self._o_seq = 0.0 if design else self.per_seq_s
         self._inv_mfu, self._inv_mbu, self._inv_link = 1.0 / self.mfu, 1.0 / self.mbu, 1.0 / self.link_util
+
+    def _memory_error(self, facts: str, hint: str, hint_with_pp: str) -> CostModelMemoryError:
+        """`facts` then `hint` (what makes room); with_pp: `hint_with_pp`, which names pp as well, where a
+        stage could hold fewer layers (pp below the layers, and no expert or attention split: those are
+        priced at pp 1 only)."""
+        pp_helps = self.pp < self.model.num_layers and self.ep == 1 and self.dp_attention == 1
+        return CostModelMemoryError(facts + hint, facts + hint_with_pp if pp_helps else None)
 
     def _split_moe(
         self, m: ModelSpec, gpu: GPUSpec, wb: float, head_b: float, kv_all_layers: int, peak_lin: float
@@ -825,11 +833,12 @@ class CostModel:
         util = _check_fraction("gpu_memory_utilization", gpu_memory_utilization)
         free = self.gpu.mem_bytes * util - self.weight_bytes_per_gpu
         if free < self.kv_bytes_per_token_per_gpu:
-            raise CostModelError(
+            raise self._memory_error(
                 f"no room for KV: {self.model.key} weights take "
                 f"{self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU, "
-                f"{util} x {self.gpu.mem_bytes / 1e9:.0f} GB leaves {max(free, 0.0) / 1e9:.1f} GB; raise tp, "
-                "use 8-bit weights or a higher gpu_memory_utilization"
+                f"{util} x {self.gpu.mem_bytes / 1e9:.0f} GB leaves {max(free, 0.0) / 1e9:.1f} GB; ",
+                "raise tp, use 8-bit weights or a higher gpu_memory_utilization",
+                "raise tp or pp, use 8-bit weights or a higher gpu_memory_utilization",
             )
         return int(free // self.kv_bytes_per_token_per_gpu)
 
