@@ -126,6 +126,11 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
         (["validate", "--kv-tokens", "-1"], "argument --kv-tokens: expected an integer >= 1, got '-1'"),
         (["validate", "--max-prompt", "0"], "argument --max-prompt: expected an integer >= 1, got '0'"),
         (["validate", "--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
+        (["simulate", "--peak-ratio", "-1"], "argument --peak-ratio: expected a number >= 1, got '-1'"),
+        (["plan", "--peak-ratio", "0.50"], "argument --peak-ratio: expected a number >= 1, got '0.50'"),
+        (["sweep", "--peak-ratio", "1e400"], "argument --peak-ratio: expected a finite number, got '1e400'"),
+        (["tune", "--peak-hour", "25"], "argument --peak-hour: expected a number in [0, 24], got '25'"),
+        (["simulate", "--peak-hour", "-0.5"], "argument --peak-hour: expected a number in [0, 24], got '-0.5'"),
     ],
 )
 def test_a_bad_number_is_named_by_its_flag_while_parsing(argv, said, capsys):
@@ -141,12 +146,20 @@ def test_a_bad_number_is_named_by_its_flag_while_parsing(argv, said, capsys):
 
 def test_the_bounds_themselves_are_accepted():
     """The ends of each range parse: a share of 1, a floor of 4 requests, a factor of 100, an overhead of 0."""
-    from stallfree._argtypes import int_at_least, non_negative_float, positive_float_at_most, positive_fraction
+    from stallfree._argtypes import (
+        float_at_least,
+        float_between,
+        int_at_least,
+        non_negative_float,
+        positive_float_at_most,
+        positive_fraction,
+    )
     from stallfree.cli import build_parser
 
     assert positive_fraction("1") == 1.0 and positive_fraction("0.05") == 0.05
     assert int_at_least(4)("4") == 4
     assert positive_float_at_most(100)("100") == 100.0
+    assert float_at_least(1)("1") == 1.0 and float_between(0, 24)("0") == 0.0 and float_between(0, 24)("24") == 24.0
     assert non_negative_float("0") == 0.0
     args = build_parser("budget").parse_args(["budget", "--mfu", "1", "--overhead-ms", "0", "--tp", "2",
                                               "--gpu-memory-utilization", "0.95"])

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 __all__ = [
     "add_partial_prefill_args",
+    "float_at_least",
+    "float_between",
     "parse_token_count",
     "token_count",
     "token_count_list",
@@ -204,6 +206,39 @@ def positive_float_at_most(high: float) -> Callable[[str], float]:
         return value
 
     parse.__name__ = f"positive_float_at_most_{high:g}"
+    return parse
+
+
+def float_at_least(minimum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number >= `minimum` (a ratio of at least 1, for example).
+
+    The type raises argparse.ArgumentTypeError when the text is not a finite number, or is < `minimum`.
+    """
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a number >= {minimum:g}, got {text!r}")
+        return value
+
+    parse.__name__ = f"float_at_least_{minimum:g}"
+    return parse
+
+
+def float_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [`low`, `high`] (an hour of the day, for example).
+
+    The type raises argparse.ArgumentTypeError when the text is not a finite number, or is outside
+    [`low`, `high`].
+    """
+
+    def parse(text: str) -> float:
+        value = _number(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number in [{low:g}, {high:g}], got {text!r}")
+        return value
+
+    parse.__name__ = f"float_between_{low:g}_{high:g}"
     return parse
 
 

@@ -110,8 +110,6 @@ def test_cli_rate_profile(tmp_path, capsys):
     (["--rate-profile", "P", "--rate", "2"], "drop --rate"),
     (["--rate-profile", "P", "--synthetic", "poisson"], "--rate-profile gives the arrivals: drop --synthetic"),
     (["--synthetic", "poisson", "--peak-hour", "3"], "--peak-hour applies to --synthetic diurnal"),
-    (["--synthetic", "diurnal", "--peak-ratio", "0.5"], "--peak-ratio 0.5: must be a number >= 1"),
-    (["--synthetic", "diurnal", "--peak-hour", "25"], "--peak-hour 25.0: must be an hour"),
     (["--rate-profile", "/no/such/file.csv"], "cannot read it"),
 ])
 def test_cli_bad_input(capsys, argv, words):
@@ -120,3 +118,12 @@ def test_cli_bad_input(capsys, argv, words):
     err = capsys.readouterr().err
     assert code == 2
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_profile_refuses_a_ratio_below_1_or_an_hour_past_the_day():
+    """The library checks what the flags' types refuse while parsing (tests/test_cli.py): a peak ratio
+    under 1 and an hour outside [0, 24], named as their flags."""
+    with pytest.raises(ValueError, match=r"--peak-ratio 0\.5: must be a number >= 1"):
+        diurnal_profile(1.0, 0.5, 14.0)
+    with pytest.raises(ValueError, match=r"--peak-hour 25: must be an hour in \[0, 24\]"):
+        diurnal_profile(1.0, 3.0, 25)

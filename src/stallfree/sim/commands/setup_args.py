@@ -12,7 +12,14 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_float, positive_int
+from stallfree._argtypes import (
+    float_at_least,
+    float_between,
+    int_list,
+    partial_prefill_flag_problem,
+    positive_float,
+    positive_int,
+)
 from stallfree.core.config import SchedulerConfig
 from stallfree.flags import add_scheduler_flags, given, scheduler_options
 from stallfree.sim.commands.common import ENGINE_DEFAULT_WHY, CliError, slo_tpot, slo_ttft
@@ -108,9 +115,9 @@ def _add_workload_args(w: Any) -> None:
                         "sessions: multi-turn conversations, --rate in sessions/s, --prompt-len each turn's new "
                         "input, --turns, --think-time, --system-prompt; diurnal: a day whose mean rate is --rate, "
                         "with --peak-ratio and --peak-hour, Poisson or with --burstiness gamma)")
-    w.add_argument("--peak-ratio", type=float, default=None, metavar="X",
+    w.add_argument("--peak-ratio", type=float_at_least(1), default=None, metavar="X",
                    help="--synthetic diurnal: the busiest rate over the quietest (default 3, an example)")
-    w.add_argument("--peak-hour", type=float, default=None, metavar="H",
+    w.add_argument("--peak-hour", type=float_between(0, 24), default=None, metavar="H",
                    help="--synthetic diurnal: the hour of the busiest rate, 0 to 24 (default 14, an example)")
     w.add_argument("--rate-profile", default=None, metavar="FILE",
                    help="arrivals under the rate of a CSV t_s,rate (requests/s, linear between points), Poisson "
