@@ -280,3 +280,18 @@ def test_budget_memory_hint_names_pp_where_more_stages_make_room(capsys):
     assert main(["simulate", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16",
                  "--num-requests", "3"]) == 2
     assert capsys.readouterr().err.endswith("of one h100-sxm; raise tp or use 8-bit weights\n")
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--ep", "2"], "--ep 2"),
+    (["--dp-attention", "2"], "--dp-attention 2"),
+    (["--ep", "2", "--dp-attention", "2"], "--ep 2"),
+])
+def test_budget_names_the_flag_of_a_split_a_dense_model_cannot_take(capsys, flags, said):
+    """--ep and --dp-attention are for MoE models: on the dense Llama 3.3 70B the error names the flag as
+    typed (it said "ep 2: ..." and "dp_attention 2: ..."), exit 2, before anything is priced."""
+    for command in (["budget"], ["calibrate", "--profile", "a100-codellama34b-tp2"]):
+        assert main([*command, "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "4", *flags]) == 2
+        assert capsys.readouterr().err == (
+            f"stallfree {command[0]}: error: {said}: llama-3.3-70b has no experts; expert parallelism and "
+            "data-parallel attention are for MoE models (a dense model's data parallelism is more replicas)\n")

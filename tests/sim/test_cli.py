@@ -226,6 +226,9 @@ _SIM = ["simulate", "--num-requests", "10", "--linear-cost", "5,50"]
          "--disaggregate does not take --enable-prefix-caching"),
         (["--disaggregate", "1:1", "--max-num-partial-prefills", "2", "--long-prefill-token-threshold", "100"],
          "--disaggregate does not take --max-num-partial-prefills"),
+        (["--ep", "2"], "error: --ep 2: llama-3.3-70b has no experts; expert parallelism and data-parallel "
+                        "attention are for MoE models"),
+        (["--dp-attention", "2"], "error: --dp-attention 2: llama-3.3-70b has no experts"),
     ],
 )
 def test_simulate_usage_errors_name_the_flag_as_typed(argv, needle, capsys, tmp_path):

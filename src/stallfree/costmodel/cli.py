@@ -32,7 +32,7 @@ from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
 from stallfree.costmodel.kernel_maps import SYSTEMS
 from stallfree.costmodel.model import get_model, list_models
-from stallfree.costmodel.roofline import CostModel
+from stallfree.costmodel.roofline import CostModel, split_without_experts
 
 __all__ = ["register"]
 
@@ -89,8 +89,13 @@ def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
     if a.model is None or a.gpu is None or a.tp is None:
         missing = [f"--{n}" for n in ("model", "gpu", "tp") if getattr(a, n) is None]
         raise CostModelError(f"{', '.join(missing)} required")
+    model = get_model(a.model)
+    dense = split_without_experts(model, a.ep, a.dp_attention)
+    if dense is not None:  # the flag, not the cost model's field ("ep 2: ...")
+        field, value, why = dense
+        raise CostModelError(f"--{field.replace('_', '-')} {value}: {why}")
     return CostModel.from_names(
-        a.model,
+        model,
         a.gpu,
         tp=a.tp,
         dtype=a.dtype,

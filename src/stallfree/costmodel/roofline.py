@@ -83,7 +83,15 @@ from stallfree.costmodel.parts import (
     largest_fitting,
 )
 
-__all__ = ["EFFICIENCY_KEYWORDS", "KERNELS_PER_LAYER", "MODES", "CostModel", "StepCost", "largest_fitting"]
+__all__ = [
+    "EFFICIENCY_KEYWORDS",
+    "KERNELS_PER_LAYER",
+    "MODES",
+    "CostModel",
+    "StepCost",
+    "largest_fitting",
+    "split_without_experts",
+]
 
 MODES = ("full", "design")
 
@@ -872,6 +880,16 @@ class CostModel:
         return largest_fitting(fits, max(nd, 1))
 
 
+def split_without_experts(model: ModelSpec, ep: int, dp_attention: int) -> tuple[str, int, str] | None:
+    """ep or dp_attention above 1 on a model without experts: (the field, "ep" before "dp_attention", its
+    value, why it cannot be priced), for a command to name the field by its flag; None otherwise."""
+    if model.num_experts or (ep == 1 and dp_attention == 1):
+        return None
+    field, value = ("ep", ep) if ep > 1 else ("dp_attention", dp_attention)
+    return field, value, (f"{model.key} has no experts; expert parallelism and data-parallel attention are for MoE "
+                          "models (a dense model's data parallelism is more replicas)")
+
+
 def _check_moe_split(model: ModelSpec, tp: int, pp: int, ep: int, dp_attention: int) -> tuple[int, int]:
     """Check expert parallelism `ep` and data-parallel attention ranks `dp_attention` against the model
     and tp; return them.
@@ -885,12 +903,10 @@ def _check_moe_split(model: ModelSpec, tp: int, pp: int, ep: int, dp_attention: 
     _check_count("dp_attention", dp_attention, 1)
     if ep == 1 and dp_attention == 1:
         return ep, dp_attention
-    if not model.num_experts:
-        field, value = ("ep", ep) if ep > 1 else ("dp_attention", dp_attention)
-        raise CostModelError(
-            f"{field} {value}: {model.key} has no experts; expert parallelism and data-parallel attention are for "
-            "MoE models (a dense model's data parallelism is more replicas)"
-        )
+    dense = split_without_experts(model, ep, dp_attention)
+    if dense is not None:
+        field, value, why = dense
+        raise CostModelError(f"{field} {value}: {why}")
     if pp > 1:
         raise CostModelError(f"ep {ep} and dp_attention {dp_attention} are not priced with pp {pp}; use pp 1")
     if model.num_experts % ep:
