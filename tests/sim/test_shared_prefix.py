@@ -48,3 +48,37 @@ def test_seeded_and_options():
         parse_shared_prefix("4,16")
     with pytest.raises(SetupError, match="go together"):
         build_workload(WorkloadOptions(synthetic="shared-prefix"))
+
+
+def test_token_counts_take_vllm_suffixes_and_counts_do_not():
+    """--shared-prefix's S and Q and --system-prompt's TOKENS are tokens and take vLLM's suffixes, as every
+    token flag does (1k = 1,000, 1K = 1,024); the groups, prompts and COUNT are plain counts. A suffixed
+    count that is not a whole number of tokens is refused, quoting the text."""
+    from stallfree.sim.inputs.sessions import parse_system_prompt
+
+    assert parse_shared_prefix("4,16,2k,1K") == (4, 16, 2000, 1024)
+    assert parse_shared_prefix("4,16,0,64") == (4, 16, 0, 64)
+    assert parse_system_prompt("1.5k") == (1500, 1)
+    assert parse_system_prompt("2K,3") == (2048, 3)
+    for bad in ("2k,16,1024,64", "4,16,1.0005k,64", "4,16,1024,1x"):
+        with pytest.raises(ValueError, match=f"`shared_prefix` wants .*got '{bad}'"):
+            parse_shared_prefix(bad)
+    for bad in ("1.0005k", "1k,2k", "1x"):
+        with pytest.raises(ValueError, match=f"`system_prompt` wants TOKENS.*got '{bad}'"):
+            parse_system_prompt(bad)
+
+
+def test_cli_shared_prefix_and_system_prompt_take_suffixes(capsys):
+    """`--shared-prefix 2,2,1k,64`: 4 prompts of 1,000 + 64 tokens; `--system-prompt 1K,2`: two 1,024-token
+    system prompts (they were refused as not integers)."""
+    import json
+
+    from stallfree.cli import main
+
+    base = ["simulate", "--kernels", "none", "--no-range", "--json", "--output-len", "fixed:2"]
+    assert main([*base, "--no-records", "--synthetic", "shared-prefix", "--shared-prefix", "2,2,1k,64"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["header"]["workload"].startswith("shared-prefix(groups=2, prompts=2, system=1000, question=64;")
+    assert out["runs"][0]["total_input_tokens"] == 4 * 1064
+    assert main([*base, "--synthetic", "sessions", "--system-prompt", "1K,2", "--num-requests", "4"]) == 0
+    assert "system 1024x2" in json.loads(capsys.readouterr().out)["header"]["workload"]

@@ -126,11 +126,12 @@ def _add_workload_args(w: Any) -> None:
                    help="--synthetic sessions: turns per session, a length distribution (default fixed:4)")
     w.add_argument("--system-prompt", default=None, metavar="TOKENS[,COUNT]",
                    help="--synthetic sessions: every session opens with one of COUNT (default 1) system prompts "
-                        "of TOKENS tokens, shared as a cached prefix (default none)")
+                        "of TOKENS tokens (vLLM's suffixes: 1k = 1,000, 1K = 1,024), shared as a cached prefix "
+                        "(default none)")
     w.add_argument("--shared-prefix", default=None, metavar="G,P,S,Q",
                    help="synthetic shared-prefix: G groups of P prompts, a system prompt of S tokens shared "
-                        "within a group, a question of Q tokens (outputs: --output-len; hits need --kv-policy "
-                        "paged --enable-prefix-caching)")
+                        "within a group, a question of Q tokens (S and Q with vLLM's suffixes: 1k = 1,000, 1K = "
+                        "1,024; outputs: --output-len; hits need --kv-policy paged --enable-prefix-caching)")
     # The synthetic-only options default to None (their values: WorkloadOptions's defaults), so that
     # one given on a trace replay, where it would be ignored, is refused (check_synthetic_flags).
     w.add_argument("--rate", type=positive_float, default=None, help="synthetic: mean requests/s (default 5)")

@@ -1,7 +1,8 @@
 """Sessions: multi-turn conversations and agents, each turn sent its think or tool time after the
 previous turn's last token, its prompt the whole conversation so far plus its own new input.
 
-Imports allowed: the standard library, stallfree._files and stallfree.sim.inputs.workload.
+Imports allowed: the standard library, stallfree._files, stallfree.sim.inputs.workload and
+stallfree.sim.inputs.synthetic (length specs and their token counts).
 
 The workload (SessionWorkload) is a Workload with one request per turn, in the order (session start,
 session, turn), so a session's turns are consecutive rids; its `arrivals` hold each turn's session
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stallfree.sim.inputs.synthetic import MAX_LENGTH, LengthSpec, _sample_lengths
+from stallfree.sim.inputs.synthetic import _SUFFIX_HINT, MAX_LENGTH, LengthSpec, _sample_lengths, _whole_tokens
 from stallfree.sim.inputs.workload import Workload
 
 __all__ = [
@@ -302,21 +303,21 @@ def parse_think_spec(text: str | float) -> ThinkSpec:
 
 def parse_system_prompt(text: str) -> tuple[int, int]:
     """Parse "TOKENS" or "TOKENS,COUNT": a system prompt of TOKENS tokens, COUNT distinct ones (default
-    1), each session drawing one.
+    1), each session drawing one. TOKENS takes vLLM's suffixes as every token flag does ("2k" = 2,000).
 
     Raises:
         ValueError: not one or two integers, TOKENS >= 0 and COUNT >= 1; the message quotes the text.
     """
     parts = text.split(",")
     try:
-        nums = [int(x) for x in parts]
+        nums = [_whole_tokens(x) if i == 0 else int(x) for i, x in enumerate(parts)]
     except ValueError:
         nums = []
     if len(nums) == 1:
         nums.append(1)
     if len(nums) != 2 or not 0 <= nums[0] <= MAX_LENGTH or not 1 <= nums[1] <= 1_000_000:
         raise ValueError(f"`system_prompt` wants TOKENS[,COUNT] (0 <= TOKENS <= {MAX_LENGTH:,}, "
-                         f"1 <= COUNT <= 1,000,000), got {text!r}")
+                         f"1 <= COUNT <= 1,000,000; {_SUFFIX_HINT}), got {text!r}")
     return nums[0], nums[1]
 
 

@@ -75,6 +75,16 @@ def _tokens(text: str) -> float:
     return float(value)
 
 
+def _whole_tokens(text: str) -> int:
+    """A whole count of tokens: an integer, or a count with a vLLM suffix as _tokens reads it ("2k" = 2,000,
+    "2K" = 2,048).
+
+    Raises:
+        ValueError: neither, or a suffixed count that is not a whole number of tokens.
+    """
+    return int(_tokens(text)) if _SUFFIXED.match(text) else int(text)
+
+
 def parse_length_spec(text: str) -> LengthSpec:
     """Parse "fixed:N", "uniform:LO,HI", "lognormal:MEDIAN,SIGMA", "trace" or "trace:PATH". N, LO, HI and
     MEDIAN are tokens and take vLLM's suffixes as every token flag does ("fixed:2k" = 2,000, "uniform:1K,4K"
@@ -198,15 +208,17 @@ def synthetic(
 
 
 def parse_shared_prefix(text: str) -> tuple[int, int, int, int]:
-    """Parse "G,P,S,Q" (groups, prompts per group, system prompt tokens, question tokens).
+    """Parse "G,P,S,Q" (groups, prompts per group, system prompt tokens, question tokens). S and Q are tokens
+    and take vLLM's suffixes as every token flag does ("8,4,2k,128": 2,000-token system prompts).
 
     Raises:
         ValueError: not four integers, G, P, Q >= 1 and S >= 0; the message quotes the text.
     """
     try:
-        g, p, s, q = (int(x) for x in text.split(","))
+        g, p, s, q = (int(x) if i < 2 else _whole_tokens(x) for i, x in enumerate(text.split(",")))
     except ValueError:
-        raise ValueError(f"`shared_prefix` wants GROUPS,PROMPTS,SYSTEM_TOKENS,QUESTION_TOKENS, got {text!r}") from None
+        raise ValueError(f"`shared_prefix` wants GROUPS,PROMPTS,SYSTEM_TOKENS,QUESTION_TOKENS ({_SUFFIX_HINT}), "
+                         f"got {text!r}") from None
     if g < 1 or p < 1 or s < 0 or q < 1 or s + q > MAX_LENGTH or g * p > 5_000_000:
         raise ValueError(f"`shared_prefix` {text!r}: needs GROUPS >= 1, PROMPTS >= 1, SYSTEM_TOKENS >= 0, "
                          f"QUESTION_TOKENS >= 1, at most 5,000,000 prompts and {MAX_LENGTH:,} tokens per prompt")
