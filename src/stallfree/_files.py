@@ -183,12 +183,16 @@ def loads_line(text: str) -> Any:
         raise ValueError("JSON nested too deeply (over about 1,000 levels)") from None
 
 
-def writable_file_problem(path: Path, flag: str, suffixes: tuple[str, ...]) -> str | None:
+def writable_file_problem(path: Path, flag: str, suffixes: tuple[str, ...], *,
+                          creates_dirs: bool = False) -> str | None:
     """Why `path` cannot be written as one of `suffixes`, in one line naming `flag`, or None when it can: a
     name ending in one of them, not a directory, in a directory that exists, and a file the process can open
     for writing (it is opened for appending, which changes nothing, and removed again if it did not exist:
     permission bits do not tell, e.g. for root under /proc, or for a name too long). Meant to run before a
     command starts its work, so that a bad output name costs nothing.
+
+    creates_dirs: the writer creates a missing directory, so a directory that does not exist yet is no
+    problem (nor, then, is the file checked for writing).
     """
     if not str(path) or path.name in ("", ".", ".."):
         return f"{flag} {str(path)!r}: give a file name ({' or '.join(suffixes)})"
@@ -200,6 +204,8 @@ def writable_file_problem(path: Path, flag: str, suffixes: tuple[str, ...]) -> s
             return (f"{flag} {path}: the file name must end in {' or '.join(suffixes)} (the format it is written "
                     f"in), got {path.suffix or 'no suffix'!r}")
         if not parent.is_dir():
+            if creates_dirs and not parent.exists():
+                return None
             return f"{flag} {path}: the directory {parent} does not exist"
         existed = path.exists()
         with open(path, "a", encoding="utf-8"):

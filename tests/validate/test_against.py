@@ -424,3 +424,41 @@ def test_the_engine_run_takes_its_defaults_for_flags_left_out(monkeypatch):
         main(["validate", "--num-requests", "8", "--engine-dtype", "bf16", "--seed", "3"])
     assert seen == [(ValidateConfig(num_requests=8, dtype="bf16", seed=3), None, None)]
     assert (ValidateConfig().num_requests, ValidateConfig().dtype, ValidateConfig().seed) == (24, "float32", 0)
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("gpu.txt", "the file name must end in .json (the format it is written in), got '.txt'"),
+    ("gpu", "the file name must end in .json (the format it is written in), got 'no suffix'"),
+    ("folder.json", "is a directory; give a file name (.json)"),
+], ids=["txt", "no-suffix", "directory"])
+def test_the_engine_run_checks_save_gpu_before_it_starts(name, said, tmp_path, capsys, monkeypatch):
+    """--save-gpu is checked before the engine runs, as calibrate's is: a name not ending in .json (which
+    --gpu FILE refuses) or an existing directory is one line naming --save-gpu, exit 2."""
+    import stallfree.validate.run as run
+
+    (tmp_path / "folder.json").mkdir()
+    monkeypatch.setattr(run, "run_validate", lambda *a, **k: pytest.fail("the engine ran"))
+    assert main(["validate", "--save-gpu", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err == f"stallfree validate: error: --save-gpu {tmp_path / name}: {said}\n"
+
+
+def test_the_engine_run_takes_a_save_gpu_in_a_folder_it_will_create(tmp_path, monkeypatch):
+    """The writer creates missing folders (validate.output.write_gpu), so a .json name under a folder that
+    does not exist yet is passed on, and nothing is created before the run."""
+    pytest.importorskip("torch")
+    import stallfree.validate.run as run
+
+    class Ran(Exception):
+        """Stops the command where the engine would start."""
+
+    seen = []
+
+    def fake(cfg, out, save_gpu):
+        seen.append(save_gpu)
+        raise Ran
+
+    monkeypatch.setattr(run, "run_validate", fake)
+    target = tmp_path / "new" / "sub" / "gpu.json"
+    with pytest.raises(Ran):
+        main(["validate", "--save-gpu", str(target)])
+    assert seen == [target] and not (tmp_path / "new").exists()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import int_at_least, positive_float_at_most, positive_int
+from stallfree._files import writable_file_problem
 from stallfree.flags import add_renamed, add_scheduler_flags
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
 
@@ -231,6 +232,11 @@ def _run(a: argparse.Namespace) -> int:
             title = (f"vLLM result {a.vllm_result} against the simulator: {res['config']['requests']} requests, "
                      f"{a.model} on {a.tp} x {a.gpu}")
         else:
+            # Checked before the run, as calibrate checks its --save-gpu; the writer creates missing folders.
+            problem = None if a.save_gpu is None else writable_file_problem(a.save_gpu, "--save-gpu", (".json",),
+                                                                            creates_dirs=True)
+            if problem:
+                raise ValueError(problem)
             try:
                 import torch  # noqa: F401
             except ModuleNotFoundError:
