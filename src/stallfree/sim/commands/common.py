@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import math
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ from stallfree._files import writable_file_problem
 from stallfree.core.errors import InvalidConfig, StallfreeError
 from stallfree.flags import KNOBS, flag_text
 from stallfree.sim.defaults import BATCHING_MODES, EXECUTORS
+from stallfree.sim.outputs.wording import rate_text, share_text
 
 if TYPE_CHECKING:
     from stallfree.sim.studies.executors import Executor
@@ -47,6 +47,7 @@ __all__ = [
     "modes",
     "positive_duration",
     "rate_text",
+    "share_text",
     "refuse_writing_the_trace",
     "rejection_warning",
     "served_nothing",
@@ -62,14 +63,6 @@ ENGINE_DEFAULT_WHY = ("the engine whose kernel tables price the run (vLLM >= 0.1
 def counted(n: int, noun: str) -> str:
     """A count and its noun, singular for one: "1 simulation", "2 simulations" (nouns that take an s)."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def rate_text(rate: float) -> str:
-    """A rate in requests/s as the commands' reports write it: two decimals ("6.60"), or two significant
-    digits below 0.1 req/s ("0.0040"), where two decimals would read a light load as 0.00."""
-    if 0 < rate < 0.1:
-        return f"{rate:.{1 - math.floor(math.log10(rate))}f}"
-    return f"{rate:,.2f}"
 
 
 class CliError(StallfreeError):

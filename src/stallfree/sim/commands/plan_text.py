@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree.sim.commands.common import counted, rate_text
+from stallfree.sim.commands.common import counted, rate_text, share_text
 
 if TYPE_CHECKING:
     from stallfree.sim.studies.capacity import PlanResult
@@ -125,11 +125,6 @@ def fleet_answer_line(fleet: FleetResult, args: argparse.Namespace) -> str:
     return line + "the fewest GPUs (no prices given: --gpu-price or --prices for dollars)."
 
 
-def _share_text(share: float) -> str:
-    """A fraction as a whole percentage, "under 1%" where that would round a load that is there to 0%."""
-    return "under 1%" if 0 < share < 0.005 else f"{share:.0%}"
-
-
 def why_line(load: dict[str, Any] | None, fleet: FleetResult) -> str | None:
     """Why the answer's count: the mean load against the capacity, the busiest minute against the mean."""
     from stallfree.sim.studies.fleet import BURST_WINDOW_S
@@ -143,7 +138,7 @@ def why_line(load: dict[str, Any] | None, fleet: FleetResult) -> str | None:
                     f"~{rate_text(cap['decode'])} req/s")
     else:
         capacity = (f"one replica sustains ~{rate_text(cap)} req/s "
-                    f"(the mean load is {_share_text(load['mean_rate'] / cap)} of it)")
+                    f"(the mean load is {share_text(load['mean_rate'] / cap)} of it)")
     ratio = f", {load['burst_ratio']:.1f}x the mean" if load["burst_ratio"] else ""
     window_s = load["busiest_window_s"]
     # A trace shorter than the window is timed over its own span, seconds to the last arrival: a tenth

@@ -6,5 +6,6 @@ Imports allowed: the standard library, stallfree.core, stallfree.sim.run and the
 stallfree.sim.inputs; numpy, matplotlib and rich only lazily. The writers, the study plots and the overload
 lines also read stallfree.sim.studies' results.
 
-Modules: buckets, disagg_report, overload, plot_parts, plots, records, report, study_plots, table, verdict, writers.
+Modules: buckets, disagg_report, overload, plot_parts, plots, records, report, study_plots, table, verdict, wording,
+writers.
 """
