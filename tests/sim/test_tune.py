@@ -344,3 +344,25 @@ def test_tune_counts_one_candidate_and_one_run_in_the_singular(tmp_path, capsys)
     assert "\nsimulated 1 candidate in " in captured.out
     assert captured.err.startswith("warning: 1 of 1 run rejected requests; the first, budget 2,048: rejected 1 of 2 "
                                    "requests (1 over the context length (context_length))")
+
+
+def test_tune_writes_a_light_rate_with_two_significant_digits(tmp_path, capsys):
+    """Three requests 600 s apart are offered 2 / 1,200 = 0.0017 req/s; each is served in one 1 s step within
+    the SLOs, so every candidate's goodput is 3 requests in the 1,201 s to the last finish, 0.0025 req/s. The
+    header, the table, the chosen line and the best of each kind write them with two significant digits, as
+    simulate and plan do (two decimals read 0.00)."""
+    trace = tmp_path / "light.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
+    argv = ["tune", "--trace", str(trace), "--linear-cost", "1000,0", "--slo-ttft", "2s", "--slo-tpot", "1s",
+            "--budgets", "512,1024", "--max-seqs-candidates", "2", "--executor", "serial"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("light.csv: 3 requests, rate scale 1 (0.0017 req/s offered); linear cost 1000,0")
+    rows = [[cell.strip() for cell in line.strip("│ ").split("│")] for line in out if line.startswith("│")]
+    assert [row[:5] for row in rows] == [["chosen", "1,024", "256", "0.0025", "100.0%"],
+                                         ["#2", "1,024", "2", "0.0025", "100.0%"],
+                                         ["#3", "512", "256", "0.0025", "100.0%"],
+                                         ["#4", "512", "2", "0.0025", "100.0%"]]
+    assert "chosen: token budget 1,024, max_seqs 256: goodput 0.0025 req/s (100.0% within the SLOs)" in out
+    assert out[-1] == ("best of each kind searched: token budget 1,024 (of 2 tried; goodput 0.0025 req/s, 100.0% "
+                       "in SLO); max_seqs 256 (of 2 tried; goodput 0.0025 req/s, 100.0% in SLO)")

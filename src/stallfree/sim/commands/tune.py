@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import partial_prefill_flag_problem, positive_int, token_count_list
@@ -22,6 +23,7 @@ from stallfree.sim.commands.common import (
     executor_from_args,
     guard,
     progress_bar,
+    rate_text,
     refuse_writing_the_trace,
     served_nothing,
     warn_rejections,
@@ -207,8 +209,8 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
 
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
-        f"({header['offered_rate']:.2f} req/s offered); {header['hardware']}; KV {header['kv_tokens']:,} tokens; "
-        f"{header['behaviour']}"
+        f"({rate_text(header['offered_rate'])} req/s offered); {header['hardware']}; "
+        f"KV {header['kv_tokens']:,} tokens; {header['behaviour']}"
     )
     print(f"SLOs: TTFT <= {result.slo_ttft * 1e3:g} ms, TPOT <= {result.slo_tpot * 1e3:g} ms")
     if result.bound is not None:
@@ -237,7 +239,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
         return
     print(
         f"chosen: token budget {best['token_budget']:,}, max_seqs {best['max_seqs']}: goodput "
-        f"{best.get('request_goodput') or 0:.2f} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
+        f"{rate_text(best.get('request_goodput') or 0)} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
     )
     print(serve_command(best))
 
@@ -246,32 +248,32 @@ def _kind_text(k: dict[str, Any]) -> str:
     """One kind of best_by_kind: its best value, how many were tried, its goodput."""
     names = {"token_budget": "token budget", "max_seqs": "max_seqs", "partial_prefills": "partial prefills K/L/T"}
     value = "/".join(map(str, k["value"])) if k["kind"] == "partial_prefills" else f"{k['value']:,}"
-    return (f"{names[k['kind']]} {value} (of {len(k['tried'])} tried; goodput {k['request_goodput'] or 0:,.2f} req/s, "
-            f"{k['slo_attainment'] or 0:.1%} in SLO)")
+    return (f"{names[k['kind']]} {value} (of {len(k['tried'])} tried; goodput "
+            f"{rate_text(k['request_goodput'] or 0)} req/s, {k['slo_attainment'] or 0:.1%} in SLO)")
 def _print_candidates(result: TuneResult, top: int) -> None:
     """The candidates' table, best first, the first `top` rows."""
     from rich.table import Table
 
     from stallfree.sim.outputs.table import console
 
-    cols: tuple[tuple[str, str, str], ...] = (
-        ("token_budget", "budget", "{:,}"),
-        ("max_seqs", "max_seqs", "{:,}"),
-        ("request_goodput", "goodput", "{:,.2f}"),
-        ("slo_attainment", "in SLO", "{:.1%}"),
-        ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
-        ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
-        ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
-        ("p99_tpot_ms", "TPOT p99", "{:,.1f}"),
+    cols: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+        ("token_budget", "budget", "{:,}".format),
+        ("max_seqs", "max_seqs", "{:,}".format),
+        ("request_goodput", "goodput", rate_text),
+        ("slo_attainment", "in SLO", "{:.1%}".format),
+        ("median_ttft_ms", "TTFT p50", "{:,.0f}".format),
+        ("p99_ttft_ms", "TTFT p99", "{:,.0f}".format),
+        ("median_tpot_ms", "TPOT p50", "{:,.1f}".format),
+        ("p99_tpot_ms", "TPOT p99", "{:,.1f}".format),
     )
     if any(r.get("partial_prefills") for r in result.rows):
-        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}"), *cols[2:])
+        cols = (*cols[:2], ("partial_prefills", "K/L/T", "{0[0]}/{0[1]}/{0[2]}".format), *cols[2:])
     table = Table(title="candidates, best first (goodput in req/s, latencies in ms)", title_justify="left")
     table.add_column("")
     for _, name, _ in cols:
         table.add_column(name, justify="right", no_wrap=True)
     for i, row in enumerate(result.rows[:top]):
-        cells = ("-" if row.get(k) is None else spec.format(row[k]) for k, _, spec in cols)
+        cells = ("-" if row.get(k) is None else text(row[k]) for k, _, text in cols)
         table.add_row("chosen" if i == 0 else f"#{i + 1}", *cells)
     console().print(table)
 
