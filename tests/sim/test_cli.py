@@ -690,3 +690,16 @@ def test_simulate_header_writes_a_light_rate_with_two_significant_digits(tmp_pat
                  "--think-time", "1000s"]) == 0
     line = capsys.readouterr().out.splitlines()[2]
     assert line.startswith("chunked/2048: achieved 0.0015 req/s; utilization")
+
+
+def test_simulate_header_writes_a_share_that_rounds_to_0_as_under_1_percent(tmp_path, capsys):
+    """Three requests 600 s apart offer 0.0017 req/s to a replica that sustains about 200 req/s saturated, and
+    each one-second step holds one 10-token prompt of the 2,048-token budget (0.49%): the header says "under 1%"
+    for both, as plan's why line does (it said 0%), and no request ever waits, which stays 0%."""
+    trace = tmp_path / "light.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
+    assert main(["simulate", "--trace", str(trace), "--linear-cost", "1000,0"]) == 0
+    line = capsys.readouterr().out.splitlines()[2]
+    assert line.startswith("chunked/2048: utilization under 1% of capacity (~")
+    assert line.endswith(" req/s when saturated); requests waiting after 0% of steps; under 1% of the token budget "
+                         "used")

@@ -27,6 +27,7 @@ from stallfree.sim.commands.common import (
     refuse_writing_the_trace,
     rejection_warning,
     served_nothing,
+    share_text,
 )
 from stallfree.sim.commands.setup_args import (
     add_common,
@@ -450,7 +451,7 @@ def _load_text(summary: dict[str, Any]) -> str:
         return "capacity unknown (no request was served)"
     if load is None:
         return f"every request arrives at once (capacity ~{capacity:,.1f} req/s when saturated)"
-    return f"utilization {load:.0%} of capacity (~{capacity:,.1f} req/s when saturated)"
+    return f"utilization {share_text(load)} of capacity (~{capacity:,.1f} req/s when saturated)"
 
 
 def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> None:
@@ -477,8 +478,10 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     )
     for s in summaries:
         print(
-            f"{s['label']}: {_load_text(s)}; requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
-            + (f"; {s['budget_utilization']:.0%} of the token budget used" if s.get("budget_utilization") else "")
+            f"{s['label']}: {_load_text(s)}; requests waiting after {share_text(s.get('queued_fraction') or 0)} "
+            "of steps"
+            + (f"; {share_text(s['budget_utilization'])} of the token budget used"
+               if s.get("budget_utilization") else "")
             # Only prefill-first and no-chunk batching pass the budget: they run a whole prompt in one step.
             + (" (above 100%: this batching runs a whole prompt longer than the budget in one step)"
                if (s.get("budget_utilization") or 0) > 1 else "")
