@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from stallfree.cli import main
 from stallfree.sim.inputs.options import HardwareOptions, WorkloadOptions
 from stallfree.sim.inputs.setup import Setup
+from stallfree.sim.outputs import plots
 from stallfree.sim.outputs.plots import plot_context
 from stallfree.sim.outputs.writers import write_experiment
 from stallfree.sim.studies.experiment import run_experiment, run_tag
@@ -194,3 +196,22 @@ def test_timeline_says_baselines_run_past_the_budget(tmp_path, monkeypatch):
     assert len(budget) == 1 and list(budget[0].get_ydata()) == [128, 128]
     assert budget[0].get_label() == "token budget 128; prefill-first steps run whole prompts past it"
     assert max(max(ln.get_ydata()) for ln in tokens_ax.get_lines() if ln not in budget) > 128
+
+
+def test_simulate_plot_titles_write_a_light_rate_with_two_significant_digits(tmp_path, monkeypatch):
+    """Three requests 600 s apart are offered 2 / 1,200 = 0.0017 req/s: the titles of simulate --out's CDF and
+    timeline plots say so, with two significant digits as the console header does (two decimals read 0.00)."""
+    titles: list[str | None] = []
+    draw = plots._title
+
+    def title(fig, what, context):
+        titles.append(context)
+        return draw(fig, what, context)
+
+    monkeypatch.setattr(plots, "_title", title)
+    trace = tmp_path / "light.csv"
+    trace.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
+    assert main(["simulate", "--trace", str(trace), "--linear-cost", "1000,0", "--out", str(tmp_path / "out")]) == 0
+    assert len(titles) == 2 and (tmp_path / "out" / "cdf.png").is_file()
+    assert set(titles) == {"light.csv, 3 requests at rate x1 (0.0017 req/s); linear cost 1000,0 (ms, us/token, "
+                           "ns/context token); KV 657,180 tokens; budget 2,048"}

@@ -36,6 +36,7 @@ from stallfree.sim.outputs.plot_parts import (
 )
 from stallfree.sim.outputs.report import latency_arrays
 from stallfree.sim.outputs.study_plots import chosen_label, plot_kv_sweep, plot_plan_costs, plot_tune
+from stallfree.sim.outputs.wording import rate_text
 from stallfree.sim.run.result import SimResult
 
 __all__ = [
@@ -62,7 +63,7 @@ def plot_context(header: dict[str, Any], budgets: str | None = None) -> str:
     KV 657,180 tokens; budget 2,048". `budgets` replaces the header's own budget text (a sweep's list).
     """
     rate = header.get("offered_rate")
-    offered = f"{rate:,.2f} req/s" if isinstance(rate, int | float) and math.isfinite(rate) else "all at once"
+    offered = f"{rate_text(rate)} req/s" if isinstance(rate, int | float) and math.isfinite(rate) else "all at once"
     parts = [
         f"{header['workload']}, {header['requests']:,} requests at rate x{header['rate_scale']:g} ({offered})",
         str(header["hardware"]),
