@@ -252,10 +252,15 @@ def test_counts_of_one_are_singular(tmp_path, capsys):
 def test_table_goodput_of_a_light_load_keeps_two_digits(tmp_path, capsys):
     """Three requests 600 s apart, each served in a 1 s step, all within the SLO: the table's goodput is 3
     requests in the 1,201 s to the last finish, 0.0025 req/s, with two significant digits (two decimals
-    read 0.00)."""
+    read 0.00); per GPU of the 4 it is 0.00062 (three decimals read 0.001, and 0.000 ten times lighter). The
+    12-request trace's answer, 3.20 req/s on 16 GPUs, keeps three decimals per GPU: 0.200."""
     light = tmp_path / "light.csv"
     light.write_text("arrival_time,prompt_len,output_len\n0,10,1\n600,10,1\n1200,10,1\n")
     assert main(_argv(light)) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if "x1 least-outstanding" in line)
-    assert [cell.strip() for cell in row.strip("│ ").split("│")][:4] == [
-        "x1 least-outstanding", "4", "100.00%", "0.0025"]
+    assert [cell.strip() for cell in row.strip("│ ").split("│")][:5] == [
+        "x1 least-outstanding", "4", "100.00%", "0.0025", "0.00062"]
+    assert main(_argv(_trace(tmp_path))) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.endswith("answer │"))
+    assert [cell.strip() for cell in row.strip("│ ").split("│")][:5] == [
+        "x4 least-outstanding", "16", "100.00%", "3.20", "0.200"]

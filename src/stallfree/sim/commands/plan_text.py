@@ -220,7 +220,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
 
     cols: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
         ("attainment", "in SLO", "{:.2%}".format), ("request_goodput", "goodput", rate_text),
-        ("goodput_per_gpu", "per GPU", "{:,.3f}".format), ("median_ttft_ms", "TTFT p50", "{:,.0f}".format),
+        ("goodput_per_gpu", "per GPU", lambda v: rate_text(v, 3)), ("median_ttft_ms", "TTFT p50", "{:,.0f}".format),
         ("p99_ttft_ms", "TTFT p99", "{:,.0f}".format), ("median_tpot_ms", "TPOT p50", "{:,.1f}".format),
         ("p99_tpot_ms", "TPOT p99", "{:,.1f}".format))
     if fleet.priced:

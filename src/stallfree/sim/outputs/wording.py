@@ -11,12 +11,13 @@ import math
 __all__ = ["rate_text", "share_text"]
 
 
-def rate_text(rate: float) -> str:
-    """A rate in requests/s as the reports write it: two decimals ("6.60"), or two significant digits below
-    0.1 req/s ("0.0040"), where two decimals would read a light load as 0.00."""
-    if 0 < rate < 0.1:
+def rate_text(rate: float, decimals: int = 2) -> str:
+    """A rate (requests/s, or per GPU) as the reports write it: `decimals` decimals ("6.60" at two), or two
+    significant digits where those would show fewer ("0.0040" below 0.1 req/s at two; "0.00062" below 0.01 at
+    three), so that a light load never reads 0.00."""
+    if 0 < rate < 10.0 ** (1 - decimals):
         return f"{rate:.{1 - math.floor(math.log10(rate))}f}"
-    return f"{rate:,.2f}"
+    return f"{rate:,.{decimals}f}"
 
 
 def share_text(share: float) -> str:
