@@ -273,13 +273,46 @@ def test_budget_memory_hint_names_pp_where_more_stages_make_room(capsys):
     assert main([*argv, "--dtype", "fp8"]) == 2
     assert capsys.readouterr().err == (
         "stallfree budget: error: no room for KV: llama-3.3-70b weights take 72.7 GB per GPU, 0.9 x 80 GB leaves "
-        "0.0 GB; raise tp or pp, use 8-bit weights or a higher gpu_memory_utilization\n")
+        "0.0 GB; raise tp or pp, use 4-bit weights or a higher gpu_memory_utilization\n")
     assert main(["budget", "--model", "mixtral-8x7b", "--gpu", "l4", "--tp", "2", "--ep", "2"]) == 2
     assert capsys.readouterr().err.endswith("need 46.7 GB per GPU at tp 2, more than the 24 GB of one l4; raise tp "
                                             "or use 8-bit weights\n")
     assert main(["simulate", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16",
                  "--num-requests", "3"]) == 2
     assert capsys.readouterr().err.endswith("of one h100-sxm; raise tp or use 8-bit weights\n")
+
+
+@pytest.mark.parametrize(("gpu", "dtype", "hint"), [
+    ("h100-sxm", "bf16", "811.7 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp, or use "
+                         "8-bit weights"),
+    ("h100-sxm", "fp8", "410.1 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp, or use "
+                        "4-bit weights"),
+    ("h100-sxm", "int8", "410.1 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp, or use "
+                         "4-bit weights"),
+    ("mi300x", "fp8", "410.1 GB per GPU at tp 1, more than the 192 GB of one mi300x; raise tp or pp"),
+    ("h100-sxm", "int4", "215.5 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp"),
+], ids=["bf16", "fp8", "int8", "fp8-on-mi300x", "int4"])
+def test_memory_hint_suggests_only_smaller_weights(capsys, gpu, dtype, hint):
+    """Llama 3.1 405B at tp 1 fits no single GPU: 401.6 B decoder parameters at the dtype's bytes plus 4.2 B
+    each of embedding and lm_head in 16 bits. The hint offers the weights one size smaller than those in use:
+    8-bit under bf16, 4-bit under fp8 or int8 (it said 8-bit, which they are) where the GPU runs 4-bit
+    weights, and none on the MI300X, which runs none, or under int4, which has nothing smaller."""
+    assert main(["budget", "--model", "llama-3.1-405b", "--gpu", gpu, "--tp", "1", "--dtype", dtype]) == 2
+    assert capsys.readouterr().err == f"stallfree budget: error: llama-3.1-405b weights in {dtype} need {hint}\n"
+
+
+def test_kv_room_hint_under_4_bit_weights_suggests_no_smaller_weights(capsys):
+    """Llama 3.3 70B's int4 weights take 39.5 GB of an H100's 80: at --gpu-memory-utilization 0.4 (32 GB) no
+    KV fits. The hint names tp (and pp) and the utilization, but no smaller weights; simulate (no --pp) alike."""
+    argv = ["--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "int4",
+            "--gpu-memory-utilization", "0.4"]
+    facts = "no room for KV: llama-3.3-70b weights take 39.5 GB per GPU, 0.4 x 80 GB leaves 0.0 GB; "
+    assert main(["budget", *argv]) == 2
+    assert capsys.readouterr().err == (
+        f"stallfree budget: error: {facts}raise tp or pp, or use a higher gpu_memory_utilization\n")
+    assert main(["simulate", *argv, "--num-requests", "3"]) == 2
+    assert capsys.readouterr().err == (
+        f"stallfree simulate: error: {facts}raise tp or use a higher gpu_memory_utilization\n")
 
 
 @pytest.mark.parametrize(("flags", "said"), [

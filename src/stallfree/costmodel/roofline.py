@@ -299,8 +299,7 @@ class CostModel:
             raise self._memory_error(
                 f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
                 f"at tp {n}" + (f", pp {pp}" if pp > 1 else "") + ", "
-                f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; ",
-                "raise tp or use 8-bit weights", "raise tp or pp, or use 8-bit weights",
+                f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; "
             )
         # GQA heads split (or replicated when tp > n_kv); an MLA latent is whole on every rank.
         kv_all_layers = int(m.kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], n))
@@ -349,12 +348,39 @@ class CostModel:
         self._o_seq = 0.0 if design else self.per_seq_s
         self._inv_mfu, self._inv_mbu, self._inv_link = 1.0 / self.mfu, 1.0 / self.mbu, 1.0 / self.link_util
 
-    def _memory_error(self, facts: str, hint: str, hint_with_pp: str) -> CostModelMemoryError:
-        """`facts` then `hint` (what makes room); with_pp: `hint_with_pp`, which names pp as well, where a
-        stage could hold fewer layers (pp below the layers, and no expert or attention split: those are
-        priced at pp 1 only)."""
+    def _memory_error(self, facts: str, more: str | None = None) -> CostModelMemoryError:
+        """`facts` then what makes room: raise tp, or use weights one size smaller (_smaller_weights: none
+        under 4-bit weights) or `more` ("raise tp, use 8-bit weights or a higher gpu_memory_utilization"); with_pp
+        names pp beside tp where a stage could hold fewer layers (pp below the layers, and no expert or
+        attention split: those are priced at pp 1 only)."""
+        smaller = self._smaller_weights()
+        uses = ([f"{smaller} weights"] if smaller else []) + ([more] if more else [])
+
+        def hint(parallel: str, with_pp: bool) -> str:
+            if not uses:
+                return parallel
+            joint = ", " if len(uses) > 1 else ", or " if with_pp else " or "
+            return f"{parallel}{joint}use {' or '.join(uses)}"
+
         pp_helps = self.pp < self.model.num_layers and self.ep == 1 and self.dp_attention == 1
-        return CostModelMemoryError(facts + hint, facts + hint_with_pp if pp_helps else None)
+        return CostModelMemoryError(facts + hint("raise tp", False),
+                                    facts + hint("raise tp or pp", True) if pp_helps else None)
+
+    def _smaller_weights(self) -> str | None:
+        """The weights one size smaller to suggest where memory runs short: 8-bit under 16-bit weights,
+        4-bit under 8-bit where this GPU runs a 4-bit dtype (GPUSpec.check_weight_dtype); None under
+        4-bit weights, which have nothing smaller."""
+        wb = DTYPE_BYTES[self.dtype]
+        if wb == 2:
+            return "8-bit"
+        if wb == 1:
+            for four_bit in FOUR_BIT_DTYPES:
+                try:
+                    self.gpu.check_weight_dtype(four_bit)
+                except CostModelError:
+                    continue
+                return "4-bit"
+        return None
 
     def _split_moe(
         self, m: ModelSpec, gpu: GPUSpec, wb: float, head_b: float, kv_all_layers: int, peak_lin: float
@@ -845,8 +871,7 @@ class CostModel:
                 f"no room for KV: {self.model.key} weights take "
                 f"{self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU, "
                 f"{util} x {self.gpu.mem_bytes / 1e9:.0f} GB leaves {max(free, 0.0) / 1e9:.1f} GB; ",
-                "raise tp, use 8-bit weights or a higher gpu_memory_utilization",
-                "raise tp or pp, use 8-bit weights or a higher gpu_memory_utilization",
+                "a higher gpu_memory_utilization",
             )
         return int(free // self.kv_bytes_per_token_per_gpu)
 
