@@ -328,3 +328,41 @@ def test_budget_names_the_flag_of_a_split_a_dense_model_cannot_take(capsys, flag
         assert capsys.readouterr().err == (
             f"stallfree {command[0]}: error: {said}: llama-3.3-70b has no experts; expert parallelism and "
             "data-parallel attention are for MoE models (a dense model's data parallelism is more replicas)\n")
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--ep", "3"], "--ep 3 does not divide the 8 routed experts of mixtral-8x7b"),
+    (["--ep", "4"], "--ep 4 does not divide the replica's 2 GPUs (--tp 2 x --dp-attention 1); the experts are split "
+                    "--ep ways, each over --tp x --dp-attention / --ep GPUs"),
+    (["--ep", "2", "--pp", "2"], "--ep 2 is not priced with --pp 2; use --pp 1"),
+    (["--dp-attention", "2", "--pp", "2"], "--dp-attention 2 is not priced with --pp 2; use --pp 1"),
+    (["--ep", "2", "--dp-attention", "2", "--pp", "2"],
+     "--ep 2 and --dp-attention 2 are not priced with --pp 2; use --pp 1"),
+], ids=["experts", "gpus", "ep-with-pp", "dp-with-pp", "both-with-pp"])
+def test_budget_names_the_flags_of_a_split_the_moe_model_cannot_take(capsys, flags, said):
+    """Mixtral 8x7B's 8 routed experts split 1, 2, 4 or 8 ways, over the replica's --tp 2 x --dp-attention GPUs,
+    and only at --pp 1: budget and calibrate name the flags as typed (they said "ep 3 ...", "tp 2 x dp_attention
+    1" and "ep 2 and dp_attention 1 are not priced with pp 2", a split at 1 named though not given), exit 2."""
+    for command in (["budget"], ["calibrate", "--profile", "a100-codellama34b-tp2"]):
+        assert main([*command, "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", *flags]) == 2
+        assert capsys.readouterr().err == f"stallfree {command[0]}: error: {said}\n"
+
+
+def test_simulate_and_plan_name_the_flags_of_a_split_the_moe_model_cannot_take(capsys):
+    """simulate refuses --ep 3 on Mixtral 8x7B by its flag (exit 2); plan skips the shape of --tp 1 that --ep 4
+    cannot split, saying so in flags (it said "ep 4 ... (tp 1 x dp_attention 1)"), and plans --tp 4. The
+    cost model itself keeps naming its fields."""
+    assert main(["simulate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "2", "--ep", "3",
+                 "--num-requests", "3"]) == 2
+    assert capsys.readouterr().err == ("stallfree simulate: error: --ep 3 does not divide the 8 routed experts of "
+                                       "mixtral-8x7b\n")
+    assert main(["plan", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--tp", "1,4", "--ep", "4",
+                 "--num-requests", "3", "--slo-ttft", "2s", "--executor", "serial", "--no-disaggregate",
+                 "--max-replicas", "1", "--json"]) == 0
+    shapes = {(s["tp"], s["skipped"]) for s in json.loads(capsys.readouterr().out)["shapes"]}
+    assert shapes == {(4, None), (1, "skipped: --ep 4 does not divide the replica's 1 GPUs (--tp 1 x "
+                                     "--dp-attention 1); the experts are split --ep ways, each over --tp x "
+                                     "--dp-attention / --ep GPUs")}
+    with pytest.raises(CostModelError) as caught:
+        CostModel.from_names("mixtral-8x7b", "h100-sxm", tp=2, pp=2, ep=2)
+    assert str(caught.value) == "ep 2 and dp_attention 1 are not priced with pp 2; use pp 1"

@@ -32,7 +32,7 @@ from stallfree.costmodel.errors import CostModelError, CostModelWarning
 from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
 from stallfree.costmodel.kernel_maps import SYSTEMS
 from stallfree.costmodel.model import get_model, list_models
-from stallfree.costmodel.roofline import CostModel, split_without_experts
+from stallfree.costmodel.roofline import CostModel, moe_split_problem
 
 __all__ = ["register"]
 
@@ -90,10 +90,10 @@ def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
         missing = [f"--{n}" for n in ("model", "gpu", "tp") if getattr(a, n) is None]
         raise CostModelError(f"{', '.join(missing)} required")
     model = get_model(a.model)
-    dense = split_without_experts(model, a.ep, a.dp_attention)
-    if dense is not None:  # the flag, not the cost model's field ("ep 2: ...")
-        field, value, why = dense
-        raise CostModelError(f"--{field.replace('_', '-')} {value}: {why}")
+    # Named by the flags, not the cost model's fields ("--ep 3 does not divide ...", not "ep 3 ...").
+    problem = moe_split_problem(model, a.tp, a.pp, a.ep, a.dp_attention, name=lambda f: "--" + f.replace("_", "-"))
+    if problem is not None:
+        raise CostModelError(problem)
     return CostModel.from_names(
         model,
         a.gpu,

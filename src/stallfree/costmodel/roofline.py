@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import warnings
 from array import array
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any, cast
 
@@ -90,6 +91,7 @@ __all__ = [
     "CostModel",
     "StepCost",
     "largest_fitting",
+    "moe_split_problem",
     "split_without_experts",
 ]
 
@@ -926,20 +928,40 @@ def _check_moe_split(model: ModelSpec, tp: int, pp: int, ep: int, dp_attention: 
     """
     _check_count("ep", ep, 1)
     _check_count("dp_attention", dp_attention, 1)
+    problem = moe_split_problem(model, tp, pp, ep, dp_attention)
+    if problem is not None:
+        raise CostModelError(problem)
+    return ep, dp_attention
+
+
+def moe_split_problem(model: ModelSpec, tp: int, pp: int, ep: int, dp_attention: int,
+                      name: Callable[[str], str] | None = None) -> str | None:
+    """Why expert parallelism `ep` and data-parallel attention ranks `dp_attention` (counts >= 1) cannot be
+    priced with this model, tp and pp, or None where they can: above 1 on a dense model
+    (split_without_experts), either above 1 with pp > 1, ep not dividing the routed experts or the replica's
+    tp x dp_attention GPUs.
+
+    Args:
+        name: what to call each field (a command's flag: "ep" -> "--ep"), or None for the cost model's own
+            field names. Named so, the message leaves out a split at 1 where the fields' wording lists both
+            ("--ep 2 is not priced with --pp 2", against "ep 2 and dp_attention 1 are not priced with pp 2").
+    """
     if ep == 1 and dp_attention == 1:
-        return ep, dp_attention
+        return None
+    n = name or str
     dense = split_without_experts(model, ep, dp_attention)
     if dense is not None:
         field, value, why = dense
-        raise CostModelError(f"{field} {value}: {why}")
+        return f"{n(field)} {value}: {why}"
     if pp > 1:
-        raise CostModelError(f"ep {ep} and dp_attention {dp_attention} are not priced with pp {pp}; use pp 1")
+        splits = [f"{n(f)} {v}" for f, v in (("ep", ep), ("dp_attention", dp_attention)) if name is None or v > 1]
+        return (f"{' and '.join(splits)} {'are' if len(splits) > 1 else 'is'} not priced with {n('pp')} {pp}; "
+                f"use {n('pp')} 1")
     if model.num_experts % ep:
-        raise CostModelError(f"ep {ep} does not divide the {model.num_experts} routed experts of {model.key}")
+        return f"{n('ep')} {ep} does not divide the {model.num_experts} routed experts of {model.key}"
     gpus = tp * dp_attention
     if gpus % ep:
-        raise CostModelError(
-            f"ep {ep} does not divide the replica's {gpus} GPUs (tp {tp} x dp_attention {dp_attention}); the "
-            "experts are split ep ways, each over tp x dp_attention / ep GPUs"
-        )
-    return ep, dp_attention
+        return (f"{n('ep')} {ep} does not divide the replica's {gpus} GPUs ({n('tp')} {tp} x {n('dp_attention')} "
+                f"{dp_attention}); the experts are split {n('ep')} ways, each over {n('tp')} x "
+                f"{n('dp_attention')} / {n('ep')} GPUs")
+    return None

@@ -29,6 +29,7 @@ from stallfree.sim.commands.common import (
     add_executor_flags,
     ensure_writable_dir,
     executor_from_args,
+    flag_message,
     guard,
     progress_bar,
     refuse_writing_the_trace,
@@ -344,7 +345,7 @@ def _setups(args: argparse.Namespace, shapes: list[Shape]) -> tuple[
                 if len(shapes) == 1:
                     raise
                 first_error = first_error or exc
-                skipped.append((Shape(_key_or_name(shape.gpu), shape.tp), f"skipped: {exc}"))
+                skipped.append((Shape(_key_or_name(shape.gpu), shape.tp), f"skipped: {flag_message(exc)}"))
                 continue
         key = Shape(_key_or_name(shape.gpu), shape.tp)
         said = sorted({str(w.message) for w in caught})

@@ -16,7 +16,7 @@ from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import choose_cost_model
 from stallfree.costmodel.model import get_model
 from stallfree.costmodel.names import gpu_match, resolve_model
-from stallfree.costmodel.roofline import split_without_experts
+from stallfree.costmodel.roofline import moe_split_problem
 from stallfree.sim.inputs.engine_profile import (
     EngineProfileError,
     ProfiledCostModel,
@@ -80,10 +80,10 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
                          usage=True)
     model, gpu, named = _preset_names(opts)
     try:
-        dense = split_without_experts(get_model(model), opts.ep, opts.dp_attention)
-        if dense is not None:  # named as the option (`ep`=2), which the commands word as their flag
-            field, value, why = dense
-            raise CostModelError(f"`{field}`={value}: {why}")
+        # Named as the options (`ep` 3), which the commands word as their flags (--ep 3).
+        problem = moe_split_problem(get_model(model), opts.tp, 1, opts.ep, opts.dp_attention, name=lambda f: f"`{f}`")
+        if problem is not None:
+            raise CostModelError(problem)
         # A linear cost replaces the pricing; the KV capacity still comes from today's cost model.
         kernels = "none" if opts.linear_cost else opts.kernels
         chosen = choose_cost_model(
