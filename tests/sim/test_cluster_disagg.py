@@ -97,6 +97,34 @@ def test_shifted_cost_shows_each_decode_its_true_context():
     assert second.decode_offsets is first.decode_offsets
 
 
+def test_each_side_states_its_step_figures(capsys):
+    """The hand request's per-step figures, per side (`sides`; the table's "P x | D y" cells, not "-"):
+    prefill 1 step of 100 tokens (budget 256: 39.1%); decode 3 steps of 1 token (0.4%), the first
+    feeding the first token (11 ms, no decode), then 1 decode for 12.01 + 12.02 ms: running decodes
+    24.03 / 35.03 = 0.686 on time average; no preemption."""
+    from stallfree.sim.outputs.table import print_table
+
+    w = Workload((0.0,), (100,), (4,), "hand")
+    s = disagg_summary(simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 1, 1000, LINK), 1)
+    p, d = s["sides"]["prefill"], s["sides"]["decode"]
+    assert (p["num_steps"], p["mean_tokens_per_step"], p["budget_utilization"]) == (1, 100.0, 100 / 256)
+    assert (d["num_steps"], d["mean_tokens_per_step"], d["budget_utilization"]) == (3, 1.0, 1 / 256)
+    assert d["mean_running_decodes"] == pytest.approx(24.03 / 35.03) and p["mean_running_decodes"] == 0.0
+    assert p["num_preemptions"] == d["num_preemptions"] == 0
+    # Its prompt (100 tokens) in the bucket <1k: TTFT 110 ms, TPOT 46.68 ms, E2E 250.03 ms.
+    b = s["by_prompt_len"]
+    assert list(b) == ["<1k"] and b["<1k"]["requests"] == 1
+    assert (b["<1k"]["median_ttft_ms"], b["<1k"]["p99_tpot_ms"], b["<1k"]["median_e2el_ms"]) == pytest.approx(
+        (110.0, (250.03 - 110.0) / 3, 250.03))
+    aggregated = {"label": "aggregated", "prefix_cache_hit_rate": 0.5, "prefix_cache_evictions": 3}
+    print_table([aggregated, s | {"label": "disagg 1P:1D"}])
+    table = capsys.readouterr().out
+    assert "P 1 | D 3" in table and "P 39.1% | D 0.4%" in table and "P 0.0 | D 0.7" in table
+    assert "110 | 110" in table  # the bucket row of TTFT p50 | p99
+    hit = next(line for line in table.splitlines() if "prefix cache hit rate" in line)
+    assert [c.strip() for c in hit.split("│")[2:4]] == ["50.0%", "not modelled"]  # not under disaggregation
+
+
 def test_records_by_hand():
     """The hand request above as a record: prefilled on replica 0, decoded on replica 0, transfer
     110 -> 215 ms, decode admitted at 215 ms, tokens at 110 ... 250.03 ms. Two prefill and two decode

@@ -278,6 +278,9 @@ def _group(
         inner = make_scheduler(scheduler)
         sched = wrap_checker(inner) if check else inner
         config: dict[str, Any] = {"max_tokens": max_tokens, "role": role}
+        if isinstance(scheduler, ReplicaConfig):  # as a single run's: its budget utilization reads it
+            config.update(token_budget=scheduler.token_budget, max_seqs=scheduler.max_seqs,
+                          kv_tokens=scheduler.kv_tokens)
         res = new_result(f"{role}#{k}", wl, config, list(wl.output_lens), list(wl.output_lens), inner)
         out.append(Replica(k, sched, inner, res, cost))
     return out
