@@ -9,6 +9,7 @@ import random
 import pytest
 
 from stallfree.cli import main
+from stallfree.core.plan import StepPlan
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.outputs.disagg_report import disagg_summary
 from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
@@ -50,6 +51,78 @@ def test_one_request_by_hand():
     assert disagg_summary(r, 1, slo_ttft=0.2)["slo_attainment"] == 1.0
     assert disagg_summary(r, 1, slo_ttft=0.1)["slo_attainment"] == 0.0
     assert s["slo_attainment"] is None
+
+
+class PerDecodeCost:
+    """DECODE's prices read decode by decode (as the kernel tables' decode attention reads each decode's
+    start, not decode_context_sum): 10 ms + 1 ms per token + 0.01 ms per token of each decode's context."""
+
+    def step_time(self, plan: StepPlan) -> float:
+        return 0.010 + 0.001 * plan.num_tokens + 1e-5 * sum(plan.decode_starts)
+
+
+def test_one_request_by_hand_priced_decode_by_decode():
+    """The hand request above under a cost model that reads each decode's start: the same token times
+    (contexts 101 and 102 on the decode side, not the decode replica's step numbers 1 and 2)."""
+    w = Workload((0.0,), (100,), (4,), "hand")
+    r = simulate_disaggregated(w, cfg(), cfg(), PREFILL, PerDecodeCost(), 1, 1, 1000, LINK)
+    (tl,) = r.timelines
+    assert tl.token_times == pytest.approx((0.110, 0.226, 0.23801, 0.25003))
+
+
+def test_shifted_cost_shows_each_decode_its_true_context():
+    """A decode replica's step 10: decodes a (offset 0: scheduler start 10) and b (offset 5: start 15),
+    prompts 1,000 and 200, and the 1-token first chunk of c (prompt 50). The cost model sees starts
+    1,010 and 215 (sum 1,225; offsets sorted 205, 1,000) and the chunk at 50; the next step, with the
+    same decodes (the scheduler's same offsets tuple), the same shifted tuple object: starts 1,011, 216."""
+    from stallfree.core.plan import ScheduledChunk
+    from stallfree.sim.run.disagg import _ShiftedCost
+
+    seen: list[StepPlan] = []
+
+    class Record:
+        def step_time(self, plan: StepPlan) -> float:
+            seen.append(plan)
+            return 0.0
+
+    cost = _ShiftedCost(Record(), {"a": 1000, "b": 200, "c": 50})  # type: ignore[arg-type]
+    offs = (0, 5)
+    cost.step_time(StepPlan(10, ("a", "b"), offs, (ScheduledChunk("c", 1, True, 0, True),), 3, 25, 256))
+    cost.step_time(StepPlan(11, ("a", "b"), offs, (), 2, 27, 256))
+    first, second = seen
+    assert first.decode_starts == (1010, 215) and first.decode_context_sum == 1225
+    assert first.decode_offsets_sorted == (205, 1000)
+    assert [c.start for c in first.prefills] == [50]
+    assert second.decode_starts == (1011, 216) and second.decode_context_sum == 1227
+    assert second.decode_offsets is first.decode_offsets
+
+
+def test_each_side_states_its_step_figures(capsys):
+    """The hand request's per-step figures, per side (`sides`; the table's "P x | D y" cells, not "-"):
+    prefill 1 step of 100 tokens (budget 256: 39.1%); decode 3 steps of 1 token (0.4%), the first
+    feeding the first token (11 ms, no decode), then 1 decode for 12.01 + 12.02 ms: running decodes
+    24.03 / 35.03 = 0.686 on time average; no preemption."""
+    from stallfree.sim.outputs.table import print_table
+
+    w = Workload((0.0,), (100,), (4,), "hand")
+    s = disagg_summary(simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 1, 1000, LINK), 1)
+    p, d = s["sides"]["prefill"], s["sides"]["decode"]
+    assert (p["num_steps"], p["mean_tokens_per_step"], p["budget_utilization"]) == (1, 100.0, 100 / 256)
+    assert (d["num_steps"], d["mean_tokens_per_step"], d["budget_utilization"]) == (3, 1.0, 1 / 256)
+    assert d["mean_running_decodes"] == pytest.approx(24.03 / 35.03) and p["mean_running_decodes"] == 0.0
+    assert p["num_preemptions"] == d["num_preemptions"] == 0
+    # Its prompt (100 tokens) in the bucket <1k: TTFT 110 ms, TPOT 46.68 ms, E2E 250.03 ms.
+    b = s["by_prompt_len"]
+    assert list(b) == ["<1k"] and b["<1k"]["requests"] == 1
+    assert (b["<1k"]["median_ttft_ms"], b["<1k"]["p99_tpot_ms"], b["<1k"]["median_e2el_ms"]) == pytest.approx(
+        (110.0, (250.03 - 110.0) / 3, 250.03))
+    aggregated = {"label": "aggregated", "prefix_cache_hit_rate": 0.5, "prefix_cache_evictions": 3}
+    print_table([aggregated, s | {"label": "disagg 1P:1D"}])
+    table = capsys.readouterr().out
+    assert "P 1 | D 3" in table and "P 39.1% | D 0.4%" in table and "P 0.0 | D 0.7" in table
+    assert "110 | 110" in table  # the bucket row of TTFT p50 | p99
+    hit = next(line for line in table.splitlines() if "prefix cache hit rate" in line)
+    assert [c.strip() for c in hit.split("│")[2:4]] == ["50.0%", "not modelled"]  # not under disaggregation
 
 
 def test_records_by_hand():

@@ -11,6 +11,7 @@ from stallfree.sim.outputs.verdict import (
     bootstrap_diff,
     disagg_verdict,
     mean_error_interval,
+    offered_load_note,
     validate_verdict,
 )
 
@@ -38,10 +39,33 @@ def test_disagg_verdict_binomial_noise_by_hand():
     line, v = disagg_verdict(agg, dis, 1000)
     assert v["noise"] == pytest.approx(1.96 * math.hypot(0.25, 0.30) * math.sqrt(0.01 / 990))
     assert v["pays"] and v["beyond_noise"] and v["change"] == pytest.approx(0.2)
-    assert line.startswith("verdict: disaggregation pays: best disaggregated disagg 1P:3D b2048/2048 0.300")
+    assert line.startswith("verdict: disaggregation pays: best disaggregated 1P:3D b2048/2048 0.300 req/s/GPU "
+                           "against best aggregated x4 b2048 0.250 (+20%;")
     # A difference under the noise is no verdict either way.
     _, close = disagg_verdict(agg, dis | {"goodput_per_gpu": 0.251}, 1000)
     assert not close["beyond_noise"] and not close["pays"]
+    # Both serve all 1,000 requests: 0.4832 against 0.4830 req/s/GPU (the last request ends a little
+    # earlier) is the offered load twice, not "disaggregation pays" beyond a noise of 0.
+    full = {"num_requests": 1000, "completed": 1000, "rejected": 0, "slo_attainment": 1.0}
+    line, tie = disagg_verdict(agg | full | {"goodput_per_gpu": 0.4830}, dis | full | {"goodput_per_gpu": 0.4832},
+                               1000)
+    assert not tie["pays"] and not tie["beyond_noise"] and tie["noise"] == 0.0
+    assert line.startswith("verdict: no difference: both serve every request offered within the SLOs: best "
+                           "disaggregated 1P:3D b2048/2048 0.483 req/s/GPU against best aggregated x4 b2048 0.483")
+
+
+def test_offered_load_note_when_every_aggregated_run_serves_everything():
+    """7.73 req/s offered on 16 GPUs: all that goodput per GPU can show (at most 0.483 req/s/GPU) when
+    every aggregated run serves all 1,000 requests within the SLOs; no note when one misses a request."""
+    full = {"num_requests": 1000, "completed": 1000, "rejected": 0, "slo_attainment": 1.0, "num_gpus": 16}
+    split = {**full, "slo_attainment": 0.9}
+    note = offered_load_note([full, full], split, 7.73)
+    assert note == ("note: every aggregated configuration serves all 7.73 req/s offered within the SLOs: there "
+                    "goodput per GPU measures the offered load (7.73 req/s on 16 GPUs), a lower bound on capacity, "
+                    "not capacity; raise --rate-scale to compare capacities")
+    assert "and so does the best split:" in str(offered_load_note([full], full, 7.73))
+    assert offered_load_note([full, split], full, 7.73) is None
+    assert offered_load_note([{**full, "rejected": 1, "completed": 999}], full, 7.73) is None
 
 
 def test_validate_verdict_and_mean_error_interval():

@@ -372,9 +372,11 @@ def _search(args: argparse.Namespace, setup: Setup, link: Any) -> int:
         )
     except ClusterError as exc:
         raise CliError(flag_message(exc), 2) from None
-    from stallfree.sim.outputs.verdict import disagg_verdict
+    from stallfree.sim.outputs.verdict import disagg_verdict, offered_load_note
 
     line, verdict = disagg_verdict(aggs[0], rows[0], len(setup.workload))
+    note = offered_load_note(aggs, rows[0], setup.workload.mean_rate)
+    verdict["offered_load_note"] = note
     sides, left = sides_behaviour(setup)
     if args.json:
         print(json.dumps({"header": setup.header() | {"offered_rate": None, "disaggregated_behaviour": sides,
@@ -392,6 +394,8 @@ def _search(args: argparse.Namespace, setup: Setup, link: Any) -> int:
           f"{best['goodput_per_gpu']:.3f} req/s/GPU ({best['label']})")
     print_table([agg, best], title="best aggregated and best disaggregated")
     print(line)
+    if note:
+        print(note)
     return 0
 
 

@@ -11,13 +11,16 @@ from typing import Any
 
 from stallfree.core.metrics import summarize
 from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.outputs.buckets import bucket_stats
 from stallfree.sim.outputs.report import summarize_result
 from stallfree.sim.run.disagg import DisaggResult
 
 __all__ = [
     "RECORD_FIELDS",
+    "SIDE_KEYS",
     "disagg_records",
     "disagg_summary",
+    "side_figures",
 ]
 
 
@@ -27,7 +30,10 @@ def disagg_summary(
     """The cluster-wide summary with the single-run keys (stallfree.core.metrics.summarize over the
     joined timelines, plus num_requests, rejected, rejected_by_reason, slo_attainment), transfer figures
     (mean and p99 transfer ms, link name, bandwidth, latency, KV bytes per token), and `replicas`:
-    one report.summarize_result per replica with its `role` ("prefill" or "decode") and index.
+    one report.summarize_result per replica with its `role` ("prefill" or "decode") and index, and
+    `by_prompt_len` (the joined timelines' figures per prompt-length bucket, as a single run's), and
+    `sides`: {"prefill": ..., "decode": ...}, each side's per-step figures (side_figures; the console table
+    shows them as "P x | D y", a cluster-wide figure would mix the two sides' steps).
     """
 
     out: dict[str, Any] = {"num_requests": num_requests, "rejected": len(result.rejected)}
@@ -63,7 +69,80 @@ def disagg_summary(
             s.update(role=role, replica=k, num_requests=sum(1 for x in of if x == k))
             reps.append(s)
     out["replicas"] = reps
+    out["by_prompt_len"] = _buckets(result)
+    out["sides"] = {role: side_figures([r for r in reps if r["role"] == role]) for role in ("prefill", "decode")}
     return out
+
+
+def _buckets(result: DisaggResult) -> dict[str, dict[str, Any]]:
+    """The joined timelines' figures per prompt-length bucket, as a single run's by_prompt_len
+    (stallfree.sim.outputs.buckets.bucket_stats: TTFT, TPOT and E2E from the client's arrival, ms)."""
+    import numpy as np
+
+    tl = result.timelines
+    plens = [0] * len(result.prefill_of)
+    for t in tl:
+        plens[int(t.rid)] = t.prompt_len
+    multi = [t for t in tl if len(t.token_times) > 1]
+    lat = {
+        "rids": np.asarray([int(t.rid) for t in tl], dtype=np.int64),
+        "ttft": np.asarray([t.token_times[0] - t.arrival for t in tl], dtype=np.float64),
+        "e2e": np.asarray([t.token_times[-1] - t.arrival for t in tl], dtype=np.float64),
+        "tpot_rids": np.asarray([int(t.rid) for t in multi], dtype=np.int64),
+        "tpot": np.asarray([(t.token_times[-1] - t.token_times[0]) / (len(t.token_times) - 1) for t in multi],
+                           dtype=np.float64),
+    }
+    return bucket_stats(lat, plens)
+
+
+#: The per-step keys a disaggregated run states per side (`sides`), not for the cluster as a whole.
+SIDE_KEYS = (
+    "mean_tokens_per_step", "budget_utilization", "mean_running_decodes", "mean_kv_utilization",
+    "max_kv_utilization", "num_preemptions", "num_recomputed_tokens", "num_steps",
+)
+
+
+def side_figures(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's SIDE_KEYS from its replicas' summaries: tokens/step and budget utilization over all the
+    side's steps (tokens; fraction), running decodes (requests) and mean KV utilization (fraction) the
+    mean over its replicas, max KV utilization the highest, preemptions, recomputed tokens and steps
+    summed; None where no replica has the figure (a side that ran no step)."""
+
+    def vals(key: str) -> list[tuple[float, int]]:
+        out = []
+        for r in reps:
+            v = r.get(key)
+            if v is not None and not (isinstance(v, float) and math.isnan(v)):
+                out.append((v, int(r.get("num_steps") or 0)))
+        return out
+
+    def weighted(key: str) -> float | None:
+        got = vals(key)
+        steps = sum(n for _, n in got)
+        return sum(v * n for v, n in got) / steps if steps else None
+
+    def mean(key: str) -> float | None:
+        got = vals(key)
+        return sum(v for v, _ in got) / len(got) if got else None
+
+    def top(key: str) -> float | None:
+        got = vals(key)
+        return max(v for v, _ in got) if got else None
+
+    def total(key: str) -> int | None:
+        got = vals(key)
+        return sum(int(v) for v, _ in got) if got else None
+
+    return {
+        "mean_tokens_per_step": weighted("mean_tokens_per_step"),
+        "budget_utilization": weighted("budget_utilization"),
+        "mean_running_decodes": mean("mean_running_decodes"),
+        "mean_kv_utilization": mean("mean_kv_utilization"),
+        "max_kv_utilization": top("max_kv_utilization"),
+        "num_preemptions": total("num_preemptions"),
+        "num_recomputed_tokens": total("num_recomputed_tokens"),
+        "num_steps": total("num_steps"),
+    }
 
 
 #: Columns of disagg_records, in order.

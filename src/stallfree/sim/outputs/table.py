@@ -78,6 +78,17 @@ def _fmt(value: Any, spec: str) -> str:
     return spec.format(value)
 
 
+def _by_side(summary: dict[str, Any], key: str) -> bool:
+    """Whether a disaggregated run's cell of `key` is stated per side (its summary's `sides`)."""
+    return summary.get("sides") is not None and summary.get(key) is None and key in summary["sides"].get("decode", {})
+
+
+def _side_text(summary: dict[str, Any], key: str, spec: str) -> str:
+    """"P x | D y": a disaggregated run's per-step figure on its prefill side and on its decode side."""
+    sides = summary["sides"]
+    return f"P {_fmt(sides['prefill'].get(key), spec)} | D {_fmt(sides['decode'].get(key), spec)}"
+
+
 def _range_text(summary: dict[str, Any], key: str, spec: str) -> str:
     """" [low-high]" of a latency key when the run carries its range (stallfree.sim.studies.ranges), else ""."""
     span = (summary.get("range") or {}).get(key)
@@ -112,11 +123,13 @@ def print_table(summaries: Sequence[dict[str, Any]], title: str | None = None) -
         # The cache rows when caching is on in any run; "-" in a run without it.
         if key.startswith("prefix_cache_") and all(s.get("prefix_cache_hit_rate") is None for s in summaries):
             continue
-        if key.startswith("prefix_cache_"):
-            table.add_row(name, *(_fmt(_value(s, key) if s.get("prefix_cache_hit_rate") is not None else None, spec)
+        if key.startswith("prefix_cache_"):  # a disaggregated run's sides have no prefix caching
+            table.add_row(name, *("not modelled" if s.get("sides") is not None else
+                                  _fmt(_value(s, key) if s.get("prefix_cache_hit_rate") is not None else None, spec)
                                   for s in summaries))
             continue
-        table.add_row(name, *(_fmt(_value(s, key), spec) + _range_text(s, key, spec) for s in summaries))
+        table.add_row(name, *(_side_text(s, key, spec) if _by_side(s, key) else
+                              _fmt(_value(s, key), spec) + _range_text(s, key, spec) for s in summaries))
         if key == "p99_queue_ms":
             for title, cells in bucket_table_rows(summaries):
                 table.add_row(title, *cells)

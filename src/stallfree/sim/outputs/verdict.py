@@ -36,7 +36,9 @@ __all__ = [
     "compare_verdict",
     "disagg_verdict",
     "mean_error_interval",
+    "offered_load_note",
     "paired_figures",
+    "served_everything",
     "validate_verdict",
 ]
 
@@ -148,7 +150,8 @@ def compare_verdict(results: Sequence[Any], labels: Sequence[str], what: str) ->
 
 def disagg_verdict(agg: dict[str, Any], dis: dict[str, Any], requests: int) -> tuple[str, dict[str, Any]]:
     """The verdict of `--disaggregate search`: the best disaggregated against the best aggregated, in
-    goodput per GPU (req/s/GPU), judged against a binomial noise (module docstring).
+    goodput per GPU (req/s/GPU), judged against a binomial noise (module docstring); no difference when
+    both serve every request offered within the SLOs (served_everything): both then show the offered load.
 
     Returns:
         (the line, {"aggregated", "disaggregated" (req/s/GPU), "change" (relative, or None),
@@ -162,20 +165,53 @@ def disagg_verdict(agg: dict[str, Any], dis: dict[str, Any], requests: int) -> t
 
     noise = 1.96 * math.hypot(se(ga, agg), se(gd, dis))
     diff = gd - ga
-    beyond = abs(diff) > noise
+    # Both serving every request: each goodput per GPU is the offered load per GPU, whatever is left
+    # of a difference is when the last request ended, and the binomial noise at p = 1 is 0.
+    both = served_everything(agg) and served_everything(dis)
+    beyond = abs(diff) > noise and not both
     pays = diff > 0 and beyond
     change = diff / ga if ga else None
     rel = f"{change:+.0%}" if change is not None else "from 0"
-    if pays:
+    if both:
+        head = "no difference: both serve every request offered within the SLOs"
+    elif pays:
         head = "disaggregation pays"
     elif beyond:
         head = "disaggregation does not pay"
     else:
         head = "no difference beyond the noise"
-    line = (f"verdict: {head}: best disaggregated {dis['label']} {gd:.3f} req/s/GPU against best aggregated "
-            f"{agg['label']} {ga:.3f} ({rel}; noise +/-{noise:.3f} req/s/GPU, binomial 95% on the attainment)")
+    line = (f"verdict: {head}: best disaggregated {_config(dis['label'], 'disagg')} {gd:.3f} req/s/GPU against best "
+            f"aggregated {_config(agg['label'], 'aggregated')} {ga:.3f} ({rel}; noise +/-{noise:.3f} req/s/GPU, "
+            "binomial 95% on the attainment)")
     return line, {"aggregated": ga, "disaggregated": gd, "change": change, "noise": noise, "beyond_noise": beyond,
                   "pays": pays}
+
+
+def _config(label: str, kind: str) -> str:
+    """A search row's label without its kind word ("disagg 1P:3D b2048/128" -> "1P:3D b2048/128"): the
+    verdict names the kind itself."""
+    return label[len(kind) + 1:] if label.startswith(kind + " ") else label
+
+
+def served_everything(summary: dict[str, Any]) -> bool:
+    """Whether a run served every request it was offered within the SLOs (none refused, none missed)."""
+    n = summary.get("num_requests")
+    return (summary.get("slo_attainment") == 1.0 and not summary.get("rejected")
+            and n is not None and summary.get("completed") == n)
+
+
+def offered_load_note(aggs: Sequence[dict[str, Any]], best: dict[str, Any] | None, offered_rate: float) -> str | None:
+    """The `--disaggregate search` line saying that goodput per GPU measures the offered load, not capacity,
+    when every aggregated configuration (`aggs`) serves every request within the SLOs; `best` (the best
+    split) is named when it does too. `offered_rate` in req/s; None when some aggregated run missed."""
+    if not aggs or not all(served_everything(s) for s in aggs):
+        return None
+    gpus = int(aggs[0].get("num_gpus") or 0)
+    on = f" on {gpus} GPUs" if gpus else ""
+    split = ", and so does the best split" if best is not None and served_everything(best) else ""
+    return (f"note: every aggregated configuration serves all {offered_rate:,.2f} req/s offered within the SLOs"
+            f"{split}: there goodput per GPU measures the offered load ({offered_rate:,.2f} req/s{on}), a lower "
+            "bound on capacity, not capacity; raise --rate-scale to compare capacities")
 
 
 def mean_error_interval(measured: Sequence[float], simulated: Sequence[float]) -> tuple[float, float, float]:

@@ -83,24 +83,37 @@ def parse_disaggregate(text: str) -> tuple[int, int]:
 
 class _ShiftedCost:
     """Prices a decode replica's plans with each request's true context: its scheduler counts a
-    request from its first output token, so every chunk's start is `offset[rid]` tokens short."""
+    request from its first output token, so every decode's and chunk's start is `offset[rid]` tokens
+    (the request's prompt length) short.
+
+    A cost model may read the decodes' contexts one by one (the kernel tables' decode attention reads
+    `decode_offsets` + step, the roofline only `decode_context_sum`), so both are shifted: each
+    decode's offset gains its request's prompt length. The shifted offsets are rebuilt only when the
+    scheduler's tuple changes (by identity, as StepPlan.decode_offsets promises), so a cost model's
+    per-tuple caches keep working.
+    """
 
     def __init__(self, inner: StepCostModel, offset: dict[Hashable, int]) -> None:
         self.inner, self.offset = inner, offset
-        self._key: tuple[Hashable, ...] | None = None
+        self._key: tuple[int, ...] | None = None
+        self._offs: tuple[int, ...] = ()
+        self._sorted: tuple[int, ...] = ()
         self._sum = 0
 
     def step_time(self, plan: StepPlan) -> float:
-        """The inner model's time for the plan with every start shifted by its request's prompt."""
-        if plan.decode_rids is not self._key:
-            self._key = plan.decode_rids
+        """The inner model's time for the plan with every start shifted by its request's prompt, s."""
+        if plan.decode_offsets is not self._key:
+            self._key = plan.decode_offsets
+            self._offs = tuple(o + self.offset[r] for r, o in zip(plan.decode_rids, self._key, strict=True))
+            self._sorted = tuple(sorted(self._offs))
             self._sum = sum(self.offset[r] for r in plan.decode_rids)
         prefills = tuple(
             type(c)(c.rid, c.num_tokens, c.is_prefill, c.start + self.offset[c.rid], c.is_last) for c in plan.prefills
         )
         shifted = StepPlan(
-            plan.step, plan.decode_rids, (0,) * plan.num_decodes, prefills, plan.num_tokens,
+            plan.step, plan.decode_rids, self._offs, prefills, plan.num_tokens,
             plan.decode_context_sum + self._sum, plan.token_budget, plan.admitted, plan.preempted,
+            decode_tokens=plan.decode_tokens, decode_offsets_sorted=self._sorted,
         )
         return self.inner.step_time(shifted)
 
@@ -265,6 +278,9 @@ def _group(
         inner = make_scheduler(scheduler)
         sched = wrap_checker(inner) if check else inner
         config: dict[str, Any] = {"max_tokens": max_tokens, "role": role}
+        if isinstance(scheduler, ReplicaConfig):  # as a single run's: its budget utilization reads it
+            config.update(token_budget=scheduler.token_budget, max_seqs=scheduler.max_seqs,
+                          kv_tokens=scheduler.kv_tokens)
         res = new_result(f"{role}#{k}", wl, config, list(wl.output_lens), list(wl.output_lens), inner)
         out.append(Replica(k, sched, inner, res, cost))
     return out
