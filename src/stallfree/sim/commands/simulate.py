@@ -477,7 +477,8 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
     )
     for s in summaries:
         print(
-            f"{s['label']}: {_load_text(s)}; requests waiting after {s.get('queued_fraction') or 0:.0%} of steps"
+            f"{s['label']}: {_load_text(s)}; requests were left waiting after {s.get('queued_fraction') or 0:.0%} of "
+            "the steps"
             + (f"; {s['budget_utilization']:.0%} of the token budget used" if s.get("budget_utilization") else "")
             # Only prefill-first and no-chunk batching pass the budget: they run a whole prompt in one step.
             + (" (above 100%: this batching runs a whole prompt longer than the budget in one step)"
