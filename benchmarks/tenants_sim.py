@@ -22,8 +22,12 @@ token. `--out DIR` also writes the trace (CSV with a tenant column) so that the 
         --tenant-burst-tokens 0]]   (vtc alone: isolation turned off; without them, the default isolation)
     stallfree simulate --trace DIR/light_alone.csv --json
 
+Prints a table (times in ms or s, throughputs in tokens/s, the ratios of the goal) under a line that says
+what priced the steps; `--json` prints the figures unrounded instead.
+
 Usage:
     PYTHONPATH=src python benchmarks/tenants_sim.py
+    PYTHONPATH=src python benchmarks/tenants_sim.py --json
     PYTHONPATH=src python benchmarks/tenants_sim.py --out /tmp/tenants
 """
 
@@ -34,11 +38,13 @@ import bisect
 import json
 import math
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from stallfree.flags import VTC_BURST_TOKENS, VTC_CHUNK_TOKENS
-from stallfree.sim.inputs.pricing import default_cost_model
+from stallfree.sim.inputs.options import HardwareOptions
+from stallfree.sim.inputs.pricing import build_cost_model, default_cost_model
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.outputs.report import summarize_result
 from stallfree.sim.run.config import ReplicaConfig
@@ -109,7 +115,65 @@ def breakdown(res: SimResult, tenant: str = "light") -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def _time(ms: float | None) -> str:
+    """A latency for the table: ms below a second, else s; '-' for none."""
+    if ms is None:
+        return "-"
+    return f"{ms:,.1f} ms" if ms < 1000 else f"{ms / 1000:,.1f} s"
+
+
+def _ratio(x: float) -> str:
+    return f"{x:,.0f}x" if x >= 100 else f"{x:.2f}x"
+
+
+def table(report: dict[str, Any], priced: str, args: argparse.Namespace) -> list[str]:
+    """The readable report: the workload and what priced the steps, a row per run, the goal's ratios, and
+    with --breakdown where the light tenant's TTFT goes."""
+    iso = report["isolation"]
+    lines = [
+        f"two tenants, seed {args.seed}: {report['requests']:,} requests arriving over {args.duration:g} s "
+        f"(light {args.light_rate:g}/s, prompts 100-1,000 tokens; flood {args.flood_rate:g}/s, prompts "
+        "8,000-16,000 tokens)",
+        f"{priced}; budget {args.max_num_batched_tokens:,} tokens, "
+        f"{'asynchronous' if report['async_scheduling'] else 'synchronous'} scheduling",
+        f"vtc+isolation: tenant chunk {iso['tenant_chunk_tokens']:,} tokens, burst {iso['tenant_burst_tokens']:,} "
+        "tokens; vtc: isolation off",
+        "",
+    ]
+    head = ("run", "light TTFT p50 / p99", "light TPOT p99", "flood TTFT p50", "total tokens/s", "output tokens/s")
+    rows = [head] + [
+        (name, f"{_time(r['light_p50_ttft_ms'])} / {_time(r['light_p99_ttft_ms'])}", _time(r["light_p99_tpot_ms"]),
+         _time(r["flood_p50_ttft_ms"]), f"{r['total_token_throughput']:,.0f}", f"{r['output_throughput']:,.0f}")
+        for name, r in report["runs"].items()]
+    lines += _columns(rows)
+    v = report["verdict"]
+    lines += [
+        "",
+        f"light p99 TTFT over alone: fcfs {_ratio(v['light_p99_ttft_fcfs_over_alone'])}, vtc "
+        f"{_ratio(v['light_p99_ttft_vtc_over_alone'])}, vtc+isolation "
+        f"{_ratio(v['light_p99_ttft_isolation_over_alone'])} (goal: within 2x)",
+        f"total throughput over fcfs: vtc {v['total_throughput_vtc_over_fcfs']:.4f}, vtc+isolation "
+        f"{v['total_throughput_isolation_over_fcfs']:.4f} (goal: within 5%)",
+    ]
+    if args.breakdown:
+        head = ("run", "in flight mean / p99", "queued mean / p99", "to first token mean / p99", "waited a step")
+        rows = [head] + [
+            (name, *(f"{_time(b[f'{part}_mean_ms'])} / {_time(b[f'{part}_p99_ms'])}"
+                     for part in ("in_flight", "queued", "to_first_token")), f"{b['share_queued']:.0%}")
+            for name, r in report["runs"].items() for b in (r["light_ttft_breakdown"],)]
+        lines += ["", "where the light tenant's TTFT goes:", *_columns(rows)]
+    return lines
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows of cells as aligned text: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) if k == 0 else cell.rjust(w) for k, (cell, w) in enumerate(zip(row, widths,
+                                                                                                    strict=True)))
+            for row in rows]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
@@ -122,8 +186,9 @@ def main() -> None:
                     help=f"B of the isolation run (default {VTC_BURST_TOKENS}, the commands' default under vtc)")
     ap.add_argument("--async-scheduling", action="store_true", help="plan each step while the previous one runs")
     ap.add_argument("--breakdown", action="store_true", help="where the light tenant's TTFT goes, per run")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=None, help="also write the traces (two_tenants.csv, light_alone.csv)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON, unrounded, instead of the table")
+    args = ap.parse_args(argv)
     wl = two_tenants(args.seed, args.duration, args.light_rate, args.flood_rate)
     b, a = args.max_num_batched_tokens, args.async_scheduling
     iso = {"tenant_chunk_tokens": args.tenant_chunk_tokens, "tenant_burst_tokens": args.tenant_burst_tokens}
@@ -149,8 +214,11 @@ def main() -> None:
         "light_p99_ttft_isolation_over_alone": iso_run["light_p99_ttft_ms"] / alone["light_p99_ttft_ms"],
         "total_throughput_isolation_over_fcfs": iso_run["total_token_throughput"] / fcfs["total_token_throughput"],
     }
-    print(json.dumps({"requests": len(wl), "isolation": iso, "async_scheduling": a, "runs": out, "verdict": verdict},
-                     indent=1))
+    report = {"requests": len(wl), "isolation": iso, "async_scheduling": a, "runs": out, "verdict": verdict}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print("\n".join(table(report, build_cost_model(HardwareOptions())[2], args)))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         assert wl.tenants is not None

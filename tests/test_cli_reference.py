@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -48,3 +49,64 @@ def test_help_all_prints_the_reference(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert out == reference()
     assert "## stallfree simulate" in out and "--max-num-batched-tokens" in out
+
+
+def _all_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command's parser, nested ones (`bench engine`) included, by its prog."""
+    from stallfree.cli import build_parser
+
+    found: dict[str, argparse.ArgumentParser] = {}
+    todo = [build_parser()]
+    while todo:
+        parser = todo.pop()
+        found[parser.prog] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend(action.choices.values())
+    return found
+
+
+def _default_phrases(parser: argparse.ArgumentParser) -> dict[str, list[str]]:
+    """Each option's "default ..." phrases, as its --help shows them (whitespace squeezed), by option."""
+    formatter = parser._get_formatter()
+    out = {}
+    for action in parser._actions:
+        if not action.help or action.help == argparse.SUPPRESS:
+            continue
+        text = " ".join(formatter._expand_help(action).split())
+        out[action.option_strings[0] if action.option_strings else action.dest] = [
+            m.strip() for m in re.findall(r"\bdefault\b:? ?([^;)(]*)", text)]
+    return out
+
+
+def test_no_option_help_says_its_default_twice() -> None:
+    """No --help of any command repeats a default ("default 16) (default 16)": a knob's own words and the
+    default a command adds to them); two defaults of different things in one option are fine."""
+    parsers = _all_parsers()
+    assert {"stallfree simulate", "stallfree budget", "stallfree serve"} <= set(parsers)
+    twice = {
+        f"{prog} {option}": phrases
+        for prog, parser in parsers.items()
+        for option, phrases in _default_phrases(parser).items()
+        if len(phrases) != len(set(phrases))
+    }
+    assert twice == {}
+
+
+def test_model_and_hardware_flags_say_their_defaults() -> None:
+    """simulate, sweep, tune and plan's --model, --gpu, --tp and --dtype say what they are and their default
+    (the default replica), as budget's do; serve's --max-num-seqs reads as the other commands' does; the
+    top-level help says what `bench` measures."""
+    parsers = _all_parsers()
+    for command in ("simulate", "sweep", "tune", "plan", "budget"):
+        phrases = _default_phrases(parsers[f"stallfree {command}"])
+        assert phrases["--model"] == ["llama-3.3-70b"], command
+        assert phrases["--gpu"] == ["h100-sxm"], command
+        assert phrases["--tp"] == ["4"], command
+        assert phrases["--dtype"] == ["fp8"], command
+    for command in ("serve", "generate"):
+        formatter = parsers[f"stallfree {command}"]._get_formatter()
+        seqs = next(a for a in parsers[f"stallfree {command}"]._actions if "--max-num-seqs" in a.option_strings)
+        assert formatter._expand_help(seqs) == "the most running requests (default 64); formerly --max-seqs"
+    top = " ".join(parsers["stallfree"].format_help().split())
+    assert "bench measure the real engine" in top

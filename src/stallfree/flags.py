@@ -129,9 +129,9 @@ _KNOB_LIST = (
          "cannot join may be passed over by later requests before it blocks the queue (0: strict FCFS)",
          kind="count", metavar="N"),
     Knob("--max-cpu-loras", "max_cpu_loras", "with --max-loras: LoRA adapters kept in host memory per replica "
-         "(vLLM's --max-cpu-loras; default: --max-loras)", core=False, metavar="N"),
+         "(vLLM's --max-cpu-loras)", core=False, metavar="N"),
     Knob("--lora-rank", "lora_rank", "with --max-loras: the adapters' rank r, which sizes their loads and GEMMs "
-         "(vLLM's --max-lora-rank bounds it; default 16)", core=False, metavar="R"),
+         "(vLLM's --max-lora-rank bounds it)", core=False, metavar="R"),
     Knob("--fairness", "fairness", "fcfs: one queue, first come first served (the contract); vtc: admission takes "
          "the oldest request of the tenant with the least weighted service in tokens (virtual token counter), "
          "FCFS within a tenant", kind="choice", choices=("fcfs", "vtc"), everywhere=True),

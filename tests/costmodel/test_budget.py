@@ -265,7 +265,7 @@ def test_budget_memory_hint_names_pp_where_more_stages_make_room(capsys):
     KV room at 0.9: each pipeline stage holds a share of the 80 layers (their weights and KV), so budget's
     hint names pp beside tp. With --ep 2 (priced at pp 1 only) it names tp alone, and so does `simulate`,
     which has no --pp."""
-    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1"]
+    argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16"]
     assert main(argv) == 2
     assert capsys.readouterr().err == (
         "stallfree budget: error: llama-3.3-70b weights in bf16 need 141.1 GB per GPU at tp 1, more than the 80 GB "
@@ -274,7 +274,7 @@ def test_budget_memory_hint_names_pp_where_more_stages_make_room(capsys):
     assert capsys.readouterr().err == (
         "stallfree budget: error: no room for KV: llama-3.3-70b weights take 72.7 GB per GPU, 0.9 x 80 GB leaves "
         "0.0 GB; raise tp or pp, use 4-bit weights or a higher gpu_memory_utilization\n")
-    assert main(["budget", "--model", "mixtral-8x7b", "--gpu", "l4", "--tp", "2", "--ep", "2"]) == 2
+    assert main(["budget", "--model", "mixtral-8x7b", "--gpu", "l4", "--tp", "2", "--ep", "2", "--dtype", "bf16"]) == 2
     assert capsys.readouterr().err.endswith("need 46.7 GB per GPU at tp 2, more than the 24 GB of one l4; raise tp "
                                             "or use 8-bit weights\n")
     assert main(["simulate", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16",
@@ -366,3 +366,29 @@ def test_simulate_and_plan_name_the_flags_of_a_split_the_moe_model_cannot_take(c
     with pytest.raises(CostModelError) as caught:
         CostModel.from_names("mixtral-8x7b", "h100-sxm", tp=2, pp=2, ep=2)
     assert str(caught.value) == "ep 2 and dp_attention 1 are not priced with pp 2; use pp 1"
+
+
+def test_budget_defaults_to_the_simulators_default_replica(capsys):
+    """`stallfree budget` with no flags prices the replica simulate, tune and plan default to (Llama 3.3 70B
+    on 4 x H100 SXM in FP8), says so in its header, gives the same rows as the flags written out, and
+    shows the defaults in --help; a bad value is then named for itself."""
+    from stallfree.sim.defaults import DEFAULT_REPLICA
+
+    assert DEFAULT_REPLICA == {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
+    assert main(["budget", "--kernels", "none"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ("llama-3.3-70b on 4 x h100-sxm, weights fp8, KV cache bf16; 64 decodes at 4096 "
+                                   "tokens of context; prompt 32768 tokens")
+    assert main(["budget", "--kernels", "none", "--json"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert (bare["model"], bare["gpu"], bare["tp"], bare["dtype"]) == ("llama-3.3-70b", "h100-sxm", 4, "fp8")
+    assert main([*ARGS, "--kernels", "none", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == bare["rows"]
+    with pytest.raises(SystemExit):
+        main(["budget", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("(default llama-3.3-70b)", "(default h100-sxm)", "GPUs (default 4)", "nvfp4 (default fp8)"):
+        assert said in text
+    assert main(["budget", "--dtype", "fp9"]) == 2
+    assert capsys.readouterr().err == ("stallfree budget: error: dtype 'fp9' is not a known dtype; known: bf16, "
+                                       "fp16, fp8, int4, int8, mxfp4, nvfp4\n")

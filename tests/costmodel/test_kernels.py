@@ -222,8 +222,9 @@ def test_budget_kernel_column_prices_the_budget_steps(llama8b, capsys) -> None: 
 
     from stallfree.cli import main
 
-    argv = ["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "1", "--budgets", "512,2048",
-            "--decodes", "16", "--context", "1000", "--prompt", "4000", "--kernels", "vllm", "--json"]
+    argv = ["budget", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16",
+            "--budgets", "512,2048", "--decodes", "16", "--context", "1000", "--prompt", "4000", "--kernels", "vllm",
+            "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["cost_model"] == "kernels" and out["cost_model_source"]["version"] == "0.24.0"

@@ -80,6 +80,21 @@ def test_report_keys_cost_and_plot(capsys, tmp_path):
     assert span[0][2] == 1
 
 
+def test_header_says_the_capacity_is_the_most_replicas(capsys):
+    """1:4 on a load one replica serves: the autoscaler never runs 4, and the header's capacity (the label's
+    x4, four replicas' saturated throughput) is said to be at 4 replicas, beside the peak it did run."""
+    argv = [*SMALL, "--autoscale", "1:4"]
+    run = run_json(capsys, argv)["runs"][0]
+    single = run_json(capsys, [*SMALL])["runs"][0]
+    assert run["replicas_peak"] < 4
+    assert run["capacity_req_s"] == pytest.approx(4 * single["capacity_req_s"], rel=1e-9)
+    assert main(["simulate", *[a for a in argv if a != "--json"]]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(f"{run['label']}: "))
+    assert line.startswith(f"{run['label']}: utilization {run['load']:.0%} of capacity "
+                           f"(~{run['capacity_req_s']:,.1f} req/s when saturated) at 4 replicas, the autoscaler's "
+                           f"maximum (its peak: {run['replicas_peak']}); requests were left waiting")
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["--autoscale", "3:2"], "--autoscale 3:2: MIN 3 is more than MAX 2"),
     (["--autoscale", "-1:2"], "--autoscale -1:2: MIN must be >= 0"),

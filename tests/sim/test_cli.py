@@ -701,5 +701,5 @@ def test_simulate_header_writes_a_share_that_rounds_to_0_as_under_1_percent(tmp_
     assert main(["simulate", "--trace", str(trace), "--linear-cost", "1000,0"]) == 0
     line = capsys.readouterr().out.splitlines()[2]
     assert line.startswith("chunked/2048: utilization under 1% of capacity (~")
-    assert line.endswith(" req/s when saturated); requests waiting after 0% of steps; under 1% of the token budget "
-                         "used")
+    assert line.endswith(" req/s when saturated); requests were left waiting after 0% of the steps; under 1% of the "
+                         "token budget used")

@@ -202,6 +202,24 @@ def test_bad_input():
         simulate_disaggregated(w, cfg(), cfg(), PREFILL, DECODE, 1, 0, 10, LINK)
 
 
+@pytest.mark.parametrize("value", ["serach", "0:4", "4"])
+def test_cli_misspelt_disaggregate_with_replicas(capsys, value):
+    """A value that is neither P:D nor search is named for itself, before --replicas (which goes with
+    search) is refused: the user is told to fix the value, not to drop flags."""
+    argv = ["simulate", "--disaggregate", value, "--replicas", "4", "--slo-ttft", "1s", "--slo-tpot", "50ms"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"stallfree simulate: error: --disaggregate wants P:D with P, D >= 1 replicas, or search; "
+                   f"got '{value}'\n")
+
+
+def test_cli_valid_disaggregate_with_replicas(capsys):
+    """A valid P:D with --replicas is refused for --replicas, which P:D sets."""
+    assert main(["simulate", "--disaggregate", "2:2", "--replicas", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--disaggregate P:D sets the replicas" in err and "drop --compare, --replicas" in err
+
+
 def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
     """`--disaggregate 0:2` exits 2 naming the value; `1:1 --json` gives runs[0] with a replicas list,
     and --records and --out write the per-request records (with each side's replica), each replica's
@@ -224,7 +242,7 @@ def test_cli_disaggregate(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "plot_cdf_series", cdf)
     monkeypatch.setattr(plots, "plot_replica_timeline", timeline)
     assert main(["simulate", "--disaggregate", "0:2"]) == 2
-    assert "--disaggregate wants P:D with P, D >= 1 replicas, got '0:2'" in capsys.readouterr().err
+    assert "--disaggregate wants P:D with P, D >= 1 replicas, or search; got '0:2'" in capsys.readouterr().err
     argv = ["simulate", "--disaggregate", "1:1", "--num-requests", "30", "--json",
             "--records", str(tmp_path / "r.json"), "--out", str(tmp_path / "out")]
     assert main(argv) == 0

@@ -78,8 +78,12 @@ def test_simulate_marks_the_window_whose_queue_grows(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     end = run["saturated_window_s"][1]
-    assert (f"warning: chunked/2048: saturated at 0.0-{end:,.1f} s (the queue grows through it at "
-            f"{SATURATION_LOAD:.0%} of capacity): TTFT and queueing tails there are unreliable") in out
+    # The window's 100 arrivals over its 12.31 s are 8.12 req/s, 81% of the 10 req/s capacity, however light
+    # the run's mean load (110 requests over 1,000 s against 10 req/s: 1%).
+    assert round(100 / end / run["capacity_req_s"], 2) == 0.81 and round(SATURATION_LOAD, 2) == 0.81
+    assert (f"warning: chunked/2048: saturated at 0.0-{end:,.1f} s (arrivals there average 81% of capacity, "
+            f"against {run['load']:.0%} over the run): TTFT and queueing tails there are unreliable") in out
+    assert "; requests were left waiting after " in out and "% of the steps" in out
 
 
 def test_simulate_of_a_light_even_load_is_not_saturated(tmp_path, capsys):
@@ -97,8 +101,11 @@ def test_simulate_of_a_light_even_load_is_not_saturated(tmp_path, capsys):
 
 def test_saturation_line_names_the_window_and_the_reason():
     """The line of a window, and of a load, as the header prints them."""
+    line = saturation_line("x", {"saturated_window_s": [1.0, 12.5], "saturated_by": "window", "load": 0.74})
+    assert line.startswith("warning: x: saturated at 1.0-12.5 s (arrivals there average 81% of capacity, against "
+                           "74% over the run): TTFT and queueing tails there are unreliable, as steps 23.1% slower")
     line = saturation_line("x", {"saturated_window_s": [1.0, 12.5], "saturated_by": "window"})
-    assert line.startswith("warning: x: saturated at 1.0-12.5 s (the queue grows through it at ")
+    assert line.startswith("warning: x: saturated at 1.0-12.5 s (arrivals there average 81% of capacity): ")
     line = saturation_line("x", {"saturated_window_s": [0.0, 9.0], "saturated_by": "load", "load": 0.9})
     assert line.startswith(f"warning: x: saturated through the run (offered 90% of capacity, at or above "
                            f"{SATURATION_LOAD:.0%})")

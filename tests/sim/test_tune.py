@@ -196,7 +196,13 @@ def test_tune_cli_prints_choice_and_serve_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "cost-model bound: token budget 130" in out
     assert "chosen: token budget 130, max_seqs 8" in out
-    assert "stallfree serve --max-num-batched-tokens 130 --max-num-seqs 8" in out
+    # The simulated replica is the default 4 x H100 SXM in FP8: vLLM's line, as plan prints it; not
+    # `stallfree serve`, whose engine runs on one device.
+    assert ("\nserve it: vllm serve MODEL --tensor-parallel-size 4 --quantization fp8 --max-num-batched-tokens 130 "
+            "--max-num-seqs 8  (MODEL: the checkpoint of llama-3.3-70b)\n"
+            "  (stallfree serve runs on one device: a replica of 4 GPUs needs a tensor-parallel engine such as "
+            "vLLM)\n") in out
+    assert "stallfree serve --max-num-batched-tokens" not in out
     report = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert report["chosen"]["token_budget"] == 130 and report["bound"]["token_budget"] == 130
     assert (tmp_path / "out" / "tune.png").stat().st_size > 10_000
@@ -277,7 +283,23 @@ def test_tune_cli_search_partial_prefills(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "K/L/T" in out and "2/2/10" in out
-    assert "--max-num-partial-prefills 2 --max-long-partial-prefills 2 --long-prefill-token-threshold 10" in out
+    assert ("serve it: vllm serve MODEL --tensor-parallel-size 4 --quantization fp8 --max-num-batched-tokens 80 "
+            "--max-num-seqs 8 --max-num-partial-prefills 2 --max-long-partial-prefills 2 "
+            "--long-prefill-token-threshold 10  (MODEL: the checkpoint of llama-3.3-70b)") in out
+
+
+def test_tune_cli_serve_line_of_a_one_gpu_replica(tmp_path, capsys):
+    """A one-GPU replica named by its Hugging Face id gets vLLM's line with that id and bf16 (no
+    --quantization), and `stallfree serve`'s as the alternative, as plan words them."""
+    trace = _write_pairs(tmp_path / "pairs.csv")
+    args = ["tune", "--trace", str(trace), "--linear-cost", "10,50", "--kv-tokens", str(KV), "--max-num-seqs", "8",
+            "--slo-ttft", "350ms", "--slo-tpot", "16.52ms", "--jobs", "1", "--model", "meta-llama/Llama-3.1-8B",
+            "--tp", "1", "--dtype", "bf16"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert ("\nserve it: vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-batched-tokens 130 "
+            "--max-num-seqs 8\n  or, on stallfree's engine: stallfree serve --max-num-batched-tokens 130 "
+            "--max-num-seqs 8\n") in out
 
 
 def test_tune_cli_honours_fixed_partial_prefill_flags(tmp_path, capsys):
@@ -316,7 +338,13 @@ def test_tune_exits_3_when_the_best_misses_the_attainment_target(tmp_path, capsy
     argv = ["tune", "--trace", str(trace), "--linear-cost", "1000,0", "--slo-ttft", "1.5s", "--slo-tpot", "50ms",
             "--budgets", "64,128", "--executor", "serial"]
     assert main(argv) == 3
-    last = capsys.readouterr().out.splitlines()[-1]
+    lines = capsys.readouterr().out.splitlines()
+    last = lines[-1]
+    # The serve line is the best found, not one that meets the SLOs.
+    assert [line for line in lines if "vllm serve" in line] == [
+        "best found, not one that meets the SLO target (--slo-attainment 0.99): vllm serve MODEL "
+        "--tensor-parallel-size 4 --quantization fp8 --max-num-batched-tokens 128 --max-num-seqs 256  "
+        "(MODEL: the checkpoint of llama-3.3-70b)"]
     assert last.startswith("stallfree tune: the best candidate misses the SLO target: 75.00% of requests")
     assert "24.00 points below --slo-attainment 0.99 (exit 3)" in last
     assert "try `stallfree plan`" in last

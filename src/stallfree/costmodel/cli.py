@@ -1,6 +1,7 @@
 """The cost model's commands: `stallfree budget`, `stallfree calibrate` and `stallfree specs`.
 
-Imports allowed: the standard library and stallfree.costmodel.
+Imports allowed: the standard library, stallfree.costmodel and the CLI leaves (stallfree._argtypes, _files,
+_default_replica).
 
 Errors print one line on stderr: exit code 2 for bad arguments (unknown names, sizes, impossible
 configurations), 1 for unreadable files.
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import list_items, non_negative_float, parse_token_count, positive_fraction, positive_int
+from stallfree._default_replica import DEFAULT_REPLICA
 from stallfree._files import writable_file_problem
 from stallfree.costmodel.budget import budget_rows, kernel_figures
 from stallfree.costmodel.calibrate import (
@@ -37,14 +39,20 @@ from stallfree.costmodel.roofline import CostModel, moe_split_problem
 __all__ = ["register"]
 
 
-def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, tp: int | None) -> None:
+def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, tp: int, dtype: str = "bf16") -> None:
+    """The model-and-GPU flags; a default of None (calibrate's --model and --gpu) is shown as none."""
+
+    def default(value: object) -> str:
+        return "" if value is None else f" (default {value})"
+
     p.add_argument(
         "--model",
         default=model,
-        help="model name (see `stallfree specs`) or a .json file (a Hugging Face config.json or our format)",
+        help="model name (see `stallfree specs`) or a .json file, a Hugging Face config.json or our format"
+        + default(model),
     )
-    p.add_argument("--gpu", default=gpu, help="GPU name (see `stallfree specs`) or a .json file")
-    p.add_argument("--tp", type=positive_int, default=tp, help="tensor-parallel degree (GPUs)")
+    p.add_argument("--gpu", default=gpu, help="GPU name (see `stallfree specs`) or a .json file" + default(gpu))
+    p.add_argument("--tp", type=positive_int, default=tp, help="tensor-parallel degree, GPUs" + default(tp))
     p.add_argument(
         "--pp", type=positive_int, default=1, help="pipeline-parallel degree (stages of --tp GPUs; default 1)"
     )
@@ -55,8 +63,8 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
     )
     p.add_argument(
         "--dtype",
-        default="bf16",
-        help="weight dtype: bf16, fp16, fp8 (W8A8), int8, int4 (weight-only), mxfp4, nvfp4 (default bf16)",
+        default=dtype,
+        help=f"weight dtype: bf16, fp16, fp8 (W8A8), int8, int4 (weight-only), mxfp4, nvfp4 (default {dtype})",
     )
     p.add_argument(
         "--kv-dtype",
@@ -510,8 +518,12 @@ def _specs(a: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `budget`, `calibrate` and `specs` subcommands."""
-    p = sub.add_parser("budget", help="price token budgets in milliseconds (design vs full cost model)")
-    _add_target(p, None, None, 1)
+    p = sub.add_parser("budget", help="price token budgets in milliseconds (design vs full cost model)",
+                       description="Price token budgets in milliseconds (design vs full cost model). With no "
+                       "--model or --gpu: the simulator's default replica, "
+                       f"{DEFAULT_REPLICA['model']} on {DEFAULT_REPLICA['tp']} x {DEFAULT_REPLICA['gpu']}, "
+                       f"{DEFAULT_REPLICA['dtype']}.")
+    _add_target(p, DEFAULT_REPLICA["model"], DEFAULT_REPLICA["gpu"], DEFAULT_REPLICA["tp"], DEFAULT_REPLICA["dtype"])
     p.add_argument(
         "--budgets", default="512,2048,8192", help="comma-separated token budgets (default 512,2048,8192)"
     )

@@ -26,7 +26,6 @@ _PROMPTS_CHARS = 64 << 20
 ENGINE_WHY = {
     "token_budget": "default 512: on a CPU a step of 512 tokens already takes a good part of a second; the "
     "simulator's 2,048 is a GPU's",
-    "max_seqs": "default 64: running requests at most",
     "kv_tokens": "default: min(max_model_len x max_seqs, 2 GiB of KV on a CPU or half the free GPU memory)",
 }
 
@@ -148,7 +147,8 @@ def _bench_subparsers(subparsers: Any) -> Any:
     """Return the `bench` command's subparsers, creating `bench` unless another package did."""
     parser = subparsers.choices.get("bench")
     if parser is None:
-        parser = subparsers.add_parser("bench", help="benchmarks")
+        parser = subparsers.add_parser("bench", help="measure the real engine on this machine: step times, ITL "
+                                       "under a long prompt, batching throughput (bench engine)")
         parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
     for action in parser._actions:  # argparse keeps no public handle on a parser's subparsers
         if isinstance(action, argparse._SubParsersAction):

@@ -4,12 +4,13 @@ size, and the bundled trace's replay speed-up; and the names and defaults the co
 modes, executors, routers and their knobs, the time budget's cap, the LoRA rank, the P:D search's grids), kept
 here so that building a parser imports none of the simulator (each is importable from its old module too).
 
-Imports allowed: the standard library only.
+Imports allowed: the standard library and the leaf stallfree._default_replica (the default replica, which
+`budget` shares), so that building a parser imports none of the simulator.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from stallfree._default_replica import DEFAULT_REPLICA
 
 __all__ = [
     "BATCHING_MODES",
@@ -117,8 +118,6 @@ DEFAULT_PREFILL_BUDGETS = (2048, 8192)
 
 DEFAULT_DECODE_BUDGETS = (128, 2048)
 
-#: The default replica: model, GPU, tensor-parallel GPUs and weight dtype (stallfree.sim.inputs.options.DEFAULTS).
-DEFAULT_REPLICA: dict[str, Any] = {"model": "llama-3.3-70b", "gpu": "h100-sxm", "tp": 4, "dtype": "fp8"}
 
 #: --autoscale: seconds between decisions: KEDA's default pollingInterval (30 s).
 DEFAULT_SCALE_INTERVAL_S = 30.0

@@ -385,6 +385,22 @@ def _report(fleet: FleetResult, header: dict[str, Any], args: argparse.Namespace
     return report
 
 
+def serve_lines(args: argparse.Namespace, budget: int, max_seqs: int, tp: int, extra: str = "") -> dict[str, Any]:
+    """The serve lines of one replica of `tp` GPUs running `budget` tokens per step and `max_seqs`: "vllm"
+    (`vllm serve`: --model when it is a Hugging Face id, else MODEL for the checkpoint; FP8 weights and KV
+    as --quantization fp8 and --kv-cache-dtype fp8) and "stallfree" (`stallfree serve`, None when tp > 1:
+    that engine runs on one device); `extra`, flags both engines take (tune's partial-prefill flags)."""
+    model = args.model if "/" in args.model else "MODEL"
+    # The weights and KV as planned: FP8 weights are vLLM's --quantization fp8 (a 4-bit dtype is the
+    # checkpoint's own, which vLLM reads from it), an FP8 KV cache its --kv-cache-dtype fp8.
+    precision = (" --quantization fp8" if str(args.dtype).lower() == "fp8" else "") + (
+        " --kv-cache-dtype fp8" if str(getattr(args, "kv_dtype", None)).lower() == "fp8" else "")
+    vllm = (f"vllm serve {model} --tensor-parallel-size {tp}{precision} --max-num-batched-tokens {budget} "
+            f"--max-num-seqs {max_seqs}{extra}")
+    own = f"stallfree serve --max-num-batched-tokens {budget} --max-num-seqs {max_seqs}{extra}"
+    return {"vllm": vllm, "stallfree": own if tp == 1 else None}
+
+
 def serve_commands(args: argparse.Namespace, header: dict[str, Any],
                    answer: dict[str, Any] | None = None) -> dict[str, Any]:
     """The serve lines of the answer's replica: "vllm" (vLLM's flags: tensor parallelism, FP8 weights and KV as
@@ -394,17 +410,9 @@ def serve_commands(args: argparse.Namespace, header: dict[str, Any],
     more than one GPU: that engine runs on one device), with "tp"; for a P:D split, {"prefill": ...,
     "decode": ...}, each those keys plus "replicas"."""
     tp = answer_shape(answer).tp if answer is not None else int(args.tp[0] if isinstance(args.tp, list) else args.tp)
-    model = args.model if "/" in args.model else "MODEL"
-    # The weights and KV as planned: FP8 weights are vLLM's --quantization fp8 (a 4-bit dtype is the
-    # checkpoint's own, which vLLM reads from it), an FP8 KV cache its --kv-cache-dtype fp8.
-    precision = (" --quantization fp8" if str(args.dtype).lower() == "fp8" else "") + (
-        " --kv-cache-dtype fp8" if str(getattr(args, "kv_dtype", None)).lower() == "fp8" else "")
 
     def lines(budget: int, tp: int = tp) -> dict[str, Any]:
-        vllm = (f"vllm serve {model} --tensor-parallel-size {tp}{precision} --max-num-batched-tokens {budget} "
-                f"--max-num-seqs {header['max_seqs']}")
-        own = f"stallfree serve --max-num-batched-tokens {budget} --max-num-seqs {header['max_seqs']}"
-        return {"vllm": vllm, "stallfree": own if tp == 1 else None}
+        return serve_lines(args, budget, header["max_seqs"], tp)
 
     if answer is None or answer["kind"] == "aggregated":
         return lines(args.token_budget)

@@ -258,12 +258,13 @@ def _print_runner_ups(fleet: FleetResult) -> None:
     console().print(table)
 
 
-def print_serve(serve: dict[str, Any] | None, args: argparse.Namespace, tp: int) -> None:
-    """The serve lines of the answer: one per replica kind (a split's prefill and decode sides)."""
+def print_serve(serve: dict[str, Any] | None, args: argparse.Namespace, tp: int, who: str = "each replica") -> None:
+    """The serve lines of the answer: one per replica kind (a split's prefill and decode sides); `who`
+    leads the line of an aggregated answer."""
     if serve is None:
         return
     note = f"  (MODEL: the checkpoint of {args.model})" if "/" not in args.model else ""
-    sides = [("each replica", serve)] if "vllm" in serve else [
+    sides = [(who, serve)] if "vllm" in serve else [
         (_each(serve["prefill"]["replicas"], "prefill"), serve["prefill"]),
         (_each(serve["decode"]["replicas"], "decode"), serve["decode"])]
     for k, (who, lines) in enumerate(sides):

@@ -176,16 +176,22 @@ def _add_workload_args(w: Any) -> None:
 
 def _add_hardware_args(m: Any, lists: bool = False) -> None:
     """The model-and-hardware options (an argparse argument group); `lists`: --gpu and --tp take lists."""
-    m.add_argument("--model", default=DEFAULTS["model"])
+    m.add_argument("--model", default=DEFAULTS["model"],
+                   help="model name (see `stallfree specs`) or a .json file, a Hugging Face config.json or our "
+                   f"format (default {DEFAULTS['model']})")
     if lists:
         m.add_argument("--gpu", default=DEFAULTS["gpu"], metavar="LIST",
                        help=f"GPU presets to search, comma-separated (default {DEFAULTS['gpu']})")
         m.add_argument("--tp", type=int_list, default=[DEFAULTS["tp"]], metavar="LIST",
                        help=f"tensor-parallel GPUs per replica to search, comma-separated (default {DEFAULTS['tp']})")
     else:
-        m.add_argument("--gpu", default=DEFAULTS["gpu"])
-        m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"], help="tensor-parallel GPUs")
-    m.add_argument("--dtype", default=DEFAULTS["dtype"], help="weight dtype")
+        m.add_argument("--gpu", default=DEFAULTS["gpu"],
+                       help=f"GPU name (see `stallfree specs`) or a .json file (default {DEFAULTS['gpu']})")
+        m.add_argument("--tp", type=positive_int, default=DEFAULTS["tp"],
+                       help=f"tensor-parallel GPUs per replica (default {DEFAULTS['tp']})")
+    m.add_argument("--dtype", default=DEFAULTS["dtype"],
+                   help="weight dtype: bf16, fp16, fp8 (W8A8), int8, int4 (weight-only), mxfp4, nvfp4 "
+                   f"(default {DEFAULTS['dtype']})")
     m.add_argument("--kv-dtype", default=None, help="KV cache dtype (default: the cost model's)")
     m.add_argument("--ep", type=positive_int, default=1, metavar="N",
                    help="expert parallelism of an MoE model: experts split over N GPUs (vLLM's "

@@ -481,9 +481,13 @@ def print_header(header: dict[str, Any], summaries: list[dict[str, Any]]) -> Non
         + (f"; {header['behaviour']}" if header.get("behaviour") else "")
     )
     for s in summaries:
+        # An autoscaled run's capacity is its most replicas' (the label's xN too), not the fleet it ran.
+        auto = s.get("autoscale")
+        fleet = (f" at {auto['max']} replicas, the autoscaler's maximum (its peak: {s['replicas_peak']})"
+                 if auto and s.get("capacity_req_s") is not None else "")
         print(
-            f"{s['label']}: {_load_text(s)}; requests waiting after {share_text(s.get('queued_fraction') or 0)} "
-            "of steps"
+            f"{s['label']}: {_load_text(s)}{fleet}; requests were left waiting after "
+            f"{share_text(s.get('queued_fraction') or 0)} of the steps"
             + (f"; {share_text(s['budget_utilization'])} of the token budget used"
                if s.get("budget_utilization") else "")
             # Only prefill-first and no-chunk batching pass the budget: they run a whole prompt in one step.

@@ -181,9 +181,24 @@ _AFFINITY_FLAGS = (
 )
 
 
+def _check_disaggregate_value(value: str | None) -> None:
+    """Refuse a --disaggregate that is neither P:D nor search, before any check of the flags it goes
+    with (a misspelt value is named as such, not taken for a P:D that wants other flags dropped)."""
+    if value is None or value == "search":
+        return
+    from stallfree.sim.run.disagg import parse_disaggregate
+    from stallfree.sim.run.result import ClusterError
+
+    try:
+        parse_disaggregate(value)
+    except ClusterError:
+        raise CliError(f"--disaggregate wants P:D with P, D >= 1 replicas, or search; got {value!r}", 2) from None
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Refuse, before anything runs or is written, values out of range and flags of another mode
     given explicitly (usage errors, exit 2: a flag that would be ignored is never silent)."""
+    _check_disaggregate_value(args.disaggregate)
     autoscale_cli.check_flags(args)
     check_partial_prefill_flags(args)
     check_synthetic_flags(args)

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     else:
-        print_result(result, header, args.top, args.tie_tolerance)
+        print_result(result, header, args.top, args.tie_tolerance, args)
         if args.range:
             span = result.best["range"]
             print("range of the chosen (every step x"
@@ -200,12 +200,18 @@ def miss_line(result: TuneResult) -> str:
             "same flags for more replicas, or loosen the SLOs")
 
 
-def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_tolerance: float) -> None:
-    """Print the SLOs, the bound, the candidates' table (best first), the choice and its serve line.
+def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_tolerance: float,
+                 args: argparse.Namespace) -> None:
+    """Print the SLOs, the bound, the candidates' table (best first), the choice and its serve line: plan's
+    `vllm serve` line for the simulated replica (its model, tp and dtype), with `stallfree serve`'s only
+    where the replica is one GPU. A choice below --slo-attainment is called the best found, not one that
+    meets the SLOs.
 
     When no candidate meets the SLOs, say so instead of recommending a serve line.
     """
-    from stallfree.sim.studies.tune_report import serve_command
+    from stallfree.sim.commands.plan import serve_lines
+    from stallfree.sim.commands.plan_text import print_serve
+    from stallfree.sim.studies.tune_report import partial_prefill_flags
 
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
@@ -241,7 +247,11 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
         f"chosen: token budget {best['token_budget']:,}, max_seqs {best['max_seqs']}: goodput "
         f"{rate_text(best.get('request_goodput') or 0)} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
     )
-    print(serve_command(best))
+    tp = int(args.tp[0] if isinstance(args.tp, list) else args.tp)
+    serve = serve_lines(args, best["token_budget"], best["max_seqs"], tp, partial_prefill_flags(best))
+    who = ("serve it" if result.attainment_met else
+           f"best found, not one that meets the SLO target (--slo-attainment {result.attainment_target:g})")
+    print_serve(serve, args, tp, who=who)
 
 
 def _kind_text(k: dict[str, Any]) -> str:

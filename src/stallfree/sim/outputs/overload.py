@@ -321,11 +321,14 @@ def saturation(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: 
 
 
 def saturation_line(label: str, s: dict[str, Any]) -> str:
-    """The header line of a saturated run (a summary with saturation's keys)."""
+    """The header line of a saturated run (a summary with saturation's keys). A window's arrivals average
+    SATURATION_LOAD of capacity, whatever the run's mean: the window is a busy period of the fluid server of
+    that rate, which works through it without a pause (its arrivals bring exactly its length of work)."""
     a, b = s["saturated_window_s"] or (0.0, 0.0)
+    mean = f", against {s['load']:.0%} over the run" if s.get("load") is not None else ""
     why = {"overload": "overloaded", "one instant": "every request arrives at one instant",
            "load": f"offered {s.get('load') or 0:.0%} of capacity, at or above {SATURATION_LOAD:.0%}",
-           "window": f"the queue grows through it at {SATURATION_LOAD:.0%} of capacity"}[s["saturated_by"]]
+           "window": f"arrivals there average {SATURATION_LOAD:.0%} of capacity{mean}"}[s["saturated_by"]]
     where = f"at {a:,.1f}-{b:,.1f} s" if s["saturated_by"] == "window" else "through the run"
     return (f"warning: {label}: saturated {where} ({why}): TTFT and queueing tails there are unreliable, "
             f"as steps {STEP_TIME_HIGH - 1:.1%} slower (the 90th percentile of the measured step-time error) "

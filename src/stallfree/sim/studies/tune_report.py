@@ -13,6 +13,7 @@ from stallfree.sim.studies.tune import ROW_KEYS, TuneResult
 
 __all__ = [
     "best_by_kind",
+    "partial_prefill_flags",
     "serve_command",
     "tune_report",
 ]
@@ -21,12 +22,16 @@ __all__ = [
 def serve_command(row: dict[str, Any]) -> str:
     """The `stallfree serve` flags of a chosen candidate (with the partial-prefill flags when it has them)."""
     line = f"stallfree serve --max-num-batched-tokens {row['token_budget']} --max-num-seqs {row['max_seqs']}"
+    return line + partial_prefill_flags(row)
+
+
+def partial_prefill_flags(row: dict[str, Any]) -> str:
+    """A candidate's partial-prefill flags, vLLM's names (with a leading space), or "" when it has none."""
     pp = row.get("partial_prefills")
-    if pp:
-        k, lng, thr = pp
-        line += (f" --max-num-partial-prefills {k} --max-long-partial-prefills {lng}"
-                 f" --long-prefill-token-threshold {thr}")
-    return line
+    if not pp:
+        return ""
+    k, lng, thr = pp
+    return f" --max-num-partial-prefills {k} --max-long-partial-prefills {lng} --long-prefill-token-threshold {thr}"
 
 
 def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
