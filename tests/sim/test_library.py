@@ -129,7 +129,7 @@ def test_tune_table_explains_the_tie_tolerance(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "within 0.1% of the highest are tied" in out
-    assert "stallfree serve --max-num-batched-tokens 512" in out
+    assert "serve it: vllm serve MODEL --tensor-parallel-size 4 --quantization fp8 --max-num-batched-tokens 512 " in out
 
 
 def test_metric_units_and_goodput_by_hand(tmp_path, capsys):
