@@ -63,8 +63,9 @@ def main() -> None:
             f"{s['p99_tpot_ms']:.1f} | {'-' if xfer is None else f'{xfer:.2f}'} |"
         )
     best = rows[0]
-    print(f"\nbest aggregated {agg['label']}: {agg['goodput_per_gpu']:.3f} req/s/GPU; best disaggregated "
-          f"{best['label']}: {best['goodput_per_gpu']:.3f} req/s/GPU")
+    # The labels name their kind ("aggregated x8 b2048", "disagg 5P:3D ..."): "best" alone reads right.
+    print(f"\nbest: {agg['label']}: {agg['goodput_per_gpu']:.3f} req/s/GPU; {best['label']}: "
+          f"{best['goodput_per_gpu']:.3f} req/s/GPU")
 
 
 if __name__ == "__main__":
