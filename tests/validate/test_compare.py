@@ -86,7 +86,7 @@ def test_cli_json_keys(capsys):
     """`stallfree validate --vllm-result FILE --json` prints engine, simulator and error objects."""
     from stallfree.cli import main
 
-    assert main(["validate", "--vllm-result", str(DATA), "--json"]) == 0
+    assert main(["validate", "--vllm-result", str(DATA), "--json"]) == 3  # outside the goals, printed first
     out = json.loads(capsys.readouterr().out)
     assert {"engine", "simulator", "error"} <= set(out)
     assert out["config"]["max_num_batched_tokens"] == 2048
