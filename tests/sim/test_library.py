@@ -103,7 +103,7 @@ def test_tune_api_reports_whether_the_slos_are_met():
 
 def test_tune_command_exits_3_when_no_candidate_meets_the_slos(capsys):
     """`stallfree tune` with unreachable SLOs says so plainly, prints the best found with its
-    attainment and no serve line, and exits 3; --json carries slo_met false and serve null."""
+    attainment and no serve line, and exits 3; --json carries slo_met false and serve and vllm_serve null."""
     argv = ["tune", "--synthetic", "poisson", "--rate", "8", "--prompt-len", "uniform:100,900",
             "--output-len", "uniform:5,60", "--num-requests", "120", "--linear-cost", "10,50",
             "--kv-tokens", "200000", "--budgets", "256,512", "--max-seqs-candidates", "32",
@@ -115,7 +115,7 @@ def test_tune_command_exits_3_when_no_candidate_meets_the_slos(capsys):
     assert main([*argv, "--json"]) == 3
     captured = capsys.readouterr()
     report = json.loads(captured.out)
-    assert report["slo_met"] is False and report["serve"] is None
+    assert report["slo_met"] is False and report["serve"] is None and report["vllm_serve"] is None
     assert report["chosen"]["slo_attainment"] == 0
     assert "no candidate meets the SLOs" in captured.err
 

@@ -206,6 +206,14 @@ def test_tune_cli_prints_choice_and_serve_line(tmp_path, capsys):
     report = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert report["chosen"]["token_budget"] == 130 and report["bound"]["token_budget"] == 130
     assert (tmp_path / "out" / "tune.png").stat().st_size > 10_000
+    # tune.json and --json carry the printed vLLM line beside `serve` (kept as it was).
+    vllm = ("vllm serve MODEL --tensor-parallel-size 4 --quantization fp8 --max-num-batched-tokens 130 "
+            "--max-num-seqs 8")
+    assert report["vllm_serve"] == vllm
+    assert report["serve"] == "stallfree serve --max-num-batched-tokens 130 --max-num-seqs 8"
+    assert main([*args[:-2], "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["vllm_serve"], printed["serve"]) == (vllm, report["serve"])
 
 
 def test_tune_cli_target_below_floor(capsys):

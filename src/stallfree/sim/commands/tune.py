@@ -159,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
     from stallfree.sim.studies.tune_report import best_by_kind
 
     kinds = best_by_kind(result.rows, args.max_seqs)
+    vllm_serve = _serve_of(result, args)["vllm"]
     if args.json:
-        print(json.dumps(tune_report(result, header) | {"best_by_kind": kinds}, indent=1))
+        print(json.dumps(tune_report(result, header, vllm_serve) | {"best_by_kind": kinds}, indent=1))
         if not result.slo_met:
             best = result.best
             print(
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                               if span.get(key)))
         print("best of each kind searched: " + "; ".join(_kind_text(k) for k in kinds))
     if args.out:
-        names = write_tune(args.out, result, header)
+        names = write_tune(args.out, result, header, vllm_serve)
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     nothing = served_nothing("tune", result.rows)
     if nothing:
@@ -200,6 +201,17 @@ def miss_line(result: TuneResult) -> str:
             "same flags for more replicas, or loosen the SLOs")
 
 
+def _serve_of(result: TuneResult, args: argparse.Namespace) -> dict[str, Any]:
+    """The serve lines of the best candidate on the simulated replica (plan.serve_lines: "vllm", and
+    "stallfree" where the replica is one GPU), with its partial-prefill flags."""
+    from stallfree.sim.commands.plan import serve_lines
+    from stallfree.sim.studies.tune_report import partial_prefill_flags
+
+    best = result.best
+    tp = int(args.tp[0] if isinstance(args.tp, list) else args.tp)
+    return serve_lines(args, best["token_budget"], best["max_seqs"], tp, partial_prefill_flags(best))
+
+
 def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_tolerance: float,
                  args: argparse.Namespace) -> None:
     """Print the SLOs, the bound, the candidates' table (best first), the choice and its serve line: plan's
@@ -209,9 +221,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
 
     When no candidate meets the SLOs, say so instead of recommending a serve line.
     """
-    from stallfree.sim.commands.plan import serve_lines
     from stallfree.sim.commands.plan_text import print_serve
-    from stallfree.sim.studies.tune_report import partial_prefill_flags
 
     print(
         f"{header['workload']}: {header['requests']:,} requests, rate scale {header['rate_scale']:g} "
@@ -248,7 +258,7 @@ def print_result(result: TuneResult, header: dict[str, Any], top: int, tie_toler
         f"{rate_text(best.get('request_goodput') or 0)} req/s ({best.get('slo_attainment') or 0:.1%} within the SLOs)"
     )
     tp = int(args.tp[0] if isinstance(args.tp, list) else args.tp)
-    serve = serve_lines(args, best["token_budget"], best["max_seqs"], tp, partial_prefill_flags(best))
+    serve = _serve_of(result, args)
     who = ("serve it" if result.attainment_met else
            f"best found, not one that meets the SLO target (--slo-attainment {result.attainment_target:g})")
     print_serve(serve, args, tp, who=who)

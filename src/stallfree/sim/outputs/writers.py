@@ -132,14 +132,15 @@ def write_kv_sweep(out: Path, rows: Sequence[dict[str, Any]], title: str) -> lis
     return ["kv_sweep.json", "kv_sweep.png"]
 
 
-def write_tune(out: Path, result: TuneResult, header: dict[str, Any]) -> list[str]:
-    """Write tune.json (tune.tune_report) and tune.png (plots.plot_tune) under `out`; return the names.
+def write_tune(out: Path, result: TuneResult, header: dict[str, Any], vllm_serve: str | None = None) -> list[str]:
+    """Write tune.json (tune.tune_report, with `vllm_serve` as its "vllm_serve") and tune.png (plots.plot_tune)
+    under `out`; return the names.
 
     Raises:
         OSError: `out` cannot be created or written.
     """
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tune.json").write_text(json.dumps(tune_report(result, header), indent=1) + "\n")
+    (out / "tune.json").write_text(json.dumps(tune_report(result, header, vllm_serve), indent=1) + "\n")
     budgets = sorted({r["token_budget"] for r in result.rows})
     plots.plot_tune(result.rows, out / "tune.png", best=result.best, slo_ttft=result.slo_ttft,
                     slo_tpot=result.slo_tpot, bound_budget=result.bound.token_budget if result.bound else None,

@@ -34,9 +34,11 @@ def partial_prefill_flags(row: dict[str, Any]) -> str:
     return f" --max-num-partial-prefills {k} --max-long-partial-prefills {lng} --long-prefill-token-threshold {thr}"
 
 
-def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
-    """Return the JSON report of a tune: header, SLOs (s), the bound, the chosen row, the serve line
-    (None when no candidate meets the SLOs: `slo_met` is then false), every row, the wall time (s)."""
+def tune_report(result: TuneResult, header: dict[str, Any], vllm_serve: str | None = None) -> dict[str, Any]:
+    """Return the JSON report of a tune: header, SLOs (s), the bound, the chosen row, the serve lines
+    ("serve": `stallfree serve`'s flags; "vllm_serve": `vllm_serve`, the `vllm serve` line of the simulated
+    replica that the command prints, when given; both None when no candidate meets the SLOs: `slo_met` is
+    then false), every row, the wall time (s)."""
     bound = None
     if result.bound is not None:
         b = result.bound
@@ -60,6 +62,7 @@ def tune_report(result: TuneResult, header: dict[str, Any]) -> dict[str, Any]:
         "attainment": result.attainment,
         "attainment_met": result.attainment_met,
         "serve": serve_command(result.best) if result.slo_met else None,
+        "vllm_serve": vllm_serve if result.slo_met else None,
         "rows": [{k: r.get(k) for k in ROW_KEYS} for r in result.rows],
         "wall_s": result.wall_s,
     }
