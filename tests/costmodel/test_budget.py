@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stallfree.cli import main
-from stallfree.costmodel import CostModel, CostModelError
+from stallfree.costmodel import CostModel, CostModelError, CostModelMemoryError
 from stallfree.costmodel.budget import budget_rows
 
 ARGS = [
@@ -75,7 +75,7 @@ def test_budget_ttft_design_by_hand():
     [
         (["--model", "gpt-9"], "unknown model 'gpt-9'; known models:", 2),
         (["--gpu", "tpu"], "unknown GPU 'tpu'; known GPUs:", 2),
-        (["--tp", "3"], "does not divide the 64 attention heads", 2),
+        (["--tp", "3"], "--tp 3 does not divide the 64 attention heads", 2),
         (["--budgets", "64"], "--budgets 64: leaves no room", 2),
         (["--budgets", "512,x"], "'x' is not a whole number of tokens", 2),
         (["--budgets", "0"], "0 is not a positive number", 2),
@@ -260,37 +260,72 @@ def test_budget_header_counts_every_gpu_of_a_pipeline(capsys):
     assert capsys.readouterr().out.startswith("llama-3.3-70b on 4 x h100-sxm, weights fp8,")
 
 
+@pytest.mark.parametrize(("command", "argv", "said", "library"), [
+    ("budget", ["--tp", "3"], "--tp 3 does not divide the 64 attention heads of llama-3.3-70b; use a divisor of 64",
+     "tp 3 does not divide the 64 attention heads of llama-3.3-70b; use a divisor of 64"),
+    ("budget", ["--pp", "100"], "--pp 100 is more than the 80 layers of llama-3.3-70b",
+     "pp 100 is more than the 80 layers of llama-3.3-70b"),
+    ("calibrate", ["--profile", "a100-codellama34b-tp2", "--tp", "3"],
+     "--tp 3 does not divide the 64 attention heads of llama-3.3-70b; use a divisor of 64",
+     "tp 3 does not divide the 64 attention heads of llama-3.3-70b; use a divisor of 64"),
+    ("budget", ["--model", "qwen2.5-7b", "--tp", "7"],
+     "--tp 7 and the 4 KV heads of qwen2.5-7b: one must divide the other, so that KV heads are either split evenly "
+     "or replicated evenly",
+     "tp 7 and the 4 KV heads of qwen2.5-7b: one must divide the other, so that KV heads are either split evenly "
+     "or replicated evenly"),
+    ("budget", ["--model", "deepseek-v3", "--tp", "1", "--dp-attention", "2", "--ep", "2"],
+     "deepseek-v3 weights in fp8 need 345.9 GB per GPU at --tp 1, --dp-attention 2, --ep 2, more than the 80 GB of "
+     "one h100-sxm",
+     "deepseek-v3 weights in fp8 need 345.9 GB per GPU at tp 1, dp_attention 2, ep 2, more than the 80 GB of "
+     "one h100-sxm"),
+], ids=["tp-heads", "pp-layers", "calibrate-tp", "tp-kv-heads", "moe-weights"])
+def test_cost_model_errors_name_the_flags(command, argv, said, library, capsys):
+    """budget and calibrate name the flags typed (--tp 3, --pp 100, --dp-attention 2), as they word an MoE
+    split, where the cost model itself keeps its fields (tp 3, dp_attention 2)."""
+    base = ["--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--dtype", "fp8"]
+    if command == "calibrate":
+        base = base[:4]
+    assert main([command, *base, *argv]) == 2
+    assert capsys.readouterr().err == f"stallfree {command}: error: {said}\n"
+    kw = dict(zip(base[::2], base[1::2], strict=True)) | dict(zip(argv[::2], argv[1::2], strict=True))
+    with pytest.raises(CostModelError) as raised:
+        CostModel.from_names(kw["--model"], "h100-sxm", tp=int(kw.get("--tp", 4)), dtype="fp8",
+                             pp=int(kw.get("--pp", 1)), ep=int(kw.get("--ep", 1)),
+                             dp_attention=int(kw.get("--dp-attention", 1)))
+    assert str(raised.value) == library
+
+
 def test_budget_memory_hint_names_pp_where_more_stages_make_room(capsys):
     """Llama 3.3 70B in bf16 at tp 1 needs 141.1 GB per GPU of an 80 GB H100; in fp8 its 72.7 GB leave no
     KV room at 0.9: each pipeline stage holds a share of the 80 layers (their weights and KV), so budget's
-    hint names pp beside tp. With --ep 2 (priced at pp 1 only) it names tp alone, and so does `simulate`,
-    which has no --pp."""
+    hint names --pp beside --tp (the flags, not the cost model's fields). With --ep 2 (priced at pp 1 only) it
+    names --tp alone, and so does `simulate`, which has no --pp."""
     argv = ["budget", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16"]
     assert main(argv) == 2
     assert capsys.readouterr().err == (
-        "stallfree budget: error: llama-3.3-70b weights in bf16 need 141.1 GB per GPU at tp 1, more than the 80 GB "
-        "of one h100-sxm; raise tp or pp, or use 8-bit weights\n")
+        "stallfree budget: error: llama-3.3-70b weights in bf16 need 141.1 GB per GPU at --tp 1, more than the 80 GB "
+        "of one h100-sxm; raise --tp or --pp, or use 8-bit weights\n")
     assert main([*argv, "--dtype", "fp8"]) == 2
     assert capsys.readouterr().err == (
         "stallfree budget: error: no room for KV: llama-3.3-70b weights take 72.7 GB per GPU, 0.9 x 80 GB leaves "
-        "0.0 GB; raise tp or pp, use 4-bit weights or a higher gpu_memory_utilization\n")
+        "0.0 GB; raise --tp or --pp, use 4-bit weights or a higher --gpu-memory-utilization\n")
     assert main(["budget", "--model", "mixtral-8x7b", "--gpu", "l4", "--tp", "2", "--ep", "2", "--dtype", "bf16"]) == 2
-    assert capsys.readouterr().err.endswith("need 46.7 GB per GPU at tp 2, more than the 24 GB of one l4; raise tp "
+    assert capsys.readouterr().err.endswith("need 46.7 GB per GPU at --tp 2, more than the 24 GB of one l4; raise --tp "
                                             "or use 8-bit weights\n")
     assert main(["simulate", "--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "bf16",
                  "--num-requests", "3"]) == 2
-    assert capsys.readouterr().err.endswith("of one h100-sxm; raise tp or use 8-bit weights\n")
+    assert capsys.readouterr().err.endswith("of one h100-sxm; raise --tp or use 8-bit weights\n")
 
 
 @pytest.mark.parametrize(("gpu", "dtype", "hint"), [
-    ("h100-sxm", "bf16", "811.7 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp, or use "
+    ("h100-sxm", "bf16", "811.7 GB per GPU at --tp 1, more than the 80 GB of one h100-sxm; raise --tp or --pp, or use "
                          "8-bit weights"),
-    ("h100-sxm", "fp8", "410.1 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp, or use "
+    ("h100-sxm", "fp8", "410.1 GB per GPU at --tp 1, more than the 80 GB of one h100-sxm; raise --tp or --pp, or use "
                         "4-bit weights"),
-    ("h100-sxm", "int8", "410.1 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp, or use "
+    ("h100-sxm", "int8", "410.1 GB per GPU at --tp 1, more than the 80 GB of one h100-sxm; raise --tp or --pp, or use "
                          "4-bit weights"),
-    ("mi300x", "fp8", "410.1 GB per GPU at tp 1, more than the 192 GB of one mi300x; raise tp or pp"),
-    ("h100-sxm", "int4", "215.5 GB per GPU at tp 1, more than the 80 GB of one h100-sxm; raise tp or pp"),
+    ("mi300x", "fp8", "410.1 GB per GPU at --tp 1, more than the 192 GB of one mi300x; raise --tp or --pp"),
+    ("h100-sxm", "int4", "215.5 GB per GPU at --tp 1, more than the 80 GB of one h100-sxm; raise --tp or --pp"),
 ], ids=["bf16", "fp8", "int8", "fp8-on-mi300x", "int4"])
 def test_memory_hint_suggests_only_smaller_weights(capsys, gpu, dtype, hint):
     """Llama 3.1 405B at tp 1 fits no single GPU: 401.6 B decoder parameters at the dtype's bytes plus 4.2 B
@@ -303,16 +338,17 @@ def test_memory_hint_suggests_only_smaller_weights(capsys, gpu, dtype, hint):
 
 def test_kv_room_hint_under_4_bit_weights_suggests_no_smaller_weights(capsys):
     """Llama 3.3 70B's int4 weights take 39.5 GB of an H100's 80: at --gpu-memory-utilization 0.4 (32 GB) no
-    KV fits. The hint names tp (and pp) and the utilization, but no smaller weights; simulate (no --pp) alike."""
+    KV fits. The hint names --tp (and --pp) and --gpu-memory-utilization, by their flags, but no smaller weights;
+    simulate (no --pp) alike."""
     argv = ["--model", "llama-3.3-70b", "--gpu", "h100-sxm", "--tp", "1", "--dtype", "int4",
             "--gpu-memory-utilization", "0.4"]
     facts = "no room for KV: llama-3.3-70b weights take 39.5 GB per GPU, 0.4 x 80 GB leaves 0.0 GB; "
     assert main(["budget", *argv]) == 2
     assert capsys.readouterr().err == (
-        f"stallfree budget: error: {facts}raise tp or pp, or use a higher gpu_memory_utilization\n")
+        f"stallfree budget: error: {facts}raise --tp or --pp, or use a higher --gpu-memory-utilization\n")
     assert main(["simulate", *argv, "--num-requests", "3"]) == 2
     assert capsys.readouterr().err == (
-        f"stallfree simulate: error: {facts}raise tp or use a higher gpu_memory_utilization\n")
+        f"stallfree simulate: error: {facts}raise --tp or use a higher --gpu-memory-utilization\n")
 
 
 @pytest.mark.parametrize(("flags", "said"), [
@@ -392,3 +428,17 @@ def test_budget_defaults_to_the_simulators_default_replica(capsys):
     assert main(["budget", "--dtype", "fp9"]) == 2
     assert capsys.readouterr().err == ("stallfree budget: error: dtype 'fp9' is not a known dtype; known: bf16, "
                                        "fp16, fp8, int4, int8, mxfp4, nvfp4\n")
+
+
+def test_cost_model_errors_pickle_with_their_message():
+    """An error worded for the flags still pickles (sent back from a worker process): its message, and a memory
+    error's with_pp, come back as raised; the flag wording, a closure, is left behind."""
+    import pickle
+
+    for kw, kind in (({"tp": 3}, CostModelError), ({"tp": 1, "dtype": "bf16"}, CostModelMemoryError)):
+        with pytest.raises(kind) as raised:
+            CostModel.from_names("llama-3.3-70b", "h100-sxm", **kw)
+        back = pickle.loads(pickle.dumps(raised.value))
+        assert type(back) is kind and str(back) == str(raised.value)
+        assert getattr(back, "with_pp", None) == getattr(raised.value, "with_pp", None)
+        assert back.named(lambda f: "--" + f) == str(back)

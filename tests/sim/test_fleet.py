@@ -74,7 +74,7 @@ def test_weights_that_do_not_fit_are_skipped_with_the_reason(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "answer: 4 replicas of l40s x2 (8 GPUs)" in out
     assert "the fewest GPUs (no prices given" in out
-    assert "l40s x1: skipped: llama-3.3-70b weights in fp8 need 72.7 GB per GPU at tp 1" in out
+    assert "l40s x1: skipped: llama-3.3-70b weights in fp8 need 72.7 GB per GPU at --tp 1" in out
 
 
 @pytest.mark.parametrize(("flags", "message"), [

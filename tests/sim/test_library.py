@@ -71,6 +71,19 @@ def test_setup_errors_name_the_option():
         Setup(_synthetic(), HardwareOptions(gpu="nonexistent-gpu"))
 
 
+def test_cost_model_errors_name_their_fields_as_options():
+    """A cost-model error reaches Setup's caller with its fields named as options (`tp`,
+    `gpu_memory_utilization`), which the commands word as their flags."""
+    with pytest.raises(SetupError) as exc:
+        Setup(_synthetic(), HardwareOptions(tp=3))
+    assert str(exc.value) == "`tp` 3 does not divide the 64 attention heads of llama-3.3-70b; use a divisor of 64"
+    assert flag_message(exc.value).startswith("--tp 3 does not divide the 64 attention heads")
+    with pytest.raises(SetupError) as exc:
+        Setup(_synthetic(), HardwareOptions(tp=1, dtype="int4", model="llama-3.3-70b", gpu_memory_utilization=0.4))
+    assert exc.value.fields == ("tp", "gpu_memory_utilization")
+    assert flag_message(exc.value).endswith("; raise --tp or use a higher --gpu-memory-utilization")
+
+
 def test_flag_words_maps_fields_to_flags():
     """Backticked fields become flags, `field`=value becomes "--flag value", other text stays."""
     assert (flag_words("`linear_cost` and `kernels`='vllm' are exclusive")

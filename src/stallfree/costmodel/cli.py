@@ -30,7 +30,7 @@ from stallfree.costmodel.calibrate import (
     fit_steps,
     read_steps_csv,
 )
-from stallfree.costmodel.errors import CostModelError, CostModelWarning
+from stallfree.costmodel.errors import CostModelError, CostModelMemoryError, CostModelWarning
 from stallfree.costmodel.hardware import GPUCalibration, get_gpu, gpu_to_dict, list_gpus, normalize_name
 from stallfree.costmodel.kernel_maps import SYSTEMS
 from stallfree.costmodel.model import get_model, list_models
@@ -93,13 +93,18 @@ def _add_target(p: argparse.ArgumentParser, model: str | None, gpu: str | None, 
     p.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
+def _flag(field: str) -> str:
+    """The flag of a cost-model field in these commands' messages: "dp_attention" -> "--dp-attention"."""
+    return "--" + field.replace("_", "-")
+
+
 def _cost_model(a: argparse.Namespace, mode: str = "full") -> CostModel:
     if a.model is None or a.gpu is None or a.tp is None:
         missing = [f"--{n}" for n in ("model", "gpu", "tp") if getattr(a, n) is None]
         raise CostModelError(f"{', '.join(missing)} required")
     model = get_model(a.model)
     # Named by the flags, not the cost model's fields ("--ep 3 does not divide ...", not "ep 3 ...").
-    problem = moe_split_problem(model, a.tp, a.pp, a.ep, a.dp_attention, name=lambda f: "--" + f.replace("_", "-"))
+    problem = moe_split_problem(model, a.tp, a.pp, a.ep, a.dp_attention, name=_flag)
     if problem is not None:
         raise CostModelError(problem)
     return CostModel.from_names(
@@ -135,9 +140,11 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
                 # Any input error is 2, as the simulator's commands answer them: a missing file, malformed
                 # contents of a data file (CostModelDataError), any other unusable value.
                 code = 2
-                # A command with --pp says where more pipeline stages would make room, as raising tp would.
-                with_pp = getattr(exc, "with_pp", None) if getattr(a, "pp", None) is not None else None
-                print(f"stallfree {a.command}: error: {with_pp or exc}", file=sys.stderr)
+                # Named by the flags, not the cost model's fields ("--tp 3 does not divide ...", not "tp 3 ...");
+                # a command with --pp says where more pipeline stages would make room, as raising tp would.
+                with_pp = (exc.named_with_pp(_flag) if isinstance(exc, CostModelMemoryError)
+                           and getattr(a, "pp", None) is not None else None)
+                print(f"stallfree {a.command}: error: {with_pp or exc.named(_flag)}", file=sys.stderr)
         for w in caught:
             print(f"stallfree {a.command}: warning: {w.message}", file=sys.stderr)
         return code

@@ -10,10 +10,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stallfree.costmodel.errors import CostModelError
+from stallfree.costmodel.errors import CostModelError, FieldName
 from stallfree.costmodel.model import ModelSpec
 
 __all__ = ["MAX_TOKENS", "StepCost", "largest_fitting"]
+
+#: A message with its fields named by a FieldName (CostModelError.wording).
+FieldWording = Callable[[FieldName], str]
 
 # The largest step max_tokens_within will return, in tokens: far above any real token budget.
 MAX_TOKENS = 1 << 30
@@ -87,16 +90,22 @@ def _check_count(name: str, value: int, minimum: int = 0) -> int:
 
 def _check_tp(model: ModelSpec, tp: int) -> None:
     _check_count("tp", tp, 1)
+    problem = _tp_problem(model, tp)
+    if problem is not None:
+        raise CostModelError(problem(str), problem)
+
+
+def _tp_problem(model: ModelSpec, tp: int) -> FieldWording | None:
+    """Why tp (>= 1) cannot split this model's heads, worded with the field named by a FieldName; None where
+    it can."""
     if model.num_heads % tp:
-        raise CostModelError(
-            f"tp {tp} does not divide the {model.num_heads} attention heads of {model.key}; "
-            f"use a divisor of {model.num_heads}"
-        )
+        heads = model.num_heads
+        return lambda n: (f"{n('tp')} {tp} does not divide the {heads} attention heads of {model.key}; "
+                          f"use a divisor of {heads}")
     kv = model.num_kv_heads
     # Engines shard KV heads when there are at least tp of them and replicate them otherwise; both
     # need one count to divide the other (vLLM's QKVParallelLinear asserts the same).
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        raise CostModelError(
-            f"tp {tp} and the {kv} KV heads of {model.key}: one must divide the other, so that KV heads "
-            "are either split evenly or replicated evenly"
-        )
+        return lambda n: (f"{n('tp')} {tp} and the {kv} KV heads of {model.key}: one must divide the other, so "
+                          "that KV heads are either split evenly or replicated evenly")
+    return None

@@ -65,7 +65,7 @@ from itertools import accumulate
 from typing import Any, cast
 
 from stallfree.core.plan import StepPlan
-from stallfree.costmodel.errors import CostModelError, CostModelMemoryError, CostModelWarning
+from stallfree.costmodel.errors import CostModelError, CostModelMemoryError, CostModelWarning, FieldName
 from stallfree.costmodel.hardware import (
     CALIBRATION_KEYWORDS,
     DTYPE_BYTES,
@@ -286,7 +286,10 @@ class CostModel:
         m, n = model, tp
         self.pp = _check_count("pp", pp, 1)
         if pp > m.num_layers:
-            raise CostModelError(f"pp {pp} is more than the {m.num_layers} layers of {m.key}")
+            def too_many(n: FieldName) -> str:
+                return f"{n('pp')} {pp} is more than the {m.num_layers} layers of {m.key}"
+
+            raise CostModelError(too_many(str), too_many)
         self.ep, self.dp_attention = _check_moe_split(m, tp, pp, ep, dp_attention)
         stage_layers = -(-m.num_layers // pp)  # the largest stage holds ceil(L / pp) layers
         head_b = 2 if wb < 2 else wb  # embedding and lm_head stay 16-bit under 8- and 4-bit weights
@@ -298,9 +301,10 @@ class CostModel:
             (m.total_params - big) * wb * stage_layers / m.num_layers + big_stage * head_b
         ) / n
         if self.weight_bytes_per_gpu > gpu.mem_bytes and dp_attention == 1:  # dp: _split_moe checks
+            need = self.weight_bytes_per_gpu
             raise self._memory_error(
-                f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU "
-                f"at tp {n}" + (f", pp {pp}" if pp > 1 else "") + ", "
+                lambda f: f"{m.key} weights in {self.dtype} need {need / 1e9:.1f} GB per GPU "
+                f"at {f('tp')} {n}" + (f", {f('pp')} {pp}" if pp > 1 else "") + ", "
                 f"more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}; "
             )
         # GQA heads split (or replicated when tp > n_kv); an MLA latent is whole on every rank.
@@ -350,23 +354,25 @@ class CostModel:
         self._o_seq = 0.0 if design else self.per_seq_s
         self._inv_mfu, self._inv_mbu, self._inv_link = 1.0 / self.mfu, 1.0 / self.mbu, 1.0 / self.link_util
 
-    def _memory_error(self, facts: str, more: str | None = None) -> CostModelMemoryError:
-        """`facts` then what makes room: raise tp, or use weights one size smaller (_smaller_weights: none
-        under 4-bit weights) or `more` ("raise tp, use 8-bit weights or a higher gpu_memory_utilization"); with_pp
-        names pp beside tp where a stage could hold fewer layers (pp below the layers, and no expert or
-        attention split: those are priced at pp 1 only)."""
+    def _memory_error(self, facts: Callable[[FieldName], str], more: str | None = None) -> CostModelMemoryError:
+        """`facts` (worded with the fields named by a FieldName) then what makes room: raise tp, or use weights
+        one size smaller (_smaller_weights: none under 4-bit weights) or a higher `more` (a field: "raise tp,
+        use 8-bit weights or a higher gpu_memory_utilization"); with_pp names pp beside tp where a stage could
+        hold fewer layers (pp below the layers, and no expert or attention split: those are priced at pp 1
+        only). The error's wording names every field by the caller's names (CostModelError.named)."""
         smaller = self._smaller_weights()
-        uses = ([f"{smaller} weights"] if smaller else []) + ([more] if more else [])
-
-        def hint(parallel: str, with_pp: bool) -> str:
-            if not uses:
-                return parallel
-            joint = ", " if len(uses) > 1 else ", or " if with_pp else " or "
-            return f"{parallel}{joint}use {' or '.join(uses)}"
-
         pp_helps = self.pp < self.model.num_layers and self.ep == 1 and self.dp_attention == 1
-        return CostModelMemoryError(facts + hint("raise tp", False),
-                                    facts + hint("raise tp or pp", True) if pp_helps else None)
+
+        def message(n: FieldName, with_pp: bool) -> str:
+            uses = ([f"{smaller} weights"] if smaller else []) + ([f"a higher {n(more)}"] if more else [])
+            parallel = f"raise {n('tp')} or {n('pp')}" if with_pp else f"raise {n('tp')}"
+            if not uses:
+                return facts(n) + parallel
+            joint = ", " if len(uses) > 1 else ", or " if with_pp else " or "
+            return f"{facts(n)}{parallel}{joint}use {' or '.join(uses)}"
+
+        return CostModelMemoryError(message(str, False), message(str, True) if pp_helps else None,
+                                    lambda n, with_pp: message(n, with_pp and pp_helps))
 
     def _smaller_weights(self) -> str | None:
         """The weights one size smaller to suggest where memory runs short: 8-bit under 16-bit weights,
@@ -397,10 +403,14 @@ class CostModel:
         big = m.embed_params + head_untied
         self.weight_bytes_per_gpu = ((m.total_params - big - routed) * wb + big * head_b) / tp + routed * wb / g
         if self.weight_bytes_per_gpu > gpu.mem_bytes:
-            raise CostModelError(
-                f"{m.key} weights in {self.dtype} need {self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU at tp {tp}, "
-                f"dp_attention {dp}, ep {ep}, more than the {gpu.mem_bytes / 1e9:.0f} GB of one {gpu.key}"
-            )
+            need = self.weight_bytes_per_gpu
+
+            def too_big(n: FieldName) -> str:
+                return (f"{m.key} weights in {self.dtype} need {need / 1e9:.1f} GB per GPU at {n('tp')} {tp}, "
+                        f"{n('dp_attention')} {dp}, {n('ep')} {ep}, more than the {gpu.mem_bytes / 1e9:.0f} GB of "
+                        f"one {gpu.key}")
+
+            raise CostModelError(too_big(str), too_big)
         # Each attention rank holds its own sequences' KV; spread over the ranks, a token costs 1/dp.
         self.kv_bytes_per_token_per_gpu = -(-kv_all_layers // dp)  # rounded up: never over the capacity
         # Per GPU, a step's T tokens: dense work on its rank's T/dp, expert work 1/g of all T.
@@ -870,10 +880,10 @@ class CostModel:
         free = self.gpu.mem_bytes * util - self.weight_bytes_per_gpu
         if free < self.kv_bytes_per_token_per_gpu:
             raise self._memory_error(
-                f"no room for KV: {self.model.key} weights take "
+                lambda n: f"no room for KV: {self.model.key} weights take "
                 f"{self.weight_bytes_per_gpu / 1e9:.1f} GB per GPU, "
                 f"{util} x {self.gpu.mem_bytes / 1e9:.0f} GB leaves {max(free, 0.0) / 1e9:.1f} GB; ",
-                "a higher gpu_memory_utilization",
+                "gpu_memory_utilization",
             )
         return int(free // self.kv_bytes_per_token_per_gpu)
 
@@ -930,7 +940,7 @@ def _check_moe_split(model: ModelSpec, tp: int, pp: int, ep: int, dp_attention: 
     _check_count("dp_attention", dp_attention, 1)
     problem = moe_split_problem(model, tp, pp, ep, dp_attention)
     if problem is not None:
-        raise CostModelError(problem)
+        raise CostModelError(problem, lambda n: moe_split_problem(model, tp, pp, ep, dp_attention, name=n) or problem)
     return ep, dp_attention
 
 

@@ -31,8 +31,15 @@ __all__ = [
     "build_priced",
     "context_length",
     "default_cost_model",
+    "option_words",
     "parse_linear_cost",
 ]
+
+
+def option_words(exc: Exception) -> str:
+    """An error's message for a SetupError: a cost-model error's fields named as the options, in backticks
+    (`tp` 3, `gpu_memory_utilization`), which the commands word as their flags; any other message as it is."""
+    return exc.named(lambda field: f"`{field}`") if isinstance(exc, CostModelError) else str(exc)
 
 
 def parse_linear_cost(text: str) -> LinearCostModel:
@@ -96,7 +103,7 @@ def build_priced(opts: HardwareOptions) -> tuple[StepCostModel, int, str, dict[s
         # An unknown model, GPU, dtype or kernel engine/version, or a pricing the tables cannot give:
         # each is an option's value (exit 2, as `stallfree budget` answers the same values); so is a
         # malformed or oversized spec file named by --model or --gpu (docs/install.md, "Exit codes").
-        raise SetupError(str(exc), usage=True) from None
+        raise SetupError(option_words(exc), usage=True) from None
     hw = f"{opts.model}, {opts.tp} x {opts.gpu}, {opts.dtype}" + (f", KV {opts.kv_dtype}" if opts.kv_dtype else "")
     hw += "".join(f" ({n})" for n in named)
     if opts.ep > 1 or opts.dp_attention > 1:

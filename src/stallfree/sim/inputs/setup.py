@@ -35,7 +35,7 @@ from stallfree.sim.defaults import (
 )
 from stallfree.sim.inputs.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, engine_defaults
 from stallfree.sim.inputs.options import MAX_OFFERED_RATE, HardwareOptions, SetupError, WorkloadOptions, build_workload
-from stallfree.sim.inputs.pricing import build_priced, context_length
+from stallfree.sim.inputs.pricing import build_priced, context_length, option_words
 from stallfree.sim.inputs.sessions import SessionWorkload
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.config import ReplicaConfig, warn_deprecated
@@ -208,7 +208,7 @@ class Setup:
             shape = lora_shape(get_model(hw.model), gpu, hw.tp, rank)
             link = host_link(gpu)
         except (CostModelError, ValueError) as exc:
-            raise SetupError(str(exc), usage=True) from None
+            raise SetupError(option_words(exc), usage=True) from None
         self.cost_model = LoraCost(self.cost_model, shape, link, max_loras, cpu)
         self.lora = {"max_loras": max_loras, "max_cpu_loras": cpu, "lora_rank": rank,
                      "max_lora_passes": self.scheduler_config.max_lora_passes,
@@ -319,7 +319,7 @@ class Setup:
                 tokens = kv_offloading_tokens(self.kv_offloading_gib, per_gpu, opts_hw.tp)
             link = host_link(gpu)
         except (CostModelError, ValueError) as exc:
-            raise SetupError(str(exc), usage=True) from None
+            raise SetupError(option_words(exc), usage=True) from None
         if tokens < block_size:
             raise SetupError(f"the CPU KV tier holds {tokens:,} tokens, not one block of "
                              f"{block_size}: make it larger", usage=True)
