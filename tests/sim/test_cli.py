@@ -416,6 +416,25 @@ def test_sweep_table_explains_a_budget_use_above_100_percent(capsys):
     assert "budget use:" not in capsys.readouterr().out
 
 
+def test_tables_write_a_light_load_with_two_significant_digits(capsys):
+    """sweep's table and simulate's write requests/s and goodput as the reports do (wording.rate_text): 0.0035
+    req/s keeps two significant digits where two decimals said 0.00; 6.6 stays 6.60."""
+    from stallfree.sim.commands.sweep import print_rows
+    from stallfree.sim.outputs.table import print_table
+
+    row = {"batching": "chunked", "rate_scale": 1.0, "token_budget": 512, "request_throughput": 0.00351,
+           "request_goodput": 0.00349, "budget_utilization": 0.03}
+    print_rows([row, {**row, "batching": "no-chunk", "request_throughput": 6.6, "request_goodput": 6.6}])
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()
+             if line.startswith("│")]
+    assert [c[3:5] for c in cells] == [["0.0035", "0.0035"], ["6.60", "6.60"]]
+    print_table([{"label": "light", "request_throughput": 0.00351, "request_goodput": 0.00349,
+                  "slo_attainment": 1.0}])
+    rows = {c[0]: c[1] for c in ([x.strip() for x in line.split("│")[1:-1]]
+                                 for line in capsys.readouterr().out.splitlines() if line.startswith("│"))}
+    assert (rows["requests/s"], rows["goodput (req/s)"]) == ("0.0035", "0.0035")
+
+
 @pytest.mark.parametrize("command", [
     ["sweep", "--budgets", "512", "--jobs", "1"],
     ["tune", "--slo-ttft", "1s", "--slo-tpot", "50ms"],

@@ -297,3 +297,19 @@ def test_front_end_added_to_ttft_and_e2e():
     assert s["mean_tpot_ms"] == pytest.approx((250.03 - 110.0) / 3)
     (rec,) = disagg_records(r, w)
     assert rec["ttft_ms"] == pytest.approx(115.0) and rec["e2el_ms"] == pytest.approx(255.03)
+
+
+def test_disaggregate_search_lines_at_a_light_load_keep_two_significant_digits(capsys):
+    """At rate scale 0.0001 every configuration serves 0.000015 req/s/GPU: the comparison lines, the best-of
+    line and the verdict write that (wording.rate_text), where three decimals said 0.000 throughout."""
+    argv = ["simulate", "--disaggregate", "search", "--replicas", "2", "--num-requests", "10", "--slo-ttft", "1s",
+            "--rate-scale", "0.0001"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.lstrip().startswith(("aggregated x2 b", "disagg 1P:1D b"))]
+    assert len(rows) == 7 and all(": 0.000015 req/s/GPU (goodput 0.00012 req/s, " in line for line in rows)
+    assert any(line.startswith("best aggregated: 0.000015 req/s/GPU (aggregated x2 b2048); best disaggregated: "
+                               "0.000015 req/s/GPU") for line in lines)
+    verdict = next(line for line in lines if line.startswith("verdict: "))
+    assert "0.000015 req/s/GPU against best aggregated x2 b2048 0.000015 (" in verdict
+    assert "0.000 " not in verdict.replace("+/-0.000 req/s/GPU", "")

@@ -54,6 +54,22 @@ def test_disagg_verdict_binomial_noise_by_hand():
                            "disaggregated 1P:3D b2048/2048 0.483 req/s/GPU against best aggregated x4 b2048 0.483")
 
 
+def test_disagg_verdict_and_note_at_a_light_load_keep_two_significant_digits():
+    """At 0.0006 and 0.0004 req/s/GPU the verdict said "0.000 against 0.000" (three decimals): it writes
+    them as the reports write rates (wording.rate_text), and the note's offered 0.004 req/s likewise."""
+    agg = {"label": "aggregated x4 b2048", "goodput_per_gpu": 0.0004, "slo_attainment": 0.5}
+    dis = {"label": "disagg 1P:3D b2048/2048", "goodput_per_gpu": 0.0006, "slo_attainment": 0.5}
+    line, v = disagg_verdict(agg, dis, 100)
+    noise = 1.96 * math.hypot(0.0004, 0.0006) * math.sqrt(0.5 / 50)
+    assert v["noise"] == pytest.approx(noise)
+    assert v["pays"]  # +0.00020 against a noise of 0.00014
+    assert line == ("verdict: disaggregation pays: best disaggregated 1P:3D b2048/2048 0.00060 req/s/GPU "
+                    "against best aggregated x4 b2048 0.00040 (+50%; noise +/-0.00014 req/s/GPU, binomial 95% on "
+                    "the attainment)")
+    full = {"num_requests": 10, "completed": 10, "rejected": 0, "slo_attainment": 1.0, "num_gpus": 8}
+    assert "serves all 0.0040 req/s offered" in str(offered_load_note([full], None, 0.004))
+
+
 def test_offered_load_note_when_every_aggregated_run_serves_everything():
     """7.73 req/s offered on 16 GPUs: all that goodput per GPU can show (at most 0.483 req/s/GPU) when
     every aggregated run serves all 1,000 requests within the SLOs; no note when one misses a request."""

@@ -388,10 +388,11 @@ def _search(args: argparse.Namespace, setup: Setup, link: Any) -> int:
           f"({len(aggs)} aggregated and {len(rows)} disaggregated configurations):")
     print(f"aggregated: {setup.behaviour()}; disaggregated, {sides}")
     for s in [*aggs, *rows]:
-        print(f"  {s['label']:>30}: {s['goodput_per_gpu']:.3f} req/s/GPU (goodput {s['request_goodput'] or 0:.2f} "
-              f"req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT {s.get('p99_tpot_ms') or 0:.1f} ms)")
-    print(f"best aggregated: {agg['goodput_per_gpu']:.3f} req/s/GPU ({agg['label']}); best disaggregated: "
-          f"{best['goodput_per_gpu']:.3f} req/s/GPU ({best['label']})")
+        print(f"  {s['label']:>30}: {rate_text(s['goodput_per_gpu'], 3)} req/s/GPU (goodput "
+              f"{rate_text(s['request_goodput'] or 0)} req/s, p99 TTFT {s.get('p99_ttft_ms') or 0:,.0f} ms, p99 TPOT "
+              f"{s.get('p99_tpot_ms') or 0:.1f} ms)")
+    print(f"best aggregated: {rate_text(agg['goodput_per_gpu'], 3)} req/s/GPU ({agg['label']}); best disaggregated: "
+          f"{rate_text(best['goodput_per_gpu'], 3)} req/s/GPU ({best['label']})")
     print_table([agg, best], title="best aggregated and best disaggregated")
     print(line)
     if note:

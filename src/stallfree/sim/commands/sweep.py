@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,13 +193,14 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     from rich.table import Table
 
     from stallfree.sim.outputs.table import console
+    from stallfree.sim.outputs.wording import rate_text
 
-    cols = (
+    cols: tuple[tuple[str, str, str | Callable[[Any], str]], ...] = (
         ("batching", "batching", "{}"),
         ("rate_scale", "rate x", "{:g}"),
         ("token_budget", "budget", "{:,}"),
-        ("request_throughput", "req/s", "{:,.2f}"),
-        ("request_goodput", "goodput", "{:,.2f}"),
+        ("request_throughput", "req/s", rate_text),  # two decimals, two significant digits at a light load
+        ("request_goodput", "goodput", rate_text),
         ("median_ttft_ms", "TTFT p50", "{:,.0f}"),
         ("p99_ttft_ms", "TTFT p99", "{:,.0f}"),
         ("median_tpot_ms", "TPOT p50", "{:,.1f}"),
@@ -216,15 +217,20 @@ def print_rows(rows: Sequence[dict[str, Any]]) -> None:
     for _, name, _ in cols:
         table.add_column(name, justify="left" if name == "batching" else "right", no_wrap=True)
     for row in rows:
-        table.add_row(*("-" if row.get(k) is None else spec.format(row[k]) + _span(row, k, spec)
+        table.add_row(*("-" if row.get(k) is None else _cell(spec, row[k]) + _span(row, k, spec)
                         for k, _, spec in cols))
     console().print(table)
 
 
-def _span(row: dict[str, Any], key: str, spec: str) -> str:
+def _cell(spec: str | Callable[[Any], str], value: Any) -> str:
+    """A value by its column's format string, or by its function (rate_text)."""
+    return spec(value) if callable(spec) else spec.format(value)
+
+
+def _span(row: dict[str, Any], key: str, spec: str | Callable[[Any], str]) -> str:
     """" [low-high]" of a latency with --range, else ""."""
     span = (row.get("range") or {}).get(key)
-    return f" [{spec.format(span[0])}-{spec.format(span[1])}]" if span else ""
+    return f" [{_cell(spec, span[0])}-{_cell(spec, span[1])}]" if span else ""
 
 
 def _run_tier_sweep(args: argparse.Namespace) -> int:

@@ -5,23 +5,27 @@ Imports allowed: the standard library and stallfree.sim.outputs; rich only lazil
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stallfree.sim.outputs.buckets import table_rows as bucket_table_rows
+from stallfree.sim.outputs.wording import rate_text
 
 __all__ = [
     "print_table",
 ]
 
 
-_TABLE_ROWS: tuple[tuple[str, str, str], ...] = (
+#: A row's format: a format string, or a function of the value (rate_text: a light load never reads 0.00).
+_Spec = str | Callable[[Any], str]
+
+_TABLE_ROWS: tuple[tuple[str, str, _Spec], ...] = (
     ("completed", "completed requests", "{:,}"),
     ("rejected_by_reason.context_length", "rejected: over context length", "{:,}"),
     ("rejected_by_reason.kv_capacity", "rejected: never fits the KV", "{:,}"),
-    ("request_throughput", "requests/s", "{:,.2f}"),
+    ("request_throughput", "requests/s", rate_text),
     ("output_throughput", "output tokens/s", "{:,.0f}"),
-    ("request_goodput", "goodput (req/s)", "{:,.2f}"),
+    ("request_goodput", "goodput (req/s)", rate_text),
     ("slo_attainment", "SLO attainment", "{:.1%}"),
     ("mean_ttft_ms", "TTFT mean (ms)", "{:,.1f}"),
     ("median_ttft_ms", "TTFT median (ms)", "{:,.1f}"),
@@ -72,10 +76,10 @@ def _value(summary: dict[str, Any], key: str) -> Any:
     return None if d is None else d.get(inner, 0)
 
 
-def _fmt(value: Any, spec: str) -> str:
+def _fmt(value: Any, spec: _Spec) -> str:
     if value is None:
         return "-"
-    return spec.format(value)
+    return spec(value) if callable(spec) else spec.format(value)
 
 
 def _by_side(summary: dict[str, Any], key: str) -> bool:
@@ -83,18 +87,18 @@ def _by_side(summary: dict[str, Any], key: str) -> bool:
     return summary.get("sides") is not None and summary.get(key) is None and key in summary["sides"].get("decode", {})
 
 
-def _side_text(summary: dict[str, Any], key: str, spec: str) -> str:
+def _side_text(summary: dict[str, Any], key: str, spec: _Spec) -> str:
     """"P x | D y": a disaggregated run's per-step figure on its prefill side and on its decode side."""
     sides = summary["sides"]
     return f"P {_fmt(sides['prefill'].get(key), spec)} | D {_fmt(sides['decode'].get(key), spec)}"
 
 
-def _range_text(summary: dict[str, Any], key: str, spec: str) -> str:
+def _range_text(summary: dict[str, Any], key: str, spec: _Spec) -> str:
     """" [low-high]" of a latency key when the run carries its range (stallfree.sim.studies.ranges), else ""."""
     span = (summary.get("range") or {}).get(key)
     if not span:
         return ""
-    return f" [{spec.format(span[0])}-{spec.format(span[1])}]"
+    return f" [{_fmt(span[0], spec)}-{_fmt(span[1], spec)}]"
 
 
 def console() -> Any:

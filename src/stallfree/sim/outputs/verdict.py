@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stallfree.sim.outputs.report import latency_arrays
+from stallfree.sim.outputs.wording import rate_text
 
 __all__ = [
     "BOOTSTRAP_RESAMPLES",
@@ -180,9 +181,9 @@ def disagg_verdict(agg: dict[str, Any], dis: dict[str, Any], requests: int) -> t
         head = "disaggregation does not pay"
     else:
         head = "no difference beyond the noise"
-    line = (f"verdict: {head}: best disaggregated {_config(dis['label'], 'disagg')} {gd:.3f} req/s/GPU against best "
-            f"aggregated {_config(agg['label'], 'aggregated')} {ga:.3f} ({rel}; noise +/-{noise:.3f} req/s/GPU, "
-            "binomial 95% on the attainment)")
+    line = (f"verdict: {head}: best disaggregated {_config(dis['label'], 'disagg')} {rate_text(gd, 3)} req/s/GPU "
+            f"against best aggregated {_config(agg['label'], 'aggregated')} {rate_text(ga, 3)} ({rel}; noise "
+            f"+/-{rate_text(noise, 3)} req/s/GPU, binomial 95% on the attainment)")
     return line, {"aggregated": ga, "disaggregated": gd, "change": change, "noise": noise, "beyond_noise": beyond,
                   "pays": pays}
 
@@ -209,9 +210,10 @@ def offered_load_note(aggs: Sequence[dict[str, Any]], best: dict[str, Any] | Non
     gpus = int(aggs[0].get("num_gpus") or 0)
     on = f" on {gpus} GPUs" if gpus else ""
     split = ", and so does the best split" if best is not None and served_everything(best) else ""
-    return (f"note: every aggregated configuration serves all {offered_rate:,.2f} req/s offered within the SLOs"
-            f"{split}: there goodput per GPU measures the offered load ({offered_rate:,.2f} req/s{on}), a lower "
-            "bound on capacity, not capacity; raise --rate-scale to compare capacities")
+    rate = rate_text(offered_rate)
+    return (f"note: every aggregated configuration serves all {rate} req/s offered within the SLOs{split}: there "
+            f"goodput per GPU measures the offered load ({rate} req/s{on}), a lower bound on capacity, not capacity; "
+            "raise --rate-scale to compare capacities")
 
 
 def mean_error_interval(measured: Sequence[float], simulated: Sequence[float]) -> tuple[float, float, float]:
