@@ -51,7 +51,11 @@ def test_disagg_verdict_binomial_noise_by_hand():
                                1000)
     assert not tie["pays"] and not tie["beyond_noise"] and tie["noise"] == 0.0
     assert line.startswith("verdict: no difference: both serve every request offered within the SLOs: best "
-                           "disaggregated 1P:3D b2048/2048 0.483 req/s/GPU against best aggregated x4 b2048 0.483")
+                           "disaggregated 1P:3D b2048/2048 0.483 req/s/GPU against best aggregated x4 b2048 0.483 "
+                           "(both the offered load per GPU)")
+    # A difference under half a percent is not written as "+0%" or "-0%" (noise 1.96 x 0.3535 x 0.003178).
+    line, _ = disagg_verdict(agg | {"goodput_per_gpu": 0.2500}, dis | {"goodput_per_gpu": 0.2499}, 1000)
+    assert "(under 1% apart; noise +/-0.0022 req/s/GPU" in line and "-0%" not in line
 
 
 def test_disagg_verdict_and_note_at_a_light_load_keep_two_significant_digits():

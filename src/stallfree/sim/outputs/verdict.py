@@ -172,7 +172,12 @@ def disagg_verdict(agg: dict[str, Any], dis: dict[str, Any], requests: int) -> t
     beyond = abs(diff) > noise and not both
     pays = diff > 0 and beyond
     change = diff / ga if ga else None
-    rel = f"{change:+.0%}" if change is not None else "from 0"
+    if change is None:
+        rel = "from 0"
+    elif abs(change) < 0.005:
+        rel = "under 1% apart"  # "+0%" or "-0%" would read as a finding
+    else:
+        rel = f"{change:+.0%}"
     if both:
         head = "no difference: both serve every request offered within the SLOs"
     elif pays:
@@ -181,9 +186,12 @@ def disagg_verdict(agg: dict[str, Any], dis: dict[str, Any], requests: int) -> t
         head = "disaggregation does not pay"
     else:
         head = "no difference beyond the noise"
+    # Serving everything, both figures are the offered load per GPU and the binomial noise is 0: no
+    # interval to quote.
+    why = ("both the offered load per GPU" if both
+           else f"{rel}; noise +/-{rate_text(noise, 3)} req/s/GPU, binomial 95% on the attainment")
     line = (f"verdict: {head}: best disaggregated {_config(dis['label'], 'disagg')} {rate_text(gd, 3)} req/s/GPU "
-            f"against best aggregated {_config(agg['label'], 'aggregated')} {rate_text(ga, 3)} ({rel}; noise "
-            f"+/-{rate_text(noise, 3)} req/s/GPU, binomial 95% on the attainment)")
+            f"against best aggregated {_config(agg['label'], 'aggregated')} {rate_text(ga, 3)} ({why})")
     return line, {"aggregated": ga, "disaggregated": gd, "change": change, "noise": noise, "beyond_noise": beyond,
                   "pays": pays}
 
