@@ -10,8 +10,8 @@ it a GPU-only run with G + X tokens. Prints one JSON line per run and writes the
 --cli prices steps as `stallfree simulate` does by default (vLLM's measured kernel tables and engine
 profile where aiconfigurator-core is installed, and that engine's default scheduling behaviour);
 without it, as the library's Setup does (the floor roofline, or the GPU's calibration). --rate-scale
-(default 0.5) replays the trace at that share of its rate: under --cli the replica sustains about 0.92
-requests/s on this trace, so 0.2 (0.68 requests/s) keeps it loaded but not saturated.
+(default 0.5) replays the trace at that share of its rate: under --cli the replica (G alone) sustains
+about 1.03 requests/s on this trace, so 0.2 (0.68 requests/s) keeps it loaded but not saturated.
 Runs one after another (each replays the whole trace; minutes
 each on a loaded machine).
 """

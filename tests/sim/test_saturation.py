@@ -101,9 +101,9 @@ def test_simulate_of_a_light_even_load_is_not_saturated(tmp_path, capsys):
 
 def test_saturation_line_names_the_window_and_the_reason():
     """The line of a window, and of a load, as the header prints them."""
-    line = saturation_line("x", {"saturated_window_s": [1.0, 12.5], "saturated_by": "window", "load": 0.74})
+    line = saturation_line("x", {"saturated_window_s": [1.0, 12.5], "saturated_by": "window", "load": 0.69})
     assert line.startswith("warning: x: saturated at 1.0-12.5 s (arrivals there average 81% of capacity, against "
-                           "74% over the run): TTFT and queueing tails there are unreliable, as steps 23.1% slower")
+                           "69% over the run): TTFT and queueing tails there are unreliable, as steps 23.1% slower")
     line = saturation_line("x", {"saturated_window_s": [1.0, 12.5], "saturated_by": "window"})
     assert line.startswith("warning: x: saturated at 1.0-12.5 s (arrivals there average 81% of capacity): ")
     line = saturation_line("x", {"saturated_window_s": [0.0, 9.0], "saturated_by": "load", "load": 0.9})

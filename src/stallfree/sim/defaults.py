@@ -53,8 +53,8 @@ DEFAULT_BLOCK_SIZE = 16
 
 #: The default speed-up of the bundled trace (docs/simulator.md explains the choice): under the commands'
 #: default pricing (vLLM's kernel tables and the vllm engine profile) the default replica (Llama 3.3 70B,
-#: 4 x H100 SXM, FP8) completes about 10.4 req/s when saturated, and 1.4 x the trace's 5.53 req/s =
-#: 7.74 req/s is 74% of that: busy but stable (at 3, the scale before kernel pricing, it is 159%).
+#: 4 x H100 SXM, FP8) completes about 11.2 req/s when saturated, and 1.4 x the trace's 5.53 req/s =
+#: 7.74 req/s is 69% of that: busy but stable (at 3, the scale before kernel pricing, it is 148%).
 DEFAULT_RATE_SCALE = 1.4
 
 #: Batching modes: the contract (chunked prefill) and the two baselines of stallfree.sim.run.baselines.

@@ -1,6 +1,6 @@
 """Workloads for the simulator: real request traces (Azure LLM 2023, BurstGPT, generic CSV/JSONL),
 synthetic arrivals (Poisson, Gamma) with length distributions, a shared-prefix synthetic workload, and
-rate/window/head transforms.
+rate/window/head/take transforms.
 
 Imports allowed: the standard library only.
 
@@ -12,6 +12,7 @@ drawn from a trace ("trace:PATH"); split apart, each half would import the other
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from stallfree.core.errors import StallfreeError
@@ -156,6 +157,30 @@ class Workload:
         if n < 1:
             raise ValueError(f"number of requests must be >= 1, got {n!r}")
         return self._select(range(min(n, len(self))), shift=0.0)
+
+    def take(self, idx: Sequence[int]) -> Workload:
+        """The requests at positions `idx`, in that order (a position may repeat), each with every
+        per-request field (prefix ids, LoRA adapter, tenant) and its arrival time as it is.
+
+        Always a plain Workload: a SessionWorkload's turns become single requests, each with its whole
+        prompt (the session's history included) and no session to follow it.
+
+        Raises:
+            IndexError: a position outside the workload.
+        """
+        ids = self.prefix_ids
+        return Workload(
+            arrivals=tuple(self.arrivals[i] for i in idx),
+            prompt_lens=tuple(self.prompt_lens[i] for i in idx),
+            output_lens=tuple(self.output_lens[i] for i in idx),
+            name=self.name,
+            skipped_rows=self.skipped_rows,
+            notes=self.notes,
+            prefix_ids=tuple(ids[i] for i in idx) if ids is not None else None,
+            prefix_block=self.prefix_block,
+            loras=tuple(self.loras[i] for i in idx) if self.loras is not None else None,
+            tenants=tuple(self.tenants[i] for i in idx) if self.tenants is not None else None,
+        )
 
     def _select(self, idx: range | list[int], shift: float) -> Workload:
         ids = self.prefix_ids

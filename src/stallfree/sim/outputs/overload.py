@@ -7,9 +7,9 @@ Imports allowed: the standard library and stallfree.sim; numpy lazily.
 Definitions (docs/simulator.md, "Overload and bursts"):
 
 - Sustained rate, mu (requests/s): the replicas' saturated throughput (simulator.saturated_throughput
-  of one replica times the replicas: the first 5,000 requests all at once). When the queue grows
-  through the run it is instead the rate requests finished over the second half of the arrival
-  window, if lower: a backlogged server runs at its throughput for this mix.
+  of one replica times the replicas: 5,000 requests of the workload, in runs spread over it, all at
+  once). When the queue grows through the run it is instead the rate requests finished over the
+  second half of the arrival window, if lower: a backlogged server runs at its throughput for this mix.
 - The queue grows through the run when the requests arriving in the last quarter of the arrival
   window waited (arrival to admission) at median more than QUEUE_GROWTH_MIN_S and more than twice
   the median wait of the requests arriving in the second quarter.

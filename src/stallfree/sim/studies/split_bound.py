@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallfree.sim.inputs.setup import Setup
-from stallfree.sim.run.simulator import SATURATION_SAMPLE, saturated_throughput
+from stallfree.sim.run.simulator import SATURATION_SAMPLE, saturated_throughput, saturation_sample
 
 __all__ = ["SplitBound", "split_bound", "split_order"]
 
@@ -95,7 +95,9 @@ def split_bound(setup: Setup, budget: int, side_budgets: tuple[int, int] | None 
     from stallfree.sim.run.disagg import _ShiftedCost
     from stallfree.sim.studies.disagg_search import _sides
 
-    wl = setup.workload.head(5000)
+    # The requests saturated_throughput times, in its order: a workload of exactly SATURATION_SAMPLE
+    # requests is timed whole, so rid i of each side's burst is request i of wl.
+    wl = setup.workload.take(saturation_sample(len(setup.workload), SATURATION_SAMPLE))
     opts = setup.workload_options
     tp = setup.hardware_options.tp
     (pcost, pcfg, *_), (dcost, dcfg, *_) = _sides(setup, (tp, tp), side_budgets or (budget, budget))
@@ -103,8 +105,7 @@ def split_bound(setup: Setup, budget: int, side_budgets: tuple[int, int] | None 
     target = [o if opts.max_tokens is None else min(o, opts.max_tokens) for o in wl.output_lens]
     prefill = Workload(wl.arrivals, wl.prompt_lens, (1,) * n, wl.name)
     decode = Workload(wl.arrivals, (1,) * n, tuple(max(t - 1, 1) for t in target), wl.name)
-    # saturated_throughput cycles a workload of fewer requests up to its sample: rid i is request i % n.
-    offset: dict[Any, int] = {i: wl.prompt_lens[i % n] for i in range(max(n, SATURATION_SAMPLE))}
+    offset: dict[Any, int] = dict(enumerate(wl.prompt_lens))
     mu_p = saturated_throughput(prefill, pcfg, pcost, None, max_model_len=setup.context_length,
                                 cut_output_to_fit=opts.cut_output_to_fit)
     mu_d = saturated_throughput(decode, dcfg, _ShiftedCost(dcost, offset), None)
