@@ -59,9 +59,12 @@ class DecodeHost:
         priority_key(rec) or None: the queue key that orders an overflow under policy="priority".
         multi: several partial prefills (prompts may finish out of admission order, so a promise that
             fails is served in batch order, not admission order).
+        holds_every_token: the KV manager's optional `holds_every_token` (False when it has none): its
+            admission already holds the KV of every token a request computes, so `grow` always answers
+            True and `trim` changes nothing, and a speculative step asks neither once per decode.
     """
 
-    __slots__ = ("decodes", "kv", "live", "grow", "selection", "priority_key", "multi")
+    __slots__ = ("decodes", "kv", "live", "grow", "selection", "priority_key", "multi", "holds_every_token")
 
     def __init__(
         self, decodes: DecodeSet, kv: KVManager, live: Mapping[Hashable, LiveRequest],
@@ -70,6 +73,7 @@ class DecodeHost:
     ) -> None:
         self.decodes, self.kv, self.live, self.grow = decodes, kv, live, grow
         self.selection, self.priority_key, self.multi = selection, priority_key, multi
+        self.holds_every_token = bool(getattr(kv, "holds_every_token", False))
 
 
 class PlainDecodes:
@@ -119,6 +123,8 @@ class PlainDecodes:
     ) -> DecodeEntries:
         """When decodes did not all get one token: each chosen decode, oldest first, gets the KV of its
         tokens, preempting as needed; victims leave the plan."""
+        if s.holds_every_token:  # every grow would answer True: no victim, nothing to ask per decode
+            return rids, offsets, costs, total
         live = s.live
         tokens = costs or (1,) * len(rids)
         for rid, off, c in zip(rids, offsets, tokens, strict=True):
@@ -305,7 +311,7 @@ class SpeculativeDecodes(PlainDecodes):
                         accepted.append((obj, c))
                         obj.unsettled = (*obj.unsettled, c - 1)
         super().after_step(s, plan, accepted, step)
-        if costs:
+        if costs and not s.holds_every_token:
             kv = s.kv
             for rid, c in zip(plan.decode_rids, costs, strict=True):
                 if c > 1:

@@ -117,6 +117,11 @@ class KVManager(KVFigures, Protocol):
     `num_cached_tokens`). Counts are tokens unless they say blocks; `step` is the scheduler's step
     number. A method that returns False changes nothing: for `grow` that means "preempt someone".
 
+    Optional: `step_transfers()` (a second tier's copies) and `holds_every_token` (bool, False when
+    absent): True promises that admission already holds the KV of every token a request computes, so
+    `grow` always answers True and `trim` changes nothing; the scheduler then skips those calls for
+    each decode of a speculative step (ReservationKV sets it).
+
     Implementations: ReservationKV (the contract), PagedKV (blocks on demand, optional prefix caching);
     a manager delegating to another engine's block allocator implements the same (tests/core/
     test_kv_seam.py has one).

@@ -39,6 +39,10 @@ class ReservationKV(PooledKV):
         block_size: None (count tokens) or tokens per block, >= 1 and <= kv_tokens.
     """
 
+    #: Admission reserves every token a request computes: grow always answers True and trim changes
+    #: nothing, so the scheduler need not ask them per decode (KVManager's optional attribute).
+    holds_every_token = True
+
     def __init__(self, kv_tokens: int, block_size: int | None) -> None:
         self.unit = block_size or 1
         self.pool = BlockPool(kv_tokens // self.unit, self.unit)
