@@ -34,10 +34,14 @@ def test_plot_context_names_workload_replica_and_budget():
     assert plot_context(study.header, "budgets 256, 512").endswith("budgets 256, 512")
 
 
-@pytest.mark.parametrize(("scheduler", "tag"), [("reserve", "chunked-reserve"), ("paged", "chunked-paged")])
-def test_files_are_named_after_mode_and_kv_policy(tmp_path, scheduler, tag):
-    """--out names the per-run files by batching mode and KV policy (a paged run is not 'chunked' alone)."""
-    study = run_experiment(_setup(scheduler), budget=512)
+@pytest.mark.parametrize(("scheduler", "target", "tag"), [
+    ("reserve", None, "chunked-reserve"), ("paged", None, "chunked-paged"),
+    ("reserve", 0.05, "chunked-reserve-time"), ("paged", 0.05, "chunked-paged-time"),  # paged was named reserve
+])
+def test_files_are_named_after_mode_and_kv_policy(tmp_path, scheduler, target, tag):
+    """--out names the per-run files by batching mode and KV policy (a paged run is not 'chunked' alone),
+    in time-budget mode (--step-time-target) too."""
+    study = run_experiment(_setup(scheduler), budget=512, step_time_target=target)
     assert run_tag(study.results[0]) == tag
     names = write_experiment(tmp_path, study)
     assert f"requests-{tag}.csv" in names and f"steps-{tag}.csv" in names

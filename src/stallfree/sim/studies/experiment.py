@@ -154,7 +154,9 @@ def _run_mode(
         slo_tpot=slo_tpot,
     )
     if step_time_target is not None:
-        res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target)
+        # plan_run reads the KV policy off a ReplicaConfig only; a time-budget run's is its inner scheduler's.
+        res.config.update(batching=mode, max_seqs=setup.max_seqs, step_time_target_s=step_time_target,
+                          kv=sched.scheduler.kv_policy)
     summary = summarize_result(res, slo_ttft, slo_tpot)
     if not capacity:
         return res, summary
