@@ -21,7 +21,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stallfree import PagedScheduler  # noqa: E402
-from stallfree.core.invariants import PagedInvariantChecker  # noqa: E402
 from stallfree.sim import load_bundled, simulate  # noqa: E402
 from stallfree.sim.inputs.pricing import default_cost_model  # noqa: E402
 from stallfree.sim.outputs.report import summarize_result  # noqa: E402
@@ -52,9 +51,11 @@ def run_pair(args: argparse.Namespace, kv: int, cost: object) -> list[dict[str, 
     def factory() -> object:
         s = PagedScheduler(args.budget, args.max_seqs, kv // args.block_size, args.block_size, args.watermark)
         made.append(s)
-        return PagedInvariantChecker(s) if args.check else s
+        return s
 
-    res = simulate(work, factory, cost, max_tokens=args.max_tokens, label="paged")  # type: ignore[arg-type]
+    # check=True wraps the scheduler in the invariant checker (its paged rules follow the config).
+    res = simulate(work, factory, cost, max_tokens=args.max_tokens, label="paged",  # type: ignore[arg-type]
+                   check=args.check)
     summary = summarize_result(res)
     s = made[0]
     computed = summary["total_input_tokens"] + summary["total_output_tokens"]
