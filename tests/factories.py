@@ -180,3 +180,19 @@ def random_lora_run(seed: int, kv_policy: str, num_requests: int = 40) -> Invari
     chk.check_final()
     assert all(r.rid not in chk.scheduler for r in reqs)
     return chk
+
+
+def load_benchmark(name: str):  # type: ignore[no-untyped-def]
+    """benchmarks/<name>.py loaded as a module (the scripts are not a package), registered in sys.modules
+    under `<name>_bench` so that dataclasses can look their module up."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -4,22 +4,11 @@ run's table is the unchecked one's."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_paged.py"
-
-
-def _bench():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("compare_paged_bench", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from factories import load_benchmark
 
 
 def test_check_runs_the_checker_and_changes_no_figure(capsys):  # type: ignore[no-untyped-def]
-    bench = _bench()
+    bench = load_benchmark("compare_paged")
     args = ["--num-requests", "40", "--kv-tokens", "8192"]
     assert bench.main(args) == 0
     plain = capsys.readouterr().out

@@ -3,22 +3,16 @@ the unrounded figures behind --json; the figures are docs/scheduling.md's and RE
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "tenants_sim.py"
+from factories import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("tenants_sim_bench", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("tenants_sim")
 
 
 def test_default_prints_a_table_of_the_documented_figures(bench, capsys):  # type: ignore[no-untyped-def]
