@@ -65,6 +65,29 @@ def test_validate_silicon_marks_the_fitted_row_of_the_small_csv():
     assert "on 1 held-out rows" in res["verdict"]
 
 
+def test_the_default_pricing_marks_the_rows_its_profile_was_fitted_on():
+    """Without --kernels or --engine-profile (profile None, kernels None) the rows are priced by vLLM's kernel
+    tables with profile vllm, as under --kernels vllm: the same rows are fitted (here the one replayable
+    row, line 3, Llama-3.1-70B on H100) and the verdict names that profile. The fitted set was looked up on
+    the profile given, None, so every row read as held out."""
+    res = validate_silicon(str(CSV), None, None, engine="vllm")
+    named = validate_silicon(str(CSV), load_profile("vllm"), "vllm", engine="vllm")
+    assert [(r["line"], r["engine_profile"], r["fitted"]) for r in res["rows"]] == [(3, "vllm", True)]
+    assert [(r["line"], r["fitted"]) for r in named["rows"]] == [(3, True)]
+    assert [r["sim_ttft_ms"] for r in res["rows"]] == [r["sim_ttft_ms"] for r in named["rows"]]
+    assert res["overall"]["fitted"] == named["overall"]["fitted"] and res["overall"]["held_out"]["rows"] == 0
+    assert res["verdict"] == named["verdict"]
+    assert res["verdict"].startswith("verdict: not judged: every one of the 1 rows was fitted on; the 1 rows "
+                                     "engine profile vllm was fitted on"), res["verdict"]
+
+
+def test_today_pricing_fits_no_row():
+    """--kernels none: no profile priced the rows (profile none), so none is fitted."""
+    res = validate_silicon(str(CSV), None, "none", engine="vllm")
+    assert [r["engine_profile"] for r in res["rows"]] == ["none", "none"]
+    assert not any(r["fitted"] for r in res["rows"]) and "(no row was fitted on)" in res["verdict"]
+
+
 def test_run_folders_are_all_held_out_and_carry_their_signed_bias():
     """No profile or calibration reads run folders: every run is held out; over one run the bias of a figure
     is that run's signed error."""

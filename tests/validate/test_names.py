@@ -63,6 +63,14 @@ def test_a100_note_names_what_differs():
     assert "PCIe, not NVLink" in (gpu_match("NVIDIA A100-PCIE-40GB")[1] or "")
 
 
+@pytest.mark.parametrize("path", ["/tmp/a100_floor.json", "a100.json", "H100.JSON", "specs/h200-mine",
+                                  "l4_tuned.json"])
+def test_gpu_paths_pass_through(path):
+    """A path is the user's GPU file, read as that file: never mapped onto the preset its name contains."""
+    assert gpu_match(path) == (path, None)
+    assert gpu_match(path, 40e9) == (path, None)
+
+
 @pytest.mark.parametrize(("hf", "ours", "dtype"), [
     ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", "bf16"),
     ("meta-llama/Meta-Llama-3.1-70B-Instruct", "llama-3.1-70b", "bf16"),

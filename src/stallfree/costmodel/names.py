@@ -7,6 +7,7 @@ Imports allowed: the standard library and stallfree.costmodel.
 
 from __future__ import annotations
 
+import os
 import re
 from importlib import resources
 
@@ -129,8 +130,12 @@ def gpu_match(device: str, memory_bytes: float | None = None) -> tuple[str, str 
     NVL, an A100 of 40 GB or on PCIe, an A10): the replay then takes the run's own memory size
     (`memory_bytes`, torch's total memory) for its KV capacity, and its steps are priced as the preset's.
     A name that matches nothing is returned as given with no note (our own preset names pass through;
-    the cost model names an unknown one).
+    the cost model names an unknown one). So is a path (a name ending in .json, or one with a directory
+    in it): the user's GPU file is read as that file, never as the preset its name happens to contain
+    ("/tmp/a100_floor.json" is not the A100 preset).
     """
+    if _is_path(device):
+        return device, None
     if device in GPU_NAMES.values():
         return device, None
     table = GPU_NAMES.get(_key(device).replace("-", ""))
@@ -143,6 +148,12 @@ def gpu_match(device: str, memory_bytes: float | None = None) -> tuple[str, str 
                 note = _a100_note(k, memory_bytes)
             return preset, note
     return device, None
+
+
+def _is_path(name: str) -> bool:
+    """Whether `name` is a file's path rather than a GPU's name: it ends in .json (as get_gpu reads a
+    file) or names a directory ("/", or the platform's separator)."""
+    return name.lower().endswith(".json") or "/" in name or os.sep in name
 
 
 def _a100_note(k: str, memory_bytes: float | None) -> str | None:

@@ -72,7 +72,7 @@ from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.choice import DEFAULT_ENGINE
 from stallfree.costmodel.kernel_maps import parse_kernels
-from stallfree.sim.inputs.engine_profile import EngineProfile, fit_rows
+from stallfree.sim.inputs.engine_profile import EngineProfile, EngineProfileError, fit_rows, load_profile
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.config import ReplicaConfig
 from stallfree.sim.run.costs import StepCostModel
@@ -491,7 +491,8 @@ def replay_row(row: ClosedLoopRow, profile: EngineProfile | None, kernels: str |
         "gpu": gpu_preset(_norm(row.system)), "engine": row.backend,
         "version": row.backend_version, "precision": row.precision, "isl": row.isl, "osl": row.osl,
         "concurrency": row.concurrency, "tp": row.tp, "ep": row.moe_ep, "dp_attention": row.attention_dp,
-        "requests": n, "kv_tokens": kv, "cost_model": price.provenance, "mode": "agg",
+        "requests": n, "kv_tokens": kv, "cost_model": price.provenance, "engine_profile": price.profile.name,
+        "mode": "agg",
         "layout": f"tp{row.tp}" + (f" ep{row.moe_ep}" if row.moe_ep > 1 else "")
         + (f" dp{row.attention_dp}" if row.attention_dp > 1 else ""),
         **_figures(row, sim_ttft, sim_tpot),
@@ -575,6 +576,7 @@ def _replay_disagg(row: ClosedLoopRow, profile: EngineProfile | None, kernels: s
         "link": link.name, "link_bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "kv_bytes_per_token": kvb,
         "cost_model": pre.provenance if pre.provenance == dec.provenance
         else f"prefill: {pre.provenance}; decode: {dec.provenance}",
+        "engine_profile": pre.profile.name,
         **_figures(row, ttft * 1e3, tpot * 1e3),
     }
 
@@ -614,14 +616,24 @@ def is_fitted(row: dict[str, Any], fit: dict[str, Any] | None) -> bool:
             and row["gpu"] in fit.get("gpu", ()))
 
 
+def _shipped_profile(name: str) -> EngineProfile | None:
+    """The shipped engine profile `name` (a replayed row's `engine_profile`), or None where none is."""
+    try:
+        return load_profile(name)
+    except EngineProfileError:
+        return None
+
+
 def held_out_verdict(done: list[dict[str, Any]], profile: EngineProfile | None) -> tuple[dict[str, Any], str]:
     """The fitted and held-out rows' errors apart, and the verdict on the held-out rows (median APE of TTFT
-    <= 20% and TPOT <= 10%), each median beside its signed bias."""
+    <= 20% and TPOT <= 10%), each median beside its signed bias. `profile` None: the default, each row's
+    profile the one its pricing chose (its `engine_profile`)."""
     fitted = [r for r in done if r.get("fitted")]
     held = [r for r in done if not r.get("fitted")]
     split = {"held_out": {"rows": len(held), **(_errors(held) if held else {})},
              "fitted": {"rows": len(fitted), **(_errors(fitted) if fitted else {})}}
-    name = profile.name if profile is not None else "none"
+    name = (profile.name if profile is not None
+            else " and ".join(sorted({str(r.get("engine_profile", "none")) for r in fitted})) or "none")
     apart = (f"; the {len(fitted)} rows engine profile {name} was fitted on, reported apart: median APE TTFT "
              f"{split['fitted']['ttft_median_ape_pct']:.1f}%, TPOT {split['fitted']['tpot_median_ape_pct'] or 0:.1f}%"
              if fitted else " (no row was fitted on)")
@@ -677,9 +689,11 @@ def validate_silicon(path: str, profile: EngineProfile | None, kernels: str | No
     if not done:
         raise ValueError(f"{csv_path}: none of the {len(rows)} selected rows can be replayed: "
                          + "; ".join(skipped))
-    fit = fit_rows(profile)
     for replayed in done:
-        replayed["fitted"] = is_fitted(replayed, fit)
+        # Without a profile given, each row's is the one its pricing chose (the default: the profile fitted
+        # on the engine whose tables priced it), and the rows that profile was fitted on are fitted here.
+        used = profile if profile is not None else _shipped_profile(replayed["engine_profile"])
+        replayed["fitted"] = is_fitted(replayed, fit_rows(used))
     summary = _summary(done)
     overall: dict[str, Any] = {"rows": len(done)}
     for m in ("ttft", "tpot"):

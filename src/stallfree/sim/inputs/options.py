@@ -185,7 +185,7 @@ class HardwareOptions:
 
     Attributes:
         model: a model preset name or a Hugging Face config.json path.
-        gpu: a GPU preset name.
+        gpu: a GPU preset or device name, or a path to the user's GPU file (.json), read as that file.
         tp: tensor-parallel GPUs.
         dtype: weight dtype.
         kv_dtype: KV cache dtype, or None for the cost model's.
