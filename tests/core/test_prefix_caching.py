@@ -255,9 +255,11 @@ def test_partial_prefills_look_up_hits_and_judge_long_after_them():
     chk.check_final()
 
 
-def test_promise_counts_evictable_blocks_and_a_claim_evicts():
+def test_promise_counts_evictable_blocks_and_evicts_at_once():
     """A pool of 4 blocks, 3 of them cached and released (evictable), 1 free-and-empty: promising 3 succeeds
-    (num_free = 1 + 3); claiming them takes the empty block, then evicts the least recently released two."""
+    (num_free = 1 + 3) and evicts the least recently released two at once (the promised blocks are
+    free-and-empty ones), so that claiming them, whenever a table is read, evicts nothing more; an
+    allocation meanwhile leaves the promised blocks alone and evicts the last cached one."""
     pool = CachingBlockPool(4, 2)
     table = []
     pool.allocate(table, 3)
@@ -265,10 +267,14 @@ def test_promise_counts_evictable_blocks_and_a_claim_evicts():
     pool.release(table)  # tail first: block 2, then 1, then 0 become evictable
     assert pool.num_free == 4 and pool.evictable_ids() == (2, 1, 0)
     assert pool.try_promise(3) and pool.num_free == 1
-    got = []
+    assert pool.num_evictions == 2 and pool.evictable_ids() == (0,) and pool.cached_block("c") is None
+    other: list[int] = []
+    pool.allocate(other, 1)
+    assert other == [0] and pool.num_evictions == 3 and pool.num_cached == 0
+    got: list[int] = []
     pool.claim(got, 3)
-    assert got == [3, 2, 1] and pool.num_evictions == 2 and pool.evictable_ids() == (0,)
-    assert not pool.try_promise(2) and pool.num_promised == 0
+    assert sorted(got) == [1, 2, 3] and pool.num_evictions == 3
+    assert not pool.try_promise(1) and pool.num_promised == 0
 
 
 # ---------------------------------------------------------------- randomized
