@@ -120,7 +120,8 @@ class PagedRules:
             table, owed = peek_table(s, rid)
             owed_total += owed
             if owed < 0 or len(table) + owed != chk._reqs[rid].blocks:
-                chk._fail("block table", f"rid {rid!r}: {table} and {owed} owed, expected {chk._reqs[rid].blocks} blocks")
+                chk._fail("block table",
+                          f"rid {rid!r}: {table} and {owed} owed, expected {chk._reqs[rid].blocks} blocks")
             if seen.intersection(table) or len(set(table)) != len(table):
                 chk._fail("block in two places", f"rid {rid!r}: {table}")
             if table and (min(table) < 0 or max(table) >= s.stats().num_blocks):
