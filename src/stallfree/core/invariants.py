@@ -4,21 +4,22 @@ either KV policy and every option.
 Imports allowed: the standard library and stallfree.core only.
 
 InvariantChecker wraps a Scheduler, forwards add / schedule / complete / abort to it and, after each
-call, compares what it did with a shadow model of its own: plain lists scanned in full, token and
-block counts, no step arithmetic shared with the scheduler. Before each plan is checked the shadow
-works out on its own which decodes run (and, under paged KV, which need a block, who is preempted),
-the chunks and the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. It reads
-only the scheduler's public, read-only views (request_state, block_table, free_block_ids, prefix_cache,
-now, the counters). This module holds the shadow and the plan rules (budget, decodes, chunks, admission
-order, token counts, request states); the other rule families are modules of their own, working on the
-same shadow: core/invariants_kv.py (`ReserveRules`: reservations add up, tables hold the computed
-tokens; `PagedRules`: blocks cover the tokens, no block in two tables, victims by the written rule),
-core/invariants_cache.py (`CacheRules`, prefix caching: each block free-and-empty, evictable-cached, or
-held with a reference count equal to the tables holding it; hits are the longest cached prefix and leave
-the last token to compute; no held block is evicted) and core/invariants_multi.py (`MultiRules`, several
-partial prefills); the shadow state they share, CheckerState, and InvariantViolation live in
-core/invariants_state.py, below all of them. It is meant for tests and the simulator's --check mode;
-it costs O(running) per step.
+call, compares what it did with a shadow model of its own: plain lists scanned in full, token and block
+counts, no step arithmetic shared with the scheduler. Before each plan is checked the shadow works out
+on its own which decodes run (and, under paged KV, which need a block, who is preempted), the chunks and
+the admissions, so a fault in the scheduler's bookkeeping cannot hide itself. It reads only the
+scheduler's public, read-only views (request_state, prefix_cache, now, the counters, and the block
+tables through core/queries.py's pure peek_block_table and peek_free_block_ids, which hand out no
+promised ids: a run schedules the same with the checker as without it). This module holds the shadow and
+the plan rules (budget, decodes, chunks, admission order, token counts, request states); the other rule
+families are modules of their own, working on the same shadow: core/invariants_kv.py (`ReserveRules`:
+reservations add up, tables hold the computed tokens; `PagedRules`: blocks cover the tokens, no block in
+two tables, victims by the written rule), core/invariants_cache.py (`CacheRules`, prefix caching: each
+block free-and-empty, evictable-cached, or held with a reference count equal to the tables holding it;
+hits are the longest cached prefix and leave the last token to compute; no held block is evicted) and
+core/invariants_multi.py (`MultiRules`, several partial prefills); the shadow state they share,
+CheckerState, and InvariantViolation live in core/invariants_state.py, below all of them. It is meant
+for tests and the simulator's --check mode; it costs O(running) per step.
 
 Longer than the ~400-line guide: the shadow must work out every plan on its own (decodes and overflow,
 blocks and victims, chunks, admissions), and these steps share its state.
@@ -59,8 +60,8 @@ class InvariantChecker(CheckerState):
     at most max_lora_passes times (core/lora.py), as the shadow works out. At the end: nothing left,
     all KV returned.
 
-    Block ids (which materializes every table) are checked after every `table_every`-th call, so that
-    a table lagging several promised blocks behind is exercised too.
+    Block ids (read without materializing any table: a table's promised blocks are counted, not handed
+    out) are checked after every `table_every`-th call.
 
     Attributes:
         scheduler: the Scheduler under test (either KV policy).
@@ -293,10 +294,10 @@ class InvariantChecker(CheckerState):
         if self._caching:
             free = self._pre_free  # shared blocks: counted from the tables, checked after each call
         if self._paged:
-            # Decodes take their blocks during schedule() with speculative tokens or when they overflow
-            # the budget; otherwise they are promised (ids handed out when a table is read).
-            takes = self._caching and (bool(s.config.num_spec_tokens) or len(ready) > budget or bool(drafts or held))
-            free = PagedRules.grow_decodes(self, chosen, costs, free, victims, takes)
+            # Decodes take their blocks during schedule(): allocated with speculative tokens or when they
+            # overflow the budget, else promised (ids handed out when a table is read); either way a block
+            # that is not free-and-empty is evicted then.
+            free = PagedRules.grow_decodes(self, chosen, costs, free, victims, self._caching)
         decodes = tuple(r for r in chosen if self._reqs[r].running)
         if plan.decode_rids != decodes:
             self._fail("decodes", f"got {plan.decode_rids}, expected {decodes}")

@@ -14,19 +14,25 @@ from collections import Counter
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from stallfree.core.queries import peek_block_table, peek_free_block_ids
 from stallfree.core.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from stallfree.core.invariants_state import CheckerState, _Shadow
 
-__all__ = ["CacheRules", "block_table"]
+__all__ = ["CacheRules", "block_table", "peek_table"]
+
+
+def peek_table(s: Scheduler, rid: Hashable) -> tuple[tuple[int, ...], int]:
+    """The ids in live `rid`'s block table and the blocks it is owed, through the scheduler's pure
+    peek_block_table: the checker hands out no promised ids, which with prefix caching would evict
+    cached blocks the unchecked run keeps (and so change its hits)."""
+    return peek_block_table(s, rid)
 
 
 def block_table(s: Scheduler, rid: Hashable) -> tuple[int, ...]:
-    """The block table of live `rid`, through the scheduler's public block_table."""
-    fn = s.block_table
-    assert fn is not None
-    return fn(rid)
+    """The ids in live `rid`'s block table now (a pure read: promised blocks without ids are left out)."""
+    return peek_block_table(s, rid)[0]
 
 
 class CacheRules:
@@ -47,7 +53,8 @@ class CacheRules:
         chk._evq_hashes = list(map(cache.hash_of.__getitem__, evq))  # read only
         chk._view = None
         chk._evq, chk._evq_pos = evq, 0
-        chk._raw = s.stats().num_free_blocks - len(evq) + cache.num_promised
+        # Free-and-empty blocks not kept for earlier promises (a promise takes its blocks at once).
+        chk._raw = s.stats().num_free_blocks - len(evq)
         chk._evicted = set()
         chk._pinned = set()
 
@@ -129,11 +136,13 @@ class CacheRules:
 
     @staticmethod
     def check(chk: CheckerState) -> int:
-        """Every block in one state; reference counts; hits still cached. Returns the held blocks."""
+        """Every block in one state; reference counts; hits still cached. Returns the held blocks (with
+        those promised to tables and not handed out yet). Pure reads only: no table is materialized."""
         s = chk.scheduler
         cache = s.prefix_cache
         assert cache is not None
-        free = s.free_block_ids()  # materializes every table
+        free = peek_free_block_ids(s)  # promised blocks not handed out are among them
+        owed_total = 0
         evictable = set(cache.evictable_ids())
         # The pool's per-block state, read only; whole-set operations keep this O(blocks) check cheap
         # enough to run after every call.
@@ -143,9 +152,10 @@ class CacheRules:
         bs = s.config.block_size or 1
         for rid in chk._running:
             sh = chk._reqs[rid]
-            table = block_table(s, rid)
-            if len(table) != sh.blocks:
-                chk._fail("block table", f"rid {rid!r}: {table}, expected {sh.blocks} blocks")
+            table, owed = peek_table(s, rid)
+            if owed < 0 or len(table) + owed != sh.blocks:
+                chk._fail("block table", f"rid {rid!r}: {table} and {owed} owed, expected {sh.blocks} blocks")
+            owed_total += owed
             if len(set(table)) != len(table):
                 chk._fail("block twice in one table", f"rid {rid!r}: {table}")
             hashes = sh.req.block_hashes or ()
@@ -157,7 +167,11 @@ class CacheRules:
                 chk._fail("no held block evicted", f"rid {rid!r}: blocks {[table[i] for i in lost]} lost hashes {lost}")
             held.update(table)
         free_set = set(free)
-        if len(free_set) != len(free) or len(free) != s.stats().num_free_blocks or not free_set.isdisjoint(held):
+        promised = cache.num_promised
+        if owed_total != promised:
+            chk._fail("every promised block is owed to a table", f"{promised} promised, tables owed {owed_total}")
+        if (len(free_set) != len(free) or len(free) - promised != s.stats().num_free_blocks
+                or not free_set.isdisjoint(held)):
             chk._fail("free list", f"{s.stats().num_free_blocks} free blocks, ids {free}, held {sorted(held)}")
         if len(free) + len(held) != s.stats().num_blocks:
             chk._fail("every block accounted for", f"{len(free)} free + {len(held)} held != {s.stats().num_blocks}")
@@ -180,4 +194,4 @@ class CacheRules:
             chk._fail("cache map", f"{len(cache.block_of)} hashes, {len(hash_of)} cached blocks, {len(refs)} counted")
         if cache.num_cached != len(cache.block_of) or s.stats().num_evictable_blocks != len(evictable):
             chk._fail("cache counts", f"{cache.num_cached} cached, {len(cache.block_of)} hashes")
-        return len(held)
+        return len(held) + promised

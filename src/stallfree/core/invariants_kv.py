@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from stallfree.core.invariants_cache import CacheRules, block_table
+from stallfree.core.invariants_cache import CacheRules, peek_table
 from stallfree.core.plan import StepPlan
+from stallfree.core.queries import peek_free_block_ids
 
 if TYPE_CHECKING:
     from stallfree.core.invariants_state import CheckerState
@@ -34,18 +35,19 @@ class ReserveRules:
     @staticmethod
     def check_block_ids(chk: CheckerState) -> None:
         """Between steps, each running request's table holds exactly the blocks of its computed tokens,
-        no more than its reservation's; no block is in two tables or both in a table and free."""
+        no more than its reservation's; no block is in two tables or both in a table and free. Pure reads:
+        no table is made exact (the blocks a table lacks, or holds past its tokens, are counted, not moved)."""
         s = chk.scheduler
         bs = s.config.block_size or 1
-        free = s.free_block_ids()
+        free = peek_free_block_ids(s)
         seen = set(free)
         if len(seen) != len(free):
             chk._fail("free list", f"ids {free}")
         for rid in chk._running:
             sh = chk._reqs[rid]
-            table = block_table(s, rid)
+            table, owed = peek_table(s, rid)
             want = -(-sh.computed // bs)
-            if len(table) != want or len(table) * bs > s.kv_manager.kv_needed_for(sh.req):
+            if len(table) + owed != want or max(len(table), want) * bs > s.kv_manager.kv_needed_for(sh.req):
                 chk._fail("reserve: blocks cover the computed tokens", f"rid {rid!r}: {table} for {sh.computed} "
                           f"tokens, reservation {s.kv_manager.kv_needed_for(sh.req)}")
             if seen.intersection(table) or len(set(table)) != len(table):
@@ -108,20 +110,24 @@ class PagedRules:
 
     @staticmethod
     def check_block_ids(chk: CheckerState) -> None:
-        """Materialize every block table and check the ids: each block in exactly one place."""
+        """Check the block ids, each block in exactly one place, through pure reads: a table's promised
+        blocks without ids are counted (they are among the free ids), not handed out."""
         s = chk.scheduler
-        free = s.free_block_ids()
+        free = peek_free_block_ids(s)
         seen = set(free)
-        if len(seen) != len(free) or len(free) != s.stats().num_free_blocks:
-            chk._fail("free list", f"{s.stats().num_free_blocks} free blocks, ids {free}")
+        owed_total = 0
         for rid in chk._running:
-            table = block_table(s, rid)
-            if len(table) != chk._reqs[rid].blocks:
-                chk._fail("block table", f"rid {rid!r}: {table}, expected {chk._reqs[rid].blocks} blocks")
+            table, owed = peek_table(s, rid)
+            owed_total += owed
+            if owed < 0 or len(table) + owed != chk._reqs[rid].blocks:
+                chk._fail("block table",
+                          f"rid {rid!r}: {table} and {owed} owed, expected {chk._reqs[rid].blocks} blocks")
             if seen.intersection(table) or len(set(table)) != len(table):
                 chk._fail("block in two places", f"rid {rid!r}: {table}")
             if table and (min(table) < 0 or max(table) >= s.stats().num_blocks):
                 chk._fail("block id range", f"rid {rid!r}: {table}")
             seen.update(table)
+        if len(set(free)) != len(free) or len(free) - owed_total != s.stats().num_free_blocks:
+            chk._fail("free list", f"{s.stats().num_free_blocks} free blocks, {owed_total} owed, ids {free}")
         if len(seen) != s.stats().num_blocks:
             chk._fail("every block accounted for", f"{len(seen)} of {s.stats().num_blocks}")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from stallfree.core.invariants import InvariantChecker
-from stallfree.core.invariants_cache import CacheRules
+from stallfree.core.invariants_cache import CacheRules, peek_table
 from stallfree.core.invariants_fair import FairRules
 from stallfree.core.invariants_state import _Shadow
 from stallfree.core.kv.tier import TieredBlockPool, TieredKV
@@ -166,16 +166,6 @@ class TieredInvariantChecker(InvariantChecker):
                 FairRules.charge(self, rid, n)
             left = left - n if n == sh.target - start else 0
         self._sync()
-        promised = 0
-        assert self._plan is not None
-        if not s.config.num_spec_tokens and len(self._tier.decode_blocks) <= self._plan.token_budget:
-            before = self._tier.decode_blocks
-            promised = sum(self._reqs[r].blocks - before[r] for r in before if self._reqs[r].running)
-        settle = promised - self._raw
-        if settle > 0:
-            self._raw = 0
-            CacheRules.take(self, settle)
-            self._sync()
         return admitted
 
     def _admit_tiered(
@@ -230,7 +220,7 @@ class TieredInvariantChecker(InvariantChecker):
         cpu_of = {m.evicted_hash[g]: c for g, c in plan.kv_offloads}
         expected = []
         for (h, cpu, pos), rid in zip(m.loads, m.load_rids, strict=True):
-            table = s.block_table(rid) if s.block_table is not None else ()
+            table = peek_table(s, rid)[0] if s.block_table is not None else ()
             expected.append((cpu_of.get(h, -1) if cpu is None else cpu, table[pos]))
         if list(plan.kv_loads) != expected:
             self._fail("loads are the CPU-tier hits of the admissions",

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from stallfree.core.live import LiveRequest
     from stallfree.core.plan import StepPlan
 
-__all__ = ["AdmissionQueries", "KVQueries", "SchedulerHeadroom", "SchedulerStats"]
+__all__ = ["AdmissionQueries", "KVQueries", "SchedulerHeadroom", "SchedulerStats", "peek_block_table",
+           "peek_free_block_ids"]
 
 
 class KVQueries:
@@ -269,3 +270,31 @@ class AdmissionQueries:
         twin, _, added = self._next_step(requests)
         live = twin._live
         return sum(1 for rid in added if live[rid].status is RequestStatus.WAITING)
+
+
+# Pure reads of the block tables, for checkers: functions of the scheduler rather than methods, so that
+# the Scheduler's face stays the contract's (docs/DESIGN.md section 4), as core/plain_steps.py does.
+
+
+def peek_block_table(s: KVQueries, rid: Hashable) -> tuple[tuple[int, ...], int]:
+    """A pure read of live `rid`'s block table: the ids it holds now, and the blocks it is owed (promised to
+    it, ids not handed out yet; under "reserve" negative for the blocks past its tokens, which a read of
+    `block_table` would give back). Unlike `s.block_table` it hands out no ids, so a checker that reads
+    tables this way leaves every later id, eviction and figure as a run that reads none. A KV manager
+    without `peek_table` answers with its block_table and 0.
+
+    Raises:
+        KeyError: `rid` is not live.
+    """
+    obj = s._live_request(rid)
+    peek = getattr(s._kv, "peek_table", None)
+    if peek is None:
+        return s._kv.block_table(obj, s._table_tokens(obj)), 0
+    return peek(obj, s._table_tokens(obj))  # type: ignore[no-any-return]
+
+
+def peek_free_block_ids(s: KVQueries) -> tuple[int, ...]:
+    """A pure read of the ids in no table: free-and-empty blocks (those promised to tables and not handed
+    out among them) and evictable cached ones. Unlike `s.free_block_ids()` it gives no table its promised
+    ids. O(num_blocks)."""
+    return s._kv.free_block_ids()

@@ -289,6 +289,9 @@ class Scheduler(SchedulerAliases, KVQueries, AdmissionQueries, RequestLifecycle)
         spec = self._speculative()
         held = spec.is_held(obj)
         if num_rejected:
+            # The blocks promised to it for the tokens it had get their ids first, so that trim() gives back
+            # those past its tokens now (else a promise no table is owed would stay counted as used).
+            self._kv.moved(obj, self._step)
             self._decodes.shift(obj, -num_rejected)
             self._kv.moved(obj, self._step)
             self._kv.trim(obj, obj.offset + self._step)

@@ -186,6 +186,12 @@ class PagedKV(PooledKV):
                 self.pool.claim(rec.block_table, missing)
         return tuple(rec.block_table)
 
+    def peek_table(self, rec: LiveRequest, tokens: int) -> tuple[tuple[int, ...], int]:
+        """`rec`'s table as it is, and how many blocks promised to it (to cover `tokens` tokens) have no
+        id yet; a pure read: unlike `block_table` it claims nothing, so no cached block is evicted."""
+        missing = -(-tokens // self.block_size) - len(rec.block_table) if rec.bucket >= 0 else 0
+        return tuple(rec.block_table), max(missing, 0)
+
     def register(self, rec: LiveRequest, start: int, end: int) -> None:
         """Prefix caching: a chunk of `rec` computed its tokens [start, end); cache the full prompt
         blocks it completed."""

@@ -223,13 +223,26 @@ class CachingBlockPool(BlockPool):
         """Blocks with a hash, held or evictable."""
         return len(self._hash_of)
 
+    def promise(self, n: int) -> None:
+        """Count `n` free blocks as used now, evicting at once the cached blocks they take (promised blocks
+        are free-and-empty ones: `_take`); their ids go out later through claim().
+
+        Raises:
+            SchedulerStateError: fewer than `n` blocks are free; nothing changes.
+        """
+        if not self.try_promise(n):
+            raise SchedulerStateError(f"promise {n} KV blocks with only {self.num_free} free")
+
     def try_promise(self, n: int) -> bool:
         """Promise `n` blocks if that many are free (evictable ones included) and return True; else
-        change nothing and return False. A promised block that is claimed when no free-and-empty one
-        is left evicts one."""
+        change nothing and return False. The blocks promised are free-and-empty ones: when too few are
+        left beside those already promised, evictable blocks are evicted now, least recently released
+        first, as if their ids were handed out now. So when a table is read (and claims its ids)
+        changes nothing else: no cached block outlives the step that needs its memory."""
         if n > len(self._free) + self.num_blocks - self._fresh - self._promised + len(self._evictable):
             return False
         self._promised += n
+        self.settle_promised()
         return True
 
     def free_ids(self) -> tuple[int, ...]:
@@ -360,7 +373,8 @@ class CachingBlockPool(BlockPool):
             self._evict_into(self._free, extra)
 
     def _take(self, table: list[int], n: int) -> None:
-        raw = len(self._free) + self.num_blocks - self._fresh
+        # Free-and-empty blocks not kept for promises (claim() counts its blocks out of _promised first).
+        raw = len(self._free) + self.num_blocks - self._fresh - self._promised
         if n <= raw:
             BlockPool._take(self, table, n)
             return

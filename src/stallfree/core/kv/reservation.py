@@ -123,6 +123,11 @@ class ReservationKV(PooledKV):
         self.materialize(rec, tokens)
         return tuple(rec.block_table)
 
+    def peek_table(self, rec: LiveRequest, tokens: int) -> tuple[tuple[int, ...], int]:
+        """`rec`'s table as it is, and the blocks it lacks to hold exactly `tokens` tokens (negative: the
+        blocks past them, which `block_table` would return to the reservation); a pure read."""
+        return tuple(rec.block_table), -(-tokens // self.unit) - len(rec.block_table)
+
     def materialize(self, rec: LiveRequest, tokens: int) -> None:
         """Make `rec`'s block table exactly the blocks that hold `tokens` tokens, within its reservation.
 

@@ -17,9 +17,9 @@ The tiers are exclusive: a cached prompt block is in the GPU pool or in the CPU 
   the request's first chunk runs. A CPU block read by a load is not reused before the next step, so
   an engine that performs the offloads, then the loads, then the forward pass, step after step, never
   reads a block that was overwritten.
-- Every eviction of the step happens inside schedule(): blocks promised to decodes (whose ids a
-  plain PagedKV hands out, possibly evicting, when a table is read) are covered by free-and-empty
-  blocks at the end of schedule(), evicting as needed (`step_transfers`); so no offload is missed.
+- Every eviction of the step happens inside schedule(): blocks promised to decodes are free-and-empty
+  ones, evicted for when promised (CachingBlockPool.try_promise; `step_transfers` settles again, a
+  guard); so no offload is missed.
 
 Source: vLLM's KV offloading connector (`--kv-offloading-size`, CPU blocks with LRU) and SGLang's
 hierarchical radix cache (host-memory tier for evicted prefix blocks) describe the same design; the
