@@ -9,7 +9,8 @@ Each run is one `python -m stallfree simulate ...` process per tree, the trees a
 peak resident memory come from the kernel's accounting of that child (os.wait4's rusage: ru_maxrss),
 its wall seconds from the clock. With several rounds each figure is the median over them. Where both
 trees ran a `--json` command, their figures are compared (every key but the wall times, `*wall_s`:
-"same json").
+"same json"), and where they differ a line names the keys (a capacity estimate that changed on purpose
+shows there as `runs[0].capacity_req_s` and `runs[0].load` alone).
 
 The runs (`simulate` options; `--kernels none` is the roofline-family pricing, no option the default
 pricing, vLLM's kernel tables where aiconfigurator-core is installed):
@@ -185,6 +186,16 @@ def _figures(text: str) -> Any:
         return text
 
 
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    """The paths (`runs[0].load`) at which two parsed `--json` outputs differ, in order."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in dict.fromkeys([*old, *new])
+                for d in _differences(old.get(k), new.get(k), f"{path}.{k}" if path else k)]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (o, n) in enumerate(zip(old, new, strict=True)) for d in _differences(o, n, f"{path}[{i}]")]
+    return [] if old == new else [path or "(the whole output)"]
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -242,6 +253,7 @@ def main() -> int:
             if "--json" in args and len(trees) == 2 and all("error" not in row[t] for t, _ in trees):
                 old_json, new_json = (_figures(Path(outputs[t]).read_text(encoding="utf-8")) for t in ("old", "new"))
                 row["same_json"] = old_json == new_json
+                row["json_differs_at"] = _differences(old_json, new_json)
             rows.append(row)
     if a.json:
         print(json.dumps(rows, indent=1))
@@ -270,6 +282,11 @@ def main() -> int:
             same = row.get("same_json")
             line += f"{'-' if same is None else ('yes' if same else 'NO'):>10}"
         print(line)
+    for row in rows:
+        if row.get("json_differs_at"):
+            where = row["json_differs_at"]
+            more = f" and {len(where) - 6:,} more" if len(where) > 6 else ""
+            print(f"{row['run']}: the --json outputs differ at {', '.join(where[:6])}{more}")
     print("commands: " + "; ".join(f"{r['run']}: {r['command']}" for r in rows))
     return 0
 
