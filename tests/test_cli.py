@@ -98,49 +98,45 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
     assert capsys.readouterr().err == ""
 
 
+# (command, flag, value typed, the range it misses): the error reads "argument FLAG: RANGE, got 'VALUE'".
 @pytest.mark.parametrize(
-    ("argv", "said"),
+    ("command", "flag", "value", "expected"),
     [
-        (["budget", "--overhead-ms", "-1"], "argument --overhead-ms: expected a number >= 0, got '-1'"),
-        (["budget", "--allreduce-latency-us", "nan"], "argument --allreduce-latency-us: expected a finite number, "
-                                                      "got 'nan'"),
-        (["budget", "--per-token-us", "inf"], "argument --per-token-us: expected a finite number, got 'inf'"),
-        (["budget", "--mfu", "1.5"], "argument --mfu: expected a number in (0, 1], got '1.5'"),
-        (["budget", "--link-util", "0"], "argument --link-util: expected a number in (0, 1], got '0'"),
-        (["budget", "--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
-        (["budget", "--pp", "-2"], "argument --pp: expected an integer >= 1, got '-2'"),
-        (["budget", "--gpu-memory-utilization", "2"],
-         "argument --gpu-memory-utilization: expected a number in (0, 1], got '2'"),
-        (["calibrate", "--kernel-launch-us", "-5"], "argument --kernel-launch-us: expected a number >= 0, got '-5'"),
-        (["simulate", "--gpu-memory-utilization", "1.5"],
-         "argument --gpu-memory-utilization: expected a number in (0, 1], got '1.5'"),
-        (["sweep", "--gpu-memory-utilization", "1.01"],
-         "argument --gpu-memory-utilization: expected a number in (0, 1], got '1.01'"),
-        (["validate", "--gpu-memory-utilization", "3"],
-         "argument --gpu-memory-utilization: expected a number in (0, 1], got '3'"),
-        (["validate", "--num-requests", "3"], "argument --num-requests: expected an integer >= 4, got '3'"),
-        (["validate", "--load", "200"], "argument --load: expected a number in (0, 100], got '200'"),
-        (["validate", "--prompt-scale", "nan"], "argument --prompt-scale: expected a finite number, got 'nan'"),
-        (["validate", "--output-scale", "-1"], "argument --output-scale: expected a number in (0, 100], got '-1'"),
-        (["validate", "--threads", "0"], "argument --threads: expected an integer >= 1, got '0'"),
-        (["validate", "--kv-tokens", "-1"], "argument --kv-tokens: expected an integer >= 1, got '-1'"),
-        (["validate", "--max-prompt", "0"], "argument --max-prompt: expected an integer >= 1, got '0'"),
-        (["validate", "--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
-        (["simulate", "--peak-ratio", "-1"], "argument --peak-ratio: expected a number >= 1, got '-1'"),
-        (["plan", "--peak-ratio", "0.50"], "argument --peak-ratio: expected a number >= 1, got '0.50'"),
-        (["sweep", "--peak-ratio", "1e400"], "argument --peak-ratio: expected a finite number, got '1e400'"),
-        (["tune", "--peak-hour", "25"], "argument --peak-hour: expected a number in [0, 24], got '25'"),
-        (["simulate", "--peak-hour", "-0.5"], "argument --peak-hour: expected a number in [0, 24], got '-0.5'"),
+        ("budget", "--overhead-ms", "-1", "expected a number >= 0"),
+        ("budget", "--allreduce-latency-us", "nan", "expected a finite number"),
+        ("budget", "--per-token-us", "inf", "expected a finite number"),
+        ("budget", "--mfu", "1.5", "expected a number in (0, 1]"),
+        ("budget", "--link-util", "0", "expected a number in (0, 1]"),
+        ("budget", "--tp", "0", "expected an integer >= 1"),
+        ("budget", "--pp", "-2", "expected an integer >= 1"),
+        ("budget", "--gpu-memory-utilization", "2", "expected a number in (0, 1]"),
+        ("calibrate", "--kernel-launch-us", "-5", "expected a number >= 0"),
+        ("simulate", "--gpu-memory-utilization", "1.5", "expected a number in (0, 1]"),
+        ("sweep", "--gpu-memory-utilization", "1.01", "expected a number in (0, 1]"),
+        ("validate", "--gpu-memory-utilization", "3", "expected a number in (0, 1]"),
+        ("validate", "--num-requests", "3", "expected an integer >= 4"),
+        ("validate", "--load", "200", "expected a number in (0, 100]"),
+        ("validate", "--prompt-scale", "nan", "expected a finite number"),
+        ("validate", "--output-scale", "-1", "expected a number in (0, 100]"),
+        ("validate", "--threads", "0", "expected an integer >= 1"),
+        ("validate", "--kv-tokens", "-1", "expected an integer >= 1"),
+        ("validate", "--max-prompt", "0", "expected an integer >= 1"),
+        ("validate", "--tp", "0", "expected an integer >= 1"),
+        ("simulate", "--peak-ratio", "-1", "expected a number >= 1"),
+        ("plan", "--peak-ratio", "0.50", "expected a number >= 1"),
+        ("sweep", "--peak-ratio", "1e400", "expected a finite number"),
+        ("tune", "--peak-hour", "25", "expected a number in [0, 24]"),
+        ("simulate", "--peak-hour", "-0.5", "expected a number in [0, 24]"),
     ],
 )
-def test_a_bad_number_is_named_by_its_flag_while_parsing(argv, said, capsys):
+def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, expected, capsys):
     """A number out of range is refused while the command line is parsed (exit 2, before a model is
     loaded or an engine started), in the flag's name and the words typed, not in the library's field name
     and a converted value ("overhead_s ... got -0.001")."""
     with pytest.raises(SystemExit) as exc:
-        main(argv)
+        main([command, flag, value])
     assert exc.value.code == 2
-    command = argv[0]
+    said = f"argument {flag}: {expected}, got '{value}'"
     assert capsys.readouterr().err == f"stallfree {command}: error: {said} (see stallfree {command} --help)\n"
 
 
