@@ -174,3 +174,16 @@ def test_length_flags_take_token_suffixes(capsys):
     assert out["header"]["workload"] == "poisson(rate=1; prompt fixed:1000; output uniform:1024,1024; seed 0)"
     run = out["runs"][0]
     assert run["total_input_tokens"] == 4 * 1000 and run["total_output_tokens"] == 4 * 1024
+
+
+@pytest.mark.parametrize(("argv", "hint"), [
+    (["simulate", "--budgets", "512"], "; did you mean --budget?"),  # sweep's and budget's flag given to simulate
+    (["simulate", "--bogus", "1"], ""),  # nothing close: no guess
+])
+def test_unknown_option_names_the_closest_one(argv, hint, capsys):
+    """An unknown option's error line suggests this command's closest option, only when one is close."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (f"stallfree simulate: error: unrecognized arguments: {' '.join(argv[1:])}"
+                                       f"{hint} (see stallfree simulate --help)\n")

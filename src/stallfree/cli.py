@@ -53,7 +53,22 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._did_you_mean(message)} (see {self.prog} --help)\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """For an unknown option, "; did you mean --x?" naming this command's closest option (a flag of
+        another command, `--budgets` of sweep given to simulate, is the common slip), else ""."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            if word.startswith("--"):
+                close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
 
 def _command_of(argv: Sequence[str]) -> str | None:

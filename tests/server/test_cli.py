@@ -189,3 +189,18 @@ def test_help_texts_are_current(capsys):
     for flag in ("--api-key", "--protect-metrics", "--shutdown-timeout", "--request-read-timeout",
                  "--timeout-keep-alive", "--limit-concurrency", "--max-model-len"):
         assert flag in text
+
+
+def test_missing_packages_are_named_together_before_the_model_check(monkeypatch, capsys):
+    """A core-only install meets one line naming every missing package and the extras that bring them (exit 1),
+    rather than the bundled model's message first and, once that is fixed, the server extra's."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    gone = {"fastapi", "uvicorn", "gguf"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a))
+    monkeypatch.setattr(serve_cli, "build_engine", lambda args: pytest.fail("the model was loaded"))
+    assert cli.main(["serve", "--port", "0", "--model", "/no/such.gguf"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "stallfree serve: missing dependencies (gguf, fastapi, uvicorn); install them with: "
+        "pip install 'stallfree[engine,server]'"]

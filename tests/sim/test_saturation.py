@@ -111,6 +111,13 @@ def test_saturation_line_names_the_window_and_the_reason():
                            f"{SATURATION_LOAD:.0%})")
 
 
+def test_saturation_line_points_to_the_range_only_when_there_is_one():
+    """With a range (simulate's default) the line says to read it; without (--no-range), how to get it."""
+    run = {"saturated_window_s": [0.0, 9.0], "saturated_by": "load", "load": 0.9}
+    assert saturation_line("x", {**run, "range": {"p99_ttft_ms": [1.0, 2.0]}}).endswith("; read the range")
+    assert saturation_line("x", run).endswith("; run without --no-range to see the range")
+
+
 def test_a_burst_the_batch_absorbs_is_not_a_saturated_window():
     """50 arrivals 20 ms apart, then lone ones 100 s apart; capacity 10 req/s. Against 10 / STEP_TIME_HIGH
     req/s the fluid backlog peaks at 50 x STEP_TIME_HIGH / 10 - 0.98 s (over 1 s), but where the replay never

@@ -6,6 +6,7 @@ Imports allowed: the standard library, stallfree.server, and (lazily) uvicorn an
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import socket
 import sys
 from typing import Any
@@ -16,6 +17,13 @@ from stallfree.flags import add_scheduler_flags, scheduler_options
 from stallfree.server.options import add_ops_args, configure_logging, isolate_metrics, ops_banner, ops_from_args
 
 __all__ = ["banner", "build_engine", "register", "run_serve"]
+
+#: The import names of the packages `serve` needs, by extra (pyproject.toml's engine and server extras).
+_EXTRAS = {
+    "engine": ("torch", "numpy", "gguf", "tokenizers", "safetensors", "jinja2"),
+    "server": ("fastapi", "uvicorn", "prometheus_client", "pydantic"),
+}
+_SERVE_NEEDS = tuple(m for mods in _EXTRAS.values() for m in mods)
 
 
 def _error(message: str) -> None:
@@ -187,6 +195,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from stallfree.engine.cli import check_model_flags, check_scheduler_flags, describe_model, dtype_label  # torch-free
     from stallfree.engine.errors import InvalidLoraAdapter  # torch-free
 
+    # Every missing package of the two extras named at once, before the model check's message (which a
+    # core-only install would otherwise meet first, and then this one).
+    missing = [m for m in _SERVE_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        extras = sorted({extra for extra, mods in _EXTRAS.items() for m in missing if m in mods})
+        print(f"stallfree serve: missing dependencies ({', '.join(missing)}); install them with: "
+              f"pip install 'stallfree[{','.join(extras)}]'", file=sys.stderr)
+        return 1
     problem = (check_model_flags(args.model, args.device, args.dtype, args.kv_policy, args.policy)
                or check_scheduler_flags(args, args.block_size if args.kv_policy == "paged" else None))
     if problem is None and args.enable_prefix_caching and args.kv_policy != "paged":

@@ -225,7 +225,12 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
         ("p99_tpot_ms", "TPOT p99", "{:,.1f}".format))
     if fleet.priced:
         cols = (("usd_per_hour", "$/h", "{:,.2f}".format), *cols)
-    table = Table(title="clusters simulated (goodput in req/s, latencies in ms)", title_justify="left")
+    # The last column's marks, said under the table (a reader meets "shape best" nowhere else).
+    caption = ("answer: the plan's answer; shape best: a shape's own answers (its fewest aggregated replicas "
+               "meeting the target, its best P:D split meeting it); meets: at or above the target share within "
+               "the SLOs")
+    table = Table(title="clusters simulated (goodput in req/s, latencies in ms)", title_justify="left",
+                  caption=caption, caption_justify="left")
     names = ("cluster", *(("shape",) if many else ()), "GPUs", *(c[1] for c in cols), "")
     for name in names:
         table.add_column(name, justify="left" if name in ("cluster", "shape") else "right", no_wrap=True)
@@ -235,7 +240,7 @@ def _print_rows(fleet: FleetResult, many: bool) -> None:
               for r in (o.result.answer_row, o.result.disaggregated) if r is not None}
     for r in rows:
         met = "meets" if r["attainment"] >= fleet.attainment else ""
-        mark = "answer" if r is fleet.answer else ("chosen" if id(r) in chosen else met)
+        mark = "answer" if r is fleet.answer else ("shape best" if id(r) in chosen else met)
         cells = ["-" if r.get(k) is None else text(r[k]) for k, _, text in cols]
         table.add_row(r["label"], *((shape_text(r),) if many else ()), str(r["num_gpus"]), *cells, mark)
     console().print(table)

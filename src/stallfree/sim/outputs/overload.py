@@ -321,7 +321,8 @@ def saturation(res: Any, lat: dict[str, Any], summary: dict[str, Any], offered: 
 
 
 def saturation_line(label: str, s: dict[str, Any]) -> str:
-    """The header line of a saturated run (a summary with saturation's keys). A window's arrivals average
+    """The header line of a saturated run (a summary with saturation's keys; its "range", when it has one,
+    is what the line tells the reader to read, else how to get it). A window's arrivals average
     SATURATION_LOAD of capacity, whatever the run's mean: the window is a busy period of the fluid server of
     that rate, which works through it without a pause (its arrivals bring exactly its length of work)."""
     a, b = s["saturated_window_s"] or (0.0, 0.0)
@@ -330,9 +331,11 @@ def saturation_line(label: str, s: dict[str, Any]) -> str:
            "load": f"offered {s.get('load') or 0:.0%} of capacity, at or above {SATURATION_LOAD:.0%}",
            "window": f"arrivals there average {SATURATION_LOAD:.0%} of capacity{mean}"}[s["saturated_by"]]
     where = f"at {a:,.1f}-{b:,.1f} s" if s["saturated_by"] == "window" else "through the run"
+    # A run without its range (simulate --no-range) is told where the range comes from, not to read it.
+    advice = "read the range" if s.get("range") else "run without --no-range to see the range"
     return (f"warning: {label}: saturated {where} ({why}): TTFT and queueing tails there are unreliable, "
             f"as steps {STEP_TIME_HIGH - 1:.1%} slower (the 90th percentile of the measured step-time error) "
-            "would queue there; read the range")
+            f"would queue there; {advice}")
 
 
 def annotate(results: Sequence[Any], summaries: Sequence[dict[str, Any]], header: dict[str, Any],
