@@ -123,7 +123,8 @@ def _add_workload_args(w: Any) -> None:
                    help="arrivals under the rate of a CSV t_s,rate (requests/s, linear between points), Poisson "
                         "or with --burstiness gamma; lengths from --prompt-len/--output-len")
     w.add_argument("--turns", default=None, metavar="DIST",
-                   help="--synthetic sessions: turns per session, a length distribution (default fixed:4)")
+                   help="--synthetic sessions: turns per session, a length distribution (default fixed:4; at most "
+                   "10,000 a session)")
     w.add_argument("--system-prompt", default=None, metavar="TOKENS[,COUNT]",
                    help="--synthetic sessions: every session opens with one of COUNT (default 1) system prompts "
                         "of TOKENS tokens (vLLM's suffixes: 1k = 1,000, 1K = 1,024), shared as a cached prefix "

@@ -255,7 +255,7 @@ def _run_tier_sweep(args: argparse.Namespace) -> int:
     if isinstance(args.kv_tokens, list):
         args.kv_tokens = args.kv_tokens[0]
     tiers, args.cpu_kv_tokens = args.cpu_kv_tokens, None
-    base = setup_from_args(args)
+    base = _one_scale_setup(args)
 
     def make(cpu: int) -> Any:
         try:
@@ -296,7 +296,7 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
 
     def make(kv: int) -> Any:
         args.kv_tokens = kv
-        made.append(setup_from_args(args))
+        made.append(_one_scale_setup(args))
         return made[-1]
 
     with progress_bar() as bar:
@@ -326,6 +326,19 @@ def _run_kv_sweep(args: argparse.Namespace, sizes: list[int]) -> int:
         names = write_kv_sweep(args.out, rows, title)
         print(f"wrote {args.out}/{', '.join(names)}", file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def _one_scale_setup(args: argparse.Namespace) -> Any:
+    """setup_from_args for a sweep at the one value of --rate-scales (set as args.rate_scale): an error about
+    that scale names --rate-scales, the flag given."""
+    from stallfree.sim.inputs.options import SetupError
+
+    try:
+        return setup_from_args(args)
+    except SetupError as exc:
+        if args.rate_scales and "`rate_scale`" in str(exc):
+            raise SetupError(str(exc).replace("`rate_scale`", "`rate_scales`"), usage=exc.usage) from None
+        raise
 
 
 def _join(values: Sequence[Any]) -> str:

@@ -29,7 +29,7 @@ from stallfree.sim.inputs.synthetic import (
     synthetic,
 )
 from stallfree.sim.inputs.traces import load_bundled, load_mooncake, load_trace
-from stallfree.sim.inputs.workload import TraceError, Workload
+from stallfree.sim.inputs.workload import MAX_ARRIVAL_SPAN_S, TraceError, Workload
 from stallfree.sim.run.load import ClosedLoop
 from stallfree.sim.run.lora import assign_loras, parse_popularity
 
@@ -41,6 +41,7 @@ __all__ = [
     "SetupError",
     "WorkloadOptions",
     "build_workload",
+    "scaled_workload",
 ]
 
 
@@ -336,6 +337,57 @@ def _build_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
     return wl, opts.rate_scale or (1.0 if opts.trace else DEFAULT_RATE_SCALE)
 
 
+def scaled_workload(base: Workload, scale: float, opts: WorkloadOptions, field: str = "rate_scale") -> Workload:
+    """`base` (build_workload's workload) replayed `scale` times faster, refused when the options make a run
+    the simulator cannot price: more than MAX_OFFERED_RATE requests/s, or arrivals spread over more than
+    MAX_ARRIVAL_SPAN_S (the trace readers' bound: past it the simulated clock loses the steps' milliseconds,
+    and a tiny rate gives latencies that are wrong without a word). Every command's workload passes here
+    (Setup, and each of a sweep's rate scales with `field` "rate_scales").
+
+    Raises:
+        SetupError (usage): naming the option that spread or packed the arrivals (`rate`, `rate_profile` or
+            `field`) and its value.
+    """
+    closed = opts.concurrency is not None  # closed loop: the arrival times are not used
+    if not closed:
+        _check_span(base, _source(opts), opts.rate)
+    wl = base.scale_rate(scale)
+    rate = wl.mean_rate
+    if math.isfinite(rate) and rate > MAX_OFFERED_RATE:
+        what = (f"`rate`={opts.rate:g}" if opts.synthetic and not opts.rate_scale and field == "rate_scale"
+                else f"`{field}`={scale:g} on {base.mean_rate:,.3g} requests/s")
+        raise SetupError(f"{what} offers {rate:,.0f} requests/s, past the bound of {MAX_OFFERED_RATE:,.0f} "
+                         "requests/s of one simulation", usage=True)
+    if not closed:
+        _check_span(wl, f"`{field}`={scale:g}", scale)
+    return wl
+
+
+def _source(opts: WorkloadOptions) -> str:
+    """The option whose value sets how far apart the arrivals of build_workload's workload lie."""
+    if opts.rate_profile is not None:
+        return f"`rate_profile` {opts.rate_profile}"
+    if opts.synthetic:
+        return f"`rate`={opts.rate:g}"
+    return f"`trace` {opts.trace or 'azure-conv-2023'}"
+
+
+def _check_span(wl: Workload, what: str, value: float) -> None:
+    """Raise SetupError (usage) when `wl`'s arrivals span more than MAX_ARRIVAL_SPAN_S, naming `what` (the
+    option and its value) and, when its value stretches the span in inverse proportion (`rate`, a rate
+    scale), the least value that keeps it within."""
+    span = wl.duration
+    if span <= MAX_ARRIVAL_SPAN_S:  # NaN (arrivals at infinity) fails too
+        return
+    need = value * span / MAX_ARRIVAL_SPAN_S
+    hint = ""
+    if "`rate_profile`" not in what and "`trace`" not in what and math.isfinite(need) and need > 0:
+        step = 10.0 ** (math.floor(math.log10(need)) - 2)
+        hint = f" ({math.ceil(need / step) * step:.3g} or more keeps them within it)"
+    raise SetupError(f"{what} spreads the {len(wl):,} arrivals over {span:.3g} s; arrival times must lie within "
+                     f"{MAX_ARRIVAL_SPAN_S:g} s (about 3.2 years) of the first{hint}", usage=True)
+
+
 def _span(wl: Workload) -> str:
     """The arrivals of `wl` as "FIRST to LAST s" (or "nothing" when it has none), for an error message."""
     times = wl.arrivals  # non-decreasing
@@ -363,12 +415,17 @@ def _session_workload(opts: WorkloadOptions) -> tuple[Workload, float]:
             tokens, count = parse_system_prompt(opts.system_prompt) if opts.system_prompt else (0, 1)
         except ValueError as exc:
             raise SetupError(str(exc), usage=True) from None
-        wl = synthetic_sessions(opts.num_requests or 200, opts.rate, _length_spec(opts.turns, "turns"),
-                                _length_spec(opts.prompt_len if opts.prompt_len != "trace" else "fixed:200",
-                                             "prompt_len"),
-                                _length_spec(opts.output_len if opts.output_len != "trace" else "fixed:200",
-                                             "output_len"),
-                                think, tokens, count, opts.seed)
+        try:
+            wl = synthetic_sessions(opts.num_requests or 200, opts.rate, _length_spec(opts.turns, "turns"),
+                                    _length_spec(opts.prompt_len if opts.prompt_len != "trace" else "fixed:200",
+                                                 "prompt_len"),
+                                    _length_spec(opts.output_len if opts.output_len != "trace" else "fixed:200",
+                                                 "output_len"),
+                                    think, tokens, count, opts.seed, max_total_turns=MAX_SYNTHETIC_REQUESTS)
+        except TraceError:
+            raise
+        except ValueError as exc:  # the turns drawn, past a session's or a run's bound: named as `turns`
+            raise SetupError(str(exc), usage=True) from None
     if opts.start or opts.end != math.inf:
         wl_all, wl = wl, wl.window(opts.start, opts.end)
         if not len(wl):

@@ -331,6 +331,7 @@ def synthetic_sessions(
     system_tokens: int = 0,
     num_system_prompts: int = 1,
     seed: int = 0,
+    max_total_turns: int | None = None,
 ) -> SessionWorkload:
     """Draw conversations: sessions start as a Poisson process at `rate`, each with a number of turns
     drawn from `turns`, each turn's new input and output drawn from `input_len` and `output_len` and
@@ -340,14 +341,17 @@ def synthetic_sessions(
     Args:
         num_sessions: sessions, >= 1.
         rate: session starts per second, > 0.
-        turns: turns per session (a length spec; capped at MAX_TURNS).
+        turns: turns per session (a length spec; a session drawn with more than MAX_TURNS is refused).
         input_len, output_len: tokens per turn.
         think: think time before each turn after the first, s.
         system_tokens, num_system_prompts: the shared system prompts (0 tokens: none).
         seed: seeds everything (same seed, same workload).
+        max_total_turns: refuse sessions whose turns come to more than this, before any turn is laid out
+            (None: no bound).
 
     Raises:
-        ValueError: a count or rate out of range.
+        ValueError: a count or rate out of range; a session drawn with more than MAX_TURNS turns, or more
+            than max_total_turns turns in all (the message names `turns` and its value).
         TraceError: a `trace:PATH` spec names an unreadable trace.
     """
     if isinstance(num_sessions, bool) or not isinstance(num_sessions, int) or num_sessions < 1:
@@ -356,7 +360,15 @@ def synthetic_sessions(
         raise ValueError(f"rate must be a finite number > 0 (sessions/s), got {rate!r}")
     rng = random.Random(seed)
     start, sessions = 0.0, []
-    counts = [min(MAX_TURNS, max(1, c)) for c in _sample_lengths(turns, rng, num_sessions, 0)]
+    counts = [max(1, c) for c in _sample_lengths(turns, rng, num_sessions, 0)]
+    most = max(counts)
+    if most > MAX_TURNS:
+        raise ValueError(f"`turns` {turns} draws a session of {most:,} turns; a session has at most "
+                         f"{MAX_TURNS:,} turns")
+    total = sum(counts)
+    if max_total_turns is not None and total > max_total_turns:
+        raise ValueError(f"`turns` {turns} over {num_sessions:,} sessions draws {total:,} turns, more than a "
+                         f"synthetic run draws (at most {max_total_turns:,} requests)")
     for k in range(num_sessions):
         if k:
             start += rng.expovariate(rate)

@@ -15,7 +15,6 @@ Example (the default replica on the first 500 requests of the bundled trace)::
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,7 +33,13 @@ from stallfree.sim.defaults import (
     TIME_BUDGET_CAP,
 )
 from stallfree.sim.inputs.engine_behaviour import BEHAVIOUR_FIELDS, behaviour_line, engine_defaults
-from stallfree.sim.inputs.options import MAX_OFFERED_RATE, HardwareOptions, SetupError, WorkloadOptions, build_workload
+from stallfree.sim.inputs.options import (
+    HardwareOptions,
+    SetupError,
+    WorkloadOptions,
+    build_workload,
+    scaled_workload,
+)
 from stallfree.sim.inputs.pricing import build_priced, context_length, option_words
 from stallfree.sim.inputs.sessions import SessionWorkload
 from stallfree.sim.inputs.workload import Workload
@@ -143,14 +148,7 @@ class Setup:
         opts.setdefault("token_budget", DEFAULT_TOKEN_BUDGET)
         opts.setdefault("max_seqs", DEFAULT_MAX_SEQS)
         self.base_workload, self.rate_scale = build_workload(self.workload_options)
-        self.workload = self.base_workload.scale_rate(self.rate_scale)
-        rate = self.workload.mean_rate
-        if math.isfinite(rate) and rate > MAX_OFFERED_RATE:
-            wo = self.workload_options
-            what = (f"`rate`={wo.rate:g}" if wo.synthetic and not wo.rate_scale
-                    else f"`rate_scale`={self.rate_scale:g} on {self.base_workload.mean_rate:,.3g} requests/s")
-            raise SetupError(f"{what} offers {rate:,.0f} requests/s, past the bound of {MAX_OFFERED_RATE:,.0f} "
-                             "requests/s of one simulation", usage=True)
+        self.workload = scaled_workload(self.base_workload, self.rate_scale, self.workload_options)
         self.cost_model, self.kv_tokens, self.hardware, self.pricing = build_priced(self.hardware_options)
         # What the user left open takes the pricing engine's default (stallfree.sim.inputs.engine_behaviour).
         self.engine_behaviour = self._engine_defaults(opts, async_scheduling)

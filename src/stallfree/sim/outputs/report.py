@@ -413,7 +413,10 @@ def served_share(summary: dict[str, Any]) -> float:
     """The share of a run's requests that the replicas could serve, 0..1: all but those rejected at
     add() (longer than the context, or a reservation that can never fit the KV). A run's load is judged
     by the rate of these: a request that can never fit adds no work, and more replicas would not serve it.
-    1.0 for a summary without requests."""
-    n = summary.get("num_requests") or 0
-    return (n - (summary.get("rejected") or 0)) / n if n else 1.0
+    A session's turns never sent (rejected as "session_ended", once an earlier turn of theirs was refused)
+    count on neither side: a session run's rate is of the turns sent (achieved_request_rate), so the share
+    is of those. 1.0 for a summary without requests."""
+    unsent = (summary.get("rejected_by_reason") or {}).get("session_ended", 0)
+    n = (summary.get("num_requests") or 0) - unsent
+    return (n - ((summary.get("rejected") or 0) - unsent)) / n if n > 0 else 1.0
 

@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stallfree.sim.inputs.options import scaled_workload
 from stallfree.sim.inputs.setup import Setup
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.outputs.report import latency_arrays, summarize_result
@@ -187,12 +188,16 @@ def sweep(
 
     Raises:
         ValueError: an empty grid, a budget < 1 or an unknown batching mode.
+        SetupError (usage): a rate scale past the bounds of one simulation (scaled_workload: the offered rate,
+            the arrivals' span).
     """
     if not budgets or not batching:
         raise ValueError(
             f"a sweep needs at least one budget and one batching mode, got {list(budgets)}, {list(batching)}"
         )
     scales = list(rate_scales) if rate_scales else [setup.rate_scale]
+    for scale in scales if rate_scales else ():  # each as bounded as the setup's own, before any point runs
+        scaled_workload(setup.base_workload, scale, setup.workload_options, "rate_scales")
     points = [
         SweepPoint(
             setup.base_workload,
