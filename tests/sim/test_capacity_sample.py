@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from stallfree.core.config import SchedulerConfig as CoreConfig
 from stallfree.sim.inputs.sessions import SessionWorkload
 from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run import simulator
 from stallfree.sim.run.config import legacy_scheduler_config as SchedulerConfig
 from stallfree.sim.run.costs import LinearCostModel
-from stallfree.sim.run.simulator import SATURATION_SAMPLE, saturated_throughput, saturation_sample
+from stallfree.sim.run.simulator import (
+    SATURATION_SAMPLE,
+    SATURATION_STEPS,
+    burst_steps_per_request,
+    saturated_throughput,
+    saturation_sample,
+)
+from stallfree.sim.run.time_budget import TimeBudgetConfig
 
 ONE_SECOND = LinearCostModel(base_s=1.0, per_token_s=0.0)
 
@@ -122,3 +133,67 @@ def test_split_bound_prices_the_decodes_at_the_sampled_requests_prompts(tmp_path
     assert [cost.offset[r] for r in timed] == [whole.prompt_lens[i] for i in idx]  # type: ignore[attr-defined]
     assert sorted(set(prefill.prompt_lens)) == [10, 1000]
     assert sum(p == 1000 for p in prefill.prompt_lens) == 2500
+
+
+def _burst_sizes(monkeypatch: pytest.MonkeyPatch, most: int) -> list[int]:
+    """Record the size of every burst saturated_throughput simulates; refuse (fail at once) one over `most`."""
+    sizes: list[int] = []
+    real = simulator.simulate
+
+    def recording(burst, *args, **kwargs):
+        sizes.append(len(burst))
+        assert len(burst) <= most, f"a burst of {len(burst):,} requests"
+        return real(burst, *args, **kwargs)
+
+    monkeypatch.setattr(simulator, "simulate", recording)
+    return sizes
+
+
+def test_a_cycled_burst_is_cut_to_its_step_bound(monkeypatch):
+    """5 prompts of 2,000 tokens and 10 outputs at a budget of 1 token: 2,000 + 10 steps a request, so the
+    5,000 copies would take 10 M steps. The burst is cut to the bound (SATURATION_STEPS, 500,000: here
+    50,000) / 2,010 = 24 requests (4 copies and 4 more), about the bound's steps, and gives the capacity
+    of that burst."""
+    wl = Workload((0.0,) * 5, (2000,) * 5, (10,) * 5)
+    cfg = SchedulerConfig(kv_tokens=100_000, token_budget=1, max_seqs=4)
+    assert burst_steps_per_request(wl, cfg) == 2010
+    assert SATURATION_STEPS == 500_000
+    monkeypatch.setattr(simulator, "SATURATION_STEPS", 50_000)
+    sizes = _burst_sizes(monkeypatch, 24)
+    got = saturated_throughput(wl, cfg, ONE_SECOND)
+    assert sizes == [24]
+    burst = wl.take(saturation_sample(5, 24))
+    res = simulator.simulate(replace(burst, arrivals=(0.0,) * 24), cfg, ONE_SECOND)
+    assert got == 24 / res.step_end[-1]
+
+
+def test_the_cut_never_goes_below_the_workloads_own_requests(monkeypatch):
+    """3 prompts of 4,000 tokens at a budget of 1 under a bound of 1,000 steps: each request alone is past
+    it; the burst is the workload itself, once."""
+    wl = Workload((0.0,) * 3, (4000,) * 3, (1,) * 3)
+    cfg = SchedulerConfig(kv_tokens=100_000, token_budget=1, max_seqs=4)
+    sizes = _burst_sizes(monkeypatch, 3)
+    monkeypatch.setattr(simulator, "SATURATION_STEPS", 1000)
+    assert saturated_throughput(wl, cfg, ONE_SECOND, sample=10) > 0
+    assert sizes == [3]
+
+
+def test_a_burst_within_the_bound_is_the_whole_sample(monkeypatch):
+    """The default budget and sequences on 30 requests of a few hundred tokens: far within the bound, the
+    burst stays SATURATION_SAMPLE requests (a normal run's capacity is unchanged)."""
+    wl = Workload((0.0,) * 30, (600,) * 30, (200,) * 30)
+    cfg = SchedulerConfig(kv_tokens=10_000_000)
+    assert burst_steps_per_request(wl, cfg) == pytest.approx(600 / 2048 + 200 / 256)
+    sizes = _burst_sizes(monkeypatch, SATURATION_SAMPLE)
+    saturated_throughput(wl, cfg, LinearCostModel(base_s=0.01, per_token_s=1e-5))
+    assert sizes == [SATURATION_SAMPLE]
+
+
+def test_a_step_time_target_counts_the_tokens_its_steps_hold():
+    """Steps of 4 ms + 0.1 ms a token under a 5 ms target hold 10 tokens: a lone prefill chunk of 10, or 10
+    decodes; 100-token prompts and 20 outputs take 100 / 10 + 20 / 10 = 12 steps a request."""
+    wl = Workload((0.0,) * 4, (100,) * 4, (20,) * 4)
+    model = LinearCostModel(base_s=0.004, per_token_s=1e-4)
+    cfg = TimeBudgetConfig(CoreConfig(65536, 256, 1_000_000), 0.005, model)
+    assert burst_steps_per_request(wl, cfg) == pytest.approx(12)
+    assert burst_steps_per_request(wl, lambda: None) is None  # a factory of another kind: not bounded

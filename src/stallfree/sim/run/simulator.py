@@ -47,6 +47,7 @@ __all__ = [
     "CONTEXT_LENGTH",
     "KV_CAPACITY",
     "SATURATION_SAMPLE",
+    "SATURATION_STEPS",
     "SATURATION_WINDOWS",
     "SchedulerLike",
     "SimResult",
@@ -395,6 +396,10 @@ def plan_run(
 
 #: Requests in the burst saturated_throughput times.
 SATURATION_SAMPLE = 5000
+#: The most steps saturated_throughput's cycled burst (a workload of fewer than SATURATION_SAMPLE requests) is
+#: estimated to take (burst_steps_per_request): about 4 s of simulation at the ~7.5 us a step takes. Past
+#: it the burst is cut to fewer copies of the workload, never below the workload's own requests.
+SATURATION_STEPS = 500_000
 #: Runs of consecutive requests that make up the burst of a workload of more than SATURATION_SAMPLE
 #: requests (saturation_sample): 10 of 500.
 SATURATION_WINDOWS = 10
@@ -460,6 +465,13 @@ def saturated_throughput(
     cache that holds much of the workload this reads low (the bundled Mooncake trace with 200M tokens of
     KV: 1.27 requests/s, where the whole trace released at once completes 1.48).
 
+    A cycled burst is cut so that its steps, as burst_steps_per_request estimates them, stay within
+    SATURATION_STEPS (500,000), never below the workload's own requests: the copies of a few long prompts
+    at a small token budget (5 prompts of 20,000 tokens at 1 token a step, cycled to 5,000: 100 M steps)
+    or under a step time target whose steps hold a few tokens would otherwise run for minutes where the
+    replay takes a second. The default budget of 2,048 tokens and 256 sequences stays within it unless
+    the requests average more than about 100 steps each (e.g. outputs of 25,000 tokens).
+
     The drain at the end (fewer requests left than max_seqs) makes this a slight underestimate;
     with 5,000 requests and max_seqs 256 it is a few percent. Requests refused for the context
     length (max_model_len, cut_output_to_fit: as simulate) do not count. Infinite when no step ran.
@@ -471,11 +483,49 @@ def saturated_throughput(
         raise ValueError(
             f"saturated_throughput needs requests and sample >= 1, got {len(workload)}, {sample}"
         )
-    burst = workload.take(saturation_sample(len(workload), sample))
-    burst = replace(burst, arrivals=(0.0,) * sample,
-                    prefix_ids=burst.prefix_ids if len(workload) > sample else None)
+    n = len(workload)
+    size = sample
+    if n < sample:
+        per = burst_steps_per_request(workload, scheduler, max_tokens)
+        if per is not None and per * sample > SATURATION_STEPS:
+            size = max(n, int(SATURATION_STEPS / per))
+    burst = workload.take(saturation_sample(n, size))
+    burst = replace(burst, arrivals=(0.0,) * size,
+                    prefix_ids=burst.prefix_ids if n > sample else None)
     res = simulate(
         burst, scheduler, cost_model, max_tokens, max_model_len=max_model_len, cut_output_to_fit=cut_output_to_fit
     )
     done = sum(1 for f in res.finish_step if f >= 0)
     return done / res.step_end[-1] if res.num_steps and res.step_end[-1] > 0 else float("inf")
+
+
+def burst_steps_per_request(
+    workload: Workload, scheduler: ReplicaConfig | Callable[[], SchedulerLike], max_tokens: int | None = None
+) -> float | None:
+    """An estimate of the steps a burst of `workload`'s requests takes, per request: their prompt tokens
+    over the tokens a step prefills, plus their output tokens over the decodes a step holds. A step
+    prefills the token budget's tokens and decodes min(max_seqs, token budget) requests; under a step
+    time target (a TimeBudgetConfig) the tokens of a lone chunk, and the decodes at the requests' mean
+    context, whose step fits the target (at least 1 of each). None for a scheduler factory of another
+    kind (nothing to read the budget from).
+    """
+    config = getattr(scheduler, "scheduler", None)
+    budget, seqs = getattr(config, "token_budget", None), getattr(config, "max_seqs", None)
+    if not isinstance(budget, int) or not isinstance(seqs, int) or len(workload) == 0:
+        return None
+    outputs = [min(o, max_tokens) if max_tokens else o for o in workload.output_lens]
+    prompt, output = sum(workload.prompt_lens), sum(outputs)
+    prefill, decodes = budget, min(seqs, budget)
+    target = getattr(scheduler, "target_s", None)
+    if target is not None:
+        from stallfree.sim.run.time_budget import time_model
+
+        model = time_model(scheduler.cost_model)  # type: ignore[union-attr]  # a TimeBudgetConfig's
+        prefill = min(max(model.max_tokens_within(target, 0, 0, 0), 1), budget)
+        context = (prompt + output // 2) // len(workload) + 1
+        lo, hi = 1, decodes  # the most decodes whose step fits the target, at least 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if model.decode_step_time(mid, context) <= target else (lo, mid - 1)
+        decodes = lo
+    return (prompt / prefill + output / decodes) / len(workload)
