@@ -102,6 +102,18 @@ def open_text(path: str | Path, encoding: str = "utf-8-sig") -> IO[str]:
     return fh
 
 
+def duplicated_column(header: list[str] | tuple[str, ...] | None) -> str | None:
+    """Return the first column name that a CSV header gives twice (names compared after stripping
+    spaces), or None. A reader that looked a column up by name would silently take one of the two."""
+    seen: set[str] = set()
+    for name in header or ():
+        name = (name or "").strip()
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
+
+
 def bounded_lines(fh: IO[str], path: str | Path, max_line: int | None = None,
                   max_total: int | None = None) -> Iterator[str]:
     """Yield the lines of an open text file (newlines kept), holding at most one line in memory.
