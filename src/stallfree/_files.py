@@ -31,7 +31,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,7 +102,7 @@ def open_text(path: str | Path, encoding: str = "utf-8-sig") -> IO[str]:
     return fh
 
 
-def duplicated_column(header: list[str] | tuple[str, ...] | None) -> str | None:
+def duplicated_column(header: Sequence[str] | None) -> str | None:
     """Return the first column name that a CSV header gives twice (names compared after stripping
     spaces), or None. A reader that looked a column up by name would silently take one of the two."""
     seen: set[str] = set()
