@@ -140,6 +140,26 @@ def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, e
     assert capsys.readouterr().err == f"stallfree {command}: error: {said} (see stallfree {command} --help)\n"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none", "--no-range"],
+     ["sweep"], ["tune"], ["plan"], ["validate"], ["bench", "engine"]],
+    ids=lambda c: c[0] if c[0] != "bench" else "bench-engine",
+)
+@pytest.mark.parametrize("value", ["", " "], ids=["empty", "blank"])
+def test_an_empty_out_is_refused_and_writes_nothing(command, value, tmp_path, monkeypatch, capsys):
+    """`--out ''` (an unset shell variable) is refused while parsing, exit 2, on every command that has
+    --out; it was read as the current directory and a run wrote its files there."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--out", value])
+    assert exc.value.code == 2
+    name = " ".join(command[:2] if command[0] == "bench" else command[:1])
+    said = f"argument --out: expected a directory, got {value!r} (give . for the current directory)"
+    assert capsys.readouterr().err == f"stallfree {name}: error: {said} (see stallfree {name} --help)\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_bounds_themselves_are_accepted():
     """The ends of each range parse: a share of 1, a floor of 4 requests, a factor of 100, an overhead of 0."""
     from stallfree._argtypes import (
