@@ -160,6 +160,40 @@ def test_an_empty_out_is_refused_and_writes_nothing(command, value, tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+A100_FP8 = ("a100-sxm-80gb has no fp8 units: fp8 weights are priced at the bf16 peak (dequantized to 16 bits "
+            "before the GEMM)")
+
+
+@pytest.mark.filterwarnings("default")  # as Python runs the command line (the tests make warnings errors)
+def test_a_cost_model_warning_is_one_line_in_the_simulator(capsys):
+    """`simulate --gpu a100` (fp8 weights on a GPU without fp8 units) warns in one 'warning: ...' line, like
+    the command's other warnings: not Python's 'path:line: CostModelWarning: ...' and the source line."""
+    assert main(["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none",
+                 "--no-range", "--gpu", "a100"]) == 0
+    err = capsys.readouterr().err
+    assert [x for x in err.splitlines() if "fp8 units" in x] == [f"warning: {A100_FP8}"]
+    assert "CostModelWarning" not in err and ".py:" not in err
+
+
+def test_a_cost_model_command_says_each_warning_once(capsys):
+    """`budget` records its warnings and says each once (it printed the fp8 one three times)."""
+    assert main(["budget", "--gpu", "a100", "--model", "llama-3.1-8b"]) == 0
+    assert [x for x in capsys.readouterr().err.splitlines() if "warning" in x] == [
+        f"stallfree budget: warning: {A100_FP8}"]
+
+
+@pytest.mark.filterwarnings("default")
+def test_a_warning_from_outside_stallfree_keeps_pythons_form(capsys):
+    """Another library's warning keeps Python's own lines (where it was raised helps its reader)."""
+    import warnings
+
+    from stallfree import cli
+
+    cli._show_warning(UserWarning("elsewhere"), UserWarning, "/other/lib.py", 3)
+    assert capsys.readouterr().err == "/other/lib.py:3: UserWarning: elsewhere\n"
+    assert warnings.showwarning is not cli._show_warning
+
+
 def test_the_bounds_themselves_are_accepted():
     """The ends of each range parse: a share of 1, a floor of 4 requests, a factor of 100, an overhead of 0."""
     from stallfree._argtypes import (
