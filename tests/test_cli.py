@@ -127,6 +127,13 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
         ("sweep", "--peak-ratio", "1e400", "expected a finite number"),
         ("tune", "--peak-hour", "25", "expected a number in [0, 24]"),
         ("simulate", "--peak-hour", "-0.5", "expected a number in [0, 24]"),
+        # max_seqs counts sequences, not tokens; an SLO of 0 is refused as a negative one is (not ">= 0").
+        ("tune", "--max-seqs-candidates", "0", "expected an integer >= 1"),
+        ("tune", "--max-seqs-candidates", "1k", "expected an integer >= 1"),
+        ("simulate", "--slo-ttft", "-1ms", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("simulate", "--slo-tpot", "nan", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("plan", "--slo-ttft", "0", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("simulate", "--max-queue-time", "-5", "must be a duration > 0 (50ms, 1s; bare = ms)"),
     ],
 )
 def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, expected, capsys):
