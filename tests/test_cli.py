@@ -127,6 +127,13 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
         ("sweep", "--peak-ratio", "1e400", "expected a finite number"),
         ("tune", "--peak-hour", "25", "expected a number in [0, 24]"),
         ("simulate", "--peak-hour", "-0.5", "expected a number in [0, 24]"),
+        # max_seqs counts sequences, not tokens; an SLO of 0 is refused as a negative one is (not ">= 0").
+        ("tune", "--max-seqs-candidates", "0", "expected an integer >= 1"),
+        ("tune", "--max-seqs-candidates", "1k", "expected an integer >= 1"),
+        ("simulate", "--slo-ttft", "-1ms", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("simulate", "--slo-tpot", "nan", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("plan", "--slo-ttft", "0", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("simulate", "--max-queue-time", "-5", "must be a duration > 0 (50ms, 1s; bare = ms)"),
     ],
 )
 def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, expected, capsys):
@@ -138,6 +145,60 @@ def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, e
     assert exc.value.code == 2
     said = f"argument {flag}: {expected}, got '{value}'"
     assert capsys.readouterr().err == f"stallfree {command}: error: {said} (see stallfree {command} --help)\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none", "--no-range"],
+     ["sweep"], ["tune"], ["plan"], ["validate"], ["bench", "engine"]],
+    ids=lambda c: c[0] if c[0] != "bench" else "bench-engine",
+)
+@pytest.mark.parametrize("value", ["", " "], ids=["empty", "blank"])
+def test_an_empty_out_is_refused_and_writes_nothing(command, value, tmp_path, monkeypatch, capsys):
+    """`--out ''` (an unset shell variable) is refused while parsing, exit 2, on every command that has
+    --out; it was read as the current directory and a run wrote its files there."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--out", value])
+    assert exc.value.code == 2
+    name = " ".join(command[:2] if command[0] == "bench" else command[:1])
+    said = f"argument --out: expected a directory, got {value!r} (give . for the current directory)"
+    assert capsys.readouterr().err == f"stallfree {name}: error: {said} (see stallfree {name} --help)\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+A100_FP8 = ("a100-sxm-80gb has no fp8 units: fp8 weights are priced at the bf16 peak (dequantized to 16 bits "
+            "before the GEMM)")
+
+
+@pytest.mark.filterwarnings("default")  # as Python runs the command line (the tests make warnings errors)
+def test_a_cost_model_warning_is_one_line_in_the_simulator(capsys):
+    """`simulate --gpu a100` (fp8 weights on a GPU without fp8 units) warns in one 'warning: ...' line, like
+    the command's other warnings: not Python's 'path:line: CostModelWarning: ...' and the source line."""
+    assert main(["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none",
+                 "--no-range", "--gpu", "a100"]) == 0
+    err = capsys.readouterr().err
+    assert [x for x in err.splitlines() if "fp8 units" in x] == [f"warning: {A100_FP8}"]
+    assert "CostModelWarning" not in err and ".py:" not in err
+
+
+def test_a_cost_model_command_says_each_warning_once(capsys):
+    """`budget` records its warnings and says each once (it printed the fp8 one three times)."""
+    assert main(["budget", "--gpu", "a100", "--model", "llama-3.1-8b"]) == 0
+    assert [x for x in capsys.readouterr().err.splitlines() if "warning" in x] == [
+        f"stallfree budget: warning: {A100_FP8}"]
+
+
+@pytest.mark.filterwarnings("default")
+def test_a_warning_from_outside_stallfree_keeps_pythons_form(capsys):
+    """Another library's warning keeps Python's own lines (where it was raised helps its reader)."""
+    import warnings
+
+    from stallfree import cli
+
+    cli._show_warning(UserWarning("elsewhere"), UserWarning, "/other/lib.py", 3)
+    assert capsys.readouterr().err == "/other/lib.py:3: UserWarning: elsewhere\n"
+    assert warnings.showwarning is not cli._show_warning
 
 
 def test_the_bounds_themselves_are_accepted():

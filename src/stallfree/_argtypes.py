@@ -11,6 +11,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 __all__ = [
     "add_partial_prefill_args",
@@ -30,6 +31,7 @@ __all__ = [
     "positive_float_list",
     "positive_fraction",
     "non_negative_int",
+    "out_dir",
     "positive_int",
     "tenant_weights",
 ]
@@ -44,6 +46,18 @@ def _int_at_least(text: str, minimum: int) -> int:
     if value < minimum:
         raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
     return value
+
+
+def out_dir(text: str) -> Path:
+    """A directory to write files in (--out DIR). An empty word is refused: Path("") is the current
+    directory, so `--out ''` (an unset shell variable) would write there; `--out .` says so.
+
+    Raises:
+        argparse.ArgumentTypeError: `text` is empty or only spaces.
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a directory, got {text!r} (give . for the current directory)")
+    return Path(text)
 
 
 def positive_int(text: str) -> int:

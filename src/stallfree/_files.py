@@ -31,7 +31,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -100,6 +100,18 @@ def open_text(path: str | Path, encoding: str = "utf-8-sig") -> IO[str]:
         fh.close()
         raise FileLimitError(f"{path}: {st.st_size:,} bytes, over the limit of {_mib(MAX_FILE_CHARS)} for a file")
     return fh
+
+
+def duplicated_column(header: Sequence[str] | None) -> str | None:
+    """Return the first column name that a CSV header gives twice (names compared after stripping
+    spaces), or None. A reader that looked a column up by name would silently take one of the two."""
+    seen: set[str] = set()
+    for name in header or ():
+        name = (name or "").strip()
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 def bounded_lines(fh: IO[str], path: str | Path, max_line: int | None = None,

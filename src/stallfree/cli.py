@@ -14,7 +14,9 @@ import os
 import re
 import sys
 import typing
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -122,6 +124,21 @@ def _explain_missing(command: str, missing: str) -> typing.Callable[[argparse.Na
     return run
 
 
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: typing.TextIO | None = None, line: str | None = None) -> None:
+    """warnings.showwarning while a command runs: stallfree's own warnings (a class of stallfree's, such as
+    CostModelWarning, or one warned from stallfree's code) as one 'warning: ...' line on stderr, like the
+    commands' other warnings, not Python's two lines with a source file and its code; others as Python
+    shows them."""
+    if category.__module__.startswith("stallfree.") or str(Path(filename).resolve()).startswith(_PACKAGE):
+        print(f"warning: {message}", file=sys.stderr if file is None else file)
+        return
+    (sys.stderr if file is None else file).write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
     """The parser of `command` under `parser`, or `parser` itself when there is none."""
     for action in parser._actions:
@@ -144,7 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(func(args) or 0)
+        # No command installed a way to show a warning (the cost model's commands record their own), so
+        # one raised while building a cost model (`simulate --gpu a100`: no fp8 units) came out as
+        # Python's "path:line: CostModelWarning: ..." and the source line.
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(func(args) or 0)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

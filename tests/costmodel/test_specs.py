@@ -219,8 +219,80 @@ def test_bad_gpu_file_is_explained(tmp_path):
     with pytest.raises(CostModelError, match="missing key 'mem_bw_GBps'"):
         load_gpu_file(path)
     path.write_text(json.dumps({"peak_tflops": {"bf16": 1}, "mem_bw_GBps": 0, "mem_GB": 1, "link_GBps": 1}))
-    with pytest.raises(CostModelError, match="mem_bw_bytes_per_s must be a positive number"):
+    with pytest.raises(CostModelError, match="mem_bw_GBps must be a positive number, got 0"):
         load_gpu_file(path)
+
+
+GOOD_GPU = {"name": "g", "peak_tflops": {"bf16": 989.4, "fp8": 1978.9}, "mem_bw_GBps": 3350, "mem_GB": 80,
+            "link_GBps": 450}
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("w4a16_kernels", "false", "w4a16_kernels must be true or false, got 'false'"),
+        ("w4a16_kernels", 0, "w4a16_kernels must be true or false, got 0"),
+        ("peak_tflops", 989, "peak_tflops must be an object, got 989"),
+        ("peak_tflops", {"bf16": "989"}, "peak_tflops['bf16'] must be a positive number, got '989'"),
+        ("peak_tflops", {"bf16": 989, "fp8": True}, "peak_tflops['fp8'] must be a positive number, got True"),
+        ("peak_tflops", {"bf16": 989, "FP8": 1978}, "peak_tflops has unknown key 'FP8'; known: bf16, fp16, fp8, "
+         "int8, fp4"),
+        ("mem_GB", "abc", "mem_GB must be a positive number, got 'abc'"),
+        ("mem_bw_GBps", -1, "mem_bw_GBps must be a positive number, got -1"),
+        ("link_GBps", None, "link_GBps must be a positive number, got None"),
+        ("internode_GBps", 0, "internode_GBps must be a positive number, got 0"),
+        ("host_link_latency_us", -5, "host_link_latency_us must be a number >= 0, got -5"),
+        ("gpus_per_node", 2.5, "gpus_per_node must be an integer >= 1, got 2.5"),
+        ("sources", 5, "sources must be a list of strings, got 5"),
+        ("aliases", "g2", "aliases must be a list of strings, got 'g2'"),
+        ("name", 7, "name must be a string, got 7"),
+        ("calibration", {"source": "s", "model": "m", "tp": 1, "linear_flops_per_token_per_gpu": 1, "mfu": "0.5"},
+         "calibration: mfu must be a number >= 0, got '0.5'"),
+        ("calibration", {"source": "s", "model": "m", "tp": "1", "linear_flops_per_token_per_gpu": 1},
+         "calibration: tp must be an integer >= 1, got '1'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 24 else None,
+)
+def test_gpu_file_value_of_the_wrong_type_names_key_and_value(tmp_path, key, value, message):
+    """A GPU file's value of the wrong JSON type or out of range is refused with one line naming the key as
+    the file spells it and the value as written (a string "false" is not read as true; no Python error
+    text, no internal field name or unit)."""
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(dict(GOOD_GPU, **{key: value})))
+    with pytest.raises(CostModelError) as info:
+        load_gpu_file(path)
+    assert str(info.value) == f"GPU 'g': {message}"
+
+
+def test_gpu_file_with_good_values_loads(tmp_path):
+    """The same file with good values loads, at the figures it gives."""
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(dict(GOOD_GPU, w4a16_kernels=False, host_link_latency_us=0)))
+    g = load_gpu_file(path)
+    assert (g.bf16_flops_per_s, g.fp16_flops_per_s, g.fp8_flops_per_s) == (989.4e12, 989.4e12, 1978.9e12)
+    assert (g.mem_bw_bytes_per_s, g.mem_bytes, g.w4a16_kernels, g.host_link_latency_s) == (3350e9, 80e9, False, 0)
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("tie_word_embeddings", "false", "tie_word_embeddings must be true or false, got 'false'"),
+        ("gated_mlp", 1, "gated_mlp must be true or false, got 1"),
+        ("aliases", 5, "aliases must be a list of strings, got 5"),
+        ("sources", [1], "sources must be a list of strings, got [1]"),
+        ("name", None, "name must be a string, got None"),
+        ("norm_params_per_layer", "8", "norm_params_per_layer must be an integer >= 0, got '8'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 24 else None,
+)
+def test_model_file_value_of_the_wrong_type_names_key_and_value(tmp_path, key, value, message):
+    """A model file's boolean, string or list of the wrong JSON type is refused naming key and value."""
+    data = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "intermediate_size": 128, "vocab_size": 10}
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(dict(data, **{key: value})))
+    with pytest.raises(CostModelError) as info:
+        load_model_file(path)
+    assert str(info.value) == f"model 'm': {message}"
 
 
 PHI2 = {

@@ -195,3 +195,32 @@ def test_bad_length_spec(text):
     """A bad length distribution raises ValueError quoting it."""
     with pytest.raises(ValueError, match="bad length distribution"):
         parse_length_spec(text)
+
+
+@pytest.mark.parametrize(
+    "flag,text,what,got",
+    [
+        ("--prompt-len", "fixed:1.9", "N of fixed:N must be a whole number", "1.9"),
+        ("--output-len", "fixed:2.7", "N of fixed:N must be a whole number", "2.7"),
+        ("--output-len", "uniform:1.5,3", "LO and HI of uniform:LO,HI must be whole numbers", "1.5"),
+        ("--prompt-len", "uniform:2,3.5", "LO and HI of uniform:LO,HI must be whole numbers", "3.5"),
+    ],
+    ids=["fixed-prompt", "fixed-output", "uniform-lo", "uniform-hi"],
+)
+def test_length_count_with_a_fraction_is_a_usage_error(capsys, flag, text, what, got):
+    """A fixed or uniform length with a fraction is refused naming the flag (was: run truncated, fixed:1.9
+    as 1, while the header echoed 1.9); exit 2 before anything runs."""
+    from stallfree.cli import main
+
+    argv = ["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none",
+            "--no-range", flag, text]
+    assert main(argv) == 2
+    assert capsys.readouterr() == ("", f"stallfree simulate: error: {flag}: bad length distribution {text!r}: "
+                                       f"{what}, got {got}\n")
+
+
+def test_whole_counts_written_with_a_point_or_suffix_still_parse():
+    """fixed:2.0, 1e3 and 1.5k are whole counts and keep working; a lognormal median may have a fraction."""
+    assert parse_length_spec("fixed:2.0") == parse_length_spec("fixed:2")
+    assert parse_length_spec("uniform:1e3,1.5k") == parse_length_spec("uniform:1000,1500")
+    assert parse_length_spec("lognormal:100.5,1").lo == 100.5

@@ -105,3 +105,21 @@ def test_cli_exit_2_and_one_line_for_a_hostile_gz(tmp_path, capsys):
     assert main(["simulate", "--trace", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "t.csv.gz:2: a line longer than" in err[0]
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["arrival_time,prompt_len,output_len,arrival_time", "arrival_time, prompt_len,output_len,prompt_len "],
+    ids=["the-first-column-again", "spaces-around"],
+)
+def test_csv_trace_with_a_column_twice_is_refused(tmp_path, capsys, header):
+    """A trace whose header gives a column twice is refused naming it (was: read silently with the first
+    and the second ignored), exit 2, before anything runs."""
+    p = tmp_path / "t.csv"
+    p.write_text(f"{header}\n0,10,5,100\n1,10,5,0\n")
+    cols = [h.strip() for h in header.split(",")]
+    with pytest.raises(TraceError) as info:
+        load_trace(p)
+    assert str(info.value) == f"{p}:1: column {cols[-1]!r} appears twice in the header {cols}; give each column once"
+    assert main(["simulate", "--trace", str(p), "--kernels", "none", "--no-range"]) == 2
+    assert capsys.readouterr().err == f"stallfree simulate: error: {info.value}\n"

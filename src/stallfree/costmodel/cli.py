@@ -145,8 +145,8 @@ def _run(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
                 with_pp = (exc.named_with_pp(_flag) if isinstance(exc, CostModelMemoryError)
                            and getattr(a, "pp", None) is not None else None)
                 print(f"stallfree {a.command}: error: {with_pp or exc.named(_flag)}", file=sys.stderr)
-        for w in caught:
-            print(f"stallfree {a.command}: warning: {w.message}", file=sys.stderr)
+        for message in dict.fromkeys(str(w.message) for w in caught):  # each once: "always" repeats them
+            print(f"stallfree {a.command}: warning: {message}", file=sys.stderr)
         return code
 
     return wrapped

@@ -32,6 +32,14 @@ __all__ = [
     "get_gpu",
     "gpu_from_dict",
     "gpu_to_dict",
+    "json_bool",
+    "json_int",
+    "json_number",
+    "json_object",
+    "json_optional_number",
+    "json_str",
+    "json_strings",
+    "json_value",
     "list_gpus",
     "load_gpu_file",
     "normalize_name",
@@ -145,19 +153,15 @@ class GPUCalibration:
         Raises:
             CostModelError: a missing key or a value of the wrong type; the message names it.
         """
-        try:
-            kwargs = tuple((k, float(data[k])) for k in CALIBRATION_KEYWORDS if k in data)
-            return GPUCalibration(
-                kwargs=kwargs,
-                source=str(data["source"]),
-                model=str(data["model"]),
-                tp=int(data["tp"]),
-                linear_flops_per_token_per_gpu=float(data["linear_flops_per_token_per_gpu"]),
-            )
-        except KeyError as exc:
-            raise CostModelError(f"{owner}: calibration: missing key {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise CostModelError(f"{owner}: calibration: bad value ({exc})") from None
+        where = f"{owner}: calibration"
+        kwargs = tuple((k, json_number(data, k, where, inclusive=True)) for k in CALIBRATION_KEYWORDS if k in data)
+        return GPUCalibration(
+            kwargs=kwargs,
+            source=json_str(data, "source", where),
+            model=json_str(data, "model", where),
+            tp=json_int(data, "tp", where, minimum=1),
+            linear_flops_per_token_per_gpu=json_number(data, "linear_flops_per_token_per_gpu", where),
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """Return the calibration block as written in a GPU file."""
@@ -296,58 +300,185 @@ class GPUSpec:
         return self.link_bw_bytes_per_s
 
 
+#: Marks a key of a JSON spec that has no default (json_value refuses its absence).
+REQUIRED: Any = object()
+
+
+def json_value(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUIRED, label: str = "") -> Any:
+    """Return data[key], or `default` when the key is absent.
+
+    Raises:
+        CostModelError: the key is absent and has no default; the message names it (as `label` when
+            given, e.g. "peak_tflops['bf16']").
+    """
+    if key in data:
+        return data[key]
+    if default is REQUIRED:
+        raise CostModelError(f"{owner}: missing key {label or key!r}")
+    return default
+
+
+def json_number(
+    data: Mapping[str, Any],
+    key: str,
+    owner: str,
+    default: Any = REQUIRED,
+    *,
+    inclusive: bool = False,
+    label: str = "",
+) -> float:
+    """Return data[key] as a float: a JSON number (not a string, not true or false), finite and > 0
+    (>= 0 when `inclusive`).
+
+    Raises:
+        CostModelError: the key is missing or the value is not such a number; the message names the key
+            (or `label`) and the value as the file gives it.
+    """
+    value = json_value(data, key, owner, default, label)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+        or (value == 0 and not inclusive)
+    ):
+        what = "a number >= 0" if inclusive else "a positive number"
+        raise CostModelError(f"{owner}: {label or key} must be {what}, got {value!r}")
+    return float(value)
+
+
+def json_optional_number(
+    data: Mapping[str, Any], key: str, owner: str, *, inclusive: bool = False, label: str = ""
+) -> float | None:
+    """Return data[key] as json_number does, or None when the key is absent or null."""
+    if data.get(key) is None:
+        return None
+    return json_number(data, key, owner, inclusive=inclusive, label=label)
+
+
+def json_int(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUIRED, *, minimum: int = 0) -> int:
+    """Return data[key]: a JSON integer (not 2.0, not a string, not true or false) >= minimum.
+
+    Raises:
+        CostModelError: the key is missing or the value is not such an integer; names key and value.
+    """
+    value = json_value(data, key, owner, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CostModelError(f"{owner}: {key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def json_bool(data: Mapping[str, Any], key: str, owner: str, default: bool) -> bool:
+    """Return data[key]: JSON true or false (a string such as "false" is refused, not read as true).
+
+    Raises:
+        CostModelError: the value is not a JSON boolean; names key and value.
+    """
+    value = json_value(data, key, owner, default)
+    if not isinstance(value, bool):
+        raise CostModelError(f"{owner}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def json_str(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUIRED) -> str:
+    """Return data[key]: a JSON string.
+
+    Raises:
+        CostModelError: the key is missing or the value is not a string; names key and value.
+    """
+    value = json_value(data, key, owner, default)
+    if not isinstance(value, str):
+        raise CostModelError(f"{owner}: {key} must be a string, got {value!r}")
+    return value
+
+
+def json_strings(data: Mapping[str, Any], key: str, owner: str) -> tuple[str, ...]:
+    """Return data[key]: a JSON list of strings (absent: empty).
+
+    Raises:
+        CostModelError: the value is not a list of strings; names key and value.
+    """
+    value = json_value(data, key, owner, ())
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise CostModelError(f"{owner}: {key} must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def json_object(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUIRED) -> dict[str, Any]:
+    """Return data[key]: a JSON object.
+
+    Raises:
+        CostModelError: the key is missing or the value is not an object; names key and value.
+    """
+    value = json_value(data, key, owner, default)
+    if not isinstance(value, dict):
+        raise CostModelError(f"{owner}: {key} must be an object, got {value!r}")
+    return value
+
+
+#: The dtypes of a GPU entry's peak_tflops object.
+PEAK_KEYS = ("bf16", "fp16", "fp8", "int8", "fp4")
+
+
 def gpu_from_dict(key: str, data: dict[str, Any]) -> GPUSpec:
     """Build a GPUSpec from one entry of the gpus.json format (units as in that file).
 
-    Required keys: peak_tflops (with bf16; fp16 defaults to bf16; fp8, int8 and fp4 may be null or
-    absent), w4a16_kernels (default true),
-    mem_bw_GBps, mem_GB, link_GBps. Optional: name, link_per_peer_GBps, gpus_per_node (default 8),
-    internode_GBps (default 50), aliases, sources, link_source, calibration (GPUCalibration.from_dict),
-    host_link_GBps and host_link_latency_us (the link to host memory; absent: unknown), host_link_source.
+    Required keys: peak_tflops (an object with bf16; fp16 defaults to bf16; fp8, int8 and fp4 may be
+    null or absent), mem_bw_GBps, mem_GB, link_GBps. Optional: w4a16_kernels (true or false, default
+    true), name, link_per_peer_GBps, gpus_per_node (default 8), internode_GBps (default 50), aliases,
+    sources, link_source, calibration (GPUCalibration.from_dict), host_link_GBps and
+    host_link_latency_us (the link to host memory; absent: unknown), host_link_source. Numbers must be
+    JSON numbers and booleans JSON booleans.
 
     Raises:
-        CostModelError: a key is missing, or a value is not a positive number.
+        CostModelError: a key is missing, or a value is of the wrong type or out of range; the message
+            names the key as the file spells it and the value as the file gives it.
     """
-    try:
-        peaks = data["peak_tflops"]
-        bf16 = peaks["bf16"]
-
-        def opt(value: Any) -> float | None:
-            return None if value is None else float(value) * 1e12
-
-        peer = data.get("link_per_peer_GBps")
-        host_bw, host_lat = data.get("host_link_GBps"), data.get("host_link_latency_us")
-        return GPUSpec(
-            key=key,
-            name=str(data.get("name", key)),
-            bf16_flops_per_s=float(bf16) * 1e12,
-            fp16_flops_per_s=float(peaks.get("fp16", bf16)) * 1e12,
-            fp8_flops_per_s=opt(peaks.get("fp8")),
-            int8_ops_per_s=opt(peaks.get("int8")),
-            fp4_flops_per_s=opt(peaks.get("fp4")),
-            w4a16_kernels=bool(data.get("w4a16_kernels", True)),
-            mem_bw_bytes_per_s=float(data["mem_bw_GBps"]) * 1e9,
-            mem_bytes=float(data["mem_GB"]) * 1e9,
-            link_bw_bytes_per_s=float(data["link_GBps"]) * 1e9,
-            link_bw_per_peer_bytes_per_s=None if peer is None else float(peer) * 1e9,
-            gpus_per_node=data.get("gpus_per_node", 8),
-            internode_bw_bytes_per_s=float(data.get("internode_GBps", 50)) * 1e9,
-            aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
-            sources=tuple(data.get("sources", ())),
-            link_source=str(data.get("link_source", "")),
-            host_link_bw_bytes_per_s=None if host_bw is None else float(host_bw) * 1e9,
-            host_link_latency_s=None if host_lat is None else float(host_lat) * 1e-6,
-            host_link_source=str(data.get("host_link_source", "")),
-            calibration=None if not data.get("calibration") else GPUCalibration.from_dict(
-                f"GPU {key!r}", data["calibration"]
-            ),
+    owner = f"GPU {key!r}"
+    peaks = json_object(data, "peak_tflops", owner)
+    unknown = sorted(set(peaks) - set(PEAK_KEYS))
+    if unknown:
+        raise CostModelError(
+            f"{owner}: peak_tflops has unknown key {unknown[0]!r}; known: {', '.join(PEAK_KEYS)}"
         )
-    except KeyError as exc:
-        raise CostModelError(f"GPU {key!r}: missing key {exc.args[0]!r}") from None
-    except (TypeError, ValueError, AttributeError) as exc:
-        if isinstance(exc, CostModelError):
-            raise
-        raise CostModelError(f"GPU {key!r}: bad value ({exc})") from None
+
+    def peak(dtype: str) -> float | None:
+        value = json_optional_number(peaks, dtype, owner, label=f"peak_tflops[{dtype!r}]")
+        return None if value is None else value * 1e12
+
+    def gbps(name: str) -> float | None:
+        value = json_optional_number(data, name, owner)
+        return None if value is None else value * 1e9
+
+    bf16 = json_number(peaks, "bf16", owner, label="peak_tflops['bf16']") * 1e12
+    fp16 = json_number(peaks, "fp16", owner, label="peak_tflops['fp16']") * 1e12 if "fp16" in peaks else bf16
+    host_lat = json_optional_number(data, "host_link_latency_us", owner, inclusive=True)
+    calibration = json_value(data, "calibration", owner, None)
+    return GPUSpec(
+        key=key,
+        name=json_str(data, "name", owner, key),
+        bf16_flops_per_s=bf16,
+        fp16_flops_per_s=fp16,
+        fp8_flops_per_s=peak("fp8"),
+        int8_ops_per_s=peak("int8"),
+        fp4_flops_per_s=peak("fp4"),
+        w4a16_kernels=json_bool(data, "w4a16_kernels", owner, True),
+        mem_bw_bytes_per_s=json_number(data, "mem_bw_GBps", owner) * 1e9,
+        mem_bytes=json_number(data, "mem_GB", owner) * 1e9,
+        link_bw_bytes_per_s=json_number(data, "link_GBps", owner) * 1e9,
+        link_bw_per_peer_bytes_per_s=gbps("link_per_peer_GBps"),
+        gpus_per_node=json_int(data, "gpus_per_node", owner, 8, minimum=1),
+        internode_bw_bytes_per_s=json_number(data, "internode_GBps", owner, 50) * 1e9,
+        aliases=tuple(normalize_name(a) for a in json_strings(data, "aliases", owner)),
+        sources=json_strings(data, "sources", owner),
+        link_source=json_str(data, "link_source", owner, ""),
+        host_link_bw_bytes_per_s=gbps("host_link_GBps"),
+        host_link_latency_s=None if host_lat is None else host_lat * 1e-6,
+        host_link_source=json_str(data, "host_link_source", owner, ""),
+        calibration=None if not calibration else GPUCalibration.from_dict(
+            owner, json_object(data, "calibration", owner)
+        ),
+    )
 
 
 @cache

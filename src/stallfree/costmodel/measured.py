@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, open_text
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, duplicated_column, open_text
 from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
 
 __all__ = ["BUCKETS", "ErrorStats", "MeasuredStep", "check_fitting_rows", "read_steps_csv", "split_rows"]
@@ -164,6 +164,11 @@ def read_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     try:
         with f:
             reader = csv.DictReader(bounded_lines(f, path))
+            twice = duplicated_column(reader.fieldnames)
+            if twice is not None:
+                raise CostModelDataError(
+                    f"{str(path)!r}: column {twice!r} appears twice in the header; give each column once"
+                )
             rows = list(reader)
             return list(reader.fieldnames or ()), rows
     except FileLimitError as exc:

@@ -43,7 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from stallfree.costmodel.errors import CostModelError
-from stallfree.costmodel.hardware import alias_index, did_you_mean, normalize_name, read_json_object
+from stallfree.costmodel.hardware import (
+    alias_index,
+    did_you_mean,
+    json_bool,
+    json_int,
+    json_str,
+    json_strings,
+    normalize_name,
+    read_json_object,
+)
 from stallfree.costmodel.hf_kinds import GATED_MLP_TYPES, PLAIN_MLP_TYPES, UNPRICEABLE_FIELDS, hf_fields
 
 __all__ = [
@@ -386,7 +395,7 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
         head_dim = hidden // heads
     return ModelSpec(
         key=key,
-        name=str(data.get("name", key)),
+        name=json_str(data, "name", owner, key),
         num_layers=_int(data, "num_layers", owner),
         hidden_size=hidden,
         num_heads=heads,
@@ -394,18 +403,20 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
         head_dim=head_dim,
         intermediate_size=_int(data, "intermediate_size", owner),
         vocab_size=_int(data, "vocab_size", owner),
-        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-        qkv_bias=bool(data.get("qkv_bias", False)),
-        gated_mlp=bool(data.get("gated_mlp", True)),
-        norm_params_per_layer=data.get("norm_params_per_layer"),
+        tie_word_embeddings=json_bool(data, "tie_word_embeddings", owner, False),
+        qkv_bias=json_bool(data, "qkv_bias", owner, False),
+        gated_mlp=json_bool(data, "gated_mlp", owner, True),
+        norm_params_per_layer=(
+            None if data.get("norm_params_per_layer") is None else json_int(data, "norm_params_per_layer", owner)
+        ),
         num_experts=_int(data, "num_experts", owner, 0),
         experts_per_token=_int(data, "experts_per_token", owner, 0),
         num_shared_experts=_int(data, "num_shared_experts", owner, 0),
         num_dense_layers=_int(data, "num_dense_layers", owner, 0),
         dense_intermediate_size=_int(data, "dense_intermediate_size", owner, 0),
-        mlp_bias=bool(data.get("mlp_bias", False)),
-        o_bias=bool(data.get("o_bias", False)),
-        attention_sinks=bool(data.get("attention_sinks", False)),
+        mlp_bias=json_bool(data, "mlp_bias", owner, False),
+        o_bias=json_bool(data, "o_bias", owner, False),
+        attention_sinks=json_bool(data, "attention_sinks", owner, False),
         kv_lora_rank=_int(data, "kv_lora_rank", owner, 0),
         q_lora_rank=_int(data, "q_lora_rank", owner, 0),
         qk_nope_head_dim=_int(data, "qk_nope_head_dim", owner, 0),
@@ -416,10 +427,10 @@ def model_from_dict(key: str, data: dict[str, Any]) -> ModelSpec:
         param_overrides=tuple(
             sorted((str(k), v) for k, v in params.items() if k in _OVERRIDABLE and v is not None)
         ),
-        aliases=tuple(normalize_name(a) for a in data.get("aliases", ())),
-        sources=tuple(data.get("sources", ())),
+        aliases=tuple(normalize_name(a) for a in json_strings(data, "aliases", owner)),
+        sources=json_strings(data, "sources", owner),
         context_length=data.get("context_length"),
-        context_length_source=str(data.get("context_length_source", "")),
+        context_length_source=json_str(data, "context_length_source", owner, ""),
     )
 
 

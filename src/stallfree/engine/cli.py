@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_int
+from stallfree._argtypes import out_dir, positive_int
 from stallfree.flags import add_scheduler_flags, scheduler_options
 
 #: The most characters a --prompts file may hold: 64 MiB is about 16 M tokens of prompts, far more than one
@@ -136,7 +136,7 @@ def register(subparsers: Any) -> None:
                          "p99 ITL while a long prompt arrives (budget 128 vs no chunking), and "
                          "continuous batching vs one request at a time.")
     _model_args(b)
-    b.add_argument("--out", type=Path, default=Path("stallfree-bench-engine"),
+    b.add_argument("--out", type=out_dir, default=Path("stallfree-bench-engine"),
                    help="directory for engine_steps.csv and results.json")
     b.add_argument("--long-prompt", type=int, default=2048, help="tokens of the arriving prompt")
     b.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import int_at_least, positive_float_at_most, positive_int
+from stallfree._argtypes import int_at_least, out_dir, positive_float_at_most, positive_int
 from stallfree._files import writable_file_problem
 from stallfree.flags import add_renamed, add_scheduler_flags
 from stallfree.sim.defaults import DEFAULT_MAX_SEQS, DEFAULT_TOKEN_BUDGET
@@ -298,7 +298,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        f"Exits {EXIT_OUTSIDE_GOALS} when the verdict is outside the goals (not for an engine run "
                        "whose machine drifted: its note says so).")
     p.add_argument("--json", action="store_true", help='print {"engine", "simulator", "error", ...} as JSON')
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=out_dir, default=None,
                    help="write the results here: the engine run's CSVs, the local GPU file and a plot; "
                         "with --against, against.json and against.png")
     p.add_argument("--seed", type=int, default=None, help="prompt ids and arrival draws (default 0)")

@@ -66,7 +66,7 @@ from importlib import util as import_util
 from pathlib import Path
 from typing import Any
 
-from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, open_text
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, duplicated_column, open_text
 from stallfree.core.metrics import percentile
 from stallfree.core.plan import ScheduledChunk, StepPlan
 from stallfree.costmodel import CostModelError
@@ -233,6 +233,9 @@ def read_rows(path: str | Path) -> list[ClosedLoopRow]:
 
 def _read_rows(p: Path, reader: csv.DictReader[str]) -> list[ClosedLoopRow]:
     """The rows of read_rows(), from its open reader."""
+    twice = duplicated_column(reader.fieldnames)
+    if twice is not None:
+        raise ValidateDataError(f"{p}: column {twice!r} appears twice in the header; give each column once")
     missing = [c for c in _NEEDED if c not in (reader.fieldnames or [])]
     if missing:
         raise ValidateDataError(f"{p}: no column {', '.join(repr(c) for c in missing)}")

@@ -100,10 +100,19 @@ def think_time(text: str) -> float | str:
 
 
 def positive_duration(text: str) -> float:
-    """An argparse type: a duration > 0 ("50ms", "1s", bare = ms), in seconds."""
-    value = duration(text)
+    """An argparse type: a duration > 0 ("50ms", "1s", bare = ms), in seconds.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, in one message that says what is accepted (not
+            duration's "finite and >= 0" for a negative value, which would suggest that 0 is).
+    """
+    problem = f"must be a duration > 0 (50ms, 1s; bare = ms), got {text!r}"
+    try:
+        value = duration(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(problem) from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a duration > 0 (50ms, 1s; bare = ms), got {text!r}")
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

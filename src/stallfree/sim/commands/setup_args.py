@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallfree._argtypes import (
     float_at_least,
     float_between,
     int_list,
+    out_dir,
     partial_prefill_flag_problem,
     positive_float,
     positive_int,
@@ -68,7 +68,7 @@ def add_common(p: argparse.ArgumentParser, hardware_lists: bool = False) -> None
     r.add_argument("--slo-ttft", type=slo_ttft, metavar="T", help="TTFT objective for goodput (200ms, 1s; bare = ms)")
     r.add_argument("--slo-tpot", type=slo_tpot, metavar="T", help="TPOT objective for goodput (bare = ms)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-    r.add_argument("--out", type=Path, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
+    r.add_argument("--out", type=out_dir, metavar="DIR", help="write summary, records (CSV) and plots (PNG) here")
 
 
 def _add_lora_args(g: Any) -> None:

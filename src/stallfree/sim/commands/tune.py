@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree._argtypes import partial_prefill_flag_problem, positive_int, token_count_list
+from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_int, token_count_list
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
     t.add_argument("--budgets", type=token_count_list, metavar="LIST", help="simulate these budgets only (no bound)")
     t.add_argument(
         "--max-seqs-candidates",
-        type=token_count_list,
+        type=int_list,  # counts of sequences, as --max-num-seqs: no token suffixes
         metavar="LIST",
         help="max_seqs values tried at the best budget (default: half and double --max-num-seqs)",
     )

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stallfree._files import open_text
+from stallfree._files import duplicated_column, open_text
 from stallfree.sim.inputs.synthetic import LengthSpec, synthetic
 from stallfree.sim.inputs.workload import Workload
 
@@ -87,6 +87,9 @@ def read_rate_profile(path: str | Path) -> list[tuple[float, float]]:
         rows = csv.DictReader(fh)
         if rows.fieldnames is None or not {"t_s", "rate"} <= {f.strip() for f in rows.fieldnames}:
             raise ValueError(f"{where}: expected a header with the columns t_s,rate, got {rows.fieldnames!r}")
+        twice = duplicated_column(rows.fieldnames)
+        if twice is not None:
+            raise ValueError(f"{where}: column {twice!r} appears twice in the header; give each column once")
         for line, row in enumerate(rows, start=2):
             row = {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
             try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stallfree._files import open_text, read_json
+from stallfree._files import duplicated_column, open_text, read_json
 from stallfree.core.errors import StallfreeError
 from stallfree.costmodel import CostModelError
 from stallfree.costmodel.hardware import get_gpu
@@ -147,6 +147,9 @@ def load_prices(path: str | Path) -> dict[str, GpuPrice]:
         return _json_prices(p, flag)
     rows = list(csv.DictReader(io.StringIO(text)))
     header = [h.strip() for h in (csv.DictReader(io.StringIO(text)).fieldnames or [])]
+    twice = duplicated_column(header)
+    if twice is not None:
+        raise PriceError(f"{flag}: column {twice!r} appears twice in the CSV header; give each column once")
     for column in ("gpu", "usd_per_hour"):
         if column not in header:
             raise PriceError(f"{flag}: the CSV has no {column!r} column (header: {','.join(header) or 'none'}); "

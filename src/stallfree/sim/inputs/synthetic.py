@@ -88,10 +88,12 @@ def _whole_tokens(text: str) -> int:
 def parse_length_spec(text: str) -> LengthSpec:
     """Parse "fixed:N", "uniform:LO,HI", "lognormal:MEDIAN,SIGMA", "trace" or "trace:PATH". N, LO, HI and
     MEDIAN are tokens and take vLLM's suffixes as every token flag does ("fixed:2k" = 2,000, "uniform:1K,4K"
-    = 1,024 to 4,096); SIGMA is a plain number.
+    = 1,024 to 4,096); N, LO and HI are whole counts (MEDIAN may have a fraction: the draws are rounded);
+    SIGMA is a plain number.
 
     Raises:
-        ValueError: an unknown kind or a bad number; the message quotes the text.
+        ValueError: an unknown kind, a bad number or a fixed or uniform count with a fraction; the message
+            quotes the text.
     """
     kind, _, rest = text.strip().partition(":")
     try:
@@ -105,6 +107,11 @@ def parse_length_spec(text: str) -> LengthSpec:
         raise ValueError(f"bad length distribution {text!r}: numbers must be finite and at most {MAX_LENGTH:,}")
     if kind == "lognormal" and len(nums) == 2 and nums[1] > 10:
         raise ValueError(f"bad length distribution {text!r}: a lognormal sigma above 10 overflows")
+    if kind in ("fixed", "uniform") and any(x != int(x) for x in nums):
+        # A count of tokens (or turns) is whole: fixed:1.9 was run as 1 while the header echoed 1.9.
+        what = ("N of fixed:N must be a whole number" if kind == "fixed"
+                else "LO and HI of uniform:LO,HI must be whole numbers")
+        raise ValueError(f"bad length distribution {text!r}: {what}, got {next(x for x in nums if x != int(x)):g}")
     if kind == "fixed" and len(nums) == 1 and nums[0] >= 1:
         return LengthSpec("fixed", nums[0], nums[0])
     if kind == "uniform" and len(nums) == 2 and 1 <= nums[0] <= nums[1]:

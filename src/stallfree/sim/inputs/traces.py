@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO
 
-from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, loads_line, open_text
+from stallfree._files import READ_ERRORS, FileLimitError, bounded_lines, duplicated_column, loads_line, open_text
 from stallfree.core.request import MAX_TENANT_CHARS
 from stallfree.sim.inputs.workload import (
     MAX_ARRIVAL_S,
@@ -340,6 +340,9 @@ def _load_csv(fh: IO[str], path: str, fmt: str, skip: bool, name: str) -> Worklo
     if header is None:
         raise TraceError(f"{path}: empty file")
     header = [h.strip() for h in header]
+    twice = duplicated_column(header)
+    if twice is not None:
+        raise TraceError(f"{path}:1: column {twice!r} appears twice in the header {header}; give each column once")
     if fmt == "auto":
         fmt = next((f for f, cols in _HEADERS.items() if set(cols) <= set(header)), "")
         if not fmt:
