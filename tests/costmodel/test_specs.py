@@ -319,6 +319,17 @@ def test_hf_config_plain_mlp_has_no_gate():
     assert not neox.gated_mlp
 
 
+def test_hf_config_null_tie_is_untied_and_a_string_is_refused():
+    """A config.json's `"tie_word_embeddings": null` is transformers' unset (untied: the LM head's own
+    2560 x 51200 weights counted); a string is refused, naming the field."""
+    untied = model_from_hf_config("phi-2", PHI2)
+    assert model_from_hf_config("phi-2", dict(PHI2, tie_word_embeddings=None)).total_params == untied.total_params
+    tied = model_from_hf_config("phi-2", dict(PHI2, tie_word_embeddings=True))
+    assert untied.total_params - tied.total_params == 2560 * 51200
+    with pytest.raises(CostModelError, match="tie_word_embeddings must be true or false, got 'yes'"):
+        model_from_hf_config("phi-2", dict(PHI2, tie_word_embeddings="yes"))
+
+
 def test_hf_config_unknown_kind_uses_activation_or_refuses():
     """An unknown model_type is gated when its activation is SiLU and refused otherwise, naming the fields."""
     assert model_from_hf_config("x", dict(PHI2, model_type="newarch", hidden_act="silu")).gated_mlp

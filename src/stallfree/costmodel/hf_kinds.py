@@ -143,7 +143,8 @@ def hf_fields(key: str, config: dict[str, Any]) -> dict[str, Any]:
         "head_dim": config.get("head_dim"),
         "intermediate_size": moe_f or config.get("intermediate_size"),
         "vocab_size": config.get("vocab_size"),
-        "tie_word_embeddings": config.get("tie_word_embeddings", False),
+        # null is transformers' "unset" (its default, untied); a string is left for model_from_dict to refuse.
+        "tie_word_embeddings": config.get("tie_word_embeddings") or False,
         "qkv_bias": bool(config.get("attention_bias", False)) or kind == "qwen2",
         "o_bias": bool(config.get("attention_bias", False)),
         "gated_mlp": gated_mlp(owner, config),
