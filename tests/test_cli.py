@@ -134,6 +134,9 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
         ("simulate", "--slo-tpot", "nan", "must be a duration > 0 (50ms, 1s; bare = ms)"),
         ("plan", "--slo-ttft", "0", "must be a duration > 0 (50ms, 1s; bare = ms)"),
         ("simulate", "--max-queue-time", "-5", "must be a duration > 0 (50ms, 1s; bare = ms)"),
+        ("simulate", "--replicas", "100000", "expected an integer in [1, 4096]"),
+        ("simulate", "--replicas", "0", "expected an integer in [1, 4096]"),
+        ("plan", "--max-replicas", "4097", "expected an integer in [1, 4096]"),
     ],
 )
 def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, expected, capsys):
@@ -207,6 +210,7 @@ def test_the_bounds_themselves_are_accepted():
         float_at_least,
         float_between,
         int_at_least,
+        int_between,
         non_negative_float,
         positive_float_at_most,
         positive_fraction,
@@ -215,12 +219,15 @@ def test_the_bounds_themselves_are_accepted():
 
     assert positive_fraction("1") == 1.0 and positive_fraction("0.05") == 0.05
     assert int_at_least(4)("4") == 4
+    assert int_between(1, 4096)("1") == 1 and int_between(1, 4096)("4096") == 4096
     assert positive_float_at_most(100)("100") == 100.0
     assert float_at_least(1)("1") == 1.0 and float_between(0, 24)("0") == 0.0 and float_between(0, 24)("24") == 24.0
     assert non_negative_float("0") == 0.0
     args = build_parser("budget").parse_args(["budget", "--mfu", "1", "--overhead-ms", "0", "--tp", "2",
                                               "--gpu-memory-utilization", "0.95"])
     assert (args.mfu, args.overhead_ms, args.tp, args.gpu_memory_utilization) == (1.0, 0.0, 2, 0.95)
+    assert build_parser("simulate").parse_args(["simulate", "--replicas", "4096"]).replicas == 4096
+    assert build_parser("plan").parse_args(["plan", "--max-replicas", "4096"]).max_replicas == 4096
 
 
 def test_length_flags_take_token_suffixes(capsys):

@@ -21,6 +21,7 @@ __all__ = [
     "token_count",
     "token_count_list",
     "int_at_least",
+    "int_between",
     "int_list",
     "list_items",
     "non_negative_float",
@@ -89,6 +90,27 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         return _int_at_least(text, minimum)
 
     parse.__name__ = f"int_at_least_{minimum}"
+    return parse
+
+
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [`low`, `high`] (a count with a cap on the work it asks for, e.g.
+    replicas, each a whole simulated engine).
+
+    The type raises argparse.ArgumentTypeError when the text is not an integer, or is outside
+    [`low`, `high`].
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {text!r}")
+        return value
+
+    parse.__name__ = f"int_between_{low}_{high}"
     return parse
 
 

@@ -138,7 +138,7 @@ def test_queue_policy_scales_on_waiting():
 
 
 @pytest.mark.parametrize(("text", "want"), [
-    ("1:8", (1, 8)), ("0:3", (0, 3)), ("4:4", (4, 4)),
+    ("1:8", (1, 8)), ("0:3", (0, 3)), ("4:4", (4, 4)), ("1:4096", (1, 4096)),
 ])
 def test_parse_autoscale(text, want):
     """MIN:MAX, MIN may be 0."""
@@ -148,6 +148,7 @@ def test_parse_autoscale(text, want):
 @pytest.mark.parametrize(("text", "words"), [
     ("5:2", "MIN 5 is more than MAX 2"), ("-1:2", "MIN must be >= 0"), ("0:0", "MAX must be >= 1"),
     ("x", "expected MIN:MAX"), ("1:2:3", "expected MIN:MAX"),
+    ("1:4097", "MAX must be <= 4,096 replicas"),
 ])
 def test_parse_autoscale_refuses(text, words):
     """Bad MIN:MAX: one message naming the flag and the value."""
@@ -174,3 +175,31 @@ def test_config_refuses_negative_delays():
         AutoscaleConfig(1, 2, pol, down_delay_s=-5)
     with pytest.raises(AutoscaleError, match="--scale-interval 0"):
         AutoscaleConfig(1, 2, pol, interval_s=0)
+
+
+def test_the_stabilisation_window_keeps_only_its_candidates():
+    """Decisions every 10 ms with a 1,000 s scale-down delay: the window holds the decisions that can still
+    be its largest (each larger than every later one), not every decision of the last 1,000 s; a decision
+    scanned all of them, so an interval of 1 ms made a 30-request run take 11 s. The fleet grows to 2 and,
+    the delay not over, stays there."""
+    conf = AutoscaleConfig(1, 2, ScalePolicy("inflight", 4), interval_s=0.01, up_delay_s=0, down_delay_s=1000)
+    _, fleet = run(conf, step_workload())
+    assert len(fleet.decisions) == 4801
+    assert [d for _, d in fleet._recent] == [2, 1]
+    assert [row[1:] for row in fleet.timeline] == [[1, 0], [2, 0]]
+
+
+def test_a_run_past_the_decision_limit_stops(monkeypatch):
+    """Work left after SCALE_DECISION_LIMIT decisions (here 10, every second from 0 s) stops the run with
+    one line naming --scale-interval and the value; a run that needs no more than the limit runs."""
+    from stallfree.sim.run import autoscale
+
+    monkeypatch.setattr(autoscale, "SCALE_DECISION_LIMIT", 10)
+    conf = AutoscaleConfig(1, 2, ScalePolicy("inflight", 4), interval_s=1, up_delay_s=0, down_delay_s=0)
+    with pytest.raises(AutoscaleError) as exc:
+        run(conf, step_workload())
+    assert str(exc.value) == ("--scale-interval 1: more than 10 scaling decisions, with work left 10.00 s after "
+                              "the first arrival: give a longer interval")
+    monkeypatch.setattr(autoscale, "SCALE_DECISION_LIMIT", 48)  # the run's own 48 decisions, 1 s to 48 s
+    _, fleet = run(conf, step_workload())
+    assert len(fleet.decisions) == 48

@@ -141,3 +141,55 @@ def test_static_fleet_line_words_either_sign(auto_hours, auto_att, words):
     out = io.StringIO()
     print_lines(summary, out)
     assert out.getvalue().splitlines()[1] == "static fleet of 2 replicas: 1.00 GPU hours; " + words
+
+
+#: 30 requests at 2 req/s: the arrivals span 17.57 s, the autoscaled run 18.24 s.
+THIRTY = ["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none",
+          "--no-range", "--autoscale", "1:2"]
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--window", "1e-9"],
+     "--window 1e-9: 17,567,356,926 SLO attainment windows over the arrivals' 17.57 s, more than the 1,000,000 "
+     "allowed: give --window 1.76e-05 or more (more still if the run outlasts its arrivals)"),
+    (["--scale-interval", "1e-9"],
+     "--scale-interval 1e-9: 17,567,356,925 scaling decisions over the arrivals' 17.57 s, more than the 1,000,000 "
+     "allowed: give --scale-interval 1.76e-05 or more (more still if the run outlasts its arrivals)"),
+    # Past the arrivals: the run's own span, after the run and before anything is printed or written.
+    (["--window", "1.76e-05"],
+     "--window 1.76e-05: 1,036,511 SLO attainment windows over the run's 18.24 s, more than the 1,000,000 "
+     "allowed: give --window 1.83e-05 or more"),
+], ids=["window", "interval", "window-past-the-arrivals"])
+def test_a_duration_that_makes_too_many_windows_or_decisions_is_refused(capsys, tmp_path, argv, said):
+    """A --window or --scale-interval that makes more than a million windows or decisions (the run's span
+    over it) exits 2 with one line naming the flag, the value and the shortest allowed, and writes nothing;
+    a nanosecond window asked numpy for 136 GiB (exit 1), a nanosecond interval ran for hours."""
+    out = tmp_path / "out"
+    code = main([*THIRTY, *argv, "--out", str(out)])
+    captured = capsys.readouterr()
+    assert (code, captured.err, captured.out) == (2, f"stallfree simulate: error: {said}\n", "")
+    assert not out.exists()
+
+
+def test_too_many_decisions_past_the_arrivals_exit_2(capsys, monkeypatch):
+    """An interval that the check over the arrivals lets through, but whose run goes on past the decision
+    limit (the backlog after the last arrival), stops with exit 2 and one line (the limit lowered to 1,000 to
+    keep the run short: 998 decisions over the arrivals, 1,036 over the run)."""
+    from stallfree.sim.commands import autoscale as autoscale_cli
+    from stallfree.sim.run import autoscale
+
+    monkeypatch.setattr(autoscale, "SCALE_DECISION_LIMIT", 1000)
+    monkeypatch.setattr(autoscale_cli, "SCALE_DECISION_LIMIT", 1000)
+    code = main([*THIRTY, "--scale-interval", "0.0176"])
+    captured = capsys.readouterr()
+    assert (code, captured.err, captured.out) == (
+        2, "stallfree simulate: error: --scale-interval 0.0176: more than 1,000 scaling decisions, with work left "
+        "17.60 s after the first arrival: give a longer interval\n", "")
+
+
+def test_more_than_4096_replicas_is_refused(capsys):
+    """--autoscale's MAX is at most 4,096 replicas (every slot is a simulated engine built up front: 100,000 of
+    them ran past 45 s on 30 requests)."""
+    assert main([*THIRTY[:-1], "1:4097"]) == 2
+    assert capsys.readouterr().err == ("stallfree simulate: error: --autoscale 1:4097: MAX must be <= 4,096 replicas "
+                                       "(every slot is built up front)\n")

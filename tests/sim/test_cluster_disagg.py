@@ -213,6 +213,24 @@ def test_cli_misspelt_disaggregate_with_replicas(capsys, value):
                    f"got '{value}'\n")
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--disaggregate", "100000:100000"],
+     "--disaggregate 100000:100000: P + D is 200,000 replicas, more than the 4,096 allowed"),
+    (["--disaggregate", "4096:1"], "--disaggregate 4096:1: P + D is 4,097 replicas, more than the 4,096 allowed"),
+    (["--disaggregate", "search", "--replicas", "65", "--slo-ttft", "1s"],
+     "--replicas 65: --disaggregate search simulates every P:D split of the replicas over a grid of budgets, so "
+     "it takes at most 64 replicas (`stallfree plan` searches larger fleets)"),
+], ids=["P:D", "P:D-one-over", "search"])
+def test_cli_too_many_disaggregated_replicas(capsys, argv, said):
+    """More replicas than a run or a search takes: exit 2 and one line naming the flag and the value, before
+    any replica is built (100,000:100,000 ran past 45 s on 30 requests; a search's work grows as N squared,
+    65 replicas ran past 20 s on 30 requests)."""
+    code = main(["simulate", "--synthetic", "poisson", "--rate", "2", "--num-requests", "30", "--kernels", "none",
+                 "--no-range", *argv])
+    captured = capsys.readouterr()
+    assert (code, captured.err, captured.out) == (2, f"stallfree simulate: error: {said}\n", "")
+
+
 def test_cli_valid_disaggregate_with_replicas(capsys):
     """A valid P:D with --replicas is refused for --replicas, which P:D sets."""
     assert main(["simulate", "--disaggregate", "2:2", "--replicas", "4"]) == 2

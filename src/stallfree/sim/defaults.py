@@ -38,8 +38,12 @@ __all__ = [
     "DEFAULT_TOKEN_BUDGET",
     "DEFAULT_WINDOW_S",
     "EXECUTORS",
+    "REPLICA_LIMIT",
     "ROUTERS",
+    "SCALE_DECISION_LIMIT",
+    "SEARCH_REPLICA_LIMIT",
     "TIME_BUDGET_CAP",
+    "WINDOW_LIMIT",
 ]
 
 #: Tokens per step when none is given (vLLM's max_num_batched_tokens default for chunked prefill).
@@ -126,6 +130,24 @@ DEFAULT_SCALE_INTERVAL_S = 30.0
 DEFAULT_SCALE_DOWN_DELAY_S = 300.0
 #: Attainment windows of the report, s.
 DEFAULT_WINDOW_S = 300.0
+#: The most scaling decisions one autoscaled run makes (its span / --scale-interval): each costs microseconds
+#: (about 1 ms with 4,096 replica slots), and an interval of nanoseconds asked for billions. A million is 347
+#: days of trace at the default 30 s, a day at 0.09 s.
+SCALE_DECISION_LIMIT = 1_000_000
+#: The most SLO attainment windows one autoscaled run reports (its span / --window): each is a row of the
+#: summary and of --json (about 110 bytes of JSON), and a window of nanoseconds asked for 136 GiB. A million
+#: is nine years of trace at the default 300 s, a day at 0.09 s.
+WINDOW_LIMIT = 1_000_000
+#: The most replicas a run or a search takes (--replicas, --autoscale's MAX, --disaggregate's P + D, plan's
+#: --max-replicas): 64 times the largest fleet the docs and benchmarks run (64 replicas, plan's default
+#: --max-replicas). Every slot is a whole simulated engine built up front: 4,096 replicas take about a
+#: second on 30 requests (3 s autoscaled); 100,000 took 20 s, and more than 45 s autoscaled or split.
+REPLICA_LIMIT = 4096
+#: The most replicas `--disaggregate search` splits: it simulates every P:D split of them, each over a grid of
+#: budgets (4 (N - 1) + 3 runs of N replicas by default), so its work grows as N squared: 32 replicas took 10 s
+#: on 30 requests, and 4,096 would take days. 64 (plan's default --max-replicas) is 8 times the largest the docs
+#: search; plan searches larger fleets (its splits bounded by each side's capacity).
+SEARCH_REPLICA_LIMIT = 64
 
 #: plan (and tune): the share of all requests that must meet both SLOs, the largest replica count tried per
 #: shape, and the routers tried, the first leading the search.

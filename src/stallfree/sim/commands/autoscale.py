@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallfree.sim.commands.common import CliError
-from stallfree.sim.defaults import DEFAULT_SCALE_DOWN_DELAY_S, DEFAULT_SCALE_INTERVAL_S, DEFAULT_WINDOW_S
+from stallfree.sim.defaults import (
+    DEFAULT_SCALE_DOWN_DELAY_S,
+    DEFAULT_SCALE_INTERVAL_S,
+    DEFAULT_WINDOW_S,
+    SCALE_DECISION_LIMIT,
+    WINDOW_LIMIT,
+)
 
 if TYPE_CHECKING:
     from stallfree.sim.run.autoscale import AutoscaleConfig, Fleet
@@ -185,9 +191,61 @@ def group(args: argparse.Namespace, setup: Any) -> tuple[Callable[..., Any] | No
     from stallfree.sim.run.autoscale import runner
 
     conf, source = config(args, setup)
+    check_counts(args, setup.workload.arrivals)
     args.autoscale_config, args.autoscale_up_source = conf, source
     fleets: list[Fleet] = []
     return runner(conf, fleets), fleets, conf.max_replicas
+
+
+def _at_least(x: float) -> str:
+    """`x` rounded up to three significant digits, as %g writes it (a bound that the value shown meets)."""
+    if x <= 0:
+        return "0"
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    return f"{math.ceil(x / step) * step:g}"
+
+
+def _too_many(flag: str, text: str, count: int, what: str, limit: int, span: float, run: bool) -> CliError:
+    """The refusal of a duration flag (`text` as typed) that makes `count` > `limit` of `what` over
+    `span` s, the run's (`run`) or its arrivals': it says the smallest duration allowed for it (exit 2)."""
+    whose = "run's" if run else "arrivals'"
+    over = f"{span:,.2f}" if span >= 1 else f"{span:.3g}"
+    return CliError(f"{flag} {text}: {count:,} {what} over the {whose} {over} s, more than "
+                    f"the {limit:,} allowed: give {flag} {_at_least(span / limit)} or more"
+                    + ("" if run else " (more still if the run outlasts its arrivals)"), 2)
+
+
+def window_count(window: float, t0: float, end: float) -> int:
+    """The attainment windows of `window` s from `t0` to `end`, s (at least one)."""
+    return max(1, math.ceil((end - t0) / window))
+
+
+def check_counts(args: argparse.Namespace, arrivals: Any) -> None:
+    """Refuse, before the run, a --scale-interval that makes more than SCALE_DECISION_LIMIT decisions or
+    a --window that makes more than WINDOW_LIMIT windows over the arrivals' span (the first arrival to the
+    last; the run itself lasts longer, so these are at least the run's counts).
+
+    Raises:
+        CliError: exit 2, naming the flag, the value and the smallest allowed for these arrivals.
+    """
+    if len(arrivals) < 2:
+        return
+    t0, last = float(arrivals[0]), float(arrivals[-1])
+    span = last - t0
+    lo, hi = args.autoscale_range
+    decisions = math.floor(span / args.autoscale_interval)
+    if decisions > SCALE_DECISION_LIMIT and lo != hi:  # MIN == MAX decides nothing
+        raise _too_many("--scale-interval", _typed(args.scale_interval, DEFAULT_SCALE_INTERVAL_S), decisions,
+                        "scaling decisions", SCALE_DECISION_LIMIT, span, run=False)
+    windows = window_count(args.autoscale_window, t0, last)
+    if windows > WINDOW_LIMIT:
+        raise _too_many("--window", _typed(args.window, DEFAULT_WINDOW_S), windows, "SLO attainment windows",
+                        WINDOW_LIMIT, span, run=False)
+
+
+def _typed(text: str | None, default: float) -> str:
+    """A duration flag's value as typed, or its default, said to be one."""
+    return text if text is not None else f"{default:g} (the default)"
 
 
 def gpus_per_replica(setup: Any) -> int:
@@ -197,9 +255,14 @@ def gpus_per_replica(setup: Any) -> int:
 
 
 def _attainment_windows(res: Any, slo_ttft: float | None, slo_tpot: float | None, window: float,
-                        t0: float, end: float) -> list[dict[str, Any]]:
+                        t0: float, end: float, window_text: str | None = None) -> list[dict[str, Any]]:
     """Per window of arrivals [t0 + k w, t0 + (k + 1) w): requests arriving, offered req/s, and the share
-    of them served within both SLOs (a request not served misses; None without an SLO or a request)."""
+    of them served within both SLOs (a request not served misses; None without an SLO or a request).
+    `window_text`: --window as typed (None: `window`), for the refusal.
+
+    Raises:
+        CliError: more than WINDOW_LIMIT windows (exit 2).
+    """
     import numpy as np
 
     from stallfree.sim.outputs.report import latency_arrays, slo_met
@@ -210,8 +273,13 @@ def _attainment_windows(res: Any, slo_ttft: float | None, slo_tpot: float | None
     if slo:
         lat = latency_arrays(res)
         good[lat["rids"]] = slo_met(lat, slo_ttft, slo_tpot)
+    last = max(end, float(arrival.max()) if len(arrival) else t0)
+    count = window_count(window, t0, last)
+    if count > WINDOW_LIMIT:
+        # check_counts refused this over the arrivals; the run went on past them (a backlog draining).
+        raise _too_many("--window", window_text or f"{window:g}", count, "SLO attainment windows", WINDOW_LIMIT,
+                        last - t0, run=True)
     k = np.floor((arrival - t0) / window).astype(np.int64)
-    count = max(1, math.ceil((max(end, float(arrival.max()) if len(arrival) else t0) - t0) / window))
     n = np.bincount(k, minlength=count)
     g = np.bincount(k, weights=good.astype(np.float64), minlength=count)
     return [{"t_s": t0 + i * window, "requests": int(n[i]), "offered_req_s": float(n[i]) / window,
@@ -235,7 +303,8 @@ def fleet_figures(args: argparse.Namespace, setup: Any, summary: dict[str, Any],
     summary["usd_per_gpu_hour"] = args.autoscale_usd
     summary["cost_usd"] = gpu_hours * args.autoscale_usd if args.autoscale_usd is not None else None
     summary["slo_attainment_by_window"] = _attainment_windows(
-        cluster.merged, args.slo_ttft, args.slo_tpot, args.autoscale_window, t0, fleet.end_s)
+        cluster.merged, args.slo_ttft, args.slo_tpot, args.autoscale_window, t0, fleet.end_s,
+        _typed(args.window, DEFAULT_WINDOW_S))
 
 
 def static_figures(args: argparse.Namespace, setup: Any, summary: dict[str, Any], cluster: Any,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from stallfree._argtypes import list_items, positive_int, token_count
+from stallfree._argtypes import int_between, list_items, positive_int, token_count
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.commands.common import (
     EXIT_SERVED_NOTHING,
@@ -45,7 +45,13 @@ from stallfree.sim.commands.plan_text import (
     print_serve,
 )
 from stallfree.sim.commands.setup_args import add_common, setup_from_args
-from stallfree.sim.defaults import DEFAULT_ATTAINMENT, DEFAULT_MAX_REPLICAS, DEFAULT_ROUTERS, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import (
+    DEFAULT_ATTAINMENT,
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_ROUTERS,
+    DEFAULT_TOKEN_BUDGET,
+    REPLICA_LIMIT,
+)
 
 if TYPE_CHECKING:
     from stallfree.sim.inputs.prices import GpuPrice
@@ -80,8 +86,9 @@ def register(subparsers: Any) -> None:
                    help=f"routers to try, the first leading the search (default {','.join(DEFAULT_ROUTERS)})")
     add_scheduler_flags(g, {"token_budget": DEFAULT_TOKEN_BUDGET},
                         why={"token_budget": f"default {DEFAULT_TOKEN_BUDGET:,}: every replica's, as simulate's"})
-    g.add_argument("--max-replicas", type=positive_int, default=DEFAULT_MAX_REPLICAS, metavar="N",
-                   help=f"the largest count tried per shape (default {DEFAULT_MAX_REPLICAS})")
+    g.add_argument("--max-replicas", type=int_between(1, REPLICA_LIMIT), default=DEFAULT_MAX_REPLICAS,
+                   metavar="N", help=f"the largest count tried per shape (default {DEFAULT_MAX_REPLICAS}, at most "
+                   f"{REPLICA_LIMIT:,})")
     g.add_argument("--no-disaggregate", action="store_true",
                    help="skip the disaggregated prefill/decode splits")
     g.add_argument("--prefill-budget", type=token_count, metavar="N",

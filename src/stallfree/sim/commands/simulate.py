@@ -422,10 +422,15 @@ def _run_cluster(args: argparse.Namespace, setup: Setup, capacity: bool = True) 
     except ClusterError as exc:
         raise CliError(f"--router: {exc}", 2) from None
     group, fleets, replicas = autoscale_cli.group(args, setup)
-    study, cluster = run_cluster_study(
-        setup, replicas=replicas, router=router, budget=args.token_budget, step_time_target=args.step_time_target,
-        check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, capacity=capacity, group=group,
-    )
+    from stallfree.sim.run.autoscale import AutoscaleError
+
+    try:
+        study, cluster = run_cluster_study(
+            setup, replicas=replicas, router=router, budget=args.token_budget, step_time_target=args.step_time_target,
+            check=args.check, slo_ttft=args.slo_ttft, slo_tpot=args.slo_tpot, capacity=capacity, group=group,
+        )
+    except AutoscaleError as exc:  # too many scaling decisions for the run (the fleet's own check)
+        raise CliError(str(exc), 2) from None
     if fleets:
         autoscale_cli.fleet_figures(args, setup, study.summaries[0], cluster, fleets[0])
     study.header["router"] = name

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stallfree._argtypes import positive_int, token_count_list
+from stallfree._argtypes import int_between, positive_int, token_count_list
 from stallfree.core.config import SchedulerConfig
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.commands import autoscale as autoscale_cli
@@ -36,7 +36,9 @@ from stallfree.sim.defaults import (
     DEFAULT_SESSION_LOAD_FACTOR,
     DEFAULT_SESSION_LOAD_MARGIN,
     DEFAULT_TOKEN_BUDGET,
+    REPLICA_LIMIT,
     ROUTERS,
+    SEARCH_REPLICA_LIMIT,
     TIME_BUDGET_CAP,
 )
 from stallfree.sim.run.disagg_link import DEFAULT_INTERCONNECT, INTERCONNECTS
@@ -182,17 +184,21 @@ _AFFINITY_FLAGS = (
 
 
 def _check_disaggregate_value(value: str | None) -> None:
-    """Refuse a --disaggregate that is neither P:D nor search, before any check of the flags it goes
-    with (a misspelt value is named as such, not taken for a P:D that wants other flags dropped)."""
+    """Refuse a --disaggregate that is neither P:D nor search, or a P:D of more than REPLICA_LIMIT replicas,
+    before any check of the flags it goes with (a misspelt value is named as such, not taken for a P:D that
+    wants other flags dropped)."""
     if value is None or value == "search":
         return
     from stallfree.sim.run.disagg import parse_disaggregate
     from stallfree.sim.run.result import ClusterError
 
     try:
-        parse_disaggregate(value)
+        p, d = parse_disaggregate(value)
     except ClusterError:
         raise CliError(f"--disaggregate wants P:D with P, D >= 1 replicas, or search; got {value!r}", 2) from None
+    if p + d > REPLICA_LIMIT:
+        raise CliError(f"--disaggregate {value}: P + D is {p + d:,} replicas, more than the {REPLICA_LIMIT:,} "
+                       "allowed", 2)
 
 
 def _check_flags(args: argparse.Namespace) -> None:
@@ -263,6 +269,10 @@ def _check_flags(args: argparse.Namespace) -> None:
                        "--batching and --step-time-target (--replicas N goes with --disaggregate search)", 2)
     if search and (args.records or args.out):
         raise CliError("--records and --out write one run: give --disaggregate P:D, not search", 2)
+    if search and args.replicas > SEARCH_REPLICA_LIMIT:
+        raise CliError(f"--replicas {args.replicas}: --disaggregate search simulates every P:D split of the replicas "
+                       f"over a grid of budgets, so it takes at most {SEARCH_REPLICA_LIMIT} replicas (`stallfree plan` "
+                       "searches larger fleets)", 2)
     unsupported = [
         ("--enable-prefix-caching", args.enable_prefix_caching), ("--compare-caching", args.compare_caching),
         ("--max-num-partial-prefills", args.max_num_partial_prefills != 1),
@@ -293,7 +303,8 @@ def _add_load_flags(sim: Any) -> None:
 def _add_cluster_flags(sim: Any) -> None:
 
     c = sim.add_argument_group("cluster (docs/cluster.md)")
-    c.add_argument("--replicas", type=positive_int, default=1, help="replicas behind the router (default 1)")
+    c.add_argument("--replicas", type=int_between(1, REPLICA_LIMIT), default=1,
+                   help=f"replicas behind the router (default 1, at most {REPLICA_LIMIT:,})")
     c.add_argument(
         "--router", default=None, metavar="NAME", choices=ROUTERS,
         help=f"{' | '.join(ROUTERS)} (default least-outstanding when --replicas > 1)",

@@ -18,7 +18,8 @@ The model (docs/cluster.md, "Autoscaling"):
                   `stallfree_num_requests_waiting` and `stallfree_kv_cache_usage_ratio`; with no replica
                   serving, 1 if a request waits at the router, else 0.
     Loading replicas count as capacity: a decision adds desired - (serving + loading), never again
-    the replicas already on their way.
+    the replicas already on their way. A run makes at most SCALE_DECISION_LIMIT decisions: with work
+    left after them it stops with an AutoscaleError (the interval is too short for the run).
   - Scaling up acts at once: at most max(MAX_ADDED_MIN, serving + loading) replicas are added per
     decision (the Kubernetes HPA's default scale-up policy: 4 pods or 100% of the current ones per
     period, whichever is more). A replica added at t serves from t + up_delay_s (weights loaded,
@@ -40,12 +41,19 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from stallfree.core.errors import StallfreeError
-from stallfree.sim.defaults import DEFAULT_SCALE_DOWN_DELAY_S, DEFAULT_SCALE_INTERVAL_S, DEFAULT_WINDOW_S
+from stallfree.sim.defaults import (
+    DEFAULT_SCALE_DOWN_DELAY_S,
+    DEFAULT_SCALE_INTERVAL_S,
+    DEFAULT_WINDOW_S,
+    REPLICA_LIMIT,
+    SCALE_DECISION_LIMIT,
+)
 from stallfree.sim.inputs.workload import Workload
 from stallfree.sim.run.load import Arrivals, ClosedLoop
 from stallfree.sim.run.loop import Entry, EventLoop, PassGate, Router
@@ -102,11 +110,12 @@ class ScalePolicy:
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:
-    """Parse `--autoscale MIN:MAX` into (MIN, MAX): integers with 0 <= MIN <= MAX and MAX >= 1
-    (MIN = 0 scales to zero).
+    """Parse `--autoscale MIN:MAX` into (MIN, MAX): integers with 0 <= MIN <= MAX and 1 <= MAX <=
+    REPLICA_LIMIT (MIN = 0 scales to zero).
 
     Raises:
-        AutoscaleError: not two integers, MIN > MAX, MIN < 0 or MAX < 1 (the message names the flag).
+        AutoscaleError: not two integers, MIN > MAX, MIN < 0, MAX < 1 or MAX > REPLICA_LIMIT (the message
+            names the flag).
     """
     parts = text.split(":")
     try:
@@ -121,6 +130,9 @@ def parse_autoscale(text: str) -> tuple[int, int]:
         raise AutoscaleError(f"--autoscale {text}: MAX must be >= 1")
     if lo > hi:
         raise AutoscaleError(f"--autoscale {text}: MIN {lo} is more than MAX {hi}")
+    if hi > REPLICA_LIMIT:
+        raise AutoscaleError(f"--autoscale {text}: MAX must be <= {REPLICA_LIMIT:,} replicas (every slot is built "
+                             "up front)")
     return lo, hi
 
 
@@ -239,10 +251,15 @@ class Fleet:
         self.replica_s = 0.0
         self.end_s = 0.0
         self._last_t = 0.0
+        self._t0 = 0.0
         self._active = 0
         self.served_from: list[list[float]] = [[] for _ in reps]
         self.decisions: list[tuple[float, float, int, int]] = []
-        self._recent: list[tuple[float, int]] = []
+        # (t_s, desired) of the decisions within the scale-down delay, oldest first, each desired larger
+        # than every later one's (a later, larger or equal one is the window's maximum for longer): the
+        # first is the window's largest. A deque, so that a decision costs O(1) amortised, not O(decisions
+        # within the delay).
+        self._recent: deque[tuple[float, int]] = deque()
         self._ready: dict[int, float] = {}
         self.loop: EventLoop | None = None
         entry.replicas = self.serving  # the router sees the serving replicas alone
@@ -250,7 +267,7 @@ class Fleet:
     # -- the loop's parts ------------------------------------------------------------------
     def start(self, loop: EventLoop, t0: float) -> None:
         """MIN replicas serve from `t0`, s; the first decision is due at t0 + interval."""
-        self.loop, self._last_t = loop, t0
+        self.loop, self._last_t, self._t0 = loop, t0, t0
         for rep in self.reps[: self.config.min_replicas]:
             self.state[rep.index] = SERVING
             self.served_from[rep.index].append(t0)
@@ -299,19 +316,28 @@ class Fleet:
         return math.ceil(len(self.serving) * sig / pol.target - 1e-9)
 
     def decide(self, now: float) -> None:
-        """One decision at `now`, s (module docstring), and the next one while work is left."""
+        """One decision at `now`, s (module docstring), and the next one while work is left.
+
+        Raises:
+            AutoscaleError: work is left after SCALE_DECISION_LIMIT decisions (the interval is too short for
+                the run).
+        """
         cfg = self.config
         for rep in self.reps:
             if self.state[rep.index] == DRAINING:
                 self._leave_if_drained(rep, now)
         want = min(max(self.desired(), cfg.min_replicas), cfg.max_replicas)
-        self._recent = [(t, d) for t, d in self._recent if t > now - cfg.down_delay_s]
-        self._recent.append((now, want))
+        recent = self._recent
+        while recent and not recent[0][0] > now - cfg.down_delay_s:
+            recent.popleft()
+        while recent and recent[-1][1] <= want:
+            recent.pop()
+        recent.append((now, want))
         loading = [r for r in self.reps if self.state[r.index] == LOADING]
         active = len(self.serving) + len(loading)
         target = want
         if want < active:
-            target = max(d for _, d in self._recent)
+            target = recent[0][1]
         self.decisions.append((now, self.signal(), want, target))
         if target > active:
             free = [r for r in self.reps if self.state[r.index] == OFF]
@@ -328,6 +354,12 @@ class Fleet:
             self._sync()
         self._mark(now)
         if self.arrived < len(self.arrivals.times) or self.held or any(r.num_outstanding for r in self.reps):
+            if len(self.decisions) >= SCALE_DECISION_LIMIT:
+                # The command refuses an interval that makes too many over the arrivals; this is the tail
+                # after them (a backlog draining, or arrivals all at one instant).
+                raise AutoscaleError(
+                    f"--scale-interval {cfg.interval_s:g}: more than {SCALE_DECISION_LIMIT:,} scaling decisions, "
+                    f"with work left {now - self._t0:,.2f} s after the first arrival: give a longer interval")
             self._at(now + cfg.interval_s, self.decide)
 
     # -- helpers ---------------------------------------------------------------------------
