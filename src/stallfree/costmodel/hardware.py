@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from stallfree._files import FileLimitError, read_json
 from stallfree.costmodel.errors import CostModelDataError, CostModelError, CostModelFileError
@@ -368,16 +368,25 @@ def json_int(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUI
     return value
 
 
+def _json_typed(data: Mapping[str, Any], key: str, owner: str, default: Any, kind: type, what: str) -> Any:
+    """Return data[key] when it is a `kind` (the JSON type the key must have, said as `what`).
+
+    Raises:
+        CostModelError: the key is missing or the value is of another type; names key and value.
+    """
+    value = json_value(data, key, owner, default)
+    if not isinstance(value, kind):
+        raise CostModelError(f"{owner}: {key} must be {what}, got {value!r}")
+    return value
+
+
 def json_bool(data: Mapping[str, Any], key: str, owner: str, default: bool) -> bool:
     """Return data[key]: JSON true or false (a string such as "false" is refused, not read as true).
 
     Raises:
         CostModelError: the value is not a JSON boolean; names key and value.
     """
-    value = json_value(data, key, owner, default)
-    if not isinstance(value, bool):
-        raise CostModelError(f"{owner}: {key} must be true or false, got {value!r}")
-    return value
+    return cast(bool, _json_typed(data, key, owner, default, bool, "true or false"))
 
 
 def json_str(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUIRED) -> str:
@@ -386,10 +395,7 @@ def json_str(data: Mapping[str, Any], key: str, owner: str, default: Any = REQUI
     Raises:
         CostModelError: the key is missing or the value is not a string; names key and value.
     """
-    value = json_value(data, key, owner, default)
-    if not isinstance(value, str):
-        raise CostModelError(f"{owner}: {key} must be a string, got {value!r}")
-    return value
+    return cast(str, _json_typed(data, key, owner, default, str, "a string"))
 
 
 def json_strings(data: Mapping[str, Any], key: str, owner: str) -> tuple[str, ...]:
@@ -410,10 +416,7 @@ def json_object(data: Mapping[str, Any], key: str, owner: str, default: Any = RE
     Raises:
         CostModelError: the key is missing or the value is not an object; names key and value.
     """
-    value = json_value(data, key, owner, default)
-    if not isinstance(value, dict):
-        raise CostModelError(f"{owner}: {key} must be an object, got {value!r}")
-    return value
+    return cast("dict[str, Any]", _json_typed(data, key, owner, default, dict, "an object"))
 
 
 #: The dtypes of a GPU entry's peak_tflops object.
