@@ -201,7 +201,7 @@ def test_cli_bad_replicas_and_router(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "--replicas", "0"])
     assert exc.value.code == 2
-    assert "--replicas: expected an integer >= 1, got '0'" in capsys.readouterr().err
+    assert "--replicas: expected an integer in [1, 4096], got '0'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "--replicas", "2", "--router", "fastest", "--num-requests", "10"])
     assert exc.value.code == 2
