@@ -137,6 +137,9 @@ def test_a_closed_pipe_is_not_reported_as_an_error(capsys):
         ("simulate", "--replicas", "100000", "expected an integer in [1, 4096]"),
         ("simulate", "--replicas", "0", "expected an integer in [1, 4096]"),
         ("plan", "--max-replicas", "4097", "expected an integer in [1, 4096]"),
+        ("sweep", "--jobs", "100000", "expected an integer in [1, 1024]"),
+        ("tune", "--jobs", "0", "expected an integer in [1, 1024]"),
+        ("plan", "--jobs", "1025", "expected an integer in [1, 1024]"),
     ],
 )
 def test_a_bad_number_is_named_by_its_flag_while_parsing(command, flag, value, expected, capsys):

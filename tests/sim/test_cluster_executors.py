@@ -121,8 +121,11 @@ def test_bad_executor_options():
     """An unknown executor, zero jobs and --ray-address without ray are refused."""
     with pytest.raises(ExecutorError, match="unknown executor 'dask'"):
         make_executor("dask")
-    with pytest.raises(ExecutorError, match="jobs must be an integer >= 1, got 0"):
+    with pytest.raises(ExecutorError, match="jobs must be an integer from 1 to 1,024, got 0"):
         ProcessExecutor(0)
+    # A fork-started pool starts every worker at once: 100,000 would fork until the machine gives out.
+    with pytest.raises(ExecutorError, match="jobs must be an integer from 1 to 1,024, got 100000"):
+        ProcessExecutor(100_000)
     with pytest.raises(ExecutorError, match="`ray_address` applies to `executor`='ray'"):
         make_executor("process", ray_address="127.0.0.1:6379")
 

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_TOKEN_BUDGET",
     "DEFAULT_WINDOW_S",
     "EXECUTORS",
+    "JOBS_LIMIT",
     "REPLICA_LIMIT",
     "ROUTERS",
     "SCALE_DECISION_LIMIT",
@@ -148,6 +149,10 @@ REPLICA_LIMIT = 4096
 #: on 30 requests, and 4,096 would take days. 64 (plan's default --max-replicas) is 8 times the largest the docs
 #: search; plan searches larger fleets (its splits bounded by each side's capacity).
 SEARCH_REPLICA_LIMIT = 64
+#: The most worker processes --jobs starts (sweep, tune, plan). A pool started by fork (Linux's default)
+#: starts all its workers at once, each importing the simulator: --jobs 100000 forked until the machine ran
+#: out of memory or processes. 1,024 is four times the cores of the largest single machines sold today.
+JOBS_LIMIT = 1024
 
 #: plan (and tune): the share of all requests that must meet both SLOs, the largest replica count tried per
 #: shape, and the routers tried, the first leading the search.

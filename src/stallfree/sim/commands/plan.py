@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from stallfree._argtypes import int_between, list_items, positive_int, token_count
+from stallfree._argtypes import int_between, list_items, token_count
 from stallfree.flags import add_scheduler_flags, given
 from stallfree.sim.commands.common import (
     EXIT_SERVED_NOTHING,
@@ -50,6 +50,7 @@ from stallfree.sim.defaults import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_ROUTERS,
     DEFAULT_TOKEN_BUDGET,
+    JOBS_LIMIT,
     REPLICA_LIMIT,
 )
 
@@ -102,7 +103,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--prices", metavar="FILE",
                    help='prices from a file: CSV gpu,usd_per_hour[,source,date] or JSON {"h100-sxm": 2.99}')
     g.add_argument("--max-gpus", metavar="NAME=N,...", help="the most GPUs of a type a fleet may use")
-    g.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    g.add_argument("--jobs", type=int_between(1, JOBS_LIMIT), metavar="N", help="worker processes (default: CPUs)")
     g.add_argument("--range", action="store_true",
                    help="a range on the answer's latencies: its cluster replayed twice more, each step at the 10th "
                    "and 90th percentile of the measured step-time error (docs/simulator.md, \"Ranges\")")

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from stallfree._argtypes import (
+    int_between,
     parse_token_count,
     partial_prefill_flag_problem,
     positive_float_list,
-    positive_int,
     token_count_list,
 )
 from stallfree.flags import add_scheduler_flags
@@ -36,7 +36,7 @@ from stallfree.sim.commands.common import (
     warn_rejections,
 )
 from stallfree.sim.commands.setup_args import add_common, setup_from_args
-from stallfree.sim.defaults import BATCHING_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET
+from stallfree.sim.defaults import BATCHING_MODES, DEFAULT_BLOCK_SIZE, DEFAULT_TOKEN_BUDGET, JOBS_LIMIT
 
 # The simulator (the sweeps, their writers, the console) is imported inside the functions that run it, so
 # that building the parser (any command's --help) does not import it.
@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
         metavar="LIST",
         help="comma-separated modes (default all three; with a --kv-tokens list, one, default chunked)",
     )
-    p.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    p.add_argument("--jobs", type=int_between(1, JOBS_LIMIT), metavar="N", help="worker processes (default: CPUs)")
     p.add_argument("--range", action="store_true",
                    help="a range on each point's latencies: every point replayed twice more, each step at the "
                    "10th and 90th percentile of the measured step-time error (3x the work; docs/simulator.md, "

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from stallfree._argtypes import int_list, partial_prefill_flag_problem, positive_int, token_count_list
+from stallfree._argtypes import int_between, int_list, partial_prefill_flag_problem, positive_int, token_count_list
 from stallfree.sim.commands.common import (
     OUT_FILES,
     CliError,
@@ -29,7 +29,7 @@ from stallfree.sim.commands.common import (
     warn_rejections,
 )
 from stallfree.sim.commands.setup_args import add_common, setup_from_args
-from stallfree.sim.defaults import DEFAULT_ATTAINMENT, DEFAULT_TIE_TOLERANCE
+from stallfree.sim.defaults import DEFAULT_ATTAINMENT, DEFAULT_TIE_TOLERANCE, JOBS_LIMIT
 
 if TYPE_CHECKING:
     from stallfree.sim.studies.tune import TuneResult
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
         metavar="LIST",
         help="max_seqs values tried at the best budget (default: half and double --max-num-seqs)",
     )
-    t.add_argument("--jobs", type=positive_int, metavar="N", help="worker processes (default: CPUs)")
+    t.add_argument("--jobs", type=int_between(1, JOBS_LIMIT), metavar="N", help="worker processes (default: CPUs)")
     t.add_argument(
         "--tie-tolerance",
         type=float,

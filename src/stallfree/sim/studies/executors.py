@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol, TypeVar
 
 from stallfree.core.errors import StallfreeError
-from stallfree.sim.defaults import EXECUTORS
+from stallfree.sim.defaults import EXECUTORS, JOBS_LIMIT
 
 __all__ = [
     "EXECUTORS",
@@ -73,18 +73,19 @@ class SerialExecutor:
 
 
 class ProcessExecutor:
-    """A standard-library pool of `jobs` worker processes (concurrent.futures).
+    """A standard-library pool of `jobs` worker processes (concurrent.futures); default the CPUs, at most
+    JOBS_LIMIT (stallfree.sim.defaults).
 
     Raises:
-        ExecutorError: jobs < 1.
+        ExecutorError: jobs is not an integer from 1 to JOBS_LIMIT.
     """
 
     name = "process"
 
     def __init__(self, jobs: int | None = None) -> None:
-        jobs = jobs if jobs is not None else (os.cpu_count() or 1)
-        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-            raise ExecutorError(f"jobs must be an integer >= 1, got {jobs!r}")
+        jobs = jobs if jobs is not None else min(os.cpu_count() or 1, JOBS_LIMIT)
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= JOBS_LIMIT:
+            raise ExecutorError(f"jobs must be an integer from 1 to {JOBS_LIMIT:,}, got {jobs!r}")
         self.jobs = jobs
         self._pool: ProcessPoolExecutor | None = None
 
