@@ -3,6 +3,8 @@
 Run:
     git archive main src | tar -x -C /tmp/old            # an older tree's sources (OLD_SRC = /tmp/old/src)
     PYTHONPATH=src python benchmarks/scale.py --against /tmp/old/src [--quick] [--rounds 1] [--split] [--json]
+    STALLFREE_COMPILE=1 pip install --no-deps --target /tmp/native .   # the compiled build (docs/install.md)
+    PYTHONPATH=src python benchmarks/scale.py --tree /tmp/native --against src ...   # compiled beside pure
 
 Each run is one `python -m stallfree simulate ...` process per tree, the trees alternating run by run
 (old, new, old, new, ...) so that both see the same machine load; its CPU seconds (user + system) and
@@ -44,12 +46,14 @@ taking the machine's memory; the table then says so.
 
 With --split each child also reports the CPU seconds spent inside the event loop (every call of
 stallfree.sim.run.loop.EventLoop.run, timed by time.process_time around it; a run with a range replays
-it three times): the table's "loop s" columns, the rest being start-up, loading, workload and summary.
+it three times): the table's "loop s" columns, the rest being start-up, loading, workload and summary. A
+compiled build's EventLoop takes no wrapper, so its loop column reads "-".
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import resource
@@ -126,7 +130,10 @@ def run(self):
         return untimed(self)
     finally:
         spent[0] += time.process_time() - t
-loop.EventLoop.run = run
+try:
+    loop.EventLoop.run = run
+except TypeError:  # the compiled build: its classes take no new attributes (no split, "-" in the table)
+    spent[0] = None
 sys.argv[0] = "stallfree"
 try:
     runpy.run_module("stallfree", run_name="__main__", alter_sys=True)
@@ -165,7 +172,8 @@ def measure(src: Path, args: list[str], mem_limit_bytes: int, out_path: str, spl
     if proc.returncode:
         result["error"] = tail[-1] if tail else f"exit {proc.returncode}"
     elif split:
-        result["loop_s"] = float(Path(loop_file).read_text(encoding="utf-8"))
+        spent = ast.literal_eval(Path(loop_file).read_text(encoding="utf-8"))
+        result["loop_s"] = None if spent is None else float(spent)
     return result
 
 
@@ -200,10 +208,20 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _median_of(values: Any) -> float | None:
+    """The median of `values`, or None where a run has no such figure (the loop's split of a compiled build)."""
+    known = [v for v in values if v is not None]
+    return median(known) if known else None
+
+
 def main() -> int:
     """Run the table (or JSON with --json)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", type=Path, help="an older tree's src folder (OLD_SRC)")
+    ap.add_argument("--tree", type=Path, default=HERE.parent / "src",
+                    help="the folder `stallfree` is imported from for the new side (default this tree's src; "
+                    "a compiled build's install folder, e.g. NATIVE from `STALLFREE_COMPILE=1 pip install "
+                    "--no-deps --target NATIVE .`)")
     ap.add_argument("--quick", action="store_true", help="skip the long runs (1M requests and a day on 64 replicas)")
     ap.add_argument("--only", action="append", default=[], metavar="NAME",
                     help="run only this run (its name in the table; repeatable)")
@@ -215,7 +233,7 @@ def main() -> int:
                     help="also report each run's CPU seconds inside the event loop (EventLoop.run)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    trees = [("new", HERE.parent / "src")]
+    trees = [("new", a.tree.resolve())]
     if a.against is not None:
         trees.insert(0, ("old", a.against.resolve()))
     limit = int(a.mem_limit_gb * 1e9)
@@ -249,7 +267,8 @@ def main() -> int:
                     continue
                 ok = [m for m in got[tree] if "error" not in m]
                 keys = ("cpu_s", "peak_mb", "wall_s", "loop_s") if a.split else ("cpu_s", "peak_mb", "wall_s")
-                row[tree] = {k: median(m[k] for m in ok) for k in keys} if ok else {"error": got[tree][-1]["error"]}
+                row[tree] = ({k: _median_of(m[k] for m in ok) for k in keys} if ok
+                             else {"error": got[tree][-1]["error"]})
             if "--json" in args and len(trees) == 2 and all("error" not in row[t] for t, _ in trees):
                 old_json, new_json = (_figures(Path(outputs[t]).read_text(encoding="utf-8")) for t in ("old", "new"))
                 row["same_json"] = old_json == new_json
@@ -273,7 +292,7 @@ def main() -> int:
             else:
                 line += f"{f['cpu_s']:>11.1f}{f['peak_mb']:>14.0f}{f['wall_s']:>12.1f}"
                 if a.split:
-                    line += f"{f['loop_s']:>12.1f}"
+                    line += f"{_fmt(f['loop_s'], '.1f'):>12}"
         if len(names) == 2:
             old, new = row["old"], row["new"]
             both = "error" not in old and "error" not in new

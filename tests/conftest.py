@@ -13,6 +13,21 @@ settings.register_profile(
 settings.load_profile("stallfree")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "pure_python: needs the pure-Python build (it replaces a method of a class that the compiled "
+        "build, setup.py's STALLFREE_COMPILE=1, compiles, which compiled callers never see, or reads its source): "
+        "skipped under the compiled build")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("pure_python") is not None:
+        from stallfree._native import compiled
+
+        if compiled():
+            pytest.skip("needs the pure-Python build: it patches or reads the source of a compiled class")
+
+
 
 def pytest_collection_modifyitems(config, items):
     """Refuse test ids that hold a memory address (an object's default repr, e.g. `ids=str` over

@@ -75,7 +75,10 @@ def test_version_and_an_unknown_flag_named_by_its_subcommand(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--version"])
     assert exc.value.code == 0
-    assert capsys.readouterr().out == f"stallfree {stallfree.__version__}\n"
+    from stallfree._native import compiled
+
+    built = "yes" if compiled() else "no"
+    assert capsys.readouterr().out == f"stallfree {stallfree.__version__} (compiled: {built})\n"
     with pytest.raises(SystemExit) as exc:
         main(["specs", "--bogus-flag"])
     assert exc.value.code == 2

@@ -42,6 +42,19 @@ def _missing_extra(command: str | None, missing: str | None) -> str:
     )
 
 
+class _Version(argparse.Action):
+    """`--version`: the package version and whether the compiled build (setup.py, STALLFREE_COMPILE=1) is the
+    one imported, as mypy prints its own; looked up only when asked, so no other command pays for it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        from stallfree import __version__
+        from stallfree._native import compiled
+
+        print(f"stallfree {__version__} (compiled: {'yes' if compiled() else 'no'})")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr (exit code 2), with no usage dump.
 
@@ -93,9 +106,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Continuous batching with a token budget and chunked prefill: "
         "cost model, simulator, engine and server.",
     )
-    from stallfree import __version__
-
-    parser.add_argument("--version", action="version", version=f"stallfree {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and whether the "
+                        "compiled build is imported, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, _extra, commands in _COMMAND_MODULES:
         if owner is not None and name != owner:

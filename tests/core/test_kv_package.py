@@ -7,6 +7,8 @@ import importlib
 import inspect
 import re
 
+import pytest
+
 import stallfree.core.kv as kv
 from stallfree.core.kv import tier
 
@@ -28,6 +30,7 @@ def test_the_tier_keeps_its_module_path():
     assert [getattr(old, n) for n in old.__all__] == [getattr(tier, n) for n in old.__all__]
 
 
+@pytest.mark.pure_python
 def test_the_tier_uses_only_the_pools_public_members():
     """No private field or method of BlockPool/CachingBlockPool is named in kv/tier.py."""
     private = {"_cached", "_hash_of", "_refs", "_evictable", "_promised", "_pin", "_take", "_drop", "_evict_into"}

@@ -159,6 +159,7 @@ def test_randomized_runs_with_the_tier_hold_every_invariant(capsys, seeds):
     assert cpu_hits > 0 and loads > 0 and offloads > 0 and drops > 0 and preemptions > 0
 
 
+@pytest.mark.pure_python
 @pytest.mark.parametrize("fault", ["no_cpu_hits", "no_offload", "mru_drop"])
 def test_the_tier_checker_catches_a_broken_tier(monkeypatch, fault):
     """A lookup that ignores the CPU tier, an eviction that forgets its offload, or a CPU tier that

@@ -328,6 +328,7 @@ def test_randomized_runs_with_caching_hold_every_invariant(capsys):
     assert hits > 0 and evictions > 0 and preemptions > 0 and 0 < multi_hits < hits
 
 
+@pytest.mark.pure_python
 @pytest.mark.parametrize("fault", ["no_hits", "no_unpin"])
 def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
     """A lookup that never hits (chunks start at 0, the shadow says after the hit), or a release that
@@ -355,6 +356,7 @@ def test_the_checker_catches_a_broken_cache(monkeypatch, fault):
         chk.check_final()
 
 
+@pytest.mark.pure_python
 @pytest.mark.parametrize("fault", ["newest_first", "lookup_short"])
 def test_the_checkers_own_cache_view_catches_eviction_and_lookup_faults(monkeypatch, fault):
     """The checker evicts and looks up in its own view of the cache: a pool that evicts the most

@@ -78,10 +78,10 @@ def test_tuples_in_turn_are_priced_afresh() -> None:
     for shift in range(1, 6):
         assert runs.total(a, shift, 3, knot) == 6.609375 + 6 * (shift - 1) / 256
         runs.total(b, shift, 3, knot)
-    assert runs._run[0] is b and runs._run[1] == -1  # seen once in a row: no partition kept
+    assert runs._offs is b and runs._nb == -1  # seen once in a row: no partition kept
     runs.total(b, 6, 3, knot)
-    assert runs._run[1] == 3 and runs._run[2] == 6 and len(runs._run[4]) == 2  # decodes in 2 intervals
-    assert runs.total(b, 7, 3, knot) == runs._walk(runs._run, 7, 3, knot, False)
+    assert runs._nb == 3 and runs._first == 6 and len(runs._terms) == 2  # decodes in 2 intervals
+    assert runs.total(b, 7, 3, knot) == runs._walk(7, 3, knot, False)
 
 
 def test_switch_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -146,7 +146,7 @@ def test_replica_views_keep_their_own_runs_and_price_the_same(llama8b) -> None: 
                 plan = s.schedule()
                 assert v.step_time(plan) == llama8b.step_time_uncached(plan)
                 if plan.num_decodes:
-                    assert v._runs._run[0] is plan.decode_offsets  # this replica's tuple, not another's
+                    assert v._runs._offs is plan.decode_offsets  # this replica's tuple, not another's
                 s.complete(plan)
                 steps += 1
     assert steps > 500

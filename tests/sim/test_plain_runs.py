@@ -141,6 +141,7 @@ def light_workload(seed: int) -> Workload:
     return Workload(tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows), "light")
 
 
+@pytest.mark.pure_python
 @pytest.mark.parametrize(
     ("seed", "kv", "router", "async_every"),
     [(0, "reserve", "least-outstanding", 0), (1, "paged", "least-outstanding", 2), (2, "paged", "round-robin", 0),

@@ -90,11 +90,12 @@ def test_an_entry_passes_the_loads_it_read_only_to_a_router_that_routes_by_them(
             loads = [r.num_outstanding for r in replicas]
             return loads.index(max(loads))
 
-    class Arrivals:
-        times = [0.0]
+    from stallfree.sim.inputs.workload import Workload
+    from stallfree.sim.run.load import Arrivals
 
     def entry(router):  # type: ignore[no-untyped-def]
-        return Entry([], router, lambda rid: Request(rid, 1, 1), {}, Arrivals(), track_imbalance=True)  # type: ignore[arg-type]
+        arrivals = Arrivals(Workload((0.0,), (1,), (1,)))
+        return Entry([], router, lambda rid: Request(rid, 1, 1), {}, arrivals, track_imbalance=True)
 
     assert entry(LeastOutstandingRouter())._pick == LeastOutstandingRouter.pick_by_outstanding
     assert entry(Busiest())._pick is None

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import SchedulerStateError
 from stallfree.core.request import RequestStatus
 
@@ -43,6 +44,7 @@ _DECODING = RequestStatus.DECODING
 DecodeEntries = tuple[tuple[Hashable, ...], tuple[int, ...], tuple[int, ...] | None, int]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class DecodeHost:
     """The narrow view of the scheduler a decode strategy acts through; made once, nothing in it changes
     per step (the collections are the scheduler's own, so the view stays current).
@@ -76,6 +78,7 @@ class DecodeHost:
         self.holds_every_token = bool(getattr(kv, "holds_every_token", False))
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PlainDecodes:
     """Contract step 1: one token for every ready decode, oldest admitted first, up to the budget.
 
@@ -162,7 +165,7 @@ class PlainDecodes:
         return rids, offsets, tokens if self.num_spec_tokens else None, sum(tokens)
 
     def validate_accepted(
-        self, plan: StepPlan, num_accepted: Mapping[Hashable, int], live: Mapping[Hashable, LiveRequest]
+        self, plan: StepPlan, num_accepted: Mapping[Hashable, object], live: Mapping[Hashable, LiveRequest]
     ) -> list[tuple[LiveRequest, int]]:
         """Check complete(num_accepted=) against `plan`: each rid decoded in it, each count an integer from
         1 to its entry's tokens; return the decodes whose progress is not one token, with their counts.
@@ -198,6 +201,7 @@ class PlainDecodes:
         """`obj` stops running with drafts set or unsettled (none here: a plain phase gives no drafts)."""
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class SpeculativeDecodes(PlainDecodes):
     """Contract step 1 with speculative tokens: every decode priced at 1 + num_spec_tokens (at most its
     tokens left and the budget), or, with num_spec_tokens = 0, each decode's draft tokens of

@@ -78,8 +78,10 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Hashable, Mapping
+from functools import partial
 from typing import Any
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import InvalidConfig
 from stallfree.core.plan import ScheduledChunk
 from stallfree.core.prefill import OnePartialPrefill, PrefillHost, StepBudget
@@ -98,6 +100,7 @@ def _seq(obj: Any) -> int:
     return int(obj.seq)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class VTCQueue:
     """The waiting queue under fairness="vtc": one FCFS queue per tenant, the head the oldest waiting
     request of the tenant with the least weighted service.
@@ -221,6 +224,7 @@ class VTCQueue:
         return self._n
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class FairOnePartialPrefill(OnePartialPrefill):
     """Contract steps 2 and 3 under fairness="vtc" with one partial prefill: a less-served tenant's head
     whose whole prompt fits goes in the same step as the partial prefill (module docstring), then the
@@ -448,10 +452,18 @@ def check_isolation(fairness: str, chunk_tokens: object, burst_tokens: object, a
 
 def queue_limit_of(max_queue_time_s: float | Mapping[str, float] | None) -> Callable[[Hashable], float | None]:
     """tenant name -> its queue time limit in seconds (None: no limit), from SchedulerConfig.max_queue_time_s."""
+    # Module functions, a dict's bound get and a partial rather than lambdas: a scheduler keeps the answer,
+    # and Scheduler.snapshot deep-copies it, which a compiled lambda (setup.py's compiled build) refuses.
     if max_queue_time_s is None:
-        return lambda tenant: None
+        return _no_queue_limit
     if isinstance(max_queue_time_s, Mapping):
-        limits = dict(max_queue_time_s)
-        return lambda tenant: limits.get(tenant)  # type: ignore[call-overload]
-    limit = float(max_queue_time_s)
-    return lambda tenant: limit
+        return dict(max_queue_time_s).get  # type: ignore[return-value]
+    return partial(_one_queue_limit, float(max_queue_time_s))
+
+
+def _no_queue_limit(tenant: Hashable) -> float | None:
+    return None
+
+
+def _one_queue_limit(limit: float, tenant: Hashable) -> float | None:
+    return limit

@@ -21,6 +21,7 @@ from bisect import bisect_left, insort
 from collections.abc import Hashable
 from typing import Any
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.request import Request, RequestStatus
 
 __all__ = ["DecodeSet", "LiveRequest", "position_of"]
@@ -44,6 +45,7 @@ def position_of(items: list[Any], obj: Any) -> int:
     return items.index(obj)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class LiveRequest:
     """A scheduler's record of one live request; mutated by that scheduler only.
 
@@ -120,7 +122,7 @@ class LiveRequest:
         # only the decode set is copied deeply (through `memo`, so that it is copied once).
         new = LiveRequest.__new__(LiveRequest)
         memo[id(self)] = new
-        for name in LiveRequest.__slots__:
+        for name in _fields(LiveRequest):
             setattr(new, name, getattr(self, name))
         new.block_table = list(self.block_table)
         new._decodes = copy.deepcopy(self._decodes, memo)
@@ -148,6 +150,7 @@ class LiveRequest:
         return self.num_prefilled
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class DecodeSet:
     """The running decodes of one scheduler, in batch order, with their derived progress.
 
@@ -181,7 +184,7 @@ class DecodeSet:
         # Scheduler.snapshot(): the records through `memo`; the tuples (of rids and ints) are shared.
         new = DecodeSet.__new__(DecodeSet)
         memo[id(self)] = new
-        for name in DecodeSet.__slots__:
+        for name in _fields(DecodeSet):
             setattr(new, name, getattr(self, name))
         new.recs = [copy.deepcopy(r, memo) for r in self.recs]
         new._rids, new._offsets, new._sorted = list(self._rids), list(self._offsets), list(self._sorted)
@@ -299,3 +302,10 @@ class DecodeSet:
         self._sorted = sorted(self._offsets)
         self._stale = False
         self._dirty = True
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    """The attributes a copy takes over: the class's __slots__, or in the compiled build (setup.py), which
+    keeps no __slots__, mypyc's list of them."""
+    names: tuple[str, ...] = getattr(cls, "__slots__", ()) or getattr(cls, "__mypyc_attrs__", ())
+    return names

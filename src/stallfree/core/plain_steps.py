@@ -24,6 +24,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Any, cast
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.decode import PlainDecodes
 from stallfree.core.errors import InvalidConfig, SchedulerStateError
 from stallfree.core.kv.paged import PagedKV
@@ -85,7 +86,7 @@ def _count(s: Any, limit: int) -> int:
     return min(n, m)
 
 
-def plain_decode_run(scheduler: Scheduler, limit: int) -> PlainDecodeRun | None:
+def plain_decode_run(scheduler: Scheduler, limit: object) -> PlainDecodeRun | None:
     """The run of plain decode steps (module docstring) `scheduler` is about to take: its next steps, at
     most `limit`, each the running decodes one token further, the last the first in which one finishes
     (or the limit's). None when the next step is not one (or a plan is in flight). O(running decodes),
@@ -100,6 +101,7 @@ def plain_decode_run(scheduler: Scheduler, limit: int) -> PlainDecodeRun | None:
     return PlainDecodeRun(scheduler, n) if n else None
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PlainDecodeRun:
     """A run of plain decode steps of one scheduler, from its next step (plain_decode_run).
 
@@ -123,7 +125,7 @@ class PlainDecodeRun:
         dec.tuples()  # as schedule() would: the shared tuples made current (and marked clean)
         self.offset_sum = dec._offset_sum
 
-    def plan(self, ahead: int) -> StepPlan:
+    def plan(self, ahead: object) -> StepPlan:
         """The plan schedule() would return for the run's step `ahead` steps after its next (0: the next),
         the steps before it taken as planned; not in flight, nothing changes. O(1).
 
@@ -151,7 +153,7 @@ class PlainDecodeRun:
                 and not s._inflight_aborts and not dec._dirty and not dec._stale
                 and len(dec.recs) == self.num_decodes)
 
-    def take(self, count: int) -> list[int]:
+    def take(self, count: object) -> list[int]:
         """Take the run's next `count` steps at once: the scheduler is left as schedule() and complete(plan)
         `count` times would leave it (last_finished: the requests the last of them finished, when it is the
         run's last). Returns the free KV, tokens, after each of them (what `kv_free` would read after each

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import InvalidConfig, check_positive_int
 
 __all__ = [
@@ -41,6 +42,7 @@ class Chunking(Protocol):
     def chunk(self, rest: int, left: int) -> int: ...
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class ExactChunks:
     """The base contract: a chunk takes min(rest of the prompt, budget left)."""
 
@@ -51,6 +53,7 @@ class ExactChunks:
         return rest if rest <= left else left
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class BlockAlignedChunks:
     """Block-aligned chunks: every non-final chunk is a multiple of block_size; the final one is exact.
 
@@ -80,6 +83,7 @@ class WaitingQueue(Protocol):
     def __len__(self) -> int: ...
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class FCFSQueue:
     """Strict first come, first served: the head is the oldest add()."""
 
@@ -110,6 +114,7 @@ class FCFSQueue:
         return len(self._q)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PriorityQueue:
     """Priority with aging: the head is the least (effective priority, add order).
 
@@ -165,6 +170,7 @@ def _take(indices: Sequence[int], costs: Sequence[int], budget: int) -> list[int
     return out
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class OldestFirst:
     """The oldest admitted decodes (or, under the priority policy, the most urgent) run; the rest skip."""
 
@@ -172,6 +178,7 @@ class OldestFirst:
         return _take(order if order is not None else range(len(costs)), costs, budget)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Rotate:
     """The start index advances by the number served each step, so the skipped decodes differ.
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import SchedulerStateError
 from stallfree.core.plan import ScheduledChunk
 from stallfree.core.request import RequestStatus
@@ -42,6 +43,7 @@ __all__ = [
 _PREFILLING = RequestStatus.PREFILLING
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class StepBudget:
     """The tokens a step has left for prefill chunks after its decodes; the prefill phases spend it.
 
@@ -92,6 +94,7 @@ class _Counts(Protocol):
     _limits: StepLimits  # the step's limits, set once per schedule()
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PrefillHost:
     """The narrow view of the scheduler that a prefill rule acts through: its queue, its partial
     prefills, its chunking hook and KV manager, and the admission, growth and preemption steps it
@@ -178,7 +181,9 @@ class PrefillHost:
         cap = self.chunk_cap
         if cap is None:
             return n
-        m = cap(rec.rid, start, n)
+        # Read as an object: the answer is the caller's, checked here (a compiled build would convert a bool).
+        answer: Callable[[Hashable, int, int], object] = cap
+        m = answer(rec.rid, start, n)
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= n:
             raise SchedulerStateError(
                 f"chunk_cap({rec.rid!r}, start={start}, n={n}) returned {m!r}; it must be an integer from 0 to {n}"
@@ -223,6 +228,7 @@ class PrefillRule(Protocol):
         """
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class OnePartialPrefill:
     """The contract: the partial prefill continues, then strict admission in queue order."""
 
@@ -313,6 +319,7 @@ class OnePartialPrefill:
         return tuple(admitted)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PartialPrefills:
     """K > 1: the partial prefills in admission (or priority) order, admissions, then the budget left
     back to the partial prefills (only to the short ones when the step has decodes).

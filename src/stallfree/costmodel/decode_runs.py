@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from stallfree.core._mypyc import mypyc_attr
 
 __all__ = ["DecodeRuns"]
 
 _NEVER = 1 << 62  # a shift no run reaches: the partition of one interval ending at the last knot
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class DecodeRuns:
     """The decode attention sum of one cost model's steps, cached for the last tuple of decode offsets.
 
@@ -46,18 +48,23 @@ class DecodeRuns:
         key_stride: see `prices` (more than the number of knots).
     """
 
-    __slots__ = ("_knots", "_prices", "_stride", "_run")
+    __slots__ = ("_knots", "_prices", "_stride", "_offs", "_nb", "_first", "_until", "_terms", "_sorted")
 
     def __init__(self, knots: tuple[int, ...], prices: dict[int, float], key_stride: int) -> None:
         self._knots, self._prices, self._stride = knots, prices, key_stride
-        # [offs, nb, first shift, shift it holds below, terms, sorted offsets]. A term per
-        # occupied interval: (n x lo, n, sum of offsets - n x knot, hi - lo, interval width). A tuple seen
-        # once has no terms yet (nb -1).
-        self._run: list[Any] = [None, -1, 0, 0, (), []]
+        self.clear()
 
     def clear(self) -> None:
         """Forget the cached tuple and partition (the next call works them out afresh)."""
-        self._run = [None, -1, 0, 0, (), []]
+        # The tuple priced last (compared by identity), the batch size its partition holds for (-1: none
+        # yet, a tuple seen once), the shifts it holds for (first <= shift < until), a term per occupied
+        # interval: (n x lo, n, sum of offsets - n x knot, hi - lo, interval width), and its sorted offsets.
+        self._offs: tuple[int, ...] | None = None
+        self._nb = -1
+        self._first = 0
+        self._until = 0
+        self._terms: tuple[tuple[float, int, int, float, int], ...] = ()
+        self._sorted: Sequence[int] = ()
 
     def total(
         self, offs: tuple[int, ...], shift: int, nb: int, knot: Callable[[int, int], float],
@@ -80,24 +87,24 @@ class DecodeRuns:
         Returns:
             The sum over the decodes, seconds (the caller divides by the decodes: each one's share).
         """
-        run = self._run
-        if run[0] is offs:
-            if run[1] == nb and run[2] <= shift < run[3]:
+        if self._offs is offs:
+            if self._nb == nb and self._first <= shift < self._until:
                 t = 0.0
-                for nlo, n, c, dhl, width in run[4]:
+                for nlo, n, c, dhl, width in self._terms:
                     t += nlo + (c + n * shift) * dhl / width
                 return t
-            return self._walk(run, shift, nb, knot, True)
+            return self._walk(shift, nb, knot, True)
+        self._offs, self._nb, self._first, self._until, self._terms = offs, -1, 0, 0, ()
         if ordered is None:
-            run = self._run = [offs, -1, 0, 0, (), sorted(offs)]
-            return self._walk(run, shift, nb, knot, False)
-        run = self._run = [offs, -1, 0, 0, (), ordered]
-        return self._walk(run, shift, nb, knot, True)
+            self._sorted = sorted(offs)
+            return self._walk(shift, nb, knot, False)
+        self._sorted = ordered
+        return self._walk(shift, nb, knot, True)
 
-    def _walk(self, run: list[Any], shift: int, nb: int, knot: Callable[[int, int], float], keep: bool) -> float:
-        """Sum `run`'s decodes at `shift` interval by interval; with `keep`, keep the partition with the
-        shifts it holds for."""
-        ordered = run[5]
+    def _walk(self, shift: int, nb: int, knot: Callable[[int, int], float], keep: bool) -> float:
+        """Sum the kept tuple's decodes at `shift` interval by interval; with `keep`, keep the partition with
+        the shifts it holds for."""
+        ordered = self._sorted
         knots, prices = self._knots, self._prices
         nd = len(ordered)
         k = bisect_right(knots, ordered[0] + shift) - 1
@@ -129,5 +136,5 @@ class DecodeRuns:
                 break
             i, k, lo = j, k + 1, hi
         if keep:
-            run[1:5] = nb, shift, until, tuple(terms)
+            self._nb, self._first, self._until, self._terms = nb, shift, until, tuple(terms)
         return total

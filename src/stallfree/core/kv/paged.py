@@ -13,6 +13,7 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import RequestRejected
 from stallfree.core.kv.options import check_watermark
 from stallfree.core.kv.pool import BlockPool, CachingBlockPool, blocks_for_tokens
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["PagedKV"]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PagedKV(PooledKV):
     """The paged KV policy: blocks taken as tokens are scheduled, admission by a free-block watermark.
 

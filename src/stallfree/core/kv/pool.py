@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import SchedulerStateError, check_positive_int
 
 __all__ = ["BlockPool", "CachingBlockPool", "PrefixCacheView", "blocks_for_tokens"]
@@ -34,6 +35,7 @@ def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
 
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class BlockPool:
     """Owns the ids 0..num_blocks-1 of the KV blocks and which of them are free.
 
@@ -55,7 +57,7 @@ class BlockPool:
 
     __slots__ = ("num_blocks", "block_size", "_free", "_fresh", "_promised")
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: object, block_size: object) -> None:
         self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self.block_size = check_positive_int("block_size", block_size)
         # Freed ids, a stack (its end is handed out first); ids >= _fresh were never handed out and
@@ -153,6 +155,7 @@ class BlockPool:
             self._fresh += n - k
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class CachingBlockPool(BlockPool):
     """A BlockPool that keeps computed prompt blocks for reuse across requests (prefix caching).
 
@@ -399,6 +402,7 @@ class CachingBlockPool(BlockPool):
         self.num_evictions += n
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PrefixCacheView:
     """A read-only view of a CachingBlockPool, for checkers and tests (Scheduler.prefix_cache).
 

@@ -5,6 +5,7 @@ Imports allowed: the standard library and stallfree.core only.
 
 from __future__ import annotations
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import RequestRejected
 from stallfree.core.kv.pool import BlockPool, CachingBlockPool, PrefixCacheView
 from stallfree.core.kv.protocol import NO_TRANSFERS, PrefixCacheStats, Transfers
@@ -13,6 +14,7 @@ from stallfree.core.request import Request
 __all__ = ["PooledKV", "reject_hashes"]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PooledKV:
     """The figures of a KV manager over one BlockPool (ReservationKV, PagedKV, TieredKV): counts in the
     pool's units (blocks of block_size tokens, or single tokens), the prefix cache's when `cache` is set.

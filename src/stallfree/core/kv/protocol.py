@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.request import Request
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["NO_HIT", "NO_TRANSFERS", "KVFigures", "KVManager", "PrefixCacheStats", "Transfers"]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PrefixCacheStats:
     """Prefix caching's counters, kept by the KV manager that caches (all 0 for one that does not).
 

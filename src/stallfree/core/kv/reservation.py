@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import RequestRejected, SchedulerStateError
 from stallfree.core.kv.pool import BlockPool
 from stallfree.core.kv.pooled import PooledKV, reject_hashes
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["ReservationKV"]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class ReservationKV(PooledKV):
     """The contract's KV policy: prompt_len + max_new tokens reserved at admission, returned at the end.
 

@@ -33,6 +33,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import SchedulerStateError, check_positive_int
 from stallfree.core.kv.paged import PagedKV
 from stallfree.core.kv.pool import CachingBlockPool
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["CpuTier", "CpuTierView", "TierStats", "TieredBlockPool", "TieredKV"]
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class CpuTier:
     """The CPU tier: `num_blocks` KV blocks in host memory, each holding one cached prompt block by hash.
 
@@ -133,6 +135,7 @@ class CpuTier:
             self._busy.clear()
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class CpuTierView:
     """A read-only view of a CpuTier, for checkers and tests; reads go to the live tier.
 
@@ -171,6 +174,7 @@ class CpuTierView:
         return tuple(t._free) + tuple(t._busy) + tuple(range(t._fresh, t.num_blocks))
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class TierStats:
     """Hit tokens per tier, and block copies, of a TieredKV.
 
@@ -197,6 +201,7 @@ class TierStats:
             self.first_cpu_hits += cpu_tokens
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class TieredBlockPool(CachingBlockPool):
     """A CachingBlockPool whose evicted cached blocks move to a CpuTier, recording each copy; it acts
     through the pool's public members only (its `on_evict` hook, `settle_promised`, `cached_block`).
@@ -241,6 +246,7 @@ class TieredBlockPool(CachingBlockPool):
                     tier.discard(h)
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class TieredKV(PagedKV):
     """Paged KV with prefix caching and a CPU tier of `cpu_blocks` blocks (module docstring).
 

@@ -207,7 +207,7 @@ def synthetic(
         outputs = array("i", _sample_lengths(output_len, rng, num_requests, 1))
     label = f"{arrival}(rate={rate:g}" + (f", burstiness={burstiness:g}" if arrival == "gamma" else "")
     return Workload(
-        arrivals=arrivals,  # type: ignore[arg-type]
+        arrivals=arrivals,
         prompt_lens=prompts,  # type: ignore[arg-type]
         output_lens=outputs,  # type: ignore[arg-type]
         name=f"{label}; prompt {prompt_len}; output {output_len}; seed {seed})",

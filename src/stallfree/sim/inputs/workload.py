@@ -86,7 +86,7 @@ class Workload:
         ValueError: the three sequences differ in length, or a length is < 1.
     """
 
-    arrivals: tuple[float, ...]
+    arrivals: Sequence[float]
     prompt_lens: tuple[int, ...]
     output_lens: tuple[int, ...]
     name: str = "workload"

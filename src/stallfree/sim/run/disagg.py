@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -156,7 +156,7 @@ class DisaggResult:
     wall_s: float
     max_new: list[int] = field(default_factory=list)
     target: list[int] = field(default_factory=list)
-    arrival: tuple[float, ...] = ()
+    arrival: Sequence[float] = ()
     frontend_s: float = 0.0
 
 

@@ -17,40 +17,17 @@ or, when it is refused, at once: at its arrival when it is too long for the cont
 from __future__ import annotations
 
 import math
-from collections.abc import Sized
-from dataclasses import dataclass
+from collections.abc import MutableSequence, Sized
 from typing import cast
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.sim.inputs.workload import Workload
+from stallfree.sim.run.closed_loop import ClosedLoop
 
 __all__ = ["Arrivals", "ClosedLoop"]
 
 
-@dataclass(frozen=True, slots=True)
-class ClosedLoop:
-    """Closed-loop load: `concurrency` requests in flight, the next sent when one ends.
-
-    Args:
-        concurrency: requests in flight (clients), >= 1.
-        think_time: seconds between a request's end and its client's next request, >= 0.
-
-    Raises:
-        ValueError: concurrency not an integer >= 1, or think_time not a finite number >= 0 s;
-            the message names the field and the value.
-    """
-
-    concurrency: int
-    think_time: float = 0.0
-
-    def __post_init__(self) -> None:
-        c = self.concurrency
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise ValueError(f"ClosedLoop.concurrency must be an integer >= 1 request, got {c!r}")
-        t = self.think_time
-        if isinstance(t, bool) or not isinstance(t, int | float) or not (math.isfinite(t) and t >= 0):
-            raise ValueError(f"ClosedLoop.think_time must be a finite number >= 0 s, got {t!r}")
-
-
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Arrivals:
     """The arrival time of every request of one run, filled in as the run goes (closed loop) or
     the workload's own (open loop: read, never written, so not copied). Owned by the event loop that
@@ -70,7 +47,7 @@ class Arrivals:
         self.closed = closed
         if closed is None:
             # Read only under open loop: the workload's own sequence (a tuple or an array), not a copy.
-            self.times: list[float] = cast("list[float]", workload.arrivals)
+            self.times: MutableSequence[float] = cast("MutableSequence[float]", workload.arrivals)
             self.sent = n
             self.think = 0.0
         else:

@@ -51,6 +51,7 @@ from collections.abc import Callable, Hashable, Sequence
 from operator import attrgetter
 from typing import Protocol
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.request import FinishReason, Request
 from stallfree.sim.run.load import Arrivals
 from stallfree.sim.run.replica import Replica
@@ -91,6 +92,7 @@ class AdmissionGate(Protocol):
         ...
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class PassGate:
     """The default gate: every pending request goes to the scheduler, in order (Replica.add).
 
@@ -171,6 +173,7 @@ def _send(replicas: Sequence[Replica], k: int, request: Request, router: Router)
     return rep
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Entry:
     """The arrival of a request into a group of replicas: refused at once if too long for the
     context (a server's 400, before any router sees it), else built and routed (route_to).
@@ -246,6 +249,7 @@ class Entry:
         self.routed[rid] = route_to(self.router, req, reps).index
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class EventLoop:
     """One run of the event loop (module docstring).
 

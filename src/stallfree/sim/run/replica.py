@@ -21,6 +21,7 @@ from collections.abc import Callable, Hashable, Iterable
 from itertools import accumulate
 from typing import Any, cast
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import RequestRejected
 from stallfree.core.plain_steps import PlainDecodeRun, plain_decode_run
 from stallfree.core.plan import StepPlan
@@ -74,6 +75,7 @@ def _reason(why: Hashable) -> str:
     return _REASONS.setdefault(why, sys.intern(str(why)))
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class SimClock:
     """The simulated time, seconds, as a scheduler's clock: the replica sets `t` before each schedule()
     (ReplicaConfig(max_queue_time_s=...) gives its scheduler one). Picklable."""
@@ -87,6 +89,7 @@ class SimClock:
         return self.t
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class Replica:
     """One replica as the event loop drives it and as a router sees it.
 

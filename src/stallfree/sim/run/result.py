@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from itertools import accumulate, compress, count, islice, repeat
@@ -234,14 +234,14 @@ class SimResult:
     label: str
     workload: str
     config: dict[str, Any]
-    arrival: tuple[float, ...]
-    prompt_len: tuple[int, ...]
-    target: list[int]
-    max_new: list[int]
-    admit_step: list[int]
-    first_step: list[int]
-    finish_step: list[int]
-    finish_reason: list[str]
+    arrival: Sequence[float]
+    prompt_len: Sequence[int]
+    target: MutableSequence[int]
+    max_new: MutableSequence[int]
+    admit_step: MutableSequence[int]
+    first_step: MutableSequence[int]
+    finish_step: MutableSequence[int]
+    finish_reason: MutableSequence[str]
     rejected: list[tuple[int, str]]
     kv_total: int
     # A cluster's results hold a StepStarts after the merge (the same values, read-only).

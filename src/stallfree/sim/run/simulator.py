@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from array import array
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
@@ -141,7 +141,7 @@ def run_group(
 
 
 def request_maker(
-    wl: Workload, max_new: list[int], inner: object, times: list[float]
+    wl: Workload, max_new: list[int], inner: object, times: Sequence[float]
 ) -> Callable[[int], Request]:
     """make(rid) -> the Request a scheduler like `inner` sees for request rid: its prompt, max_new
     and arrival (times[rid], s), and its prompt's block hashes when `inner` caches prefixes and the
