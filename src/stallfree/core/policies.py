@@ -62,7 +62,7 @@ class BlockAlignedChunks:
     reserves whole blocks: stallfree.core.kv.ReservationKV.)
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: object) -> None:
         self.block_size = check_positive_int("block_size", block_size)
 
     def chunk(self, rest: int, left: int) -> int:
@@ -198,12 +198,12 @@ class Rotate:
 
 
 def build_policies(
-    block_size: int | None,
+    block_size: object,
     policy: str,
-    aging_interval: float | None,
+    aging_interval: object,
     clock: Callable[[], float] | None,
     decode_overflow: str,
-    num_spec_tokens: int,
+    num_spec_tokens: object,
     clock_needed: bool = False,
 ) -> tuple[Chunking, str, DecodeSelection]:
     """Validate the option keywords of Scheduler(...) and build the chunking and selection hooks.
@@ -254,9 +254,9 @@ def build_policies(
 
 
 def check_partial_prefills(
-    max_num_partial_prefills: int,
-    max_long_partial_prefills: int | None,
-    long_prefill_token_threshold: int | None,
+    max_num_partial_prefills: object,
+    max_long_partial_prefills: object,
+    long_prefill_token_threshold: object,
     block_size: int | None,
 ) -> tuple[int, int, int | None]:
     """Validate the partial-prefill options of Scheduler(...) and fill in their defaults.

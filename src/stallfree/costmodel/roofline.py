@@ -64,7 +64,6 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Any, cast
 
-from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.plan import StepPlan
 from stallfree.costmodel.errors import CostModelError, CostModelMemoryError, CostModelWarning, FieldName
 from stallfree.costmodel.hardware import (
@@ -121,7 +120,6 @@ _VECTOR_ENDS = 80
 _LEAD = 1.0 + 1e-9
 
 
-@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class CostModel:
     """Predicts the time of one step (one forward pass over a StepPlan) on a TP group of GPUs.
 

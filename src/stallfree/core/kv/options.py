@@ -31,7 +31,7 @@ KV_POLICIES = ("reserve", "paged")
 
 
 def check_kv_options(
-    kv_policy: object, block_size: int | None, align_chunks: object, watermark: object, enable_prefix_caching: object
+    kv_policy: object, block_size: object, align_chunks: object, watermark: object, enable_prefix_caching: object
 ) -> tuple[bool, float]:
     """Validate the KV keywords of Scheduler(...) and resolve align_chunks' default.
 

@@ -62,7 +62,7 @@ class CpuTier:
 
     __slots__ = ("num_blocks", "_lru", "_free", "_fresh", "_busy", "num_stores", "num_loads", "num_drops")
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: object) -> None:
         self.num_blocks = check_positive_int("cpu_blocks", num_blocks)
         self._lru: OrderedDict[Hashable, int] = OrderedDict()  # hash -> CPU block, least recent first
         self._free: list[int] = []

@@ -161,7 +161,7 @@ def route_to(router: Router, request: Request, replicas: Sequence[Replica]) -> R
     return _send(replicas, router.route(request, replicas), request, router)
 
 
-def _send(replicas: Sequence[Replica], k: int, request: Request, router: Router) -> Replica:
+def _send(replicas: Sequence[Replica], k: object, request: Request, router: Router) -> Replica:
     """Append `request` to replica `k`'s pending list, `k` as `router` chose it (route_to)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < len(replicas):
         raise ClusterError(f"router {type(router).__name__} returned replica {k!r}; expected 0..{len(replicas) - 1}")
