@@ -110,12 +110,14 @@ def test_a_step_end_runs_before_a_callback_due_then(solo: bool) -> None:
     assert callback_order(solo) == [(0.25, 0), (1.0, 1)]
 
 
-def test_router_returning_a_bad_index_is_refused() -> None:
-    """A router answering an index out of range raises ClusterError naming it."""
+@pytest.mark.parametrize("answer", [7, True])
+def test_router_returning_a_bad_index_is_refused(answer: object) -> None:
+    """A router answering an index out of range, or a bool (not 1 in either build), raises ClusterError
+    naming it."""
 
     class Bad:
-        def route(self, request: Request, replicas: object) -> int:
-            return 7
+        def route(self, request: Request, replicas: object) -> object:
+            return answer
 
     wl = Workload((0.0,), (4,), (1,), "one")
     cfg = SchedulerConfig(kv_tokens=100, token_budget=8, max_seqs=4)
@@ -126,7 +128,7 @@ def test_router_returning_a_bad_index_is_refused() -> None:
         reps.append(Replica(k, inner, inner, new_result("x", wl, config, target, max_new, inner), COST))
     arrivals = Arrivals(wl)
     entry = Entry(reps, Bad(), request_maker(wl, max_new, reps[0].inner, arrivals.times), too_long, arrivals)
-    with pytest.raises(ClusterError, match="returned replica 7; expected 0..1"):
+    with pytest.raises(ClusterError, match=f"returned replica {answer!r}; expected 0..1"):
         EventLoop(reps, arrivals, entry).run()
 
 

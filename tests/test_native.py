@@ -1,0 +1,63 @@
+"""The compiled build (setup.py, STALLFREE_COMPILE=1) refuses what the pure-Python build refuses.
+
+A compiled `int` or `float` parameter turns True into 1 before the function's own check runs, so every
+value a caller hands in to be checked is read as `object` in the compiled modules. These refusals run in
+both builds (CI runs the suite on each); under the compiled one they fail if a checked parameter is typed
+as a number again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from stallfree import InvalidConfig, Request, Scheduler, SchedulerStateError
+from stallfree._native import PROBE_MODULE, compiled
+from stallfree.core.kv.pool import BlockPool
+from stallfree.core.kv.tier import CpuTier
+from stallfree.core.plain_steps import plain_decode_run
+from stallfree.core.policies import BlockAlignedChunks, build_policies, check_partial_prefills
+from stallfree.sim.run.closed_loop import ClosedLoop
+
+
+def test_compiled_says_whether_the_probe_module_is_an_extension() -> None:
+    """compiled() is True exactly when the probe module's file is a C extension, not a .py source."""
+    origin = importlib.util.find_spec(PROBE_MODULE).origin
+    assert compiled() == (not origin.endswith(".py"))
+
+
+@pytest.mark.parametrize("bad", [True, 2.0])
+def test_the_compiled_modules_checks_see_the_value_given(bad: object) -> None:
+    """A bool or a float where a count belongs is refused, naming the field, by each checked entry point."""
+    with pytest.raises(InvalidConfig, match="block_size"):
+        BlockAlignedChunks(bad)
+    with pytest.raises(InvalidConfig, match="num_blocks"):
+        BlockPool(bad, 4)
+    with pytest.raises(InvalidConfig, match="cpu_blocks"):
+        CpuTier(bad)
+    with pytest.raises(InvalidConfig, match="num_spec_tokens"):
+        build_policies(None, "fcfs", None, None, "oldest", bad)
+    with pytest.raises(InvalidConfig, match="max_num_partial_prefills"):
+        check_partial_prefills(bad, None, None, None)
+    with pytest.raises(InvalidConfig, match="block_size"):
+        Scheduler(token_budget=8, max_seqs=2, kv_tokens=100, block_size=bad)
+    with pytest.raises(ValueError, match="ClosedLoop.concurrency"):
+        ClosedLoop(bad)  # type: ignore[arg-type]
+    s = Scheduler(16, 4, 1000)
+    s.add(Request("a", 4, 5))
+    s.complete(s.schedule())
+    with pytest.raises(InvalidConfig, match="limit"):
+        plain_decode_run(s, bad)
+    run = plain_decode_run(s, 10)
+    assert run is not None
+    with pytest.raises(SchedulerStateError, match="count"):
+        run.take(bad)
+
+
+def test_a_chunk_cap_answering_a_bool_is_refused() -> None:
+    """schedule(chunk_cap=...) answering True is an error in both builds, not a cap of 1 token."""
+    s = Scheduler(8, 4, 1000)
+    s.add(Request("A", 20, 1))
+    with pytest.raises(SchedulerStateError, match=r"chunk_cap\('A', start=0, n=8\) returned True"):
+        s.schedule(chunk_cap=lambda rid, start, n: True)
