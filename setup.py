@@ -46,8 +46,8 @@ COMPILE = os.environ.get("STALLFREE_COMPILE", "") == "1"
 
 
 def _native_build() -> dict[str, object]:
-    """setup() keywords of the compiled build: setup_requires names mypy, which setuptools' build backend
-    hands pip as a build requirement (get_requires_for_build_wheel) before the build itself imports it.
+    """setup() keywords of the compiled build: setup_requires names mypy and numpy, which setuptools' build
+    backend hands pip as build requirements (get_requires_for_build_wheel) before the build itself imports it.
 
     Raises:
         SystemExit: an editable install (its compiled modules would shadow the sources being edited).
@@ -55,7 +55,9 @@ def _native_build() -> dict[str, object]:
     if "editable_wheel" in sys.argv:
         raise SystemExit("STALLFREE_COMPILE=1 needs a regular install (pip install .): in an editable one the "
                          "compiled modules would shadow the sources being edited")
-    requires = ["mypy>=1.15"]
+    # numpy for its types: mypyc type-checks what the compiled modules import (numpy lazily, in the summary
+    # paths), and the build runs before pip installs the package's own dependencies.
+    requires = ["mypy>=1.15", "numpy>=1.26"]
     try:
         from mypyc.build import mypycify
     except ImportError:  # the backend's first pass, asking what the build needs

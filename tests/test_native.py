@@ -61,3 +61,16 @@ def test_a_chunk_cap_answering_a_bool_is_refused() -> None:
     s.add(Request("A", 20, 1))
     with pytest.raises(SchedulerStateError, match=r"chunk_cap\('A', start=0, n=8\) returned True"):
         s.schedule(chunk_cap=lambda rid, start, n: True)
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [("policy", 2.5), ("decode_overflow", 2.5), ("fairness", 2.5), ("max_num_partial_prefills", 2.5),
+     ("cpu_kv_tokens", 2.5), ("tenant_burst_tokens", True), ("max_long_partial_prefills", True)],
+)
+def test_scheduler_options_of_the_wrong_type_are_named(field: str, bad: object) -> None:
+    """Scheduler(...) names a mistyped option in an InvalidConfig, in both builds (a compiled `str` or `int`
+    parameter would raise a bare TypeError before the check)."""
+    with pytest.raises(InvalidConfig, match=field):
+        Scheduler(token_budget=8, max_seqs=2, kv_tokens=100, **{field: bad})
+

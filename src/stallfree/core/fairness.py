@@ -378,8 +378,8 @@ def _check_tenant_map(name: str, value: object) -> dict[str, float]:
 
 
 def check_fairness(
-    fairness: str, tenant_weights: object, max_queue_time_s: object, *, policy: str, max_num_partial_prefills: int,
-    clock: Callable[[], float] | None,
+    fairness: object, tenant_weights: object, max_queue_time_s: object, *, policy: object,
+    max_num_partial_prefills: object, clock: Callable[[], float] | None,
 ) -> None:
     """Validate the tenant options of SchedulerConfig and how they combine with the others.
 
@@ -417,8 +417,8 @@ def check_fairness(
                                 "a request has waited; got clock=None")
 
 
-def check_isolation(fairness: str, chunk_tokens: object, burst_tokens: object, alignment: int | None,
-                    cpu_kv_tokens: int) -> None:
+def check_isolation(fairness: object, chunk_tokens: object, burst_tokens: object, alignment: int | None,
+                    cpu_kv_tokens: object) -> None:
     """Validate SchedulerConfig.tenant_chunk_tokens and tenant_burst_tokens.
 
     Args:

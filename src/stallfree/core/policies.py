@@ -199,10 +199,10 @@ class Rotate:
 
 def build_policies(
     block_size: object,
-    policy: str,
+    policy: object,
     aging_interval: object,
     clock: Callable[[], float] | None,
-    decode_overflow: str,
+    decode_overflow: object,
     num_spec_tokens: object,
     clock_needed: bool = False,
 ) -> tuple[Chunking, str, DecodeSelection]:
@@ -283,7 +283,9 @@ def check_partial_prefills(
     """
     k = check_positive_int("max_num_partial_prefills", max_num_partial_prefills)
     if k == 1:
-        if max_long_partial_prefills not in (None, 1) or long_prefill_token_threshold is not None:
+        long_given = max_long_partial_prefills is not None and (
+            isinstance(max_long_partial_prefills, bool) or max_long_partial_prefills != 1)
+        if long_given or long_prefill_token_threshold is not None:
             raise InvalidConfig(
                 "max_long_partial_prefills and long_prefill_token_threshold apply when "
                 f"max_num_partial_prefills > 1; got {max_long_partial_prefills!r} and "

@@ -158,7 +158,10 @@ def route_to(router: Router, request: Request, replicas: Sequence[Replica]) -> R
     Raises:
         ClusterError: the router returned something other than an index in [0, len(replicas)).
     """
-    return _send(replicas, router.route(request, replicas), request, router)
+    # Read as an object: the router is the caller's and its answer is checked here (a compiled build would
+    # have turned True into 1 on the way).
+    route: Callable[[Request, Sequence[Replica]], object] = router.route
+    return _send(replicas, route(request, replicas), request, router)
 
 
 def _send(replicas: Sequence[Replica], k: object, request: Request, router: Router) -> Replica:
