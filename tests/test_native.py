@@ -14,8 +14,10 @@ import pytest
 
 from stallfree import InvalidConfig, Request, Scheduler, SchedulerStateError
 from stallfree._native import PROBE_MODULE, compiled
+from stallfree.core.kv.paged import PagedKV
 from stallfree.core.kv.pool import BlockPool
-from stallfree.core.kv.tier import CpuTier
+from stallfree.core.kv.reservation import ReservationKV
+from stallfree.core.kv.tier import CpuTier, TieredKV
 from stallfree.core.plain_steps import plain_decode_run
 from stallfree.core.policies import BlockAlignedChunks, build_policies, check_partial_prefills
 from stallfree.sim.run.closed_loop import ClosedLoop
@@ -36,6 +38,14 @@ def test_the_compiled_modules_checks_see_the_value_given(bad: object) -> None:
         BlockPool(bad, 4)
     with pytest.raises(InvalidConfig, match="cpu_blocks"):
         CpuTier(bad)
+    with pytest.raises(InvalidConfig, match="num_blocks"):
+        PagedKV(bad, 4, 0.0)
+    with pytest.raises(InvalidConfig, match="block_size"):
+        PagedKV(10, bad, 0.0, enable_prefix_caching=True)
+    with pytest.raises(InvalidConfig, match="num_blocks"):
+        TieredKV(bad, 4, 0.0, 8)
+    with pytest.raises(InvalidConfig, match="num_blocks|block_size"):
+        ReservationKV(10, bad)
     with pytest.raises(InvalidConfig, match="num_spec_tokens"):
         build_policies(None, "fcfs", None, None, "oldest", bad)
     with pytest.raises(InvalidConfig, match="max_num_partial_prefills"):

@@ -51,14 +51,16 @@ class PagedKV(PooledKV):
 
     pool: BlockPool
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: object, block_size: object, watermark: object,
+                 enable_prefix_caching: object = False) -> None:
+        # The sizes are read as objects and checked by the pool (a compiled build would turn True into 1).
         self.cache: CachingBlockPool | None = None
         if enable_prefix_caching:
             self.pool = self.cache = CachingBlockPool(num_blocks, block_size)
         else:
             self.pool = BlockPool(num_blocks, block_size)
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        self.num_blocks = num_blocks = self.pool.num_blocks
+        self.block_size = block_size = self.pool.block_size
         self.watermark = check_watermark(watermark)
         self.watermark_blocks = math.floor(self.watermark * num_blocks)
         self.kv_total = num_blocks * block_size

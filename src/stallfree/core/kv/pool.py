@@ -193,7 +193,7 @@ class CachingBlockPool(BlockPool):
 
     __slots__ = ("_cached", "_hash_of", "_refs", "_evictable", "num_evictions", "on_evict")
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: object, block_size: object) -> None:
         super().__init__(num_blocks, block_size)
         #: None, or a function (block, block_hash) called as each cached block is evicted, before its id is
         #: handed out again (a second KV tier copies the block out: kv/tier.py).

@@ -8,7 +8,7 @@ Source: reservation at admission is the contract (docs/DESIGN.md section 1).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import RequestRejected, SchedulerStateError
@@ -45,9 +45,12 @@ class ReservationKV(PooledKV):
     #: nothing, so the scheduler need not ask them per decode (KVManager's optional attribute).
     holds_every_token = True
 
-    def __init__(self, kv_tokens: int, block_size: int | None) -> None:
-        self.unit = block_size or 1
-        self.pool = BlockPool(kv_tokens // self.unit, self.unit)
+    def __init__(self, kv_tokens: object, block_size: object) -> None:
+        # Read as given and checked by the pool (a compiled build would have converted a bool first).
+        tokens: Any = kv_tokens
+        unit: Any = block_size or 1
+        self.pool = BlockPool(tokens // unit, unit)
+        self.unit = self.pool.block_size
         self.kv_total = self.pool.num_blocks * self.unit
         self.has_block_ids = block_size is not None
         self.prefix_stats = PrefixCacheStats()

@@ -217,7 +217,7 @@ class TieredBlockPool(CachingBlockPool):
 
     __slots__ = ("tier", "offloads")
 
-    def __init__(self, num_blocks: int, block_size: int, tier: CpuTier) -> None:
+    def __init__(self, num_blocks: object, block_size: object, tier: CpuTier) -> None:
         super().__init__(num_blocks, block_size)
         self.tier = tier
         #: (gpu_block, cpu_block) copies of the step being planned, in order.
@@ -268,7 +268,7 @@ class TieredKV(PagedKV):
         InvalidConfig: an argument is out of range; the message names it and the value.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float, cpu_blocks: int) -> None:
+    def __init__(self, num_blocks: object, block_size: object, watermark: object, cpu_blocks: object) -> None:
         super().__init__(num_blocks, block_size, watermark, True)
         self.tier = CpuTier(cpu_blocks)
         self.cache = TieredBlockPool(num_blocks, block_size, self.tier)
