@@ -5,7 +5,7 @@ decodes does not change, every decode one token further along each step; only a 
 knot changes which knot interval it falls in. So the partition of the decodes over the knot intervals
 (how many in each, the sum of their offsets) is worked out once per tuple, with its knot prices, and
 reused for every later step until a decode crosses a knot: a step then costs one short loop over the
-intervals the decodes occupy (a handful) instead of a bisection, a slice sum and two dictionary reads per
+intervals the decodes occupy (a handful) instead of a pass over the decodes and two dictionary reads per
 interval. The scheduler keeps its decodes' offsets sorted through joins and leaves
 (StepPlan.decode_offsets_sorted), so a new tuple costs no sort; the partition is then kept from its first
 step (without them, from its second: a sort per tuple already, and many tuples last one step).
@@ -19,14 +19,15 @@ Imports allowed: the standard library only.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from bisect import bisect_right
+from collections.abc import Callable
 
 from stallfree.core._mypyc import mypyc_attr
 
 __all__ = ["DecodeRuns"]
 
-_NEVER = 1 << 62  # a shift no run reaches: the partition of one interval ending at the last knot
+_NEVER = 1 << 61  # a shift no run reaches (and a compiled build's small int): the partition of one interval
+# ending at the last knot
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
@@ -64,11 +65,11 @@ class DecodeRuns:
         self._first = 0
         self._until = 0
         self._terms: tuple[tuple[float, int, int, float, int], ...] = ()
-        self._sorted: Sequence[int] = ()
+        self._sorted: tuple[int, ...] = ()
 
     def total(
         self, offs: tuple[int, ...], shift: int, nb: int, knot: Callable[[int, int], float],
-        ordered: Sequence[int] | None = None,
+        ordered: tuple[int, ...] | None = None,
     ) -> float:
         """Return sum_i f(offs[i] + shift), f(s) = decode(nb, s) linear between the knots, seconds.
 
@@ -96,14 +97,15 @@ class DecodeRuns:
             return self._walk(shift, nb, knot, True)
         self._offs, self._nb, self._first, self._until, self._terms = offs, -1, 0, 0, ()
         if ordered is None:
-            self._sorted = sorted(offs)
+            self._sorted = tuple(sorted(offs))
             return self._walk(shift, nb, knot, False)
         self._sorted = ordered
         return self._walk(shift, nb, knot, True)
 
     def _walk(self, shift: int, nb: int, knot: Callable[[int, int], float], keep: bool) -> float:
         """Sum the kept tuple's decodes at `shift` interval by interval; with `keep`, keep the partition with
-        the shifts it holds for."""
+        the shifts it holds for. One pass over the sorted offsets: each interval's decodes are the run of
+        offsets below its upper knot (what a bisection would find), summed as they are passed."""
         ordered = self._sorted
         knots, prices = self._knots, self._prices
         nd = len(ordered)
@@ -121,11 +123,15 @@ class DecodeRuns:
             hi = prices.get(base + k + 1)
             if hi is None:
                 hi = knot(nb, k + 1)
-            j = nd if k == last else bisect_left(ordered, nxt - shift, i)
+            bound = nxt - shift if k < last else ordered[-1] + 1  # the last interval takes the rest
+            j, offsets = i, 0
+            while j < nd and ordered[j] < bound:
+                offsets += ordered[j]
+                j += 1
             if j > i:
                 n = j - i
                 # keys - n x at = (sum of offsets - n x at) + n x shift: integers, so exact either way.
-                nlo, c, dhl, width = n * lo, sum(ordered[i:j]) - n * at, hi - lo, nxt - at
+                nlo, c, dhl, width = n * lo, offsets - n * at, hi - lo, nxt - at
                 total += nlo + (c + n * shift) * dhl / width
                 if keep:
                     terms.append((nlo, n, c, dhl, width))
