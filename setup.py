@@ -23,10 +23,12 @@ from setuptools import setup
 NATIVE_MODULES = (
     "src/stallfree/core/decode.py",
     "src/stallfree/core/fairness.py",
+    "src/stallfree/core/lifecycle.py",
     "src/stallfree/core/live.py",
     "src/stallfree/core/plain_steps.py",
     "src/stallfree/core/policies.py",
     "src/stallfree/core/prefill.py",
+    "src/stallfree/core/scheduler_core.py",
     "src/stallfree/core/kv/__init__.py",
     "src/stallfree/core/kv/factory.py",
     "src/stallfree/core/kv/options.py",

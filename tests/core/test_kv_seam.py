@@ -14,6 +14,7 @@ import pytest
 from factories import RandomWorkload, drive_randomly
 from stallfree import Request, RequestRejected, Scheduler
 from stallfree.core import scheduler as scheduler_module
+from stallfree.core import scheduler_core as scheduler_core_module
 from stallfree.core.invariants import InvariantChecker
 from stallfree.core.kv import NO_HIT, NO_TRANSFERS, KVManager, PrefixCacheStats, PrefixCacheView, Transfers
 from stallfree.core.live import LiveRequest
@@ -199,10 +200,12 @@ def test_randomized_workloads_with_a_delegating_manager_hold_every_invariant(nam
         assert chk.num_requests == 40
 
 
+@pytest.mark.pure_python  # reads the sources
 def test_the_scheduler_has_no_branch_on_the_kv_policy_or_caching():
     """No Scheduler method, its constructor included, names the KV policy, prefix caching, a pool or a
     cache: the config chooses the manager (kv_manager_for) and every KV question goes through it."""
-    tree = ast.parse(inspect.getsource(scheduler_module))
+    tree = ast.Module([*ast.parse(inspect.getsource(scheduler_module)).body,
+                       *ast.parse(inspect.getsource(scheduler_core_module)).body], [])
     banned = {"kv_policy", "enable_prefix_caching", "_paged", "_pkv", "_rkv", "pool", "cache", "buckets",
               "PagedKV", "ReservationKV", "CachingBlockPool", "BlockPool", "build_kv_manager", "watermark"}
     found = []
@@ -215,8 +218,9 @@ def test_the_scheduler_has_no_branch_on_the_kv_policy_or_caching():
     assert found == []
 
 
+@pytest.mark.pure_python  # reads the sources
 def test_the_scheduler_module_does_not_mention_kv_policies_or_caching():
-    """core/scheduler.py plans steps without a word of the KV policies or of prefix caching (they are
-    SchedulerConfig's, core/kv/'s and core/queries.py's)."""
-    text = inspect.getsource(scheduler_module).lower()
+    """core/scheduler.py and its step (core/scheduler_core.py) plan steps without a word of the KV policies
+    or of prefix caching (they are SchedulerConfig's, core/kv/'s and core/queries.py's)."""
+    text = (inspect.getsource(scheduler_module) + inspect.getsource(scheduler_core_module)).lower()
     assert [w for w in ("paged", "reserve", "caching", "cached", "prefix", "watermark", "kv_policy") if w in text] == []

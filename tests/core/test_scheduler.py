@@ -394,6 +394,18 @@ def test_stopped_as_a_string_is_refused():
     assert s.complete(plan) == ("a",)
 
 
+@pytest.mark.parametrize("kw", [{"stopped": 5}, {"stopped": None}, {"num_accepted": 5}, {"num_accepted": ["a"]}])
+def test_stopped_or_num_accepted_of_the_wrong_kind_is_refused_and_nothing_changes(kw):
+    """A number for stopped, or anything but a mapping for num_accepted, is a SchedulerStateError naming the
+    argument (not a TypeError from inside), and the plan can still be completed."""
+    s = make_scheduler()
+    s.add(Request("a", 2, 3))
+    plan = s.schedule()
+    with pytest.raises(SchedulerStateError, match=next(iter(kw))):
+        s.complete(plan, **kw)
+    assert s.complete(plan) == ("a",)
+
+
 def test_clock_returning_nan_is_refused_before_anything_changes():
     """A clock that returns NaN makes schedule() raise with nothing in flight; a good reading then works."""
     now = [float("nan")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
+from stallfree.core._mypyc import mypyc_attr
 from stallfree.core.errors import RequestRejected, SchedulerStateError
 from stallfree.core.live import LiveRequest, position_of
 from stallfree.core.plan import StepPlan
@@ -37,6 +38,7 @@ def end_reason(obj: Any) -> FinishReason:
     return FinishReason.LENGTH if obj.limit == obj.max_new else FinishReason.STOP
 
 
+@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class RequestLifecycle:
     """Base of the core's schedulers: add, abort and complete, around the hooks a subclass supplies.
 
@@ -144,7 +146,7 @@ class RequestLifecycle:
 
     # ------------------------------------------------------------------ add / abort
 
-    def add(self, req: Request, *, front: bool = False) -> None:
+    def add(self, req: Request, *, front: object = False) -> None:
         """Queue a request at the back of the waiting queue (front=True: at its front).
 
         Args:
@@ -175,7 +177,7 @@ class RequestLifecycle:
         else:
             self._waiting.append(obj)
 
-    def stop_after(self, rid: Hashable, num_tokens: int) -> None:
+    def stop_after(self, rid: Hashable, num_tokens: object) -> None:
         """End a waiting request with reason "stop" once it has generated `num_tokens` tokens.
 
         For a caller that knows a request's output length in advance (the simulator replaying a trace
@@ -254,8 +256,8 @@ class RequestLifecycle:
 
         Raises:
             SchedulerStateError: `plan` is not the plan in flight (stale, foreign or completed
-                twice), a rid in `stopped` did not sample a token in `plan`, or num_accepted is
-                not valid for `plan`; nothing changes.
+                twice), `stopped` is a string or not iterable, a rid in it did not sample a token in
+                `plan`, or num_accepted is not a mapping or not valid for `plan`; nothing changes.
         """
         # The plan in flight is a StepPlan: anything else (None included) is not it.
         if plan is not self._inflight or plan is None:
@@ -265,8 +267,13 @@ class RequestLifecycle:
                 f"complete() takes the plan in flight ({held}); got another plan ({what}): stale, "
                 "completed already, or from another scheduler"
             )
-        if stopped.__class__ is not tuple and isinstance(stopped, (str, bytes)):
-            raise SchedulerStateError(f"stopped must be an iterable of rids, not a string: {stopped!r}")
+        if stopped.__class__ is not tuple:
+            if isinstance(stopped, (str, bytes)):
+                raise SchedulerStateError(f"stopped must be an iterable of rids, not a string: {stopped!r}")
+            if not isinstance(stopped, Iterable):
+                raise SchedulerStateError(f"stopped must be an iterable of rids, got {stopped!r}")
+        if num_accepted is not None and not isinstance(num_accepted, Mapping):
+            raise SchedulerStateError(f"num_accepted must be a mapping of rid to tokens emitted, got {num_accepted!r}")
         stopped_objs = self._validate_stopped(plan, stopped) if stopped else []
         accepted = self._validate_accepted(plan, num_accepted) if num_accepted else []
         step = plan.step

@@ -15,7 +15,7 @@ prefix caching with reference counts and an LRU of unheld cached blocks, as vLLM
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 
 from stallfree.core._mypyc import mypyc_attr
@@ -191,13 +191,10 @@ class CachingBlockPool(BlockPool):
         InvalidConfig: num_blocks or block_size is not an integer >= 1; the message names it.
     """
 
-    __slots__ = ("_cached", "_hash_of", "_refs", "_evictable", "num_evictions", "on_evict")
+    __slots__ = ("_cached", "_hash_of", "_refs", "_evictable", "num_evictions")
 
     def __init__(self, num_blocks: object, block_size: object) -> None:
         super().__init__(num_blocks, block_size)
-        #: None, or a function (block, block_hash) called as each cached block is evicted, before its id is
-        #: handed out again (a second KV tier copies the block out: kv/tier.py).
-        self.on_evict: Callable[[int, Hashable], None] | None = None
         self._cached: dict[Hashable, int] = {}  # hash -> the cached block holding it
         self._hash_of: dict[int, Hashable] = {}  # cached block -> its hash
         self._refs: dict[int, int] = {}  # cached block -> number of tables holding it (0: evictable)
@@ -390,16 +387,19 @@ class CachingBlockPool(BlockPool):
         cached = self._cached
         hash_of = self._hash_of
         refs = self._refs
-        on_evict = self.on_evict
         for _ in range(n):
             b, _unused = ev.popitem(last=False)
             h = hash_of.pop(b)
             del cached[h]
             del refs[b]
-            if on_evict is not None:
-                on_evict(b, h)
+            self.on_evict(b, h)
             out.append(b)
         self.num_evictions += n
+
+    def on_evict(self, block: int, block_hash: Hashable) -> None:
+        """Called as each cached block is evicted, before its id is handed out again; nothing here. A second
+        KV tier overrides it to copy the block out (kv/tier.py's TieredBlockPool). A method, not a stored
+        function: a copy of the pool (Scheduler.snapshot) then calls its own."""
 
 
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)

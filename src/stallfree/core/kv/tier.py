@@ -204,7 +204,8 @@ class TierStats:
 @mypyc_attr(serializable=True, allow_interpreted_subclasses=True)
 class TieredBlockPool(CachingBlockPool):
     """A CachingBlockPool whose evicted cached blocks move to a CpuTier, recording each copy; it acts
-    through the pool's public members only (its `on_evict` hook, `settle_promised`, `cached_block`).
+    through the pool's public members only (its `on_evict` hook, overridden here, `settle_promised`,
+    `cached_block`).
 
     Args:
         num_blocks: GPU KV blocks, >= 1.
@@ -222,9 +223,8 @@ class TieredBlockPool(CachingBlockPool):
         self.tier = tier
         #: (gpu_block, cpu_block) copies of the step being planned, in order.
         self.offloads: list[tuple[int, int]] = []
-        self.on_evict = self._offload
 
-    def _offload(self, block: int, block_hash: Hashable) -> None:
+    def on_evict(self, block: int, block_hash: Hashable) -> None:
         """An evicted cached block moves to the CPU tier; its copy is recorded for the step's plan."""
         c = self.tier.store(block_hash)
         if c is not None:
