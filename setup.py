@@ -39,6 +39,7 @@ NATIVE_MODULES = (
     "src/stallfree/core/kv/reservation.py",
     "src/stallfree/core/kv/tier.py",
     "src/stallfree/costmodel/decode_runs.py",
+    "src/stallfree/costmodel/step_prices.py",
     "src/stallfree/sim/run/load.py",
     "src/stallfree/sim/run/loop.py",
     "src/stallfree/sim/run/replica.py",

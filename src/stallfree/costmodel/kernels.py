@@ -103,6 +103,7 @@ from stallfree.costmodel.kernel_tables import (
 )
 from stallfree.costmodel.model import ModelSpec, get_model
 from stallfree.costmodel.roofline import CostModel
+from stallfree.costmodel.step_prices import KernelStepPrices
 
 __all__ = [
     "CONTEXT_BUCKET",
@@ -263,9 +264,16 @@ class KernelCostModel:
         self._decode_shared_c: dict[int, float] = {}
         self._sorted: tuple[Any, list[int], list[int]] | None = None
         self.step_cache = step_cache_default() if step_cache is None else bool(step_cache)
-        self._runs = DecodeRuns(KNOTS, self._decode_c, _KEY)
         # shared(T) of a decode-only step, read in the step cache's path without decode_shared_s's call.
         self._decode_only_c = self._shared_c if self.tables.decode_shared is None else self._decode_shared_c
+        self._runs, self._prices = self._step_cache()
+
+    def _step_cache(self) -> tuple[DecodeRuns, KernelStepPrices]:
+        """A new decode runs cache and the step prices that read it with this model's caches."""
+        runs = DecodeRuns(KNOTS, self._decode_c, _KEY)
+        return runs, KernelStepPrices(
+            runs, KNOTS, _KEY, self._chunk_c, self._decode_only_c, self._shared_c, self._logits_c, self.chunk_exact_s,
+            self._decode_knot, self.decode_shared_s, self.shared_s, self.logits_s)
 
     def bind_replica(self, res: object) -> KernelCostModel:
         """This model for one replica of a cluster that shares it (stallfree.sim.run.replica.Replica binds
@@ -276,7 +284,7 @@ class KernelCostModel:
         for name, value in vars(self).items():  # one by one, in order: the instance layout of __init__'s
             setattr(view, name, value)
         view._sorted = None
-        view._runs = DecodeRuns(KNOTS, self._decode_c, _KEY)
+        view._runs, view._prices = view._step_cache()
         return view
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -457,29 +465,14 @@ class KernelCostModel:
         """
         if not self.step_cache:
             return self.step_time_uncached(plan)
-        tokens = plan.num_tokens
-        if tokens <= 0:
-            return 0.0
-        nd = plan.num_decodes
-        d = self.dp_attention
-        t = self._runs.total(plan.decode_offsets, plan.step + 1, -(-nd // d), self._decode_knot,
-                             plan.decode_offsets_sorted) / nd if nd else 0.0
-        prefills = plan.prefills
-        if d > 1:
-            return t + self._ranks_s(plan, [self.chunk_s(c.num_tokens, c.start) for c in prefills])
-        if not prefills:
-            shared = self._decode_only_c.get(tokens)
-            if shared is None:
-                shared = self.decode_shared_s(tokens)
-            logits = self._logits_c.get(nd)
-            if logits is None:
-                logits = self.logits_s(nd)
-            return t + shared + logits
-        sampled = nd
-        for c in prefills:
-            t += self.chunk_s(c.num_tokens, c.start)
-            sampled += c.is_last
-        return t + self.shared_s(tokens) + self.logits_s(sampled)
+        if self.dp_attention > 1:
+            nd = plan.num_decodes
+            if plan.num_tokens <= 0:
+                return 0.0
+            t = self._runs.total(plan.decode_offsets, plan.step + 1, -(-nd // self.dp_attention), self._decode_knot,
+                                 plan.decode_offsets_sorted) / nd if nd else 0.0
+            return t + self._ranks_s(plan, [self.chunk_s(c.num_tokens, c.start) for c in plan.prefills])
+        return self._prices.step_time(plan)
 
     def plain_decode_times(
         self, offsets: tuple[int, ...], offset_sum: int, step: int, count: int
@@ -489,12 +482,9 @@ class KernelCostModel:
         each (a scheduler's plain decode steps, stallfree.core.plain_steps). The same floats as step_time
         of their plans; None (price the plans) without the step cache or with several attention ranks.
         """
-        nd = len(offsets)
-        if not self.step_cache or self.dp_attention > 1 or not nd:
+        if not self.step_cache or self.dp_attention > 1 or not offsets:
             return None
-        shared, logits = self.decode_shared_s(nd), self.logits_s(nd)  # once a run: no need of step_time's caches
-        total, knot = self._runs.total, self._decode_knot
-        return [total(offsets, s + 1, nd, knot) / nd + shared + logits for s in range(step, step + count)]
+        return self._prices.plain_decode_times(offsets, step, count)
 
     def step_time_uncached(self, plan: StepPlan) -> float:
         """Return step_time(plan) without the step cache, seconds: the decodes sorted and each knot
