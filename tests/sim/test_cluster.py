@@ -136,6 +136,21 @@ def test_prefix_cache_hit_rate_by_hand():
     assert off["replicas"][0]["prefix_cache_hit_rate"] is None
 
 
+def test_prefix_cache_bounds_leave_out_a_request_refused_for_its_length():
+    """The same two requests plus a 40-token prompt refused at arrival (max_model_len 30, routed -1): each
+    replica's figures are those of the requests routed to it, as without the refused one."""
+    w = Workload((0.0, 1.0, 5.0), (9, 40, 9), (2, 2, 2), "hand", prefix_ids=((1, 2, 3), tuple(range(7, 17)), (1, 2, 4)),
+                 prefix_block=4)
+    paged = SchedulerConfig(kv_tokens=64, token_budget=16, max_seqs=4, kv="paged", block_size=4,
+                            watermark=0.0, prefix_caching=True)
+    res = simulate_cluster(w, paged, ONE_SECOND, 2, PrefixAffinityRouter(threshold=4), max_model_len=30)
+    assert res.routed == [0, -1, 0]
+    s = cluster_summary(res)
+    assert s["replicas"][0]["prefix_cache_hit_rate"] == pytest.approx(8 / 18)
+    assert s["replicas"][0]["prefix_cache_hit_rate_bound"] == pytest.approx(8 / 18)
+    assert s["replicas"][1]["prefix_cache_hit_rate_bound"] == 0.0
+
+
 def test_one_replica_cluster_is_the_simulator():
     """With one replica the cluster reproduces simulate step for step and summary for summary."""
     rng = random.Random(3)

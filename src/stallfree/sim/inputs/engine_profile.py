@@ -240,6 +240,9 @@ class ProfiledCostModel(InnerPlainPricing):
         if plan.num_tokens == 0:
             return t
         p = self.profile
-        sampled = plan.num_decodes + sum(1 for c in plan.prefills if c.is_last)
+        sampled = plan.num_decodes
+        for c in plan.prefills:  # a loop, not sum() over a generator: this runs once a step
+            if c.is_last:
+                sampled += 1
         return t + p.step_s + p.per_sampled_s * sampled
 

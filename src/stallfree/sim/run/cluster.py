@@ -243,13 +243,17 @@ def _prefix_cache_figures(
         return
     bs = st0.block_size or DEFAULT_BLOCK_SIZE
     hits = queries = evictions = 0
+    routed_to: dict[int, list[int]] = {rep.index: [] for rep in reps}  # one pass, not one per replica
+    for i, k in enumerate(routed):
+        if k >= 0:  # -1: refused at arrival for its length
+            routed_to[k].append(i)
     for rep, res in zip(reps, results, strict=True):
         st = rep.inner.stats()
         q, h, e = st.prefix_cache_queries, st.prefix_cache_hits, st.num_evictions
         hits, queries, evictions = hits + h, queries + q, evictions + e
         res.prefix_cache_hit_rate = h / q if q else 0.0
         res.prefix_cache_evictions = e
-        mine = [i for i, k in enumerate(routed) if k == rep.index]
+        mine = routed_to[rep.index]
         if isinstance(wl, SessionWorkload):
             res.prefix_cache_hit_rate_bound = wl.subset_bound(mine, bs)
             continue
