@@ -395,13 +395,6 @@ class KernelCostModel:
         )
         return sum(float(v[1]) for v in r) * 1e-3
 
-    def _chunk_knot(self, num_tokens: int, k: int) -> float:
-        key = num_tokens * _KEY + k
-        t = self._chunk_c.get(key)
-        if t is None:
-            t = self._chunk_c[key] = self.chunk_exact_s(num_tokens, KNOTS[k])
-        return t
-
     def _decode_knot(self, batch: int, k: int) -> float:
         key = batch * _KEY + k
         t = self._decode_c.get(key)
@@ -410,13 +403,9 @@ class KernelCostModel:
         return t
 
     def chunk_s(self, num_tokens: int, start: int) -> float:
-        """Return chunk(c, p), seconds: linear between the offset knots around `start` (cached)."""
-        k = bisect_right(KNOTS, start) - 1
-        lo = self._chunk_knot(num_tokens, k)
-        rem = start - KNOTS[k]
-        if not rem:
-            return lo
-        return lo + (self._chunk_knot(num_tokens, k + 1) - lo) * rem / (KNOTS[k + 1] - KNOTS[k])
+        """Return chunk(c, p), seconds: linear between the offset knots around `start` (cached; read by the
+        step prices, step_prices.KernelStepPrices.chunk_s)."""
+        return self._prices.chunk_s(num_tokens, start)
 
     def decode_attention_s(self, plan: StepPlan) -> float:
         """Return sum_i decode(B, s_i) / B of the module docstring, seconds, with s_i = start_i + 1 and
