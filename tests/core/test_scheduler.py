@@ -416,3 +416,24 @@ def test_clock_returning_nan_is_refused_before_anything_changes():
     assert s.num_waiting == 1
     now[0] = 1.0
     assert s.schedule().admitted == ("a",)
+
+
+def test_an_unhashable_rid_is_an_unknown_rid_not_a_type_error():
+    """A list given where a rid goes is never a live rid: the verbs raise what they raise for an unknown rid
+    (KeyError naming it; complete() a SchedulerStateError for `stopped`), and nothing changes."""
+    s = make_scheduler()
+    s.add(Request("a", 2, 3))
+    for verb in (lambda: s.abort([1]), lambda: s.stop_after([1], 1), lambda: s.request_state([1]),
+                 lambda: s.take_back([1], 0), lambda: s.set_draft_tokens([1], 1)):
+        with pytest.raises(KeyError, match=r"\[1\]"):
+            verb()
+    plan = s.schedule()
+    with pytest.raises(SchedulerStateError, match=r"stopped names rid \[1\]"):
+        s.complete(plan, stopped=[[1]])
+    assert s.complete(plan) == ("a",)
+
+
+def test_an_unknown_option_is_named_with_the_options_there_are():
+    """Scheduler(..., bogus=1) says Scheduler() got an unexpected option and lists SchedulerConfig's fields."""
+    with pytest.raises(TypeError, match=r"Scheduler\(\) got an unexpected option 'bogus'.*token_budget"):
+        Scheduler(8, 8, 100, bogus=1)

@@ -154,7 +154,9 @@ def test_finished_requests_leave_the_loop():
     c = simulate_cluster(work, SchedulerConfig(20_000, 256, 64), LinearCostModel(0.005, 2e-5), 3, router)
     gc.collect()
     assert len(live) >= 5 and max(live) <= 3 * 64 + 50  # seats of 3 replicas, plus those waiting
-    assert sum(1 for o in gc.get_objects() if type(o) is Request) == before
+    # At most `before`: a Request another test left in a cache may be let go during the run (seen once in the
+    # compiled build's quick set), but none of this run's may stay.
+    assert sum(1 for o in gc.get_objects() if type(o) is Request) <= before
     assert summarize_result(c.merged)["completed"] == len(work)
 
 

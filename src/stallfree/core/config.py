@@ -11,7 +11,7 @@ max_num_partial_prefills, max_long_partial_prefills, long_prefill_token_threshol
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stallfree.core.errors import InvalidConfig, check_positive_int
@@ -292,9 +292,17 @@ def as_config(
             raise InvalidConfig(f"Scheduler(config) takes no other options; got {given + sorted(options)}")
         return config
     args = dict(options)
+    unknown = sorted(k for k in args if k not in _FIELDS)
+    if unknown:
+        raise TypeError(f"Scheduler() got an unexpected option {unknown[0]!r}: the options are SchedulerConfig's "
+                        f"fields ({', '.join(sorted(_FIELDS))})")
     for name, value in (("token_budget", config), ("max_seqs", max_seqs), ("kv_tokens", kv_tokens)):
         if name not in args:
             args[name] = value  # None is refused by the field's check, naming it
         elif value is not None:
             raise TypeError(f"Scheduler() got multiple values for argument {name!r}")
     return SchedulerConfig(**args)
+
+
+#: SchedulerConfig's field names: the options Scheduler() takes by keyword.
+_FIELDS = frozenset(f.name for f in fields(SchedulerConfig))

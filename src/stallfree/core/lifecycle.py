@@ -119,9 +119,23 @@ class RequestLifecycle:
         obj = self._waiting.head()
         return None if obj is None else obj.rid
 
+    def _find(self, rid: object) -> Any:
+        """The record of live request `rid`, or None: never added, finished, or not hashable (never a rid)."""
+        try:
+            return self._live.get(rid)
+        except TypeError:
+            return None
+
+    def _finished_recently(self, rid: object) -> bool:
+        """Whether `rid` finished recently enough to be remembered (abort() of it is then a no-op)."""
+        try:
+            return rid in self._recent_finished
+        except TypeError:
+            return False
+
     def _live_request(self, rid: Hashable) -> LiveRequest:
         """The record of live request `rid`; KeyError naming it when it is not live."""
-        obj: LiveRequest | None = self._live.get(rid)
+        obj: LiveRequest | None = self._find(rid)
         if obj is None:
             raise KeyError(f"no live request with rid {rid!r}")
         return obj
@@ -194,7 +208,7 @@ class RequestLifecycle:
             SchedulerStateError: it was admitted already, or num_tokens is not an integer from 1 to
                 max_new; nothing changes.
         """
-        obj = self._live.get(rid)
+        obj = self._find(rid)
         if obj is None:
             raise KeyError(f"stop_after(): unknown rid {rid!r}")
         if obj.status is not _WAITING:
@@ -215,9 +229,9 @@ class RequestLifecycle:
         Raises:
             KeyError: `rid` was never added (or finished too long ago to be remembered).
         """
-        obj = self._live.get(rid)
+        obj = self._find(rid)
         if obj is None:
-            if rid in self._recent_finished:
+            if self._finished_recently(rid):
                 return
             raise KeyError(f"abort(): unknown rid {rid!r}")
         plan = self._inflight
@@ -263,10 +277,10 @@ class RequestLifecycle:
         if plan is not self._inflight or plan is None:
             what = f"step {plan.step}" if isinstance(plan, StepPlan) else repr(plan)
             held = "none" if self._inflight is None else f"step {self._inflight.step}"
-            raise SchedulerStateError(
-                f"complete() takes the plan in flight ({held}); got another plan ({what}): stale, "
-                "completed already, or from another scheduler"
-            )
+            why = "stale, completed already, or from another scheduler"
+            if isinstance(plan, StepPlan) and self._inflight is not None and plan.step == self._inflight.step:
+                why = "the same step of another scheduler, or of the one a snapshot() was copied from"
+            raise SchedulerStateError(f"complete() takes the plan in flight ({held}); got another plan ({what}): {why}")
         if stopped.__class__ is not tuple:
             if isinstance(stopped, (str, bytes)):
                 raise SchedulerStateError(f"stopped must be an iterable of rids, not a string: {stopped!r}")
@@ -326,7 +340,7 @@ class RequestLifecycle:
             return []
         objs = []
         for rid in stopped:
-            obj = self._live.get(rid)
+            obj = self._find(rid)
             if obj is None or not self._sampled_in(obj, plan):
                 raise SchedulerStateError(
                     f"stopped names rid {rid!r}, which did not sample a token in step {plan.step}"

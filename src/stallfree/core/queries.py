@@ -222,7 +222,10 @@ class AdmissionQueries:
     def snapshot(self) -> Any:
         """A detached copy of the scheduler (its KV manager included), which may be queried or stepped from
         any thread while the original runs; O(live requests + blocks handed out). The remembered finished
-        rids are not copied (abort() of one on the copy raises KeyError).
+        rids are not copied (abort() of one on the copy raises KeyError). Taken while a plan is in flight,
+        the copy holds its own copy of that plan in flight, which only it can complete and which is not
+        handed out: such a copy answers queries (stats(), request_state(), ...); to step a copy, take it
+        between steps (headroom() and would_wait() complete the plan on their own copy first).
 
         Raises:
             TypeError: the KV manager (one given as kv_manager=) cannot be copied (copy.deepcopy).

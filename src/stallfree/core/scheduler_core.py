@@ -221,7 +221,7 @@ class SchedulerCore(RequestLifecycle):
             SchedulerStateError: num_drafts is not an integer >= 0, or the scheduler prices every
                 decode with num_spec_tokens (the two do not mix); nothing changes.
         """
-        obj = self._live.get(rid)
+        obj = self._find(rid)
         if obj is None:
             raise KeyError(f"set_draft_tokens(): unknown rid {rid!r}")
         if isinstance(num_drafts, bool) or not isinstance(num_drafts, int) or num_drafts < 0:
@@ -263,9 +263,9 @@ class SchedulerCore(RequestLifecycle):
         """
         if self._inflight is not None:
             raise SchedulerStateError(f"take_back() between steps only: step {self._inflight.step} is in flight")
-        obj = self._live.get(rid)
+        obj = self._find(rid)
         if obj is None:
-            if rid in self._recent_finished:
+            if self._finished_recently(rid):
                 return None
             raise KeyError(f"take_back(): unknown rid {rid!r}")
         if not obj.unsettled:
