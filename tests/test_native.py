@@ -8,7 +8,9 @@ as a number again.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,24 @@ def test_compiled_says_whether_the_probe_module_is_an_extension() -> None:
     """compiled() is True exactly when the probe module's file is a C extension, not a .py source."""
     origin = importlib.util.find_spec(PROBE_MODULE).origin
     assert compiled() == (not origin.endswith(".py"))
+
+
+def _native_modules() -> list[str]:
+    """setup.py's NATIVE_MODULES as module names (read from the checkout's setup.py, not imported)."""
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "setup.py").read_text())
+    found = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "NATIVE_MODULES" for t in n.targets))
+    paths = ast.literal_eval(found)
+    return [p.removeprefix("src/").removesuffix(".py").removesuffix("/__init__").replace("/", ".") for p in paths]
+
+
+def test_every_module_of_the_set_is_compiled_exactly_when_the_build_is() -> None:
+    """Each module setup.py compiles is a C extension in the compiled build and a .py source otherwise: a
+    module left out of the build (or shadowed by a source) would run pure Python unnoticed."""
+    modules = _native_modules()
+    assert "stallfree.core.scheduler_core" in modules and "stallfree.costmodel.step_prices" in modules
+    kinds = {m: importlib.util.find_spec(m).origin.endswith(".py") for m in modules}
+    assert [m for m, is_source in kinds.items() if is_source == compiled()] == []
 
 
 @pytest.mark.parametrize("bad", [True, 2.0])
