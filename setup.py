@@ -1,17 +1,25 @@
-"""Build hook: the optional compiled build of the simulator's step path (docs/install.md).
+"""Build hook: the compiled build of the simulator's step path (docs/install.md).
 
-A plain install (`pip install .`, `pip install -e .`) is pure Python and needs no compiler. With
-STALLFREE_COMPILE=1 in the environment a regular (not editable) install also compiles the modules of
-NATIVE_MODULES with mypyc (the compiler of the mypy project: it turns type-annotated Python into C
-extensions): the same sources and the same results, in less CPU (docs/costmodel.md, "Whole runs"). It needs
-a C compiler and the Python headers; mypy is fetched for the build only, never at run time. `stallfree
---version` says which build is imported.
+A regular install (`pip install .`) compiles the modules of NATIVE_MODULES with mypyc (the compiler of the
+mypy project: it turns type-annotated Python into C extensions) where it can: the same sources and the same
+results, in about half the CPU (docs/costmodel.md, "Whole runs"). It needs a C compiler and Python's headers;
+without them, or when the compilation fails, the install goes on as pure Python and says why (pip shows
+it with -v). mypy and numpy are fetched for the build only, never at run time. An editable install
+(`pip install -e .`) is pure Python, so that edits to the sources take effect. `stallfree --version` says
+which build is imported.
+
+STALLFREE_COMPILE in the environment chooses: unset or "auto" as above; "1" compiles or fails the install
+(CI's compiled build); "0" never compiles.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
 
 from setuptools import setup
 
@@ -45,27 +53,104 @@ NATIVE_MODULES = (
     "src/stallfree/sim/run/replica.py",
 )
 
-COMPILE = os.environ.get("STALLFREE_COMPILE", "") == "1"
+#: What the build needs beside setuptools: mypy to compile, numpy for its types (mypyc type-checks what the
+#: compiled modules import: numpy lazily, in the summary paths). setup_requires hands them to pip as build
+#: requirements (setuptools' get_requires_for_build_wheel) before the build pass imports mypyc.
+BUILD_REQUIRES = ["mypy>=1.15", "numpy>=1.26"]
 
 
-def _native_build() -> dict[str, object]:
-    """setup() keywords of the compiled build: setup_requires names mypy and numpy, which setuptools' build
-    backend hands pip as build requirements (get_requires_for_build_wheel) before the build itself imports it.
+def compile_mode() -> str:
+    """STALLFREE_COMPILE, read: "1" (compile or fail), "0" (never) or "auto" (unset, empty or "auto").
 
     Raises:
-        SystemExit: an editable install (its compiled modules would shadow the sources being edited).
+        SystemExit: any other value, named.
     """
-    if "editable_wheel" in sys.argv:
-        raise SystemExit("STALLFREE_COMPILE=1 needs a regular install (pip install .): in an editable one the "
-                         "compiled modules would shadow the sources being edited")
-    # numpy for its types: mypyc type-checks what the compiled modules import (numpy lazily, in the summary
-    # paths), and the build runs before pip installs the package's own dependencies.
-    requires = ["mypy>=1.15", "numpy>=1.26"]
+    raw = os.environ.get("STALLFREE_COMPILE", "")
+    mode = raw.strip().lower() or "auto"
+    if mode not in ("auto", "0", "1"):
+        raise SystemExit(f"STALLFREE_COMPILE={raw!r}: use 1 (compile or fail), 0 (pure Python) or auto (compile "
+                         "where a C compiler is found; the same as leaving it unset)")
+    return mode
+
+
+def _say(why: str) -> None:
+    print(f"stallfree: installing the pure-Python build: {why} (STALLFREE_COMPILE=1 makes this an error; "
+          "docs/install.md)", file=sys.stderr)
+
+
+def _why_not_compiler() -> str | None:
+    """Why this machine cannot compile C extensions for this Python (None: it looks able to)."""
+    include = sysconfig.get_paths().get("include")
+    if not include or not (Path(include) / "Python.h").is_file():
+        return f"Python's headers are missing (no Python.h under {include}; Debian and Ubuntu: python3-dev)"
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC")  # setuptools compiles with $CC where it is set
+    if cc and not shutil.which(str(cc).split()[0]):
+        return f"no C compiler ({str(cc).split()[0]} is not on PATH; Debian and Ubuntu: build-essential)"
+    return None
+
+
+def _fallback_build_ext() -> Any:
+    """setuptools' build_ext that, when compiling fails, removes what it built and lets the install go on
+    pure Python (each compiled module's .py source is installed beside it, so nothing is missing)."""
+    from setuptools.command.build_ext import build_ext
+
+    class FallbackBuildExt(build_ext):  # type: ignore[misc]
+        def run(self) -> None:
+            try:
+                super().run()
+            except Exception as exc:  # a compiler error of any kind: the pure build is complete without it
+                for ext in self.extensions:
+                    for path in (self.get_ext_fullpath(ext.name),):
+                        if os.path.exists(path):
+                            os.remove(path)
+                self.extensions = []
+                _say(f"compiling failed ({type(exc).__name__}: {exc})")
+
+    return FallbackBuildExt
+
+
+def native_build(argv: list[str]) -> dict[str, object]:
+    """setup() keywords for the setuptools command line `argv`: the compiled build where it applies and can
+    be made, else none (pure Python).
+
+    Raises:
+        SystemExit: STALLFREE_COMPILE=1 with an editable install (its compiled modules would shadow the
+            sources being edited) or without a C compiler and Python's headers.
+    """
+    mode = compile_mode()
+    if mode == "0":
+        return {}
+    required = mode == "1"
+    build_pass = any(cmd in argv for cmd in ("bdist_wheel", "build_ext", "build", "install", "editable_wheel"))
+    if not build_pass:  # the backend's first pass asks what the build needs ("egg_info"); metadata needs nothing
+        return {"setup_requires": BUILD_REQUIRES} if "egg_info" in argv else {}
+    if "editable_wheel" in argv:
+        if required:
+            raise SystemExit("STALLFREE_COMPILE=1 needs a regular install (pip install .): in an editable one "
+                             "the compiled modules would shadow the sources being edited")
+        return {}
+    why = _why_not_compiler()
+    if why is not None:
+        if required:
+            raise SystemExit(f"STALLFREE_COMPILE=1: {why}")
+        _say(why)
+        return {}
     try:
         from mypyc.build import mypycify
-    except ImportError:  # the backend's first pass, asking what the build needs
-        return {"setup_requires": requires}
-    return {"setup_requires": requires, "ext_modules": mypycify(list(NATIVE_MODULES), opt_level="3")}
+    except ImportError:
+        if required:
+            return {"setup_requires": BUILD_REQUIRES}
+        _say("mypy is not installed in the build's environment (pip install --no-build-isolation without it)")
+        return {}
+    if required:
+        return {"setup_requires": BUILD_REQUIRES, "ext_modules": mypycify(list(NATIVE_MODULES), opt_level="3")}
+    try:
+        ext_modules = mypycify(list(NATIVE_MODULES), opt_level="3")
+    except (Exception, SystemExit) as exc:  # mypyc's own refusal (a type error): never the user's install
+        _say(f"mypyc failed ({type(exc).__name__}: {exc})")
+        return {}
+    return {"ext_modules": ext_modules, "cmdclass": {"build_ext": _fallback_build_ext()}}
 
 
-setup(**(_native_build() if COMPILE else {}))
+if __name__ == "__main__":  # setuptools' build backend runs this file as __main__; the tests import it
+    setup(**native_build(sys.argv))

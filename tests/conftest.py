@@ -16,7 +16,7 @@ settings.load_profile("stallfree")
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "pure_python: needs the pure-Python build (it replaces a method of a class that the compiled "
-        "build, setup.py's STALLFREE_COMPILE=1, compiles, which compiled callers never see, or reads its source): "
+        "build, setup.py's regular install, compiles, which compiled callers never see, or reads its source): "
         "skipped under the compiled build")
 
 

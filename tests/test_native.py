@@ -1,4 +1,4 @@
-"""The compiled build (setup.py, STALLFREE_COMPILE=1) refuses what the pure-Python build refuses.
+"""The compiled build (setup.py: a regular install with a C compiler) refuses what the pure-Python build refuses.
 
 A compiled `int` or `float` parameter turns True into 1 before the function's own check runs, so every
 value a caller hands in to be checked is read as `object` in the compiled modules. These refusals run in

@@ -1,5 +1,5 @@
 """Which build of stallfree is imported: the pure-Python one, or the compiled one (setup.py's NATIVE_MODULES
-turned into C extensions by mypyc, installed with STALLFREE_COMPILE=1).
+turned into C extensions by mypyc: what a regular install makes where it finds a C compiler).
 
 Imports allowed: the standard library only.
 """

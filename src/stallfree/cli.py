@@ -43,8 +43,9 @@ def _missing_extra(command: str | None, missing: str | None) -> str:
 
 
 class _Version(argparse.Action):
-    """`--version`: the package version and whether the compiled build (setup.py, STALLFREE_COMPILE=1) is the
-    one imported, as mypy prints its own; looked up only when asked, so no other command pays for it."""
+    """`--version`: the package version and whether the compiled build (setup.py: a regular install with a C
+    compiler) is the one imported, as mypy prints its own; looked up only when asked, so no other command pays
+    for it."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""mypyc's class options for the compiled build (setup.py's NATIVE_MODULES, built with STALLFREE_COMPILE=1).
+"""mypyc's class options for the compiled build (setup.py's NATIVE_MODULES, which a regular install compiles).
 
 `@mypyc_attr(serializable=True, allow_interpreted_subclasses=True)` is on every class of a compiled module:
 serializable lets copy.deepcopy and pickle copy its objects (Scheduler.snapshot, a sweep's worker
