@@ -23,6 +23,12 @@ from typing import Any
 
 from setuptools import setup
 
+# The build backend (build_backend/stallfree_build.py: setuptools' own, asking for mypy and numpy where a
+# build may compile) reads STALLFREE_COMPILE the same way; it is on the path when pip builds, put there for
+# a direct `python setup.py`.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "build_backend"))
+from stallfree_build import compile_mode  # noqa: E402
+
 #: The modules a simulated step runs through (scheduler internals, paged KV, pricing, the event loop and the
 #: replica), compiled together. Each is plain typed Python; the compiled build checks every annotation at
 #: run time, so they must be honest (an array where a list is annotated raises TypeError), and a value a
@@ -53,24 +59,6 @@ NATIVE_MODULES = (
     "src/stallfree/sim/run/replica.py",
 )
 
-#: What the build needs beside setuptools: mypy to compile, numpy for its types (mypyc type-checks what the
-#: compiled modules import: numpy lazily, in the summary paths). setup_requires hands them to pip as build
-#: requirements (setuptools' get_requires_for_build_wheel) before the build pass imports mypyc.
-BUILD_REQUIRES = ["mypy>=1.15", "numpy>=1.26"]
-
-
-def compile_mode() -> str:
-    """STALLFREE_COMPILE, read: "1" (compile or fail), "0" (never) or "auto" (unset, empty or "auto").
-
-    Raises:
-        SystemExit: any other value, named.
-    """
-    raw = os.environ.get("STALLFREE_COMPILE", "")
-    mode = raw.strip().lower() or "auto"
-    if mode not in ("auto", "0", "1"):
-        raise SystemExit(f"STALLFREE_COMPILE={raw!r}: use 1 (compile or fail), 0 (pure Python) or auto (compile "
-                         "where a C compiler is found; the same as leaving it unset)")
-    return mode
 
 
 def _say(why: str) -> None:
@@ -83,9 +71,12 @@ def _why_not_compiler() -> str | None:
     include = sysconfig.get_paths().get("include")
     if not include or not (Path(include) / "Python.h").is_file():
         return f"Python's headers are missing (no Python.h under {include}; Debian and Ubuntu: python3-dev)"
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC")  # setuptools compiles with $CC where it is set
-    if cc and not shutil.which(str(cc).split()[0]):
-        return f"no C compiler ({str(cc).split()[0]} is not on PATH; Debian and Ubuntu: build-essential)"
+    cc, source = os.environ.get("CC"), "$CC"  # setuptools compiles with $CC where it is set
+    if not cc:
+        cc, source = sysconfig.get_config_var("CC"), "Python's build configuration"
+    program = str(cc).split()[0] if cc else ""
+    if program and not shutil.which(program):
+        return f"no C compiler ({program}, named by {source}, is not found; Debian and Ubuntu: build-essential)"
     return None
 
 
@@ -121,14 +112,13 @@ def native_build(argv: list[str]) -> dict[str, object]:
     if mode == "0":
         return {}
     required = mode == "1"
-    build_pass = any(cmd in argv for cmd in ("bdist_wheel", "build_ext", "build", "install", "editable_wheel"))
-    if not build_pass:  # the backend's first pass asks what the build needs ("egg_info"); metadata needs nothing
-        return {"setup_requires": BUILD_REQUIRES} if "egg_info" in argv else {}
     if "editable_wheel" in argv:
-        if required:
+        if required:  # the backend refuses it first (get_requires_for_build_editable); a direct call too
             raise SystemExit("STALLFREE_COMPILE=1 needs a regular install (pip install .): in an editable one "
                              "the compiled modules would shadow the sources being edited")
         return {}
+    if not any(cmd in argv for cmd in ("bdist_wheel", "build_ext", "build", "install")):
+        return {}  # the metadata passes (egg_info, dist_info): nothing to compile
     why = _why_not_compiler()
     if why is not None:
         if required:
@@ -138,12 +128,14 @@ def native_build(argv: list[str]) -> dict[str, object]:
     try:
         from mypyc.build import mypycify
     except ImportError:
+        why = ("mypy is not installed in the build's environment (pip fetches it for the build unless told "
+               "--no-build-isolation: then install mypy first)")
         if required:
-            return {"setup_requires": BUILD_REQUIRES}
-        _say("mypy is not installed in the build's environment (pip install --no-build-isolation without it)")
+            raise SystemExit(f"STALLFREE_COMPILE=1: {why}") from None
+        _say(why)
         return {}
     if required:
-        return {"setup_requires": BUILD_REQUIRES, "ext_modules": mypycify(list(NATIVE_MODULES), opt_level="3")}
+        return {"ext_modules": mypycify(list(NATIVE_MODULES), opt_level="3")}
     try:
         ext_modules = mypycify(list(NATIVE_MODULES), opt_level="3")
     except (Exception, SystemExit) as exc:  # mypyc's own refusal (a type error): never the user's install

@@ -1,8 +1,10 @@
-"""setup.py's choice of build: a regular install compiles where it can and is pure Python otherwise, an
-editable one is always pure Python, and STALLFREE_COMPILE overrides (1: compile or fail, 0: never).
+"""The choice of build (setup.py and its backend, build_backend/stallfree_build.py): a regular install
+compiles where it can and is pure Python otherwise, an editable one is always pure Python and fetches nothing
+for compiling, and STALLFREE_COMPILE overrides (1: compile or fail, 0: never).
 
 The build itself (mypyc, then the C compiler) is exercised by CI's compiled install; these check the choice
-made before it, for each command line setuptools' backend runs setup.py with.
+made before it: the requirements each hook asks pip for, and setup.py's answer to each command line
+setuptools' backend runs it with.
 """
 
 from __future__ import annotations
@@ -14,58 +16,84 @@ from types import ModuleType
 
 import pytest
 
-SETUP = Path(__file__).resolve().parents[1] / "setup.py"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def setup_py() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("stallfree_setup_under_test", SETUP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not __main__: setup() is not called
+    return _load("stallfree_setup_under_test", ROOT / "setup.py")  # not __main__: setup() is not called
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The backend, setuptools' own requirements stubbed (their hooks run setup.py in the working directory)."""
+    module = _load("stallfree_build_under_test", ROOT / "build_backend" / "stallfree_build.py")
+    monkeypatch.setattr(module._setuptools, "get_requires_for_build_wheel", lambda config_settings=None: ["wheel"])
+    monkeypatch.setattr(module._setuptools, "get_requires_for_build_editable", lambda config_settings=None: [])
     return module
 
 
 @pytest.mark.parametrize(("value", "mode"), [(None, "auto"), ("", "auto"), ("auto", "auto"), (" AUTO ", "auto"),
                                              ("0", "0"), ("1", "1")])
-def test_the_mode_read_from_the_environment(setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch,
+def test_the_mode_read_from_the_environment(backend: ModuleType, monkeypatch: pytest.MonkeyPatch,
                                             value: str | None, mode: str) -> None:
     if value is None:
         monkeypatch.delenv("STALLFREE_COMPILE", raising=False)
     else:
         monkeypatch.setenv("STALLFREE_COMPILE", value)
-    assert setup_py.compile_mode() == mode
+    assert backend.compile_mode() == mode
 
 
 @pytest.mark.parametrize("value", ["yes", "true", "2"])
-def test_an_unknown_mode_is_refused_naming_it(setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch,
-                                              value: str) -> None:
+def test_an_unknown_mode_is_refused_naming_it(backend: ModuleType, setup_py: ModuleType,
+                                              monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """Refused by the first hook pip calls, before anything is fetched, and by setup.py itself."""
     monkeypatch.setenv("STALLFREE_COMPILE", value)
-    with pytest.raises(SystemExit, match=rf"STALLFREE_COMPILE='{value}': use 1 .* 0 .* or auto"):
-        setup_py.native_build(["setup.py", "bdist_wheel"])
+    for call in (backend.get_requires_for_build_wheel, backend.get_requires_for_build_editable,
+                 lambda: setup_py.native_build(["setup.py", "bdist_wheel"])):
+        with pytest.raises(SystemExit, match=rf"STALLFREE_COMPILE='{value}': use 1 .* 0 .* or auto"):
+            call()
 
 
-@pytest.mark.parametrize("mode", ["", "1"])
-def test_the_first_pass_asks_for_mypy_and_numpy_and_metadata_for_nothing(
-        setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    """setuptools' get_requires_for_build_* runs "egg_info": mypy and numpy are handed to pip as build
-    requirements; the metadata pass ("dist_info") needs nothing."""
+@pytest.mark.parametrize(("mode", "wheel"), [("", ["wheel", "mypy>=1.15", "numpy>=1.26"]),
+                                             ("1", ["wheel", "mypy>=1.15", "numpy>=1.26"]), ("0", ["wheel"])])
+def test_a_regular_build_asks_for_mypy_and_numpy_unless_it_never_compiles(
+        backend: ModuleType, monkeypatch: pytest.MonkeyPatch, mode: str, wheel: list[str]) -> None:
     monkeypatch.setenv("STALLFREE_COMPILE", mode)
-    assert setup_py.native_build(["setup.py", "egg_info"]) == {"setup_requires": ["mypy>=1.15", "numpy>=1.26"]}
-    assert setup_py.native_build(["setup.py", "dist_info", "--output-dir", "x"]) == {}
+    assert backend.get_requires_for_build_wheel() == wheel
 
 
-def test_never_compiled_with_mode_0(setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STALLFREE_COMPILE", "0")
+@pytest.mark.parametrize("mode", ["", "auto", "0"])
+def test_an_editable_build_asks_for_nothing_more(backend: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                 mode: str) -> None:
+    monkeypatch.setenv("STALLFREE_COMPILE", mode)
+    assert backend.get_requires_for_build_editable() == []
+
+
+def test_the_metadata_passes_and_mode_0_build_nothing(setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STALLFREE_COMPILE", raising=False)
     assert setup_py.native_build(["setup.py", "egg_info"]) == {}
+    assert setup_py.native_build(["setup.py", "dist_info", "--output-dir", "x"]) == {}
+    monkeypatch.setenv("STALLFREE_COMPILE", "0")
     assert setup_py.native_build(["setup.py", "bdist_wheel"]) == {}
 
 
 def test_an_editable_install_is_pure_python_and_refused_when_compiling_is_required(
-        setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+        backend: ModuleType, setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused by the backend's first hook, before mypy is fetched, and by setup.py if run directly."""
     monkeypatch.delenv("STALLFREE_COMPILE", raising=False)
     assert setup_py.native_build(["setup.py", "editable_wheel", "--dist-dir", "x"]) == {}
     monkeypatch.setenv("STALLFREE_COMPILE", "1")
+    with pytest.raises(SystemExit, match="needs a regular install"):
+        backend.get_requires_for_build_editable()
     with pytest.raises(SystemExit, match="needs a regular install"):
         setup_py.native_build(["setup.py", "editable_wheel", "--dist-dir", "x"])
 
@@ -78,9 +106,9 @@ def test_without_a_compiler_the_install_goes_on_pure_python_saying_why(
     monkeypatch.delenv("STALLFREE_COMPILE", raising=False)
     assert setup_py.native_build(["setup.py", "bdist_wheel"]) == {}
     err = capsys.readouterr().err
-    assert "installing the pure-Python build: no C compiler (/nonexistent/cc is not on PATH" in err
+    assert "installing the pure-Python build: no C compiler (/nonexistent/cc, named by $CC, is not found" in err
     monkeypatch.setenv("STALLFREE_COMPILE", "1")
-    with pytest.raises(SystemExit, match=r"STALLFREE_COMPILE=1: no C compiler \(/nonexistent/cc"):
+    with pytest.raises(SystemExit, match=r"STALLFREE_COMPILE=1: no C compiler \(/nonexistent/cc, named by \$CC"):
         setup_py.native_build(["setup.py", "bdist_wheel"])
 
 
@@ -91,6 +119,19 @@ def test_without_python_headers_the_install_goes_on_pure_python(
     monkeypatch.setattr(setup_py.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     assert setup_py.native_build(["setup.py", "bdist_wheel"]) == {}
     assert f"Python's headers are missing (no Python.h under {tmp_path}" in capsys.readouterr().err
+
+
+def test_without_mypy_the_install_goes_on_pure_python_unless_compiling_is_required(
+        setup_py: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """pip install --no-build-isolation into an environment without mypy."""
+    monkeypatch.delenv("STALLFREE_COMPILE", raising=False)
+    monkeypatch.setattr(setup_py, "_why_not_compiler", lambda: None)
+    monkeypatch.setitem(sys.modules, "mypyc.build", None)  # import fails
+    assert setup_py.native_build(["setup.py", "bdist_wheel"]) == {}
+    assert "mypy is not installed in the build's environment" in capsys.readouterr().err
+    monkeypatch.setenv("STALLFREE_COMPILE", "1")
+    with pytest.raises(SystemExit, match="STALLFREE_COMPILE=1: mypy is not installed"):
+        setup_py.native_build(["setup.py", "bdist_wheel"])
 
 
 def test_a_regular_install_compiles_the_native_modules_where_it_can(
