@@ -39,6 +39,31 @@ def test_pairwise_sum_is_numpys_sum(monkeypatch, n, chunk):
     assert itl.pairwise_sum(n, lambda lo, hi: x[lo:hi]) == float(np.add.reduce(x))
 
 
+def test_pairwise_sum_leaves_nothing_for_the_garbage_collector(monkeypatch):
+    """What `piece` reads is freed when the caller lets go of it, with the cycle collector off: a recursive
+    closure would hold it in a cycle (a 1 M-request run's gaps, about 180 MB, until the next collection)."""
+    import gc
+    import weakref
+
+    class Gaps:
+        def __init__(self, x):
+            self.x = x
+
+        def piece(self, lo, hi):
+            return self.x[lo:hi]
+
+    monkeypatch.setattr(itl, "CHUNK", 128)
+    gaps = Gaps(np.random.default_rng(3).random(1000))
+    alive = weakref.ref(gaps)
+    gc.disable()
+    try:
+        assert itl.pairwise_sum(1000, gaps.piece) == float(np.add.reduce(gaps.x))
+        del gaps
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 101, 5000])
 def test_percentile_is_numpys(n):
     """From the k-th smallest value alone, np.percentile's linear interpolation to the last bit."""

@@ -44,16 +44,20 @@ def pairwise_sum(n: int, piece: Callable[[int, int], Any]) -> float:
     """numpy's sum (np.add.reduce) of a float64 array of `n` values, the values [lo, hi) given by
     piece(lo, hi) as a numpy array: numpy's pairwise recursion (halves of a multiple of 8, the first
     half n // 2 rounded down to one), numpy summing each piece of at most CHUNK values itself."""
+    return _pairwise(piece, 0, n)
+
+
+def _pairwise(piece: Callable[[int, int], Any], lo: int, m: int) -> float:
+    """pairwise_sum of the m values from lo. A module function, not a closure: a recursive closure refers to
+    itself, and the cycle would hold `piece` (and what it reads: a run's gaps, hundreds of MB) until the
+    garbage collector's next pass."""
     import numpy as np
 
-    def rec(lo: int, m: int) -> float:
-        if m <= CHUNK:
-            return float(np.add.reduce(piece(lo, lo + m))) if m else 0.0
-        m2 = m // 2
-        m2 -= m2 % 8
-        return rec(lo, m2) + rec(lo + m2, m - m2)
-
-    return rec(0, n)
+    if m <= CHUNK:
+        return float(np.add.reduce(piece(lo, lo + m))) if m else 0.0
+    m2 = m // 2
+    m2 -= m2 % 8
+    return _pairwise(piece, lo, m2) + _pairwise(piece, lo + m2, m - m2)
 
 
 def percentile(n: int, q: float, kth: Callable[[int], float]) -> float:
