@@ -78,12 +78,17 @@ def _check_itl(res, monkeypatch):  # type: ignore[no-untyped-def]
     lat = latency_arrays(res)
     want = _stats("itl", lat["itl"], PCTS)
     # WHOLE_GAPS 0: the sums piece by piece (pairwise_sum), as beyond 2**21 gaps; else over one array.
-    for chunk, sort_pairs, whole in ((128, itl.SORT_PAIRS, 0), (1000, 0, 0), (itl.CHUNK, itl.SORT_PAIRS, 0),
-                                     (itl.CHUNK, itl.SORT_PAIRS, itl.WHOLE_GAPS)):
+    # HELD_STEPS 0: the per-step gaps and counts made piece by piece when read, as beyond 2**22 steps.
+    for chunk, sort_pairs, whole, held in (
+            (128, itl.SORT_PAIRS, 0, itl.HELD_STEPS), (1000, 0, 0, itl.HELD_STEPS),
+            (itl.CHUNK, itl.SORT_PAIRS, 0, itl.HELD_STEPS), (itl.CHUNK, itl.SORT_PAIRS, itl.WHOLE_GAPS, itl.HELD_STEPS),
+            (128, itl.SORT_PAIRS, 0, 0), (1000, 0, 0, 0), (itl.CHUNK, itl.SORT_PAIRS, itl.WHOLE_GAPS, 0),
+            (777, 10**9, 0, 0)):
         monkeypatch.setattr(itl, "CHUNK", chunk)
         monkeypatch.setattr(itl, "SORT_PAIRS", sort_pairs)  # 0: the percentiles by radix selection
         monkeypatch.setattr(itl, "WHOLE_GAPS", whole)
-        assert itl.itl_stats(res, lat["rids"], PCTS) == want
+        monkeypatch.setattr(itl, "HELD_STEPS", held)
+        assert itl.itl_stats(res, lat["rids"], PCTS) == want, (chunk, sort_pairs, whole, held)
     return lat
 
 
@@ -211,6 +216,8 @@ def test_median_in_pieces_is_numpys(monkeypatch, n):
     monkeypatch.setattr(itl, "CHUNK", 7)
     x = np.round(np.random.default_rng(n).random(n) * 1e-2, 4)
     assert itl.median(n, lambda lo, hi: x[lo:hi]) == float(np.median(x))
+    monkeypatch.setattr(itl, "SORT_PAIRS", n // 2)  # more values than that: the radix selection at once
+    assert itl.median(n, lambda lo, hi: x[lo:hi]) == float(np.median(x))
     with pytest.raises(ValueError, match="n must be >= 1"):
         itl.median(0, lambda lo, hi: x[lo:hi])
 
@@ -304,7 +311,7 @@ def test_decode_ticks_are_counted_from_the_decodes_not_stored():
 @pytest.mark.parametrize("share", [0.0, 0.05, 0.5, 0.95, 1.0])
 def test_decode_steps_either_way_are_the_steps_with_decodes(monkeypatch, share):
     """itl._DecodeSteps, held as the steps with decodes or as those without (whichever is shorter):
-    count_le(s) is np.searchsorted(np.flatnonzero(dec), s, side="right")."""
+    count_le(s) is np.searchsorted(np.flatnonzero(dec), s, side="right"), step_of(j) its j-th entry."""
     monkeypatch.setattr(itl, "CHUNK", 128)
     rng = np.random.default_rng(int(share * 100))
     dec = np.where(rng.random(1000) < share, 0, rng.integers(1, 9, 1000)).astype(np.int32)
@@ -313,6 +320,8 @@ def test_decode_steps_either_way_are_the_steps_with_decodes(monkeypatch, share):
     assert steps.explicit == (len(d) <= 1000 - len(d)) and len(steps) == len(d)
     s = np.arange(1000, dtype=np.int64)
     assert steps.count_le(s).tolist() == np.searchsorted(d, s, side="right").tolist()
+    # step_of(j) = D[j], from D or from its complement.
+    assert steps.step_of(np.arange(len(d))).tolist() == d.tolist()
 
 
 def test_step_starts_keep_only_the_starts_that_are_not_the_previous_end():

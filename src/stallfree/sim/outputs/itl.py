@@ -38,6 +38,10 @@ SORT_PAIRS = 1 << 20
 #: Up to this many gaps (16 MiB of float64), the mean and deviation are summed over one array of them;
 #: beyond, piece by piece (pairwise_sum), in memory of a piece.
 WHOLE_GAPS = 1 << 21
+#: Up to this many steps with decodes (48 MiB), each one's gap to the previous and its count of requests are
+#: held as arrays (12 bytes a step); beyond, they are made piece by piece from the step ends whenever read,
+#: so that a run's summary needs no memory per step beyond its step rows (docs/costmodel.md, "Whole runs").
+HELD_STEPS = 1 << 22
 
 
 def pairwise_sum(n: int, piece: Callable[[int, int], Any]) -> float:
@@ -103,6 +107,20 @@ class _DecodeSteps:
     def __len__(self) -> int:
         return self.length
 
+    def step_of(self, j: Any) -> Any:
+        """D[j], the j-th step with decodes (0-based), for an integer array j of entries in [0, len(self)):
+        read from D, or from E as j plus the steps without decodes before it (E[i] - i of them come before
+        E[i], so E[i] precedes D[j] exactly when E[i] - i <= j)."""
+        import numpy as np
+
+        if self.explicit:
+            return self.kept[j].astype(np.int64)
+        before = getattr(self, "_before", None)
+        if before is None:
+            before = self._before = self.kept.astype(np.int64) - np.arange(len(self.kept), dtype=np.int64)
+        j = np.asarray(j, dtype=np.int64)
+        return j + np.searchsorted(before, j, side="right")
+
     def count_le(self, s: Any) -> Any:
         """How many steps with decodes are <= s, for an integer array s of steps (int64)."""
         import numpy as np
@@ -115,11 +133,12 @@ class _DecodeSteps:
 class _Gaps:
     """The gaps of a result, ms (latency_arrays' "itl" times 1e3, as the summary reports them), in
     latency_arrays' order: by index ranges (`piece`) and as (value, count) pairs (`pairs`), never all
-    at once. Held as each step with decodes' gap to the previous
-    one (`per_step`, D[j] - D[j - 1], one float a step with decodes: 0.0 at j = 0, which no regular
-    gap reads), each regular request's first gap (`first`) and the irregular requests' gaps
-    (`irregular`), and each step's count of requests that decode in it and the step before (`weights`):
-    12 bytes a step with decodes, about 24 a request."""
+    at once. Made of each step with decodes' gap to the previous one (D[j] - D[j - 1]: 0.0 at j = 0,
+    which no regular gap reads), each regular request's first gap (`first`) and the irregular requests'
+    gaps (`irregular`), and each step's count of requests that decode in it and the step before.
+    Up to HELD_STEPS steps with decodes, the per-step gaps and counts are held (`per_step`, `weights`: 12
+    bytes a step); beyond, each piece of them is made from the step ends and the requests' spans when read
+    (the same floats: an end minus the previous one, times 1e3). About 24 bytes a request either way."""
 
     def __init__(self, res: SimResult, done: Any) -> None:
         import numpy as np
@@ -138,35 +157,42 @@ class _Gaps:
         keep = lengths > 0
         if not keep.all():
             ra, i0, lengths = ra[keep], i0[keep], lengths[keep]
-        del keep
-        # The end of each step with decodes, then each one's gap to the previous (in place, a piece at a time).
-        nd = len(steps)
-        per_step = np.empty(nd, dtype=np.float64)
-        at = 0
-        for c in range(0, len(dec), CHUNK):
-            piece = end[c:c + CHUNK][dec[c:c + CHUNK] != 0]
-            per_step[at:at + len(piece)] = piece
-            at += len(piece)
-        first_end = per_step[i0] if len(i0) else np.empty(0)
-        for c in range(((nd - 1) // CHUNK) * CHUNK, 0, -CHUNK):  # from the back: each reads its left neighbour
-            hi = min(c + CHUNK, nd)
-            per_step[c:hi] -= per_step[c - 1:hi - 1]
-        if nd:
-            hi = min(CHUNK, nd)
-            per_step[1:hi] -= per_step[0:hi - 1]
-            per_step[0] = 0.0
-        per_step *= 1e3  # in place: the same floats as gaps * 1e3
-        self.per_step = per_step
-        self.first = (first_end - end[ra]) * 1e3
+        del keep, mine
+        nd = self.num_decode_steps = len(steps)
         self.i0, self.lengths = i0, lengths
         # Per step with decodes j, how many regular requests decode in both D[j - 1] and D[j] (pairs): those
-        # with i0 + 1 <= j, less those with i0 + length <= j (4 bytes a step, counted a piece at a time).
+        # with i0 + 1 <= j, less those with i0 + length <= j.
         starts, ends = np.sort(i0 + 1), np.sort(i0 + lengths)
-        weights = self.weights = np.zeros(nd, dtype=np.int32 if len(i0) < 2**31 else np.int64)
-        for c in range(1, nd, CHUNK):
-            j = np.arange(c, min(c + CHUNK, nd))
-            weights[c:c + CHUNK] = np.searchsorted(starts, j, side="right") - np.searchsorted(ends, j, side="right")
-        del starts, ends
+        if nd <= HELD_STEPS:
+            # The end of each step with decodes, then each one's gap to the previous (in place, a piece at a time).
+            per_step = np.empty(nd, dtype=np.float64)
+            at = 0
+            for c in range(0, len(dec), CHUNK):
+                piece = end[c:c + CHUNK][dec[c:c + CHUNK] != 0]
+                per_step[at:at + len(piece)] = piece
+                at += len(piece)
+            first_end = per_step[i0] if len(i0) else np.empty(0)
+            for c in range(((nd - 1) // CHUNK) * CHUNK, 0, -CHUNK):  # from the back: each reads its left neighbour
+                hi = min(c + CHUNK, nd)
+                per_step[c:hi] -= per_step[c - 1:hi - 1]
+            if nd:
+                hi = min(CHUNK, nd)
+                per_step[1:hi] -= per_step[0:hi - 1]
+                per_step[0] = 0.0
+            per_step *= 1e3  # in place: the same floats as gaps * 1e3
+            self.per_step: Any = per_step
+            weights = np.zeros(nd, dtype=np.int32 if len(i0) < 2**31 else np.int64)
+            self.weights: Any = weights
+            for c in range(1, nd, CHUNK):
+                j = np.arange(c, min(c + CHUNK, nd))
+                weights[c:c + CHUNK] = np.searchsorted(starts, j, side="right") - np.searchsorted(ends, j, side="right")
+            del starts, ends
+        else:
+            self.per_step = self.weights = None
+            self._end, self._steps, self._starts, self._ends = end, steps, starts, ends
+            first_end = end[steps.step_of(i0)] if len(i0) else np.empty(0)
+        self.first = (first_end - end[ra]) * 1e3
+        del first_end, ra
         self.cum = np.cumsum(lengths)
         self.num_regular = int(self.cum[-1]) if len(self.cum) else 0
         parts = [np.empty(0)]
@@ -176,9 +202,47 @@ class _Gaps:
         self.irregular = np.concatenate(parts) * 1e3
         self.n = self.num_regular + len(self.irregular)
 
+    @property
+    def num_pairs(self) -> int:
+        """An upper bound on the (value, count) pairs pairs() yields: the first gaps, the steps with
+        decodes and the irregular gaps."""
+        return len(self.first) + self.num_decode_steps + len(self.irregular)
+
+    def _per_step_at(self, j: Any) -> Any:
+        """The per-step gaps, ms, of the steps with decodes j (an integer array): held, or made from the
+        step ends (D[j]'s end minus D[j - 1]'s, times 1e3; 0.0 at j = 0)."""
+        import numpy as np
+
+        if self.per_step is not None:
+            return self.per_step[j]
+        steps, end = self._steps, self._end
+        j = np.asarray(j, dtype=np.int64)
+        at = steps.step_of(j)
+        out = end[at] - end[steps.step_of(np.maximum(j - 1, 0))]
+        out *= 1e3
+        out[j == 0] = 0.0
+        return out
+
+    def _weights_of(self, lo: int, hi: int) -> Any:
+        """The counts of requests decoding in both D[j - 1] and D[j], j in [lo, hi): held, or counted from
+        the requests' sorted spans (how many start at or before each j, less how many ended; 0 at j = 0)."""
+        import numpy as np
+
+        if self.weights is not None:
+            return self.weights[lo:hi]
+        counts = np.zeros(hi - lo, dtype=np.int64)
+        for bounds, sign in ((self._starts, 1), (self._ends, -1)):
+            a, b = np.searchsorted(bounds, [lo, hi], side="left")
+            before = a  # bounds < lo, so <= every j of the piece
+            inside = np.bincount(bounds[a:b] - lo, minlength=hi - lo)
+            counts += sign * (before + np.cumsum(inside))
+        if lo == 0 and hi > 0:
+            counts[0] = 0
+        return counts
+
     def piece(self, lo: int, hi: int) -> Any:
-        """Gaps [lo, hi) in latency_arrays' "itl" order: request j's first, then per_step[i0[j] + 1],
-        per_step[i0[j] + 2], ... (its gaps between steps with decodes), the irregular ones last."""
+        """Gaps [lo, hi) in latency_arrays' "itl" order: request j's first, then the per-step gaps of D[i0[j]
+        + 1], D[i0[j] + 2], ... (its gaps between steps with decodes), the irregular ones last."""
         import numpy as np
 
         out = []
@@ -190,10 +254,10 @@ class _Gaps:
             j1 = int(np.searchsorted(cum, h - 1, side="right")) + 1
             ln = lengths[j0:j1]
             begin = cum[j0:j1] - ln  # index of each request's first gap
-            # Gap index x of request j reads per_step[i0[j] + x - begin[j]]; its first is replaced after.
+            # Gap index x of request j reads the per-step gap i0[j] + x - begin[j]; its first is replaced after.
             idx = np.repeat(self.i0[j0:j1] - begin, ln)[lo - int(begin[0]):h - int(begin[0])]
             idx += np.arange(lo, h, dtype=idx.dtype)
-            gaps = self.per_step[idx]
+            gaps = self._per_step_at(idx)
             inside = begin >= lo
             gaps[begin[inside] - lo] = self.first[j0:j1][inside]
             out.append(gaps)
@@ -202,41 +266,59 @@ class _Gaps:
         return out[0] if len(out) == 1 else np.concatenate(out)
 
     def pairs(self) -> Iterator[tuple[Any, Any]]:
-        """(values, counts) in pieces: each request's first gap, once; per_step[j], once per regular
-        request with i0 < j < i0 + length (a request decoding in both D[j - 1] and D[j]), those with a
-        count; the irregular gaps, once."""
+        """(values, counts) in pieces: each request's first gap, once; the per-step gap of D[j], once per
+        regular request with i0 < j < i0 + length (a request decoding in both D[j - 1] and D[j]), those with
+        a count; the irregular gaps, once."""
         import numpy as np
 
-        yield self.first, np.ones(len(self.first), dtype=np.int64)
-        for c in range(0, len(self.per_step), CHUNK):
-            w: Any = self.weights[c:c + CHUNK]
+        for c in range(0, len(self.first), CHUNK):
+            first = self.first[c:c + CHUNK]
+            yield first, np.ones(len(first), dtype=np.int64)
+        nd = self.num_decode_steps
+        for c in range(0, nd, CHUNK):
+            hi = min(c + CHUNK, nd)
+            w: Any = self._weights_of(c, hi)
             used = w > 0
-            yield self.per_step[c:c + CHUNK][used], w[used]
+            values = self.per_step[c:hi] if self.per_step is not None else self._per_step_at(np.arange(c, hi))
+            yield values[used], w[used]
         yield self.irregular, np.ones(len(self.irregular), dtype=np.int64)
 
 
-def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]]) -> dict[int, float]:
+def select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]],
+           num_pairs: int | None = None) -> dict[int, float]:
     """The rank-k smallest (0-based) of a multiset of float64 values for each k of `ranks`, the
     multiset given as (values, counts) pieces by pairs() (called once per pass). Up to SORT_PAIRS
     (value, count) pairs in all, they are sorted at once (a replica's pairs: one pass); beyond, a radix
     selection on the values' 64 bits in order-preserving form, 16 bits a pass (4 passes), in memory of
-    a piece and 2**16 counts per rank. Exact either way: the result is one of the values."""
+    a piece and 2**16 counts per rank. Exact either way: the result is one of the values. `num_pairs`,
+    when given, is at least the number of pairs: beyond SORT_PAIRS, gathering them to sort is not tried
+    (it would hold SORT_PAIRS of them before giving up)."""
     import numpy as np
 
     values, counts, held = [], [], 0
-    for v, c in pairs():
+    sort = num_pairs is None or num_pairs <= SORT_PAIRS
+    for v, c in pairs() if sort else ():
         held += len(v)
         if held > SORT_PAIRS:
             break
         values.append(np.asarray(v, dtype=np.float64))
         counts.append(np.asarray(c, dtype=np.int64))
     else:
+        if not sort:
+            return _radix_select(ranks, pairs)
         every = np.concatenate(values) if values else np.empty(0)
         order = np.argsort(every)  # the order of equal values changes no rank's value (and is deterministic)
         cum = np.cumsum(np.concatenate(counts)[order]) if counts else np.empty(0, dtype=np.int64)
         # The rank-k value is the first in sorted order whose cumulative count passes k.
         return {k: float(every[order[int(np.searchsorted(cum, k, side="right"))]]) for k in ranks}
     del values, counts
+    return _radix_select(ranks, pairs)
+
+
+def _radix_select(ranks: Sequence[int], pairs: Callable[[], Iterator[tuple[Any, Any]]]) -> dict[int, float]:
+    """select's radix selection (four passes of 16 bits over the pairs)."""
+    import numpy as np
+
     top = np.uint64(1 << 63)
     prefix = {k: 0 for k in ranks}
     left = {k: k for k in ranks}  # rank within the values sharing the prefix
@@ -292,8 +374,8 @@ def median(n: int, piece: Callable[[int, int], Any]) -> float:
             yield values, np.ones(len(values), dtype=np.int64)
 
     if n % 2:
-        return select([(n - 1) // 2], pairs)[(n - 1) // 2]
-    kth = select([n // 2 - 1, n // 2], pairs)
+        return select([(n - 1) // 2], pairs, n)[(n - 1) // 2]
+    kth = select([n // 2 - 1, n // 2], pairs, n)
     return (kth[n // 2 - 1] + kth[n // 2]) / 2
 
 
@@ -400,7 +482,8 @@ def _figures(g: _Gaps, keys: list[str], percentiles: Sequence[float]) -> dict[st
     for q in percentiles:
         percentile(n, float(q), note)
     needed.update({(n - 1) // 2, n // 2} if n % 2 == 0 else {(n - 1) // 2})
-    kth = select(sorted(needed), g.pairs).__getitem__
+    # Gaps made piece by piece (a large run): the radix selection at once, holding no pairs to sort.
+    kth = select(sorted(needed), g.pairs, g.num_pairs if g.per_step is None else None).__getitem__
     median = kth((n - 1) // 2) if n % 2 else (kth(n // 2 - 1) + kth(n // 2)) / 2
     out: dict[str, float | None] = {keys[0]: mean, keys[1]: median, keys[2]: std}
     for q in percentiles:
