@@ -359,3 +359,74 @@ class _Res:
 
     def __init__(self, step_start, step_end):  # type: ignore[no-untyped-def]
         self.step_start, self.step_end = step_start, step_end
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64, 1 << 17])
+def test_cluster_replicas_hold_their_starts_as_exceptions_as_they_run(monkeypatch, rows):
+    """A cluster's replicas keeping every row reduce their starts to StepStarts' exceptions every
+    _COMPACT_ROWS rows: the same exceptions (the same steps, the same floats) as StepStarts.of over the whole
+    array one replica alone records, and the same summary whatever the interval."""
+    from stallfree.sim.run import replica as replica_module
+    from stallfree.sim.run.result import StepStarts
+
+    monkeypatch.setattr(replica_module, "_COMPACT_ROWS", rows)  # the compiled build keeps its own: one interval
+    work = _workload(4, 300)
+    config, cost = SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5)
+    one = simulate(work, config, cost)
+    want = StepStarts.of(one.step_start, one.step_end)
+    c = simulate_cluster(work, config, cost, 1, make_router("round-robin"))
+    got = c.replicas[0].step_start
+    assert isinstance(got, StepStarts)
+    assert (list(got.at), list(got.value)) == (list(want.at), list(want.value))
+    three = simulate_cluster(work, config, cost, 3, make_router("round-robin"))
+    monkeypatch.setattr(replica_module, "_COMPACT_ROWS", 1 << 17)
+    again = simulate_cluster(work, config, cost, 3, make_router("round-robin"))
+    assert list(three.merged.step_start.at) == list(again.merged.step_start.at)
+    assert list(three.merged.step_start) == list(again.merged.step_start)
+    a, b = summarize_result(three.merged), summarize_result(again.merged)
+    a.pop("sim_wall_s"), b.pop("sim_wall_s")
+    assert a == b
+
+
+def test_step_counts_are_two_bytes_where_the_configuration_bounds_them():
+    """step_tokens and step_decodes are array "H" (2 bytes) when the token budget and max_seqs are at most
+    65,535, "i" otherwise; the rows are the same values either way, also in plain decode runs taken at once,
+    where the two columns may be of different types."""
+    from stallfree.core.scheduler import Scheduler
+    from stallfree.sim.run.simulator import step_count_codes
+
+    assert step_count_codes(Scheduler(2048, 256, 100_000)) == ("H", "H")
+    assert step_count_codes(Scheduler(70_000, 256, 100_000)) == ("i", "H")
+    assert step_count_codes(Scheduler(65_535, 65_536, 100_000)) == ("H", "i")
+    assert step_count_codes(None) == ("i", "i")
+    work = _workload(5, 200)  # prompts of at most 300 tokens: neither budget binds, so the runs are the same
+    cost = LinearCostModel(0.005, 2e-5)
+    # kv_tokens, token_budget, max_seqs; two lightly loaded replicas, which take runs of plain decode steps at once.
+    narrow = simulate_cluster(work, SchedulerConfig(200_000, 65_535, 64), cost, 2, make_router("round-robin")).merged
+    wide = simulate_cluster(work, SchedulerConfig(200_000, 70_000, 64), cost, 2, make_router("round-robin")).merged
+    assert (narrow.step_tokens.typecode, narrow.step_decodes.typecode) == ("H", "H")
+    assert (wide.step_tokens.typecode, wide.step_decodes.typecode) == ("i", "H")
+    assert list(narrow.step_tokens) == list(wide.step_tokens) and list(narrow.step_decodes) == list(wide.step_decodes)
+    assert max(narrow.step_decodes) > 1 and narrow.num_steps == wide.num_steps
+    a, b = summarize_result(narrow), summarize_result(wide)
+    for summary in (a, b):
+        for key in ("sim_wall_s", "token_budget", "budget_utilization", "label"):
+            summary.pop(key, None)
+    assert a == b
+
+
+def test_per_request_token_counts_are_c_ints_unless_a_length_needs_more():
+    """plan_run's max_new and target: array "i" (4 bytes a request), "q" where a length reaches 2**31."""
+    from stallfree.sim.run.simulator import plan_run
+
+    config, cost = SchedulerConfig(20_000, 128, 32), LinearCostModel(0.005, 2e-5)
+    work = Workload((0.0, 1.0), (10, 20), (5, 7), name="two")
+    max_new, _, target, _, _ = plan_run(work, config, cost, None, None, False, None)
+    assert (max_new.typecode, target.typecode, list(max_new), list(target)) == ("i", "i", [5, 7], [5, 7])
+    max_new, _, target, _, _ = plan_run(work, config, cost, 6, None, False, None)
+    assert (max_new.typecode, list(max_new), list(target)) == ("i", [6, 6], [5, 6])
+    max_new, _, target, _, _ = plan_run(work, config, cost, 2**31, None, False, None)
+    assert (max_new.typecode, target.typecode, list(max_new), list(target)) == ("q", "q", [2**31] * 2, [5, 7])
+    huge = Workload((0.0,), (10,), (2**31,), name="huge")
+    max_new, _, target, _, _ = plan_run(huge, config, cost, None, None, False, None)
+    assert (max_new.typecode, list(target)) == ("q", [2**31])

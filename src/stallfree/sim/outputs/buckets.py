@@ -53,7 +53,11 @@ def bucket_stats(lat: dict[str, Any], prompt_lens: Sequence[int]) -> dict[str, d
     """
     import numpy as np
 
-    plen = np.asarray(prompt_lens, dtype=np.int64)
+    # The lengths in their own integer type where they are an array (a view, not a copy: a run of millions of
+    # requests holds its latency arrays meanwhile); each bucket's values are made one figure at a time.
+    plen = np.asarray(prompt_lens)
+    if plen.dtype.kind not in "iu":
+        plen = np.asarray(prompt_lens, dtype=np.int64)
     out: dict[str, dict[str, Any]] = {}
     done_len = plen[lat["rids"]] if len(lat["rids"]) else np.empty(0, dtype=np.int64)
     tpot_len = plen[lat["tpot_rids"]] if len(lat["tpot_rids"]) else np.empty(0, dtype=np.int64)
@@ -63,9 +67,11 @@ def bucket_stats(lat: dict[str, Any], prompt_lens: Sequence[int]) -> dict[str, d
             continue
         row: dict[str, Any] = {"requests": int(mine.sum())}
         tmine = (tpot_len >= lo) & (tpot_len < hi)
-        for key, values in (("ttft", lat["ttft"][mine]), ("tpot", lat["tpot"][tmine]), ("e2el", lat["e2e"][mine])):
+        for key, column, chosen in (("ttft", "ttft", mine), ("tpot", "tpot", tmine), ("e2el", "e2e", mine)):
+            values = lat[column][chosen]
             for q, label in ((50, "median"), (99, "p99")):
                 row[f"{label}_{key}_ms"] = float(np.percentile(values, q) * 1e3) if len(values) else None
+            del values
         out[name] = row
     return out
 

@@ -212,7 +212,8 @@ def _replica(
     inner = make_scheduler(scheduler)
     sched = wrap_checker(inner) if check else inner
     res = new_result(f"{label or type(inner).__name__}#{k}", workload, config, target, max_new, inner, shared)
-    return Replica(k, sched, inner, res, cost_model, async_of(scheduler), tally, state)
+    # Keeping every row, the starts are held as their exceptions as the run goes (what the merge makes them).
+    return Replica(k, sched, inner, res, cost_model, async_of(scheduler), tally, state, compact_starts=tally is None)
 
 
 def _close_replica(rep: Replica, wall: float, sent: tuple[float, ...] | None, check: bool) -> None:
@@ -336,8 +337,13 @@ def _merge(
     at, value = array("q"), array("d")
     spans = [0]
     for k, r in enumerate(results):
-        StepStarts.of(r.step_start, r.step_end, base[k], at, value)
-        del r.step_start[:]  # frees it now (the replica's loop still holds the array object)
+        starts = r.step_start
+        if isinstance(starts, StepStarts):  # made as the run went (Replica's compact_starts)
+            at.extend([a + base[k] for a in starts.at])
+            value.extend(starts.value)
+        else:
+            StepStarts.of(starts, r.step_end, base[k], at, value)
+            del starts[:]  # frees it now (the replica's loop still holds the array object)
         spans.append(len(at))
     for name in _STEP_FIELDS[1:]:
         # The first replica's array grows into the merged one (its rows are already in place), each other

@@ -35,6 +35,8 @@ from stallfree.sim.run.result import (
     SchedulerLike,
     SimResult,
     SimulationError,
+    StepStarts,
+    same_float,
 )
 from stallfree.sim.run.tally import RunTally
 
@@ -57,6 +59,9 @@ _PLAIN_CHUNK = 256
 #: With a tally (a run that keeps no records), step rows kept before the ones no request in flight can read
 #: are folded into it and let go (about 30 bytes a row).
 _FOLD_ROWS = 1 << 15
+#: Keeping every row with compact_starts: the starts recorded before they are reduced to their exceptions
+#: (8 bytes a row: 1 MiB).
+_COMPACT_ROWS = 1 << 17
 
 
 def _repeat(column: object, value: int, k: int) -> Iterable[int]:
@@ -112,6 +117,12 @@ class Replica:
             row is kept.
         state: the RequestState bytes to write (one per request of `res`), shared by a cluster's replicas;
             None (default): a new one. Each replica sharing one never allocates its own (n bytes each).
+        compact_starts: keeping every row (no tally), hold the step starts as their exceptions as the run
+            goes (a StepStarts: the starts that are not the previous step's end; every _COMPACT_ROWS rows
+            the starts recorded are reduced to those) and leave `res.step_start` a StepStarts at
+            finish_tally: 8 bytes a step less while the run goes, the same starts. For a cluster's
+            replicas, whose merge makes them StepStarts anyway; nothing may read `res.step_start` before
+            finish_tally. Default off.
 
     Attributes:
         num_outstanding: requests routed here and not finished or rejected.
@@ -132,11 +143,12 @@ class Replica:
         "_ahead_i", "_ahead_start", "_ahead_nd", "_no_waiting", "_plain_times", "_plain_ends", "_run", "_chunk",
         "_chunk_first",
         "_cut", "_ticks_kept", "base", "tally", "_fold_at", "_inflight", "_prev_end", "_frontend",
+        "_starts_at", "_starts_value", "_starts_base",
     )
 
     def __init__(self, index: int, sched: SchedulerLike, inner: SchedulerLike, res: SimResult,
                  cost: StepCostModel, async_scheduling: bool = False, tally: RunTally | None = None,
-                 state: bytearray | None = None) -> None:
+                 state: bytearray | None = None, compact_starts: bool = False) -> None:
         self.index = index
         self.async_scheduling = bool(async_scheduling)
         self.last_start = self.last_end = float("-inf")
@@ -192,6 +204,14 @@ class Replica:
         self.tally = tally
         self.base = 0
         self._fold_at = _FOLD_ROWS if tally is not None else sys.maxsize
+        # Keeping every row with compact_starts: the starts' exceptions so far (StepStarts' `at` and `value`)
+        # and the step number of res.step_start's first row.
+        self._starts_at: array[int] | None = None
+        self._starts_value: array[float] | None = None
+        self._starts_base = 0
+        if compact_starts and tally is None:
+            self._starts_at, self._starts_value = array("q"), array("d")
+            self._fold_at = _COMPACT_ROWS
         self._inflight: dict[int, int] | None = {} if tally is not None else None
         self._prev_end = 0.0
         self._frontend = float(res.config.get("frontend_s", 0.0))
@@ -469,7 +489,9 @@ class Replica:
         res.step_end.extend(taken)
         same = _repeat(res.step_tokens, nd, k)
         res.step_tokens.extend(same)
-        res.step_decodes.extend(same)
+        # The decodes' column may be of another type than the tokens' (simulator.step_count_codes).
+        same_type = getattr(res.step_decodes, "typecode", None) == getattr(res.step_tokens, "typecode", None)
+        res.step_decodes.extend(same if same_type else _repeat(res.step_decodes, nd, k))
         kv_used, f0 = res.step_kv_used, free[0]
         unchanged = free.count(f0)
         if unchanged == k:  # nothing promised or freed in them (so under reservations but at a finish)
@@ -705,6 +727,10 @@ class Replica:
     def _fold(self, final: bool = False) -> None:
         """Fold the window's rows before the oldest in-flight request's admission (every row when `final`)
         into the tally and let them go: the rows no finish can read any more."""
+        tally = self.tally
+        if tally is None:
+            self._compact_starts()
+            return
         import numpy as np
 
         res = self.res
@@ -712,7 +738,6 @@ class Replica:
         inflight = cast("dict[int, int]", self._inflight)
         keep = n if final or not inflight else min(min(inflight.values()) - self.base, n)
         if keep > 0:
-            tally = cast(RunTally, self.tally)
             ends = np.array(res.step_end[:keep], dtype=np.float64)
             tally.steps(
                 np.array(res.step_start[:keep], dtype=np.float64), ends, self._prev_end,
@@ -726,8 +751,33 @@ class Replica:
             self.base += keep
         self._fold_at = len(res.step_end) + _FOLD_ROWS
 
+    def _compact_starts(self) -> None:
+        """Keeping every row with compact_starts: reduce the starts recorded since the last call to their
+        exceptions (StepStarts.of against the step ends, the first of them kept only if it is not the
+        previous step's end, bit for bit) and let them go."""
+        res = self.res
+        start, end = res.step_start, res.step_end
+        at, value = cast("array[int]", self._starts_at), cast("array[float]", self._starts_value)
+        g, n = self._starts_base, len(start)
+        if n:
+            mark = len(at)
+            StepStarts.of(start, end[g:g + n], g, at, value)  # start[i] against end[g + i - 1], i >= 1
+            if g > 0 and at[mark] == g and same_float(value[mark], end[g - 1]):
+                del at[mark]
+                del value[mark]
+            del start[:]
+            self._starts_base = g + n
+        self._fold_at = len(end) + _COMPACT_ROWS
+
     def finish_tally(self) -> None:
-        """After the run: fold every row left into the tally and flush its buffers (keeping no records)."""
+        """After the run: fold every row left into the tally and flush its buffers (keeping no records);
+        with compact_starts, reduce the last starts and leave res.step_start a StepStarts."""
         if self.tally is not None:
             self._fold(final=True)
             self.tally.flush()
+        elif self._starts_at is not None:
+            self._compact_starts()
+            res = self.res
+            res.step_start = StepStarts(res.step_end, self._starts_at,  # type: ignore[assignment]
+                                        cast("array[float]", self._starts_value))
+            self._starts_at = self._starts_value = None

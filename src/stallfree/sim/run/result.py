@@ -38,6 +38,7 @@ __all__ = [
     "RequestState",
     "SchedulerLike",
     "SimResult",
+    "same_float",
     "SimulationError",
     "verify_cluster_tokens",
     "verify_tokens",
@@ -134,7 +135,7 @@ class DecodeTicks:
         self._cache = None
 
 
-def _same(a: float, b: float) -> bool:
+def same_float(a: float, b: float) -> bool:
     """a and b are the same float, bit for bit (0.0 and -0.0 differ; NaN is never the same)."""
     return a == b and (a != 0.0 or str(a) == str(b))
 
@@ -176,7 +177,7 @@ class StepStarts:
         # speed; equal zeros (0.0 == -0.0) are looked at again for their signs.
         own = list(compress(count(1), map(ne, islice(start, 1, None), end)))
         zeros = [i for i in compress(count(1), map(eq, islice(start, 1, None), repeat(0.0)))
-                 if end[i - 1] == 0.0 and not _same(start[i], end[i - 1])]
+                 if end[i - 1] == 0.0 and not same_float(start[i], end[i - 1])]
         for i in sorted(own + zeros) if zeros else own:
             at.append(base + i)
             value.append(start[i])
@@ -249,7 +250,9 @@ class SimResult:
     step_end: array[float] = field(default_factory=lambda: array("d"))
     # The integer step arrays are C ints (array "i", 4 bytes: a step's tokens, decodes, reserved KV and
     # waiting requests, and the decode steps so far, are all far below 2**31; a value past it raises
-    # OverflowError rather than wrapping): a run's step rows are most of what it holds.
+    # OverflowError rather than wrapping): a run's step rows are most of what it holds. A simulation's
+    # step_tokens and step_decodes are 2-byte ones ("H") where its scheduler's token budget and max_seqs
+    # bound them by 65,535 (simulator.step_count_codes).
     step_tokens: array[int] = field(default_factory=lambda: array("i"))
     step_decodes: array[int] = field(default_factory=lambda: array("i"))
     step_kv_used: array[int] = field(default_factory=lambda: array("i"))

@@ -69,17 +69,40 @@ def _stats(inner: object) -> SchedulerStats:
     return cast(SchedulerLike, inner).stats()
 
 
+#: The largest value of a 2-byte step column (array "H").
+_NARROW_MAX = 0xFFFF
+
+
+def step_count_codes(inner: object) -> tuple[str, str]:
+    """The array type codes of a result's step_tokens and step_decodes for the scheduler `inner`: "H" (2
+    bytes, unsigned) where its configuration bounds the column by 65,535 (a Scheduler spends at most its
+    token budget in a step and runs at most max_seqs requests: invariants its checker tests), else "i" (4
+    bytes). A run's step rows are most of its memory (docs/costmodel.md, "Whole runs"); a value past a
+    column's type raises OverflowError when written, never wraps."""
+    from stallfree.core.scheduler import Scheduler
+
+    cfg = inner.config if isinstance(inner, Scheduler) else None
+    budget, seqs = getattr(cfg, "token_budget", None), getattr(cfg, "max_seqs", None)
+
+    def code(limit: object) -> str:
+        return "H" if isinstance(limit, int) and 0 < limit <= _NARROW_MAX else "i"
+
+    return code(budget), code(seqs)
+
+
 def new_result(
     label: str, wl: Workload, config: dict[str, Any], target: list[int], max_new: list[int], inner: object,
     shared: tuple[Any, Any, Any, list[str]] | None = None,
 ) -> SimResult:
-    """An empty SimResult for `wl` (no step, no request started), KV total from `inner`'s stats() (0 for None).
+    """An empty SimResult for `wl` (no step, no request started), KV total from `inner`'s stats() (0 for None),
+    its step_tokens and step_decodes of step_count_codes(inner).
 
     shared: (admit_step, first_step, finish_step, finish_reason) to use rather than new ones: the
     arrays a cluster's replicas share (SimResult.owner; shared_fields makes them).
     """
     n = len(wl)
     admit, first, finish, reason = shared if shared is not None else ([-1] * n, [-1] * n, [-1] * n, [""] * n)
+    tokens_code, decodes_code = step_count_codes(inner)
     return SimResult(
         label=label,
         workload=wl.name,
@@ -97,6 +120,8 @@ def new_result(
         lora=wl.loras,
         lora_load_s=[0.0] * n if wl.loras is not None else None,
         tenant=None if wl.tenants is None else tuple(t or DEFAULT_TENANT for t in wl.tenants),
+        step_tokens=array(tokens_code),
+        step_decodes=array(decodes_code),
     )
 
 
@@ -365,11 +390,13 @@ def plan_run(
     """
     n = len(workload)
     outs = workload.output_lens
-    # C arrays (8 bytes a request; a list takes 8 plus, for values read from a workload's arrays, an int
-    # object of 28 each).
-    max_new = array("q", outs) if max_tokens is None else array("q", (max_tokens,)) * n
+    # C arrays: C ints (4 bytes a request) unless a length of 2**31 or more needs 8-byte ones; a list takes
+    # 8 plus, for values read from a workload's arrays, an int object of 28 each.
+    largest = max_tokens if max_tokens is not None else max(outs, default=0)
+    code = "q" if largest >= 2**31 else "i"
+    max_new = array(code, outs) if max_tokens is None else array(code, (max_tokens,)) * n
     too_long = context_overflows(workload, max_new, max_model_len, cut_output_to_fit)  # type: ignore[arg-type]
-    target = array("q", map(min, outs, max_new))
+    target = array(code, map(min, outs, max_new))
     config: dict[str, Any] = {"cost_model": repr(cost_model), "max_tokens": max_tokens}
     frontend = getattr(cost_model, "frontend_s", 0.0)  # an engine profile's front end (report adds it)
     if frontend:

@@ -8,6 +8,7 @@ Imports allowed: the standard library, stallfree.core and stallfree.sim.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -50,11 +51,12 @@ def cluster_summary(
     replicas' figures (a replica's own KV is what it can use).
     """
     out = summarize_result(result.merged, slo_ttft, slo_tpot)
+    routed_to = Counter(result.routed)  # one pass, not one per replica
     reps = []
     for k, res in enumerate(result.replicas):
         s = summarize_result(res, slo_ttft, slo_tpot)
         s["replica"] = k
-        s["num_requests"] = sum(1 for r in result.routed if r == k)
+        s["num_requests"] = routed_to[k]
         # A replica that served nothing still states its cache figures (0 hits, its bound).
         s.setdefault("prefix_cache_hit_rate", res.prefix_cache_hit_rate)
         s.setdefault("prefix_cache_hit_rate_bound", res.prefix_cache_hit_rate_bound)
